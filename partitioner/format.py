@@ -1,0 +1,347 @@
+"""Partition format v1: the manifest, and the validating reader all later code uses.
+
+Layout of a partition root (see ``docs/partition-format.md``)::
+
+    manifest.json            format version, graph facts, partition book, file records
+    partition_book.npy       int64 [P+1]: partition p owns global IDs [book[p], book[p+1])
+    node_map.npy             int64 [N]: original node ID -> global ID
+    part-<p>/indptr.npy      int64 [n_p+1]: CSC offsets over the owned nodes
+    part-<p>/indices.npy     int64 [e_p]: global source ID of each in-edge
+    part-<p>/edge_weight.npy float32 [e_p] (only when the graph has edge weights)
+    part-<p>/x.npy           [n_p, F] features of the owned nodes
+    part-<p>/y.npy           int64 [n_p] labels (-1 = unlabeled)
+    part-<p>/orig_ids.npy    int64 [n_p] original ID of each owned node
+    part-<p>/<split>_idx.npy int64: global IDs of the owned nodes in the split
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from partitioner.graph import SPLITS
+from partitioner.npyio import FileRecord, read_npy_header, sha256_file
+
+log = logging.getLogger(__name__)
+
+FORMAT_NAME = "graphfeed-partition"
+FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+
+Verify = Literal["full", "size"]
+
+
+class PartitionFormatError(ValueError):
+    """A partition on disk does not match its manifest; the message names the file."""
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """The manifest's entry for one partition."""
+
+    #: Partition ID ``p``.
+    id: int
+    #: Number of owned nodes ``n_p`` (global IDs ``book[p] .. book[p+1]-1``).
+    num_nodes: int
+    #: Number of in-edges of the owned nodes ``e_p``.
+    num_edges: int
+    #: In-edges whose source is owned by another partition.
+    num_remote_edges: int
+    #: Split name to the number of owned nodes in it.
+    split_sizes: dict[str, int]
+    #: File role (``indptr``, ``x``, ``train_idx`` ...) to its record.
+    files: dict[str, FileRecord]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "num_nodes": self.num_nodes, "num_edges": self.num_edges,
+            "num_remote_edges": self.num_remote_edges, "split_sizes": self.split_sizes,
+            "files": {k: v.to_json() for k, v in self.files.items()},
+        }
+
+    @staticmethod
+    def from_json(obj: dict[str, Any]) -> PartitionInfo:
+        return PartitionInfo(
+            id=int(obj["id"]), num_nodes=int(obj["num_nodes"]), num_edges=int(obj["num_edges"]),
+            num_remote_edges=int(obj["num_remote_edges"]),
+            split_sizes={str(k): int(v) for k, v in obj["split_sizes"].items()},
+            files={str(k): FileRecord.from_json(v) for k, v in obj["files"].items()},
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything recorded about a partitioned graph."""
+
+    #: Name of the source graph.
+    graph_name: str
+    #: Total nodes ``N`` and directed edges ``E``.
+    num_nodes: int
+    num_edges: int
+    #: Feature dimension ``F`` and numpy dtype name of the features.
+    feature_dim: int
+    feature_dtype: str
+    #: Number of classes.
+    num_classes: int
+    #: Whether ``edge_weight.npy`` files exist.
+    has_edge_weight: bool
+    #: ``P+1`` range offsets: partition p owns global IDs ``[book[p], book[p+1])``.
+    partition_book: tuple[int, ...]
+    #: One entry per partition, in ID order.
+    partitions: tuple[PartitionInfo, ...]
+    #: Shared files (``partition_book``, ``node_map``).
+    files: dict[str, FileRecord]
+    #: How the graph was partitioned (method, parameters, seed, elapsed seconds).
+    algorithm: dict[str, Any] = field(default_factory=dict)
+    #: Format version.
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def num_partitions(self) -> int:
+        return len(self.partitions)
+
+    @property
+    def edge_cut(self) -> int:
+        """Directed edges whose endpoints lie in different partitions."""
+        return sum(p.num_remote_edges for p in self.partitions)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_NAME, "format_version": self.format_version,
+            "graph": {
+                "name": self.graph_name, "num_nodes": self.num_nodes,
+                "num_edges": self.num_edges, "feature_dim": self.feature_dim,
+                "feature_dtype": self.feature_dtype, "num_classes": self.num_classes,
+                "has_edge_weight": self.has_edge_weight,
+            },
+            "num_partitions": self.num_partitions,
+            "partition_book": list(self.partition_book),
+            "algorithm": self.algorithm,
+            "files": {k: v.to_json() for k, v in self.files.items()},
+            "partitions": [p.to_json() for p in self.partitions],
+        }
+
+    @staticmethod
+    def from_json(obj: dict[str, Any]) -> Manifest:
+        if obj.get("format") != FORMAT_NAME:
+            raise PartitionFormatError(
+                f"{MANIFEST_FILE}: expected format {FORMAT_NAME!r}, got {obj.get('format')!r}"
+            )
+        if obj.get("format_version") != FORMAT_VERSION:
+            raise PartitionFormatError(
+                f"{MANIFEST_FILE}: expected format_version {FORMAT_VERSION}, "
+                f"got {obj.get('format_version')!r}"
+            )
+        g = obj["graph"]
+        parts = tuple(PartitionInfo.from_json(p) for p in obj["partitions"])
+        return Manifest(
+            graph_name=str(g["name"]), num_nodes=int(g["num_nodes"]),
+            num_edges=int(g["num_edges"]), feature_dim=int(g["feature_dim"]),
+            feature_dtype=str(g["feature_dtype"]), num_classes=int(g["num_classes"]),
+            has_edge_weight=bool(g["has_edge_weight"]),
+            partition_book=tuple(int(b) for b in obj["partition_book"]),
+            partitions=parts,
+            files={str(k): FileRecord.from_json(v) for k, v in obj["files"].items()},
+            algorithm=dict(obj.get("algorithm", {})),
+        )
+
+    def write(self, root: Path) -> None:
+        """Write ``manifest.json`` atomically (last, so a partial output never loads)."""
+        tmp = root / (MANIFEST_FILE + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        tmp.replace(root / MANIFEST_FILE)
+
+
+def read_manifest(root: str | Path) -> Manifest:
+    """Read and check ``root/manifest.json``."""
+    path = Path(root) / MANIFEST_FILE
+    if not path.is_file():
+        raise PartitionFormatError(f"{path}: manifest not found; is {root} a partition directory?")
+    try:
+        manifest = Manifest.from_json(json.loads(path.read_text()))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, PartitionFormatError):
+            raise
+        raise PartitionFormatError(f"{path}: malformed manifest ({type(exc).__name__}: {exc})") from exc
+    _check_manifest(path, manifest)
+    return manifest
+
+
+def _check_manifest(path: Path, m: Manifest) -> None:
+    book = m.partition_book
+    if len(book) != m.num_partitions + 1 or book[0] != 0 or book[-1] != m.num_nodes:
+        raise PartitionFormatError(
+            f"{path}: partition_book: expected {m.num_partitions + 1} offsets from 0 to "
+            f"{m.num_nodes}, got {list(book)[:8]}"
+        )
+    for p in m.partitions:
+        if book[p.id + 1] - book[p.id] != p.num_nodes:
+            raise PartitionFormatError(
+                f"{path}: partitions[{p.id}].num_nodes: expected {book[p.id + 1] - book[p.id]} "
+                f"(from partition_book), got {p.num_nodes}"
+            )
+    if sum(p.num_edges for p in m.partitions) != m.num_edges:
+        raise PartitionFormatError(f"{path}: num_edges: partitions' edges do not add up")
+
+
+@dataclass
+class Partition:
+    """One loaded partition: CSC in-edges, node data and split shares of the owned range.
+
+    Arrays are read-only memory maps unless loaded with ``mmap=False``.
+    """
+
+    #: The whole manifest (graph facts, partition book, every partition's sizes).
+    manifest: Manifest
+    #: This partition's ID ``p``.
+    partition_id: int
+    #: int64 ``[P+1]`` range offsets of all partitions.
+    partition_book: np.ndarray
+    #: int64 ``[n_p+1]`` CSC offsets; in-edges of local node i are ``indptr[i]:indptr[i+1]``.
+    indptr: np.ndarray
+    #: int64 ``[e_p]`` global source IDs of the in-edges.
+    indices: np.ndarray
+    #: ``[n_p, F]`` features of the owned nodes.
+    x: np.ndarray
+    #: int64 ``[n_p]`` labels, ``-1`` = unlabeled.
+    y: np.ndarray
+    #: int64 ``[n_p]`` original IDs of the owned nodes.
+    orig_ids: np.ndarray
+    #: Split name to the int64 global IDs of the owned nodes in it.
+    splits: dict[str, np.ndarray]
+    #: float32 ``[e_p]`` edge weights, aligned with ``indices``; None when absent.
+    edge_weight: np.ndarray | None = None
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        """``[start, stop)`` of the global IDs this partition owns."""
+        return int(self.partition_book[self.partition_id]), int(
+            self.partition_book[self.partition_id + 1]
+        )
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.indptr.shape[0] - 1)
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.shape[0])
+
+
+def _check_file(root: Path, rec: FileRecord, verify: Verify) -> None:
+    path = root / rec.path
+    if not path.is_file():
+        raise PartitionFormatError(f"{path}: missing (the manifest lists it)")
+    size = path.stat().st_size
+    if size != rec.size_bytes:
+        kind = "truncated" if size < rec.size_bytes else "larger than recorded"
+        raise PartitionFormatError(
+            f"{path}: {kind}: expected {rec.size_bytes} bytes, got {size}"
+        )
+    try:
+        dtype, shape, fortran, _ = read_npy_header(path)
+    except ValueError as exc:
+        raise PartitionFormatError(f"{path}: not a valid .npy file ({exc})") from exc
+    if dtype.hasobject:
+        raise PartitionFormatError(f"{path}: object arrays are refused (no pickle)")
+    if fortran or dtype.name != rec.dtype or tuple(shape) != rec.shape:
+        raise PartitionFormatError(
+            f"{path}: expected {rec.dtype} of shape {list(rec.shape)} (C order), "
+            f"got {dtype.name} of shape {list(shape)}{' (Fortran order)' if fortran else ''}"
+        )
+    if verify == "full":
+        digest = sha256_file(path)
+        if digest != rec.sha256:
+            raise PartitionFormatError(
+                f"{path}: SHA-256 mismatch: expected {rec.sha256[:16]}…, got {digest[:16]}… "
+                "(the file is corrupted or was replaced)"
+            )
+
+
+def check_files(root: str | Path, records: list[FileRecord], verify: Verify = "full") -> None:
+    """Check that every recorded file exists and matches its size, header and checksum."""
+    base = Path(root)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for fut in [pool.submit(_check_file, base, r, verify) for r in records]:
+            fut.result()
+
+
+def _load(root: Path, rec: FileRecord, mmap: bool) -> np.ndarray:
+    return np.load(root / rec.path, mmap_mode="r" if mmap else None, allow_pickle=False)
+
+
+def load_partition(
+    root: str | Path, partition_id: int, *, mmap: bool = True, verify: Verify = "full"
+) -> Partition:
+    """Load and validate partition ``partition_id`` of the partition directory ``root``.
+
+    ``verify='full'`` also checks every file's SHA-256; ``'size'`` checks sizes and
+    headers only (faster for very large partitions). Raises :class:`PartitionFormatError`
+    naming the offending file.
+    """
+    base = Path(root)
+    manifest = read_manifest(base)
+    if not 0 <= partition_id < manifest.num_partitions:
+        raise PartitionFormatError(
+            f"partition: expected an ID in [0, {manifest.num_partitions}), got {partition_id}"
+        )
+    info = manifest.partitions[partition_id]
+    records = [manifest.files["partition_book"], *info.files.values()]
+    check_files(base, records, verify)
+    files = {k: _load(base, r, mmap) for k, r in info.files.items()}
+    part = Partition(
+        manifest=manifest, partition_id=partition_id,
+        partition_book=_load(base, manifest.files["partition_book"], mmap=False),
+        indptr=files["indptr"], indices=files["indices"], x=files["x"], y=files["y"],
+        orig_ids=files["orig_ids"], edge_weight=files.get("edge_weight"),
+        splits={s: files[f"{s}_idx"] for s in SPLITS if f"{s}_idx" in files},
+    )
+    _check_partition(base, part)
+    log.info("loaded partition %d of %s: %d nodes, %d edges", partition_id, base,
+             part.num_nodes, part.num_edges)
+    return part
+
+
+def load_node_map(root: str | Path, *, verify: Verify = "full") -> np.ndarray:
+    """The int64 ``[N]`` map from original node IDs to global IDs."""
+    manifest = read_manifest(root)
+    rec = manifest.files["node_map"]
+    check_files(root, [rec], verify)
+    return _load(Path(root), rec, mmap=True)
+
+
+def _fail(base: Path, rel: str, what: str) -> PartitionFormatError:
+    return PartitionFormatError(f"{base / rel}: {what}")
+
+
+def _check_partition(base: Path, part: Partition) -> None:
+    """Structural checks beyond the manifest: book, CSC offsets, ID ranges."""
+    m, p = part.manifest, part.partition_id
+    files = m.partitions[p].files
+    if part.partition_book.tolist() != list(m.partition_book):
+        raise _fail(base, "partition_book.npy", "does not match the manifest's partition_book")
+    indptr = part.indptr
+    if int(indptr[0]) != 0 or int(indptr[-1]) != part.num_edges:
+        raise _fail(base, files["indptr"].path,
+                    f"expected offsets from 0 to {part.num_edges}, got {int(indptr[0])} to "
+                    f"{int(indptr[-1])}")
+    if part.num_nodes and bool((np.diff(indptr) < 0).any()):
+        raise _fail(base, files["indptr"].path, "offsets decrease")
+    if part.num_edges:
+        lo, hi = int(part.indices.min()), int(part.indices.max())
+        if lo < 0 or hi >= m.num_nodes:
+            raise _fail(base, files["indices"].path,
+                        f"expected source IDs in [0, {m.num_nodes}), got [{lo}, {hi}]")
+    start, stop = part.node_range
+    for split, ids in part.splits.items():
+        if ids.size and (int(ids.min()) < start or int(ids.max()) >= stop):
+            raise _fail(base, files[f"{split}_idx"].path,
+                        f"expected global IDs in [{start}, {stop}) owned by partition {p}")
+    if part.x.shape != (part.num_nodes, m.feature_dim):
+        raise _fail(base, files["x"].path, f"expected {part.num_nodes} rows of {m.feature_dim}")

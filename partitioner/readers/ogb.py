@@ -1,0 +1,417 @@
+"""Read OGB node-property datasets from a local copy: no prompts, no downloads, no pickle.
+
+ogb's own ``NodePropPredDataset`` asks questions on stdin, downloads on its own, and caches
+a pickled ``processed/data_processed`` file. This reader uses only the side-effect-free
+parts of the ``ogb`` package: its metadata table (``ogb/nodeproppred/master.csv``) and its
+raw-file readers (``ogb.io.read_graph_raw``), pointed at ``<root>/<dir_name>/raw/``.
+It writes nothing under ``root``.
+
+``ogbn-mag`` is heterogeneous; graphfeed takes its homogeneous paper→paper ``cites``
+subgraph, with the papers' features, labels and splits (authors, institutions and fields
+of study are dropped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import importlib.util
+import io
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from partitioner.graph import SPLITS, GraphData, GraphDataError, sorted_unique
+
+log = logging.getLogger(__name__)
+
+#: The OGB datasets :func:`read_ogb` reads, by their OGB names.
+SUPPORTED: tuple[str, ...] = ("ogbn-arxiv", "ogbn-mag", "ogbn-papers100M", "ogbn-products")
+
+_UNSUPPORTED: dict[str, str] = {
+    "ogbn-proteins": (
+        "it is multi-label (112 binary tasks per node) and has no node features, while "
+        "graphfeed needs one class label and one feature vector per node"
+    ),
+}
+
+#: ogbn-mag: the node type and relation graphfeed keeps.
+MAG_NODE_TYPE = "paper"
+MAG_RELATION: tuple[str, str, str] = ("paper", "cites", "paper")
+
+#: OGB's split file stems, in graphfeed's order (OGB's ``valid`` is graphfeed's ``val``).
+_OGB_SPLIT_FILES: tuple[str, ...] = ("train", "valid", "test")
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """The local copy of a dataset is missing or incomplete; the message says what to put where."""
+
+
+@dataclass(frozen=True)
+class OgbMeta:
+    """One dataset's row of ogb's ``master.csv``, typed."""
+
+    #: OGB name, e.g. ``ogbn-products``.
+    name: str
+    #: Folder under the root in ogb's layout: the name with ``-`` replaced by ``_``.
+    dir_name: str
+    #: Folder the downloaded zip unpacks to, e.g. ``products`` or ``papers100M-bin``.
+    download_name: str
+    #: Where the zip is published.
+    url: str
+    #: Release number; ogb writes ``RELEASE_v<version>.txt`` next to ``raw/``.
+    version: str
+    #: Number of classes.
+    num_classes: int
+    #: Name of the split folder under ``split/``, e.g. ``sales_ranking`` or ``time``.
+    split: str
+    #: Whether the raw edges are stored one way and must be mirrored.
+    add_inverse_edge: bool
+    #: Whether the raw files are ``.npz`` (True) or ``.csv.gz`` (False).
+    binary: bool
+    #: Whether the raw graph is heterogeneous (ogbn-mag).
+    is_hetero: bool
+
+
+@dataclass
+class _RawGraph:
+    """What the raw readers hand to :func:`read_ogb` before checks and conversions."""
+
+    #: ``[2, E]`` int64 edges.
+    edge_index: np.ndarray
+    #: ``[N, F]`` features as ogb returned them.
+    x: np.ndarray
+    #: ``[N]`` or ``[N, 1]`` labels as stored (float with NaN for papers100M).
+    labels: np.ndarray
+    #: Number of nodes ``N``.
+    num_nodes: int
+    #: The file the labels came from, for error messages.
+    label_file: Path
+
+
+def read_ogb(name: str, root: str | Path, *, to_undirected: bool = False) -> GraphData:
+    """Read the local copy of OGB node-property dataset ``name`` under ``root``.
+
+    ``root`` holds the unpacked dataset folder: ``<root>/<dir_name>/raw/`` in ogb's layout
+    (``ogbn_products``), or the folder the zip unpacks to (``products``). Labels become
+    ``[N]`` int64 with ``-1`` for unlabeled nodes; features are float32; OGB's ``valid``
+    split is graphfeed's ``val``. ``to_undirected`` adds every edge's reverse and drops
+    duplicate edges (arxiv, mag and papers100M store citations one way); the edges then
+    come sorted by (source, target).
+
+    Raises :class:`DatasetNotFoundError` at once, naming the missing files and the URL,
+    when the local copy is missing or incomplete, and :class:`GraphDataError` for names
+    graphfeed does not read.
+    """
+    meta = ogb_metadata(name)
+    root = Path(root)
+    ds_dir = _locate_dataset_dir(meta, root)
+    _check_local_copy(meta, root, ds_dir)
+    start = time.perf_counter()
+    with _ogb_output_to_log():
+        raw = _read_mag_papers(meta, ds_dir) if meta.is_hetero else _read_homogeneous(meta, ds_dir)
+        splits = _read_splits(meta, ds_dir)
+    edge_index = np.ascontiguousarray(raw.edge_index, dtype=np.int64)
+    if to_undirected:
+        edge_index = make_undirected(edge_index, raw.num_nodes)
+    graph = GraphData(
+        name=meta.name,
+        num_nodes=raw.num_nodes,
+        edge_index=edge_index,
+        x=_features_to_float32(raw.x, ds_dir),
+        y=_labels_to_int64(raw.labels, raw.num_nodes, raw.label_file),
+        num_classes=meta.num_classes,
+        splits=splits,
+    )
+    graph.validate()
+    log.info(
+        "read %s from %s: %d nodes, %d edges, %d features, %s in %.1fs",
+        meta.name, ds_dir, graph.num_nodes, graph.num_edges, graph.feature_dim,
+        ", ".join(f"{k}={v.size}" for k, v in splits.items()), time.perf_counter() - start,
+    )
+    return graph
+
+
+def ogb_metadata(name: str) -> OgbMeta:
+    """Look ``name`` up in ogb's ``master.csv`` (case and ``_``/``-`` are forgiven).
+
+    Raises :class:`GraphDataError` for names graphfeed does not read, listing those it does.
+    """
+    table = _master_table()
+    by_key = {_name_key(column): str(column) for column in table.columns}
+    canonical = by_key.get(_name_key(name))
+    if canonical in _UNSUPPORTED:
+        raise GraphDataError(
+            f"name: {canonical} is not supported: {_UNSUPPORTED[canonical]}. "
+            f"Supported OGB datasets: {', '.join(SUPPORTED)}"
+        )
+    if canonical not in SUPPORTED:
+        raise GraphDataError(
+            f"name: expected one of the OGB datasets {', '.join(SUPPORTED)}, got {name!r}"
+        )
+    row = table[canonical]
+    return OgbMeta(
+        name=canonical,
+        dir_name=canonical.replace("-", "_"),
+        download_name=str(row["download_name"]),
+        url=str(row["url"]),
+        version=str(row["version"]),
+        num_classes=int(row["num classes"]),
+        split=str(row["split"]),
+        add_inverse_edge=row["add_inverse_edge"] == "True",
+        binary=row["binary"] == "True",
+        is_hetero=row["is hetero"] == "True",
+    )
+
+
+def make_undirected(edge_index: np.ndarray, num_nodes: int) -> np.ndarray:
+    """Return ``edge_index`` with every edge's reverse added and duplicates removed.
+
+    The result is ``[2, E']`` int64 sorted by (source, target); self-loops are kept once.
+    """
+    both = np.concatenate([edge_index, edge_index[::-1]], axis=1).astype(np.int64, copy=False)
+    if num_nodes <= 3_037_000_499:  # num_nodes**2 fits in int64: sort one key per edge
+        keys = sorted_unique(both[0] * num_nodes + both[1])
+        return np.stack([keys // num_nodes, keys % num_nodes])
+    return np.ascontiguousarray(np.unique(both, axis=1))
+
+
+def _name_key(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+@functools.cache
+def _master_table() -> Any:
+    """ogb's metadata table, read exactly as ogb reads it, without importing ogb."""
+    spec = importlib.util.find_spec("ogb")
+    if spec is None or spec.origin is None:
+        raise ImportError("read_ogb needs the 'ogb' package (pip install 'ogb>=1.3.6')")
+    path = Path(spec.origin).parent / "nodeproppred" / "master.csv"
+    return pd.read_csv(path, index_col=0, keep_default_na=False)
+
+
+@functools.cache
+def _raw_readers() -> Any:
+    """Import ``ogb.io.read_graph_raw`` without ogb's import-time PyPI version check.
+
+    ``import ogb`` starts a non-daemon thread that asks PyPI for ogb's latest version
+    (through the ``outdated`` package, with no timeout); on a machine without internet
+    that can hold up the process's exit. Hiding ``outdated`` while ogb is first imported
+    makes ogb skip the check, as it does when ``outdated`` is not installed.
+    """
+    hide = "ogb" not in sys.modules and "outdated" not in sys.modules
+    if hide:
+        sys.modules["outdated"] = None  # type: ignore[assignment]
+    try:
+        return importlib.import_module("ogb.io.read_graph_raw")
+    finally:
+        if hide:
+            del sys.modules["outdated"]
+
+
+@contextlib.contextmanager
+def _ogb_output_to_log() -> Iterator[None]:
+    """Send what ogb's readers print to stdout to this module's debug log instead."""
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buffer):
+            yield
+    finally:
+        for line in buffer.getvalue().splitlines():
+            if line.strip():
+                log.debug("ogb: %s", line.strip())
+
+
+def _locate_dataset_dir(meta: OgbMeta, root: Path) -> Path:
+    """``<root>/<dir_name>`` (ogb's layout) or, failing that, the zip's own folder name."""
+    primary = root / meta.dir_name
+    unzipped = root / meta.download_name
+    if not primary.is_dir() and (unzipped / "raw").is_dir():
+        log.info("%s: reading %s, the zip's folder (%s is absent)", meta.name, unzipped, primary)
+        return unzipped
+    return primary
+
+
+def _required_files(meta: OgbMeta) -> list[str]:
+    """Files :func:`read_ogb` reads, relative to the dataset folder."""
+    split = f"split/{meta.split}"
+    if meta.is_hetero:
+        relation = "___".join(MAG_RELATION)
+        return [
+            "raw/num-node-dict.csv.gz",
+            "raw/triplet-type-list.csv.gz",
+            f"raw/relations/{relation}/edge.csv.gz",
+            f"raw/relations/{relation}/num-edge-list.csv.gz",
+            f"raw/node-feat/{MAG_NODE_TYPE}/node-feat.csv.gz",
+            "raw/nodetype-has-label.csv.gz",
+            f"raw/node-label/{MAG_NODE_TYPE}/node-label.csv.gz",
+            f"{split}/nodetype-has-split.csv.gz",
+            *(f"{split}/{MAG_NODE_TYPE}/{stem}.csv.gz" for stem in _OGB_SPLIT_FILES),
+        ]
+    if meta.binary:
+        raw = ["raw/data.npz", "raw/node-label.npz"]
+    else:
+        raw = [
+            f"raw/{stem}.csv.gz"
+            for stem in ("edge", "num-node-list", "num-edge-list", "node-feat", "node-label")
+        ]
+    return raw + [f"{split}/{stem}.csv.gz" for stem in _OGB_SPLIT_FILES]
+
+
+def _check_local_copy(meta: OgbMeta, root: Path, ds_dir: Path) -> None:
+    """Raise :class:`DatasetNotFoundError` naming every missing file and how to get it."""
+    missing = [ds_dir / rel for rel in _required_files(meta) if not (ds_dir / rel).is_file()]
+    if not missing:
+        release = ds_dir / f"RELEASE_v{meta.version}.txt"
+        if not release.is_file():
+            log.warning(
+                "%s: %s is absent, so the local copy may be an older release than ogb's "
+                "v%s; graphfeed reads it anyway", meta.name, release, meta.version,
+            )
+        return
+    listing = "\n  ".join(str(path) for path in missing)
+    message = (
+        f"{meta.name} not found under {root}: expected these files, which are missing:\n"
+        f"  {listing}\n"
+    )
+    pickled = sorted(str(p) for p in {m.parent / "split_dict.pt" for m in missing} if p.is_file())
+    if pickled:
+        message += (
+            f"Found {', '.join(pickled)}, which graphfeed does not read because it is a "
+            "pickle; put train.csv.gz, valid.csv.gz and test.csv.gz (one node ID per line) "
+            "beside it instead (docs/datasets.md shows a one-off conversion).\n"
+        )
+    message += (
+        f"Download {meta.url} on a machine with internet, unzip it into {root} and rename "
+        f"{root / meta.download_name} to {root / meta.dir_name} (the unrenamed folder is "
+        f"accepted too), so that {root / meta.dir_name / 'raw'} exists. "
+        "graphfeed never downloads or prompts."
+    )
+    raise DatasetNotFoundError(message)
+
+
+def _read_homogeneous(meta: OgbMeta, ds_dir: Path) -> _RawGraph:
+    """products and arxiv (csv.gz) or papers100M (npz), through ogb's raw readers."""
+    readers = _raw_readers()
+    raw_dir = ds_dir / "raw"
+    if meta.binary:
+        graph = readers.read_binary_graph_raw(str(raw_dir), meta.add_inverse_edge)[0]
+        label_file = raw_dir / "node-label.npz"
+        labels = _npz_array(label_file, "node_label")
+    else:
+        graph = readers.read_csv_graph_raw(str(raw_dir), meta.add_inverse_edge)[0]
+        label_file = raw_dir / "node-label.csv.gz"
+        labels = pd.read_csv(label_file, compression="gzip", header=None).values
+    if graph["node_feat"] is None:
+        raise GraphDataError(f"{raw_dir}: expected node features (node_feat), found none")
+    return _RawGraph(
+        edge_index=graph["edge_index"],
+        x=graph["node_feat"],
+        labels=labels,
+        num_nodes=int(graph["num_nodes"]),
+        label_file=label_file,
+    )
+
+
+def _read_mag_papers(meta: OgbMeta, ds_dir: Path) -> _RawGraph:
+    """ogbn-mag's paper→paper ``cites`` subgraph with the papers' features and labels."""
+    readers = _raw_readers()
+    raw_dir = ds_dir / "raw"
+    graph = readers.read_csv_heterograph_raw(str(raw_dir), meta.add_inverse_edge)[0]
+    edges = graph["edge_index_dict"]
+    if MAG_RELATION not in edges:
+        raise GraphDataError(
+            f"{raw_dir / 'triplet-type-list.csv.gz'}: expected the relation {MAG_RELATION}, "
+            f"got {sorted(edges)}"
+        )
+    features = graph["node_feat_dict"] or {}
+    if MAG_NODE_TYPE not in features:
+        raise GraphDataError(
+            f"{raw_dir / 'node-feat'}: expected features for node type {MAG_NODE_TYPE!r}, "
+            f"got them for {sorted(features)}"
+        )
+    labels = readers.read_node_label_hetero(str(raw_dir))
+    if MAG_NODE_TYPE not in labels:
+        raise GraphDataError(
+            f"{raw_dir / 'nodetype-has-label.csv.gz'}: expected labels for node type "
+            f"{MAG_NODE_TYPE!r}, got them for {sorted(labels)}"
+        )
+    return _RawGraph(
+        edge_index=edges[MAG_RELATION],
+        x=features[MAG_NODE_TYPE],
+        labels=labels[MAG_NODE_TYPE],
+        num_nodes=int(graph["num_nodes_dict"][MAG_NODE_TYPE]),
+        label_file=raw_dir / "node-label" / MAG_NODE_TYPE / "node-label.csv.gz",
+    )
+
+
+def _read_splits(meta: OgbMeta, ds_dir: Path) -> dict[str, np.ndarray]:
+    """``split/<split>/{train,valid,test}.csv.gz`` as graphfeed's train/val/test."""
+    split_dir = ds_dir / "split" / meta.split
+    if meta.is_hetero:
+        per_type = _raw_readers().read_nodesplitidx_split_hetero(str(split_dir))
+        if MAG_NODE_TYPE not in per_type[0]:
+            raise GraphDataError(
+                f"{split_dir / 'nodetype-has-split.csv.gz'}: expected a split for node type "
+                f"{MAG_NODE_TYPE!r}, got one for {sorted(per_type[0])}"
+            )
+        arrays = [ids[MAG_NODE_TYPE] for ids in per_type]
+    else:
+        arrays = [_read_id_csv(split_dir / f"{stem}.csv.gz") for stem in _OGB_SPLIT_FILES]
+    return {
+        ours: np.asarray(ids, dtype=np.int64).reshape(-1)
+        for ours, ids in zip(SPLITS, arrays, strict=True)
+    }
+
+
+def _read_id_csv(path: Path) -> np.ndarray:
+    """One node ID per line, as ogb's ``get_idx_split`` reads it; an empty file is no IDs."""
+    try:
+        return pd.read_csv(path, compression="gzip", header=None).values.T[0]
+    except pd.errors.EmptyDataError:
+        return np.empty(0, dtype=np.int64)
+
+
+def _npz_array(path: Path, key: str) -> np.ndarray:
+    with np.load(path, allow_pickle=False) as npz:
+        if key not in npz.files:
+            raise GraphDataError(f"{path}: expected the key {key!r}, got keys {sorted(npz.files)}")
+        return np.asarray(npz[key])
+
+
+def _features_to_float32(x: np.ndarray, ds_dir: Path) -> np.ndarray:
+    if x.ndim != 2 or not np.issubdtype(x.dtype, np.number):
+        raise GraphDataError(
+            f"{ds_dir}: node features: expected a numeric [N, F] array, "
+            f"got {x.dtype} of shape {list(x.shape)}"
+        )
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def _labels_to_int64(raw: np.ndarray, num_nodes: int, source: Path) -> np.ndarray:
+    """``[N]`` or ``[N, 1]`` labels to ``[N]`` int64; NaN (unlabeled) becomes ``-1``."""
+    labels = np.asarray(raw)
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]
+    if labels.shape != (num_nodes,):
+        raise GraphDataError(
+            f"{source}: expected one label per node, shape [{num_nodes}] or [{num_nodes}, 1], "
+            f"got {list(np.shape(raw))}"
+        )
+    if np.issubdtype(labels.dtype, np.integer):
+        return labels.astype(np.int64)
+    if not np.issubdtype(labels.dtype, np.floating):
+        raise GraphDataError(f"{source}: expected integer or float labels, got {labels.dtype}")
+    unlabeled = np.isnan(labels)
+    out = np.where(unlabeled, -1, labels).astype(np.int64)
+    if not np.array_equal(out[~unlabeled], labels[~unlabeled]):
+        raise GraphDataError(f"{source}: expected whole-number labels (or NaN), got fractions")
+    return out

@@ -1,0 +1,255 @@
+"""Reproducible synthetic graphs with planted classes.
+
+The generator is a degree-corrected planted-partition model (Chung-Lu with classes):
+every node gets a class and a power-law weight; each edge picks its source in
+proportion to the weights and, with probability ``homophily``, a target of the same
+class (else any node), again in proportion to the weights. Features are a class
+centroid plus Gaussian noise, so a GNN learns the classes from structure and features
+together while features alone are only partly informative.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+from tqdm import tqdm
+
+from partitioner.graph import GraphData, sorted_unique
+
+log = logging.getLogger(__name__)
+
+#: Edges drawn per vectorized step (bounds the generator's working memory).
+_EDGE_CHUNK = 1 << 22
+
+
+@dataclass(frozen=True)
+class SyntheticPreset:
+    """Parameters of a synthetic graph."""
+
+    #: Number of nodes.
+    num_nodes: int
+    #: Target number of undirected edges (each stored in both directions).
+    num_undirected_edges: int
+    #: Number of planted classes.
+    num_classes: int
+    #: Feature dimension.
+    feature_dim: int
+    #: Power-law exponent of the expected degree distribution (2 < gamma < 3 is typical).
+    gamma: float
+    #: Largest expected degree, as a fraction of the number of nodes.
+    max_degree_fraction: float
+    #: Probability that an edge joins two nodes of the same class.
+    homophily: float
+    #: Norm of the class centroids relative to unit Gaussian feature noise.
+    feature_signal: float
+    #: Sizes of the train / val / test splits.
+    split_sizes: tuple[int, int, int]
+    #: Skew of class sizes (0 = equal sizes; class k has size proportional to (k+1)^-skew).
+    class_skew: float = 0.0
+
+
+PRESETS: dict[str, SyntheticPreset] = {
+    # A few thousand nodes: trains to high accuracy in seconds, the embedded default.
+    "small": SyntheticPreset(
+        num_nodes=4000, num_undirected_edges=20000, num_classes=6, feature_dim=32,
+        gamma=2.5, max_degree_fraction=0.05, homophily=0.8, feature_signal=0.9,
+        split_sizes=(1200, 800, 2000),
+    ),
+    # The size of ogbn-products: 2,449,029 nodes, ~61.9M undirected edges, 47 classes.
+    "products-like": SyntheticPreset(
+        num_nodes=2_449_029, num_undirected_edges=61_859_140, num_classes=47,
+        feature_dim=100, gamma=2.3, max_degree_fraction=0.007, homophily=0.8,
+        feature_signal=1.5, split_sizes=(196_615, 39_323, 2_213_091), class_skew=1.0,
+    ),
+}
+
+
+def generate(preset: str | SyntheticPreset, seed: int = 0, progress: bool = True) -> GraphData:
+    """Generate the synthetic graph ``preset`` (a name in :data:`PRESETS` or a preset).
+
+    The same ``(preset, seed)`` always gives the same graph.
+    """
+    if isinstance(preset, str):
+        if preset not in PRESETS:
+            raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {preset!r}")
+        name, params = preset, PRESETS[preset]
+    else:
+        name, params = "synthetic", preset
+    if sum(params.split_sizes) > params.num_nodes:
+        raise ValueError(f"split_sizes: expected at most {params.num_nodes} nodes in all")
+    rng = np.random.default_rng(seed)
+    n = params.num_nodes
+    y = _draw_classes(rng, n, params.num_classes, params.class_skew)
+    weights = _power_law_weights(rng, n, params)
+    src, dst = _draw_edges(rng, y, weights, params, progress)
+    edge_index = np.empty((2, 2 * src.size), dtype=np.int64)
+    edge_index[0, : src.size], edge_index[0, src.size :] = src, dst
+    edge_index[1, : src.size], edge_index[1, src.size :] = dst, src
+    del src, dst
+    x = _features(rng, y, params)
+    perm = rng.permutation(n)
+    a, b, _ = params.split_sizes
+    splits = {
+        "train": np.sort(perm[:a]),
+        "val": np.sort(perm[a : a + b]),
+        "test": np.sort(perm[a + b : sum(params.split_sizes)]),
+    }
+    graph = GraphData(name=name, num_nodes=n, edge_index=edge_index, x=x, y=y,
+                      num_classes=params.num_classes, splits=splits)
+    graph.validate(check_values=n <= 100_000)
+    log.info("generated %s: %d nodes, %d directed edges", name, n, graph.num_edges)
+    return graph
+
+
+def _draw_classes(rng: np.random.Generator, n: int, num_classes: int, skew: float) -> np.ndarray:
+    sizes = (np.arange(1, num_classes + 1, dtype=np.float64)) ** -skew
+    return rng.choice(num_classes, size=n, p=sizes / sizes.sum()).astype(np.int64)
+
+
+def _power_law_weights(rng: np.random.Generator, n: int, params: SyntheticPreset) -> np.ndarray:
+    """Expected-degree weights ``w_i ~ rank^(-1/(gamma-1))``, in a random node order."""
+    ranks = rng.permutation(n).astype(np.float64) + 1.0
+    w = ranks ** (-1.0 / (params.gamma - 1.0))
+    # Cap the largest expected degree; with 2M edges a node's expected degree is 2M w_i.
+    cap = params.max_degree_fraction * n / (2.0 * params.num_undirected_edges)
+    w /= w.sum()
+    for _ in range(10):
+        w = np.minimum(w, cap)
+        w /= w.sum()
+    return w
+
+
+@numba.njit(cache=True)
+def _alias_table(prob: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Vose's alias table for sampling index i with probability prob[i]."""
+    n = prob.size
+    scaled = prob * n
+    accept = np.ones(n, dtype=np.float64)
+    alias = np.arange(n, dtype=np.int64)
+    small = np.empty(n, dtype=np.int64)
+    large = np.empty(n, dtype=np.int64)
+    ns, nl = 0, 0
+    for i in range(n):
+        if scaled[i] < 1.0:
+            small[ns] = i
+            ns += 1
+        else:
+            large[nl] = i
+            nl += 1
+    while ns > 0 and nl > 0:
+        ns -= 1
+        s = small[ns]
+        g = large[nl - 1]
+        accept[s] = scaled[s]
+        alias[s] = g
+        scaled[g] = scaled[g] + scaled[s] - 1.0
+        if scaled[g] < 1.0:
+            nl -= 1
+            small[ns] = g
+            ns += 1
+    return accept, alias
+
+
+@numba.njit(inline="always")
+def _uniform(seed: np.uint64, item: int, stream: int) -> float:
+    """Uniform float in [0, 1) number ``stream`` of draw ``item``, from a counter-based
+    generator (SplitMix64 finalizer), so parallel draws are reproducible whatever the
+    thread count. (All arithmetic stays in uint64: mixing in int64 would give floats.)"""
+    counter = np.uint64(item) * np.uint64(8) + np.uint64(stream)
+    z = seed + counter * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return float(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@numba.njit(inline="always")
+def _alias_draw(accept: np.ndarray, alias: np.ndarray, lo: int, size: int,
+                u1: float, u2: float) -> int:
+    pos = lo + min(int(u1 * size), size - 1)
+    return pos if u2 < accept[pos] else alias[pos]
+
+
+@numba.njit(parallel=True, cache=True)
+def _edge_keys(
+    seed: np.uint64, first: int, count: int, y: np.ndarray, homophily: float,
+    g_accept: np.ndarray, g_alias: np.ndarray, members: np.ndarray, c_ptr: np.ndarray,
+    c_accept: np.ndarray, c_alias: np.ndarray,
+) -> np.ndarray:
+    """Candidate edges ``first .. first+count-1`` as keys ``min*n + max``; a self-loop
+    gets key -1."""
+    n = y.size
+    keys = np.empty(count, dtype=np.int64)
+    for i in numba.prange(count):
+        e = first + i
+        u = _alias_draw(g_accept, g_alias, 0, n, _uniform(seed, e, 0), _uniform(seed, e, 1))
+        if _uniform(seed, e, 2) < homophily:
+            k = y[u]
+            lo = c_ptr[k]
+            pos = _alias_draw(c_accept, c_alias, lo, c_ptr[k + 1] - lo,
+                              _uniform(seed, e, 3), _uniform(seed, e, 4))
+            v = members[pos]
+        else:
+            v = _alias_draw(g_accept, g_alias, 0, n, _uniform(seed, e, 3), _uniform(seed, e, 4))
+        keys[i] = -1 if u == v else min(u, v) * n + max(u, v)
+    return keys
+
+
+def _class_alias_tables(
+    w: np.ndarray, y: np.ndarray, num_classes: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Members of each class (by ID), their offsets, and per-class alias tables whose
+    entries are positions in ``members``."""
+    members = np.argsort(y, kind="stable")
+    ptr = np.searchsorted(y[members], np.arange(num_classes + 1)).astype(np.int64)
+    accept = np.empty(members.size, dtype=np.float64)
+    alias = np.empty(members.size, dtype=np.int64)
+    for k in range(num_classes):
+        lo, hi = int(ptr[k]), int(ptr[k + 1])
+        if hi > lo:
+            cw = w[members[lo:hi]]
+            accept[lo:hi], alias[lo:hi] = _alias_table(cw / cw.sum())
+            alias[lo:hi] += lo
+    return members, ptr, accept, alias
+
+
+def _draw_edges(
+    rng: np.random.Generator, y: np.ndarray, w: np.ndarray, params: SyntheticPreset,
+    progress: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Draw distinct undirected edges ``(u < v)`` until the target count."""
+    n = y.size
+    g_accept, g_alias = _alias_table(w)
+    members, c_ptr, c_accept, c_alias = _class_alias_tables(w, y, params.num_classes)
+    seed = np.uint64(rng.integers(0, 2**63))
+    target = params.num_undirected_edges
+    keys = np.empty(0, dtype=np.int64)
+    drawn = 0
+    with tqdm(total=target, desc="edges", unit="edge", unit_scale=True,
+              disable=not progress) as bar:
+        for _ in range(8):  # top up what self-loops and repeats removed
+            missing = target - keys.size
+            if missing <= 0:
+                break
+            count = int(missing * 1.05) + 16
+            new = _edge_keys(seed, drawn, count, y, params.homophily, g_accept, g_alias,
+                             members, c_ptr, c_accept, c_alias)
+            drawn += count
+            keys = sorted_unique(np.concatenate([keys, new[new >= 0]]))
+            bar.update(min(keys.size, target) - bar.n)
+    if keys.size > target:
+        keys = np.sort(rng.choice(keys, size=target, replace=False))
+    return keys // n, keys % n
+
+
+def _features(rng: np.random.Generator, y: np.ndarray, params: SyntheticPreset) -> np.ndarray:
+    """Class centroid (norm ``feature_signal``) plus unit Gaussian noise, float32."""
+    centroids = rng.standard_normal((params.num_classes, params.feature_dim))
+    centroids *= params.feature_signal / np.linalg.norm(centroids, axis=1, keepdims=True)
+    centroids *= np.sqrt(params.feature_dim) / 4.0
+    x = rng.standard_normal((y.size, params.feature_dim), dtype=np.float32)
+    x += centroids.astype(np.float32)[y]
+    return x

@@ -1,0 +1,609 @@
+"""Encode and decode tensors for the graphfeed wire (``protos/sampling.proto``).
+
+A tensor travels as raw little-endian, C-contiguous bytes plus a :class:`DType` and a
+shape (see the ``Tensor`` message for the exact layout), never pickled. This module is
+the only place that turns arrays into those messages and back:
+
+* dtype mapping both ways for NumPy and PyTorch (:func:`numpy_to_dtype`,
+  :func:`dtype_to_numpy`, :func:`torch_to_dtype`, :func:`dtype_to_torch`);
+* one whole tensor per message: :func:`encode_tensor`, :func:`decode_tensor`,
+  :func:`decode_tensor_torch`;
+* tensors spread over several stream messages: :func:`split_tensors` (and
+  :func:`count_groups`) on the sending side, :class:`TensorAssembler` on the receiving
+  side.
+
+Decoding does not copy: arrays are read-only views of the ``bytes`` object that
+protobuf hands out for a ``bytes`` field (protobuf itself makes that object; this
+module adds no copy), unless ``writable=True`` asks for an owned copy. A tensor spread
+over several chunks is copied once, into one preallocated buffer.
+
+NumPy has no bfloat16: BFLOAT16 decodes to a ``torch.bfloat16`` tensor, or to a
+``uint16`` NumPy array of the raw bits when NumPy is asked for; such a ``uint16`` array
+encodes back as BFLOAT16 with ``encode_tensor(bits, dtype=DType.BFLOAT16)``.
+
+Malformed input raises :class:`CodecError` (a ``ValueError``) whose message names the
+field, what was expected and what was received.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import warnings
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeAlias, cast
+
+import numpy as np
+import torch
+
+from protos import sampling_pb2 as pb
+
+#: Hard ceiling on the serialized size of any one graphfeed message (64 MiB); channels
+#: are configured with it as their send/receive limit.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: Room left in every message for everything but tensor data (names, shapes, headers).
+MESSAGE_HEADROOM_BYTES = 1024 * 1024
+#: Largest allowed ``chunk_bytes``: the tensor data one message may carry.
+MAX_CHUNK_BYTES = MAX_MESSAGE_BYTES - MESSAGE_HEADROOM_BYTES
+#: Default tensor data per message of a chunked stream (4 MiB).
+DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
+
+#: A NumPy array or a PyTorch tensor.
+TensorLike: TypeAlias = np.ndarray | torch.Tensor
+#: A value of the ``DType`` enum.
+WireDType: TypeAlias = "pb.DType.ValueType"
+
+DType = pb.DType
+
+_LITTLE_ENDIAN_HOST = sys.byteorder == "little"
+
+
+class CodecError(ValueError):
+    """A tensor message is malformed, or an array cannot be put on the wire.
+
+    The message names the field, what was expected and what was received.
+    """
+
+
+# ---- dtype mapping -------------------------------------------------------------------
+
+_NUMPY_OF: dict[WireDType, np.dtype] = {
+    pb.BOOL: np.dtype(np.bool_),
+    pb.UINT8: np.dtype(np.uint8),
+    pb.INT8: np.dtype(np.int8),
+    pb.INT16: np.dtype("<i2"),
+    pb.INT32: np.dtype("<i4"),
+    pb.INT64: np.dtype("<i8"),
+    pb.FLOAT16: np.dtype("<f2"),
+    pb.BFLOAT16: np.dtype("<u2"),  # raw bits: NumPy has no bfloat16
+    pb.FLOAT32: np.dtype("<f4"),
+    pb.FLOAT64: np.dtype("<f8"),
+}
+
+_TORCH_OF: dict[WireDType, torch.dtype] = {
+    pb.BOOL: torch.bool,
+    pb.UINT8: torch.uint8,
+    pb.INT8: torch.int8,
+    pb.INT16: torch.int16,
+    pb.INT32: torch.int32,
+    pb.INT64: torch.int64,
+    pb.FLOAT16: torch.float16,
+    pb.BFLOAT16: torch.bfloat16,
+    pb.FLOAT32: torch.float32,
+    pb.FLOAT64: torch.float64,
+}
+
+_DTYPE_OF_NUMPY: dict[np.dtype, WireDType] = {
+    np.dtype(d).newbyteorder("="): k for k, d in _NUMPY_OF.items() if k != pb.BFLOAT16
+}
+_DTYPE_OF_TORCH: dict[torch.dtype, WireDType] = {d: k for k, d in _TORCH_OF.items()}
+
+#: Every dtype that may travel in a Tensor or TensorChunk.
+SUPPORTED_DTYPES: tuple[WireDType, ...] = tuple(_NUMPY_OF)
+
+
+_NAME_OF: dict[int, str] = {value: name for name, value in pb.DType.items()}
+
+
+def dtype_name(dtype: int) -> str:
+    """Return the lower-case name of a ``DType`` value (``"float32"``), or the number."""
+    return _NAME_OF.get(dtype, str(dtype)).lower()
+
+
+def _check_dtype(dtype: int, field: str) -> WireDType:
+    """Return ``dtype`` if it may travel in a tensor; raise :class:`CodecError` otherwise."""
+    if dtype not in _NUMPY_OF:
+        names = ", ".join(_NAME_OF[d] for d in SUPPORTED_DTYPES)
+        got = _NAME_OF[dtype] if dtype == pb.DTYPE_UNSPECIFIED else str(dtype)
+        raise CodecError(f"{field}: expected one of {names}, got {got}")
+    return cast(WireDType, dtype)
+
+
+def dtype_to_numpy(dtype: int) -> np.dtype:
+    """Return the little-endian NumPy dtype of a wire dtype (BFLOAT16 gives ``<u2``)."""
+    return _NUMPY_OF[_check_dtype(dtype, "dtype")]
+
+
+def dtype_to_torch(dtype: int) -> torch.dtype:
+    """Return the PyTorch dtype of a wire dtype."""
+    return _TORCH_OF[_check_dtype(dtype, "dtype")]
+
+
+def numpy_to_dtype(dtype: np.dtype | type) -> WireDType:
+    """Return the wire dtype of a NumPy dtype, of either byte order.
+
+    ``uint16`` is not mapped (it is BFLOAT16 only when the caller says so, see
+    :func:`encode_tensor`); unsupported dtypes raise :class:`CodecError`.
+    """
+    key = np.dtype(dtype).newbyteorder("=")
+    if key not in _DTYPE_OF_NUMPY:
+        raise CodecError(
+            f"dtype: expected a NumPy dtype among "
+            f"{sorted(str(d) for d in _DTYPE_OF_NUMPY)}, got {np.dtype(dtype)}"
+        )
+    return _DTYPE_OF_NUMPY[key]
+
+
+def torch_to_dtype(dtype: torch.dtype) -> WireDType:
+    """Return the wire dtype of a PyTorch dtype; unsupported ones raise CodecError."""
+    if dtype not in _DTYPE_OF_TORCH:
+        raise CodecError(
+            f"dtype: expected a torch dtype among {[str(d) for d in _DTYPE_OF_TORCH]}, got {dtype}"
+        )
+    return _DTYPE_OF_TORCH[dtype]
+
+
+# ---- arrays to wire bytes ------------------------------------------------------------
+
+
+def _torch_to_numpy(tensor: torch.Tensor) -> tuple[np.ndarray, WireDType]:
+    """View a tensor as a NumPy array (no copy for CPU tensors) and give its wire dtype."""
+    wire = torch_to_dtype(tensor.dtype)
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16), wire
+    return t.numpy(), wire
+
+
+def _wire_array(value: TensorLike, dtype: int | None) -> tuple[np.ndarray, WireDType]:
+    """Return a little-endian NumPy view/copy of ``value`` and its wire dtype.
+
+    The result may still be non-contiguous; callers serialize it in C order.
+    """
+    if isinstance(value, torch.Tensor):
+        array, wire = _torch_to_numpy(value)
+    else:
+        array = np.asarray(value)
+        if dtype == pb.BFLOAT16 and array.dtype.newbyteorder("=") == np.dtype(np.uint16):
+            wire = pb.BFLOAT16
+        else:
+            wire = numpy_to_dtype(array.dtype)
+    if dtype is not None and dtype != wire:
+        raise CodecError(
+            f"dtype: expected the array's own dtype {dtype_name(wire)} (or uint16 bits for "
+            f"bfloat16), got a request for {dtype_name(dtype)}"
+        )
+    if array.dtype.byteorder == ">" or (array.dtype.byteorder == "=" and not _LITTLE_ENDIAN_HOST):
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return array, wire
+
+
+def _flat_bytes(array: np.ndarray) -> np.ndarray:
+    """Return the C-order bytes of ``array`` as a 1-d uint8 array (copy only if needed)."""
+    if not array.flags.c_contiguous:
+        array = array.copy(order="C")
+    return array.reshape(-1).view(np.uint8)
+
+
+def encode_tensor(value: TensorLike, *, dtype: int | None = None) -> pb.Tensor:
+    """Encode an array or tensor as a whole ``Tensor`` message.
+
+    Non-contiguous and big-endian inputs are laid out C-contiguous little-endian; CPU
+    torch tensors are read through ``.numpy()`` without a copy, other devices are moved
+    to the CPU. ``dtype`` optionally states the wire dtype; it must match the input's,
+    except that a ``uint16`` NumPy array with ``dtype=DType.BFLOAT16`` is sent as
+    bfloat16 bits. The data must fit in :data:`MAX_CHUNK_BYTES`; bigger tensors go
+    through :func:`split_tensors`.
+    """
+    array, wire = _wire_array(value, dtype)
+    if array.nbytes > MAX_CHUNK_BYTES:
+        raise CodecError(
+            f"Tensor.data: expected at most {MAX_CHUNK_BYTES} bytes in one message, got "
+            f"{array.nbytes} (use split_tensors)"
+        )
+    return pb.Tensor(dtype=wire, shape=array.shape, data=array.tobytes(order="C"))
+
+
+# ---- wire bytes to arrays ------------------------------------------------------------
+
+
+def _check_shape(shape: Sequence[int], field: str) -> tuple[int, ...]:
+    """Return ``shape`` as a tuple if every dimension is >= 0; raise otherwise."""
+    dims = tuple(int(d) for d in shape)
+    if any(d < 0 for d in dims):
+        raise CodecError(f"{field}: expected every dimension >= 0, got {list(dims)}")
+    return dims
+
+
+def _nbytes(dtype: WireDType, shape: tuple[int, ...]) -> int:
+    """Return the byte size of a tensor of ``dtype`` and ``shape``."""
+    return math.prod(shape) * _NUMPY_OF[dtype].itemsize
+
+
+def _check_values(buffer: bytes | np.ndarray, dtype: WireDType, field: str) -> None:
+    """Raise if the bytes of a BOOL tensor hold anything but 0 and 1."""
+    if dtype != pb.BOOL:
+        return
+    raw = np.frombuffer(buffer, dtype=np.uint8)
+    if raw.size and int(raw.max()) > 1:
+        raise CodecError(f"{field}: expected bool bytes 0 or 1, got {int(raw.max())}")
+
+
+def _numpy_view(
+    buffer: bytes | np.ndarray, dtype: WireDType, shape: tuple[int, ...], writable: bool
+) -> np.ndarray:
+    """Interpret validated bytes as a NumPy array; copy only when ``writable``."""
+    array = np.frombuffer(buffer, dtype=np.uint8).view(_NUMPY_OF[dtype]).reshape(shape)
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    elif writable and not array.flags.writeable:
+        array = array.copy()
+    return array
+
+
+def _frombuffer(buffer: bytes, dtype: torch.dtype) -> torch.Tensor:
+    """``torch.frombuffer`` on immutable bytes, without PyTorch's non-writable warning.
+
+    The tensors made here are documented as read-only; the warning would only repeat it.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        return torch.frombuffer(buffer, dtype=dtype)
+
+
+def _torch_view(
+    buffer: bytes | np.ndarray, dtype: WireDType, shape: tuple[int, ...], writable: bool
+) -> torch.Tensor:
+    """Interpret validated bytes as a torch tensor; copy only when ``writable``.
+
+    A read-only buffer gives a tensor sharing it unless ``writable``; a writable NumPy
+    buffer is always shared.
+    """
+    if isinstance(buffer, bytes) and buffer and _LITTLE_ENDIAN_HOST:
+        tensor = _frombuffer(buffer, _TORCH_OF[dtype]).reshape(shape)
+        return tensor.clone() if writable else tensor
+    numpy_dtype = pb.INT16 if dtype == pb.BFLOAT16 else dtype
+    array = _numpy_view(buffer, numpy_dtype, shape, writable=False)
+    if writable or not array.flags.writeable:
+        array = array.copy()
+    tensor = torch.from_numpy(array)
+    return tensor.view(torch.bfloat16) if dtype == pb.BFLOAT16 else tensor
+
+
+def _checked_tensor(msg: pb.Tensor) -> tuple[bytes, WireDType, tuple[int, ...]]:
+    """Validate a ``Tensor`` message; return its data (read once), dtype and shape."""
+    dtype = _check_dtype(msg.dtype, "Tensor.dtype")
+    shape = _check_shape(msg.shape, "Tensor.shape")
+    data = msg.data  # protobuf makes a new bytes object on every read
+    expected = _nbytes(dtype, shape)
+    if len(data) != expected:
+        raise CodecError(
+            f"Tensor.data: expected {expected} bytes for {dtype_name(dtype)} of shape "
+            f"{list(shape)}, got {len(data)}"
+        )
+    _check_values(data, dtype, "Tensor.data")
+    return data, dtype, shape
+
+
+def decode_tensor(msg: pb.Tensor, *, writable: bool = False) -> np.ndarray:
+    """Decode a ``Tensor`` message to a NumPy array without copying.
+
+    The array is a read-only view of the message's bytes unless ``writable`` is true
+    (then it is an owned copy). BFLOAT16 decodes to the ``uint16`` bits.
+    """
+    data, dtype, shape = _checked_tensor(msg)
+    return _numpy_view(data, dtype, shape, writable)
+
+
+def decode_tensor_torch(msg: pb.Tensor, *, writable: bool = False) -> torch.Tensor:
+    """Decode a ``Tensor`` message to a CPU torch tensor without copying.
+
+    Without ``writable`` the tensor shares the message's immutable bytes: do not write
+    to it. With ``writable`` it owns a copy.
+    """
+    data, dtype, shape = _checked_tensor(msg)
+    return _torch_view(data, dtype, shape, writable)
+
+
+# ---- chunking ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Slice:
+    """Bytes ``[start, stop)`` of the tensor at position ``index`` of the mapping."""
+
+    #: Position of the tensor in the mapping's iteration order.
+    index: int
+    #: First byte of the slice.
+    start: int
+    #: One past the last byte of the slice.
+    stop: int
+
+
+def _check_chunk_bytes(chunk_bytes: int) -> None:
+    """Raise unless ``1 <= chunk_bytes <= MAX_CHUNK_BYTES``."""
+    if not 1 <= chunk_bytes <= MAX_CHUNK_BYTES:
+        raise CodecError(f"chunk_bytes: expected 1 .. {MAX_CHUNK_BYTES}, got {chunk_bytes}")
+
+
+def _plan(sizes: Sequence[int], chunk_bytes: int) -> list[list[_Slice]]:
+    """Group tensor byte ranges into messages carrying at most ``chunk_bytes`` each.
+
+    A tensor that fits in one message is never split (it starts a new group if the
+    current one lacks room); bigger tensors fill the current group and span the next
+    ones. Empty tensors take one slice and no room. There is always at least one group.
+    """
+    _check_chunk_bytes(chunk_bytes)
+    groups: list[list[_Slice]] = [[]]
+    room = chunk_bytes
+    for index, size in enumerate(sizes):
+        if 0 < size <= chunk_bytes and size > room:
+            groups.append([])
+            room = chunk_bytes
+        start = 0
+        while True:
+            if room == 0 and size > start:
+                groups.append([])
+                room = chunk_bytes
+            stop = start + min(room, size - start)
+            groups[-1].append(_Slice(index, start, stop))
+            room -= stop - start
+            start = stop
+            if start >= size:
+                break
+    return groups
+
+
+def _byte_size(value: TensorLike) -> int:
+    """Return the number of data bytes ``value`` takes on the wire."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    return int(np.asarray(value).nbytes)
+
+
+def count_groups(named: Mapping[str, TensorLike], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+    """Return how many groups :func:`split_tensors` yields, without building them.
+
+    Use it to fill ``num_chunks`` of the first message before sending.
+    """
+    return len(_plan([_byte_size(v) for v in named.values()], chunk_bytes))
+
+
+def split_tensors(
+    named: Mapping[str, TensorLike], chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[list[pb.TensorChunk]]:
+    """Split named tensors into groups of ``TensorChunk``s, one group per message.
+
+    Every group carries at most ``chunk_bytes`` (<= :data:`MAX_CHUNK_BYTES`) of data.
+    Tensors go in mapping order; small tensors share a group, a tensor larger than
+    ``chunk_bytes`` spans several groups, and an empty tensor travels as one chunk with
+    its shape. At least one group (possibly empty) is yielded. All inputs are checked
+    before the first group is yielded.
+    """
+    names = list(named)
+    for name in names:
+        if not name:
+            raise CodecError("TensorChunk.name: expected a non-empty name, got ''")
+    arrays = [_wire_array(named[name], None) for name in names]
+    flats = [_flat_bytes(array) for array, _ in arrays]
+    for group in _plan([flat.size for flat in flats], chunk_bytes):
+        yield [_make_chunk(names[s.index], arrays[s.index], flats[s.index], s) for s in group]
+
+
+def _make_chunk(
+    name: str, wire: tuple[np.ndarray, WireDType], flat: np.ndarray, piece: _Slice
+) -> pb.TensorChunk:
+    """Build the ``TensorChunk`` carrying ``piece`` of one tensor."""
+    array, dtype = wire
+    return pb.TensorChunk(
+        name=name,
+        dtype=dtype,
+        shape=array.shape,
+        offset=piece.start,
+        total_bytes=flat.size,
+        data=flat[piece.start : piece.stop].tobytes(),
+    )
+
+
+# ---- reassembly ----------------------------------------------------------------------
+
+
+@dataclass
+class _Partial:
+    """A tensor being received."""
+
+    #: Wire dtype of the tensor.
+    dtype: WireDType
+    #: Shape of the whole tensor.
+    shape: tuple[int, ...]
+    #: Byte size of the whole tensor.
+    total: int
+    #: Bytes received so far (also the offset the next chunk must have).
+    received: int = 0
+    #: The data of a tensor that arrived in one chunk (decoded without a copy).
+    whole: bytes | None = None
+    #: The preallocated buffer of a tensor spread over several chunks.
+    buffer: np.ndarray | None = None
+
+    @property
+    def source(self) -> bytes | np.ndarray:
+        """The bytes received: the single chunk's data, or the assembled buffer."""
+        if self.buffer is not None:
+            return self.buffer
+        return self.whole if self.whole is not None else b""
+
+
+class TensorAssembler:
+    """Reassembles named tensors from ``TensorChunk``s received in order.
+
+    Feed every chunk of one batch (or answer) with :meth:`add`, then call
+    :meth:`finish` (NumPy) or :meth:`finish_torch`; both check that every tensor is
+    complete, return the tensors by name and reset the assembler for the next batch.
+    A tensor that arrived in one chunk is a view of that chunk's bytes; one spread over
+    several chunks is copied once into a buffer allocated at its first chunk.
+    """
+
+    def __init__(self, *, max_tensor_bytes: int | None = None) -> None:
+        """``max_tensor_bytes`` rejects chunks announcing a bigger tensor (no limit: None)."""
+        self._max_tensor_bytes = max_tensor_bytes
+        self._partials: dict[str, _Partial] = {}
+
+    @property
+    def names(self) -> list[str]:
+        """Names of the tensors started so far, in arrival order."""
+        return list(self._partials)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every tensor started so far has all its bytes."""
+        return all(p.received == p.total for p in self._partials.values())
+
+    def add_all(self, chunks: Iterable[pb.TensorChunk]) -> None:
+        """Add several chunks in order (e.g. the ``tensors`` field of one message)."""
+        for chunk in chunks:
+            self.add(chunk)
+
+    def add(self, chunk: pb.TensorChunk) -> None:
+        """Add the next chunk of one tensor; raise :class:`CodecError` if it is malformed."""
+        name = chunk.name
+        if not name:
+            raise CodecError("TensorChunk.name: expected a non-empty name, got ''")
+        partial = self._partials.get(name)
+        if partial is None:
+            partial = self._start(chunk)
+        else:
+            self._check_same(partial, chunk)
+        data = chunk.data  # read once: protobuf copies on every read
+        self._check_slice(name, partial, chunk.offset, len(data))
+        if partial.received == 0 and len(data) == partial.total:
+            partial.whole = data
+        else:
+            if partial.buffer is None:
+                partial.buffer = np.empty(partial.total, dtype=np.uint8)
+            partial.buffer[partial.received : partial.received + len(data)] = np.frombuffer(
+                data, dtype=np.uint8
+            )
+        partial.received += len(data)
+
+    def _start(self, chunk: pb.TensorChunk) -> _Partial:
+        """Validate the first chunk of a tensor and register the tensor."""
+        dtype = _check_dtype(chunk.dtype, f"TensorChunk.dtype of {chunk.name!r}")
+        shape = _check_shape(chunk.shape, f"TensorChunk.shape of {chunk.name!r}")
+        total = _nbytes(dtype, shape)
+        if chunk.total_bytes != total:
+            raise CodecError(
+                f"TensorChunk.total_bytes of {chunk.name!r}: expected {total} for "
+                f"{dtype_name(dtype)} of shape {list(shape)}, got {chunk.total_bytes}"
+            )
+        limit = self._max_tensor_bytes
+        if limit is not None and total > limit:
+            raise CodecError(
+                f"TensorChunk.total_bytes of {chunk.name!r}: expected at most {limit}, got {total}"
+            )
+        partial = _Partial(dtype=dtype, shape=shape, total=total)
+        self._partials[chunk.name] = partial
+        return partial
+
+    @staticmethod
+    def _check_same(partial: _Partial, chunk: pb.TensorChunk) -> None:
+        """Raise unless a later chunk repeats the dtype, shape and size of the first."""
+        name = chunk.name
+        if partial.received == partial.total:
+            raise CodecError(
+                f"TensorChunk.offset of {name!r}: expected no more chunks (all "
+                f"{partial.total} bytes received), got one at offset {chunk.offset}"
+            )
+        if chunk.dtype != partial.dtype:
+            raise CodecError(
+                f"TensorChunk.dtype of {name!r}: expected {dtype_name(partial.dtype)} as in "
+                f"its first chunk, got {dtype_name(chunk.dtype)}"
+            )
+        if tuple(chunk.shape) != partial.shape:
+            raise CodecError(
+                f"TensorChunk.shape of {name!r}: expected {list(partial.shape)} as in its "
+                f"first chunk, got {list(chunk.shape)}"
+            )
+        if chunk.total_bytes != partial.total:
+            raise CodecError(
+                f"TensorChunk.total_bytes of {name!r}: expected {partial.total} as in its "
+                f"first chunk, got {chunk.total_bytes}"
+            )
+
+    @staticmethod
+    def _check_slice(name: str, partial: _Partial, offset: int, size: int) -> None:
+        """Raise unless ``[offset, offset + size)`` continues the tensor exactly."""
+        if offset != partial.received:
+            kind = "gap" if offset > partial.received else "overlap"
+            raise CodecError(
+                f"TensorChunk.offset of {name!r}: expected {partial.received} (the next "
+                f"byte), got {offset} ({kind})"
+            )
+        if offset + size > partial.total:
+            raise CodecError(
+                f"TensorChunk.data of {name!r}: expected at most {partial.total - offset} "
+                f"bytes at offset {offset} (total_bytes {partial.total}), got {size}"
+            )
+        if size == 0 and partial.total > 0:
+            raise CodecError(
+                f"TensorChunk.data of {name!r}: expected at least 1 byte at offset {offset}, got 0"
+            )
+
+    def _take(self, expected: Collection[str] | None) -> dict[str, _Partial]:
+        """Check completeness (and the expected names), reset, return the partials."""
+        partials, self._partials = self._partials, {}
+        for name, p in partials.items():
+            if p.received != p.total:
+                raise CodecError(
+                    f"TensorChunk.data of {name!r}: expected {p.total} bytes in all, got "
+                    f"{p.received} (missing chunks)"
+                )
+            _check_values(p.source, p.dtype, f"TensorChunk.data of {name!r}")
+        missing = sorted(set(expected or ()) - set(partials))
+        if missing:
+            raise CodecError(
+                f"TensorChunk.name: expected tensors {sorted(expected or ())}, got "
+                f"{sorted(partials)} (missing {missing})"
+            )
+        return partials
+
+    def finish(
+        self, *, writable: bool = False, expected: Collection[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Return the complete tensors as NumPy arrays (BFLOAT16 as ``uint16`` bits).
+
+        Arrays are read-only unless ``writable``; ``expected`` names tensors that must
+        be present. Raises :class:`CodecError` on missing chunks or tensors.
+        """
+        out = {}
+        for name, p in self._take(expected).items():
+            array = _numpy_view(p.source, p.dtype, p.shape, writable)
+            if not writable and array.flags.writeable:
+                array.flags.writeable = False
+            out[name] = array
+        return out
+
+    def finish_torch(
+        self, *, writable: bool = False, expected: Collection[str] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Return the complete tensors as CPU torch tensors (BFLOAT16 as bfloat16).
+
+        Without ``writable``, single-chunk tensors share the message's immutable bytes:
+        do not write to them. Raises :class:`CodecError` on missing chunks or tensors.
+        """
+        return {  # an assembled buffer is already owned and writable: never copy it
+            name: _torch_view(p.source, p.dtype, p.shape, writable and p.buffer is None)
+            for name, p in self._take(expected).items()
+        }
