@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 #: Methods whose memory stays O(N) whatever the number of edges.
 STREAMING_METHODS = ("range", "hash")
 METHODS = ("random", "hash", "range", "metis")
+#: Mean integer METIS node weight (resolution of the combined node/edge/train cost).
+_METIS_MEAN_WEIGHT = 1000
 
 
 def assign(
@@ -44,8 +46,14 @@ def assign(
     if method not in table:
         raise ValueError(f"method: expected one of {list(METHODS)}, got {method!r}")
     part_of = table[method]().astype(np.int32, copy=False)
-    log.info("%s partition into %d parts: nodes per part %s", method, num_parts,
-             np.bincount(part_of, minlength=num_parts).tolist())
+    sizes = np.bincount(part_of, minlength=num_parts)
+    if sizes.size != num_parts or bool((sizes == 0).any()):
+        empty = np.flatnonzero(sizes[:num_parts] == 0).tolist()
+        raise ValueError(
+            f"num_parts: method {method!r} left partitions {empty} of {num_parts} empty "
+            f"({graph.num_nodes} nodes); use fewer partitions or another method"
+        )
+    log.info("%s partition into %d parts: nodes per part %s", method, num_parts, sizes.tolist())
     return part_of
 
 
@@ -109,21 +117,28 @@ def range_partition(
 def metis_partition(
     graph: GraphData, num_parts: int, seed: int = 0, progress: bool = True
 ) -> np.ndarray:
-    """METIS (pymetis) with three balance constraints: nodes, edges and training nodes."""
+    """METIS (pymetis) balancing nodes, edges and training nodes together.
+
+    Each node weighs ``1/N + deg/D + is_train/T`` (``deg`` its undirected degree, ``D`` the
+    sum of degrees, ``T`` the training nodes), as in :func:`range_partition`, scaled to
+    integers. pymetis always calls METIS with one balance constraint (it has no ``ncon``
+    argument), so a multi-column weight array would be misread: METIS would take the first
+    N entries of the flattened array as the node weights.
+    """
     import pymetis
 
     if num_parts == 1:
         return np.zeros(graph.num_nodes, dtype=np.int32)
     xadj, adjncy = undirected_csr(graph, progress)
+    n = graph.num_nodes
     degree = np.diff(xadj)
-    weights = np.ones((graph.num_nodes, 3), dtype=np.int64)
-    weights[:, 1] = degree + 1
-    weights[:, 2] = 0
+    cost = np.full(n, 1.0 / n)
+    cost += degree / max(int(degree.sum()), 1)
     train = graph.splits.get("train")
     if train is not None and train.size:
-        weights[train, 2] = 1
-    else:
-        weights = weights[:, :2].copy()
+        cost[train] += 1.0 / train.size
+    scale = _METIS_MEAN_WEIGHT * n / cost.sum()
+    weights = np.maximum(np.rint(cost * scale), 1).astype(np.int64)
     options = pymetis.Options(seed=seed)
     log.info("running METIS on %d nodes, %d adjacency entries", graph.num_nodes, adjncy.size)
     _cut, parts = pymetis.part_graph(

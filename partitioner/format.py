@@ -165,7 +165,7 @@ def read_manifest(root: str | Path) -> Manifest:
         raise PartitionFormatError(f"{path}: manifest not found; is {root} a partition directory?")
     try:
         manifest = Manifest.from_json(json.loads(path.read_text()))
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+    except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, PartitionFormatError):
             raise
         raise PartitionFormatError(f"{path}: malformed manifest ({type(exc).__name__}: {exc})") from exc

@@ -24,8 +24,5 @@ def partition_graph(
     assign_seconds = time.perf_counter() - started
     algorithm = {"method": method, "num_parts": num_parts, "seed": seed,
                  "assign_seconds": round(assign_seconds, 3)}
-    manifest = write_partitions(graph, part_of, out_dir, algorithm=algorithm,
-                                overwrite=overwrite, edge_chunk=edge_chunk, progress=progress)
-    manifest.algorithm["seconds"] = round(time.perf_counter() - started, 3)
-    manifest.write(Path(out_dir))
-    return manifest
+    return write_partitions(graph, part_of, out_dir, algorithm=algorithm, overwrite=overwrite,
+                            edge_chunk=edge_chunk, progress=progress, started=started)

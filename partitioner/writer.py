@@ -82,11 +82,13 @@ def _scatter_in_edges(
 def write_partitions(
     graph: GraphData, part_of: np.ndarray, out_dir: str | Path, *,
     algorithm: dict[str, Any] | None = None, overwrite: bool = False,
-    edge_chunk: int = DEFAULT_EDGE_CHUNK, progress: bool = True,
+    edge_chunk: int = DEFAULT_EDGE_CHUNK, progress: bool = True, started: float | None = None,
 ) -> Manifest:
     """Write ``graph`` split by ``part_of`` (``[N]`` partition IDs) as format v1 into
-    ``out_dir`` and return the manifest (written last)."""
-    started = time.perf_counter()
+    ``out_dir`` and return the manifest (written last). The manifest's
+    ``algorithm["seconds"]`` counts from ``started`` (a ``time.perf_counter()`` value;
+    default: now)."""
+    started = time.perf_counter() if started is None else started
     out = _prepare_out_dir(Path(out_dir), overwrite)
     part_of = _check_assignment(graph, part_of)
     num_parts = int(part_of.max()) + 1 if part_of.size else 1

@@ -466,7 +466,7 @@ class EpochRequest(_message.Message):
     include_features: _builtins.bool
     """Send the node features ("x") with each batch."""
     include_labels: _builtins.bool
-    """Send the seed labels ("y") with each batch."""
+    """Send the node labels ("y") with each batch."""
     client_id: _builtins.str
     """Free-form identifier of the caller, for server logs only; may be empty."""
     @_builtins.property
@@ -570,8 +570,10 @@ class MinibatchChunk(_message.Message):
                                       n_id), row 0 the source, row 1 the target.
       "x"          feature dtype [N, F]  features of n_id's nodes, in n_id order
                                       (only when include_features).
-      "y"          label dtype [num_seed_nodes]  labels of the seed nodes, i.e. of
-                                      n_id[:num_seed_nodes] (only when include_labels).
+      "y"          label dtype [N]    labels of n_id's nodes, in n_id order, -1 for
+                                      unlabeled nodes, as PyG's NeighborLoader gives
+                                      (only when include_labels); the seeds' labels
+                                      are y[:num_seed_nodes].
     """
 
     DESCRIPTOR: _descriptor.Descriptor

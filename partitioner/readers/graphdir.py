@@ -44,13 +44,12 @@ def read_graph_dir(path: str | Path, *, mmap: bool = True) -> GraphData:
             "x.npy, y.npy (write one with `graphfeed-partition generate`)"
         )
     meta = json.loads(meta_path.read_text())
-    mode = "r" if mmap else None
 
     def load(name: str) -> np.ndarray:
         file = root / name
         if not file.is_file():
             raise GraphDataError(f"{file}: missing from the graph directory")
-        return np.load(file, mmap_mode=mode, allow_pickle=False)
+        return np.load(file, mmap_mode="r" if mmap else None, allow_pickle=False)
 
     weight = root / "edge_weight.npy"
     graph = GraphData(

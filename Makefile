@@ -1,0 +1,52 @@
+# graphfeed — every target installs what it needs by itself.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+DATA   ?= data
+WHEELS ?= ../shared/wheels
+
+.PHONY: help install test lint proto proto-check demo bench-partition bench-peers clean
+
+help:
+	@echo "make demo             generate the small synthetic graph, partition it in 2, print the summary"
+	@echo "make test             install if needed, then lint and run the whole test suite"
+	@echo "make install          create $(VENV) and install graphfeed editable with dev extras"
+	@echo "make lint             ruff + mypy"
+	@echo "make proto            regenerate protos/ stubs from protos/sampling.proto"
+	@echo "make bench-partition  generate products-like and partition it (benchmarks/partition.py)"
+	@echo "make bench-peers      install PyG's torch-sparse/torch-scatter wheels for side-by-side benchmarks"
+
+install: $(STAMP)
+
+# Re-run only when the project's metadata changes; torch is pinned to the CPU wheel on disk.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: install lint
+	$(PY) -m pytest -q
+
+proto: install
+	$(PY) -m protos.generate
+
+proto-check: install
+	$(PY) -m protos.generate --check
+
+demo: install
+	$(PY) -m partitioner partition --synthetic small --num-parts 2 --method metis \
+		--out $(DATA)/demo/small-2 --overwrite --no-progress
+
+bench-partition: install
+	$(PY) benchmarks/partition.py --data $(DATA)/bench
+
+bench-peers: install
+	$(PY) -m pip install --quiet --no-deps $(WHEELS)/torch_scatter-*.whl $(WHEELS)/torch_sparse-*.whl
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(DATA)/demo

@@ -1,0 +1,79 @@
+"""Helpers shared by the benchmarks: child processes measured for wall time and peak
+RSS, machine description, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass
+class RunResult:
+    """One measured child process."""
+
+    label: str
+    command: list[str]
+    returncode: int
+    wall_seconds: float
+    peak_rss_gib: float
+    tail: str
+
+
+def run_measured(
+    label: str, command: list[str], *, timeout: float, memory_limit_gib: float | None = None
+) -> RunResult:
+    """Run ``command``; return its wall time and its own peak RSS (``wait4``)."""
+    limit = None if memory_limit_gib is None else int(memory_limit_gib * (1 << 30))
+
+    def set_limit() -> None:
+        if limit is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=set_limit, text=True)
+    deadline = started + timeout
+    output: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        output.append(line)
+        if time.perf_counter() > deadline:
+            proc.kill()
+            break
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - started
+    code = os.waitstatus_to_exitcode(status)
+    return RunResult(label, command, code, round(wall, 2), round(usage.ru_maxrss / (1 << 20), 3),
+                     "".join(output[-15:]))
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_gib, 1),
+            "python": sys.version.split()[0], "platform": platform.platform()}
+
+
+def write_json(name: str, payload: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=1, default=lambda o: asdict(o)) + "\n")
+    return path

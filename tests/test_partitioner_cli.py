@@ -1,0 +1,224 @@
+"""The `graphfeed-partition` command line, called in-process (plus one real subprocess):
+summaries, verification, and clear errors with exit code 2."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from partitioner.cli import main
+from partitioner.format import load_partition, read_manifest
+from partitioner.graph import GraphData
+from partitioner.readers.npz import write_npz
+from partitioner.summary import balance
+
+REPO = Path(__file__).resolve().parents[1]
+#: One row of the per-partition table: part, nodes, edges, train, val, test, remote.
+ROW = re.compile(r"^\s*(\d+)" + r"\s+([\d,]+)" * 6 + r"\s*$")
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def table_rows(out: str) -> list[list[int]]:
+    rows = []
+    for line in out.splitlines():
+        match = ROW.match(line)
+        if match:
+            rows.append([int(g.replace(",", "")) for g in match.groups()])
+    return rows
+
+
+@pytest.fixture(scope="module")
+def parts_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`small` partitioned into 3 by METIS through the CLI (shared, read-only)."""
+    out = tmp_path_factory.mktemp("cli") / "small-3"
+    assert main(["partition", "--synthetic", "small", "--num-parts", "3", "--out", str(out),
+                 "--no-progress"]) == 0
+    return out
+
+
+@pytest.fixture
+def tiny_npz(tmp_path: Path) -> Path:
+    """A 5-node graph as an .npz file."""
+    path = tmp_path / "tiny.npz"
+    edge_index = np.array([[0, 1, 2, 3, 4], [1, 2, 3, 4, 0]], dtype=np.int64)
+    graph = GraphData(name="tiny", num_nodes=5, edge_index=edge_index,
+                      x=np.ones((5, 3), np.float32), y=np.array([0, 1, 0, 1, 0]), num_classes=2,
+                      splits={"train": np.array([0, 1], dtype=np.int64)})
+    write_npz(graph, path)
+    return path
+
+
+def test_help_runs_as_a_module() -> None:
+    result = subprocess.run([sys.executable, "-m", "partitioner", "--help"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    for word in ("partition", "generate", "info", "examples:"):
+        assert word in result.stdout
+
+
+def test_partition_prints_a_summary_matching_the_manifest(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out_dir = tmp_path / "out"
+    code, out, _ = run(capsys, "partition", "--synthetic", "small", "--num-parts", "2",
+                       "--method", "range", "--out", out_dir, "--no-progress")
+    assert code == 0
+    manifest = read_manifest(out_dir)
+    rows = table_rows(out)
+    assert [r[0] for r in rows] == [0, 1]
+    for row, info in zip(rows, manifest.partitions, strict=True):
+        assert row[1:] == [info.num_nodes, info.num_edges, info.split_sizes["train"],
+                           info.split_sizes["val"], info.split_sizes["test"],
+                           info.num_remote_edges]
+    assert f"edge cut: {manifest.edge_cut:,} of 40,000 edges" in out
+    b = balance(manifest)
+    assert f"balance (max/mean): nodes {b.nodes:.3f}, edges {b.edges:.3f}, train {b.train:.3f}" in out
+    assert re.search(r"method range into 2 partitions in \d+\.\d s", out)
+    assert re.search(rf"total time \d+\.\d s; written to {re.escape(str(out_dir))}", out)
+    assert "4,000 nodes" in out
+    load_partition(out_dir, 1)
+
+
+def test_info_verify_prints_the_summary(capsys: pytest.CaptureFixture[str], parts_dir: Path) -> None:
+    code, out, err = run(capsys, "info", parts_dir, "--verify")
+    assert code == 0, err
+    assert len(table_rows(out)) == 3 and "edge cut:" in out and "balance (max/mean)" in out
+    # 2 shared files + 3 partitions x 8 files (indptr, indices, x, y, orig_ids, 3 splits).
+    assert "26 files verified (SHA-256)" in out
+
+
+def test_info_verify_refuses_a_corrupted_file(
+    capsys: pytest.CaptureFixture[str], parts_dir: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(parts_dir, copy)
+    x_path = copy / "part-2" / "x.npy"
+    data = bytearray(x_path.read_bytes())
+    data[-1] ^= 0xFF
+    x_path.write_bytes(bytes(data))
+
+    code, out, _ = run(capsys, "info", copy)  # sizes only: the flip goes unnoticed
+    assert code == 0 and "checked (sizes)" in out
+    code, out, err = run(capsys, "info", copy, "--verify")
+    assert code == 2 and out == ""
+    assert err.startswith("graphfeed-partition: error: ")
+    assert str(x_path) in err and "SHA-256 mismatch" in err
+
+
+def test_info_on_a_directory_without_manifest_fails_clearly(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = run(capsys, "info", tmp_path)
+    assert code == 2 and "manifest not found" in err
+
+
+@pytest.mark.parametrize("num_parts", ["0", "-1"])
+def test_num_parts_below_one_fails(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_npz: Path, num_parts: str
+) -> None:
+    code, _, err = run(capsys, "partition", "--npz", tiny_npz, "--num-parts", num_parts,
+                       "--out", tmp_path / "out")
+    assert code == 2
+    assert f"--num-parts: expected an integer >= 1, got {num_parts}" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_more_parts_than_nodes_fails(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_npz: Path
+) -> None:
+    code, _, err = run(capsys, "partition", "--npz", tiny_npz, "--num-parts", "6",
+                       "--out", tmp_path / "out", "--no-progress")
+    assert code == 2 and "num_parts: expected at most num_nodes (5), got 6" in err
+
+
+def test_non_empty_out_needs_overwrite(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_npz: Path
+) -> None:
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "keep.txt").write_text("user data")
+    argv = ["partition", "--npz", tiny_npz, "--num-parts", "2", "--method", "random",
+            "--out", out_dir, "--no-progress"]
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and str(out_dir) in err and "--overwrite" in err
+    assert (out_dir / "keep.txt").read_text() == "user data"
+
+    code, out, _ = run(capsys, *argv, "--overwrite")
+    assert code == 0 and "edge cut:" in out
+    assert not (out_dir / "keep.txt").exists()
+    assert read_manifest(out_dir).num_partitions == 2
+
+
+def test_missing_npz_fails_naming_it(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    missing = tmp_path / "nope.npz"
+    code, _, err = run(capsys, "partition", "--npz", missing, "--num-parts", "2",
+                       "--out", tmp_path / "out")
+    assert code == 2 and str(missing) in err and "no such .npz file" in err
+
+
+def test_missing_graph_dir_fails_naming_it(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    missing = tmp_path / "no-graph"
+    code, _, err = run(capsys, "partition", "--graph-dir", missing, "--num-parts", "2",
+                       "--out", tmp_path / "out")
+    assert code == 2 and str(missing / "graph.json") in err and "not found" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        pytest.param(["partition", "--synthetic", "small", "--num-parts", "2", "--out", "o",
+                      "--method", "spectral"], "invalid choice: 'spectral'", id="unknown-method"),
+        pytest.param(["partition", "--num-parts", "2", "--out", "o"],
+                     "one of the arguments --synthetic --ogb --npz --graph-dir is required",
+                     id="missing-source"),
+        pytest.param(["partition", "--synthetic", "small", "--npz", "g.npz", "--num-parts", "2",
+                      "--out", "o"], "not allowed with argument", id="two-sources"),
+        pytest.param(["partition", "--synthetic", "small", "--out", "o"],
+                     "the following arguments are required: --num-parts", id="missing-num-parts"),
+        pytest.param(["partition", "--synthetic", "small", "--num-parts", "two", "--out", "o"],
+                     "invalid int value: 'two'", id="non-integer-num-parts"),
+        pytest.param([], "the following arguments are required: COMMAND", id="no-command"),
+    ],
+)
+def test_usage_errors_exit_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    argv: list[str], expected: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert expected in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_generate_then_partition_the_graph_dir(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    graph_dir = tmp_path / "graph"
+    code, out, _ = run(capsys, "generate", "--preset", "small", "--seed", "4", "--out", graph_dir)
+    assert code == 0 and "small: 4,000 nodes, 40,000 edges" in out
+    assert (graph_dir / "graph.json").is_file() and (graph_dir / "edge_index.npy").is_file()
+
+    out_dir = tmp_path / "parts"
+    code, out, err = run(capsys, "partition", "--graph-dir", graph_dir, "--num-parts", "2",
+                         "--method", "hash", "--out", out_dir, "--no-progress")
+    assert code == 0, err
+    manifest = read_manifest(out_dir)
+    assert manifest.graph_name == "small" and manifest.num_nodes == 4000
+    assert manifest.num_edges == 40000 and manifest.algorithm["method"] == "hash"
+    assert [r[1] for r in table_rows(out)] == [p.num_nodes for p in manifest.partitions]
+    code, _, err = run(capsys, "info", out_dir, "--verify")
+    assert code == 0, err
