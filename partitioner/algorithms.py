@@ -85,6 +85,17 @@ def _add_in_degree(dst: np.ndarray, in_degree: np.ndarray) -> None:
         in_degree[d] += 1
 
 
+def balance_cost(degree: np.ndarray, train: np.ndarray | None) -> np.ndarray:
+    """Per-node cost ``1/N + deg/sum(deg) + is_train/T``: nodes, edges and training nodes
+    weigh the same in total, so balancing the cost balances all three."""
+    n = degree.size
+    cost = np.full(n, 1.0 / n)
+    cost += degree / max(int(degree.sum()), 1)
+    if train is not None and train.size:
+        cost[train] += 1.0 / train.size
+    return cost
+
+
 def range_partition(
     graph: GraphData, num_parts: int, edge_chunk: int = 1 << 24, progress: bool = True
 ) -> np.ndarray:
@@ -100,12 +111,7 @@ def range_partition(
         for _, _src, dst in iter_edge_chunks(graph.edge_index, edge_chunk):
             _add_in_degree(dst, in_degree)
             bar.update(dst.size)
-    cost = np.full(n, 1.0 / n)
-    cost += in_degree / max(graph.num_edges, 1)
-    train = graph.splits.get("train")
-    if train is not None and train.size:
-        cost[train] += 1.0 / train.size
-    cumulative = np.cumsum(cost)
+    cumulative = np.cumsum(balance_cost(in_degree, graph.splits.get("train")))
     cuts = cumulative[-1] * np.arange(1, num_parts) / num_parts
     bounds = np.searchsorted(cumulative, cuts, side="left")
     # Every part keeps at least one node.
@@ -131,12 +137,7 @@ def metis_partition(
         return np.zeros(graph.num_nodes, dtype=np.int32)
     xadj, adjncy = undirected_csr(graph, progress)
     n = graph.num_nodes
-    degree = np.diff(xadj)
-    cost = np.full(n, 1.0 / n)
-    cost += degree / max(int(degree.sum()), 1)
-    train = graph.splits.get("train")
-    if train is not None and train.size:
-        cost[train] += 1.0 / train.size
+    cost = balance_cost(np.diff(xadj), graph.splits.get("train"))
     scale = _METIS_MEAN_WEIGHT * n / cost.sum()
     weights = np.maximum(np.rint(cost * scale), 1).astype(np.int64)
     options = pymetis.Options(seed=seed)

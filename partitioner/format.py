@@ -345,3 +345,9 @@ def _check_partition(base: Path, part: Partition) -> None:
                         f"expected global IDs in [{start}, {stop}) owned by partition {p}")
     if part.x.shape != (part.num_nodes, m.feature_dim):
         raise _fail(base, files["x"].path, f"expected {part.num_nodes} rows of {m.feature_dim}")
+    for role in ("y", "orig_ids"):
+        arr = getattr(part, role)
+        if arr.shape != (part.num_nodes,):
+            raise _fail(base, files[role].path,
+                        f"expected shape [{part.num_nodes}] (one per owned node), "
+                        f"got {list(arr.shape)}")

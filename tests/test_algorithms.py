@@ -131,7 +131,7 @@ def test_more_parts_than_nodes_is_refused() -> None:
 
 
 def test_unknown_method_is_refused() -> None:
-    with pytest.raises(ValueError, match="method: expected one of .*'spectral'"):
+    with pytest.raises(ValueError, match=r"method: expected one of .*'spectral'"):
         assign(_tiny(), 2, "spectral")
 
 

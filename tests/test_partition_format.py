@@ -106,7 +106,7 @@ def check_round_trip(graph: GraphData, root: Path, num_parts: int, method: str) 
 
     # CSC structure, then every input edge exactly once with its weight.
     src_orig, dst_orig, weights = [], [], []
-    for p, part in enumerate(parts):
+    for part in parts:
         start, stop = part.node_range
         indptr, indices = np.asarray(part.indptr), np.asarray(part.indices)
         assert indptr.shape == (stop - start + 1,) and indptr[0] == 0
@@ -350,7 +350,7 @@ def test_missing_file_is_refused_naming_it(root: Path) -> None:
 
 def test_missing_node_map_is_refused(root: Path) -> None:
     (root / "node_map.npy").unlink()
-    with pytest.raises(PartitionFormatError, match="node_map.npy"):
+    with pytest.raises(PartitionFormatError, match=r"node_map\.npy"):
         load_node_map(root)
 
 

@@ -125,7 +125,7 @@ def test_a_custom_preset_generates_a_valid_graph() -> None:
 
 
 def test_unknown_preset_is_refused() -> None:
-    with pytest.raises(ValueError, match="preset: expected one of .*'tiny'"):
+    with pytest.raises(ValueError, match=r"preset: expected one of .*'tiny'"):
         generate("tiny", progress=False)
 
 
