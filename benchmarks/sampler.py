@@ -1,0 +1,242 @@
+"""Sampler benchmark (not a test): graphfeed's samplers beside PyG's NeighborLoader and a
+plain vectorized-PyTorch floor, on the same graph in the same run.
+
+Graph: ``products-like`` (written once as one partition under ``--data``), fanouts
+[15, 10, 5], batch 1024, the training seeds shuffled. Reports seeds/s and sampled
+edges/s for the structure alone and with features (and labels) gathered. Writes
+``benchmarks/results/sampler.json`` and ``sampler.png``.
+
+    make bench-peers            # PyG's torch-sparse/torch-scatter (else that row is skipped)
+    python benchmarks/sampler.py --data data/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common import RESULTS, machine, write_json
+
+from partitioner import load_partition, partition_graph
+from partitioner.format import Partition
+
+log = logging.getLogger("bench.sampler")
+
+FANOUTS = [15, 10, 5]
+BATCH = 1024
+
+
+def ensure_partition(data: Path, preset: str) -> Path:
+    """One-partition copy of ``preset`` under ``data`` (generated once)."""
+    from partitioner.readers.graphdir import read_graph_dir, save_graph_dir
+    from partitioner.synthetic import generate
+
+    graph_dir, part_dir = data / preset, data / f"{preset}-1"
+    if (part_dir / "manifest.json").is_file():
+        return part_dir
+    if not (graph_dir / "graph.json").is_file():
+        save_graph_dir(generate(preset), graph_dir)
+    partition_graph(read_graph_dir(graph_dir), 1, part_dir, method="range", overwrite=True)
+    return part_dir
+
+
+def batches(part: Partition, seed: int) -> Iterator[np.ndarray]:
+    train = np.asarray(part.splits["train"])
+    order = np.random.default_rng(seed).permutation(train.size)
+    for i in range(0, train.size - BATCH + 1, BATCH):
+        yield train[order[i:i + BATCH]]
+
+
+def measure(label: str, step: Callable[[np.ndarray, int], int], part: Partition,
+            num_batches: int, warmup: int = 2) -> dict[str, Any]:
+    """Time ``step(seeds, batch_index) -> sampled edges`` over ``num_batches`` batches."""
+    it = batches(part, 0)
+    for i in range(warmup):
+        step(next(it), i)
+    seeds = edges = 0
+    started = time.perf_counter()
+    for i in range(num_batches):
+        s = next(it)
+        edges += step(s, warmup + i)
+        seeds += s.size
+    wall = time.perf_counter() - started
+    row = {"label": label, "batches": num_batches, "seconds": round(wall, 3),
+           "seeds_per_s": round(seeds / wall, 1), "edges_per_s": round(edges / wall, 1)}
+    log.info("%-38s %10.0f seeds/s %12.0f edges/s", label, row["seeds_per_s"], row["edges_per_s"])
+    return row
+
+
+def graphfeed_rows(part: Partition, device: str, n: int) -> list[dict[str, Any]]:
+    from sampling_server.sampler import create_sampler
+    from sampling_server.sampler.rng import batch_key
+
+    sampler = create_sampler(part, device=device)
+
+    def structure(seeds: np.ndarray, i: int) -> int:
+        out = sampler.sample(seeds, FANOUTS, batch_key(0, 0, 0, i))
+        return int(out.row.numel())
+
+    def with_features(seeds: np.ndarray, i: int) -> int:
+        out = sampler.sample(seeds, FANOUTS, batch_key(0, 0, 0, i))
+        x, y = sampler.gather(out.n_id)
+        assert x is not None and y is not None
+        return int(out.row.numel())
+
+    def sync(fn: Callable[[np.ndarray, int], int]) -> Callable[[np.ndarray, int], int]:
+        if device != "cuda":
+            return fn
+        return lambda s, i: (fn(s, i), torch.cuda.synchronize())[0]
+
+    return [measure(f"graphfeed {device}: structure", sync(structure), part, n),
+            measure(f"graphfeed {device}: + features", sync(with_features), part, n)]
+
+
+def torch_floor_rows(part: Partition, n: int) -> list[dict[str, Any]]:
+    """A plain vectorized-PyTorch sampler (with replacement, unique-based relabel)."""
+    indptr = torch.from_numpy(np.asarray(part.indptr))
+    indices = torch.from_numpy(np.asarray(part.indices))
+    x = torch.from_numpy(np.asarray(part.x))
+    gen = torch.Generator().manual_seed(0)
+
+    def sample(seeds: np.ndarray, features: bool) -> int:
+        nodes = torch.from_numpy(seeds)
+        frontier, edges = nodes, 0
+        for k in FANOUTS:
+            start, deg = indptr[frontier], indptr[frontier + 1] - indptr[frontier]
+            has = deg > 0
+            start, deg = start[has], deg[has]
+            pick = (torch.rand((deg.numel(), k), generator=gen) * deg[:, None]).long()
+            nbrs = indices[(start[:, None] + pick).flatten()]
+            edges += nbrs.numel()
+            allnodes, inverse = torch.unique(torch.cat([nodes, nbrs]), return_inverse=True)
+            frontier = allnodes[~torch.isin(allnodes, nodes)]
+            nodes = torch.cat([nodes, frontier])
+            del inverse
+        if features:
+            x.index_select(0, nodes)
+        return edges
+
+    return [measure("pytorch floor: structure", lambda s, i: sample(s, False), part, n),
+            measure("pytorch floor: + features", lambda s, i: sample(s, True), part, n)]
+
+
+def pyg_rows(part: Partition, n: int, workers: list[int]) -> list[dict[str, Any]]:
+    """PyG's own NeighborLoader (needs torch-sparse / pyg-lib); skipped without them."""
+    try:
+        import torch_sparse  # noqa: F401
+    except ImportError:
+        log.warning("PyG NeighborLoader skipped: torch-sparse is not installed (make bench-peers)")
+        return [{"label": "pyg NeighborLoader", "skipped": "torch-sparse not installed"}]
+    from torch_geometric.data import Data
+    from torch_geometric.loader import NeighborLoader
+
+    indptr = np.asarray(part.indptr)
+    col = torch.from_numpy(np.repeat(np.arange(indptr.size - 1), np.diff(indptr)))
+    data = Data(edge_index=torch.stack([torch.from_numpy(np.asarray(part.indices)), col]),
+                x=torch.from_numpy(np.asarray(part.x)), y=torch.from_numpy(np.asarray(part.y)),
+                num_nodes=indptr.size - 1)
+    train = torch.from_numpy(np.asarray(part.splits["train"]))
+    structure_only = Data(edge_index=data.edge_index, num_nodes=data.num_nodes)
+    rows = []
+    for nw in workers:
+        for kind, source in (("structure", structure_only), ("+ features", data)):
+            loader = NeighborLoader(source, num_neighbors=FANOUTS, batch_size=BATCH,
+                                    shuffle=True, input_nodes=train, num_workers=nw,
+                                    persistent_workers=nw > 0)
+            rows.append(_time_loader(f"pyg NeighborLoader (num_workers={nw}): {kind}",
+                                     loader, n))
+            del loader
+    return rows
+
+
+def _time_loader(label: str, loader: Any, n: int) -> dict[str, Any]:
+    it = iter(loader)
+    next(it)
+    started, seeds, edges = time.perf_counter(), 0, 0
+    for _ in range(n):
+        batch = next(it)
+        seeds += batch.batch_size
+        edges += batch.edge_index.size(1)
+    wall = time.perf_counter() - started
+    row = {"label": label, "batches": n, "seconds": round(wall, 3),
+           "seeds_per_s": round(seeds / wall, 1), "edges_per_s": round(edges / wall, 1)}
+    log.info("%-38s %10.0f seeds/s %12.0f edges/s", label, row["seeds_per_s"], row["edges_per_s"])
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=Path("data/bench"))
+    parser.add_argument("--preset", default="products-like")
+    parser.add_argument("--batches", type=int, default=40, help="timed batches per row")
+    parser.add_argument("--pyg-batches", type=int, default=15)
+    parser.add_argument("--pyg-workers", type=int, nargs="*", default=[0, 1, 2])
+    parser.add_argument("--devices", nargs="*", default=None,
+                        help="graphfeed devices (default: cpu, plus cuda when usable)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    part = load_partition(ensure_partition(args.data, args.preset), 0, verify="size")
+    devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+    rows: list[dict[str, Any]] = []
+    for device in devices:
+        rows += graphfeed_rows(part, device, args.batches)
+    rows += torch_floor_rows(part, max(args.batches // 4, 5))
+    rows += pyg_rows(part, args.pyg_batches, args.pyg_workers)
+    payload = {"benchmark": "sampler", "preset": args.preset, "fanouts": FANOUTS,
+               "batch_size": BATCH, "machine": machine(), "torch_threads": torch.get_num_threads(),
+               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+               "rows": rows, "ratios": ratios(rows)}
+    path = write_json("sampler", payload)
+    plot(rows, RESULTS / "sampler.png")
+    for r in rows:
+        print(f"{r['label']:<48} {r.get('seeds_per_s', 0):>12,.0f} seeds/s "
+              f"{r.get('edges_per_s', 0):>14,.0f} edges/s")
+    for k, v in payload["ratios"].items():
+        print(f"{k}: {v}")
+    print(f"wrote {path}")
+    return 0
+
+
+def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """graphfeed CPU over PyG's best configuration, structure alone and with features."""
+    by = {r["label"]: r for r in rows if "seeds_per_s" in r}
+    out: dict[str, float] = {}
+    for kind, key in (("structure", "structure"), ("+ features", "features")):
+        pyg = [r["seeds_per_s"] for k, r in by.items() if k.startswith("pyg") and k.endswith(kind)]
+        ours = by.get(f"graphfeed cpu: {kind}")
+        if pyg and ours:
+            out[f"cpu_{key}_vs_pyg_best"] = round(ours["seeds_per_s"] / max(pyg), 2)
+    return out
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if "seeds_per_s" in r]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.5))
+    ax.barh([r["label"] for r in rows], [r["seeds_per_s"] for r in rows], color="tab:blue")
+    ax.set_xscale("log")
+    ax.set_xlabel("seeds/s (log scale)")
+    ax.invert_yaxis()
+    ax.set_title(f"products-like, fanouts {FANOUTS}, batch {BATCH}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,235 @@
+"""The sampler interface shared by the CPU and CUDA implementations.
+
+A :class:`NeighborSampler` serves one partition. Per hop it splits the frontier by
+owner (the partition book), draws the neighbors of its own nodes with its kernels, asks
+the owners of the other nodes through a :class:`RemoteNeighbors` callback, merges the
+parts back into frontier order, and dedups/relabels the new nodes. Draws depend only on
+``(batch key, hop, node)``, so the split changes nothing: a multi-partition batch equals
+the batch one sampler holding the whole graph would draw.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from partitioner.format import Partition
+from sampling_server.sampler.types import HopSample, Minibatch, SamplerOutput
+
+
+class RemoteNeighbors(Protocol):
+    """Draws the neighbors of frontier nodes owned by other partitions.
+
+    Called once per hop with every remote partition's nodes (CPU int64 tensors of global
+    IDs), so an implementation can call the peers concurrently; returns, per partition,
+    what that partition's own :meth:`NeighborSampler.sample_neighbors` returned.
+    """
+
+    def __call__(
+        self, nodes_by_partition: Mapping[int, torch.Tensor], fanout: int, key: int, hop: int
+    ) -> Mapping[int, HopSample]: ...
+
+
+class RemoteNodeData(Protocol):
+    """Fetches features and labels of nodes owned by other partitions (CPU tensors)."""
+
+    def __call__(
+        self, nodes_by_partition: Mapping[int, torch.Tensor], features: bool, labels: bool
+    ) -> Mapping[int, tuple[torch.Tensor | None, torch.Tensor | None]]: ...
+
+
+class Relabeler(abc.ABC):
+    """Dedups sampled nodes across the hops of one batch and numbers them in first-seen
+    order, after the seeds (local IDs ``0 .. batch_size-1``)."""
+
+    @abc.abstractmethod
+    def add(self, neighbors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(new_nodes, local_ids)``: the global IDs in ``neighbors`` not seen
+        before, in first-seen order (they get the next local IDs), and the local ID of
+        every entry of ``neighbors``."""
+
+
+def check_fanouts(fanouts: Sequence[int]) -> list[int]:
+    """Fanouts as ints; ``-1`` means all neighbors (as in PyG)."""
+    out = [int(f) for f in fanouts]
+    if not out:
+        raise ValueError("fanouts: expected at least one hop, got []")
+    bad = [f for f in out if f < -1]
+    if bad:
+        raise ValueError(f"fanouts: expected integers >= 0, or -1 for all neighbors; got {out}")
+    return out
+
+
+class NeighborSampler(abc.ABC):
+    """Multi-hop neighbor sampling over one partition, with PyG ``NeighborLoader``
+    semantics: per hop each frontier node draws up to ``fanout`` in-neighbors uniformly
+    without replacement (all of them when it has fewer), or with replacement, or in
+    proportion to edge weights."""
+
+    #: Where the sampler's tensors live.
+    device: torch.device
+
+    def __init__(self, partition: Partition, *, replace: bool = False, weighted: bool = False):
+        if weighted and partition.edge_weight is None:
+            raise ValueError("weighted: the partition has no edge weights (edge_weight.npy)")
+        self.partition = partition
+        self.replace = replace
+        self.weighted = weighted
+        self.partition_book = torch.from_numpy(np.asarray(partition.partition_book, np.int64))
+        self.node_start, self.node_stop = partition.node_range
+
+    # -- what each device implements -------------------------------------------------
+    @abc.abstractmethod
+    def sample_neighbors(self, nodes: torch.Tensor, fanout: int, key: int, hop: int) -> HopSample:
+        """Draw in-neighbors of ``nodes`` (global IDs owned by this partition, on
+        :attr:`device`). This is also what a peer serves for a remote frontier."""
+
+    @abc.abstractmethod
+    def new_relabeler(self, seeds: torch.Tensor) -> Relabeler:
+        """A relabeler for one batch whose seeds (unique, on :attr:`device`) come first."""
+
+    @abc.abstractmethod
+    def gather_local(
+        self, nodes: torch.Tensor, features: bool, labels: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Features ``[len(nodes), F]`` and labels ``[len(nodes)]`` of owned nodes."""
+
+    # -- shared logic ----------------------------------------------------------------
+    def owner_of(self, nodes: torch.Tensor) -> torch.Tensor:
+        """Partition ID of each global node ID (a binary search of the partition book)."""
+        book = self.partition_book.to(nodes.device)
+        return torch.searchsorted(book, nodes, right=True) - 1
+
+    def check_owned(self, nodes: torch.Tensor, field: str) -> None:
+        """Raise ``ValueError`` naming ``field`` unless every ID is owned here."""
+        if nodes.numel() == 0:
+            return
+        lo, hi = int(nodes.min()), int(nodes.max())
+        if lo < self.node_start or hi >= self.node_stop:
+            raise ValueError(
+                f"{field}: expected global node IDs owned by partition "
+                f"{self.partition.partition_id}, in [{self.node_start}, {self.node_stop}); "
+                f"got values in [{lo}, {hi}]"
+            )
+
+    def sample(
+        self, seeds: torch.Tensor | np.ndarray, fanouts: Sequence[int], key: int,
+        remote: RemoteNeighbors | None = None,
+    ) -> SamplerOutput:
+        """Sample the multi-hop neighborhood of ``seeds`` (unique global IDs owned here)."""
+        hops = check_fanouts(fanouts)
+        if isinstance(seeds, np.ndarray):  # copies: split arrays are read-only memmaps
+            seeds = torch.from_numpy(np.array(seeds, dtype=np.int64))
+        seeds_t = seeds.to(device=self.device, dtype=torch.int64)
+        self.check_owned(seeds_t, "seeds")
+        relabeler = self.new_relabeler(seeds_t)
+        nodes, rows, cols = [seeds_t], [], []
+        num_nodes, num_edges = [int(seeds_t.numel())], []
+        frontier, first_local = seeds_t, 0
+        for hop, fanout in enumerate(hops):
+            drawn = self.sample_frontier(frontier, fanout, key, hop, remote)
+            new_nodes, local = relabeler.add(drawn.neighbors)
+            targets = torch.arange(first_local, first_local + frontier.numel(), device=self.device)
+            rows.append(local)
+            cols.append(torch.repeat_interleave(targets, drawn.counts))
+            first_local += frontier.numel()
+            nodes.append(new_nodes)
+            num_nodes.append(int(new_nodes.numel()))
+            num_edges.append(int(local.numel()))
+            frontier = new_nodes
+        return SamplerOutput(n_id=torch.cat(nodes), row=torch.cat(rows), col=torch.cat(cols),
+                             num_sampled_nodes=num_nodes, num_sampled_edges=num_edges)
+
+    def sample_frontier(
+        self, frontier: torch.Tensor, fanout: int, key: int, hop: int,
+        remote: RemoteNeighbors | None,
+    ) -> HopSample:
+        """Neighbors of a frontier that may span partitions, in frontier order."""
+        owner = self.owner_of(frontier)
+        mine = owner == self.partition.partition_id
+        if bool(mine.all()):
+            return self.sample_neighbors(frontier, fanout, key, hop)
+        if remote is None:
+            raise RuntimeError(
+                f"frontier of hop {hop} reaches other partitions but no remote sampler was given"
+            )
+        groups = {int(p): torch.nonzero(owner == p).flatten() for p in torch.unique(owner)}
+        local_pos = groups.pop(self.partition.partition_id, None)
+        parts: dict[int, HopSample] = {}
+        if local_pos is not None:
+            parts[-1] = self.sample_neighbors(frontier[local_pos], fanout, key, hop)
+        answers = remote({p: frontier[pos].cpu() for p, pos in groups.items()}, fanout, key, hop)
+        for p in groups:
+            parts[p] = HopSample(answers[p].counts.to(self.device),
+                                 answers[p].neighbors.to(self.device))
+        if local_pos is not None:
+            groups[-1] = local_pos
+        return merge_hop_samples(frontier.numel(), groups, parts, self.device)
+
+    def gather(
+        self, n_id: torch.Tensor, *, features: bool = True, labels: bool = True,
+        remote: RemoteNodeData | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Features and labels of ``n_id``'s nodes, in order; remote rows via ``remote``."""
+        owner = self.owner_of(n_id)
+        mine = owner == self.partition.partition_id
+        if bool(mine.all()):
+            return self.gather_local(n_id, features, labels)
+        if remote is None:
+            raise RuntimeError("gather: nodes of other partitions but no remote fetcher was given")
+        x = torch.empty((n_id.numel(), self.partition.x.shape[1]),
+                        dtype=torch.from_numpy(np.empty(0, self.partition.x.dtype)).dtype,
+                        device=self.device) if features else None
+        y = torch.empty(n_id.numel(), dtype=torch.int64, device=self.device) if labels else None
+        local_pos = torch.nonzero(mine).flatten()
+        lx, ly = self.gather_local(n_id[local_pos], features, labels)
+        _assign(x, local_pos, lx)
+        _assign(y, local_pos, ly)
+        groups = {int(p): torch.nonzero(owner == p).flatten() for p in torch.unique(owner[~mine])}
+        answers = remote({p: n_id[pos].cpu() for p, pos in groups.items()}, features, labels)
+        for p, pos in groups.items():
+            rx, ry = answers[p]
+            _assign(x, pos, rx)
+            _assign(y, pos, ry)
+        return x, y
+
+    def minibatch(
+        self, seeds: torch.Tensor | np.ndarray, fanouts: Sequence[int], key: int, *,
+        features: bool = True, labels: bool = True, remote: RemoteNeighbors | None = None,
+        remote_data: RemoteNodeData | None = None,
+    ) -> Minibatch:
+        """Sample, then gather: the whole minibatch of ``seeds``."""
+        out = self.sample(seeds, fanouts, key, remote)
+        x, y = self.gather(out.n_id, features=features, labels=labels, remote=remote_data)
+        return Minibatch(structure=out, x=x, y=y)
+
+
+def _assign(dest: torch.Tensor | None, pos: torch.Tensor, value: torch.Tensor | None) -> None:
+    if dest is not None and value is not None:
+        dest[pos] = value.to(dest.device, dest.dtype)
+
+
+def merge_hop_samples(
+    frontier_size: int, positions: Mapping[int, torch.Tensor], parts: Mapping[int, HopSample],
+    device: torch.device,
+) -> HopSample:
+    """Put per-owner answers back in frontier order: ``parts[g]`` answers the frontier
+    entries at ``positions[g]``."""
+    counts = torch.zeros(frontier_size, dtype=torch.int64, device=device)
+    for g, pos in positions.items():
+        counts[pos] = parts[g].counts
+    offsets = torch.cumsum(counts, 0) - counts
+    neighbors = torch.empty(int(counts.sum()), dtype=torch.int64, device=device)
+    for g, pos in positions.items():
+        part = parts[g]
+        if part.neighbors.numel() == 0:
+            continue
+        part_offsets = torch.cumsum(part.counts, 0) - part.counts
+        within = torch.arange(part.neighbors.numel(), device=device) - torch.repeat_interleave(
+            part_offsets, part.counts)
+        neighbors[torch.repeat_interleave(offsets[pos], part.counts) + within] = part.neighbors
+    return HopSample(counts=counts, neighbors=neighbors)

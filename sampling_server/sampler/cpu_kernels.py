@@ -1,0 +1,480 @@
+"""Numba CPU kernels of the sampler: neighbor draws, dedup/relabel, row gathers.
+
+Every kernel is a module-level ``@njit`` function over NumPy arrays; :mod:`cpu_sampler`
+wraps them in the :class:`~sampling_server.sampler.base.NeighborSampler` interface. The
+random numbers are :mod:`rng`'s functions compiled here, and the draw algorithms follow
+``docs/sampling.md`` step by step, so these kernels draw exactly what the CUDA kernels
+draw. Float expressions are single operations (no multiply-add), so FMA contraction on
+the GPU cannot change a result.
+
+Draw kernels run in two passes: draw counts per frontier node, an exclusive prefix sum
+of them (the output offsets), then a parallel fill (``prange``) of each node's slice.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import numba
+import numpy as np
+
+from sampling_server.sampler import rng
+
+#: Floyd's algorithm checks earlier picks by a linear scan up to this fanout, and with
+#: a small hash set above it.
+SCAN_MAX = 32
+#: Load limit of the relabel hash table: it doubles before more than half is full.
+MAX_LOAD_DIVISOR = 2
+#: Frontiers smaller than this are drawn on one thread: starting the thread pool costs
+#: more than it saves.
+PARALLEL_MIN_NODES = 256
+#: Row gathers smaller than this run on one thread.
+PARALLEL_MIN_ROWS = 1024
+#: Empty-slot marker of the hash tables (global IDs and positions are >= 0).
+EMPTY = -1
+
+
+def _njit_rng(fn: Callable[..., Any], **deps: Any) -> Any:
+    """Compile one of :mod:`rng`'s plain functions, its calls to other rng functions
+    bound to their compiled versions ``deps``."""
+    env = dict(fn.__globals__)
+    env.update(deps)
+    clone = types.FunctionType(fn.__code__, env, fn.__name__, fn.__defaults__, fn.__closure__)
+    return numba.njit(nogil=True)(clone)
+
+
+mix64 = _njit_rng(rng.mix64)
+node_stream = _njit_rng(rng.node_stream, mix64=mix64)
+uniform = _njit_rng(rng.uniform, mix64=mix64)
+uniform_below = _njit_rng(rng.uniform_below, uniform=uniform)
+
+_WORKQUEUE_LOCK = threading.Lock()
+
+
+def parallel_guard() -> AbstractContextManager[Any]:
+    """What to hold while a parallel kernel runs.
+
+    Numba's ``workqueue`` threading layer (the fallback when neither TBB nor OpenMP is
+    installed) aborts the process if two threads enter parallel code at once, so then
+    parallel kernels take turns; with ``omp`` or ``tbb`` they run concurrently.
+    """
+    try:
+        layer = numba.threading_layer()
+    except ValueError:  # no parallel kernel has run yet: the layer is not chosen
+        return _WORKQUEUE_LOCK
+    return _WORKQUEUE_LOCK if layer == "workqueue" else nullcontext()
+
+
+# -- draw counts ---------------------------------------------------------------------
+@numba.njit(nogil=True, cache=True)
+def num_draws(degree: int, fanout: int, replace: bool) -> int:
+    """Neighbors drawn for a node of in-degree ``degree`` (``fanout == -1``: all)."""
+    if degree == 0 or fanout == 0:
+        return 0
+    if fanout < 0:
+        return degree
+    if replace:
+        return fanout
+    return min(degree, fanout)
+
+
+@numba.njit(nogil=True, cache=True)
+def takes_all(degree: int, fanout: int, replace: bool) -> bool:
+    """Whether a node's draw is simply all its in-neighbors, in CSC order."""
+    return fanout < 0 or (not replace and degree <= fanout)
+
+
+@numba.njit(nogil=True, cache=True)
+def _node_draws(indptr: np.ndarray, nodes: np.ndarray, node_start: int, fanout: int,
+                replace: bool, i: int) -> int:
+    lv = nodes[i] - node_start
+    return num_draws(indptr[lv + 1] - indptr[lv], fanout, replace)
+
+
+@numba.njit(nogil=True, cache=True)
+def _exclusive_offsets(counts: np.ndarray) -> np.ndarray:
+    offsets = np.zeros(counts.size + 1, dtype=np.int64)
+    for i in range(counts.size):
+        offsets[i + 1] = offsets[i] + counts[i]
+    return offsets
+
+
+# -- without replacement, unweighted: Floyd's algorithm -------------------------------
+@numba.njit(nogil=True, cache=True)
+def _set_slot(table: np.ndarray, value: int) -> np.int64:
+    """Slot of ``value`` in an open-addressing set (power-of-two size, linear probing):
+    where it is, or the empty slot where it would go."""
+    mask = table.size - 1
+    slot = np.int64(mix64(np.uint64(value)) & np.uint64(mask))
+    while table[slot] != EMPTY and table[slot] != value:
+        slot = (slot + 1) & mask
+    return slot
+
+
+@numba.njit(nogil=True, cache=True)
+def floyd_positions(stream: np.uint64, degree: int, k: int, out: np.ndarray, o: int) -> None:
+    """Floyd's uniform ``k``-subset of ``range(degree)`` into ``out[o:o+k]``, in draw
+    order: draw ``t`` picks ``r = uniform_below(stream, t, j+1)`` with ``j = degree-k+t``,
+    or ``j`` itself when ``r`` was picked before."""
+    table = np.empty(0, dtype=np.int64)
+    if k > SCAN_MAX:
+        size = 1
+        while size < 2 * k:
+            size *= 2
+        table = np.full(size, EMPTY, dtype=np.int64)
+    for t in range(k):
+        j = degree - k + t
+        r = uniform_below(stream, t, j + 1)
+        if k <= SCAN_MAX:
+            for s in range(o, o + t):
+                if out[s] == r:
+                    r = j
+                    break
+        else:
+            slot = _set_slot(table, r)
+            if table[slot] == r:
+                r = j
+                slot = _set_slot(table, r)
+            table[slot] = r
+        out[o + t] = r
+
+
+@numba.njit(nogil=True, cache=True)
+def _fill_uniform(
+    indptr: np.ndarray, indices: np.ndarray, node_start: int, nodes: np.ndarray, fanout: int,
+    key: np.uint64, hop: int, replace: bool, offsets: np.ndarray, out: np.ndarray, i: int,
+) -> None:
+    """Pass 2 for frontier node ``i``: its unweighted draw into its slice of ``out``."""
+    v = nodes[i]
+    first = indptr[v - node_start]
+    degree = indptr[v - node_start + 1] - first
+    o, c = offsets[i], offsets[i + 1] - offsets[i]
+    if c > 0 and takes_all(degree, fanout, replace):
+        for t in range(c):  # (a loop: slice assignment costs seconds of compile time)
+            out[o + t] = indices[first + t]
+    elif c > 0:
+        stream = node_stream(key, hop, v)
+        if replace:
+            for t in range(c):
+                out[o + t] = indices[first + uniform_below(stream, t, degree)]
+        else:
+            floyd_positions(stream, degree, c, out, o)
+            for t in range(o, o + c):
+                out[t] = indices[first + out[t]]
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def sample_uniform_parallel(
+    indptr: np.ndarray, indices: np.ndarray, node_start: int, nodes: np.ndarray,
+    fanout: int, key: np.uint64, hop: int, replace: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Unweighted draws for ``nodes``: ``(offsets [F+1], neighbors)`` in global IDs."""
+    counts = np.empty(nodes.size, dtype=np.int64)
+    for i in numba.prange(nodes.size):
+        counts[i] = _node_draws(indptr, nodes, node_start, fanout, replace, i)
+    offsets = _exclusive_offsets(counts)
+    out = np.empty(offsets[nodes.size], dtype=np.int64)
+    for i in numba.prange(nodes.size):
+        _fill_uniform(indptr, indices, node_start, nodes, fanout, key, hop, replace, offsets,
+                      out, i)
+    return offsets, out
+
+
+@numba.njit(nogil=True, cache=True)
+def sample_uniform_serial(
+    indptr: np.ndarray, indices: np.ndarray, node_start: int, nodes: np.ndarray,
+    fanout: int, key: np.uint64, hop: int, replace: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`sample_uniform_parallel` on one thread (small frontiers)."""
+    counts = np.empty(nodes.size, dtype=np.int64)
+    for i in range(nodes.size):
+        counts[i] = _node_draws(indptr, nodes, node_start, fanout, replace, i)
+    offsets = _exclusive_offsets(counts)
+    out = np.empty(offsets[nodes.size], dtype=np.int64)
+    for i in range(nodes.size):
+        _fill_uniform(indptr, indices, node_start, nodes, fanout, key, hop, replace, offsets,
+                      out, i)
+    return offsets, out
+
+
+def sample_uniform(
+    indptr: np.ndarray, indices: np.ndarray, node_start: int, nodes: np.ndarray,
+    fanout: int, key: np.uint64, hop: int, replace: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Host launcher: unweighted draws of ``nodes`` (global IDs; ``fanout`` -1 = all),
+    ``(offsets [F+1], neighbors)``; parallel over nodes for large frontiers."""
+    if nodes.size < PARALLEL_MIN_NODES:
+        return sample_uniform_serial(indptr, indices, node_start, nodes, fanout, key, hop,
+                                     replace)
+    with parallel_guard():
+        return sample_uniform_parallel(indptr, indices, node_start, nodes, fanout, key, hop,
+                                       replace)
+
+
+# -- weighted ------------------------------------------------------------------------
+@numba.njit(parallel=True, nogil=True, cache=True)
+def segmented_cumsum(indptr: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """float64 ``[E]``: the inclusive prefix sum of ``weight`` within each node's CSC
+    range (restarting at every node, so it does not depend on the partitioning)."""
+    out = np.empty(weight.size, dtype=np.float64)
+    for lv in numba.prange(indptr.size - 1):
+        acc = 0.0
+        for e in range(indptr[lv], indptr[lv + 1]):
+            acc += np.float64(weight[e])
+            out[e] = acc
+    return out
+
+
+@numba.njit(nogil=True, cache=True)
+def _worse(score: np.ndarray, pos: np.ndarray, a: int, b: int) -> bool:
+    """Heap order of the ES top-k: ``a`` ranks below ``b`` (lower score, or equal
+    score and higher position)."""
+    return score[a] < score[b] or (score[a] == score[b] and pos[a] > pos[b])
+
+
+@numba.njit(nogil=True, cache=True)
+def _sift_down(score: np.ndarray, pos: np.ndarray, i: int) -> None:
+    n = score.size
+    while True:
+        low, left, right = i, 2 * i + 1, 2 * i + 2
+        if left < n and _worse(score, pos, left, low):
+            low = left
+        if right < n and _worse(score, pos, right, low):
+            low = right
+        if low == i:
+            return
+        score[i], score[low] = score[low], score[i]
+        pos[i], pos[low] = pos[low], pos[i]
+        i = low
+
+
+@numba.njit(nogil=True, cache=True)
+def _heapsort(a: np.ndarray) -> None:
+    """Sort ``a`` in place, ascending (``ndarray.sort`` costs seconds of compile time)."""
+    n = a.size
+    for start in range(n // 2 - 1, -1, -1):
+        _sift_down_values(a, start, n)
+    for end in range(n - 1, 0, -1):
+        a[0], a[end] = a[end], a[0]
+        _sift_down_values(a, 0, end)
+
+
+@numba.njit(nogil=True, cache=True)
+def _sift_down_values(a: np.ndarray, i: int, n: int) -> None:
+    while True:
+        big, left, right = i, 2 * i + 1, 2 * i + 2
+        if left < n and a[left] > a[big]:
+            big = left
+        if right < n and a[right] > a[big]:
+            big = right
+        if big == i:
+            return
+        a[i], a[big] = a[big], a[i]
+        i = big
+
+
+@numba.njit(nogil=True, cache=True)
+def es_positions(
+    stream: np.uint64, weight: np.ndarray, first: int, degree: int, k: int,
+    out: np.ndarray, o: int,
+) -> None:
+    """Efraimidis–Spirakis: the ``k`` positions with the highest
+    ``log(1 - uniform(stream, e)) / w_e`` (ties: the lower position) into
+    ``out[o:o+k]``, ascending. A min-heap of the best ``k`` so far; root = worst."""
+    score = np.empty(k, dtype=np.float64)
+    pos = out[o:o + k]
+    for e in range(degree):
+        s = np.log(1.0 - uniform(stream, e)) / np.float64(weight[first + e])
+        if e < k:  # heap push, then sift up
+            i = e
+            score[i], pos[i] = s, e
+            while i > 0 and _worse(score, pos, i, (i - 1) // 2):
+                p = (i - 1) // 2
+                score[i], score[p] = score[p], score[i]
+                pos[i], pos[p] = pos[p], pos[i]
+                i = p
+        elif s > score[0]:  # e is after every kept position, so a tie keeps the root
+            score[0], pos[0] = s, e
+            _sift_down(score, pos, 0)
+    _heapsort(pos)
+
+
+@numba.njit(nogil=True, cache=True)
+def weighted_position(cum: np.ndarray, first: int, degree: int, u: float) -> int:
+    """First position ``e`` of the range whose inclusive cumulative weight
+    ``cum[first+e]`` exceeds ``u`` (binary search); the last one if none does."""
+    lo, hi = first, first + degree - 1
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if cum[mid] > u:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo - first
+
+
+@numba.njit(nogil=True, cache=True)
+def _fill_weighted(
+    indptr: np.ndarray, indices: np.ndarray, weight: np.ndarray, cum: np.ndarray,
+    node_start: int, nodes: np.ndarray, fanout: int, key: np.uint64, hop: int, replace: bool,
+    offsets: np.ndarray, out: np.ndarray, i: int,
+) -> None:
+    """Pass 2 for frontier node ``i``: its edge-weighted draw into its slice of ``out``."""
+    v = nodes[i]
+    first = indptr[v - node_start]
+    degree = indptr[v - node_start + 1] - first
+    o, c = offsets[i], offsets[i + 1] - offsets[i]
+    if c > 0 and takes_all(degree, fanout, replace):
+        for t in range(c):  # (a loop: slice assignment costs seconds of compile time)
+            out[o + t] = indices[first + t]
+    elif c > 0:
+        stream = node_stream(key, hop, v)
+        if replace:
+            total = cum[first + degree - 1]
+            for t in range(c):
+                u = uniform(stream, t) * total
+                out[o + t] = indices[first + weighted_position(cum, first, degree, u)]
+        else:
+            es_positions(stream, weight, first, degree, c, out, o)
+            for t in range(o, o + c):
+                out[t] = indices[first + out[t]]
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def sample_weighted_parallel(
+    indptr: np.ndarray, indices: np.ndarray, weight: np.ndarray, cum: np.ndarray,
+    node_start: int, nodes: np.ndarray, fanout: int, key: np.uint64, hop: int, replace: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Edge-weighted draws for ``nodes``: ``(offsets [F+1], neighbors)``."""
+    counts = np.empty(nodes.size, dtype=np.int64)
+    for i in numba.prange(nodes.size):
+        counts[i] = _node_draws(indptr, nodes, node_start, fanout, replace, i)
+    offsets = _exclusive_offsets(counts)
+    out = np.empty(offsets[nodes.size], dtype=np.int64)
+    for i in numba.prange(nodes.size):
+        _fill_weighted(indptr, indices, weight, cum, node_start, nodes, fanout, key, hop,
+                       replace, offsets, out, i)
+    return offsets, out
+
+
+@numba.njit(nogil=True, cache=True)
+def sample_weighted_serial(
+    indptr: np.ndarray, indices: np.ndarray, weight: np.ndarray, cum: np.ndarray,
+    node_start: int, nodes: np.ndarray, fanout: int, key: np.uint64, hop: int, replace: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`sample_weighted_parallel` on one thread (small frontiers)."""
+    counts = np.empty(nodes.size, dtype=np.int64)
+    for i in range(nodes.size):
+        counts[i] = _node_draws(indptr, nodes, node_start, fanout, replace, i)
+    offsets = _exclusive_offsets(counts)
+    out = np.empty(offsets[nodes.size], dtype=np.int64)
+    for i in range(nodes.size):
+        _fill_weighted(indptr, indices, weight, cum, node_start, nodes, fanout, key, hop,
+                       replace, offsets, out, i)
+    return offsets, out
+
+
+def sample_weighted(
+    indptr: np.ndarray, indices: np.ndarray, weight: np.ndarray, cum: np.ndarray,
+    node_start: int, nodes: np.ndarray, fanout: int, key: np.uint64, hop: int, replace: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Host launcher: edge-weighted draws of ``nodes``, ``(offsets [F+1], neighbors)``;
+    ``cum`` is :func:`segmented_cumsum` of ``weight``."""
+    args = (indptr, indices, weight, cum, node_start, nodes, fanout, key, hop, replace)
+    if nodes.size < PARALLEL_MIN_NODES:
+        return sample_weighted_serial(*args)
+    with parallel_guard():
+        return sample_weighted_parallel(*args)
+
+
+# -- dedup / relabel ------------------------------------------------------------------
+@numba.njit(nogil=True, cache=True)
+def table_insert_unique(keys: np.ndarray, values: np.ndarray, ids: np.ndarray, first: int) -> int:
+    """Insert ``ids[i]`` with value ``first + i``; the index of the first ID already in
+    the table, or -1. The table must have room for all of them."""
+    for i in range(ids.size):
+        slot = _set_slot(keys, ids[i])
+        if keys[slot] == ids[i]:
+            return i
+        keys[slot] = ids[i]
+        values[slot] = first + i
+    return -1
+
+
+@numba.njit(nogil=True, cache=True)
+def table_add(
+    keys: np.ndarray, values: np.ndarray, count: int, limit: int, ids: np.ndarray,
+    start: int, first_new: int, new_ids: np.ndarray, local: np.ndarray,
+) -> tuple[int, int]:
+    """Relabel ``ids[start:]``: ``local[i]`` is the value of ``ids[i]``, inserting unseen
+    IDs with the next value ``count`` (and listing them in ``new_ids[count - first_new]``).
+    Stops before the table would hold more than ``limit`` keys; returns where it stopped
+    and the new count."""
+    for i in range(start, ids.size):
+        slot = _set_slot(keys, ids[i])
+        if keys[slot] == EMPTY:
+            if count >= limit:
+                return i, count
+            keys[slot] = ids[i]
+            values[slot] = count
+            new_ids[count - first_new] = ids[i]
+            count += 1
+        local[i] = values[slot]
+    return ids.size, count
+
+
+@numba.njit(nogil=True, cache=True)
+def table_rehash(keys: np.ndarray, values: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The same table with ``size`` slots (a power of two larger than its count)."""
+    new_keys = np.full(size, EMPTY, dtype=np.int64)
+    new_values = np.empty(size, dtype=np.int64)
+    for s in range(keys.size):
+        if keys[s] != EMPTY:
+            slot = _set_slot(new_keys, keys[s])
+            new_keys[slot] = keys[s]
+            new_values[slot] = values[s]
+    return new_keys, new_values
+
+
+# -- gather ---------------------------------------------------------------------------
+@numba.njit(parallel=True, nogil=True, cache=True)
+def gather_rows(src: np.ndarray, nodes: np.ndarray, node_start: int, out: np.ndarray) -> None:
+    """``out[i] = src[nodes[i] - node_start]`` for 2-D ``src`` (rows copied in parallel)."""
+    for i in numba.prange(nodes.size):
+        r = nodes[i] - node_start
+        for j in range(src.shape[1]):
+            out[i, j] = src[r, j]
+
+
+@numba.njit(nogil=True, cache=True)
+def gather_rows_serial(src: np.ndarray, nodes: np.ndarray, node_start: int, out: np.ndarray) -> None:
+    """:func:`gather_rows` on one thread (few rows)."""
+    for i in range(nodes.size):
+        r = nodes[i] - node_start
+        for j in range(src.shape[1]):
+            out[i, j] = src[r, j]
+
+
+_UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def gather(src: np.ndarray, nodes: np.ndarray, node_start: int) -> np.ndarray:
+    """Rows ``nodes - node_start`` of ``src`` (1-D or 2-D, C-contiguous, possibly a
+    read-only memmap), read in place. Rows move as unsigned words of the item size, so
+    one compiled kernel serves float16/32/64 and int64 alike."""
+    arr = np.asarray(src)
+    flat = arr.reshape(arr.shape[0], -1)
+    word = _UINT_OF_SIZE.get(arr.dtype.itemsize)
+    if word is None or not flat.flags.c_contiguous:
+        return arr[nodes - node_start]
+    out = np.empty((nodes.size, flat.shape[1]), dtype=word)
+    if nodes.size >= PARALLEL_MIN_ROWS:
+        with parallel_guard():
+            gather_rows(flat.view(word), nodes, node_start, out)
+    elif nodes.size:
+        gather_rows_serial(flat.view(word), nodes, node_start, out)
+    return out.view(arr.dtype).reshape((nodes.size, *arr.shape[1:]))

@@ -1,0 +1,129 @@
+"""The CUDA sampler: :class:`NeighborSampler` over Numba ``@cuda.jit`` kernels.
+
+Per hop: a count kernel, an exclusive prefix sum (``torch.cumsum`` on the device), a fill
+kernel, and the dedup/relabel kernels of a device hash table; one host synchronisation per
+hop (to size the outputs), none per node. Tensors are torch CUDA tensors on the current
+device and reach the kernels without copies; kernels run on PyTorch's current stream.
+
+``topology='device'`` copies the CSC, features and labels to GPU memory;
+``topology='uva'`` keeps them in pinned, device-mapped host memory that the kernels read
+over UVA, for partitions larger than the GPU. Under Numba's CUDA simulator the same code
+runs on CPU tensors (see :mod:`cuda_kernels`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from partitioner.format import Partition
+from sampling_server.sampler import cpu_kernels
+from sampling_server.sampler import cuda_kernels as K
+from sampling_server.sampler.base import NeighborSampler, Relabeler
+from sampling_server.sampler.types import HopSample
+
+_MASK64 = (1 << 64) - 1
+TOPOLOGIES: tuple[str, ...] = ("device", "uva")
+
+
+class CudaRelabeler(Relabeler):
+    """Dedup and relabel of one batch in a device hash table (global ID -> local ID),
+    kept at least twice as large as the nodes the batch could hold."""
+
+    def __init__(self, seeds: torch.Tensor):
+        self.table = K.NodeTable(K.table_capacity(int(seeds.numel())), seeds.device)
+        K.table_insert_seeds(self.table, seeds)
+
+    def __len__(self) -> int:
+        """Nodes numbered so far."""
+        return self.table.size
+
+    def add(self, neighbors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if neighbors.dtype != torch.int64:
+            raise ValueError(f"neighbors: expected int64 node IDs, got {neighbors.dtype}")
+        ids = neighbors.to(self.table.keys.device).contiguous()
+        needed = K.table_capacity(self.table.size + int(ids.numel()))
+        if needed > self.table.capacity:
+            K.table_grow(self.table, needed)
+        return K.table_add(self.table, ids)
+
+
+def _torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype)).dtype
+
+
+class CudaNeighborSampler(NeighborSampler):
+    """Neighbor sampling of one partition on the GPU (one thread per frontier node).
+
+    Draws the same neighbors as :class:`~sampling_server.sampler.cpu_sampler.CpuNeighborSampler`
+    for the same batch key: both follow :mod:`rng` and the algorithms of
+    ``docs/sampling.md`` step by step.
+    """
+
+    def __init__(self, partition: Partition, *, replace: bool = False, weighted: bool = False,
+                 topology: str = "device"):
+        if topology not in TOPOLOGIES:
+            raise ValueError(f"topology: expected one of {list(TOPOLOGIES)}, got {topology!r}")
+        super().__init__(partition, replace=replace, weighted=weighted)
+        self.topology = topology
+        self.device = K.torch_device()
+        self._x_dtype = _torch_dtype(partition.x.dtype)
+        self._keep: list[torch.Tensor] = []  # device tensors behind kernel arguments
+        weight = cum = None
+        if weighted:
+            assert partition.edge_weight is not None  # checked by NeighborSampler
+            indptr = np.asarray(partition.indptr)
+            weight = np.ascontiguousarray(partition.edge_weight, dtype=np.float32)
+            if replace:  # the CPU sampler's own sums, so both draw the same
+                with cpu_kernels.parallel_guard():
+                    cum = cpu_kernels.segmented_cumsum(indptr, weight)
+                weight = None
+        self.csc = K.CscArgs(
+            indptr=self._place(partition.indptr, np.int64),
+            indices=self._place(partition.indices, np.int64),
+            node_start=self.node_start,
+            weight=None if weight is None else self._place(weight, np.float32),
+            cumweight=None if cum is None else self._place(cum, np.float64),
+        )
+        self._x = self._place(partition.x, partition.x.dtype)
+        self._y = self._place(partition.y, np.int64)
+
+    def _place(self, a: np.ndarray, dtype: Any) -> Any:
+        """``a`` as a kernel argument in device memory, or mapped host memory for UVA."""
+        host = np.ascontiguousarray(a, dtype=dtype)
+        if self.topology == "uva":
+            return K.host_mapped(host)
+        t = torch.from_numpy(host if host.flags.writeable else host.copy()).to(self.device)
+        self._keep.append(t)
+        return K.kernel_arg(t)
+
+    def _ids(self, nodes: torch.Tensor, field: str) -> torch.Tensor:
+        if not isinstance(nodes, torch.Tensor) or nodes.dtype != torch.int64 or nodes.dim() != 1:
+            got = (f"{nodes.dtype} of shape {list(nodes.shape)}"
+                   if isinstance(nodes, torch.Tensor) else type(nodes).__name__)
+            raise ValueError(f"{field}: expected a 1-D int64 tensor of node IDs, got {got}")
+        return nodes.to(self.device).contiguous()
+
+    def sample_neighbors(self, nodes: torch.Tensor, fanout: int, key: int, hop: int) -> HopSample:
+        if int(fanout) < -1:
+            raise ValueError(f"fanout: expected an integer >= 0, or -1 for all; got {fanout}")
+        ids = self._ids(nodes, "nodes")
+        self.check_owned(ids, "nodes")
+        counts = K.count_draws(ids, self.csc.indptr, self.node_start, int(fanout), self.replace)
+        neighbors = K.fill_draws(ids, counts, self.csc, int(fanout), int(key) & _MASK64, int(hop),
+                                 replace=self.replace, weighted=self.weighted)
+        return HopSample(counts=counts, neighbors=neighbors)
+
+    def new_relabeler(self, seeds: torch.Tensor) -> Relabeler:
+        return CudaRelabeler(self._ids(seeds, "seeds"))
+
+    def gather_local(
+        self, nodes: torch.Tensor, features: bool, labels: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        ids = self._ids(nodes, "nodes")
+        self.check_owned(ids, "nodes")
+        x = K.gather_rows(ids, self.node_start, self._x, self._x_dtype) if features else None
+        y = K.gather_labels(ids, self.node_start, self._y) if labels else None
+        return x, y

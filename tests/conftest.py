@@ -1,0 +1,24 @@
+"""Test session setup.
+
+Numba's CUDA simulator must be chosen before Numba is first imported: CUDA kernels run
+on it unless a real GPU is usable (then the ``gpu``-marked tests run too).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+REAL_GPU = torch.cuda.is_available() and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1"
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0" if REAL_GPU else "1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if REAL_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a real CUDA GPU (none usable here)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,407 @@
+"""The CPU sampler: draws follow the spec in docs/sampling.md exactly (against a plain
+Python reference), batches have every promised property, a multi-partition batch equals
+the one-partition batch, gathered rows belong to n_id, and the draws are uniform /
+weight-proportional by chi-square tests over fixed keys."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from graph_fixtures import (
+    HUB,
+    NUM_ISOLATED,
+    LocalPeers,
+    check_node_map,
+    global_adjacency,
+    mixed_graph,
+    star_graph,
+    write_and_load,
+)
+from sampler_checks import check_sampler_output
+from scipy import stats
+
+from partitioner.format import Partition
+from partitioner.graph import GraphData
+from sampling_server.sampler import (
+    CpuNeighborSampler,
+    CpuRelabeler,
+    Minibatch,
+    batch_key,
+    create_sampler,
+    rng,
+)
+from sampling_server.sampler import cpu_kernels as K
+from sampling_server.sampler.convert import to_pyg_data
+
+FANOUTS = [[2, 2], [3, -1], [0, 5], [5, 3, 2]]
+MODES = [(False, False), (True, False), (False, True), (True, True)]  # (replace, weighted)
+MODE_IDS = ["uniform", "replace", "weighted", "weighted-replace"]
+#: Keys of the statistical tests (fixed, so the tests are deterministic).
+STAT_KEYS = [batch_key(2024, 0, 0, i) for i in range(4000)]
+P_MIN = 1e-4
+
+
+# -- fixtures -------------------------------------------------------------------------
+Parted = tuple[GraphData, list[Partition]]
+
+
+@pytest.fixture(scope="module")
+def graph() -> GraphData:
+    return mixed_graph()
+
+
+@pytest.fixture(scope="module")
+def whole(graph: GraphData, tmp_path_factory: pytest.TempPathFactory) -> list[Partition]:
+    root = tmp_path_factory.mktemp("mixed-p1")
+    parts = write_and_load(graph, root, 1)
+    assert np.array_equal(check_node_map(root, parts), np.arange(graph.num_nodes))
+    return parts
+
+
+@pytest.fixture(scope="module")
+def three(graph: GraphData, tmp_path_factory: pytest.TempPathFactory) -> list[Partition]:
+    """Range partitioning: global IDs equal original IDs, as with one partition."""
+    root = tmp_path_factory.mktemp("mixed-p3")
+    parts = write_and_load(graph, root, 3, method="range")
+    assert np.array_equal(check_node_map(root, parts), np.arange(graph.num_nodes))
+    return parts
+
+
+@pytest.fixture(scope="module")
+def shuffled(graph: GraphData, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Partition],
+                                                                                   np.ndarray]:
+    """Random partitioning: global IDs are a real relabelling of the original IDs."""
+    root = tmp_path_factory.mktemp("mixed-random2")
+    parts = write_and_load(graph, root, 2, method="random")
+    node_map = check_node_map(root, parts)
+    assert not np.array_equal(node_map, np.arange(graph.num_nodes))
+    return parts, node_map
+
+
+def _star(tmp_path: Path, weights: list[float] | None = None, degree: int = 20,
+          **kw: bool) -> CpuNeighborSampler:
+    return CpuNeighborSampler(write_and_load(star_graph(degree, weights), tmp_path, 1)[0], **kw)
+
+
+def _samplers(parts: list[Partition], replace: bool, weighted: bool) -> list[CpuNeighborSampler]:
+    return [CpuNeighborSampler(p, replace=replace, weighted=weighted) for p in parts]
+
+
+def _assert_same_batch(a: Minibatch, b: Minibatch) -> None:
+    sa, sb = a.structure, b.structure
+    for name in ("n_id", "row", "col"):
+        assert torch.equal(getattr(sa, name), getattr(sb, name)), name
+    assert sa.num_sampled_nodes == sb.num_sampled_nodes
+    assert sa.num_sampled_edges == sb.num_sampled_edges
+    assert a.x is not None and b.x is not None and torch.equal(a.x, b.x)
+    assert a.y is not None and b.y is not None and torch.equal(a.y, b.y)
+
+
+# -- the spec, as plain Python ----------------------------------------------------------
+def reference_draw(neighbors: np.ndarray, weights: np.ndarray | None, fanout: int, key: int,
+                   hop: int, node: int, replace: bool) -> list[int]:
+    """docs/sampling.md's draw of one node, written independently of the kernels."""
+    d = neighbors.size
+    if d == 0 or fanout == 0:
+        return []
+    if fanout < 0 or (not replace and d <= fanout):
+        return neighbors.tolist()
+    with np.errstate(over="ignore"):
+        s = rng.node_stream(np.uint64(key), np.int64(hop), np.int64(node))
+        if replace and weights is None:
+            pos = [int(rng.uniform_below(s, np.int64(t), np.int64(d))) for t in range(fanout)]
+        elif replace:
+            assert weights is not None
+            cum = np.cumsum(weights.astype(np.float64))
+            draws = [rng.uniform(s, np.int64(t)) * cum[-1] for t in range(fanout)]
+            pos = [min(int(np.searchsorted(cum, u, side="right")), d - 1) for u in draws]
+        elif weights is None:
+            pos, chosen = [], set()
+            for t in range(fanout):
+                j = d - fanout + t
+                r = int(rng.uniform_below(s, np.int64(t), np.int64(j + 1)))
+                r = j if r in chosen else r
+                chosen.add(r)
+                pos.append(r)
+        else:
+            score = [math.log(1.0 - rng.uniform(s, np.int64(e))) / float(weights[e])
+                     for e in range(d)]
+            pos = sorted(sorted(range(d), key=lambda e: (-score[e], e))[:fanout])
+    return neighbors[pos].tolist()
+
+
+@pytest.mark.parametrize("parallel", [False, True], ids=["serial", "parallel"])
+@pytest.mark.parametrize(("replace", "weighted"), MODES, ids=MODE_IDS)
+def test_draws_follow_the_spec_exactly(whole: list[Partition], replace: bool, weighted: bool,
+                                       parallel: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if parallel:  # tiny frontiers and gathers take the prange kernels too
+        monkeypatch.setattr(K, "PARALLEL_MIN_NODES", 0)
+        monkeypatch.setattr(K, "PARALLEL_MIN_ROWS", 0)
+    part = whole[0]
+    sampler = CpuNeighborSampler(part, replace=replace, weighted=weighted)
+    indptr, indices = np.asarray(part.indptr), np.asarray(part.indices)
+    weight = np.asarray(part.edge_weight) if weighted else None
+    nodes = torch.arange(part.num_nodes)
+    for fanout, key, hop in itertools.product([0, 1, 3, 7, 40, -1], [1, 2**63 + 5], [0, 2]):
+        got = sampler.sample_neighbors(nodes, fanout, key, hop)
+        counts = got.counts.tolist()
+        flat = got.neighbors.tolist()
+        at = 0
+        for v in range(part.num_nodes):
+            lo, hi = indptr[v], indptr[v + 1]
+            want = reference_draw(indices[lo:hi], None if weight is None else weight[lo:hi],
+                                  fanout, key, hop, v, replace)
+            assert flat[at:at + counts[v]] == want, (v, fanout, key, hop)
+            at += counts[v]
+        assert at == len(flat)
+    x, y = sampler.gather_local(nodes.flip(0), True, True)
+    assert x is not None and y is not None
+    assert np.array_equal(x.numpy(), np.asarray(part.x)[::-1])
+    assert np.array_equal(y.numpy(), np.asarray(part.y)[::-1])
+
+
+def test_compiled_rng_equals_python_rng() -> None:
+    with np.errstate(over="ignore"):
+        for key, hop, node in [(0, 0, 0), (2**64 - 1, 3, 17), (123456789, 1, 2**40)]:
+            s = rng.node_stream(np.uint64(key), np.int64(hop), np.int64(node))
+            assert K.node_stream(np.uint64(key), hop, node) == s
+            for j in (0, 1, 99):
+                assert K.uniform(s, j) == rng.uniform(s, np.int64(j))
+                assert K.uniform_below(s, j, 7) == rng.uniform_below(s, np.int64(j), np.int64(7))
+
+
+# -- structure ------------------------------------------------------------------------
+def _seed_sets(part: Partition) -> list[np.ndarray]:
+    start, stop = part.node_range
+    owned = np.arange(start, stop)
+    gen = np.random.default_rng(part.partition_id)
+    sets = [owned, gen.permutation(owned)[:5], owned[-1:], owned[::3][::-1].copy()]
+    return [s for s in sets if s.size]
+
+
+@pytest.mark.parametrize(("replace", "weighted"), MODES, ids=MODE_IDS)
+def test_batches_have_every_property(whole: list[Partition], replace: bool,
+                                     weighted: bool) -> None:
+    sampler = CpuNeighborSampler(whole[0], replace=replace, weighted=weighted)
+    adj = global_adjacency(whole)
+    n = whole[0].num_nodes
+    seeds_sets = [*_seed_sets(whole[0]), np.array([HUB]), np.arange(n - NUM_ISOLATED, n)]
+    for fanouts, seeds, i in itertools.product(FANOUTS, seeds_sets, range(3)):
+        out = sampler.sample(seeds, fanouts, batch_key(7, 0, 0, i))
+        check_sampler_output(out, seeds, fanouts, adj, replace=replace)
+
+
+@pytest.mark.parametrize(("replace", "weighted"), MODES, ids=MODE_IDS)
+def test_multi_partition_batch_equals_single_partition_batch(
+    whole: list[Partition], three: list[Partition], replace: bool, weighted: bool
+) -> None:
+    single = CpuNeighborSampler(whole[0], replace=replace, weighted=weighted)
+    samplers = _samplers(three, replace, weighted)
+    peers = LocalPeers(samplers)
+    adj = global_adjacency(three)
+    assert adj == global_adjacency(whole)
+    for sampler, fanouts in itertools.product(samplers, FANOUTS):
+        for i, seeds in enumerate(_seed_sets(sampler.partition)):
+            key = batch_key(11, 1, 0, i)
+            got = sampler.minibatch(seeds, fanouts, key, remote=peers.neighbors,
+                                    remote_data=peers.node_data)
+            check_sampler_output(got.structure, seeds, fanouts, adj, replace=replace)
+            _assert_same_batch(got, single.minibatch(seeds, fanouts, key))
+    assert len(peers.asked) == 3, "every partition should have served remote frontiers"
+
+
+def test_features_and_labels_are_rows_of_n_id(
+    graph: GraphData, shuffled: tuple[list[Partition], np.ndarray]
+) -> None:
+    parts, node_map = shuffled
+    orig_of = np.argsort(node_map)
+    samplers = _samplers(parts, False, True)
+    peers = LocalPeers(samplers)
+    adj = global_adjacency(parts)
+    for sampler, fanouts in itertools.product(samplers, FANOUTS):
+        for i, seeds in enumerate(_seed_sets(sampler.partition)):
+            batch = sampler.minibatch(seeds, fanouts, batch_key(3, 0, 0, i),
+                                      remote=peers.neighbors, remote_data=peers.node_data)
+            check_sampler_output(batch.structure, seeds, fanouts, adj)
+            orig = orig_of[batch.structure.n_id.numpy()]
+            assert batch.x is not None and batch.y is not None
+            assert batch.x.dtype == torch.float32 and batch.y.dtype == torch.int64
+            assert np.array_equal(batch.x.numpy(), graph.x[orig])
+            assert np.array_equal(batch.y.numpy(), graph.y[orig])
+    x, y = samplers[0].gather_local(torch.tensor([parts[0].node_range[0]]), False, True)
+    assert x is None and y is not None
+
+
+def test_same_key_same_batch_and_other_keys_differ(whole: list[Partition]) -> None:
+    sampler = CpuNeighborSampler(whole[0])
+    seeds = np.array([HUB, 0, 1, 2, 3])
+    a = sampler.minibatch(seeds, [3, 3], batch_key(1, 2, 3, 4))
+    _assert_same_batch(a, CpuNeighborSampler(whole[0]).minibatch(seeds, [3, 3],
+                                                                  batch_key(1, 2, 3, 4)))
+    others = [sampler.sample(seeds, [3, 3], batch_key(1, 2, 3, i)) for i in range(5, 10)]
+    assert all(not torch.equal(o.n_id, a.structure.n_id) or not torch.equal(o.row, a.structure.row)
+               for o in others)
+    assert len({tuple(o.n_id.tolist()) for o in others}) > 1
+
+
+# -- statistics ------------------------------------------------------------------------
+def _draw_counts(sampler: CpuNeighborSampler, fanout: int, degree: int) -> np.ndarray:
+    counts = np.zeros(degree, dtype=np.int64)
+    node = torch.tensor([0])
+    for key in STAT_KEYS:
+        drawn = sampler.sample_neighbors(node, fanout, key, 0).neighbors.numpy()
+        counts += np.bincount(drawn - 1, minlength=degree)
+    return counts
+
+
+@pytest.mark.parametrize("replace", [False, True], ids=["without", "with"])
+def test_uniform_draws_are_uniform(tmp_path: Path, replace: bool) -> None:
+    counts = _draw_counts(_star(tmp_path, replace=replace), 5, 20)
+    assert counts.sum() == len(STAT_KEYS) * 5
+    assert stats.chisquare(counts).pvalue > P_MIN  # expected 4000 * 5 / 20 each
+
+
+def test_floyd_draws_distinct_uniform_subsets(tmp_path: Path) -> None:
+    sampler = _star(tmp_path, degree=5)
+    subsets: dict[tuple[int, ...], int] = {}
+    for key in STAT_KEYS:
+        drawn = sampler.sample_neighbors(torch.tensor([0]), 2, key, 1).neighbors.tolist()
+        assert len(set(drawn)) == 2
+        subsets[tuple(sorted(drawn))] = subsets.get(tuple(sorted(drawn)), 0) + 1
+    assert len(subsets) == 10
+    assert stats.chisquare(list(subsets.values())).pvalue > P_MIN
+
+
+def test_weighted_with_replacement_is_proportional(tmp_path: Path) -> None:
+    weights = [1.0, 2.0, 3.0, 4.0, 0.5, 6.0, 2.5, 1.0]
+    counts = _draw_counts(_star(tmp_path, weights, weighted=True, replace=True), 5, len(weights))
+    expected = np.asarray(weights) / sum(weights) * counts.sum()
+    assert stats.chisquare(counts, expected).pvalue > P_MIN
+
+
+def _successive_sampling(weights: list[float], k: int) -> dict[tuple[int, ...], float]:
+    """Exact probability of each k-subset under Efraimidis–Spirakis, which equals
+    drawing k times without replacement, each time in proportion to the weights left."""
+    probs: dict[tuple[int, ...], float] = {}
+    for order in itertools.permutations(range(len(weights)), k):
+        p, left = 1.0, sum(weights)
+        for i in order:
+            p *= weights[i] / left
+            left -= weights[i]
+        subset = tuple(sorted(order))
+        probs[subset] = probs.get(subset, 0.0) + p
+    return probs
+
+
+def test_weighted_without_replacement_matches_exact_es_probabilities(tmp_path: Path) -> None:
+    weights = [1.0, 2.0, 3.0, 4.0]
+    sampler = _star(tmp_path, weights, weighted=True)
+    exact = _successive_sampling(weights, 2)
+    seen = dict.fromkeys(exact, 0)
+    for key in STAT_KEYS:
+        drawn = sampler.sample_neighbors(torch.tensor([0]), 2, key, 0).neighbors.tolist()
+        assert drawn == sorted(drawn) and len(set(drawn)) == 2  # CSC order, distinct
+        seen[tuple(d - 1 for d in drawn)] += 1
+    subsets = list(exact)
+    observed = np.array([seen[s] for s in subsets])
+    expected = np.array([exact[s] for s in subsets]) * len(STAT_KEYS)
+    assert stats.chisquare(observed, expected).pvalue > P_MIN
+    inclusion = [sum(p for s, p in exact.items() if i in s) for i in range(len(weights))]
+    got = [sum(seen[s] for s in subsets if i in s) / len(STAT_KEYS) for i in range(len(weights))]
+    assert np.allclose(got, inclusion, atol=0.03)
+
+
+def test_weighted_without_replacement_favors_heavy_neighbors(tmp_path: Path) -> None:
+    weights = [float(w) for w in range(1, 11)]
+    counts = _draw_counts(_star(tmp_path, weights, weighted=True), 3, len(weights))
+    assert counts.sum() == 3 * len(STAT_KEYS) and counts.max() <= len(STAT_KEYS)
+    sigma = math.sqrt(len(STAT_KEYS) / 4)  # a Bernoulli's variance is at most 1/4
+    assert np.all(np.diff(counts) > -3 * sigma), counts
+    assert counts[-1] > 4 * counts[0]
+
+
+# -- relabel ---------------------------------------------------------------------------
+def test_relabeler_grows_and_numbers_in_first_seen_order() -> None:
+    gen = np.random.default_rng(0)
+    seeds = np.array([10, 3, 99], dtype=np.int64)
+    relabeler = CpuRelabeler(seeds, expected_nodes=4)
+    numbered = {int(s): i for i, s in enumerate(seeds)}
+    for size in (0, 7, 5000, 20000):
+        ids = gen.integers(0, 30000, size)
+        new, local = relabeler.add(torch.from_numpy(ids))
+        want_new = []
+        for g in ids.tolist():
+            if g not in numbered:
+                numbered[g] = len(numbered)
+                want_new.append(g)
+        assert new.tolist() == want_new
+        assert local.tolist() == [numbered[g] for g in ids.tolist()]
+    assert len(relabeler) == len(numbered)
+
+
+# -- bad input ------------------------------------------------------------------------
+def test_bad_input_names_the_field(whole: list[Partition], three: list[Partition]) -> None:
+    sampler = CpuNeighborSampler(three[0])
+    stop = three[0].node_range[1]
+    with pytest.raises(ValueError, match="seeds"):
+        sampler.sample(np.array([stop]), [2], key=1)
+    with pytest.raises(ValueError, match="seeds"):
+        sampler.sample(np.array([-1]), [2], key=1)
+    with pytest.raises(ValueError, match="seeds"):
+        sampler.sample(np.array([0, 1, 0]), [2], key=1)
+    with pytest.raises(ValueError, match="fanouts"):
+        sampler.sample(np.array([0]), [-2], key=1)
+    with pytest.raises(ValueError, match="fanouts"):
+        sampler.sample(np.array([0]), [], key=1)
+    with pytest.raises(ValueError, match="fanout"):
+        sampler.sample_neighbors(torch.tensor([0]), -3, key=1, hop=0)
+    with pytest.raises(ValueError, match="nodes"):
+        sampler.sample_neighbors(torch.tensor([stop]), 2, key=1, hop=0)
+    with pytest.raises(ValueError, match="nodes"):
+        sampler.gather_local(torch.tensor([stop]), True, True)
+    with pytest.raises(ValueError, match="nodes"):
+        sampler.sample_neighbors(torch.tensor([0], dtype=torch.int32), 2, key=1, hop=0)
+    with pytest.raises(RuntimeError, match="remote"):
+        sampler.sample(np.arange(stop), [-1, -1], key=1)
+
+
+def test_weighted_needs_edge_weights(tmp_path: Path) -> None:
+    part = write_and_load(mixed_graph(weighted=False), tmp_path, 1)[0]
+    with pytest.raises(ValueError, match="weight"):
+        CpuNeighborSampler(part, weighted=True)
+    with pytest.raises(ValueError, match="weight"):
+        create_sampler(part, "cpu", weighted=True)
+
+
+def test_create_sampler(whole: list[Partition]) -> None:
+    assert isinstance(create_sampler(whole[0], "cpu", replace=True), CpuNeighborSampler)
+    if not torch.cuda.is_available():
+        assert isinstance(create_sampler(whole[0]), CpuNeighborSampler)
+    with pytest.raises(ValueError, match="device"):
+        create_sampler(whole[0], "tpu")
+    with pytest.raises(ValueError, match="topology"):
+        create_sampler(whole[0], "cpu", topology="disk")
+
+
+# -- PyG ------------------------------------------------------------------------------
+def test_pyg_graphsage_runs_on_a_converted_batch(whole: list[Partition]) -> None:
+    from torch_geometric.nn import SAGEConv
+
+    sampler = CpuNeighborSampler(whole[0])
+    data = to_pyg_data(sampler.minibatch(np.array([HUB, 0, 9]), [4, 3], batch_key(0, 0, 0, 0)))
+    assert data.batch_size == 3 and data.num_nodes == data.n_id.numel()
+    assert data.edge_index.shape == (2, sum(data.num_sampled_edges))
+    assert len(data.num_sampled_nodes) == 3
+    torch.manual_seed(0)
+    conv1, conv2 = SAGEConv(data.x.shape[1], 16), SAGEConv(16, 4)
+    hidden = conv1(data.x, data.edge_index).relu()
+    out = conv2(hidden, data.edge_index)[: data.batch_size]
+    assert out.shape == (3, 4)
+    loss = torch.nn.functional.cross_entropy(out, data.y[: data.batch_size], ignore_index=-1)
+    loss.backward()
+    assert torch.isfinite(loss)

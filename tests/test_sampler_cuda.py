@@ -1,0 +1,312 @@
+"""The CUDA sampler: structural properties, equality with the CPU sampler, dedup, gathers.
+
+Without a GPU these run on Numba's CUDA simulator (``conftest.py``), so the graphs are
+tiny; on a real GPU the same tests run on the device, and the ``gpu``-marked ones add
+zero-copy, stream and larger-graph checks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numba
+import numpy as np
+import pytest
+import torch
+from graph_fixtures import (
+    HUB,
+    LocalPeers,
+    global_adjacency,
+    mixed_graph,
+    star_graph,
+    write_and_load,
+)
+from sampler_checks import check_sampler_output
+
+from partitioner.format import Partition
+from sampling_server.sampler import cuda_kernels as K
+from sampling_server.sampler.cuda_sampler import CudaNeighborSampler
+from sampling_server.sampler.rng import batch_key
+
+VARIANTS = [(False, False), (True, False), (False, True), (True, True)]
+VARIANT_IDS = ["uniform", "replace", "weighted", "weighted-replace"]
+HAS_CPU_SAMPLER = importlib.util.find_spec("sampling_server.sampler.cpu_sampler") is not None
+needs_cpu = pytest.mark.skipif(not HAS_CPU_SAMPLER,
+                               reason="sampling_server.sampler.cpu_sampler is not written yet")
+
+
+@pytest.fixture(scope="module")
+def one_part(tmp_path_factory: pytest.TempPathFactory) -> list[Partition]:
+    return write_and_load(mixed_graph(), tmp_path_factory.mktemp("mixed1"), 1)
+
+
+@pytest.fixture(scope="module")
+def two_parts(tmp_path_factory: pytest.TempPathFactory) -> list[Partition]:
+    return write_and_load(mixed_graph(), tmp_path_factory.mktemp("mixed2"), 2)
+
+
+def _seeds(part: Partition, count: int = 4) -> np.ndarray:
+    """``count`` owned nodes, the hub first when this partition owns it."""
+    start, stop = part.node_range
+    owned = np.arange(start, stop, dtype=np.int64)
+    hub = np.nonzero(np.asarray(part.orig_ids) == HUB)[0]
+    first = owned[hub] if hub.size else owned[:0]
+    rest = owned[np.isin(owned, first, invert=True)][:: max(1, owned.size // count)]
+    return np.concatenate([first, rest])[:count]
+
+
+def _equal_outputs(a: Any, b: Any) -> None:
+    assert torch.equal(a.n_id.cpu(), b.n_id.cpu())
+    assert torch.equal(a.row.cpu(), b.row.cpu())
+    assert torch.equal(a.col.cpu(), b.col.cpu())
+    assert a.num_sampled_nodes == b.num_sampled_nodes
+    assert a.num_sampled_edges == b.num_sampled_edges
+
+
+# -- structure -----------------------------------------------------------------------
+@pytest.mark.parametrize(("replace", "weighted"), VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("fanouts", [[3, 2], [-1, 1], [0, 2]], ids=["3-2", "all-1", "0-2"])
+def test_output_properties(one_part: list[Partition], replace: bool, weighted: bool,
+                           fanouts: list[int]) -> None:
+    sampler = CudaNeighborSampler(one_part[0], replace=replace, weighted=weighted)
+    seeds = _seeds(one_part[0])
+    out = sampler.sample(seeds, fanouts, batch_key(0, 1, 0, 3))
+    assert out.n_id.device == sampler.device == K.torch_device()
+    check_sampler_output(out, seeds, fanouts, global_adjacency(one_part), replace=replace)
+
+
+def test_isolated_and_empty_frontiers(one_part: list[Partition]) -> None:
+    """Nodes without in-edges draw nothing; an empty frontier stays empty."""
+    part = one_part[0]
+    degree = np.diff(np.asarray(part.indptr))
+    isolated = np.nonzero(degree == 0)[0][:2] + part.node_range[0]
+    for replace, weighted in VARIANTS:
+        sampler = CudaNeighborSampler(part, replace=replace, weighted=weighted)
+        out = sampler.sample(isolated, [4, 4], key=7)
+        assert out.num_sampled_nodes == [isolated.size, 0, 0]
+        assert out.num_sampled_edges == [0, 0]
+        empty = sampler.sample_neighbors(torch.empty(0, dtype=torch.int64), 3, key=7, hop=0)
+        assert empty.counts.numel() == 0 and empty.neighbors.numel() == 0
+
+
+def test_same_key_same_batch(one_part: list[Partition]) -> None:
+    sampler = CudaNeighborSampler(one_part[0])
+    seeds = _seeds(one_part[0])
+    a = sampler.sample(seeds, [3, 2], batch_key(1, 2, 0, 5))
+    _equal_outputs(a, sampler.sample(seeds, [3, 2], batch_key(1, 2, 0, 5)))
+    other = [sampler.sample(seeds, [3, 2], batch_key(1, 2, 0, b)).n_id for b in range(6, 9)]
+    assert any(not torch.equal(a.n_id, o) for o in other), "the key must change the draws"
+
+
+# -- the same batches as the CPU sampler ---------------------------------------------
+@needs_cpu
+@pytest.mark.parametrize(("replace", "weighted"), VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("topology", ["device", "uva"])
+def test_matches_cpu_sampler(one_part: list[Partition], replace: bool, weighted: bool,
+                             topology: str) -> None:
+    from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
+
+    part = one_part[0]
+    gpu = CudaNeighborSampler(part, replace=replace, weighted=weighted, topology=topology)
+    cpu = CpuNeighborSampler(part, replace=replace, weighted=weighted)
+    seeds = _seeds(part, 5)
+    for key in (batch_key(3, 0, 0, 0), batch_key(3, 0, 1, 9)):
+        _equal_outputs(gpu.sample(seeds, [4, 3], key), cpu.sample(seeds, [4, 3], key))
+    hub = torch.as_tensor(seeds[:1])  # the hub, with in-degree ~ the graph size
+    for fanout in (1, 7, 30, -1):
+        a = gpu.sample_neighbors(hub, fanout, key=11, hop=2)
+        b = cpu.sample_neighbors(hub, fanout, key=11, hop=2)
+        assert torch.equal(a.counts.cpu(), b.counts) and torch.equal(a.neighbors.cpu(), b.neighbors)
+
+
+@needs_cpu
+@pytest.mark.parametrize(("replace", "weighted"), [(False, False), (True, True)],
+                         ids=["uniform", "weighted-replace"])
+def test_matches_cpu_across_partitions(two_parts: list[Partition], replace: bool,
+                                       weighted: bool) -> None:
+    """Two CUDA partitions answering each other draw what two CPU partitions draw."""
+    from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
+
+    gpus = [CudaNeighborSampler(p, replace=replace, weighted=weighted) for p in two_parts]
+    cpus = [CpuNeighborSampler(p, replace=replace, weighted=weighted) for p in two_parts]
+    seeds = _seeds(two_parts[0], 3)
+    a = gpus[0].minibatch(seeds, [3, 2], 99, remote=LocalPeers(gpus).neighbors,
+                          remote_data=LocalPeers(gpus).node_data)
+    b = cpus[0].minibatch(seeds, [3, 2], 99, remote=LocalPeers(cpus).neighbors,
+                          remote_data=LocalPeers(cpus).node_data)
+    _equal_outputs(a.structure, b.structure)
+    assert a.x is not None and b.x is not None and a.y is not None and b.y is not None
+    assert torch.equal(a.x.cpu(), b.x) and torch.equal(a.y.cpu(), b.y)
+
+
+# -- draw statistics -------------------------------------------------------------------
+def test_uniform_draws_are_uniform(tmp_path: Path) -> None:
+    """Each of 10 in-neighbors is drawn with probability 3/10 (fanout 3, 300 draws)."""
+    (part,) = write_and_load(star_graph(10), tmp_path / "star", 1)
+    sampler = CudaNeighborSampler(part)
+    counts = np.zeros(11)
+    trials = 100
+    for hop in range(trials):
+        drawn = sampler.sample_neighbors(torch.tensor([0]), 3, key=5, hop=hop).neighbors.cpu()
+        assert drawn.unique().numel() == 3
+        counts[drawn.numpy()] += 1
+    freq = counts[1:] / trials
+    assert np.all(np.abs(freq - 0.3) < 4 * np.sqrt(0.3 * 0.7 / trials)), freq
+
+
+def test_weighted_draws_follow_weights(tmp_path: Path) -> None:
+    """With replacement, neighbor i is drawn in proportion to its weight."""
+    weights = [1.0, 2.0, 3.0, 4.0]
+    (part,) = write_and_load(star_graph(weights=weights), tmp_path / "star", 1)
+    sampler = CudaNeighborSampler(part, replace=True, weighted=True)
+    drawn = torch.cat([sampler.sample_neighbors(torch.tensor([0]), 50, key=8, hop=h).neighbors
+                       for h in range(8)]).cpu().numpy()
+    freq = np.bincount(drawn, minlength=5)[1:] / drawn.size
+    expect = np.array(weights) / sum(weights)
+    assert np.all(np.abs(freq - expect) < 4 * np.sqrt(expect * (1 - expect) / drawn.size)), freq
+
+
+# -- dedup / relabel -------------------------------------------------------------------
+def _first_seen(seeds: list[int], chunks: list[list[int]]) -> list[tuple[list[int], list[int]]]:
+    ids = {v: i for i, v in enumerate(seeds)}
+    out = []
+    for chunk in chunks:
+        new = []
+        for v in chunk:
+            if v not in ids:
+                ids[v] = len(ids)
+                new.append(v)
+        out.append((new, [ids[v] for v in chunk]))
+    return out
+
+
+def test_dedup_kernels_with_many_repeats() -> None:
+    """The hash-table kernels number new nodes in first-seen order, through a rehash."""
+    device = K.torch_device()
+    gen = np.random.default_rng(0)
+    seeds = [50, 3, 1000, 7]
+    chunks = [gen.integers(0, 40, 120).tolist(), [3, 3, 3, 50], [],
+              gen.integers(0, 200, 150).tolist()]
+    table = K.NodeTable(64, device)
+    K.table_insert_seeds(table, torch.tensor(seeds, device=device))
+    assert table.size == 4
+    for chunk, (new, local) in zip(chunks, _first_seen(seeds, chunks), strict=True):
+        ids = torch.tensor(chunk, dtype=torch.int64, device=device)
+        needed = K.table_capacity(table.size + len(chunk))
+        if needed > table.capacity:
+            K.table_grow(table, needed)
+        got_new, got_local = K.table_add(table, ids)
+        assert got_new.cpu().tolist() == new
+        assert got_local.cpu().tolist() == local
+    assert table.capacity >= 2 * table.size
+
+
+def test_relabeler_rejects_repeated_seeds(one_part: list[Partition]) -> None:
+    sampler = CudaNeighborSampler(one_part[0])
+    with pytest.raises(ValueError, match="seeds: expected unique node IDs; 3 repeats"):
+        sampler.new_relabeler(torch.tensor([1, 3, 2, 3, 1], device=sampler.device))
+
+
+def test_bad_input_is_named(one_part: list[Partition]) -> None:
+    sampler = CudaNeighborSampler(one_part[0])
+    with pytest.raises(ValueError, match="nodes: expected global node IDs owned"):
+        sampler.sample_neighbors(torch.tensor([10_000]), 2, key=1, hop=0)
+    with pytest.raises(ValueError, match="nodes: expected a 1-D int64 tensor"):
+        sampler.sample_neighbors(torch.tensor([1.0]), 2, key=1, hop=0)
+    with pytest.raises(ValueError, match="fanout"):
+        sampler.sample_neighbors(torch.tensor([1]), -2, key=1, hop=0)
+    with pytest.raises(ValueError, match="topology"):
+        CudaNeighborSampler(one_part[0], topology="host")
+
+
+# -- gathers ---------------------------------------------------------------------------
+@pytest.mark.parametrize("topology", ["device", "uva"])
+def test_features_and_labels_are_rows_of_n_id(one_part: list[Partition], topology: str) -> None:
+    part = one_part[0]
+    sampler = CudaNeighborSampler(part, topology=topology)
+    seeds = _seeds(part)
+    batch = sampler.minibatch(seeds, [3, 2], key=21)
+    assert batch.x is not None and batch.y is not None
+    local = batch.structure.n_id.cpu().numpy() - part.node_range[0]
+    assert batch.x.dtype == torch.float32 and batch.x.device == sampler.device
+    assert np.array_equal(batch.x.cpu().numpy(), np.asarray(part.x)[local])
+    assert np.array_equal(batch.y.cpu().numpy(), np.asarray(part.y)[local])
+    x, y = sampler.gather_local(torch.empty(0, dtype=torch.int64), True, True)
+    assert x is not None and y is not None and x.shape == (0, part.x.shape[1]) and y.numel() == 0
+
+
+# -- the launchers pass exactly the types ptx_check compiles ----------------------------
+@pytest.fixture
+def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, tuple[Any, ...]]]]:
+    seen: list[tuple[str, tuple[Any, ...]]] = []
+    real = K.launch
+
+    def record(kernel: Any, n: int, *args: Any) -> None:
+        seen.append((kernel.__name__, tuple(numba.typeof(a) for a in args)))
+        real(kernel, n, *args)
+
+    monkeypatch.setattr(K, "launch", record)
+    yield seen
+
+
+def test_launch_signatures_are_declared(one_part: list[Partition],
+                                        launches: list[tuple[str, tuple[Any, ...]]]) -> None:
+    part = one_part[0]
+    for replace, weighted in VARIANTS:
+        sampler = CudaNeighborSampler(part, replace=replace, weighted=weighted)
+        sampler.minibatch(_seeds(part), [3, 2], key=4)
+    table = K.NodeTable(64, K.torch_device())
+    K.table_grow(table, 128)
+    for name, types in launches:
+        assert types in [tuple(s) for s in K.SIGNATURES[name]], (
+            f"{name} launched with {types}, not in cuda_kernels.SIGNATURES[{name!r}]")
+    assert {name for name, _ in launches} == set(K.KERNELS), "a kernel went unexercised"
+
+
+# -- real GPU only -----------------------------------------------------------------------
+@pytest.mark.gpu
+def test_zero_copy_and_current_stream(one_part: list[Partition]) -> None:
+    part = one_part[0]
+    t = torch.arange(10, device="cuda")
+    assert K.kernel_arg(t).__cuda_array_interface__["data"][0] == t.data_ptr()
+    sampler = CudaNeighborSampler(part)
+    seeds = _seeds(part)
+    expected = sampler.sample(seeds, [3, 2], key=5)
+    assert expected.n_id.is_cuda and expected.row.is_cuda
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        got = sampler.sample(seeds, [3, 2], key=5)
+    stream.synchronize()
+    _equal_outputs(got, expected)
+
+
+@pytest.mark.gpu
+def test_uva_reads_mapped_host_memory(one_part: list[Partition]) -> None:
+    from numba.cuda.cudadrv.devicearray import MappedNDArray
+
+    sampler = CudaNeighborSampler(one_part[0], topology="uva")
+    assert isinstance(sampler.csc.indices, MappedNDArray)
+    out = sampler.sample(_seeds(one_part[0]), [3, 2], key=6)
+    assert out.n_id.is_cuda
+
+
+@pytest.mark.gpu
+@needs_cpu
+@pytest.mark.parametrize(("replace", "weighted"), VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("topology", ["device", "uva"])
+def test_larger_graph_matches_cpu(tmp_path: Path, replace: bool, weighted: bool,
+                                  topology: str) -> None:
+    """Thousands of threads racing on the hash table still give the CPU's batch."""
+    from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
+
+    (part,) = write_and_load(mixed_graph(20_000, seed=3), tmp_path / "big", 1)
+    gpu = CudaNeighborSampler(part, replace=replace, weighted=weighted, topology=topology)
+    cpu = CpuNeighborSampler(part, replace=replace, weighted=weighted)
+    seeds = np.random.default_rng(1).choice(20_000 - 3, 512, replace=False)
+    for key in range(3):
+        a = gpu.sample(seeds, [15, 10, 5], key)
+        _equal_outputs(a, cpu.sample(seeds, [15, 10, 5], key))
+    check_sampler_output(a, seeds, [15, 10, 5], global_adjacency([part]), replace=replace)
