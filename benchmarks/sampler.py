@@ -104,9 +104,7 @@ def graphfeed_rows(part: Partition, device: str, n: int) -> list[dict[str, Any]]
 
 def torch_floor_rows(part: Partition, n: int) -> list[dict[str, Any]]:
     """A plain vectorized-PyTorch sampler (with replacement, unique-based relabel)."""
-    indptr = torch.from_numpy(np.asarray(part.indptr))
-    indices = torch.from_numpy(np.asarray(part.indices))
-    x = torch.from_numpy(np.asarray(part.x))
+    indptr, indices, x = (torch.from_numpy(np.asarray(a)) for a in (part.indptr, part.indices, part.x))
     gen = torch.Generator().manual_seed(0)
 
     def sample(seeds: np.ndarray, features: bool) -> int:
@@ -187,7 +185,11 @@ def main() -> int:
                         help="graphfeed devices (default: cpu, plus cuda when usable)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    part = load_partition(ensure_partition(args.data, args.preset), 0, verify="size")
+    from sampling_server.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as the server does at start-up; applies to every row alike
+    # In memory, as a server holds its partition (a cold memory map would time page faults).
+    part = load_partition(ensure_partition(args.data, args.preset), 0, verify="size", mmap=False)
     devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     rows: list[dict[str, Any]] = []
     for device in devices:

@@ -32,6 +32,7 @@ from sampling_server.sampler import (
     CpuRelabeler,
     Minibatch,
     batch_key,
+    cpu_sampler,
     create_sampler,
     rng,
 )
@@ -405,3 +406,23 @@ def test_pyg_graphsage_runs_on_a_converted_batch(whole: list[Partition]) -> None
     loss = torch.nn.functional.cross_entropy(out, data.y[: data.batch_size], ignore_index=-1)
     loss.backward()
     assert torch.isfinite(loss)
+
+
+def test_dense_and_hash_relabelers_agree(whole: list[Partition], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dense-map relabeler (the default) and the hash-table one (huge graphs) number
+    every batch identically, and the dense maps are left all -1 after each batch."""
+    dense = CpuNeighborSampler(whole[0])
+    monkeypatch.setattr(cpu_sampler, "DENSE_RELABEL_MAX_NODES", 0)
+    hashed = CpuNeighborSampler(whole[0])
+    assert dense._dense_maps is not None and hashed._dense_maps is None
+    for i, seeds in enumerate(_seed_sets(whole[0])):
+        for fanouts in FANOUTS:
+            a = dense.sample(seeds, fanouts, batch_key(9, 0, 0, i))
+            b = hashed.sample(seeds, fanouts, batch_key(9, 0, 0, i))
+            assert torch.equal(a.n_id, b.n_id) and torch.equal(a.row, b.row)
+            assert torch.equal(a.col, b.col)
+    pooled = dense._dense_maps._free
+    assert pooled and all(bool((m == -1).all()) for m in pooled)
+    with pytest.raises(ValueError, match="seeds"):
+        dense.sample(np.array([HUB, HUB]), [2], 0)
+    assert all(bool((m == -1).all()) for m in dense._dense_maps._free)

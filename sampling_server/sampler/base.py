@@ -52,6 +52,9 @@ class Relabeler(abc.ABC):
         before, in first-seen order (they get the next local IDs), and the local ID of
         every entry of ``neighbors``."""
 
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Release what the relabeler holds (called once the batch is done)."""
+
 
 def check_fanouts(fanouts: Sequence[int]) -> list[int]:
     """Fanouts as ints; ``-1`` means all neighbors (as in PyG)."""
@@ -130,17 +133,21 @@ class NeighborSampler(abc.ABC):
         nodes, rows, cols = [seeds_t], [], []
         num_nodes, num_edges = [int(seeds_t.numel())], []
         frontier, first_local = seeds_t, 0
-        for hop, fanout in enumerate(hops):
-            drawn = self.sample_frontier(frontier, fanout, key, hop, remote)
-            new_nodes, local = relabeler.add(drawn.neighbors)
-            targets = torch.arange(first_local, first_local + frontier.numel(), device=self.device)
-            rows.append(local)
-            cols.append(torch.repeat_interleave(targets, drawn.counts))
-            first_local += frontier.numel()
-            nodes.append(new_nodes)
-            num_nodes.append(int(new_nodes.numel()))
-            num_edges.append(int(local.numel()))
-            frontier = new_nodes
+        try:
+            for hop, fanout in enumerate(hops):
+                drawn = self.sample_frontier(frontier, fanout, key, hop, remote)
+                new_nodes, local = relabeler.add(drawn.neighbors)
+                targets = torch.arange(first_local, first_local + frontier.numel(),
+                                       device=self.device)
+                rows.append(local)
+                cols.append(torch.repeat_interleave(targets, drawn.counts))
+                first_local += frontier.numel()
+                nodes.append(new_nodes)
+                num_nodes.append(int(new_nodes.numel()))
+                num_edges.append(int(local.numel()))
+                frontier = new_nodes
+        finally:
+            relabeler.close()
         return SamplerOutput(n_id=torch.cat(nodes), row=torch.cat(rows), col=torch.cat(cols),
                              num_sampled_nodes=num_nodes, num_sampled_edges=num_edges)
 

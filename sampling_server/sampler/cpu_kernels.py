@@ -32,6 +32,8 @@ MAX_LOAD_DIVISOR = 2
 #: Frontiers smaller than this are drawn on one thread: starting the thread pool costs
 #: more than it saves.
 PARALLEL_MIN_NODES = 256
+#: Draws with fanouts up to this go in one pass into fixed slots per node.
+STRIDE_MAX_FANOUT = 64
 #: Row gathers smaller than this run on one thread.
 PARALLEL_MIN_ROWS = 1024
 #: Empty-slot marker of the hash tables (global IDs and positions are >= 0).
@@ -144,15 +146,14 @@ def floyd_positions(stream: np.uint64, degree: int, k: int, out: np.ndarray, o: 
 
 
 @numba.njit(nogil=True, cache=True)
-def _fill_uniform(
-    indptr: np.ndarray, indices: np.ndarray, node_start: int, nodes: np.ndarray, fanout: int,
-    key: np.uint64, hop: int, replace: bool, offsets: np.ndarray, out: np.ndarray, i: int,
-) -> None:
-    """Pass 2 for frontier node ``i``: its unweighted draw into its slice of ``out``."""
-    v = nodes[i]
+def _draw_uniform(
+    indptr: np.ndarray, indices: np.ndarray, node_start: int, v: int, fanout: int,
+    key: np.uint64, hop: int, replace: bool, out: np.ndarray, o: int,
+) -> int:
+    """Node ``v``'s unweighted draw into ``out[o:]``; returns how many it drew."""
     first = indptr[v - node_start]
     degree = indptr[v - node_start + 1] - first
-    o, c = offsets[i], offsets[i + 1] - offsets[i]
+    c = num_draws(degree, fanout, replace)
     if c > 0 and takes_all(degree, fanout, replace):
         for t in range(c):  # (a loop: slice assignment costs seconds of compile time)
             out[o + t] = indices[first + t]
@@ -165,6 +166,14 @@ def _fill_uniform(
             floyd_positions(stream, degree, c, out, o)
             for t in range(o, o + c):
                 out[t] = indices[first + out[t]]
+    return c
+
+
+@numba.njit(nogil=True, cache=True)
+def _strided(fanout: int, num_nodes: int) -> bool:
+    """Whether to draw in one pass into ``fanout`` slots per node (then compact), which
+    reads each node's offsets once instead of twice."""
+    return 0 <= fanout <= STRIDE_MAX_FANOUT
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
@@ -173,14 +182,26 @@ def sample_uniform_parallel(
     fanout: int, key: np.uint64, hop: int, replace: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Unweighted draws for ``nodes``: ``(offsets [F+1], neighbors)`` in global IDs."""
-    counts = np.empty(nodes.size, dtype=np.int64)
-    for i in numba.prange(nodes.size):
+    n = nodes.size
+    counts = np.empty(n, dtype=np.int64)
+    if _strided(fanout, n):
+        slots = np.empty(n * fanout, dtype=np.int64)
+        for i in numba.prange(n):
+            counts[i] = _draw_uniform(indptr, indices, node_start, nodes[i], fanout, key, hop,
+                                      replace, slots, i * fanout)
+        offsets = _exclusive_offsets(counts)
+        out = np.empty(offsets[n], dtype=np.int64)
+        for i in numba.prange(n):
+            for t in range(counts[i]):
+                out[offsets[i] + t] = slots[i * fanout + t]
+        return offsets, out
+    for i in numba.prange(n):
         counts[i] = _node_draws(indptr, nodes, node_start, fanout, replace, i)
     offsets = _exclusive_offsets(counts)
-    out = np.empty(offsets[nodes.size], dtype=np.int64)
-    for i in numba.prange(nodes.size):
-        _fill_uniform(indptr, indices, node_start, nodes, fanout, key, hop, replace, offsets,
-                      out, i)
+    out = np.empty(offsets[n], dtype=np.int64)
+    for i in numba.prange(n):
+        _draw_uniform(indptr, indices, node_start, nodes[i], fanout, key, hop, replace, out,
+                      offsets[i])
     return offsets, out
 
 
@@ -189,16 +210,22 @@ def sample_uniform_serial(
     indptr: np.ndarray, indices: np.ndarray, node_start: int, nodes: np.ndarray,
     fanout: int, key: np.uint64, hop: int, replace: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`sample_uniform_parallel` on one thread (small frontiers)."""
-    counts = np.empty(nodes.size, dtype=np.int64)
+    """:func:`sample_uniform_parallel` on one thread (small frontiers): one pass, the
+    output grown as needed."""
+    offsets = np.zeros(nodes.size + 1, dtype=np.int64)
+    cap = max(16, nodes.size * (fanout if fanout > 0 else 8))
+    out = np.empty(cap, dtype=np.int64)
     for i in range(nodes.size):
-        counts[i] = _node_draws(indptr, nodes, node_start, fanout, replace, i)
-    offsets = _exclusive_offsets(counts)
-    out = np.empty(offsets[nodes.size], dtype=np.int64)
-    for i in range(nodes.size):
-        _fill_uniform(indptr, indices, node_start, nodes, fanout, key, hop, replace, offsets,
-                      out, i)
-    return offsets, out
+        lv = nodes[i] - node_start
+        need = offsets[i] + num_draws(indptr[lv + 1] - indptr[lv], fanout, replace)
+        if need > out.size:
+            grown = np.empty(max(need, 2 * out.size), dtype=np.int64)
+            for t in range(offsets[i]):
+                grown[t] = out[t]
+            out = grown
+        offsets[i + 1] = offsets[i] + _draw_uniform(indptr, indices, node_start, nodes[i],
+                                                    fanout, key, hop, replace, out, offsets[i])
+    return offsets, out[: offsets[nodes.size]]
 
 
 def sample_uniform(
@@ -440,6 +467,55 @@ def table_rehash(keys: np.ndarray, values: np.ndarray, size: int) -> tuple[np.nd
     return new_keys, new_values
 
 
+@numba.njit(nogil=True, cache=True)
+def dense_insert_unique(local_of: np.ndarray, ids: np.ndarray) -> int:
+    """Number ``ids[i]`` as ``i`` in the dense map; the index of the first repeated ID
+    (after undoing the inserts), or -1."""
+    for i in range(ids.size):
+        if local_of[ids[i]] >= 0:
+            for j in range(i):
+                local_of[ids[j]] = -1
+            return i
+        local_of[ids[i]] = i
+    return -1
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def dense_lookup(local_of: np.ndarray, ids: np.ndarray, local: np.ndarray) -> None:
+    """``local[i] = local_of[ids[i]]`` (-1 for IDs not numbered yet), in parallel."""
+    for i in numba.prange(ids.size):
+        local[i] = local_of[ids[i]]
+
+
+@numba.njit(nogil=True, cache=True)
+def dense_add(
+    local_of: np.ndarray, count: int, ids: np.ndarray, new_ids: np.ndarray, local: np.ndarray
+) -> int:
+    """Finish relabelling ``ids`` after :func:`dense_lookup` filled ``local``: IDs still
+    unseen get the next local IDs in first-seen order (listed in ``new_ids``); returns
+    the new count."""
+    first_new = count
+    for i in range(ids.size):
+        if local[i] >= 0:
+            continue
+        v = ids[i]
+        lv = local_of[v]
+        if lv < 0:
+            lv = count
+            local_of[v] = count
+            new_ids[count - first_new] = v
+            count += 1
+        local[i] = lv
+    return count
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def dense_reset(local_of: np.ndarray, ids: np.ndarray) -> None:
+    """Forget ``ids`` (the batch's nodes, all distinct), leaving the map all -1."""
+    for i in numba.prange(ids.size):
+        local_of[ids[i]] = -1
+
+
 # -- gather ---------------------------------------------------------------------------
 @numba.njit(parallel=True, nogil=True, cache=True)
 def gather_rows(src: np.ndarray, nodes: np.ndarray, node_start: int, out: np.ndarray) -> None:
@@ -460,6 +536,36 @@ def gather_rows_serial(src: np.ndarray, nodes: np.ndarray, node_start: int, out:
 
 
 _UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def gather_rows_and_labels(
+    src: np.ndarray, labels: np.ndarray, nodes: np.ndarray, node_start: int, out: np.ndarray,
+    out_labels: np.ndarray,
+) -> None:
+    """:func:`gather_rows` and the 1-D ``labels`` of the same rows, in one parallel pass."""
+    for i in numba.prange(nodes.size):
+        r = nodes[i] - node_start
+        out_labels[i] = labels[r]
+        for j in range(src.shape[1]):
+            out[i, j] = src[r, j]
+
+
+def gather_with_labels(
+    src: np.ndarray, labels: np.ndarray, nodes: np.ndarray, node_start: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ``src`` and entries of ``labels`` for ``nodes`` (as :func:`gather` each)."""
+    arr, lab = np.asarray(src), np.asarray(labels)
+    word = _UINT_OF_SIZE.get(arr.dtype.itemsize)
+    if nodes.size < PARALLEL_MIN_ROWS or word is None or arr.ndim != 2 or lab.ndim != 1 or not (
+        arr.flags.c_contiguous and lab.flags.c_contiguous
+    ):
+        return gather(arr, nodes, node_start), gather(lab, nodes, node_start)
+    out = np.empty((nodes.size, arr.shape[1]), dtype=word)
+    out_labels = np.empty(nodes.size, dtype=lab.dtype)
+    with parallel_guard():
+        gather_rows_and_labels(arr.view(word), lab, nodes, node_start, out, out_labels)
+    return out.view(arr.dtype), out_labels
 
 
 def gather(src: np.ndarray, nodes: np.ndarray, node_start: int) -> np.ndarray:

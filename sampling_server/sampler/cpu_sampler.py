@@ -9,6 +9,8 @@ weights (8 bytes per edge).
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
@@ -80,6 +82,75 @@ class CpuRelabeler(Relabeler):
             self._keys, self._values = K.table_rehash(self._keys, self._values, size)
 
 
+class DenseRelabeler(Relabeler):
+    """Dedup and relabel of one batch through a dense map (global ID -> local ID, -1 =
+    unseen) borrowed from the sampler's pool: one memory access per neighbor, against
+    several probes per neighbor for a hash table. The map is reset (only the batch's own
+    entries) when the batch closes."""
+
+    def __init__(self, seeds: np.ndarray, pool: _DenseMapPool):
+        self._pool = pool
+        self._map: np.ndarray | None = pool.take()
+        self._seen: list[np.ndarray] = []
+        dup = K.dense_insert_unique(self._map, seeds)  # undoes its inserts on a repeat
+        if dup >= 0:
+            self.close()
+            raise ValueError(f"seeds: expected unique node IDs; {int(seeds[dup])} repeats")
+        self._seen.append(seeds)
+        self._count = int(seeds.size)
+
+    def __len__(self) -> int:
+        """Nodes numbered so far."""
+        return self._count
+
+    def add(self, neighbors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._map is None:
+            raise RuntimeError("relabeler used after close()")
+        ids = _as_ids(neighbors, "neighbors")
+        new_ids = np.empty(ids.size, dtype=np.int64)
+        local = np.empty(ids.size, dtype=np.int64)
+        first_new = self._count
+        with K.parallel_guard():
+            K.dense_lookup(self._map, ids, local)
+        self._count = K.dense_add(self._map, self._count, ids, new_ids, local)
+        new = new_ids[: self._count - first_new]
+        self._seen.append(new)
+        return torch.from_numpy(new), torch.from_numpy(local)
+
+    def close(self) -> None:
+        if self._map is not None:
+            with K.parallel_guard():
+                for ids in self._seen:
+                    K.dense_reset(self._map, ids)
+            self._pool.give_back(self._map)
+            self._map = None
+
+
+class _DenseMapPool:
+    """Dense maps of ``num_nodes`` entries, all -1, one per batch being sampled at once."""
+
+    def __init__(self, num_nodes: int):
+        self._num_nodes = num_nodes
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> np.ndarray:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        dtype = np.int32 if self._num_nodes < 2**31 else np.int64
+        return np.full(self._num_nodes, -1, dtype=dtype)
+
+    def give_back(self, table: np.ndarray) -> None:
+        with self._lock:
+            self._free.append(table)
+
+
+#: Graphs with at most this many nodes relabel through dense maps (4 bytes a node per
+#: batch in flight); larger ones through per-batch hash tables.
+DENSE_RELABEL_MAX_NODES = 1 << 28
+
+
 class CpuNeighborSampler(NeighborSampler):
     """Neighbor sampling of one partition on the CPU (Numba ``@njit`` kernels, parallel
     over frontier nodes)."""
@@ -90,6 +161,9 @@ class CpuNeighborSampler(NeighborSampler):
         super().__init__(partition, replace=replace, weighted=weighted)
         self._indptr = np.asarray(partition.indptr)
         self._indices = np.asarray(partition.indices)
+        num_nodes = partition.manifest.num_nodes
+        self._dense_maps = (_DenseMapPool(num_nodes) if num_nodes <= DENSE_RELABEL_MAX_NODES
+                            else None)
         self._weight: np.ndarray | None = None
         self._cum_weight: np.ndarray | None = None
         if weighted:
@@ -113,13 +187,19 @@ class CpuNeighborSampler(NeighborSampler):
         return HopSample(counts=torch.from_numpy(np.diff(offsets)), neighbors=torch.from_numpy(out))
 
     def new_relabeler(self, seeds: torch.Tensor) -> Relabeler:
-        return CpuRelabeler(_as_ids(seeds, "seeds"))
+        ids = _as_ids(seeds, "seeds")
+        if self._dense_maps is not None:
+            return DenseRelabeler(ids, self._dense_maps)
+        return CpuRelabeler(ids)
 
     def gather_local(
         self, nodes: torch.Tensor, features: bool, labels: bool
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         ids = _as_ids(nodes, "nodes")
         self.check_owned(torch.from_numpy(ids), "nodes")
+        if features and labels:
+            xs, ys = K.gather_with_labels(self.partition.x, self.partition.y, ids, self.node_start)
+            return torch.from_numpy(xs), torch.from_numpy(ys)
         x = torch.from_numpy(K.gather(self.partition.x, ids, self.node_start)) if features else None
         y = torch.from_numpy(K.gather(self.partition.y, ids, self.node_start)) if labels else None
         return x, y

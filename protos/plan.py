@@ -1,0 +1,150 @@
+"""The epoch plan: which seeds form which batch, and which rank gets which batch.
+
+Servers and trainers compute the same plan independently from facts they all share (the
+seed counts per partition, batch size, world size, seed, epoch), so nothing about it is
+negotiated at run time:
+
+- each partition's seeds are batched by the server that owns them (a batch never spans
+  partitions), shuffled with ``(seed, epoch, partition)`` when ``shuffle``;
+- the number of batches is made a multiple of the world size by splitting batches (never
+  by repeating or dropping seeds, unless ``drop_last``), so **every rank gets the same
+  number of batches** and every seed lands in exactly one batch per epoch;
+- global batch ``g`` goes to rank ``g % world_size`` as its batch ``g // world_size``; the
+  global order interleaves partitions (shuffled when ``shuffle``) so that each rank draws
+  from every partition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_MASK = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class BatchRef:
+    """One batch of one rank's epoch."""
+
+    #: Index within the rank's epoch (``0 .. num_batches-1``), as on the wire.
+    index: int
+    #: Partition that owns (and samples) the batch's seeds.
+    partition: int
+    #: Position of the batch among that partition's batches.
+    part_batch: int
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """The batches of one epoch, for every partition and rank."""
+
+    #: Number of seeds in each partition's batch ``k``: ``sizes[p][k]``.
+    sizes: tuple[tuple[int, ...], ...]
+    #: Global batch order: ``order[g] = (partition, part_batch)``.
+    order: tuple[tuple[int, int], ...]
+    world_size: int
+
+    @property
+    def batches_per_rank(self) -> int:
+        return len(self.order) // self.world_size
+
+    def rank_batches(self, rank: int) -> list[BatchRef]:
+        """The batches of ``rank``, in order."""
+        return [BatchRef(i, *self.order[g])
+                for i, g in enumerate(range(rank, len(self.order), self.world_size))]
+
+    def seeds_of(self, partition: int, part_batch: int, seeds: np.ndarray) -> np.ndarray:
+        """Seeds of a partition's batch, cut from its (already shuffled) seed array."""
+        sizes = self.sizes[partition]
+        start = int(sum(sizes[:part_batch]))
+        return seeds[start:start + sizes[part_batch]]
+
+
+def _mix(*parts: int) -> int:
+    z = 0x2545F4914F6CDD1D
+    for p in parts:
+        z = ((z ^ (p & _MASK)) * 0x9E3779B97F4A7C15) & _MASK
+        z ^= z >> 29
+    return z
+
+
+def plan_epoch(
+    seeds_per_partition: list[int], batch_size: int, world_size: int, *, shuffle: bool,
+    seed: int, epoch: int, drop_last: bool = False,
+) -> EpochPlan:
+    """Plan an epoch over ``seeds_per_partition[p]`` seeds owned by each partition."""
+    if batch_size <= 0:
+        raise ValueError(f"batch_size: expected an integer > 0, got {batch_size}")
+    if world_size <= 0:
+        raise ValueError(f"world_size: expected an integer > 0, got {world_size}")
+    counts = [int(c) for c in seeds_per_partition]
+    if drop_last:
+        per_part = [c // batch_size for c in counts]
+        total = sum(per_part) // world_size * world_size
+        per_part = _trim(per_part, total)
+        sizes = [tuple([batch_size] * k) for k in per_part]
+    else:
+        per_part = [-(-c // batch_size) for c in counts]
+        total = -(-sum(per_part) // world_size) * world_size
+        if total > sum(counts):
+            raise ValueError(
+                f"world_size: {world_size} ranks need at least {world_size} seeds each epoch "
+                f"with equal batch counts, but there are {sum(counts)} seeds"
+            )
+        per_part = _grow(per_part, counts, total)
+        sizes = [_even_sizes(c, k) for c, k in zip(counts, per_part, strict=True)]
+    order = [(p, k) for p, n in enumerate(per_part) for k in range(n)]
+    order = _interleave(order, per_part, shuffle, seed, epoch)
+    return EpochPlan(sizes=tuple(sizes), order=tuple(order), world_size=world_size)
+
+
+def _grow(per_part: list[int], counts: list[int], total: int) -> list[int]:
+    """Add batches (to the partitions with the largest batches) until ``total``."""
+    out = list(per_part)
+    while sum(out) < total:
+        p = max(range(len(out)), key=lambda i: (counts[i] / max(out[i], 1), -i))
+        out[p] += 1
+    return out
+
+
+def _trim(per_part: list[int], total: int) -> list[int]:
+    """Drop batches (from the partitions with the most) until ``total``."""
+    out = list(per_part)
+    while sum(out) > total:
+        p = max(range(len(out)), key=lambda i: (out[i], -i))
+        out[p] -= 1
+    return out
+
+
+def _even_sizes(count: int, batches: int) -> tuple[int, ...]:
+    """``count`` seeds in ``batches`` batches, as even as possible (sizes differ by at
+    most one, so none exceeds the batch size the count of batches was derived from)."""
+    if batches == 0:
+        return ()
+    base, extra = divmod(count, batches)
+    return tuple(base + (1 if k < extra else 0) for k in range(batches))
+
+
+def _interleave(order: list[tuple[int, int]], per_part: list[int], shuffle: bool, seed: int,
+                epoch: int) -> list[tuple[int, int]]:
+    if shuffle:
+        rng = np.random.default_rng(_mix(seed, epoch, 0x5EED))
+        return [order[i] for i in rng.permutation(len(order))]
+    # Round-robin over partitions, so consecutive batches come from different servers.
+    queues = [[(p, k) for k in range(n)] for p, n in enumerate(per_part)]
+    out: list[tuple[int, int]] = []
+    while any(queues):
+        for q in queues:
+            if q:
+                out.append(q.pop(0))
+    return out
+
+
+def shuffled_seeds(seeds: np.ndarray, *, shuffle: bool, seed: int, epoch: int,
+                   partition: int) -> np.ndarray:
+    """A partition's seeds in the order its batches cut them."""
+    if not shuffle:
+        return np.asarray(seeds)
+    rng = np.random.default_rng(_mix(seed, epoch, partition + 1))
+    return np.asarray(seeds)[rng.permutation(len(seeds))]
