@@ -9,7 +9,7 @@ WHEELS ?= ../shared/wheels
 .PHONY: help install test lint proto proto-check demo bench-partition bench-peers clean
 
 help:
-	@echo "make demo             generate the small synthetic graph, partition it in 2, print the summary"
+	@echo "make demo             small graph -> 2 partitions -> 2 sampling servers -> 2 DDP trainers"
 	@echo "make test             install if needed, then lint and run the whole test suite"
 	@echo "make install          create $(VENV) and install graphfeed editable with dev extras"
 	@echo "make lint             ruff + mypy"
@@ -38,9 +38,9 @@ proto: install
 proto-check: install
 	$(PY) -m protos.generate --check
 
+# small synthetic graph -> 2 partitions -> 2 sampling servers -> 2 DDP trainers (CPU)
 demo: install
-	$(PY) -m partitioner partition --synthetic small --num-parts 2 --method metis \
-		--out $(DATA)/demo/small-2 --overwrite --no-progress
+	$(PY) deploy/demo.py --data $(DATA)/demo
 
 bench-partition: install
 	$(PY) benchmarks/partition.py --data $(DATA)/bench

@@ -13,7 +13,9 @@ edges/s for the structure alone and with features (and labels) gathered. Writes
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -173,6 +175,19 @@ def _time_loader(label: str, loader: Any, n: int) -> dict[str, Any]:
     return row
 
 
+def run_pyg_child(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """PyG's rows in a child process, so its copies of the graph (CSC conversion, shared
+    memory for workers) do not stack on top of this process's."""
+    out = RESULTS / "sampler-pyg.tmp"
+    cmd = [sys.executable, __file__, "--data", str(args.data), "--preset", args.preset,
+           "--pyg-batches", str(args.pyg_batches), "--pyg-only", str(out),
+           "--pyg-workers", *map(str, args.pyg_workers)]
+    subprocess.run(cmd, check=True, timeout=3600)
+    rows: list[dict[str, Any]] = json.loads(out.read_text())
+    out.unlink()
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -183,7 +198,13 @@ def main() -> int:
     parser.add_argument("--pyg-workers", type=int, nargs="*", default=[0, 1, 2])
     parser.add_argument("--devices", nargs="*", default=None,
                         help="graphfeed devices (default: cpu, plus cuda when usable)")
+    parser.add_argument("--pyg-only", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.pyg_only is not None:  # child process: PyG's rows alone, memory of its own
+        part = load_partition(args.data / f"{args.preset}-1", 0, verify="size")
+        rows = pyg_rows(part, args.pyg_batches, args.pyg_workers)
+        args.pyg_only.write_text(json.dumps(rows))
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from sampling_server.allocator import keep_freed_memory
 
@@ -195,7 +216,8 @@ def main() -> int:
     for device in devices:
         rows += graphfeed_rows(part, device, args.batches)
     rows += torch_floor_rows(part, max(args.batches // 4, 5))
-    rows += pyg_rows(part, args.pyg_batches, args.pyg_workers)
+    del part
+    rows += run_pyg_child(args)
     payload = {"benchmark": "sampler", "preset": args.preset, "fanouts": FANOUTS,
                "batch_size": BATCH, "machine": machine(), "torch_threads": torch.get_num_threads(),
                "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,

@@ -89,8 +89,9 @@ def plan_epoch(
         total = -(-sum(per_part) // world_size) * world_size
         if total > sum(counts):
             raise ValueError(
-                f"world_size: {world_size} ranks need at least {world_size} seeds each epoch "
-                f"with equal batch counts, but there are {sum(counts)} seeds"
+                f"world_size: giving {world_size} ranks equal batch counts needs {total} "
+                f"batches of at most {batch_size} seeds each, but there are only "
+                f"{sum(counts)} seeds; use a larger batch_size, fewer ranks or drop_last"
             )
         per_part = _grow(per_part, counts, total)
         sizes = [_even_sizes(c, k) for c, k in zip(counts, per_part, strict=True)]

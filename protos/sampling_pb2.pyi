@@ -471,8 +471,9 @@ class EpochRequest(_message.Message):
     """Free-form identifier of the caller, for server logs only; may be empty."""
     @_builtins.property
     def seeds(self) -> Global___Tensor:
-        """Explicit seed nodes: a 1-d INT64 Tensor of global node IDs, each owned by this
-        server's partition (INVALID_ARGUMENT otherwise).
+        """Explicit seed nodes: a 1-d INT64 Tensor of distinct global node IDs in [0, N),
+        the same list sent to every server and by every rank; each server batches the
+        seeds its partition owns (INVALID_ARGUMENT for IDs out of range or repeated).
         """
 
     @_builtins.property

@@ -1,0 +1,34 @@
+"""The graphfeed client: PyG minibatches streamed from sampling servers, and a DDP trainer.
+
+* :class:`RemoteNeighborLoader` (``loader.py``): one rank's epoch as PyG ``Data``
+  batches, like ``torch_geometric.loader.NeighborLoader``; :class:`Cluster` holds the
+  channels and the servers' checked ``ClusterInfo``;
+* ``stream.py``: one stream per server, merged in batch order, prefetched, resumed after
+  breaks, failing with a clear error within bounded time;
+* ``decode.py``: ``MinibatchChunk`` messages to a ``Data`` without copies;
+* ``models.py``: GraphSAGE / GCN / GAT / GIN node classifiers using ``trim_to_layer``;
+* ``train.py``: the torchrun-compatible trainer (``graphfeed-train``).
+
+See ``docs/training.md``.
+"""
+
+from trainer_client.decode import BatchAssembler, BatchDecodeError, BatchSpec, DecodedBatch, decode_batch
+from trainer_client.loader import Cluster, RemoteNeighborLoader
+from trainer_client.models import MODELS, NodeClassifier, build_model
+from trainer_client.stream import EpochStream, StreamStats, StreamTimeouts
+
+__all__ = [
+    "MODELS",
+    "BatchAssembler",
+    "BatchDecodeError",
+    "BatchSpec",
+    "Cluster",
+    "DecodedBatch",
+    "EpochStream",
+    "NodeClassifier",
+    "RemoteNeighborLoader",
+    "StreamStats",
+    "StreamTimeouts",
+    "build_model",
+    "decode_batch",
+]

@@ -1,0 +1,250 @@
+"""The one place that builds gRPC channels and servers' transport options, and that
+turns ``grpc.RpcError`` into graphfeed's own exceptions.
+
+* :func:`create_channel`: message size limits (:data:`codec.MAX_MESSAGE_BYTES`),
+  keepalive pings, short reconnect backoff, and a retry policy that retries
+  ``UNAVAILABLE`` only;
+* :func:`server_options`: the matching options for ``grpc.server`` (size limits,
+  keepalive enforcement that accepts the clients' pings, no ``SO_REUSEPORT``);
+* :func:`rpc_errors`: a context manager around a call (and the iteration of its
+  stream) that raises a :class:`GraphfeedError` subclass naming the method, address,
+  status and details;
+* :func:`wait_ready`: wait (bounded) until a channel connects.
+
+Every call site passes a deadline (``timeout=``): graphfeed never waits unbounded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import grpc
+
+from protos import codec
+
+#: Seconds between keepalive pings on an idle connection (client and server side).
+KEEPALIVE_TIME_S = 30.0
+#: Seconds to wait for a keepalive ping's acknowledgement before closing the connection.
+KEEPALIVE_TIMEOUT_S = 10.0
+#: Shortest interval between client pings that a server accepts (below the clients').
+MIN_CLIENT_PING_INTERVAL_S = 10.0
+#: Reconnect backoff of a channel whose server is down: start, and ceiling (gRPC's own
+#: ceiling is 120 s, far too long for a restarted server to be seen again).
+RECONNECT_BACKOFF_S = (0.2, 5.0)
+#: Attempts of one call that fails with UNAVAILABLE before any reply arrived.
+RETRY_MAX_ATTEMPTS = 5
+
+#: The retry policy of every method: UNAVAILABLE only, with exponential backoff. gRPC
+#: retries a call only until the first reply message arrives (a stream that has started
+#: is never replayed behind the caller's back).
+RETRY_SERVICE_CONFIG: dict[str, Any] = {
+    "methodConfig": [{
+        "name": [{}],
+        "retryPolicy": {
+            "maxAttempts": RETRY_MAX_ATTEMPTS,
+            "initialBackoff": "0.05s",
+            "maxBackoff": "1s",
+            "backoffMultiplier": 2,
+            "retryableStatusCodes": ["UNAVAILABLE"],
+        },
+    }],
+}
+
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)
+
+
+def channel_options(max_message_bytes: int = codec.MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
+    """The options :func:`create_channel` gives every channel."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", _ms(KEEPALIVE_TIME_S)),
+        ("grpc.keepalive_timeout_ms", _ms(KEEPALIVE_TIMEOUT_S)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.initial_reconnect_backoff_ms", _ms(RECONNECT_BACKOFF_S[0])),
+        ("grpc.min_reconnect_backoff_ms", _ms(RECONNECT_BACKOFF_S[0])),
+        ("grpc.max_reconnect_backoff_ms", _ms(RECONNECT_BACKOFF_S[1])),
+        ("grpc.enable_retries", 1),
+        ("grpc.service_config", json.dumps(RETRY_SERVICE_CONFIG)),
+    ]
+
+
+def create_channel(
+    address: str, *, max_message_bytes: int = codec.MAX_MESSAGE_BYTES
+) -> grpc.Channel:
+    """An insecure channel to ``address`` (``host:port``) with graphfeed's options.
+
+    The channel connects lazily; use :func:`wait_ready` to wait for the server, and pass
+    ``timeout=`` to every call.
+    """
+    if not address or ":" not in address:
+        raise ValueError(f"address: expected 'host:port', got {address!r}")
+    return grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+
+
+def server_options(max_message_bytes: int = codec.MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
+    """Options for ``grpc.server``: size limits, keepalive (the server pings idle
+    clients, so a dead trainer is noticed; it accepts the clients' pings every
+    :data:`MIN_CLIENT_PING_INTERVAL_S` or more, also without calls), and no
+    ``SO_REUSEPORT`` (a second server on a taken port fails instead of sharing it)."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", _ms(KEEPALIVE_TIME_S)),
+        ("grpc.keepalive_timeout_ms", _ms(KEEPALIVE_TIMEOUT_S)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", _ms(MIN_CLIENT_PING_INTERVAL_S)),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+# ---- errors --------------------------------------------------------------------------
+
+
+class GraphfeedError(Exception):
+    """A graphfeed call failed. The message names what was called, where, the gRPC
+    status and the server's details."""
+
+    def __init__(
+        self, message: str, *, what: str = "", address: str | None = None,
+        code: grpc.StatusCode | None = None, details: str = "",
+    ) -> None:
+        super().__init__(message)
+        #: What was called (e.g. ``"StreamMinibatches"``).
+        self.what = what
+        #: ``host:port`` of the server called, when known.
+        self.address = address
+        #: The gRPC status code (None when the error did not come from a status).
+        self.code = code
+        #: The status details the server sent.
+        self.details = details
+
+
+class ServerUnavailable(GraphfeedError):
+    """The server could not be reached, is not ready yet, or a peer it needs is gone
+    (``UNAVAILABLE``); worth retrying later."""
+
+
+class DeadlineExceeded(GraphfeedError):
+    """The call's deadline passed (``DEADLINE_EXCEEDED``)."""
+
+
+class InvalidRequest(GraphfeedError):
+    """The request was malformed or out of range (``INVALID_ARGUMENT``); the details
+    name the field."""
+
+
+class FailedPrecondition(GraphfeedError):
+    """The request is well formed but the server cannot serve it in its current state
+    (``FAILED_PRECONDITION``)."""
+
+
+class Cancelled(GraphfeedError):
+    """The call was cancelled (``CANCELLED``)."""
+
+
+class ResourceExhausted(GraphfeedError):
+    """The server is at a limit (``RESOURCE_EXHAUSTED``: too many streams, message too
+    large)."""
+
+
+class ServerError(GraphfeedError):
+    """Any other failure on the server (``INTERNAL``, ``UNKNOWN``, ``UNIMPLEMENTED`` ...)."""
+
+
+class ProtocolError(GraphfeedError):
+    """A reply broke the wire contract (malformed tensors, missing chunks)."""
+
+
+class PeerError(GraphfeedError):
+    """A sampling server's call to a peer server failed; names the peer's partition and
+    address. ``code`` is the status of the failed call (None for a malformed reply)."""
+
+    def __init__(self, message: str, *, partition: int, address: str,
+                 code: grpc.StatusCode | None = None, details: str = "", what: str = "") -> None:
+        super().__init__(message, what=what, address=address, code=code, details=details)
+        #: Partition ID of the peer.
+        self.partition = partition
+
+
+_ERROR_OF: dict[grpc.StatusCode, type[GraphfeedError]] = {
+    grpc.StatusCode.UNAVAILABLE: ServerUnavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+    grpc.StatusCode.OUT_OF_RANGE: InvalidRequest,
+    grpc.StatusCode.CANCELLED: Cancelled,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+}
+
+
+def error_from_rpc(error: grpc.RpcError, what: str, address: str | None = None) -> GraphfeedError:
+    """The :class:`GraphfeedError` subclass for a failed call, with a clear message."""
+    code: grpc.StatusCode | None = error.code() if isinstance(error, grpc.Call) else None
+    details = (error.details() if isinstance(error, grpc.Call) else None) or str(error)
+    where = f" at {address}" if address else ""
+    status = code.name if code is not None else "unknown status"
+    message = f"{what}{where} failed: {status}: {details}"
+    cls = _ERROR_OF.get(code, ServerError) if code is not None else ServerError
+    return cls(message, what=what, address=address, code=code, details=details)
+
+
+@contextmanager
+def rpc_errors(what: str, address: str | None = None) -> Iterator[None]:
+    """Turn a ``grpc.RpcError`` raised inside the block into a :class:`GraphfeedError`
+    (chained), and a malformed reply (:class:`codec.CodecError`) into
+    :class:`ProtocolError`. Wrap both the call and the iteration of a stream::
+
+        with rpc_errors("StreamMinibatches", address):
+            for chunk in stub.StreamMinibatches(request, timeout=60):
+                ...
+    """
+    try:
+        yield
+    except grpc.RpcError as exc:
+        raise error_from_rpc(exc, what, address) from exc
+    except codec.CodecError as exc:
+        where = f" at {address}" if address else ""
+        raise ProtocolError(f"{what}{where}: malformed reply: {exc}", what=what,
+                            address=address, details=str(exc)) from exc
+
+
+def wait_ready(channel: grpc.Channel, timeout: float, *, address: str | None = None) -> None:
+    """Wait up to ``timeout`` seconds for ``channel`` to connect; raise
+    :class:`ServerUnavailable` if it does not."""
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+    except grpc.FutureTimeoutError:
+        where = f" {address}" if address else ""
+        raise ServerUnavailable(
+            f"server{where} not reachable within {timeout:g} s", what="connect", address=address,
+            code=grpc.StatusCode.UNAVAILABLE,
+        ) from None
+
+
+__all__ = [
+    "RETRY_SERVICE_CONFIG",
+    "Cancelled",
+    "DeadlineExceeded",
+    "FailedPrecondition",
+    "GraphfeedError",
+    "InvalidRequest",
+    "PeerError",
+    "ProtocolError",
+    "ResourceExhausted",
+    "ServerError",
+    "ServerUnavailable",
+    "channel_options",
+    "create_channel",
+    "error_from_rpc",
+    "rpc_errors",
+    "server_options",
+    "wait_ready",
+]

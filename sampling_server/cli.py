@@ -1,0 +1,167 @@
+"""Command line: ``graphfeed-server`` / ``python -m sampling_server``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from partitioner.format import PartitionFormatError
+from protos import codec
+from sampling_server import allocator
+from sampling_server.config import DEFAULT_PORT, VERIFY_MODES, ConfigError, ServerConfig, parse_peers
+
+log = logging.getLogger("sampling_server")
+
+EXAMPLES = f"""\
+examples:
+  # one server per partition; every server lists all addresses, in partition order
+  graphfeed-server --partition-dir data/small-2 --partition 0 --listen 0.0.0.0:{DEFAULT_PORT} \\
+      --peers node0:{DEFAULT_PORT},node1:{DEFAULT_PORT}
+  # the same from a cluster file naming every server (see docs/operations.md)
+  graphfeed-server --cluster cluster.yaml --partition 1
+  # a graph of one partition needs no peers
+  graphfeed-server --partition-dir data/small-1 --partition 0 --listen 127.0.0.1:{DEFAULT_PORT}
+
+Health: grpc.health.v1 on the same port; NOT_SERVING until the partition is loaded and
+every peer answers. SIGTERM/SIGINT: NOT_SERVING, running streams get --grace seconds,
+exit 0.
+"""
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {value}")
+    return value
+
+
+def _byte_size(text: str) -> int:
+    """``4194304``, ``512K``, ``4M``, ``4MiB``."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        value = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a byte size such as 4M, got {text!r}") from None
+    if not 1 <= value <= codec.MAX_CHUNK_BYTES:
+        raise argparse.ArgumentTypeError(f"expected 1 .. {codec.MAX_CHUNK_BYTES} bytes, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="graphfeed-server",
+        description="Serve one partition of a partitioned graph: sample minibatches for "
+        "trainers (SamplingService) and frontiers/rows for the other servers (PeerService).",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = parser.add_argument_group("what to serve, where")
+    where.add_argument("--partition", type=int, required=True, metavar="I",
+                       help="partition ID this server holds")
+    where.add_argument("--partition-dir", type=Path, metavar="DIR",
+                       help="partition directory (holds manifest.json); may come from --cluster")
+    where.add_argument("--listen", metavar="HOST:PORT",
+                       help=f"address to bind (default 0.0.0.0:{DEFAULT_PORT}, or the port of "
+                       "this server's --cluster address); port 0 picks a free port")
+    peers = where.add_mutually_exclusive_group()
+    peers.add_argument("--peers", metavar="ADDR0,ADDR1,...",
+                       help="every partition's server address, in partition order (this "
+                       "server's own included); not needed for a single partition")
+    peers.add_argument("--cluster", type=Path, metavar="FILE",
+                       help="cluster YAML naming every server (servers: [{partition, address}], "
+                       "optional defaults:); flags given here win over it")
+    tune = parser.add_argument_group("sampling and tuning (defaults in parentheses)")
+    tune.add_argument("--device", choices=("auto", "cpu", "cuda"),
+                      help="sampling device (auto: CUDA when usable, else CPU)")
+    tune.add_argument("--topology", choices=("device", "uva"),
+                      help="CUDA only: graph in GPU memory, or pinned host memory over UVA (device)")
+    tune.add_argument("--workers", type=_positive_int, help="sampling threads, shared by all streams (2)")
+    tune.add_argument("--prefetch", type=_positive_int, help="batches each stream samples ahead (4)")
+    tune.add_argument("--chunk-bytes", type=_byte_size, metavar="SIZE",
+                      help="tensor bytes per stream message, e.g. 4M (4M; at most 63M)")
+    tune.add_argument("--peer-timeout", type=_seconds, metavar="S",
+                      help="deadline of every peer call; a dead peer fails a stream within it (30)")
+    tune.add_argument("--max-streams", type=_positive_int, help="trainer streams served at once (32)")
+    tune.add_argument("--grace", type=_seconds, metavar="S",
+                      help="seconds running streams get to finish after SIGTERM (30)")
+    tune.add_argument("--health-interval", type=_seconds, metavar="S",
+                      help="seconds between peer health probes (2)")
+    load = parser.add_argument_group("loading")
+    load.add_argument("--verify", choices=VERIFY_MODES,
+                      help="check files by SHA-256 (full) or by size and header only (full)")
+    load.add_argument("--no-mmap", dest="mmap", action="store_const", const=False,
+                      help="read the partition into memory instead of memory-mapping it")
+    logs = parser.add_argument_group("logging")
+    logs.add_argument("--log-level", default="INFO",
+                      choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="(INFO)")
+    logs.add_argument("--log-format", default="text", choices=("text", "json"),
+                      help="text lines, or one JSON object per line (text)")
+    return parser
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, thread, message (+ traceback)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        obj: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname, "logger": record.name, "thread": record.threadName,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            obj["exception"] = self.formatException(record.exc_info)
+        return json.dumps(obj)
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """The server config the flags (and the cluster file) describe."""
+    overrides: dict[str, Any] = {
+        "partition_dir": args.partition_dir, "listen": args.listen, "device": args.device,
+        "topology": args.topology, "workers": args.workers, "prefetch": args.prefetch,
+        "chunk_bytes": args.chunk_bytes, "peer_timeout": args.peer_timeout,
+        "max_streams": args.max_streams, "grace": args.grace,
+        "health_interval": args.health_interval, "verify": args.verify, "mmap": args.mmap,
+    }
+    if args.cluster is not None:
+        return ServerConfig.from_cluster_yaml(args.cluster, args.partition, **overrides)
+    if args.partition_dir is None:
+        raise ConfigError("--partition-dir: required (or give --cluster with partition_dir)")
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return ServerConfig(partition=args.partition, peers=parse_peers(args.peers or ""), **given)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level, args.log_format)
+    allocator.keep_freed_memory()
+    from sampling_server.server import serve  # after logging: imports Numba and torch
+
+    try:
+        config = config_from_args(args)
+        return serve(config)
+    except (ConfigError, PartitionFormatError) as exc:
+        print(f"graphfeed-server: error: {exc}", file=sys.stderr)
+        return 2

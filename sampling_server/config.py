@@ -1,0 +1,214 @@
+"""Sampling server configuration: one :class:`ServerConfig` per server process, built
+from command-line flags or from a ``cluster.yaml`` that names every server.
+
+``cluster.yaml``::
+
+    defaults:                 # optional; any ServerConfig field except partition/peers
+      partition_dir: /data/products-4
+      device: auto
+      workers: 4
+    servers:                  # one entry per partition; the list order does not matter
+      - {partition: 0, address: node0:50051}
+      - {partition: 1, address: node1:50051, device: cpu}   # per-server overrides
+
+A server's ``listen`` address defaults to ``0.0.0.0:<port of its address>``; its
+``peers`` are the servers' addresses indexed by partition ID.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from protos import codec
+
+#: Port a server listens on when nothing else is said.
+DEFAULT_PORT = 50051
+VERIFY_MODES: tuple[str, ...] = ("full", "size")
+_DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+_TOPOLOGIES: tuple[str, ...] = ("device", "uva")
+
+
+class ConfigError(ValueError):
+    """A server configuration (flags or cluster.yaml) is invalid; names the setting."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything one sampling server needs to know."""
+
+    #: Partition directory (holds ``manifest.json``), as written by the partitioner.
+    partition_dir: Path
+    #: The partition this server holds.
+    partition: int
+    #: ``host:port`` to bind; port 0 picks a free port (see ``create_server``).
+    listen: str = f"0.0.0.0:{DEFAULT_PORT}"
+    #: ``host:port`` of every partition's server, indexed by partition ID (this server's
+    #: own entry included: the address others reach it at). May be empty for a graph of
+    #: one partition.
+    peers: tuple[str, ...] = ()
+    #: Sampling device: ``auto`` (CUDA when usable, else CPU), ``cpu`` or ``cuda``.
+    device: str = "auto"
+    #: Where the CUDA sampler keeps the graph: ``device`` memory or pinned host memory
+    #: read over ``uva`` (graphs bigger than the GPU). Ignored on the CPU.
+    topology: str = "device"
+    #: Threads sampling batches, shared by every stream.
+    workers: int = 2
+    #: Batches each stream samples ahead of the one being sent (back-pressure bound).
+    prefetch: int = 4
+    #: Tensor bytes per stream message (<= 63 MiB).
+    chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
+    #: Deadline, in seconds, of every call to a peer (and of peer health probes, capped
+    #: at 5 s): a dead or stuck peer fails a stream within this time.
+    peer_timeout: float = 30.0
+    #: Partition check at load: ``full`` (sizes, headers and SHA-256) or ``size``.
+    verify: str = "full"
+    #: Memory-map the partition's arrays (True) or read them into memory (False).
+    mmap: bool = True
+    #: Trainer streams served at once; more get RESOURCE_EXHAUSTED (keeps gRPC threads
+    #: free for peer calls, so servers never starve each other).
+    max_streams: int = 32
+    #: Seconds SIGTERM/SIGINT give running streams to finish before they are cancelled.
+    grace: float = 30.0
+    #: Seconds between peer health probes while every peer is up (probes back off from
+    #: 0.1 s to this while a peer is down).
+    health_interval: float = 2.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "partition_dir", Path(self.partition_dir))
+        object.__setattr__(self, "peers", tuple(str(p) for p in self.peers))
+        _check(self.partition >= 0, "partition", "an ID >= 0", self.partition)
+        _check(_is_address(self.listen), "listen", "'host:port'", self.listen)
+        for i, peer in enumerate(self.peers):
+            _check(_is_address(peer), f"peers[{i}]", "'host:port'", peer)
+        _check(self.device in _DEVICES, "device", f"one of {list(_DEVICES)}", self.device)
+        _check(self.topology in _TOPOLOGIES, "topology", f"one of {list(_TOPOLOGIES)}",
+               self.topology)
+        _check(self.workers >= 1, "workers", "an integer >= 1", self.workers)
+        _check(self.prefetch >= 1, "prefetch", "an integer >= 1", self.prefetch)
+        _check(1 <= self.chunk_bytes <= codec.MAX_CHUNK_BYTES, "chunk_bytes",
+               f"1 .. {codec.MAX_CHUNK_BYTES}", self.chunk_bytes)
+        _check(self.peer_timeout > 0, "peer_timeout", "seconds > 0", self.peer_timeout)
+        _check(self.verify in VERIFY_MODES, "verify", f"one of {list(VERIFY_MODES)}", self.verify)
+        _check(self.max_streams >= 1, "max_streams", "an integer >= 1", self.max_streams)
+        _check(self.grace >= 0, "grace", "seconds >= 0", self.grace)
+        _check(self.health_interval > 0, "health_interval", "seconds > 0", self.health_interval)
+
+    @property
+    def listen_port(self) -> int:
+        """The port of :attr:`listen` (0: any free port)."""
+        return int(self.listen.rsplit(":", 1)[1])
+
+    def replace(self, **changes: Any) -> ServerConfig:
+        """A copy with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)
+
+    @staticmethod
+    def from_cluster_yaml(
+        path: str | Path, partition: int, **overrides: Any
+    ) -> ServerConfig:
+        """The config of the server of ``partition`` in the cluster file ``path``;
+        ``overrides`` (non-None values) win over the file."""
+        return config_from_cluster(load_cluster_file(path), partition, source=str(path),
+                                   **overrides)
+
+
+def _check(ok: bool, name: str, expected: str, got: object) -> None:
+    if not ok:
+        raise ConfigError(f"{name}: expected {expected}, got {got!r}")
+
+
+def _is_address(address: object) -> bool:
+    if not isinstance(address, str) or ":" not in address:
+        return False
+    host, port = address.rsplit(":", 1)
+    return bool(host) and port.isdigit() and int(port) < 65536
+
+
+def load_cluster_file(path: str | Path) -> dict[str, Any]:
+    """Read a cluster YAML file (safe loader; no Python objects)."""
+    p = Path(path)
+    try:
+        obj = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the cluster file ({exc.strerror})") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML ({exc})") from exc
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{p}: expected a mapping with 'servers', got {type(obj).__name__}")
+    return obj
+
+
+#: Fields a cluster file may set in ``defaults`` or per server.
+_FILE_FIELDS = frozenset(f.name for f in dataclasses.fields(ServerConfig)) - {"partition", "peers"}
+
+
+def config_from_cluster(
+    cluster: Mapping[str, Any], partition: int, *, source: str = "cluster.yaml",
+    **overrides: Any,
+) -> ServerConfig:
+    """The :class:`ServerConfig` of ``partition`` from a parsed cluster file."""
+    unknown = sorted(set(cluster) - {"servers", "defaults"})
+    if unknown:
+        raise ConfigError(f"{source}: unknown top-level keys {unknown}; expected servers, defaults")
+    defaults = cluster.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise ConfigError(f"{source}: defaults: expected a mapping, got {defaults!r}")
+    _check_keys(defaults, _FILE_FIELDS, f"{source}: defaults")
+    servers = _servers_by_partition(cluster.get("servers"), source)
+    if partition not in servers:
+        raise ConfigError(f"{source}: servers: no entry for partition {partition} "
+                          f"(partitions listed: {sorted(servers)})")
+    peers = tuple(str(servers[p]["address"]) for p in range(len(servers)))
+    own = {k: v for k, v in servers[partition].items() if k not in ("partition", "address")}
+    _check_keys(own, _FILE_FIELDS, f"{source}: servers[partition={partition}]")
+    settings: dict[str, Any] = {**defaults, **own}
+    settings.setdefault("listen", f"0.0.0.0:{peers[partition].rsplit(':', 1)[1]}")
+    settings.update({k: v for k, v in overrides.items() if v is not None})
+    if "partition_dir" not in settings:
+        raise ConfigError(f"{source}: partition_dir: not set (in defaults, the server's entry, "
+                          "or --partition-dir)")
+    try:
+        return ServerConfig(partition=partition, peers=peers, **settings)
+    except TypeError as exc:
+        raise ConfigError(f"{source}: {exc}") from exc
+
+
+def _check_keys(obj: Mapping[str, Any], allowed: frozenset[str], where: str) -> None:
+    unknown = sorted(set(obj) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {unknown}; expected some of {sorted(allowed)}")
+
+
+def _servers_by_partition(servers: object, source: str) -> dict[int, dict[str, Any]]:
+    if not isinstance(servers, list) or not servers:
+        raise ConfigError(f"{source}: servers: expected a non-empty list of "
+                          f"{{partition, address}} entries, got {servers!r}")
+    out: dict[int, dict[str, Any]] = {}
+    for i, entry in enumerate(servers):
+        where = f"{source}: servers[{i}]"
+        if not isinstance(entry, dict) or "partition" not in entry or "address" not in entry:
+            raise ConfigError(f"{where}: expected a mapping with partition and address, got {entry!r}")
+        p = entry["partition"]
+        if not isinstance(p, int) or p < 0:
+            raise ConfigError(f"{where}.partition: expected an integer >= 0, got {p!r}")
+        if p in out:
+            raise ConfigError(f"{where}.partition: {p} is listed twice")
+        _check(_is_address(entry["address"]), f"{where}.address", "'host:port'", entry["address"])
+        out[p] = dict(entry)
+    missing = sorted(set(range(len(out))) - set(out))
+    if missing:
+        raise ConfigError(f"{source}: servers: expected partitions 0 .. {len(out) - 1}, "
+                          f"missing {missing}")
+    return out
+
+
+def parse_peers(text: str | Sequence[str]) -> tuple[str, ...]:
+    """``"a:1,b:2"`` (or a list) as a tuple of addresses."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    return tuple(item.strip() for item in items if item.strip())

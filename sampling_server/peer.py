@@ -1,0 +1,304 @@
+"""Cross-partition work between sampling servers.
+
+* :class:`PeerServicer` answers ``PeerService``: one hop of neighbor sampling
+  (``SampleNeighbors`` -> ``NeighborSampler.sample_neighbors``) and feature/label rows
+  (``FetchNodeData`` -> ``NeighborSampler.gather_local``) for nodes this server owns,
+  streamed as chunks.
+* :class:`PeerClient` is the calling side: its :meth:`~PeerClient.neighbors` and
+  :meth:`~PeerClient.node_data` are the sampler's ``RemoteNeighbors`` and
+  ``RemoteNodeData`` callbacks. One batched call per peer per hop, peers called
+  concurrently, every call with a deadline; any failure raises
+  :class:`~protos.channel.PeerError` naming the peer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+import numpy as np
+import torch
+
+from protos import codec
+from protos import sampling_pb2 as pb
+from protos import sampling_pb2_grpc as pb_grpc
+from protos.channel import GraphfeedError, PeerError, ProtocolError, create_channel, rpc_errors
+from sampling_server.sampler import HopSample
+from sampling_server.store import (
+    PartitionStore,
+    RequestError,
+    abort_on_error,
+    cast_features,
+    decode_node_ids,
+    wire_feature_dtype,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+NodeData = tuple[torch.Tensor | None, torch.Tensor | None]
+#: Most node IDs one request carries (their tensor must fit in one message).
+MAX_NODES_PER_CALL = codec.MAX_CHUNK_BYTES // 8
+
+
+def chunk_messages(
+    make: Callable[..., T], named: Mapping[str, codec.TensorLike], chunk_bytes: int
+) -> list[T]:
+    """The stream messages (``make(chunk_index=, num_chunks=, tensors=)``) carrying
+    ``named`` in groups of at most ``chunk_bytes``."""
+    groups = list(codec.split_tensors(named, chunk_bytes))
+    return [make(chunk_index=i, num_chunks=len(groups), tensors=g) for i, g in enumerate(groups)]
+
+
+# -- serving side ----------------------------------------------------------------------
+class PeerServicer(pb_grpc.PeerServiceServicer):
+    """``PeerService``: what the other sampling servers ask of this partition."""
+
+    def __init__(self, store: PartitionStore, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES):
+        self.store = store
+        self.chunk_bytes = chunk_bytes
+
+    def SampleNeighbors(
+        self, request: pb.SampleNeighborsRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.SampleNeighborsChunk]:
+        with abort_on_error(context, "SampleNeighbors", self.store.partition_id):
+            messages = self._sample(request)
+        yield from messages
+
+    def FetchNodeData(
+        self, request: pb.FetchNodeDataRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.NodeDataChunk]:
+        with abort_on_error(context, "FetchNodeData", self.store.partition_id):
+            messages = self._fetch(request)
+        yield from messages
+
+    def _sample(self, request: pb.SampleNeighborsRequest) -> list[pb.SampleNeighborsChunk]:
+        field = "SampleNeighborsRequest"
+        self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
+        nodes = decode_node_ids(request.nodes, f"{field}.nodes")
+        self.store.check_owned(nodes, f"{field}.nodes")
+        if request.fanout < -1:
+            raise RequestError(f"{field}.fanout: expected an integer >= 0, or -1 for all "
+                               f"neighbors; got {request.fanout}")
+        if request.hop < 0:
+            raise RequestError(f"{field}.hop: expected an integer >= 0, got {request.hop}")
+        if request.weighted and not self.store.manifest.has_edge_weight:
+            raise RequestError(f"{field}.weighted: expected false, the graph has no edge weights",
+                               grpc.StatusCode.FAILED_PRECONDITION)
+        sampler = self.store.sampler(replace=request.replace, weighted=request.weighted)
+        drawn = sampler.sample_neighbors(torch.from_numpy(nodes).to(sampler.device),
+                                         request.fanout, request.random_seed, request.hop)
+        named = {"counts": drawn.counts, "neighbors": drawn.neighbors}
+        return chunk_messages(pb.SampleNeighborsChunk, named, self.chunk_bytes)
+
+    def _fetch(self, request: pb.FetchNodeDataRequest) -> list[pb.NodeDataChunk]:
+        field = "FetchNodeDataRequest"
+        self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
+        nodes = decode_node_ids(request.nodes, f"{field}.nodes")
+        self.store.check_owned(nodes, f"{field}.nodes")
+        dtype = wire_feature_dtype(request.feature_dtype, self.store.feature_dtype,
+                                   f"{field}.feature_dtype")
+        sampler = self.store.sampler()
+        x, y = sampler.gather_local(torch.from_numpy(nodes).to(sampler.device),
+                                    request.want_features, request.want_labels)
+        named: dict[str, torch.Tensor] = {}
+        if request.want_features and x is not None:
+            named["x"] = cast_features(x, dtype)
+        if request.want_labels and y is not None:
+            named["y"] = y
+        return chunk_messages(pb.NodeDataChunk, named, self.chunk_bytes)
+
+
+# -- calling side ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class PeerCallOptions:
+    """Per-stream options of the peer calls."""
+
+    #: Sample with replacement.
+    replace: bool = False
+    #: Sample in proportion to edge weights.
+    weighted: bool = False
+    #: Wire dtype of fetched features (DTYPE_UNSPECIFIED: the stored dtype).
+    feature_dtype: codec.WireDType = pb.DTYPE_UNSPECIFIED
+
+
+class PeerClient:
+    """Calls the other partitions' servers for remote frontiers and remote rows.
+
+    ``addresses[p]`` is partition ``p``'s server; this server's own entry is never
+    called. Thread-safe: every stream's sampling threads share one client. Use
+    :meth:`bind` for the ``remote``/``remote_data`` callbacks of one stream.
+    """
+
+    def __init__(
+        self, addresses: Sequence[str], own_partition: int, *, timeout: float = 30.0,
+        client_id: str = "", max_workers: int | None = None,
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout: expected seconds > 0, got {timeout}")
+        self.addresses = tuple(addresses)
+        self.own_partition = own_partition
+        #: Deadline of every call, in seconds.
+        self.timeout = timeout
+        self.client_id = client_id or f"server-{own_partition}"
+        self._channels = {p: create_channel(a) for p, a in enumerate(self.addresses)
+                          if p != own_partition}
+        self._stubs = {p: pb_grpc.PeerServiceStub(ch) for p, ch in self._channels.items()}
+        workers = max_workers or max(4, 4 * len(self._channels))
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="peer-call")
+
+    def channel(self, partition: int) -> grpc.Channel:
+        """The channel to ``partition``'s server (e.g. for health probes)."""
+        return self._channels[partition]
+
+    @property
+    def peers(self) -> list[int]:
+        """Partition IDs of the other servers."""
+        return sorted(self._channels)
+
+    def close(self) -> None:
+        """Close the channels and the call pool."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for ch in self._channels.values():
+            ch.close()
+
+    def bind(self, options: PeerCallOptions) -> BoundPeers:
+        """The callbacks of one stream, with its options."""
+        return BoundPeers(self, options)
+
+    # -- the two calls -----------------------------------------------------------------
+    def neighbors(
+        self, nodes_by_partition: Mapping[int, torch.Tensor], fanout: int, key: int, hop: int,
+        options: PeerCallOptions = PeerCallOptions(),
+    ) -> dict[int, HopSample]:
+        """One hop of sampling on each partition's nodes (``RemoteNeighbors``)."""
+        def call(p: int, nodes: np.ndarray) -> HopSample:
+            request = pb.SampleNeighborsRequest(
+                nodes=codec.encode_tensor(nodes), fanout=fanout, random_seed=key & _MASK64,
+                replace=options.replace, weighted=options.weighted, hop=hop,
+                client_id=self.client_id)
+            with self._errors(p, "SampleNeighbors"):
+                got = _receive(self._stubs[p].SampleNeighbors(request, timeout=self.timeout),
+                               {"counts", "neighbors"})
+                counts, neighbors = got["counts"], got["neighbors"]
+                _check_answer(counts.shape == (nodes.size,) and int(counts.sum()) == neighbors.numel(),
+                              f"counts {list(counts.shape)} summing to {int(counts.sum())} for "
+                              f"{nodes.size} nodes and {neighbors.numel()} neighbors")
+            return HopSample(counts=counts, neighbors=neighbors)
+
+        parts = self._run(nodes_by_partition, call)
+        return {p: HopSample(torch.cat([h.counts for h in hs]), torch.cat([h.neighbors for h in hs]))
+                for p, hs in parts.items()}
+
+    def node_data(
+        self, nodes_by_partition: Mapping[int, torch.Tensor], features: bool, labels: bool,
+        options: PeerCallOptions = PeerCallOptions(),
+    ) -> dict[int, NodeData]:
+        """Features and/or labels of each partition's nodes (``RemoteNodeData``)."""
+        if not features and not labels:
+            return {p: (None, None) for p in nodes_by_partition}
+
+        def call(p: int, nodes: np.ndarray) -> NodeData:
+            request = pb.FetchNodeDataRequest(
+                nodes=codec.encode_tensor(nodes), want_features=features, want_labels=labels,
+                feature_dtype=options.feature_dtype, client_id=self.client_id)
+            expected = {n for n, want in (("x", features), ("y", labels)) if want}
+            with self._errors(p, "FetchNodeData"):
+                got = _receive(self._stubs[p].FetchNodeData(request, timeout=self.timeout), expected)
+                x, y = got.get("x"), got.get("y")
+                _check_answer((x is None or x.shape[0] == nodes.size)
+                              and (y is None or y.shape == (nodes.size,)),
+                              f"rows {None if x is None else list(x.shape)} / "
+                              f"{None if y is None else list(y.shape)} for {nodes.size} nodes")
+            return x, y
+
+        parts = self._run(nodes_by_partition, call)
+        return {p: (_cat([x for x, _ in rows]), _cat([y for _, y in rows]))
+                for p, rows in parts.items()}
+
+    # -- plumbing --------------------------------------------------------------------
+    def _run(
+        self, nodes_by_partition: Mapping[int, torch.Tensor], call: Callable[[int, np.ndarray], T]
+    ) -> dict[int, list[T]]:
+        """``call(p, slice)`` for every partition's nodes (sliced to fit a message),
+        concurrently; the answers per partition, in slice order."""
+        jobs: list[tuple[int, np.ndarray]] = []
+        for p, nodes in nodes_by_partition.items():
+            if p not in self._stubs:
+                raise ValueError(f"nodes_by_partition: expected peer partitions {self.peers}, got {p}")
+            ids = np.ascontiguousarray(nodes.detach().cpu().numpy(), dtype=np.int64)
+            jobs.extend((p, ids[i:i + MAX_NODES_PER_CALL])
+                        for i in range(0, max(ids.size, 1), MAX_NODES_PER_CALL))
+        futures: list[Future[T]] = [self._pool.submit(call, p, ids) for p, ids in jobs[1:]]
+        results = [call(*jobs[0])] if jobs else []
+        results.extend(f.result() for f in futures)  # each call is bounded by its deadline
+        out: dict[int, list[T]] = {}
+        for (p, _), result in zip(jobs, results, strict=True):
+            out.setdefault(p, []).append(result)
+        return out
+
+    @contextmanager
+    def _errors(self, partition: int, what: str) -> Iterator[None]:
+        address = self.addresses[partition]
+        try:
+            with rpc_errors(what, address):
+                yield
+        except GraphfeedError as exc:
+            raise PeerError(f"peer partition {partition} ({address}): {exc}",
+                            partition=partition, address=address, code=exc.code,
+                            details=exc.details, what=what) from exc
+
+
+class BoundPeers:
+    """A :class:`PeerClient` with one stream's options: :attr:`neighbors` is the
+    sampler's ``remote`` callback and :attr:`node_data` its ``remote_data``."""
+
+    def __init__(self, client: PeerClient, options: PeerCallOptions):
+        self.client = client
+        self.options = options
+
+    def neighbors(self, nodes_by_partition: Mapping[int, torch.Tensor], fanout: int, key: int,
+                  hop: int) -> dict[int, HopSample]:
+        return self.client.neighbors(nodes_by_partition, fanout, key, hop, self.options)
+
+    def node_data(self, nodes_by_partition: Mapping[int, torch.Tensor], features: bool,
+                  labels: bool) -> dict[int, NodeData]:
+        return self.client.node_data(nodes_by_partition, features, labels, self.options)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _receive(
+    responses: Iterable[pb.SampleNeighborsChunk | pb.NodeDataChunk], expected: set[str]
+) -> dict[str, torch.Tensor]:
+    """Assemble one chunked answer; raises CodecError / ProtocolError when malformed."""
+    assembler = codec.TensorAssembler()
+    count, total = 0, None
+    for msg in responses:
+        if msg.chunk_index != count or msg.num_chunks < 1 or (total not in (None, msg.num_chunks)):
+            raise codec.CodecError(f"chunk_index/num_chunks: expected chunk {count} of "
+                                   f"{total or 'n'}, got {msg.chunk_index} of {msg.num_chunks}")
+        total = msg.num_chunks
+        assembler.add_all(msg.tensors)
+        count += 1
+    if total is None or count != total:
+        raise codec.CodecError(f"num_chunks: expected {total or 'at least 1'} messages, got {count}")
+    return assembler.finish_torch(expected=expected)
+
+
+def _check_answer(ok: bool, what: str) -> None:
+    if not ok:
+        raise ProtocolError(f"malformed peer answer: {what}")
+
+
+def _cat(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
+    if any(p is None for p in parts):
+        return None
+    tensors = [p for p in parts if p is not None]
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)

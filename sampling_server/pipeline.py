@@ -1,0 +1,144 @@
+"""One epoch stream: plan -> sample (ahead, bounded) -> gather -> encode -> send.
+
+A validated :class:`EpochJob` lists this server's batches of one rank. The
+:class:`SamplingPipeline` samples them on a thread pool shared by every stream, at
+most ``prefetch`` batches ahead of the one being sent: the generator submits the next
+batch only when the client takes the current one, so a slow client holds back its own
+stream (gRPC flow control) and nothing queues without bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from protos import codec
+from protos import sampling_pb2 as pb
+from protos.plan import BatchRef, EpochPlan
+from sampling_server.peer import PeerCallOptions, PeerClient
+from sampling_server.sampler import batch_key
+from sampling_server.store import PartitionStore, cast_features
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EpochJob:
+    """A validated ``EpochRequest``: what one stream samples and sends."""
+
+    #: The epoch's plan (every partition and rank).
+    plan: EpochPlan
+    #: This server's batches of :attr:`rank`, from ``resume_from`` on, in index order.
+    batches: tuple[BatchRef, ...]
+    #: int64 this partition's seeds, in the order the plan cuts them (shuffled or not).
+    seeds: np.ndarray
+    #: Fanout per hop (-1: all neighbors).
+    fanouts: tuple[int, ...]
+    #: Base random seed, epoch and rank: with the batch index they key every draw.
+    seed: int
+    epoch: int
+    rank: int
+    #: Sampling options.
+    replace: bool
+    weighted: bool
+    #: Send features / labels.
+    features: bool
+    labels: bool
+    #: Wire dtype of ``x`` (resolved: never DTYPE_UNSPECIFIED).
+    feature_dtype: codec.WireDType
+    #: The caller, for logs.
+    client_id: str = ""
+
+    @property
+    def num_batches(self) -> int:
+        """Batches of the rank's whole epoch (across all servers), as in the header."""
+        return self.plan.batches_per_rank
+
+
+class SamplingPipeline:
+    """Samples, gathers and encodes the batches of every stream of one server."""
+
+    def __init__(
+        self, store: PartitionStore, peers: PeerClient | None, *, workers: int = 2,
+        prefetch: int = 4, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        if prefetch < 1:
+            raise ValueError(f"prefetch: expected an integer >= 1, got {prefetch}")
+        self.store = store
+        self.peers = peers
+        self.prefetch = prefetch
+        self.chunk_bytes = chunk_bytes
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sample")
+
+    def close(self) -> None:
+        """Stop the workers (queued batches are dropped)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def stream(
+        self, job: EpochJob, stop: threading.Event | None = None
+    ) -> Iterator[pb.MinibatchChunk]:
+        """The messages of ``job``'s batches, in order. Setting ``stop`` (the client went
+        away) skips batches not started yet; closing the generator drops them."""
+        stop = stop or threading.Event()
+        refs = iter(job.batches)
+        pending: deque[Future[list[pb.MinibatchChunk]]] = deque()
+
+        def submit_next() -> None:
+            ref = next(refs, None)
+            if ref is not None:
+                pending.append(self._pool.submit(self._produce_unless, stop, job, ref))
+
+        try:
+            for _ in range(self.prefetch):
+                submit_next()
+            while pending:
+                messages = pending.popleft().result()  # bounded: peer calls carry deadlines
+                submit_next()  # keeps `prefetch` batches sampling while this one is sent
+                yield from messages
+        finally:
+            for future in pending:
+                future.cancel()
+
+    def _produce_unless(
+        self, stop: threading.Event, job: EpochJob, ref: BatchRef
+    ) -> list[pb.MinibatchChunk]:
+        if stop.is_set():
+            return []
+        return self.produce(job, ref)
+
+    def produce(self, job: EpochJob, ref: BatchRef) -> list[pb.MinibatchChunk]:
+        """Sample one batch, gather its rows and encode it as stream messages."""
+        started = time.perf_counter()
+        seeds = job.plan.seeds_of(self.store.partition_id, ref.part_batch, job.seeds)
+        key = batch_key(job.seed, job.epoch, job.rank, ref.index)
+        sampler = self.store.sampler(replace=job.replace, weighted=job.weighted)
+        bound = self.peers.bind(PeerCallOptions(job.replace, job.weighted, job.feature_dtype)) \
+            if self.peers is not None else None
+        out = sampler.sample(seeds, job.fanouts, key, bound.neighbors if bound else None)
+        named: dict[str, codec.TensorLike] = {"n_id": out.n_id, "edge_index": out.edge_index}
+        if job.features or job.labels:
+            x, y = sampler.gather(out.n_id, features=job.features, labels=job.labels,
+                                  remote=bound.node_data if bound else None)
+            if x is not None:
+                named["x"] = cast_features(x, job.feature_dtype)
+            if y is not None:
+                named["y"] = y
+        header = pb.MinibatchHeader(
+            num_batches=job.num_batches, num_seed_nodes=out.batch_size,
+            num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges)
+        groups = list(codec.split_tensors(named, self.chunk_bytes))
+        messages = [pb.MinibatchChunk(batch_index=ref.index, chunk_index=i, num_chunks=len(groups),
+                                      tensors=group) for i, group in enumerate(groups)]
+        messages[0].header.CopyFrom(header)
+        log.debug("partition=%d client=%s rank=%d epoch=%d batch=%d: %d seeds, %d nodes, "
+                  "%d edges, %d messages in %.1f ms", self.store.partition_id, job.client_id,
+                  job.rank, job.epoch, ref.index, out.batch_size, out.n_id.numel(),
+                  out.row.numel(), len(messages), 1e3 * (time.perf_counter() - started))
+        return messages

@@ -1,0 +1,348 @@
+"""The sampling server process: gRPC server, health, background load, shutdown.
+
+:func:`create_server` builds and binds a server (port 0 picks a free one) and returns it
+with its port, without starting it; :meth:`SamplingServer.start` starts serving at once
+and loads the partition in the background, so the health service answers
+``NOT_SERVING`` (rather than nothing) while a big partition loads. :func:`serve` is the
+process's main loop: start, wait for SIGTERM/SIGINT, set health NOT_SERVING, let
+running streams finish for ``grace`` seconds, exit.
+
+Health (``grpc.health.v1``): ``graphfeed.v1.PeerService`` is SERVING once the partition
+is loaded (what peers probe, so servers never wait on each other in a circle); the
+overall status ``""`` and ``graphfeed.v1.SamplingService`` are SERVING once the
+partition is loaded **and** every peer's PeerService answers SERVING. A background
+thread keeps probing the peers (with a deadline, backing off while one is down), so a
+lost peer turns this server NOT_SERVING too.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from types import FrameType
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from protos import sampling_pb2 as pb
+from protos.channel import GraphfeedError, rpc_errors, server_options
+from sampling_server.config import ConfigError, ServerConfig
+from sampling_server.peer import PeerClient, PeerServicer
+from sampling_server.pipeline import SamplingPipeline
+from sampling_server.servicer import SamplingServicer
+from sampling_server.store import PartitionStore
+
+log = logging.getLogger(__name__)
+
+SAMPLING_SERVICE = "graphfeed.v1.SamplingService"
+PEER_SERVICE = "graphfeed.v1.PeerService"
+#: gRPC handler threads beyond ``max_streams``: peer calls, health checks, cluster info.
+EXTRA_HANDLER_THREADS = 32
+#: Longest deadline of one peer health probe.
+MAX_PROBE_TIMEOUT_S = 5.0
+#: First wait between probes while a peer is down (doubles up to ``health_interval``).
+PROBE_BACKOFF_S = 0.1
+
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+# -- request handlers --------------------------------------------------------------------
+class MalformedRequest:
+    """What the lenient deserializer hands over for bytes that do not parse."""
+
+    def __init__(self, message_type: str, error: Exception):
+        self.message_type = message_type
+        self.error = error
+
+
+def _lenient(message_type: Any) -> Callable[[bytes], Any]:
+    """A request deserializer that turns unparsable bytes into :class:`MalformedRequest`
+    (answered INVALID_ARGUMENT), where gRPC would answer INTERNAL."""
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except Exception as exc:  # protobuf's DecodeError, or anything else it raises
+            return MalformedRequest(message_type.DESCRIPTOR.name, exc)
+    return parse
+
+
+def _guarded(method: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[..., Any]:
+    def handle(request: Any, context: grpc.ServicerContext) -> Any:
+        if isinstance(request, MalformedRequest):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"{request.message_type}: expected a serialized {request.message_type} "
+                          f"message, got bytes that do not parse ({request.error})")
+        return method(request, context)
+    return handle
+
+
+def _add_services(server: grpc.Server, sampling: SamplingServicer, peer: PeerServicer) -> None:
+    services = {
+        SAMPLING_SERVICE: {
+            "GetClusterInfo": grpc.unary_unary_rpc_method_handler(
+                _guarded(sampling.GetClusterInfo), _lenient(pb.ClusterInfoRequest),
+                pb.ClusterInfo.SerializeToString),
+            "StreamMinibatches": grpc.unary_stream_rpc_method_handler(
+                _guarded(sampling.StreamMinibatches), _lenient(pb.EpochRequest),
+                pb.MinibatchChunk.SerializeToString),
+        },
+        PEER_SERVICE: {
+            "SampleNeighbors": grpc.unary_stream_rpc_method_handler(
+                _guarded(peer.SampleNeighbors), _lenient(pb.SampleNeighborsRequest),
+                pb.SampleNeighborsChunk.SerializeToString),
+            "FetchNodeData": grpc.unary_stream_rpc_method_handler(
+                _guarded(peer.FetchNodeData), _lenient(pb.FetchNodeDataRequest),
+                pb.NodeDataChunk.SerializeToString),
+        },
+    }
+    for name, handlers in services.items():
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+        server.add_registered_method_handlers(name, handlers)
+
+
+# -- health ------------------------------------------------------------------------------
+class HealthMonitor:
+    """Keeps the health statuses true: probes the peers' PeerService in the background
+    once the partition is loaded."""
+
+    def __init__(self, servicer: health.HealthServicer, partition: int, peers: PeerClient | None,
+                 *, probe_timeout: float, interval: float) -> None:
+        self.servicer = servicer
+        self.partition = partition
+        self.peers = peers
+        self.probe_timeout = min(probe_timeout, MAX_PROBE_TIMEOUT_S)
+        self.interval = interval
+        #: Set while the overall status is SERVING.
+        self.serving = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._down: list[int] | None = None
+        for service in ("", SAMPLING_SERVICE, PEER_SERVICE):
+            servicer.set(service, _NOT_SERVING)
+
+    def loaded(self) -> None:
+        """The partition is loaded: serve peers, start probing them."""
+        self.servicer.set(PEER_SERVICE, _SERVING)
+        self._thread = threading.Thread(target=self._run, name="health-probe", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        """NOT_SERVING for good (later sets are ignored), and stop probing."""
+        self.servicer.enter_graceful_shutdown()
+        self.serving.clear()
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.probe_timeout + 1)
+
+    def _run(self) -> None:
+        backoff = PROBE_BACKOFF_S
+        while not self._stop.is_set():
+            down = self._probe()
+            self._update(down)
+            if down:
+                wait, backoff = backoff, min(2 * backoff, self.interval)
+            else:
+                wait, backoff = self.interval, PROBE_BACKOFF_S
+            self._stop.wait(wait)
+
+    def _probe(self) -> list[int]:
+        """Partition IDs of the peers whose PeerService does not answer SERVING."""
+        if self.peers is None:
+            return []
+        request = health_pb2.HealthCheckRequest(service=PEER_SERVICE)
+        calls = {p: health_pb2_grpc.HealthStub(self.peers.channel(p)).Check.future(
+                     request, timeout=self.probe_timeout) for p in self.peers.peers}
+        down = []
+        for p, call in calls.items():
+            try:
+                with rpc_errors("Health.Check", self.peers.addresses[p]):
+                    ok = call.result().status == _SERVING
+            except GraphfeedError as exc:
+                ok = False
+                log.debug("partition=%d: peer probe failed: %s", self.partition, exc)
+            if not ok:
+                down.append(p)
+        return down
+
+    def _update(self, down: list[int]) -> None:
+        status = _NOT_SERVING if down else _SERVING
+        for service in ("", SAMPLING_SERVICE):
+            self.servicer.set(service, status)
+        if down:
+            self.serving.clear()
+        else:
+            self.serving.set()
+        if down != self._down:
+            if down:
+                assert self.peers is not None
+                names = ", ".join(f"{p} ({self.peers.addresses[p]})" for p in down)
+                log.warning("partition=%d: NOT_SERVING: waiting for peer partitions %s",
+                            self.partition, names)
+            else:
+                log.info("partition=%d: SERVING (partition loaded, %d peers reachable)",
+                         self.partition, len(self.peers.peers) if self.peers else 0)
+            self._down = down
+
+
+# -- the server ----------------------------------------------------------------------------
+class SamplingServer(grpc.Server):
+    """A bound sampling server (a ``grpc.Server``): :meth:`start` serves and loads the
+    partition in the background; :meth:`stop` drains and releases everything."""
+
+    def __init__(self, config: ServerConfig, store: PartitionStore, server: grpc.Server,
+                 port: int) -> None:
+        self.config = config
+        self.store = store
+        #: The bound port.
+        self.port = port
+        #: Set when the process should shut down (a signal, or the partition failed to load).
+        self.shutdown_requested = threading.Event()
+        self._grpc = server
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        self.pipeline = SamplingPipeline(store, None, workers=config.workers,
+                                         prefetch=config.prefetch, chunk_bytes=config.chunk_bytes)
+        _add_services(server, SamplingServicer(store, self.pipeline, config.max_streams),
+                      PeerServicer(store, config.chunk_bytes))
+        self.monitor: HealthMonitor | None = None
+        self.peers: PeerClient | None = None
+        self._started = False
+        self._stopped = threading.Event()
+
+    def set_peers(self, peers: Sequence[str]) -> None:
+        """Set every partition's address (e.g. once all test servers know their ports);
+        only before :meth:`start`."""
+        if self._started:
+            raise RuntimeError("set_peers: the server has started")
+        self.store.set_peers(tuple(peers))
+
+    def start(self) -> None:
+        if self._started:
+            raise RuntimeError("start: the server has started already")
+        self._started = True
+        addresses = self.store.peer_addresses
+        if len(addresses) > 1:
+            self.peers = PeerClient(addresses, self.store.partition_id,
+                                    timeout=self.config.peer_timeout)
+            self.pipeline.peers = self.peers
+        self.monitor = HealthMonitor(self._health, self.store.partition_id, self.peers,
+                                     probe_timeout=self.config.peer_timeout,
+                                     interval=self.config.health_interval)
+        self._grpc.start()
+        log.info("partition=%d: listening on port %d (bound to %s); loading %s",
+                 self.store.partition_id, self.port, self.config.listen.rsplit(":", 1)[0],
+                 self.config.partition_dir)
+        threading.Thread(target=self._load, name="partition-load", daemon=True).start()
+
+    def _load(self) -> None:
+        try:
+            self.store.load()
+        except Exception:
+            log.exception("partition=%d: failed to load %s; health stays NOT_SERVING",
+                          self.store.partition_id, self.config.partition_dir)
+            self.shutdown_requested.set()
+            return
+        if self.monitor is not None and not self._stopped.is_set():
+            self.monitor.loaded()
+
+    def wait_until_loaded(self, timeout: float | None = None) -> bool:
+        """Wait until the partition is loaded; False on timeout or failure."""
+        return self.store.wait_loaded(timeout)
+
+    def wait_until_serving(self, timeout: float | None = None) -> bool:
+        """Wait until health is SERVING (loaded, peers reachable); False on timeout."""
+        return self.monitor is not None and self.monitor.serving.wait(timeout)
+
+    def stop(self, grace: float | None) -> threading.Event:
+        """Health NOT_SERVING, refuse new calls, give running ones ``grace`` seconds
+        (None: cancel them now), then release the worker pools and channels. The event
+        is set once everything is released."""
+        done = threading.Event()
+        if self.monitor is not None:
+            self.monitor.shutdown()
+        self._stopped.set()
+        stopped = self._grpc.stop(grace)
+
+        def release() -> None:
+            stopped.wait()
+            self.pipeline.close()
+            if self.peers is not None:
+                self.peers.close()
+            done.set()
+
+        threading.Thread(target=release, name="server-release", daemon=True).start()
+        return done
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        return self._grpc.wait_for_termination(timeout)
+
+    def add_generic_rpc_handlers(self, generic_rpc_handlers: Any) -> None:
+        self._grpc.add_generic_rpc_handlers(generic_rpc_handlers)
+
+    def add_registered_method_handlers(self, service_name: str, method_handlers: Any) -> None:
+        self._grpc.add_registered_method_handlers(service_name, method_handlers)
+
+    def add_insecure_port(self, address: str) -> int:
+        return self._grpc.add_insecure_port(address)
+
+    def add_secure_port(self, address: str, server_credentials: grpc.ServerCredentials) -> int:
+        return self._grpc.add_secure_port(address, server_credentials)
+
+
+def _advertised(listen: str, port: int) -> str:
+    host = listen.rsplit(":", 1)[0]
+    if host in ("0.0.0.0", "[::]", "::", ""):
+        host = socket.getfqdn()
+    return f"{host}:{port}"
+
+
+def create_server(config: ServerConfig) -> tuple[SamplingServer, int]:
+    """Build and bind the server of ``config`` (not started). Returns it and the bound
+    port (``listen`` may say port 0). Reads the manifest at once, so a wrong directory,
+    partition ID or peer list fails here, before anything listens."""
+    store = PartitionStore(config)
+    threads = config.max_streams + EXTRA_HANDLER_THREADS
+    grpc_server = grpc.server(ThreadPoolExecutor(threads, thread_name_prefix="grpc"),
+                              options=server_options())
+    try:
+        port = grpc_server.add_insecure_port(config.listen)
+    except RuntimeError as exc:
+        raise ConfigError(f"listen: cannot bind {config.listen} ({exc}); is the port taken?") from exc
+    if port == 0:
+        raise ConfigError(f"listen: cannot bind {config.listen}; is the port taken?")
+    if not config.peers and store.manifest.num_partitions == 1:
+        store.set_peers((_advertised(config.listen, port),))
+    return SamplingServer(config, store, grpc_server, port), port
+
+
+def serve(config: ServerConfig) -> int:
+    """Run a server until SIGTERM/SIGINT; returns the exit code (0 after a clean drain,
+    1 when the partition failed to load). A second signal cancels running streams."""
+    server, _ = create_server(config)
+    signals = 0
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal signals
+        signals += 1
+        name = signal.Signals(signum).name
+        if signals == 1:
+            log.info("partition=%d: %s: draining (grace %g s)", config.partition, name, config.grace)
+            server.shutdown_requested.set()
+        else:
+            log.warning("partition=%d: %s again: cancelling running streams", config.partition, name)
+            server._grpc.stop(0)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    server.start()
+    server.shutdown_requested.wait()
+    failed = server.store.load_error is not None
+    server.stop(config.grace).wait()
+    log.info("partition=%d: stopped", config.partition)
+    return 1 if failed else 0

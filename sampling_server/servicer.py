@@ -1,0 +1,168 @@
+"""``SamplingService``: what trainers call. Thin: validate the request into an
+:class:`~sampling_server.pipeline.EpochJob` (:func:`epoch_job`), hand it to the
+pipeline, stream the messages. Every failure becomes a status naming the problem, and
+the server goes on serving other calls."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+
+from partitioner.graph import SPLITS
+from protos import sampling_pb2 as pb
+from protos import sampling_pb2_grpc as pb_grpc
+from protos.plan import plan_epoch, shuffled_seeds
+from sampling_server.pipeline import EpochJob, SamplingPipeline
+from sampling_server.store import (
+    PartitionStore,
+    RequestError,
+    abort_on_error,
+    decode_node_ids,
+    wire_feature_dtype,
+)
+
+log = logging.getLogger(__name__)
+
+_FIELD = "EpochRequest"
+_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
+
+
+def _require(ok: bool, field: str, expected: str, got: object) -> None:
+    if not ok:
+        raise RequestError(f"{_FIELD}.{field}: expected {expected}, got {got}")
+
+
+def check_epoch_request(request: pb.EpochRequest) -> None:
+    """Field checks that need no partition: fanouts, sizes, rank, epoch, resume."""
+    fanouts = list(request.fanouts)
+    _require(bool(fanouts), "fanouts", "at least one hop", "[]")
+    _require(all(f >= -1 for f in fanouts), "fanouts",
+             "integers >= 0, or -1 for all neighbors", fanouts)
+    _require(request.batch_size > 0, "batch_size", "> 0", request.batch_size)
+    _require(request.world_size > 0, "world_size", "> 0", request.world_size)
+    _require(0 <= request.rank < request.world_size, "rank",
+             f"an integer in [0, {request.world_size})", request.rank)
+    _require(request.epoch >= 0, "epoch", ">= 0", request.epoch)
+    _require(request.resume_from >= 0, "resume_from", ">= 0", request.resume_from)
+
+
+def seeds_by_partition(request: pb.EpochRequest, store: PartitionStore) -> tuple[list[int], np.ndarray]:
+    """Seeds per partition (counts every server agrees on) and this partition's seeds.
+
+    A split's counts come from the manifest; explicit seeds (global IDs anywhere in the
+    graph, each once) are split by owner through the partition book, keeping their
+    order, so every server given the same seeds computes the same plan.
+    """
+    source = request.WhichOneof("seeds_source")
+    if source is None:
+        raise RequestError(f"{_FIELD}.seeds_source: expected a split name or explicit seeds, "
+                           "got neither")
+    if source == "split":
+        split = request.split
+        _require(split in SPLITS, "split", f"one of {list(SPLITS)}", repr(split))
+        if not store.has_split(split):
+            raise RequestError(f"{_FIELD}.split: the graph has no {split!r} split", _PRECONDITION)
+        return store.split_counts(split), store.split_seeds(split)
+    seeds = decode_node_ids(request.seeds, f"{_FIELD}.seeds")
+    n = store.manifest.num_nodes
+    _require(seeds.size > 0, "seeds", "at least one node ID", "an empty tensor")
+    lo, hi = int(seeds.min()), int(seeds.max())
+    _require(lo >= 0 and hi < n, "seeds", f"global node IDs in [0, {n})",
+             f"values in [{lo}, {hi}]")
+    uniq, counts = np.unique(seeds, return_counts=True)
+    if uniq.size != seeds.size:
+        raise RequestError(f"{_FIELD}.seeds: expected each node ID once, got "
+                           f"{seeds.size - uniq.size} repeats (e.g. {int(uniq[counts > 1][0])})")
+    owner = store.owner_of(seeds)
+    per_part = np.bincount(owner, minlength=store.manifest.num_partitions)
+    return [int(c) for c in per_part], seeds[owner == store.partition_id]
+
+
+def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
+    """Validate ``request`` against the partition and plan this server's share of the
+    rank's epoch. Raises :class:`RequestError` naming the field."""
+    check_epoch_request(request)
+    dtype = wire_feature_dtype(request.feature_dtype, store.feature_dtype,
+                               f"{_FIELD}.feature_dtype")
+    opts = request.sampling
+    if opts.weighted and not store.manifest.has_edge_weight:
+        raise RequestError(f"{_FIELD}.sampling.weighted: expected false, the graph has no edge "
+                           "weights (ClusterInfo.has_edge_weights)", _PRECONDITION)
+    counts, mine = seeds_by_partition(request, store)
+    try:
+        plan = plan_epoch(counts, request.batch_size, request.world_size,
+                          shuffle=request.shuffle, seed=request.seed, epoch=request.epoch,
+                          drop_last=request.drop_last)
+    except ValueError as exc:
+        raise RequestError(f"{_FIELD}.{exc}") from exc
+    if request.resume_from > plan.batches_per_rank:
+        raise RequestError(f"{_FIELD}.resume_from: expected at most {plan.batches_per_rank} (the "
+                           f"batches per rank of this epoch), got {request.resume_from}",
+                           _PRECONDITION)
+    refs = tuple(b for b in plan.rank_batches(request.rank)
+                 if b.partition == store.partition_id and b.index >= request.resume_from)
+    seeds = shuffled_seeds(mine, shuffle=request.shuffle, seed=request.seed,
+                           epoch=request.epoch, partition=store.partition_id)
+    return EpochJob(plan=plan, batches=refs, seeds=seeds, fanouts=tuple(request.fanouts),
+                    seed=request.seed, epoch=request.epoch, rank=request.rank,
+                    replace=opts.replace, weighted=opts.weighted,
+                    features=request.include_features, labels=request.include_labels,
+                    feature_dtype=dtype, client_id=request.client_id)
+
+
+class SamplingServicer(pb_grpc.SamplingServiceServicer):
+    """``SamplingService``: cluster facts and epoch streams."""
+
+    def __init__(self, store: PartitionStore, pipeline: SamplingPipeline, max_streams: int = 32):
+        self.store = store
+        self.pipeline = pipeline
+        self.max_streams = max_streams
+        self._slots = threading.BoundedSemaphore(max_streams)
+
+    def GetClusterInfo(
+        self, request: pb.ClusterInfoRequest, context: grpc.ServicerContext
+    ) -> pb.ClusterInfo:
+        with abort_on_error(context, "GetClusterInfo", self.store.partition_id):
+            info = self.store.cluster_info()
+        log.debug("partition=%d client=%s: cluster info", self.store.partition_id,
+                  request.client_id)
+        return info
+
+    def StreamMinibatches(
+        self, request: pb.EpochRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.MinibatchChunk]:
+        p = self.store.partition_id
+        with abort_on_error(context, "StreamMinibatches", p):
+            self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
+            job = epoch_job(request, self.store)
+            if not self._slots.acquire(blocking=False):
+                raise RequestError(f"StreamMinibatches: this server already serves {self.max_streams} "
+                                   "streams (--max-streams); retry later",
+                                   grpc.StatusCode.RESOURCE_EXHAUSTED)
+        fields = (f"partition={p} client={job.client_id or '-'} rank={job.rank}/{request.world_size} "
+                  f"epoch={job.epoch}")
+        started, sent = time.perf_counter(), 0
+        try:
+            stop = threading.Event()
+            if not context.add_callback(stop.set):  # the call has ended already
+                stop.set()
+            log.info("%s: stream start: %d of %d batches here, resume_from=%d", fields,
+                     len(job.batches), job.num_batches, request.resume_from)
+            # Response headers commit the call: a stream that fails after this point (a
+            # peer lost mid-epoch) is not replayed by the client's channel retry policy;
+            # the trainer resumes it from the next batch it lacks instead.
+            context.send_initial_metadata(())
+            with abort_on_error(context, f"StreamMinibatches ({fields})", p):
+                for message in self.pipeline.stream(job, stop):
+                    sent += message.chunk_index == 0
+                    yield message
+        finally:
+            self._slots.release()
+            state = "done" if sent == len(job.batches) else "ended early"
+            log.info("%s: stream %s: %d batches sent in %.2f s", fields, state, sent,
+                     time.perf_counter() - started)

@@ -1,0 +1,261 @@
+"""The partition a server holds: manifest facts (read at once), the validated partition
+and its samplers (loaded once the port is bound, see :meth:`PartitionStore.load`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import metadata
+from typing import cast
+
+import grpc
+import numpy as np
+import torch
+
+from partitioner.format import Manifest, Partition, Verify, load_partition, read_manifest
+from partitioner.graph import SPLITS
+from protos import codec
+from protos import sampling_pb2 as pb
+from protos.channel import PeerError
+from sampling_server.config import ConfigError, ServerConfig
+from sampling_server.sampler import NeighborSampler, create_sampler
+
+log = logging.getLogger(__name__)
+
+#: Feature dtypes a request may ask for on the wire (UNSPECIFIED: the stored one).
+FEATURE_WIRE_DTYPES: tuple[codec.WireDType, ...] = (pb.DTYPE_UNSPECIFIED, pb.FLOAT32, pb.FLOAT16, pb.BFLOAT16)
+
+
+def server_version() -> str:
+    """The installed graphfeed version (``0+unknown`` when not installed)."""
+    try:
+        return metadata.version("graphfeed")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+class NotLoaded(RuntimeError):
+    """The partition is not loaded (yet, or its load failed)."""
+
+
+class PartitionStore:
+    """One partition and its samplers.
+
+    Construction reads and checks the manifest only (fast), so a bad directory, partition
+    ID or peer list fails before the server binds its port. :meth:`load` does the slow
+    part (file checks, memory maps, sampler set-up); samplers for the other sampling
+    options (with replacement, weighted) are created on first use.
+    """
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        #: The partitioned graph's manifest.
+        self.manifest: Manifest = read_manifest(config.partition_dir)
+        m = self.manifest
+        if config.partition >= m.num_partitions:
+            raise ConfigError(f"partition: expected an ID in [0, {m.num_partitions}) for "
+                              f"{config.partition_dir}, got {config.partition}")
+        if config.peers and len(config.peers) != m.num_partitions:
+            raise ConfigError(f"peers: expected {m.num_partitions} addresses (one per partition, "
+                              f"this server's own included), got {len(config.peers)}")
+        self.partition_id = config.partition
+        #: int64 ``[P+1]`` partition book.
+        self.partition_book = np.asarray(m.partition_book, dtype=np.int64)
+        #: ``[start, stop)`` of the owned global IDs.
+        self.node_range = (int(m.partition_book[self.partition_id]),
+                           int(m.partition_book[self.partition_id + 1]))
+        #: Stored feature dtype on the wire.
+        self.feature_dtype = codec.numpy_to_dtype(np.dtype(m.feature_dtype))
+        self._partition: Partition | None = None
+        self._samplers: dict[tuple[bool, bool], NeighborSampler] = {}
+        self._lock = threading.Lock()
+        self._loaded = threading.Event()
+        #: Why the load failed (None while loading or once loaded).
+        self.load_error: BaseException | None = None
+
+    # -- loading ---------------------------------------------------------------------
+    def load(self) -> None:
+        """Load and validate the partition and create the default sampler. Records the
+        error (and re-raises) when it fails."""
+        started = time.perf_counter()
+        try:
+            part = load_partition(self.config.partition_dir, self.partition_id,
+                                  mmap=self.config.mmap,
+                                  verify=cast(Verify, self.config.verify))
+            sampler = create_sampler(part, self.config.device, topology=self.config.topology)
+        except BaseException as exc:
+            self.load_error = exc
+            raise
+        with self._lock:
+            self._partition = part
+            self._samplers[(False, False)] = sampler
+        self._loaded.set()
+        log.info("partition=%d: loaded in %.2f s: %d nodes, %d in-edges, sampling on %s",
+                 self.partition_id, time.perf_counter() - started, part.num_nodes,
+                 part.num_edges, self.device)
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded.is_set()
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        """Wait until the partition is loaded; False on timeout."""
+        return self._loaded.wait(timeout)
+
+    @property
+    def partition(self) -> Partition:
+        if self._partition is None:
+            raise NotLoaded(self._not_loaded_reason())
+        return self._partition
+
+    def _not_loaded_reason(self) -> str:
+        if self.load_error is not None:
+            return (f"partition {self.partition_id} failed to load: "
+                    f"{type(self.load_error).__name__}: {self.load_error}")
+        return f"partition {self.partition_id} is still loading"
+
+    def sampler(self, *, replace: bool = False, weighted: bool = False) -> NeighborSampler:
+        """The sampler for these options (created on first use; thread-safe)."""
+        key = (bool(replace), bool(weighted))
+        with self._lock:
+            found = self._samplers.get(key)
+        if found is not None:
+            return found
+        part = self.partition
+        if weighted and part.edge_weight is None:
+            raise ValueError("weighted: the partition has no edge weights")
+        with self._lock:
+            if key not in self._samplers:
+                self._samplers[key] = create_sampler(part, self.config.device, replace=replace,
+                                                     weighted=weighted,
+                                                     topology=self.config.topology)
+            return self._samplers[key]
+
+    # -- facts -----------------------------------------------------------------------
+    @property
+    def device(self) -> str:
+        """The sampling device, e.g. ``cpu`` or ``cuda:0``."""
+        dev = self.sampler().device
+        if dev.type == "cuda" and dev.index is None:
+            return f"cuda:{torch.cuda.current_device()}"
+        return str(dev)
+
+    @property
+    def peer_addresses(self) -> tuple[str, ...]:
+        """Every partition's server address, indexed by partition ID."""
+        if not self.config.peers:
+            raise ConfigError(f"peers: the graph has {self.manifest.num_partitions} partitions; "
+                              "give every server's address (--peers or --cluster)")
+        return self.config.peers
+
+    def split_counts(self, split: str) -> list[int]:
+        """Seeds of ``split`` owned by each partition (the manifest's split sizes)."""
+        return [int(p.split_sizes.get(split, 0)) for p in self.manifest.partitions]
+
+    def has_split(self, split: str) -> bool:
+        return any(split in p.split_sizes for p in self.manifest.partitions)
+
+    def split_seeds(self, split: str) -> np.ndarray:
+        """Global IDs of this partition's seeds of ``split`` (empty when absent)."""
+        ids = self.partition.splits.get(split)
+        return np.asarray(ids, dtype=np.int64) if ids is not None else np.empty(0, np.int64)
+
+    def owner_of(self, nodes: np.ndarray) -> np.ndarray:
+        """Partition ID of each global node ID."""
+        return np.searchsorted(self.partition_book, nodes, side="right") - 1
+
+    def cluster_info(self) -> pb.ClusterInfo:
+        """The facts every trainer and peer share (see ``ClusterInfo``)."""
+        m = self.manifest
+        sizes = [pb.SplitSizes(**{s: int(p.split_sizes.get(s, 0)) for s in SPLITS})
+                 for p in m.partitions]
+        return pb.ClusterInfo(
+            format_version=m.format_version, graph_name=m.graph_name, num_nodes=m.num_nodes,
+            num_edges=m.num_edges, partition_book=list(m.partition_book),
+            partition_id=self.partition_id, num_partitions=m.num_partitions,
+            feature_dim=m.feature_dim, feature_dtype=self.feature_dtype,
+            num_classes=m.num_classes, split_sizes=sizes,
+            peer_addresses=list(self.peer_addresses), has_edge_weights=m.has_edge_weight,
+            server_version=server_version(), device=self.device, label_dtype=pb.INT64,
+        )
+
+    def check_owned(self, nodes: np.ndarray, field: str) -> None:
+        """Raise :class:`RequestError` naming ``field`` unless every ID is owned here."""
+        start, stop = self.node_range
+        if nodes.size and (int(nodes.min()) < start or int(nodes.max()) >= stop):
+            raise RequestError(
+                f"{field}: expected global node IDs owned by partition {self.partition_id}, in "
+                f"[{start}, {stop}); got values in [{int(nodes.min())}, {int(nodes.max())}]")
+
+    def set_peers(self, peers: tuple[str, ...]) -> None:
+        """Set every partition's server address (before the server starts)."""
+        if len(peers) != self.manifest.num_partitions:
+            raise ConfigError(f"peers: expected {self.manifest.num_partitions} addresses (one per "
+                              f"partition, this server's own included), got {len(peers)}")
+        self.config = self.config.replace(peers=tuple(peers))
+
+
+# -- requests ---------------------------------------------------------------------------
+class RequestError(Exception):
+    """A request cannot be served; ``code`` is the gRPC status to answer with and the
+    message names the field, what was expected and what was received."""
+
+    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT):
+        super().__init__(message)
+        self.code = code
+
+
+def decode_node_ids(msg: pb.Tensor, field: str) -> np.ndarray:
+    """A request's 1-d INT64 node-ID tensor as an owned int64 array."""
+    try:
+        ids = codec.decode_tensor(msg, writable=True)
+    except codec.CodecError as exc:
+        raise RequestError(f"{field}: {exc}") from exc
+    if msg.dtype != pb.INT64 or ids.ndim != 1:
+        raise RequestError(f"{field}: expected a 1-d int64 tensor of node IDs, got "
+                           f"{codec.dtype_name(msg.dtype)} of shape {list(ids.shape)}")
+    return ids
+
+
+def wire_feature_dtype(
+    requested: int, stored: codec.WireDType, field: str
+) -> codec.WireDType:
+    """The dtype features travel in: ``requested``, or ``stored`` when unspecified."""
+    if requested not in FEATURE_WIRE_DTYPES:
+        names = [codec.dtype_name(d) for d in FEATURE_WIRE_DTYPES[1:]]
+        raise RequestError(f"{field}: expected one of {names} or dtype_unspecified (the stored "
+                           f"dtype), got {codec.dtype_name(requested)}")
+    return stored if requested == pb.DTYPE_UNSPECIFIED else cast(codec.WireDType, requested)
+
+
+def cast_features(x: torch.Tensor, dtype: int) -> torch.Tensor:
+    """Features in the wire ``dtype`` (no copy when they already are)."""
+    return x.to(codec.dtype_to_torch(dtype))
+
+
+@contextmanager
+def abort_on_error(context: grpc.ServicerContext, what: str, partition: int) -> Iterator[None]:
+    """Answer a failure inside the block with the right status, naming the problem:
+    a bad request its own code, a partition not loaded UNAVAILABLE, a lost peer
+    UNAVAILABLE, anything else INTERNAL (logged with its traceback). The server goes on
+    serving other calls."""
+    try:
+        yield
+    except RequestError as exc:
+        log.info("%s rejected: %s: %s", what, exc.code.name, exc)
+        context.abort(exc.code, str(exc))
+    except NotLoaded as exc:
+        context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+    except PeerError as exc:
+        log.warning("%s failed on partition %d: %s", what, partition, exc)
+        lost = exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                            grpc.StatusCode.CANCELLED)
+        code = grpc.StatusCode.UNAVAILABLE if lost else grpc.StatusCode.INTERNAL
+        context.abort(code, f"{what} on partition {partition}: {exc}")
+    except Exception as exc:
+        log.exception("%s failed on partition %d", what, partition)
+        context.abort(grpc.StatusCode.INTERNAL,
+                      f"{what} on partition {partition} failed: {type(exc).__name__}: {exc}")

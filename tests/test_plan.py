@@ -1,0 +1,158 @@
+"""The epoch plan (protos/plan.py) that servers and trainers compute independently:
+equal batch counts on every rank, every seed exactly once per epoch, determinism,
+shuffling by epoch, and clear errors."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from protos.plan import EpochPlan, plan_epoch, shuffled_seeds
+
+COUNTS = [[10], [0, 10], [7, 0, 3], [100, 1], [33, 34, 35], [5, 5, 5, 5], [1000, 17, 250],
+          [1, 1, 1], [64, 64]]
+BATCH_SIZES = [1, 3, 8, 64]
+WORLD_SIZES = [1, 2, 3, 4, 7]
+CASES = list(itertools.product(range(len(COUNTS)), BATCH_SIZES, WORLD_SIZES, [False, True]))
+
+
+def _seeds(counts: list[int]) -> list[np.ndarray]:
+    """Distinct global IDs per partition (contiguous ranges, as the partition book gives)."""
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    return [np.arange(starts[p], starts[p] + c, dtype=np.int64) for p, c in enumerate(counts)]
+
+
+def _plan(counts: list[int], batch: int, world: int, drop_last: bool, *, shuffle: bool = True,
+          seed: int = 1, epoch: int = 0) -> EpochPlan | None:
+    try:
+        return plan_epoch(counts, batch, world, shuffle=shuffle, seed=seed, epoch=epoch,
+                          drop_last=drop_last)
+    except ValueError as exc:
+        # Refused only when equal counts would need more batches than there are seeds
+        # (each batch holds at least one seed and at most `batch`): never made uneven.
+        batches = sum(-(-c // batch) for c in counts)
+        assert not drop_last and -(-batches // world) * world > sum(counts), exc
+        assert "world_size" in str(exc)
+        return None
+
+
+def _epoch_seeds(plan: EpochPlan, counts: list[int], shuffle: bool, seed: int, epoch: int,
+                 world: int) -> list[list[np.ndarray]]:
+    """Per rank, the seeds of each of its batches, cut as a server cuts them."""
+    parts = [shuffled_seeds(s, shuffle=shuffle, seed=seed, epoch=epoch, partition=p)
+             for p, s in enumerate(_seeds(counts))]
+    return [[plan.seeds_of(b.partition, b.part_batch, parts[b.partition])
+             for b in plan.rank_batches(r)] for r in range(world)]
+
+
+@pytest.mark.parametrize(("ci", "batch", "world", "drop_last"), CASES)
+def test_every_rank_gets_the_same_number_of_batches(ci: int, batch: int, world: int,
+                                                    drop_last: bool) -> None:
+    counts = COUNTS[ci]
+    plan = _plan(counts, batch, world, drop_last)
+    if plan is None:
+        return
+    lengths = {len(plan.rank_batches(r)) for r in range(world)}
+    assert lengths == {plan.batches_per_rank}
+    assert [b.index for b in plan.rank_batches(world - 1)] == list(range(plan.batches_per_rank))
+    per_rank = _epoch_seeds(plan, counts, True, 1, 0, world)
+    sizes = [s.size for rank in per_rank for s in rank]
+    assert all(1 <= s <= batch for s in sizes)
+    if drop_last:
+        assert all(s == batch for s in sizes)
+
+
+@pytest.mark.parametrize(("ci", "batch", "world"),
+                         list(itertools.product(range(len(COUNTS)), BATCH_SIZES, WORLD_SIZES)))
+def test_every_seed_exactly_once_per_epoch(ci: int, batch: int, world: int) -> None:
+    counts = COUNTS[ci]
+    plan = _plan(counts, batch, world, drop_last=False)
+    if plan is None:
+        return
+    got = np.concatenate([s for rank in _epoch_seeds(plan, counts, True, 1, 0, world)
+                          for s in rank])
+    assert np.array_equal(np.sort(got), np.arange(sum(counts)))
+
+
+@pytest.mark.parametrize(("ci", "batch", "world"),
+                         list(itertools.product(range(len(COUNTS)), BATCH_SIZES, WORLD_SIZES)))
+def test_drop_last_drops_only_what_it_must(ci: int, batch: int, world: int) -> None:
+    counts = COUNTS[ci]
+    plan = _plan(counts, batch, world, drop_last=True)
+    assert plan is not None
+    got = np.concatenate([np.empty(0, np.int64)] + [
+        s for rank in _epoch_seeds(plan, counts, True, 1, 0, world) for s in rank])
+    assert np.unique(got).size == got.size  # never a seed twice
+    full = sum(c // batch for c in counts)
+    assert plan.batches_per_rank == full // world  # only the remainder is dropped
+
+
+def test_batches_stay_in_their_partition() -> None:
+    counts = [37, 12, 90]
+    plan = plan_epoch(counts, 8, 3, shuffle=True, seed=5, epoch=2)
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    for rank in range(3):
+        parts = [shuffled_seeds(s, shuffle=True, seed=5, epoch=2, partition=p)
+                 for p, s in enumerate(_seeds(counts))]
+        for b in plan.rank_batches(rank):
+            seeds = plan.seeds_of(b.partition, b.part_batch, parts[b.partition])
+            assert seeds.min() >= bounds[b.partition] and seeds.max() < bounds[b.partition + 1]
+
+
+def test_plan_is_deterministic() -> None:
+    a = plan_epoch([50, 70], 8, 4, shuffle=True, seed=11, epoch=3)
+    b = plan_epoch([50, 70], 8, 4, shuffle=True, seed=11, epoch=3)
+    assert a == b
+    seeds = np.arange(50)
+    assert np.array_equal(shuffled_seeds(seeds, shuffle=True, seed=11, epoch=3, partition=0),
+                          shuffled_seeds(seeds, shuffle=True, seed=11, epoch=3, partition=0))
+
+
+def test_shuffle_changes_with_epoch_and_seed() -> None:
+    seeds = np.arange(200)
+    base = plan_epoch([100, 100], 4, 2, shuffle=True, seed=1, epoch=0)
+    assert plan_epoch([100, 100], 4, 2, shuffle=True, seed=1, epoch=1).order != base.order
+    assert plan_epoch([100, 100], 4, 2, shuffle=True, seed=2, epoch=0).order != base.order
+    s0 = shuffled_seeds(seeds, shuffle=True, seed=1, epoch=0, partition=0)
+    s1 = shuffled_seeds(seeds, shuffle=True, seed=1, epoch=1, partition=0)
+    other = shuffled_seeds(seeds, shuffle=True, seed=1, epoch=0, partition=1)
+    assert not np.array_equal(s0, s1) and not np.array_equal(s0, other)
+    assert np.array_equal(np.sort(s0), seeds)
+
+
+def test_without_shuffle_order_is_round_robin_and_seeds_keep_their_order() -> None:
+    plan = plan_epoch([4, 4], 2, 1, shuffle=False, seed=0, epoch=0)
+    assert plan.order == ((0, 0), (1, 0), (0, 1), (1, 1))
+    seeds = np.array([9, 3, 7, 1])
+    assert np.array_equal(shuffled_seeds(seeds, shuffle=False, seed=0, epoch=5, partition=0), seeds)
+    assert plan == plan_epoch([4, 4], 2, 1, shuffle=False, seed=3, epoch=9)
+
+
+def test_uneven_partitions_are_split_not_padded() -> None:
+    # 3 batches of <= 4 from 10 seeds for 2 ranks: one batch is split to make 4.
+    plan = plan_epoch([10], 4, 2, shuffle=False, seed=0, epoch=0)
+    assert plan.batches_per_rank == 2
+    assert sorted(plan.sizes[0]) == [2, 2, 3, 3]
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"batch_size": 0}, "batch_size"),
+    ({"batch_size": -3}, "batch_size"),
+    ({"world_size": 0}, "world_size"),
+    ({"world_size": 5, "counts": [2, 2]}, "world_size"),
+])
+def test_bad_arguments_name_the_field(kwargs: dict[str, object], field: str) -> None:
+    args: dict[str, object] = {"counts": [10, 10], "batch_size": 4, "world_size": 2}
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=field):
+        plan_epoch(args["counts"], args["batch_size"], args["world_size"],  # type: ignore[arg-type]
+                   shuffle=True, seed=0, epoch=0)
+
+
+def test_no_seeds_gives_an_empty_epoch_on_every_rank() -> None:
+    plan = plan_epoch([0, 0], 4, 3, shuffle=True, seed=0, epoch=0)
+    assert plan.batches_per_rank == 0
+    assert all(plan.rank_batches(r) == [] for r in range(3))
+    assert plan_epoch([3, 2], 4, 2, shuffle=True, seed=0, epoch=0, drop_last=True).batches_per_rank == 0

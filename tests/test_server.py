@@ -1,0 +1,671 @@
+"""The sampling server end to end: two in-process servers (each the other's peer) on
+loopback ports serving the ``small`` synthetic graph in 2 partitions, spoken to with raw
+gRPC stubs and the codec's TensorAssembler, as a trainer would."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from partitioner.format import load_node_map, read_manifest
+from partitioner.graph import GraphData
+from partitioner.partition import partition_graph
+from partitioner.synthetic import generate
+from protos import codec
+from protos import sampling_pb2 as pb
+from protos import sampling_pb2_grpc as pb_grpc
+from protos.channel import PeerError, create_channel, server_options
+from sampling_server import cli
+from sampling_server.config import ConfigError, ServerConfig, config_from_cluster
+from sampling_server.peer import PeerClient
+from sampling_server.pipeline import SamplingPipeline
+from sampling_server.server import PEER_SERVICE, SamplingServer, create_server
+from sampling_server.servicer import epoch_job
+from sampling_server.store import PartitionStore
+
+FANOUTS = [5, 3]
+TIMEOUT = 30.0
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+# -- fixtures -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def graph() -> GraphData:
+    return generate("small", progress=False)
+
+
+@pytest.fixture(scope="module")
+def parts2(graph: GraphData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("small-2")
+    partition_graph(graph, 2, root, method="range", progress=False, overwrite=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def parts1(graph: GraphData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("small-1")
+    partition_graph(graph, 1, root, method="range", progress=False, overwrite=True)
+    return root
+
+
+def _config(root: Path, partition: int, **kw: object) -> ServerConfig:
+    settings: dict[str, object] = {"listen": "127.0.0.1:0", "device": "cpu", "peer_timeout": 5.0,
+                                   "health_interval": 0.5, "grace": 1.0}
+    settings.update(kw)
+    return ServerConfig(partition_dir=root, partition=partition, **settings)  # type: ignore[arg-type]
+
+
+def _pair(root: Path, **kw: object) -> tuple[list[SamplingServer], list[str]]:
+    """Two bound servers (not started) that know each other's addresses."""
+    built = [create_server(_config(root, p, **kw)) for p in range(2)]
+    addresses = [f"127.0.0.1:{port}" for _, port in built]
+    servers = [s for s, _ in built]
+    for s in servers:
+        s.set_peers(addresses)
+    return servers, addresses
+
+
+def _stop(servers: list[SamplingServer]) -> None:
+    for s in servers:
+        s.stop(None).wait(10)
+
+
+@pytest.fixture(scope="module")
+def cluster(parts2: Path) -> Iterator[list[str]]:
+    servers, addresses = _pair(parts2)
+    for s in servers:
+        s.start()
+    assert all(s.wait_until_serving(20) for s in servers)
+    yield addresses
+    _stop(servers)
+
+
+@pytest.fixture(scope="module")
+def truth(graph: GraphData, parts2: Path) -> Truth:
+    node_map = np.asarray(load_node_map(parts2))
+    orig = np.empty_like(node_map)
+    orig[node_map] = np.arange(node_map.size)
+    src, dst = graph.edge_index
+    return Truth(graph=graph, orig_of=orig, edges=set((src * graph.num_nodes + dst).tolist()),
+                 book=np.asarray(read_manifest(parts2).partition_book))
+
+
+@dataclass
+class Truth:
+    """The original graph, and global -> original IDs."""
+
+    graph: GraphData
+    orig_of: np.ndarray
+    edges: set[int]
+    book: np.ndarray
+
+    def owner(self, ids: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.book, ids, side="right") - 1
+
+
+@dataclass
+class Batch:
+    index: int
+    header: pb.MinibatchHeader
+    tensors: dict[str, np.ndarray]
+    torch: dict[str, torch.Tensor]
+
+    @property
+    def seeds(self) -> np.ndarray:
+        return self.tensors["n_id"][: self.header.num_seed_nodes]
+
+
+# -- helpers --------------------------------------------------------------------------
+def request(**kw: object) -> pb.EpochRequest:
+    fields: dict[str, object] = {"split": "train", "fanouts": FANOUTS, "batch_size": 64,
+                                 "world_size": 1, "rank": 0, "seed": 7, "shuffle": True,
+                                 "include_features": True, "include_labels": True,
+                                 "client_id": "test"}
+    fields.update(kw)
+    return pb.EpochRequest(**fields)  # type: ignore[arg-type]
+
+
+def stream(address: str, req: pb.EpochRequest) -> list[Batch]:
+    """One stream, reassembled; checks the chunk sequence of every batch."""
+    channel = create_channel(address)
+    batches: list[Batch] = []
+    assembler = codec.TensorAssembler()
+    header, expect = None, 0
+    try:
+        for msg in pb_grpc.SamplingServiceStub(channel).StreamMinibatches(req, timeout=TIMEOUT):
+            assert msg.chunk_index == expect and msg.num_chunks >= 1
+            if msg.chunk_index == 0:
+                assert msg.HasField("header")
+                header = msg.header
+            assembler.add_all(msg.tensors)
+            expect += 1
+            if expect == msg.num_chunks:
+                names = {"n_id", "edge_index"} | ({"x"} if req.include_features else set()) \
+                    | ({"y"} if req.include_labels else set())
+                chunks = list(assembler.names)
+                tensors = assembler.finish(expected=names)
+                assert set(chunks) == names
+                assert header is not None
+                batches.append(Batch(msg.batch_index, header, tensors, {}))
+                expect = 0
+    finally:
+        channel.close()
+    assert expect == 0, "stream ended inside a batch"
+    return batches
+
+
+def rank_epoch(addresses: list[str], req: pb.EpochRequest) -> list[Batch]:
+    """One rank's epoch from every server, merged by batch index."""
+    batches = []
+    for address in addresses:
+        got = stream(address, req)
+        indices = [b.index for b in got]
+        assert indices == sorted(set(indices)), "batches must arrive in increasing index order"
+        batches.extend(got)
+    return sorted(batches, key=lambda b: b.index)
+
+
+def rpc_error(address: str, req: pb.EpochRequest) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        stream(address, req)
+    return info.value
+
+
+def health_status(address: str, service: str = "") -> int:
+    channel = create_channel(address)
+    try:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=2)
+        return int(reply.status)
+    except grpc.RpcError:
+        return -1
+    finally:
+        channel.close()
+
+
+def check_batch(batch: Batch, truth: Truth, req: pb.EpochRequest) -> int:
+    """Every edge exists in the original graph, header counts add up, rows are the
+    original rows. Returns how many edges have a target owned by the other partition
+    of the seeds' (drawn by a peer)."""
+    n_id, edge_index = batch.tensors["n_id"], batch.tensors["edge_index"]
+    h = batch.header
+    assert h.num_sampled_nodes[0] == h.num_seed_nodes and sum(h.num_sampled_nodes) == n_id.size
+    assert len(h.num_sampled_edges) == len(req.fanouts)
+    assert sum(h.num_sampled_edges) == edge_index.shape[1]
+    assert np.unique(n_id).size == n_id.size
+    assert edge_index.size == 0 or edge_index.max() < n_id.size
+    orig = truth.orig_of[n_id]
+    src, dst = orig[edge_index[0]], orig[edge_index[1]]
+    keys = (src * truth.graph.num_nodes + dst).tolist()
+    assert all(k in truth.edges for k in keys), "a sampled edge is not in the graph"
+    if "x" in batch.tensors and batch.tensors["x"].dtype == np.float32:
+        assert np.array_equal(batch.tensors["x"], truth.graph.x[orig])
+    if "y" in batch.tensors:
+        assert np.array_equal(batch.tensors["y"], truth.graph.y[orig])
+    seeds_owner = truth.owner(batch.seeds)
+    assert np.unique(seeds_owner).size == 1, "a batch's seeds come from one partition"
+    targets = n_id[edge_index[1]]
+    return int((truth.owner(targets) != seeds_owner[0]).sum())
+
+
+# -- cluster info and health ------------------------------------------------------------
+def test_cluster_info(cluster: list[str], parts2: Path) -> None:
+    manifest = read_manifest(parts2)
+    infos = []
+    for p, address in enumerate(cluster):
+        channel = create_channel(address)
+        infos.append(pb_grpc.SamplingServiceStub(channel).GetClusterInfo(
+            pb.ClusterInfoRequest(client_id="test"), timeout=5))
+        channel.close()
+        info = infos[-1]
+        assert info.partition_id == p
+        assert info.num_partitions == 2 and info.num_nodes == manifest.num_nodes
+        assert info.num_edges == manifest.num_edges
+        assert list(info.partition_book) == list(manifest.partition_book)
+        assert info.feature_dim == manifest.feature_dim and info.feature_dtype == pb.FLOAT32
+        assert info.label_dtype == pb.INT64 and info.num_classes == manifest.num_classes
+        assert [s.train for s in info.split_sizes] == \
+            [q.split_sizes["train"] for q in manifest.partitions]
+        assert [s.test for s in info.split_sizes] == \
+            [q.split_sizes["test"] for q in manifest.partitions]
+        assert list(info.peer_addresses) == cluster
+        assert info.device == "cpu" and info.server_version and info.format_version == 1
+        assert info.graph_name == "small" and not info.has_edge_weights
+    infos[1].partition_id = 0
+    assert infos[0] == infos[1]
+
+
+def test_health_serving_only_when_both_servers_are_up(parts2: Path) -> None:
+    servers, addresses = _pair(parts2)
+    try:
+        servers[0].start()
+        assert servers[0].wait_until_loaded(20)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # the peer is down: never SERVING
+            assert health_status(addresses[0]) == NOT_SERVING
+            time.sleep(0.1)
+        assert health_status(addresses[0], PEER_SERVICE) == SERVING  # what peers probe
+        assert health_status(addresses[0], "graphfeed.v1.SamplingService") == NOT_SERVING
+        servers[1].start()
+        assert servers[0].wait_until_serving(10) and servers[1].wait_until_serving(10)
+        assert health_status(addresses[0]) == SERVING and health_status(addresses[1]) == SERVING
+    finally:
+        _stop(servers)
+
+
+# -- the epoch stream ---------------------------------------------------------------------
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_epoch_stream_covers_every_seed_once(cluster: list[str], truth: Truth,
+                                             world_size: int) -> None:
+    train = truth.graph.splits["train"]
+    node_map = np.empty_like(truth.orig_of)
+    node_map[truth.orig_of] = np.arange(node_map.size)
+    seeds, counts, remote_edges = [], set(), 0
+    for rank in range(world_size):
+        req = request(world_size=world_size, rank=rank, batch_size=50)
+        batches = rank_epoch(cluster, req)
+        assert [b.index for b in batches] == list(range(len(batches)))
+        counts.add(len(batches))
+        for b in batches:
+            assert b.header.num_batches == len(batches)
+            assert 1 <= b.header.num_seed_nodes <= 50
+            remote_edges += check_batch(b, truth, req)
+            seeds.append(b.seeds)
+    assert len(counts) == 1, f"ranks got different batch counts: {counts}"
+    got = np.concatenate(seeds)
+    assert np.array_equal(np.sort(got), np.sort(node_map[train])), "every train seed exactly once"
+    assert remote_edges > 0, "no edge was drawn by a peer"
+
+
+def test_features_travel_in_the_requested_dtype(cluster: list[str], truth: Truth) -> None:
+    for dtype, torch_dtype in ((pb.FLOAT16, torch.float16), (pb.BFLOAT16, torch.bfloat16)):
+        batch = stream(cluster[0], request(feature_dtype=dtype, batch_size=200))[0]
+        x = torch.from_numpy(batch.tensors["x"].copy())
+        if dtype == pb.BFLOAT16:
+            x = x.view(torch.bfloat16)
+        assert x.dtype == torch_dtype
+        orig = truth.orig_of[batch.tensors["n_id"]]
+        want = torch.from_numpy(truth.graph.x[orig]).to(torch_dtype)
+        assert torch.equal(x, want)
+
+
+def test_resume_from_skips_exactly_the_earlier_batches(cluster: list[str]) -> None:
+    req = request(world_size=2, rank=1, batch_size=40)
+    full = rank_epoch(cluster, req)
+    k = len(full) // 2
+    resumed = rank_epoch(cluster, request(world_size=2, rank=1, batch_size=40, resume_from=k))
+    assert [b.index for b in resumed] == list(range(k, len(full)))
+    for a, b in zip(full[k:], resumed, strict=True):
+        assert a.header == b.header
+        for name in a.tensors:
+            assert np.array_equal(a.tensors[name], b.tensors[name])
+    assert rank_epoch(cluster, request(world_size=2, rank=1, batch_size=40,
+                                       resume_from=len(full))) == []
+    err = rpc_error(cluster[0], request(world_size=2, rank=1, batch_size=40,
+                                        resume_from=len(full) + 1))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "resume_from" in err.details()
+
+
+def test_explicit_seeds_are_split_by_owner(cluster: list[str], truth: Truth) -> None:
+    seeds = np.array([5, 3999, 17, 2500, 1000, 3000, 42], dtype=np.int64)
+    req = _seeds_request(codec.encode_tensor(seeds))
+    req.batch_size, req.shuffle = 2, False
+    got = rank_epoch(cluster, req)
+    assert np.array_equal(np.sort(np.concatenate([b.seeds for b in got])), np.sort(seeds))
+    for b in got:
+        check_batch(b, truth, req)
+
+
+def test_labels_and_features_are_optional(cluster: list[str]) -> None:
+    batches = stream(cluster[1], request(include_features=False, include_labels=False))
+    assert batches and all(set(b.tensors) == {"n_id", "edge_index"} for b in batches)
+
+
+# -- bad requests ----------------------------------------------------------------------------
+def _seeds_request(seeds: pb.Tensor) -> pb.EpochRequest:
+    req = request()
+    req.seeds.CopyFrom(seeds)
+    return req
+
+
+BAD_REQUESTS = {
+    "unknown split": (request(split="bogus"), "EpochRequest.split"),
+    "negative fanout": (request(fanouts=[5, -5]), "EpochRequest.fanouts"),
+    "no fanouts": (request(fanouts=[]), "EpochRequest.fanouts"),
+    "zero batch size": (request(batch_size=0), "EpochRequest.batch_size"),
+    "zero world size": (request(world_size=0), "EpochRequest.world_size"),
+    "rank out of range": (request(world_size=2, rank=2), "EpochRequest.rank"),
+    "negative resume": (request(resume_from=-1), "EpochRequest.resume_from"),
+    "negative epoch": (request(epoch=-1), "EpochRequest.epoch"),
+    "int dtype": (request(feature_dtype=pb.INT64), "EpochRequest.feature_dtype"),
+    "unknown dtype": (request(feature_dtype=99), "EpochRequest.feature_dtype"),
+    "seeds out of range": (_seeds_request(codec.encode_tensor(np.array([1, 4000]))),
+                           "EpochRequest.seeds"),
+    "negative seeds": (_seeds_request(codec.encode_tensor(np.array([-1, 2]))), "EpochRequest.seeds"),
+    "empty seeds": (_seeds_request(codec.encode_tensor(np.zeros(0, np.int64))), "EpochRequest.seeds"),
+    "repeated seeds": (_seeds_request(codec.encode_tensor(np.array([3, 3]))), "EpochRequest.seeds"),
+    "float seeds": (_seeds_request(codec.encode_tensor(np.array([1.0]))), "EpochRequest.seeds"),
+    "truncated seeds": (_seeds_request(pb.Tensor(dtype=pb.INT64, shape=[2], data=b"\0" * 9)),
+                        "EpochRequest.seeds"),
+    "no seeds": (pb.EpochRequest(fanouts=[2], batch_size=4, world_size=1), "EpochRequest.seeds_source"),
+    "more ranks than seeds": (_seeds_request(codec.encode_tensor(np.array([1, 2]))), "world_size"),
+}
+BAD_REQUESTS["more ranks than seeds"][0].world_size = 3
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_bad_request_is_invalid_argument_naming_the_field(cluster: list[str], case: str) -> None:
+    req, field = BAD_REQUESTS[case]
+    err = rpc_error(cluster[0], req)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+    assert field in err.details()
+    assert "expected" in err.details() or case == "more ranks than seeds"
+    assert stream(cluster[0], request(batch_size=400)), "the server stopped serving"
+
+
+def test_weighted_sampling_without_weights_is_a_failed_precondition(cluster: list[str]) -> None:
+    err = rpc_error(cluster[0], request(sampling=pb.SamplingOptions(weighted=True)))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "sampling.weighted" in err.details()
+
+
+@pytest.mark.parametrize(("method", "message"), [
+    ("/graphfeed.v1.SamplingService/StreamMinibatches", "EpochRequest"),
+    ("/graphfeed.v1.PeerService/SampleNeighbors", "SampleNeighborsRequest"),
+    ("/graphfeed.v1.SamplingService/GetClusterInfo", "ClusterInfoRequest"),
+])
+def test_garbage_bytes_are_invalid_argument(cluster: list[str], method: str, message: str) -> None:
+    channel = create_channel(cluster[1])
+    call = channel.unary_stream(method, request_serializer=lambda b: b,
+                                response_deserializer=lambda b: b)
+    with pytest.raises(grpc.RpcError) as info:
+        list(call(b"\xff" * 16, timeout=5))
+    channel.close()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in info.value.details()
+    assert stream(cluster[1], request(batch_size=400))
+
+
+def test_peer_service_checks_ownership_and_fanout(cluster: list[str], truth: Truth) -> None:
+    channel = create_channel(cluster[0])
+    stub = pb_grpc.PeerServiceStub(channel)
+    foreign = codec.encode_tensor(np.array([int(truth.book[1])], dtype=np.int64))
+    own = codec.encode_tensor(np.array([0, 1], dtype=np.int64))
+    cases = [
+        (stub.SampleNeighbors, pb.SampleNeighborsRequest(nodes=foreign, fanout=3),
+         "SampleNeighborsRequest.nodes"),
+        (stub.SampleNeighbors, pb.SampleNeighborsRequest(nodes=own, fanout=-5),
+         "SampleNeighborsRequest.fanout"),
+        (stub.FetchNodeData, pb.FetchNodeDataRequest(nodes=foreign, want_features=True),
+         "FetchNodeDataRequest.nodes"),
+    ]
+    for method, req, field in cases:
+        with pytest.raises(grpc.RpcError) as info:
+            list(method(req, timeout=5))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert field in info.value.details()
+    chunks = list(stub.SampleNeighbors(pb.SampleNeighborsRequest(nodes=own, fanout=3), timeout=5))
+    channel.close()
+    assembler = codec.TensorAssembler()
+    for c in chunks:
+        assembler.add_all(c.tensors)
+    got = assembler.finish(expected={"counts", "neighbors"})
+    assert got["counts"].shape == (2,) and got["counts"].sum() == got["neighbors"].size
+
+
+# -- failures -----------------------------------------------------------------------------------
+def test_a_client_that_goes_away_ends_its_stream(cluster: list[str],
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="sampling_server")
+    channel = create_channel(cluster[0])
+    call = pb_grpc.SamplingServiceStub(channel).StreamMinibatches(
+        request(batch_size=5, client_id="leaver"), timeout=TIMEOUT)
+    next(call)
+    call.cancel()
+    channel.close()
+    deadline = time.monotonic() + 5
+    while "client=leaver" not in caplog.text or "ended early" not in caplog.text:
+        assert time.monotonic() < deadline, caplog.text
+        time.sleep(0.05)
+    assert stream(cluster[0], request(batch_size=400))
+
+
+def test_dead_peer_fails_the_stream_quickly_naming_the_peer(parts2: Path) -> None:
+    servers, addresses = _pair(parts2, peer_timeout=2.0)
+    try:
+        for s in servers:
+            s.start()
+        assert all(s.wait_until_serving(20) for s in servers)
+        servers[1].stop(None).wait(10)
+        started = time.monotonic()
+        err = rpc_error(addresses[0], request(fanouts=[10, 10], batch_size=100))
+        elapsed = time.monotonic() - started
+        assert err.code() == grpc.StatusCode.UNAVAILABLE
+        assert "peer partition 1" in err.details() and addresses[1] in err.details()
+        assert elapsed < 10
+    finally:
+        _stop(servers)
+
+
+class _HangingPeer(pb_grpc.PeerServiceServicer):
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def SampleNeighbors(self, request: pb.SampleNeighborsRequest,
+                        context: grpc.ServicerContext) -> Iterator[pb.SampleNeighborsChunk]:
+        self.release.wait(10)
+        return iter(())
+
+    def FetchNodeData(self, request: pb.FetchNodeDataRequest,
+                      context: grpc.ServicerContext) -> Iterator[pb.NodeDataChunk]:
+        self.release.wait(10)
+        return iter(())
+
+
+def test_peer_client_raises_peer_error_within_its_timeout() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    hanging = _HangingPeer()
+    server = grpc.server(ThreadPoolExecutor(4), options=server_options())
+    pb_grpc.add_PeerServiceServicer_to_server(hanging, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        dead_port = sock.getsockname()[1]
+    addresses = ["127.0.0.1:1", f"127.0.0.1:{port}", f"127.0.0.1:{dead_port}"]
+    client = PeerClient(addresses, 0, timeout=0.5)
+    try:
+        # a hung peer runs into the deadline; a dead one is UNAVAILABLE (or, as the
+        # channel retries UNAVAILABLE with backoff, runs into the deadline retrying)
+        codes = {1: {grpc.StatusCode.DEADLINE_EXCEEDED},
+                 2: {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}}
+        for p, allowed in codes.items():
+            started = time.monotonic()
+            with pytest.raises(PeerError) as info:
+                client.neighbors({p: torch.tensor([1, 2])}, 3, key=1, hop=0)
+            assert time.monotonic() - started < 3
+            assert info.value.partition == p and info.value.code in allowed
+            assert f"peer partition {p} ({addresses[p]})" in str(info.value)
+    finally:
+        hanging.release.set()
+        client.close()
+        server.stop(None)
+
+
+def test_a_slow_client_holds_sampling_back(parts1: Path) -> None:
+    store = PartitionStore(_config(parts1, 0))
+    store.load()
+    pipeline = SamplingPipeline(store, None, workers=2, prefetch=2)
+    produced = []
+    real = pipeline.produce
+
+    def counting(job, ref):  # type: ignore[no-untyped-def]
+        produced.append(ref.index)
+        return real(job, ref)
+
+    pipeline.produce = counting  # type: ignore[method-assign]
+    job = epoch_job(request(batch_size=10, include_features=False), store)
+    assert len(job.batches) > 20
+    messages = pipeline.stream(job)
+    next(messages)
+    time.sleep(0.3)
+    assert len(produced) <= 3  # the batch being sent + `prefetch` ahead
+    rest = list(messages)
+    assert len(produced) == len(job.batches) and len(rest) >= len(job.batches) - 1
+    pipeline.close()
+
+
+def test_streams_beyond_max_streams_are_resource_exhausted(parts1: Path) -> None:
+    server, port = create_server(_config(parts1, 0, max_streams=1))
+    server.start()
+    assert server.wait_until_serving(20)
+    address = f"127.0.0.1:{port}"
+    channel = create_channel(address)
+    first = pb_grpc.SamplingServiceStub(channel).StreamMinibatches(
+        request(batch_size=5), timeout=TIMEOUT)
+    try:
+        next(first)  # holds the only slot
+        err = rpc_error(address, request())
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max-streams" in err.details()
+        first.cancel()
+        deadline = time.monotonic() + 5
+        while True:  # the slot comes back once the server sees the cancel
+            try:
+                assert stream(address, request(batch_size=400))
+                break
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+    finally:
+        channel.close()
+        server.stop(None).wait(10)
+
+
+def test_a_corrupted_partition_never_serves_and_says_why(parts1: Path, tmp_path: Path) -> None:
+    root = tmp_path / "corrupt"
+    shutil.copytree(parts1, root)
+    x = root / "part-0" / "x.npy"
+    data = bytearray(x.read_bytes())
+    data[-1] ^= 0xFF  # same size, different bytes: only the SHA-256 can tell
+    x.write_bytes(bytes(data))
+    server, port = create_server(_config(root, 0))
+    server.start()
+    try:
+        assert server.shutdown_requested.wait(20)  # serve() exits 1 on this
+        assert not server.wait_until_loaded(0)
+        assert health_status(f"127.0.0.1:{port}") == NOT_SERVING
+        err = rpc_error(f"127.0.0.1:{port}", request())
+        assert err.code() == grpc.StatusCode.UNAVAILABLE
+        assert "failed to load" in err.details() and "x.npy" in err.details()
+        assert "SHA-256" in err.details()
+    finally:
+        server.stop(None).wait(10)
+
+
+# -- process, configuration, command line --------------------------------------------------
+def test_sigterm_drains_and_exits_zero(parts1: Path) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sampling_server", "--partition-dir", str(parts1), "--partition",
+         "0", "--listen", "127.0.0.1:0", "--device", "cpu", "--grace", "2"],
+        stderr=subprocess.PIPE, text=True, env=env)
+    lines = []
+    watchdog = threading.Timer(60, proc.kill)  # never hang the suite on a stuck server
+    watchdog.start()
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if "SERVING" in line and "NOT_SERVING" not in line:
+                break
+        assert proc.poll() is None, "".join(lines)
+        port = int(next(ln for ln in lines if "listening on port" in ln)
+                   .split("listening on port ")[1].split()[0])
+        channel = create_channel(f"127.0.0.1:{port}")
+        call = pb_grpc.SamplingServiceStub(channel).StreamMinibatches(
+            request(batch_size=10, include_features=False), timeout=TIMEOUT)
+        first = next(call)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # mid-stream: the stream is drained, not cut
+        rest = list(call)
+        channel.close()
+        assert 1 + len(rest) == first.header.num_batches  # one message per batch here
+        assert proc.wait(timeout=10) == 0, "".join(lines) + proc.stderr.read()
+        assert time.monotonic() - started < 5
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_cluster_file(tmp_path: Path, parts2: Path) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(f"""\
+defaults:
+  partition_dir: {parts2}
+  workers: 3
+servers:
+  - {{partition: 1, address: "node1:6000", device: cpu}}
+  - {{partition: 0, address: "node0:5000"}}
+""")
+    config = ServerConfig.from_cluster_yaml(path, 1, prefetch=7)
+    assert config.peers == ("node0:5000", "node1:6000")
+    assert config.listen == "0.0.0.0:6000" and config.workers == 3 and config.device == "cpu"
+    assert config.prefetch == 7 and config.partition_dir == parts2
+    with pytest.raises(ConfigError, match="no entry for partition 2"):
+        ServerConfig.from_cluster_yaml(path, 2)
+    with pytest.raises(ConfigError, match=r"unknown keys.*wokers"):
+        config_from_cluster({"servers": [{"partition": 0, "address": "a:1", "wokers": 2}]}, 0)
+    with pytest.raises(ConfigError, match="missing \\[1\\]"):
+        config_from_cluster({"servers": [{"partition": 0, "address": "a:1"},
+                                         {"partition": 2, "address": "b:1"}]}, 0)
+    with pytest.raises(ConfigError, match="workers: expected an integer >= 1, got 0"):
+        ServerConfig(partition_dir=parts2, partition=0, workers=0)
+
+
+def test_server_refuses_wrong_partition_or_peers(parts2: Path) -> None:
+    with pytest.raises(ConfigError, match="partition: expected an ID in \\[0, 2\\)"):
+        create_server(_config(parts2, 5))
+    with pytest.raises(ConfigError, match="peers: expected 2 addresses"):
+        create_server(_config(parts2, 0, peers=("a:1", "b:2", "c:3")))
+    server, _ = create_server(_config(parts2, 0))
+    with pytest.raises(ConfigError, match="--peers or --cluster"):
+        server.start()
+    server.stop(None).wait(5)
+
+
+def test_cli_help_and_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "configure_logging", lambda level, fmt: None)
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--partition-dir" in out and "--cluster" in out and "SIGTERM" in out
+    assert cli.main(["--partition", "0"]) == 2
+    assert "--partition-dir" in capsys.readouterr().err
+    assert cli.main(["--partition", "0", "--partition-dir", str(tmp_path)]) == 2
+    assert "manifest not found" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["--partition", "0", "--partition-dir", "x", "--chunk-bytes", "100G"])
+    assert "chunk-bytes" in capsys.readouterr().err

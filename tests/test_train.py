@@ -1,0 +1,154 @@
+"""Tests for trainer_client/models.py and train.py: models on sampled batches, and the
+trainer end to end against real sampling servers in this process (world size 1), plus
+a two-rank DDP run over Gloo in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_decode import encode_batch, fake_batch
+from test_loader import free_port, real_servers
+
+from trainer_client.decode import decode_batch
+from trainer_client.models import MODELS, batch_inputs, build_model
+from trainer_client.train import CHECKPOINT_NAME, main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---- models ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_trimmed_forward_gives_the_seeds_the_same_logits(name: str) -> None:
+    torch.manual_seed(0)
+    data = decode_batch(encode_batch(0, fake_batch(np.arange(6), num_hops=2))).data
+    model = build_model(name, 4, 3, hidden_channels=8, num_layers=2, dropout=0.0).eval()
+    x, edge_index, batch_size, nodes, edges = batch_inputs(data)
+    trimmed = model(x, edge_index, batch_size, nodes, edges)
+    full = model(x, edge_index, batch_size)
+    assert trimmed.shape == (6, 3)
+    assert torch.allclose(trimmed, full, atol=1e-5)
+
+
+def test_more_layers_than_hops_runs_without_trimming() -> None:
+    data = decode_batch(encode_batch(0, fake_batch(np.arange(6), num_hops=1))).data
+    model = build_model("sage", 4, 3, hidden_channels=8, num_layers=3)
+    assert model(*batch_inputs(data)).shape == (6, 3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"name": "mlp"}, r"model: expected one of \['sage', 'gcn', 'gat', 'gin'\], got 'mlp'"),
+        ({"num_layers": 0}, r"num_layers: expected an integer >= 1, got 0"),
+        ({"dropout": 1.0}, r"dropout: expected 0 <= dropout < 1, got 1.0"),
+        ({"name": "gat", "hidden_channels": 10, "heads": 4}, r"heads: expected an integer >= 1 dividing"),
+    ],
+)
+def test_bad_model_settings_name_the_field(kwargs: dict[str, object], pattern: str) -> None:
+    args: dict[str, object] = {"name": "sage", "in_channels": 4, "out_channels": 3, **kwargs}
+    with pytest.raises(ValueError, match=pattern):
+        build_model(**args)  # type: ignore[arg-type]
+
+
+# ---- the trainer -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    pytest.importorskip("sampling_server.server")
+    with real_servers(tmp_path_factory.mktemp("graph") / "small-2") as addresses:
+        yield addresses
+
+
+@pytest.fixture(autouse=True)
+def _single_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _args(servers: list[str], tmp_path: Path, *extra: str) -> list[str]:
+    return ["--servers", ",".join(servers), "--fanouts", "5,3", "--batch-size", "200", "--hidden", "32",
+            "--lr", "0.01", "--dropout", "0.2", "--device", "cpu", "--timeout", "30", "--no-progress",
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics-json", str(tmp_path / "metrics.json"),
+            *extra]
+
+
+def test_training_writes_metrics_and_checkpoints_then_resumes(servers: list[str], tmp_path: Path) -> None:
+    assert main(_args(servers, tmp_path, "--epochs", "2")) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["world_size"] == 1 and metrics["start_epoch"] == 0
+    assert [e["epoch"] for e in metrics["epochs"]] == [0, 1]
+    for e in metrics["epochs"]:
+        assert e["seeds"] == 1200 and e["batches"] >= 6 and e["seeds_per_second"] > 0
+        assert 0 <= e["train_acc"] <= 1 and 0 <= e["val_acc"] <= 1 and e["loss"] > 0
+    assert metrics["epochs"][1]["loss"] < metrics["epochs"][0]["loss"]
+    assert metrics["test_acc"] > 1 / 6  # better than chance on 6 classes
+    state = torch.load(tmp_path / "ckpt" / CHECKPOINT_NAME, weights_only=True)
+    assert state["epoch"] == 1 and set(state) >= {"model", "optimizer", "history"}
+
+    assert main(_args(servers, tmp_path, "--epochs", "3", "--resume")) == 0
+    resumed = json.loads((tmp_path / "metrics.json").read_text())
+    assert resumed["start_epoch"] == 2
+    assert [e["epoch"] for e in resumed["epochs"]] == [0, 1, 2]
+    assert resumed["epochs"][:2] == metrics["epochs"]
+
+
+def test_resuming_a_different_model_is_refused(
+    servers: list[str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert main(_args(servers, tmp_path, "--epochs", "1", "--model", "gcn")) == 0
+    assert main(_args(servers, tmp_path, "--epochs", "2", "--resume", "--model", "sage")) == 1
+    assert "--resume: checkpoint" in caplog.text and "'model': 'gcn'" in caplog.text
+
+
+def test_unreachable_servers_end_the_run_with_a_clear_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    assert main(["--servers", address, "--timeout", "1", "--device", "cpu"]) == 1
+    assert f"server {address}: no ClusterInfo within connect_timeout=1 s" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--fanouts", "5,x"], "expected comma-separated integers"),
+        (["--fanouts", "5,-3"], "--fanouts: expected fanouts >= -1"),
+        (["--batch-size", "0"], "expected a value > 0"),
+        (["--resume"], "--resume: expected --checkpoint-dir too"),
+        (["--model", "mlp"], "invalid choice: 'mlp'"),
+    ],
+)
+def test_bad_flags_are_refused(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--servers", "127.0.0.1:1", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_two_ranks_train_with_ddp_over_gloo(servers: list[str], tmp_path: Path) -> None:
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        argv = _args(servers, tmp_path, "--epochs", "1")
+        cmd = [sys.executable, "-m", "trainer_client.train", *argv]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["world_size"] == 2
+    assert metrics["epochs"][0]["seeds"] == 1200  # every train seed once over both ranks
+    assert metrics["epochs"][0]["batches"] >= 3  # per rank: 6 or more batches in all, over 2 ranks

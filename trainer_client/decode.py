@@ -1,0 +1,302 @@
+"""Turn the ``MinibatchChunk`` messages of one batch into a PyG ``Data``.
+
+Decoding does not copy: every tensor that arrived in one chunk is a read-only view of
+the message's bytes (:class:`protos.codec.TensorAssembler`), and one spread over several
+chunks is copied once into a buffer. The result mirrors what PyG's ``NeighborLoader``
+yields: ``x``, ``edge_index``, ``y``, ``n_id``, ``batch_size``, ``num_sampled_nodes`` and
+``num_sampled_edges`` (for ``trim_to_layer``).
+
+Two steps, so that the cheap one runs where it belongs:
+
+* :class:`BatchAssembler` (reader thread): chunks in, a CPU :class:`DecodedBatch` out,
+  every message and tensor checked against the request (:class:`BatchSpec`);
+* :func:`to_device` (consumer): move the batch to the training device and cast the
+  features (half-precision features travel at half size and are cast on the device).
+
+Anything malformed raises :class:`BatchDecodeError` (a :class:`protos.codec.CodecError`,
+itself a ``ValueError``) naming the field, what was expected and what was received.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch_geometric.data import Data
+
+from protos import sampling_pb2 as pb
+from protos.codec import CodecError, TensorAssembler
+
+#: Tensor names a ``StreamMinibatches`` batch may carry.
+BATCH_TENSORS = ("n_id", "edge_index", "x", "y")
+#: Feature dtypes a batch may carry.
+FEATURE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+class BatchDecodeError(CodecError):
+    """A batch's messages or tensors are malformed or disagree with the request."""
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """What every batch of one epoch stream must look like (from the request and the
+    cluster info); ``None`` skips a check."""
+
+    #: Number of hops (``len(fanouts)``): ``num_sampled_nodes`` has one entry more.
+    num_hops: int | None = None
+    #: Feature columns ``F`` of ``x`` (``ClusterInfo.feature_dim``).
+    feature_dim: int | None = None
+    #: Whether ``x`` must be present (``EpochRequest.include_features``).
+    include_features: bool = True
+    #: Whether ``y`` must be present (``EpochRequest.include_labels``).
+    include_labels: bool = True
+    #: Batches of this rank's epoch (``MinibatchHeader.num_batches`` must match).
+    num_batches: int | None = None
+    #: Check that every ``edge_index`` entry lies in ``0 .. N-1`` (one pass over E).
+    check_edges: bool = True
+
+
+@dataclass(frozen=True)
+class DecodedBatch:
+    """One decoded batch, still on the CPU."""
+
+    #: Index of the batch within the rank's epoch (``MinibatchChunk.batch_index``).
+    index: int
+    #: The batch as PyG gives it (tensors share the messages' bytes: read-only).
+    data: Data
+    #: Bytes of tensor data received for the batch.
+    nbytes: int
+
+
+class BatchAssembler:
+    """Collects the messages of one batch after another and decodes each batch.
+
+    Feed the stream's messages in order to :meth:`add`; it returns a
+    :class:`DecodedBatch` when a batch's last message arrives, ``None`` before. After a
+    broken stream call :meth:`reset` to drop a half-received batch.
+    """
+
+    def __init__(self, spec: BatchSpec | None = None) -> None:
+        """``spec`` says what every batch must contain (no checks beyond the wire's: None)."""
+        self.spec = spec or BatchSpec()
+        self._tensors = TensorAssembler()
+        self._header: pb.MinibatchHeader | None = None
+        self._index = -1
+        self._next_chunk = 0
+        self._num_chunks = 0
+        self._nbytes = 0
+
+    @property
+    def pending(self) -> bool:
+        """Whether part of a batch has been received."""
+        return self._next_chunk > 0
+
+    def reset(self) -> None:
+        """Drop a partly received batch (e.g. after the stream broke)."""
+        self._tensors = TensorAssembler()
+        self._header = None
+        self._index = -1
+        self._next_chunk = 0
+        self._num_chunks = 0
+        self._nbytes = 0
+
+    def add(self, msg: pb.MinibatchChunk) -> DecodedBatch | None:
+        """Add the next message; return the batch when it is complete."""
+        if self._next_chunk == 0:
+            self._start(msg)
+        else:
+            self._check_next(msg)
+        self._tensors.add_all(msg.tensors)
+        self._nbytes += sum(len(t.data) for t in msg.tensors)
+        self._next_chunk += 1
+        if self._next_chunk < self._num_chunks:
+            return None
+        header, index, nbytes = self._header, self._index, self._nbytes
+        assert header is not None  # set by _start
+        try:
+            tensors = self._tensors.finish_torch()
+        finally:
+            self.reset()
+        return DecodedBatch(index=index, data=build_data(header, tensors, self.spec, index), nbytes=nbytes)
+
+    def _start(self, msg: pb.MinibatchChunk) -> None:
+        """Check the first message of a batch and remember its header."""
+        where = f"MinibatchChunk of batch {msg.batch_index}"
+        if msg.chunk_index != 0:
+            raise BatchDecodeError(
+                f"{where}: chunk_index: expected 0 (first message of a batch), got {msg.chunk_index}"
+            )
+        if msg.num_chunks < 1:
+            raise BatchDecodeError(f"{where}: num_chunks: expected >= 1, got {msg.num_chunks}")
+        if msg.batch_index < 0:
+            raise BatchDecodeError(f"MinibatchChunk.batch_index: expected >= 0, got {msg.batch_index}")
+        if not msg.HasField("header"):
+            raise BatchDecodeError(f"{where}: header: expected a MinibatchHeader on chunk 0, got none")
+        self._header = msg.header
+        self._index = msg.batch_index
+        self._num_chunks = msg.num_chunks
+
+    def _check_next(self, msg: pb.MinibatchChunk) -> None:
+        """Check that a later message continues the batch being received."""
+        if msg.batch_index != self._index:
+            raise BatchDecodeError(
+                f"MinibatchChunk.batch_index: expected {self._index} (chunk {self._next_chunk} of "
+                f"{self._num_chunks}), got {msg.batch_index} (batch {self._index} is incomplete)"
+            )
+        if msg.chunk_index != self._next_chunk:
+            raise BatchDecodeError(
+                f"MinibatchChunk of batch {self._index}: chunk_index: expected {self._next_chunk}, "
+                f"got {msg.chunk_index}"
+            )
+        if msg.num_chunks != self._num_chunks:
+            raise BatchDecodeError(
+                f"MinibatchChunk of batch {self._index}: num_chunks: expected {self._num_chunks} as "
+                f"in chunk 0, got {msg.num_chunks}"
+            )
+
+
+def decode_batch(messages: Iterable[pb.MinibatchChunk], spec: BatchSpec | None = None) -> DecodedBatch:
+    """Decode the messages of exactly one batch (all of them, in order)."""
+    assembler = BatchAssembler(spec)
+    batch: DecodedBatch | None = None
+    for msg in messages:
+        if batch is not None:
+            raise BatchDecodeError(
+                f"MinibatchChunk: expected the messages of one batch, got more after batch "
+                f"{batch.index} was complete (batch_index {msg.batch_index})"
+            )
+        batch = assembler.add(msg)
+    if batch is None:
+        got = "only part of them" if assembler.pending else "none"
+        raise BatchDecodeError(f"MinibatchChunk: expected every message of one batch, got {got}")
+    return batch
+
+
+# ---- checking and building the Data ----------------------------------------------------
+
+
+def _check_counts(header: pb.MinibatchHeader, spec: BatchSpec, where: str) -> tuple[list[int], list[int]]:
+    """Check the header's per-hop counts; return them as lists."""
+    nodes = [int(v) for v in header.num_sampled_nodes]
+    edges = [int(v) for v in header.num_sampled_edges]
+    if spec.num_batches is not None and header.num_batches != spec.num_batches:
+        raise BatchDecodeError(
+            f"{where}: MinibatchHeader.num_batches: expected {spec.num_batches} (this rank's "
+            f"batches by the epoch plan), got {header.num_batches}"
+        )
+    if spec.num_hops is not None and len(nodes) != spec.num_hops + 1:
+        raise BatchDecodeError(
+            f"{where}: MinibatchHeader.num_sampled_nodes: expected {spec.num_hops + 1} entries "
+            f"(seeds + one per hop), got {len(nodes)}"
+        )
+    if len(edges) != max(len(nodes) - 1, 0):
+        raise BatchDecodeError(
+            f"{where}: MinibatchHeader.num_sampled_edges: expected {max(len(nodes) - 1, 0)} entries "
+            f"(one per hop), got {len(edges)}"
+        )
+    if any(v < 0 for v in nodes + edges) or header.num_seed_nodes < 0:
+        raise BatchDecodeError(
+            f"{where}: MinibatchHeader: expected counts >= 0, got num_seed_nodes "
+            f"{header.num_seed_nodes}, num_sampled_nodes {nodes}, num_sampled_edges {edges}"
+        )
+    if not nodes or nodes[0] != header.num_seed_nodes:
+        raise BatchDecodeError(
+            f"{where}: MinibatchHeader.num_sampled_nodes[0]: expected num_seed_nodes "
+            f"({header.num_seed_nodes}), got {nodes[:1] or 'no entries'}"
+        )
+    return nodes, edges
+
+
+def _require(tensors: dict[str, torch.Tensor], name: str, where: str, why: str) -> torch.Tensor:
+    """Return tensor ``name``; raise naming it when it is missing."""
+    if name not in tensors:
+        raise BatchDecodeError(f"{where}: tensor {name!r}: expected it ({why}), got {sorted(tensors)}")
+    return tensors[name]
+
+
+def _check_tensor(
+    t: torch.Tensor, name: str, shape: Sequence[int | None], dtypes: Sequence[torch.dtype], where: str
+) -> None:
+    """Raise unless ``t`` has one of ``dtypes`` and ``shape`` (``None`` = any size)."""
+    if t.dtype not in dtypes:
+        raise BatchDecodeError(
+            f"{where}: tensor {name!r}: expected dtype {' or '.join(str(d) for d in dtypes)}, got {t.dtype}"
+        )
+    ok = t.dim() == len(shape) and all(s is None or s == d for s, d in zip(shape, t.shape, strict=False))
+    if not ok:
+        want = ["*" if s is None else s for s in shape]
+        raise BatchDecodeError(f"{where}: tensor {name!r}: expected shape {want}, got {list(t.shape)}")
+
+
+def build_data(
+    header: pb.MinibatchHeader, tensors: dict[str, torch.Tensor], spec: BatchSpec, index: int = 0
+) -> Data:
+    """Check a batch's header and tensors against each other and ``spec``; build the Data."""
+    where = f"batch {index}"
+    unknown = sorted(set(tensors) - set(BATCH_TENSORS))
+    if unknown:
+        raise BatchDecodeError(f"{where}: tensor names: expected among {list(BATCH_TENSORS)}, got {unknown}")
+    nodes, edges = _check_counts(header, spec, where)
+    n_id = _require(tensors, "n_id", where, "every batch has it")
+    _check_tensor(n_id, "n_id", [None], [torch.int64], where)
+    num_nodes = n_id.numel()
+    if sum(nodes) != num_nodes:
+        raise BatchDecodeError(
+            f"{where}: tensor 'n_id': expected sum(num_sampled_nodes) = {sum(nodes)} nodes, got {num_nodes}"
+        )
+    edge_index = _require(tensors, "edge_index", where, "every batch has it")
+    _check_tensor(edge_index, "edge_index", [2, sum(edges)], [torch.int64], where)
+    if spec.check_edges and edge_index.numel():
+        low, high = int(edge_index.min()), int(edge_index.max())
+        if low < 0 or high >= num_nodes:
+            raise BatchDecodeError(
+                f"{where}: tensor 'edge_index': expected local indices in 0 .. {num_nodes - 1}, "
+                f"got values in {low} .. {high}"
+            )
+    data = Data(edge_index=edge_index, n_id=n_id, num_nodes=num_nodes)
+    if spec.include_features or "x" in tensors:
+        x = _require(tensors, "x", where, "include_features is set")
+        _check_tensor(x, "x", [num_nodes, spec.feature_dim], FEATURE_DTYPES, where)
+        data.x = x
+    if spec.include_labels or "y" in tensors:
+        y = _require(tensors, "y", where, "include_labels is set")
+        _check_tensor(y, "y", [num_nodes], [torch.int64, torch.int32, torch.int16, torch.int8], where)
+        data.y = y if y.dtype == torch.int64 else y.long()
+    data.batch_size = int(header.num_seed_nodes)
+    data.num_sampled_nodes = nodes
+    data.num_sampled_edges = edges
+    return data
+
+
+# ---- to the training device ------------------------------------------------------------
+
+
+def pin_batch(data: Data) -> Data:
+    """Copy a CPU batch's tensors into pinned memory (for ``non_blocking`` transfers)."""
+    for key, value in list(data.items()):
+        if isinstance(value, torch.Tensor):
+            data[key] = value.pin_memory()
+    return data
+
+
+def to_device(
+    data: Data,
+    device: torch.device | str,
+    *,
+    feature_dtype: torch.dtype | None = torch.float32,
+    non_blocking: bool = False,
+) -> Data:
+    """Move a batch to ``device`` and cast ``x`` to ``feature_dtype`` there (keep: None).
+
+    Features are moved first and cast on the device, so half-precision features cross
+    the bus at half size. ``non_blocking`` only helps for pinned tensors.
+    """
+    device = torch.device(device)
+    for key, value in list(data.items()):
+        if isinstance(value, torch.Tensor):
+            data[key] = value.to(device, non_blocking=non_blocking)
+    x = data.x if "x" in data else None
+    if isinstance(x, torch.Tensor) and feature_dtype is not None and x.dtype != feature_dtype:
+        data.x = x.to(feature_dtype)
+    return data

@@ -1,0 +1,432 @@
+"""One epoch of minibatches for one rank, streamed from every server that owns some.
+
+Each server streams only its own batches of this rank (``StreamMinibatches``), in
+increasing batch index; the epoch plan (:func:`protos.plan.plan_epoch`) says which
+server owns batch ``i``. :class:`EpochStream` runs one reader thread per server: it
+decodes batches (:class:`~trainer_client.decode.BatchAssembler`) and hands them over
+through a bounded prefetch window, and the consumer takes them in batch-index order.
+
+Prefetch is a window over batch indices: a reader may hand over batch ``j`` only while
+``j < next + prefetch``, where ``next`` is the batch the consumer waits for. So at most
+``prefetch`` decoded batches wait (plus one in each reader's hands), and the reader that
+owns ``next`` is never held back, so the merge cannot deadlock.
+
+Failures never hang the trainer:
+
+* a stream that breaks (``UNAVAILABLE``, connection reset, its deadline passing) or that
+  stalls (no message for ``stall`` seconds while the reader waits on it: a watchdog
+  cancels the call) is called again with ``resume_from`` = the next batch index not yet
+  received from that server, with exponential backoff;
+* when a server cannot be resumed within ``reconnect`` seconds of the failure, the
+  reader fails with :class:`~protos.channel.ServerUnavailable` naming the server, and
+  the consumer raises it;
+* a malformed batch (:class:`~protos.channel.ProtocolError`) or a rejected request
+  (e.g. :class:`~protos.channel.InvalidRequest`) is raised at once;
+* every wait of the consumer is bounded, with a safety net beyond the readers' own
+  deadlines.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+
+import grpc
+
+from protos import sampling_pb2 as pb
+from protos import sampling_pb2_grpc as pb_grpc
+from protos.channel import (
+    DeadlineExceeded,
+    GraphfeedError,
+    ProtocolError,
+    ServerUnavailable,
+    error_from_rpc,
+)
+from protos.codec import CodecError
+from trainer_client.decode import BatchAssembler, BatchSpec, DecodedBatch, pin_batch
+
+log = logging.getLogger(__name__)
+
+#: Status codes after which a stream is called again from its next batch. The stream's
+#: own deadline passing, a server going away (CANCELLED, ABORTED) and a server at its
+#: stream limit (RESOURCE_EXHAUSTED, e.g. while it still counts the broken stream) are
+#: resumable too: the batches are pure functions of the request, so resuming loses
+#: nothing, and ``reconnect`` bounds the retries.
+RESUMABLE_CODES = frozenset({
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+})
+
+
+@dataclass(frozen=True)
+class StreamTimeouts:
+    """How long an epoch stream waits before it resumes, and before it gives up."""
+
+    #: Seconds without a message, while a reader waits on its stream, before the stream
+    #: counts as stalled and is resumed.
+    stall: float = 60.0
+    #: Seconds after a stream broke during which it is called again; then the server
+    #: counts as gone (ServerUnavailable).
+    reconnect: float = 60.0
+    #: gRPC deadline of one StreamMinibatches call; when it passes mid-epoch, the stream
+    #: is resumed (so it only bounds a call, never the epoch).
+    call_deadline: float = 3600.0
+    #: First pause between reconnect attempts, doubled after each failure.
+    backoff_initial: float = 0.1
+    #: Longest pause between reconnect attempts.
+    backoff_max: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("stall", "reconnect", "call_deadline", "backoff_initial", "backoff_max"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"{name}: expected seconds > 0, got {value}")
+
+    @property
+    def give_up_after(self) -> float:
+        """Longest the consumer waits for a reader that shows no sign of life."""
+        return self.stall + self.reconnect + self.backoff_max + 10.0
+
+
+@dataclass(frozen=True)
+class ServerStream:
+    """What one server streams to this rank in one epoch."""
+
+    #: Partition the server holds.
+    partition: int
+    #: ``host:port`` of the server.
+    address: str
+    #: Stub on the server's channel.
+    stub: pb_grpc.SamplingServiceStub
+    #: The epoch request (``resume_from`` is set per call).
+    request: pb.EpochRequest
+    #: This rank's batch indices the server owns, increasing.
+    indices: tuple[int, ...]
+
+
+@dataclass
+class StreamStats:
+    """Counters of one epoch stream."""
+
+    #: Batches handed to the consumer.
+    batches: int = 0
+    #: Bytes of tensor data received (complete batches only).
+    bytes: int = 0
+    #: Streams called again after a break or stall.
+    resumes: int = 0
+    #: Seconds the consumer waited for batches that were not there yet.
+    wait_seconds: float = 0.0
+
+
+class _State(enum.Enum):
+    IDLE = "idle"  # between calls (backoff) or not started
+    RECEIVING = "receiving"  # waiting on the stream: stall time counts
+    HOLDING = "holding"  # holding a batch outside the prefetch window
+    DONE = "done"
+
+
+@dataclass(eq=False)
+class _Reader:
+    """Per-server state, shared by its reader thread, the watchdog and the consumer
+    (under the stream's lock)."""
+
+    server: ServerStream
+    position: int = 0
+    state: _State = _State.IDLE
+    last_activity: float = field(default_factory=time.monotonic)
+    call: grpc.Call | None = None
+    stalled: bool = False
+    error: BaseException | None = None
+    thread: threading.Thread | None = None
+
+    @property
+    def next_index(self) -> int:
+        """The next batch index not yet received from this server."""
+        return self.server.indices[self.position]
+
+    @property
+    def finished(self) -> bool:
+        return self.position >= len(self.server.indices)
+
+    def describe(self) -> str:
+        return f"server {self.server.address} (partition {self.server.partition})"
+
+
+class EpochStream:
+    """Merges the servers' streams of one epoch into batches in index order.
+
+    Use as a context manager (or call :meth:`close`) so the reader threads stop::
+
+        with EpochStream(servers, num_batches, spec) as stream:
+            for batch in stream:   # DecodedBatch, index 0, 1, ...
+                ...
+    """
+
+    def __init__(
+        self,
+        servers: Sequence[ServerStream],
+        num_batches: int,
+        spec: BatchSpec,
+        *,
+        prefetch: int = 4,
+        timeouts: StreamTimeouts | None = None,
+        pin_memory: bool = False,
+    ) -> None:
+        if prefetch < 1:
+            raise ValueError(f"prefetch: expected >= 1, got {prefetch}")
+        self._spec = spec
+        self._num_batches = num_batches
+        self._prefetch = prefetch
+        self._timeouts = timeouts or StreamTimeouts()
+        self._pin = pin_memory
+        self._readers = [_Reader(s) for s in servers if s.indices]
+        self._owner = self._owners(self._readers, num_batches)
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._ready: dict[int, DecodedBatch] = {}
+        self._next = 0
+        self._started = False
+        self._watchdog: threading.Thread | None = None
+        #: Counters of this epoch (read them after the epoch).
+        self.stats = StreamStats()
+
+    @staticmethod
+    def _owners(readers: list[_Reader], num_batches: int) -> list[_Reader]:
+        """``owner[i]``: the reader of batch ``i``; check the indices cover the epoch once."""
+        owner: list[_Reader | None] = [None] * num_batches
+        for r in readers:
+            indices = r.server.indices
+            if list(indices) != sorted(set(indices)):
+                raise ValueError(f"indices of {r.describe()}: expected increasing, got {list(indices)}")
+            for i in indices:
+                if not 0 <= i < num_batches or owner[i] is not None:
+                    raise ValueError(f"indices: batch {i} of {r.describe()} is out of range or owned twice")
+                owner[i] = r
+        missing = [i for i, r in enumerate(owner) if r is None]
+        if missing:
+            raise ValueError(f"indices: expected every batch 0 .. {num_batches - 1} owned, missing {missing}")
+        return [r for r in owner if r is not None]
+
+    # ---- consumer side ------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._num_batches
+
+    def __enter__(self) -> EpochStream:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Start the reader threads and the watchdog (idempotent)."""
+        if self._started:
+            return
+        self._started = True
+        for r in self._readers:
+            r.thread = threading.Thread(
+                target=self._run, args=(r,), daemon=True,
+                name=f"graphfeed-stream-p{r.server.partition}",
+            )
+            r.thread.start()
+        self._watchdog = threading.Thread(target=self._watch, daemon=True, name="graphfeed-watchdog")
+        self._watchdog.start()
+
+    def __iter__(self) -> Iterator[DecodedBatch]:
+        self.start()
+        return self
+
+    def __next__(self) -> DecodedBatch:
+        if self._next >= self._num_batches:
+            self.close()
+            raise StopIteration
+        try:
+            return self._take(self._next)
+        except BaseException:
+            self.close()
+            raise
+
+    def _take(self, index: int) -> DecodedBatch:
+        """Wait (bounded) for batch ``index``; raise a reader's error at once."""
+        owner = self._owner[index]
+        started = time.monotonic()
+        with self._cond:
+            while index not in self._ready:
+                self._raise_errors()
+                if self._stop.is_set():
+                    raise GraphfeedError("epoch stream: expected an open stream, got a closed one")
+                silent = time.monotonic() - owner.last_activity
+                if silent > self._timeouts.give_up_after:
+                    raise DeadlineExceeded(
+                        f"epoch stream: no sign of life from {owner.describe()} for {silent:.1f} s "
+                        f"while waiting for batch {index}",
+                        what="StreamMinibatches", address=owner.server.address,
+                    )
+                self._cond.wait(0.25)
+            batch = self._ready.pop(index)
+            self._next = index + 1
+            self._cond.notify_all()
+        self.stats.wait_seconds += time.monotonic() - started
+        self.stats.batches += 1
+        self.stats.bytes += batch.nbytes
+        return batch
+
+    def _raise_errors(self) -> None:
+        for r in self._readers:
+            if r.error is not None:
+                raise r.error
+
+    def close(self) -> None:
+        """Stop the readers (cancelling their calls) and wait for them (bounded)."""
+        with self._cond:
+            self._stop.set()
+            calls = [r.call for r in self._readers if r.call is not None]
+            self._cond.notify_all()
+        for call in calls:
+            call.cancel()
+        threads = [r.thread for r in self._readers] + [self._watchdog]
+        for thread in threads:
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=5.0)
+                if thread.is_alive():
+                    log.warning("thread %s did not stop within 5 s", thread.name)
+        self._ready.clear()
+
+    # ---- reader side --------------------------------------------------------------------
+
+    def _run(self, r: _Reader) -> None:
+        """Reader thread: stream the server's batches; hand any failure to the consumer."""
+        try:
+            self._read_all(r)
+        except BaseException as exc:  # handed over, raised in the consumer's thread
+            with self._cond:
+                r.error = exc
+                self._cond.notify_all()
+        finally:
+            with self._cond:
+                r.state = _State.DONE
+                r.call = None
+
+    def _read_all(self, r: _Reader) -> None:
+        """Call the server until every batch it owns arrived, resuming after breaks."""
+        t = self._timeouts
+        assembler = BatchAssembler(self._spec)
+        failed_since: float | None = None
+        backoff = t.backoff_initial
+        attempts = 0
+        while not r.finished and not self._stop.is_set():
+            request = pb.EpochRequest()
+            request.CopyFrom(r.server.request)
+            # The first call asks from 0 (the same thing: the server sends only its own
+            # batches), so that resume_from > 0 in the server's log means a resume.
+            request.resume_from = r.next_index if r.position else 0
+            received_before = r.position
+            try:
+                self._read_call(r, request, assembler)
+                if not r.finished and not self._stop.is_set():
+                    raise ProtocolError(
+                        f"StreamMinibatches at {r.server.address}: stream ended before batch "
+                        f"{r.next_index} (expected batches {list(r.server.indices[r.position:])})",
+                        what="StreamMinibatches", address=r.server.address,
+                    )
+                return
+            except grpc.RpcError as err:
+                if self._stop.is_set() or r.finished:
+                    return
+                if not (r.stalled or err.code() in RESUMABLE_CODES):
+                    raise error_from_rpc(err, "StreamMinibatches", r.server.address) from err
+                assembler.reset()
+                now = time.monotonic()
+                if r.position > received_before or failed_since is None:
+                    failed_since, backoff, attempts = now, t.backoff_initial, 0
+                attempts += 1
+                reason = f"stalled for {t.stall:g} s" if r.stalled else f"{err.code().name}: {err.details()}"
+                if now - failed_since + backoff > t.reconnect:
+                    raise ServerUnavailable(
+                        f"{r.describe()}: stream of rank {request.rank}, epoch {request.epoch} "
+                        f"broke at batch {r.next_index} and could not be resumed within "
+                        f"{t.reconnect:g} s ({attempts} attempts); last error: {reason}",
+                        what="StreamMinibatches", address=r.server.address, code=err.code(),
+                        details=reason,
+                    ) from err
+                log.warning("%s: stream broke at batch %d (%s); resuming in %.2f s",
+                            r.describe(), r.next_index, reason, backoff)
+                r.last_activity = now
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, t.backoff_max)
+                self.stats.resumes += 1
+
+    def _read_call(self, r: _Reader, request: pb.EpochRequest, assembler: BatchAssembler) -> None:
+        """One StreamMinibatches call: receive, check and hand over batches until it ends."""
+        call = r.server.stub.StreamMinibatches(request, timeout=self._timeouts.call_deadline)
+        with self._cond:
+            if self._stop.is_set():
+                call.cancel()
+                return
+            r.call, r.stalled = call, False
+            r.state, r.last_activity = _State.RECEIVING, time.monotonic()
+        try:
+            for msg in call:
+                r.last_activity = time.monotonic()
+                try:
+                    batch = assembler.add(msg)
+                except CodecError as exc:
+                    raise ProtocolError(
+                        f"StreamMinibatches at {r.server.address}: malformed reply: {exc}",
+                        what="StreamMinibatches", address=r.server.address, details=str(exc),
+                    ) from exc
+                if batch is not None:
+                    self._hand_over(r, batch)
+        finally:
+            with self._cond:
+                r.call, r.state = None, _State.IDLE
+            call.cancel()  # no-op once the call ended
+
+    def _hand_over(self, r: _Reader, batch: DecodedBatch) -> None:
+        """Check a batch's index, then wait (bounded steps) for room in the window."""
+        if r.finished or batch.index != r.next_index:
+            expected = "no more batches" if r.finished else f"batch {r.next_index}"
+            raise ProtocolError(
+                f"StreamMinibatches at {r.server.address}: batch_index: expected {expected} "
+                f"(this rank's batches of partition {r.server.partition} by the epoch plan), "
+                f"got {batch.index}",
+                what="StreamMinibatches", address=r.server.address,
+            )
+        if self._pin:
+            pin_batch(batch.data)
+        with self._cond:
+            r.state = _State.HOLDING
+            while batch.index >= self._next + self._prefetch and not self._stop.is_set():
+                self._cond.wait(0.5)
+            if self._stop.is_set():
+                return
+            self._ready[batch.index] = batch
+            r.position += 1
+            r.state, r.last_activity = _State.RECEIVING, time.monotonic()
+            self._cond.notify_all()
+
+    def _watch(self) -> None:
+        """Watchdog thread: cancel calls that sent nothing for ``stall`` seconds."""
+        stall = self._timeouts.stall
+        while not self._stop.wait(min(0.5, stall / 4)):
+            now = time.monotonic()
+            with self._cond:
+                for r in self._readers:
+                    if (r.state is _State.RECEIVING and r.call is not None and not r.stalled
+                            and now - r.last_activity > stall):
+                        log.warning("%s: no message for %.1f s; resuming its stream", r.describe(), stall)
+                        r.stalled = True
+                        r.call.cancel()
+            if all(r.state is _State.DONE for r in self._readers):
+                return
