@@ -297,6 +297,22 @@ def make_loaders(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> li
     ]
 
 
+def parameter_fingerprints(model: torch.nn.Module, env: DistEnv) -> list[float]:
+    """A float64 digest of every parameter, from every rank (rank order). DDP keeps the
+    replicas bitwise equal, so the digests agree unless the ranks diverged."""
+    total = torch.zeros((), dtype=torch.float64)
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):
+            flat = p.detach().to("cpu", torch.float64).flatten()
+            total += (flat * torch.arange(1, flat.numel() + 1, dtype=torch.float64)).sum() * (i + 1)
+    if not env.distributed:
+        return [float(total)]
+    mine = total.reshape(1).to(env.device)
+    everyone = [torch.zeros_like(mine) for _ in range(env.world_size)]
+    dist.all_gather(everyone, mine)
+    return [float(t) for t in everyone]
+
+
 def run(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> dict[str, Any]:
     """Train, validate every epoch, test at the end; return the metrics."""
     train_loader, val_loader, test_loader = make_loaders(args, env, cluster)
@@ -331,11 +347,15 @@ def run(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> dict[str, A
         if env.rank == 0 and ckpt is not None:
             save_checkpoint(ckpt, model, optimizer, epoch, history, config)
     test_acc = evaluate(model, test_loader, env)
+    fingerprints = parameter_fingerprints(model, env)
+    if len(set(fingerprints)) != 1:
+        log.warning("model replicas differ across ranks: %s", fingerprints)
     log.info("test acc %.4f", test_acc)
     return {
         "graph": cluster.info.graph_name, "world_size": env.world_size, "device": str(env.device),
         "model": config, "fanouts": args.fanouts, "batch_size": args.batch_size, "seed": args.seed,
         "start_epoch": start, "epochs": history, "test_acc": test_acc,
+        "param_fingerprints": fingerprints,
         "seconds": time.perf_counter() - started,
         "seeds_per_second": sum(h["seeds_per_second"] for h in history) / max(len(history), 1),
     }
