@@ -32,7 +32,7 @@ import sys
 import warnings
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeAlias, cast
+from typing import Protocol, TypeAlias, cast
 
 import numpy as np
 import torch
@@ -233,7 +233,7 @@ def _nbytes(dtype: WireDType, shape: tuple[int, ...]) -> int:
     return math.prod(shape) * _NUMPY_OF[dtype].itemsize
 
 
-def _check_values(buffer: bytes | np.ndarray, dtype: WireDType, field: str) -> None:
+def _check_values(buffer: bytes | memoryview | np.ndarray, dtype: WireDType, field: str) -> None:
     """Raise if the bytes of a BOOL tensor hold anything but 0 and 1."""
     if dtype != pb.BOOL:
         return
@@ -243,7 +243,7 @@ def _check_values(buffer: bytes | np.ndarray, dtype: WireDType, field: str) -> N
 
 
 def _numpy_view(
-    buffer: bytes | np.ndarray, dtype: WireDType, shape: tuple[int, ...], writable: bool
+    buffer: bytes | memoryview | np.ndarray, dtype: WireDType, shape: tuple[int, ...], writable: bool
 ) -> np.ndarray:
     """Interpret validated bytes as a NumPy array; copy only when ``writable``."""
     array = np.frombuffer(buffer, dtype=np.uint8).view(_NUMPY_OF[dtype]).reshape(shape)
@@ -254,7 +254,7 @@ def _numpy_view(
     return array
 
 
-def _frombuffer(buffer: bytes, dtype: torch.dtype) -> torch.Tensor:
+def _frombuffer(buffer: bytes | memoryview, dtype: torch.dtype) -> torch.Tensor:
     """``torch.frombuffer`` on immutable bytes, without PyTorch's non-writable warning.
 
     The tensors made here are documented as read-only; the warning would only repeat it.
@@ -265,14 +265,14 @@ def _frombuffer(buffer: bytes, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _torch_view(
-    buffer: bytes | np.ndarray, dtype: WireDType, shape: tuple[int, ...], writable: bool
+    buffer: bytes | memoryview | np.ndarray, dtype: WireDType, shape: tuple[int, ...], writable: bool
 ) -> torch.Tensor:
     """Interpret validated bytes as a torch tensor; copy only when ``writable``.
 
     A read-only buffer gives a tensor sharing it unless ``writable``; a writable NumPy
     buffer is always shared.
     """
-    if isinstance(buffer, bytes) and buffer and _LITTLE_ENDIAN_HOST:
+    if isinstance(buffer, bytes | memoryview) and len(buffer) and _LITTLE_ENDIAN_HOST:
         tensor = _frombuffer(buffer, _TORCH_OF[dtype]).reshape(shape)
         return tensor.clone() if writable else tensor
     numpy_dtype = pb.INT16 if dtype == pb.BFLOAT16 else dtype
@@ -393,6 +393,31 @@ def split_tensors(
     its shape. At least one group (possibly empty) is yielded. All inputs are checked
     before the first group is yielded.
     """
+    for group in iter_pieces(named, chunk_bytes):
+        yield [pb.TensorChunk(name=c.name, dtype=c.dtype, shape=c.shape, offset=c.offset,
+                              total_bytes=c.total_bytes, data=c.data.tobytes()) for c in group]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One ``TensorChunk``'s worth of a tensor, its data still a view of the tensor."""
+
+    name: str
+    dtype: WireDType
+    shape: tuple[int, ...]
+    #: Byte offset of ``data`` in the whole tensor.
+    offset: int
+    #: Bytes of the whole tensor.
+    total_bytes: int
+    #: uint8 view of the bytes (no copy).
+    data: np.ndarray
+
+
+def iter_pieces(
+    named: Mapping[str, TensorLike], chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[list[Piece]]:
+    """The groups of :func:`split_tensors` as views (what :mod:`protos.fastwire` sends
+    without building ``TensorChunk`` messages). All inputs are checked first."""
     names = list(named)
     for name in names:
         if not name:
@@ -400,25 +425,30 @@ def split_tensors(
     arrays = [_wire_array(named[name], None) for name in names]
     flats = [_flat_bytes(array) for array, _ in arrays]
     for group in _plan([flat.size for flat in flats], chunk_bytes):
-        yield [_make_chunk(names[s.index], arrays[s.index], flats[s.index], s) for s in group]
-
-
-def _make_chunk(
-    name: str, wire: tuple[np.ndarray, WireDType], flat: np.ndarray, piece: _Slice
-) -> pb.TensorChunk:
-    """Build the ``TensorChunk`` carrying ``piece`` of one tensor."""
-    array, dtype = wire
-    return pb.TensorChunk(
-        name=name,
-        dtype=dtype,
-        shape=array.shape,
-        offset=piece.start,
-        total_bytes=flat.size,
-        data=flat[piece.start : piece.stop].tobytes(),
-    )
+        yield [Piece(names[s.index], arrays[s.index][1], tuple(arrays[s.index][0].shape),
+                     s.start, int(flats[s.index].size), flats[s.index][s.start:s.stop])
+               for s in group]
 
 
 # ---- reassembly ----------------------------------------------------------------------
+
+
+class ChunkLike(Protocol):
+    """What :class:`TensorAssembler` reads of a chunk: a ``pb.TensorChunk``, or a
+    :class:`protos.fastwire.WireTensorChunk` whose data is a view of its message."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> int: ...
+    @property
+    def shape(self) -> Sequence[int]: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def total_bytes(self) -> int: ...
+    @property
+    def data(self) -> bytes | memoryview: ...
 
 
 @dataclass
@@ -434,12 +464,12 @@ class _Partial:
     #: Bytes received so far (also the offset the next chunk must have).
     received: int = 0
     #: The data of a tensor that arrived in one chunk (decoded without a copy).
-    whole: bytes | None = None
+    whole: bytes | memoryview | None = None
     #: The preallocated buffer of a tensor spread over several chunks.
     buffer: np.ndarray | None = None
 
     @property
-    def source(self) -> bytes | np.ndarray:
+    def source(self) -> bytes | memoryview | np.ndarray:
         """The bytes received: the single chunk's data, or the assembled buffer."""
         if self.buffer is not None:
             return self.buffer
@@ -471,12 +501,12 @@ class TensorAssembler:
         """Whether every tensor started so far has all its bytes."""
         return all(p.received == p.total for p in self._partials.values())
 
-    def add_all(self, chunks: Iterable[pb.TensorChunk]) -> None:
+    def add_all(self, chunks: Iterable[ChunkLike]) -> None:
         """Add several chunks in order (e.g. the ``tensors`` field of one message)."""
         for chunk in chunks:
             self.add(chunk)
 
-    def add(self, chunk: pb.TensorChunk) -> None:
+    def add(self, chunk: ChunkLike) -> None:
         """Add the next chunk of one tensor; raise :class:`CodecError` if it is malformed."""
         name = chunk.name
         if not name:
@@ -498,7 +528,7 @@ class TensorAssembler:
             )
         partial.received += len(data)
 
-    def _start(self, chunk: pb.TensorChunk) -> _Partial:
+    def _start(self, chunk: ChunkLike) -> _Partial:
         """Validate the first chunk of a tensor and register the tensor."""
         dtype = _check_dtype(chunk.dtype, f"TensorChunk.dtype of {chunk.name!r}")
         shape = _check_shape(chunk.shape, f"TensorChunk.shape of {chunk.name!r}")
@@ -518,7 +548,7 @@ class TensorAssembler:
         return partial
 
     @staticmethod
-    def _check_same(partial: _Partial, chunk: pb.TensorChunk) -> None:
+    def _check_same(partial: _Partial, chunk: ChunkLike) -> None:
         """Raise unless a later chunk repeats the dtype, shape and size of the first."""
         name = chunk.name
         if partial.received == partial.total:

@@ -18,15 +18,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
 import torch
+from google.protobuf.message import Message
 
-from protos import codec
+from protos import codec, fastwire
 from protos import sampling_pb2 as pb
-from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import GraphfeedError, PeerError, ProtocolError, create_channel, rpc_errors
 from sampling_server.sampler import HopSample
 from sampling_server.store import (
@@ -41,22 +41,24 @@ from sampling_server.store import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
 NodeData = tuple[torch.Tensor | None, torch.Tensor | None]
 #: Most node IDs one request carries (their tensor must fit in one message).
 MAX_NODES_PER_CALL = codec.MAX_CHUNK_BYTES // 8
 
 
 def chunk_messages(
-    make: Callable[..., T], named: Mapping[str, codec.TensorLike], chunk_bytes: int
-) -> list[T]:
-    """The stream messages (``make(chunk_index=, num_chunks=, tensors=)``) carrying
-    ``named`` in groups of at most ``chunk_bytes``."""
-    groups = list(codec.split_tensors(named, chunk_bytes))
-    return [make(chunk_index=i, num_chunks=len(groups), tensors=g) for i, g in enumerate(groups)]
+    make: Callable[..., Message], named: Mapping[str, codec.TensorLike], chunk_bytes: int
+) -> list[bytes]:
+    """The serialized stream messages (``make(chunk_index=, num_chunks=)`` plus their
+    tensors) carrying ``named`` in groups of at most ``chunk_bytes`` (see
+    :mod:`protos.fastwire`: each payload byte is copied once)."""
+    return fastwire.encode_chunks(lambda i, n: make(chunk_index=i, num_chunks=n), named,
+                                  chunk_bytes)
 
 
 # -- serving side ----------------------------------------------------------------------
-class PeerServicer(pb_grpc.PeerServiceServicer):
+class PeerServicer:
     """``PeerService``: what the other sampling servers ask of this partition."""
 
     def __init__(self, store: PartitionStore, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES):
@@ -65,19 +67,19 @@ class PeerServicer(pb_grpc.PeerServiceServicer):
 
     def SampleNeighbors(
         self, request: pb.SampleNeighborsRequest, context: grpc.ServicerContext
-    ) -> Iterator[pb.SampleNeighborsChunk]:
+    ) -> Iterator[bytes]:
         with abort_on_error(context, "SampleNeighbors", self.store.partition_id):
             messages = self._sample(request)
         yield from messages
 
     def FetchNodeData(
         self, request: pb.FetchNodeDataRequest, context: grpc.ServicerContext
-    ) -> Iterator[pb.NodeDataChunk]:
+    ) -> Iterator[bytes]:
         with abort_on_error(context, "FetchNodeData", self.store.partition_id):
             messages = self._fetch(request)
         yield from messages
 
-    def _sample(self, request: pb.SampleNeighborsRequest) -> list[pb.SampleNeighborsChunk]:
+    def _sample(self, request: pb.SampleNeighborsRequest) -> list[bytes]:
         field = "SampleNeighborsRequest"
         self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
         nodes = decode_node_ids(request.nodes, f"{field}.nodes")
@@ -96,7 +98,7 @@ class PeerServicer(pb_grpc.PeerServiceServicer):
         named = {"counts": drawn.counts, "neighbors": drawn.neighbors}
         return chunk_messages(pb.SampleNeighborsChunk, named, self.chunk_bytes)
 
-    def _fetch(self, request: pb.FetchNodeDataRequest) -> list[pb.NodeDataChunk]:
+    def _fetch(self, request: pb.FetchNodeDataRequest) -> list[bytes]:
         field = "FetchNodeDataRequest"
         self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
         nodes = decode_node_ids(request.nodes, f"{field}.nodes")
@@ -148,7 +150,7 @@ class PeerClient:
         self.client_id = client_id or f"server-{own_partition}"
         self._channels = {p: create_channel(a) for p, a in enumerate(self.addresses)
                           if p != own_partition}
-        self._stubs = {p: pb_grpc.PeerServiceStub(ch) for p, ch in self._channels.items()}
+        self._stubs = {p: _RawPeerStub(ch) for p, ch in self._channels.items()}
         workers = max_workers or max(4, 4 * len(self._channels))
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="peer-call")
 
@@ -274,8 +276,23 @@ class BoundPeers:
 _MASK64 = (1 << 64) - 1
 
 
+class _RawPeerStub:
+    """``PeerService`` calls whose answers keep tensor bytes as views (fastwire)."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        def call(method: str, request: type[Message], answer: type[Message]) -> Any:
+            return channel.unary_stream(
+                f"/graphfeed.v1.PeerService/{method}",
+                request_serializer=request.SerializeToString,
+                response_deserializer=lambda raw: fastwire.parse_chunk(answer, raw))
+
+        self.SampleNeighbors = call("SampleNeighbors", pb.SampleNeighborsRequest,
+                                    pb.SampleNeighborsChunk)
+        self.FetchNodeData = call("FetchNodeData", pb.FetchNodeDataRequest, pb.NodeDataChunk)
+
+
 def _receive(
-    responses: Iterable[pb.SampleNeighborsChunk | pb.NodeDataChunk], expected: set[str]
+    responses: Iterable[fastwire.WireMessage], expected: set[str]
 ) -> dict[str, torch.Tensor]:
     """Assemble one chunked answer; raises CodecError / ProtocolError when malformed."""
     assembler = codec.TensorAssembler()

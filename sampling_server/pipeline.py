@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from protos import codec
+from protos import codec, fastwire
 from protos import sampling_pb2 as pb
 from protos.plan import BatchRef, EpochPlan
 from sampling_server.peer import PeerCallOptions, PeerClient
@@ -83,12 +83,13 @@ class SamplingPipeline:
 
     def stream(
         self, job: EpochJob, stop: threading.Event | None = None
-    ) -> Iterator[pb.MinibatchChunk]:
-        """The messages of ``job``'s batches, in order. Setting ``stop`` (the client went
-        away) skips batches not started yet; closing the generator drops them."""
+    ) -> Iterator[list[bytes]]:
+        """The serialized messages of ``job``'s batches, batch by batch, in order. Setting
+        ``stop`` (the client went away) skips batches not started yet; closing the
+        generator drops them."""
         stop = stop or threading.Event()
         refs = iter(job.batches)
-        pending: deque[Future[list[pb.MinibatchChunk]]] = deque()
+        pending: deque[Future[list[bytes]]] = deque()
 
         def submit_next() -> None:
             ref = next(refs, None)
@@ -101,19 +102,19 @@ class SamplingPipeline:
             while pending:
                 messages = pending.popleft().result()  # bounded: peer calls carry deadlines
                 submit_next()  # keeps `prefetch` batches sampling while this one is sent
-                yield from messages
+                yield messages
         finally:
             for future in pending:
                 future.cancel()
 
     def _produce_unless(
         self, stop: threading.Event, job: EpochJob, ref: BatchRef
-    ) -> list[pb.MinibatchChunk]:
+    ) -> list[bytes]:
         if stop.is_set():
             return []
         return self.produce(job, ref)
 
-    def produce(self, job: EpochJob, ref: BatchRef) -> list[pb.MinibatchChunk]:
+    def produce(self, job: EpochJob, ref: BatchRef) -> list[bytes]:
         """Sample one batch, gather its rows and encode it as stream messages."""
         started = time.perf_counter()
         seeds = job.plan.seeds_of(self.store.partition_id, ref.part_batch, job.seeds)
@@ -133,10 +134,13 @@ class SamplingPipeline:
         header = pb.MinibatchHeader(
             num_batches=job.num_batches, num_seed_nodes=out.batch_size,
             num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges)
-        groups = list(codec.split_tensors(named, self.chunk_bytes))
-        messages = [pb.MinibatchChunk(batch_index=ref.index, chunk_index=i, num_chunks=len(groups),
-                                      tensors=group) for i, group in enumerate(groups)]
-        messages[0].header.CopyFrom(header)
+        def head(i: int, n: int) -> pb.MinibatchChunk:
+            msg = pb.MinibatchChunk(batch_index=ref.index, chunk_index=i, num_chunks=n)
+            if i == 0:
+                msg.header.CopyFrom(header)
+            return msg
+
+        messages = fastwire.encode_chunks(head, named, self.chunk_bytes)
         log.debug("partition=%d client=%s rank=%d epoch=%d batch=%d: %d seeds, %d nodes, "
                   "%d edges, %d messages in %.1f ms", self.store.partition_id, job.client_id,
                   job.rank, job.epoch, ref.index, out.batch_size, out.n_id.numel(),

@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from protos import fastwire
 from protos import sampling_pb2 as pb
 from protos.channel import GraphfeedError, rpc_errors, server_options
 from sampling_server.config import ConfigError, ServerConfig
@@ -90,15 +91,15 @@ def _add_services(server: grpc.Server, sampling: SamplingServicer, peer: PeerSer
                 pb.ClusterInfo.SerializeToString),
             "StreamMinibatches": grpc.unary_stream_rpc_method_handler(
                 _guarded(sampling.StreamMinibatches), _lenient(pb.EpochRequest),
-                pb.MinibatchChunk.SerializeToString),
+                fastwire.passthrough),
         },
         PEER_SERVICE: {
             "SampleNeighbors": grpc.unary_stream_rpc_method_handler(
                 _guarded(peer.SampleNeighbors), _lenient(pb.SampleNeighborsRequest),
-                pb.SampleNeighborsChunk.SerializeToString),
+                fastwire.passthrough),
             "FetchNodeData": grpc.unary_stream_rpc_method_handler(
                 _guarded(peer.FetchNodeData), _lenient(pb.FetchNodeDataRequest),
-                pb.NodeDataChunk.SerializeToString),
+                fastwire.passthrough),
         },
     }
     for name, handlers in services.items():

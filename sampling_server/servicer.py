@@ -15,7 +15,6 @@ import numpy as np
 
 from partitioner.graph import SPLITS
 from protos import sampling_pb2 as pb
-from protos import sampling_pb2_grpc as pb_grpc
 from protos.plan import plan_epoch, shuffled_seeds
 from sampling_server.pipeline import EpochJob, SamplingPipeline
 from sampling_server.store import (
@@ -115,7 +114,7 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
                     feature_dtype=dtype, client_id=request.client_id)
 
 
-class SamplingServicer(pb_grpc.SamplingServiceServicer):
+class SamplingServicer:
     """``SamplingService``: cluster facts and epoch streams."""
 
     def __init__(self, store: PartitionStore, pipeline: SamplingPipeline, max_streams: int = 32):
@@ -135,7 +134,7 @@ class SamplingServicer(pb_grpc.SamplingServiceServicer):
 
     def StreamMinibatches(
         self, request: pb.EpochRequest, context: grpc.ServicerContext
-    ) -> Iterator[pb.MinibatchChunk]:
+    ) -> Iterator[bytes]:
         p = self.store.partition_id
         with abort_on_error(context, "StreamMinibatches", p):
             self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
@@ -158,9 +157,9 @@ class SamplingServicer(pb_grpc.SamplingServiceServicer):
             # the trainer resumes it from the next batch it lacks instead.
             context.send_initial_metadata(())
             with abort_on_error(context, f"StreamMinibatches ({fields})", p):
-                for message in self.pipeline.stream(job, stop):
-                    sent += message.chunk_index == 0
-                    yield message
+                for messages in self.pipeline.stream(job, stop):
+                    yield from messages
+                    sent += 1
         finally:
             self._slots.release()
             state = "done" if sent == len(job.batches) else "ended early"

@@ -27,6 +27,7 @@ from torch_geometric.data import Data
 
 from protos import sampling_pb2 as pb
 from protos.codec import CodecError, TensorAssembler
+from protos.fastwire import WireMessage
 
 #: Tensor names a ``StreamMinibatches`` batch may carry.
 BATCH_TENSORS = ("n_id", "edge_index", "x", "y")
@@ -65,7 +66,7 @@ class DecodedBatch:
     index: int
     #: The batch as PyG gives it (tensors share the messages' bytes: read-only).
     data: Data
-    #: Bytes of tensor data received for the batch.
+    #: Bytes received for the batch (serialized messages).
     nbytes: int
 
 
@@ -101,14 +102,15 @@ class BatchAssembler:
         self._num_chunks = 0
         self._nbytes = 0
 
-    def add(self, msg: pb.MinibatchChunk) -> DecodedBatch | None:
+    def add(self, msg: pb.MinibatchChunk | WireMessage) -> DecodedBatch | None:
         """Add the next message; return the batch when it is complete."""
         if self._next_chunk == 0:
             self._start(msg)
         else:
             self._check_next(msg)
         self._tensors.add_all(msg.tensors)
-        self._nbytes += sum(len(t.data) for t in msg.tensors)
+        # ByteSize, not len(t.data): each read of a bytes field copies it (upb)
+        self._nbytes += msg.ByteSize()
         self._next_chunk += 1
         if self._next_chunk < self._num_chunks:
             return None
@@ -120,7 +122,7 @@ class BatchAssembler:
             self.reset()
         return DecodedBatch(index=index, data=build_data(header, tensors, self.spec, index), nbytes=nbytes)
 
-    def _start(self, msg: pb.MinibatchChunk) -> None:
+    def _start(self, msg: pb.MinibatchChunk | WireMessage) -> None:
         """Check the first message of a batch and remember its header."""
         where = f"MinibatchChunk of batch {msg.batch_index}"
         if msg.chunk_index != 0:
@@ -137,7 +139,7 @@ class BatchAssembler:
         self._index = msg.batch_index
         self._num_chunks = msg.num_chunks
 
-    def _check_next(self, msg: pb.MinibatchChunk) -> None:
+    def _check_next(self, msg: pb.MinibatchChunk | WireMessage) -> None:
         """Check that a later message continues the batch being received."""
         if msg.batch_index != self._index:
             raise BatchDecodeError(

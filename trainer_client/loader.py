@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
+from protos import fastwire
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import ServerUnavailable, create_channel, error_from_rpc
@@ -131,6 +132,9 @@ class Cluster:
         self.infos: list[pb.ClusterInfo] = [infos[a] for a in self.addresses]
         #: Stubs of the servers, indexed by partition ID.
         self.stubs = [pb_grpc.SamplingServiceStub(self._channels[a]) for a in self.addresses]
+        #: Per partition: the epoch stream whose tensors stay views of the received bytes.
+        self.stream_stubs = [fastwire.MinibatchStreamStub(self._channels[a])
+                             for a in self.addresses]
         #: Partition book: partition ``p`` owns global IDs ``book[p] .. book[p+1]-1``.
         self.partition_book = np.asarray(self.info.partition_book, dtype=np.int64)
 
@@ -492,7 +496,7 @@ class RemoteNeighborLoader:
             indices = tuple(b.index for b in self._plan.rank_batches(self.rank) if b.partition == p)
             if indices:
                 servers.append(ServerStream(
-                    partition=p, address=address, stub=self.cluster.stubs[p],
+                    partition=p, address=address, stub=self.cluster.stream_stubs[p],
                     request=request, indices=indices,
                 ))
         spec = BatchSpec(

@@ -38,8 +38,8 @@ from types import TracebackType
 
 import grpc
 
+from protos import fastwire
 from protos import sampling_pb2 as pb
-from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import (
     DeadlineExceeded,
     GraphfeedError,
@@ -105,7 +105,7 @@ class ServerStream:
     #: ``host:port`` of the server.
     address: str
     #: Stub on the server's channel.
-    stub: pb_grpc.SamplingServiceStub
+    stub: fastwire.MinibatchStreamStub
     #: The epoch request (``resume_from`` is set per call).
     request: pb.EpochRequest
     #: This rank's batch indices the server owns, increasing.
@@ -118,7 +118,7 @@ class StreamStats:
 
     #: Batches handed to the consumer.
     batches: int = 0
-    #: Bytes of tensor data received (complete batches only).
+    #: Bytes received (serialized messages of complete batches).
     bytes: int = 0
     #: Streams called again after a break or stall.
     resumes: int = 0
