@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from partitioner.format import PartitionFormatError
-from protos import codec
-from sampling_server import allocator
+from protos import allocator, codec
 from sampling_server.config import DEFAULT_PORT, VERIFY_MODES, ConfigError, ServerConfig, parse_peers
 
 log = logging.getLogger("sampling_server")

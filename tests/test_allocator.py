@@ -12,7 +12,7 @@ _PROBE = """
 import resource, sys
 import numpy as np
 if sys.argv[1] == "tuned":
-    from sampling_server.allocator import keep_freed_memory
+    from protos.allocator import keep_freed_memory
     assert keep_freed_memory() and keep_freed_memory()
 a = np.ones(1 << 23); del a
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from protos.allocator import keep_freed_memory
 from protos.channel import GraphfeedError
 from trainer_client.loader import Cluster, RemoteNeighborLoader
 from trainer_client.models import MODELS, NodeClassifier, batch_inputs, build_model
@@ -364,6 +365,7 @@ def run(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> dict[str, A
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the exit status (0 ok, 1 a graphfeed or input error)."""
     args = parse_args(argv)
+    keep_freed_memory()  # every batch allocates alike: reuse the blocks, skip page faults
     env: DistEnv | None = None
     cluster: Cluster | None = None
     try:
