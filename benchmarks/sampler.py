@@ -201,12 +201,12 @@ def main() -> int:
     parser.add_argument("--pyg-only", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.pyg_only is not None:  # child process: PyG's rows alone, memory of its own
-        part = load_partition(args.data / f"{args.preset}-1", 0, verify="size")
+        part = load_partition(args.data / f"{args.preset}-1", 0, verify="size", mmap=False)
         rows = pyg_rows(part, args.pyg_batches, args.pyg_workers)
         args.pyg_only.write_text(json.dumps(rows))
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    from sampling_server.allocator import keep_freed_memory
+    from protos.allocator import keep_freed_memory
 
     keep_freed_memory()  # as the server does at start-up; applies to every row alike
     # In memory, as a server holds its partition (a cold memory map would time page faults).
