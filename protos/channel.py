@@ -58,8 +58,8 @@ def _ms(seconds: float) -> int:
     return int(seconds * 1000)
 
 
-def channel_options(max_message_bytes: int = codec.MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
-    """The options :func:`create_channel` gives every channel."""
+def _shared_options(max_message_bytes: int) -> list[tuple[str, Any]]:
+    """Message size limits and keepalive, the same on both ends of every call."""
     return [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -67,6 +67,13 @@ def channel_options(max_message_bytes: int = codec.MAX_MESSAGE_BYTES) -> list[tu
         ("grpc.keepalive_timeout_ms", _ms(KEEPALIVE_TIMEOUT_S)),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+def channel_options(max_message_bytes: int = codec.MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
+    """The options :func:`create_channel` gives every channel."""
+    return [
+        *_shared_options(max_message_bytes),
         ("grpc.initial_reconnect_backoff_ms", _ms(RECONNECT_BACKOFF_S[0])),
         ("grpc.min_reconnect_backoff_ms", _ms(RECONNECT_BACKOFF_S[0])),
         ("grpc.max_reconnect_backoff_ms", _ms(RECONNECT_BACKOFF_S[1])),
@@ -94,13 +101,8 @@ def server_options(max_message_bytes: int = codec.MAX_MESSAGE_BYTES) -> list[tup
     :data:`MIN_CLIENT_PING_INTERVAL_S` or more, also without calls), and no
     ``SO_REUSEPORT`` (a second server on a taken port fails instead of sharing it)."""
     return [
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.keepalive_time_ms", _ms(KEEPALIVE_TIME_S)),
-        ("grpc.keepalive_timeout_ms", _ms(KEEPALIVE_TIMEOUT_S)),
-        ("grpc.keepalive_permit_without_calls", 1),
+        *_shared_options(max_message_bytes),
         ("grpc.http2.min_ping_interval_without_data_ms", _ms(MIN_CLIENT_PING_INTERVAL_S)),
-        ("grpc.http2.max_pings_without_data", 0),
         ("grpc.so_reuseport", 0),
     ]
 
