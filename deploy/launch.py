@@ -1,0 +1,462 @@
+"""Start, stop and inspect a graphfeed cluster over ssh, from one YAML file.
+
+    python deploy/launch.py start  cluster.yaml [--dry-run] [--only servers|trainers]
+    python deploy/launch.py stop   cluster.yaml [--dry-run] [--only servers|trainers]
+    python deploy/launch.py status cluster.yaml [--dry-run] [--only servers|trainers]
+
+One sampling server per partition runs on its storage node and one ``torchrun`` per
+trainer host runs on the GPU nodes (see ``deploy/cluster.example.yaml`` for the file).
+Every process is started under ``nohup`` with its log and pid file in ``log_dir``;
+``stop`` sends SIGTERM (servers drain their streams, torchrun forwards it to its
+workers); ``status`` checks the pid and prints the tail of the log.
+
+ssh always runs with ``BatchMode=yes``: keys or an agent only, it never prompts, and a
+``password`` anywhere in the file is refused. Remote commands are built with
+``shlex.quote`` and run by the remote user's login shell (POSIX sh assumed).
+``--dry-run`` prints every ssh command, one per line, and runs nothing.
+
+Exit codes: 0 success, 1 a remote command failed or timed out, 2 invalid cluster file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import posixpath
+import shlex
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+log = logging.getLogger("launch")
+
+#: Seconds one ssh command may take before it is counted as failed.
+SSH_TIMEOUT_S = 60.0
+#: Log lines ``status`` shows per process.
+TAIL_LINES = 5
+_TOP_KEYS = frozenset({"ssh", "python", "workdir", "log_dir", "partition_dir", "servers", "trainers"})
+_SSH_KEYS = frozenset({"user", "port", "identity_file", "options"})
+_SERVER_KEYS = frozenset({"host", "port", "partition", "device"})
+_TRAINER_KEYS = frozenset({"hosts", "gpus_per_host", "master_port", "args"})
+_DEVICES = ("auto", "cpu", "cuda")
+#: Trainer flags the launcher sets itself.
+_RESERVED_TRAINER_ARGS = frozenset({"servers"})
+
+
+class ClusterError(ValueError):
+    """The cluster file is invalid; the message names the field."""
+
+
+@dataclass(frozen=True)
+class SshConfig:
+    user: str | None = None
+    port: int = 22
+    identity_file: str | None = None
+    options: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    host: str
+    port: int
+    partition: int
+    device: str | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    hosts: tuple[str, ...]
+    gpus_per_host: int
+    master_port: int
+    args: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Cluster:
+    ssh: SshConfig
+    python: str
+    workdir: str
+    log_dir: str
+    partition_dir: str
+    servers: tuple[ServerSpec, ...]  # sorted by partition
+    trainers: TrainerSpec | None
+
+    @property
+    def log_path(self) -> str:
+        """``log_dir`` as an absolute remote path (relative ones are under ``workdir``)."""
+        return posixpath.join(self.workdir, self.log_dir)
+
+    @property
+    def peers(self) -> str:
+        return ",".join(s.address for s in self.servers)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One remote command: what it is, where it runs, and the ssh argv that runs it."""
+
+    label: str
+    host: str
+    argv: tuple[str, ...]
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _fail(field: str, message: str) -> None:
+    raise ClusterError(f"{field}: {message}")
+
+
+def _find_passwords(obj: object, where: str) -> None:
+    if isinstance(obj, Mapping):
+        for key, value in obj.items():
+            field = f"{where}.{key}" if where else str(key)
+            if "password" in str(key).lower():
+                _fail(field, "passwords are not allowed; use an ssh key or agent (ssh runs with "
+                      "BatchMode=yes)")
+            _find_passwords(value, field)
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            _find_passwords(value, f"{where}[{i}]")
+
+
+def _check_keys(obj: object, allowed: frozenset[str], field: str) -> Mapping[str, Any]:
+    if not isinstance(obj, Mapping):
+        _fail(field, f"expected a mapping, got {obj!r}")
+    assert isinstance(obj, Mapping)
+    unknown = sorted(set(map(str, obj)) - allowed)
+    if unknown:
+        _fail(field, f"unknown keys {unknown}; expected some of {sorted(allowed)}")
+    return obj
+
+
+def _str(obj: Mapping[str, Any], key: str, field: str, required: bool = True) -> str | None:
+    value = obj.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        _fail(field, f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def _int(value: object, field: str, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        _fail(field, f"expected an integer in {low}..{high}, got {value!r}")
+    assert isinstance(value, int)
+    return value
+
+
+def _port(value: object, field: str) -> int:
+    return _int(value, field, 1, 65535)
+
+
+def _parse_ssh(obj: object) -> SshConfig:
+    ssh = _check_keys({} if obj is None else obj, _SSH_KEYS, "ssh")
+    options = ssh.get("options", [])
+    if not isinstance(options, list) or not all(isinstance(o, str) and o for o in options):
+        _fail("ssh.options", f"expected a list of 'Key=value' strings, got {options!r}")
+    for i, option in enumerate(options):
+        if option.replace(" ", "").lower().startswith("batchmode="):
+            _fail(f"ssh.options[{i}]", "BatchMode is always yes; remove this option")
+    return SshConfig(
+        user=_str(ssh, "user", "ssh.user", required=False),
+        port=_port(ssh.get("port", 22), "ssh.port"),
+        identity_file=_str(ssh, "identity_file", "ssh.identity_file", required=False),
+        options=tuple(options),
+    )
+
+
+def _parse_server(obj: object, i: int) -> ServerSpec:
+    field = f"servers[{i}]"
+    entry = _check_keys(obj, _SERVER_KEYS, field)
+    for key in ("host", "port", "partition"):
+        if key not in entry:
+            _fail(f"{field}.{key}", "missing")
+    device = _str(entry, "device", f"{field}.device", required=False)
+    if device is not None and device not in _DEVICES:
+        _fail(f"{field}.device", f"expected one of {list(_DEVICES)}, got {device!r}")
+    return ServerSpec(
+        host=str(_str(entry, "host", f"{field}.host")),
+        port=_port(entry["port"], f"{field}.port"),
+        partition=_int(entry["partition"], f"{field}.partition", 0, 1 << 30),
+        device=device,
+    )
+
+
+def _parse_servers(obj: object) -> tuple[ServerSpec, ...]:
+    if not isinstance(obj, list) or not obj:
+        _fail("servers", f"expected a non-empty list of {{host, port, partition}}, got {obj!r}")
+    assert isinstance(obj, list)
+    servers = [_parse_server(entry, i) for i, entry in enumerate(obj)]
+    seen: dict[int, int] = {}
+    addresses: dict[str, int] = {}
+    for i, server in enumerate(servers):
+        if server.partition in seen:
+            _fail(f"servers[{i}].partition",
+                  f"duplicate partition {server.partition} (also servers[{seen[server.partition]}])")
+        seen[server.partition] = i
+        if server.address in addresses:
+            _fail(f"servers[{i}].port",
+                  f"duplicate address {server.address} (also servers[{addresses[server.address]}])")
+        addresses[server.address] = i
+    missing = sorted(set(range(len(servers))) - set(seen))
+    if missing:
+        _fail("servers", f"partitions must be 0..{len(servers) - 1} exactly once; "
+              f"missing {missing}, got {sorted(seen)}")
+    return tuple(sorted(servers, key=lambda s: s.partition))
+
+
+def _parse_trainer_args(obj: object) -> tuple[tuple[str, Any], ...]:
+    args = {} if obj is None else obj
+    if not isinstance(args, Mapping):
+        _fail("trainers.args", f"expected a mapping of flag: value, got {args!r}")
+    assert isinstance(args, Mapping)
+    for key, value in args.items():
+        name = str(key).replace("-", "_")
+        if name in _RESERVED_TRAINER_ARGS:
+            _fail(f"trainers.args.{key}", "set by the launcher from 'servers'; remove it")
+        if not isinstance(value, str | int | float | bool | list) and value is not None:
+            _fail(f"trainers.args.{key}", f"expected a scalar or list, got {value!r}")
+    return tuple((str(k), v) for k, v in args.items())
+
+
+def _parse_trainers(obj: object) -> TrainerSpec | None:
+    if obj is None:
+        return None
+    trainers = _check_keys(obj, _TRAINER_KEYS, "trainers")
+    hosts = trainers.get("hosts")
+    if not isinstance(hosts, list) or not hosts:
+        _fail("trainers.hosts", f"expected a non-empty list of host names, got {hosts!r}")
+    assert isinstance(hosts, list)
+    for i, host in enumerate(hosts):
+        if not isinstance(host, str) or not host.strip():
+            _fail(f"trainers.hosts[{i}]", f"expected a non-empty host name, got {host!r}")
+    if len(set(hosts)) != len(hosts):
+        _fail("trainers.hosts", f"duplicate hosts in {hosts}")
+    for key in ("gpus_per_host", "master_port"):
+        if key not in trainers:
+            _fail(f"trainers.{key}", "missing")
+    return TrainerSpec(
+        hosts=tuple(hosts),
+        gpus_per_host=_int(trainers["gpus_per_host"], "trainers.gpus_per_host", 1, 1024),
+        master_port=_port(trainers["master_port"], "trainers.master_port"),
+        args=_parse_trainer_args(trainers.get("args")),
+    )
+
+
+def parse_cluster(obj: object) -> Cluster:
+    """Validate a loaded cluster file; raises :class:`ClusterError` naming the field."""
+    top = _check_keys(obj, _TOP_KEYS, "cluster file")
+    _find_passwords(top, "")
+    return Cluster(
+        ssh=_parse_ssh(top.get("ssh")),
+        python=str(_str(top, "python", "python")),
+        workdir=str(_str(top, "workdir", "workdir")),
+        log_dir=str(_str(top, "log_dir", "log_dir")),
+        partition_dir=str(_str(top, "partition_dir", "partition_dir")),
+        servers=_parse_servers(top.get("servers")),
+        trainers=_parse_trainers(top.get("trainers")),
+    )
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read and validate a cluster YAML file (safe loader)."""
+    p = Path(path)
+    try:
+        obj = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise ClusterError(f"{p}: cannot read ({exc.strerror})") from exc
+    except yaml.YAMLError as exc:
+        raise ClusterError(f"{p}: not valid YAML ({exc})") from exc
+    try:
+        return parse_cluster(obj)
+    except ClusterError as exc:
+        raise ClusterError(f"{p}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def ssh_argv(ssh: SshConfig, host: str, remote: str) -> tuple[str, ...]:
+    """The ssh argv running ``remote`` (one shell command line) on ``host``."""
+    argv = ["ssh", "-o", "BatchMode=yes", "-p", str(ssh.port)]
+    if ssh.identity_file:
+        argv += ["-i", os.path.expanduser(ssh.identity_file)]
+    for option in ssh.options:
+        argv += ["-o", option]
+    argv += [f"{ssh.user}@{host}" if ssh.user else host, remote]
+    return tuple(argv)
+
+
+def _q(args: Sequence[object]) -> str:
+    return " ".join(shlex.quote(str(a)) for a in args)
+
+
+def _files(cluster: Cluster, name: str) -> tuple[str, str]:
+    """(log file, pid file) of the process called ``name``."""
+    return (posixpath.join(cluster.log_path, f"{name}.log"),
+            posixpath.join(cluster.log_path, f"{name}.pid"))
+
+
+def _background(cluster: Cluster, name: str, command: Sequence[object]) -> str:
+    """Shell line starting ``command`` in ``workdir`` under nohup, logging to ``name``."""
+    logfile, pidfile = _files(cluster, name)
+    return (f"mkdir -p {shlex.quote(cluster.log_path)} && cd {shlex.quote(cluster.workdir)} && "
+            f"{{ nohup {_q(command)} > {shlex.quote(logfile)} 2>&1 < /dev/null & "
+            f"echo $! > {shlex.quote(pidfile)}; }}")
+
+
+def server_command(cluster: Cluster, server: ServerSpec) -> list[str]:
+    command = [cluster.python, "-m", "sampling_server", "--partition-dir", cluster.partition_dir,
+               "--partition", str(server.partition), "--listen", f"0.0.0.0:{server.port}"]
+    if len(cluster.servers) > 1:
+        command += ["--peers", cluster.peers]
+    if server.device:
+        command += ["--device", server.device]
+    return command
+
+
+def _flag_args(args: Sequence[tuple[str, Any]]) -> list[str]:
+    out: list[str] = []
+    for key, value in args:
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is None or value is False:
+            continue
+        elif isinstance(value, list):
+            out += [flag, ",".join(str(v) for v in value)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def trainer_command(cluster: Cluster, trainers: TrainerSpec, rank: int) -> list[str]:
+    return [cluster.python, "-m", "torch.distributed.run",
+            "--nnodes", str(len(trainers.hosts)), "--node-rank", str(rank),
+            "--nproc-per-node", str(trainers.gpus_per_host),
+            "--master-addr", trainers.hosts[0], "--master-port", str(trainers.master_port),
+            "-m", "trainer_client.train", "--servers", cluster.peers,
+            *_flag_args(trainers.args)]
+
+
+def stop_command(cluster: Cluster, name: str) -> str:
+    _, pid = _files(cluster, name)
+    qpid = shlex.quote(pid)
+    return (f"if [ -f {qpid} ]; then kill -TERM \"$(cat {qpid})\" && echo 'sent SIGTERM'; "
+            f"else echo 'not running (no pid file)'; fi")
+
+
+def status_command(cluster: Cluster, name: str) -> str:
+    logfile, pid = _files(cluster, name)
+    qpid = shlex.quote(pid)
+    return (f"if [ -f {qpid} ] && kill -0 \"$(cat {qpid})\" 2>/dev/null; "
+            f"then echo \"running (pid $(cat {qpid}))\"; else echo 'not running'; fi; "
+            f"tail -n {TAIL_LINES} {shlex.quote(logfile)} 2>/dev/null || true")
+
+
+def _processes(cluster: Cluster, only: str | None) -> list[tuple[str, str, int | None]]:
+    """(name, host, index) of every process: servers by partition, trainers by rank."""
+    procs: list[tuple[str, str, int | None]] = []
+    if only in (None, "servers"):
+        procs += [(f"server-{s.partition}", s.host, s.partition) for s in cluster.servers]
+    if only in (None, "trainers"):
+        if cluster.trainers is None:
+            if only == "trainers":
+                raise ClusterError("trainers: not set in the cluster file")
+        else:
+            procs += [(f"trainer-{r}", h, r) for r, h in enumerate(cluster.trainers.hosts)]
+    return procs
+
+
+def plan(cluster: Cluster, action: str, only: str | None = None) -> list[Step]:
+    """Every ssh command ``action`` (start, stop, status) runs, in order."""
+    steps: list[Step] = []
+    for name, host, index in _processes(cluster, only):
+        if action == "start":
+            if name.startswith("server-"):
+                command = server_command(cluster, cluster.servers[int(index or 0)])
+            else:
+                assert cluster.trainers is not None
+                command = trainer_command(cluster, cluster.trainers, int(index or 0))
+            remote = _background(cluster, name, command)
+        elif action == "stop":
+            remote = stop_command(cluster, name)
+        elif action == "status":
+            remote = status_command(cluster, name)
+        else:
+            raise ValueError(f"unknown action {action!r}")
+        steps.append(Step(label=f"{name} on {host}", host=host,
+                          argv=ssh_argv(cluster.ssh, host, remote)))
+    return steps
+
+
+# --------------------------------------------------------------------------- running
+
+
+def run_step(step: Step, timeout: float = SSH_TIMEOUT_S) -> tuple[bool, str]:
+    """Run one step; (succeeded, its output)."""
+    log.debug("running %s", shlex.join(step.argv))
+    try:
+        done = subprocess.run(step.argv, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        return False, f"timed out after {timeout:.0f} s"
+    except OSError as exc:
+        return False, f"cannot run ssh ({exc})"
+    output = (done.stdout + done.stderr).rstrip()
+    if done.returncode != 0:
+        return False, f"exit {done.returncode}: {output}"
+    return True, output
+
+
+def run_steps(steps: Sequence[Step], timeout: float = SSH_TIMEOUT_S) -> bool:
+    """Run every step (in parallel), print each one's output; True when all succeeded."""
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(steps)))) as pool:
+        results = list(pool.map(lambda s: run_step(s, timeout), steps))
+    for step, (ok, output) in zip(steps, results, strict=True):
+        print(f"== {step.label}: {'ok' if ok else 'FAILED'}")
+        if output:
+            print(output)
+        if not ok:
+            log.error("%s failed", step.label)
+    return all(ok for ok, _ in results)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="launch.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=("start", "stop", "status"))
+    parser.add_argument("cluster", type=Path, help="cluster YAML file")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print every ssh command, one per line; run nothing")
+    parser.add_argument("--only", choices=("servers", "trainers"))
+    parser.add_argument("--timeout", type=float, default=SSH_TIMEOUT_S,
+                        help=f"seconds per ssh command ({SSH_TIMEOUT_S:.0f})")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        steps = plan(load_cluster(args.cluster), args.action, args.only)
+    except ClusterError as exc:
+        print(f"launch.py: error: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        for step in steps:
+            print(shlex.join(step.argv))
+        return 0
+    return 0 if run_steps(steps, args.timeout) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

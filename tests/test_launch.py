@@ -1,0 +1,231 @@
+"""deploy/launch.py: dry-run plans of the example cluster, and cluster-file validation."""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "deploy" / "cluster.example.yaml"
+
+
+def _load_launch() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("graphfeed_launch", ROOT / "deploy" / "launch.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+launch = _load_launch()
+
+
+def _dry_run(capsys: pytest.CaptureFixture[str], *args: str, path: Path = EXAMPLE) -> list[list[str]]:
+    """Each printed ssh command as an argv (the remote command is the last element)."""
+    assert launch.main([*args, str(path), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    return [shlex.split(line) for line in lines]
+
+
+def _after(tokens: list[str], flag: str) -> str:
+    return tokens[tokens.index(flag) + 1]
+
+
+def _example() -> dict[str, Any]:
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
+def _write(tmp_path: Path, obj: dict[str, Any]) -> Path:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(obj))
+    return path
+
+
+PEERS = "storage0:50051,storage1:50051,storage2:50051,storage2:50052"
+
+
+def test_start_plan_servers(capsys: pytest.CaptureFixture[str]) -> None:
+    cmds = _dry_run(capsys, "start", "--only", "servers")
+    assert len(cmds) == 4
+    hosts = ["storage0", "storage1", "storage2", "storage2"]
+    ports = ["50051", "50051", "50051", "50052"]
+    for partition, argv in enumerate(cmds):
+        assert argv[0] == "ssh"
+        assert argv[argv.index("BatchMode=yes") - 1] == "-o"
+        assert argv[-2] == f"graphfeed@{hosts[partition]}"
+        assert _after(argv, "-p") == "22"
+        remote = shlex.split(argv[-1])
+        assert remote[remote.index("nohup") + 1:remote.index("nohup") + 4] == [
+            "/opt/graphfeed/.venv/bin/python", "-m", "sampling_server"]
+        assert _after(remote, "--partition") == str(partition)
+        assert _after(remote, "--partition-dir") == "/data/products-4"
+        assert _after(remote, "--listen") == f"0.0.0.0:{ports[partition]}"
+        assert _after(remote, "--peers") == PEERS
+        # paths with spaces stay one word
+        assert _after(remote, "cd") == "/opt/graphfeed/my repo"
+        assert _after(remote, ">") == f"/opt/graphfeed/my repo/logs/server-{partition}.log"
+        assert remote[-2] == f"/opt/graphfeed/my repo/logs/server-{partition}.pid;"
+        assert ("--device" in remote) == (partition == 2)
+
+
+def test_start_plan_trainers(capsys: pytest.CaptureFixture[str]) -> None:
+    cmds = _dry_run(capsys, "start", "--only", "trainers")
+    assert [argv[-2] for argv in cmds] == ["graphfeed@gpu0", "graphfeed@gpu1"]
+    for rank, argv in enumerate(cmds):
+        assert "BatchMode=yes" in argv
+        remote = shlex.split(argv[-1])
+        assert "torch.distributed.run" in remote
+        assert _after(remote, "--nnodes") == "2"
+        assert _after(remote, "--node-rank") == str(rank)
+        assert _after(remote, "--nproc-per-node") == "8"
+        assert _after(remote, "--master-addr") == "gpu0"
+        assert _after(remote, "--master-port") == "29500"
+        assert remote.index("torch.distributed.run") < remote.index("trainer_client.train")
+        assert _after(remote, "--servers") == PEERS
+        assert _after(remote, "--fanouts") == "15,10,5"
+        assert _after(remote, "--batch-size") == "1024"
+        assert _after(remote, "--epochs") == "10"
+        assert _after(remote, "--checkpoint-dir") == "/shared/ckpt/products"
+        assert _after(remote, ">") == f"/opt/graphfeed/my repo/logs/trainer-{rank}.log"
+
+
+def test_start_plan_all(capsys: pytest.CaptureFixture[str]) -> None:
+    cmds = _dry_run(capsys, "start")
+    assert len(cmds) == 6
+    assert all("BatchMode=yes" in argv for argv in cmds)
+
+
+def test_stop_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    cmds = _dry_run(capsys, "stop")
+    assert len(cmds) == 6
+    names = [f"server-{i}" for i in range(4)] + ["trainer-0", "trainer-1"]
+    for name, argv in zip(names, cmds, strict=True):
+        assert "BatchMode=yes" in argv
+        remote = argv[-1]
+        assert "kill -TERM" in remote
+        assert shlex.quote(f"/opt/graphfeed/my repo/logs/{name}.pid") in remote
+
+
+def test_status_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    cmds = _dry_run(capsys, "status", "--only", "servers")
+    assert len(cmds) == 4
+    for partition, argv in enumerate(cmds):
+        remote = argv[-1]
+        assert "kill -0" in remote
+        assert "tail -n" in remote
+        assert shlex.quote(f"/opt/graphfeed/my repo/logs/server-{partition}.log") in remote
+
+
+def test_dry_run_runs_nothing(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*args: object, **kwargs: object) -> None:
+        raise AssertionError("subprocess.run called in a dry run")
+
+    monkeypatch.setattr(launch.subprocess, "run", boom)
+    assert len(_dry_run(capsys, "start")) == 6
+
+
+def test_servers_sorted_by_partition(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    obj = _example()
+    obj["servers"].reverse()
+    cmds = _dry_run(capsys, "start", "--only", "servers", path=_write(tmp_path, obj))
+    for partition, argv in enumerate(cmds):
+        remote = shlex.split(argv[-1])
+        assert _after(remote, "--partition") == str(partition)
+        assert _after(remote, "--peers") == PEERS
+
+
+def _error(tmp_path: Path, capsys: pytest.CaptureFixture[str], obj: dict[str, Any]) -> str:
+    assert launch.main(["start", str(_write(tmp_path, obj)), "--dry-run"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    return captured.err
+
+
+def test_password_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    obj = _example()
+    obj["ssh"]["password"] = "hunter2"
+    with pytest.raises(launch.ClusterError, match=r"ssh\.password.*not allowed"):
+        launch.parse_cluster(obj)
+    assert "ssh.password" in _error(tmp_path, capsys, obj)
+
+
+def test_batchmode_option_refused() -> None:
+    obj = _example()
+    obj["ssh"]["options"].append("BatchMode=no")
+    with pytest.raises(launch.ClusterError, match=r"ssh\.options\[2\]"):
+        launch.parse_cluster(obj)
+
+
+def test_duplicate_partition(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    obj = _example()
+    obj["servers"][3]["partition"] = 1
+    with pytest.raises(launch.ClusterError, match=r"servers\[3\]\.partition: duplicate partition 1"):
+        launch.parse_cluster(obj)
+    assert "duplicate partition" in _error(tmp_path, capsys, obj)
+
+
+def test_missing_partition() -> None:
+    obj = _example()
+    obj["servers"][3]["partition"] = 7
+    with pytest.raises(launch.ClusterError, match=r"servers: partitions must be 0\.\.3.*missing \[3\]"):
+        launch.parse_cluster(obj)
+
+
+@pytest.mark.parametrize("port", [0, 70000, "50051", True])
+def test_bad_server_port(port: object) -> None:
+    obj = _example()
+    obj["servers"][1]["port"] = port
+    with pytest.raises(launch.ClusterError, match=r"servers\[1\]\.port"):
+        launch.parse_cluster(obj)
+
+
+def test_bad_master_port_and_empty_hosts() -> None:
+    obj = _example()
+    obj["trainers"]["master_port"] = -1
+    with pytest.raises(launch.ClusterError, match=r"trainers\.master_port"):
+        launch.parse_cluster(obj)
+    obj = _example()
+    obj["trainers"]["hosts"] = []
+    with pytest.raises(launch.ClusterError, match=r"trainers\.hosts"):
+        launch.parse_cluster(obj)
+
+
+def test_missing_and_unknown_fields() -> None:
+    obj = _example()
+    del obj["workdir"]
+    with pytest.raises(launch.ClusterError, match=r"^workdir"):
+        launch.parse_cluster(obj)
+    obj = _example()
+    del obj["servers"][0]["host"]
+    with pytest.raises(launch.ClusterError, match=r"servers\[0\]\.host: missing"):
+        launch.parse_cluster(obj)
+    obj = _example()
+    obj["servers"][0]["adress"] = "x"
+    with pytest.raises(launch.ClusterError, match=r"servers\[0\].*adress"):
+        launch.parse_cluster(obj)
+    obj = _example()
+    obj["trainers"]["args"]["servers"] = "a:1"
+    with pytest.raises(launch.ClusterError, match=r"trainers\.args\.servers"):
+        launch.parse_cluster(obj)
+
+
+def test_real_run_uses_timeout(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    calls: list[tuple[tuple[str, ...], float]] = []
+
+    def fake_run(argv: tuple[str, ...], **kwargs: Any) -> Any:
+        calls.append((argv, kwargs["timeout"]))
+        raise launch.subprocess.TimeoutExpired(argv, kwargs["timeout"])
+
+    monkeypatch.setattr(launch.subprocess, "run", fake_run)
+    assert launch.main(["status", str(EXAMPLE), "--only", "trainers", "--timeout", "3"]) == 1
+    assert [argv[-2] for argv, _ in calls] == ["graphfeed@gpu0", "graphfeed@gpu1"]
+    assert all(timeout == 3 for _, timeout in calls)
+    assert "timed out" in capsys.readouterr().out
