@@ -1,0 +1,320 @@
+"""deploy/: compose, SLURM and Kubernetes files parse, hang together and use real CLI flags.
+
+Fast and offline: nothing is built, started or pulled. The sbatch scripts run once against
+stand-in `scontrol` / `srun` / python executables that record the commands they would start.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shlex
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+COMPOSE = DEPLOY / "docker-compose.yml"
+DOCKERFILE = DEPLOY / "Dockerfile"
+K8S_SERVERS = DEPLOY / "k8s" / "servers.yaml"
+K8S_TRAINERS = DEPLOY / "k8s" / "trainers.yaml"
+SBATCH_SERVERS = DEPLOY / "slurm" / "servers.sbatch"
+SBATCH_TRAINERS = DEPLOY / "slurm" / "trainers.sbatch"
+
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+@functools.cache
+def _help_flags(*args: str) -> frozenset[str]:
+    out = subprocess.run(
+        [sys.executable, *args, "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT, check=True
+    ).stdout
+    return frozenset(FLAG.findall(out))
+
+
+def _flags_after(tokens: list[str], module: str, stop: str | None = None) -> set[str]:
+    """Flags following `-m module` in a tokenized command (up to `-m stop`, if given)."""
+    for i in range(len(tokens) - 1):
+        if tokens[i] == "-m" and tokens[i + 1] == module:
+            rest = tokens[i + 2 :]
+            if stop is not None and "-m" in rest:
+                rest = rest[: rest.index("-m")]
+            return {t for t in rest if FLAG.fullmatch(t)}
+    raise AssertionError(f"no `-m {module}` in {tokens}")
+
+
+def _check_command(tokens: list[str]) -> str:
+    """Check the flags of one graphfeed command against the CLI's --help; return its kind."""
+    joined = " ".join(tokens)
+    if "-m sampling_server" in joined:
+        flags = _flags_after(tokens, "sampling_server")
+        assert flags <= _help_flags("-m", "sampling_server"), flags
+        assert {"--partition-dir", "--partition", "--listen", "--peers"} <= flags
+        return "server"
+    if "-m trainer_client.train" in joined:
+        flags = _flags_after(tokens, "trainer_client.train")
+        assert flags <= _help_flags("-m", "trainer_client.train"), flags
+        assert "--servers" in flags
+        run_flags = _flags_after(tokens, "torch.distributed.run", stop="trainer_client.train")
+        assert run_flags <= _help_flags("-m", "torch.distributed.run"), run_flags
+        assert {"--nnodes", "--node-rank", "--master-addr", "--master-port"} <= run_flags
+        return "trainer"
+    if "-m partitioner partition" in joined:
+        flags = _flags_after(tokens, "partitioner")
+        assert flags <= _help_flags("-m", "partitioner", "partition"), flags
+        return "partition"
+    raise AssertionError(f"not a graphfeed command: {joined}")
+
+
+# --- docker compose ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    docs = list(yaml.safe_load_all(COMPOSE.read_text()))
+    assert len(docs) == 1
+    return docs[0]
+
+
+def test_compose_services_and_order(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert set(services) == {"partition", "server0", "server1", "trainer0", "trainer1"}
+    assert "data" in compose["volumes"]
+    for name, svc in services.items():
+        assert svc["restart"] == "no", name
+        assert "data:/data" in svc["volumes"], name
+        assert svc["image"] == "graphfeed:latest"
+        assert svc["build"]["dockerfile"] == "deploy/Dockerfile"
+        assert (COMPOSE.parent / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
+    for name in ("server0", "server1"):
+        svc = services[name]
+        assert svc["hostname"] == name
+        assert svc["depends_on"] == {"partition": {"condition": "service_completed_successfully"}}
+    for name in ("trainer0", "trainer1"):
+        svc = services[name]
+        assert svc["hostname"] == name
+        assert svc["depends_on"] == {
+            "server0": {"condition": "service_healthy"},
+            "server1": {"condition": "service_healthy"},
+        }
+
+
+def test_compose_healthcheck_is_grpc_health_one_liner(compose: dict[str, Any]) -> None:
+    for name in ("server0", "server1"):
+        test = compose["services"][name]["healthcheck"]["test"]
+        assert test[:3] == ["CMD", "python", "-c"]
+        code = test[3]
+        compile(code, "<healthcheck>", "exec")
+        assert "grpc_health.v1" in code and "localhost:50051" in code and "SERVING" in code
+        assert "grpc_health_probe" not in code
+
+
+def test_compose_commands(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    kinds = {name: _check_command([str(t) for t in svc["command"]]) for name, svc in services.items()}
+    assert kinds == {
+        "partition": "partition",
+        "server0": "server",
+        "server1": "server",
+        "trainer0": "trainer",
+        "trainer1": "trainer",
+    }
+    for i in (0, 1):
+        server = [str(t) for t in services[f"server{i}"]["command"]]
+        assert server[server.index("--partition") + 1] == str(i)
+        assert server[server.index("--peers") + 1] == "server0:50051,server1:50051"
+        trainer = [str(t) for t in services[f"trainer{i}"]["command"]]
+        assert trainer[trainer.index("--node-rank") + 1] == str(i)
+        assert trainer[trainer.index("--master-addr") + 1] == "trainer0"
+        assert trainer[trainer.index("--servers") + 1] == "server0:50051,server1:50051"
+
+
+# --- Dockerfile ---------------------------------------------------------------------------
+
+
+def test_dockerfile() -> None:
+    text = DOCKERFILE.read_text()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    assert "ARG BASE_IMAGE=python:3.11-slim" in lines
+    assert lines[1] == "FROM ${BASE_IMAGE}"
+    assert any(ln.startswith("ARG WHEELHOUSE") for ln in lines)
+    assert "--no-index --find-links" in text
+    assert '"torch==2.13.0"' in text
+    assert "WORKDIR /app" in lines
+    users = [ln.split()[1] for ln in lines if ln.startswith("USER ")]
+    assert users and users[-1].split(":")[0] not in {"root", "0"}
+    for secret in ("TOKEN", "PASSWORD", "SECRET", "id_rsa", "id_ed25519", "--mount=type=secret"):
+        assert not any(secret.lower() in ln.lower() for ln in lines), secret
+    for path in re.findall(r"^COPY (?!pyproject)(\S+) ", text, flags=re.M):
+        assert (ROOT / path).exists(), path
+
+
+# --- Kubernetes -----------------------------------------------------------------------------
+
+
+def _k8s(path: Path) -> dict[str, dict[str, Any]]:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    by_kind: dict[str, dict[str, Any]] = {}
+    for d in docs:
+        assert {"apiVersion", "kind", "metadata"} <= set(d)
+        assert d["kind"] not in by_kind, f"two {d['kind']} in {path.name}"
+        by_kind[d["kind"]] = d
+    return by_kind
+
+
+def _shell_tokens(container: dict[str, Any]) -> list[str]:
+    command = container["command"]
+    assert command[:2] == ["/bin/sh", "-c"]
+    tokens = shlex.split(command[2])
+    assert tokens[0] == "exec"
+    return tokens[1:]
+
+
+def test_k8s_servers() -> None:
+    objs = _k8s(K8S_SERVERS)
+    assert set(objs) == {"PersistentVolumeClaim", "Job", "Service", "StatefulSet"}
+    svc, sts = objs["Service"], objs["StatefulSet"]
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert sts["spec"]["serviceName"] == svc["metadata"]["name"] == "graphfeed-server"
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert sts["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert svc["spec"]["selector"].items() <= labels.items()
+
+    pod = sts["spec"]["template"]["spec"]
+    (server,) = pod["containers"]
+    tokens = _shell_tokens(server)
+    assert _check_command(tokens) == "server"
+    assert tokens[tokens.index("--partition") + 1] == "${HOSTNAME##*-}"
+    replicas = sts["spec"]["replicas"]
+    peers = tokens[tokens.index("--peers") + 1].split(",")
+    assert peers == [f"graphfeed-server-{i}.graphfeed-server:50051" for i in range(replicas)]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert server[probe]["grpc"]["port"] == 50051, probe
+    claim = objs["PersistentVolumeClaim"]["metadata"]["name"]
+    assert {"name": "data", "persistentVolumeClaim": {"claimName": claim}} in pod["volumes"]
+    part_dir = tokens[tokens.index("--partition-dir") + 1]
+
+    job = objs["Job"]["spec"]["template"]["spec"]
+    (part,) = job["containers"]
+    assert _check_command(part["command"]) == "partition"
+    assert part["command"][part["command"].index("--out") + 1] == part_dir
+    assert part["command"][part["command"].index("--num-parts") + 1] == str(replicas)
+
+
+def test_k8s_trainers() -> None:
+    objs = _k8s(K8S_TRAINERS)
+    assert set(objs) == {"Service", "Job"}
+    svc, job = objs["Service"], objs["Job"]
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert spec["parallelism"] == spec["completions"] == 2
+    assert svc["spec"]["clusterIP"] == "None"
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == svc["metadata"]["name"]
+    assert svc["spec"]["selector"] == {"job-name": job["metadata"]["name"]}
+    (trainer,) = pod["containers"]
+    tokens = _shell_tokens(trainer)
+    assert _check_command(tokens) == "trainer"
+    assert tokens[tokens.index("--node-rank") + 1] == "${JOB_COMPLETION_INDEX}"
+    assert tokens[tokens.index("--nnodes") + 1] == "2"
+    name, sub = job["metadata"]["name"], svc["metadata"]["name"]
+    assert tokens[tokens.index("--master-addr") + 1] == f"{name}-0.{sub}"
+    servers = tokens[tokens.index("--servers") + 1].split(",")
+    assert servers == [f"graphfeed-server-{i}.graphfeed-server:50051" for i in range(2)]
+
+
+# --- SLURM --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", [SBATCH_SERVERS, SBATCH_TRAINERS], ids=lambda p: p.name)
+def test_sbatch_syntax_and_headers(script: Path) -> None:
+    subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
+    text = script.read_text()
+    assert text.startswith("#!/usr/bin/env bash\n")
+    assert re.search(r"^#SBATCH --nodes=\d+$", text, flags=re.M)
+    assert "#SBATCH --job-name=" in text
+
+
+def _write_exe(path: Path, body: str) -> None:
+    path.write_text("#!/usr/bin/env bash\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def _run_sbatch(tmp_path: Path, script: Path, args: list[str], env: dict[str, str]) -> list[list[str]]:
+    """Run `script` with stand-ins: srun runs each task locally, PYTHON records its argv."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "argv.txt"
+    _write_exe(bin_dir / "scontrol", 'test "$1 $2" = "show hostnames" && printf "%s\\n" nodeA nodeB\n')
+    _write_exe(
+        bin_dir / "srun",
+        "n=2; while [[ $1 == --* ]]; do shift; done\n"
+        'for ((i = 0; i < n; i++)); do SLURM_PROCID=$i SLURM_NODEID=$i "$@" || exit; done\n',
+    )
+    rec = shlex.quote(str(record))
+    _write_exe(bin_dir / "fakepython", f'printf "%s\\0" "$@" >> {rec}; echo >> {rec}\n')
+    full_env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "PYTHON": str(bin_dir / "fakepython"),
+        "SLURM_JOB_NODELIST": "node[A-B]",
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_NNODES": "2",
+        "SLURM_SUBMIT_DIR": str(tmp_path),
+        **env,
+    }
+    subprocess.run(["bash", str(script), *args], check=True, env=full_env, timeout=30, capture_output=True)
+    return [line.rstrip("\0").split("\0") for line in record.read_text().splitlines() if line]
+
+
+def test_servers_sbatch_commands(tmp_path: Path) -> None:
+    calls = _run_sbatch(tmp_path, SBATCH_SERVERS, ["/shared/parts", "--workers", "4"], {})
+    assert len(calls) == 2
+    for i, argv in enumerate(calls):
+        tokens = ["python", *argv]
+        assert _check_command(tokens) == "server"
+        assert argv[argv.index("--partition") + 1] == str(i)
+        assert argv[argv.index("--partition-dir") + 1] == "/shared/parts"
+        assert argv[argv.index("--peers") + 1] == "nodeA:50051,nodeB:50051"
+        assert argv[-2:] == ["--workers", "4"]
+    assert (tmp_path / "graphfeed-servers-42.txt").read_text().strip() == "nodeA:50051,nodeB:50051"
+
+
+def test_trainers_sbatch_commands(tmp_path: Path) -> None:
+    calls = _run_sbatch(tmp_path, SBATCH_TRAINERS, [], {"SERVERS": "nodeA:50051,nodeB:50051"})
+    assert len(calls) == 2
+    for i, argv in enumerate(calls):
+        tokens = ["python", *argv]
+        assert _check_command(tokens) == "trainer"
+        assert argv[argv.index("--node-rank") + 1] == str(i)
+        assert argv[argv.index("--master-addr") + 1] == "nodeA"
+        assert argv[argv.index("--servers") + 1] == "nodeA:50051,nodeB:50051"
+        assert argv[-2:] == ["--epochs", "5"]
+
+
+# --- docs ---------------------------------------------------------------------------------
+
+
+def test_deploy_doc_covers_every_way() -> None:
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    for needle in (
+        "deploy/launch.py start deploy/cluster.example.yaml --dry-run",
+        "deploy/slurm/servers.sbatch",
+        "deploy/slurm/trainers.sbatch",
+        "deploy/k8s/servers.yaml",
+        "deploy/k8s/trainers.yaml",
+        "deploy/docker-compose.yml",
+        "deploy/Dockerfile",
+        "podman",
+    ):
+        assert needle in text, needle
