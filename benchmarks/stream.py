@@ -84,9 +84,21 @@ def tcp_row(total: int) -> dict[str, Any]:
     return _row("tcp", got, wall, got // (4 << 20))
 
 
+def _serve(handler: Any, port: int, ready: Any, seconds: float) -> None:
+    """Serve ``handler`` on 127.0.0.1:``port`` (graphfeed's server options) until killed or
+    ``seconds`` pass; ``ready`` is set once it listens."""
+    from protos.channel import server_options
+
+    server = grpc.server(futures.ThreadPoolExecutor(2), options=server_options())
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    ready.set()
+    server.wait_for_termination(seconds)
+
+
 # -- bare gRPC bytes stream ------------------------------------------------------------
 def _bytes_server(port: int, size: int, count: int, ready: Any) -> None:
-    from protos.channel import server_options
 
     payload = b"\1" * size
 
@@ -97,12 +109,7 @@ def _bytes_server(port: int, size: int, count: int, ready: Any) -> None:
     handler = grpc.method_handlers_generic_handler("bench.Bytes", {
         "Stream": grpc.unary_stream_rpc_method_handler(stream, request_deserializer=None,
                                                        response_serializer=None)})
-    server = grpc.server(futures.ThreadPoolExecutor(2), options=server_options())
-    server.add_generic_rpc_handlers((handler,))
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    server.start()
-    ready.set()
-    server.wait_for_termination(600)
+    _serve(handler, port, ready, 600)
 
 
 def grpc_bytes_row(size: int, total: int) -> dict[str, Any]:
@@ -138,7 +145,6 @@ def _replay_server(part_dir: str, size: int, rounds: int, num_batches: int, port
     from protos import fastwire
     from protos import sampling_pb2 as pb
     from protos.allocator import keep_freed_memory
-    from protos.channel import server_options
     from sampling_server.sampler import create_sampler
     from sampling_server.sampler.rng import batch_key
 
@@ -176,12 +182,7 @@ def _replay_server(part_dir: str, size: int, rounds: int, num_batches: int, port
     handler = grpc.method_handlers_generic_handler("graphfeed.v1.SamplingService", {
         "StreamMinibatches": grpc.unary_stream_rpc_method_handler(
             stream, pb.EpochRequest.FromString, fastwire.passthrough)})
-    server = grpc.server(futures.ThreadPoolExecutor(2), options=server_options())
-    server.add_generic_rpc_handlers((handler,))
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    server.start()
-    ready.set()
-    server.wait_for_termination(900)
+    _serve(handler, port, ready, 900)
 
 
 def replay_row(part_dir: Path, size: int, rounds: int, num_batches: int) -> dict[str, Any]:
