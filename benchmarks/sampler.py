@@ -98,7 +98,13 @@ def graphfeed_rows(part: Partition, device: str, n: int) -> list[dict[str, Any]]
     def sync(fn: Callable[[np.ndarray, int], int]) -> Callable[[np.ndarray, int], int]:
         if device != "cuda":
             return fn
-        return lambda s, i: (fn(s, i), torch.cuda.synchronize())[0]
+
+        def synced(seeds: np.ndarray, i: int) -> int:
+            result = fn(seeds, i)
+            torch.cuda.synchronize()
+            return result
+
+        return synced
 
     return [measure(f"graphfeed {device}: structure", sync(structure), part, n),
             measure(f"graphfeed {device}: + features", sync(with_features), part, n)]
@@ -202,8 +208,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.pyg_only is not None:  # child process: PyG's rows alone, memory of its own
         part = load_partition(args.data / f"{args.preset}-1", 0, verify="size", mmap=False)
-        rows = pyg_rows(part, args.pyg_batches, args.pyg_workers)
-        args.pyg_only.write_text(json.dumps(rows))
+        args.pyg_only.write_text(json.dumps(pyg_rows(part, args.pyg_batches, args.pyg_workers)))
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from protos.allocator import keep_freed_memory

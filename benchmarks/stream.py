@@ -140,6 +140,7 @@ def _replay_server(part_dir: str, size: int, rounds: int, num_batches: int, port
                    ready: Any) -> None:
     """Sample real batches once, then stream their messages ``rounds`` times."""
     import numpy as np
+    import torch
 
     from partitioner import load_partition
     from protos import fastwire
@@ -153,19 +154,17 @@ def _replay_server(part_dir: str, size: int, rounds: int, num_batches: int, port
     sampler = create_sampler(part, device="cpu")
     train = np.asarray(part.splits["train"])
     rng = np.random.default_rng(0)
-    batches = []
+    batches: list[tuple[dict[str, torch.Tensor], Any]] = []
     for i in range(num_batches):
         mb = sampler.minibatch(rng.choice(train, BATCH, replace=False), FANOUTS, batch_key(0, 0, 0, i))
         assert mb.x is not None and mb.y is not None
-        batches.append({"n_id": mb.structure.n_id, "edge_index": mb.structure.edge_index,
-                        "x": mb.x, "y": mb.y, "_meta": mb.structure})
+        batches.append(({"n_id": mb.structure.n_id, "edge_index": mb.structure.edge_index,
+                         "x": mb.x, "y": mb.y}, mb.structure))
 
     def stream(request: Any, context: Any) -> Any:
         index = 0
         for _ in range(rounds):
-            for b in batches:  # encoded per send, as the real pipeline does
-                named = {k: v for k, v in b.items() if k != "_meta"}
-                out = b["_meta"]
+            for named, out in batches:  # encoded per send, as the real pipeline does
 
                 def head(i: int, n: int, out: Any = out, index: int = index) -> Any:
                     msg = pb.MinibatchChunk(batch_index=index, chunk_index=i, num_chunks=n)
@@ -231,6 +230,9 @@ def server_rows(part_dir: Path, num_batches: int, steps: list[float]) -> list[di
             loader = RemoteNeighborLoader([address], "train", num_neighbors=FANOUTS,
                                           batch_size=BATCH, shuffle=True, prefetch=4,
                                           connect_timeout=600, stall_timeout=300)
+            if len(loader) < num_batches:
+                log.warning("an epoch has only %d batches; measuring those", len(loader))
+                num_batches = len(loader)
             batches = 0
             started = time.perf_counter()
             it = iter(loader)
