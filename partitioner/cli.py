@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 
 from partitioner.algorithms import METHODS
-from partitioner.format import PartitionFormatError, check_files, read_manifest
+from partitioner.format import MANIFEST_FILE, Manifest, PartitionFormatError, check_files, read_manifest
 from partitioner.graph import GraphData, GraphDataError
+from partitioner.npyio import FileRecord
 from partitioner.summary import format_summary
 from partitioner.synthetic import PRESETS
 
@@ -81,6 +82,11 @@ def _add_partition(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, required=True, help="output partition directory")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--skip-existing", action="store_true",
+                   help="do nothing when --out already holds a complete partition with the same "
+                   "--num-parts, --method, --seed (and --synthetic preset): for jobs that may run "
+                   "more than once, e.g. compose or Kubernetes; a different partition there is an "
+                   "error unless --overwrite is given too")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
@@ -102,11 +108,47 @@ def _read_source(args: argparse.Namespace) -> GraphData:
     return read_graph_dir(args.graph_dir)
 
 
+def _manifest_records(manifest: Manifest) -> list[FileRecord]:
+    records = list(manifest.files.values())
+    for part in manifest.partitions:
+        records.extend(part.files.values())
+    return records
+
+
+def _existing_differs(args: argparse.Namespace) -> str | None:
+    """How the complete partition already in ``--out`` differs from the one asked for
+    (None: it is the same); a partial or damaged one raises PartitionFormatError."""
+    manifest = read_manifest(args.out)
+    check_files(args.out, _manifest_records(manifest), "size")
+    have = {"--num-parts": manifest.num_partitions,
+            "--method": manifest.algorithm.get("method"),
+            "--seed": manifest.algorithm.get("seed")}
+    want = {"--num-parts": args.num_parts, "--method": args.method, "--seed": args.seed}
+    if args.synthetic:
+        have["--synthetic"], want["--synthetic"] = manifest.graph_name, args.synthetic
+    diffs = [f"{k} {have[k]} there, {want[k]} asked" for k in want if have[k] != want[k]]
+    return "; ".join(diffs) or None
+
+
 def _cmd_partition(args: argparse.Namespace) -> int:
     from partitioner.partition import partition_graph
 
     if args.num_parts < 1:
         raise ValueError(f"--num-parts: expected an integer >= 1, got {args.num_parts}")
+    if args.skip_existing and (args.out / MANIFEST_FILE).is_file():
+        try:
+            differs = _existing_differs(args)
+        except PartitionFormatError as exc:
+            if not args.overwrite:
+                raise
+            differs = f"damaged: {exc}"
+        if differs is None:
+            print(f"{args.out} already holds this partition ({args.num_parts} parts, "
+                  f"{args.method}, seed {args.seed}); nothing to do")
+            return 0
+        if not args.overwrite:
+            raise FileExistsError(f"--out: {args.out} holds a different partition ({differs}); "
+                                  "add --overwrite to replace it")
     if args.out.exists() and any(args.out.iterdir()) and not args.overwrite:
         raise FileExistsError(f"--out: {args.out} is not empty (add --overwrite to replace it)")
     started = time.perf_counter()
@@ -135,9 +177,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     manifest = read_manifest(args.path)
-    records = list(manifest.files.values())
-    for part in manifest.partitions:
-        records.extend(part.files.values())
+    records = _manifest_records(manifest)
     check_files(args.path, records, "full" if args.verify else "size")
     print(format_summary(manifest))
     print(f"{len(records)} files {'verified (SHA-256)' if args.verify else 'checked (sizes)'}")

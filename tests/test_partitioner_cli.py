@@ -161,6 +161,40 @@ def test_non_empty_out_needs_overwrite(
     assert read_manifest(out_dir).num_partitions == 2
 
 
+def test_skip_existing_makes_the_job_idempotent(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_npz: Path
+) -> None:
+    out_dir = tmp_path / "out"
+    argv = ["partition", "--npz", tiny_npz, "--num-parts", "2", "--method", "random",
+            "--out", out_dir, "--no-progress", "--skip-existing"]
+    code, out, _ = run(capsys, *argv)
+    assert code == 0 and "edge cut:" in out  # nothing there yet: partitions
+    manifest = out_dir / "manifest.json"
+    before = (manifest.stat().st_mtime_ns, manifest.read_text())
+
+    code, out, _ = run(capsys, *argv)  # the same job again: leaves the files alone
+    assert code == 0 and "nothing to do" in out and "edge cut:" not in out
+    assert (manifest.stat().st_mtime_ns, manifest.read_text()) == before
+
+    changed = [a if a != "2" else "3" for a in argv]
+    code, _, err = run(capsys, *changed)
+    assert code == 2 and "--num-parts 2 there, 3 asked" in err and "--overwrite" in err
+    assert read_manifest(out_dir).num_partitions == 2
+    code, _, err = run(capsys, *argv[:-2], "--seed", "7", "--no-progress", "--skip-existing")
+    assert code == 2 and "--seed 0 there, 7 asked" in err
+
+    code, out, _ = run(capsys, *changed, "--overwrite")
+    assert code == 0 and "edge cut:" in out and read_manifest(out_dir).num_partitions == 3
+
+    # A damaged partition is never taken as done.
+    next(out_dir.glob("part-0/*.npy")).unlink()
+    code, _, err = run(capsys, *changed)
+    assert code == 2 and "part-0" in err
+    code, out, _ = run(capsys, *changed, "--overwrite")
+    assert code == 0 and "edge cut:" in out
+    assert load_partition(out_dir, 0).num_nodes > 0
+
+
 def test_missing_npz_fails_naming_it(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     missing = tmp_path / "nope.npz"
     code, _, err = run(capsys, "partition", "--npz", missing, "--num-parts", "2",
