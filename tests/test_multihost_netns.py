@@ -1,8 +1,11 @@
 """Multi-host run in network namespaces: two sampling servers and two DDP trainers, each
 in its own namespace with its own address on a private bridge (all inside namespaces this
-test creates and removes), started with the same commands the deploy files use.
+test creates and removes), started with the very commands of deploy/docker-compose.yml.
 
-Skips, saying why, where it cannot run (not root, no `ip`, no network namespaces)."""
+Each namespace gets an /etc/netns/<ns>/hosts that names the others as compose does
+(server0, server1, trainer0, trainer1), so the compose commands run unchanged but for the
+python executable and the /data directory. Skips, saying why, where it cannot run (not
+root, no `ip`, no network namespaces)."""
 
 from __future__ import annotations
 
@@ -16,14 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from partitioner import partition_graph
-from partitioner.synthetic import generate
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+COMPOSE = REPO / "deploy" / "docker-compose.yml"
 SUBNET = "10.231.77"  # only ever inside the namespaces below
 TAG = f"gf{os.getpid() % 100000}"
-HOSTS = {"s0": 1, "s1": 2, "t0": 3, "t1": 4}
+HOSTS = {"server0": 1, "server1": 2, "trainer0": 3, "trainer1": 4}  # compose hostnames
 
 
 def _ip(*args: str, ns: str | None = None) -> None:
@@ -57,10 +59,17 @@ def hosts() -> Iterator[dict[str, str]]:
         _ip("netns", "add", bridge_ns)
         _ip("link", "add", "br0", "type", "bridge", ns=bridge_ns)
         _ip("link", "set", "br0", "up", ns=bridge_ns)
+        hosts_file = "127.0.0.1 localhost\n" + "".join(
+            f"{SUBNET}.{host} {name}\n" for name, host in HOSTS.items()
+        )
         for name, host in HOSTS.items():
             ns = f"{TAG}-{name}"
             _ip("netns", "add", ns)
             made.append(ns)
+            # `ip netns exec` bind-mounts /etc/netns/<ns>/* over /etc/*.
+            etc = Path("/etc/netns") / ns
+            etc.mkdir(parents=True, exist_ok=True)
+            (etc / "hosts").write_text(hosts_file)
             _ip("link", "add", f"v{name}", "netns", bridge_ns, "type", "veth", "peer", "name",
                 "eth0", "netns", ns)
             _ip("link", "set", f"v{name}", "master", "br0", "up", ns=bridge_ns)
@@ -71,6 +80,7 @@ def hosts() -> Iterator[dict[str, str]]:
     finally:
         for ns in reversed(made):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+            shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
 
 
 def _in(ns: str, *cmd: str, env: dict[str, str] | None = None, **kw: object) -> subprocess.Popen[str]:
@@ -79,35 +89,37 @@ def _in(ns: str, *cmd: str, env: dict[str, str] | None = None, **kw: object) -> 
                                  **(env or {})}, **kw)  # type: ignore[call-overload]
 
 
+def _compose_commands(data: Path) -> dict[str, list[str]]:
+    """Each compose service's command, with this python and `data` in place of /data."""
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    commands = {}
+    for name, svc in services.items():
+        cmd = [str(c) for c in svc["command"]]
+        assert cmd[0] == "python", (name, cmd)
+        commands[name] = [sys.executable] + [
+            str(data) + c[len("/data"):] if c.startswith("/data") else c for c in cmd[1:]
+        ]
+    return commands
+
+
 def test_servers_and_trainers_on_separate_hosts_train_to_completion(
     hosts: dict[str, str], tmp_path: Path
 ) -> None:
-    data = tmp_path / "small-2"
-    partition_graph(generate("small", progress=False), 2, data, method="metis", progress=False)
-    servers = [f"{SUBNET}.{HOSTS['s0']}:50051", f"{SUBNET}.{HOSTS['s1']}:50051"]
-    procs = [
-        _in(hosts[f"s{p}"], sys.executable, "-m", "sampling_server", "--partition-dir", str(data),
-            "--partition", str(p), "--listen", servers[p], "--peers", ",".join(servers),
-            "--log-level", "WARNING")
-        for p in range(2)
-    ]
-    master = f"{SUBNET}.{HOSTS['t0']}"
+    commands = _compose_commands(tmp_path)
+    assert set(commands) == {"partition", *HOSTS}
+    subprocess.run(commands["partition"], check=True, cwd=REPO, timeout=300, capture_output=True)
+    procs = [_in(hosts[name], *commands[name]) for name in ("server0", "server1")]
     trainers = []
     try:
-        for rank in range(2):
+        for name in ("trainer0", "trainer1"):
             env = {"GLOO_SOCKET_IFNAME": "eth0"}
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-                   "--node-rank", str(rank), "--nproc-per-node", "1", "--master-addr", master,
-                   "--master-port", "29500", "-m", "trainer_client.train",
-                   "--servers", ",".join(servers), "--epochs", "2", "--fanouts", "5,3",
-                   "--batch-size", "100", "--device", "cpu", "--timeout", "60",
-                   "--no-progress", "--metrics-json", str(tmp_path / "metrics.json")]
-            trainers.append(_in(hosts[f"t{rank}"], *cmd, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT))
+            trainers.append(_in(hosts[name], *commands[name], "--timeout", "60", "--no-progress",
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
         outputs = [t.communicate(timeout=300)[0] for t in trainers]
         assert [t.returncode for t in trainers] == [0, 0], "\n".join(o[-3000:] for o in outputs)
         metrics = json.loads((tmp_path / "metrics.json").read_text())
         assert metrics["world_size"] == 2
+        assert len(metrics["epochs"]) == 5
         assert all(e["seeds"] == 1200 for e in metrics["epochs"])
         assert metrics["test_acc"] > 0.5
         fingerprints = metrics["param_fingerprints"]
