@@ -6,11 +6,12 @@ STAMP  := $(VENV)/.installed-stamp
 DATA   ?= data
 WHEELS ?= ../shared/wheels
 
-.PHONY: help install test lint proto proto-check demo bench-partition bench-peers clean
+.PHONY: help install test lint proto proto-check demo compose-test bench-partition bench-peers clean
 
 help:
 	@echo "make demo             small graph -> 2 partitions -> 2 sampling servers -> 2 DDP trainers"
 	@echo "make test             install if needed, then lint and run the whole test suite"
+	@echo "make compose-test     (root) build the image offline and run deploy/docker-compose.yml with podman"
 	@echo "make install          create $(VENV) and install graphfeed editable with dev extras"
 	@echo "make lint             ruff + mypy"
 	@echo "make proto            regenerate protos/ stubs from protos/sampling.proto"
@@ -28,6 +29,7 @@ $(STAMP): pyproject.toml
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy deploy/*.py benchmarks/*.py
 
 test: install lint
 	$(PY) -m pytest -q
@@ -41,6 +43,12 @@ proto-check: install
 # small synthetic graph -> 2 partitions -> 2 sampling servers -> 2 DDP trainers (CPU)
 demo: install
 	$(PY) deploy/demo.py --data $(DATA)/demo
+
+# Root, about 7 minutes on 2 cores from nothing (see deploy/compose_test.py for the steps).
+COMPOSE_TEST_ARGS ?=
+compose-test: install
+	$(PY) -m pip install --quiet --disable-pip-version-check podman-compose==1.6.0
+	$(PY) deploy/compose_test.py $(COMPOSE_TEST_ARGS)
 
 bench-partition: install
 	$(PY) benchmarks/partition.py --data $(DATA)/bench
