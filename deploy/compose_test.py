@@ -89,9 +89,21 @@ def podman(*args: str, timeout: float = 120, **kw: object) -> subprocess.Complet
     return run(["podman", *args], timeout=timeout, **kw)  # type: ignore[arg-type]
 
 
+def podman_compose_exe() -> Path | None:
+    """The venv's podman-compose (the pinned one), else one on PATH."""
+    local = Path(sys.executable).with_name("podman-compose")
+    if local.exists():
+        return local
+    found = shutil.which("podman-compose")
+    return Path(found) if found else None
+
+
 def compose(*args: str, timeout: float = 600, **kw: object) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("podman-compose") or str(Path(sys.executable).with_name("podman-compose"))
-    return run([exe, "-p", PROJECT, "-f", str(COMPOSE_FILE), *args], timeout=timeout,
+    exe = podman_compose_exe()
+    if exe is None:
+        raise ComposeTestError("podman-compose is not installed: `make compose-test` installs it "
+                               "(pip install podman-compose) into the project's venv")
+    return run([str(exe), "-p", PROJECT, "-f", str(COMPOSE_FILE), *args], timeout=timeout,
                **kw)  # type: ignore[arg-type]
 
 
@@ -107,14 +119,11 @@ def ensure_host_tools() -> None:
         if shutil.which("apt-get") is None:
             raise ComposeTestError(f"missing {', '.join(missing)} and no apt-get to install them")
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        run(["apt-get", "update", "-qq"], timeout=600, env=env)
+        run(["apt-get", "update", "-qq"], timeout=600, env=env, log=WORK / "logs" / "apt.log")
         run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
-            timeout=900, env=env)
+            timeout=900, env=env, log=WORK / "logs" / "apt-install.log")
     podman("--version")
-    podman_compose = shutil.which("podman-compose") or Path(sys.executable).with_name("podman-compose")
-    if not Path(podman_compose).exists():
-        raise ComposeTestError("podman-compose is not installed: `make compose-test` installs it "
-                               "(pip install podman-compose) into the project's venv")
+    compose("--version", timeout=60)
 
 
 # --- 2. base image ------------------------------------------------------------------------

@@ -150,6 +150,8 @@ def test_dockerfile() -> None:
     assert "--mount=type=bind,target=/src" in text  # the sources never land in a layer
     assert not re.findall(r"^(COPY|ADD) ", text, flags=re.M)
     assert "ENV NUMBA_CACHE_DIR=" in text  # site-packages is read-only to the runtime user
+    warm = lines.index("RUN python -m sampling_server.warmup")
+    assert lines.index("USER 10001:10001") < warm  # the cache belongs to the runtime user
     assert "WORKDIR /data" in lines
     users = [ln.split()[1] for ln in lines if ln.startswith("USER ")]
     assert users and users[-1].split(":")[0] not in {"root", "0"}

@@ -1,0 +1,76 @@
+"""``python -m sampling_server.warmup``: compile and cache the Numba CPU kernels ahead of use.
+
+Numba compiles a kernel the first time it runs (about 10 s for a server's kernels, and as
+much for the partitioner's, on 2 cores) and stores the machine code of ``cache=True``
+kernels in ``NUMBA_CACHE_DIR`` (else next to the sources, else in the user's cache
+directory). Running this once where graphfeed is installed moves that work out of the
+first partition job and the first minibatches of every server started later: the
+container image runs it at build time.
+
+It partitions the small synthetic graph with every streaming method into a temporary
+directory, loads a partition the way the server does (memory-mapped), and samples and
+gathers minibatches with and without replacement. The kernels' argument types are the
+same for every graph written in format v1, so the cache serves real graphs too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("sampling_server.warmup")
+
+#: Partitioning methods whose assignment runs Numba kernels (metis runs METIS itself).
+METHODS = ("metis", "range", "hash", "random")
+
+
+def warm_up() -> dict[str, float]:
+    """Run every CPU kernel a server and a partition job use once; seconds per step."""
+    from partitioner import load_partition, partition_graph
+    from partitioner.synthetic import generate
+    from sampling_server.sampler import create_sampler
+    from sampling_server.sampler.rng import batch_key
+
+    seconds: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="graphfeed-warmup-") as tmp:
+        started = time.perf_counter()
+        graph = generate("small", progress=False)
+        seconds["generate"] = time.perf_counter() - started
+        for method in METHODS:
+            started = time.perf_counter()
+            partition_graph(graph, 2, Path(tmp) / method, method=method, progress=False)
+            seconds[f"partition {method}"] = time.perf_counter() - started
+        # One partition of the whole graph: every neighbor is local, no peers needed.
+        started = time.perf_counter()
+        partition_graph(graph, 1, Path(tmp) / "whole", method="range", progress=False)
+        part = load_partition(Path(tmp) / "whole", 0, verify="size")
+        seeds = np.asarray(part.splits["train"])[:64]
+        for replace in (False, True):
+            sampler = create_sampler(part, device="cpu", replace=replace)
+            sampler.minibatch(seeds, [10, 5], batch_key(0, 0, 0, 0))
+        seconds["sample and gather"] = time.perf_counter() - started
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sampling_server.warmup",
+        description="Compile and cache graphfeed's Numba CPU kernels (set NUMBA_CACHE_DIR to "
+        "choose where the cache goes).")
+    parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("partitioner").setLevel(logging.WARNING)
+    total = time.perf_counter()
+    for step, took in warm_up().items():
+        log.info("%-20s %6.1f s", step, took)
+    log.info("kernels compiled and cached in %.1f s", time.perf_counter() - total)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,29 @@
+"""`python -m sampling_server.warmup` compiles the CPU kernels into NUMBA_CACHE_DIR."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_warmup_fills_the_kernel_cache(tmp_path: Path) -> None:
+    cache = tmp_path / "numba-cache"
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+    proc = subprocess.run([sys.executable, "-m", "sampling_server.warmup"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "kernels compiled and cached" in proc.stderr
+    cached = {p.name.split(".")[0] + "." + p.name.split(".")[1] for p in cache.rglob("*.nbi")}
+    # The server's sampling and gather kernels, and the partition job's writer and assigners.
+    for kernel in ("cpu_kernels.sample_uniform_parallel", "cpu_kernels.gather_rows_and_labels",
+                   "cpu_kernels.dense_insert_unique", "writer._scatter_in_edges",
+                   "algorithms._hash_parts"):
+        assert any(c.startswith(kernel) for c in cached), (kernel, sorted(cached))
+    assert list(cache.rglob("*.nbc")), "no compiled code in the cache"
