@@ -44,7 +44,7 @@ proto-check: install
 demo: install
 	$(PY) deploy/demo.py --data $(DATA)/demo
 
-# Root, about 7 minutes on 2 cores from nothing (see deploy/compose_test.py for the steps).
+# Root, about 6 minutes on 2 cores from nothing (see deploy/compose_test.py for the steps).
 COMPOSE_TEST_ARGS ?=
 compose-test: install
 	$(PY) -m pip install --quiet --disable-pip-version-check podman-compose==1.6.0
