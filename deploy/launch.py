@@ -3,12 +3,14 @@
     python deploy/launch.py start  cluster.yaml [--dry-run] [--only servers|trainers]
     python deploy/launch.py stop   cluster.yaml [--dry-run] [--only servers|trainers]
     python deploy/launch.py status cluster.yaml [--dry-run] [--only servers|trainers]
+    python deploy/launch.py logs   cluster.yaml [--dry-run] [--only ...] [--out DIR]
 
 One sampling server per partition runs on its storage node and one ``torchrun`` per
 trainer host runs on the GPU nodes (see ``deploy/cluster.example.yaml`` for the file).
 Every process is started under ``nohup`` with its log and pid file in ``log_dir``;
 ``stop`` sends SIGTERM (servers drain their streams, torchrun forwards it to its
-workers); ``status`` checks the pid and prints the tail of the log.
+workers); ``status`` checks the pid and prints the tail of the log; ``logs`` copies every
+process's whole log to ``--out`` on this machine (``<name>.log``, e.g. ``server-0.log``).
 
 ssh always runs with ``BatchMode=yes``: keys or an agent only, it never prompts, and a
 ``password`` anywhere in the file is refused. Remote commands are built with
@@ -109,6 +111,8 @@ class Step:
     label: str
     host: str
     argv: tuple[str, ...]
+    #: The process it concerns, e.g. ``server-0`` (names its gathered log).
+    name: str = ""
 
 
 # --------------------------------------------------------------------------- validation
@@ -366,6 +370,11 @@ def status_command(cluster: Cluster, name: str) -> str:
             f"tail -n {TAIL_LINES} {shlex.quote(logfile)} 2>/dev/null || true")
 
 
+def logs_command(cluster: Cluster, name: str) -> str:
+    logfile, _ = _files(cluster, name)
+    return f"cat {shlex.quote(logfile)}"
+
+
 def _processes(cluster: Cluster, only: str | None) -> list[tuple[str, str, int | None]]:
     """(name, host, index) of every process: servers by partition, trainers by rank."""
     procs: list[tuple[str, str, int | None]] = []
@@ -395,10 +404,12 @@ def plan(cluster: Cluster, action: str, only: str | None = None) -> list[Step]:
             remote = stop_command(cluster, name)
         elif action == "status":
             remote = status_command(cluster, name)
+        elif action == "logs":
+            remote = logs_command(cluster, name)
         else:
             raise ValueError(f"unknown action {action!r}")
         steps.append(Step(label=f"{name} on {host}", host=host,
-                          argv=ssh_argv(cluster.ssh, host, remote)))
+                          argv=ssh_argv(cluster.ssh, host, remote), name=name))
     return steps
 
 
@@ -434,15 +445,48 @@ def run_steps(steps: Sequence[Step], timeout: float = SSH_TIMEOUT_S) -> bool:
     return all(ok for ok, _ in results)
 
 
+def gather_logs(steps: Sequence[Step], out_dir: Path, timeout: float = SSH_TIMEOUT_S) -> bool:
+    """Run the ``logs`` steps in parallel and write each remote log to ``out_dir``; True
+    when every log was copied. A failed copy leaves no file behind."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def fetch(step: Step) -> tuple[bool, str]:
+        target = out_dir / f"{step.name}.log"
+        try:
+            with target.open("wb") as fh:
+                done = subprocess.run(step.argv, stdout=fh, stderr=subprocess.PIPE, timeout=timeout,
+                                      stdin=subprocess.DEVNULL, check=False)
+        except subprocess.TimeoutExpired:
+            target.unlink(missing_ok=True)
+            return False, f"timed out after {timeout:.0f} s"
+        except OSError as exc:
+            target.unlink(missing_ok=True)
+            return False, f"cannot run ssh ({exc})"
+        if done.returncode != 0:
+            target.unlink(missing_ok=True)
+            return False, f"exit {done.returncode}: {done.stderr.decode(errors='replace').rstrip()}"
+        return True, f"{target} ({target.stat().st_size:,} bytes)"
+
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(steps)))) as pool:
+        results = list(pool.map(fetch, steps))
+    for step, (ok, detail) in zip(steps, results, strict=True):
+        print(f"== {step.label}: {'ok' if ok else 'FAILED'}: {detail}")
+        if not ok:
+            log.error("%s: log not copied", step.label)
+    return all(ok for ok, _ in results)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="launch.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=("start", "stop", "status"))
+    parser.add_argument("action", choices=("start", "stop", "status", "logs"))
     parser.add_argument("cluster", type=Path, help="cluster YAML file")
     parser.add_argument("--dry-run", action="store_true",
                         help="print every ssh command, one per line; run nothing")
     parser.add_argument("--only", choices=("servers", "trainers"))
     parser.add_argument("--timeout", type=float, default=SSH_TIMEOUT_S,
                         help=f"seconds per ssh command ({SSH_TIMEOUT_S:.0f})")
+    parser.add_argument("--out", type=Path, default=Path("cluster-logs"),
+                        help="logs: local directory for the copies (cluster-logs)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -455,6 +499,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for step in steps:
             print(shlex.join(step.argv))
         return 0
+    if args.action == "logs":
+        return 0 if gather_logs(steps, args.out, args.timeout) else 1
     return 0 if run_steps(steps, args.timeout) else 1
 
 

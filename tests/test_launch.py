@@ -229,3 +229,41 @@ def test_real_run_uses_timeout(monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
     assert [argv[-2] for argv, _ in calls] == ["graphfeed@gpu0", "graphfeed@gpu1"]
     assert all(timeout == 3 for _, timeout in calls)
     assert "timed out" in capsys.readouterr().out
+
+
+def test_logs_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    cmds = _dry_run(capsys, "logs")
+    assert [c[-1] for c in cmds] == [
+        f"cat '/opt/graphfeed/my repo/logs/{name}.log'"
+        for name in ("server-0", "server-1", "server-2", "server-3", "trainer-0", "trainer-1")]
+
+
+def test_logs_are_gathered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A stand-in ssh runs the remote command here; every log lands in --out."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ssh = bin_dir / "ssh"
+    ssh.write_text('#!/bin/sh\nfor last; do :; done\nexec sh -c "$last"\n')
+    ssh.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{launch.os.environ['PATH']}")
+    obj = _example()
+    obj["workdir"] = str(tmp_path / "remote")
+    logs = tmp_path / "remote" / "logs"
+    logs.mkdir(parents=True)
+    names = ["server-0", "server-1", "server-2", "server-3", "trainer-0", "trainer-1"]
+    for name in names:
+        (logs / f"{name}.log").write_text(f"{name} says hello\n")
+    out = tmp_path / "gathered"
+    cluster = _write(tmp_path, obj)
+    assert launch.main(["logs", str(cluster), "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{n}.log" for n in names)
+    assert (out / "trainer-1.log").read_text() == "trainer-1 says hello\n"
+
+    (logs / "server-2.log").unlink()  # a missing log fails the command and leaves no file
+    for f in out.iterdir():
+        f.unlink()
+    assert launch.main(["logs", str(cluster), "--out", str(out)]) == 1
+    printed = capsys.readouterr().out
+    assert "server-2 on storage2: FAILED" in printed
+    assert not (out / "server-2.log").exists() and (out / "server-3.log").exists()
