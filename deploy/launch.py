@@ -358,8 +358,9 @@ def trainer_command(cluster: Cluster, trainers: TrainerSpec, rank: int) -> list[
 def stop_command(cluster: Cluster, name: str) -> str:
     _, pid = _files(cluster, name)
     qpid = shlex.quote(pid)
-    return (f"if [ -f {qpid} ]; then kill -TERM \"$(cat {qpid})\" && echo 'sent SIGTERM'; "
-            f"else echo 'not running (no pid file)'; fi")
+    return (f"if [ ! -f {qpid} ]; then echo 'not running (no pid file)'; "
+            f"elif kill -0 \"$(cat {qpid})\" 2>/dev/null; then kill -TERM \"$(cat {qpid})\" "
+            f"&& echo 'sent SIGTERM'; else echo 'not running (exited)'; fi")
 
 
 def status_command(cluster: Cluster, name: str) -> str:
