@@ -238,15 +238,21 @@ def test_logs_plan(capsys: pytest.CaptureFixture[str]) -> None:
         for name in ("server-0", "server-1", "server-2", "server-3", "trainer-0", "trainer-1")]
 
 
-def test_logs_are_gathered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                           capsys: pytest.CaptureFixture[str]) -> None:
-    """A stand-in ssh runs the remote command here; every log lands in --out."""
+def use_stand_in_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Put first on PATH an `ssh` that runs its last argument (the remote command line)
+    with sh on this machine, ignoring the host and options."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     ssh = bin_dir / "ssh"
     ssh.write_text('#!/bin/sh\nfor last; do :; done\nexec sh -c "$last"\n')
     ssh.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{launch.os.environ['PATH']}")
+
+
+def test_logs_are_gathered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A stand-in ssh runs the remote command here; every log lands in --out."""
+    use_stand_in_ssh(tmp_path, monkeypatch)
     obj = _example()
     obj["workdir"] = str(tmp_path / "remote")
     logs = tmp_path / "remote" / "logs"

@@ -7,7 +7,6 @@ Everything but the ssh hop is what a cluster runs: the launcher's own command li
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from test_cluster_processes import _free_ports
-from test_launch import launch
+from test_launch import launch, use_stand_in_ssh
 
 from partitioner import partition_graph
 from partitioner.synthetic import generate
@@ -50,12 +49,7 @@ def _wait_for(cluster: Path, capsys: pytest.CaptureFixture[str], names: list[str
 @pytest.mark.slow
 def test_launcher_runs_a_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                  capsys: pytest.CaptureFixture[str]) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    ssh = bin_dir / "ssh"
-    ssh.write_text('#!/bin/sh\nfor last; do :; done\nexec sh -c "$last"\n')
-    ssh.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    use_stand_in_ssh(tmp_path, monkeypatch)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("PYTHONPATH", str(REPO))
 
