@@ -29,11 +29,11 @@ import posixpath
 import shlex
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
@@ -417,26 +417,29 @@ def plan(cluster: Cluster, action: str, only: str | None = None) -> list[Step]:
 # --------------------------------------------------------------------------- running
 
 
-def run_step(step: Step, timeout: float = SSH_TIMEOUT_S) -> tuple[bool, str]:
-    """Run one step; (succeeded, its output)."""
+def run_step(step: Step, timeout: float = SSH_TIMEOUT_S,
+             stdout: BinaryIO | None = None) -> tuple[bool, str]:
+    """Run one step; (succeeded, its output). With ``stdout``, the remote command's
+    standard output goes there and only its standard error comes back."""
     log.debug("running %s", shlex.join(step.argv))
     try:
-        done = subprocess.run(step.argv, capture_output=True, text=True, timeout=timeout,
+        done = subprocess.run(step.argv, stdout=subprocess.PIPE if stdout is None else stdout,
+                              stderr=subprocess.PIPE, timeout=timeout,
                               stdin=subprocess.DEVNULL, check=False)
     except subprocess.TimeoutExpired:
         return False, f"timed out after {timeout:.0f} s"
     except OSError as exc:
         return False, f"cannot run ssh ({exc})"
-    output = (done.stdout + done.stderr).rstrip()
+    output = ((done.stdout or b"") + done.stderr).decode(errors="replace").rstrip()
     if done.returncode != 0:
         return False, f"exit {done.returncode}: {output}"
     return True, output
 
 
-def run_steps(steps: Sequence[Step], timeout: float = SSH_TIMEOUT_S) -> bool:
-    """Run every step (in parallel), print each one's output; True when all succeeded."""
+def run_steps(steps: Sequence[Step], run: Callable[[Step], tuple[bool, str]]) -> bool:
+    """``run`` every step (in parallel), print each one's output; True when all succeeded."""
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(steps)))) as pool:
-        results = list(pool.map(lambda s: run_step(s, timeout), steps))
+        results = list(pool.map(run, steps))
     for step, (ok, output) in zip(steps, results, strict=True):
         print(f"== {step.label}: {'ok' if ok else 'FAILED'}")
         if output:
@@ -447,34 +450,20 @@ def run_steps(steps: Sequence[Step], timeout: float = SSH_TIMEOUT_S) -> bool:
 
 
 def gather_logs(steps: Sequence[Step], out_dir: Path, timeout: float = SSH_TIMEOUT_S) -> bool:
-    """Run the ``logs`` steps in parallel and write each remote log to ``out_dir``; True
-    when every log was copied. A failed copy leaves no file behind."""
+    """Run the ``logs`` steps and write each remote log to ``out_dir``; True when every
+    log was copied. A failed copy leaves no file behind."""
     out_dir.mkdir(parents=True, exist_ok=True)
 
     def fetch(step: Step) -> tuple[bool, str]:
         target = out_dir / f"{step.name}.log"
-        try:
-            with target.open("wb") as fh:
-                done = subprocess.run(step.argv, stdout=fh, stderr=subprocess.PIPE, timeout=timeout,
-                                      stdin=subprocess.DEVNULL, check=False)
-        except subprocess.TimeoutExpired:
-            target.unlink(missing_ok=True)
-            return False, f"timed out after {timeout:.0f} s"
-        except OSError as exc:
-            target.unlink(missing_ok=True)
-            return False, f"cannot run ssh ({exc})"
-        if done.returncode != 0:
-            target.unlink(missing_ok=True)
-            return False, f"exit {done.returncode}: {done.stderr.decode(errors='replace').rstrip()}"
+        with target.open("wb") as fh:
+            ok, output = run_step(step, timeout, stdout=fh)
+        if not ok:
+            target.unlink()
+            return False, output
         return True, f"{target} ({target.stat().st_size:,} bytes)"
 
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(steps)))) as pool:
-        results = list(pool.map(fetch, steps))
-    for step, (ok, detail) in zip(steps, results, strict=True):
-        print(f"== {step.label}: {'ok' if ok else 'FAILED'}: {detail}")
-        if not ok:
-            log.error("%s: log not copied", step.label)
-    return all(ok for ok, _ in results)
+    return run_steps(steps, fetch)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -502,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.action == "logs":
         return 0 if gather_logs(steps, args.out, args.timeout) else 1
-    return 0 if run_steps(steps, args.timeout) else 1
+    return 0 if run_steps(steps, lambda s: run_step(s, args.timeout)) else 1
 
 
 if __name__ == "__main__":
