@@ -222,12 +222,16 @@ def containers() -> dict[str, dict[str, object]]:
     return found
 
 
+def _name(record: dict[str, object]) -> str:
+    names = record["Names"]
+    return str(names[0] if isinstance(names, list) else names)
+
+
 def container_name(service: str) -> str:
     c = containers().get(service)
     if c is None:
         raise ComposeTestError(f"no container for service {service!r}: compose did not create it")
-    names = c["Names"]
-    return str(names[0] if isinstance(names, list) else names)
+    return _name(c)
 
 
 def exit_code(service: str) -> int:
@@ -236,14 +240,18 @@ def exit_code(service: str) -> int:
     return int(out.strip())
 
 
-def logs(service: str) -> str:
-    proc = podman("logs", container_name(service), capture=True, check=False, quiet=True)
+def _logs_of(name: str) -> str:
+    proc = podman("logs", name, capture=True, check=False, quiet=True)
     return proc.stdout + proc.stderr
 
 
+def logs(service: str) -> str:
+    return _logs_of(container_name(service))
+
+
 def save_logs() -> None:
-    for service in containers():
-        (WORK / "logs" / f"{service}.log").write_text(logs(service))
+    for service, record in containers().items():
+        (WORK / "logs" / f"{service}.log").write_text(_logs_of(_name(record)))
 
 
 def wait_healthy(service: str, deadline: float) -> float:
