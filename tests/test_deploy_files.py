@@ -175,6 +175,32 @@ def test_podman_settings_for_compose_test() -> None:
         assert "start_interval" not in compose["services"][name]["healthcheck"]
 
 
+def _compose_test_module() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compose_test", DEPLOY / "compose_test.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_compose_test_installs_name_resolution() -> None:
+    """The servers find their peers by compose service name: the host needs a DNS plugin.
+
+    A machine where the plugin was once installed by hand hid its absence from the apt
+    step; the list, the docs and CI's fresh-host run must all cover it."""
+    compose = yaml.safe_load(COMPOSE.read_text())
+    peers = " ".join(compose["services"]["server0"]["command"])
+    assert "server1:50051" in peers  # a service name, resolved by the network's DNS
+    packages = dict(_compose_test_module().HOST_REQUIREMENTS)
+    assert packages["golang-github-containernetworking-plugin-dnsname"] == "/usr/lib/cni/dnsname"
+    assert {"podman", "runc", "debootstrap"} <= set(packages)
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    assert all(f"`{pkg}`" in doc for pkg in packages), "docs/deploy.md must name every host package"
+    assert 'COMPOSE_TEST_ARGS="--fresh-host"' in (ROOT / ".ci" / "run").read_text()
+
+
 # --- Kubernetes -----------------------------------------------------------------------------
 
 
