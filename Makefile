@@ -6,12 +6,13 @@ STAMP  := $(VENV)/.installed-stamp
 DATA   ?= data
 WHEELS ?= ../shared/wheels
 
-.PHONY: help install test lint proto proto-check demo compose-test bench-partition bench-peers clean
+.PHONY: help install test lint proto proto-check demo compose-test gpu-check bench-partition bench-peers clean
 
 help:
 	@echo "make demo             small graph -> 2 partitions -> 2 sampling servers -> 2 DDP trainers"
 	@echo "make test             install if needed, then lint and run the whole test suite"
 	@echo "make compose-test     (root) build the image offline and run deploy/docker-compose.yml with podman"
+	@echo "make gpu-check        (CUDA GPU) GPU tests, CUDA sampler/stream benchmarks, 1-GPU NCCL demo -> one report"
 	@echo "make install          create $(VENV) and install graphfeed editable with dev extras"
 	@echo "make lint             ruff + mypy"
 	@echo "make proto            regenerate protos/ stubs from protos/sampling.proto"
@@ -49,6 +50,14 @@ COMPOSE_TEST_ARGS ?=
 compose-test: install
 	$(PY) -m pip install --quiet --disable-pip-version-check podman-compose==1.6.0
 	$(PY) deploy/compose_test.py $(COMPOSE_TEST_ARGS)
+
+# On a machine with a CUDA GPU: the gpu tests, the CUDA benchmark rows and a 1-GPU NCCL demo
+# in under 10 minutes, one report (benchmarks/results/gpu-check.{json,md}). Without a GPU it
+# says so and exits 0. GPU_PYTHON: this venv's python when there is one, else python3 with
+# the machine's own packages (a GPU image with torch, numba-cuda, PyG and grpcio).
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+gpu-check:
+	PYTHONPATH=. $(GPU_PYTHON) benchmarks/gpu_check.py
 
 bench-partition: install
 	$(PY) benchmarks/partition.py --data $(DATA)/bench

@@ -32,7 +32,8 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def servers(part_dir: Path, num_parts: int, env: dict[str, str]) -> Iterator[list[str]]:
+def servers(part_dir: Path, num_parts: int, env: dict[str, str],
+            device: str = "auto") -> Iterator[list[str]]:
     """Start one sampling server per partition; SIGTERM them all on the way out."""
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(num_parts)]
     procs = []
@@ -40,7 +41,7 @@ def servers(part_dir: Path, num_parts: int, env: dict[str, str]) -> Iterator[lis
         for p, address in enumerate(addresses):
             cmd = [sys.executable, "-m", "sampling_server", "--partition-dir", str(part_dir),
                    "--partition", str(p), "--listen", address, "--peers", ",".join(addresses),
-                   "--log-level", "WARNING"]
+                   "--device", device, "--log-level", "WARNING"]
             log.info("starting server %d: %s", p, " ".join(cmd))
             procs.append(subprocess.Popen(cmd, env=env))
         yield addresses
@@ -67,6 +68,10 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--trainers", type=int, default=2, help="DDP processes (default 2)")
     parser.add_argument("--timeout", type=float, default=900.0, help="deadline for training (s)")
+    parser.add_argument("--device", default="cpu",
+                        help="trainers' device: cpu (gloo, default) or cuda (NCCL, cuda:LOCAL_RANK)")
+    parser.add_argument("--server-device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="sampling servers' device (default auto: CUDA when usable)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     part_dir = args.data / "small-2"
@@ -76,11 +81,11 @@ def main() -> int:
                    check=True, timeout=300, env=env)
     metrics = args.data / "metrics.json"
     started = time.perf_counter()
-    with servers(part_dir, 2, env) as addresses:
+    with servers(part_dir, 2, env, args.server_device) as addresses:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={args.trainers}", "-m", "trainer_client.train",
                "--servers", ",".join(addresses), "--epochs", str(args.epochs),
-               "--fanouts", "10,5", "--batch-size", "128", "--device", "cpu",
+               "--fanouts", "10,5", "--batch-size", "128", "--device", args.device,
                "--metrics-json", str(metrics), "--checkpoint-dir", str(args.data / "checkpoints")]
         log.info("starting %d trainers: %s", args.trainers, " ".join(cmd))
         subprocess.run(cmd, check=True, timeout=args.timeout, env=env)
