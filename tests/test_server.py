@@ -710,3 +710,18 @@ def test_cli_help_and_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path,
     with pytest.raises(SystemExit):
         cli.main(["--partition", "0", "--partition-dir", "x", "--chunk-bytes", "100G"])
     assert "chunk-bytes" in capsys.readouterr().err
+
+
+def test_a_device_this_machine_lacks_exits_2_with_one_sentence(
+        capsys: pytest.CaptureFixture[str], parts1: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "configure_logging", lambda level, fmt: None)
+    base = ["--partition", "0", "--partition-dir", str(parts1)]
+    assert cli.main([*base, "--device", "cpu", "--topology", "uva"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("graphfeed-server: error: --topology uva: only the CUDA sampler")
+    assert "\n" not in err and "Traceback" not in err
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")  # what a machine without a GPU looks like
+    assert cli.main([*base, "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("graphfeed-server: error: --device cuda: no usable CUDA GPU here")
+    assert "\n" not in err
