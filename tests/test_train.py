@@ -129,6 +129,14 @@ def test_layerwise_inference_through_the_service_equals_the_full_graph_forward(
     assert torch.allclose(logits, full, atol=1e-4)
 
 
+def test_no_progress_bar_when_stderr_is_not_a_terminal(
+    servers: list[str], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    argv = [a for a in _args(servers, tmp_path, "--epochs", "1") if a != "--no-progress"]
+    assert main(argv) == 0
+    assert "\r" not in capfd.readouterr().err
+
+
 def test_sampled_evaluation_with_eval_fanouts(servers: list[str], tmp_path: Path) -> None:
     assert main(_args(servers, tmp_path, "--epochs", "1", "--eval-fanouts", "4,2")) == 0
     metrics = json.loads((tmp_path / "metrics.json").read_text())

@@ -43,7 +43,7 @@ from tqdm import tqdm
 from protos.allocator import keep_freed_memory
 from protos.channel import GraphfeedError
 from trainer_client.evaluate import accuracy_of, layerwise_logits, sampled_accuracy
-from trainer_client.loader import Cluster, RemoteNeighborLoader
+from trainer_client.loader import MAX_SEEDS, Cluster, RemoteNeighborLoader
 from trainer_client.models import MODELS, NodeClassifier, batch_inputs, build_model
 
 log = logging.getLogger("trainer_client.train")
@@ -338,6 +338,10 @@ def make_loaders(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> Lo
                                 **common)
     everything = None
     if args.eval_fanouts is None:
+        if cluster.info.num_nodes > MAX_SEEDS:
+            raise ValueError(f"--eval-fanouts full: layer-wise inference streams every node, at most "
+                             f"{MAX_SEEDS} (one request), but the graph has {cluster.info.num_nodes}; "
+                             "pass --eval-fanouts, e.g. 15,10")
         all_nodes = torch.ones(int(cluster.info.num_nodes), dtype=torch.bool)
         everything = RemoteNeighborLoader(cluster, input_nodes=all_nodes, num_neighbors=[-1],
                                           batch_size=args.eval_batch_size, batches="partition", **common)
