@@ -85,10 +85,14 @@ class SamplingPipeline:
         self.prefetch = prefetch
         self.chunk_bytes = chunk_bytes
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sample")
+        # Original-ID lookups run beside the feature gather (both wait on peers); their
+        # own threads, so a lookup never waits for a sampling thread.
+        self._lookups = ThreadPoolExecutor(workers, thread_name_prefix="orig-ids")
 
     def close(self) -> None:
         """Stop the workers (queued batches are dropped)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._lookups.shutdown(wait=False, cancel_futures=True)
 
     def stream(
         self, job: EpochJob, stop: threading.Event | None = None
@@ -133,6 +137,8 @@ class SamplingPipeline:
             if self.peers is not None else None
         out = sampler.sample(seeds, job.fanouts, key, bound.neighbors if bound else None)
         named: dict[str, codec.TensorLike] = {"n_id": out.n_id, "edge_index": out.edge_index}
+        orig_ids = self._lookups.submit(sampler.orig_ids_of, out.n_id, bound.orig_ids if bound else None) \
+            if job.original_ids else None
         if job.features or job.labels:
             x, y = sampler.gather(out.n_id, features=job.features, labels=job.labels,
                                   remote=bound.node_data if bound else None)
@@ -140,8 +146,8 @@ class SamplingPipeline:
                 named["x"] = cast_features(x, job.feature_dtype)
             if y is not None:
                 named["y"] = y
-        if job.original_ids:
-            named["orig_id"] = sampler.orig_ids_of(out.n_id, bound.orig_ids if bound else None)
+        if orig_ids is not None:
+            named["orig_id"] = orig_ids.result()  # bounded: peer calls carry deadlines
         header = pb.MinibatchHeader(
             num_batches=job.num_batches, num_seed_nodes=out.batch_size,
             num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges)
