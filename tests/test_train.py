@@ -108,6 +108,8 @@ def test_training_writes_metrics_and_checkpoints_then_resumes(servers: list[str]
     assert resumed["start_epoch"] == 2
     assert [e["epoch"] for e in resumed["epochs"]] == [0, 1, 2]
     assert resumed["epochs"][:2] == metrics["epochs"]
+    vals = [e["val_acc"] for e in resumed["epochs"]]
+    assert resumed["selected_epoch"] == int(np.argmax(vals))  # the earliest best, across the resume
 
 
 @pytest.mark.parametrize("name", ["sage", "gat"])
