@@ -113,6 +113,8 @@ class PeerServicer:
             named["x"] = cast_features(x, dtype)
         if request.want_labels and y is not None:
             named["y"] = y
+        if request.want_original_ids:
+            named["orig_id"] = sampler.orig_ids_of(torch.from_numpy(nodes))
         return chunk_messages(pb.NodeDataChunk, named, self.chunk_bytes)
 
 
@@ -223,6 +225,22 @@ class PeerClient:
         return {p: (_cat([x for x, _ in rows]), _cat([y for _, y in rows]))
                 for p, rows in parts.items()}
 
+    def orig_ids(self, nodes_by_partition: Mapping[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Original IDs of each partition's nodes (``RemoteOrigIds``)."""
+        def call(p: int, nodes: np.ndarray) -> torch.Tensor:
+            request = pb.FetchNodeDataRequest(nodes=codec.encode_tensor(nodes),
+                                              want_original_ids=True, client_id=self.client_id)
+            with self._errors(p, "FetchNodeData"):
+                got = _receive(self._stubs[p].FetchNodeData(request, timeout=self.timeout),
+                               {"orig_id"})
+                orig = got["orig_id"]
+                _check_answer(orig.shape == (nodes.size,),
+                              f"orig_id {list(orig.shape)} for {nodes.size} nodes")
+            return orig
+
+        parts = self._run(nodes_by_partition, call)
+        return {p: torch.cat(ids) for p, ids in parts.items()}
+
     # -- plumbing --------------------------------------------------------------------
     def _run(
         self, nodes_by_partition: Mapping[int, torch.Tensor], call: Callable[[int, np.ndarray], T]
@@ -271,6 +289,9 @@ class BoundPeers:
     def node_data(self, nodes_by_partition: Mapping[int, torch.Tensor], features: bool,
                   labels: bool) -> dict[int, NodeData]:
         return self.client.node_data(nodes_by_partition, features, labels, self.options)
+
+    def orig_ids(self, nodes_by_partition: Mapping[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        return self.client.orig_ids(nodes_by_partition)
 
 
 _MASK64 = (1 << 64) - 1
