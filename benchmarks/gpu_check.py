@@ -122,7 +122,8 @@ def collect_figures(step: Step, data: Path) -> None:
         step.figures = {"rows": payload.get("rows", []), "ratios": payload.get("ratios", {})}
     elif step.name == "demo (1 GPU, NCCL)":
         metrics = read_json(data / "demo" / "metrics.json")
-        step.figures = {k: metrics[k] for k in ("test_acc", "device", "world_size") if k in metrics}
+        step.figures = {k: metrics[k] for k in ("test_acc", "selected_epoch", "device", "world_size")
+                        if k in metrics}
         if "epochs" in metrics:
             step.figures["epoch_seconds"] = [e.get("seconds") for e in metrics["epochs"]]
 
