@@ -177,6 +177,9 @@ def _existing_differs(args: argparse.Namespace) -> str | None:
     want = {"--num-parts": args.num_parts, "--method": args.method, "--seed": args.seed}
     if args.synthetic:
         have["--synthetic"], want["--synthetic"] = manifest.graph_name, args.synthetic
+    if isinstance(manifest, HeteroManifest):
+        have["--add-reverse"] = bool(manifest.algorithm.get("add_reverse"))
+        want["--add-reverse"] = bool(args.add_reverse)
     diffs = [f"{k} {have[k]} there, {want[k]} asked" for k in want if have[k] != want[k]]
     return "; ".join(diffs) or None
 
