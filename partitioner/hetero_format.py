@@ -313,16 +313,22 @@ def load_hetero_partition(
     check_files(base, [*books.values(), *info.files.values()], verify)
     files = {k: _load(base, r, mmap) for k, r in info.files.items()}
     target = m.target_type
-    part = HeteroPartition(
-        manifest=m, partition_id=partition_id,
-        partition_book={t: _load(base, r, mmap=False) for t, r in books.items()},
-        indptr={et: files[f"{edge_type_name(et)}/indptr"] for et in m.edge_types},
-        indices={et: files[f"{edge_type_name(et)}/indices"] for et in m.edge_types},
-        x={t: files[f"{t}/x"] for t in m.node_types if f"{t}/x" in files},
-        orig_ids={t: files[f"{t}/orig_ids"] for t in m.node_types},
-        y=files[f"{target}/y"],
-        splits={s: files[f"{target}/{s}_idx"] for s in SPLITS if f"{target}/{s}_idx" in files},
-    )
+    try:
+        part = HeteroPartition(
+            manifest=m, partition_id=partition_id,
+            partition_book={t: _load(base, r, mmap=False) for t, r in books.items()},
+            indptr={et: files[f"{edge_type_name(et)}/indptr"] for et in m.edge_types},
+            indices={et: files[f"{edge_type_name(et)}/indices"] for et in m.edge_types},
+            x={t: files[f"{t}/x"] for t in m.node_types if f"{t}/x" in files},
+            orig_ids={t: files[f"{t}/orig_ids"] for t in m.node_types},
+            y=files[f"{target}/y"],
+            splits={s: files[f"{target}/{s}_idx"] for s in SPLITS
+                    if f"{target}/{s}_idx" in files},
+        )
+    except KeyError as exc:
+        raise PartitionFormatError(
+            f"{base / MANIFEST_FILE}: partitions[{partition_id}].files: expected a record for "
+            f"{exc.args[0]!r}, found none") from None
     _check_partition(base, part)
     log.info("loaded typed partition %d of %s: %s nodes", partition_id, base,
              {t: part.num_nodes(t) for t in m.node_types})

@@ -169,3 +169,12 @@ def test_writer_refuses_bad_assignments(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="expected one array per node type"):
         write_hetero_partitions(g, {"paper": good["paper"]}, tmp_path / "c", num_parts=1,
                                 progress=False)
+
+
+def test_manifest_without_a_file_role_is_refused(tmp_path: Path, small_parts: Path) -> None:
+    root = _copy(small_parts, tmp_path / "r")
+    manifest = json.loads((root / "manifest.json").read_text())
+    del manifest["partitions"][0]["files"]["paper/y"]
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PartitionFormatError, match=r"expected a record for 'paper/y'"):
+        load_hetero_partition(root, 0)

@@ -111,7 +111,9 @@ def test_typed_npz_accepts_masks_and_edge_lists_by_row(tmp_path: Path) -> None:
           "y__a": np.zeros(3, np.int64)}, "y: expected int64 of shape [2]"),
     ],
 )
-def test_typed_npz_errors_name_the_key(tmp_path: Path, arrays: dict, needle: str) -> None:  # type: ignore[type-arg]
+def test_typed_npz_errors_name_the_key(
+    tmp_path: Path, arrays: dict[str, object], needle: str
+) -> None:
     path = tmp_path / "bad.npz"
     np.savez(path, **arrays)
     with pytest.raises(GraphDataError) as err:
