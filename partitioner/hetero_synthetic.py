@@ -146,12 +146,9 @@ def generate_hetero(
     return graph
 
 
-def paper_years(num_papers: int, split_sizes: tuple[int, int, int], seed: int = 0) -> np.ndarray:
-    """The synthetic year of every target node (what :func:`generate_hetero` splits by)."""
-    return _years(np.random.default_rng(seed), num_papers, split_sizes)
-
-
 def _years(rng: np.random.Generator, n: int, split_sizes: tuple[int, int, int]) -> np.ndarray:
+    """A year per target node: the train share before 2018 (uniform over 2010-2017), the
+    validation share 2018, the test share 2019, any others 2020 (in no split)."""
     order = rng.permutation(n)
     years = np.empty(n, dtype=np.int64)
     a, b, c = split_sizes
