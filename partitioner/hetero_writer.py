@@ -41,7 +41,7 @@ def partition_hetero_graph(
     :data:`partitioner.algorithms.METHODS`, run on the homogeneous view) and write format
     v2 to ``out_dir``. ``extra`` is recorded in the manifest's ``algorithm``."""
     started = time.perf_counter()
-    graph.validate(check_values=False)
+    graph.validate()  # ID ranges too: a bad ID would otherwise fail deep in the writer
     view = graph.to_homogeneous()
     part_of = assign(view, num_parts, method, seed=seed, progress=progress)
     del view
@@ -106,7 +106,16 @@ def write_hetero_partitions(
     )
     manifest.write(out)
     log.info("wrote %d typed partitions to %s in %.1f s", num_parts, out, algo["seconds"])
+    _warn_without_training(manifest)
     return manifest
+
+
+def _warn_without_training(manifest: HeteroManifest) -> None:
+    idle = [p.id for p in manifest.partitions if p.split_sizes.get("train", 1) == 0]
+    if idle:
+        log.warning("partitions %s own no training %s nodes (method %r); metis, hash or "
+                    "random spread every type", idle, manifest.target_type,
+                    manifest.algorithm.get("method", "given"))
 
 
 def _check_assignment(

@@ -178,3 +178,12 @@ def test_manifest_without_a_file_role_is_refused(tmp_path: Path, small_parts: Pa
     (root / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(PartitionFormatError, match=r"expected a record for 'paper/y'"):
         load_hetero_partition(root, 0)
+
+
+def test_partitioning_refuses_out_of_range_ids_naming_the_relation(tmp_path: Path) -> None:
+    from partitioner.graph import GraphDataError
+
+    g = tiny_hetero()
+    g.edge_index[("paper", "has_topic", "topic")][1, 0] = 6
+    with pytest.raises(GraphDataError, match=r"has_topic.*expected destination IDs of 'topic'"):
+        partition_hetero_graph(g, 2, tmp_path, method="random", progress=False)
