@@ -23,11 +23,21 @@ from sampling_server.sampler.base import (
     check_fanouts,
 )
 from sampling_server.sampler.cpu_sampler import CpuNeighborSampler, CpuRelabeler
+from sampling_server.sampler.hetero_base import (
+    HeteroNeighborSampler,
+    HeteroRemote,
+    NumNeighbors,
+    normalize_num_neighbors,
+)
+from sampling_server.sampler.hetero_cpu import CpuHeteroSampler
+from sampling_server.sampler.hetero_types import HeteroMinibatch, HeteroSamplerOutput
 from sampling_server.sampler.rng import batch_key
 from sampling_server.sampler.types import HopSample, Minibatch, SamplerOutput
 
 if TYPE_CHECKING:
+    from partitioner.hetero_format import HeteroPartition
     from sampling_server.sampler.convert import to_pyg_data
+    from sampling_server.sampler.hetero_convert import to_hetero_data
 
 Device = Literal["auto", "cpu", "cuda"]
 Topology = Literal["device", "uva"]
@@ -68,22 +78,48 @@ def create_sampler(
     return CpuNeighborSampler(partition, replace=replace, weighted=weighted)
 
 
+def create_hetero_sampler(
+    partition: HeteroPartition, device: Device | str = "auto", *, replace: bool = False,
+    topology: Topology | str = "device",
+) -> HeteroNeighborSampler:
+    """The typed sampler of the v2 ``partition`` on ``device`` (as :func:`create_sampler`)."""
+    if device not in DEVICES:
+        raise ValueError(f"device: expected one of {list(DEVICES)}, got {device!r}")
+    if topology not in TOPOLOGIES:
+        raise ValueError(f"topology: expected one of {list(TOPOLOGIES)}, got {topology!r}")
+    if device == "cuda" or (device == "auto" and cuda_usable()):
+        from sampling_server.sampler.hetero_cuda import CudaHeteroSampler
+
+        return CudaHeteroSampler(partition, replace=replace, topology=topology)
+    return CpuHeteroSampler(partition, replace=replace)
+
+
 def __getattr__(name: str) -> Any:
     if name == "to_pyg_data":  # imported on first use: PyG is heavy and trainer-side
         from sampling_server.sampler.convert import to_pyg_data
 
         return to_pyg_data
+    if name == "to_hetero_data":
+        from sampling_server.sampler.hetero_convert import to_hetero_data
+
+        return to_hetero_data
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
     "DEVICES",
     "TOPOLOGIES",
+    "CpuHeteroSampler",
     "CpuNeighborSampler",
     "CpuRelabeler",
+    "HeteroMinibatch",
+    "HeteroNeighborSampler",
+    "HeteroRemote",
+    "HeteroSamplerOutput",
     "HopSample",
     "Minibatch",
     "NeighborSampler",
+    "NumNeighbors",
     "Relabeler",
     "RemoteNeighbors",
     "RemoteNodeData",
@@ -91,7 +127,10 @@ __all__ = [
     "SamplerOutput",
     "batch_key",
     "check_fanouts",
+    "create_hetero_sampler",
     "create_sampler",
     "cuda_usable",
+    "normalize_num_neighbors",
+    "to_hetero_data",
     "to_pyg_data",
 ]
