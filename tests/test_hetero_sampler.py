@@ -211,3 +211,42 @@ def test_cuda_equals_cpu(tiny_parts: tuple[HeteroGraphData, Path], replace: bool
         if not replace:
             check_hetero_batch(g, maps, b, "paper", g.splits["train"][:6],
                                normalize_num_neighbors(fanouts, g.edge_types))
+
+
+def _pyg_neighbor_backend() -> bool:
+    import importlib.util
+
+    return any(importlib.util.find_spec(m) is not None for m in ("pyg_lib", "torch_sparse"))
+
+
+@pytest.mark.skipif(not _pyg_neighbor_backend(), reason="PyG's hetero NeighborLoader needs "
+                    "pyg-lib or torch-sparse (make bench-peers)")
+def test_structure_matches_pyg_neighbor_loader(small: HeteroGraphData, small_one: Path,
+                                               one_sampler: CpuHeteroSampler) -> None:
+    """Same seeds and fanouts: nodes per type and edges per edge type agree with PyG's
+    hetero ``NeighborLoader`` on average (both are uniform without replacement)."""
+    from torch_geometric.data import HeteroData
+    from torch_geometric.loader import NeighborLoader
+
+    data = HeteroData()
+    for t, n in small.num_nodes.items():
+        data[t].num_nodes = n
+    for et, ei in small.edge_index.items():
+        data[et].edge_index = torch.from_numpy(ei)
+    batch, num_batches = 64, 10
+    seeds = _train_seeds(small, batch * num_batches)
+    loader = NeighborLoader(data, num_neighbors={et: [5, 3] for et in small.edge_types},
+                            input_nodes=("paper", torch.from_numpy(seeds)), batch_size=batch)
+    maps = node_maps(small_one, small)
+    ours, theirs = [], []
+    for i, b in enumerate(loader):
+        out = one_sampler.sample(maps["paper"][seeds[i * batch:(i + 1) * batch]], "paper", [5, 3],
+                                 key=1000 + i)
+        ours.append([out.node[t].numel() for t in small.node_types]
+                    + [out.row[et].numel() for et in small.edge_types])
+        theirs.append([b[t].num_nodes for t in small.node_types]
+                      + [b[et].edge_index.shape[1] for et in small.edge_types])
+    a, b_ = np.asarray(ours, float), np.asarray(theirs, float)
+    assert a.shape == b_.shape == (num_batches, len(small.node_types) + len(small.edge_types))
+    bound = 5 * np.sqrt((a.var(0) + b_.var(0)) / num_batches) + 1
+    assert (np.abs(a.mean(0) - b_.mean(0)) <= bound).all(), (a.mean(0), b_.mean(0))
