@@ -156,6 +156,9 @@ class HeteroNeighborSampler(abc.ABC):
                   ) -> tuple[torch.Tensor | None, dict[int, torch.Tensor]]:
         """Positions of the owned nodes (None if all are owned) and, per other owner, the
         positions of its nodes."""
+        start, stop = self.node_range(node_type)
+        if nodes.numel() == 0 or (int(nodes.min()) >= start and int(nodes.max()) < stop):
+            return None, {}
         book = self.books[node_type].to(nodes.device)
         owner = torch.searchsorted(book, nodes, right=True) - 1
         mine = owner == self.partition_id

@@ -1,0 +1,185 @@
+"""Typed sampler benchmark (not a test): graphfeed's CPU hetero sampler beside PyG's
+hetero ``NeighborLoader`` on the same graph in the same run.
+
+Graph: a ``mag-like`` preset with reverse relations (``mag-like`` by default), written once
+as one v2 partition under ``--data``; seeds: shuffled training papers, batch 1024,
+fanouts [25, 20] for every edge type. Reports seeds/s and sampled edges/s for the
+structure alone and with paper features and labels gathered; PyG's loader always gathers
+``x``, so its rows compare with the latter. Writes ``benchmarks/results/hetero.json``.
+
+    make bench-peers            # PyG's torch-sparse (else the PyG rows are skipped)
+    python benchmarks/hetero.py --data data/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common import machine, write_json
+
+from partitioner.hetero import HeteroGraphData
+from partitioner.hetero_format import load_hetero_node_map, load_hetero_partition
+from partitioner.hetero_synthetic import generate_hetero
+from partitioner.hetero_writer import partition_hetero_graph
+from sampling_server.sampler.hetero_cpu import CpuHeteroSampler
+
+log = logging.getLogger("bench.hetero")
+
+BATCH = 1024
+
+
+def seed_batches(train: np.ndarray, seed: int) -> Iterator[np.ndarray]:
+    """Full batches of shuffled training papers (original IDs), epoch after epoch."""
+    rng = np.random.default_rng(seed)
+    while True:
+        order = rng.permutation(train.size)
+        for i in range(0, train.size - BATCH + 1, BATCH):
+            yield train[order[i:i + BATCH]]
+
+
+def measure(label: str, step: Callable[[np.ndarray, int], int], train: np.ndarray,
+            num_batches: int, warmup: int = 2) -> dict[str, Any]:
+    """Time ``step(seeds, batch_index) -> sampled edges`` over ``num_batches`` batches."""
+    it = seed_batches(train, 0)
+    for i in range(warmup):
+        step(next(it), i)
+    seeds = edges = 0
+    started = time.perf_counter()
+    for i in range(num_batches):
+        s = next(it)
+        edges += step(s, warmup + i)
+        seeds += s.size
+    wall = time.perf_counter() - started
+    row: dict[str, Any] = {"label": label, "batches": num_batches, "seconds": round(wall, 3),
+           "seeds_per_s": round(seeds / wall, 1), "edges_per_s": round(edges / wall, 1),
+           "ms_per_batch": round(1000 * wall / num_batches, 2)}
+    log.info("%s: %.0f seeds/s, %.2f M edges/s, %.1f ms/batch", label, row["seeds_per_s"],
+             row["edges_per_s"] / 1e6, row["ms_per_batch"])
+    return row
+
+
+def graphfeed_rows(root: Path, graph: HeteroGraphData, fanouts: list[int],
+                   num_batches: int, threads: int) -> list[dict[str, Any]]:
+    """The CPU sampler with ``threads`` Numba (and torch) threads."""
+    import numba
+
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+    torch.set_num_threads(threads)
+    sampler = CpuHeteroSampler(load_hetero_partition(root, 0, verify="size"))
+    to_global = np.asarray(load_hetero_node_map(root, graph.target_type, verify="size"))
+    train = np.asarray(graph.splits["train"])
+    t = graph.target_type
+
+    def structure(seeds: np.ndarray, i: int) -> int:
+        out = sampler.sample(to_global[seeds], t, fanouts, key=i)
+        return sum(int(r.numel()) for r in out.row.values())
+
+    def with_data(seeds: np.ndarray, i: int) -> int:
+        out = sampler.minibatch(to_global[seeds], t, fanouts, key=i)
+        return sum(int(r.numel()) for r in out.structure.row.values())
+
+    name = f"graphfeed CPU hetero sampler ({threads} thread{'s' if threads > 1 else ''})"
+    return [measure(f"{name}: structure", structure, train, num_batches),
+            measure(f"{name}: + features, labels, orig IDs", with_data, train, num_batches)]
+
+
+def pyg_rows(graph: HeteroGraphData, fanouts: list[int], num_batches: int,
+             workers: list[int]) -> list[dict[str, Any]]:
+    """PyG's hetero NeighborLoader (needs pyg-lib or torch-sparse); skipped without them."""
+    if not any(importlib.util.find_spec(m) for m in ("pyg_lib", "torch_sparse")):
+        log.warning("PyG hetero NeighborLoader skipped: neither pyg-lib nor torch-sparse "
+                    "is installed (make bench-peers)")
+        return [{"label": "pyg hetero NeighborLoader", "skipped": "no pyg-lib or torch-sparse"}]
+    from torch_geometric.data import HeteroData
+    from torch_geometric.loader import NeighborLoader
+
+    data = HeteroData()
+    for nt, n in graph.num_nodes.items():
+        data[nt].num_nodes = n
+        if nt in graph.x:
+            data[nt].x = torch.from_numpy(np.asarray(graph.x[nt]))
+    data[graph.target_type].y = torch.from_numpy(np.asarray(graph.y))
+    for et, ei in graph.edge_index.items():
+        data[et].edge_index = torch.from_numpy(np.asarray(ei))
+    train = np.asarray(graph.splits["train"])
+    rows = []
+    for nw in workers:
+        loader = NeighborLoader(data, num_neighbors={et: fanouts for et in graph.edge_types},
+                                input_nodes=(graph.target_type, torch.from_numpy(train)),
+                                batch_size=BATCH, shuffle=True, num_workers=nw,
+                                persistent_workers=nw > 0)
+        it = _epochs(loader)
+
+        def step(_seeds: np.ndarray, _i: int, it: Iterator[Any] = it) -> int:
+            b = next(it)
+            return sum(int(b[et].edge_index.shape[1]) for et in b.edge_types)
+
+        rows.append(measure(f"pyg hetero NeighborLoader (num_workers={nw})", step, train,
+                            num_batches))
+    return rows
+
+
+def _epochs(loader: Any) -> Iterator[Any]:
+    """The loader's batches, epoch after epoch (a small graph has few batches)."""
+    while True:
+        yield from loader
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=Path("data/bench"))
+    parser.add_argument("--preset", default="mag-like")
+    parser.add_argument("--fanouts", type=int, nargs="+", default=[25, 20])
+    parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--pyg-batches", type=int, default=5)
+    parser.add_argument("--pyg-workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
+                        help="Numba/torch thread counts to run graphfeed's sampler with")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    started = time.perf_counter()
+    graph = generate_hetero(args.preset, seed=0, progress=False).add_reverse()
+    root = args.data / f"{args.preset}-hetero-1"
+    if not (root / "manifest.json").is_file():
+        partition_hetero_graph(graph, 1, root, method="range", overwrite=True, progress=False)
+    log.info("graph ready in %.1f s", time.perf_counter() - started)
+    rows = [r for n in args.threads for r in graphfeed_rows(root, graph, args.fanouts,
+                                                            args.batches, n)]
+    ours = max(r["seeds_per_s"] for r in rows if r["label"].endswith("orig IDs"))
+    torch.set_num_threads(max(args.threads))
+    pyg = pyg_rows(graph, args.fanouts, args.pyg_batches, args.pyg_workers)
+    theirs = [r["seeds_per_s"] for r in pyg if "seeds_per_s" in r]
+    rows += pyg
+    payload = {"benchmark": "hetero_sampler", "preset": args.preset, "add_reverse": True,
+               "fanouts": args.fanouts, "batch_size": BATCH, "machine": machine(),
+               "date": time.strftime("%Y-%m-%d", time.gmtime()), "rows": rows,
+               "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+               "speedup_with_data_vs_best_pyg": round(ours / max(theirs), 2) if theirs else None}
+    path = write_json("hetero", payload)
+    for r in rows:
+        if "seeds_per_s" in r:
+            print(f"{r['label']:<68} {r['seeds_per_s']:>10.0f} seeds/s "
+                  f"{r['edges_per_s'] / 1e6:>7.2f} M edges/s {r['ms_per_batch']:>9.1f} ms/batch")
+        else:
+            print(f"{r['label']:<68} skipped: {r['skipped']}")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
