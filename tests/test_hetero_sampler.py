@@ -193,14 +193,16 @@ def tiny_parts(tmp_path_factory: pytest.TempPathFactory) -> tuple[HeteroGraphDat
     return g, _partitioned(g, 2, "hash", tmp_path_factory.mktemp("tiny-2"))
 
 
-@pytest.mark.parametrize("replace", [False, True])
-def test_cuda_equals_cpu(tiny_parts: tuple[HeteroGraphData, Path], replace: bool) -> None:
+@pytest.mark.parametrize(("replace", "topology"), [(False, "device"), (True, "device"),
+                                                   (False, "uva")])
+def test_cuda_equals_cpu(tiny_parts: tuple[HeteroGraphData, Path], replace: bool,
+                         topology: str) -> None:
     """The CUDA sampler (the simulator here) draws exactly the CPU sampler's batch, also
     across partitions."""
     g, root = tiny_parts
     parts = load_all(root)
     cpu = [CpuHeteroSampler(p, replace=replace) for p in parts]
-    gpu = [CudaHeteroSampler(p, replace=replace) for p in parts]
+    gpu = [CudaHeteroSampler(p, replace=replace, topology=topology) for p in parts]
     maps = node_maps(root, g)
     seeds = torch.from_numpy(maps["paper"][g.splits["train"][:6]])
     fanouts = [3, 2]
@@ -250,3 +252,21 @@ def test_structure_matches_pyg_neighbor_loader(small: HeteroGraphData, small_one
     assert a.shape == b_.shape == (num_batches, len(small.node_types) + len(small.edge_types))
     bound = 5 * np.sqrt((a.var(0) + b_.var(0)) / num_batches) + 1
     assert (np.abs(a.mean(0) - b_.mean(0)) <= bound).all(), (a.mean(0), b_.mean(0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("topology", ["device", "uva"])
+def test_real_gpu_equals_cpu_on_mag_small(small: HeteroGraphData, small_two: Path,
+                                          topology: str) -> None:
+    """On a real GPU: the 2-partition CUDA batch equals the CPU batch and has every property."""
+    parts = load_all(small_two)
+    cpu = [CpuHeteroSampler(p) for p in parts]
+    gpu = [CudaHeteroSampler(p, topology=topology) for p in parts]
+    maps = node_maps(small_two, small)
+    seeds = _train_seeds(small, 512)
+    a = cpu[0].minibatch(maps["paper"][seeds], "paper", [25, 20], 5, remote=LocalHeteroPeers(cpu))
+    b = gpu[0].minibatch(maps["paper"][seeds], "paper", [25, 20], 5, remote=LocalHeteroPeers(gpu))
+    assert all(t.device.type == "cuda" for t in b.structure.node.values())
+    assert_same_batch(a, b)
+    check_hetero_batch(small, maps, b, "paper", seeds,
+                       normalize_num_neighbors([25, 20], small.edge_types))
