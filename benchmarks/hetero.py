@@ -9,6 +9,11 @@ structure alone and with paper features and labels gathered; PyG's loader always
 
     make bench-peers            # PyG's torch-sparse (else the PyG rows are skipped)
     python benchmarks/hetero.py --data data/bench
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/hetero.py --data data/bench --name hetero-passive
+
+OpenMP's wait policy (read once, when the OpenMP runtime loads) matters on a shared,
+oversubscribed machine: with the default spinning wait, every parallel kernel's barrier
+can cost a scheduler time slice; the JSON records the policy in force.
 """
 
 from __future__ import annotations
@@ -148,6 +153,7 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--pyg-batches", type=int, default=5)
     parser.add_argument("--pyg-workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--name", default="hetero", help="results file name (without .json)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
                         help="Numba/torch thread counts to run graphfeed's sampler with")
     args = parser.parse_args()
@@ -169,8 +175,9 @@ def main() -> int:
                "fanouts": args.fanouts, "batch_size": BATCH, "machine": machine(),
                "date": time.strftime("%Y-%m-%d", time.gmtime()), "rows": rows,
                "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
                "speedup_with_data_vs_best_pyg": round(ours / max(theirs), 2) if theirs else None}
-    path = write_json("hetero", payload)
+    path = write_json(args.name, payload)
     for r in rows:
         if "seeds_per_s" in r:
             print(f"{r['label']:<68} {r['seeds_per_s']:>10.0f} seeds/s "
