@@ -156,6 +156,7 @@ def test_bad_input_names_the_field(one_sampler: CpuHeteroSampler) -> None:
         ({"paper__cites__paper": [2], "author__writes__paper": [2, 2]}, "paper", "num_neighbors"),
         ([2, -2], "paper", "fanouts"),
         ([], "paper", "fanouts"),
+        ({}, "paper", "num_neighbors"),
     ]
     for fanouts, seed_type, field in cases:
         with pytest.raises(ValueError, match=field):

@@ -78,6 +78,8 @@ def normalize_num_neighbors(
     if not isinstance(num_neighbors, Mapping):
         shared = check_fanouts(num_neighbors)
         return {et: list(shared) for et in edge_types}
+    if not num_neighbors:
+        raise ValueError("num_neighbors: expected fanouts for at least one edge type, got {}")
     given: dict[EdgeType, list[int]] = {}
     for k, v in num_neighbors.items():
         try:
