@@ -14,8 +14,10 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -45,6 +47,12 @@ T = TypeVar("T")
 NodeData = tuple[torch.Tensor | None, torch.Tensor | None]
 #: Most node IDs one request carries (their tensor must fit in one message).
 MAX_NODES_PER_CALL = codec.MAX_CHUNK_BYTES // 8
+#: Attempts of one peer call that fails with UNAVAILABLE (within its one deadline).
+PEER_CALL_ATTEMPTS = 3
+#: Pause before the second attempt (x4 before each later one).
+PEER_RETRY_BACKOFF_S = 0.05
+#: Seconds past its deadline a caller waits for a pooled peer call's answer at most.
+RESULT_GRACE_S = 5.0
 
 
 def chunk_messages(
@@ -185,8 +193,9 @@ class PeerClient:
                 replace=options.replace, weighted=options.weighted, hop=hop,
                 client_id=self.client_id)
             with self._errors(p, "SampleNeighbors"):
-                got = _receive(self._stubs[p].SampleNeighbors(request, timeout=self.timeout),
-                               {"counts", "neighbors"})
+                got = self._retrying(lambda timeout: _receive(
+                    self._stubs[p].SampleNeighbors(request, timeout=timeout),
+                    {"counts", "neighbors"}))
                 counts, neighbors = got["counts"], got["neighbors"]
                 _check_answer(counts.shape == (nodes.size,) and int(counts.sum()) == neighbors.numel(),
                               f"counts {list(counts.shape)} summing to {int(counts.sum())} for "
@@ -211,7 +220,8 @@ class PeerClient:
                 feature_dtype=options.feature_dtype, client_id=self.client_id)
             expected = {n for n, want in (("x", features), ("y", labels)) if want}
             with self._errors(p, "FetchNodeData"):
-                got = _receive(self._stubs[p].FetchNodeData(request, timeout=self.timeout), expected)
+                got = self._retrying(lambda timeout: _receive(
+                    self._stubs[p].FetchNodeData(request, timeout=timeout), expected))
                 x, y = got.get("x"), got.get("y")
                 _check_answer((x is None or x.shape[0] == nodes.size)
                               and (y is None or y.shape == (nodes.size,)),
@@ -237,12 +247,48 @@ class PeerClient:
             jobs.extend((p, ids[i:i + MAX_NODES_PER_CALL])
                         for i in range(0, max(ids.size, 1), MAX_NODES_PER_CALL))
         futures: list[Future[T]] = [self._pool.submit(call, p, ids) for p, ids in jobs[1:]]
-        results = [call(*jobs[0])] if jobs else []
-        results.extend(f.result() for f in futures)  # each call is bounded by its deadline
+        try:
+            results = [call(*jobs[0])] if jobs else []
+            results.extend(self._result(f, p) for f, (p, _) in zip(futures, jobs[1:], strict=True))
+        finally:
+            for f in futures:
+                f.cancel()  # a failed hop needs none of the other answers
         out: dict[int, list[T]] = {}
         for (p, _), result in zip(jobs, results, strict=True):
             out.setdefault(p, []).append(result)
         return out
+
+    def _retrying(self, attempt: Callable[[float], T]) -> T:
+        """``attempt(timeout)`` until it succeeds, again after ``UNAVAILABLE`` (a
+        connection that broke or was not up) at most :data:`PEER_CALL_ATTEMPTS` times,
+        all within one :attr:`timeout`. The calls are pure functions of the request, so
+        a repeated one gives the same answer."""
+        deadline = time.monotonic() + self.timeout
+        backoff = PEER_RETRY_BACKOFF_S
+        for attempts_left in range(PEER_CALL_ATTEMPTS - 1, -1, -1):
+            remaining = deadline - time.monotonic()
+            try:
+                return attempt(max(remaining, 0.001))
+            except grpc.RpcError as exc:
+                code = exc.code() if isinstance(exc, grpc.Call) else None
+                remaining = deadline - time.monotonic()
+                if code is not grpc.StatusCode.UNAVAILABLE or not attempts_left \
+                        or remaining <= backoff:
+                    raise
+            time.sleep(backoff)
+            backoff *= 4
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    def _result(self, future: Future[T], partition: int) -> T:
+        """A pool call's answer; never waits much past the calls' own deadline."""
+        try:
+            return future.result(timeout=self.timeout + RESULT_GRACE_S)
+        except FutureTimeout:
+            address = self.addresses[partition]
+            raise PeerError(f"peer partition {partition} ({address}): no answer within "
+                            f"{self.timeout + RESULT_GRACE_S:g} s (--peer-timeout)",
+                            partition=partition, address=address,
+                            code=grpc.StatusCode.DEADLINE_EXCEEDED) from None
 
     @contextmanager
     def _errors(self, partition: int, what: str) -> Iterator[None]:

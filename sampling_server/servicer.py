@@ -152,9 +152,9 @@ class SamplingServicer:
                 stop.set()
             log.info("%s: stream start: %d of %d batches here, resume_from=%d", fields,
                      len(job.batches), job.num_batches, request.resume_from)
-            # Response headers commit the call: a stream that fails after this point (a
-            # peer lost mid-epoch) is not replayed by the client's channel retry policy;
-            # the trainer resumes it from the next batch it lacks instead.
+            # Response headers tell the trainer the stream was accepted; a stream that
+            # fails after this point (a peer lost mid-epoch) is resumed by the trainer
+            # from the next batch it lacks.
             context.send_initial_metadata(())
             with abort_on_error(context, f"StreamMinibatches ({fields})", p):
                 for messages in self.pipeline.stream(job, stop):

@@ -317,7 +317,7 @@ class RemoteNeighborLoader:
         pin_memory: bool | None = None,
         connect_timeout: float = 60.0,
         stall_timeout: float = 60.0,
-        reconnect_timeout: float = 60.0,
+        reconnect_timeout: float = 15.0,
         rpc_timeout: float = 30.0,
         client_id: str | None = None,
     ) -> None:

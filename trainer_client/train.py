@@ -97,7 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir if it has one")
     p.add_argument("--metrics-json", type=Path, default=None)
     p.add_argument("--timeout", type=_positive(float), default=120.0,
-                   help="seconds to wait for servers, stalled streams and peers before failing")
+                   help="seconds to wait for servers at start and for a stalled stream before it is resumed")
+    p.add_argument("--reconnect-timeout", type=_positive(float), default=15.0,
+                   help="seconds a broken stream is retried (a server restarted within this time "
+                        "is rejoined) before the server counts as gone")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -289,7 +292,7 @@ def make_loaders(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> li
     common: dict[str, Any] = dict(
         num_neighbors=args.fanouts, rank=env.rank, world_size=env.world_size, device=env.device,
         prefetch=args.prefetch, seed=args.seed, feature_dtype=args.feature_dtype,
-        stall_timeout=args.timeout, reconnect_timeout=args.timeout,
+        stall_timeout=args.timeout, reconnect_timeout=args.reconnect_timeout,
     )
     return [
         RemoteNeighborLoader(cluster, "train", batch_size=args.batch_size, shuffle=True, **common),
