@@ -132,7 +132,7 @@ def test_a_call_to_a_server_that_is_down_fails_at_once() -> None:
     address = f"127.0.0.1:{_unused_port()}"
     ch = create_channel(address)
     started = time.monotonic()
-    with pytest.raises(ServerUnavailable, match="Connection refused|failed to connect"), \
+    with pytest.raises(ServerUnavailable, match=r"Connection refused|failed to connect"), \
             rpc_errors("Probe.Echo", address):
         _call(ch, "Echo", b"x", timeout=10)
     assert time.monotonic() - started < 5  # not the whole deadline
