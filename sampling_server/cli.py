@@ -96,6 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
                       help="seconds running streams get to finish after SIGTERM (30)")
     tune.add_argument("--health-interval", type=_seconds, metavar="S",
                       help="seconds between peer health probes (2)")
+    limits = parser.add_argument_group("request limits (defaults in parentheses)")
+    limits.add_argument("--max-hops", type=_positive_int, help="hops per request (8)")
+    limits.add_argument("--max-fanout", type=_positive_int, help="largest fanout of a hop (10000)")
+    limits.add_argument("--max-batch-size", type=_positive_int, help="largest batch_size (131072)")
+    limits.add_argument("--max-batch-edges", type=_positive_int,
+                        help="edges a batch may sample in the worst case its request allows; a "
+                        "hop of -1 counts every edge of the graph (4194304)")
+    limits.add_argument("--max-peer-nodes", type=_positive_int,
+                        help="node IDs per peer request (4194304)")
+    limits.add_argument("--stream-idle-timeout", type=_seconds, metavar="S",
+                        help="seconds a stream may wait on a trainer that does not read (120)")
     load = parser.add_argument_group("loading")
     load.add_argument("--verify", choices=VERIFY_MODES,
                       help="check files by SHA-256 (full) or by size and header only (full)")
@@ -142,6 +153,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         "chunk_bytes": args.chunk_bytes, "peer_timeout": args.peer_timeout,
         "max_streams": args.max_streams, "grace": args.grace,
         "health_interval": args.health_interval, "verify": args.verify, "mmap": args.mmap,
+        "max_hops": args.max_hops, "max_fanout": args.max_fanout,
+        "max_batch_size": args.max_batch_size, "max_batch_edges": args.max_batch_edges,
+        "max_peer_nodes": args.max_peer_nodes, "stream_idle_timeout": args.stream_idle_timeout,
     }
     if args.cluster is not None:
         return ServerConfig.from_cluster_yaml(args.cluster, args.partition, **overrides)

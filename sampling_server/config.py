@@ -78,6 +78,22 @@ class ServerConfig:
     #: Seconds between peer health probes while every peer is up (probes back off from
     #: 0.1 s to this while a peer is down).
     health_interval: float = 2.0
+    #: Most hops (fanouts) one request may ask for.
+    max_hops: int = 8
+    #: Largest fanout of one hop (-1, all neighbors, is bounded by max_batch_edges).
+    max_fanout: int = 10_000
+    #: Largest batch_size of an epoch request.
+    max_batch_size: int = 1 << 17
+    #: Most edges one batch (or one peer SampleNeighbors call) may sample in the worst
+    #: case the request allows (batch_size x fanouts, a hop of -1 counting every edge of
+    #: the graph); bounds the memory one request can take. Nodes per batch are at most
+    #: batch_size plus this.
+    max_batch_edges: int = 1 << 22
+    #: Most node IDs one peer request (SampleNeighbors, FetchNodeData) may carry.
+    max_peer_nodes: int = 1 << 22
+    #: Seconds a stream may go without handing a message to its trainer (one that does
+    #: not read) before it is cancelled and its slot freed.
+    stream_idle_timeout: float = 120.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "partition_dir", Path(self.partition_dir))
@@ -98,6 +114,11 @@ class ServerConfig:
         _check(self.max_streams >= 1, "max_streams", "an integer >= 1", self.max_streams)
         _check(self.grace >= 0, "grace", "seconds >= 0", self.grace)
         _check(self.health_interval > 0, "health_interval", "seconds > 0", self.health_interval)
+        for name in ("max_hops", "max_fanout", "max_batch_size", "max_batch_edges",
+                     "max_peer_nodes"):
+            _check(getattr(self, name) >= 1, name, "an integer >= 1", getattr(self, name))
+        _check(self.stream_idle_timeout > 0, "stream_idle_timeout", "seconds > 0",
+               self.stream_idle_timeout)
 
     @property
     def listen_port(self) -> int:

@@ -30,6 +30,7 @@ from google.protobuf.message import Message
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
 from protos.channel import GraphfeedError, PeerError, ProtocolError, create_channel, rpc_errors
+from sampling_server.limits import check_peer_limits
 from sampling_server.sampler import HopSample
 from sampling_server.store import (
     PartitionStore,
@@ -84,13 +85,19 @@ class PeerServicer:
         self, request: pb.FetchNodeDataRequest, context: grpc.ServicerContext
     ) -> Iterator[bytes]:
         with abort_on_error(context, "FetchNodeData", self.store.partition_id):
-            messages = self._fetch(request)
-        yield from messages
+            nodes, dtype = self._check_fetch(request)
+            messages = self._fetch(request, nodes, dtype)
+            for message in messages:
+                if not context.is_active():  # the caller went away: stop gathering
+                    return
+                yield message
 
     def _sample(self, request: pb.SampleNeighborsRequest) -> list[bytes]:
         field = "SampleNeighborsRequest"
         self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
         nodes = decode_node_ids(request.nodes, f"{field}.nodes")
+        check_peer_limits(self.store.config, nodes.size, request.fanout,
+                          self.store.manifest.num_edges, field, request.replace)
         self.store.check_owned(nodes, f"{field}.nodes")
         if request.fanout < -1:
             raise RequestError(f"{field}.fanout: expected an integer >= 0, or -1 for all "
@@ -106,22 +113,48 @@ class PeerServicer:
         named = {"counts": drawn.counts, "neighbors": drawn.neighbors}
         return chunk_messages(pb.SampleNeighborsChunk, named, self.chunk_bytes)
 
-    def _fetch(self, request: pb.FetchNodeDataRequest) -> list[bytes]:
+    def _check_fetch(self, request: pb.FetchNodeDataRequest) -> tuple[np.ndarray, codec.WireDType]:
         field = "FetchNodeDataRequest"
         self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
         nodes = decode_node_ids(request.nodes, f"{field}.nodes")
+        check_peer_limits(self.store.config, nodes.size, None, 0, field)
         self.store.check_owned(nodes, f"{field}.nodes")
         dtype = wire_feature_dtype(request.feature_dtype, self.store.feature_dtype,
                                    f"{field}.feature_dtype")
+        return nodes, dtype
+
+    def _fetch(self, request: pb.FetchNodeDataRequest, nodes: np.ndarray,
+               dtype: codec.WireDType) -> Iterator[bytes]:
+        """The answer's messages, gathered and encoded slice by slice of the nodes (at
+        most about ``chunk_bytes`` of rows each), so the whole answer is never built."""
+        m = self.store.manifest
+        row_bytes = (m.feature_dim * codec.dtype_to_numpy(dtype).itemsize
+                     if request.want_features else 0) + (8 if request.want_labels else 0)
+        rows = max(1, self.chunk_bytes // max(row_bytes, 1))
+        slices = [(i, min(i + rows, nodes.size)) for i in range(0, max(nodes.size, 1), rows)]
         sampler = self.store.sampler()
-        x, y = sampler.gather_local(torch.from_numpy(nodes).to(sampler.device),
-                                    request.want_features, request.want_labels)
-        named: dict[str, torch.Tensor] = {}
-        if request.want_features and x is not None:
-            named["x"] = cast_features(x, dtype)
-        if request.want_labels and y is not None:
-            named["y"] = y
-        return chunk_messages(pb.NodeDataChunk, named, self.chunk_bytes)
+        for k, (a, b) in enumerate(slices):
+            x, y = sampler.gather_local(torch.from_numpy(nodes[a:b]).to(sampler.device),
+                                        request.want_features, request.want_labels)
+            msg = pb.NodeDataChunk(chunk_index=k, num_chunks=len(slices))
+            for name, part in (("x", x), ("y", y)):
+                if part is None:
+                    continue
+                part = cast_features(part, dtype) if name == "x" else part
+                msg.tensors.append(_row_slice(name, part, a, nodes.size))
+            yield msg.SerializeToString()
+
+
+def _row_slice(name: str, part: torch.Tensor, start: int, total_rows: int) -> pb.TensorChunk:
+    """Rows ``start .. start + len(part)`` of a tensor of ``total_rows`` rows, as the
+    TensorChunk at their byte offset."""
+    array = np.ascontiguousarray(part.detach().cpu().numpy()) if part.dtype != torch.bfloat16 \
+        else np.ascontiguousarray(part.detach().cpu().view(torch.int16).numpy())
+    row_bytes = array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
+    shape = [total_rows, *array.shape[1:]]
+    return pb.TensorChunk(name=name, dtype=codec.torch_to_dtype(part.dtype), shape=shape,
+                          offset=start * row_bytes, total_bytes=total_rows * row_bytes,
+                          data=array.tobytes())
 
 
 # -- calling side ----------------------------------------------------------------------

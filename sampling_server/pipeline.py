@@ -22,6 +22,7 @@ import numpy as np
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
 from protos.plan import BatchRef, EpochPlan
+from sampling_server.limits import printable
 from sampling_server.peer import PeerCallOptions, PeerClient
 from sampling_server.sampler import batch_key
 from sampling_server.store import PartitionStore, cast_features
@@ -142,7 +143,8 @@ class SamplingPipeline:
 
         messages = fastwire.encode_chunks(head, named, self.chunk_bytes)
         log.debug("partition=%d client=%s rank=%d epoch=%d batch=%d: %d seeds, %d nodes, "
-                  "%d edges, %d messages in %.1f ms", self.store.partition_id, job.client_id,
+                  "%d edges, %d messages in %.1f ms", self.store.partition_id,
+                  printable(job.client_id),
                   job.rank, job.epoch, ref.index, out.batch_size, out.n_id.numel(),
                   out.row.numel(), len(messages), 1e3 * (time.perf_counter() - started))
         return messages

@@ -36,7 +36,7 @@ from sampling_server.config import ConfigError, ServerConfig
 from sampling_server.peer import PeerClient, PeerServicer
 from sampling_server.pipeline import SamplingPipeline
 from sampling_server.servicer import SamplingServicer
-from sampling_server.store import PartitionStore
+from sampling_server.store import PartitionStore, bounded
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +76,9 @@ def _lenient(message_type: Any) -> Callable[[bytes], Any]:
 def _guarded(method: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[..., Any]:
     def handle(request: Any, context: grpc.ServicerContext) -> Any:
         if isinstance(request, MalformedRequest):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"{request.message_type}: expected a serialized {request.message_type} "
-                          f"message, got bytes that do not parse ({request.error})")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded(
+                f"{request.message_type}: expected a serialized {request.message_type} "
+                f"message, got bytes that do not parse ({request.error})"))
         return method(request, context)
     return handle
 
@@ -105,6 +105,21 @@ def _add_services(server: grpc.Server, sampling: SamplingServicer, peer: PeerSer
     for name, handlers in services.items():
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
         server.add_registered_method_handlers(name, handlers)
+
+
+def _add_health(server: grpc.Server, servicer: health.HealthServicer) -> None:
+    """The standard health service, with the lenient request parser (a malformed
+    request gets INVALID_ARGUMENT, not INTERNAL)."""
+    request = health_pb2.HealthCheckRequest
+    reply = health_pb2.HealthCheckResponse.SerializeToString
+    handlers = {
+        "Check": grpc.unary_unary_rpc_method_handler(_guarded(servicer.Check), _lenient(request),
+                                                     reply),
+        "Watch": grpc.unary_stream_rpc_method_handler(_guarded(servicer.Watch), _lenient(request),
+                                                      reply),
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(health.SERVICE_NAME, handlers),))
 
 
 # -- health ------------------------------------------------------------------------------
@@ -206,7 +221,7 @@ class SamplingServer(grpc.Server):
         self.shutdown_requested = threading.Event()
         self._grpc = server
         self._health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        _add_health(server, self._health)
         self.pipeline = SamplingPipeline(store, None, workers=config.workers,
                                          prefetch=config.prefetch, chunk_bytes=config.chunk_bytes)
         _add_services(server, SamplingServicer(store, self.pipeline, config.max_streams),

@@ -245,8 +245,8 @@ def abort_on_error(context: grpc.ServicerContext, what: str, partition: int) -> 
     try:
         yield
     except RequestError as exc:
-        log.info("%s rejected: %s: %s", what, exc.code.name, exc)
-        context.abort(exc.code, str(exc))
+        log.info("%s rejected: %s: %s", what, exc.code.name, bounded(repr(str(exc)), 300))
+        context.abort(exc.code, bounded(str(exc)))
     except NotLoaded as exc:
         context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
     except PeerError as exc:
@@ -254,8 +254,24 @@ def abort_on_error(context: grpc.ServicerContext, what: str, partition: int) -> 
         lost = exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                             grpc.StatusCode.CANCELLED)
         code = grpc.StatusCode.UNAVAILABLE if lost else grpc.StatusCode.INTERNAL
-        context.abort(code, f"{what} on partition {partition}: {exc}")
+        context.abort(code, bounded(f"{what} on partition {partition}: {exc}"))
+    except MemoryError:
+        log.warning("%s on partition %d: out of memory", what, partition)
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                      f"{what} on partition {partition}: the server ran out of memory for this "
+                      "request; ask for smaller batches or fewer neighbors")
     except Exception as exc:
         log.exception("%s failed on partition %d", what, partition)
-        context.abort(grpc.StatusCode.INTERNAL,
-                      f"{what} on partition {partition} failed: {type(exc).__name__}: {exc}")
+        context.abort(grpc.StatusCode.INTERNAL, bounded(
+            f"{what} on partition {partition} failed: {type(exc).__name__}: {exc}"))
+
+
+#: Longest status details a server sends (the rest is cut, saying how much).
+MAX_DETAILS_CHARS = 1000
+
+
+def bounded(text: str, limit: int = MAX_DETAILS_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how many were left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
