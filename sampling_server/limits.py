@@ -1,9 +1,11 @@
 """Request limits: every request's cost is checked against the server's limits before
 anything is allocated for it, and client text is bounded in replies and escaped in logs.
 
-A request over a limit gets ``RESOURCE_EXHAUSTED`` with a message naming the limit and
-the flag that raises it; the worst case a request allows is what counts, so a request
-that passes cannot grow past the limits however the graph answers it.
+A request over a limit gets ``INVALID_ARGUMENT`` with a message naming the limit and
+the flag that raises it (not ``RESOURCE_EXHAUSTED``, which trainers retry: a server at
+its stream limit frees a slot, but a request over a limit never passes); the worst
+case a request allows is what counts, so a request that passes cannot grow past the
+limits however the graph answers it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from sampling_server.store import MAX_DETAILS_CHARS, RequestError, bounded
 #: Longest client string (client_id, names) a log line quotes.
 MAX_LOGGED_CHARS = 100
 
-_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
+_OVER_LIMIT = grpc.StatusCode.INVALID_ARGUMENT
 
 
 def printable(text: str, limit: int = MAX_LOGGED_CHARS) -> str:
@@ -32,7 +34,7 @@ __all__ = ["MAX_DETAILS_CHARS", "bounded", "check_epoch_limits", "check_peer_lim
 
 def _over(what: str, got: int, limit: int, flag: str) -> RequestError:
     return RequestError(f"{what}: expected at most {limit}, got {got} (server limit {flag})",
-                        _EXHAUSTED)
+                        _OVER_LIMIT)
 
 
 def _hop_edges(frontier: int, fanout: int, num_edges: int, replace: bool) -> int:
@@ -59,7 +61,7 @@ def check_epoch_limits(
     config: ServerConfig, num_hops: int, fanouts: list[int] | None, batch_size: int,
     num_nodes: int, num_edges: int, replace: bool = False, field: str = "EpochRequest",
 ) -> None:
-    """Raise RESOURCE_EXHAUSTED when an epoch request asks for more than the limits.
+    """Raise INVALID_ARGUMENT when an epoch request asks for more than the limits.
     ``fanouts`` is read only once ``num_hops`` passed (so a huge list is never copied)."""
     if num_hops > config.max_hops:
         raise _over(f"{field}.fanouts: number of hops", num_hops, config.max_hops, "--max-hops")
@@ -76,14 +78,14 @@ def check_epoch_limits(
         raise RequestError(
             f"{field}: batch_size {batch_size} with fanouts {fanouts} may sample {edges} edges "
             f"per batch; expected at most {config.max_batch_edges} (server limit "
-            "--max-batch-edges; a fanout of -1 counts every edge of the graph)", _EXHAUSTED)
+            "--max-batch-edges; a fanout of -1 counts every edge of the graph)", _OVER_LIMIT)
 
 
 def check_peer_limits(
     config: ServerConfig, num_nodes: int, fanout: int | None, graph_edges: int, field: str,
     replace: bool = False,
 ) -> None:
-    """Raise RESOURCE_EXHAUSTED when a peer request carries too many nodes, or (for
+    """Raise INVALID_ARGUMENT when a peer request carries too many nodes, or (for
     SampleNeighbors, ``fanout`` given) may sample too many edges."""
     if num_nodes > config.max_peer_nodes:
         raise _over(f"{field}.nodes: number of node IDs", num_nodes, config.max_peer_nodes,
