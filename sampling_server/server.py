@@ -31,6 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from protos import fastwire
 from protos import sampling_pb2 as pb
+from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import GraphfeedError, rpc_errors, server_options
 from sampling_server.config import ConfigError, ServerConfig
 from sampling_server.peer import PeerClient, PeerServicer
@@ -128,9 +129,13 @@ class HealthMonitor:
     once the partition is loaded."""
 
     def __init__(self, servicer: health.HealthServicer, partition: int, peers: PeerClient | None,
-                 *, probe_timeout: float, interval: float) -> None:
+                 *, probe_timeout: float, interval: float, fingerprint: str = "") -> None:
         self.servicer = servicer
         self.partition = partition
+        #: This server's graph fingerprint, which every peer must share.
+        self.fingerprint = fingerprint
+        self.problem: str | None = None
+        self._wrong: set[int] = set()
         self.peers = peers
         self.probe_timeout = min(probe_timeout, MAX_PROBE_TIMEOUT_S)
         self.interval = interval
@@ -138,7 +143,7 @@ class HealthMonitor:
         self.serving = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._down: list[int] | None = None
+        self._down: dict[int, str] | None = None
         for service in ("", SAMPLING_SERVICE, PEER_SERVICE):
             servicer.set(service, _NOT_SERVING)
 
@@ -167,39 +172,68 @@ class HealthMonitor:
                 wait, backoff = self.interval, PROBE_BACKOFF_S
             self._stop.wait(wait)
 
-    def _probe(self) -> list[int]:
-        """Partition IDs of the peers whose PeerService does not answer SERVING."""
+    def _probe(self) -> dict[int, str]:
+        """The peers that are not ready, each with the reason: its PeerService does
+        not answer SERVING, or it serves another partition or another graph."""
         if self.peers is None:
-            return []
+            return {}
         request = health_pb2.HealthCheckRequest(service=PEER_SERVICE)
-        calls = {p: health_pb2_grpc.HealthStub(self.peers.channel(p)).Check.future(
-                     request, timeout=self.probe_timeout) for p in self.peers.peers}
-        down = []
-        for p, call in calls.items():
+        calls = {p: (health_pb2_grpc.HealthStub(self.peers.channel(p)).Check.future(
+                         request, timeout=self.probe_timeout),
+                     pb_grpc.SamplingServiceStub(self.peers.channel(p)).GetClusterInfo.future(
+                         pb.ClusterInfoRequest(client_id=f"server-{self.partition}"),
+                         timeout=self.probe_timeout))
+                 for p in self.peers.peers}
+        down: dict[int, str] = {}
+        self._wrong = set()
+        for p, (health_call, info_call) in calls.items():
+            address = self.peers.addresses[p]
             try:
-                with rpc_errors("Health.Check", self.peers.addresses[p]):
-                    ok = call.result().status == _SERVING
+                with rpc_errors("Health.Check", address):
+                    serving = health_call.result().status == _SERVING
+                with rpc_errors("GetClusterInfo", address):
+                    info = info_call.result()
             except GraphfeedError as exc:
-                ok = False
                 log.debug("partition=%d: peer probe failed: %s", self.partition, exc)
-            if not ok:
-                down.append(p)
+                down[p] = f"{p} ({address}) is not reachable or not loaded yet"
+                continue
+            wrong = self.identity_problem(p, address, info)
+            if wrong:
+                down[p] = wrong
+                self._wrong.add(p)
+            elif not serving:
+                down[p] = f"{p} ({address}) is still loading"
         return down
 
-    def _update(self, down: list[int]) -> None:
+    def identity_problem(self, p: int, address: str, info: pb.ClusterInfo) -> str | None:
+        """A plain sentence when the server at ``address`` (position ``p`` of --peers)
+        does not serve partition ``p`` of this graph; None when it does."""
+        if info.graph_fingerprint != self.fingerprint:
+            return (f"{p} ({address}) serves another graph ({info.graph_name!r}, fingerprint "
+                    f"{info.graph_fingerprint[:12] or 'none'}; this server: fingerprint "
+                    f"{self.fingerprint[:12]}): start every server on the same partitioned "
+                    "graph directory")
+        if info.partition_id != p:
+            return (f"{p} ({address}) serves partition {info.partition_id}, but --peers lists it "
+                    f"at position {p}: list every server's address in partition order")
+        return None
+
+    def _update(self, down: dict[int, str]) -> None:
         status = _NOT_SERVING if down else _SERVING
         for service in ("", SAMPLING_SERVICE):
             self.servicer.set(service, status)
+        problems = [why for p, why in down.items() if p in self._wrong]
+        #: Why the peers are wrong (None when every reachable peer is the right one).
+        self.problem = ("; ".join(f"peer partition {why}" for why in problems)
+                        if problems else None)
         if down:
             self.serving.clear()
         else:
             self.serving.set()
         if down != self._down:
             if down:
-                assert self.peers is not None
-                names = ", ".join(f"{p} ({self.peers.addresses[p]})" for p in down)
-                log.warning("partition=%d: NOT_SERVING: waiting for peer partitions %s",
-                            self.partition, names)
+                names = "; ".join(f"peer partition {why}" for why in down.values())
+                log.warning("partition=%d: NOT_SERVING: %s", self.partition, names)
             else:
                 log.info("partition=%d: SERVING (partition loaded, %d peers reachable)",
                          self.partition, len(self.peers.peers) if self.peers else 0)
@@ -224,8 +258,8 @@ class SamplingServer(grpc.Server):
         _add_health(server, self._health)
         self.pipeline = SamplingPipeline(store, None, workers=config.workers,
                                          prefetch=config.prefetch, chunk_bytes=config.chunk_bytes)
-        _add_services(server, SamplingServicer(store, self.pipeline, config.max_streams),
-                      PeerServicer(store, config.chunk_bytes))
+        self.sampling = SamplingServicer(store, self.pipeline, config.max_streams)
+        _add_services(server, self.sampling, PeerServicer(store, config.chunk_bytes))
         self.monitor: HealthMonitor | None = None
         self.peers: PeerClient | None = None
         self._started = False
@@ -249,7 +283,10 @@ class SamplingServer(grpc.Server):
             self.pipeline.peers = self.peers
         self.monitor = HealthMonitor(self._health, self.store.partition_id, self.peers,
                                      probe_timeout=self.config.peer_timeout,
-                                     interval=self.config.health_interval)
+                                     interval=self.config.health_interval,
+                                     fingerprint=self.store.graph_fingerprint)
+        monitor = self.monitor
+        self.sampling.peer_problem = lambda: monitor.problem
         self._grpc.start()
         log.info("partition=%d: listening on port %d (bound to %s); loading %s",
                  self.store.partition_id, self.port, self.config.listen.rsplit(":", 1)[0],

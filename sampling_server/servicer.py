@@ -134,6 +134,9 @@ class SamplingServicer:
         self._active_lock = threading.Condition()
         #: Set while the server drains: new streams are refused (UNAVAILABLE).
         self.draining = threading.Event()
+        #: Why the peers are the wrong ones (None when they are right): streams are
+        #: refused with it (FAILED_PRECONDITION) until it is fixed.
+        self.peer_problem: Callable[[], str | None] = lambda: None
 
     def wait_streams_done(self, timeout: float) -> bool:
         """Wait until no stream runs; False when ``timeout`` passed first."""
@@ -158,6 +161,10 @@ class SamplingServicer:
             if self.draining.is_set():
                 raise RequestError(f"StreamMinibatches: partition {p}'s server is shutting down; "
                                    "retry on its restarted server", grpc.StatusCode.UNAVAILABLE)
+            problem = self.peer_problem()
+            if problem:
+                raise RequestError(f"StreamMinibatches: partition {p}'s server is NOT_SERVING: "
+                                   f"{problem}", _PRECONDITION)
             job = epoch_job(request, self.store)
             if not self._slots.acquire(blocking=False):
                 raise RequestError(f"StreamMinibatches: this server already serves {self.max_streams} "

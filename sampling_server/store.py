@@ -3,6 +3,8 @@ and its samplers (loaded once the port is bound, see :meth:`PartitionStore.load`
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 import time
@@ -69,6 +71,9 @@ class PartitionStore:
                            int(m.partition_book[self.partition_id + 1]))
         #: Stored feature dtype on the wire.
         self.feature_dtype = codec.numpy_to_dtype(np.dtype(m.feature_dtype))
+        #: Hex SHA-256 of the manifest's canonical JSON: equal on every server of the graph.
+        self.graph_fingerprint = hashlib.sha256(
+            json.dumps(m.to_json(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
         self._partition: Partition | None = None
         self._samplers: dict[tuple[bool, bool], NeighborSampler] = {}
         self._lock = threading.Lock()
@@ -180,6 +185,7 @@ class PartitionStore:
             num_classes=m.num_classes, split_sizes=sizes,
             peer_addresses=list(self.peer_addresses), has_edge_weights=m.has_edge_weight,
             server_version=server_version(), device=self.device, label_dtype=pb.INT64,
+            graph_fingerprint=self.graph_fingerprint,
         )
 
     def check_owned(self, nodes: np.ndarray, field: str) -> None:

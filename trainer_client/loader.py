@@ -60,7 +60,7 @@ WIRE_FEATURE_DTYPES: dict[str, int] = {
 SHARED_FIELDS = (
     "format_version", "graph_name", "num_nodes", "num_edges", "partition_book",
     "num_partitions", "feature_dim", "feature_dtype", "num_classes", "split_sizes",
-    "has_edge_weights", "label_dtype",
+    "has_edge_weights", "label_dtype", "graph_fingerprint",
 )
 #: Most explicit seeds one loader may have (they travel in one message of the request).
 MAX_SEEDS = MAX_CHUNK_BYTES // 8
