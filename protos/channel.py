@@ -32,6 +32,7 @@ from typing import Any
 import grpc
 
 from protos import codec
+from protos.security import Security, TokenClientInterceptor, default_security
 
 #: Seconds between keepalive pings on a connection (client and server side): a peer
 #: whose host vanished or whose process froze is noticed within
@@ -76,16 +77,25 @@ def channel_options(max_message_bytes: int = codec.MAX_MESSAGE_BYTES) -> list[tu
 
 
 def create_channel(
-    address: str, *, max_message_bytes: int = codec.MAX_MESSAGE_BYTES
+    address: str, *, max_message_bytes: int = codec.MAX_MESSAGE_BYTES,
+    security: Security | None = None,
 ) -> grpc.Channel:
-    """An insecure channel to ``address`` (``host:port``) with graphfeed's options.
+    """A channel to ``address`` (``host:port``) with graphfeed's options: TLS when
+    ``security`` (default: :func:`~protos.security.default_security`) names a CA or a
+    certificate, and its bearer token on every call when it has one.
 
     The channel connects lazily; use :func:`wait_ready` to wait for the server, and pass
     ``timeout=`` to every call.
     """
     if not address or ":" not in address:
         raise ValueError(f"address: expected 'host:port', got {address!r}")
-    return grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+    sec = security if security is not None else default_security()
+    options = channel_options(max_message_bytes)
+    channel = (grpc.secure_channel(address, sec.channel_credentials(), options=options)
+               if sec.tls else grpc.insecure_channel(address, options=options))
+    if sec.token:
+        channel = grpc.intercept_channel(channel, TokenClientInterceptor(sec.token))
+    return channel
 
 
 def server_options(max_message_bytes: int = codec.MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:

@@ -107,6 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="node IDs per peer request (4194304)")
     limits.add_argument("--stream-idle-timeout", type=_seconds, metavar="S",
                         help="seconds a stream may wait on a trainer that does not read (120)")
+    sec = parser.add_argument_group("security (see docs/operations.md)")
+    sec.add_argument("--tls-cert", type=Path, metavar="PEM", help="this server's certificate chain")
+    sec.add_argument("--tls-key", type=Path, metavar="PEM", help="this server's private key")
+    sec.add_argument("--tls-ca", type=Path, metavar="PEM",
+                     help="the cluster's CA: clients and peers must present certificates it "
+                     "signed (mutual TLS)")
+    sec.add_argument("--token-file", type=Path, metavar="FILE",
+                     help="file holding the bearer token every caller must send (or set "
+                     "GRAPHFEED_TOKEN_FILE / GRAPHFEED_TOKEN)")
     load = parser.add_argument_group("loading")
     load.add_argument("--verify", choices=VERIFY_MODES,
                       help="check files by SHA-256 (full) or by size and header only (full)")
@@ -156,6 +165,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         "max_hops": args.max_hops, "max_fanout": args.max_fanout,
         "max_batch_size": args.max_batch_size, "max_batch_edges": args.max_batch_edges,
         "max_peer_nodes": args.max_peer_nodes, "stream_idle_timeout": args.stream_idle_timeout,
+        "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca,
+        "token_file": args.token_file,
     }
     if args.cluster is not None:
         return ServerConfig.from_cluster_yaml(args.cluster, args.partition, **overrides)

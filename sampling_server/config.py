@@ -94,10 +94,27 @@ class ServerConfig:
     #: Seconds a stream may go without handing a message to its trainer (one that does
     #: not read) before it is cancelled and its slot freed.
     stream_idle_timeout: float = 120.0
+    #: TLS: this server's certificate chain and key (PEM); both or neither.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: TLS: the cluster's CA (PEM). Clients and peers must present certificates it
+    #: signed (mutual TLS), and peers' certificates are checked against it.
+    tls_ca: Path | None = None
+    #: File holding the bearer token every caller must send (also read from
+    #: $GRAPHFEED_TOKEN_FILE or $GRAPHFEED_TOKEN; never a command-line value).
+    token_file: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "partition_dir", Path(self.partition_dir))
         object.__setattr__(self, "peers", tuple(str(p) for p in self.peers))
+        for name in ("tls_cert", "tls_key", "tls_ca", "token_file"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, Path(value))
+        _check((self.tls_cert is None) == (self.tls_key is None), "tls_cert, tls_key",
+               "both or neither", (self.tls_cert, self.tls_key))
+        _check(self.tls_ca is None or self.tls_cert is not None, "tls_ca",
+               "tls_cert and tls_key too (mutual TLS)", self.tls_ca)
         _check(self.partition >= 0, "partition", "an ID >= 0", self.partition)
         _check(_is_address(self.listen), "listen", "'host:port'", self.listen)
         for i, peer in enumerate(self.peers):

@@ -30,6 +30,7 @@ from google.protobuf.message import Message
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
 from protos.channel import GraphfeedError, PeerError, ProtocolError, create_channel, rpc_errors
+from protos.security import Security
 from sampling_server.limits import check_peer_limits
 from sampling_server.sampler import HopSample
 from sampling_server.store import (
@@ -180,7 +181,7 @@ class PeerClient:
 
     def __init__(
         self, addresses: Sequence[str], own_partition: int, *, timeout: float = 30.0,
-        client_id: str = "", max_workers: int | None = None,
+        client_id: str = "", max_workers: int | None = None, security: Security | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout: expected seconds > 0, got {timeout}")
@@ -189,8 +190,8 @@ class PeerClient:
         #: Deadline of every call, in seconds.
         self.timeout = timeout
         self.client_id = client_id or f"server-{own_partition}"
-        self._channels = {p: create_channel(a) for p, a in enumerate(self.addresses)
-                          if p != own_partition}
+        self._channels = {p: create_channel(a, security=security)
+                          for p, a in enumerate(self.addresses) if p != own_partition}
         self._stubs = {p: _RawPeerStub(ch) for p, ch in self._channels.items()}
         workers = max_workers or max(4, 4 * len(self._channels))
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="peer-call")

@@ -33,6 +33,7 @@ from protos import fastwire
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import GraphfeedError, rpc_errors, server_options
+from protos.security import Security, SecurityError, read_token
 from sampling_server.config import ConfigError, ServerConfig
 from sampling_server.peer import PeerClient, PeerServicer
 from sampling_server.pipeline import SamplingPipeline
@@ -279,7 +280,8 @@ class SamplingServer(grpc.Server):
         addresses = self.store.peer_addresses
         if len(addresses) > 1:
             self.peers = PeerClient(addresses, self.store.partition_id,
-                                    timeout=self.config.peer_timeout)
+                                    timeout=self.config.peer_timeout,
+                                    security=server_security(self.config))
             self.pipeline.peers = self.peers
         self.monitor = HealthMonitor(self._health, self.store.partition_id, self.peers,
                                      probe_timeout=self.config.peer_timeout,
@@ -355,16 +357,27 @@ def _advertised(listen: str, port: int) -> str:
     return f"{host}:{port}"
 
 
+def server_security(config: ServerConfig) -> Security:
+    """The TLS files and token of ``config`` (used to serve, and to call the peers)."""
+    try:
+        return Security(ca=config.tls_ca, cert=config.tls_cert, key=config.tls_key,
+                        token=read_token(config.token_file))
+    except SecurityError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def create_server(config: ServerConfig) -> tuple[SamplingServer, int]:
     """Build and bind the server of ``config`` (not started). Returns it and the bound
     port (``listen`` may say port 0). Reads the manifest at once, so a wrong directory,
     partition ID or peer list fails here, before anything listens."""
     store = PartitionStore(config)
+    security = server_security(config)
     threads = config.max_streams + EXTRA_HANDLER_THREADS
     grpc_server = grpc.server(ThreadPoolExecutor(threads, thread_name_prefix="grpc"),
-                              options=server_options())
+                              options=server_options(), interceptors=security.interceptors())
     try:
-        port = grpc_server.add_insecure_port(config.listen)
+        port = (grpc_server.add_secure_port(config.listen, security.server_credentials())
+                if security.tls else grpc_server.add_insecure_port(config.listen))
     except RuntimeError as exc:
         raise ConfigError(f"listen: cannot bind {config.listen} ({exc}); is the port taken?") from exc
     if port == 0:

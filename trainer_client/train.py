@@ -42,6 +42,7 @@ from tqdm import tqdm
 
 from protos.allocator import keep_freed_memory
 from protos.channel import GraphfeedError
+from protos.security import Security, read_token, set_default_security
 from trainer_client.loader import Cluster, RemoteNeighborLoader
 from trainer_client.models import MODELS, NodeClassifier, batch_inputs, build_model
 
@@ -101,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reconnect-timeout", type=_positive(float), default=15.0,
                    help="seconds a broken stream is retried (a server restarted within this time "
                         "is rejoined) before the server counts as gone")
+    p.add_argument("--tls-ca", type=Path, default=None,
+                   help="CA (PEM) that signed the servers' certificates: connect with TLS")
+    p.add_argument("--tls-cert", type=Path, default=None, help="this trainer's certificate (mutual TLS)")
+    p.add_argument("--tls-key", type=Path, default=None, help="this trainer's private key (mutual TLS)")
+    p.add_argument("--token-file", type=Path, default=None,
+                   help="file holding the servers' bearer token (or set GRAPHFEED_TOKEN_FILE / "
+                        "GRAPHFEED_TOKEN)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -377,6 +385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             level=args.log_level.upper() if env.rank == 0 else logging.WARNING,
             format=f"%(asctime)s rank{env.rank} %(levelname)s %(name)s: %(message)s",
         )
+        set_default_security(Security(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key,
+                                      token=read_token(args.token_file)))
+        log.info("waiting up to %g s for the servers %s", args.timeout, args.servers)
         cluster = Cluster(args.servers, connect_timeout=args.timeout)
         metrics = run(args, env, cluster)
         if env.rank == 0 and args.metrics_json is not None:
