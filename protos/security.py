@@ -113,8 +113,12 @@ class Security:
         return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
                                            require_client_auth=ca is not None)
 
-    def interceptors(self) -> list[grpc.ServerInterceptor]:
-        return [TokenInterceptor(self.token)] if self.token else []
+    def interceptors(
+        self, on_deny: Callable[[str, str], None] | None = None
+    ) -> list[grpc.ServerInterceptor]:
+        """The server interceptors (the token check when a token is set); ``on_deny``
+        is called with the method and ``"UNAUTHENTICATED"`` for every refused call."""
+        return [TokenInterceptor(self.token, on_deny)] if self.token else []
 
 
 _lock = threading.Lock()
@@ -174,8 +178,9 @@ class TokenInterceptor(grpc.ServerInterceptor):
     """Answers ``UNAUTHENTICATED`` to every call (but health checks) that lacks
     ``authorization: Bearer <token>``; the method is never run."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, on_deny: Callable[[str, str], None] | None = None) -> None:
         self._expected = f"Bearer {token}".encode()
+        self._on_deny = on_deny
 
         def deny(request: Any, context: grpc.ServicerContext) -> Any:
             context.abort(grpc.StatusCode.UNAUTHENTICATED,
@@ -192,6 +197,8 @@ class TokenInterceptor(grpc.ServerInterceptor):
         raw = given.encode() if isinstance(given, str) else bytes(given)
         if hmac.compare_digest(raw, self._expected):
             return continuation(handler_call_details)
+        if self._on_deny is not None:
+            self._on_deny(method.rsplit("/", 1)[-1], "UNAUTHENTICATED")
         handler = continuation(handler_call_details)
         if handler is not None and handler.response_streaming:
             return self._deny_stream

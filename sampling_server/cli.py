@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     sec.add_argument("--token-file", type=Path, metavar="FILE",
                      help="file holding the bearer token every caller must send (or set "
                      "GRAPHFEED_TOKEN_FILE / GRAPHFEED_TOKEN)")
+    logs_early = parser.add_argument_group("metrics")
+    logs_early.add_argument("--metrics-port", type=int, metavar="PORT",
+                            help="serve Prometheus metrics on http://<listen host>:PORT/metrics (off)")
     load = parser.add_argument_group("loading")
     load.add_argument("--verify", choices=VERIFY_MODES,
                       help="check files by SHA-256 (full) or by size and header only (full)")
@@ -166,7 +169,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         "max_batch_size": args.max_batch_size, "max_batch_edges": args.max_batch_edges,
         "max_peer_nodes": args.max_peer_nodes, "stream_idle_timeout": args.stream_idle_timeout,
         "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca,
-        "token_file": args.token_file,
+        "token_file": args.token_file, "metrics_port": args.metrics_port,
     }
     if args.cluster is not None:
         return ServerConfig.from_cluster_yaml(args.cluster, args.partition, **overrides)

@@ -100,6 +100,9 @@ class ServerConfig:
     #: TLS: the cluster's CA (PEM). Clients and peers must present certificates it
     #: signed (mutual TLS), and peers' certificates are checked against it.
     tls_ca: Path | None = None
+    #: Port of the Prometheus endpoint (``/metrics``, on the listen host); None: off,
+    #: 0: any free port.
+    metrics_port: int | None = None
     #: File holding the bearer token every caller must send (also read from
     #: $GRAPHFEED_TOKEN_FILE or $GRAPHFEED_TOKEN; never a command-line value).
     token_file: Path | None = None
@@ -134,6 +137,8 @@ class ServerConfig:
         for name in ("max_hops", "max_fanout", "max_batch_size", "max_batch_edges",
                      "max_peer_nodes"):
             _check(getattr(self, name) >= 1, name, "an integer >= 1", getattr(self, name))
+        _check(self.metrics_port is None or 0 <= self.metrics_port < 65536, "metrics_port",
+               "a port 0 .. 65535", self.metrics_port)
         _check(self.stream_idle_timeout > 0, "stream_idle_timeout", "seconds > 0",
                self.stream_idle_timeout)
 

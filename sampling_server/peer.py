@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -32,6 +32,7 @@ from protos import sampling_pb2 as pb
 from protos.channel import GraphfeedError, PeerError, ProtocolError, create_channel, rpc_errors
 from protos.security import Security
 from sampling_server.limits import check_peer_limits
+from sampling_server.metrics import ServerMetrics
 from sampling_server.sampler import HopSample
 from sampling_server.store import (
     PartitionStore,
@@ -74,18 +75,26 @@ class PeerServicer:
     def __init__(self, store: PartitionStore, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES):
         self.store = store
         self.chunk_bytes = chunk_bytes
+        #: Where rejections are counted (None: nowhere).
+        self.metrics: ServerMetrics | None = None
+
+    def _rejected(self, method: str) -> Callable[[str], None] | None:
+        metrics = self.metrics
+        return None if metrics is None else lambda code: metrics.rejected(method, code)
 
     def SampleNeighbors(
         self, request: pb.SampleNeighborsRequest, context: grpc.ServicerContext
     ) -> Iterator[bytes]:
-        with abort_on_error(context, "SampleNeighbors", self.store.partition_id):
+        with abort_on_error(context, "SampleNeighbors", self.store.partition_id,
+                            self._rejected("SampleNeighbors")):
             messages = self._sample(request)
         yield from messages
 
     def FetchNodeData(
         self, request: pb.FetchNodeDataRequest, context: grpc.ServicerContext
     ) -> Iterator[bytes]:
-        with abort_on_error(context, "FetchNodeData", self.store.partition_id):
+        with abort_on_error(context, "FetchNodeData", self.store.partition_id,
+                            self._rejected("FetchNodeData")):
             nodes, dtype = self._check_fetch(request)
             messages = self._fetch(request, nodes, dtype)
             for message in messages:
@@ -190,6 +199,8 @@ class PeerClient:
         #: Deadline of every call, in seconds.
         self.timeout = timeout
         self.client_id = client_id or f"server-{own_partition}"
+        #: Where peer call latencies and errors are counted (None: nowhere).
+        self.metrics: ServerMetrics | None = None
         self._channels = {p: create_channel(a, security=security)
                           for p, a in enumerate(self.addresses) if p != own_partition}
         self._stubs = {p: _RawPeerStub(ch) for p, ch in self._channels.items()}
@@ -226,7 +237,7 @@ class PeerClient:
                 nodes=codec.encode_tensor(nodes), fanout=fanout, random_seed=key & _MASK64,
                 replace=options.replace, weighted=options.weighted, hop=hop,
                 client_id=self.client_id)
-            with self._errors(p, "SampleNeighbors"):
+            with self._errors(p, "SampleNeighbors"), self._timed("peer_sample"):
                 got = self._retrying(lambda timeout: _receive(
                     self._stubs[p].SampleNeighbors(request, timeout=timeout),
                     {"counts", "neighbors"}))
@@ -253,7 +264,7 @@ class PeerClient:
                 nodes=codec.encode_tensor(nodes), want_features=features, want_labels=labels,
                 feature_dtype=options.feature_dtype, client_id=self.client_id)
             expected = {n for n, want in (("x", features), ("y", labels)) if want}
-            with self._errors(p, "FetchNodeData"):
+            with self._errors(p, "FetchNodeData"), self._timed("peer_fetch"):
                 got = self._retrying(lambda timeout: _receive(
                     self._stubs[p].FetchNodeData(request, timeout=timeout), expected))
                 x, y = got.get("x"), got.get("y")
@@ -324,6 +335,9 @@ class PeerClient:
                             partition=partition, address=address,
                             code=grpc.StatusCode.DEADLINE_EXCEEDED) from None
 
+    def _timed(self, stage: str) -> AbstractContextManager[None]:
+        return self.metrics.stage(stage) if self.metrics is not None else nullcontext()
+
     @contextmanager
     def _errors(self, partition: int, what: str) -> Iterator[None]:
         address = self.addresses[partition]
@@ -331,6 +345,8 @@ class PeerClient:
             with rpc_errors(what, address):
                 yield
         except GraphfeedError as exc:
+            if self.metrics is not None:
+                self.metrics.peer_error(partition, exc.code.name if exc.code else "PROTOCOL")
             raise PeerError(f"peer partition {partition} ({address}): {exc}",
                             partition=partition, address=address, code=exc.code,
                             details=exc.details, what=what) from exc

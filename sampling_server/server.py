@@ -35,6 +35,7 @@ from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import GraphfeedError, rpc_errors, server_options
 from protos.security import Security, SecurityError, read_token
 from sampling_server.config import ConfigError, ServerConfig
+from sampling_server.metrics import ServerMetrics
 from sampling_server.peer import PeerClient, PeerServicer
 from sampling_server.pipeline import SamplingPipeline
 from sampling_server.servicer import SamplingServicer
@@ -247,7 +248,7 @@ class SamplingServer(grpc.Server):
     partition in the background; :meth:`stop` drains and releases everything."""
 
     def __init__(self, config: ServerConfig, store: PartitionStore, server: grpc.Server,
-                 port: int) -> None:
+                 port: int, metrics: ServerMetrics | None = None) -> None:
         self.config = config
         self.store = store
         #: The bound port.
@@ -260,7 +261,13 @@ class SamplingServer(grpc.Server):
         self.pipeline = SamplingPipeline(store, None, workers=config.workers,
                                          prefetch=config.prefetch, chunk_bytes=config.chunk_bytes)
         self.sampling = SamplingServicer(store, self.pipeline, config.max_streams)
-        _add_services(server, self.sampling, PeerServicer(store, config.chunk_bytes))
+        peer_servicer = PeerServicer(store, config.chunk_bytes)
+        _add_services(server, self.sampling, peer_servicer)
+        #: Counters and latencies (served over HTTP when ``metrics_port`` is set).
+        self.metrics = metrics or ServerMetrics(store.partition_id)
+        self.pipeline.metrics = self.sampling.metrics = peer_servicer.metrics = self.metrics
+        #: The bound metrics port (None: no endpoint).
+        self.metrics_port: int | None = None
         self.monitor: HealthMonitor | None = None
         self.peers: PeerClient | None = None
         self._started = False
@@ -283,12 +290,16 @@ class SamplingServer(grpc.Server):
                                     timeout=self.config.peer_timeout,
                                     security=server_security(self.config))
             self.pipeline.peers = self.peers
+            self.peers.metrics = self.metrics
         self.monitor = HealthMonitor(self._health, self.store.partition_id, self.peers,
                                      probe_timeout=self.config.peer_timeout,
                                      interval=self.config.health_interval,
                                      fingerprint=self.store.graph_fingerprint)
         monitor = self.monitor
         self.sampling.peer_problem = lambda: monitor.problem
+        if self.config.metrics_port is not None:
+            host = self.config.listen.rsplit(":", 1)[0].strip("[]") or "0.0.0.0"
+            self.metrics_port = self.metrics.serve(host, self.config.metrics_port)
         self._grpc.start()
         log.info("partition=%d: listening on port %d (bound to %s); loading %s",
                  self.store.partition_id, self.port, self.config.listen.rsplit(":", 1)[0],
@@ -329,6 +340,7 @@ class SamplingServer(grpc.Server):
             self.pipeline.close()
             if self.peers is not None:
                 self.peers.close()
+            self.metrics.close()
             done.set()
 
         threading.Thread(target=release, name="server-release", daemon=True).start()
@@ -372,9 +384,11 @@ def create_server(config: ServerConfig) -> tuple[SamplingServer, int]:
     partition ID or peer list fails here, before anything listens."""
     store = PartitionStore(config)
     security = server_security(config)
+    metrics = ServerMetrics(config.partition)
     threads = config.max_streams + EXTRA_HANDLER_THREADS
     grpc_server = grpc.server(ThreadPoolExecutor(threads, thread_name_prefix="grpc"),
-                              options=server_options(), interceptors=security.interceptors())
+                              options=server_options(),
+                              interceptors=security.interceptors(metrics.rejected))
     try:
         port = (grpc_server.add_secure_port(config.listen, security.server_credentials())
                 if security.tls else grpc_server.add_insecure_port(config.listen))
@@ -384,7 +398,7 @@ def create_server(config: ServerConfig) -> tuple[SamplingServer, int]:
         raise ConfigError(f"listen: cannot bind {config.listen}; is the port taken?")
     if not config.peers and store.manifest.num_partitions == 1:
         store.set_peers((_advertised(config.listen, port),))
-    return SamplingServer(config, store, grpc_server, port), port
+    return SamplingServer(config, store, grpc_server, port, metrics), port
 
 
 def serve(config: ServerConfig) -> int:

@@ -17,6 +17,7 @@ from partitioner.graph import SPLITS
 from protos import sampling_pb2 as pb
 from protos.plan import plan_epoch, shuffled_seeds
 from sampling_server.limits import check_epoch_limits, printable
+from sampling_server.metrics import ServerMetrics
 from sampling_server.pipeline import EpochJob, SamplingPipeline
 from sampling_server.store import (
     PartitionStore,
@@ -137,6 +138,12 @@ class SamplingServicer:
         #: Why the peers are the wrong ones (None when they are right): streams are
         #: refused with it (FAILED_PRECONDITION) until it is fixed.
         self.peer_problem: Callable[[], str | None] = lambda: None
+        #: Where streams and rejections are counted (None: nowhere).
+        self.metrics: ServerMetrics | None = None
+
+    def _rejected(self, method: str) -> Callable[[str], None] | None:
+        metrics = self.metrics
+        return None if metrics is None else lambda code: metrics.rejected(method, code)
 
     def wait_streams_done(self, timeout: float) -> bool:
         """Wait until no stream runs; False when ``timeout`` passed first."""
@@ -146,7 +153,8 @@ class SamplingServicer:
     def GetClusterInfo(
         self, request: pb.ClusterInfoRequest, context: grpc.ServicerContext
     ) -> pb.ClusterInfo:
-        with abort_on_error(context, "GetClusterInfo", self.store.partition_id):
+        with abort_on_error(context, "GetClusterInfo", self.store.partition_id,
+                            self._rejected("GetClusterInfo")):
             info = self.store.cluster_info()
         log.debug("partition=%d client=%s: cluster info", self.store.partition_id,
                   printable(request.client_id))
@@ -156,7 +164,7 @@ class SamplingServicer:
         self, request: pb.EpochRequest, context: grpc.ServicerContext
     ) -> Iterator[bytes]:
         p = self.store.partition_id
-        with abort_on_error(context, "StreamMinibatches", p):
+        with abort_on_error(context, "StreamMinibatches", p, self._rejected("StreamMinibatches")):
             self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
             if self.draining.is_set():
                 raise RequestError(f"StreamMinibatches: partition {p}'s server is shutting down; "
@@ -175,6 +183,8 @@ class SamplingServicer:
         started, sent = time.perf_counter(), 0
         with self._active_lock:
             self.active += 1
+        if self.metrics is not None:
+            self.metrics.streams_open.inc()
         touch = self.idle.track(context, fields)
         try:
             stop = threading.Event()
@@ -198,6 +208,8 @@ class SamplingServicer:
             with self._active_lock:
                 self.active -= 1
                 self._active_lock.notify_all()
+            if self.metrics is not None:
+                self.metrics.streams_open.dec()
             state = "done" if sent == len(job.batches) else "ended early"
             log.info("%s: stream %s: %d batches sent in %.2f s", fields, state, sent,
                      time.perf_counter() - started)

@@ -8,7 +8,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from typing import cast
@@ -243,7 +243,8 @@ def cast_features(x: torch.Tensor, dtype: int) -> torch.Tensor:
 
 
 @contextmanager
-def abort_on_error(context: grpc.ServicerContext, what: str, partition: int) -> Iterator[None]:
+def abort_on_error(context: grpc.ServicerContext, what: str, partition: int,
+                   rejected: Callable[[str], None] | None = None) -> Iterator[None]:
     """Answer a failure inside the block with the right status, naming the problem:
     a bad request its own code, a partition not loaded UNAVAILABLE, a lost peer
     UNAVAILABLE, anything else INTERNAL (logged with its traceback). The server goes on
@@ -251,6 +252,8 @@ def abort_on_error(context: grpc.ServicerContext, what: str, partition: int) -> 
     try:
         yield
     except RequestError as exc:
+        if rejected is not None:
+            rejected(exc.code.name)
         log.info("%s rejected: %s: %s", what, exc.code.name, bounded(repr(str(exc)), 300))
         context.abort(exc.code, bounded(str(exc)))
     except NotLoaded as exc:

@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import generate_latest
 
 from partitioner.partition import partition_graph
 from partitioner.synthetic import generate
@@ -193,6 +194,9 @@ def test_a_token_alone_guards_a_plaintext_server(parts2: Path, tmp_path: Path,
             assert _calls(channel) == [OK] * 4
         with create_channel(addresses[0], security=Security()) as channel:
             assert _calls(channel) == [UNAUTHENTICATED] * 4
+        page = generate_latest(servers[0].metrics.registry).decode()
+        assert 'method="StreamMinibatches",partition="0"} 1.0' in page
+        assert 'code="UNAUTHENTICATED"' in page
     finally:
         for s in servers:
             s.stop(None).wait(10)
