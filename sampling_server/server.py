@@ -21,6 +21,7 @@ import logging
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
@@ -51,6 +52,8 @@ EXTRA_HANDLER_THREADS = 32
 MAX_PROBE_TIMEOUT_S = 5.0
 #: First wait between probes while a peer is down (doubles up to ``health_interval``).
 PROBE_BACKOFF_S = 0.1
+#: Longest time a draining server gives peer calls in flight once its streams are done.
+PEER_DRAIN_S = 2.0
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -154,6 +157,16 @@ class HealthMonitor:
         self.servicer.set(PEER_SERVICE, _SERVING)
         self._thread = threading.Thread(target=self._run, name="health-probe", daemon=True)
         self._thread.start()
+
+    def drain(self) -> None:
+        """Stop probing; NOT_SERVING for trainers, PeerService stays SERVING (the other
+        servers' streams still need this partition while this server drains)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.probe_timeout + 1)
+        self.serving.clear()
+        for service in ("", SAMPLING_SERVICE):
+            self.servicer.set(service, _NOT_SERVING)
 
     def shutdown(self) -> None:
         """NOT_SERVING for good (later sets are ignored), and stop probing."""
@@ -325,6 +338,22 @@ class SamplingServer(grpc.Server):
         """Wait until health is SERVING (loaded, peers reachable); False on timeout."""
         return self.monitor is not None and self.monitor.serving.wait(timeout)
 
+    def drain(self, grace: float) -> threading.Event:
+        """Shut down gently: refuse new trainer streams (UNAVAILABLE) and turn
+        NOT_SERVING for trainers, but keep answering peers until this server's own
+        streams are done (or ``grace`` seconds passed: then they are cancelled); then
+        :meth:`stop`, giving peer calls in flight up to :data:`PEER_DRAIN_S`."""
+        started = time.monotonic()
+        self.sampling.draining.set()
+        if self.monitor is not None:
+            self.monitor.drain()
+        finished = self.sampling.wait_streams_done(grace)
+        waited = time.monotonic() - started
+        log.info("partition=%d: %s after %.1f s; stopping", self.store.partition_id,
+                 "streams done" if finished else f"grace of {grace:g} s over, cancelling streams",
+                 waited)
+        return self.stop(min(PEER_DRAIN_S, max(grace - waited, 0.0)))
+
     def stop(self, grace: float | None) -> threading.Event:
         """Health NOT_SERVING, refuse new calls, give running ones ``grace`` seconds
         (None: cancel them now), then release the worker pools and channels. The event
@@ -423,6 +452,6 @@ def serve(config: ServerConfig) -> int:
     server.start()
     server.shutdown_requested.wait()
     failed = server.store.load_error is not None
-    server.stop(config.grace).wait()
+    (server.stop(0) if failed else server.drain(config.grace)).wait()
     log.info("partition=%d: stopped", config.partition)
     return 1 if failed else 0

@@ -6,6 +6,7 @@ the documented bound, the survivor still serving)."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from server_procs import ENV, REPO, ServerProcs, free_ports
+from server_procs import ENV, REPO, ServerProcs, free_ports, health_status
 
 from partitioner import partition_graph
 from partitioner.synthetic import generate
@@ -140,9 +141,9 @@ def _seeds(batch: object) -> np.ndarray:
 
 
 def _loader(servers: ServerProcs, **kw: object) -> RemoteNeighborLoader:
-    return RemoteNeighborLoader(servers.addresses, "train", num_neighbors=[5, 3], batch_size=4,
-                                shuffle=True, seed=3, connect_timeout=60, stall_timeout=60,
-                                **kw)  # type: ignore[arg-type]
+    settings: dict[str, object] = {"num_neighbors": [5, 3], "batch_size": 4, "shuffle": True,
+                                   "seed": 3, "connect_timeout": 60, "stall_timeout": 60, **kw}
+    return RemoteNeighborLoader(servers.addresses, "train", **settings)  # type: ignore[arg-type]
 
 
 def _epoch_with_restart(loader: RemoteNeighborLoader, servers: ServerProcs,
@@ -245,3 +246,95 @@ def test_ddp_training_survives_a_server_killed_and_restarted(
     # every training seed once per epoch over both ranks
     assert [e["seeds"] for e in metrics["epochs"]] == [1200, 1200, 1200]
     assert "stream broke" in "".join(outputs)  # the kill landed mid-training
+
+
+@pytest.fixture
+def slow_drain_servers(part_dir: Path, tmp_path: Path) -> Iterator[ServerProcs]:
+    procs = ServerProcs(part_dir, 2, "--grace", "30", log_dir=tmp_path)
+    procs.start()
+    try:
+        for p in (0, 1):
+            procs.wait_status(p, "SERVING", 120)
+        yield procs
+    finally:
+        procs.stop()
+
+
+def _rolling_restart(servers: ServerProcs, failures: list[BaseException]) -> None:
+    """SIGTERM each server in turn, wait for it to exit, start it again on its address."""
+    try:
+        for p in (1, 0):
+            servers.terminate(p)
+            proc = servers.procs[p]
+            assert proc is not None and proc.wait(timeout=60) == 0
+            servers.start(p)
+            servers.wait_status(p, "SERVING", 120)
+    except BaseException as exc:
+        failures.append(exc)
+
+
+def test_a_rolling_restart_with_sigterm_never_stalls_training_for_long(
+    slow_drain_servers: ServerProcs,
+) -> None:
+    servers = slow_drain_servers
+    failures: list[BaseException] = []
+    restart = threading.Thread(target=_rolling_restart, args=(servers, failures), daemon=True)
+    arrivals: list[float] = []
+    with _loader(servers, reconnect_timeout=120, batch_size=10) as loader:
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            seeds = []
+            for i, batch in enumerate(loader):
+                arrivals.append(time.monotonic())
+                seeds.append(_seeds(batch))
+                if epoch == 0 and i == 3:
+                    restart.start()
+                time.sleep(0.05)  # a training step
+            all_seeds = np.concatenate(seeds)
+            assert np.unique(all_seeds).size == all_seeds.size == 1200
+    restart.join(180)
+    assert not failures, failures
+    longest = max(b - a for a, b in itertools.pairwise(arrivals))
+    # the draining servers kept answering their peers: training waited only for a restarted
+    # server to come up, never for the 30 s grace
+    assert longest < 20.0, f"training stood still for {longest:.1f} s"
+    print(f"longest wait between batches during the rolling restart: {longest:.1f} s")
+
+
+def test_a_draining_server_answers_peers_but_no_new_streams(servers: ServerProcs) -> None:
+    with _loader(servers, reconnect_timeout=60) as loader:
+        batches = iter(loader)
+        next(batches)  # streams open on both servers; this rank reads slowly from now on
+        servers.terminate(1)
+        servers.wait_status(1, "NOT_SERVING", 30)
+        # peers: still SERVING and answered; trainers: refused, pointed at the restart
+        assert health_status(servers.addresses[1], "graphfeed.v1.PeerService") == "SERVING"
+        assert _peer_call_ok(servers.addresses[1])
+        code, details = _new_stream(servers.addresses[1])
+        assert code == grpc.StatusCode.UNAVAILABLE and "shutting down" in details
+        proc = servers.procs[1]
+        assert proc is not None and proc.poll() is None  # still draining its own stream
+        rest = sum(1 for _ in batches)  # the epoch completes from the draining server
+        assert rest == len(loader) - 1
+    assert proc.wait(timeout=30) == 0  # and it exits once its streams are done
+
+
+def _peer_call_ok(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        info = pb_grpc.SamplingServiceStub(channel).GetClusterInfo(pb.ClusterInfoRequest(),
+                                                                   timeout=10)
+        start = info.partition_book[info.partition_id]
+        request = pb.SampleNeighborsRequest(nodes=encode_tensor(np.arange(start, start + 5)),
+                                            fanout=3)
+        chunks = list(pb_grpc.PeerServiceStub(channel).SampleNeighbors(request, timeout=10))
+    return len(chunks) >= 1
+
+
+def _new_stream(address: str) -> tuple[grpc.StatusCode, str]:
+    with grpc.insecure_channel(address) as channel:
+        request = pb.EpochRequest(split="train", fanouts=[2], batch_size=10, world_size=1)
+        try:
+            list(pb_grpc.SamplingServiceStub(channel).StreamMinibatches(request, timeout=10))
+        except grpc.RpcError as exc:
+            return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, ""
