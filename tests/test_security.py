@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import shutil
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,7 @@ from sampling_server.config import ServerConfig
 from sampling_server.server import SamplingServer, create_server
 
 TOKEN = "s3cret-token-for-tests"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -197,6 +200,27 @@ def test_a_token_alone_guards_a_plaintext_server(parts2: Path, tmp_path: Path,
         page = generate_latest(servers[0].metrics.registry).decode()
         assert 'method="StreamMinibatches",partition="0"} 1.0' in page
         assert 'code="UNAUTHENTICATED"' in page
+    finally:
+        for s in servers:
+            s.stop(None).wait(10)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
+def test_the_certificates_of_make_certs_sh_secure_a_cluster(parts2: Path, tmp_path: Path) -> None:
+    out = tmp_path / "certs"
+    subprocess.run(["bash", str(REPO / "deploy" / "make-certs.sh"), str(out), "server0",
+                    "server1", "trainer0"], check=True, capture_output=True, timeout=60)
+    servers, addresses = [], []
+    try:
+        servers, addresses = _servers(parts2, tls_cert=out / "server0.crt",
+                                      tls_key=out / "server0.key", tls_ca=out / "ca.crt",
+                                      token_file=out / "token")
+        assert all(s.wait_until_serving(30) for s in servers)
+        token = (out / "token").read_text().strip()
+        trainer = Security(ca=out / "ca.crt", cert=out / "trainer0.crt", key=out / "trainer0.key",
+                           token=token)
+        with create_channel(addresses[0], security=trainer) as channel:
+            assert _calls(channel) == [OK] * 4
     finally:
         for s in servers:
             s.stop(None).wait(10)
