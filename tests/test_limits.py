@@ -71,7 +71,7 @@ def _identity(b: bytes) -> bytes:
     return b
 
 
-def _call(channel: grpc.Channel, method: str, payload: bytes, max_messages: int = 3) -> grpc.StatusCode:
+def call_raw(channel: grpc.Channel, method: str, payload: bytes, max_messages: int = 3) -> grpc.StatusCode:
     """Send raw bytes to ``method``; the status (OK after ``max_messages`` messages)."""
     path, streaming = METHODS[method]
     try:
@@ -238,7 +238,7 @@ def _structured(rng: random.Random, method: str) -> bytes:
     return pb.ClusterInfoRequest(client_id=rng.choice(_STRINGS)).SerializeToString()
 
 
-def _fuzzed(rng: random.Random, method: str) -> bytes:
+def fuzzed_request(rng: random.Random, method: str) -> bytes:
     kind = rng.random()
     if kind < 0.2:
         return rng.randbytes(rng.choice([0, 1, 7, 64, 1000]))
@@ -271,7 +271,7 @@ def test_fuzzed_requests_never_get_internal_or_unknown(cluster: list[str]) -> No
         with grpc.insecure_channel(cluster[seed % 2]) as channel:
             for _ in range(calls // 4):
                 method = rng.choice(list(METHODS))
-                code = _call(channel, method, _fuzzed(rng, method))
+                code = call_raw(channel, method, fuzzed_request(rng, method))
                 with lock:
                     codes[code.name] += 1
 
