@@ -149,14 +149,21 @@ def kill_for_good(servers: ServerProcs) -> dict[str, Any]:
 
 
 def rolling_restart(servers: ServerProcs) -> dict[str, Any]:
+    failures: list[str] = []
+    restarted: list[float] = []
+
     def restart() -> None:
-        for p in (1, 0):
-            servers.terminate(p)
-            proc = servers.procs[p]
-            assert proc is not None
-            proc.wait(timeout=120)
-            servers.start(p)
-            servers.wait_status(p, "SERVING", 180)
+        try:
+            for p in (1, 0):
+                servers.terminate(p)
+                proc = servers.procs[p]
+                assert proc is not None
+                proc.wait(timeout=120)
+                restarted.append(time.monotonic())
+                servers.start(p)
+                servers.wait_status(p, "SERVING", 180)
+        except Exception as exc:
+            failures.append(f"{type(exc).__name__}: {exc}"[:300])
 
     thread = threading.Thread(target=restart, daemon=True)
     arrivals: list[float] = []
@@ -176,6 +183,8 @@ def rolling_restart(servers: ServerProcs) -> dict[str, Any]:
             doubled += all_seeds.size - np.unique(all_seeds).size
     thread.join(300)
     return {"epochs": 3, "seeds_lost": int(lost), "seeds_doubled": int(doubled),
+            "restarts_during_training": sum(t < arrivals[-1] for t in restarted),
+            "restart_failures": failures,
             "longest_wait_s": round(max(b - a for a, b in itertools.pairwise(arrivals)), 1)}
 
 
@@ -184,6 +193,8 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--only", nargs="*", default=None, help="scenarios to run (default: all)")
+    parser.add_argument("--logs", type=Path, default=None, help="keep the servers' logs here")
     args = parser.parse_args()
     results: dict[str, Any] = {"machine": machine()}
     with tempfile.TemporaryDirectory() as tmp:
@@ -195,15 +206,18 @@ def main() -> int:
                                  ("kill_and_restart", kill_and_restart, ()),
                                  ("kill_for_good", kill_for_good, ()),
                                  ("rolling_restart", rolling_restart, ("--grace", "30"))):
-            log_dir = root / name
-            log_dir.mkdir()
+            if args.only and name not in args.only:
+                continue
+            log_dir = (args.logs or root) / name
+            log_dir.mkdir(parents=True, exist_ok=True)
             servers = _start(part_dir, log_dir, *extra)
             try:
                 results[name] = run(servers)
             finally:
                 servers.stop()
             print(name, results[name], flush=True)
-    print("wrote", write_json("faults", results))
+    if not args.only:
+        print("wrote", write_json("faults", results))
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import sys
@@ -15,6 +16,8 @@ from protos import allocator, codec
 from sampling_server.config import DEFAULT_PORT, VERIFY_MODES, ConfigError, ServerConfig, parse_peers
 
 log = logging.getLogger("sampling_server")
+#: Seconds the process may take to exit once the server stopped.
+EXIT_TIMEOUT_S = 20.0
 
 EXAMPLES = f"""\
 examples:
@@ -188,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         config = config_from_args(args)
-        return serve(config)
+        code = serve(config)
+        # Interpreter exit joins the worker threads; should one still be stuck, dump
+        # every thread's stack to stderr and exit instead of hanging.
+        faulthandler.dump_traceback_later(EXIT_TIMEOUT_S, exit=True)
+        return code
     except (ConfigError, PartitionFormatError) as exc:
         print(f"graphfeed-server: error: {exc}", file=sys.stderr)
         return 2

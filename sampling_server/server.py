@@ -370,6 +370,7 @@ class SamplingServer(grpc.Server):
             if self.peers is not None:
                 self.peers.close()
             self.metrics.close()
+            self.sampling.idle.close()
             done.set()
 
         threading.Thread(target=release, name="server-release", daemon=True).start()

@@ -224,6 +224,11 @@ class IdleStreams:
         self._last: dict[grpc.ServicerContext, tuple[float, str]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    def close(self) -> None:
+        """Stop watching (the server stops)."""
+        self._closed.set()
 
     def track(self, context: grpc.ServicerContext, fields: str) -> Callable[[], None]:
         """Watch ``context``'s stream; call the returned function after every message."""
@@ -242,8 +247,7 @@ class IdleStreams:
             self._last.pop(context, None)
 
     def _run(self) -> None:
-        while True:
-            time.sleep(min(1.0, self.timeout / 4))
+        while not self._closed.wait(min(1.0, self.timeout / 4)):
             now = time.monotonic()
             with self._lock:
                 idle = [(c, f) for c, (t, f) in self._last.items() if now - t > self.timeout]
