@@ -3,15 +3,17 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+RUNTIME_STAMP := $(VENV)/.runtime-stamp
 DATA   ?= data
 WHEELS ?= ../shared/wheels
 
-.PHONY: help install test lint proto proto-check demo compose-test bench-partition bench-peers clean
+.PHONY: help install test lint proto proto-check demo compose-test gpu-check bench-partition bench-peers clean
 
 help:
-	@echo "make demo             small graph -> 2 partitions -> 2 sampling servers -> 2 DDP trainers"
+	@echo "make demo             small graph -> 2 partitions -> 2 sampling servers -> 2 DDP trainers (PARTS=dir: yours)"
 	@echo "make test             install if needed, then lint and run the whole test suite"
 	@echo "make compose-test     (root) build the image offline and run deploy/docker-compose.yml with podman"
+	@echo "make gpu-check        (CUDA GPU) GPU tests, CUDA sampler/stream benchmarks, 1-GPU NCCL demo -> one report"
 	@echo "make install          create $(VENV) and install graphfeed editable with dev extras"
 	@echo "make lint             ruff + mypy"
 	@echo "make proto            regenerate protos/ stubs from protos/sampling.proto"
@@ -23,13 +25,21 @@ install: $(STAMP)
 # Re-run only when the project's metadata changes; torch is pinned to the CPU wheel on disk.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "installing graphfeed with its development tools into $(VENV) (a few minutes the first time)..."
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-	@touch $(STAMP)
+	@touch $(STAMP) $(RUNTIME_STAMP)
+
+# What running graphfeed needs, without the development tools (the demo's install).
+$(RUNTIME_STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "installing graphfeed and what it needs to run into $(VENV) (about 2 minutes the first time)..."
+	$(PY) -m pip install --quiet --disable-pip-version-check -e .
+	@touch $(RUNTIME_STAMP)
 
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/mypy deploy/*.py benchmarks/*.py
+	$(VENV)/bin/mypy deploy/*.py benchmarks/*.py examples/*.py
 
 test: install lint
 	$(PY) -m pytest -q
@@ -40,15 +50,25 @@ proto: install
 proto-check: install
 	$(PY) -m protos.generate --check
 
-# small synthetic graph -> 2 partitions -> 2 sampling servers -> 2 DDP trainers (CPU)
-demo: install
-	$(PY) deploy/demo.py --data $(DATA)/demo
+# small synthetic graph -> 2 partitions -> 2 sampling servers -> 2 DDP trainers (CPU);
+# PARTS=dir trains on your own partition directory instead.
+PARTS ?=
+demo: $(RUNTIME_STAMP)
+	$(PY) deploy/demo.py --data $(DATA)/demo $(if $(PARTS),--partition-dir $(PARTS))
 
 # Root, about 6 minutes on 2 cores from nothing (see deploy/compose_test.py for the steps).
 COMPOSE_TEST_ARGS ?=
 compose-test: install
 	$(PY) -m pip install --quiet --disable-pip-version-check podman-compose==1.6.0
 	$(PY) deploy/compose_test.py $(COMPOSE_TEST_ARGS)
+
+# On a machine with a CUDA GPU: the gpu tests, the CUDA benchmark rows and a 1-GPU NCCL demo
+# in under 10 minutes, one report (benchmarks/results/gpu-check.{json,md}). Without a GPU it
+# says so and exits 0. GPU_PYTHON: this venv's python when there is one, else python3 with
+# the machine's own packages (a GPU image with torch, numba-cuda, PyG and grpcio).
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+gpu-check:
+	PYTHONPATH=. $(GPU_PYTHON) benchmarks/gpu_check.py
 
 bench-partition: install
 	$(PY) benchmarks/partition.py --data $(DATA)/bench

@@ -54,10 +54,15 @@ def ensure_partition(data: Path, preset: str) -> Path:
 
 
 def batches(part: Partition, seed: int) -> Iterator[np.ndarray]:
+    """Full batches of shuffled training seeds, epoch after epoch (a small graph repeats)."""
     train = np.asarray(part.splits["train"])
-    order = np.random.default_rng(seed).permutation(train.size)
-    for i in range(0, train.size - BATCH + 1, BATCH):
-        yield train[order[i:i + BATCH]]
+    if train.size < BATCH:
+        raise ValueError(f"the preset has {train.size} training nodes, fewer than one batch ({BATCH})")
+    rng = np.random.default_rng(seed)
+    while True:
+        order = rng.permutation(train.size)
+        for i in range(0, train.size - BATCH + 1, BATCH):
+            yield train[order[i:i + BATCH]]
 
 
 def measure(label: str, step: Callable[[np.ndarray, int], int], part: Partition,
@@ -79,11 +84,12 @@ def measure(label: str, step: Callable[[np.ndarray, int], int], part: Partition,
     return row
 
 
-def graphfeed_rows(part: Partition, device: str, n: int) -> list[dict[str, Any]]:
+def graphfeed_rows(part: Partition, device: str, n: int, topology: str = "device") -> list[dict[str, Any]]:
     from sampling_server.sampler import create_sampler
     from sampling_server.sampler.rng import batch_key
 
-    sampler = create_sampler(part, device=device)
+    sampler = create_sampler(part, device=device, topology=topology)
+    name = device if device != "cuda" else f"cuda/{topology}"
 
     def structure(seeds: np.ndarray, i: int) -> int:
         out = sampler.sample(seeds, FANOUTS, batch_key(0, 0, 0, i))
@@ -106,8 +112,8 @@ def graphfeed_rows(part: Partition, device: str, n: int) -> list[dict[str, Any]]
 
         return synced
 
-    return [measure(f"graphfeed {device}: structure", sync(structure), part, n),
-            measure(f"graphfeed {device}: + features", sync(with_features), part, n)]
+    return [measure(f"graphfeed {name}: structure", sync(structure), part, n),
+            measure(f"graphfeed {name}: + features", sync(with_features), part, n)]
 
 
 def torch_floor_rows(part: Partition, n: int) -> list[dict[str, Any]]:
@@ -204,6 +210,12 @@ def main() -> int:
     parser.add_argument("--pyg-workers", type=int, nargs="*", default=[0, 1, 2])
     parser.add_argument("--devices", nargs="*", default=None,
                         help="graphfeed devices (default: cpu, plus cuda when usable)")
+    parser.add_argument("--topologies", nargs="*", default=["device"], choices=["device", "uva"],
+                        help="CUDA graph placements to measure (default: device)")
+    parser.add_argument("--no-baselines", action="store_true",
+                        help="graphfeed's rows only (no PyTorch floor, no PyG)")
+    parser.add_argument("--results-name", default="sampler",
+                        help="benchmarks/results/<name>.json and .png (default: sampler)")
     parser.add_argument("--pyg-only", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.pyg_only is not None:  # child process: PyG's rows alone, memory of its own
@@ -219,16 +231,19 @@ def main() -> int:
     devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     rows: list[dict[str, Any]] = []
     for device in devices:
-        rows += graphfeed_rows(part, device, args.batches)
-    rows += torch_floor_rows(part, max(args.batches // 4, 5))
+        for topology in args.topologies if device == "cuda" else ["device"]:
+            rows += graphfeed_rows(part, device, args.batches, topology)
+    if not args.no_baselines:
+        rows += torch_floor_rows(part, max(args.batches // 4, 5))
     del part
-    rows += run_pyg_child(args)
+    if not args.no_baselines:
+        rows += run_pyg_child(args)
     payload = {"benchmark": "sampler", "preset": args.preset, "fanouts": FANOUTS,
                "batch_size": BATCH, "machine": machine(), "torch_threads": torch.get_num_threads(),
                "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
                "rows": rows, "ratios": ratios(rows)}
-    path = write_json("sampler", payload)
-    plot(rows, RESULTS / "sampler.png")
+    path = write_json(args.results_name, payload)
+    plot(rows, RESULTS / f"{args.results_name}.png")
     for r in rows:
         print(f"{r['label']:<48} {r.get('seeds_per_s', 0):>12,.0f} seeds/s "
               f"{r.get('edges_per_s', 0):>14,.0f} edges/s")
@@ -251,7 +266,11 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        log.warning("no plot: matplotlib is not installed")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -216,19 +216,21 @@ def replay_row(part_dir: Path, size: int, rounds: int, num_batches: int) -> dict
 
 
 # -- the real server ------------------------------------------------------------------------
-def server_rows(part_dir: Path, num_batches: int, steps: list[float]) -> list[dict[str, Any]]:
+def server_rows(part_dir: Path, num_batches: int, steps: list[float], server_device: str = "auto",
+                trainer_device: str = "cpu") -> list[dict[str, Any]]:
     from trainer_client.loader import RemoteNeighborLoader
 
     address = f"127.0.0.1:{free_port()}"
     cmd = [sys.executable, "-m", "sampling_server", "--partition-dir", str(part_dir),
            "--partition", "0", "--listen", address, "--verify", "size", "--no-mmap",
-           "--log-level", "WARNING"]
+           "--device", server_device, "--log-level", "WARNING"]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     rows = []
     try:
         for step in [0.0, *steps]:
             loader = RemoteNeighborLoader([address], "train", num_neighbors=FANOUTS,
                                           batch_size=BATCH, shuffle=True, prefetch=4,
+                                          device=trainer_device,
                                           connect_timeout=600, stall_timeout=300)
             if len(loader) < num_batches:
                 log.warning("an epoch has only %d batches; measuring those", len(loader))
@@ -247,6 +249,7 @@ def server_rows(part_dir: Path, num_batches: int, steps: list[float]) -> list[di
             del it
             loader.close()
             row = _row(f"graphfeed-server (step {step * 1e3:.0f} ms)", got, wall, batches)
+            row.update(server_device=server_device, trainer_device=trainer_device)
             row["wait_fraction"] = round(wait / wall, 3)
             rows.append(row)
     finally:
@@ -273,6 +276,12 @@ def main() -> int:
     parser.add_argument("--replay-rounds", type=int, default=3)
     parser.add_argument("--server-batches", type=int, default=12)
     parser.add_argument("--steps-ms", type=float, nargs="*", default=[100.0, 250.0])
+    parser.add_argument("--server-device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="the sampling server's --device (default auto: CUDA when usable)")
+    parser.add_argument("--trainer-device", default="cpu",
+                        help="where the trainer's loader puts batches (cpu, cuda, cuda:i)")
+    parser.add_argument("--results-name", default="stream",
+                        help="benchmarks/results/<name>.json and .png (default: stream)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from sampler import ensure_partition
@@ -287,7 +296,8 @@ def main() -> int:
     for size in SIZES:
         rows.append(grpc_bytes_row(size, total))
         rows.append(replay_row(part_dir, size, args.replay_rounds, args.replay_batches))
-    rows += server_rows(part_dir, args.server_batches, [s / 1e3 for s in args.steps_ms])
+    rows += server_rows(part_dir, args.server_batches, [s / 1e3 for s in args.steps_ms],
+                        args.server_device, args.trainer_device)
     ratios = {}
     by = {r["label"]: r for r in rows}
     for size in SIZES:
@@ -298,8 +308,8 @@ def main() -> int:
             by[f"grpc-bytes({k})"]["mib_per_s"] / by["tcp"]["mib_per_s"], 3)
     payload = {"benchmark": "stream", "preset": args.preset, "fanouts": FANOUTS,
                "batch_size": BATCH, "machine": machine(), "rows": rows, "ratios": ratios}
-    path = write_json("stream", payload)
-    plot(rows, RESULTS / "stream.png")
+    path = write_json(args.results_name, payload)
+    plot(rows, RESULTS / f"{args.results_name}.png")
     for r in rows:
         extra = f"  wait {r['wait_fraction']:.0%}" if "wait_fraction" in r else ""
         print(f"{r['label']:<36} {r['mib_per_s']:>9.1f} MiB/s {r['items_per_s']:>8.2f}/s{extra}")
@@ -310,7 +320,11 @@ def main() -> int:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        log.warning("no plot: matplotlib is not installed")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

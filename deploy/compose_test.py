@@ -6,18 +6,20 @@
 image registry. Every step is checked, and the script exits non-zero at the first failure
 (podman-compose itself exits 0 even when containers fail):
 
-1. host tools: podman, runc and debootstrap (installed with apt-get when missing);
-   podman-compose comes from PyPI (the Makefile installs it into the project's venv).
+1. host tools: podman, runc, debootstrap and the CNI dnsname plugin (installed with
+   apt-get when missing; podman 4.3's CNI networks resolve container names only through
+   that plugin); podman-compose comes from PyPI (the Makefile installs it into the project's venv).
    podman reads deploy/podman/containers.conf through CONTAINERS_CONF: runc, and ulimits
    under the machine's hard limits; nothing global is changed.
 2. base image `localhost/graphfeed-base:bookworm`: `debootstrap --variant=minbase bookworm`
-   with python3 and python3-venv, then `podman import` (kept between runs).
+   with python3 and python3-venv, then `podman import` (kept between runs); then, up front,
+   one container must resolve another by name on a fresh podman network.
 3. wheelhouse/: `pip wheel` of graphfeed's dependencies on the host (torch==2.13.0, CPU).
 4. `podman build -f deploy/Dockerfile` from that base with that wheelhouse (offline).
-5. `podman-compose up -d`; the servers' compose health checks are run by hand until both
-   report SERVING (podman < 4.6 runs health checks only under systemd, and podman-compose
-   then starts the trainers without waiting for health: they wait for the servers
-   themselves).
+5. `podman-compose up -d`; each server must resolve the other's service name; the
+   servers' compose health checks are run by hand until both report SERVING (podman < 4.6
+   runs health checks only under systemd, and podman-compose then starts the trainers
+   without waiting for health: they wait for the servers themselves).
 6. wait for the trainers; check every exit code, the test accuracy in the logs, the
    metrics in the `data` volume (world size 2, every seed once per epoch, identical
    parameters on both ranks) and that both servers served both ranks; stop the servers
@@ -47,7 +49,20 @@ IMAGE = "localhost/graphfeed:latest"
 PROJECT = "graphfeed-compose-test"
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
-HOST_PACKAGES = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"}
+# What `make compose-test` needs on the host, as (Debian package, file it provides). Every
+# package is checked by that file, so a machine where one was never installed gets it.
+HOST_REQUIREMENTS = (
+    ("podman", "/usr/bin/podman"),
+    ("runc", "/usr/sbin/runc"),
+    ("debootstrap", "/usr/sbin/debootstrap"),
+    # podman 4.3's CNI network backend resolves compose service names only through this
+    # plugin (it brings dnsmasq-base); without it the servers never find their peers.
+    ("golang-github-containernetworking-plugin-dnsname", "/usr/lib/cni/dnsname"),
+)
+# Where podman 4.3 looks for CNI plugins (containers.conf's default cni_plugin_dirs).
+CNI_PLUGIN_DIRS = ("/usr/local/libexec/cni", "/usr/libexec/cni", "/usr/local/lib/cni", "/usr/lib/cni",
+                   "/opt/cni/bin")
+DNS_CHECK_NETWORK = "graphfeed-dns-check"
 TRAINERS = ("trainer0", "trainer1")
 SERVERS = ("server0", "server1")
 MIN_TEST_ACC = 0.5  # six classes: chance is 0.167
@@ -110,11 +125,35 @@ def compose(*args: str, timeout: float = 600, **kw: object) -> subprocess.Comple
 # --- 1. host tools ------------------------------------------------------------------------
 
 
+def missing_host_packages() -> list[str]:
+    return [pkg for pkg, path in HOST_REQUIREMENTS if not Path(path).exists()]
+
+
+def purge_host_packages() -> None:
+    """--fresh-host: remove what step 1 installs, so that this run installs it as a new machine would.
+
+    A machine where a package was once installed by hand hides a missing install step;
+    this brings the host back to where a fresh one starts (images and volumes stay)."""
+    step("fresh host: purge the packages step 1 installs, and what only they pulled in")
+    installed = [pkg for pkg, _ in HOST_REQUIREMENTS
+                 if run(["dpkg-query", "-W", "-f", "${Status}", pkg], timeout=60, capture=True,
+                        check=False, quiet=True).stdout.endswith(" installed")]
+    if not installed:
+        print("none of them is installed", flush=True)
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run(["apt-get", "purge", "-y", "-qq", "--autoremove", *installed], timeout=600, env=env,
+        log=WORK / "logs" / "apt-purge.log")
+    left = [pkg for pkg, path in HOST_REQUIREMENTS if Path(path).exists()]
+    if left:
+        raise ComposeTestError(f"--fresh-host: still present after the purge: {', '.join(left)}")
+
+
 def ensure_host_tools() -> None:
-    step("host tools: podman, runc, debootstrap, podman-compose")
+    step("host tools: podman, runc, debootstrap, the CNI dnsname plugin, podman-compose")
     if os.geteuid() != 0:
         raise ComposeTestError("run as root: the images, volumes and networks are rootful podman's")
-    missing = [pkg for exe, pkg in HOST_PACKAGES.items() if shutil.which(exe) is None]
+    missing = missing_host_packages()
     if missing:
         if shutil.which("apt-get") is None:
             raise ComposeTestError(f"missing {', '.join(missing)} and no apt-get to install them")
@@ -122,8 +161,58 @@ def ensure_host_tools() -> None:
         run(["apt-get", "update", "-qq"], timeout=600, env=env, log=WORK / "logs" / "apt.log")
         run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
             timeout=900, env=env, log=WORK / "logs" / "apt-install.log")
+        still = missing_host_packages()
+        if still:
+            raise ComposeTestError(f"apt-get installed {', '.join(missing)}, yet these are still "
+                                   f"missing: {', '.join(still)}")
     podman("--version")
     compose("--version", timeout=60)
+    check_network_dns_backend()
+
+
+def check_network_dns_backend() -> None:
+    """The network backend podman uses must resolve container names, or say what is missing."""
+    backend = podman("info", "--format", "{{.Host.NetworkBackend}}", capture=True,
+                     quiet=True).stdout.strip()
+    if backend == "netavark":
+        if not any(Path(d, "aardvark-dns").exists() for d in ("/usr/lib/podman", "/usr/libexec/podman")):
+            raise ComposeTestError("podman uses the netavark network backend but aardvark-dns is not "
+                                   "installed: compose service names will not resolve "
+                                   "(apt-get install aardvark-dns)")
+    elif backend == "cni":
+        if not any(Path(d, "dnsname").exists() for d in CNI_PLUGIN_DIRS):
+            raise ComposeTestError("podman uses the CNI network backend but the dnsname plugin is not "
+                                   f"in any of {', '.join(CNI_PLUGIN_DIRS)}: compose service names "
+                                   "will not resolve (apt-get install "
+                                   "golang-github-containernetworking-plugin-dnsname)")
+    else:
+        raise ComposeTestError(f"unknown podman network backend {backend!r}; expected cni or netavark")
+    print(f"network backend {backend}, with container name resolution", flush=True)
+
+
+def check_name_resolution(image: str) -> None:
+    """Up front: one container resolves another by name on a fresh podman network."""
+    step(f"container name resolution on a podman network ({image})")
+    podman("network", "rm", "--force", DNS_CHECK_NETWORK, capture=True, check=False, quiet=True)
+    podman("network", "create", DNS_CHECK_NETWORK, capture=True, quiet=True)
+    target = f"{DNS_CHECK_NETWORK}-target"
+    try:
+        podman("run", "-d", "--rm", "--name", target, "--network", DNS_CHECK_NETWORK, image,
+               "sleep", "60", capture=True, quiet=True)
+        probe = podman("run", "--rm", "--network", DNS_CHECK_NETWORK, image, "getent", "hosts", target,
+                       capture=True, check=False, timeout=60, quiet=True)
+    finally:
+        podman("rm", "--force", "--time", "0", target, capture=True, check=False, quiet=True)
+        podman("network", "rm", "--force", DNS_CHECK_NETWORK, capture=True, check=False, quiet=True)
+    if probe.returncode != 0:
+        dns = podman("network", "inspect", "--format", "{{.DNSEnabled}}", "podman", capture=True,
+                     check=False, quiet=True).stdout.strip()
+        raise ComposeTestError(f"a container cannot resolve another one by name ({target}) on a podman "
+                               f"network (DNS enabled on the default network: {dns or 'unknown'}): "
+                               "compose service names would not resolve either. With podman's CNI "
+                               "backend install golang-github-containernetworking-plugin-dnsname; "
+                               "with netavark, aardvark-dns")
+    print(f"resolved {target}: {probe.stdout.split()[0]}", flush=True)
 
 
 # --- 2. base image ------------------------------------------------------------------------
@@ -254,6 +343,43 @@ def save_logs() -> None:
         (WORK / "logs" / f"{service}.log").write_text(_logs_of(_name(record)))
 
 
+def check_service_names(deadline: float) -> None:
+    """Each server resolves the other by its compose service name (its peers' addresses)."""
+    step("service names resolve inside the compose network")
+    for service in SERVERS:
+        name = container_name(service)
+        for other in SERVERS:
+            if other == service:
+                continue
+            while True:
+                probe = podman("exec", name, "getent", "hosts", other, capture=True, check=False,
+                               timeout=30, quiet=True)
+                if probe.returncode == 0:
+                    print(f"{service}: {other} -> {probe.stdout.split()[0]}", flush=True)
+                    break
+                if time.monotonic() > deadline:
+                    network = f"{PROJECT}_default"
+                    dns = podman("network", "inspect", "--format", "{{.DNSEnabled}}", network,
+                                 capture=True, check=False, quiet=True).stdout.strip()
+                    raise ComposeTestError(
+                        f"{service} cannot resolve the service name {other!r} (getent exit "
+                        f"{probe.returncode}; {network} DNS enabled: {dns or 'unknown'}): the servers "
+                        "would wait for their peers forever. podman's CNI backend needs the dnsname "
+                        "plugin (golang-github-containernetworking-plugin-dnsname) when the network "
+                        "is created")
+                time.sleep(1)
+
+
+def drop_network_without_dns() -> None:
+    """A compose network made before the dnsname plugin was installed never gets DNS."""
+    network = f"{PROJECT}_default"
+    dns = podman("network", "inspect", "--format", "{{.DNSEnabled}}", network, capture=True,
+                 check=False, quiet=True)
+    if dns.returncode == 0 and dns.stdout.strip() != "true":
+        print(f"removing {network}: it was created without DNS", flush=True)
+        podman("network", "rm", "--force", network, capture=True, check=False)
+
+
 def wait_healthy(service: str, deadline: float) -> float:
     """Run the service's compose health check until it passes; seconds it took."""
     name = container_name(service)
@@ -288,6 +414,7 @@ def check_cluster(timeout: float) -> dict[str, object]:
     step("compose up -d")
     t0 = time.perf_counter()
     compose("up", "-d", timeout=timeout, log=WORK / "logs" / "compose-up.log")
+    check_service_names(deadline=min(deadline, time.monotonic() + 60))
 
     step("partition job")
     code = wait_exited("partition", deadline)
@@ -363,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rebuild-base", action="store_true", help="make the debootstrap base anew")
     p.add_argument("--skip-build", action="store_true",
                    help=f"use the existing {IMAGE} (no wheelhouse, no image build)")
+    p.add_argument("--fresh-host", action="store_true",
+                   help="purge the host packages first, so the run installs them as on a new machine")
     p.add_argument("--keep", action="store_true", help="leave the containers and volume in place")
     p.add_argument("--timeout", type=float, default=900, help="seconds for the cluster run")
     args = p.parse_args(argv)
@@ -372,14 +501,20 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     ok = False
     try:
+        if args.fresh_host:
+            if os.geteuid() != 0:
+                raise ComposeTestError("--fresh-host purges host packages: run as root")
+            purge_host_packages()
         ensure_host_tools()
         ensure_base_image(args.rebuild_base)
+        check_name_resolution(BASE_IMAGE)
         if not args.skip_build:
             build_wheelhouse()
             build_image()
         elif not image_exists(IMAGE):
             raise ComposeTestError(f"--skip-build, but there is no {IMAGE}")
         compose("down", "-v", timeout=180, capture=True, check=False)  # leftovers of a run
+        drop_network_without_dns()
         report = check_cluster(args.timeout)
         ok = True
     except ComposeTestError as exc:

@@ -1,4 +1,5 @@
-"""Dataset readers, partition algorithms and the on-disk partition format (v1)."""
+"""Dataset readers, partition algorithms and the on-disk partition formats (v1 homogeneous,
+v2 typed)."""
 
 from partitioner.format import (
     FORMAT_VERSION,
@@ -10,18 +11,37 @@ from partitioner.format import (
     read_manifest,
 )
 from partitioner.graph import SPLITS, GraphData, GraphDataError
+from partitioner.hetero import EdgeType, HeteroGraphData
+from partitioner.hetero_format import (
+    HeteroManifest,
+    HeteroPartition,
+    load_hetero_node_map,
+    load_hetero_partition,
+    read_format_version,
+    read_hetero_manifest,
+)
+from partitioner.hetero_writer import partition_hetero_graph
 from partitioner.partition import partition_graph
 
 __all__ = [
     "FORMAT_VERSION",
     "SPLITS",
+    "EdgeType",
     "GraphData",
     "GraphDataError",
+    "HeteroGraphData",
+    "HeteroManifest",
+    "HeteroPartition",
     "Manifest",
     "Partition",
     "PartitionFormatError",
+    "load_hetero_node_map",
+    "load_hetero_partition",
     "load_node_map",
     "load_partition",
     "partition_graph",
+    "partition_hetero_graph",
+    "read_format_version",
+    "read_hetero_manifest",
     "read_manifest",
 ]

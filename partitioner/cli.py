@@ -11,8 +11,11 @@ from pathlib import Path
 from partitioner.algorithms import METHODS
 from partitioner.format import MANIFEST_FILE, Manifest, PartitionFormatError, check_files, read_manifest
 from partitioner.graph import GraphData, GraphDataError
+from partitioner.hetero import HeteroGraphData
+from partitioner.hetero_format import HeteroManifest, read_format_version, read_hetero_manifest
+from partitioner.hetero_synthetic import HETERO_PRESETS
 from partitioner.npyio import FileRecord
-from partitioner.summary import format_summary
+from partitioner.summary import format_hetero_summary, format_summary
 from partitioner.synthetic import PRESETS
 
 log = logging.getLogger("partitioner")
@@ -29,6 +32,12 @@ examples:
   graphfeed-partition generate --preset products-like --out data/products-like
   graphfeed-partition partition --graph-dir data/products-like --num-parts 4 \\
       --method range --out data/products-like-4
+  # a typed graph (format v2): synthetic ogbn-mag-shaped, reverse relations added
+  graphfeed-partition partition --synthetic mag-small --add-reverse --num-parts 2 \
+      --out data/mag-small-2
+  # ogbn-mag with all its node types and relations, unzipped under ~/ogb
+  graphfeed-partition partition --ogb ogbn-mag --ogb-root ~/ogb --add-reverse \
+      --num-parts 4 --out parts/mag-4
   # check a partition directory against its manifest and print its summary
   graphfeed-partition info data/small-2 --verify
 """
@@ -38,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="graphfeed-partition",
         description="Partition a graph once for graphfeed's sampling servers: one directory "
-        "with a manifest and one sub-directory per partition (format v1).",
+        "with a manifest and one sub-directory per partition (format v1; v2 for typed "
+        "graphs).",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -63,20 +73,29 @@ def _add_partition(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "partition", help="partition a graph into --num-parts parts",
         description="Read a graph from one source, assign its nodes to partitions and write "
-        "format v1. Methods: metis (fewest cut edges, balances nodes, edges and training "
+        "format v1 (v2 for typed graphs: the mag-* presets, ogbn-mag, typed .npz files). "
+        "Methods: metis (fewest cut edges, balances nodes, edges and training "
         "nodes; needs the graph in memory), range and hash (streaming: memory O(nodes), for "
         "graphs bigger than RAM), random.",
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--synthetic", choices=sorted(PRESETS), help="a synthetic graph preset")
-    src.add_argument("--ogb", metavar="NAME", help="an OGB node dataset, e.g. ogbn-products")
-    src.add_argument("--npz", type=Path, metavar="FILE", help="an .npz graph file")
+    src.add_argument("--synthetic", choices=sorted(PRESETS) + sorted(HETERO_PRESETS),
+                     help="a synthetic graph preset (mag-*: typed)")
+    src.add_argument("--ogb", metavar="NAME", help="an OGB node dataset, e.g. ogbn-products "
+                     "(ogbn-mag is read typed, with all node types and relations)")
+    src.add_argument("--npz", type=Path, metavar="FILE",
+                     help="an .npz graph file (typed when it has edge_index__* keys)")
     src.add_argument("--graph-dir", type=Path, metavar="DIR",
                      help="a graph directory (memory-mapped; see `generate`)")
     p.add_argument("--ogb-root", type=Path, default=Path("data/ogb"),
                    help="where OGB datasets are unzipped (default data/ogb)")
     p.add_argument("--to-undirected", action="store_true",
                    help="add reverse edges and drop repeats (OGB sources)")
+    p.add_argument("--add-reverse", action="store_true",
+                   help="typed graphs: add a rev_<relation> for each relation between two "
+                   "types and make same-type relations undirected (as PyG's ToUndirected)")
+    p.add_argument("--mag-papers-only", action="store_true",
+                   help="ogbn-mag: read only paper cites paper as a homogeneous graph (v1)")
     p.add_argument("--num-parts", type=int, required=True, help="number of partitions (>= 1)")
     p.add_argument("--method", choices=METHODS, default="metis", help="default: metis")
     p.add_argument("--out", type=Path, required=True, help="output partition directory")
@@ -90,7 +109,13 @@ def _add_partition(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
-def _read_source(args: argparse.Namespace) -> GraphData:
+def _read_source(args: argparse.Namespace) -> GraphData | HeteroGraphData:
+    graph = _read_typed_source(args)
+    if graph is not None:
+        return graph.add_reverse() if args.add_reverse else graph
+    if args.add_reverse:
+        raise ValueError("--add-reverse: only for typed graphs; use --to-undirected for "
+                         "homogeneous OGB graphs")
     if args.synthetic:
         from partitioner.synthetic import generate
 
@@ -108,6 +133,27 @@ def _read_source(args: argparse.Namespace) -> GraphData:
     return read_graph_dir(args.graph_dir)
 
 
+def _read_typed_source(args: argparse.Namespace) -> HeteroGraphData | None:
+    """The typed graph the arguments name, or None for a homogeneous source."""
+    if args.synthetic in HETERO_PRESETS:
+        from partitioner.hetero_synthetic import generate_hetero
+
+        return generate_hetero(args.synthetic, seed=args.seed, progress=not args.no_progress)
+    if args.ogb and not args.mag_papers_only:
+        from partitioner.readers.ogb import ogb_metadata
+
+        if ogb_metadata(args.ogb).is_hetero:
+            from partitioner.readers.ogb_hetero import read_ogb_hetero
+
+            return read_ogb_hetero(args.ogb, args.ogb_root)
+    if args.npz:
+        from partitioner.readers.npz_hetero import is_hetero_npz, read_npz_hetero
+
+        if is_hetero_npz(args.npz):
+            return read_npz_hetero(args.npz)
+    return None
+
+
 def _manifest_records(manifest: Manifest) -> list[FileRecord]:
     records = list(manifest.files.values())
     for part in manifest.partitions:
@@ -118,14 +164,22 @@ def _manifest_records(manifest: Manifest) -> list[FileRecord]:
 def _existing_differs(args: argparse.Namespace) -> str | None:
     """How the complete partition already in ``--out`` differs from the one asked for
     (None: it is the same); a partial or damaged one raises PartitionFormatError."""
-    manifest = read_manifest(args.out)
-    check_files(args.out, _manifest_records(manifest), "size")
+    manifest: Manifest | HeteroManifest
+    if read_format_version(args.out) == 2:
+        manifest = read_hetero_manifest(args.out)
+        check_files(args.out, manifest.records(), "size")
+    else:
+        manifest = read_manifest(args.out)
+        check_files(args.out, _manifest_records(manifest), "size")
     have = {"--num-parts": manifest.num_partitions,
             "--method": manifest.algorithm.get("method"),
             "--seed": manifest.algorithm.get("seed")}
     want = {"--num-parts": args.num_parts, "--method": args.method, "--seed": args.seed}
     if args.synthetic:
         have["--synthetic"], want["--synthetic"] = manifest.graph_name, args.synthetic
+    if isinstance(manifest, HeteroManifest):
+        have["--add-reverse"] = bool(manifest.algorithm.get("add_reverse"))
+        want["--add-reverse"] = bool(args.add_reverse)
     diffs = [f"{k} {have[k]} there, {want[k]} asked" for k in want if have[k] != want[k]]
     return "; ".join(diffs) or None
 
@@ -154,10 +208,19 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     graph = _read_source(args)
     log.info("read %s in %.1f s", graph.name, time.perf_counter() - started)
-    manifest = partition_graph(graph, args.num_parts, args.out, method=args.method,
-                               seed=args.seed, overwrite=args.overwrite,
-                               progress=not args.no_progress)
-    print(format_summary(manifest))
+    if isinstance(graph, HeteroGraphData):
+        from partitioner.hetero_writer import partition_hetero_graph
+
+        typed = partition_hetero_graph(graph, args.num_parts, args.out, method=args.method,
+                                       seed=args.seed, overwrite=args.overwrite,
+                                       progress=not args.no_progress,
+                                       extra={"add_reverse": bool(args.add_reverse)})
+        print(format_hetero_summary(typed))
+    else:
+        manifest = partition_graph(graph, args.num_parts, args.out, method=args.method,
+                                   seed=args.seed, overwrite=args.overwrite,
+                                   progress=not args.no_progress)
+        print(format_summary(manifest))
     print(f"total time {time.perf_counter() - started:.1f} s; written to {args.out}")
     return 0
 
@@ -176,6 +239,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    if read_format_version(args.path) == 2:
+        typed = read_hetero_manifest(args.path)
+        check_files(args.path, typed.records(), "full" if args.verify else "size")
+        print(format_hetero_summary(typed))
+        print(f"{len(typed.records())} files "
+              f"{'verified (SHA-256)' if args.verify else 'checked (sizes)'}")
+        return 0
     manifest = read_manifest(args.path)
     records = _manifest_records(manifest)
     check_files(args.path, records, "full" if args.verify else "size")

@@ -133,6 +133,11 @@ class Manifest:
             raise PartitionFormatError(
                 f"{MANIFEST_FILE}: expected format {FORMAT_NAME!r}, got {obj.get('format')!r}"
             )
+        if obj.get("format_version") == 2:
+            raise PartitionFormatError(
+                f"{MANIFEST_FILE}: format_version 2 holds a typed (heterogeneous) graph; "
+                "load it with partitioner.load_hetero_partition"
+            )
         if obj.get("format_version") != FORMAT_VERSION:
             raise PartitionFormatError(
                 f"{MANIFEST_FILE}: expected format_version {FORMAT_VERSION}, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,9 +142,16 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+#: NumPy parses a ``.npy`` header with ``ast.literal_eval``. CPython 3.11 keeps the AST
+#: constructor's recursion depth per interpreter, not per thread, so headers parsed in
+#: several threads at once fail now and then with "SystemError: AST constructor recursion
+#: depth mismatch" (python/cpython#106905); ``check_files`` reads headers in a thread pool.
+_HEADER_LOCK = threading.Lock()
+
+
 def read_npy_header(path: Path) -> tuple[np.dtype, tuple[int, ...], bool, int]:
-    """Return ``(dtype, shape, fortran_order, data_offset)`` of a ``.npy`` file."""
-    with open(path, "rb") as f:
+    """Return ``(dtype, shape, fortran_order, data_offset)`` of a ``.npy`` file (thread-safe)."""
+    with open(path, "rb") as f, _HEADER_LOCK:
         version = np.lib.format.read_magic(f)
         if version == (1, 0):
             shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)

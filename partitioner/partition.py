@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
 from partitioner.algorithms import assign
 from partitioner.format import Manifest
-from partitioner.graph import GraphData
+from partitioner.graph import SPLITS, GraphData
 from partitioner.writer import DEFAULT_EDGE_CHUNK, write_partitions
+
+log = logging.getLogger(__name__)
+
+
+def warn_empty_splits(graph: GraphData) -> list[str]:
+    """Warn about every split the graph lacks or has empty (a trainer refuses to iterate
+    it); returns their names."""
+    empty = [s for s in SPLITS if graph.splits.get(s) is None or len(graph.splits[s]) == 0]
+    for split in empty:
+        log.warning("%s: the %r split is empty; graphfeed-train needs train and val nodes and a "
+                    "loader refuses an empty split (give %s_idx or %s_mask, or OGB's valid_idx for val)",
+                    graph.name, split, split, split)
+    return empty
 
 
 def partition_graph(
@@ -18,6 +32,7 @@ def partition_graph(
 ) -> Manifest:
     """Split ``graph`` into ``num_parts`` partitions with ``method`` and write them to
     ``out_dir``; returns the manifest (its ``algorithm`` records method, seed, time)."""
+    warn_empty_splits(graph)
     started = time.perf_counter()
     part_of = assign(graph, num_parts, method, seed=seed, edge_chunk=edge_chunk,
                      progress=progress)

@@ -1,8 +1,19 @@
 """The epoch plan: which seeds form which batch, and which rank gets which batch.
 
 Servers and trainers compute the same plan independently from facts they all share (the
-seed counts per partition, batch size, world size, seed, epoch), so nothing about it is
-negotiated at run time:
+seeds, batch size, world size, seed, epoch), so nothing about it is negotiated at run
+time. Two layouts:
+
+**Global batches** (:func:`plan_global_epoch`, the loader's default): the batches are
+cut from one ordering of all the seeds, across partitions: the given order, or one
+permutation drawn from ``(seed, epoch)`` when ``shuffle``. A batch's seeds are as
+i.i.d. as a single-process loader's whatever the partitioning, and with ``shuffle=False``
+the batches follow the input order. Global batch ``g`` goes to rank ``g % world_size``
+as its batch ``i = g // world_size`` and is sampled by server ``(i + rank) %
+num_servers`` (so each rank draws from every server in turn), which asks the owners of
+the other seeds for their neighbors. Batch counts per rank are equal as below.
+
+**Per-partition batches** (:func:`plan_epoch`):
 
 - each partition's seeds are batched by the server that owns them (a batch never spans
   partitions), shuffled with ``(seed, epoch, partition)`` when ``shuffle``;
@@ -149,3 +160,70 @@ def shuffled_seeds(seeds: np.ndarray, *, shuffle: bool, seed: int, epoch: int,
         return np.asarray(seeds)
     rng = np.random.default_rng(_mix(seed, epoch, partition + 1))
     return np.asarray(seeds)[rng.permutation(len(seeds))]
+
+
+@dataclass(frozen=True, eq=False)
+class GlobalPlan:
+    """The batches of one epoch cut from one ordering of all the seeds."""
+
+    #: Number of seeds of global batch ``g``: ``sizes[g]``.
+    sizes: tuple[int, ...]
+    #: Where each batch starts in :attr:`order`.
+    offsets: tuple[int, ...]
+    #: int64 positions in the seed list, in the order the batches cut them.
+    order: np.ndarray
+    world_size: int
+    #: Servers that sample batches (one per partition).
+    num_servers: int
+
+    @property
+    def batches_per_rank(self) -> int:
+        return len(self.sizes) // self.world_size
+
+    def rank_batches(self, rank: int) -> list[BatchRef]:
+        """The batches of ``rank``, in order; ``partition`` is the server that samples
+        the batch and ``part_batch`` its global batch number."""
+        return [BatchRef(i, (i + rank) % self.num_servers, i * self.world_size + rank)
+                for i in range(self.batches_per_rank)]
+
+    def positions(self, global_batch: int) -> np.ndarray:
+        """Positions in the seed list of global batch ``global_batch``'s seeds, in order."""
+        start = self.offsets[global_batch]
+        return self.order[start:start + self.sizes[global_batch]]
+
+
+def plan_global_epoch(
+    num_seeds: int, batch_size: int, world_size: int, num_servers: int, *, shuffle: bool,
+    seed: int, epoch: int, drop_last: bool = False,
+) -> GlobalPlan:
+    """Plan an epoch of global batches over ``num_seeds`` seeds (see the module doc)."""
+    if batch_size <= 0:
+        raise ValueError(f"batch_size: expected an integer > 0, got {batch_size}")
+    if world_size <= 0:
+        raise ValueError(f"world_size: expected an integer > 0, got {world_size}")
+    if num_servers <= 0:
+        raise ValueError(f"num_servers: expected an integer > 0, got {num_servers}")
+    n = int(num_seeds)
+    if drop_last:
+        total = n // batch_size // world_size * world_size
+        sizes = (batch_size,) * total
+    else:
+        needed = -(-n // batch_size)
+        total = -(-needed // world_size) * world_size
+        if total > n:
+            raise ValueError(
+                f"world_size: giving {world_size} ranks equal batch counts needs {total} "
+                f"batches of at most {batch_size} seeds each, but there are only "
+                f"{n} seeds; use a larger batch_size, fewer ranks or drop_last"
+            )
+        if total == needed:  # as PyG cuts: full batches, then the rest
+            sizes = (batch_size,) * (total - 1) + ((n - batch_size * (total - 1),) if total else ())
+        else:
+            sizes = _even_sizes(n, total)
+    offsets = tuple(int(o) for o in np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])[:-1])
+    if shuffle:
+        order = np.random.default_rng(_mix(seed, epoch, 0x610BA1)).permutation(n).astype(np.int64)
+    else:
+        order = np.arange(n, dtype=np.int64)
+    return GlobalPlan(sizes=tuple(int(x) for x in sizes), offsets=offsets, order=order,
+                      world_size=world_size, num_servers=num_servers)

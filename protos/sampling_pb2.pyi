@@ -28,7 +28,8 @@ Servers also expose the standard grpc.health.v1 service and answer NOT_SERVING u
 their partition is loaded and their peers are reachable.
 
 Node IDs are always global (the relabeled, contiguous-range IDs of the partition
-book) and int64 unless a field says otherwise.
+book) and int64 unless a field says otherwise. Users speak original IDs (the graph's
+own, before partitioning); LookupNodes and the "orig_id" tensors translate.
 """
 
 from collections import abc as _abc
@@ -437,6 +438,8 @@ class EpochRequest(_message.Message):
     INCLUDE_FEATURES_FIELD_NUMBER: _builtins.int
     INCLUDE_LABELS_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
+    GLOBAL_BATCHES_FIELD_NUMBER: _builtins.int
+    INCLUDE_ORIGINAL_IDS_FIELD_NUMBER: _builtins.int
     split: _builtins.str
     """A split name: "train", "val" or "test". The server uses the seeds of that split
     which its own partition owns.
@@ -476,6 +479,19 @@ class EpochRequest(_message.Message):
     """Send the node labels ("y") with each batch."""
     client_id: _builtins.str
     """Free-form identifier of the caller, for server logs only; may be empty."""
+    global_batches: _builtins.bool
+    """Batch layout. false: each partition's seeds are batched by the server that owns them
+    (a batch never spans partitions). true: the batches are cut from one ordering of all
+    the explicit `seeds` (in the given order, or permuted with (seed, epoch) when
+    shuffle), whatever their owners, so a batch mixes partitions as a single-process
+    loader's does; batch i of rank r is sampled by server (i + r) % num_partitions, which
+    asks the owners of the other seeds for their neighbors as for any remote frontier.
+    Needs explicit seeds (INVALID_ARGUMENT with a split). See protos/plan.py.
+    """
+    include_original_ids: _builtins.bool
+    """Send each batch's nodes' original IDs (the IDs of the graph before partitioning) as
+    the "orig_id" tensor.
+    """
     @_builtins.property
     def seeds(self) -> Global___Tensor:
         """Explicit seed nodes: a 1-d INT64 Tensor of distinct global node IDs in [0, N),
@@ -513,10 +529,12 @@ class EpochRequest(_message.Message):
         include_features: _builtins.bool = ...,
         include_labels: _builtins.bool = ...,
         client_id: _builtins.str = ...,
+        global_batches: _builtins.bool = ...,
+        include_original_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling", "seeds", b"seeds", "seeds_source", b"seeds_source", "split", b"split"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "client_id", b"client_id", "drop_last", b"drop_last", "epoch", b"epoch", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "include_features", b"include_features", "include_labels", b"include_labels", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "client_id", b"client_id", "drop_last", b"drop_last", "epoch", b"epoch", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_seeds_source: _TypeAlias = _typing.Literal["split", "seeds"]  # noqa: Y015
     _WhichOneofArgType_seeds_source: _TypeAlias = _typing.Literal["seeds_source", b"seeds_source"]  # noqa: Y015
@@ -582,6 +600,8 @@ class MinibatchChunk(_message.Message):
                                       unlabeled nodes, as PyG's NeighborLoader gives
                                       (only when include_labels); the seeds' labels
                                       are y[:num_seed_nodes].
+      "orig_id"    INT64 [N]          original IDs of n_id's nodes, in n_id order
+                                      (only when include_original_ids).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -621,6 +641,75 @@ class MinibatchChunk(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___MinibatchChunk: _TypeAlias = MinibatchChunk  # noqa: Y015
+
+@_typing.final
+class LookupNodesRequest(_message.Message):
+    """Asks a sampling server about nodes of its partition, by original ID or by split."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPLIT_FIELD_NUMBER: _builtins.int
+    ORIGINAL_IDS_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    split: _builtins.str
+    """A split name ("train", "val" or "test"): the split's nodes this partition owns."""
+    client_id: _builtins.str
+    """Free-form identifier of the caller, for server logs only; may be empty."""
+    @_builtins.property
+    def original_ids(self) -> Global___Tensor:
+        """A 1-d INT64 Tensor of original node IDs (the graph's IDs before partitioning), each
+        in [0, num_nodes) (INVALID_ARGUMENT otherwise); may hold IDs of any partition.
+        """
+
+    def __init__(
+        self,
+        *,
+        split: _builtins.str = ...,
+        original_ids: Global___Tensor | None = ...,
+        client_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["original_ids", b"original_ids", "query", b"query", "split", b"split"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "original_ids", b"original_ids", "query", b"query", "split", b"split"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_query: _TypeAlias = _typing.Literal["split", "original_ids"]  # noqa: Y015
+    _WhichOneofArgType_query: _TypeAlias = _typing.Literal["query", b"query"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_query) -> _WhichOneofReturnType_query | None: ...
+
+Global___LookupNodesRequest: _TypeAlias = LookupNodesRequest  # noqa: Y015
+
+@_typing.final
+class LookupNodesReply(_message.Message):
+    """The answer to LookupNodes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GLOBAL_IDS_FIELD_NUMBER: _builtins.int
+    ORIGINAL_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def global_ids(self) -> Global___Tensor:
+        """INT64 [n] global IDs. For a split: this partition's nodes of the split, sorted. For
+        original_ids: the global ID of each given node that this partition owns, -1 for the
+        others, in request order.
+        """
+
+    @_builtins.property
+    def original_ids(self) -> Global___Tensor:
+        """INT64 [n] original IDs of global_ids' nodes (for a split; empty for original_ids)."""
+
+    def __init__(
+        self,
+        *,
+        global_ids: Global___Tensor | None = ...,
+        original_ids: Global___Tensor | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["global_ids", b"global_ids", "original_ids", b"original_ids"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["global_ids", b"global_ids", "original_ids", b"original_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LookupNodesReply: _TypeAlias = LookupNodesReply  # noqa: Y015
 
 @_typing.final
 class SampleNeighborsRequest(_message.Message):
@@ -729,6 +818,7 @@ class FetchNodeDataRequest(_message.Message):
     WANT_LABELS_FIELD_NUMBER: _builtins.int
     FEATURE_DTYPE_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
+    WANT_ORIGINAL_IDS_FIELD_NUMBER: _builtins.int
     want_features: _builtins.bool
     """Send the features ("x")."""
     want_labels: _builtins.bool
@@ -739,6 +829,8 @@ class FetchNodeDataRequest(_message.Message):
     """
     client_id: _builtins.str
     """Free-form identifier of the calling server, for logs only; may be empty."""
+    want_original_ids: _builtins.bool
+    """Send the original IDs ("orig_id")."""
     @_builtins.property
     def nodes(self) -> Global___Tensor:
         """Nodes: a 1-d INT64 Tensor of global IDs, each owned by the peer
@@ -753,10 +845,11 @@ class FetchNodeDataRequest(_message.Message):
         want_labels: _builtins.bool = ...,
         feature_dtype: Global___DType.ValueType = ...,
         client_id: _builtins.str = ...,
+        want_original_ids: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "feature_dtype", b"feature_dtype", "nodes", b"nodes", "want_features", b"want_features", "want_labels", b"want_labels"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "feature_dtype", b"feature_dtype", "nodes", b"nodes", "want_features", b"want_features", "want_labels", b"want_labels", "want_original_ids", b"want_original_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -768,6 +861,8 @@ class NodeDataChunk(_message.Message):
     (chunk_index 0 .. num_chunks-1) carrying the tensors:
       "x"  feature dtype [len(nodes), F]  features, in request order (want_features).
       "y"  label dtype [len(nodes)]       labels, in request order (want_labels).
+      "orig_id" INT64 [len(nodes)]        original IDs, in request order
+                                          (want_original_ids).
     """
 
     DESCRIPTOR: _descriptor.Descriptor

@@ -40,6 +40,11 @@ class SamplingServiceStub:
                 request_serializer=protos_dot_sampling__pb2.ClusterInfoRequest.SerializeToString,
                 response_deserializer=protos_dot_sampling__pb2.ClusterInfo.FromString,
                 _registered_method=True)
+        self.LookupNodes = channel.unary_unary(
+                '/graphfeed.v1.SamplingService/LookupNodes',
+                request_serializer=protos_dot_sampling__pb2.LookupNodesRequest.SerializeToString,
+                response_deserializer=protos_dot_sampling__pb2.LookupNodesReply.FromString,
+                _registered_method=True)
         self.StreamMinibatches = channel.unary_stream(
                 '/graphfeed.v1.SamplingService/StreamMinibatches',
                 request_serializer=protos_dot_sampling__pb2.EpochRequest.SerializeToString,
@@ -53,6 +58,13 @@ class SamplingServiceServicer:
 
     def GetClusterInfo(self, request, context):
         """The facts about the graph and the cluster (see ClusterInfo).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LookupNodes(self, request, context):
+        """Maps original node IDs to global IDs, or lists a split's nodes, for this partition.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -72,6 +84,11 @@ def add_SamplingServiceServicer_to_server(servicer, server):
                     servicer.GetClusterInfo,
                     request_deserializer=protos_dot_sampling__pb2.ClusterInfoRequest.FromString,
                     response_serializer=protos_dot_sampling__pb2.ClusterInfo.SerializeToString,
+            ),
+            'LookupNodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupNodes,
+                    request_deserializer=protos_dot_sampling__pb2.LookupNodesRequest.FromString,
+                    response_serializer=protos_dot_sampling__pb2.LookupNodesReply.SerializeToString,
             ),
             'StreamMinibatches': grpc.unary_stream_rpc_method_handler(
                     servicer.StreamMinibatches,
@@ -107,6 +124,33 @@ class SamplingService:
             '/graphfeed.v1.SamplingService/GetClusterInfo',
             protos_dot_sampling__pb2.ClusterInfoRequest.SerializeToString,
             protos_dot_sampling__pb2.ClusterInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupNodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/graphfeed.v1.SamplingService/LookupNodes',
+            protos_dot_sampling__pb2.LookupNodesRequest.SerializeToString,
+            protos_dot_sampling__pb2.LookupNodesReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -28,7 +28,8 @@ Servers also expose the standard grpc.health.v1 service and answer NOT_SERVING u
 their partition is loaded and their peers are reachable.
 
 Node IDs are always global (the relabeled, contiguous-range IDs of the partition
-book) and int64 unless a field says otherwise.
+book) and int64 unless a field says otherwise. Users speak original IDs (the graph's
+own, before partitioning); LookupNodes and the "orig_id" tensors translate.
 """
 
 from collections import abc as _abc
@@ -63,6 +64,8 @@ class SamplingServiceStub:
     def __new__(cls, channel: _aio.Channel) -> SamplingServiceAsyncStub: ...
     GetClusterInfo: _grpc.UnaryUnaryMultiCallable[_sampling_pb2.ClusterInfoRequest, _sampling_pb2.ClusterInfo]
     """The facts about the graph and the cluster (see ClusterInfo)."""
+    LookupNodes: _grpc.UnaryUnaryMultiCallable[_sampling_pb2.LookupNodesRequest, _sampling_pb2.LookupNodesReply]
+    """Maps original node IDs to global IDs, or lists a split's nodes, for this partition."""
     StreamMinibatches: _grpc.UnaryStreamMultiCallable[_sampling_pb2.EpochRequest, _sampling_pb2.MinibatchChunk]
     """Streams one epoch's minibatches for one trainer rank."""
 
@@ -73,6 +76,8 @@ class SamplingServiceAsyncStub(SamplingServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetClusterInfo: _aio.UnaryUnaryMultiCallable[_sampling_pb2.ClusterInfoRequest, _sampling_pb2.ClusterInfo]  # type: ignore[assignment]
     """The facts about the graph and the cluster (see ClusterInfo)."""
+    LookupNodes: _aio.UnaryUnaryMultiCallable[_sampling_pb2.LookupNodesRequest, _sampling_pb2.LookupNodesReply]  # type: ignore[assignment]
+    """Maps original node IDs to global IDs, or lists a split's nodes, for this partition."""
     StreamMinibatches: _aio.UnaryStreamMultiCallable[_sampling_pb2.EpochRequest, _sampling_pb2.MinibatchChunk]  # type: ignore[assignment]
     """Streams one epoch's minibatches for one trainer rank."""
 
@@ -86,6 +91,14 @@ class SamplingServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_sampling_pb2.ClusterInfo, _abc.Awaitable[_sampling_pb2.ClusterInfo]]:
         """The facts about the graph and the cluster (see ClusterInfo)."""
+
+    @_abc_1.abstractmethod
+    def LookupNodes(
+        self,
+        request: _sampling_pb2.LookupNodesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sampling_pb2.LookupNodesReply, _abc.Awaitable[_sampling_pb2.LookupNodesReply]]:
+        """Maps original node IDs to global IDs, or lists a split's nodes, for this partition."""
 
     @_abc_1.abstractmethod
     def StreamMinibatches(

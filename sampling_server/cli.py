@@ -182,6 +182,18 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(partition=args.partition, peers=parse_peers(args.peers or ""), **given)
 
 
+def check_device(config: ServerConfig) -> None:
+    """Refuse a sampling device this machine cannot give, before anything starts."""
+    from sampling_server.sampler import cuda_usable
+
+    if config.device == "cuda" and not cuda_usable():
+        raise ConfigError("--device cuda: no usable CUDA GPU here (torch or Numba sees none, or "
+                          "NUMBA_ENABLE_CUDASIM=1); use --device cpu or auto")
+    if config.topology == "uva" and (config.device == "cpu" or not cuda_usable()):
+        raise ConfigError("--topology uva: only the CUDA sampler reads the graph over UVA, and this "
+                          "server samples on the CPU; drop --topology or run it on a GPU")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -191,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         config = config_from_args(args)
+        check_device(config)
         code = serve(config)
         # Interpreter exit joins the worker threads; should one still be stuck, dump
         # every thread's stack to stderr and exit instead of hanging.

@@ -139,15 +139,18 @@ class PeerServicer:
         most about ``chunk_bytes`` of rows each), so the whole answer is never built."""
         m = self.store.manifest
         row_bytes = (m.feature_dim * codec.dtype_to_numpy(dtype).itemsize
-                     if request.want_features else 0) + (8 if request.want_labels else 0)
+                     if request.want_features else 0) + (8 if request.want_labels else 0) \
+            + (8 if request.want_original_ids else 0)
         rows = max(1, self.chunk_bytes // max(row_bytes, 1))
         slices = [(i, min(i + rows, nodes.size)) for i in range(0, max(nodes.size, 1), rows)]
         sampler = self.store.sampler()
         for k, (a, b) in enumerate(slices):
             x, y = sampler.gather_local(torch.from_numpy(nodes[a:b]).to(sampler.device),
                                         request.want_features, request.want_labels)
+            orig = (sampler.orig_ids_of(torch.from_numpy(nodes[a:b]))
+                    if request.want_original_ids else None)
             msg = pb.NodeDataChunk(chunk_index=k, num_chunks=len(slices))
-            for name, part in (("x", x), ("y", y)):
+            for name, part in (("x", x), ("y", y), ("orig_id", orig)):
                 if part is None:
                     continue
                 part = cast_features(part, dtype) if name == "x" else part
@@ -278,6 +281,22 @@ class PeerClient:
         return {p: (_cat([x for x, _ in rows]), _cat([y for _, y in rows]))
                 for p, rows in parts.items()}
 
+    def orig_ids(self, nodes_by_partition: Mapping[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Original IDs of each partition's nodes (``RemoteOrigIds``)."""
+        def call(p: int, nodes: np.ndarray) -> torch.Tensor:
+            request = pb.FetchNodeDataRequest(nodes=codec.encode_tensor(nodes),
+                                              want_original_ids=True, client_id=self.client_id)
+            with self._errors(p, "FetchNodeData"), self._timed("peer_fetch"):
+                got = self._retrying(lambda timeout: _receive(
+                    self._stubs[p].FetchNodeData(request, timeout=timeout), {"orig_id"}))
+                orig = got["orig_id"]
+                _check_answer(orig.shape == (nodes.size,),
+                              f"orig_id {list(orig.shape)} for {nodes.size} nodes")
+            return orig
+
+        parts = self._run(nodes_by_partition, call)
+        return {p: torch.cat(ids) for p, ids in parts.items()}
+
     # -- plumbing --------------------------------------------------------------------
     def _run(
         self, nodes_by_partition: Mapping[int, torch.Tensor], call: Callable[[int, np.ndarray], T]
@@ -367,6 +386,9 @@ class BoundPeers:
     def node_data(self, nodes_by_partition: Mapping[int, torch.Tensor], features: bool,
                   labels: bool) -> dict[int, NodeData]:
         return self.client.node_data(nodes_by_partition, features, labels, self.options)
+
+    def orig_ids(self, nodes_by_partition: Mapping[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        return self.client.orig_ids(nodes_by_partition)
 
 
 _MASK64 = (1 << 64) - 1

@@ -22,7 +22,7 @@ import numpy as np
 
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
-from protos.plan import BatchRef, EpochPlan
+from protos.plan import BatchRef, EpochPlan, GlobalPlan
 from sampling_server.limits import printable
 from sampling_server.metrics import ServerMetrics
 from sampling_server.peer import PeerCallOptions, PeerClient
@@ -36,11 +36,12 @@ log = logging.getLogger(__name__)
 class EpochJob:
     """A validated ``EpochRequest``: what one stream samples and sends."""
 
-    #: The epoch's plan (every partition and rank).
-    plan: EpochPlan
+    #: The epoch's plan (every partition and rank): per-partition or global batches.
+    plan: EpochPlan | GlobalPlan
     #: This server's batches of :attr:`rank`, from ``resume_from`` on, in index order.
     batches: tuple[BatchRef, ...]
-    #: int64 this partition's seeds, in the order the plan cuts them (shuffled or not).
+    #: int64 seeds: per-partition batches: this partition's, in the order the plan cuts
+    #: them (shuffled or not); global batches: all of them, in request order.
     seeds: np.ndarray
     #: Fanout per hop (-1: all neighbors).
     fanouts: tuple[int, ...]
@@ -58,6 +59,14 @@ class EpochJob:
     feature_dtype: codec.WireDType
     #: The caller, for logs.
     client_id: str = ""
+    #: Send the nodes' original IDs ("orig_id").
+    original_ids: bool = False
+
+    def seeds_of(self, ref: BatchRef, partition: int) -> np.ndarray:
+        """The seeds of one of this server's batches, in batch order."""
+        if isinstance(self.plan, GlobalPlan):
+            return self.seeds[self.plan.positions(ref.part_batch)]
+        return self.plan.seeds_of(partition, ref.part_batch, self.seeds)
 
     @property
     def num_batches(self) -> int:
@@ -81,6 +90,9 @@ class SamplingPipeline:
         #: Where batches, bytes, seeds and stage latencies are counted (None: nowhere).
         self.metrics: ServerMetrics | None = None
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sample")
+        # Original-ID lookups run beside the feature gather (both wait on peers); their
+        # own threads, so a lookup never waits for a sampling thread.
+        self._lookups = ThreadPoolExecutor(workers, thread_name_prefix="orig-ids")
 
     def _stage(self, name: str) -> AbstractContextManager[None]:
         return self.metrics.stage(name) if self.metrics is not None else nullcontext()
@@ -88,6 +100,7 @@ class SamplingPipeline:
     def close(self) -> None:
         """Stop the workers (queued batches are dropped)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._lookups.shutdown(wait=False, cancel_futures=True)
 
     def stream(
         self, job: EpochJob, stop: threading.Event | None = None
@@ -112,8 +125,7 @@ class SamplingPipeline:
                 messages = future.result()  # bounded: peer calls carry deadlines
                 submit_next()  # keeps `prefetch` batches sampling while this one is sent
                 if self.metrics is not None and messages:
-                    seeds = job.plan.seeds_of(self.store.partition_id, ref.part_batch, job.seeds)
-                    self.metrics.sent(messages, len(seeds))
+                    self.metrics.sent(messages, len(job.seeds_of(ref, self.store.partition_id)))
                 yield messages
         finally:
             for _, future in pending:
@@ -129,7 +141,7 @@ class SamplingPipeline:
     def produce(self, job: EpochJob, ref: BatchRef) -> list[bytes]:
         """Sample one batch, gather its rows and encode it as stream messages."""
         started = time.perf_counter()
-        seeds = job.plan.seeds_of(self.store.partition_id, ref.part_batch, job.seeds)
+        seeds = job.seeds_of(ref, self.store.partition_id)
         key = batch_key(job.seed, job.epoch, job.rank, ref.index)
         sampler = self.store.sampler(replace=job.replace, weighted=job.weighted)
         bound = self.peers.bind(PeerCallOptions(job.replace, job.weighted, job.feature_dtype)) \
@@ -137,6 +149,8 @@ class SamplingPipeline:
         with self._stage("sample"):
             out = sampler.sample(seeds, job.fanouts, key, bound.neighbors if bound else None)
         named: dict[str, codec.TensorLike] = {"n_id": out.n_id, "edge_index": out.edge_index}
+        orig_ids = self._lookups.submit(sampler.orig_ids_of, out.n_id, bound.orig_ids if bound else None) \
+            if job.original_ids else None
         if job.features or job.labels:
             with self._stage("gather"):
                 x, y = sampler.gather(out.n_id, features=job.features, labels=job.labels,
@@ -145,6 +159,8 @@ class SamplingPipeline:
                 named["x"] = cast_features(x, job.feature_dtype)
             if y is not None:
                 named["y"] = y
+        if orig_ids is not None:
+            named["orig_id"] = orig_ids.result()  # bounded: peer calls carry deadlines
         header = pb.MinibatchHeader(
             num_batches=job.num_batches, num_seed_nodes=out.batch_size,
             num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges)

@@ -95,6 +95,9 @@ def _add_services(server: grpc.Server, sampling: SamplingServicer, peer: PeerSer
             "GetClusterInfo": grpc.unary_unary_rpc_method_handler(
                 _guarded(sampling.GetClusterInfo), _lenient(pb.ClusterInfoRequest),
                 pb.ClusterInfo.SerializeToString),
+            "LookupNodes": grpc.unary_unary_rpc_method_handler(
+                _guarded(sampling.LookupNodes), _lenient(pb.LookupNodesRequest),
+                pb.LookupNodesReply.SerializeToString),
             "StreamMinibatches": grpc.unary_stream_rpc_method_handler(
                 _guarded(sampling.StreamMinibatches), _lenient(pb.EpochRequest),
                 fastwire.passthrough),

@@ -15,7 +15,8 @@ import numpy as np
 
 from partitioner.graph import SPLITS
 from protos import sampling_pb2 as pb
-from protos.plan import plan_epoch, shuffled_seeds
+from protos.codec import encode_tensor
+from protos.plan import EpochPlan, GlobalPlan, plan_epoch, plan_global_epoch, shuffled_seeds
 from sampling_server.limits import check_epoch_limits, printable
 from sampling_server.metrics import ServerMetrics
 from sampling_server.pipeline import EpochJob, SamplingPipeline
@@ -52,6 +53,21 @@ def check_epoch_request(request: pb.EpochRequest) -> None:
     _require(request.resume_from >= 0, "resume_from", ">= 0", request.resume_from)
 
 
+def explicit_seeds(request: pb.EpochRequest, store: PartitionStore) -> np.ndarray:
+    """The request's explicit seeds, checked: global IDs in the graph, each once."""
+    seeds = decode_node_ids(request.seeds, f"{_FIELD}.seeds")
+    n = store.manifest.num_nodes
+    _require(seeds.size > 0, "seeds", "at least one node ID", "an empty tensor")
+    lo, hi = int(seeds.min()), int(seeds.max())
+    _require(lo >= 0 and hi < n, "seeds", f"global node IDs in [0, {n})",
+             f"values in [{lo}, {hi}]")
+    uniq, counts = np.unique(seeds, return_counts=True)
+    if uniq.size != seeds.size:
+        raise RequestError(f"{_FIELD}.seeds: expected each node ID once, got "
+                           f"{seeds.size - uniq.size} repeats (e.g. {int(uniq[counts > 1][0])})")
+    return seeds
+
+
 def seeds_by_partition(request: pb.EpochRequest, store: PartitionStore) -> tuple[list[int], np.ndarray]:
     """Seeds per partition (counts every server agrees on) and this partition's seeds.
 
@@ -69,16 +85,7 @@ def seeds_by_partition(request: pb.EpochRequest, store: PartitionStore) -> tuple
         if not store.has_split(split):
             raise RequestError(f"{_FIELD}.split: the graph has no {split!r} split", _PRECONDITION)
         return store.split_counts(split), store.split_seeds(split)
-    seeds = decode_node_ids(request.seeds, f"{_FIELD}.seeds")
-    n = store.manifest.num_nodes
-    _require(seeds.size > 0, "seeds", "at least one node ID", "an empty tensor")
-    lo, hi = int(seeds.min()), int(seeds.max())
-    _require(lo >= 0 and hi < n, "seeds", f"global node IDs in [0, {n})",
-             f"values in [{lo}, {hi}]")
-    uniq, counts = np.unique(seeds, return_counts=True)
-    if uniq.size != seeds.size:
-        raise RequestError(f"{_FIELD}.seeds: expected each node ID once, got "
-                           f"{seeds.size - uniq.size} repeats (e.g. {int(uniq[counts > 1][0])})")
+    seeds = explicit_seeds(request, store)
     owner = store.owner_of(seeds)
     per_part = np.bincount(owner, minlength=store.manifest.num_partitions)
     return [int(c) for c in per_part], seeds[owner == store.partition_id]
@@ -99,6 +106,24 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
     if opts.weighted and not store.manifest.has_edge_weight:
         raise RequestError(f"{_FIELD}.sampling.weighted: expected false, the graph has no edge "
                            "weights (ClusterInfo.has_edge_weights)", _PRECONDITION)
+    plan, seeds = _global_plan(request, store) if request.global_batches else \
+        _partition_plan(request, store)
+    if request.resume_from > plan.batches_per_rank:
+        raise RequestError(f"{_FIELD}.resume_from: expected at most {plan.batches_per_rank} (the "
+                           f"batches per rank of this epoch), got {request.resume_from}",
+                           _PRECONDITION)
+    refs = tuple(b for b in plan.rank_batches(request.rank)
+                 if b.partition == store.partition_id and b.index >= request.resume_from)
+    return EpochJob(plan=plan, batches=refs, seeds=seeds, fanouts=tuple(request.fanouts),
+                    seed=request.seed, epoch=request.epoch, rank=request.rank,
+                    replace=opts.replace, weighted=opts.weighted,
+                    features=request.include_features, labels=request.include_labels,
+                    feature_dtype=dtype, client_id=request.client_id,
+                    original_ids=request.include_original_ids)
+
+
+def _partition_plan(request: pb.EpochRequest, store: PartitionStore) -> tuple[EpochPlan, np.ndarray]:
+    """Per-partition batches: the plan, and this partition's seeds in the order it cuts them."""
     counts, mine = seeds_by_partition(request, store)
     try:
         plan = plan_epoch(counts, request.batch_size, request.world_size,
@@ -106,19 +131,46 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
                           drop_last=request.drop_last)
     except ValueError as exc:
         raise RequestError(f"{_FIELD}.{exc}") from exc
-    if request.resume_from > plan.batches_per_rank:
-        raise RequestError(f"{_FIELD}.resume_from: expected at most {plan.batches_per_rank} (the "
-                           f"batches per rank of this epoch), got {request.resume_from}",
-                           _PRECONDITION)
-    refs = tuple(b for b in plan.rank_batches(request.rank)
-                 if b.partition == store.partition_id and b.index >= request.resume_from)
     seeds = shuffled_seeds(mine, shuffle=request.shuffle, seed=request.seed,
                            epoch=request.epoch, partition=store.partition_id)
-    return EpochJob(plan=plan, batches=refs, seeds=seeds, fanouts=tuple(request.fanouts),
-                    seed=request.seed, epoch=request.epoch, rank=request.rank,
-                    replace=opts.replace, weighted=opts.weighted,
-                    features=request.include_features, labels=request.include_labels,
-                    feature_dtype=dtype, client_id=request.client_id)
+    return plan, seeds
+
+
+def _global_plan(request: pb.EpochRequest, store: PartitionStore) -> tuple[GlobalPlan, np.ndarray]:
+    """Global batches: the plan over all the explicit seeds, and the seeds."""
+    if request.WhichOneof("seeds_source") != "seeds":
+        raise RequestError(f"{_FIELD}.seeds_source: expected explicit seeds with global_batches (a "
+                           "server knows only its own partition's split; LookupNodes lists every "
+                           f"partition's), got {request.WhichOneof('seeds_source') or 'neither'}")
+    seeds = explicit_seeds(request, store)
+    try:
+        plan = plan_global_epoch(seeds.size, request.batch_size, request.world_size,
+                                 store.manifest.num_partitions, shuffle=request.shuffle,
+                                 seed=request.seed, epoch=request.epoch,
+                                 drop_last=request.drop_last)
+    except ValueError as exc:
+        raise RequestError(f"{_FIELD}.{exc}") from exc
+    return plan, seeds
+
+
+def lookup_nodes(request: pb.LookupNodesRequest, store: PartitionStore) -> pb.LookupNodesReply:
+    """Answer LookupNodes (see sampling.proto); raises :class:`RequestError` naming the field."""
+    field = "LookupNodesRequest"
+    query = request.WhichOneof("query")
+    if query == "split":
+        if request.split not in SPLITS:
+            raise RequestError(f"{field}.split: expected one of {list(SPLITS)}, got {request.split!r}")
+        nodes = store.split_seeds(request.split)
+        return pb.LookupNodesReply(global_ids=encode_tensor(nodes),
+                                   original_ids=encode_tensor(store.original_ids_of(nodes)))
+    if query != "original_ids":
+        raise RequestError(f"{field}.query: expected a split name or original_ids, got neither")
+    original = decode_node_ids(request.original_ids, f"{field}.original_ids")
+    n = store.manifest.num_nodes
+    if original.size and (int(original.min()) < 0 or int(original.max()) >= n):
+        raise RequestError(f"{field}.original_ids: expected original node IDs in [0, {n}), got "
+                           f"values in [{int(original.min())}, {int(original.max())}]")
+    return pb.LookupNodesReply(global_ids=encode_tensor(store.global_ids_of(original)))
 
 
 class SamplingServicer:
@@ -159,6 +211,13 @@ class SamplingServicer:
         log.debug("partition=%d client=%s: cluster info", self.store.partition_id,
                   printable(request.client_id))
         return info
+
+    def LookupNodes(
+        self, request: pb.LookupNodesRequest, context: grpc.ServicerContext
+    ) -> pb.LookupNodesReply:
+        with abort_on_error(context, "LookupNodes", self.store.partition_id):
+            self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
+            return lookup_nodes(request, self.store)
 
     def StreamMinibatches(
         self, request: pb.EpochRequest, context: grpc.ServicerContext

@@ -76,6 +76,7 @@ class PartitionStore:
             json.dumps(m.to_json(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
         self._partition: Partition | None = None
         self._samplers: dict[tuple[bool, bool], NeighborSampler] = {}
+        self._orig_order: np.ndarray | None = None
         self._lock = threading.Lock()
         self._loaded = threading.Event()
         #: Why the load failed (None while loading or once loaded).
@@ -167,6 +168,25 @@ class PartitionStore:
         """Global IDs of this partition's seeds of ``split`` (empty when absent)."""
         ids = self.partition.splits.get(split)
         return np.asarray(ids, dtype=np.int64) if ids is not None else np.empty(0, np.int64)
+
+    def global_ids_of(self, original: np.ndarray) -> np.ndarray:
+        """Global ID of each original node ID this partition owns, -1 for the others."""
+        with self._lock:
+            if self._orig_order is None:
+                self._orig_order = np.argsort(np.asarray(self.partition.orig_ids), kind="stable")
+            order = self._orig_order
+        orig = np.asarray(self.partition.orig_ids)
+        out = np.full(original.size, -1, dtype=np.int64)
+        if order.size == 0:
+            return out
+        pos = np.minimum(np.searchsorted(orig[order], original), order.size - 1)
+        found = orig[order[pos]] == original
+        out[found] = order[pos[found]] + self.node_range[0]
+        return out
+
+    def original_ids_of(self, nodes: np.ndarray) -> np.ndarray:
+        """Original IDs of owned global node IDs."""
+        return np.asarray(self.partition.orig_ids[nodes - self.node_range[0]], dtype=np.int64)
 
     def owner_of(self, nodes: np.ndarray) -> np.ndarray:
         """Partition ID of each global node ID."""

@@ -194,6 +194,32 @@ def test_podman_settings_for_compose_test() -> None:
         assert "start_interval" not in compose["services"][name]["healthcheck"]
 
 
+def _compose_test_module() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compose_test", DEPLOY / "compose_test.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_compose_test_installs_name_resolution() -> None:
+    """The servers find their peers by compose service name: the host needs a DNS plugin.
+
+    A machine where the plugin was once installed by hand hid its absence from the apt
+    step; the list, the docs and CI's fresh-host run must all cover it."""
+    compose = yaml.safe_load(COMPOSE.read_text())
+    peers = " ".join(compose["services"]["server0"]["command"])
+    assert "server1:50051" in peers  # a service name, resolved by the network's DNS
+    packages = dict(_compose_test_module().HOST_REQUIREMENTS)
+    assert packages["golang-github-containernetworking-plugin-dnsname"] == "/usr/lib/cni/dnsname"
+    assert {"podman", "runc", "debootstrap"} <= set(packages)
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    assert all(f"`{pkg}`" in doc for pkg in packages), "docs/deploy.md must name every host package"
+    assert 'COMPOSE_TEST_ARGS="--fresh-host"' in (ROOT / ".ci" / "run").read_text()
+
+
 # --- Kubernetes -----------------------------------------------------------------------------
 
 
@@ -287,12 +313,17 @@ def _write_exe(path: Path, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def _run_sbatch(tmp_path: Path, script: Path, args: list[str], env: dict[str, str]) -> list[list[str]]:
-    """Run `script` with stand-ins: srun runs each task locally, PYTHON records its argv."""
+def _run_sbatch(
+    tmp_path: Path, script: Path, args: list[str], env: dict[str, str], *, scontrol: str | None = None
+) -> list[list[str]]:
+    """Run `script` with stand-ins: srun runs each task locally, PYTHON records its argv.
+
+    `scontrol` replaces the stand-in's body (default: hosts nodeA and nodeB)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     record = tmp_path / "argv.txt"
-    _write_exe(bin_dir / "scontrol", 'test "$1 $2" = "show hostnames" && printf "%s\\n" nodeA nodeB\n')
+    two_hosts = 'test "$1 $2" = "show hostnames" && printf "%s\\n" nodeA nodeB\n'
+    _write_exe(bin_dir / "scontrol", scontrol or two_hosts)
     _write_exe(
         bin_dir / "srun",
         "n=2; while [[ $1 == --* ]]; do shift; done\n"
@@ -338,6 +369,46 @@ def test_trainers_sbatch_commands(tmp_path: Path) -> None:
         assert argv[argv.index("--master-addr") + 1] == "nodeA"
         assert argv[argv.index("--servers") + 1] == "nodeA:50051,nodeB:50051"
         assert argv[-2:] == ["--epochs", "5"]
+
+
+def test_trainers_sbatch_long_node_list(tmp_path: Path) -> None:
+    """The first host of a long list is read without a pipe that can die of SIGPIPE.
+
+    `scontrol ... | head -n 1` under pipefail killed the job (exit 141) whenever scontrol
+    still had lines to write when head exited: always, with a node list this long."""
+    many = 'test "$1 $2" = "show hostnames" && printf "%s\\n" nodeA nodeB; seq -f "node%g" 1 200000\n'
+    calls = _run_sbatch(tmp_path, SBATCH_TRAINERS, [], {"SERVERS": "nodeA:50051"}, scontrol=many)
+    assert [argv[argv.index("--master-addr") + 1] for argv in calls] == ["nodeA", "nodeA"]
+
+
+@pytest.mark.parametrize("script", [SBATCH_SERVERS, SBATCH_TRAINERS], ids=lambda p: p.name)
+def test_sbatch_stops_when_scontrol_fails(tmp_path: Path, script: Path) -> None:
+    with pytest.raises(subprocess.CalledProcessError) as info:
+        _run_sbatch(tmp_path, script, ["/shared/parts"], {"SERVERS": "nodeA:50051"},
+                    scontrol='echo "scontrol: error: invalid node list" >&2; exit 1\n')
+    assert info.value.returncode == 1
+    assert not (tmp_path / "argv.txt").exists()  # nothing started
+
+
+# Readers that exit before their writer is done; under pipefail the writer's SIGPIPE fails
+# the whole pipeline (and so the script), depending on timing.
+EARLY_EXIT_READER = re.compile(r"\|\s*(head\b|grep\s+(-\w*[qm]\w*|--quiet|--max-count)|sed\s+[^|]*\dq)")
+
+
+def _shell_sources() -> list[Path]:
+    scripts = [*DEPLOY.glob("slurm/*.sbatch"), ROOT / ".ci" / "run", ROOT / "Makefile", DOCKERFILE]
+    scripts += [p for p in (*DEPLOY.rglob("*.sh"), *ROOT.glob("examples/**/*.sh")) if p.is_file()]
+    return scripts
+
+
+def test_no_pipe_into_early_exit_reader() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in _shell_sources()
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if not line.lstrip().startswith("#") and EARLY_EXIT_READER.search(line)
+    ]
+    assert not offenders, "pipes that can die of SIGPIPE under pipefail:\n" + "\n".join(offenders)
 
 
 # --- docs ---------------------------------------------------------------------------------

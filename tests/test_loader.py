@@ -27,8 +27,8 @@ from test_decode import NUM_CLASSES, encode_batch, fake_batch
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import InvalidRequest, ProtocolError, ServerUnavailable, server_options
-from protos.codec import decode_tensor
-from protos.plan import plan_epoch, shuffled_seeds
+from protos.codec import decode_tensor, encode_tensor
+from protos.plan import plan_epoch, plan_global_epoch, shuffled_seeds
 from trainer_client.loader import Cluster, RemoteNeighborLoader
 
 FEATURE_DIM = 4
@@ -97,6 +97,17 @@ class FakeSampling(pb_grpc.SamplingServiceServicer):
         start = self.book[partition] + sum(sizes[: ("train", "val", "test").index(split)])
         return np.arange(start, start + sizes[("train", "val", "test").index(split)])
 
+    def LookupNodes(
+        self, request: pb.LookupNodesRequest, context: grpc.ServicerContext
+    ) -> pb.LookupNodesReply:
+        """Original IDs are the global IDs here."""
+        if request.WhichOneof("query") == "split":
+            nodes = self.seeds(request.split, self.partition)
+            return pb.LookupNodesReply(global_ids=encode_tensor(nodes), original_ids=encode_tensor(nodes))
+        ids = decode_tensor(request.original_ids)
+        owned = (ids >= self.book[self.partition]) & (ids < self.book[self.partition + 1])
+        return pb.LookupNodesReply(global_ids=encode_tensor(np.where(owned, ids, -1).astype(np.int64)))
+
     def StreamMinibatches(
         self, request: pb.EpochRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.MinibatchChunk]:
@@ -104,6 +115,9 @@ class FakeSampling(pb_grpc.SamplingServiceServicer):
         if request.batch_size == 13:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "EpochRequest.batch_size: expected anything but 13")
+        if request.global_batches:
+            yield from self._global_batches(request, context)
+            return
         if request.WhichOneof("seeds_source") == "split":
             counts = [len(self.seeds(request.split, p)) for p in range(len(self.splits))]
             mine = self.seeds(request.split, self.partition)
@@ -120,6 +134,18 @@ class FakeSampling(pb_grpc.SamplingServiceServicer):
                 if b.partition == self.partition and b.index >= request.resume_from]
         for k, ref in enumerate(refs):
             yield from self._batch(k, ref.index, plan.seeds_of(self.partition, ref.part_batch, mine),
+                                   plan.batches_per_rank, len(request.fanouts), context)
+
+    def _global_batches(self, request: pb.EpochRequest,
+                        context: grpc.ServicerContext) -> Iterator[pb.MinibatchChunk]:
+        seeds = decode_tensor(request.seeds)
+        plan = plan_global_epoch(seeds.size, request.batch_size, request.world_size, len(self.splits),
+                                 shuffle=request.shuffle, seed=request.seed, epoch=request.epoch,
+                                 drop_last=request.drop_last)
+        refs = [b for b in plan.rank_batches(request.rank)
+                if b.partition == self.partition and b.index >= request.resume_from]
+        for k, ref in enumerate(refs):
+            yield from self._batch(k, ref.index, seeds[plan.positions(ref.part_batch)],
                                    plan.batches_per_rank, len(request.fanouts), context)
 
     def _batch(self, k: int, index: int, seeds: np.ndarray, num_batches: int, hops: int,
@@ -187,6 +213,12 @@ def seeds_of(batch: object) -> list[int]:
 def expected_batches(splits: list[tuple[int, int, int]], loader: RemoteNeighborLoader) -> list[list[int]]:
     """The seeds of each of the loader's batches, by the plan (what the servers send)."""
     fake = FakeSampling(splits, 0)
+    if loader.batches == "global":
+        train = np.concatenate([fake.seeds("train", p) for p in range(len(splits))])
+        glob = plan_global_epoch(train.size, loader.batch_size, loader.world_size, len(splits),
+                                 shuffle=loader.shuffle, seed=loader.seed, epoch=loader.epoch,
+                                 drop_last=loader.drop_last)
+        return [train[glob.positions(ref.part_batch)].tolist() for ref in glob.rank_batches(loader.rank)]
     counts = [len(fake.seeds("train", p)) for p in range(len(splits))]
     plan = plan_epoch(counts, loader.batch_size, loader.world_size, shuffle=loader.shuffle,
                       seed=loader.seed, epoch=loader.epoch, drop_last=loader.drop_last)
@@ -206,10 +238,13 @@ UNEVEN = [(7, 2, 2), (3, 1, 1), (11, 3, 0)]
 
 @pytest.mark.parametrize("prefetch", [1, 4])
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_batches_arrive_in_plan_order_and_cover_every_seed_once(prefetch: int, shuffle: bool) -> None:
+@pytest.mark.parametrize("batches", ["global", "partition"])
+def test_batches_arrive_in_plan_order_and_cover_every_seed_once(prefetch: int, shuffle: bool,
+                                                                batches: str) -> None:
     with fake_cluster(UNEVEN) as cluster:
         loaders = [RemoteNeighborLoader(cluster.addresses[::-1], "train", num_neighbors=[2, 2], batch_size=2,
-                                        shuffle=shuffle, rank=r, world_size=3, prefetch=prefetch, **FAST)
+                                        shuffle=shuffle, rank=r, world_size=3, prefetch=prefetch,
+                                        batches=batches, **FAST)
                    for r in range(3)]
         seen: list[int] = []
         for loader in loaders:
@@ -218,6 +253,7 @@ def test_batches_arrive_in_plan_order_and_cover_every_seed_once(prefetch: int, s
             assert len(batches) == len(loader) == len(loaders[0])
             assert [seeds_of(b) for b in batches] == expected_batches(UNEVEN, loader)
             for b in batches:
+                assert loader.input_nodes[b.input_id].tolist() == seeds_of(b)
                 assert b.x.dtype == torch.float32 and b.x.shape == (b.num_nodes, FEATURE_DIM)
                 assert torch.equal(b.y, b.n_id % NUM_CLASSES)
                 seen += seeds_of(b)
@@ -384,8 +420,12 @@ def test_a_partition_served_twice_is_refused() -> None:
     [
         ({"servers": "nohost"}, r"servers: expected 'host:port' addresses, got 'nohost'"),
         ({"servers": ["a:1", "a:1"]}, r"servers: expected each address once"),
-        ({"split": "dev"}, r"split: expected one of \['train', 'val', 'test'\], got 'dev'"),
-        ({"split": "train", "seeds": [1]}, r"split, seeds: expected one of them"),
+        ({"split": "dev"},
+         r"split: expected one of \['train', 'val', 'test'\] \(or 'valid' for 'val'\), got 'dev'"),
+        ({"split": "train", "seeds": [1]}, r"split, input_nodes: expected one of them"),
+        ({"input_nodes": [1], "seeds": [1]}, r"input_nodes, seeds: expected one of them"),
+        ({"input_nodes": []}, r"input_nodes: expected at least one node, got an empty array"),
+        ({"batches": "local"}, r"batches: expected one of \['global', 'partition'\], got 'local'"),
         ({"num_neighbors": []}, r"num_neighbors: expected a non-empty list of integers"),
         ({"num_neighbors": [5, -2]},
          r"num_neighbors: expected fanouts >= -1 \(-1 = all neighbors\), got \[5, -2\]"),
@@ -396,8 +436,9 @@ def test_a_partition_served_twice_is_refused() -> None:
         ({"feature_dtype": "int8"}, r"feature_dtype: expected one of .*got 'int8'"),
         ({"device": "gpu7"}, r"device: expected a torch device such as 'cpu' or 'cuda:0', got 'gpu7'"),
         ({"stall_timeout": 0}, r"stall: expected seconds > 0, got 0"),
-        ({"seeds": [[1, 2]]}, r"seeds: expected a non-empty 1-d array of node IDs, got shape \[1, 2\]"),
-        ({"seeds": [1.5]}, r"seeds: expected integer global node IDs, got dtype float64"),
+        ({"seeds": [[1, 2]]}, r"input_nodes: expected a 1-d array of node IDs or a boolean mask, got shape "
+                               r"\[1, 2\]"),
+        ({"seeds": [1.5]}, r"input_nodes: expected integer node IDs or a boolean mask, got dtype float64"),
     ],
 )
 def test_bad_arguments_are_refused_before_connecting(kwargs: dict[str, object], pattern: str) -> None:
@@ -410,8 +451,14 @@ def test_bad_arguments_are_refused_before_connecting(kwargs: dict[str, object], 
     ("kwargs", "pattern"),
     [
         ({"world_size": 30}, r"world_size: giving 30 ranks equal batch counts needs"),
-        ({"seeds": [5, 300]}, r"seeds: expected global node IDs in 0 \.\. 299, got \[300\]"),
-        ({"seeds": [5, 6, 5]}, r"seeds: expected each node ID once, got 1 repeats \(e.g. 5\)"),
+        ({"seeds": [5, 300]}, r"input_nodes: expected node IDs in 0 \.\. 299, got \[300\]"),
+        ({"seeds": [5, 6, 5]}, r"input_nodes: expected each node ID once, got 1 repeats \(e.g. 5\)"),
+        ({"input_nodes": np.zeros(10, dtype=bool)},
+         r"input_nodes: expected a boolean mask of 300 entries \(one per node\), got 10"),
+        ({"input_nodes": np.zeros(300, dtype=bool)},
+         r"input_nodes: expected a mask with at least one True entry, got none"),
+        ({"split": "test", "world_size": 1, "batch_size": 1, "seeds": None},
+         r"split: the graph has no 'test' nodes on any partition"),
         ({"weighted": True}, r"weighted: expected a graph with edge weights"),
     ],
 )
@@ -419,7 +466,8 @@ def test_arguments_that_disagree_with_the_cluster_are_refused(
     kwargs: dict[str, object], pattern: str
 ) -> None:
     args: dict[str, object] = {"num_neighbors": [2], "batch_size": 4, **FAST, **kwargs}
-    with fake_cluster(UNEVEN) as cluster, pytest.raises(ValueError, match=pattern):
+    splits = [(a, b, 0) for a, b, _ in UNEVEN]  # no test nodes anywhere
+    with fake_cluster(splits) as cluster, pytest.raises(ValueError, match=pattern):
         RemoteNeighborLoader(cluster.addresses, **args)  # type: ignore[arg-type]
 
 
@@ -504,6 +552,7 @@ def test_real_server_restart_mid_epoch_resumes_with_identical_batches(tmp_path: 
                                       shuffle=True, prefetch=1,
                                       **{**FAST, "stall_timeout": 5.0, "reconnect_timeout": 20.0})
         unbroken = [b.n_id.clone() for b in loader]
+        loader.set_epoch(0)  # the same epoch again (a new pass alone would move on to epoch 1)
         resumed = []
         for i, batch in enumerate(loader):
             resumed.append(batch.n_id.clone())
@@ -515,3 +564,33 @@ def test_real_server_restart_mid_epoch_resumes_with_identical_batches(tmp_path: 
         loader.close()
     finally:
         cluster.stop()
+
+
+# ---- the PyG user's mistakes -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "pattern"), [
+    ("num_workers", r"num_workers: not supported by RemoteNeighborLoader \(sampling runs on the sampling "
+                    r"servers; use prefetch="),
+    ("transform", r"transform: not supported by RemoteNeighborLoader \(apply the transform"),
+    ("time_attr", r"time_attr: not supported .*temporal sampling is not supported"),
+    ("bogus", r"unexpected keyword argument 'bogus'"),
+])
+def test_neighbor_loader_keywords_without_meaning_here_say_what_to_use(name: str, pattern: str) -> None:
+    with pytest.raises(TypeError, match=pattern):
+        RemoteNeighborLoader("127.0.0.1:1", num_neighbors=[2], batch_size=4, **{name: 1})  # type: ignore[arg-type]
+
+
+def test_valid_is_taken_for_val() -> None:
+    with fake_cluster(UNEVEN) as cluster, RemoteNeighborLoader(
+            cluster.addresses, "valid", num_neighbors=[1], batch_size=2, **FAST) as loader:
+        assert loader.split == "val" and loader.num_seeds == 6
+
+
+def test_drop_last_that_empties_the_epoch_warns(caplog: pytest.LogCaptureFixture) -> None:
+    with fake_cluster(UNEVEN) as cluster, RemoteNeighborLoader(
+            cluster.addresses, "val", num_neighbors=[1], batch_size=4, drop_last=True, world_size=2,
+            **FAST) as loader:
+        assert len(loader) == 0 and list(loader) == []
+    assert "drop_last: the epoch has no batches: 6 seeds are fewer than batch_size=4 x world_size=2" \
+        in caplog.text

@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
-from protos.plan import EpochPlan, plan_epoch, shuffled_seeds
+from protos.plan import EpochPlan, plan_epoch, plan_global_epoch, shuffled_seeds
 
 COUNTS = [[10], [0, 10], [7, 0, 3], [100, 1], [33, 34, 35], [5, 5, 5, 5], [1000, 17, 250],
           [1, 1, 1], [64, 64]]
@@ -156,3 +156,51 @@ def test_no_seeds_gives_an_empty_epoch_on_every_rank() -> None:
     assert plan.batches_per_rank == 0
     assert all(plan.rank_batches(r) == [] for r in range(3))
     assert plan_epoch([3, 2], 4, 2, shuffle=True, seed=0, epoch=0, drop_last=True).batches_per_rank == 0
+
+
+# ---- global batches ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize(("num_seeds", "batch_size", "world_size", "servers"),
+                         [(10, 4, 1, 3), (103, 10, 4, 3), (64, 8, 2, 2), (9, 1, 3, 1), (50, 64, 1, 4)])
+def test_global_plan_covers_every_seed_once_with_equal_rank_counts(
+    num_seeds: int, batch_size: int, world_size: int, servers: int, drop_last: bool
+) -> None:
+    for shuffle in (False, True):
+        plan = plan_global_epoch(num_seeds, batch_size, world_size, servers, shuffle=shuffle, seed=5,
+                                 epoch=1, drop_last=drop_last)
+        seen = []
+        for rank in range(world_size):
+            refs = plan.rank_batches(rank)
+            assert len(refs) == plan.batches_per_rank
+            assert [r.index for r in refs] == list(range(len(refs)))
+            assert {r.partition for r in refs} <= set(range(servers))
+            for ref in refs:
+                pos = plan.positions(ref.part_batch)
+                assert 0 < pos.size <= batch_size
+                seen += pos.tolist()
+        if drop_last:
+            kept = num_seeds // batch_size // world_size * world_size * batch_size
+            assert len(seen) == len(set(seen)) == kept
+        else:
+            assert sorted(seen) == list(range(num_seeds))
+        if not shuffle:
+            order = [p for g in range(len(plan.sizes)) for p in plan.positions(g).tolist()]
+            assert order == sorted(order)
+
+
+def test_global_plan_spreads_each_rank_over_every_server_and_shuffles_per_epoch() -> None:
+    plan = plan_global_epoch(1000, 10, 2, 2, shuffle=True, seed=0, epoch=0)
+    for rank in range(2):
+        servers = [r.partition for r in plan.rank_batches(rank)]
+        assert servers.count(0) == servers.count(1) == 25
+    other = plan_global_epoch(1000, 10, 2, 2, shuffle=True, seed=0, epoch=1)
+    assert not np.array_equal(plan.order, other.order)
+    again = plan_global_epoch(1000, 10, 2, 2, shuffle=True, seed=0, epoch=0)
+    assert np.array_equal(plan.order, again.order)
+
+
+def test_global_plan_refuses_more_ranks_than_seeds() -> None:
+    with pytest.raises(ValueError, match=r"world_size: giving 8 ranks equal batch counts needs 8 batches"):
+        plan_global_epoch(5, 2, 8, 1, shuffle=False, seed=0, epoch=0)

@@ -106,6 +106,6 @@ def test_wire_contract_shape(tmp_path: Path) -> None:
         for service in proto.service
     }
     assert methods == {
-        "SamplingService": {("GetClusterInfo", False), ("StreamMinibatches", True)},
+        "SamplingService": {("GetClusterInfo", False), ("LookupNodes", False), ("StreamMinibatches", True)},
         "PeerService": {("SampleNeighbors", True), ("FetchNodeData", True)},
     }

@@ -260,6 +260,23 @@ def test_npz_with_masks_column_labels_and_defaults(tmp_path: Path) -> None:
     _assert_same(graph, read, sort_splits=True)
 
 
+def test_npz_ogb_valid_idx_is_the_val_split_and_empty_splits_are_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from partitioner.partition import partition_graph
+
+    graph = _small_graph(edge_weight=False)
+    path = tmp_path / "ogb-style.npz"
+    np.savez(path, edge_index=graph.edge_index, x=graph.x, y=graph.y, valid_idx=graph.splits["val"])
+    read = read_npz(path)
+    np.testing.assert_array_equal(read.splits["val"], graph.splits["val"])
+    assert "train" not in read.splits and "ignoring keys" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="partitioner.partition"):
+        partition_graph(read, 1, tmp_path / "parts", method="range", progress=False)
+    assert "the 'train' split is empty; graphfeed-train needs train and val nodes" in caplog.text
+    assert "the 'test' split is empty" in caplog.text and "the 'val' split is empty" not in caplog.text
+
+
 def test_npz_edge_list_orientation(tmp_path: Path) -> None:
     graph = _small_graph()
     path = tmp_path / "edges.npz"

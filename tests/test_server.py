@@ -158,7 +158,8 @@ def stream(address: str, req: pb.EpochRequest) -> list[Batch]:
             expect += 1
             if expect == msg.num_chunks:
                 names = {"n_id", "edge_index"} | ({"x"} if req.include_features else set()) \
-                    | ({"y"} if req.include_labels else set())
+                    | ({"y"} if req.include_labels else set()) \
+                    | ({"orig_id"} if req.include_original_ids else set())
                 chunks = list(assembler.names)
                 tensors = assembler.finish(expected=names)
                 assert set(chunks) == names
@@ -220,7 +221,8 @@ def check_batch(batch: Batch, truth: Truth, req: pb.EpochRequest) -> int:
     if "y" in batch.tensors:
         assert np.array_equal(batch.tensors["y"], truth.graph.y[orig])
     seeds_owner = truth.owner(batch.seeds)
-    assert np.unique(seeds_owner).size == 1, "a batch's seeds come from one partition"
+    if not req.global_batches:
+        assert np.unique(seeds_owner).size == 1, "a batch's seeds come from one partition"
     targets = n_id[edge_index[1]]
     return int((truth.owner(targets) != seeds_owner[0]).sum())
 
@@ -333,6 +335,44 @@ def test_explicit_seeds_are_split_by_owner(cluster: list[str], truth: Truth) -> 
         check_batch(b, truth, req)
 
 
+def test_global_batches_follow_the_seed_order_across_partitions(cluster: list[str], truth: Truth) -> None:
+    seeds = np.array([5, 3999, 17, 2500, 1000, 3000, 42, 2001, 7], dtype=np.int64)
+    req = _seeds_request(codec.encode_tensor(seeds))
+    req.batch_size, req.shuffle, req.global_batches, req.include_original_ids = 2, False, True, True
+    got = rank_epoch(cluster, req)
+    assert [b.index for b in got] == list(range(5))
+    assert {tuple(stream(a, req)[0].seeds) for a in cluster} == {(5, 3999), (17, 2500)}
+    assert np.array_equal(np.concatenate([b.seeds for b in got]), seeds)
+    for b in got:
+        check_batch(b, truth, req)
+        assert np.array_equal(b.tensors["orig_id"], truth.orig_of[b.tensors["n_id"]])
+
+
+def test_lookup_nodes_lists_splits_and_maps_original_ids(cluster: list[str], truth: Truth) -> None:
+    original = np.array([0, 3999, 17, 2500], dtype=np.int64)
+    found = np.full(original.size, -1)
+    for address in cluster:
+        channel = create_channel(address)
+        stub = pb_grpc.SamplingServiceStub(channel)
+        split = stub.LookupNodes(pb.LookupNodesRequest(split="val"), timeout=TIMEOUT)
+        glob, orig = codec.decode_tensor(split.global_ids), codec.decode_tensor(split.original_ids)
+        assert np.array_equal(glob, np.sort(glob)) and np.array_equal(orig, truth.orig_of[glob])
+        assert set(orig.tolist()) <= set(truth.graph.splits["val"].tolist())
+        reply = stub.LookupNodes(pb.LookupNodesRequest(original_ids=codec.encode_tensor(original)),
+                                 timeout=TIMEOUT)
+        ids = codec.decode_tensor(reply.global_ids)
+        found = np.maximum(found, ids)
+        assert np.all((ids == -1) | (truth.owner(ids) == cluster.index(address)))
+        with pytest.raises(grpc.RpcError) as info:
+            stub.LookupNodes(pb.LookupNodesRequest(original_ids=codec.encode_tensor(np.array([4000]))),
+                             timeout=TIMEOUT)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "LookupNodesRequest.original_ids: expected original node IDs in [0, 4000)" \
+            in info.value.details()
+        channel.close()
+    assert np.array_equal(truth.orig_of[found], original)
+
+
 def test_labels_and_features_are_optional(cluster: list[str]) -> None:
     batches = stream(cluster[1], request(include_features=False, include_labels=False))
     assert batches and all(set(b.tensors) == {"n_id", "edge_index"} for b in batches)
@@ -365,6 +405,7 @@ BAD_REQUESTS = {
     "truncated seeds": (_seeds_request(pb.Tensor(dtype=pb.INT64, shape=[2], data=b"\0" * 9)),
                         "EpochRequest.seeds"),
     "no seeds": (pb.EpochRequest(fanouts=[2], batch_size=4, world_size=1), "EpochRequest.seeds_source"),
+    "global batches of a split": (request(global_batches=True), "EpochRequest.seeds_source"),
     "more ranks than seeds": (_seeds_request(codec.encode_tensor(np.array([1, 2]))), "world_size"),
 }
 BAD_REQUESTS["more ranks than seeds"][0].world_size = 3
@@ -669,3 +710,18 @@ def test_cli_help_and_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path,
     with pytest.raises(SystemExit):
         cli.main(["--partition", "0", "--partition-dir", "x", "--chunk-bytes", "100G"])
     assert "chunk-bytes" in capsys.readouterr().err
+
+
+def test_a_device_this_machine_lacks_exits_2_with_one_sentence(
+        capsys: pytest.CaptureFixture[str], parts1: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "configure_logging", lambda level, fmt: None)
+    base = ["--partition", "0", "--partition-dir", str(parts1)]
+    assert cli.main([*base, "--device", "cpu", "--topology", "uva"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("graphfeed-server: error: --topology uva: only the CUDA sampler")
+    assert "\n" not in err and "Traceback" not in err
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")  # what a machine without a GPU looks like
+    assert cli.main([*base, "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("graphfeed-server: error: --device cuda: no usable CUDA GPU here")
+    assert "\n" not in err

@@ -18,8 +18,10 @@ from test_decode import encode_batch, fake_batch
 from test_loader import free_port, real_servers
 
 from trainer_client.decode import decode_batch
+from trainer_client.evaluate import layerwise_logits
+from trainer_client.loader import RemoteNeighborLoader
 from trainer_client.models import MODELS, batch_inputs, build_model
-from trainer_client.train import CHECKPOINT_NAME, main
+from trainer_client.train import BEST_NAME, CHECKPOINT_NAME, main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,12 +97,82 @@ def test_training_writes_metrics_and_checkpoints_then_resumes(servers: list[str]
     assert metrics["test_acc"] > 1 / 6  # better than chance on 6 classes
     state = torch.load(tmp_path / "ckpt" / CHECKPOINT_NAME, weights_only=True)
     assert state["epoch"] == 1 and set(state) >= {"model", "optimizer", "history"}
+    vals = [e["val_acc"] for e in metrics["epochs"]]
+    assert metrics["selected_epoch"] == int(np.argmax(vals)) and metrics["selected_val_acc"] == max(vals)
+    assert metrics["eval_fanouts"] == "full" and metrics["batch_size_per_step"] == 200
+    best = torch.load(tmp_path / "ckpt" / BEST_NAME, weights_only=True)
+    assert best["epoch"] == metrics["selected_epoch"]
 
     assert main(_args(servers, tmp_path, "--epochs", "3", "--resume")) == 0
     resumed = json.loads((tmp_path / "metrics.json").read_text())
     assert resumed["start_epoch"] == 2
     assert [e["epoch"] for e in resumed["epochs"]] == [0, 1, 2]
     assert resumed["epochs"][:2] == metrics["epochs"]
+    vals = [e["val_acc"] for e in resumed["epochs"]]
+    assert resumed["selected_epoch"] == int(np.argmax(vals))  # the earliest best, across the resume
+
+
+@pytest.mark.parametrize("name", ["sage", "gat"])
+def test_layerwise_inference_through_the_service_equals_the_full_graph_forward(
+    servers: list[str], name: str
+) -> None:
+    from partitioner.synthetic import generate
+
+    graph = generate("small", progress=False)
+    torch.manual_seed(0)
+    model = build_model(name, graph.feature_dim, graph.num_classes, hidden_channels=16, num_layers=2).eval()
+    all_nodes = torch.ones(graph.num_nodes, dtype=torch.bool)
+    with RemoteNeighborLoader(servers, input_nodes=all_nodes, num_neighbors=[-1], batch_size=700,
+                              batches="partition", connect_timeout=30) as loader:
+        logits, y = layerwise_logits(model, loader, distributed=False, device=torch.device("cpu"))
+    with torch.no_grad():
+        full = model(torch.from_numpy(graph.x), torch.from_numpy(graph.edge_index))
+    assert torch.equal(y, torch.from_numpy(graph.y))
+    assert torch.allclose(logits, full, atol=1e-4)
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(
+    servers: list[str], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    argv = [a for a in _args(servers, tmp_path, "--epochs", "1") if a != "--no-progress"]
+    assert main(argv) == 0
+    assert "\r" not in capfd.readouterr().err
+
+
+def test_sampled_evaluation_with_eval_fanouts(servers: list[str], tmp_path: Path) -> None:
+    assert main(_args(servers, tmp_path, "--epochs", "1", "--eval-fanouts", "4,2")) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["eval_fanouts"] == [4, 2] and metrics["selected_epoch"] == 0
+    assert metrics["test_acc"] > 1 / 6
+
+
+@pytest.mark.parametrize(("device", "message"), [
+    ("cuda", "--device cuda: CUDA is not available here"),
+    ("cuda:3", "--device cuda:3: CUDA is not available here"),
+    ("tpu", "--device: expected auto, cpu, cuda or cuda:N, got 'tpu'"),
+])
+def test_a_device_this_machine_lacks_is_a_plain_error(
+    device: str, message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    if torch.cuda.is_available() and device.startswith("cuda"):
+        pytest.skip("this machine has CUDA")
+    assert main(["--servers", "127.0.0.1:1", "--device", device, "--timeout", "1"]) == 1
+    assert message in caplog.text
+
+
+def test_a_graph_without_training_nodes_is_refused_with_the_fix(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from graph_fixtures import mixed_graph
+
+    from partitioner import partition_graph
+
+    graph = mixed_graph()
+    graph.splits = {"val": graph.splits["val"], "test": graph.splits["test"]}
+    partition_graph(graph, 1, tmp_path / "no-train", method="range", progress=False)
+    with real_servers(tmp_path / "no-train", 1) as addresses:
+        assert main(_args(addresses, tmp_path, "--epochs", "1")) == 1
+    assert "split: the graph has no 'train' nodes on any partition (nothing to iterate)" in caplog.text
 
 
 def test_resuming_a_different_model_is_refused(

@@ -1,13 +1,17 @@
 """The graphfeed client: PyG minibatches streamed from sampling servers, and a DDP trainer.
 
 * :class:`RemoteNeighborLoader` (``loader.py``): one rank's epoch as PyG ``Data``
-  batches, like ``torch_geometric.loader.NeighborLoader``; :class:`Cluster` holds the
-  channels and the servers' checked ``ClusterInfo``;
+  batches in original node IDs, like ``torch_geometric.loader.NeighborLoader``
+  (``inputs.py`` checks what it is asked to iterate); :class:`Cluster` (``cluster.py``)
+  holds the channels, the servers' checked ``ClusterInfo`` and the node lookups;
 * ``stream.py``: one stream per server, merged in batch order, prefetched, resumed after
   breaks, failing with a clear error within bounded time;
 * ``decode.py``: ``MinibatchChunk`` messages to a ``Data`` without copies;
 * ``models.py``: GraphSAGE / GCN / GAT / GIN node classifiers using ``trim_to_layer``;
-* ``train.py``: the torchrun-compatible trainer (``graphfeed-train``).
+* ``evaluate.py``: sampled accuracy and full-neighbor layer-wise inference;
+* ``train.py``: the torchrun-compatible trainer (``graphfeed-train``);
+* ``local.py``: servers for every partition on one machine, then the trainer
+  (``graphfeed-local``).
 
 See ``docs/training.md``.
 """

@@ -30,7 +30,7 @@ from protos.codec import CodecError, TensorAssembler
 from protos.fastwire import WireMessage
 
 #: Tensor names a ``StreamMinibatches`` batch may carry.
-BATCH_TENSORS = ("n_id", "edge_index", "x", "y")
+BATCH_TENSORS = ("n_id", "edge_index", "x", "y", "orig_id")
 #: Feature dtypes a batch may carry.
 FEATURE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -257,6 +257,10 @@ def build_data(
                 f"got values in {low} .. {high}"
             )
     data = Data(edge_index=edge_index, n_id=n_id, num_nodes=num_nodes)
+    if "orig_id" in tensors:  # users see original IDs; graphfeed's own stay on the side
+        orig = tensors["orig_id"]
+        _check_tensor(orig, "orig_id", [num_nodes], [torch.int64], where)
+        data.internal_n_id, data.n_id = n_id, orig
     if spec.include_features or "x" in tensors:
         x = _require(tensors, "x", where, "include_features is set")
         _check_tensor(x, "x", [num_nodes, spec.feature_dim], FEATURE_DTYPES, where)

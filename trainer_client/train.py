@@ -43,13 +43,16 @@ from tqdm import tqdm
 from protos.allocator import keep_freed_memory
 from protos.channel import GraphfeedError
 from protos.security import Security, read_token, set_default_security
-from trainer_client.loader import Cluster, RemoteNeighborLoader
+from trainer_client.evaluate import accuracy_of, layerwise_logits, sampled_accuracy
+from trainer_client.loader import MAX_SEEDS, Cluster, RemoteNeighborLoader
 from trainer_client.models import MODELS, NodeClassifier, batch_inputs, build_model
 
 log = logging.getLogger("trainer_client.train")
 
-#: File name of the checkpoint inside ``--checkpoint-dir``.
+#: File name of the checkpoint inside ``--checkpoint-dir`` (the latest epoch).
 CHECKPOINT_NAME = "checkpoint.pt"
+#: File name of the checkpoint of the epoch with the best validation accuracy.
+BEST_NAME = "best.pt"
 
 
 # ---- arguments -------------------------------------------------------------------------
@@ -60,6 +63,15 @@ def _int_list(text: str) -> list[int]:
         return [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _eval_fanouts(text: str) -> list[int] | None:
+    if text.strip().lower() == "full":
+        return None
+    fanouts = _int_list(text)
+    if not fanouts or any(f < -1 for f in fanouts):
+        raise argparse.ArgumentTypeError(f"expected 'full' or comma-separated fanouts >= -1, got {text!r}")
+    return fanouts
 
 
 def _positive(kind: type[int] | type[float]) -> Any:
@@ -79,8 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="graphfeed-train", description="Train a GNN on minibatches from graphfeed sampling servers.")
     p.add_argument("--servers", required=True, help="comma-separated host:port of the sampling servers")
     p.add_argument("--fanouts", type=_int_list, default=[10, 5], help="neighbors per hop (default 10,5)")
-    p.add_argument("--batch-size", type=_positive(int), default=1024, help="seeds per batch")
+    p.add_argument("--batch-size", type=_positive(int), default=1024,
+                   help="training seeds per batch on each rank: one optimizer step sees "
+                        "world size x this (PyG's per-process batch_size)")
     p.add_argument("--eval-batch-size", type=_positive(int), default=None, help="default: --batch-size")
+    p.add_argument("--eval-fanouts", type=_eval_fanouts, default=None,
+                   help="neighbors per hop for validation and test, or 'full' (default): exact "
+                        "full-neighbor layer-wise inference")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--lr", type=_positive(float), default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.0)
@@ -164,9 +181,7 @@ def setup_distributed(device: str, timeout: float) -> DistEnv:
     rank, world_size, local_rank = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0)
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"RANK, WORLD_SIZE: expected 0 <= RANK < WORLD_SIZE, got {rank}, {world_size}")
-    if device == "auto":
-        device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    dev = resolve_device(device, local_rank)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if world_size > 1:
@@ -174,6 +189,30 @@ def setup_distributed(device: str, timeout: float) -> DistEnv:
         # Collectives wait for the slowest rank's batch: bounded by the loader's timeouts.
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=3 * timeout + 60))
     return DistEnv(rank, world_size, local_rank, dev)
+
+
+def resolve_device(device: str, local_rank: int) -> torch.device:
+    """The training device: ``auto`` and ``cuda`` mean ``cuda:LOCAL_RANK`` (``auto`` falls
+    back to the CPU); CUDA is checked before anything starts."""
+    if device == "auto":
+        return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {device!r}") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {device!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available here (torch.cuda.is_available() is "
+                         "False); use --device cpu, or auto")
+    index = local_rank if dev.index is None else dev.index
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ValueError(f"--device {device}: expected a CUDA device in 0 .. {count - 1} on this machine "
+                         f"(LOCAL_RANK={local_rank}), got cuda:{index}")
+    return torch.device("cuda", index)
 
 
 def teardown_distributed() -> None:
@@ -251,19 +290,6 @@ def train_epoch(
     return loss_sum / max(count, 1.0), correct / max(count, 1.0), int(count), seconds
 
 
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, loader: RemoteNeighborLoader, env: DistEnv) -> float:
-    """Accuracy on the loader's split; each rank evaluates its share."""
-    model.eval()
-    correct = count = 0.0
-    for batch in loader:
-        out, y = _labeled(model(*batch_inputs(batch)), batch.y[: batch.batch_size])
-        correct += int((out.argmax(dim=-1) == y).sum())
-        count += y.numel()
-    correct, count = all_reduce_sums([correct, count], env)
-    return correct / max(count, 1.0)
-
-
 # ---- checkpoints -----------------------------------------------------------------------
 
 
@@ -295,18 +321,55 @@ def load_checkpoint(path: Path, model: NodeClassifier, optimizer: torch.optim.Op
 # ---- main ------------------------------------------------------------------------------
 
 
-def make_loaders(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> list[RemoteNeighborLoader]:
-    """The train, val and test loaders of this rank, sharing the cluster's channels."""
+@dataclass
+class Loaders:
+    """The loaders of one rank. With full-neighbor evaluation, ``val`` and ``test`` only
+    name their splits' nodes and ``everything`` streams every node for layer-wise
+    inference; with ``--eval-fanouts``, ``val`` and ``test`` stream sampled batches."""
+
+    train: RemoteNeighborLoader
+    val: RemoteNeighborLoader
+    test: RemoteNeighborLoader
+    everything: RemoteNeighborLoader | None
+
+
+def make_loaders(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> Loaders:
+    """The loaders of this rank, sharing the cluster's channels."""
     common: dict[str, Any] = dict(
-        num_neighbors=args.fanouts, rank=env.rank, world_size=env.world_size, device=env.device,
+        rank=env.rank, world_size=env.world_size, device=env.device,
         prefetch=args.prefetch, seed=args.seed, feature_dtype=args.feature_dtype,
         stall_timeout=args.timeout, reconnect_timeout=args.reconnect_timeout,
     )
-    return [
-        RemoteNeighborLoader(cluster, "train", batch_size=args.batch_size, shuffle=True, **common),
-        RemoteNeighborLoader(cluster, "val", batch_size=args.eval_batch_size, **common),
-        RemoteNeighborLoader(cluster, "test", batch_size=args.eval_batch_size, **common),
-    ]
+    train = RemoteNeighborLoader(cluster, "train", num_neighbors=args.fanouts, batch_size=args.batch_size,
+                                 shuffle=True, **common)
+    eval_fanouts = args.eval_fanouts or [-1]
+    val = RemoteNeighborLoader(cluster, "val", num_neighbors=eval_fanouts, batch_size=args.eval_batch_size,
+                               **common)
+    test = RemoteNeighborLoader(cluster, "test", num_neighbors=eval_fanouts, batch_size=args.eval_batch_size,
+                                **common)
+    everything = None
+    if args.eval_fanouts is None:
+        if cluster.info.num_nodes > MAX_SEEDS:
+            raise ValueError(f"--eval-fanouts full: layer-wise inference streams every node, at most "
+                             f"{MAX_SEEDS} (one request), but the graph has {cluster.info.num_nodes}; "
+                             "pass --eval-fanouts, e.g. 15,10")
+        all_nodes = torch.ones(int(cluster.info.num_nodes), dtype=torch.bool)
+        everything = RemoteNeighborLoader(cluster, input_nodes=all_nodes, num_neighbors=[-1],
+                                          batch_size=args.eval_batch_size, batches="partition", **common)
+    return Loaders(train, val, test, everything)
+
+
+def evaluate(model: NodeClassifier, loaders: Loaders, env: DistEnv, *, test: bool) -> tuple[float, float]:
+    """Validation and (when ``test``) test accuracy (-1.0 when not computed)."""
+    if loaders.everything is not None:
+        logits, y = layerwise_logits(model, loaders.everything, distributed=env.distributed,
+                                     device=env.device)
+        val = accuracy_of(logits, y, loaders.val.input_nodes)
+        return val, accuracy_of(logits, y, loaders.test.input_nodes) if test else -1.0
+    val = sampled_accuracy(model, loaders.val, distributed=env.distributed, device=env.device)
+    if not test:
+        return val, -1.0
+    return val, sampled_accuracy(model, loaders.test, distributed=env.distributed, device=env.device)
 
 
 def parameter_fingerprints(model: torch.nn.Module, env: DistEnv) -> list[float]:
@@ -325,9 +388,47 @@ def parameter_fingerprints(model: torch.nn.Module, env: DistEnv) -> list[float]:
     return [float(t) for t in everyone]
 
 
+@dataclass
+class Selection:
+    """The epoch with the best validation accuracy so far, and its model weights."""
+
+    epoch: int | None = None
+    val_acc: float = -1.0
+    state: dict[str, torch.Tensor] | None = None
+
+    def offer(self, epoch: int, val_acc: float, model: torch.nn.Module) -> bool:
+        """Keep ``model``'s weights when ``val_acc`` beats the best so far."""
+        if val_acc <= self.val_acc:
+            return False
+        self.epoch, self.val_acc = epoch, val_acc
+        self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return True
+
+    @classmethod
+    def resumed(cls, history: list[dict[str, Any]], best_path: Path | None,
+                device: torch.device) -> Selection:
+        """The selection of a resumed run: its history's best epoch, with the weights
+        of ``best_path`` when that file holds that epoch."""
+        if not history:
+            return cls()
+        best = max(history, key=lambda h: h["val_acc"])
+        state = None
+        if best_path is not None and best_path.exists():
+            saved = torch.load(best_path, map_location=device, weights_only=True)
+            if int(saved["epoch"]) == int(best["epoch"]):
+                state = saved["model"]
+        if state is None:
+            log.warning("--resume: no %s for epoch %d; selecting among the epochs from here on",
+                        BEST_NAME, best["epoch"])
+            return cls()
+        return cls(int(best["epoch"]), float(best["val_acc"]), state)
+
+
 def run(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> dict[str, Any]:
-    """Train, validate every epoch, test at the end; return the metrics."""
-    train_loader, val_loader, test_loader = make_loaders(args, env, cluster)
+    """Train; validate every epoch and keep the model of the best validation accuracy;
+    test that model at the end; return the metrics."""
+    loaders = make_loaders(args, env, cluster)
+    train_loader = loaders.train
     torch.manual_seed(args.seed)
     model = build_model(args.model, train_loader.num_features, train_loader.num_classes,
                         hidden_channels=args.hidden, num_layers=args.layers, dropout=args.dropout,
@@ -335,38 +436,51 @@ def run(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> dict[str, A
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     config = _model_config(args)
     ckpt = args.checkpoint_dir / CHECKPOINT_NAME if args.checkpoint_dir else None
+    best_path = args.checkpoint_dir / BEST_NAME if args.checkpoint_dir else None
     start, history = 0, list[dict[str, Any]]()
     if args.resume and ckpt is not None and ckpt.exists():
         start, history = load_checkpoint(ckpt, model, optimizer, config, env.device)
         log.info("resumed from %s at epoch %d", ckpt, start)
+    selection = Selection.resumed(history, best_path, env.device)
+    log.info("batch size %d per rank: %d seeds per optimizer step over %d ranks; evaluation: %s",
+             args.batch_size, args.batch_size * env.world_size, env.world_size,
+             "full neighbors, layer-wise" if args.eval_fanouts is None else f"fanouts {args.eval_fanouts}")
     ddp: torch.nn.Module = model
     if env.distributed:
         device_ids = [env.device.index] if env.device.type == "cuda" else None
         ddp = DistributedDataParallel(model, device_ids=device_ids)
+    progress = env.rank == 0 and not args.no_progress and sys.stderr.isatty()
     started = time.perf_counter()
     for epoch in range(start, args.epochs):
         train_loader.set_epoch(epoch)
-        loss, train_acc, seeds, train_s = train_epoch(
-            ddp, train_loader, optimizer, env, progress=env.rank == 0 and not args.no_progress)
+        loss, train_acc, seeds, train_s = train_epoch(ddp, train_loader, optimizer, env, progress=progress)
         eval_started = time.perf_counter()
-        val_acc = evaluate(model, val_loader, env)
+        val_acc, _ = evaluate(model, loaders, env, test=False)
         m = EpochMetrics(epoch, loss, train_acc, val_acc, seeds, len(train_loader), train_s,
                          time.perf_counter() - eval_started, seeds / max(train_s, 1e-9),
                          train_loader.last_stats.wait_seconds)
         history.append(asdict(m))
-        log.info("epoch %d: loss %.4f, train acc %.4f, val acc %.4f, %.1f s, %.0f seeds/s",
-                 epoch, loss, train_acc, val_acc, train_s, m.seeds_per_second)
+        improved = selection.offer(epoch, val_acc, model)
+        log.info("epoch %d: loss %.4f, train acc %.4f, val acc %.4f%s, %.1f s, %.0f seeds/s", epoch, loss,
+                 train_acc, val_acc, " (best so far)" if improved else "", train_s, m.seeds_per_second)
         if env.rank == 0 and ckpt is not None:
             save_checkpoint(ckpt, model, optimizer, epoch, history, config)
-    test_acc = evaluate(model, test_loader, env)
+            if improved and best_path is not None:
+                save_checkpoint(best_path, model, optimizer, epoch, history, config)
+    if selection.state is not None:
+        model.load_state_dict(selection.state)
+    _, test_acc = evaluate(model, loaders, env, test=True)
     fingerprints = parameter_fingerprints(model, env)
     if len(set(fingerprints)) != 1:
         log.warning("model replicas differ across ranks: %s", fingerprints)
-    log.info("test acc %.4f", test_acc)
+    log.info("selected epoch %s (val acc %.4f): test acc %.4f", selection.epoch, selection.val_acc, test_acc)
     return {
         "graph": cluster.info.graph_name, "world_size": env.world_size, "device": str(env.device),
-        "model": config, "fanouts": args.fanouts, "batch_size": args.batch_size, "seed": args.seed,
-        "start_epoch": start, "epochs": history, "test_acc": test_acc,
+        "model": config, "fanouts": args.fanouts, "batch_size": args.batch_size,
+        "batch_size_per_step": args.batch_size * env.world_size, "seed": args.seed,
+        "eval_fanouts": "full" if args.eval_fanouts is None else args.eval_fanouts,
+        "start_epoch": start, "epochs": history, "selected_epoch": selection.epoch,
+        "selected_val_acc": selection.val_acc, "test_acc": test_acc,
         "param_fingerprints": fingerprints,
         "seconds": time.perf_counter() - started,
         "seeds_per_second": sum(h["seeds_per_second"] for h in history) / max(len(history), 1),
@@ -380,13 +494,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     env: DistEnv | None = None
     cluster: Cluster | None = None
     try:
-        env = setup_distributed(args.device, args.timeout)
+        rank = _env_int("RANK", 0)
         logging.basicConfig(
-            level=args.log_level.upper() if env.rank == 0 else logging.WARNING,
-            format=f"%(asctime)s rank{env.rank} %(levelname)s %(name)s: %(message)s",
+            level=args.log_level.upper() if rank == 0 else logging.WARNING,
+            format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
         )
         set_default_security(Security(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key,
                                       token=read_token(args.token_file)))
+        env = setup_distributed(args.device, args.timeout)
         log.info("waiting up to %g s for the servers %s", args.timeout, args.servers)
         cluster = Cluster(args.servers, connect_timeout=args.timeout)
         metrics = run(args, env, cluster)

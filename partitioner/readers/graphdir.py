@@ -2,7 +2,8 @@
 
 Layout: ``graph.json`` (name, num_nodes, num_classes), ``edge_index.npy`` ([2, E] int64),
 ``x.npy`` ([N, F]), ``y.npy`` ([N] int64), optional ``edge_weight.npy`` ([E] float32) and
-``<split>_idx.npy`` (int64) for the splits present.
+``<split>_idx.npy`` (int64) for the splits present (``valid_idx.npy`` is read as ``val``).
+See docs/datasets.md.
 """
 
 from __future__ import annotations
@@ -52,11 +53,14 @@ def read_graph_dir(path: str | Path, *, mmap: bool = True) -> GraphData:
         return np.load(file, mmap_mode="r" if mmap else None, allow_pickle=False)
 
     weight = root / "edge_weight.npy"
+    split_files = {s: f"{s}_idx.npy" for s in SPLITS}
+    if not (root / "val_idx.npy").is_file() and (root / "valid_idx.npy").is_file():
+        split_files["val"] = "valid_idx.npy"  # OGB's name for the split
     graph = GraphData(
         name=str(meta.get("name", root.name)), num_nodes=int(meta["num_nodes"]),
         edge_index=load("edge_index.npy"), x=load("x.npy"), y=load("y.npy"),
         num_classes=int(meta["num_classes"]),
-        splits={s: load(f"{s}_idx.npy") for s in SPLITS if (root / f"{s}_idx.npy").is_file()},
+        splits={s: load(f) for s, f in split_files.items() if (root / f).is_file()},
         edge_weight=load(weight.name) if weight.is_file() else None,
     )
     graph.validate(check_values=False)

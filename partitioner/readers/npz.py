@@ -29,6 +29,7 @@ OPTIONAL_KEYS: tuple[str, ...] = (
     "num_classes",
     "edge_weight",
     *(f"{split}_{kind}" for split in SPLITS for kind in ("idx", "mask")),
+    "valid_idx", "valid_mask",
 )
 
 
@@ -159,6 +160,11 @@ def _scalar(arrays: dict[str, np.ndarray], key: str, path: Path, *, default: int
 
 def _splits(arrays: dict[str, np.ndarray], num_nodes: int, path: Path) -> dict[str, np.ndarray]:
     splits: dict[str, np.ndarray] = {}
+    if "val_idx" not in arrays and "val_mask" not in arrays:  # OGB's name for the split
+        for kind in ("idx", "mask"):
+            if f"valid_{kind}" in arrays:
+                log.info("%s: reading valid_%s as the val split", path, kind)
+                arrays = {**arrays, f"val_{kind}": arrays[f"valid_{kind}"]}
     for split in SPLITS:
         idx, mask = arrays.get(f"{split}_idx"), arrays.get(f"{split}_mask")
         if idx is not None and mask is not None:

@@ -19,6 +19,7 @@ from sampling_server.sampler.base import (
     Relabeler,
     RemoteNeighbors,
     RemoteNodeData,
+    RemoteOrigIds,
     check_fanouts,
 )
 from sampling_server.sampler.cpu_sampler import CpuNeighborSampler, CpuRelabeler
@@ -86,6 +87,7 @@ __all__ = [
     "Relabeler",
     "RemoteNeighbors",
     "RemoteNodeData",
+    "RemoteOrigIds",
     "SamplerOutput",
     "batch_key",
     "check_fanouts",

@@ -42,6 +42,13 @@ class RemoteNodeData(Protocol):
     ) -> Mapping[int, tuple[torch.Tensor | None, torch.Tensor | None]]: ...
 
 
+class RemoteOrigIds(Protocol):
+    """Looks up the original IDs of nodes owned by other partitions (CPU int64 tensors
+    of global IDs in, of original IDs out, per partition)."""
+
+    def __call__(self, nodes_by_partition: Mapping[int, torch.Tensor]) -> Mapping[int, torch.Tensor]: ...
+
+
 class Relabeler(abc.ABC):
     """Dedups sampled nodes across the hops of one batch and numbers them in first-seen
     order, after the seeds (local IDs ``0 .. batch_size-1``)."""
@@ -119,16 +126,48 @@ class NeighborSampler(abc.ABC):
                 f"got values in [{lo}, {hi}]"
             )
 
+    def check_in_graph(self, nodes: torch.Tensor, field: str) -> None:
+        """Raise ``ValueError`` naming ``field`` unless every ID is a node of the graph."""
+        num_nodes = int(self.partition_book[-1])
+        if nodes.numel() and (int(nodes.min()) < 0 or int(nodes.max()) >= num_nodes):
+            raise ValueError(f"{field}: expected global node IDs in [0, {num_nodes}); got values "
+                             f"in [{int(nodes.min())}, {int(nodes.max())}]")
+
+    def orig_ids_of(self, n_id: torch.Tensor, remote: RemoteOrigIds | None = None) -> torch.Tensor:
+        """Original IDs of ``n_id``'s nodes (CPU int64), in order; remote ones via ``remote``."""
+        nodes = n_id.detach().cpu()
+        owner = self.owner_of(nodes)
+        mine = owner == self.partition.partition_id
+        out = torch.empty(nodes.numel(), dtype=torch.int64)
+        local = torch.nonzero(mine).flatten()
+        orig = torch.from_numpy(np.asarray(self.partition.orig_ids[(nodes[local] - self.node_start).numpy()],
+                                           dtype=np.int64))
+        out[local] = orig
+        if bool(mine.all()):
+            return out
+        if remote is None:
+            raise RuntimeError("orig_ids_of: nodes of other partitions but no remote lookup was given")
+        groups = {int(p): torch.nonzero(owner == p).flatten() for p in torch.unique(owner[~mine])}
+        answers = remote({p: nodes[pos] for p, pos in groups.items()})
+        for p, pos in groups.items():
+            out[pos] = answers[p].to(torch.int64)
+        return out
+
     def sample(
         self, seeds: torch.Tensor | np.ndarray, fanouts: Sequence[int], key: int,
         remote: RemoteNeighbors | None = None,
     ) -> SamplerOutput:
-        """Sample the multi-hop neighborhood of ``seeds`` (unique global IDs owned here)."""
+        """Sample the multi-hop neighborhood of ``seeds`` (unique global IDs). Seeds owned
+        by other partitions need ``remote``: their neighbors are drawn by their owners,
+        exactly as for a remote frontier node."""
         hops = check_fanouts(fanouts)
         if isinstance(seeds, np.ndarray):  # copies: split arrays are read-only memmaps
             seeds = torch.from_numpy(np.array(seeds, dtype=np.int64))
         seeds_t = seeds.to(device=self.device, dtype=torch.int64)
-        self.check_owned(seeds_t, "seeds")
+        if remote is None:
+            self.check_owned(seeds_t, "seeds")
+        else:
+            self.check_in_graph(seeds_t, "seeds")
         relabeler = self.new_relabeler(seeds_t)
         nodes, rows, cols = [seeds_t], [], []
         num_nodes, num_edges = [int(seeds_t.numel())], []

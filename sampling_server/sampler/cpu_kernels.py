@@ -147,10 +147,12 @@ def floyd_positions(stream: np.uint64, degree: int, k: int, out: np.ndarray, o: 
 
 @numba.njit(nogil=True, cache=True)
 def _draw_uniform(
-    indptr: np.ndarray, indices: np.ndarray, node_start: int, v: int, fanout: int,
+    indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int, v: int,
+    fanout: int,
     key: np.uint64, hop: int, replace: bool, out: np.ndarray, o: int,
 ) -> int:
-    """Node ``v``'s unweighted draw into ``out[o:]``; returns how many it drew."""
+    """Node ``v``'s unweighted draw into ``out[o:]``; returns how many it drew. The
+    draw is keyed by ``v``'s original ID (``orig_ids[v - node_start]``)."""
     first = indptr[v - node_start]
     degree = indptr[v - node_start + 1] - first
     c = num_draws(degree, fanout, replace)
@@ -158,7 +160,7 @@ def _draw_uniform(
         for t in range(c):  # (a loop: slice assignment costs seconds of compile time)
             out[o + t] = indices[first + t]
     elif c > 0:
-        stream = node_stream(key, hop, v)
+        stream = node_stream(key, hop, orig_ids[v - node_start])
         if replace:
             for t in range(c):
                 out[o + t] = indices[first + uniform_below(stream, t, degree)]
@@ -178,8 +180,8 @@ def _strided(fanout: int, num_nodes: int) -> bool:
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def sample_uniform_parallel(
-    indptr: np.ndarray, indices: np.ndarray, node_start: int, nodes: np.ndarray,
-    fanout: int, key: np.uint64, hop: int, replace: bool,
+    indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int,
+    nodes: np.ndarray, fanout: int, key: np.uint64, hop: int, replace: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Unweighted draws for ``nodes``: ``(offsets [F+1], neighbors)`` in global IDs."""
     n = nodes.size
@@ -187,7 +189,7 @@ def sample_uniform_parallel(
     if _strided(fanout, n):
         slots = np.empty(n * fanout, dtype=np.int64)
         for i in numba.prange(n):
-            counts[i] = _draw_uniform(indptr, indices, node_start, nodes[i], fanout, key, hop,
+            counts[i] = _draw_uniform(indptr, indices, orig_ids, node_start, nodes[i], fanout, key, hop,
                                       replace, slots, i * fanout)
         offsets = _exclusive_offsets(counts)
         out = np.empty(offsets[n], dtype=np.int64)
@@ -200,15 +202,15 @@ def sample_uniform_parallel(
     offsets = _exclusive_offsets(counts)
     out = np.empty(offsets[n], dtype=np.int64)
     for i in numba.prange(n):
-        _draw_uniform(indptr, indices, node_start, nodes[i], fanout, key, hop, replace, out,
+        _draw_uniform(indptr, indices, orig_ids, node_start, nodes[i], fanout, key, hop, replace, out,
                       offsets[i])
     return offsets, out
 
 
 @numba.njit(nogil=True, cache=True)
 def sample_uniform_serial(
-    indptr: np.ndarray, indices: np.ndarray, node_start: int, nodes: np.ndarray,
-    fanout: int, key: np.uint64, hop: int, replace: bool,
+    indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int,
+    nodes: np.ndarray, fanout: int, key: np.uint64, hop: int, replace: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`sample_uniform_parallel` on one thread (small frontiers): one pass, the
     output grown as needed."""
@@ -223,22 +225,22 @@ def sample_uniform_serial(
             for t in range(offsets[i]):
                 grown[t] = out[t]
             out = grown
-        offsets[i + 1] = offsets[i] + _draw_uniform(indptr, indices, node_start, nodes[i],
+        offsets[i + 1] = offsets[i] + _draw_uniform(indptr, indices, orig_ids, node_start, nodes[i],
                                                     fanout, key, hop, replace, out, offsets[i])
     return offsets, out[: offsets[nodes.size]]
 
 
 def sample_uniform(
-    indptr: np.ndarray, indices: np.ndarray, node_start: int, nodes: np.ndarray,
-    fanout: int, key: np.uint64, hop: int, replace: bool,
+    indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int,
+    nodes: np.ndarray, fanout: int, key: np.uint64, hop: int, replace: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Host launcher: unweighted draws of ``nodes`` (global IDs; ``fanout`` -1 = all),
     ``(offsets [F+1], neighbors)``; parallel over nodes for large frontiers."""
     if nodes.size < PARALLEL_MIN_NODES:
-        return sample_uniform_serial(indptr, indices, node_start, nodes, fanout, key, hop,
+        return sample_uniform_serial(indptr, indices, orig_ids, node_start, nodes, fanout, key, hop,
                                      replace)
     with parallel_guard():
-        return sample_uniform_parallel(indptr, indices, node_start, nodes, fanout, key, hop,
+        return sample_uniform_parallel(indptr, indices, orig_ids, node_start, nodes, fanout, key, hop,
                                        replace)
 
 
@@ -347,7 +349,8 @@ def weighted_position(cum: np.ndarray, first: int, degree: int, u: float) -> int
 @numba.njit(nogil=True, cache=True)
 def _fill_weighted(
     indptr: np.ndarray, indices: np.ndarray, weight: np.ndarray, cum: np.ndarray,
-    node_start: int, nodes: np.ndarray, fanout: int, key: np.uint64, hop: int, replace: bool,
+    orig_ids: np.ndarray, node_start: int, nodes: np.ndarray, fanout: int, key: np.uint64, hop: int,
+    replace: bool,
     offsets: np.ndarray, out: np.ndarray, i: int,
 ) -> None:
     """Pass 2 for frontier node ``i``: its edge-weighted draw into its slice of ``out``."""
@@ -359,7 +362,7 @@ def _fill_weighted(
         for t in range(c):  # (a loop: slice assignment costs seconds of compile time)
             out[o + t] = indices[first + t]
     elif c > 0:
-        stream = node_stream(key, hop, v)
+        stream = node_stream(key, hop, orig_ids[v - node_start])
         if replace:
             total = cum[first + degree - 1]
             for t in range(c):
@@ -374,7 +377,8 @@ def _fill_weighted(
 @numba.njit(parallel=True, nogil=True, cache=True)
 def sample_weighted_parallel(
     indptr: np.ndarray, indices: np.ndarray, weight: np.ndarray, cum: np.ndarray,
-    node_start: int, nodes: np.ndarray, fanout: int, key: np.uint64, hop: int, replace: bool,
+    orig_ids: np.ndarray, node_start: int, nodes: np.ndarray, fanout: int, key: np.uint64, hop: int,
+    replace: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Edge-weighted draws for ``nodes``: ``(offsets [F+1], neighbors)``."""
     counts = np.empty(nodes.size, dtype=np.int64)
@@ -383,7 +387,7 @@ def sample_weighted_parallel(
     offsets = _exclusive_offsets(counts)
     out = np.empty(offsets[nodes.size], dtype=np.int64)
     for i in numba.prange(nodes.size):
-        _fill_weighted(indptr, indices, weight, cum, node_start, nodes, fanout, key, hop,
+        _fill_weighted(indptr, indices, weight, cum, orig_ids, node_start, nodes, fanout, key, hop,
                        replace, offsets, out, i)
     return offsets, out
 
@@ -391,7 +395,8 @@ def sample_weighted_parallel(
 @numba.njit(nogil=True, cache=True)
 def sample_weighted_serial(
     indptr: np.ndarray, indices: np.ndarray, weight: np.ndarray, cum: np.ndarray,
-    node_start: int, nodes: np.ndarray, fanout: int, key: np.uint64, hop: int, replace: bool,
+    orig_ids: np.ndarray, node_start: int, nodes: np.ndarray, fanout: int, key: np.uint64, hop: int,
+    replace: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`sample_weighted_parallel` on one thread (small frontiers)."""
     counts = np.empty(nodes.size, dtype=np.int64)
@@ -400,18 +405,19 @@ def sample_weighted_serial(
     offsets = _exclusive_offsets(counts)
     out = np.empty(offsets[nodes.size], dtype=np.int64)
     for i in range(nodes.size):
-        _fill_weighted(indptr, indices, weight, cum, node_start, nodes, fanout, key, hop,
+        _fill_weighted(indptr, indices, weight, cum, orig_ids, node_start, nodes, fanout, key, hop,
                        replace, offsets, out, i)
     return offsets, out
 
 
 def sample_weighted(
     indptr: np.ndarray, indices: np.ndarray, weight: np.ndarray, cum: np.ndarray,
-    node_start: int, nodes: np.ndarray, fanout: int, key: np.uint64, hop: int, replace: bool,
+    orig_ids: np.ndarray, node_start: int, nodes: np.ndarray, fanout: int, key: np.uint64, hop: int,
+    replace: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Host launcher: edge-weighted draws of ``nodes``, ``(offsets [F+1], neighbors)``;
     ``cum`` is :func:`segmented_cumsum` of ``weight``."""
-    args = (indptr, indices, weight, cum, node_start, nodes, fanout, key, hop, replace)
+    args = (indptr, indices, weight, cum, orig_ids, node_start, nodes, fanout, key, hop, replace)
     if nodes.size < PARALLEL_MIN_NODES:
         return sample_weighted_serial(*args)
     with parallel_guard():

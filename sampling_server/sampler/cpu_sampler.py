@@ -161,6 +161,9 @@ class CpuNeighborSampler(NeighborSampler):
         super().__init__(partition, replace=replace, weighted=weighted)
         self._indptr = np.asarray(partition.indptr)
         self._indices = np.asarray(partition.indices)
+        #: int64 original ID of each owned node: draws are keyed by it, so they do not
+        #: depend on how the graph was partitioned.
+        self._orig_ids = np.ascontiguousarray(partition.orig_ids, dtype=np.int64)
         num_nodes = partition.manifest.num_nodes
         self._dense_maps = (_DenseMapPool(num_nodes) if num_nodes <= DENSE_RELABEL_MAX_NODES
                             else None)
@@ -177,7 +180,7 @@ class CpuNeighborSampler(NeighborSampler):
             raise ValueError(f"fanout: expected an integer >= 0, or -1 for all; got {fanout}")
         ids = _as_ids(nodes, "nodes")
         self.check_owned(torch.from_numpy(ids), "nodes")
-        args = (self.node_start, ids, int(fanout), np.uint64(int(key) & _MASK64), int(hop),
+        args = (self._orig_ids, self.node_start, ids, int(fanout), np.uint64(int(key) & _MASK64), int(hop),
                 self.replace)
         if self._weight is not None and self._cum_weight is not None:
             offsets, out = K.sample_weighted(self._indptr, self._indices, self._weight,

@@ -151,6 +151,8 @@ class CscArgs:
     indptr: Any
     #: int64 ``[e_p]`` global source IDs.
     indices: Any
+    #: int64 ``[n_p]`` original ID of each owned node (the key of its draws).
+    orig_ids: Any
     #: First global ID owned by the partition.
     node_start: int
     #: float32 ``[e_p]`` edge weights (weighted sampling without replacement), or None.
@@ -197,7 +199,7 @@ def _copy_all(indices, lo, d, out, off):  # type: ignore[no-untyped-def]
 
 
 @cuda.jit
-def fill_uniform_kernel(nodes, indptr, indices, node_start, fanout, key, hop, offsets, out):  # type: ignore[no-untyped-def]
+def fill_uniform_kernel(nodes, indptr, indices, orig_ids, node_start, fanout, key, hop, offsets, out):  # type: ignore[no-untyped-def]
     """Uniform draws without replacement (Robert Floyd's algorithm) of frontier node i."""
     i = cuda.grid(1)
     if i >= nodes.size:
@@ -210,7 +212,7 @@ def fill_uniform_kernel(nodes, indptr, indices, node_start, fanout, key, hop, of
     if fanout < 0 or d <= fanout:
         _copy_all(indices, lo, d, out, off)
         return
-    stream = _node_stream(key, hop, node)
+    stream = _node_stream(key, hop, orig_ids[v])
     # Floyd: the t-th pick is uniform in [0, j]; a position already taken becomes j.
     # The picks so far sit in out[off:off+t], which is the membership set.
     for t in range(fanout):
@@ -226,7 +228,7 @@ def fill_uniform_kernel(nodes, indptr, indices, node_start, fanout, key, hop, of
 
 
 @cuda.jit
-def fill_uniform_replace_kernel(nodes, indptr, indices, node_start, fanout, key, hop, offsets, out):  # type: ignore[no-untyped-def]
+def fill_uniform_replace_kernel(nodes, indptr, indices, orig_ids, node_start, fanout, key, hop, offsets, out):  # type: ignore[no-untyped-def]
     """Uniform draws with replacement of frontier node i."""
     i = cuda.grid(1)
     if i >= nodes.size:
@@ -241,12 +243,12 @@ def fill_uniform_replace_kernel(nodes, indptr, indices, node_start, fanout, key,
     if fanout < 0:
         _copy_all(indices, lo, d, out, off)
         return
-    stream = _node_stream(key, hop, node)
+    stream = _node_stream(key, hop, orig_ids[v])
     for t in range(fanout):
         out[off + t] = indices[lo + _uniform_below(stream, np.int64(t), d)]
 
 
-_FILL_SIG = (_I64, _I64, _I64, _S64, _S64, _KEY, _S64, _I64, _I64)
+_FILL_SIG = (_I64, _I64, _I64, _I64, _S64, _S64, _KEY, _S64, _I64, _I64)
 _register(fill_uniform_kernel, _FILL_SIG)
 _register(fill_uniform_replace_kernel, _FILL_SIG)
 
@@ -295,7 +297,7 @@ def _sift_up(score, out, off, at):  # type: ignore[no-untyped-def]
 
 
 @cuda.jit
-def fill_weighted_kernel(nodes, indptr, indices, weight, node_start, fanout, key, hop, offsets,  # type: ignore[no-untyped-def]
+def fill_weighted_kernel(nodes, indptr, indices, orig_ids, weight, node_start, fanout, key, hop, offsets,  # type: ignore[no-untyped-def]
                          out, score):
     """Weighted draws without replacement (Efraimidis–Spirakis) of frontier node i: the
     ``fanout`` highest ``log(1 - u_e) / w_e``, output in CSC order.
@@ -316,7 +318,7 @@ def fill_weighted_kernel(nodes, indptr, indices, weight, node_start, fanout, key
         return
     if fanout == 0:
         return
-    stream = _node_stream(key, hop, node)
+    stream = _node_stream(key, hop, orig_ids[v])
     for e in range(d):
         s = math.log(1.0 - _uniform(stream, np.int64(e))) / weight[lo + e]
         if e < fanout:
@@ -339,11 +341,11 @@ def fill_weighted_kernel(nodes, indptr, indices, weight, node_start, fanout, key
         out[off + t] = indices[lo + out[off + t]]
 
 
-_register(fill_weighted_kernel, (_I64, _I64, _I64, _F32, _S64, _S64, _KEY, _S64, _I64, _I64, _F64))
+_register(fill_weighted_kernel, (_I64, _I64, _I64, _I64, _F32, _S64, _S64, _KEY, _S64, _I64, _I64, _F64))
 
 
 @cuda.jit
-def fill_weighted_replace_kernel(nodes, indptr, indices, cumweight, node_start, fanout, key, hop,  # type: ignore[no-untyped-def]
+def fill_weighted_replace_kernel(nodes, indptr, indices, orig_ids, cumweight, node_start, fanout, key, hop,  # type: ignore[no-untyped-def]
                                  offsets, out):
     """Weighted draws with replacement of frontier node i: inverse CDF over ``cumweight``,
     the float64 running sums of the weights restarted at every node (``cumweight[e]`` =
@@ -361,7 +363,7 @@ def fill_weighted_replace_kernel(nodes, indptr, indices, cumweight, node_start, 
     if fanout < 0:
         _copy_all(indices, lo, d, out, off)
         return
-    stream = _node_stream(key, hop, node)
+    stream = _node_stream(key, hop, orig_ids[v])
     total = cumweight[lo + d - 1]
     for t in range(fanout):
         u = _uniform(stream, np.int64(t)) * total
@@ -377,7 +379,7 @@ def fill_weighted_replace_kernel(nodes, indptr, indices, cumweight, node_start, 
         out[off + t] = indices[a]
 
 
-_register(fill_weighted_replace_kernel, (_I64, _I64, _I64, _F64, _S64, _S64, _KEY, _S64, _I64, _I64))
+_register(fill_weighted_replace_kernel, (_I64, _I64, _I64, _I64, _F64, _S64, _S64, _KEY, _S64, _I64, _I64))
 
 
 def fill_draws(
@@ -390,7 +392,7 @@ def fill_draws(
     out = torch.empty(total, dtype=torch.int64, device=nodes.device)
     if total == 0:
         return out
-    head = (kernel_arg(nodes), csc.indptr, csc.indices)
+    head = (kernel_arg(nodes), csc.indptr, csc.indices, csc.orig_ids)
     tail = (np.int64(csc.node_start), np.int64(fanout), np.uint64(key), np.int64(hop),
             kernel_arg(offsets), kernel_arg(out))
     n = nodes.numel()

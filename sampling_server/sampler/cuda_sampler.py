@@ -83,6 +83,7 @@ class CudaNeighborSampler(NeighborSampler):
         self.csc = K.CscArgs(
             indptr=self._place(partition.indptr, np.int64),
             indices=self._place(partition.indices, np.int64),
+            orig_ids=self._place(partition.orig_ids, np.int64),
             node_start=self.node_start,
             weight=None if weight is None else self._place(weight, np.float32),
             cumweight=None if cum is None else self._place(cum, np.float64),

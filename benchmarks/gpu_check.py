@@ -1,0 +1,218 @@
+"""One command for a machine with a CUDA GPU: every GPU test and GPU figure, one report.
+
+    make gpu-check                      # or: PYTHONPATH=. python benchmarks/gpu_check.py
+
+Steps, each a child process with its own deadline (the whole run fits in ``--budget``,
+10 minutes by default):
+
+1. ``pytest -m gpu``: the ``gpu``-marked tests on the real GPU (no simulator);
+2. ``benchmarks/sampler.py``: the CUDA sampler with the graph in GPU memory and over UVA
+   (pinned host memory), structure alone and with features, on ``--preset``;
+3. ``benchmarks/stream.py``: a CUDA sampling server streaming to a trainer whose loader
+   puts batches on the GPU, beside bare gRPC and TCP in the same run;
+4. ``deploy/demo.py --trainers 1 --device auto``: a 1-GPU NCCL DDP run of the demo with
+   CUDA sampling servers.
+
+Writes ``benchmarks/results/gpu-check.json`` and ``gpu-check.md`` (the device name, every
+step's verdict and time, and every figure). Exits 1 when a step fails. Without a usable
+CUDA GPU it says so and exits 0, writing nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+log = logging.getLogger("gpu-check")
+
+PYTEST_SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?)")
+
+
+@dataclass
+class Step:
+    """One step of the check: what ran, how it ended and what it measured."""
+
+    name: str
+    command: list[str]
+    #: "passed", "failed" or "timed out" (or "not run" when the budget was spent).
+    status: str = "not run"
+    seconds: float = 0.0
+    returncode: int | None = None
+    #: The last lines of the step's output (kept for every step, for the report).
+    tail: str = ""
+    #: What the step measured (benchmark rows, test counts, training metrics).
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+def gpu_info() -> dict[str, Any] | None:
+    """The GPU torch and Numba would use, or None when there is no usable CUDA GPU."""
+    try:
+        import torch
+    except ImportError:
+        log.warning("torch is not importable: run `make install`, or set GPU_PYTHON")
+        return None
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    info: dict[str, Any] = {
+        "name": torch.cuda.get_device_name(0), "capability": list(torch.cuda.get_device_capability(0)),
+        "memory_gib": round(props.total_memory / 2**30, 1), "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+    }
+    try:
+        import numba
+        from numba import cuda
+
+        info["numba"] = numba.__version__
+        info["numba_cuda_usable"] = bool(cuda.is_available())
+    except ImportError as exc:
+        info["numba"] = f"not importable: {exc}"
+        info["numba_cuda_usable"] = False
+    return info
+
+
+def run_step(step: Step, timeout: float, env: dict[str, str]) -> None:
+    """Run one step in a process group of its own; at its deadline the whole group goes
+    (the demo's and the stream benchmark's servers included)."""
+    log.info("== %s (deadline %.0f s): %s", step.name, timeout, " ".join(step.command))
+    started = time.perf_counter()
+    proc = subprocess.Popen(step.command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=30)
+        step.status = "timed out"
+    else:
+        step.returncode = proc.returncode
+        step.status = "passed" if proc.returncode == 0 else "failed"
+    step.tail = "\n".join((out or "").splitlines()[-40:])
+    step.seconds = round(time.perf_counter() - started, 1)
+    log.info("%s: %s in %.1f s", step.name, step.status, step.seconds)
+    if step.status != "passed":
+        log.error("last lines of %s:\n%s", step.name, step.tail)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
+    except (OSError, ValueError):
+        return {}
+
+
+def collect_figures(step: Step, data: Path) -> None:
+    if step.name == "gpu tests":
+        step.figures = {kind: int(n) for n, kind in PYTEST_SUMMARY.findall(step.tail)}
+    elif step.name in ("sampler", "stream"):
+        payload = read_json(RESULTS / f"gpu-check-{step.name}.json")
+        step.figures = {"rows": payload.get("rows", []), "ratios": payload.get("ratios", {})}
+    elif step.name == "demo (1 GPU, NCCL)":
+        metrics = read_json(data / "demo" / "metrics.json")
+        step.figures = {k: metrics[k] for k in ("test_acc", "selected_epoch", "device", "world_size")
+                        if k in metrics}
+        if "epochs" in metrics:
+            step.figures["epoch_seconds"] = [e.get("seconds") for e in metrics["epochs"]]
+
+
+def steps_for(args: argparse.Namespace) -> list[tuple[Step, float]]:
+    """(step, its share of the budget); a step never gets more than what is left."""
+    py = sys.executable
+    bench = ["--data", str(args.data / "bench"), "--preset", args.preset]
+    return [
+        (Step("gpu tests", [py, "-m", "pytest", "-q", "-m", "gpu", "tests/test_sampler_cuda.py",
+                            "-p", "no:cacheprovider"]), 0.2),
+        (Step("sampler", [py, "benchmarks/sampler.py", *bench, "--devices", "cuda",
+                          "--topologies", "device", "uva", "--no-baselines",
+                          "--results-name", "gpu-check-sampler"]), 0.3),
+        (Step("stream", [py, "benchmarks/stream.py", *bench, "--gib", "1", "--server-device", "cuda",
+                         "--trainer-device", "cuda", "--results-name", "gpu-check-stream"]), 0.3),
+        (Step("demo (1 GPU, NCCL)", [py, "deploy/demo.py", "--data", str(args.data / "demo"),
+                                     "--trainers", "1", "--device", "auto", "--server-device", "cuda",
+                                     "--epochs", "3"]), 0.2),
+    ]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    gpu = report["gpu"]
+    lines = [f"# gpu-check: {gpu['name']}", "",
+             f"{report['date']}; torch {gpu['torch']} (CUDA {gpu['torch_cuda']}, NCCL {gpu['nccl']}), "
+             f"numba {gpu.get('numba')}; {report['machine']['cores']} CPU cores; preset "
+             f"`{report['preset']}`; {report['seconds']:.0f} s in all.", "",
+             "| step | verdict | seconds |", "| --- | --- | ---: |"]
+    lines += [f"| {s['name']} | {s['status']} | {s['seconds']:.1f} |" for s in report["steps"]]
+    for s in report["steps"]:
+        rows = s["figures"].get("rows")
+        if rows:
+            lines += ["", f"## {s['name']}", "", "| row | seeds/s | MiB/s | batches/s | wait |",
+                      "| --- | ---: | ---: | ---: | ---: |"]
+            for r in rows:
+                wait = f"{r['wait_fraction']:.0%}" if "wait_fraction" in r else ""
+                lines.append(f"| {r['label']} | {r.get('seeds_per_s', '')} | {r.get('mib_per_s', '')} | "
+                             f"{r.get('items_per_s', '')} | {wait} |")
+            lines += [f"- {k}: {v}" for k, v in s["figures"].get("ratios", {}).items()]
+        elif s["figures"]:
+            lines += ["", f"## {s['name']}", "", "```", json.dumps(s["figures"], indent=1), "```"]
+        if s["status"] != "passed":
+            lines += ["", f"### {s['name']}: last lines", "", "```", s["tail"], "```"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, default=Path("data/gpu-check"))
+    p.add_argument("--preset", default="products-like", help="graph of the benchmarks (products-like)")
+    p.add_argument("--budget", type=float, default=570.0, help="seconds for all steps together")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    gpu = gpu_info()
+    if gpu is None:
+        print("gpu-check: no usable CUDA GPU on this machine; nothing to check")
+        return 0
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import machine
+
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    env.pop("NUMBA_ENABLE_CUDASIM", None)  # the real GPU, never the simulator
+    started = time.monotonic()
+    end = started + args.budget
+    planned = steps_for(args)
+    steps = []
+    for i, (step, _share) in enumerate(planned):
+        # Its own share plus whatever the steps before it left unused.
+        later = sum(share for _, share in planned[i + 1:]) * args.budget
+        left = end - time.monotonic()
+        deadline = max(left - later, min(5.0, left))  # at least 5 s while the budget lasts
+        if deadline > 1:
+            run_step(step, deadline, env)
+            collect_figures(step, args.data)
+        steps.append(step)
+    report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": gpu, "machine": machine(),
+              "preset": args.preset, "seconds": round(time.monotonic() - started, 1),
+              "steps": [asdict(s) for s in steps]}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "gpu-check.json").write_text(json.dumps(report, indent=1) + "\n")
+    (RESULTS / "gpu-check.md").write_text(markdown(report))
+    failed = [s.name for s in steps if s.status != "passed"]
+    print(markdown(report))
+    print(f"gpu-check: {len(steps) - len(failed)} of {len(steps)} steps passed; report in "
+          f"{RESULTS / 'gpu-check.md'}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

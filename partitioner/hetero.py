@@ -1,0 +1,284 @@
+"""Typed (heterogeneous) node-classification graphs: typed nodes, typed relations.
+
+A :class:`HeteroGraphData` is the typed counterpart of :class:`~partitioner.graph.GraphData`:
+node types with per-type counts, relations ``(src_type, relation, dst_type)`` whose edges
+use per-type **local** IDs, features per node type (some types may have none, as in
+ogbn-mag where only papers do), and labels and splits on one target node type.
+
+Its homogeneous view numbers nodes type after type (global ID = the type's offset + local
+ID, types in :attr:`HeteroGraphData.node_types` order); METIS partitions that view.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from partitioner.graph import SPLITS, GraphData, GraphDataError, sorted_unique
+
+log = logging.getLogger(__name__)
+
+#: A relation: ``(source node type, relation name, destination node type)``.
+EdgeType = tuple[str, str, str]
+
+#: Prefix of the relations :meth:`HeteroGraphData.add_reverse` adds (as PyG's ``ToUndirected``).
+REVERSE_PREFIX = "rev_"
+
+_FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+
+
+def edge_type_name(edge_type: EdgeType) -> str:
+    """``src__rel__dst``: the edge type as one string (file names, manifest keys)."""
+    return "__".join(edge_type)
+
+
+def parse_edge_type(name: str) -> EdgeType:
+    """Inverse of :func:`edge_type_name`."""
+    parts = name.split("__")
+    if len(parts) != 3 or not all(parts):
+        raise GraphDataError(
+            f"edge type: expected 'src__relation__dst' (three non-empty names), got {name!r}"
+        )
+    return parts[0], parts[1], parts[2]
+
+
+def _check_type_name(what: str, name: str) -> None:
+    if not name or "__" in name or "/" in name or name != name.strip():
+        raise GraphDataError(
+            f"{what}: expected a non-empty name without '__', '/' or surrounding spaces, "
+            f"got {name!r}"
+        )
+
+
+@dataclass
+class HeteroGraphData:
+    """A typed node-classification graph before partitioning.
+
+    Arrays may be ``np.memmap`` views; nothing here copies them.
+    """
+
+    #: Name of the graph (dataset name or preset), recorded in the partition manifest.
+    name: str
+    #: Node type to its number of nodes ``N_t`` (local IDs ``0 .. N_t-1``); the dict's
+    #: order is the node-type order of the homogeneous view and of partition files.
+    num_nodes: dict[str, int]
+    #: Edge type ``(src, rel, dst)`` to ``[2, E_r]`` int64: row 0 local source IDs of type
+    #: ``src``, row 1 local destination IDs of type ``dst``.
+    edge_index: dict[EdgeType, np.ndarray]
+    #: Node type to ``[N_t, F_t]`` float features; types without features are absent.
+    x: dict[str, np.ndarray]
+    #: The node type that carries labels and splits (``paper`` in ogbn-mag).
+    target_type: str
+    #: ``[N_target]`` int64 class labels of the target type; ``-1`` marks unlabeled nodes.
+    y: np.ndarray
+    #: Number of classes (labels lie in ``0 .. num_classes-1``).
+    num_classes: int
+    #: Split name (``train``/``val``/``test``) to int64 local IDs of target-type nodes.
+    splits: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def node_types(self) -> tuple[str, ...]:
+        return tuple(self.num_nodes)
+
+    @property
+    def edge_types(self) -> tuple[EdgeType, ...]:
+        return tuple(self.edge_index)
+
+    @property
+    def total_nodes(self) -> int:
+        return int(sum(self.num_nodes.values()))
+
+    def num_edges(self, edge_type: EdgeType | None = None) -> int:
+        """Edges of one type, or of all types when ``edge_type`` is None."""
+        if edge_type is not None:
+            return int(self.edge_index[edge_type].shape[1])
+        return int(sum(ei.shape[1] for ei in self.edge_index.values()))
+
+    def feature_dim(self, node_type: str) -> int:
+        """``F_t`` of a node type; 0 for a type without features."""
+        feats = self.x.get(node_type)
+        return 0 if feats is None else int(feats.shape[1])
+
+    def node_offsets(self) -> dict[str, int]:
+        """Node type to the first ID of its block in the homogeneous view."""
+        offsets, start = {}, 0
+        for t, n in self.num_nodes.items():
+            offsets[t] = start
+            start += n
+        return offsets
+
+    def validate(self, check_values: bool = True) -> None:
+        """Raise :class:`GraphDataError` naming the first malformed field.
+
+        ``check_values`` also scans the arrays' values (ID ranges, labels, splits).
+        """
+        if not self.num_nodes:
+            raise GraphDataError("num_nodes: expected at least one node type, got none")
+        for t, n in self.num_nodes.items():
+            _check_type_name("num_nodes", t)
+            if not isinstance(n, int | np.integer) or n <= 0:
+                raise GraphDataError(f"num_nodes[{t!r}]: expected a positive integer, got {n!r}")
+        if self.target_type not in self.num_nodes:
+            raise GraphDataError(
+                f"target_type: expected one of the node types {list(self.num_nodes)}, "
+                f"got {self.target_type!r}"
+            )
+        self._validate_edges()
+        self._validate_features()
+        self._validate_labels()
+        if check_values:
+            self._validate_values()
+
+    def _validate_edges(self) -> None:
+        if not self.edge_index:
+            raise GraphDataError("edge_index: expected at least one edge type, got none")
+        for et, ei in self.edge_index.items():
+            if not isinstance(et, tuple) or len(et) != 3:
+                raise GraphDataError(
+                    f"edge_index: expected keys (src_type, relation, dst_type), got {et!r}"
+                )
+            _check_type_name(f"edge_index[{et!r}] relation", et[1])
+            for end in (et[0], et[2]):
+                if end not in self.num_nodes:
+                    raise GraphDataError(
+                        f"edge_index[{et!r}]: expected node types among {list(self.num_nodes)}, "
+                        f"got {end!r}"
+                    )
+            if ei.ndim != 2 or ei.shape[0] != 2:
+                raise GraphDataError(
+                    f"edge_index[{et!r}]: expected shape [2, E], got {list(ei.shape)}"
+                )
+            if ei.dtype != np.int64:
+                raise GraphDataError(f"edge_index[{et!r}]: expected dtype int64, got {ei.dtype}")
+
+    def _validate_features(self) -> None:
+        for t, feats in self.x.items():
+            if t not in self.num_nodes:
+                raise GraphDataError(
+                    f"x: expected node types among {list(self.num_nodes)}, got {t!r}"
+                )
+            n = self.num_nodes[t]
+            if feats.ndim != 2 or feats.shape[0] != n:
+                raise GraphDataError(
+                    f"x[{t!r}]: expected shape [{n}, F], got {list(feats.shape)}"
+                )
+            if feats.dtype not in _FLOAT_DTYPES:
+                raise GraphDataError(f"x[{t!r}]: expected a float dtype, got {feats.dtype}")
+
+    def _validate_labels(self) -> None:
+        n = self.num_nodes[self.target_type]
+        if self.y.shape != (n,) or self.y.dtype != np.int64:
+            raise GraphDataError(
+                f"y: expected int64 of shape [{n}] (one label per {self.target_type!r} node), "
+                f"got {self.y.dtype} of shape {list(self.y.shape)}"
+            )
+        if self.num_classes <= 0:
+            raise GraphDataError(f"num_classes: expected a positive integer, got {self.num_classes}")
+        for name, idx in self.splits.items():
+            if name not in SPLITS:
+                raise GraphDataError(f"splits: expected names among {SPLITS}, got {name!r}")
+            if idx.ndim != 1 or idx.dtype != np.int64:
+                raise GraphDataError(
+                    f"splits[{name!r}]: expected 1-D int64, got {idx.dtype} of shape "
+                    f"{list(idx.shape)}"
+                )
+
+    def _validate_values(self) -> None:
+        for (s, r, d), ei in self.edge_index.items():
+            if not ei.shape[1]:
+                continue
+            for row, t in ((0, s), (1, d)):
+                lo, hi, n = int(ei[row].min()), int(ei[row].max()), self.num_nodes[t]
+                if lo < 0 or hi >= n:
+                    end = "source" if row == 0 else "destination"
+                    raise GraphDataError(
+                        f"edge_index[{(s, r, d)!r}]: expected {end} IDs of {t!r} in [0, {n}), "
+                        f"got values in [{lo}, {hi}]"
+                    )
+        y, n = self.y, self.num_nodes[self.target_type]
+        if y.size and (int(y.min()) < -1 or int(y.max()) >= self.num_classes):
+            raise GraphDataError(
+                f"y: expected labels in [-1, {self.num_classes}), "
+                f"got values in [{int(y.min())}, {int(y.max())}]"
+            )
+        for name, idx in self.splits.items():
+            if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
+                raise GraphDataError(
+                    f"splits[{name!r}]: expected {self.target_type!r} IDs in [0, {n}), got "
+                    f"values in [{int(idx.min())}, {int(idx.max())}]"
+                )
+            if sorted_unique(idx).size != idx.size:
+                raise GraphDataError(f"splits[{name!r}]: node IDs repeat")
+
+    def add_reverse(self) -> HeteroGraphData:
+        """A copy with reverse edges, as PyG's ``ToUndirected`` does for ogbn-mag.
+
+        A relation between two types ``(s, r, d)`` gains ``(d, rev_r, s)``; a relation
+        within one type (``paper cites paper``) gets every edge's reverse added to it and
+        repeated edges dropped. Relations whose reverse is already present are kept as
+        they are. Arrays of the input are shared, not copied, where unchanged.
+        """
+        edges: dict[EdgeType, np.ndarray] = {}
+        for (s, r, d), ei in self.edge_index.items():
+            if s == d:
+                edges[(s, r, d)] = _symmetric(ei, self.num_nodes[s])
+            else:
+                edges[(s, r, d)] = ei
+        for (s, r, d), ei in self.edge_index.items():
+            rev = (d, REVERSE_PREFIX + r, s)
+            has_reverse = r.startswith(REVERSE_PREFIX) and (d, r[len(REVERSE_PREFIX):], s) in edges
+            if s == d or rev in edges or has_reverse:
+                continue
+            edges[rev] = np.ascontiguousarray(ei[::-1])
+        log.info("added reverse relations: %d -> %d edge types, %d -> %d edges",
+                 len(self.edge_index), len(edges), self.num_edges(),
+                 sum(e.shape[1] for e in edges.values()))
+        return HeteroGraphData(
+            name=self.name, num_nodes=dict(self.num_nodes), edge_index=edges, x=dict(self.x),
+            target_type=self.target_type, y=self.y, num_classes=self.num_classes,
+            splits=dict(self.splits),
+        )
+
+    def to_homogeneous(self) -> GraphData:
+        """The homogeneous view METIS partitions: global ID = type offset + local ID.
+
+        Edges of all types are concatenated in :attr:`edge_types` order; ``x`` has zero
+        columns (features stay typed); ``y`` and the splits are those of the target type
+        shifted by its offset, ``-1`` elsewhere.
+        """
+        offsets = self.node_offsets()
+        total = self.total_nodes
+        edge_index = np.empty((2, self.num_edges()), dtype=np.int64)
+        pos = 0
+        for (s, _r, d), ei in self.edge_index.items():
+            e = int(ei.shape[1])
+            np.add(ei[0], offsets[s], out=edge_index[0, pos:pos + e])
+            np.add(ei[1], offsets[d], out=edge_index[1, pos:pos + e])
+            pos += e
+        y = np.full(total, -1, dtype=np.int64)
+        off = offsets[self.target_type]
+        y[off:off + self.num_nodes[self.target_type]] = self.y
+        return GraphData(
+            name=self.name, num_nodes=total, edge_index=edge_index,
+            x=np.zeros((total, 0), dtype=np.float32), y=y, num_classes=self.num_classes,
+            splits={k: np.asarray(v, dtype=np.int64) + off for k, v in self.splits.items()},
+        )
+
+    def summary(self) -> str:
+        """One line per node type and per edge type."""
+        lines = [f"{self.name}: {len(self.num_nodes)} node types, {len(self.edge_index)} "
+                 f"edge types, target {self.target_type!r} ({self.num_classes} classes)"]
+        for t, n in self.num_nodes.items():
+            lines.append(f"  node {t}: {n:,} nodes, {self.feature_dim(t)} features")
+        for et in self.edge_index:
+            lines.append(f"  edge {'/'.join(et)}: {self.num_edges(et):,} edges")
+        return "\n".join(lines)
+
+
+def _symmetric(edge_index: np.ndarray, num_nodes: int) -> np.ndarray:
+    """Edges plus their reverses, repeats dropped, sorted by (source, target)."""
+    both = np.concatenate([edge_index, edge_index[::-1]], axis=1)
+    keys = sorted_unique(both[0] * np.int64(num_nodes) + both[1])
+    return np.stack([keys // num_nodes, keys % num_nodes])

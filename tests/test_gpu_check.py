@@ -1,0 +1,68 @@
+"""benchmarks/gpu_check.py (`make gpu-check`): its verdicts, deadlines and report, with
+stand-in steps (no GPU here; the real steps run on a machine that has one)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def gpu_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_check", module)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "RESULTS", tmp_path / "results")
+    return module
+
+
+def test_without_gpu_says_so_and_exits_0(gpu_check: Any, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    monkeypatch.setattr(gpu_check, "gpu_info", lambda: None)
+    assert gpu_check.main(["--data", str(tmp_path / "data")]) == 0
+    assert "no usable CUDA GPU" in capsys.readouterr().out
+    assert not (tmp_path / "results").exists()
+
+
+def test_steps_report_and_verdict(gpu_check: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    py = sys.executable
+    gpu = {"name": "Stand-in GPU", "capability": [9, 0], "memory_gib": 80.0, "torch": "x",
+           "torch_cuda": "12", "nccl": "2", "numba": "y"}
+    monkeypatch.setattr(gpu_check, "gpu_info", lambda: gpu)
+    rows = {"rows": [{"label": "graphfeed cuda/uva: structure", "seeds_per_s": 123.0}], "ratios": {"r": 2.0}}
+
+    def steps(args: Any) -> list[tuple[Any, float]]:
+        results = gpu_check.RESULTS
+        write = (f"import json, pathlib; p = pathlib.Path({str(results)!r}); p.mkdir(parents=True, "
+                 f"exist_ok=True); (p / 'gpu-check-sampler.json').write_text(json.dumps({rows!r}))")
+        return [
+            (gpu_check.Step("gpu tests", [py, "-c", "print('3 passed, 1 skipped in 1.0s')"]), 0.25),
+            (gpu_check.Step("sampler", [py, "-c", write]), 0.25),
+            (gpu_check.Step("stream", [py, "-c", "import sys; print('boom'); sys.exit(3)"]), 0.25),
+            (gpu_check.Step("demo (1 GPU, NCCL)", [py, "-c", "import time; time.sleep(60)"]), 0.25),
+        ]
+
+    monkeypatch.setattr(gpu_check, "steps_for", steps)
+    assert gpu_check.main(["--data", str(tmp_path / "data"), "--budget", "12"]) == 1
+    report = json.loads((tmp_path / "results" / "gpu-check.json").read_text())
+    by = {s["name"]: s for s in report["steps"]}
+    assert report["gpu"]["name"] == "Stand-in GPU"
+    assert by["gpu tests"]["status"] == "passed"
+    assert by["gpu tests"]["figures"] == {"passed": 3, "skipped": 1}
+    assert by["sampler"]["figures"]["rows"][0]["seeds_per_s"] == 123.0
+    assert (by["stream"]["status"], by["stream"]["returncode"]) == ("failed", 3)
+    assert by["demo (1 GPU, NCCL)"]["status"] == "timed out"
+    assert report["seconds"] < 12 + 5  # the budget bounds the whole run
+    md = (tmp_path / "results" / "gpu-check.md").read_text()
+    assert md.startswith("# gpu-check: Stand-in GPU")
+    assert "| stream | failed |" in md and "boom" in md
+    assert "| graphfeed cuda/uva: structure | 123.0 |" in md

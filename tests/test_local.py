@@ -1,0 +1,73 @@
+"""``graphfeed-local``: servers for every partition on one machine, the trainer against
+them, the servers stopped, the trainer's exit code returned."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from partitioner import partition_graph
+from partitioner.synthetic import generate
+from trainer_client.local import serving
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("local") / "small-2"
+    partition_graph(generate("small", progress=False), 2, root, method="metis", progress=False)
+    return root
+
+
+def local(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainer_client.local", *argv], cwd=REPO, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def _addresses(stderr: str) -> list[str]:
+    found = re.search(r"started 2 sampling servers on (\S+)", stderr)
+    assert found, stderr
+    return found.group(1).split(",")
+
+
+def test_trains_on_own_partitions_and_stops_the_servers(parts: Path, tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.json"
+    done = local("--partition-dir", str(parts), "--server-device", "cpu", "--",
+                 "--epochs", "1", "--fanouts", "5,3", "--batch-size", "300", "--hidden", "16",
+                 "--device", "cpu", "--timeout", "60", "--metrics-json", str(metrics))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(metrics.read_text())
+    assert result["selected_epoch"] == 0 and result["test_acc"] > 1 / 6
+    assert "sampling servers stopped (exit codes [0, 0])" in done.stderr
+    assert not any(serving(a, timeout=0.5) for a in _addresses(done.stderr))
+    assert (parts / "logs" / "server-0.log").exists()
+
+
+def test_returns_the_trainers_exit_code(parts: Path) -> None:
+    done = local("--partition-dir", str(parts), "--server-device", "cpu", "--", "--epochs", "-1")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "--epochs: expected >= 0, got -1" in done.stderr
+    assert "sampling servers stopped" in done.stderr
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--partition-dir", "/nonexistent/parts"], "graphfeed-local: error: --partition-dir:"),
+    (["--partition-dir", "x", "--", "--servers", "a:1"], "--servers: graphfeed-local passes the servers"),
+    (["--partition-dir", "x", "--nproc-per-node", "0"], "--nproc-per-node: expected an integer >= 1"),
+])
+def test_bad_flags_exit_2(argv: list[str], message: str) -> None:
+    done = local(*argv, timeout=60)
+    assert done.returncode == 2 and message in done.stderr
+
+
+def test_the_example_training_loop_runs_under_graphfeed_local(parts: Path) -> None:
+    done = local("--partition-dir", str(parts), "--server-device", "cpu",
+                 "--trainer-script", str(REPO / "examples" / "train_ddp.py"), "--", "--epochs", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "epoch 0: val acc" in done.stdout and "best val acc" in done.stdout

@@ -1,0 +1,105 @@
+"""Evaluation for the trainer: accuracy on a split, from sampled neighborhoods or by
+full-neighbor layer-wise inference.
+
+Layer-wise inference is PyG's ``BasicGNN.inference`` through the service: layer ``i``
+runs once over every node of the graph with *all* its in-neighbors (one hop, fanout -1),
+reading layer ``i-1``'s outputs of the neighbors, so each node's output is exact (no
+sampling noise) and each layer is computed once per node rather than once per seed's
+multi-hop tree. Each rank computes the batches of its share and the ranks sum their
+rows (every node lies in exactly one batch across ranks). Each rank holds one
+``[num_nodes, hidden]`` float32 table per layer, as PyG's ``inference`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch_geometric.nn.models.basic_gnn import BasicGNN
+
+from trainer_client.loader import RemoteNeighborLoader
+from trainer_client.models import NodeClassifier, batch_inputs
+
+log = logging.getLogger(__name__)
+
+
+def _sum_over_ranks(values: Sequence[float], distributed: bool, device: torch.device) -> list[float]:
+    if not distributed:
+        return [float(v) for v in values]
+    t = torch.tensor(list(values), dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
+    dist.all_reduce(t)
+    return [float(v) for v in t.tolist()]
+
+
+def _labeled(out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    mask = y >= 0
+    return out[mask], y[mask]
+
+
+@torch.no_grad()
+def sampled_accuracy(model: torch.nn.Module, loader: RemoteNeighborLoader, *, distributed: bool,
+                     device: torch.device) -> float:
+    """Accuracy on the loader's seeds with its sampled neighborhoods; each rank its share."""
+    model.eval()
+    loader.set_epoch(0)  # the same draws at every evaluation
+    correct = count = 0.0
+    for batch in loader:
+        out, y = _labeled(model(*batch_inputs(batch)), batch.y[: batch.batch_size])
+        correct += int((out.argmax(dim=-1) == y).sum())
+        count += y.numel()
+    correct, count = _sum_over_ranks([correct, count], distributed, device)
+    return correct / max(count, 1.0)
+
+
+@torch.no_grad()
+def layerwise_logits(model: NodeClassifier, loader: RemoteNeighborLoader, *, distributed: bool,
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits ``[N, C]`` and labels ``[N]`` of every node, by original ID, with full
+    neighborhoods. ``loader`` iterates every node once over the ranks (``input_nodes``
+    all nodes, ``num_neighbors=[-1]``, ``shuffle=False``)."""
+    if loader.num_neighbors != [-1]:
+        raise ValueError(f"loader: expected num_neighbors=[-1] for layer-wise inference, got "
+                         f"{loader.num_neighbors}")
+    gnn: BasicGNN = model.gnn
+    model.eval()
+    num_nodes = int(loader.cluster_info.num_nodes)
+    y_all = torch.full((num_nodes,), -1, dtype=torch.int64, device=device)
+    h_prev: torch.Tensor | None = None
+    for layer in range(gnn.num_layers):
+        loader.set_epoch(0)
+        h: torch.Tensor | None = None
+        for batch in loader:
+            seeds = batch.n_id[: batch.batch_size]
+            x = batch.x if h_prev is None else h_prev[batch.n_id]
+            out = gnn.inference_per_layer(layer, x, batch.edge_index, batch.batch_size)
+            if h is None:
+                h = torch.zeros((num_nodes, out.shape[1]), dtype=out.dtype, device=device)
+            h[seeds] = out
+            if layer == 0:
+                y_all[seeds] = batch.y[: batch.batch_size]
+        if h is None:  # this rank had no batches: learn the width from the others
+            width = torch.zeros(1, dtype=torch.int64, device=device)
+            if distributed:
+                dist.all_reduce(width, op=dist.ReduceOp.MAX)
+            h = torch.zeros((num_nodes, int(width)), device=device)
+        elif distributed:
+            width = torch.tensor([h.shape[1]], dtype=torch.int64, device=device)
+            dist.all_reduce(width, op=dist.ReduceOp.MAX)
+        if distributed:
+            dist.all_reduce(h)
+        h_prev = h
+    if distributed:
+        y_all += 1  # -1 (not seen on this rank) becomes 0, so a sum over ranks is exact
+        dist.all_reduce(y_all)
+        y_all -= 1
+    assert h_prev is not None
+    return h_prev, y_all
+
+
+def accuracy_of(logits: torch.Tensor, y: torch.Tensor, nodes: torch.Tensor) -> float:
+    """Accuracy of ``logits`` on the labeled ``nodes`` (original IDs)."""
+    ids = nodes.to(logits.device)
+    out, labels = _labeled(logits[ids], y[ids])
+    return float((out.argmax(dim=-1) == labels).sum()) / max(int(labels.numel()), 1)

@@ -1,0 +1,216 @@
+"""``graphfeed-local``: train on your own partitions on one machine.
+
+::
+
+    graphfeed-local --partition-dir parts/ -- --epochs 10 --fanouts 10,5 --metrics-json m.json
+    graphfeed-local --partition-dir parts/ --nproc-per-node 2 -- --epochs 10
+
+Starts one sampling server per partition of ``--partition-dir`` on free loopback
+ports, waits until every one answers SERVING on the gRPC health service, runs
+``trainer_client.train --servers <those addresses>`` (or your ``--trainer-script``) with
+the trainer arguments given after ``--`` (under ``torchrun --standalone`` when
+``--nproc-per-node`` > 1), stops the servers (SIGTERM, then SIGKILL after ``--grace``),
+and exits with the trainer's exit code (torchrun's with several processes: 1 for any
+failed rank). Servers that fail to come up end the run with exit 1 and their log named;
+bad flags exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from partitioner.format import PartitionFormatError, read_manifest
+from protos.channel import create_channel
+
+log = logging.getLogger("graphfeed-local")
+
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+class LocalError(RuntimeError):
+    """A server of the local cluster did not come up."""
+
+
+def free_ports(count: int, host: str) -> list[int]:
+    """``count`` distinct ports that are free now (bound together, then released)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in socks:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+
+
+def serving(address: str, timeout: float) -> bool:
+    """Whether ``address`` answers SERVING on the overall health service."""
+    channel = create_channel(address)
+    try:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
+                                                          timeout=timeout)
+        return bool(reply.status == _SERVING)
+    except grpc.RpcError:
+        return False
+    finally:
+        channel.close()
+
+
+def wait_serving(addresses: Sequence[str], procs: Sequence[subprocess.Popen[bytes]], logs: Sequence[Path],
+                 timeout: float) -> None:
+    """Wait until every server answers SERVING; raise :class:`LocalError` when one exits
+    or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    pending = set(range(len(addresses)))
+    while pending:
+        for p in sorted(pending):
+            if procs[p].poll() is not None:
+                raise LocalError(f"sampling server {p} exited with {procs[p].returncode} before serving; "
+                                 f"see {logs[p]}")
+            if serving(addresses[p], timeout=1.0):
+                pending.discard(p)
+        if pending and time.monotonic() > deadline:
+            raise LocalError(f"sampling servers {sorted(pending)} not SERVING within {timeout:g} s; "
+                             f"see {[str(logs[p]) for p in sorted(pending)]}")
+        if pending:
+            time.sleep(0.2)
+
+
+def stop(procs: Sequence[subprocess.Popen[bytes]], grace: float) -> list[int]:
+    """SIGTERM every running process, SIGKILL what is left after ``grace`` seconds."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    codes = []
+    for proc in procs:
+        try:
+            codes.append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            codes.append(proc.wait(timeout=10))
+    return codes
+
+
+@contextlib.contextmanager
+def local_servers(args: argparse.Namespace, num_parts: int) -> Iterator[list[str]]:
+    """One started sampling server per partition; stopped on the way out."""
+    addresses = [f"{args.host}:{port}" for port in free_ports(num_parts, args.host)]
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    logs = [args.log_dir / f"server-{p}.log" for p in range(num_parts)]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for p, address in enumerate(addresses):
+            cmd = [sys.executable, "-m", "sampling_server", "--partition-dir", str(args.partition_dir),
+                   "--partition", str(p), "--listen", address, "--peers", ",".join(addresses),
+                   "--device", args.server_device, *args.server_args]
+            with logs[p].open("wb") as out:
+                procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT))
+        log.info("started %d sampling servers on %s (logs in %s); waiting for SERVING",
+                 num_parts, ",".join(addresses), args.log_dir)
+        wait_serving(addresses, procs, logs, args.ready_timeout)
+        yield addresses
+    finally:
+        codes = stop(procs, args.grace)
+        log.info("sampling servers stopped (exit codes %s)", codes)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="graphfeed-local", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Start one sampling server per partition on this machine, train with torchrun, "
+                    "stop the servers. Trainer arguments (graphfeed-train's) go after '--'.",
+        epilog="example:\n  graphfeed-local --partition-dir parts/ -- --epochs 10 --fanouts 10,5")
+    p.add_argument("--partition-dir", type=Path, required=True, help="a partitioned graph (format v1)")
+    p.add_argument("--nproc-per-node", type=int, default=1, help="trainer processes (DDP ranks)")
+    p.add_argument("--trainer-script", type=Path, default=None,
+                   help="your own training script (it must take --servers) instead of graphfeed-train")
+    p.add_argument("--host", default="127.0.0.1", help="address the servers listen on")
+    p.add_argument("--server-device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="sampling device of the servers")
+    p.add_argument("--server-arg", dest="server_args", action="append", default=[],
+                   help="one more graphfeed-server argument (repeatable), e.g. --server-arg=--workers=1")
+    p.add_argument("--ready-timeout", type=float, default=300.0,
+                   help="seconds to wait for every server to load its partition and serve")
+    p.add_argument("--grace", type=float, default=30.0, help="seconds servers get to stop")
+    p.add_argument("--log-dir", type=Path, default=None, help="server logs (default: <partition-dir>/logs)")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv[:cut])
+    trainer_args = argv[cut + 1:]
+    if args.nproc_per_node < 1:
+        parser.error(f"--nproc-per-node: expected an integer >= 1, got {args.nproc_per_node}")
+    if any(a == "--servers" or a.startswith("--servers=") for a in trainer_args):
+        parser.error("--servers: graphfeed-local passes the servers it starts; drop it from the trainer "
+                     "arguments")
+    args.log_dir = args.log_dir or args.partition_dir / "logs"
+    return args, trainer_args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point: the trainer's exit code, 1 when the servers did not come up,
+    2 on bad flags or a partition directory that cannot be read."""
+    args, trainer_args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        num_parts = read_manifest(args.partition_dir).num_partitions
+    except (PartitionFormatError, OSError) as exc:
+        sys.stderr.write(f"graphfeed-local: error: --partition-dir: {exc}\n")
+        return 2
+    signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        with local_servers(args, num_parts) as addresses:
+            return train(addresses, trainer_args, args)
+    except LocalError as exc:
+        log.error("%s", exc)
+        return 1
+    except KeyboardInterrupt:
+        log.warning("interrupted: servers stopped")
+        return 130
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def train(addresses: Sequence[str], trainer_args: Sequence[str], args: argparse.Namespace) -> int:
+    """Run the trainer against ``addresses``; its exit code. One process runs
+    ``trainer_client.train`` directly (its own exit code); more run under torchrun."""
+    launcher = [sys.executable]
+    if args.nproc_per_node > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc_per_node}"]
+    program = [str(args.trainer_script)] if args.trainer_script else ["-m", "trainer_client.train"]
+    cmd = [*launcher, *program, "--servers", ",".join(addresses), *trainer_args]
+    log.info("training: %s", " ".join(cmd))
+    trainer = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        code = trainer.wait()
+    except KeyboardInterrupt:
+        trainer.send_signal(signal.SIGTERM)
+        try:
+            trainer.wait(timeout=args.grace)
+        except subprocess.TimeoutExpired:
+            trainer.kill()
+            trainer.wait(timeout=10)
+        raise
+    log.info("trainer exited with %d", code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
