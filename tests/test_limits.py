@@ -30,6 +30,7 @@ from sampling_server.server import SamplingServer, create_server
 TIMEOUT = 10.0
 METHODS = {
     "GetClusterInfo": ("/graphfeed.v1.SamplingService/GetClusterInfo", False),
+    "LookupNodes": ("/graphfeed.v1.SamplingService/LookupNodes", False),
     "StreamMinibatches": ("/graphfeed.v1.SamplingService/StreamMinibatches", True),
     "SampleNeighbors": ("/graphfeed.v1.PeerService/SampleNeighbors", True),
     "FetchNodeData": ("/graphfeed.v1.PeerService/FetchNodeData", True),
@@ -233,6 +234,13 @@ def _structured(rng: random.Random, method: str) -> bytes:
             nodes=_random_tensor(rng), want_features=rng.random() < 0.5,
             want_labels=rng.random() < 0.5, feature_dtype=rng.choice([0, 7, 8, 9, 99]),
             client_id=rng.choice(_STRINGS)).SerializeToString()
+    if method == "LookupNodes":
+        lookup = pb.LookupNodesRequest(client_id=rng.choice(_STRINGS))
+        if rng.random() < 0.5:
+            lookup.split = rng.choice(_STRINGS)
+        elif rng.random() < 0.8:
+            lookup.original_ids.CopyFrom(_random_tensor(rng))
+        return lookup.SerializeToString()
     if method == "Health":
         return health_pb2.HealthCheckRequest(service=rng.choice(_STRINGS)).SerializeToString()
     return pb.ClusterInfoRequest(client_id=rng.choice(_STRINGS)).SerializeToString()
