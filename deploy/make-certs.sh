@@ -28,6 +28,6 @@ for name in "${names[@]}"; do
       -extfile "$name.ext" -out "$name.crt" 2>/dev/null
   rm -f "$name.csr" "$name.ext"
 done
-[ -f token ] || head -c 32 /dev/urandom | base64 > token
+[ -f token ] || openssl rand -base64 32 > token
 chmod 644 ./*.crt
 echo "certificates for ${names[*]} and a token in $out"
