@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,8 @@ import numpy as np
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
 from protos.plan import BatchRef, EpochPlan, GlobalPlan
+from sampling_server.limits import printable
+from sampling_server.metrics import ServerMetrics
 from sampling_server.peer import PeerCallOptions, PeerClient
 from sampling_server.sampler import batch_key
 from sampling_server.store import PartitionStore, cast_features
@@ -84,10 +87,15 @@ class SamplingPipeline:
         self.peers = peers
         self.prefetch = prefetch
         self.chunk_bytes = chunk_bytes
+        #: Where batches, bytes, seeds and stage latencies are counted (None: nowhere).
+        self.metrics: ServerMetrics | None = None
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sample")
         # Original-ID lookups run beside the feature gather (both wait on peers); their
         # own threads, so a lookup never waits for a sampling thread.
         self._lookups = ThreadPoolExecutor(workers, thread_name_prefix="orig-ids")
+
+    def _stage(self, name: str) -> AbstractContextManager[None]:
+        return self.metrics.stage(name) if self.metrics is not None else nullcontext()
 
     def close(self) -> None:
         """Stop the workers (queued batches are dropped)."""
@@ -102,22 +110,25 @@ class SamplingPipeline:
         generator drops them."""
         stop = stop or threading.Event()
         refs = iter(job.batches)
-        pending: deque[Future[list[bytes]]] = deque()
+        pending: deque[tuple[BatchRef, Future[list[bytes]]]] = deque()
 
         def submit_next() -> None:
             ref = next(refs, None)
             if ref is not None:
-                pending.append(self._pool.submit(self._produce_unless, stop, job, ref))
+                pending.append((ref, self._pool.submit(self._produce_unless, stop, job, ref)))
 
         try:
             for _ in range(self.prefetch):
                 submit_next()
             while pending:
-                messages = pending.popleft().result()  # bounded: peer calls carry deadlines
+                ref, future = pending.popleft()
+                messages = future.result()  # bounded: peer calls carry deadlines
                 submit_next()  # keeps `prefetch` batches sampling while this one is sent
+                if self.metrics is not None and messages:
+                    self.metrics.sent(messages, len(job.seeds_of(ref, self.store.partition_id)))
                 yield messages
         finally:
-            for future in pending:
+            for _, future in pending:
                 future.cancel()
 
     def _produce_unless(
@@ -135,13 +146,15 @@ class SamplingPipeline:
         sampler = self.store.sampler(replace=job.replace, weighted=job.weighted)
         bound = self.peers.bind(PeerCallOptions(job.replace, job.weighted, job.feature_dtype)) \
             if self.peers is not None else None
-        out = sampler.sample(seeds, job.fanouts, key, bound.neighbors if bound else None)
+        with self._stage("sample"):
+            out = sampler.sample(seeds, job.fanouts, key, bound.neighbors if bound else None)
         named: dict[str, codec.TensorLike] = {"n_id": out.n_id, "edge_index": out.edge_index}
         orig_ids = self._lookups.submit(sampler.orig_ids_of, out.n_id, bound.orig_ids if bound else None) \
             if job.original_ids else None
         if job.features or job.labels:
-            x, y = sampler.gather(out.n_id, features=job.features, labels=job.labels,
-                                  remote=bound.node_data if bound else None)
+            with self._stage("gather"):
+                x, y = sampler.gather(out.n_id, features=job.features, labels=job.labels,
+                                      remote=bound.node_data if bound else None)
             if x is not None:
                 named["x"] = cast_features(x, job.feature_dtype)
             if y is not None:
@@ -157,9 +170,11 @@ class SamplingPipeline:
                 msg.header.CopyFrom(header)
             return msg
 
-        messages = fastwire.encode_chunks(head, named, self.chunk_bytes)
+        with self._stage("encode"):
+            messages = fastwire.encode_chunks(head, named, self.chunk_bytes)
         log.debug("partition=%d client=%s rank=%d epoch=%d batch=%d: %d seeds, %d nodes, "
-                  "%d edges, %d messages in %.1f ms", self.store.partition_id, job.client_id,
+                  "%d edges, %d messages in %.1f ms", self.store.partition_id,
+                  printable(job.client_id),
                   job.rank, job.epoch, ref.index, out.batch_size, out.n_id.numel(),
                   out.row.numel(), len(messages), 1e3 * (time.perf_counter() - started))
         return messages
