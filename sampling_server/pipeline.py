@@ -18,10 +18,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
 from protos.plan import BatchRef, EpochPlan, GlobalPlan
+from sampling_server.hot import HotNodes
 from sampling_server.peer import PeerCallOptions, PeerClient
 from sampling_server.sampler import batch_key
 from sampling_server.store import PartitionStore, cast_features
@@ -58,6 +60,8 @@ class EpochJob:
     client_id: str = ""
     #: Send the nodes' original IDs ("orig_id").
     original_ids: bool = False
+    #: The trainer's feature cache plan (``EpochRequest.cache_counts``); empty: none.
+    cache_counts: tuple[int, ...] = ()
 
     def seeds_of(self, ref: BatchRef, partition: int) -> np.ndarray:
         """The seeds of one of this server's batches, in batch order."""
@@ -84,6 +88,8 @@ class SamplingPipeline:
         self.peers = peers
         self.prefetch = prefetch
         self.chunk_bytes = chunk_bytes
+        #: Every partition's hot order, for trainers' feature caches.
+        self.hot = HotNodes(store, lambda: self.peers, chunk_bytes)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sample")
         # Original-ID lookups run beside the feature gather (both wait on peers); their
         # own threads, so a lookup never waits for a sampling thread.
@@ -139,9 +145,18 @@ class SamplingPipeline:
         named: dict[str, codec.TensorLike] = {"n_id": out.n_id, "edge_index": out.edge_index}
         orig_ids = self._lookups.submit(sampler.orig_ids_of, out.n_id, bound.orig_ids if bound else None) \
             if job.original_ids else None
-        if job.features or job.labels:
-            x, y = sampler.gather(out.n_id, features=job.features, labels=job.labels,
-                                  remote=bound.node_data if bound else None)
+        remote = bound.node_data if bound else None
+        if job.features and job.cache_counts:  # only the rows the trainer lacks
+            cached = self.hot.cached_mask(out.n_id, job.cache_counts)
+            missing = torch.nonzero(~cached.to(out.n_id.device)).flatten()
+            x, _ = sampler.gather(out.n_id[missing], features=True, labels=False, remote=remote)
+            named["x_cached"] = cached
+            named["x"] = cast_features(x, job.feature_dtype)  # type: ignore[arg-type]
+            if job.labels:
+                _, named["y"] = sampler.gather(out.n_id, features=False, labels=True,  # type: ignore[assignment]
+                                               remote=remote)
+        elif job.features or job.labels:
+            x, y = sampler.gather(out.n_id, features=job.features, labels=job.labels, remote=remote)
             if x is not None:
                 named["x"] = cast_features(x, job.feature_dtype)
             if y is not None:
