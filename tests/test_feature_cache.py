@@ -179,3 +179,14 @@ def test_cache_sizes_parse_and_split_across_partitions() -> None:
     assert plan_counts(("bytes", 80 * 60), book, 80) == [10, 20, 30]
     assert plan_counts(("fraction", 0.0), book, 8) == [0, 0, 0]
     assert plan_counts(("bytes", 10**12), book, 8) == [100, 200, 300]
+
+
+def test_the_train_cli_takes_a_cache_size_and_refuses_a_bad_one(capsys: pytest.CaptureFixture[str]) -> None:
+    from trainer_client.train import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["--servers", "h:1"]).cache_size is None
+    assert parser.parse_args(["--servers", "h:1", "--cache-size", "2GiB"]).cache_size == "2GiB"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--servers", "h:1", "--cache-size", "lots"])
+    assert "--cache-size: expected a fraction" in capsys.readouterr().err
