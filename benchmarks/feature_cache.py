@@ -92,6 +92,44 @@ def measure(addresses: list[str], cache: float, dtype: str, num_batches: int,
     return row
 
 
+def compare_plans(part_dir: Path, warm: int, test: int, fractions: list[float]) -> list[dict[str, Any]]:
+    """Hit rates of two hot-node rules at equal size, on one partition with the server's
+    own sampler: in-degree (the default) vs node counts of ``warm`` pre-sampled batches;
+    both measured on ``test`` other batches."""
+    import numpy as np
+
+    from partitioner import load_partition
+    from sampling_server.hot import hot_order
+    from sampling_server.sampler import batch_key, create_sampler
+
+    part = load_partition(part_dir, 0, verify="size", mmap=True)
+    sampler = create_sampler(part, device="cpu")
+    train = np.asarray(part.splits["train"])
+    rng = np.random.default_rng(1)
+    start, n = part.node_range[0], part.num_nodes
+
+    def counts(first: int, num: int) -> tuple[np.ndarray, int]:
+        hits = np.zeros(n, dtype=np.int64)
+        for i in range(first, first + num):
+            seeds = rng.choice(train, size=min(BATCH, train.size), replace=False)
+            ids = sampler.sample(seeds, FANOUTS, batch_key(0, 0, 0, i)).n_id.numpy() - start
+            hits += np.bincount(ids, minlength=n)
+        return hits, int(hits.sum())
+
+    warm_counts, _ = counts(0, warm)
+    test_counts, total = counts(warm, test)
+    by_degree = hot_order(part.indptr, start) - start
+    by_counts = np.lexsort((np.arange(n), -warm_counts))
+    rows = []
+    for f in fractions:
+        k = int(f * n)
+        rows.append({"cache": f, "in_degree_hit_rate": round(float(test_counts[by_degree[:k]].sum()) / total, 4),
+                     "presampled_hit_rate": round(float(test_counts[by_counts[:k]].sum()) / total, 4),
+                     "presample_batches": warm, "test_batches": test})
+        log.info("%s", rows[-1])
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -101,6 +139,9 @@ def main() -> int:
                         help="an existing partitioned graph (instead of --data/--preset)")
     parser.add_argument("--batches", type=int, default=8, help="timed batches per row")
     parser.add_argument("--batch-size", type=int, default=BATCH)
+    parser.add_argument("--compare-batches", type=int, nargs=2, default=[16, 8],
+                        metavar=("PRESAMPLE", "TEST"),
+                        help="batches for the in-degree vs pre-sampled counts comparison (0 0: skip)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from partitioner.format import read_manifest
@@ -121,12 +162,16 @@ def main() -> int:
             proc.send_signal(signal.SIGTERM)
         for proc in procs:
             proc.wait(60)
+    warm, test = args.compare_batches
+    plans = compare_plans(part_dir, warm, test, CACHE_SIZES[1:]) \
+        if min(args.compare_batches) > 0 and manifest.num_partitions == 1 else []
     base = next(r for r in rows if r["cache"] == 0 and r["dtype"] == "float32")
     for r in rows:
         r["bytes_vs_float32_no_cache"] = round(r["bytes_per_batch"] / base["bytes_per_batch"], 3)
     payload = {"benchmark": "feature_cache", "graph": manifest.graph_name,
                "partitions": manifest.num_partitions, "num_nodes": manifest.num_nodes,
-               "fanouts": FANOUTS, "batch_size": args.batch_size, "machine": machine(), "rows": rows}
+               "fanouts": FANOUTS, "batch_size": args.batch_size, "machine": machine(), "rows": rows,
+               "plans": plans}
     path = write_json("feature_cache", payload)
     print(f"{'dtype':<9} {'cache':>5} {'MB/batch':>9} {'vs f32':>7} {'batch/s':>8} {'hit':>6} "
           f"{'cache MiB':>9} {'fill s':>7}")
@@ -134,6 +179,9 @@ def main() -> int:
         print(f"{r['dtype']:<9} {r['cache']:>5.0%} {r['bytes_per_batch'] / 1e6:>9.1f} "
               f"{r['bytes_vs_float32_no_cache']:>7.3f} {r['batches_per_s']:>8.2f} "
               f"{r['hit_rate']:>6.1%} {r['cache_mib']:>9.1f} {r['fill_seconds']:>7.2f}")
+    for p in plans:
+        print(f"cache {p['cache']:.0%}: hit rate in-degree {p['in_degree_hit_rate']:.1%}, "
+              f"pre-sampled counts {p['presampled_hit_rate']:.1%}")
     print(f"wrote {path}")
     return 0
 

@@ -189,12 +189,12 @@ class FeatureCache:
             raise CacheError(f"tensor 'x': expected {self.rows.dtype} with {missing_pos.numel()} rows "
                              f"(the nodes not marked in 'x_cached'), got {x_missing.dtype} with "
                              f"{x_missing.shape[0]}")
-        slots = self.slot[n_id[cached_pos]]
+        slots = self.slot.index_select(0, n_id.index_select(0, cached_pos))
         if slots.numel() and bool((slots < 0).any()):
             raise CacheError(f"tensor 'x_cached': marks {int((slots < 0).sum())} nodes this cache does "
                              f"not hold (plan {list(self.counts)}); do the servers follow another "
                              "hot order?")
         x = torch.empty((num, self.rows.shape[1]), dtype=self.rows.dtype, device=self.rows.device)
-        x[cached_pos] = self.rows[slots]
-        x[missing_pos] = x_missing
+        x.index_copy_(0, cached_pos, self.rows.index_select(0, slots))
+        x.index_copy_(0, missing_pos, x_missing)
         return x
