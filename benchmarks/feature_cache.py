@@ -123,8 +123,9 @@ def compare_plans(part_dir: Path, warm: int, test: int, fractions: list[float]) 
     rows = []
     for f in fractions:
         k = int(f * n)
-        rows.append({"cache": f, "in_degree_hit_rate": round(float(test_counts[by_degree[:k]].sum()) / total, 4),
-                     "presampled_hit_rate": round(float(test_counts[by_counts[:k]].sum()) / total, 4),
+        degree_hits, sampled_hits = (float(test_counts[order[:k]].sum()) for order in (by_degree, by_counts))
+        rows.append({"cache": f, "in_degree_hit_rate": round(degree_hits / total, 4),
+                     "presampled_hit_rate": round(sampled_hits / total, 4),
                      "presample_batches": warm, "test_batches": test})
         log.info("%s", rows[-1])
     return rows
