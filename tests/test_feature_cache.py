@@ -20,7 +20,7 @@ from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import create_channel
 from protos.codec import decode_tensor, encode_tensor
 from sampling_server.hot import hot_order
-from trainer_client.cache import FeatureCache, parse_cache_size, plan_counts
+from trainer_client.cache import CacheError, FeatureCache, parse_cache_size, plan_counts
 from trainer_client.decode import BatchAssembler
 from trainer_client.loader import Cluster, RemoteNeighborLoader
 
@@ -190,3 +190,31 @@ def test_the_train_cli_takes_a_cache_size_and_refuses_a_bad_one(capsys: pytest.C
     with pytest.raises(SystemExit):
         parser.parse_args(["--servers", "h:1", "--cache-size", "lots"])
     assert "--cache-size: expected a fraction" in capsys.readouterr().err
+
+
+def test_servers_without_a_hot_order_get_no_plan(servers: tuple[Path, list[str]],
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    _, addresses = servers
+    with Cluster(addresses, connect_timeout=30) as cluster:
+        for info in cluster.infos:
+            info.hot_order = ""  # as a server from before the cache answers
+        loader = RemoteNeighborLoader(cluster, "train", cache_size=0.2, **ARGS)
+        assert loader.cache is None
+        assert "running without the feature cache" in caplog.text
+        assert list(loader._request().cache_counts) == []
+        assert sum(1 for _ in loader) == len(loader) and loader.last_stats.hit_rate == 0
+
+
+def test_a_batch_that_disagrees_with_the_cache_is_refused() -> None:
+    rows = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    slot = torch.tensor([-1, 0, -1, 1, 2, -1])
+    cache = FeatureCache([1, 2], rows, slot, pb.FLOAT32)
+    n_id = torch.tensor([3, 0, 4, 5])
+    cached = torch.tensor([True, False, True, False])
+    x_missing = torch.full((2, 4), -1.0)
+    x = cache.assemble(x_missing, cached, n_id)
+    assert torch.equal(x, torch.stack([rows[1], x_missing[0], rows[2], x_missing[1]]))
+    with pytest.raises(CacheError, match=r"tensor 'x_cached': marks 1 nodes this cache does not hold"):
+        cache.assemble(x_missing[:1], torch.tensor([True, False, True, True]), n_id)
+    with pytest.raises(CacheError, match=r"tensor 'x': expected torch.float32 with 2 rows"):
+        cache.assemble(x_missing[:1], cached, n_id)
