@@ -106,7 +106,8 @@ class FeatureCache:
         self.counts = tuple(int(c) for c in counts)
         #: ``[K, F]`` cached rows, in the wire dtype.
         self.rows = rows
-        #: int64 ``[num_nodes]``: the row of each global node ID, -1 when not cached.
+        #: int32 ``[num_nodes]`` (int64 past 2**31 rows): the row of each global node ID,
+        #: -1 when not cached.
         self.slot = slot
         #: The wire feature dtype the rows are in (a ``DType`` value).
         self.wire_dtype = wire_dtype
@@ -128,7 +129,8 @@ class FeatureCache:
         book = cluster.partition_book
         dim = int(cluster.info.feature_dim)
         rows = torch.empty((sum(counts), dim), dtype=dtype_to_torch(wire_dtype), device=device)
-        slot = torch.full((int(book[-1]),), -1, dtype=torch.int64)
+        index_dtype = torch.int32 if sum(counts) < 2**31 else torch.int64
+        slot = torch.full((int(book[-1]),), -1, dtype=index_dtype)
         show = sys.stderr.isatty() if progress is None else progress
         offset = 0
         with tqdm(total=sum(counts), desc="feature cache", unit="node", unit_scale=True,
@@ -140,7 +142,7 @@ class FeatureCache:
                     if int(order.min()) < book[p] or int(order.max()) >= book[p + 1]:
                         raise CacheError(f"StreamHotNodes at partition {p}: HotNodesChunk.n_id: "
                                          f"expected IDs in {int(book[p])} .. {int(book[p + 1]) - 1}")
-                    slot[order] = torch.arange(offset, offset + k, dtype=torch.int64)
+                    slot[order] = torch.arange(offset, offset + k, dtype=index_dtype)
                 offset += k
         cache = cls(counts, rows, slot.to(device), wire_dtype)
         log.info("feature cache: %d nodes (%s of %d) in %s on %s, %.1f MiB", cache.num_rows,
