@@ -41,7 +41,10 @@ lint: install
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy deploy/*.py benchmarks/*.py examples/*.py
 
+# PyG's CPU NeighborLoader (torch-sparse/torch-scatter, wheels in $(WHEELS) when present)
+# only for the test that compares accuracy with it; graphfeed itself never imports them.
 test: install lint
+	@if [ -n "$$(ls $(WHEELS)/torch_sparse-*.whl 2>/dev/null)" ]; then $(MAKE) --no-print-directory bench-peers; fi
 	$(PY) -m pytest -q
 
 proto: install

@@ -2,8 +2,8 @@
 turns ``grpc.RpcError`` into graphfeed's own exceptions.
 
 * :func:`create_channel`: message size limits (:data:`codec.MAX_MESSAGE_BYTES`),
-  keepalive pings, short reconnect backoff, and a retry policy that retries
-  ``UNAVAILABLE`` only;
+  keepalive pings, short reconnect backoff, and **no** transparent retries (see
+  :data:`RETRIES_DISABLED`);
 * :func:`server_options`: the matching options for ``grpc.server`` (size limits,
   keepalive enforcement that accepts the clients' pings, no ``SO_REUSEPORT``);
 * :func:`rpc_errors`: a context manager around a call (and the iteration of its
@@ -12,11 +12,19 @@ turns ``grpc.RpcError`` into graphfeed's own exceptions.
 * :func:`wait_ready`: wait (bounded) until a channel connects.
 
 Every call site passes a deadline (``timeout=``): graphfeed never waits unbounded.
+
+Why the channel never retries by itself: with gRPC's retry policy enabled, a streaming
+call that is in flight when its server is killed and restarted on the same address can
+stay blocked far past its deadline (and ``cancel()`` does not free it); with retries
+off, such a call fails with ``UNAVAILABLE`` as soon as the connection drops. Callers
+that want another attempt make it themselves (the trainer resumes a broken stream from
+its next batch; a peer call is retried a few times within its deadline), and no call
+waits for a channel to become ready unless it asks to (``wait_for_ready``), so a call
+to a server that is down fails at once instead of sitting out its deadline.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,34 +32,21 @@ from typing import Any
 import grpc
 
 from protos import codec
+from protos.security import Security, TokenClientInterceptor, default_security
 
-#: Seconds between keepalive pings on an idle connection (client and server side).
-KEEPALIVE_TIME_S = 30.0
+#: Seconds between keepalive pings on a connection (client and server side): a peer
+#: whose host vanished or whose process froze is noticed within
+#: ``KEEPALIVE_TIME_S + KEEPALIVE_TIMEOUT_S`` even while no message is due.
+KEEPALIVE_TIME_S = 5.0
 #: Seconds to wait for a keepalive ping's acknowledgement before closing the connection.
-KEEPALIVE_TIMEOUT_S = 10.0
+KEEPALIVE_TIMEOUT_S = 5.0
 #: Shortest interval between client pings that a server accepts (below the clients').
-MIN_CLIENT_PING_INTERVAL_S = 10.0
+MIN_CLIENT_PING_INTERVAL_S = 4.0
 #: Reconnect backoff of a channel whose server is down: start, and ceiling (gRPC's own
 #: ceiling is 120 s, far too long for a restarted server to be seen again).
-RECONNECT_BACKOFF_S = (0.2, 5.0)
-#: Attempts of one call that fails with UNAVAILABLE before any reply arrived.
-RETRY_MAX_ATTEMPTS = 5
-
-#: The retry policy of every method: UNAVAILABLE only, with exponential backoff. gRPC
-#: retries a call only until the first reply message arrives (a stream that has started
-#: is never replayed behind the caller's back).
-RETRY_SERVICE_CONFIG: dict[str, Any] = {
-    "methodConfig": [{
-        "name": [{}],
-        "retryPolicy": {
-            "maxAttempts": RETRY_MAX_ATTEMPTS,
-            "initialBackoff": "0.05s",
-            "maxBackoff": "1s",
-            "backoffMultiplier": 2,
-            "retryableStatusCodes": ["UNAVAILABLE"],
-        },
-    }],
-}
+RECONNECT_BACKOFF_S = (0.2, 2.0)
+#: The channel options that turn gRPC's transparent and policy retries off.
+RETRIES_DISABLED: list[tuple[str, Any]] = [("grpc.enable_retries", 0)]
 
 
 def _ms(seconds: float) -> int:
@@ -77,22 +72,30 @@ def channel_options(max_message_bytes: int = codec.MAX_MESSAGE_BYTES) -> list[tu
         ("grpc.initial_reconnect_backoff_ms", _ms(RECONNECT_BACKOFF_S[0])),
         ("grpc.min_reconnect_backoff_ms", _ms(RECONNECT_BACKOFF_S[0])),
         ("grpc.max_reconnect_backoff_ms", _ms(RECONNECT_BACKOFF_S[1])),
-        ("grpc.enable_retries", 1),
-        ("grpc.service_config", json.dumps(RETRY_SERVICE_CONFIG)),
+        *RETRIES_DISABLED,
     ]
 
 
 def create_channel(
-    address: str, *, max_message_bytes: int = codec.MAX_MESSAGE_BYTES
+    address: str, *, max_message_bytes: int = codec.MAX_MESSAGE_BYTES,
+    security: Security | None = None,
 ) -> grpc.Channel:
-    """An insecure channel to ``address`` (``host:port``) with graphfeed's options.
+    """A channel to ``address`` (``host:port``) with graphfeed's options: TLS when
+    ``security`` (default: :func:`~protos.security.default_security`) names a CA or a
+    certificate, and its bearer token on every call when it has one.
 
     The channel connects lazily; use :func:`wait_ready` to wait for the server, and pass
     ``timeout=`` to every call.
     """
     if not address or ":" not in address:
         raise ValueError(f"address: expected 'host:port', got {address!r}")
-    return grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+    sec = security if security is not None else default_security()
+    options = channel_options(max_message_bytes)
+    channel = (grpc.secure_channel(address, sec.channel_credentials(), options=options)
+               if sec.tls else grpc.insecure_channel(address, options=options))
+    if sec.token:
+        channel = grpc.intercept_channel(channel, TokenClientInterceptor(sec.token))
+    return channel
 
 
 def server_options(max_message_bytes: int = codec.MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
@@ -232,7 +235,7 @@ def wait_ready(channel: grpc.Channel, timeout: float, *, address: str | None = N
 
 
 __all__ = [
-    "RETRY_SERVICE_CONFIG",
+    "RETRIES_DISABLED",
     "Cancelled",
     "DeadlineExceeded",
     "FailedPrecondition",

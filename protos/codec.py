@@ -220,11 +220,24 @@ def encode_tensor(value: TensorLike, *, dtype: int | None = None) -> pb.Tensor:
 # ---- wire bytes to arrays ------------------------------------------------------------
 
 
+#: Most dimensions a tensor may have (NumPy's own limit).
+MAX_DIMS = 64
+#: Largest element count any shape may describe, counting the non-zero dimensions only,
+#: so that a zero-size shape such as ``[0, 2**62]`` cannot overflow NumPy either.
+MAX_ELEMENTS = 2**56
+
+
 def _check_shape(shape: Sequence[int], field: str) -> tuple[int, ...]:
-    """Return ``shape`` as a tuple if every dimension is >= 0; raise otherwise."""
+    """Return ``shape`` as a tuple if it has at most :data:`MAX_DIMS` dimensions, each
+    >= 0, whose non-zero ones multiply to at most :data:`MAX_ELEMENTS`; raise otherwise."""
+    if len(shape) > MAX_DIMS:
+        raise CodecError(f"{field}: expected at most {MAX_DIMS} dimensions, got {len(shape)}")
     dims = tuple(int(d) for d in shape)
     if any(d < 0 for d in dims):
         raise CodecError(f"{field}: expected every dimension >= 0, got {list(dims)}")
+    if math.prod(d for d in dims if d) > MAX_ELEMENTS:
+        raise CodecError(f"{field}: expected at most {MAX_ELEMENTS} elements (not counting "
+                         f"zero dimensions), got shape {list(dims)}")
     return dims
 
 

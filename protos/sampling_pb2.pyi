@@ -296,6 +296,7 @@ class ClusterInfo(_message.Message):
     SERVER_VERSION_FIELD_NUMBER: _builtins.int
     DEVICE_FIELD_NUMBER: _builtins.int
     LABEL_DTYPE_FIELD_NUMBER: _builtins.int
+    GRAPH_FINGERPRINT_FIELD_NUMBER: _builtins.int
     HOT_ORDER_FIELD_NUMBER: _builtins.int
     format_version: _builtins.int
     """Version of the on-disk partition format the server loaded (the manifest's
@@ -325,6 +326,11 @@ class ClusterInfo(_message.Message):
     """Device the server samples on: "cpu" or a CUDA device such as "cuda:0"."""
     label_dtype: Global___DType.ValueType
     """Element type of the labels ("y" tensors); INT64 in format version 1."""
+    graph_fingerprint: _builtins.str
+    """Fingerprint of the partitioned graph: hex SHA-256 of the partition manifest
+    (canonical JSON, which lists the size and SHA-256 of every file of every partition).
+    Equal on every server of one cluster; servers refuse peers whose fingerprint differs.
+    """
     hot_order: _builtins.str
     """Name of the rule that orders each partition's nodes from hottest to coldest for the
     trainer-side feature cache (StreamHotNodes, EpochRequest.cache_counts):
@@ -369,11 +375,12 @@ class ClusterInfo(_message.Message):
         server_version: _builtins.str = ...,
         device: _builtins.str = ...,
         label_dtype: Global___DType.ValueType = ...,
+        graph_fingerprint: _builtins.str = ...,
         hot_order: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "feature_dim", b"feature_dim", "feature_dtype", b"feature_dtype", "format_version", b"format_version", "graph_name", b"graph_name", "has_edge_weights", b"has_edge_weights", "hot_order", b"hot_order", "label_dtype", b"label_dtype", "num_classes", b"num_classes", "num_edges", b"num_edges", "num_nodes", b"num_nodes", "num_partitions", b"num_partitions", "partition_book", b"partition_book", "partition_id", b"partition_id", "peer_addresses", b"peer_addresses", "server_version", b"server_version", "split_sizes", b"split_sizes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "feature_dim", b"feature_dim", "feature_dtype", b"feature_dtype", "format_version", b"format_version", "graph_fingerprint", b"graph_fingerprint", "graph_name", b"graph_name", "has_edge_weights", b"has_edge_weights", "hot_order", b"hot_order", "label_dtype", b"label_dtype", "num_classes", b"num_classes", "num_edges", b"num_edges", "num_nodes", b"num_nodes", "num_partitions", b"num_partitions", "partition_book", b"partition_book", "partition_id", b"partition_id", "peer_addresses", b"peer_addresses", "server_version", b"server_version", "split_sizes", b"split_sizes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

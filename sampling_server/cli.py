@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import sys
@@ -15,6 +16,8 @@ from protos import allocator, codec
 from sampling_server.config import DEFAULT_PORT, VERIFY_MODES, ConfigError, ServerConfig, parse_peers
 
 log = logging.getLogger("sampling_server")
+#: Seconds the process may take to exit once the server stopped.
+EXIT_TIMEOUT_S = 20.0
 
 EXAMPLES = f"""\
 examples:
@@ -96,6 +99,29 @@ def build_parser() -> argparse.ArgumentParser:
                       help="seconds running streams get to finish after SIGTERM (30)")
     tune.add_argument("--health-interval", type=_seconds, metavar="S",
                       help="seconds between peer health probes (2)")
+    limits = parser.add_argument_group("request limits (defaults in parentheses)")
+    limits.add_argument("--max-hops", type=_positive_int, help="hops per request (8)")
+    limits.add_argument("--max-fanout", type=_positive_int, help="largest fanout of a hop (10000)")
+    limits.add_argument("--max-batch-size", type=_positive_int, help="largest batch_size (131072)")
+    limits.add_argument("--max-batch-edges", type=_positive_int,
+                        help="edges a batch may sample in the worst case its request allows; a "
+                        "hop of -1 counts every edge of the graph (4194304)")
+    limits.add_argument("--max-peer-nodes", type=_positive_int,
+                        help="node IDs per peer request (4194304)")
+    limits.add_argument("--stream-idle-timeout", type=_seconds, metavar="S",
+                        help="seconds a stream may wait on a trainer that does not read (120)")
+    sec = parser.add_argument_group("security (see docs/operations.md)")
+    sec.add_argument("--tls-cert", type=Path, metavar="PEM", help="this server's certificate chain")
+    sec.add_argument("--tls-key", type=Path, metavar="PEM", help="this server's private key")
+    sec.add_argument("--tls-ca", type=Path, metavar="PEM",
+                     help="the cluster's CA: clients and peers must present certificates it "
+                     "signed (mutual TLS)")
+    sec.add_argument("--token-file", type=Path, metavar="FILE",
+                     help="file holding the bearer token every caller must send (or set "
+                     "GRAPHFEED_TOKEN_FILE / GRAPHFEED_TOKEN)")
+    logs_early = parser.add_argument_group("metrics")
+    logs_early.add_argument("--metrics-port", type=int, metavar="PORT",
+                            help="serve Prometheus metrics on http://<listen host>:PORT/metrics (off)")
     load = parser.add_argument_group("loading")
     load.add_argument("--verify", choices=VERIFY_MODES,
                       help="check files by SHA-256 (full) or by size and header only (full)")
@@ -142,6 +168,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         "chunk_bytes": args.chunk_bytes, "peer_timeout": args.peer_timeout,
         "max_streams": args.max_streams, "grace": args.grace,
         "health_interval": args.health_interval, "verify": args.verify, "mmap": args.mmap,
+        "max_hops": args.max_hops, "max_fanout": args.max_fanout,
+        "max_batch_size": args.max_batch_size, "max_batch_edges": args.max_batch_edges,
+        "max_peer_nodes": args.max_peer_nodes, "stream_idle_timeout": args.stream_idle_timeout,
+        "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca,
+        "token_file": args.token_file, "metrics_port": args.metrics_port,
     }
     if args.cluster is not None:
         return ServerConfig.from_cluster_yaml(args.cluster, args.partition, **overrides)
@@ -173,7 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = config_from_args(args)
         check_device(config)
-        return serve(config)
+        code = serve(config)
+        # Interpreter exit joins the worker threads; should one still be stuck, dump
+        # every thread's stack to stderr and exit instead of hanging.
+        faulthandler.dump_traceback_later(EXIT_TIMEOUT_S, exit=True)
+        return code
     except (ConfigError, PartitionFormatError) as exc:
         print(f"graphfeed-server: error: {exc}", file=sys.stderr)
         return 2

@@ -78,10 +78,46 @@ class ServerConfig:
     #: Seconds between peer health probes while every peer is up (probes back off from
     #: 0.1 s to this while a peer is down).
     health_interval: float = 2.0
+    #: Most hops (fanouts) one request may ask for.
+    max_hops: int = 8
+    #: Largest fanout of one hop (-1, all neighbors, is bounded by max_batch_edges).
+    max_fanout: int = 10_000
+    #: Largest batch_size of an epoch request.
+    max_batch_size: int = 1 << 17
+    #: Most edges one batch (or one peer SampleNeighbors call) may sample in the worst
+    #: case the request allows (batch_size x fanouts, a hop of -1 counting every edge of
+    #: the graph); bounds the memory one request can take. Nodes per batch are at most
+    #: batch_size plus this.
+    max_batch_edges: int = 1 << 22
+    #: Most node IDs one peer request (SampleNeighbors, FetchNodeData) may carry.
+    max_peer_nodes: int = 1 << 22
+    #: Seconds a stream may go without handing a message to its trainer (one that does
+    #: not read) before it is cancelled and its slot freed.
+    stream_idle_timeout: float = 120.0
+    #: TLS: this server's certificate chain and key (PEM); both or neither.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: TLS: the cluster's CA (PEM). Clients and peers must present certificates it
+    #: signed (mutual TLS), and peers' certificates are checked against it.
+    tls_ca: Path | None = None
+    #: Port of the Prometheus endpoint (``/metrics``, on the listen host); None: off,
+    #: 0: any free port.
+    metrics_port: int | None = None
+    #: File holding the bearer token every caller must send (also read from
+    #: $GRAPHFEED_TOKEN_FILE or $GRAPHFEED_TOKEN; never a command-line value).
+    token_file: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "partition_dir", Path(self.partition_dir))
         object.__setattr__(self, "peers", tuple(str(p) for p in self.peers))
+        for name in ("tls_cert", "tls_key", "tls_ca", "token_file"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, Path(value))
+        _check((self.tls_cert is None) == (self.tls_key is None), "tls_cert, tls_key",
+               "both or neither", (self.tls_cert, self.tls_key))
+        _check(self.tls_ca is None or self.tls_cert is not None, "tls_ca",
+               "tls_cert and tls_key too (mutual TLS)", self.tls_ca)
         _check(self.partition >= 0, "partition", "an ID >= 0", self.partition)
         _check(_is_address(self.listen), "listen", "'host:port'", self.listen)
         for i, peer in enumerate(self.peers):
@@ -98,6 +134,13 @@ class ServerConfig:
         _check(self.max_streams >= 1, "max_streams", "an integer >= 1", self.max_streams)
         _check(self.grace >= 0, "grace", "seconds >= 0", self.grace)
         _check(self.health_interval > 0, "health_interval", "seconds > 0", self.health_interval)
+        for name in ("max_hops", "max_fanout", "max_batch_size", "max_batch_edges",
+                     "max_peer_nodes"):
+            _check(getattr(self, name) >= 1, name, "an integer >= 1", getattr(self, name))
+        _check(self.metrics_port is None or 0 <= self.metrics_port < 65536, "metrics_port",
+               "a port 0 .. 65535", self.metrics_port)
+        _check(self.stream_idle_timeout > 0, "stream_idle_timeout", "seconds > 0",
+               self.stream_idle_timeout)
 
     @property
     def listen_port(self) -> int:

@@ -14,9 +14,11 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -28,6 +30,9 @@ from google.protobuf.message import Message
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
 from protos.channel import GraphfeedError, PeerError, ProtocolError, create_channel, rpc_errors
+from protos.security import Security
+from sampling_server.limits import check_peer_limits
+from sampling_server.metrics import ServerMetrics
 from sampling_server.sampler import HopSample
 from sampling_server.store import (
     PartitionStore,
@@ -45,6 +50,12 @@ T = TypeVar("T")
 NodeData = tuple[torch.Tensor | None, torch.Tensor | None]
 #: Most node IDs one request carries (their tensor must fit in one message).
 MAX_NODES_PER_CALL = codec.MAX_CHUNK_BYTES // 8
+#: Attempts of one peer call that fails with UNAVAILABLE (within its one deadline).
+PEER_CALL_ATTEMPTS = 3
+#: Pause before the second attempt (x4 before each later one).
+PEER_RETRY_BACKOFF_S = 0.05
+#: Seconds past its deadline a caller waits for a pooled peer call's answer at most.
+RESULT_GRACE_S = 5.0
 
 
 def chunk_messages(
@@ -64,25 +75,39 @@ class PeerServicer:
     def __init__(self, store: PartitionStore, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES):
         self.store = store
         self.chunk_bytes = chunk_bytes
+        #: Where rejections are counted (None: nowhere).
+        self.metrics: ServerMetrics | None = None
+
+    def _rejected(self, method: str) -> Callable[[str], None] | None:
+        metrics = self.metrics
+        return None if metrics is None else lambda code: metrics.rejected(method, code)
 
     def SampleNeighbors(
         self, request: pb.SampleNeighborsRequest, context: grpc.ServicerContext
     ) -> Iterator[bytes]:
-        with abort_on_error(context, "SampleNeighbors", self.store.partition_id):
+        with abort_on_error(context, "SampleNeighbors", self.store.partition_id,
+                            self._rejected("SampleNeighbors")):
             messages = self._sample(request)
         yield from messages
 
     def FetchNodeData(
         self, request: pb.FetchNodeDataRequest, context: grpc.ServicerContext
     ) -> Iterator[bytes]:
-        with abort_on_error(context, "FetchNodeData", self.store.partition_id):
-            messages = self._fetch(request)
-        yield from messages
+        with abort_on_error(context, "FetchNodeData", self.store.partition_id,
+                            self._rejected("FetchNodeData")):
+            nodes, dtype = self._check_fetch(request)
+            messages = self._fetch(request, nodes, dtype)
+            for message in messages:
+                if not context.is_active():  # the caller went away: stop gathering
+                    return
+                yield message
 
     def _sample(self, request: pb.SampleNeighborsRequest) -> list[bytes]:
         field = "SampleNeighborsRequest"
         self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
         nodes = decode_node_ids(request.nodes, f"{field}.nodes")
+        check_peer_limits(self.store.config, nodes.size, request.fanout,
+                          self.store.manifest.num_edges, field, request.replace)
         self.store.check_owned(nodes, f"{field}.nodes")
         if request.fanout < -1:
             raise RequestError(f"{field}.fanout: expected an integer >= 0, or -1 for all "
@@ -98,24 +123,51 @@ class PeerServicer:
         named = {"counts": drawn.counts, "neighbors": drawn.neighbors}
         return chunk_messages(pb.SampleNeighborsChunk, named, self.chunk_bytes)
 
-    def _fetch(self, request: pb.FetchNodeDataRequest) -> list[bytes]:
+    def _check_fetch(self, request: pb.FetchNodeDataRequest) -> tuple[np.ndarray, codec.WireDType]:
         field = "FetchNodeDataRequest"
         self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
         nodes = decode_node_ids(request.nodes, f"{field}.nodes")
+        check_peer_limits(self.store.config, nodes.size, None, 0, field)
         self.store.check_owned(nodes, f"{field}.nodes")
         dtype = wire_feature_dtype(request.feature_dtype, self.store.feature_dtype,
                                    f"{field}.feature_dtype")
+        return nodes, dtype
+
+    def _fetch(self, request: pb.FetchNodeDataRequest, nodes: np.ndarray,
+               dtype: codec.WireDType) -> Iterator[bytes]:
+        """The answer's messages, gathered and encoded slice by slice of the nodes (at
+        most about ``chunk_bytes`` of rows each), so the whole answer is never built."""
+        m = self.store.manifest
+        row_bytes = (m.feature_dim * codec.dtype_to_numpy(dtype).itemsize
+                     if request.want_features else 0) + (8 if request.want_labels else 0) \
+            + (8 if request.want_original_ids else 0)
+        rows = max(1, self.chunk_bytes // max(row_bytes, 1))
+        slices = [(i, min(i + rows, nodes.size)) for i in range(0, max(nodes.size, 1), rows)]
         sampler = self.store.sampler()
-        x, y = sampler.gather_local(torch.from_numpy(nodes).to(sampler.device),
-                                    request.want_features, request.want_labels)
-        named: dict[str, torch.Tensor] = {}
-        if request.want_features and x is not None:
-            named["x"] = cast_features(x, dtype)
-        if request.want_labels and y is not None:
-            named["y"] = y
-        if request.want_original_ids:
-            named["orig_id"] = sampler.orig_ids_of(torch.from_numpy(nodes))
-        return chunk_messages(pb.NodeDataChunk, named, self.chunk_bytes)
+        for k, (a, b) in enumerate(slices):
+            x, y = sampler.gather_local(torch.from_numpy(nodes[a:b]).to(sampler.device),
+                                        request.want_features, request.want_labels)
+            orig = (sampler.orig_ids_of(torch.from_numpy(nodes[a:b]))
+                    if request.want_original_ids else None)
+            msg = pb.NodeDataChunk(chunk_index=k, num_chunks=len(slices))
+            for name, part in (("x", x), ("y", y), ("orig_id", orig)):
+                if part is None:
+                    continue
+                part = cast_features(part, dtype) if name == "x" else part
+                msg.tensors.append(_row_slice(name, part, a, nodes.size))
+            yield msg.SerializeToString()
+
+
+def _row_slice(name: str, part: torch.Tensor, start: int, total_rows: int) -> pb.TensorChunk:
+    """Rows ``start .. start + len(part)`` of a tensor of ``total_rows`` rows, as the
+    TensorChunk at their byte offset."""
+    array = np.ascontiguousarray(part.detach().cpu().numpy()) if part.dtype != torch.bfloat16 \
+        else np.ascontiguousarray(part.detach().cpu().view(torch.int16).numpy())
+    row_bytes = array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
+    shape = [total_rows, *array.shape[1:]]
+    return pb.TensorChunk(name=name, dtype=codec.torch_to_dtype(part.dtype), shape=shape,
+                          offset=start * row_bytes, total_bytes=total_rows * row_bytes,
+                          data=array.tobytes())
 
 
 # -- calling side ----------------------------------------------------------------------
@@ -141,7 +193,7 @@ class PeerClient:
 
     def __init__(
         self, addresses: Sequence[str], own_partition: int, *, timeout: float = 30.0,
-        client_id: str = "", max_workers: int | None = None,
+        client_id: str = "", max_workers: int | None = None, security: Security | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout: expected seconds > 0, got {timeout}")
@@ -150,8 +202,10 @@ class PeerClient:
         #: Deadline of every call, in seconds.
         self.timeout = timeout
         self.client_id = client_id or f"server-{own_partition}"
-        self._channels = {p: create_channel(a) for p, a in enumerate(self.addresses)
-                          if p != own_partition}
+        #: Where peer call latencies and errors are counted (None: nowhere).
+        self.metrics: ServerMetrics | None = None
+        self._channels = {p: create_channel(a, security=security)
+                          for p, a in enumerate(self.addresses) if p != own_partition}
         self._stubs = {p: _RawPeerStub(ch) for p, ch in self._channels.items()}
         workers = max_workers or max(4, 4 * len(self._channels))
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="peer-call")
@@ -186,9 +240,10 @@ class PeerClient:
                 nodes=codec.encode_tensor(nodes), fanout=fanout, random_seed=key & _MASK64,
                 replace=options.replace, weighted=options.weighted, hop=hop,
                 client_id=self.client_id)
-            with self._errors(p, "SampleNeighbors"):
-                got = _receive(self._stubs[p].SampleNeighbors(request, timeout=self.timeout),
-                               {"counts", "neighbors"})
+            with self._errors(p, "SampleNeighbors"), self._timed("peer_sample"):
+                got = self._retrying(lambda timeout: _receive(
+                    self._stubs[p].SampleNeighbors(request, timeout=timeout),
+                    {"counts", "neighbors"}))
                 counts, neighbors = got["counts"], got["neighbors"]
                 _check_answer(counts.shape == (nodes.size,) and int(counts.sum()) == neighbors.numel(),
                               f"counts {list(counts.shape)} summing to {int(counts.sum())} for "
@@ -212,8 +267,9 @@ class PeerClient:
                 nodes=codec.encode_tensor(nodes), want_features=features, want_labels=labels,
                 feature_dtype=options.feature_dtype, client_id=self.client_id)
             expected = {n for n, want in (("x", features), ("y", labels)) if want}
-            with self._errors(p, "FetchNodeData"):
-                got = _receive(self._stubs[p].FetchNodeData(request, timeout=self.timeout), expected)
+            with self._errors(p, "FetchNodeData"), self._timed("peer_fetch"):
+                got = self._retrying(lambda timeout: _receive(
+                    self._stubs[p].FetchNodeData(request, timeout=timeout), expected))
                 x, y = got.get("x"), got.get("y")
                 _check_answer((x is None or x.shape[0] == nodes.size)
                               and (y is None or y.shape == (nodes.size,)),
@@ -230,9 +286,9 @@ class PeerClient:
         def call(p: int, nodes: np.ndarray) -> torch.Tensor:
             request = pb.FetchNodeDataRequest(nodes=codec.encode_tensor(nodes),
                                               want_original_ids=True, client_id=self.client_id)
-            with self._errors(p, "FetchNodeData"):
-                got = _receive(self._stubs[p].FetchNodeData(request, timeout=self.timeout),
-                               {"orig_id"})
+            with self._errors(p, "FetchNodeData"), self._timed("peer_fetch"):
+                got = self._retrying(lambda timeout: _receive(
+                    self._stubs[p].FetchNodeData(request, timeout=timeout), {"orig_id"}))
                 orig = got["orig_id"]
                 _check_answer(orig.shape == (nodes.size,),
                               f"orig_id {list(orig.shape)} for {nodes.size} nodes")
@@ -255,12 +311,51 @@ class PeerClient:
             jobs.extend((p, ids[i:i + MAX_NODES_PER_CALL])
                         for i in range(0, max(ids.size, 1), MAX_NODES_PER_CALL))
         futures: list[Future[T]] = [self._pool.submit(call, p, ids) for p, ids in jobs[1:]]
-        results = [call(*jobs[0])] if jobs else []
-        results.extend(f.result() for f in futures)  # each call is bounded by its deadline
+        try:
+            results = [call(*jobs[0])] if jobs else []
+            results.extend(self._result(f, p) for f, (p, _) in zip(futures, jobs[1:], strict=True))
+        finally:
+            for f in futures:
+                f.cancel()  # a failed hop needs none of the other answers
         out: dict[int, list[T]] = {}
         for (p, _), result in zip(jobs, results, strict=True):
             out.setdefault(p, []).append(result)
         return out
+
+    def _retrying(self, attempt: Callable[[float], T]) -> T:
+        """``attempt(timeout)`` until it succeeds, again after ``UNAVAILABLE`` (a
+        connection that broke or was not up) at most :data:`PEER_CALL_ATTEMPTS` times,
+        all within one :attr:`timeout`. The calls are pure functions of the request, so
+        a repeated one gives the same answer."""
+        deadline = time.monotonic() + self.timeout
+        backoff = PEER_RETRY_BACKOFF_S
+        for attempts_left in range(PEER_CALL_ATTEMPTS - 1, -1, -1):
+            remaining = deadline - time.monotonic()
+            try:
+                return attempt(max(remaining, 0.001))
+            except grpc.RpcError as exc:
+                code = exc.code() if isinstance(exc, grpc.Call) else None
+                remaining = deadline - time.monotonic()
+                if code is not grpc.StatusCode.UNAVAILABLE or not attempts_left \
+                        or remaining <= backoff:
+                    raise
+            time.sleep(backoff)
+            backoff *= 4
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    def _result(self, future: Future[T], partition: int) -> T:
+        """A pool call's answer; never waits much past the calls' own deadline."""
+        try:
+            return future.result(timeout=self.timeout + RESULT_GRACE_S)
+        except FutureTimeout:
+            address = self.addresses[partition]
+            raise PeerError(f"peer partition {partition} ({address}): no answer within "
+                            f"{self.timeout + RESULT_GRACE_S:g} s (--peer-timeout)",
+                            partition=partition, address=address,
+                            code=grpc.StatusCode.DEADLINE_EXCEEDED) from None
+
+    def _timed(self, stage: str) -> AbstractContextManager[None]:
+        return self.metrics.stage(stage) if self.metrics is not None else nullcontext()
 
     @contextmanager
     def _errors(self, partition: int, what: str) -> Iterator[None]:
@@ -269,6 +364,8 @@ class PeerClient:
             with rpc_errors(what, address):
                 yield
         except GraphfeedError as exc:
+            if self.metrics is not None:
+                self.metrics.peer_error(partition, exc.code.name if exc.code else "PROTOCOL")
             raise PeerError(f"peer partition {partition} ({address}): {exc}",
                             partition=partition, address=address, code=exc.code,
                             details=exc.details, what=what) from exc

@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,8 +25,10 @@ from protos import codec, fastwire
 from protos import sampling_pb2 as pb
 from protos.plan import BatchRef, EpochPlan, GlobalPlan
 from sampling_server.hot import HotNodes
-from sampling_server.peer import PeerCallOptions, PeerClient
-from sampling_server.sampler import batch_key
+from sampling_server.limits import printable
+from sampling_server.metrics import ServerMetrics
+from sampling_server.peer import BoundPeers, PeerCallOptions, PeerClient
+from sampling_server.sampler import NeighborSampler, batch_key
 from sampling_server.store import PartitionStore, cast_features
 
 log = logging.getLogger(__name__)
@@ -88,12 +91,17 @@ class SamplingPipeline:
         self.peers = peers
         self.prefetch = prefetch
         self.chunk_bytes = chunk_bytes
+        #: Where batches, bytes, seeds and stage latencies are counted (None: nowhere).
+        self.metrics: ServerMetrics | None = None
         #: Every partition's hot order, for trainers' feature caches.
         self.hot = HotNodes(store, lambda: self.peers, chunk_bytes)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sample")
         # Original-ID lookups run beside the feature gather (both wait on peers); their
         # own threads, so a lookup never waits for a sampling thread.
         self._lookups = ThreadPoolExecutor(workers, thread_name_prefix="orig-ids")
+
+    def _stage(self, name: str) -> AbstractContextManager[None]:
+        return self.metrics.stage(name) if self.metrics is not None else nullcontext()
 
     def close(self) -> None:
         """Stop the workers (queued batches are dropped)."""
@@ -108,22 +116,25 @@ class SamplingPipeline:
         generator drops them."""
         stop = stop or threading.Event()
         refs = iter(job.batches)
-        pending: deque[Future[list[bytes]]] = deque()
+        pending: deque[tuple[BatchRef, Future[list[bytes]]]] = deque()
 
         def submit_next() -> None:
             ref = next(refs, None)
             if ref is not None:
-                pending.append(self._pool.submit(self._produce_unless, stop, job, ref))
+                pending.append((ref, self._pool.submit(self._produce_unless, stop, job, ref)))
 
         try:
             for _ in range(self.prefetch):
                 submit_next()
             while pending:
-                messages = pending.popleft().result()  # bounded: peer calls carry deadlines
+                ref, future = pending.popleft()
+                messages = future.result()  # bounded: peer calls carry deadlines
                 submit_next()  # keeps `prefetch` batches sampling while this one is sent
+                if self.metrics is not None and messages:
+                    self.metrics.sent(messages, len(job.seeds_of(ref, self.store.partition_id)))
                 yield messages
         finally:
-            for future in pending:
+            for _, future in pending:
                 future.cancel()
 
     def _produce_unless(
@@ -133,6 +144,27 @@ class SamplingPipeline:
             return []
         return self.produce(job, ref)
 
+    def _gather(self, job: EpochJob, sampler: NeighborSampler, n_id: torch.Tensor,
+                bound: BoundPeers | None) -> dict[str, codec.TensorLike]:
+        """The batch's "x" and "y" as the job asks; with a cache plan, "x" holds only the
+        rows the trainer lacks and "x_cached" marks the others."""
+        remote = bound.node_data if bound else None
+        named: dict[str, codec.TensorLike] = {}
+        if job.features and job.cache_counts:
+            cached = self.hot.cached_mask(n_id, job.cache_counts)
+            missing = torch.nonzero(~cached.to(n_id.device)).flatten()
+            x, _ = sampler.gather(n_id[missing], features=True, labels=False, remote=remote)
+            named["x_cached"] = cached
+            y = sampler.gather(n_id, features=False, labels=True, remote=remote)[1] \
+                if job.labels else None
+        else:
+            x, y = sampler.gather(n_id, features=job.features, labels=job.labels, remote=remote)
+        if x is not None:
+            named["x"] = cast_features(x, job.feature_dtype)
+        if y is not None:
+            named["y"] = y
+        return named
+
     def produce(self, job: EpochJob, ref: BatchRef) -> list[bytes]:
         """Sample one batch, gather its rows and encode it as stream messages."""
         started = time.perf_counter()
@@ -141,26 +173,14 @@ class SamplingPipeline:
         sampler = self.store.sampler(replace=job.replace, weighted=job.weighted)
         bound = self.peers.bind(PeerCallOptions(job.replace, job.weighted, job.feature_dtype)) \
             if self.peers is not None else None
-        out = sampler.sample(seeds, job.fanouts, key, bound.neighbors if bound else None)
+        with self._stage("sample"):
+            out = sampler.sample(seeds, job.fanouts, key, bound.neighbors if bound else None)
         named: dict[str, codec.TensorLike] = {"n_id": out.n_id, "edge_index": out.edge_index}
         orig_ids = self._lookups.submit(sampler.orig_ids_of, out.n_id, bound.orig_ids if bound else None) \
             if job.original_ids else None
-        remote = bound.node_data if bound else None
-        if job.features and job.cache_counts:  # only the rows the trainer lacks
-            cached = self.hot.cached_mask(out.n_id, job.cache_counts)
-            missing = torch.nonzero(~cached.to(out.n_id.device)).flatten()
-            x, _ = sampler.gather(out.n_id[missing], features=True, labels=False, remote=remote)
-            named["x_cached"] = cached
-            named["x"] = cast_features(x, job.feature_dtype)  # type: ignore[arg-type]
-            if job.labels:
-                _, named["y"] = sampler.gather(out.n_id, features=False, labels=True,  # type: ignore[assignment]
-                                               remote=remote)
-        elif job.features or job.labels:
-            x, y = sampler.gather(out.n_id, features=job.features, labels=job.labels, remote=remote)
-            if x is not None:
-                named["x"] = cast_features(x, job.feature_dtype)
-            if y is not None:
-                named["y"] = y
+        if job.features or job.labels:
+            with self._stage("gather"):
+                named.update(self._gather(job, sampler, out.n_id, bound))
         if orig_ids is not None:
             named["orig_id"] = orig_ids.result()  # bounded: peer calls carry deadlines
         header = pb.MinibatchHeader(
@@ -172,9 +192,11 @@ class SamplingPipeline:
                 msg.header.CopyFrom(header)
             return msg
 
-        messages = fastwire.encode_chunks(head, named, self.chunk_bytes)
+        with self._stage("encode"):
+            messages = fastwire.encode_chunks(head, named, self.chunk_bytes)
         log.debug("partition=%d client=%s rank=%d epoch=%d batch=%d: %d seeds, %d nodes, "
-                  "%d edges, %d messages in %.1f ms", self.store.partition_id, job.client_id,
+                  "%d edges, %d messages in %.1f ms", self.store.partition_id,
+                  printable(job.client_id),
                   job.rank, job.epoch, ref.index, out.batch_size, out.n_id.numel(),
                   out.row.numel(), len(messages), 1e3 * (time.perf_counter() - started))
         return messages

@@ -21,6 +21,7 @@ import logging
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
@@ -31,12 +32,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from protos import fastwire
 from protos import sampling_pb2 as pb
+from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import GraphfeedError, rpc_errors, server_options
+from protos.security import Security, SecurityError, read_token
 from sampling_server.config import ConfigError, ServerConfig
+from sampling_server.metrics import ServerMetrics
 from sampling_server.peer import PeerClient, PeerServicer
 from sampling_server.pipeline import SamplingPipeline
 from sampling_server.servicer import SamplingServicer
-from sampling_server.store import PartitionStore
+from sampling_server.store import PartitionStore, bounded
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,8 @@ EXTRA_HANDLER_THREADS = 32
 MAX_PROBE_TIMEOUT_S = 5.0
 #: First wait between probes while a peer is down (doubles up to ``health_interval``).
 PROBE_BACKOFF_S = 0.1
+#: Longest time a draining server gives peer calls in flight once its streams are done.
+PEER_DRAIN_S = 2.0
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -76,9 +82,9 @@ def _lenient(message_type: Any) -> Callable[[bytes], Any]:
 def _guarded(method: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[..., Any]:
     def handle(request: Any, context: grpc.ServicerContext) -> Any:
         if isinstance(request, MalformedRequest):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"{request.message_type}: expected a serialized {request.message_type} "
-                          f"message, got bytes that do not parse ({request.error})")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded(
+                f"{request.message_type}: expected a serialized {request.message_type} "
+                f"message, got bytes that do not parse ({request.error})"))
         return method(request, context)
     return handle
 
@@ -113,15 +119,34 @@ def _add_services(server: grpc.Server, sampling: SamplingServicer, peer: PeerSer
         server.add_registered_method_handlers(name, handlers)
 
 
+def _add_health(server: grpc.Server, servicer: health.HealthServicer) -> None:
+    """The standard health service, with the lenient request parser (a malformed
+    request gets INVALID_ARGUMENT, not INTERNAL)."""
+    request = health_pb2.HealthCheckRequest
+    reply = health_pb2.HealthCheckResponse.SerializeToString
+    handlers = {
+        "Check": grpc.unary_unary_rpc_method_handler(_guarded(servicer.Check), _lenient(request),
+                                                     reply),
+        "Watch": grpc.unary_stream_rpc_method_handler(_guarded(servicer.Watch), _lenient(request),
+                                                      reply),
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(health.SERVICE_NAME, handlers),))
+
+
 # -- health ------------------------------------------------------------------------------
 class HealthMonitor:
     """Keeps the health statuses true: probes the peers' PeerService in the background
     once the partition is loaded."""
 
     def __init__(self, servicer: health.HealthServicer, partition: int, peers: PeerClient | None,
-                 *, probe_timeout: float, interval: float) -> None:
+                 *, probe_timeout: float, interval: float, fingerprint: str = "") -> None:
         self.servicer = servicer
         self.partition = partition
+        #: This server's graph fingerprint, which every peer must share.
+        self.fingerprint = fingerprint
+        self.problem: str | None = None
+        self._wrong: set[int] = set()
         self.peers = peers
         self.probe_timeout = min(probe_timeout, MAX_PROBE_TIMEOUT_S)
         self.interval = interval
@@ -129,7 +154,7 @@ class HealthMonitor:
         self.serving = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._down: list[int] | None = None
+        self._down: dict[int, str] | None = None
         for service in ("", SAMPLING_SERVICE, PEER_SERVICE):
             servicer.set(service, _NOT_SERVING)
 
@@ -138,6 +163,16 @@ class HealthMonitor:
         self.servicer.set(PEER_SERVICE, _SERVING)
         self._thread = threading.Thread(target=self._run, name="health-probe", daemon=True)
         self._thread.start()
+
+    def drain(self) -> None:
+        """Stop probing; NOT_SERVING for trainers, PeerService stays SERVING (the other
+        servers' streams still need this partition while this server drains)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.probe_timeout + 1)
+        self.serving.clear()
+        for service in ("", SAMPLING_SERVICE):
+            self.servicer.set(service, _NOT_SERVING)
 
     def shutdown(self) -> None:
         """NOT_SERVING for good (later sets are ignored), and stop probing."""
@@ -158,39 +193,68 @@ class HealthMonitor:
                 wait, backoff = self.interval, PROBE_BACKOFF_S
             self._stop.wait(wait)
 
-    def _probe(self) -> list[int]:
-        """Partition IDs of the peers whose PeerService does not answer SERVING."""
+    def _probe(self) -> dict[int, str]:
+        """The peers that are not ready, each with the reason: its PeerService does
+        not answer SERVING, or it serves another partition or another graph."""
         if self.peers is None:
-            return []
+            return {}
         request = health_pb2.HealthCheckRequest(service=PEER_SERVICE)
-        calls = {p: health_pb2_grpc.HealthStub(self.peers.channel(p)).Check.future(
-                     request, timeout=self.probe_timeout) for p in self.peers.peers}
-        down = []
-        for p, call in calls.items():
+        calls = {p: (health_pb2_grpc.HealthStub(self.peers.channel(p)).Check.future(
+                         request, timeout=self.probe_timeout),
+                     pb_grpc.SamplingServiceStub(self.peers.channel(p)).GetClusterInfo.future(
+                         pb.ClusterInfoRequest(client_id=f"server-{self.partition}"),
+                         timeout=self.probe_timeout))
+                 for p in self.peers.peers}
+        down: dict[int, str] = {}
+        self._wrong = set()
+        for p, (health_call, info_call) in calls.items():
+            address = self.peers.addresses[p]
             try:
-                with rpc_errors("Health.Check", self.peers.addresses[p]):
-                    ok = call.result().status == _SERVING
+                with rpc_errors("Health.Check", address):
+                    serving = health_call.result().status == _SERVING
+                with rpc_errors("GetClusterInfo", address):
+                    info = info_call.result()
             except GraphfeedError as exc:
-                ok = False
                 log.debug("partition=%d: peer probe failed: %s", self.partition, exc)
-            if not ok:
-                down.append(p)
+                down[p] = f"{p} ({address}) is not reachable or not loaded yet"
+                continue
+            wrong = self.identity_problem(p, address, info)
+            if wrong:
+                down[p] = wrong
+                self._wrong.add(p)
+            elif not serving:
+                down[p] = f"{p} ({address}) is still loading"
         return down
 
-    def _update(self, down: list[int]) -> None:
+    def identity_problem(self, p: int, address: str, info: pb.ClusterInfo) -> str | None:
+        """A plain sentence when the server at ``address`` (position ``p`` of --peers)
+        does not serve partition ``p`` of this graph; None when it does."""
+        if info.graph_fingerprint != self.fingerprint:
+            return (f"{p} ({address}) serves another graph ({info.graph_name!r}, fingerprint "
+                    f"{info.graph_fingerprint[:12] or 'none'}; this server: fingerprint "
+                    f"{self.fingerprint[:12]}): start every server on the same partitioned "
+                    "graph directory")
+        if info.partition_id != p:
+            return (f"{p} ({address}) serves partition {info.partition_id}, but --peers lists it "
+                    f"at position {p}: list every server's address in partition order")
+        return None
+
+    def _update(self, down: dict[int, str]) -> None:
         status = _NOT_SERVING if down else _SERVING
         for service in ("", SAMPLING_SERVICE):
             self.servicer.set(service, status)
+        problems = [why for p, why in down.items() if p in self._wrong]
+        #: Why the peers are wrong (None when every reachable peer is the right one).
+        self.problem = ("; ".join(f"peer partition {why}" for why in problems)
+                        if problems else None)
         if down:
             self.serving.clear()
         else:
             self.serving.set()
         if down != self._down:
             if down:
-                assert self.peers is not None
-                names = ", ".join(f"{p} ({self.peers.addresses[p]})" for p in down)
-                log.warning("partition=%d: NOT_SERVING: waiting for peer partitions %s",
-                            self.partition, names)
+                names = "; ".join(f"peer partition {why}" for why in down.values())
+                log.warning("partition=%d: NOT_SERVING: %s", self.partition, names)
             else:
                 log.info("partition=%d: SERVING (partition loaded, %d peers reachable)",
                          self.partition, len(self.peers.peers) if self.peers else 0)
@@ -203,7 +267,7 @@ class SamplingServer(grpc.Server):
     partition in the background; :meth:`stop` drains and releases everything."""
 
     def __init__(self, config: ServerConfig, store: PartitionStore, server: grpc.Server,
-                 port: int) -> None:
+                 port: int, metrics: ServerMetrics | None = None) -> None:
         self.config = config
         self.store = store
         #: The bound port.
@@ -212,11 +276,17 @@ class SamplingServer(grpc.Server):
         self.shutdown_requested = threading.Event()
         self._grpc = server
         self._health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        _add_health(server, self._health)
         self.pipeline = SamplingPipeline(store, None, workers=config.workers,
                                          prefetch=config.prefetch, chunk_bytes=config.chunk_bytes)
-        _add_services(server, SamplingServicer(store, self.pipeline, config.max_streams),
-                      PeerServicer(store, config.chunk_bytes))
+        self.sampling = SamplingServicer(store, self.pipeline, config.max_streams)
+        peer_servicer = PeerServicer(store, config.chunk_bytes)
+        _add_services(server, self.sampling, peer_servicer)
+        #: Counters and latencies (served over HTTP when ``metrics_port`` is set).
+        self.metrics = metrics or ServerMetrics(store.partition_id)
+        self.pipeline.metrics = self.sampling.metrics = peer_servicer.metrics = self.metrics
+        #: The bound metrics port (None: no endpoint).
+        self.metrics_port: int | None = None
         self.monitor: HealthMonitor | None = None
         self.peers: PeerClient | None = None
         self._started = False
@@ -236,11 +306,19 @@ class SamplingServer(grpc.Server):
         addresses = self.store.peer_addresses
         if len(addresses) > 1:
             self.peers = PeerClient(addresses, self.store.partition_id,
-                                    timeout=self.config.peer_timeout)
+                                    timeout=self.config.peer_timeout,
+                                    security=server_security(self.config))
             self.pipeline.peers = self.peers
+            self.peers.metrics = self.metrics
         self.monitor = HealthMonitor(self._health, self.store.partition_id, self.peers,
                                      probe_timeout=self.config.peer_timeout,
-                                     interval=self.config.health_interval)
+                                     interval=self.config.health_interval,
+                                     fingerprint=self.store.graph_fingerprint)
+        monitor = self.monitor
+        self.sampling.peer_problem = lambda: monitor.problem
+        if self.config.metrics_port is not None:
+            host = self.config.listen.rsplit(":", 1)[0].strip("[]") or "0.0.0.0"
+            self.metrics_port = self.metrics.serve(host, self.config.metrics_port)
         self._grpc.start()
         log.info("partition=%d: listening on port %d (bound to %s); loading %s",
                  self.store.partition_id, self.port, self.config.listen.rsplit(":", 1)[0],
@@ -266,6 +344,22 @@ class SamplingServer(grpc.Server):
         """Wait until health is SERVING (loaded, peers reachable); False on timeout."""
         return self.monitor is not None and self.monitor.serving.wait(timeout)
 
+    def drain(self, grace: float) -> threading.Event:
+        """Shut down gently: refuse new trainer streams (UNAVAILABLE) and turn
+        NOT_SERVING for trainers, but keep answering peers until this server's own
+        streams are done (or ``grace`` seconds passed: then they are cancelled); then
+        :meth:`stop`, giving peer calls in flight up to :data:`PEER_DRAIN_S`."""
+        started = time.monotonic()
+        self.sampling.draining.set()
+        if self.monitor is not None:
+            self.monitor.drain()
+        finished = self.sampling.wait_streams_done(grace)
+        waited = time.monotonic() - started
+        log.info("partition=%d: %s after %.1f s; stopping", self.store.partition_id,
+                 "streams done" if finished else f"grace of {grace:g} s over, cancelling streams",
+                 waited)
+        return self.stop(min(PEER_DRAIN_S, max(grace - waited, 0.0)))
+
     def stop(self, grace: float | None) -> threading.Event:
         """Health NOT_SERVING, refuse new calls, give running ones ``grace`` seconds
         (None: cancel them now), then release the worker pools and channels. The event
@@ -281,6 +375,8 @@ class SamplingServer(grpc.Server):
             self.pipeline.close()
             if self.peers is not None:
                 self.peers.close()
+            self.metrics.close()
+            self.sampling.idle.close()
             done.set()
 
         threading.Thread(target=release, name="server-release", daemon=True).start()
@@ -309,23 +405,36 @@ def _advertised(listen: str, port: int) -> str:
     return f"{host}:{port}"
 
 
+def server_security(config: ServerConfig) -> Security:
+    """The TLS files and token of ``config`` (used to serve, and to call the peers)."""
+    try:
+        return Security(ca=config.tls_ca, cert=config.tls_cert, key=config.tls_key,
+                        token=read_token(config.token_file))
+    except SecurityError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def create_server(config: ServerConfig) -> tuple[SamplingServer, int]:
     """Build and bind the server of ``config`` (not started). Returns it and the bound
     port (``listen`` may say port 0). Reads the manifest at once, so a wrong directory,
     partition ID or peer list fails here, before anything listens."""
     store = PartitionStore(config)
+    security = server_security(config)
+    metrics = ServerMetrics(config.partition)
     threads = config.max_streams + EXTRA_HANDLER_THREADS
     grpc_server = grpc.server(ThreadPoolExecutor(threads, thread_name_prefix="grpc"),
-                              options=server_options())
+                              options=server_options(),
+                              interceptors=security.interceptors(metrics.rejected))
     try:
-        port = grpc_server.add_insecure_port(config.listen)
+        port = (grpc_server.add_secure_port(config.listen, security.server_credentials())
+                if security.tls else grpc_server.add_insecure_port(config.listen))
     except RuntimeError as exc:
         raise ConfigError(f"listen: cannot bind {config.listen} ({exc}); is the port taken?") from exc
     if port == 0:
         raise ConfigError(f"listen: cannot bind {config.listen}; is the port taken?")
     if not config.peers and store.manifest.num_partitions == 1:
         store.set_peers((_advertised(config.listen, port),))
-    return SamplingServer(config, store, grpc_server, port), port
+    return SamplingServer(config, store, grpc_server, port, metrics), port
 
 
 def serve(config: ServerConfig) -> int:
@@ -350,6 +459,6 @@ def serve(config: ServerConfig) -> int:
     server.start()
     server.shutdown_requested.wait()
     failed = server.store.load_error is not None
-    server.stop(config.grace).wait()
+    (server.stop(0) if failed else server.drain(config.grace)).wait()
     log.info("partition=%d: stopped", config.partition)
     return 1 if failed else 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import numpy as np
@@ -18,6 +18,8 @@ from protos import sampling_pb2 as pb
 from protos.codec import encode_tensor
 from protos.plan import EpochPlan, GlobalPlan, plan_epoch, plan_global_epoch, shuffled_seeds
 from sampling_server.hot import check_counts
+from sampling_server.limits import check_epoch_limits, printable
+from sampling_server.metrics import ServerMetrics
 from sampling_server.pipeline import EpochJob, SamplingPipeline
 from sampling_server.store import (
     PartitionStore,
@@ -93,7 +95,12 @@ def seeds_by_partition(request: pb.EpochRequest, store: PartitionStore) -> tuple
 def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
     """Validate ``request`` against the partition and plan this server's share of the
     rank's epoch. Raises :class:`RequestError` naming the field."""
+    m = store.manifest
+    check_epoch_limits(store.config, len(request.fanouts), None, request.batch_size,
+                       m.num_nodes, m.num_edges)
     check_epoch_request(request)
+    check_epoch_limits(store.config, len(request.fanouts), list(request.fanouts),
+                       request.batch_size, m.num_nodes, m.num_edges, request.sampling.replace)
     dtype = wire_feature_dtype(request.feature_dtype, store.feature_dtype,
                                f"{_FIELD}.feature_dtype")
     opts = request.sampling
@@ -177,14 +184,35 @@ class SamplingServicer:
         self.pipeline = pipeline
         self.max_streams = max_streams
         self._slots = threading.BoundedSemaphore(max_streams)
+        self.idle = IdleStreams(store.config.stream_idle_timeout)
+        #: Streams running now.
+        self.active = 0
+        self._active_lock = threading.Condition()
+        #: Set while the server drains: new streams are refused (UNAVAILABLE).
+        self.draining = threading.Event()
+        #: Why the peers are the wrong ones (None when they are right): streams are
+        #: refused with it (FAILED_PRECONDITION) until it is fixed.
+        self.peer_problem: Callable[[], str | None] = lambda: None
+        #: Where streams and rejections are counted (None: nowhere).
+        self.metrics: ServerMetrics | None = None
+
+    def _rejected(self, method: str) -> Callable[[str], None] | None:
+        metrics = self.metrics
+        return None if metrics is None else lambda code: metrics.rejected(method, code)
+
+    def wait_streams_done(self, timeout: float) -> bool:
+        """Wait until no stream runs; False when ``timeout`` passed first."""
+        with self._active_lock:
+            return self._active_lock.wait_for(lambda: self.active == 0, timeout)
 
     def GetClusterInfo(
         self, request: pb.ClusterInfoRequest, context: grpc.ServicerContext
     ) -> pb.ClusterInfo:
-        with abort_on_error(context, "GetClusterInfo", self.store.partition_id):
+        with abort_on_error(context, "GetClusterInfo", self.store.partition_id,
+                            self._rejected("GetClusterInfo")):
             info = self.store.cluster_info()
         log.debug("partition=%d client=%s: cluster info", self.store.partition_id,
-                  request.client_id)
+                  printable(request.client_id))
         return info
 
     def LookupNodes(
@@ -199,11 +227,11 @@ class SamplingServicer:
     ) -> Iterator[pb.HotNodesChunk]:
         """The hottest nodes of this partition and their features (feature cache fill)."""
         p = self.store.partition_id
-        with abort_on_error(context, "StreamHotNodes", p):
+        with abort_on_error(context, "StreamHotNodes", p, self._rejected("StreamHotNodes")):
             self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
             dtype = wire_feature_dtype(request.feature_dtype, self.store.feature_dtype,
                                        "HotNodesRequest.feature_dtype")
-            log.info("partition=%d client=%s: hot nodes: %d%s", p, request.client_id or "-",
+            log.info("partition=%d client=%s: hot nodes: %d%s", p, printable(request.client_id),
                      request.count, " with features" if request.include_features else "")
             yield from self.pipeline.hot.blocks(request, dtype)
 
@@ -211,32 +239,96 @@ class SamplingServicer:
         self, request: pb.EpochRequest, context: grpc.ServicerContext
     ) -> Iterator[bytes]:
         p = self.store.partition_id
-        with abort_on_error(context, "StreamMinibatches", p):
+        with abort_on_error(context, "StreamMinibatches", p, self._rejected("StreamMinibatches")):
             self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
+            if self.draining.is_set():
+                raise RequestError(f"StreamMinibatches: partition {p}'s server is shutting down; "
+                                   "retry on its restarted server", grpc.StatusCode.UNAVAILABLE)
+            problem = self.peer_problem()
+            if problem:
+                raise RequestError(f"StreamMinibatches: partition {p}'s server is NOT_SERVING: "
+                                   f"{problem}", _PRECONDITION)
             job = epoch_job(request, self.store)
             if not self._slots.acquire(blocking=False):
                 raise RequestError(f"StreamMinibatches: this server already serves {self.max_streams} "
                                    "streams (--max-streams); retry later",
                                    grpc.StatusCode.RESOURCE_EXHAUSTED)
-        fields = (f"partition={p} client={job.client_id or '-'} rank={job.rank}/{request.world_size} "
+        fields = (f"partition={p} client={printable(job.client_id)} rank={job.rank}/{request.world_size} "
                   f"epoch={job.epoch}")
         started, sent = time.perf_counter(), 0
+        with self._active_lock:
+            self.active += 1
+        if self.metrics is not None:
+            self.metrics.streams_open.inc()
+        touch = self.idle.track(context, fields)
         try:
             stop = threading.Event()
             if not context.add_callback(stop.set):  # the call has ended already
                 stop.set()
             log.info("%s: stream start: %d of %d batches here, resume_from=%d", fields,
                      len(job.batches), job.num_batches, request.resume_from)
-            # Response headers commit the call: a stream that fails after this point (a
-            # peer lost mid-epoch) is not replayed by the client's channel retry policy;
-            # the trainer resumes it from the next batch it lacks instead.
+            # Response headers tell the trainer the stream was accepted; a stream that
+            # fails after this point (a peer lost mid-epoch) is resumed by the trainer
+            # from the next batch it lacks.
             context.send_initial_metadata(())
             with abort_on_error(context, f"StreamMinibatches ({fields})", p):
                 for messages in self.pipeline.stream(job, stop):
-                    yield from messages
+                    for message in messages:
+                        yield message
+                        touch()
                     sent += 1
         finally:
+            self.idle.forget(context)
             self._slots.release()
+            with self._active_lock:
+                self.active -= 1
+                self._active_lock.notify_all()
+            if self.metrics is not None:
+                self.metrics.streams_open.dec()
             state = "done" if sent == len(job.batches) else "ended early"
             log.info("%s: stream %s: %d batches sent in %.2f s", fields, state, sent,
                      time.perf_counter() - started)
+
+
+class IdleStreams:
+    """Cancels streams that handed gRPC no message for ``timeout`` seconds (a trainer
+    that stopped reading), so that idle callers cannot hold every stream slot."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._last: dict[grpc.ServicerContext, tuple[float, str]] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    def close(self) -> None:
+        """Stop watching (the server stops)."""
+        self._closed.set()
+
+    def track(self, context: grpc.ServicerContext, fields: str) -> Callable[[], None]:
+        """Watch ``context``'s stream; call the returned function after every message."""
+        with self._lock:
+            self._last[context] = (time.monotonic(), fields)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="idle-streams", daemon=True)
+                self._thread.start()
+
+        def touch() -> None:
+            self._last[context] = (time.monotonic(), fields)
+        return touch
+
+    def forget(self, context: grpc.ServicerContext) -> None:
+        with self._lock:
+            self._last.pop(context, None)
+
+    def _run(self) -> None:
+        while not self._closed.wait(min(1.0, self.timeout / 4)):
+            now = time.monotonic()
+            with self._lock:
+                idle = [(c, f) for c, (t, f) in self._last.items() if now - t > self.timeout]
+                for context, _ in idle:
+                    self._last.pop(context, None)
+            for context, fields in idle:
+                log.warning("%s: no message taken for %g s (--stream-idle-timeout); cancelling "
+                            "the stream", fields, self.timeout)
+                context.cancel()

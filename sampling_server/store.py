@@ -3,10 +3,12 @@ and its samplers (loaded once the port is bound, see :meth:`PartitionStore.load`
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from typing import cast
@@ -73,6 +75,9 @@ class PartitionStore:
                            int(m.partition_book[self.partition_id + 1]))
         #: Stored feature dtype on the wire.
         self.feature_dtype = codec.numpy_to_dtype(np.dtype(m.feature_dtype))
+        #: Hex SHA-256 of the manifest's canonical JSON: equal on every server of the graph.
+        self.graph_fingerprint = hashlib.sha256(
+            json.dumps(m.to_json(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
         self._partition: Partition | None = None
         self._samplers: dict[tuple[bool, bool], NeighborSampler] = {}
         self._orig_order: np.ndarray | None = None
@@ -204,7 +209,7 @@ class PartitionStore:
             num_classes=m.num_classes, split_sizes=sizes,
             peer_addresses=list(self.peer_addresses), has_edge_weights=m.has_edge_weight,
             server_version=server_version(), device=self.device, label_dtype=pb.INT64,
-            hot_order=HOT_ORDER,
+            graph_fingerprint=self.graph_fingerprint, hot_order=HOT_ORDER,
         )
 
     def check_owned(self, nodes: np.ndarray, field: str) -> None:
@@ -262,7 +267,8 @@ def cast_features(x: torch.Tensor, dtype: int) -> torch.Tensor:
 
 
 @contextmanager
-def abort_on_error(context: grpc.ServicerContext, what: str, partition: int) -> Iterator[None]:
+def abort_on_error(context: grpc.ServicerContext, what: str, partition: int,
+                   rejected: Callable[[str], None] | None = None) -> Iterator[None]:
     """Answer a failure inside the block with the right status, naming the problem:
     a bad request its own code, a partition not loaded UNAVAILABLE, a lost peer
     UNAVAILABLE, anything else INTERNAL (logged with its traceback). The server goes on
@@ -270,8 +276,10 @@ def abort_on_error(context: grpc.ServicerContext, what: str, partition: int) -> 
     try:
         yield
     except RequestError as exc:
-        log.info("%s rejected: %s: %s", what, exc.code.name, exc)
-        context.abort(exc.code, str(exc))
+        if rejected is not None:
+            rejected(exc.code.name)
+        log.info("%s rejected: %s: %s", what, exc.code.name, bounded(repr(str(exc)), 300))
+        context.abort(exc.code, bounded(str(exc)))
     except NotLoaded as exc:
         context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
     except PeerError as exc:
@@ -279,8 +287,24 @@ def abort_on_error(context: grpc.ServicerContext, what: str, partition: int) -> 
         lost = exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                             grpc.StatusCode.CANCELLED)
         code = grpc.StatusCode.UNAVAILABLE if lost else grpc.StatusCode.INTERNAL
-        context.abort(code, f"{what} on partition {partition}: {exc}")
+        context.abort(code, bounded(f"{what} on partition {partition}: {exc}"))
+    except MemoryError:
+        log.warning("%s on partition %d: out of memory", what, partition)
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                      f"{what} on partition {partition}: the server ran out of memory for this "
+                      "request; ask for smaller batches or fewer neighbors")
     except Exception as exc:
         log.exception("%s failed on partition %d", what, partition)
-        context.abort(grpc.StatusCode.INTERNAL,
-                      f"{what} on partition {partition} failed: {type(exc).__name__}: {exc}")
+        context.abort(grpc.StatusCode.INTERNAL, bounded(
+            f"{what} on partition {partition} failed: {type(exc).__name__}: {exc}"))
+
+
+#: Longest status details a server sends (the rest is cut, saying how much).
+MAX_DETAILS_CHARS = 1000
+
+
+def bounded(text: str, limit: int = MAX_DETAILS_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how many were left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import socket
 import threading
 import time
 from collections import Counter
@@ -14,7 +14,6 @@ import pytest
 
 from protos import codec
 from protos.channel import (
-    RETRY_SERVICE_CONFIG,
     DeadlineExceeded,
     FailedPrecondition,
     GraphfeedError,
@@ -120,15 +119,30 @@ def test_status_becomes_our_exception_with_a_clear_message(
     assert isinstance(info.value.__cause__, grpc.RpcError)
 
 
-def test_only_unavailable_is_retried(probe: ProbeServer, channel: grpc.Channel) -> None:
+def test_the_channel_never_retries_by_itself(probe: ProbeServer, channel: grpc.Channel) -> None:
     before = Counter(probe.calls)
     for code in ("UNAVAILABLE", "INVALID_ARGUMENT", "INTERNAL"):
         with pytest.raises(GraphfeedError), rpc_errors("Probe.Fail"):
             _call(channel, "Fail", code.encode())
     attempts = probe.calls - before
-    max_attempts = RETRY_SERVICE_CONFIG["methodConfig"][0]["retryPolicy"]["maxAttempts"]
-    assert attempts["UNAVAILABLE"] == max_attempts
-    assert attempts["INVALID_ARGUMENT"] == 1 and attempts["INTERNAL"] == 1
+    assert attempts == Counter({"UNAVAILABLE": 1, "INVALID_ARGUMENT": 1, "INTERNAL": 1})
+
+
+def test_a_call_to_a_server_that_is_down_fails_at_once() -> None:
+    address = f"127.0.0.1:{_unused_port()}"
+    ch = create_channel(address)
+    started = time.monotonic()
+    with pytest.raises(ServerUnavailable, match=r"Connection refused|failed to connect"), \
+            rpc_errors("Probe.Echo", address):
+        _call(ch, "Echo", b"x", timeout=10)
+    assert time.monotonic() - started < 5  # not the whole deadline
+    ch.close()
+
+
+def _unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def test_deadline_is_exceeded_quickly(probe: ProbeServer, channel: grpc.Channel) -> None:
@@ -184,8 +198,7 @@ def test_options() -> None:
     assert opts["grpc.max_send_message_length"] == codec.MAX_MESSAGE_BYTES
     assert opts["grpc.max_receive_message_length"] == codec.MAX_MESSAGE_BYTES
     assert opts["grpc.keepalive_permit_without_calls"] == 1
-    policy = json.loads(opts["grpc.service_config"])["methodConfig"][0]["retryPolicy"]
-    assert policy["retryableStatusCodes"] == ["UNAVAILABLE"]
+    assert opts["grpc.enable_retries"] == 0 and "grpc.service_config" not in opts
     server = dict(server_options())
     # the server must accept the clients' keepalive pings
     assert server["grpc.http2.min_ping_interval_without_data_ms"] <= opts["grpc.keepalive_time_ms"]

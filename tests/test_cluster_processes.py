@@ -135,7 +135,9 @@ def test_a_server_killed_mid_training_fails_the_trainers_clearly_without_hanging
         outputs.append(out)
     elapsed = time.monotonic() - killed
     assert all(p.returncode not in (0, None) for p in trainers), outputs
-    assert elapsed < 6 * timeout + 90
+    # --reconnect-timeout (15 s) + 2 s backoff, plus the processes' own exit
+    assert elapsed < 45, f"the trainers ended {elapsed:.1f} s after the kill"
+    print(f"both trainers ended {elapsed:.1f} s after the kill")
     text = "\n".join(outputs)
     assert "rank 0:" in text or "rank 1:" in text, text[-3000:]
     assert cluster.addresses[1] in text, text[-3000:]  # the error names the dead server

@@ -562,3 +562,19 @@ def test_max_tensor_bytes() -> None:
 
 def test_codec_error_is_a_value_error() -> None:
     assert issubclass(CodecError, ValueError)
+
+
+@pytest.mark.parametrize(("shape", "message"), [
+    ([0] * 65, "expected at most 64 dimensions, got 65"),
+    ([0, 2**62], "expected at most 72057594037927936 elements"),
+    ([0, 2**40, 2**40], "expected at most 72057594037927936 elements"),
+])
+def test_shapes_numpy_cannot_hold_are_codec_errors(shape: list[int], message: str) -> None:
+    with pytest.raises(CodecError, match=re.escape(f"Tensor.shape: {message}")):
+        decode_tensor(pb.Tensor(dtype=pb.INT64, shape=shape))
+    with pytest.raises(CodecError, match=re.escape(message)):
+        TensorAssembler().add(pb.TensorChunk(name="x", dtype=pb.INT64, shape=shape))
+
+
+def test_the_largest_zero_size_shape_still_decodes() -> None:
+    assert decode_tensor(pb.Tensor(dtype=pb.INT64, shape=[0, 2**56])).shape == (0, 2**56)

@@ -136,6 +136,25 @@ def test_compose_commands(compose: dict[str, Any]) -> None:
         assert trainer[trainer.index("--servers") + 1] == "server0:50051,server1:50051"
 
 
+def test_compose_tls_variant_adds_tls_and_token_to_every_command(compose: dict[str, Any]) -> None:
+    tls = yaml.safe_load((DEPLOY / "docker-compose.tls.yml").read_text())
+    services = tls["services"]
+    assert set(services) == {"server0", "server1", "trainer0", "trainer1"}
+    for name, svc in services.items():
+        command = [str(t) for t in svc["command"]]
+        base = [str(t) for t in compose["services"][name]["command"]]
+        assert command[: len(base)] == base, name  # the same command, plus security flags
+        assert _check_command(command) in ("server", "trainer")
+        assert "./certs:/certs:ro" in svc["volumes"] and "data:/data" in svc["volumes"]
+        assert command[command.index("--tls-ca") + 1] == "/certs/ca.crt"
+        assert command[command.index("--tls-cert") + 1] == f"/certs/{name}.crt"
+        assert command[command.index("--token-file") + 1] == "/certs/token"
+    for name in ("server0", "server1"):
+        code = services[name]["healthcheck"]["test"][3]
+        compile(code, "<healthcheck>", "exec")
+        assert "ssl_channel_credentials" in code and "SERVING" in code
+
+
 # --- Dockerfile ---------------------------------------------------------------------------
 
 

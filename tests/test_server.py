@@ -535,7 +535,7 @@ def test_peer_client_raises_peer_error_within_its_timeout() -> None:
     client = PeerClient(addresses, 0, timeout=0.5)
     try:
         # a hung peer runs into the deadline; a dead one is UNAVAILABLE (or, as the
-        # channel retries UNAVAILABLE with backoff, runs into the deadline retrying)
+        # peer client retries UNAVAILABLE with backoff, runs into the deadline retrying)
         codes = {1: {grpc.StatusCode.DEADLINE_EXCEEDED},
                  2: {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}}
         for p, allowed in codes.items():

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 SHARED_FIELDS = (
     "format_version", "graph_name", "num_nodes", "num_edges", "partition_book",
     "num_partitions", "feature_dim", "feature_dtype", "num_classes", "split_sizes",
-    "has_edge_weights", "label_dtype",
+    "has_edge_weights", "label_dtype", "graph_fingerprint",
 )
 
 def _default_client_id() -> str:
@@ -152,15 +152,18 @@ class Cluster:
                     what="GetClusterInfo", address=address, code=grpc.StatusCode.UNAVAILABLE,
                 )
             try:
-                return stub.GetClusterInfo(
-                    request, timeout=min(remaining, self._rpc_timeout), wait_for_ready=True
-                )
+                # no wait_for_ready: a server that is down answers at once with the
+                # connect error (e.g. connection refused), which is logged below
+                return stub.GetClusterInfo(request, timeout=min(remaining, self._rpc_timeout))
             except grpc.RpcError as err:
                 code = err.code()
                 if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     raise error_from_rpc(err, "GetClusterInfo", address) from err
-                last = f"{code.name}: {err.details()}"
-                log.info("server %s not ready (%s); retrying", address, last)
+                error = f"{code.name}: {err.details()}"
+                if error != last:  # the first failure, and every change of reason
+                    log.warning("waiting up to %.0f s more for server %s: %s", remaining,
+                                address, error)
+                last = error
                 time.sleep(max(0.0, min(backoff, deadline - time.monotonic())))
                 backoff = min(backoff * 2, 1.0)
 

@@ -114,7 +114,7 @@ class RemoteNeighborLoader:
         return_internal_ids: bool = False,
         connect_timeout: float = 60.0,
         stall_timeout: float = 60.0,
-        reconnect_timeout: float = 60.0,
+        reconnect_timeout: float = 15.0,
         rpc_timeout: float = 30.0,
         client_id: str | None = None,
         cache_size: float | str | None = None,

@@ -74,8 +74,9 @@ class StreamTimeouts:
     #: counts as stalled and is resumed.
     stall: float = 60.0
     #: Seconds after a stream broke during which it is called again; then the server
-    #: counts as gone (ServerUnavailable).
-    reconnect: float = 60.0
+    #: counts as gone (ServerUnavailable naming it). A server restarted within this
+    #: time is rejoined and its stream resumed from the next batch this rank lacks.
+    reconnect: float = 15.0
     #: gRPC deadline of one StreamMinibatches call; when it passes mid-epoch, the stream
     #: is resumed (so it only bounds a call, never the epoch).
     call_deadline: float = 3600.0

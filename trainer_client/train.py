@@ -42,6 +42,7 @@ from tqdm import tqdm
 
 from protos.allocator import keep_freed_memory
 from protos.channel import GraphfeedError
+from protos.security import Security, read_token, set_default_security
 from trainer_client.cache import parse_cache_size
 from trainer_client.evaluate import accuracy_of, layerwise_logits, sampled_accuracy
 from trainer_client.loader import MAX_SEEDS, Cluster, RemoteNeighborLoader
@@ -128,7 +129,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir if it has one")
     p.add_argument("--metrics-json", type=Path, default=None)
     p.add_argument("--timeout", type=_positive(float), default=120.0,
-                   help="seconds to wait for servers, stalled streams and peers before failing")
+                   help="seconds to wait for servers at start and for a stalled stream before it is resumed")
+    p.add_argument("--reconnect-timeout", type=_positive(float), default=15.0,
+                   help="seconds a broken stream is retried (a server restarted within this time "
+                        "is rejoined) before the server counts as gone")
+    p.add_argument("--tls-ca", type=Path, default=None,
+                   help="CA (PEM) that signed the servers' certificates: connect with TLS")
+    p.add_argument("--tls-cert", type=Path, default=None, help="this trainer's certificate (mutual TLS)")
+    p.add_argument("--tls-key", type=Path, default=None, help="this trainer's private key (mutual TLS)")
+    p.add_argument("--token-file", type=Path, default=None,
+                   help="file holding the servers' bearer token (or set GRAPHFEED_TOKEN_FILE / "
+                        "GRAPHFEED_TOKEN)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -341,7 +352,7 @@ def make_loaders(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> Lo
     common: dict[str, Any] = dict(
         rank=env.rank, world_size=env.world_size, device=env.device,
         prefetch=args.prefetch, seed=args.seed, feature_dtype=args.feature_dtype,
-        stall_timeout=args.timeout, reconnect_timeout=args.timeout,
+        stall_timeout=args.timeout, reconnect_timeout=args.reconnect_timeout,
         cache_size=args.cache_size,
         cache_progress=None if env.rank == 0 and not args.no_progress else False,
     )
@@ -504,7 +515,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             level=args.log_level.upper() if rank == 0 else logging.WARNING,
             format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
         )
+        set_default_security(Security(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key,
+                                      token=read_token(args.token_file)))
         env = setup_distributed(args.device, args.timeout)
+        log.info("waiting up to %g s for the servers %s", args.timeout, args.servers)
         cluster = Cluster(args.servers, connect_timeout=args.timeout)
         metrics = run(args, env, cluster)
         if env.rank == 0 and args.metrics_json is not None:

@@ -1,0 +1,226 @@
+"""Mutual TLS and the bearer token, with certificates made in the test: the right
+caller is served, every other one gets UNAUTHENTICATED (or no connection at all)."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import generate_latest
+
+from partitioner.partition import partition_graph
+from partitioner.synthetic import generate
+from protos import sampling_pb2 as pb
+from protos import sampling_pb2_grpc as pb_grpc
+from protos.channel import create_channel
+from protos.codec import encode_tensor
+from protos.security import Security
+from sampling_server.config import ServerConfig
+from sampling_server.server import SamplingServer, create_server
+
+TOKEN = "s3cret-token-for-tests"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _write(path: Path, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> tuple[Path, Path]:
+    key_path, cert_path = path.with_suffix(".key"), path.with_suffix(".crt")
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
+
+
+def _cert(name: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name,
+          issuer_key: ec.EllipticCurvePrivateKey, *, ca: bool = False) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (x509.CertificateBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+               .issuer_name(issuer).public_key(key.public_key())
+               .serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5))
+               .not_valid_after(now + datetime.timedelta(days=1))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if not ca:
+        builder = builder.add_extension(x509.SubjectAlternativeName(
+            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+@dataclass
+class Certs:
+    ca: Path
+    server: tuple[Path, Path]
+    client: tuple[Path, Path]
+    stranger: tuple[Path, Path]  # signed by another CA
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    root = tmp_path_factory.mktemp("certs")
+    ca_key, other_key = _key(), _key()
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "graphfeed test CA")])
+    other_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "another CA")])
+    ca_cert = _cert("graphfeed test CA", ca_key, ca_name, ca_key, ca=True)
+    (root / "ca.crt").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    made = {}
+    for name, issuer, issuer_key in (("server", ca_name, ca_key), ("client", ca_name, ca_key),
+                                     ("stranger", other_name, other_key)):
+        key = _key()
+        made[name] = _write(root / name, key, _cert(name, key, issuer, issuer_key))
+    return Certs(root / "ca.crt", made["server"], made["client"], made["stranger"])
+
+
+@pytest.fixture(scope="module")
+def parts2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("secure-2")
+    partition_graph(generate("small", progress=False), 2, root, method="range", progress=False,
+                    overwrite=True)
+    return root
+
+
+def _servers(parts: Path, **kw: object) -> tuple[list[SamplingServer], list[str]]:
+    built = [create_server(ServerConfig(partition_dir=parts, partition=p, listen="127.0.0.1:0",
+                                        device="cpu", peer_timeout=5.0, health_interval=0.3,
+                                        **kw))  # type: ignore[arg-type]
+             for p in range(2)]
+    addresses = [f"127.0.0.1:{port}" for _, port in built]
+    servers = [s for s, _ in built]
+    for s in servers:
+        s.set_peers(addresses)
+        s.start()
+    return servers, addresses
+
+
+@pytest.fixture(scope="module")
+def mtls(parts2: Path, certs: Certs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    token_file = tmp_path_factory.mktemp("token") / "token"
+    token_file.write_text(TOKEN + "\n")
+    servers, addresses = _servers(parts2, tls_cert=certs.server[0], tls_key=certs.server[1],
+                                  tls_ca=certs.ca, token_file=token_file)
+    try:
+        # the servers reach each other over mutual TLS with the token
+        assert all(s.wait_until_serving(30) for s in servers)
+        yield addresses
+    finally:
+        for s in servers:
+            s.stop(None).wait(10)
+
+
+def _calls(channel: grpc.Channel) -> list[grpc.StatusCode]:
+    """The status of every graphfeed RPC on ``channel`` (OK when it answered)."""
+    stub = pb_grpc.SamplingServiceStub(channel)
+    peer = pb_grpc.PeerServiceStub(channel)
+    nodes = encode_tensor(np.zeros(1, np.int64))
+    calls = [
+        lambda: stub.GetClusterInfo(pb.ClusterInfoRequest(), timeout=10),
+        lambda: list(stub.StreamMinibatches(pb.EpochRequest(
+            split="train", fanouts=[2], batch_size=100, world_size=1), timeout=10)),
+        lambda: list(peer.SampleNeighbors(pb.SampleNeighborsRequest(nodes=nodes, fanout=2),
+                                          timeout=10)),
+        lambda: list(peer.FetchNodeData(pb.FetchNodeDataRequest(nodes=nodes, want_labels=True),
+                                        timeout=10)),
+    ]
+    codes = []
+    for call in calls:
+        try:
+            call()
+            codes.append(grpc.StatusCode.OK)
+        except grpc.RpcError as exc:
+            codes.append(exc.code())
+    return codes
+
+
+OK, UNAUTHENTICATED = grpc.StatusCode.OK, grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_caller_with_certificate_and_token_is_served(mtls: list[str], certs: Certs) -> None:
+    security = Security(ca=certs.ca, cert=certs.client[0], key=certs.client[1], token=TOKEN)
+    with create_channel(mtls[0], security=security) as channel:
+        assert _calls(channel) == [OK] * 4
+
+
+@pytest.mark.parametrize("token", [None, "wrong-token", TOKEN + "x"])
+def test_a_caller_without_the_right_token_is_unauthenticated(
+    mtls: list[str], certs: Certs, token: str | None
+) -> None:
+    security = Security(ca=certs.ca, cert=certs.client[0], key=certs.client[1], token=token)
+    with create_channel(mtls[0], security=security) as channel:
+        assert _calls(channel) == [UNAUTHENTICATED] * 4
+        # health stays open, so that orchestrators can probe readiness
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                          timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.parametrize("who", ["no certificate", "another CA's certificate", "plaintext"])
+def test_a_caller_without_a_trusted_certificate_gets_no_connection(
+    mtls: list[str], certs: Certs, who: str
+) -> None:
+    security = {
+        "no certificate": Security(ca=certs.ca, token=TOKEN),
+        "another CA's certificate": Security(ca=certs.ca, cert=certs.stranger[0],
+                                             key=certs.stranger[1], token=TOKEN),
+        "plaintext": Security(token=TOKEN),
+    }[who]
+    with create_channel(mtls[0], security=security) as channel:
+        codes = _calls(channel)
+    assert codes == [grpc.StatusCode.UNAVAILABLE] * 4
+
+
+def test_a_token_alone_guards_a_plaintext_server(parts2: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRAPHFEED_TOKEN", TOKEN)  # the servers read it from the environment
+    servers, addresses = _servers(parts2)
+    monkeypatch.delenv("GRAPHFEED_TOKEN")
+    try:
+        assert all(s.wait_until_serving(30) for s in servers)
+        with create_channel(addresses[0], security=Security(token=TOKEN)) as channel:
+            assert _calls(channel) == [OK] * 4
+        with create_channel(addresses[0], security=Security()) as channel:
+            assert _calls(channel) == [UNAUTHENTICATED] * 4
+        page = generate_latest(servers[0].metrics.registry).decode()
+        assert 'method="StreamMinibatches",partition="0"} 1.0' in page
+        assert 'code="UNAUTHENTICATED"' in page
+    finally:
+        for s in servers:
+            s.stop(None).wait(10)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
+def test_the_certificates_of_make_certs_sh_secure_a_cluster(parts2: Path, tmp_path: Path) -> None:
+    out = tmp_path / "certs"
+    subprocess.run(["bash", str(REPO / "deploy" / "make-certs.sh"), str(out), "server0",
+                    "server1", "trainer0"], check=True, capture_output=True, timeout=60)
+    servers, addresses = [], []
+    try:
+        servers, addresses = _servers(parts2, tls_cert=out / "server0.crt",
+                                      tls_key=out / "server0.key", tls_ca=out / "ca.crt",
+                                      token_file=out / "token")
+        assert all(s.wait_until_serving(30) for s in servers)
+        token = (out / "token").read_text().strip()
+        trainer = Security(ca=out / "ca.crt", cert=out / "trainer0.crt", key=out / "trainer0.key",
+                           token=token)
+        with create_channel(addresses[0], security=trainer) as channel:
+            assert _calls(channel) == [OK] * 4
+    finally:
+        for s in servers:
+            s.stop(None).wait(10)
