@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15protos/sampling.proto\x12\x0cgraphfeed.v1\"I\n\x06Tensor\x12\"\n\x05\x64type\x18\x01 \x01(\x0e\x32\x13.graphfeed.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x81\x01\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x05\x64type\x18\x02 \x01(\x0e\x32\x13.graphfeed.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"\'\n\x12\x43lusterInfoRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\"6\n\nSplitSizes\x12\r\n\x05train\x18\x01 \x01(\x03\x12\x0b\n\x03val\x18\x02 \x01(\x03\x12\x0c\n\x04test\x18\x03 \x01(\x03\"\xc9\x03\n\x0b\x43lusterInfo\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x12\n\ngraph_name\x18\x02 \x01(\t\x12\x11\n\tnum_nodes\x18\x03 \x01(\x03\x12\x11\n\tnum_edges\x18\x04 \x01(\x03\x12\x16\n\x0epartition_book\x18\x05 \x03(\x03\x12\x14\n\x0cpartition_id\x18\x06 \x01(\x05\x12\x16\n\x0enum_partitions\x18\x07 \x01(\x05\x12\x13\n\x0b\x66\x65\x61ture_dim\x18\x08 \x01(\x03\x12*\n\rfeature_dtype\x18\t \x01(\x0e\x32\x13.graphfeed.v1.DType\x12\x13\n\x0bnum_classes\x18\n \x01(\x05\x12-\n\x0bsplit_sizes\x18\x0b \x03(\x0b\x32\x18.graphfeed.v1.SplitSizes\x12\x16\n\x0epeer_addresses\x18\x0c \x03(\t\x12\x18\n\x10has_edge_weights\x18\r \x01(\x08\x12\x16\n\x0eserver_version\x18\x0e \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x0f \x01(\t\x12(\n\x0blabel_dtype\x18\x10 \x01(\x0e\x32\x13.graphfeed.v1.DType\x12\x19\n\x11graph_fingerprint\x18( \x01(\t\"4\n\x0fSamplingOptions\x12\x0f\n\x07replace\x18\x01 \x01(\x08\x12\x10\n\x08weighted\x18\x02 \x01(\x08\"\xcb\x03\n\x0c\x45pochRequest\x12\x0f\n\x05split\x18\x01 \x01(\tH\x00\x12%\n\x05seeds\x18\x02 \x01(\x0b\x32\x14.graphfeed.v1.TensorH\x00\x12\x0f\n\x07\x66\x61nouts\x18\x03 \x03(\x05\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x0f\n\x07shuffle\x18\x05 \x01(\x08\x12\x11\n\tdrop_last\x18\x06 \x01(\x08\x12\x0c\n\x04seed\x18\x07 \x01(\x04\x12\r\n\x05\x65poch\x18\x08 \x01(\x03\x12\x0c\n\x04rank\x18\t \x01(\x05\x12\x12\n\nworld_size\x18\n \x01(\x05\x12\x13\n\x0bresume_from\x18\x0b \x01(\x03\x12*\n\rfeature_dtype\x18\x0c \x01(\x0e\x32\x13.graphfeed.v1.DType\x12/\n\x08sampling\x18\r \x01(\x0b\x32\x1d.graphfeed.v1.SamplingOptions\x12\x18\n\x10include_features\x18\x0e \x01(\x08\x12\x16\n\x0einclude_labels\x18\x0f \x01(\x08\x12\x11\n\tclient_id\x18\x10 \x01(\t\x12\x16\n\x0eglobal_batches\x18\x14 \x01(\x08\x12\x1c\n\x14include_original_ids\x18\x15 \x01(\x08\x42\x0e\n\x0cseeds_source\"t\n\x0fMinibatchHeader\x12\x13\n\x0bnum_batches\x18\x01 \x01(\x03\x12\x16\n\x0enum_seed_nodes\x18\x02 \x01(\x03\x12\x19\n\x11num_sampled_nodes\x18\x03 \x03(\x03\x12\x19\n\x11num_sampled_edges\x18\x04 \x03(\x03\"\xa9\x01\n\x0eMinibatchChunk\x12\x13\n\x0b\x62\x61tch_index\x18\x01 \x01(\x03\x12\x13\n\x0b\x63hunk_index\x18\x02 \x01(\x05\x12\x12\n\nnum_chunks\x18\x03 \x01(\x05\x12-\n\x06header\x18\x04 \x01(\x0b\x32\x1d.graphfeed.v1.MinibatchHeader\x12*\n\x07tensors\x18\x05 \x03(\x0b\x32\x19.graphfeed.v1.TensorChunk\"o\n\x12LookupNodesRequest\x12\x0f\n\x05split\x18\x01 \x01(\tH\x00\x12,\n\x0coriginal_ids\x18\x02 \x01(\x0b\x32\x14.graphfeed.v1.TensorH\x00\x12\x11\n\tclient_id\x18\x03 \x01(\tB\x07\n\x05query\"h\n\x10LookupNodesReply\x12(\n\nglobal_ids\x18\x01 \x01(\x0b\x32\x14.graphfeed.v1.Tensor\x12*\n\x0coriginal_ids\x18\x02 \x01(\x0b\x32\x14.graphfeed.v1.Tensor\"\xa5\x01\n\x16SampleNeighborsRequest\x12#\n\x05nodes\x18\x01 \x01(\x0b\x32\x14.graphfeed.v1.Tensor\x12\x0e\n\x06\x66\x61nout\x18\x02 \x01(\x05\x12\x13\n\x0brandom_seed\x18\x03 \x01(\x04\x12\x0f\n\x07replace\x18\x04 \x01(\x08\x12\x10\n\x08weighted\x18\x05 \x01(\x08\x12\x0b\n\x03hop\x18\x06 \x01(\x05\x12\x11\n\tclient_id\x18\x07 \x01(\t\"k\n\x14SampleNeighborsChunk\x12\x13\n\x0b\x63hunk_index\x18\x01 \x01(\x05\x12\x12\n\nnum_chunks\x18\x02 \x01(\x05\x12*\n\x07tensors\x18\x03 \x03(\x0b\x32\x19.graphfeed.v1.TensorChunk\"\xc1\x01\n\x14\x46\x65tchNodeDataRequest\x12#\n\x05nodes\x18\x01 \x01(\x0b\x32\x14.graphfeed.v1.Tensor\x12\x15\n\rwant_features\x18\x02 \x01(\x08\x12\x13\n\x0bwant_labels\x18\x03 \x01(\x08\x12*\n\rfeature_dtype\x18\x04 \x01(\x0e\x32\x13.graphfeed.v1.DType\x12\x11\n\tclient_id\x18\x05 \x01(\t\x12\x19\n\x11want_original_ids\x18\x14 \x01(\x08\"d\n\rNodeDataChunk\x12\x13\n\x0b\x63hunk_index\x18\x01 \x01(\x05\x12\x12\n\nnum_chunks\x18\x02 \x01(\x05\x12*\n\x07tensors\x18\x03 \x03(\x0b\x32\x19.graphfeed.v1.TensorChunk*\x93\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x42OOL\x10\x01\x12\t\n\x05UINT8\x10\x02\x12\x08\n\x04INT8\x10\x03\x12\t\n\x05INT16\x10\x04\x12\t\n\x05INT32\x10\x05\x12\t\n\x05INT64\x10\x06\x12\x0b\n\x07\x46LOAT16\x10\x07\x12\x0c\n\x08\x42\x46LOAT16\x10\x08\x12\x0b\n\x07\x46LOAT32\x10\t\x12\x0b\n\x07\x46LOAT64\x10\n2\x82\x02\n\x0fSamplingService\x12M\n\x0eGetClusterInfo\x12 .graphfeed.v1.ClusterInfoRequest\x1a\x19.graphfeed.v1.ClusterInfo\x12O\n\x0bLookupNodes\x12 .graphfeed.v1.LookupNodesRequest\x1a\x1e.graphfeed.v1.LookupNodesReply\x12O\n\x11StreamMinibatches\x12\x1a.graphfeed.v1.EpochRequest\x1a\x1c.graphfeed.v1.MinibatchChunk0\x01\x32\xc0\x01\n\x0bPeerService\x12]\n\x0fSampleNeighbors\x12$.graphfeed.v1.SampleNeighborsRequest\x1a\".graphfeed.v1.SampleNeighborsChunk0\x01\x12R\n\rFetchNodeData\x12\".graphfeed.v1.FetchNodeDataRequest\x1a\x1b.graphfeed.v1.NodeDataChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15protos/sampling.proto\x12\x0cgraphfeed.v1\"I\n\x06Tensor\x12\"\n\x05\x64type\x18\x01 \x01(\x0e\x32\x13.graphfeed.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x81\x01\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x05\x64type\x18\x02 \x01(\x0e\x32\x13.graphfeed.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"\'\n\x12\x43lusterInfoRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\"6\n\nSplitSizes\x12\r\n\x05train\x18\x01 \x01(\x03\x12\x0b\n\x03val\x18\x02 \x01(\x03\x12\x0c\n\x04test\x18\x03 \x01(\x03\"\xdc\x03\n\x0b\x43lusterInfo\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x12\n\ngraph_name\x18\x02 \x01(\t\x12\x11\n\tnum_nodes\x18\x03 \x01(\x03\x12\x11\n\tnum_edges\x18\x04 \x01(\x03\x12\x16\n\x0epartition_book\x18\x05 \x03(\x03\x12\x14\n\x0cpartition_id\x18\x06 \x01(\x05\x12\x16\n\x0enum_partitions\x18\x07 \x01(\x05\x12\x13\n\x0b\x66\x65\x61ture_dim\x18\x08 \x01(\x03\x12*\n\rfeature_dtype\x18\t \x01(\x0e\x32\x13.graphfeed.v1.DType\x12\x13\n\x0bnum_classes\x18\n \x01(\x05\x12-\n\x0bsplit_sizes\x18\x0b \x03(\x0b\x32\x18.graphfeed.v1.SplitSizes\x12\x16\n\x0epeer_addresses\x18\x0c \x03(\t\x12\x18\n\x10has_edge_weights\x18\r \x01(\x08\x12\x16\n\x0eserver_version\x18\x0e \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x0f \x01(\t\x12(\n\x0blabel_dtype\x18\x10 \x01(\x0e\x32\x13.graphfeed.v1.DType\x12\x19\n\x11graph_fingerprint\x18( \x01(\t\x12\x11\n\thot_order\x18< \x01(\t\"4\n\x0fSamplingOptions\x12\x0f\n\x07replace\x18\x01 \x01(\x08\x12\x10\n\x08weighted\x18\x02 \x01(\x08\"\xe1\x03\n\x0c\x45pochRequest\x12\x0f\n\x05split\x18\x01 \x01(\tH\x00\x12%\n\x05seeds\x18\x02 \x01(\x0b\x32\x14.graphfeed.v1.TensorH\x00\x12\x0f\n\x07\x66\x61nouts\x18\x03 \x03(\x05\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x0f\n\x07shuffle\x18\x05 \x01(\x08\x12\x11\n\tdrop_last\x18\x06 \x01(\x08\x12\x0c\n\x04seed\x18\x07 \x01(\x04\x12\r\n\x05\x65poch\x18\x08 \x01(\x03\x12\x0c\n\x04rank\x18\t \x01(\x05\x12\x12\n\nworld_size\x18\n \x01(\x05\x12\x13\n\x0bresume_from\x18\x0b \x01(\x03\x12*\n\rfeature_dtype\x18\x0c \x01(\x0e\x32\x13.graphfeed.v1.DType\x12/\n\x08sampling\x18\r \x01(\x0b\x32\x1d.graphfeed.v1.SamplingOptions\x12\x18\n\x10include_features\x18\x0e \x01(\x08\x12\x16\n\x0einclude_labels\x18\x0f \x01(\x08\x12\x11\n\tclient_id\x18\x10 \x01(\t\x12\x16\n\x0eglobal_batches\x18\x14 \x01(\x08\x12\x1c\n\x14include_original_ids\x18\x15 \x01(\x08\x12\x14\n\x0c\x63\x61\x63he_counts\x18< \x03(\x03\x42\x0e\n\x0cseeds_source\"t\n\x0fMinibatchHeader\x12\x13\n\x0bnum_batches\x18\x01 \x01(\x03\x12\x16\n\x0enum_seed_nodes\x18\x02 \x01(\x03\x12\x19\n\x11num_sampled_nodes\x18\x03 \x03(\x03\x12\x19\n\x11num_sampled_edges\x18\x04 \x03(\x03\"\xa9\x01\n\x0eMinibatchChunk\x12\x13\n\x0b\x62\x61tch_index\x18\x01 \x01(\x03\x12\x13\n\x0b\x63hunk_index\x18\x02 \x01(\x05\x12\x12\n\nnum_chunks\x18\x03 \x01(\x05\x12-\n\x06header\x18\x04 \x01(\x0b\x32\x1d.graphfeed.v1.MinibatchHeader\x12*\n\x07tensors\x18\x05 \x03(\x0b\x32\x19.graphfeed.v1.TensorChunk\"o\n\x12LookupNodesRequest\x12\x0f\n\x05split\x18\x01 \x01(\tH\x00\x12,\n\x0coriginal_ids\x18\x02 \x01(\x0b\x32\x14.graphfeed.v1.TensorH\x00\x12\x11\n\tclient_id\x18\x03 \x01(\tB\x07\n\x05query\"h\n\x10LookupNodesReply\x12(\n\nglobal_ids\x18\x01 \x01(\x0b\x32\x14.graphfeed.v1.Tensor\x12*\n\x0coriginal_ids\x18\x02 \x01(\x0b\x32\x14.graphfeed.v1.Tensor\"y\n\x0fHotNodesRequest\x12\r\n\x05\x63ount\x18\x01 \x01(\x03\x12\x18\n\x10include_features\x18\x02 \x01(\x08\x12*\n\rfeature_dtype\x18\x03 \x01(\x0e\x32\x13.graphfeed.v1.DType\x12\x11\n\tclient_id\x18\x04 \x01(\t\"v\n\rHotNodesChunk\x12\x11\n\tfirst_row\x18\x01 \x01(\x03\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\x12\"\n\x04n_id\x18\x03 \x01(\x0b\x32\x14.graphfeed.v1.Tensor\x12\x1f\n\x01x\x18\x04 \x01(\x0b\x32\x14.graphfeed.v1.Tensor\"\xa5\x01\n\x16SampleNeighborsRequest\x12#\n\x05nodes\x18\x01 \x01(\x0b\x32\x14.graphfeed.v1.Tensor\x12\x0e\n\x06\x66\x61nout\x18\x02 \x01(\x05\x12\x13\n\x0brandom_seed\x18\x03 \x01(\x04\x12\x0f\n\x07replace\x18\x04 \x01(\x08\x12\x10\n\x08weighted\x18\x05 \x01(\x08\x12\x0b\n\x03hop\x18\x06 \x01(\x05\x12\x11\n\tclient_id\x18\x07 \x01(\t\"k\n\x14SampleNeighborsChunk\x12\x13\n\x0b\x63hunk_index\x18\x01 \x01(\x05\x12\x12\n\nnum_chunks\x18\x02 \x01(\x05\x12*\n\x07tensors\x18\x03 \x03(\x0b\x32\x19.graphfeed.v1.TensorChunk\"\xc1\x01\n\x14\x46\x65tchNodeDataRequest\x12#\n\x05nodes\x18\x01 \x01(\x0b\x32\x14.graphfeed.v1.Tensor\x12\x15\n\rwant_features\x18\x02 \x01(\x08\x12\x13\n\x0bwant_labels\x18\x03 \x01(\x08\x12*\n\rfeature_dtype\x18\x04 \x01(\x0e\x32\x13.graphfeed.v1.DType\x12\x11\n\tclient_id\x18\x05 \x01(\t\x12\x19\n\x11want_original_ids\x18\x14 \x01(\x08\"d\n\rNodeDataChunk\x12\x13\n\x0b\x63hunk_index\x18\x01 \x01(\x05\x12\x12\n\nnum_chunks\x18\x02 \x01(\x05\x12*\n\x07tensors\x18\x03 \x03(\x0b\x32\x19.graphfeed.v1.TensorChunk*\x93\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x42OOL\x10\x01\x12\t\n\x05UINT8\x10\x02\x12\x08\n\x04INT8\x10\x03\x12\t\n\x05INT16\x10\x04\x12\t\n\x05INT32\x10\x05\x12\t\n\x05INT64\x10\x06\x12\x0b\n\x07\x46LOAT16\x10\x07\x12\x0c\n\x08\x42\x46LOAT16\x10\x08\x12\x0b\n\x07\x46LOAT32\x10\t\x12\x0b\n\x07\x46LOAT64\x10\n2\xd2\x02\n\x0fSamplingService\x12M\n\x0eGetClusterInfo\x12 .graphfeed.v1.ClusterInfoRequest\x1a\x19.graphfeed.v1.ClusterInfo\x12O\n\x0bLookupNodes\x12 .graphfeed.v1.LookupNodesRequest\x1a\x1e.graphfeed.v1.LookupNodesReply\x12O\n\x11StreamMinibatches\x12\x1a.graphfeed.v1.EpochRequest\x1a\x1c.graphfeed.v1.MinibatchChunk0\x01\x12N\n\x0eStreamHotNodes\x12\x1d.graphfeed.v1.HotNodesRequest\x1a\x1b.graphfeed.v1.HotNodesChunk0\x01\x32\xc0\x01\n\x0bPeerService\x12]\n\x0fSampleNeighbors\x12$.graphfeed.v1.SampleNeighborsRequest\x1a\".graphfeed.v1.SampleNeighborsChunk0\x01\x12R\n\rFetchNodeData\x12\".graphfeed.v1.FetchNodeDataRequest\x1a\x1b.graphfeed.v1.NodeDataChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.sampling_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=2404
-  _globals['_DTYPE']._serialized_end=2551
+  _globals['_DTYPE']._serialized_start=2688
+  _globals['_DTYPE']._serialized_end=2835
   _globals['_TENSOR']._serialized_start=39
   _globals['_TENSOR']._serialized_end=112
   _globals['_TENSORCHUNK']._serialized_start=115
@@ -42,29 +42,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SPLITSIZES']._serialized_start=287
   _globals['_SPLITSIZES']._serialized_end=341
   _globals['_CLUSTERINFO']._serialized_start=344
-  _globals['_CLUSTERINFO']._serialized_end=801
-  _globals['_SAMPLINGOPTIONS']._serialized_start=803
-  _globals['_SAMPLINGOPTIONS']._serialized_end=855
-  _globals['_EPOCHREQUEST']._serialized_start=858
-  _globals['_EPOCHREQUEST']._serialized_end=1317
-  _globals['_MINIBATCHHEADER']._serialized_start=1319
-  _globals['_MINIBATCHHEADER']._serialized_end=1435
-  _globals['_MINIBATCHCHUNK']._serialized_start=1438
-  _globals['_MINIBATCHCHUNK']._serialized_end=1607
-  _globals['_LOOKUPNODESREQUEST']._serialized_start=1609
-  _globals['_LOOKUPNODESREQUEST']._serialized_end=1720
-  _globals['_LOOKUPNODESREPLY']._serialized_start=1722
-  _globals['_LOOKUPNODESREPLY']._serialized_end=1826
-  _globals['_SAMPLENEIGHBORSREQUEST']._serialized_start=1829
-  _globals['_SAMPLENEIGHBORSREQUEST']._serialized_end=1994
-  _globals['_SAMPLENEIGHBORSCHUNK']._serialized_start=1996
-  _globals['_SAMPLENEIGHBORSCHUNK']._serialized_end=2103
-  _globals['_FETCHNODEDATAREQUEST']._serialized_start=2106
-  _globals['_FETCHNODEDATAREQUEST']._serialized_end=2299
-  _globals['_NODEDATACHUNK']._serialized_start=2301
-  _globals['_NODEDATACHUNK']._serialized_end=2401
-  _globals['_SAMPLINGSERVICE']._serialized_start=2554
-  _globals['_SAMPLINGSERVICE']._serialized_end=2812
-  _globals['_PEERSERVICE']._serialized_start=2815
-  _globals['_PEERSERVICE']._serialized_end=3007
+  _globals['_CLUSTERINFO']._serialized_end=820
+  _globals['_SAMPLINGOPTIONS']._serialized_start=822
+  _globals['_SAMPLINGOPTIONS']._serialized_end=874
+  _globals['_EPOCHREQUEST']._serialized_start=877
+  _globals['_EPOCHREQUEST']._serialized_end=1358
+  _globals['_MINIBATCHHEADER']._serialized_start=1360
+  _globals['_MINIBATCHHEADER']._serialized_end=1476
+  _globals['_MINIBATCHCHUNK']._serialized_start=1479
+  _globals['_MINIBATCHCHUNK']._serialized_end=1648
+  _globals['_LOOKUPNODESREQUEST']._serialized_start=1650
+  _globals['_LOOKUPNODESREQUEST']._serialized_end=1761
+  _globals['_LOOKUPNODESREPLY']._serialized_start=1763
+  _globals['_LOOKUPNODESREPLY']._serialized_end=1867
+  _globals['_HOTNODESREQUEST']._serialized_start=1869
+  _globals['_HOTNODESREQUEST']._serialized_end=1990
+  _globals['_HOTNODESCHUNK']._serialized_start=1992
+  _globals['_HOTNODESCHUNK']._serialized_end=2110
+  _globals['_SAMPLENEIGHBORSREQUEST']._serialized_start=2113
+  _globals['_SAMPLENEIGHBORSREQUEST']._serialized_end=2278
+  _globals['_SAMPLENEIGHBORSCHUNK']._serialized_start=2280
+  _globals['_SAMPLENEIGHBORSCHUNK']._serialized_end=2387
+  _globals['_FETCHNODEDATAREQUEST']._serialized_start=2390
+  _globals['_FETCHNODEDATAREQUEST']._serialized_end=2583
+  _globals['_NODEDATACHUNK']._serialized_start=2585
+  _globals['_NODEDATACHUNK']._serialized_end=2685
+  _globals['_SAMPLINGSERVICE']._serialized_start=2838
+  _globals['_SAMPLINGSERVICE']._serialized_end=3176
+  _globals['_PEERSERVICE']._serialized_start=3179
+  _globals['_PEERSERVICE']._serialized_end=3371
 # @@protoc_insertion_point(module_scope)

@@ -297,6 +297,7 @@ class ClusterInfo(_message.Message):
     DEVICE_FIELD_NUMBER: _builtins.int
     LABEL_DTYPE_FIELD_NUMBER: _builtins.int
     GRAPH_FINGERPRINT_FIELD_NUMBER: _builtins.int
+    HOT_ORDER_FIELD_NUMBER: _builtins.int
     format_version: _builtins.int
     """Version of the on-disk partition format the server loaded (the manifest's
     format_version).
@@ -329,6 +330,12 @@ class ClusterInfo(_message.Message):
     """Fingerprint of the partitioned graph: hex SHA-256 of the partition manifest
     (canonical JSON, which lists the size and SHA-256 of every file of every partition).
     Equal on every server of one cluster; servers refuse peers whose fingerprint differs.
+    """
+    hot_order: _builtins.str
+    """Name of the rule that orders each partition's nodes from hottest to coldest for the
+    trainer-side feature cache (StreamHotNodes, EpochRequest.cache_counts):
+    "in_degree_v1" (in-degree of the owned node, highest first, ties by lower global
+    ID). Empty: the server has no feature cache support.
     """
     @_builtins.property
     def partition_book(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -369,10 +376,11 @@ class ClusterInfo(_message.Message):
         device: _builtins.str = ...,
         label_dtype: Global___DType.ValueType = ...,
         graph_fingerprint: _builtins.str = ...,
+        hot_order: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "feature_dim", b"feature_dim", "feature_dtype", b"feature_dtype", "format_version", b"format_version", "graph_fingerprint", b"graph_fingerprint", "graph_name", b"graph_name", "has_edge_weights", b"has_edge_weights", "label_dtype", b"label_dtype", "num_classes", b"num_classes", "num_edges", b"num_edges", "num_nodes", b"num_nodes", "num_partitions", b"num_partitions", "partition_book", b"partition_book", "partition_id", b"partition_id", "peer_addresses", b"peer_addresses", "server_version", b"server_version", "split_sizes", b"split_sizes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "feature_dim", b"feature_dim", "feature_dtype", b"feature_dtype", "format_version", b"format_version", "graph_fingerprint", b"graph_fingerprint", "graph_name", b"graph_name", "has_edge_weights", b"has_edge_weights", "hot_order", b"hot_order", "label_dtype", b"label_dtype", "num_classes", b"num_classes", "num_edges", b"num_edges", "num_nodes", b"num_nodes", "num_partitions", b"num_partitions", "partition_book", b"partition_book", "partition_id", b"partition_id", "peer_addresses", b"peer_addresses", "server_version", b"server_version", "split_sizes", b"split_sizes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -440,6 +448,7 @@ class EpochRequest(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     GLOBAL_BATCHES_FIELD_NUMBER: _builtins.int
     INCLUDE_ORIGINAL_IDS_FIELD_NUMBER: _builtins.int
+    CACHE_COUNTS_FIELD_NUMBER: _builtins.int
     split: _builtins.str
     """A split name: "train", "val" or "test". The server uses the seeds of that split
     which its own partition owns.
@@ -510,6 +519,16 @@ class EpochRequest(_message.Message):
     def sampling(self) -> Global___SamplingOptions:
         """Neighbor sampling options (all false when absent)."""
 
+    @_builtins.property
+    def cache_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The trainer's feature cache plan: the trainer holds the features (in this request's
+        wire feature_dtype) of the first cache_counts[p] nodes of partition p's hot order
+        (StreamHotNodes, ClusterInfo.hot_order). Empty: no cache, every batch carries its
+        full "x". Otherwise exactly num_partitions entries, each in 0 .. the partition's node
+        count (INVALID_ARGUMENT otherwise); with include_features each batch then carries
+        "x_cached" and only the rows of "x" the trainer lacks.
+        """
+
     def __init__(
         self,
         *,
@@ -531,10 +550,11 @@ class EpochRequest(_message.Message):
         client_id: _builtins.str = ...,
         global_batches: _builtins.bool = ...,
         include_original_ids: _builtins.bool = ...,
+        cache_counts: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling", "seeds", b"seeds", "seeds_source", b"seeds_source", "split", b"split"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "client_id", b"client_id", "drop_last", b"drop_last", "epoch", b"epoch", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "cache_counts", b"cache_counts", "client_id", b"client_id", "drop_last", b"drop_last", "epoch", b"epoch", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_seeds_source: _TypeAlias = _typing.Literal["split", "seeds"]  # noqa: Y015
     _WhichOneofArgType_seeds_source: _TypeAlias = _typing.Literal["seeds_source", b"seeds_source"]  # noqa: Y015
@@ -602,6 +622,11 @@ class MinibatchChunk(_message.Message):
                                       are y[:num_seed_nodes].
       "orig_id"    INT64 [N]          original IDs of n_id's nodes, in n_id order
                                       (only when include_original_ids).
+      "x_cached"   BOOL [N]           true for the nodes whose features the trainer holds
+                                      by EpochRequest.cache_counts (only when
+                                      include_features and cache_counts are set); "x" is
+                                      then [N - sum(x_cached), F]: the rows of the other
+                                      nodes, in n_id order.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -710,6 +735,88 @@ class LookupNodesReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LookupNodesReply: _TypeAlias = LookupNodesReply  # noqa: Y015
+
+@_typing.final
+class HotNodesRequest(_message.Message):
+    """Asks a sampling server for the hottest nodes of its partition (and their features),
+    for a trainer's feature cache, or a peer's view of the partition's hot order.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COUNT_FIELD_NUMBER: _builtins.int
+    INCLUDE_FEATURES_FIELD_NUMBER: _builtins.int
+    FEATURE_DTYPE_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    count: _builtins.int
+    """Number of nodes, from the hottest on, in 0 .. the partition's node count
+    (INVALID_ARGUMENT otherwise).
+    """
+    include_features: _builtins.bool
+    """Send the nodes' features ("x")."""
+    feature_dtype: Global___DType.ValueType
+    """Element type of "x" on the wire: FLOAT32, FLOAT16 or BFLOAT16, or DTYPE_UNSPECIFIED
+    for the stored dtype.
+    """
+    client_id: _builtins.str
+    """Free-form identifier of the caller, for server logs only; may be empty."""
+    def __init__(
+        self,
+        *,
+        count: _builtins.int = ...,
+        include_features: _builtins.bool = ...,
+        feature_dtype: Global___DType.ValueType = ...,
+        client_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "count", b"count", "feature_dtype", b"feature_dtype", "include_features", b"include_features"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HotNodesRequest: _TypeAlias = HotNodesRequest  # noqa: Y015
+
+@_typing.final
+class HotNodesChunk(_message.Message):
+    """One message of the answer to StreamHotNodes: a block of consecutive positions of the
+    partition's hot order. Blocks arrive in order, without gaps, the first at position 0,
+    together covering positions 0 .. count-1 (one empty block when count is 0). Each
+    message is at most about the server's chunk size.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIRST_ROW_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    N_ID_FIELD_NUMBER: _builtins.int
+    X_FIELD_NUMBER: _builtins.int
+    first_row: _builtins.int
+    """Position in the hot order of this block's first node."""
+    count: _builtins.int
+    """Nodes of the whole answer (HotNodesRequest.count)."""
+    @_builtins.property
+    def n_id(self) -> Global___Tensor:
+        """INT64 [b] global IDs of the block's nodes, hottest first."""
+
+    @_builtins.property
+    def x(self) -> Global___Tensor:
+        """feature dtype [b, F] their features (only when include_features)."""
+
+    def __init__(
+        self,
+        *,
+        first_row: _builtins.int = ...,
+        count: _builtins.int = ...,
+        n_id: Global___Tensor | None = ...,
+        x: Global___Tensor | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["n_id", b"n_id", "x", b"x"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "first_row", b"first_row", "n_id", b"n_id", "x", b"x"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HotNodesChunk: _TypeAlias = HotNodesChunk  # noqa: Y015
 
 @_typing.final
 class SampleNeighborsRequest(_message.Message):

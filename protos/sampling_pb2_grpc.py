@@ -50,6 +50,11 @@ class SamplingServiceStub:
                 request_serializer=protos_dot_sampling__pb2.EpochRequest.SerializeToString,
                 response_deserializer=protos_dot_sampling__pb2.MinibatchChunk.FromString,
                 _registered_method=True)
+        self.StreamHotNodes = channel.unary_stream(
+                '/graphfeed.v1.SamplingService/StreamHotNodes',
+                request_serializer=protos_dot_sampling__pb2.HotNodesRequest.SerializeToString,
+                response_deserializer=protos_dot_sampling__pb2.HotNodesChunk.FromString,
+                _registered_method=True)
 
 
 class SamplingServiceServicer:
@@ -77,6 +82,14 @@ class SamplingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamHotNodes(self, request, context):
+        """Streams the hottest nodes of this partition (ClusterInfo.hot_order) and their
+        features, to fill a trainer's feature cache; peers read the order from it too.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SamplingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -94,6 +107,11 @@ def add_SamplingServiceServicer_to_server(servicer, server):
                     servicer.StreamMinibatches,
                     request_deserializer=protos_dot_sampling__pb2.EpochRequest.FromString,
                     response_serializer=protos_dot_sampling__pb2.MinibatchChunk.SerializeToString,
+            ),
+            'StreamHotNodes': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamHotNodes,
+                    request_deserializer=protos_dot_sampling__pb2.HotNodesRequest.FromString,
+                    response_serializer=protos_dot_sampling__pb2.HotNodesChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -178,6 +196,33 @@ class SamplingService:
             '/graphfeed.v1.SamplingService/StreamMinibatches',
             protos_dot_sampling__pb2.EpochRequest.SerializeToString,
             protos_dot_sampling__pb2.MinibatchChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamHotNodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/graphfeed.v1.SamplingService/StreamHotNodes',
+            protos_dot_sampling__pb2.HotNodesRequest.SerializeToString,
+            protos_dot_sampling__pb2.HotNodesChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -68,6 +68,10 @@ class SamplingServiceStub:
     """Maps original node IDs to global IDs, or lists a split's nodes, for this partition."""
     StreamMinibatches: _grpc.UnaryStreamMultiCallable[_sampling_pb2.EpochRequest, _sampling_pb2.MinibatchChunk]
     """Streams one epoch's minibatches for one trainer rank."""
+    StreamHotNodes: _grpc.UnaryStreamMultiCallable[_sampling_pb2.HotNodesRequest, _sampling_pb2.HotNodesChunk]
+    """Streams the hottest nodes of this partition (ClusterInfo.hot_order) and their
+    features, to fill a trainer's feature cache; peers read the order from it too.
+    """
 
 @_typing.type_check_only
 class SamplingServiceAsyncStub(SamplingServiceStub):
@@ -80,6 +84,10 @@ class SamplingServiceAsyncStub(SamplingServiceStub):
     """Maps original node IDs to global IDs, or lists a split's nodes, for this partition."""
     StreamMinibatches: _aio.UnaryStreamMultiCallable[_sampling_pb2.EpochRequest, _sampling_pb2.MinibatchChunk]  # type: ignore[assignment]
     """Streams one epoch's minibatches for one trainer rank."""
+    StreamHotNodes: _aio.UnaryStreamMultiCallable[_sampling_pb2.HotNodesRequest, _sampling_pb2.HotNodesChunk]  # type: ignore[assignment]
+    """Streams the hottest nodes of this partition (ClusterInfo.hot_order) and their
+    features, to fill a trainer's feature cache; peers read the order from it too.
+    """
 
 class SamplingServiceServicer(metaclass=_abc_1.ABCMeta):
     """The service trainers call."""
@@ -107,6 +115,16 @@ class SamplingServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_sampling_pb2.MinibatchChunk], _abc.AsyncIterator[_sampling_pb2.MinibatchChunk]]:
         """Streams one epoch's minibatches for one trainer rank."""
+
+    @_abc_1.abstractmethod
+    def StreamHotNodes(
+        self,
+        request: _sampling_pb2.HotNodesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_sampling_pb2.HotNodesChunk], _abc.AsyncIterator[_sampling_pb2.HotNodesChunk]]:
+        """Streams the hottest nodes of this partition (ClusterInfo.hot_order) and their
+        features, to fill a trainer's feature cache; peers read the order from it too.
+        """
 
 def add_SamplingServiceServicer_to_server(servicer: SamplingServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

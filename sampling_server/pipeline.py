@@ -19,14 +19,16 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
 from protos.plan import BatchRef, EpochPlan, GlobalPlan
+from sampling_server.hot import HotNodes
 from sampling_server.limits import printable
 from sampling_server.metrics import ServerMetrics
-from sampling_server.peer import PeerCallOptions, PeerClient
-from sampling_server.sampler import batch_key
+from sampling_server.peer import BoundPeers, PeerCallOptions, PeerClient
+from sampling_server.sampler import NeighborSampler, batch_key
 from sampling_server.store import PartitionStore, cast_features
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,8 @@ class EpochJob:
     client_id: str = ""
     #: Send the nodes' original IDs ("orig_id").
     original_ids: bool = False
+    #: The trainer's feature cache plan (``EpochRequest.cache_counts``); empty: none.
+    cache_counts: tuple[int, ...] = ()
 
     def seeds_of(self, ref: BatchRef, partition: int) -> np.ndarray:
         """The seeds of one of this server's batches, in batch order."""
@@ -89,6 +93,8 @@ class SamplingPipeline:
         self.chunk_bytes = chunk_bytes
         #: Where batches, bytes, seeds and stage latencies are counted (None: nowhere).
         self.metrics: ServerMetrics | None = None
+        #: Every partition's hot order, for trainers' feature caches.
+        self.hot = HotNodes(store, lambda: self.peers, chunk_bytes)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sample")
         # Original-ID lookups run beside the feature gather (both wait on peers); their
         # own threads, so a lookup never waits for a sampling thread.
@@ -138,6 +144,27 @@ class SamplingPipeline:
             return []
         return self.produce(job, ref)
 
+    def _gather(self, job: EpochJob, sampler: NeighborSampler, n_id: torch.Tensor,
+                bound: BoundPeers | None) -> dict[str, codec.TensorLike]:
+        """The batch's "x" and "y" as the job asks; with a cache plan, "x" holds only the
+        rows the trainer lacks and "x_cached" marks the others."""
+        remote = bound.node_data if bound else None
+        named: dict[str, codec.TensorLike] = {}
+        if job.features and job.cache_counts:
+            cached = self.hot.cached_mask(n_id, job.cache_counts)
+            missing = torch.nonzero(~cached.to(n_id.device)).flatten()
+            x, _ = sampler.gather(n_id[missing], features=True, labels=False, remote=remote)
+            named["x_cached"] = cached
+            y = sampler.gather(n_id, features=False, labels=True, remote=remote)[1] \
+                if job.labels else None
+        else:
+            x, y = sampler.gather(n_id, features=job.features, labels=job.labels, remote=remote)
+        if x is not None:
+            named["x"] = cast_features(x, job.feature_dtype)
+        if y is not None:
+            named["y"] = y
+        return named
+
     def produce(self, job: EpochJob, ref: BatchRef) -> list[bytes]:
         """Sample one batch, gather its rows and encode it as stream messages."""
         started = time.perf_counter()
@@ -153,12 +180,7 @@ class SamplingPipeline:
             if job.original_ids else None
         if job.features or job.labels:
             with self._stage("gather"):
-                x, y = sampler.gather(out.n_id, features=job.features, labels=job.labels,
-                                      remote=bound.node_data if bound else None)
-            if x is not None:
-                named["x"] = cast_features(x, job.feature_dtype)
-            if y is not None:
-                named["y"] = y
+                named.update(self._gather(job, sampler, out.n_id, bound))
         if orig_ids is not None:
             named["orig_id"] = orig_ids.result()  # bounded: peer calls carry deadlines
         header = pb.MinibatchHeader(

@@ -101,6 +101,9 @@ def _add_services(server: grpc.Server, sampling: SamplingServicer, peer: PeerSer
             "StreamMinibatches": grpc.unary_stream_rpc_method_handler(
                 _guarded(sampling.StreamMinibatches), _lenient(pb.EpochRequest),
                 fastwire.passthrough),
+            "StreamHotNodes": grpc.unary_stream_rpc_method_handler(
+                _guarded(sampling.StreamHotNodes), _lenient(pb.HotNodesRequest),
+                pb.HotNodesChunk.SerializeToString),
         },
         PEER_SERVICE: {
             "SampleNeighbors": grpc.unary_stream_rpc_method_handler(

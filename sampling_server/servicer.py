@@ -17,6 +17,7 @@ from partitioner.graph import SPLITS
 from protos import sampling_pb2 as pb
 from protos.codec import encode_tensor
 from protos.plan import EpochPlan, GlobalPlan, plan_epoch, plan_global_epoch, shuffled_seeds
+from sampling_server.hot import check_counts
 from sampling_server.limits import check_epoch_limits, printable
 from sampling_server.metrics import ServerMetrics
 from sampling_server.pipeline import EpochJob, SamplingPipeline
@@ -119,7 +120,9 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
                     replace=opts.replace, weighted=opts.weighted,
                     features=request.include_features, labels=request.include_labels,
                     feature_dtype=dtype, client_id=request.client_id,
-                    original_ids=request.include_original_ids)
+                    original_ids=request.include_original_ids,
+                    cache_counts=check_counts(request.cache_counts, store.partition_book,
+                                              f"{_FIELD}.cache_counts"))
 
 
 def _partition_plan(request: pb.EpochRequest, store: PartitionStore) -> tuple[EpochPlan, np.ndarray]:
@@ -218,6 +221,19 @@ class SamplingServicer:
         with abort_on_error(context, "LookupNodes", self.store.partition_id):
             self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
             return lookup_nodes(request, self.store)
+
+    def StreamHotNodes(
+        self, request: pb.HotNodesRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.HotNodesChunk]:
+        """The hottest nodes of this partition and their features (feature cache fill)."""
+        p = self.store.partition_id
+        with abort_on_error(context, "StreamHotNodes", p, self._rejected("StreamHotNodes")):
+            self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
+            dtype = wire_feature_dtype(request.feature_dtype, self.store.feature_dtype,
+                                       "HotNodesRequest.feature_dtype")
+            log.info("partition=%d client=%s: hot nodes: %d%s", p, printable(request.client_id),
+                     request.count, " with features" if request.include_features else "")
+            yield from self.pipeline.hot.blocks(request, dtype)
 
     def StreamMinibatches(
         self, request: pb.EpochRequest, context: grpc.ServicerContext

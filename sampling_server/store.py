@@ -39,6 +39,10 @@ def server_version() -> str:
         return "0+unknown"
 
 
+#: The rule ordering each partition's nodes for trainers' feature caches (sampling_server/hot.py).
+HOT_ORDER = "in_degree_v1"
+
+
 class NotLoaded(RuntimeError):
     """The partition is not loaded (yet, or its load failed)."""
 
@@ -205,7 +209,7 @@ class PartitionStore:
             num_classes=m.num_classes, split_sizes=sizes,
             peer_addresses=list(self.peer_addresses), has_edge_weights=m.has_edge_weight,
             server_version=server_version(), device=self.device, label_dtype=pb.INT64,
-            graph_fingerprint=self.graph_fingerprint,
+            graph_fingerprint=self.graph_fingerprint, hot_order=HOT_ORDER,
         )
 
     def check_owned(self, nodes: np.ndarray, field: str) -> None:

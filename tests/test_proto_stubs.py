@@ -106,6 +106,7 @@ def test_wire_contract_shape(tmp_path: Path) -> None:
         for service in proto.service
     }
     assert methods == {
-        "SamplingService": {("GetClusterInfo", False), ("LookupNodes", False), ("StreamMinibatches", True)},
+        "SamplingService": {("GetClusterInfo", False), ("LookupNodes", False), ("StreamMinibatches", True),
+                            ("StreamHotNodes", True)},
         "PeerService": {("SampleNeighbors", True), ("FetchNodeData", True)},
     }

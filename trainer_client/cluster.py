@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -14,12 +15,14 @@ from types import TracebackType
 
 import grpc
 import numpy as np
+import torch
 
 from protos import fastwire
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import ServerUnavailable, create_channel, error_from_rpc
 from protos.codec import decode_tensor, encode_tensor
+from trainer_client.cache import FeatureCache
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,8 @@ class Cluster:
         self.client_id = client_id or _default_client_id()
         self._rpc_timeout = rpc_timeout
         self._channels: dict[str, grpc.Channel] = {}
+        self._caches: dict[tuple[tuple[int, ...], int, str], FeatureCache] = {}
+        self._cache_lock = threading.Lock()
         deadline = time.monotonic() + connect_timeout
         try:
             infos = self._fetch_all(addresses, deadline, connect_timeout)
@@ -200,6 +205,17 @@ class Cluster:
     def partition_of(self, nodes: np.ndarray) -> np.ndarray:
         """Partition owning each global node ID."""
         return np.searchsorted(self.partition_book, nodes, side="right") - 1
+
+    def feature_cache(self, counts: list[int], wire_dtype: int, device: torch.device, *,
+                      progress: bool | None = None) -> FeatureCache:
+        """The feature cache of this plan, dtype and device: filled on first use, then
+        shared (so it fills once per job, not per loader or epoch)."""
+        key = (tuple(counts), int(wire_dtype), str(device))
+        with self._cache_lock:
+            if key not in self._caches:
+                self._caches[key] = FeatureCache.fill(self, counts, wire_dtype, device,
+                                                      progress=progress)
+            return self._caches[key]
 
     def close(self) -> None:
         """Close every channel."""

@@ -30,7 +30,7 @@ from protos.codec import CodecError, TensorAssembler
 from protos.fastwire import WireMessage
 
 #: Tensor names a ``StreamMinibatches`` batch may carry.
-BATCH_TENSORS = ("n_id", "edge_index", "x", "y", "orig_id")
+BATCH_TENSORS = ("n_id", "edge_index", "x", "y", "orig_id", "x_cached")
 #: Feature dtypes a batch may carry.
 FEATURE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -263,7 +263,13 @@ def build_data(
         data.internal_n_id, data.n_id = n_id, orig
     if spec.include_features or "x" in tensors:
         x = _require(tensors, "x", where, "include_features is set")
-        _check_tensor(x, "x", [num_nodes, spec.feature_dim], FEATURE_DTYPES, where)
+        rows = num_nodes
+        if "x_cached" in tensors:  # x holds only the rows the trainer's cache lacks
+            cached = tensors["x_cached"]
+            _check_tensor(cached, "x_cached", [num_nodes], [torch.bool], where)
+            rows = num_nodes - int(cached.sum())
+            data.x_cached = cached
+        _check_tensor(x, "x", [rows, spec.feature_dim], FEATURE_DTYPES, where)
         data.x = x
     if spec.include_labels or "y" in tensors:
         y = _require(tensors, "y", where, "include_labels is set")

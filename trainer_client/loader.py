@@ -33,8 +33,17 @@ import torch
 from torch_geometric.data import Data
 
 from protos import sampling_pb2 as pb
-from protos.codec import MAX_CHUNK_BYTES, encode_tensor
+from protos.channel import ProtocolError
+from protos.codec import MAX_CHUNK_BYTES, dtype_to_torch, encode_tensor
 from protos.plan import BatchRef, EpochPlan, GlobalPlan, plan_epoch, plan_global_epoch, shuffled_seeds
+from trainer_client.cache import (
+    DEFAULT_CUDA_CACHE_FRACTION,
+    KNOWN_HOT_ORDERS,
+    CacheError,
+    FeatureCache,
+    parse_cache_size,
+    plan_counts,
+)
 from trainer_client.cluster import Cluster
 from trainer_client.decode import BatchSpec, to_device
 from trainer_client.inputs import InputNodes, check_keywords, input_array, original_ids, split_name
@@ -108,6 +117,8 @@ class RemoteNeighborLoader:
         reconnect_timeout: float = 15.0,
         rpc_timeout: float = 30.0,
         client_id: str | None = None,
+        cache_size: float | str | None = None,
+        cache_progress: bool | None = None,
         **unsupported: object,
     ) -> None:
         """Check the arguments, connect to the servers and plan epoch 0.
@@ -128,6 +139,11 @@ class RemoteNeighborLoader:
         to each batch. ``stall_timeout``: seconds without a message before a stream is
         resumed; ``reconnect_timeout``: seconds a broken stream is retried before
         ServerUnavailable.
+        ``cache_size``: the trainer-side hot-feature cache on ``device`` (see
+        :mod:`trainer_client.cache`): a fraction of all nodes (``0.2``, ``"20%"``) or a
+        size (``"2GiB"``); 0 turns it off; default 0.1 on a CUDA device, 0 otherwise.
+        It fills once per :class:`Cluster` (progress bar on a terminal, or as
+        ``cache_progress`` says) and is shared by its loaders with the same plan.
         """
         check_keywords(unsupported)
         if input_nodes is not None and seeds is not None:
@@ -159,6 +175,8 @@ class RemoteNeighborLoader:
         self.replace, self.weighted = bool(replace), bool(weighted)
         self.return_internal_ids = bool(return_internal_ids)
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else bool(pin_memory)
+        default_size = DEFAULT_CUDA_CACHE_FRACTION if self.device.type == "cuda" else 0.0
+        size = parse_cache_size(default_size if cache_size is None else cache_size)
         node_array = input_array(nodes, "input_nodes") if nodes is not None else None
         self._owns_cluster = not isinstance(servers, Cluster)
         self.cluster = (
@@ -169,6 +187,8 @@ class RemoteNeighborLoader:
         self.client_id = client_id or f"{self.cluster.client_id}-rank{self.rank}"
         try:
             self._resolve_seeds(node_array)
+            #: The feature cache this loader's batches use (None: every batch carries all of x).
+            self.cache: FeatureCache | None = self._open_cache(size, cache_progress)
             if self.weighted and not self.cluster.info.has_edge_weights:
                 raise ValueError("weighted: expected a graph with edge weights, but the servers have none")
             self.epoch = 0
@@ -204,6 +224,22 @@ class RemoteNeighborLoader:
         owner = self.cluster.partition_of(internal)
         self._positions = [np.flatnonzero(owner == p) for p in range(self.cluster.num_partitions)]
         self._seed_counts = [int(p.size) for p in self._positions]
+
+    def _open_cache(self, size: tuple[str, float], progress: bool | None) -> FeatureCache | None:
+        """The plan's cache, filled on first use per cluster; None when the plan is empty."""
+        info = self.cluster.info
+        wire = WIRE_FEATURE_DTYPES[self.feature_dtype] or int(info.feature_dtype)
+        itemsize = torch.empty(0, dtype=dtype_to_torch(wire)).element_size()
+        counts = plan_counts(size, self.cluster.partition_book.tolist(), int(info.feature_dim) * itemsize)
+        if not sum(counts):
+            return None
+        orders = {i.hot_order for i in self.cluster.infos}
+        if len(orders) != 1 or not orders <= set(KNOWN_HOT_ORDERS):
+            log.warning("cache_size: the servers' hot orders %s are not all one of %s (older "
+                        "servers?); running without the feature cache", sorted(orders),
+                        list(KNOWN_HOT_ORDERS))
+            return None
+        return self.cluster.feature_cache(counts, wire, self.device, progress=progress)
 
     def _warn_if_empty(self) -> None:
         if len(self) == 0:
@@ -310,6 +346,8 @@ class RemoteNeighborLoader:
             global_batches=self.batches == "global", include_original_ids=True,
         )
         request.seeds.CopyFrom(self._seeds_tensor)
+        if self.cache is not None:
+            request.cache_counts.extend(self.cache.counts)
         return request
 
     def stream(self) -> EpochStream:
@@ -344,9 +382,29 @@ class RemoteNeighborLoader:
             for batch in stream:
                 data = batch.data
                 data.input_id = torch.from_numpy(self.input_ids(refs[batch.index]))
+                data = to_device(data, self.device, feature_dtype=None, non_blocking=self.pin_memory)
+                self._complete_features(data, stream.stats)
+                if dtype is not None and data.x.dtype != dtype:
+                    data.x = data.x.to(dtype)
                 if not self.return_internal_ids and "internal_n_id" in data:
                     del data.internal_n_id
-                yield to_device(data, self.device, feature_dtype=dtype, non_blocking=self.pin_memory)
+                yield data
+
+    def _complete_features(self, data: Data, stats: StreamStats) -> None:
+        """Fill a batch's cached rows of ``x`` from the feature cache (on the device)."""
+        stats.rows += int(data.num_nodes)
+        if "x_cached" not in data:
+            return
+        if self.cache is None:
+            raise ProtocolError("StreamMinibatches: tensor 'x_cached': expected none (this loader "
+                                "sent no cache plan), got one", what="StreamMinibatches")
+        cached = data.x_cached
+        del data.x_cached
+        stats.cached_rows += int(cached.sum())
+        try:
+            data.x = self.cache.assemble(data.x, cached, data.internal_n_id)
+        except CacheError as exc:
+            raise ProtocolError(f"StreamMinibatches: {exc}", what="StreamMinibatches") from exc
 
     def close(self) -> None:
         """Close the channels (unless the Cluster was passed in)."""

@@ -125,6 +125,14 @@ class StreamStats:
     resumes: int = 0
     #: Seconds the consumer waited for batches that were not there yet.
     wait_seconds: float = 0.0
+    #: Feature rows of the batches taken, and how many of them came from the feature cache.
+    rows: int = 0
+    cached_rows: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of the feature rows served from the trainer's feature cache."""
+        return self.cached_rows / self.rows if self.rows else 0.0
 
 
 class _State(enum.Enum):

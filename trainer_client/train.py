@@ -43,6 +43,7 @@ from tqdm import tqdm
 from protos.allocator import keep_freed_memory
 from protos.channel import GraphfeedError
 from protos.security import Security, read_token, set_default_security
+from trainer_client.cache import parse_cache_size
 from trainer_client.evaluate import accuracy_of, layerwise_logits, sampled_accuracy
 from trainer_client.loader import MAX_SEEDS, Cluster, RemoteNeighborLoader
 from trainer_client.models import MODELS, NodeClassifier, batch_inputs, build_model
@@ -86,6 +87,16 @@ def _positive(kind: type[int] | type[float]) -> Any:
     return parse
 
 
+def _cache_size(text: str) -> float | str | None:
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        parse_cache_size(text, "--cache-size")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="graphfeed-train", description="Train a GNN on minibatches from graphfeed sampling servers.")
@@ -110,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--feature-dtype", choices=["float32", "float16", "bfloat16", "stored"], default="float32",
                    help="feature dtype on the wire (cast to float32 on the device)")
+    p.add_argument("--cache-size", type=_cache_size, default=None,
+                   help="trainer-side hot-feature cache: a fraction of the nodes (0.2, '20%%'), a size "
+                        "('2GiB') or 0 for none; default 'auto': 0.1 on a CUDA device, 0 on the CPU")
     p.add_argument("--prefetch", type=_positive(int), default=4, help="batches streamed ahead")
     p.add_argument("--checkpoint-dir", type=Path, default=None)
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir if it has one")
@@ -339,6 +353,8 @@ def make_loaders(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> Lo
         rank=env.rank, world_size=env.world_size, device=env.device,
         prefetch=args.prefetch, seed=args.seed, feature_dtype=args.feature_dtype,
         stall_timeout=args.timeout, reconnect_timeout=args.reconnect_timeout,
+        cache_size=args.cache_size,
+        cache_progress=None if env.rank == 0 and not args.no_progress else False,
     )
     train = RemoteNeighborLoader(cluster, "train", num_neighbors=args.fanouts, batch_size=args.batch_size,
                                  shuffle=True, **common)

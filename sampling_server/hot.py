@@ -1,0 +1,156 @@
+"""The hot order of every partition, for the trainer-side feature cache.
+
+Each partition's nodes are ordered from hottest to coldest by a rule every party
+computes alike (:data:`HOT_ORDER`: in-degree of the owned node, highest first, ties by
+lower global ID; the in-degree is ``diff(indptr)`` of the partition's CSC). A trainer's
+cache plan is one count per partition (``EpochRequest.cache_counts``): it holds the
+features of the first ``counts[p]`` nodes of partition ``p``'s order. A server knows its
+own order and reads each peer's once, on first need, through ``StreamHotNodes``, so it
+can mark which rows of any batch (remote nodes included) the trainer holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+
+import grpc
+import numpy as np
+import torch
+
+from protos import sampling_pb2 as pb
+from protos import sampling_pb2_grpc as pb_grpc
+from protos.codec import decode_tensor, encode_tensor
+from sampling_server.peer import PeerClient
+from sampling_server.store import HOT_ORDER, PartitionStore, RequestError, cast_features
+
+__all__ = ["HOT_ORDER", "HotNodes", "check_counts", "hot_order"]
+
+log = logging.getLogger(__name__)
+
+
+def hot_order(indptr: np.ndarray, node_start: int) -> np.ndarray:
+    """Global IDs of a partition's owned nodes, hottest first: in-degree descending, ties
+    by lower global ID (a stable sort of the negated degrees)."""
+    degree = np.diff(np.asarray(indptr, dtype=np.int64))
+    return np.argsort(-degree, kind="stable").astype(np.int64) + node_start
+
+
+def _ranks(order: np.ndarray, node_start: int) -> np.ndarray:
+    """``rank[v - node_start]``: position of owned node ``v`` in ``order``."""
+    rank = np.empty(order.size, dtype=np.int64)
+    rank[order - node_start] = np.arange(order.size, dtype=np.int64)
+    return rank
+
+
+def check_counts(counts: Sequence[int], book: np.ndarray, field: str) -> tuple[int, ...]:
+    """A cache plan's counts, checked against the partition book (empty: no cache)."""
+    counts = tuple(int(c) for c in counts)
+    if not counts:
+        return counts
+    sizes = np.diff(book)
+    if len(counts) != sizes.size:
+        raise RequestError(f"{field}: expected {sizes.size} entries (one per partition) or none, "
+                           f"got {len(counts)}")
+    bad = [p for p, c in enumerate(counts) if not 0 <= c <= sizes[p]]
+    if bad:
+        p = bad[0]
+        raise RequestError(f"{field}[{p}]: expected 0 .. {int(sizes[p])} (the partition's nodes), "
+                           f"got {counts[p]}")
+    return counts
+
+
+class HotNodes:
+    """This server's view of every partition's hot order (thread-safe, lazily built)."""
+
+    def __init__(self, store: PartitionStore, peers: Callable[[], PeerClient | None],
+                 chunk_bytes: int = 4 * 1024 * 1024) -> None:
+        """``peers`` gives the peer client when needed (servers set it when they start)."""
+        self.store = store
+        self.peers = peers
+        self.chunk_bytes = chunk_bytes
+        self._ranks: dict[int, np.ndarray] = {}
+        self._own_order: np.ndarray | None = None
+        self._lock = threading.Lock()
+
+    def own_order(self) -> np.ndarray:
+        """This partition's hot order (global IDs, hottest first)."""
+        with self._lock:
+            if self._own_order is None:
+                part = self.store.partition
+                self._own_order = hot_order(part.indptr, self.store.node_range[0])
+            return self._own_order
+
+    def ranks(self, partition: int) -> np.ndarray:
+        """Positions of ``partition``'s nodes in its hot order (read from the peer once)."""
+        with self._lock:
+            found = self._ranks.get(partition)
+        if found is not None:
+            return found
+        book = self.store.partition_book
+        start = int(book[partition])
+        if partition == self.store.partition_id:
+            order = self.own_order()
+        else:
+            order = self._fetch_order(partition, int(book[partition + 1]) - start)
+        rank = _ranks(order, start)
+        with self._lock:
+            return self._ranks.setdefault(partition, rank)
+
+    def _fetch_order(self, partition: int, count: int) -> np.ndarray:
+        peers = self.peers()
+        if peers is None:
+            raise RuntimeError(f"hot order of partition {partition}: no peers to ask")
+        stub = pb_grpc.SamplingServiceStub(peers.channel(partition))
+        request = pb.HotNodesRequest(count=count, client_id=peers.client_id)
+        try:
+            blocks = [decode_tensor(m.n_id) for m in
+                      stub.StreamHotNodes(request, timeout=peers.timeout)]
+        except grpc.RpcError as err:
+            raise RequestError(f"hot order of partition {partition}: peer call failed: "
+                               f"{err.code().name}: {err.details()}",
+                               grpc.StatusCode.UNAVAILABLE) from err
+        order = np.concatenate(blocks).astype(np.int64) if blocks else np.empty(0, np.int64)
+        if order.size != count:
+            raise RequestError(f"hot order of partition {partition}: expected {count} nodes, got "
+                               f"{order.size}", grpc.StatusCode.UNAVAILABLE)
+        log.info("partition=%d: read the hot order of partition %d (%d nodes)",
+                 self.store.partition_id, partition, count)
+        return order
+
+    def cached_mask(self, n_id: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+        """Bool ``[N]`` on the CPU: which of ``n_id``'s nodes a trainer with the plan
+        ``counts`` holds."""
+        ids = n_id.cpu().numpy()
+        book = self.store.partition_book
+        owner = np.searchsorted(book, ids, side="right") - 1
+        mask = np.zeros(ids.size, dtype=bool)
+        for p in np.unique(owner):
+            k = int(counts[int(p)])
+            if k == 0:
+                continue
+            sel = owner == p
+            mask[sel] = self.ranks(int(p))[ids[sel] - book[p]] < k
+        return torch.from_numpy(mask)
+
+    def blocks(self, request: pb.HotNodesRequest, dtype: int) -> Iterator[pb.HotNodesChunk]:
+        """The answer to StreamHotNodes: the first ``count`` nodes, block by block."""
+        order = self.own_order()
+        count = int(request.count)
+        if not 0 <= count <= order.size:
+            raise RequestError(f"HotNodesRequest.count: expected 0 .. {order.size} (the partition's "
+                               f"nodes), got {count}")
+        part = self.store.partition
+        row_bytes = 8 + (part.x.shape[1] * np.dtype(part.x.dtype).itemsize
+                         if request.include_features else 0)
+        step = max(1, self.chunk_bytes // row_bytes)
+        sampler = self.store.sampler()
+        for first in range(0, max(count, 1), step):
+            ids = order[first:min(first + step, count)]
+            msg = pb.HotNodesChunk(first_row=first, count=count, n_id=encode_tensor(ids))
+            if request.include_features:
+                x, _ = sampler.gather_local(torch.from_numpy(ids).to(sampler.device), True, False)
+                assert x is not None
+                msg.x.CopyFrom(encode_tensor(cast_features(x, dtype).cpu()))
+            yield msg

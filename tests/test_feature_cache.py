@@ -1,0 +1,220 @@
+"""The trainer-side hot-feature cache (trainer_client/cache.py, sampling_server/hot.py):
+the plan, the fill, bit-identical batches with and without it, old clients, bad sizes.
+Real servers on the ``small`` synthetic graph."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from test_loader import FAST, real_servers
+
+from partitioner.format import load_partition
+from protos import fastwire
+from protos import sampling_pb2 as pb
+from protos import sampling_pb2_grpc as pb_grpc
+from protos.channel import create_channel
+from protos.codec import decode_tensor, encode_tensor
+from sampling_server.hot import hot_order
+from trainer_client.cache import CacheError, FeatureCache, parse_cache_size, plan_counts
+from trainer_client.decode import BatchAssembler
+from trainer_client.loader import Cluster, RemoteNeighborLoader
+
+ARGS = {"num_neighbors": [5, 3], "batch_size": 96, "shuffle": True, "seed": 3, **FAST}
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[str]]]:
+    out = tmp_path_factory.mktemp("cache") / "small-3"
+    with real_servers(out, num_parts=3) as addresses:
+        yield out, addresses
+
+
+def _raw(x: torch.Tensor) -> torch.Tensor:
+    """The bits of a feature tensor, for bitwise comparison."""
+    return x.contiguous().view(torch.int16 if x.element_size() == 2 else torch.int32)
+
+
+@pytest.mark.parametrize("batches", ["global", "partition"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_x_is_bit_identical_with_and_without_the_cache(servers: tuple[Path, list[str]], batches: str,
+                                                       dtype: str) -> None:
+    _, addresses = servers
+    with Cluster(addresses, connect_timeout=30) as cluster:
+        plain = RemoteNeighborLoader(cluster, "train", batches=batches, feature_dtype=dtype,
+                                     cast_features=False, cache_size=0, **ARGS)
+        cached = RemoteNeighborLoader(cluster, "train", batches=batches, feature_dtype=dtype,
+                                      cast_features=False, cache_size=0.3, **ARGS)
+        assert plain.cache is None and cached.cache is not None
+        for epoch in range(2):
+            plain.set_epoch(epoch)
+            cached.set_epoch(epoch)
+            count = 0
+            for a, b in zip(plain, cached, strict=True):
+                assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+                assert a.x.dtype == b.x.dtype == getattr(torch, dtype)
+                assert torch.equal(_raw(a.x), _raw(b.x))
+                assert torch.equal(a.y, b.y)
+                count += 1
+            assert count == len(plain) > 1
+            assert 0 < cached.last_stats.hit_rate < 1 and plain.last_stats.hit_rate == 0
+            assert cached.last_stats.bytes < plain.last_stats.bytes
+
+
+def test_the_plan_is_the_same_on_every_party(servers: tuple[Path, list[str]]) -> None:
+    out, addresses = servers
+    with Cluster(addresses, connect_timeout=30) as cluster:
+        assert {i.hot_order for i in cluster.infos} == {"in_degree_v1"}
+        for p, address in enumerate(cluster.addresses):
+            part = load_partition(out, p)
+            expected = hot_order(part.indptr, int(part.partition_book[p]))
+            degree = np.diff(part.indptr)[expected - part.partition_book[p]]
+            assert (np.diff(degree) <= 0).all()  # hottest first
+            with create_channel(address) as channel:
+                stub = pb_grpc.SamplingServiceStub(channel)
+                blocks = list(stub.StreamHotNodes(pb.HotNodesRequest(count=expected.size), timeout=30))
+            got = np.concatenate([decode_tensor(m.n_id) for m in blocks])
+            np.testing.assert_array_equal(got, expected)
+        a = RemoteNeighborLoader(cluster, "train", cache_size=0.2, **ARGS)
+        b = RemoteNeighborLoader(cluster, "val", cache_size=0.2, rank=1, world_size=2, **ARGS)
+        assert a.cache is b.cache  # one plan, one fill
+        book = cluster.partition_book
+        assert a.cache is not None and list(a.cache.counts) == plan_counts(("fraction", 0.2), book, 16)
+        assert sum(a.cache.counts) <= 0.2 * int(book[-1])
+
+
+def test_the_cache_fills_once_per_job_not_per_epoch(servers: tuple[Path, list[str]],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    _, addresses = servers
+    calls: list[int] = []
+    fill = FeatureCache._fill_partition
+
+    def counting(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return fill(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FeatureCache, "_fill_partition", counting)
+    with Cluster(addresses, connect_timeout=30) as cluster:
+        loaders = [RemoteNeighborLoader(cluster, split, cache_size="25%", **ARGS)
+                   for split in ("train", "val", "train")]
+        assert len(calls) == 3  # one StreamHotNodes per partition
+        for epoch in range(3):
+            for loader in loaders:
+                loader.set_epoch(epoch)
+                assert sum(1 for _ in loader) == len(loader)
+        assert len(calls) == 3
+
+
+def test_hot_nodes_are_hit_more_often_than_their_share(servers: tuple[Path, list[str]]) -> None:
+    _, addresses = servers
+    with Cluster(addresses, connect_timeout=30) as cluster:
+        loader = RemoteNeighborLoader(cluster, "train", cache_size=0.2, **ARGS)
+        assert loader.cache is not None
+        share = loader.cache.num_rows / int(cluster.info.num_nodes)
+        list(loader)
+        stats = loader.last_stats
+        assert stats.rows > 0 and stats.cached_rows > 0
+        assert share < stats.hit_rate < 1.0, (share, stats.hit_rate)
+
+
+def _one_batch(address: str, request: pb.EpochRequest) -> dict[str, object]:
+    with create_channel(address) as channel:
+        stub = fastwire.MinibatchStreamStub(channel)
+        assembler = BatchAssembler()
+        for msg in stub.StreamMinibatches(request, timeout=30):
+            batch = assembler.add(msg)
+            if batch is not None:
+                return dict(batch.data.items())
+    raise AssertionError("no batch")
+
+
+def test_a_client_without_a_plan_gets_the_full_x(servers: tuple[Path, list[str]]) -> None:
+    _, addresses = servers
+    request = pb.EpochRequest(split="train", fanouts=[5, 3], batch_size=64, world_size=1,
+                              include_features=True, include_labels=True)
+    old = _one_batch(addresses[0], request)
+    assert "x_cached" not in old and old["x"].shape[0] == old["n_id"].numel()  # type: ignore[attr-defined]
+    request.cache_counts.extend([20, 20, 20])
+    new = _one_batch(addresses[0], request)
+    mask = new["x_cached"]
+    assert isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and bool(mask.any())
+    assert new["x"].shape[0] == int((~mask).sum())  # type: ignore[attr-defined]
+    assert torch.equal(new["x"], old["x"][~mask])  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("counts", "pattern"), [
+    ([1, 2], r"EpochRequest.cache_counts: expected 3 entries"),
+    ([1, -1, 0], r"EpochRequest.cache_counts\[1\]: expected 0 \.\. "),
+    ([10**9, 0, 0], r"EpochRequest.cache_counts\[0\]: expected 0 \.\. "),
+])
+def test_a_bad_plan_is_invalid_argument_naming_the_field(servers: tuple[Path, list[str]],
+                                                         counts: list[int], pattern: str) -> None:
+    _, addresses = servers
+    request = pb.EpochRequest(fanouts=[2], batch_size=8, world_size=1, include_features=True,
+                              seeds=encode_tensor(np.arange(8, dtype=np.int64)))
+    request.cache_counts.extend(counts)
+    with create_channel(addresses[1]) as channel, pytest.raises(grpc.RpcError) as err:
+        list(pb_grpc.SamplingServiceStub(channel).StreamMinibatches(request, timeout=30))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details() and __import__("re").search(pattern, err.value.details())
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, "lots", True, "2XB", "120%", float("nan"), [0.1]])
+def test_bad_cache_sizes_are_refused_naming_the_field(value: object) -> None:
+    with pytest.raises(ValueError, match=r"^cache_size: expected a fraction"):
+        parse_cache_size(value)
+
+
+def test_cache_sizes_parse_and_split_across_partitions() -> None:
+    assert parse_cache_size(0.2) == ("fraction", 0.2)
+    assert parse_cache_size("20%") == ("fraction", 0.2)
+    assert parse_cache_size("2GiB") == ("bytes", 2.0 * 2**30)
+    assert parse_cache_size("1.5 MB") == ("bytes", 1.5e6)
+    book = [0, 100, 300, 600]
+    assert plan_counts(("fraction", 0.1), book, 8) == [10, 20, 30]
+    assert plan_counts(("bytes", 80 * 60), book, 80) == [10, 20, 30]
+    assert plan_counts(("fraction", 0.0), book, 8) == [0, 0, 0]
+    assert plan_counts(("bytes", 10**12), book, 8) == [100, 200, 300]
+
+
+def test_the_train_cli_takes_a_cache_size_and_refuses_a_bad_one(capsys: pytest.CaptureFixture[str]) -> None:
+    from trainer_client.train import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["--servers", "h:1"]).cache_size is None
+    assert parser.parse_args(["--servers", "h:1", "--cache-size", "2GiB"]).cache_size == "2GiB"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--servers", "h:1", "--cache-size", "lots"])
+    assert "--cache-size: expected a fraction" in capsys.readouterr().err
+
+
+def test_servers_without_a_hot_order_get_no_plan(servers: tuple[Path, list[str]],
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    _, addresses = servers
+    with Cluster(addresses, connect_timeout=30) as cluster:
+        for info in cluster.infos:
+            info.hot_order = ""  # as a server from before the cache answers
+        loader = RemoteNeighborLoader(cluster, "train", cache_size=0.2, **ARGS)
+        assert loader.cache is None
+        assert "running without the feature cache" in caplog.text
+        assert list(loader._request().cache_counts) == []
+        assert sum(1 for _ in loader) == len(loader) and loader.last_stats.hit_rate == 0
+
+
+def test_a_batch_that_disagrees_with_the_cache_is_refused() -> None:
+    rows = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    slot = torch.tensor([-1, 0, -1, 1, 2, -1])
+    cache = FeatureCache([1, 2], rows, slot, pb.FLOAT32)
+    n_id = torch.tensor([3, 0, 4, 5])
+    cached = torch.tensor([True, False, True, False])
+    x_missing = torch.full((2, 4), -1.0)
+    x = cache.assemble(x_missing, cached, n_id)
+    assert torch.equal(x, torch.stack([rows[1], x_missing[0], rows[2], x_missing[1]]))
+    with pytest.raises(CacheError, match=r"tensor 'x_cached': marks 1 nodes this cache does not hold"):
+        cache.assemble(x_missing[:1], torch.tensor([True, False, True, True]), n_id)
+    with pytest.raises(CacheError, match=r"tensor 'x': expected torch.float32 with 2 rows"):
+        cache.assemble(x_missing[:1], cached, n_id)

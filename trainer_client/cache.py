@@ -1,0 +1,202 @@
+"""The trainer-side hot-feature cache.
+
+A trainer holds the features of the hottest nodes of the graph on its own device, so
+the servers send per batch only the rows it lacks. Which nodes are hot is a plan every
+party agrees on without talking: each partition orders its nodes by the rule named in
+``ClusterInfo.hot_order`` (in-degree, highest first, ties by lower ID), and the plan is
+one count per partition (``EpochRequest.cache_counts``): the trainer holds the first
+``counts[p]`` nodes of partition ``p``'s order. The budget (``cache_size``: a fraction
+of all nodes, or bytes) is split across partitions in proportion to their node counts.
+
+The cache fills once per job (:meth:`FeatureCache.fill`, ``StreamHotNodes``, streamed
+in blocks, with a progress bar on a terminal) and is shared by every loader of one
+:class:`~trainer_client.cluster.Cluster` with the same plan, dtype and device.
+Per batch, :meth:`FeatureCache.assemble` rebuilds the full ``x`` on the device: cached
+rows by index, received rows scattered in; the result is bit-identical to the ``x`` a
+trainer without the cache receives.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import grpc
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from protos import sampling_pb2 as pb
+from protos.channel import error_from_rpc
+from protos.codec import decode_tensor_torch, dtype_name, dtype_to_torch
+
+if TYPE_CHECKING:
+    from trainer_client.cluster import Cluster
+
+log = logging.getLogger(__name__)
+
+#: Hot-order rules this trainer understands (``ClusterInfo.hot_order``).
+KNOWN_HOT_ORDERS = ("in_degree_v1",)
+#: Default ``cache_size`` on a CUDA device (fraction of all nodes); 0 on the CPU.
+DEFAULT_CUDA_CACHE_FRACTION = 0.1
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z%]*)\s*$")
+
+
+class CacheError(ValueError):
+    """A cache fill or a cached batch disagrees with the cache plan."""
+
+
+def parse_cache_size(value: object, field: str = "cache_size") -> tuple[str, float]:
+    """``("fraction", f)`` with ``0 <= f <= 1`` or ``("bytes", b)``; raises naming ``field``.
+
+    Numbers are fractions of all nodes (``0.2``); strings may be a fraction, a percentage
+    (``"20%"``) or a size with a unit (``"2GiB"``, ``"512MB"``, ``"1000B"``).
+    """
+    expected = ("a fraction of the nodes in [0, 1] (e.g. 0.2), a percentage ('20%') or a size "
+                "in bytes with a unit ('2GiB', '512MB')")
+    if isinstance(value, bool) or not isinstance(value, int | float | str | np.number):
+        raise ValueError(f"{field}: expected {expected}, got {value!r}")
+    if isinstance(value, str):
+        match = _SIZE.match(value)
+        unit = match.group(2).lower() if match else ""
+        if match is None or (unit not in _UNITS and unit != "%"):
+            raise ValueError(f"{field}: expected {expected}, got {value!r}")
+        number = float(match.group(1))
+        if unit == "%":
+            return parse_cache_size(number / 100, field) if number <= 100 else \
+                _fail(field, expected, value)
+        if unit:
+            return "bytes", float(math.floor(number * _UNITS[unit]))
+        value = number
+    f = float(value)
+    if not math.isfinite(f) or not 0 <= f <= 1:
+        _fail(field, expected, value)
+    return "fraction", f
+
+
+def _fail(field: str, expected: str, value: object) -> tuple[str, float]:
+    raise ValueError(f"{field}: expected {expected}, got {value!r}")
+
+
+def plan_counts(size: tuple[str, float], partition_book: Sequence[int], row_bytes: int) -> list[int]:
+    """Nodes to cache per partition: the budget (a fraction of all nodes, or bytes at
+    ``row_bytes`` per row) split in proportion to the partitions' node counts."""
+    book = np.asarray(partition_book, dtype=np.int64)
+    total = int(book[-1])
+    kind, amount = size
+    budget = math.floor(amount * total) if kind == "fraction" else int(amount) // max(row_bytes, 1)
+    budget = min(budget, total)
+    if total == 0 or budget <= 0:
+        return [0] * (book.size - 1)
+    return [int(n) * budget // total for n in np.diff(book)]
+
+
+class FeatureCache:
+    """Features of the hottest nodes on one device, by global node ID."""
+
+    def __init__(self, counts: Sequence[int], rows: torch.Tensor, slot: torch.Tensor,
+                 wire_dtype: int) -> None:
+        #: The plan: nodes held per partition (``EpochRequest.cache_counts``).
+        self.counts = tuple(int(c) for c in counts)
+        #: ``[K, F]`` cached rows, in the wire dtype.
+        self.rows = rows
+        #: int32 ``[num_nodes]`` (int64 past 2**31 rows): the row of each global node ID,
+        #: -1 when not cached.
+        self.slot = slot
+        #: The wire feature dtype the rows are in (a ``DType`` value).
+        self.wire_dtype = wire_dtype
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.rows.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Device memory the cache takes (rows plus the slot index)."""
+        return self.rows.numel() * self.rows.element_size() + self.slot.numel() * self.slot.element_size()
+
+    @classmethod
+    def fill(cls, cluster: Cluster, counts: Sequence[int], wire_dtype: int, device: torch.device,
+             *, progress: bool | None = None, timeout: float = 600.0) -> FeatureCache:
+        """Stream the plan's rows from every server (``StreamHotNodes``) onto ``device``."""
+        counts = [int(c) for c in counts]
+        book = cluster.partition_book
+        dim = int(cluster.info.feature_dim)
+        rows = torch.empty((sum(counts), dim), dtype=dtype_to_torch(wire_dtype), device=device)
+        index_dtype = torch.int32 if sum(counts) < 2**31 else torch.int64
+        slot = torch.full((int(book[-1]),), -1, dtype=index_dtype)
+        show = sys.stderr.isatty() if progress is None else progress
+        offset = 0
+        with tqdm(total=sum(counts), desc="feature cache", unit="node", unit_scale=True,
+                  disable=not show) as bar:
+            for p, k in enumerate(counts):
+                if k:
+                    order = cls._fill_partition(cluster, p, k, wire_dtype, rows[offset:offset + k],
+                                                timeout, bar)
+                    if int(order.min()) < book[p] or int(order.max()) >= book[p + 1]:
+                        raise CacheError(f"StreamHotNodes at partition {p}: HotNodesChunk.n_id: "
+                                         f"expected IDs in {int(book[p])} .. {int(book[p + 1]) - 1}")
+                    slot[order] = torch.arange(offset, offset + k, dtype=index_dtype)
+                offset += k
+        cache = cls(counts, rows, slot.to(device), wire_dtype)
+        log.info("feature cache: %d nodes (%s of %d) in %s on %s, %.1f MiB", cache.num_rows,
+                 counts, int(book[-1]), dtype_name(wire_dtype), device, cache.nbytes / 2**20)
+        return cache
+
+    @classmethod
+    def _fill_partition(cls, cluster: Cluster, p: int, k: int, wire_dtype: int, out: torch.Tensor,
+                        timeout: float, bar: tqdm) -> torch.Tensor:
+        """Receive partition ``p``'s first ``k`` hot nodes' rows into ``out``; return their
+        IDs. Checks every block."""
+        where = f"StreamHotNodes at {cluster.addresses[p]}"
+        request = pb.HotNodesRequest(count=k, include_features=True, client_id=cluster.client_id,
+                                     feature_dtype=wire_dtype)  # type: ignore[arg-type]
+        order = torch.empty(k, dtype=torch.int64)
+        done = 0
+        try:
+            for msg in cluster.stubs[p].StreamHotNodes(request, timeout=timeout):
+                ids = decode_tensor_torch(msg.n_id)
+                x = decode_tensor_torch(msg.x)
+                b = ids.numel()
+                if msg.first_row != done or msg.count != k or done + b > k:
+                    raise CacheError(f"{where}: HotNodesChunk.first_row: expected {done} of {k} "
+                                     f"nodes, got first_row {msg.first_row} with {b} nodes of "
+                                     f"count {msg.count}")
+                if x.dtype != out.dtype or list(x.shape) != [b, out.shape[1]]:
+                    raise CacheError(f"{where}: HotNodesChunk.x: expected {out.dtype} of shape "
+                                     f"[{b}, {out.shape[1]}], got {x.dtype} of shape {list(x.shape)}")
+                order[done:done + b] = ids
+                out[done:done + b] = x.to(out.device)
+                done += b
+                bar.update(b)
+        except grpc.RpcError as err:
+            raise error_from_rpc(err, "StreamHotNodes", cluster.addresses[p]) from err
+        if done != k:
+            raise CacheError(f"{where}: expected {k} nodes, got {done}")
+        return order
+
+    def assemble(self, x_missing: torch.Tensor, cached: torch.Tensor, n_id: torch.Tensor) -> torch.Tensor:
+        """The full ``x`` of a batch: rows marked in ``cached`` from the cache, the others
+        from ``x_missing`` (in ``n_id`` order); all on the cache's device."""
+        num = cached.numel()
+        cached_pos = torch.nonzero(cached).flatten()
+        missing_pos = torch.nonzero(~cached).flatten()
+        if x_missing.shape[0] != missing_pos.numel() or x_missing.dtype != self.rows.dtype:
+            raise CacheError(f"tensor 'x': expected {self.rows.dtype} with {missing_pos.numel()} rows "
+                             f"(the nodes not marked in 'x_cached'), got {x_missing.dtype} with "
+                             f"{x_missing.shape[0]}")
+        slots = self.slot.index_select(0, n_id.index_select(0, cached_pos))
+        if slots.numel() and bool((slots < 0).any()):
+            raise CacheError(f"tensor 'x_cached': marks {int((slots < 0).sum())} nodes this cache does "
+                             f"not hold (plan {list(self.counts)}); do the servers follow another "
+                             "hot order?")
+        x = torch.empty((num, self.rows.shape[1]), dtype=self.rows.dtype, device=self.rows.device)
+        x.index_copy_(0, cached_pos, self.rows.index_select(0, slots))
+        x.index_copy_(0, missing_pos, x_missing)
+        return x
