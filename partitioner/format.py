@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -163,17 +164,25 @@ class Manifest:
         tmp.replace(root / MANIFEST_FILE)
 
 
-def read_manifest(root: str | Path) -> Manifest:
-    """Read and check ``root/manifest.json``."""
+M = TypeVar("M")
+
+
+def parse_manifest_file(root: str | Path, from_json: Callable[[dict[str, Any]], M]) -> tuple[Path, M]:
+    """``root/manifest.json`` parsed by ``from_json``; every failure a PartitionFormatError naming it."""
     path = Path(root) / MANIFEST_FILE
     if not path.is_file():
         raise PartitionFormatError(f"{path}: manifest not found; is {root} a partition directory?")
     try:
-        manifest = Manifest.from_json(json.loads(path.read_text()))
+        return path, from_json(json.loads(path.read_text()))
     except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, PartitionFormatError):
             raise
         raise PartitionFormatError(f"{path}: malformed manifest ({type(exc).__name__}: {exc})") from exc
+
+
+def read_manifest(root: str | Path) -> Manifest:
+    """Read and check ``root/manifest.json``."""
+    path, manifest = parse_manifest_file(root, Manifest.from_json)
     _check_manifest(path, manifest)
     return manifest
 

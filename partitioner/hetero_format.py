@@ -34,6 +34,7 @@ from partitioner.format import (
     _fail,
     _load,
     check_files,
+    parse_manifest_file,
 )
 from partitioner.graph import SPLITS
 from partitioner.hetero import EdgeType, edge_type_name, parse_edge_type
@@ -214,15 +215,7 @@ class HeteroManifest:
 
 def read_hetero_manifest(root: str | Path) -> HeteroManifest:
     """Read and check ``root/manifest.json`` of a v2 (typed) partition directory."""
-    path = Path(root) / MANIFEST_FILE
-    if not path.is_file():
-        raise PartitionFormatError(f"{path}: manifest not found; is {root} a partition directory?")
-    try:
-        manifest = HeteroManifest.from_json(json.loads(path.read_text()))
-    except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
-        if isinstance(exc, PartitionFormatError):
-            raise
-        raise PartitionFormatError(f"{path}: malformed manifest ({type(exc).__name__}: {exc})") from exc
+    path, manifest = parse_manifest_file(root, HeteroManifest.from_json)
     _check_manifest(path, manifest)
     return manifest
 

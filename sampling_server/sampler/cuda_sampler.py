@@ -54,7 +54,32 @@ def _torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype)).dtype
 
 
-class CudaNeighborSampler(NeighborSampler):
+class DeviceArrays:
+    """Placement of a partition's arrays for the CUDA kernels, shared by the homogeneous and
+    the typed CUDA samplers (which set ``device``, ``topology`` and ``_keep``)."""
+
+    device: torch.device
+    topology: str
+    _keep: list[torch.Tensor]
+
+    def _place(self, a: np.ndarray, dtype: Any) -> Any:
+        """``a`` as a kernel argument in device memory, or mapped host memory for UVA."""
+        host = np.ascontiguousarray(a, dtype=dtype)
+        if self.topology == "uva":
+            return K.host_mapped(host)
+        t = torch.from_numpy(host if host.flags.writeable else host.copy()).to(self.device)
+        self._keep.append(t)
+        return K.kernel_arg(t)
+
+    def _ids(self, nodes: torch.Tensor, field: str) -> torch.Tensor:
+        if not isinstance(nodes, torch.Tensor) or nodes.dtype != torch.int64 or nodes.dim() != 1:
+            got = (f"{nodes.dtype} of shape {list(nodes.shape)}"
+                   if isinstance(nodes, torch.Tensor) else type(nodes).__name__)
+            raise ValueError(f"{field}: expected a 1-D int64 tensor of node IDs, got {got}")
+        return nodes.to(self.device).contiguous()
+
+
+class CudaNeighborSampler(DeviceArrays, NeighborSampler):
     """Neighbor sampling of one partition on the GPU (one thread per frontier node).
 
     Draws the same neighbors as :class:`~sampling_server.sampler.cpu_sampler.CpuNeighborSampler`
@@ -90,22 +115,6 @@ class CudaNeighborSampler(NeighborSampler):
         )
         self._x = self._place(partition.x, partition.x.dtype)
         self._y = self._place(partition.y, np.int64)
-
-    def _place(self, a: np.ndarray, dtype: Any) -> Any:
-        """``a`` as a kernel argument in device memory, or mapped host memory for UVA."""
-        host = np.ascontiguousarray(a, dtype=dtype)
-        if self.topology == "uva":
-            return K.host_mapped(host)
-        t = torch.from_numpy(host if host.flags.writeable else host.copy()).to(self.device)
-        self._keep.append(t)
-        return K.kernel_arg(t)
-
-    def _ids(self, nodes: torch.Tensor, field: str) -> torch.Tensor:
-        if not isinstance(nodes, torch.Tensor) or nodes.dtype != torch.int64 or nodes.dim() != 1:
-            got = (f"{nodes.dtype} of shape {list(nodes.shape)}"
-                   if isinstance(nodes, torch.Tensor) else type(nodes).__name__)
-            raise ValueError(f"{field}: expected a 1-D int64 tensor of node IDs, got {got}")
-        return nodes.to(self.device).contiguous()
 
     def sample_neighbors(self, nodes: torch.Tensor, fanout: int, key: int, hop: int) -> HopSample:
         if int(fanout) < -1:

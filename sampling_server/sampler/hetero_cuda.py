@@ -11,8 +11,6 @@ specific to typed graphs, so every kernel used here is already compiled for sm_9
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
@@ -20,14 +18,14 @@ from partitioner.hetero import EdgeType
 from partitioner.hetero_format import HeteroPartition
 from sampling_server.sampler import cuda_kernels as K
 from sampling_server.sampler.base import Relabeler
-from sampling_server.sampler.cuda_sampler import TOPOLOGIES, CudaRelabeler, _torch_dtype
+from sampling_server.sampler.cuda_sampler import TOPOLOGIES, CudaRelabeler, DeviceArrays, _torch_dtype
 from sampling_server.sampler.hetero_base import HeteroNeighborSampler, relation_key
 from sampling_server.sampler.types import HopSample
 
 _MASK64 = (1 << 64) - 1
 
 
-class CudaHeteroSampler(HeteroNeighborSampler):
+class CudaHeteroSampler(DeviceArrays, HeteroNeighborSampler):
     """Typed neighbor sampling of one partition on the GPU (one thread per frontier node
     within each relation). ``topology`` as for the homogeneous CUDA sampler."""
 
@@ -47,22 +45,6 @@ class CudaHeteroSampler(HeteroNeighborSampler):
         self._x = {t: (self._place(x, x.dtype), _torch_dtype(x.dtype))
                    for t, x in partition.x.items()}
         self._y = self._place(partition.y, np.int64)
-
-    def _place(self, a: np.ndarray, dtype: Any) -> Any:
-        """``a`` as a kernel argument in device memory, or mapped host memory for UVA."""
-        host = np.ascontiguousarray(a, dtype=dtype)
-        if self.topology == "uva":
-            return K.host_mapped(host)
-        t = torch.from_numpy(host if host.flags.writeable else host.copy()).to(self.device)
-        self._keep.append(t)
-        return K.kernel_arg(t)
-
-    def _ids(self, nodes: torch.Tensor, field: str) -> torch.Tensor:
-        if not isinstance(nodes, torch.Tensor) or nodes.dtype != torch.int64 or nodes.dim() != 1:
-            got = (f"{nodes.dtype} of shape {list(nodes.shape)}"
-                   if isinstance(nodes, torch.Tensor) else type(nodes).__name__)
-            raise ValueError(f"{field}: expected a 1-D int64 tensor of node IDs, got {got}")
-        return nodes.to(self.device).contiguous()
 
     def sample_relation(self, edge_type: EdgeType, nodes: torch.Tensor, fanout: int, key: int,
                         hop: int) -> HopSample:
