@@ -4,9 +4,7 @@ partition and `python -m trainer_client.train` per DDP rank (gloo), as a user ru
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,22 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from server_procs import ENV, REPO, free_ports
 
 from partitioner import partition_graph
 from partitioner.synthetic import generate
-
-REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [int(s.getsockname()[1]) for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +30,7 @@ class Cluster:
 
     def __init__(self, part_dir: Path, num_parts: int = 2):
         self.part_dir = part_dir
-        self.addresses = [f"127.0.0.1:{p}" for p in _free_ports(num_parts)]
+        self.addresses = [f"127.0.0.1:{p}" for p in free_ports(num_parts)]
         self.procs: list[subprocess.Popen[str]] = []
 
     def start(self) -> None:
@@ -79,7 +65,7 @@ def cluster(part_dir: Path) -> Iterator[Cluster]:
 
 def _trainers(cluster: Cluster, tmp_path: Path, *extra: str, world: int = 2,
               timeout: float = 30) -> list[subprocess.Popen[str]]:
-    port = _free_ports(1)[0]
+    port = free_ports(1)[0]
     procs = []
     for rank in range(world):
         env = {**ENV, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
