@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_cluster_processes import _free_ports
+from server_procs import free_ports
 from test_launch import launch, use_stand_in_ssh
 
 from partitioner import partition_graph
@@ -55,7 +55,7 @@ def test_launcher_runs_a_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
     parts = tmp_path / "small-2"
     partition_graph(generate("small", progress=False), 2, parts, method="metis", progress=False)
-    p0, p1, master = _free_ports(3)
+    p0, p1, master = free_ports(3)
     metrics = tmp_path / "metrics.json"
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump({
