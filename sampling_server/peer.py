@@ -77,6 +77,20 @@ class PeerServicer:
         self.chunk_bytes = chunk_bytes
         #: Where rejections are counted (None: nowhere).
         self.metrics: ServerMetrics | None = None
+        #: ``time.monotonic()`` when the last peer call came in (a draining server waits
+        #: for its peers to fall quiet before it stops).
+        self.last_call = time.monotonic()
+
+    def wait_quiet(self, quiet: float, deadline: float) -> bool:
+        """Wait until no peer call has come in for ``quiet`` seconds; False when the
+        ``time.monotonic()`` deadline came first."""
+        while True:
+            now = time.monotonic()
+            if now - self.last_call >= quiet:
+                return True
+            if now >= deadline:
+                return False
+            time.sleep(min(0.2, deadline - now, quiet - (now - self.last_call)))
 
     def _rejected(self, method: str) -> Callable[[str], None] | None:
         metrics = self.metrics
@@ -85,6 +99,7 @@ class PeerServicer:
     def SampleNeighbors(
         self, request: pb.SampleNeighborsRequest, context: grpc.ServicerContext
     ) -> Iterator[bytes]:
+        self.last_call = time.monotonic()
         with abort_on_error(context, "SampleNeighbors", self.store.partition_id,
                             self._rejected("SampleNeighbors")):
             messages = self._sample(request)
@@ -93,6 +108,7 @@ class PeerServicer:
     def FetchNodeData(
         self, request: pb.FetchNodeDataRequest, context: grpc.ServicerContext
     ) -> Iterator[bytes]:
+        self.last_call = time.monotonic()
         with abort_on_error(context, "FetchNodeData", self.store.partition_id,
                             self._rejected("FetchNodeData")):
             nodes, dtype = self._check_fetch(request)

@@ -52,8 +52,12 @@ EXTRA_HANDLER_THREADS = 32
 MAX_PROBE_TIMEOUT_S = 5.0
 #: First wait between probes while a peer is down (doubles up to ``health_interval``).
 PROBE_BACKOFF_S = 0.1
-#: Longest time a draining server gives peer calls in flight once its streams are done.
+#: Longest time a draining server gives peer calls in flight once it stops.
 PEER_DRAIN_S = 2.0
+#: A draining server whose own streams are done still answers its peers (their streams
+#: may need this partition to the end of their epoch) until none has called for this
+#: long, or the grace period is over.
+PEER_QUIET_S = 5.0
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -280,7 +284,7 @@ class SamplingServer(grpc.Server):
         self.pipeline = SamplingPipeline(store, None, workers=config.workers,
                                          prefetch=config.prefetch, chunk_bytes=config.chunk_bytes)
         self.sampling = SamplingServicer(store, self.pipeline, config.max_streams)
-        peer_servicer = PeerServicer(store, config.chunk_bytes)
+        self.peer_servicer = peer_servicer = PeerServicer(store, config.chunk_bytes)
         _add_services(server, self.sampling, peer_servicer)
         #: Counters and latencies (served over HTTP when ``metrics_port`` is set).
         self.metrics = metrics or ServerMetrics(store.partition_id)
@@ -347,17 +351,20 @@ class SamplingServer(grpc.Server):
     def drain(self, grace: float) -> threading.Event:
         """Shut down gently: refuse new trainer streams (UNAVAILABLE) and turn
         NOT_SERVING for trainers, but keep answering peers until this server's own
-        streams are done (or ``grace`` seconds passed: then they are cancelled); then
-        :meth:`stop`, giving peer calls in flight up to :data:`PEER_DRAIN_S`."""
+        streams are done and its peers have not called for :data:`PEER_QUIET_S` (or
+        ``grace`` seconds passed: then streams are cancelled); then :meth:`stop`, giving
+        peer calls in flight up to :data:`PEER_DRAIN_S`."""
         started = time.monotonic()
         self.sampling.draining.set()
         if self.monitor is not None:
             self.monitor.drain()
         finished = self.sampling.wait_streams_done(grace)
+        if finished:  # the other servers' streams may still need this partition
+            finished = self.peer_servicer.wait_quiet(PEER_QUIET_S, started + grace)
         waited = time.monotonic() - started
         log.info("partition=%d: %s after %.1f s; stopping", self.store.partition_id,
-                 "streams done" if finished else f"grace of {grace:g} s over, cancelling streams",
-                 waited)
+                 "streams done, peers quiet" if finished
+                 else f"grace of {grace:g} s over, cancelling streams", waited)
         return self.stop(min(PEER_DRAIN_S, max(grace - waited, 0.0)))
 
     def stop(self, grace: float | None) -> threading.Event:
