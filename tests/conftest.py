@@ -7,6 +7,7 @@ on it unless a real GPU is usable (then the ``gpu``-marked tests run too).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,3 +23,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def parts2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `small` graph in 2 range partitions, shared read-only by the server tests."""
+    from partitioner import partition_graph
+    from partitioner.synthetic import generate
+
+    root = tmp_path_factory.mktemp("small-range-2")
+    partition_graph(generate("small", progress=False), 2, root, method="range", progress=False,
+                    overwrite=True)
+    return root

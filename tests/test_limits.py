@@ -19,8 +19,6 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from partitioner.partition import partition_graph
-from partitioner.synthetic import generate
 from protos import sampling_pb2 as pb
 from protos.codec import encode_tensor
 from sampling_server.config import ServerConfig
@@ -36,14 +34,6 @@ METHODS = {
     "FetchNodeData": ("/graphfeed.v1.PeerService/FetchNodeData", True),
     "Health": ("/grpc.health.v1.Health/Check", False),
 }
-
-
-@pytest.fixture(scope="module")
-def parts2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("limits-2")
-    partition_graph(generate("small", progress=False), 2, root, method="range", progress=False,
-                    overwrite=True)
-    return root
 
 
 def _servers(root: Path, **kw: object) -> tuple[list[SamplingServer], list[str]]:

@@ -10,20 +10,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from partitioner.partition import partition_graph
-from partitioner.synthetic import generate
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from sampling_server.config import ServerConfig
 from sampling_server.server import create_server
-
-
-@pytest.fixture(scope="module")
-def parts2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("metrics-2")
-    partition_graph(generate("small", progress=False), 2, root, method="range", progress=False,
-                    overwrite=True)
-    return root
 
 
 def _value(text: str, name: str, **labels: str) -> float:

@@ -21,8 +21,6 @@ from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import generate_latest
 
-from partitioner.partition import partition_graph
-from partitioner.synthetic import generate
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import create_channel
@@ -87,14 +85,6 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
         key = _key()
         made[name] = _write(root / name, key, _cert(name, key, issuer, issuer_key))
     return Certs(root / "ca.crt", made["server"], made["client"], made["stranger"])
-
-
-@pytest.fixture(scope="module")
-def parts2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("secure-2")
-    partition_graph(generate("small", progress=False), 2, root, method="range", progress=False,
-                    overwrite=True)
-    return root
 
 
 def _servers(parts: Path, **kw: object) -> tuple[list[SamplingServer], list[str]]:
