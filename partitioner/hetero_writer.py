@@ -18,7 +18,6 @@ import numpy as np
 from tqdm import tqdm
 
 from partitioner.algorithms import assign
-from partitioner.graph import SPLITS
 from partitioner.hetero import EdgeType, HeteroGraphData, edge_type_name
 from partitioner.hetero_format import (
     HETERO_FORMAT_VERSION,
@@ -27,7 +26,7 @@ from partitioner.hetero_format import (
     NodeTypeInfo,
 )
 from partitioner.npyio import FileRecord, save_npy
-from partitioner.writer import _prepare_out_dir, _relabel
+from partitioner.writer import _prepare_out_dir, _relabel, write_splits
 
 log = logging.getLogger(__name__)
 
@@ -197,16 +196,6 @@ def _write_target(
     """Labels and split shares of the target type."""
     t = graph.target_type
     y = np.asarray(graph.y)
-    sizes: list[dict[str, int]] = [{} for _ in files]
     for p in range(len(files)):
         files[p][f"{t}/y"] = save_npy(out, f"part-{p}/{t}/y.npy", y[part_of == p])
-    for split in SPLITS:
-        if split not in graph.splits:
-            continue
-        ids = np.asarray(graph.splits[split])
-        owner, new_ids = part_of[ids], node_map[ids]
-        for p in range(len(files)):
-            mine = np.sort(new_ids[owner == p])
-            files[p][f"{t}/{split}_idx"] = save_npy(out, f"part-{p}/{t}/{split}_idx.npy", mine)
-            sizes[p][split] = int(mine.size)
-    return sizes
+    return write_splits(graph.splits, out, part_of, node_map, files, prefix=f"{t}/")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +103,7 @@ def write_partitions(
     for p in tqdm(range(num_parts), desc="in-edges", unit="part", disable=not progress):
         files[p].update(_write_in_edges(graph, out, p, book, node_map, in_degree, edge_chunk))
     _write_node_data(graph, out, part_of, book, files, progress)
-    split_sizes = _write_splits(graph, out, part_of, node_map, files)
+    split_sizes = write_splits(graph.splits, out, part_of, node_map, files)
     parts = tuple(
         PartitionInfo(id=p, num_nodes=int(book[p + 1] - book[p]),
                       num_edges=int(in_degree[book[p]:book[p + 1]].sum()),
@@ -216,18 +217,21 @@ def _write_node_data(
         files[p].update({k: wr.close() for k, wr in w.items()})
 
 
-def _write_splits(
-    graph: GraphData, out: Path, part_of: np.ndarray, node_map: np.ndarray,
-    files: list[dict[str, FileRecord]],
+def write_splits(
+    splits: Mapping[str, np.ndarray], out: Path, part_of: np.ndarray, node_map: np.ndarray,
+    files: list[dict[str, FileRecord]], prefix: str = "",
 ) -> list[dict[str, int]]:
+    """Each partition's share of every split, as ``part-<p>/<prefix><split>_idx.npy`` in
+    new IDs (sorted); returns the shares' sizes per partition. ``prefix`` is the node
+    type's folder (``"paper/"``) in a typed partition."""
     sizes: list[dict[str, int]] = [{} for _ in files]
     for split in SPLITS:
-        if split not in graph.splits:
+        if split not in splits:
             continue
-        ids = np.asarray(graph.splits[split])
+        ids = np.asarray(splits[split])
         owner, new_ids = part_of[ids], node_map[ids]
         for p in range(len(files)):
             mine = np.sort(new_ids[owner == p])
-            files[p][f"{split}_idx"] = save_npy(out, f"part-{p}/{split}_idx.npy", mine)
+            files[p][f"{prefix}{split}_idx"] = save_npy(out, f"part-{p}/{prefix}{split}_idx.npy", mine)
             sizes[p][split] = int(mine.size)
     return sizes
