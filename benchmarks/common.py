@@ -10,9 +10,12 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -77,3 +80,33 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=1, default=lambda o: asdict(o)) + "\n")
     return path
+
+
+def seed_batches(train: np.ndarray, seed: int, batch: int) -> Iterator[np.ndarray]:
+    """Full batches of shuffled training seeds, epoch after epoch (a small graph repeats)."""
+    if train.size < batch:
+        raise ValueError(f"the graph has {train.size} training nodes, fewer than one batch ({batch})")
+    rng = np.random.default_rng(seed)
+    while True:
+        order = rng.permutation(train.size)
+        for i in range(0, train.size - batch + 1, batch):
+            yield train[order[i:i + batch]]
+
+
+def time_batches(label: str, step: Callable[[np.ndarray, int], int], train: np.ndarray, batch: int,
+                 num_batches: int, warmup: int = 2) -> dict[str, Any]:
+    """Time ``step(seeds, batch_index) -> sampled edges`` over ``num_batches`` batches of
+    ``batch`` shuffled ``train`` seeds, after ``warmup`` untimed ones."""
+    it = seed_batches(train, 0, batch)
+    for i in range(warmup):
+        step(next(it), i)
+    seeds = edges = 0
+    started = time.perf_counter()
+    for i in range(num_batches):
+        s = next(it)
+        edges += step(s, warmup + i)
+        seeds += s.size
+    wall = time.perf_counter() - started
+    return {"label": label, "batches": num_batches, "seconds": round(wall, 3),
+            "seeds_per_s": round(seeds / wall, 1), "edges_per_s": round(edges / wall, 1),
+            "ms_per_batch": round(1000 * wall / num_batches, 2)}

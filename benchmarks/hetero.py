@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import machine, write_json
+from common import machine, time_batches, write_json
 
 from partitioner.hetero import HeteroGraphData
 from partitioner.hetero_format import load_hetero_node_map, load_hetero_partition
@@ -47,31 +47,10 @@ log = logging.getLogger("bench.hetero")
 BATCH = 1024
 
 
-def seed_batches(train: np.ndarray, seed: int) -> Iterator[np.ndarray]:
-    """Full batches of shuffled training papers (original IDs), epoch after epoch."""
-    rng = np.random.default_rng(seed)
-    while True:
-        order = rng.permutation(train.size)
-        for i in range(0, train.size - BATCH + 1, BATCH):
-            yield train[order[i:i + BATCH]]
-
-
 def measure(label: str, step: Callable[[np.ndarray, int], int], train: np.ndarray,
-            num_batches: int, warmup: int = 2) -> dict[str, Any]:
-    """Time ``step(seeds, batch_index) -> sampled edges`` over ``num_batches`` batches."""
-    it = seed_batches(train, 0)
-    for i in range(warmup):
-        step(next(it), i)
-    seeds = edges = 0
-    started = time.perf_counter()
-    for i in range(num_batches):
-        s = next(it)
-        edges += step(s, warmup + i)
-        seeds += s.size
-    wall = time.perf_counter() - started
-    row: dict[str, Any] = {"label": label, "batches": num_batches, "seconds": round(wall, 3),
-           "seeds_per_s": round(seeds / wall, 1), "edges_per_s": round(edges / wall, 1),
-           "ms_per_batch": round(1000 * wall / num_batches, 2)}
+            num_batches: int) -> dict[str, Any]:
+    """Time ``step(seeds, batch_index) -> sampled edges`` over batches of ``train``."""
+    row = time_batches(label, step, train, BATCH, num_batches)
     log.info("%s: %.0f seeds/s, %.2f M edges/s, %.1f ms/batch", label, row["seeds_per_s"],
              row["edges_per_s"] / 1e6, row["ms_per_batch"])
     return row

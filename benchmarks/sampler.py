@@ -18,7 +18,7 @@ import logging
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import RESULTS, machine, write_json
+from common import RESULTS, machine, time_batches, write_json
 
 from partitioner import load_partition, partition_graph
 from partitioner.format import Partition
@@ -53,33 +53,10 @@ def ensure_partition(data: Path, preset: str) -> Path:
     return part_dir
 
 
-def batches(part: Partition, seed: int) -> Iterator[np.ndarray]:
-    """Full batches of shuffled training seeds, epoch after epoch (a small graph repeats)."""
-    train = np.asarray(part.splits["train"])
-    if train.size < BATCH:
-        raise ValueError(f"the preset has {train.size} training nodes, fewer than one batch ({BATCH})")
-    rng = np.random.default_rng(seed)
-    while True:
-        order = rng.permutation(train.size)
-        for i in range(0, train.size - BATCH + 1, BATCH):
-            yield train[order[i:i + BATCH]]
-
-
 def measure(label: str, step: Callable[[np.ndarray, int], int], part: Partition,
-            num_batches: int, warmup: int = 2) -> dict[str, Any]:
-    """Time ``step(seeds, batch_index) -> sampled edges`` over ``num_batches`` batches."""
-    it = batches(part, 0)
-    for i in range(warmup):
-        step(next(it), i)
-    seeds = edges = 0
-    started = time.perf_counter()
-    for i in range(num_batches):
-        s = next(it)
-        edges += step(s, warmup + i)
-        seeds += s.size
-    wall = time.perf_counter() - started
-    row = {"label": label, "batches": num_batches, "seconds": round(wall, 3),
-           "seeds_per_s": round(seeds / wall, 1), "edges_per_s": round(edges / wall, 1)}
+            num_batches: int) -> dict[str, Any]:
+    """Time ``step(seeds, batch_index) -> sampled edges`` over batches of the training seeds."""
+    row = time_batches(label, step, np.asarray(part.splits["train"]), BATCH, num_batches)
     log.info("%-38s %10.0f seeds/s %12.0f edges/s", label, row["seeds_per_s"], row["edges_per_s"])
     return row
 
