@@ -25,6 +25,20 @@ class GraphDataError(ValueError):
     """A source graph is malformed; the message names the field."""
 
 
+def check_classes_and_splits(num_classes: int, splits: dict[str, np.ndarray]) -> None:
+    """Raise :class:`GraphDataError` unless ``num_classes`` is positive and every split is
+    a known name with a 1-D int64 ID array (typed and homogeneous graphs alike)."""
+    if num_classes <= 0:
+        raise GraphDataError(f"num_classes: expected a positive integer, got {num_classes}")
+    for name, idx in splits.items():
+        if name not in SPLITS:
+            raise GraphDataError(f"splits: expected names among {SPLITS}, got {name!r}")
+        if idx.ndim != 1 or idx.dtype != np.int64:
+            raise GraphDataError(
+                f"splits[{name!r}]: expected 1-D int64, got {idx.dtype} of shape {list(idx.shape)}"
+            )
+
+
 @dataclass
 class GraphData:
     """A homogeneous node-classification graph before partitioning.
@@ -80,15 +94,7 @@ class GraphData:
             raise GraphDataError(
                 f"y: expected int64 of shape [{n}], got {self.y.dtype} of shape {list(self.y.shape)}"
             )
-        if self.num_classes <= 0:
-            raise GraphDataError(f"num_classes: expected a positive integer, got {self.num_classes}")
-        for name, idx in self.splits.items():
-            if name not in SPLITS:
-                raise GraphDataError(f"splits: expected names among {SPLITS}, got {name!r}")
-            if idx.ndim != 1 or idx.dtype != np.int64:
-                raise GraphDataError(
-                    f"splits[{name!r}]: expected 1-D int64, got {idx.dtype} of shape {list(idx.shape)}"
-                )
+        check_classes_and_splits(self.num_classes, self.splits)
         if self.edge_weight is not None:
             w = self.edge_weight
             if w.shape != (self.num_edges,) or w.dtype != np.float32:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from partitioner.graph import SPLITS, GraphData, GraphDataError, sorted_unique
+from partitioner.graph import GraphData, GraphDataError, check_classes_and_splits, sorted_unique
 
 log = logging.getLogger(__name__)
 
@@ -174,16 +174,7 @@ class HeteroGraphData:
                 f"y: expected int64 of shape [{n}] (one label per {self.target_type!r} node), "
                 f"got {self.y.dtype} of shape {list(self.y.shape)}"
             )
-        if self.num_classes <= 0:
-            raise GraphDataError(f"num_classes: expected a positive integer, got {self.num_classes}")
-        for name, idx in self.splits.items():
-            if name not in SPLITS:
-                raise GraphDataError(f"splits: expected names among {SPLITS}, got {name!r}")
-            if idx.ndim != 1 or idx.dtype != np.int64:
-                raise GraphDataError(
-                    f"splits[{name!r}]: expected 1-D int64, got {idx.dtype} of shape "
-                    f"{list(idx.shape)}"
-                )
+        check_classes_and_splits(self.num_classes, self.splits)
 
     def _validate_values(self) -> None:
         for (s, r, d), ei in self.edge_index.items():
