@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_loader import FAST, RealServers
+from test_loader import TIMEOUTS, RealServers
 from torch_geometric.data import Data
 from torch_geometric.nn import GraphSAGE
 
@@ -79,7 +79,7 @@ def test_service_training_matches_pyg_neighbor_loader_within_one_point(tmp_path:
     try:
         for seed in SEEDS:
             loader = RemoteNeighborLoader(cluster.addresses, "train", num_neighbors=FANOUTS, batch_size=BATCH,
-                                          shuffle=True, seed=seed, **FAST)
+                                          shuffle=True, seed=seed, **TIMEOUTS)
             service.append(_train(graph, seed, (loader for _ in range(EPOCHS))))
             loader.close()
             torch.manual_seed(seed)

@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from test_loader import FAST, real_servers
+from test_loader import TIMEOUTS, real_servers
 
 from partitioner.format import load_partition
 from protos import fastwire
@@ -24,7 +24,7 @@ from trainer_client.cache import CacheError, FeatureCache, parse_cache_size, pla
 from trainer_client.decode import BatchAssembler
 from trainer_client.loader import Cluster, RemoteNeighborLoader
 
-ARGS = {"num_neighbors": [5, 3], "batch_size": 96, "shuffle": True, "seed": 3, **FAST}
+ARGS = {"num_neighbors": [5, 3], "batch_size": 96, "shuffle": True, "seed": 3, **TIMEOUTS}
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,9 @@ from trainer_client.loader import Cluster, RemoteNeighborLoader
 
 FEATURE_DIM = 4
 NODES_PER_PART = 100
-FAST = {"connect_timeout": 5.0, "stall_timeout": 2.0, "reconnect_timeout": 2.0}
+# Timeouts for tests that do not test them: long enough that a loaded 2-core CI host
+# never trips them (the fault tests set their own short ones).
+TIMEOUTS = {"connect_timeout": 20.0, "stall_timeout": 15.0, "reconnect_timeout": 30.0}
 
 
 # ---- a fake sampling service ---------------------------------------------------------------
@@ -244,7 +246,7 @@ def test_batches_arrive_in_plan_order_and_cover_every_seed_once(prefetch: int, s
     with fake_cluster(UNEVEN) as cluster:
         loaders = [RemoteNeighborLoader(cluster.addresses[::-1], "train", num_neighbors=[2, 2], batch_size=2,
                                         shuffle=shuffle, rank=r, world_size=3, prefetch=prefetch,
-                                        batches=batches, **FAST)
+                                        batches=batches, **TIMEOUTS)
                    for r in range(3)]
         seen: list[int] = []
         for loader in loaders:
@@ -271,7 +273,7 @@ def test_len_is_equal_on_every_rank_for_uneven_seeds(drop_last: bool, world_size
         for rank in range(world_size):
             with RemoteNeighborLoader(cluster.addresses, "train", num_neighbors=[1], batch_size=3,
                                       drop_last=drop_last, rank=rank, world_size=world_size,
-                                      **FAST) as loader:
+                                      **TIMEOUTS) as loader:
                 lengths.append((len(loader), sum(1 for _ in loader)))
         assert len(set(lengths)) == 1 and lengths[0][0] == lengths[0][1] > 0
 
@@ -282,7 +284,7 @@ def test_explicit_seeds_are_each_sampled_once() -> None:
         got: list[int] = []
         for rank in range(2):
             with RemoteNeighborLoader(cluster.addresses, seeds=torch.from_numpy(seeds), num_neighbors=[1],
-                                      batch_size=2, rank=rank, world_size=2, **FAST) as loader:
+                                      batch_size=2, rank=rank, world_size=2, **TIMEOUTS) as loader:
                 assert loader.seeds_per_partition == [3, 2, 2]
                 got += [s for b in loader for s in seeds_of(b)]
         assert sorted(got) == sorted(seeds.tolist())
@@ -290,7 +292,7 @@ def test_explicit_seeds_are_each_sampled_once() -> None:
 
 def test_breaking_off_an_epoch_stops_the_reader_threads() -> None:
     with fake_cluster(UNEVEN) as cluster, RemoteNeighborLoader(
-            cluster.addresses, "train", num_neighbors=[1], batch_size=1, **FAST) as loader:
+            cluster.addresses, "train", num_neighbors=[1], batch_size=1, **TIMEOUTS) as loader:
         it = iter(loader)
         next(it)
         it.close()  # what a `break` does once the generator is collected
@@ -303,7 +305,7 @@ def test_breaking_off_an_epoch_stops_the_reader_threads() -> None:
 
 def test_a_dropped_stream_resumes_from_the_next_batch() -> None:
     with fake_cluster(UNEVEN, faults={2: Faults(drop_at=2)}) as cluster:
-        loader = RemoteNeighborLoader(cluster.addresses, "train", num_neighbors=[2], batch_size=2, **FAST)
+        loader = RemoteNeighborLoader(cluster.addresses, "train", num_neighbors=[2], batch_size=2, **TIMEOUTS)
         batches = [seeds_of(b) for b in loader]
         assert batches == expected_batches(UNEVEN, loader)
         owned = [b.index for b in loader.plan(0).rank_batches(0) if b.partition == 2]
@@ -315,7 +317,7 @@ def test_a_dropped_stream_resumes_from_the_next_batch() -> None:
 def test_a_stalled_stream_is_cancelled_and_resumed() -> None:
     with fake_cluster(UNEVEN, faults={0: Faults(stall_at=1, stall_seconds=30)}) as cluster:
         loader = RemoteNeighborLoader(cluster.addresses, "train", num_neighbors=[2], batch_size=2,
-                                      **{**FAST, "stall_timeout": 0.5})
+                                      **{**TIMEOUTS, "stall_timeout": 0.5})
         started = time.monotonic()
         assert [seeds_of(b) for b in loader] == expected_batches(UNEVEN, loader)
         assert time.monotonic() - started < 10
@@ -332,7 +334,7 @@ def test_a_trainer_started_before_its_servers_connects_when_they_come_up() -> No
     def connect() -> None:
         try:
             result["loader"] = RemoteNeighborLoader(addresses, "train", num_neighbors=[1], batch_size=4,
-                                                    **{**FAST, "connect_timeout": 20.0})
+                                                    **{**TIMEOUTS, "connect_timeout": 20.0})
         except Exception as exc:
             result["error"] = exc
 
@@ -362,7 +364,7 @@ def test_a_server_killed_mid_epoch_raises_server_unavailable_in_bounded_time() -
     splits = [(40, 0, 0), (40, 0, 0)]
     with fake_cluster(splits, faults={1: Faults(delay=0.1)}) as cluster:
         loader = RemoteNeighborLoader(cluster.addresses, "train", num_neighbors=[1], batch_size=2,
-                                      **{**FAST, "stall_timeout": 1.0, "reconnect_timeout": 1.5})
+                                      **{**TIMEOUTS, "stall_timeout": 1.0, "reconnect_timeout": 1.5})
         it = iter(loader)
         next(it), next(it)
         cluster.servers[1].stop(0)
@@ -377,7 +379,7 @@ def test_a_server_killed_mid_epoch_raises_server_unavailable_in_bounded_time() -
 
 def test_a_malformed_batch_raises_a_protocol_error_naming_the_server() -> None:
     with fake_cluster(UNEVEN, faults={1: Faults(malformed_at=0)}) as cluster:
-        loader = RemoteNeighborLoader(cluster.addresses, "train", num_neighbors=[2], batch_size=2, **FAST)
+        loader = RemoteNeighborLoader(cluster.addresses, "train", num_neighbors=[2], batch_size=2, **TIMEOUTS)
         with pytest.raises(ProtocolError, match=rf"at {cluster.addresses[1]}: malformed reply: batch \d+: "
                                                 r"MinibatchHeader.num_sampled_nodes\[0\]"):
             list(loader)
@@ -386,7 +388,8 @@ def test_a_malformed_batch_raises_a_protocol_error_naming_the_server() -> None:
 
 def test_a_rejected_request_is_raised_at_once_not_retried() -> None:
     with fake_cluster(UNEVEN) as cluster:
-        loader = RemoteNeighborLoader(cluster.addresses, "train", num_neighbors=[2], batch_size=13, **FAST)
+        loader = RemoteNeighborLoader(cluster.addresses, "train", num_neighbors=[2], batch_size=13,
+                                      **TIMEOUTS)
         with pytest.raises(InvalidRequest, match=r"EpochRequest\.batch_size: expected anything but 13"):
             list(loader)
         assert sum(len(s.requests) for s in cluster.servicers) <= 3
@@ -465,7 +468,7 @@ def test_bad_arguments_are_refused_before_connecting(kwargs: dict[str, object], 
 def test_arguments_that_disagree_with_the_cluster_are_refused(
     kwargs: dict[str, object], pattern: str
 ) -> None:
-    args: dict[str, object] = {"num_neighbors": [2], "batch_size": 4, **FAST, **kwargs}
+    args: dict[str, object] = {"num_neighbors": [2], "batch_size": 4, **TIMEOUTS, **kwargs}
     splits = [(a, b, 0) for a, b, _ in UNEVEN]  # no test nodes anywhere
     with fake_cluster(splits) as cluster, pytest.raises(ValueError, match=pattern):
         RemoteNeighborLoader(cluster.addresses, **args)  # type: ignore[arg-type]
@@ -523,7 +526,7 @@ def test_real_servers_give_every_train_seed_once_per_epoch_on_two_ranks(tmp_path
     with real_servers(tmp_path / "small-2") as addresses:
         cluster = Cluster(addresses[::-1], connect_timeout=30)
         loaders = [RemoteNeighborLoader(cluster, "train", num_neighbors=[5, 3], batch_size=128, shuffle=True,
-                                        rank=r, world_size=2, feature_dtype="bfloat16", **FAST)
+                                        rank=r, world_size=2, feature_dtype="bfloat16", **TIMEOUTS)
                    for r in range(2)]
         num_train = loaders[0].num_seeds
         assert len(loaders[0]) == len(loaders[1])
@@ -550,7 +553,7 @@ def test_real_server_restart_mid_epoch_resumes_with_identical_batches(tmp_path: 
     try:
         loader = RemoteNeighborLoader(cluster.addresses, "train", num_neighbors=[5, 3], batch_size=100,
                                       shuffle=True, prefetch=1,
-                                      **{**FAST, "stall_timeout": 5.0, "reconnect_timeout": 20.0})
+                                      **{**TIMEOUTS, "stall_timeout": 5.0, "reconnect_timeout": 20.0})
         unbroken = [b.n_id.clone() for b in loader]
         loader.set_epoch(0)  # the same epoch again (a new pass alone would move on to epoch 1)
         resumed = []
@@ -583,14 +586,14 @@ def test_neighbor_loader_keywords_without_meaning_here_say_what_to_use(name: str
 
 def test_valid_is_taken_for_val() -> None:
     with fake_cluster(UNEVEN) as cluster, RemoteNeighborLoader(
-            cluster.addresses, "valid", num_neighbors=[1], batch_size=2, **FAST) as loader:
+            cluster.addresses, "valid", num_neighbors=[1], batch_size=2, **TIMEOUTS) as loader:
         assert loader.split == "val" and loader.num_seeds == 6
 
 
 def test_drop_last_that_empties_the_epoch_warns(caplog: pytest.LogCaptureFixture) -> None:
     with fake_cluster(UNEVEN) as cluster, RemoteNeighborLoader(
             cluster.addresses, "val", num_neighbors=[1], batch_size=4, drop_last=True, world_size=2,
-            **FAST) as loader:
+            **TIMEOUTS) as loader:
         assert len(loader) == 0 and list(loader) == []
     assert "drop_last: the epoch has no batches: 6 seeds are fewer than batch_size=4 x world_size=2" \
         in caplog.text

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
-from test_loader import FAST, RealServers
+from test_loader import TIMEOUTS, RealServers
 
 from partitioner import load_partition, partition_graph
 from partitioner.graph import GraphData
@@ -56,7 +56,7 @@ def test_batches_in_original_ids_are_rows_and_edges_of_the_original_graph(
     seeds = np.random.default_rng(0).choice(small.num_nodes, 300, replace=False)
     with served(small, tmp_path / "metis-3", 3, "metis") as addresses, RemoteNeighborLoader(
             addresses, input_nodes=torch.from_numpy(seeds), num_neighbors=FANOUTS, batch_size=64,
-            return_internal_ids=True, **FAST) as loader:
+            return_internal_ids=True, **TIMEOUTS) as loader:
         assert torch.equal(loader.input_nodes, torch.from_numpy(seeds))
         input_ids = []
         for batch in loader:
@@ -77,8 +77,8 @@ def test_a_boolean_mask_and_a_split_are_taken_in_original_id_order(small: GraphD
     mask[small.splits["val"]] = True
     with served(small, tmp_path / "hash-3", 3, "hash") as addresses:
         by_mask = RemoteNeighborLoader(addresses, input_nodes=torch.from_numpy(mask), num_neighbors=[2],
-                                       batch_size=100, **FAST)
-        by_split = RemoteNeighborLoader(addresses, "valid", num_neighbors=[2], batch_size=100, **FAST)
+                                       batch_size=100, **TIMEOUTS)
+        by_split = RemoteNeighborLoader(addresses, "valid", num_neighbors=[2], batch_size=100, **TIMEOUTS)
         expected = np.sort(small.splits["val"])
         for loader in (by_mask, by_split):
             assert np.array_equal(loader.input_nodes.numpy(), expected)
@@ -89,7 +89,7 @@ def test_a_boolean_mask_and_a_split_are_taken_in_original_id_order(small: GraphD
 
 def _epoch(addresses: list[str], seeds: np.ndarray, shuffle: bool) -> list[dict[str, torch.Tensor]]:
     with RemoteNeighborLoader(addresses, input_nodes=seeds, num_neighbors=FANOUTS, batch_size=50,
-                              shuffle=shuffle, seed=3, **FAST) as loader:
+                              shuffle=shuffle, seed=3, **TIMEOUTS) as loader:
         loader.set_epoch(2)
         return [{k: b[k].clone() for k in ("n_id", "edge_index", "x", "y", "input_id")} for b in loader]
 
@@ -113,7 +113,7 @@ def test_the_same_seeds_give_identical_batches_for_any_partitioning(
 
 def test_a_new_pass_without_set_epoch_is_the_next_epoch(small: GraphData, tmp_path: Path) -> None:
     with served(small, tmp_path / "range-2", 2, "range") as addresses, RemoteNeighborLoader(
-            addresses, "train", num_neighbors=[2], batch_size=200, shuffle=True, **FAST) as loader:
+            addresses, "train", num_neighbors=[2], batch_size=200, shuffle=True, **TIMEOUTS) as loader:
         first = [b.input_id.clone() for b in loader]
         second = [b.input_id.clone() for b in loader]
         assert loader.epoch == 1
@@ -127,7 +127,7 @@ def test_global_batches_mix_class_pure_partitions_like_one_process(tmp_path: Pat
     graph = generate(CLASS_PURE, seed=0, progress=False)
     with served(graph, tmp_path / "pure-3", 3, "metis") as addresses:
         loaders = {layout: RemoteNeighborLoader(addresses, "train", num_neighbors=[2], batch_size=60,
-                                                shuffle=True, batches=layout, **FAST)
+                                                shuffle=True, batches=layout, **TIMEOUTS)
                    for layout in ("global", "partition")}
         # the premise: METIS cut the graph along its classes
         for p in range(3):

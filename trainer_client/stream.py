@@ -428,9 +428,22 @@ class EpochStream:
     def _watch(self) -> None:
         """Watchdog thread: cancel calls that sent nothing for ``stall`` seconds."""
         stall = self._timeouts.stall
-        while not self._stop.wait(min(0.5, stall / 4)):
+        interval = min(0.5, stall / 4)
+        last_tick = time.monotonic()
+        while not self._stop.wait(interval):
             now = time.monotonic()
+            late = now - last_tick - interval
+            last_tick = now
             with self._cond:
+                if late > stall / 2:
+                    # This process itself was not scheduled (a busy host, a long GIL hold):
+                    # the readers could not read either, so silence says nothing of the
+                    # servers. Give each waiting stream a fresh window instead of a resume.
+                    log.info("stream watchdog woke %.1f s late; not judging streams this round", late)
+                    for r in self._readers:
+                        if r.state is _State.RECEIVING:
+                            r.last_activity = now
+                    continue
                 for r in self._readers:
                     if (r.state is _State.RECEIVING and r.call is not None and not r.stalled
                             and now - r.last_activity > stall):
