@@ -150,7 +150,7 @@ def test_missing_dataset_fails_fast_with_instructions(tmp_path: Path, name: str)
     start = time.perf_counter()
     with pytest.raises(DatasetNotFoundError) as info:
         read_ogb(name, tmp_path)
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 10.0
     message = str(info.value)
     ds_dir = tmp_path / meta.dir_name
     first = "num-node-dict.csv.gz" if meta.is_hetero else "edge.csv.gz"

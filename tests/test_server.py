@@ -542,7 +542,7 @@ def test_peer_client_raises_peer_error_within_its_timeout() -> None:
             started = time.monotonic()
             with pytest.raises(PeerError) as info:
                 client.neighbors({p: torch.tensor([1, 2])}, 3, key=1, hop=0)
-            assert time.monotonic() - started < 3
+            assert time.monotonic() - started < 10
             assert info.value.partition == p and info.value.code in allowed
             assert f"peer partition {p} ({addresses[p]})" in str(info.value)
     finally:
