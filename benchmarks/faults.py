@@ -188,12 +188,16 @@ def rolling_restart(servers: ServerProcs) -> dict[str, Any]:
             "longest_wait_s": round(max(b - a for a, b in itertools.pairwise(arrivals)), 1)}
 
 
+SCENARIOS = ("fuzz", "kill_and_restart", "kill_for_good", "rolling_restart")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=16)
-    parser.add_argument("--only", nargs="*", default=None, help="scenarios to run (default: all)")
+    parser.add_argument("--only", nargs="*", default=None, choices=SCENARIOS,
+                        help="scenarios to run (default: all)")
     parser.add_argument("--logs", type=Path, default=None, help="keep the servers' logs here")
     args = parser.parse_args()
     results: dict[str, Any] = {"machine": machine()}
