@@ -250,7 +250,7 @@ def test_ddp_training_survives_a_server_killed_and_restarted(
 
 @pytest.fixture
 def slow_drain_servers(part_dir: Path, tmp_path: Path) -> Iterator[ServerProcs]:
-    procs = ServerProcs(part_dir, 2, "--grace", "30", log_dir=tmp_path)
+    procs = ServerProcs(part_dir, 2, "--grace", "120", log_dir=tmp_path)
     procs.start()
     try:
         for p in (0, 1):
@@ -296,8 +296,8 @@ def test_a_rolling_restart_with_sigterm_never_stalls_training_for_long(
     assert not failures, failures
     longest = max(b - a for a, b in itertools.pairwise(arrivals))
     # the draining servers kept answering their peers: training waited only for a restarted
-    # server to come up, never for the 30 s grace
-    assert longest < 20.0, f"training stood still for {longest:.1f} s"
+    # server to come up (slow on a loaded host), never for the 120 s grace
+    assert longest < 60.0, f"training stood still for {longest:.1f} s"
     print(f"longest wait between batches during the rolling restart: {longest:.1f} s")
 
 

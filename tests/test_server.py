@@ -650,8 +650,8 @@ def test_sigterm_drains_and_exits_zero(parts1: Path) -> None:
         rest = list(call)
         channel.close()
         assert 1 + len(rest) == first.header.num_batches  # one message per batch here
-        assert proc.wait(timeout=10) == 0, "".join(lines) + proc.stderr.read()
-        assert time.monotonic() - started < 5
+        assert proc.wait(timeout=15) == 0, "".join(lines) + proc.stderr.read()
+        assert time.monotonic() - started < 15  # --grace 2, plus a loaded host's slack
     finally:
         watchdog.cancel()
         if proc.poll() is None:
