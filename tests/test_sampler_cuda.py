@@ -262,7 +262,9 @@ def test_launch_signatures_are_declared(one_part: list[Partition],
     table = K.NodeTable(64, K.torch_device())
     K.table_grow(table, 128)
     # the typed sampler's feature gather
-    K.gather_rows(torch.tensor([1]), 0, K.kernel_arg(torch.zeros((2, 3))), torch.float32)
+    device = K.torch_device()
+    K.gather_rows(torch.tensor([1], device=device), 0,
+                  K.kernel_arg(torch.zeros((2, 3), device=device)), torch.float32)
     declared = {name: [tuple(s) for s in sigs] for name, _, sigs in kernel_signatures()}
     for name, types in launches:
         assert types in declared[name], (

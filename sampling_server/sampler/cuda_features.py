@@ -117,14 +117,21 @@ class FeatureTable:
         self.device_rows = torch.empty((max(self.cached, 1), self.width), dtype=self.dtype,
                                        device=device)
         self.host_rows = _mapped_empty((max(self.num_rows - self.cached, 1), self.width), x.dtype)
+        self._fill(x, local)
+        log.info("features: %s", describe(self.cached, self.num_rows, self.row_bytes))
+
+    def _fill(self, x: np.ndarray, local: np.ndarray) -> None:
+        """Copy the rows of ``x`` in the order ``local`` into both tables, a step at a time."""
+        if self.width == 0:  # nothing to copy (and no mapped memory behind an empty table)
+            return
+        host = self.host_rows.view(np.ndarray)  # writes go to the pinned host memory itself
         step = max(1, FILL_BYTES // max(self.row_bytes, 1))
         for lo in range(0, self.cached, step):
             hi = min(lo + step, self.cached)
             self.device_rows[lo:hi].copy_(torch.from_numpy(np.asarray(x[local[lo:hi]])))
         for lo in range(self.cached, self.num_rows, step):
             hi = min(lo + step, self.num_rows)
-            self.host_rows[lo - self.cached:hi - self.cached] = x[local[lo:hi]]
-        log.info("features: %s", describe(self.cached, self.num_rows, self.row_bytes))
+            host[lo - self.cached:hi - self.cached] = x[local[lo:hi]]
 
     @property
     def device_bytes(self) -> int:
