@@ -7,7 +7,9 @@ Steps, each a child process with its own deadline (the whole run fits in ``--bud
 
 1. ``pytest -m gpu``: the ``gpu``-marked tests on the real GPU (no simulator);
 2. ``benchmarks/sampler.py``: the CUDA sampler with the graph in GPU memory and over UVA
-   (pinned host memory), structure alone and with features, on ``--preset``;
+   (pinned host memory), structure alone and with features, on ``--preset``; then with
+   features from the server-side GPU feature cache at 100 %, 20 % and 0 % of the rows in
+   GPU memory (the rest host-mapped over UVA);
 3. ``benchmarks/stream.py``: a CUDA sampling server streaming to a trainer whose loader
    puts batches on the GPU, beside bare gRPC and TCP in the same run;
 4. ``deploy/demo.py --trainers 1 --device auto``: a 1-GPU NCCL DDP run of the demo with
@@ -134,9 +136,10 @@ def steps_for(args: argparse.Namespace) -> list[tuple[Step, float]]:
     bench = ["--data", str(args.data / "bench"), "--preset", args.preset]
     return [
         (Step("gpu tests", [py, "-m", "pytest", "-q", "-m", "gpu", "tests/test_sampler_cuda.py",
-                            "-p", "no:cacheprovider"]), 0.2),
+                            "tests/test_gpu_feature_cache.py", "-p", "no:cacheprovider"]), 0.2),
         (Step("sampler", [py, "benchmarks/sampler.py", *bench, "--devices", "cuda",
-                          "--topologies", "device", "uva", "--no-baselines",
+                          "--topologies", "device", "uva", "--gpu-cache-sizes", "1", "0.2", "0",
+                          "--no-baselines",
                           "--results-name", "gpu-check-sampler"]), 0.3),
         (Step("stream", [py, "benchmarks/stream.py", *bench, "--gib", "1", "--server-device", "cuda",
                          "--trainer-device", "cuda", "--results-name", "gpu-check-stream"]), 0.3),

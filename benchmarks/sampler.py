@@ -61,12 +61,17 @@ def measure(label: str, step: Callable[[np.ndarray, int], int], part: Partition,
     return row
 
 
-def graphfeed_rows(part: Partition, device: str, n: int, topology: str = "device") -> list[dict[str, Any]]:
+def graphfeed_rows(part: Partition, device: str, n: int, topology: str = "device",
+                   gpu_cache_size: str | None = None) -> list[dict[str, Any]]:
+    """Structure and + features rows; with ``gpu_cache_size`` (CUDA) the + features row
+    alone, with that share of the feature rows in GPU memory and the rest host-mapped."""
     from sampling_server.sampler import create_sampler
     from sampling_server.sampler.rng import batch_key
 
-    sampler = create_sampler(part, device=device, topology=topology)
+    sampler = create_sampler(part, device=device, topology=topology, gpu_cache_size=gpu_cache_size)
     name = device if device != "cuda" else f"cuda/{topology}"
+    if gpu_cache_size is not None:
+        name += f" gpu-cache {gpu_cache_size}"
 
     def structure(seeds: np.ndarray, i: int) -> int:
         out = sampler.sample(seeds, FANOUTS, batch_key(0, 0, 0, i))
@@ -89,8 +94,10 @@ def graphfeed_rows(part: Partition, device: str, n: int, topology: str = "device
 
         return synced
 
-    return [measure(f"graphfeed {name}: structure", sync(structure), part, n),
-            measure(f"graphfeed {name}: + features", sync(with_features), part, n)]
+    features = measure(f"graphfeed {name}: + features", sync(with_features), part, n)
+    if gpu_cache_size is not None:
+        return [features]
+    return [measure(f"graphfeed {name}: structure", sync(structure), part, n), features]
 
 
 def torch_floor_rows(part: Partition, n: int) -> list[dict[str, Any]]:
@@ -189,6 +196,9 @@ def main() -> int:
                         help="graphfeed devices (default: cpu, plus cuda when usable)")
     parser.add_argument("--topologies", nargs="*", default=["device"], choices=["device", "uva"],
                         help="CUDA graph placements to measure (default: device)")
+    parser.add_argument("--gpu-cache-sizes", nargs="*", default=[], metavar="SIZE",
+                        help="CUDA: a + features row per server-side GPU feature cache size "
+                        "(e.g. 1 0.2 0: all rows in GPU memory, 20 %%, all host-mapped over UVA)")
     parser.add_argument("--no-baselines", action="store_true",
                         help="graphfeed's rows only (no PyTorch floor, no PyG)")
     parser.add_argument("--results-name", default="sampler",
@@ -210,6 +220,8 @@ def main() -> int:
     for device in devices:
         for topology in args.topologies if device == "cuda" else ["device"]:
             rows += graphfeed_rows(part, device, args.batches, topology)
+        for size in args.gpu_cache_sizes if device == "cuda" else []:
+            rows += graphfeed_rows(part, device, args.batches, "device", size)
     if not args.no_baselines:
         rows += torch_floor_rows(part, max(args.batches // 4, 5))
     del part
@@ -231,9 +243,13 @@ def main() -> int:
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """graphfeed CPU over PyG's best configuration, structure alone and with features."""
+    """graphfeed CPU over PyG's best configuration, structure alone and with features;
+    CUDA with every feature row in GPU memory over every row host-mapped."""
     by = {r["label"]: r for r in rows if "seeds_per_s" in r}
     out: dict[str, float] = {}
+    cached, mapped = (by.get(f"graphfeed cuda/device gpu-cache {s}: + features") for s in ("1", "0"))
+    if cached and mapped:
+        out["cuda_features_gpu_cache_1_vs_0"] = round(cached["seeds_per_s"] / mapped["seeds_per_s"], 2)
     for kind, key in (("structure", "structure"), ("+ features", "features")):
         pyg = [r["seeds_per_s"] for k, r in by.items() if k.startswith("pyg") and k.endswith(kind)]
         ours = by.get(f"graphfeed cpu: {kind}")

@@ -14,6 +14,7 @@ from typing import Any
 from partitioner.format import PartitionFormatError
 from protos import allocator, codec
 from sampling_server.config import DEFAULT_PORT, VERIFY_MODES, ConfigError, ServerConfig, parse_peers
+from sampling_server.feature_placement import parse_gpu_cache_size
 
 log = logging.getLogger("sampling_server")
 #: Seconds the process may take to exit once the server stopped.
@@ -47,6 +48,14 @@ def _seconds(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {value}")
     return value
+
+
+def _gpu_cache_size(text: str) -> str:
+    try:
+        parse_gpu_cache_size(text, "--gpu-cache-size")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _byte_size(text: str) -> int:
@@ -88,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="sampling device (auto: CUDA when usable, else CPU)")
     tune.add_argument("--topology", choices=("device", "uva"),
                       help="CUDA only: graph in GPU memory, or pinned host memory over UVA (device)")
+    tune.add_argument("--gpu-cache-size", type=_gpu_cache_size, metavar="SIZE",
+                      help="CUDA only: feature rows kept in GPU memory, hottest (in-degree) "
+                      "first, the rest in pinned host memory read over UVA: a fraction of the "
+                      "partition's rows (0.2, 20%%), a size (2GiB), or auto: every row when the "
+                      "features fit in half the GPU's free memory, else the hot rows that do; "
+                      "plus 8 bytes of GPU memory per node for the slot maps (auto)")
     tune.add_argument("--workers", type=_positive_int, help="sampling threads, shared by all streams (2)")
     tune.add_argument("--prefetch", type=_positive_int, help="batches each stream samples ahead (4)")
     tune.add_argument("--chunk-bytes", type=_byte_size, metavar="SIZE",
@@ -164,7 +179,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The server config the flags (and the cluster file) describe."""
     overrides: dict[str, Any] = {
         "partition_dir": args.partition_dir, "listen": args.listen, "device": args.device,
-        "topology": args.topology, "workers": args.workers, "prefetch": args.prefetch,
+        "topology": args.topology, "gpu_cache_size": args.gpu_cache_size,
+        "workers": args.workers, "prefetch": args.prefetch,
         "chunk_bytes": args.chunk_bytes, "peer_timeout": args.peer_timeout,
         "max_streams": args.max_streams, "grace": args.grace,
         "health_interval": args.health_interval, "verify": args.verify, "mmap": args.mmap,
@@ -192,6 +208,11 @@ def check_device(config: ServerConfig) -> None:
     if config.topology == "uva" and (config.device == "cpu" or not cuda_usable()):
         raise ConfigError("--topology uva: only the CUDA sampler reads the graph over UVA, and this "
                           "server samples on the CPU; drop --topology or run it on a GPU")
+    if str(config.gpu_cache_size).strip().lower() != "auto" and (
+            config.device == "cpu" or not cuda_usable()):
+        raise ConfigError(f"--gpu-cache-size: expected auto on a server that samples on the CPU "
+                          f"(only the CUDA sampler caches features on a GPU), got "
+                          f"{config.gpu_cache_size!r}; drop --gpu-cache-size or run it on a GPU")
 
 
 def main(argv: list[str] | None = None) -> int:

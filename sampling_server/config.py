@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from protos import codec
+from sampling_server.feature_placement import parse_gpu_cache_size
 
 #: Port a server listens on when nothing else is said.
 DEFAULT_PORT = 50051
@@ -57,6 +58,12 @@ class ServerConfig:
     #: Where the CUDA sampler keeps the graph: ``device`` memory or pinned host memory
     #: read over ``uva`` (graphs bigger than the GPU). Ignored on the CPU.
     topology: str = "device"
+    #: Where the CUDA sampler keeps the features, apart from the graph: the hottest rows
+    #: (in-degree order) in GPU memory, the rest in pinned host memory read over UVA. A
+    #: fraction of the partition's rows (0.2, "20%"), a size ("2GiB"), or "auto": every
+    #: row when they fit in half the GPU's free memory, else the hot rows that do.
+    #: Ignored on the CPU.
+    gpu_cache_size: str | float = "auto"
     #: Threads sampling batches, shared by every stream.
     workers: int = 2
     #: Batches each stream samples ahead of the one being sent (back-pressure bound).
@@ -125,6 +132,10 @@ class ServerConfig:
         _check(self.device in _DEVICES, "device", f"one of {list(_DEVICES)}", self.device)
         _check(self.topology in _TOPOLOGIES, "topology", f"one of {list(_TOPOLOGIES)}",
                self.topology)
+        try:
+            parse_gpu_cache_size(self.gpu_cache_size)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         _check(self.workers >= 1, "workers", "an integer >= 1", self.workers)
         _check(self.prefetch >= 1, "prefetch", "an integer >= 1", self.prefetch)
         _check(1 <= self.chunk_bytes <= codec.MAX_CHUNK_BYTES, "chunk_bytes",

@@ -95,7 +95,8 @@ class PartitionStore:
             part = load_partition(self.config.partition_dir, self.partition_id,
                                   mmap=self.config.mmap,
                                   verify=cast(Verify, self.config.verify))
-            sampler = create_sampler(part, self.config.device, topology=self.config.topology)
+            sampler = create_sampler(part, self.config.device, topology=self.config.topology,
+                                     gpu_cache_size=self.config.gpu_cache_size)
         except BaseException as exc:
             self.load_error = exc
             raise
@@ -139,9 +140,10 @@ class PartitionStore:
             raise ValueError("weighted: the partition has no edge weights")
         with self._lock:
             if key not in self._samplers:
-                self._samplers[key] = create_sampler(part, self.config.device, replace=replace,
-                                                     weighted=weighted,
-                                                     topology=self.config.topology)
+                self._samplers[key] = create_sampler(
+                    part, self.config.device, replace=replace, weighted=weighted,
+                    topology=self.config.topology, gpu_cache_size=self.config.gpu_cache_size,
+                    share_features_of=self._samplers.get((False, False)))
             return self._samplers[key]
 
     # -- facts -----------------------------------------------------------------------

@@ -29,6 +29,7 @@ from sampler_checks import check_sampler_output
 from partitioner.format import Partition
 from sampling_server.sampler import cuda_kernels as K
 from sampling_server.sampler.cuda_sampler import CudaNeighborSampler
+from sampling_server.sampler.ptx_check import kernel_signatures
 from sampling_server.sampler.rng import batch_key
 
 VARIANTS = [(False, False), (True, False), (False, True), (True, True)]
@@ -256,14 +257,19 @@ def test_launch_signatures_are_declared(one_part: list[Partition],
                                         launches: list[tuple[str, tuple[Any, ...]]]) -> None:
     part = one_part[0]
     for replace, weighted in VARIANTS:
-        sampler = CudaNeighborSampler(part, replace=replace, weighted=weighted)
+        sampler = CudaNeighborSampler(part, replace=replace, weighted=weighted, gpu_cache_size=0.5)
         sampler.minibatch(_seeds(part), [3, 2], key=4)
     table = K.NodeTable(64, K.torch_device())
     K.table_grow(table, 128)
+    # the typed sampler's feature gather
+    device = K.torch_device()
+    K.gather_rows(torch.tensor([1], device=device), 0,
+                  K.kernel_arg(torch.zeros((2, 3), device=device)), torch.float32)
+    declared = {name: [tuple(s) for s in sigs] for name, _, sigs in kernel_signatures()}
     for name, types in launches:
-        assert types in [tuple(s) for s in K.SIGNATURES[name]], (
-            f"{name} launched with {types}, not in cuda_kernels.SIGNATURES[{name!r}]")
-    assert {name for name, _ in launches} == set(K.KERNELS), "a kernel went unexercised"
+        assert types in declared[name], (
+            f"{name} launched with {types}, not among its declared SIGNATURES")
+    assert {name for name, _ in launches} == set(declared), "a kernel went unexercised"
 
 
 # -- real GPU only -----------------------------------------------------------------------

@@ -58,13 +58,17 @@ def cuda_usable() -> bool:
 def create_sampler(
     partition: Partition, device: Device | str = "auto", *, replace: bool = False,
     weighted: bool = False, topology: Topology | str = "device",
+    gpu_cache_size: str | float | None = None, share_features_of: NeighborSampler | None = None,
 ) -> NeighborSampler:
     """The sampler of ``partition`` on ``device``.
 
     ``device='auto'`` picks CUDA when :func:`cuda_usable`, else the CPU. ``topology``
     places the CUDA sampler's graph: ``'device'`` copies it to GPU memory, ``'uva'``
-    keeps it in pinned host memory read over UVA (for graphs bigger than the GPU). The
-    CPU sampler reads the partition where it is and ignores ``topology``.
+    keeps it in pinned host memory read over UVA (for graphs bigger than the GPU).
+    ``gpu_cache_size`` places its features on their own (``'auto'`` when None; see
+    :mod:`sampling_server.feature_placement`), unless ``share_features_of`` names a CUDA
+    sampler of the same partition whose feature table to share. The CPU sampler reads the
+    partition where it is and ignores all three.
     """
     if device not in DEVICES:
         raise ValueError(f"device: expected one of {list(DEVICES)}, got {device!r}")
@@ -73,8 +77,12 @@ def create_sampler(
     if device == "cuda" or (device == "auto" and cuda_usable()):
         from sampling_server.sampler.cuda_sampler import CudaNeighborSampler
 
+        table = share_features_of.feature_table \
+            if isinstance(share_features_of, CudaNeighborSampler) else None
         return CudaNeighborSampler(partition, replace=replace, weighted=weighted,
-                                   topology=topology)
+                                   topology=topology,
+                                   gpu_cache_size=None if table is not None else gpu_cache_size,
+                                   feature_table=table)
     return CpuNeighborSampler(partition, replace=replace, weighted=weighted)
 
 

@@ -5,10 +5,11 @@ kernel, and the dedup/relabel kernels of a device hash table; one host synchroni
 hop (to size the outputs), none per node. Tensors are torch CUDA tensors on the current
 device and reach the kernels without copies; kernels run on PyTorch's current stream.
 
-``topology='device'`` copies the CSC, features and labels to GPU memory;
-``topology='uva'`` keeps them in pinned, device-mapped host memory that the kernels read
-over UVA, for partitions larger than the GPU. Under Numba's CUDA simulator the same code
-runs on CPU tensors (see :mod:`cuda_kernels`).
+``topology='device'`` copies the CSC and labels to GPU memory; ``topology='uva'`` keeps
+them in pinned, device-mapped host memory that the kernels read over UVA, for partitions
+larger than the GPU. The features are placed on their own (``gpu_cache_size``, see
+:mod:`cuda_features`): the hottest rows in GPU memory, the others in mapped host memory.
+Under Numba's CUDA simulator the same code runs on CPU tensors (see :mod:`cuda_kernels`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import numpy as np
 import torch
 
 from partitioner.format import Partition
+from sampling_server.feature_placement import parse_gpu_cache_size
 from sampling_server.sampler import cpu_kernels
 from sampling_server.sampler import cuda_kernels as K
 from sampling_server.sampler.base import NeighborSampler, Relabeler
+from sampling_server.sampler.cuda_features import FeatureTable
 from sampling_server.sampler.types import HopSample
 
 _MASK64 = (1 << 64) - 1
@@ -79,22 +82,41 @@ class DeviceArrays:
         return nodes.to(self.device).contiguous()
 
 
+def _check_table(table: FeatureTable, partition: Partition) -> None:
+    start = partition.node_range[0]
+    if table.node_start != start or table.num_rows != partition.num_nodes:
+        raise ValueError(f"feature_table: expected the table of partition {partition.partition_id} "
+                         f"({partition.num_nodes} rows from node {start}), got one of "
+                         f"{table.num_rows} rows from node {table.node_start}")
+
+
 class CudaNeighborSampler(DeviceArrays, NeighborSampler):
     """Neighbor sampling of one partition on the GPU (one thread per frontier node).
 
     Draws the same neighbors as :class:`~sampling_server.sampler.cpu_sampler.CpuNeighborSampler`
     for the same batch key: both follow :mod:`rng` and the algorithms of
     ``docs/sampling.md`` step by step.
+
+    ``topology`` places the graph structure and labels; ``gpu_cache_size`` (default
+    ``"auto"``) the features, or ``feature_table`` gives the table of another sampler of
+    the same partition to share (one or the other).
     """
 
     def __init__(self, partition: Partition, *, replace: bool = False, weighted: bool = False,
-                 topology: str = "device"):
+                 topology: str = "device", gpu_cache_size: str | float | None = None,
+                 feature_table: FeatureTable | None = None):
         if topology not in TOPOLOGIES:
             raise ValueError(f"topology: expected one of {list(TOPOLOGIES)}, got {topology!r}")
+        size = None
+        if feature_table is None:
+            size = parse_gpu_cache_size("auto" if gpu_cache_size is None else gpu_cache_size)
+        elif gpu_cache_size is not None:
+            raise ValueError("gpu_cache_size, feature_table: expected one or neither, got both")
+        else:
+            _check_table(feature_table, partition)
         super().__init__(partition, replace=replace, weighted=weighted)
         self.topology = topology
         self.device = K.torch_device()
-        self._x_dtype = _torch_dtype(partition.x.dtype)
         self._keep: list[torch.Tensor] = []  # device tensors behind kernel arguments
         weight = cum = None
         if weighted:
@@ -113,8 +135,13 @@ class CudaNeighborSampler(DeviceArrays, NeighborSampler):
             weight=None if weight is None else self._place(weight, np.float32),
             cumweight=None if cum is None else self._place(cum, np.float64),
         )
-        self._x = self._place(partition.x, partition.x.dtype)
         self._y = self._place(partition.y, np.int64)
+        if feature_table is None:  # after the structure, so "auto" sees what it left free
+            assert size is not None
+            feature_table = FeatureTable(partition.x, partition.indptr, self.node_start,
+                                         self.device, size)
+        #: The partition's features (GPU cache and mapped host rows).
+        self.feature_table = feature_table
 
     def sample_neighbors(self, nodes: torch.Tensor, fanout: int, key: int, hop: int) -> HopSample:
         if int(fanout) < -1:
@@ -134,6 +161,6 @@ class CudaNeighborSampler(DeviceArrays, NeighborSampler):
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         ids = self._ids(nodes, "nodes")
         self.check_owned(ids, "nodes")
-        x = K.gather_rows(ids, self.node_start, self._x, self._x_dtype) if features else None
+        x = self.feature_table.gather(ids) if features else None
         y = K.gather_labels(ids, self.node_start, self._y) if labels else None
         return x, y

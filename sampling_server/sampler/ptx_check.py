@@ -1,8 +1,8 @@
 """Compile every CUDA kernel for a real GPU architecture and assemble it with ``ptxas``.
 
 The simulator accepts code that is not valid CUDA, so CI also compiles each kernel of
-:mod:`cuda_kernels` with the argument types its launcher passes
-(:data:`cuda_kernels.SIGNATURES`) through ``numba.cuda.compile_ptx`` (libNVVM, no GPU or
+:mod:`cuda_kernels` and :mod:`cuda_features` with the argument types its launcher passes
+(their ``SIGNATURES``, see :func:`kernel_signatures`) through ``numba.cuda.compile_ptx`` (libNVVM, no GPU or
 driver needed), then assembles the PTX with ``ptxas -v`` and reads back registers per
 thread, spills and stack use.
 
@@ -107,6 +107,14 @@ def assemble(ptx: str, ptxas: str, cc: tuple[int, int], name: str) -> dict[str, 
     return parse_ptxas_info(proc.stderr + proc.stdout)
 
 
+def kernel_signatures() -> list[tuple[str, Any, list[tuple[Any, ...]]]]:
+    """``(name, kernel, argument-type tuples)`` of every CUDA kernel of the project."""
+    from sampling_server.sampler import cuda_features, cuda_kernels
+
+    return [(name, module.KERNELS[name], sigs)
+            for module in (cuda_kernels, cuda_features) for name, sigs in module.SIGNATURES.items()]
+
+
 def check_kernels(cc: tuple[int, int] = DEFAULT_CC) -> list[KernelReport]:
     """Compile and assemble every kernel with every launcher signature."""
     from numba import config as numba_config
@@ -117,11 +125,9 @@ def check_kernels(cc: tuple[int, int] = DEFAULT_CC) -> list[KernelReport]:
     _check_nvvm()
     from numba import cuda
 
-    from sampling_server.sampler import cuda_kernels
-
     reports = []
-    for name, kernel in cuda_kernels.KERNELS.items():
-        for sig in cuda_kernels.SIGNATURES[name]:
+    for name, kernel, sigs in kernel_signatures():
+        for sig in sigs:
             shown = "(" + ", ".join(str(t) for t in sig) + ")"
             try:
                 ptx, _ = cuda.compile_ptx(kernel, sig, cc=cc)

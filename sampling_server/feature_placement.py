@@ -1,0 +1,114 @@
+"""Where the CUDA sampler keeps a partition's features: the server-side GPU feature cache.
+
+The hottest rows of the partition's feature matrix (its nodes in the hot order of
+:mod:`sampling_server.hot`: in-degree, highest first, ties by lower ID) live in GPU
+memory; the others in pinned host memory that the GPU reads over UVA. A batch's rows are
+gathered by one kernel through two per-node maps, so no row makes a trip through the
+host. ``gpu_cache_size`` (``--gpu-cache-size``) says how many rows are on the GPU, with
+the syntax of the trainer's ``cache_size``: a fraction of the partition's rows (``0.2``,
+``"20%"``), a size (``"2GiB"``), or ``"auto"`` (the default): every row when the
+features fit in :data:`AUTO_FREE_FRACTION` of the GPU's free memory, else the hot rows
+that do.
+
+This module is plain numpy (the server's configuration checks values with it); the
+tables and the kernel are in :mod:`sampling_server.sampler.cuda_features`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Share of the GPU's free memory (measured once the graph structure is placed) that
+#: ``gpu_cache_size="auto"`` may fill with feature rows; the rest is left to sampling.
+AUTO_FREE_FRACTION = 0.5
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z%]*)\s*$")
+_EXPECTED = ("'auto', a fraction of the partition's feature rows in [0, 1] (e.g. 0.2), a "
+             "percentage ('20%') or a size in bytes with a unit ('2GiB', '512MB')")
+
+
+@dataclass(frozen=True)
+class GpuCacheSize:
+    """A parsed ``gpu_cache_size``."""
+
+    #: ``"auto"``, ``"fraction"`` (of the partition's rows) or ``"bytes"`` (of GPU memory).
+    kind: str
+    #: The fraction in [0, 1], or the bytes; 0 for ``"auto"``.
+    amount: float = 0.0
+
+
+def parse_gpu_cache_size(value: object, field: str = "gpu_cache_size") -> GpuCacheSize:
+    """``value`` as a :class:`GpuCacheSize`; ``ValueError`` naming ``field``, what it
+    expected and what it got."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return GpuCacheSize("auto")
+    if isinstance(value, bool) or not isinstance(value, int | float | str | np.number):
+        raise ValueError(f"{field}: expected {_EXPECTED}, got {value!r}")
+    number, unit = (float(value), "") if not isinstance(value, str) else _split(value, field)
+    if unit and unit != "%":
+        return GpuCacheSize("bytes", float(math.floor(number * _UNITS[unit])))
+    fraction = number / 100 if unit == "%" else number
+    if not math.isfinite(fraction) or not 0 <= fraction <= 1:
+        raise ValueError(f"{field}: expected {_EXPECTED}, got {value!r}")
+    return GpuCacheSize("fraction", fraction)
+
+
+def _split(text: str, field: str) -> tuple[float, str]:
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or (unit and unit != "%" and unit not in _UNITS):
+        raise ValueError(f"{field}: expected {_EXPECTED}, got {text!r}")
+    return float(match.group(1)), unit
+
+
+def rows_on_device(size: GpuCacheSize, num_rows: int, row_bytes: int,
+                   free_bytes: int | None) -> int:
+    """How many of ``num_rows`` rows (``row_bytes`` each) go to GPU memory.
+
+    ``free_bytes`` is the GPU's free memory for ``"auto"`` (None: unknown, under the
+    simulator, where every row is taken). Each node also costs 8 bytes of maps on the GPU
+    (:func:`slot_maps`), whatever its place; ``"auto"`` counts them, a size in bytes is
+    for the rows alone.
+    """
+    if size.kind == "fraction":
+        return min(num_rows, math.floor(size.amount * num_rows))
+    if size.kind == "bytes":
+        return num_rows if row_bytes == 0 else min(num_rows, int(size.amount) // row_bytes)
+    if free_bytes is None or row_bytes == 0:
+        return num_rows
+    budget = math.floor(AUTO_FREE_FRACTION * free_bytes) - 8 * num_rows
+    return max(0, min(num_rows, budget // row_bytes))
+
+
+def slot_maps(order: np.ndarray, node_start: int, cached: int) -> tuple[np.ndarray, np.ndarray]:
+    """The two int32 per-node maps of a partition whose hot order is ``order`` (global
+    IDs, hottest first) and whose first ``cached`` nodes of it are on the GPU:
+    ``slot[v - node_start]``, the GPU row of node ``v`` (-1 when not cached), and
+    ``host_slot[v - node_start]``, its row in pinned host memory (-1 when cached). Both
+    tables hold their rows in hot order."""
+    n = int(order.size)
+    if n >= 2**31:
+        raise ValueError(f"partition: expected fewer than 2**31 nodes for int32 feature slots, "
+                         f"got {n}")
+    if not 0 <= cached <= n:
+        raise ValueError(f"cached: expected 0 .. {n} (the partition's nodes), got {cached}")
+    local = np.asarray(order, dtype=np.int64) - node_start
+    slot = np.full(n, -1, dtype=np.int32)
+    host_slot = np.full(n, -1, dtype=np.int32)
+    slot[local[:cached]] = np.arange(cached, dtype=np.int32)
+    host_slot[local[cached:]] = np.arange(n - cached, dtype=np.int32)
+    return slot, host_slot
+
+
+def describe(cached: int, num_rows: int, row_bytes: int) -> str:
+    """``"k of n rows (p %) in GPU memory (A MiB), m in pinned host memory (B MiB)"``."""
+    share = 100.0 * cached / num_rows if num_rows else 100.0
+    return (f"{cached} of {num_rows} feature rows ({share:.1f} %) in GPU memory "
+            f"({cached * row_bytes / 2**20:.1f} MiB + {8 * num_rows / 2**20:.1f} MiB of slot "
+            f"maps), {num_rows - cached} in pinned host memory over UVA "
+            f"({(num_rows - cached) * row_bytes / 2**20:.1f} MiB)")
