@@ -6,6 +6,8 @@ in-process typed sampler."""
 from __future__ import annotations
 
 import contextlib
+import random
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import grpc
 import numpy as np
 import pytest
 import torch
+from test_limits import METHODS, _structured, call_raw, mutated
 from test_loader import TIMEOUTS
 from torch_geometric.data import HeteroData
 
@@ -177,7 +180,10 @@ def _epoch_cases() -> list[tuple[pb.EpochRequest, grpc.StatusCode, str]]:
     seed_type.typed.seed_type = "venue"
     split_of_author = _typed_request()
     split_of_author.typed.seed_type = "author"
+    over = _typed_request(fanouts=[])
+    over.typed.edge_fanouts.add(edge_type="paper__cites__paper", fanouts=[2**31 - 1])
     return [
+        (over, INVALID, "--max-fanout"),
         (untyped, PRECONDITION, "EpochRequest.typed"),
         (both, INVALID, "EpochRequest.fanouts"),
         (unknown, INVALID, "EpochRequest.typed.edge_fanouts[0].edge_type"),
@@ -377,3 +383,42 @@ def test_server_processes_serve_typed_batches_with_a_token(
                 assert np.array_equal(named[name], want.structure.edge_index(et).numpy())
     finally:
         assert procs.stop() == [0, 0]
+
+
+# -- fuzz ---------------------------------------------------------------------------------
+def _typed_structured(rng: random.Random, method: str) -> bytes:
+    """A well-formed typed message of ``method`` with names and values from edge cases."""
+    names = ["", "paper", "author", "venue", "author__writes__paper", "paper__cites__paper",
+             "a__b", "x" * 5000, "paper\n__cites__paper"]
+    if method == "StreamMinibatches":
+        msg = pb.EpochRequest.FromString(_structured(rng, method))
+        msg.typed.seed_type = rng.choice(names)
+        for _ in range(rng.choice([0, 1, 3])):
+            msg.typed.edge_fanouts.add(edge_type=rng.choice(names),
+                                       fanouts=[rng.choice([-2, -1, 0, 2, 10**6])
+                                                for _ in range(rng.choice([0, 1, 2, 40]))])
+        return msg.SerializeToString()
+    if method == "SampleNeighbors":
+        sample = pb.SampleNeighborsRequest.FromString(_structured(rng, method))
+        sample.edge_type = rng.choice(names)
+        return sample.SerializeToString()
+    if method in ("FetchNodeData", "LookupNodes"):
+        kind = pb.FetchNodeDataRequest if method == "FetchNodeData" else pb.LookupNodesRequest
+        node = kind.FromString(_structured(rng, method))
+        node.node_type = rng.choice(names)
+        return node.SerializeToString()
+    return _structured(rng, method)
+
+
+def test_fuzzed_typed_requests_never_get_internal_or_unknown(cluster: list[str]) -> None:
+    rng = random.Random(5)
+    codes: Counter[str] = Counter()
+    with grpc.insecure_channel(cluster[0]) as channel:
+        for _ in range(600):
+            method = rng.choice(list(METHODS))
+            codes[call_raw(channel, method,
+                           mutated(rng, lambda m=method: _typed_structured(rng, m))).name] += 1
+    assert codes["OK"] > 0 and codes["INVALID_ARGUMENT"] > 0, codes
+    with create_channel(cluster[0]) as channel:  # still serving
+        assert pb_grpc.SamplingServiceStub(channel).GetClusterInfo(
+            pb.ClusterInfoRequest(), timeout=30).HasField("typed")
