@@ -99,6 +99,13 @@ class RemoteNeighborLoader:
     graph's own), and ``input_id`` the positions of the seeds in :attr:`input_nodes`.
     Tensors that stay on the CPU share the received messages' bytes: treat them as
     read-only.
+
+    On a typed cluster (``ClusterInfo.typed``) it yields ``HeteroData`` as PyG's hetero
+    ``NeighborLoader`` does: per node type ``n_id``, ``num_nodes``, ``x`` (types with
+    features), ``num_sampled_nodes``; ``y`` on the target type; ``batch_size`` and
+    ``input_id`` on the seed type; per edge type ``edge_index`` and
+    ``num_sampled_edges`` (see ``docs/training.md``). :attr:`typed_graph` and
+    :meth:`metadata` describe the graph.
     """
 
     def __init__(
@@ -157,6 +164,12 @@ class RemoteNeighborLoader:
         size (``"2GiB"``); 0 turns it off; default 0.1 on a CUDA device, 0 otherwise.
         It fills once per :class:`Cluster` (progress bar on a terminal, or as
         ``cache_progress`` says) and is shared by its loaders with the same plan.
+
+        Typed clusters: ``input_nodes`` may also be a split name, a node type (all its
+        nodes) or ``(node_type, IDs or mask or None)``; ``num_neighbors`` a list for every
+        edge type or a dict per edge type (``(src, rel, dst)`` or ``"src__rel__dst"``;
+        types left out draw nothing). ``cache_size > 0`` is refused there (the cache holds
+        homogeneous graphs only).
         """
         check_keywords(unsupported)
         if input_nodes is not None and seeds is not None:
