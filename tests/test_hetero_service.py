@@ -26,7 +26,7 @@ from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import create_channel
 from sampling_server.config import ServerConfig
-from sampling_server.sampler import batch_key
+from sampling_server.sampler import batch_key, to_hetero_data
 from sampling_server.sampler.hetero_cpu import CpuHeteroSampler
 from sampling_server.server import create_server
 from tests.hetero_fixtures import tiny_hetero
@@ -297,22 +297,33 @@ def test_two_partitions_equal_the_whole_graph_sampler(
                 assert torch.equal(data["paper"].y, want.y)
                 for et in graph.edge_types:
                     assert torch.equal(data[et].edge_index, want.structure.edge_index(et)), (i, et)
+                # laid out as the in-process to_hetero_data lays it out
+                ref = to_hetero_data(want)
+                for key in [*graph.node_types, *graph.edge_types]:
+                    assert set(data[key].keys()) - {"input_id"} == set(ref[key].keys()), key
+                assert data.num_sampled_nodes == ref.num_sampled_nodes
+                assert data.num_sampled_edges == ref.num_sampled_edges
 
 
-def test_every_rank_gets_the_same_number_of_batches(cluster: list[str]) -> None:
+@pytest.mark.parametrize(("input_nodes", "batches"), [(("author", None), "global"),
+                                                      ("train", "partition")])
+def test_every_rank_gets_the_same_number_of_batches(
+        cluster: list[str], graph: HeteroGraphData, input_nodes: object, batches: str) -> None:
     world = 3
-    loaders = [RemoteNeighborLoader(cluster, input_nodes=("author", None), num_neighbors=[2],
+    seed_type = "author" if isinstance(input_nodes, tuple) else "paper"
+    loaders = [RemoteNeighborLoader(cluster, input_nodes=input_nodes, num_neighbors=[2],  # type: ignore[arg-type]
                                     batch_size=3, rank=r, world_size=world, shuffle=True,
-                                    **TIMEOUTS) for r in range(world)]
+                                    batches=batches, **TIMEOUTS) for r in range(world)]
     try:
         counts = {len(loader) for loader in loaders}
         assert len(counts) == 1
         seen = []
         for loader in loaders:
-            batches = list(loader)
-            assert len(batches) == len(loader)
-            seen.extend(b["author"].n_id[: b["author"].batch_size].tolist() for b in batches)
-        assert sorted(x for s in seen for x in s) == list(range(20))
+            batches_ = list(loader)
+            assert len(batches_) == len(loader)
+            seen.extend(b[seed_type].n_id[: b[seed_type].batch_size].tolist() for b in batches_)
+        want = range(20) if seed_type == "author" else graph.splits["train"].tolist()
+        assert sorted(x for s in seen for x in s) == sorted(want)
     finally:
         for loader in loaders:
             loader.close()
