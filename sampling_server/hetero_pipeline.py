@@ -90,6 +90,8 @@ def produce_typed(pipeline: SamplingPipeline, job: EpochJob, typed: TypedJob,
     for et in out.row:
         named[f"edge_index/{edge_type_name(et)}"] = out.edge_index(et)
     target = store.manifest.target_type
+    orig_ids = {t: pipeline.lookups.submit(sampler.orig_ids_of, t, n_id, remote)
+                for t, n_id in out.node.items()} if job.original_ids else {}
     if job.features or job.labels:
         with pipeline.stage("gather"):
             for t, n_id in out.node.items():
@@ -103,9 +105,8 @@ def produce_typed(pipeline: SamplingPipeline, job: EpochJob, typed: TypedJob,
                     named[f"x/{t}"] = cast_features(x, wire)
                 if y is not None:
                     named[f"y/{t}"] = y
-    if job.original_ids:
-        for t, n_id in out.node.items():
-            named[f"orig_id/{t}"] = sampler.orig_ids_of(t, n_id, remote)
+    for t, lookup in orig_ids.items():
+        named[f"orig_id/{t}"] = lookup.result()  # bounded: peer calls carry deadlines
     messages = pipeline.encode(ref, typed_header(job.num_batches, out), named)
     log.debug("partition=%d client=%s rank=%d epoch=%d batch=%d: typed, %d seeds of %s, nodes %s, "
               "%d messages in %.1f ms", store.partition_id, printable(job.client_id), job.rank,

@@ -111,9 +111,9 @@ class SamplingPipeline:
         #: Every partition's hot order, for trainers' feature caches.
         self.hot = HotNodes(store, lambda: self.peers, chunk_bytes)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sample")
-        # Original-ID lookups run beside the feature gather (both wait on peers); their
-        # own threads, so a lookup never waits for a sampling thread.
-        self._lookups = ThreadPoolExecutor(workers, thread_name_prefix="orig-ids")
+        #: Original-ID lookups run beside the feature gather (both wait on peers); their
+        #: own threads, so a lookup never waits for a sampling thread.
+        self.lookups = ThreadPoolExecutor(workers, thread_name_prefix="orig-ids")
 
     def stage(self, name: str) -> AbstractContextManager[None]:
         return self.metrics.stage(name) if self.metrics is not None else nullcontext()
@@ -121,7 +121,7 @@ class SamplingPipeline:
     def close(self) -> None:
         """Stop the workers (queued batches are dropped)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._lookups.shutdown(wait=False, cancel_futures=True)
+        self.lookups.shutdown(wait=False, cancel_futures=True)
 
     def stream(
         self, job: EpochJob, stop: threading.Event | None = None
@@ -193,7 +193,7 @@ class SamplingPipeline:
         with self.stage("sample"):
             out = sampler.sample(seeds, job.fanouts, key, bound.neighbors if bound else None)
         named: dict[str, codec.TensorLike] = {"n_id": out.n_id, "edge_index": out.edge_index}
-        orig_ids = self._lookups.submit(sampler.orig_ids_of, out.n_id, bound.orig_ids if bound else None) \
+        orig_ids = self.lookups.submit(sampler.orig_ids_of, out.n_id, bound.orig_ids if bound else None) \
             if job.original_ids else None
         if job.features or job.labels:
             with self.stage("gather"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -275,16 +276,18 @@ def test_loader_yields_hetero_data_of_the_original_graph(
         assert sorted(torch.cat(seen).tolist()) == sorted(want.tolist())
 
 
+@pytest.mark.parametrize("replace", [False, True])
 def test_two_partitions_equal_the_whole_graph_sampler(
-        cluster: list[str], graph: HeteroGraphData, one: Path) -> None:
+        cluster: list[str], graph: HeteroGraphData, one: Path, replace: bool) -> None:
     """Global batches across two partitions (typed peers over gRPC) are exactly what the
     whole-graph in-process sampler draws for the same seeds and keys."""
-    whole = CpuHeteroSampler(load_all(one)[0])
+    whole = CpuHeteroSampler(load_all(one)[0], replace=replace)
     maps = node_maps(one, graph)
     for seed_type, num_neighbors in (("paper", FANOUTS), ("author", DICT_FANOUTS)):
         input_nodes = "train" if seed_type == "paper" else (seed_type, None)
         with RemoteNeighborLoader(cluster, input_nodes=input_nodes, num_neighbors=num_neighbors,  # type: ignore[arg-type]
-                                  batch_size=5, shuffle=True, seed=7, **TIMEOUTS) as loader:
+                                  batch_size=5, shuffle=True, seed=7, replace=replace,
+                                  **TIMEOUTS) as loader:
             loader.set_epoch(3)
             for i, data in enumerate(loader):
                 seeds = data[seed_type].n_id[: data[seed_type].batch_size].numpy()
@@ -327,6 +330,40 @@ def test_every_rank_gets_the_same_number_of_batches(
     finally:
         for loader in loaders:
             loader.close()
+
+
+def test_features_travel_in_the_requested_dtype(cluster: list[str], graph: HeteroGraphData) -> None:
+    with RemoteNeighborLoader(cluster, input_nodes="train", num_neighbors=FANOUTS, batch_size=8,
+                              feature_dtype="bfloat16", return_internal_ids=True,
+                              **TIMEOUTS) as loader:
+        for data in loader:
+            x = data["paper"].x
+            assert x.dtype == torch.float32  # cast back on the device
+            want = torch.from_numpy(graph.x["paper"][data["paper"].n_id.numpy()])
+            assert torch.equal(x, want.to(torch.bfloat16).float())
+            for t in graph.node_types:  # graphfeed's own IDs on request
+                assert data[t].internal_n_id.shape == data[t].n_id.shape
+
+
+def test_peers_listed_in_the_wrong_order_are_refused(two: Path) -> None:
+    """The typed servers check their peers' identity as the homogeneous ones do."""
+    built = [create_server(_config(two, p)) for p in range(2)]
+    addresses = [f"127.0.0.1:{port}" for _, port in built]
+    servers = [s for s, _ in built]
+    try:
+        for s in servers:
+            s.set_peers(addresses[::-1] if s is servers[0] else addresses)
+            s.start()
+        monitor = servers[0].monitor
+        assert monitor is not None
+        deadline = time.monotonic() + 60
+        while monitor.problem is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert monitor.problem is not None and "serves partition 0" in monitor.problem
+        assert not servers[0].wait_until_serving(0.5)
+    finally:
+        for s in servers:
+            s.stop(None).wait(10)
 
 
 def test_typed_arguments_on_a_homogeneous_graph_are_refused(tmp_path: Path) -> None:
