@@ -308,6 +308,25 @@ def test_two_partitions_equal_the_whole_graph_sampler(
                 assert data.num_sampled_edges == ref.num_sampled_edges
 
 
+def test_batches_split_over_many_messages_are_the_same(two: Path, cluster: list[str]) -> None:
+    """Servers whose messages hold 256 bytes of tensor data (typed batches and peer answers
+    spread over many chunks) send the same batches."""
+    def epoch(addresses: list[str]) -> list[HeteroData]:
+        with RemoteNeighborLoader(addresses, input_nodes="train", num_neighbors=DICT_FANOUTS,
+                                  batch_size=7, shuffle=True, **TIMEOUTS) as loader:
+            return list(loader)
+
+    with served(two, 2, chunk_bytes=256) as small:
+        got = epoch(small)
+    want = epoch(cluster)
+    assert len(got) == len(want) > 1
+    for a, b in zip(got, want, strict=True):
+        for key in [*a.node_types, *a.edge_types]:
+            for name, value in b[key].items():
+                assert torch.equal(a[key][name], value) if isinstance(value, torch.Tensor) \
+                    else a[key][name] == value, (key, name)
+
+
 @pytest.mark.parametrize(("input_nodes", "batches"), [(("author", None), "global"),
                                                       ("train", "partition")])
 def test_every_rank_gets_the_same_number_of_batches(
