@@ -351,6 +351,26 @@ def test_every_rank_gets_the_same_number_of_batches(
             loader.close()
 
 
+@pytest.mark.gpu
+def test_cuda_servers_send_the_cpu_sampler_batches(two: Path, one: Path,
+                                                   graph: HeteroGraphData) -> None:
+    """On a real GPU: servers sampling with the typed CUDA sampler send the batches the
+    whole-graph CPU sampler draws (the simulator serves one thread only, so not in CI)."""
+    whole = CpuHeteroSampler(load_all(one)[0])
+    maps = node_maps(one, graph)
+    with served(two, 2, device="cuda") as addresses, RemoteNeighborLoader(
+            addresses, input_nodes="train", num_neighbors=FANOUTS, batch_size=7,
+            **TIMEOUTS) as loader:
+        for i, data in enumerate(loader):
+            seeds = data["paper"].n_id[: data["paper"].batch_size].numpy()
+            want = whole.minibatch(maps["paper"][seeds], "paper", FANOUTS, batch_key(0, 0, 0, i))
+            assert torch.equal(data["paper"].x, want.x["paper"])
+            for t in graph.node_types:
+                assert torch.equal(data[t].n_id, want.orig_id[t]), (i, t)
+            for et in graph.edge_types:
+                assert torch.equal(data[et].edge_index, want.structure.edge_index(et)), (i, et)
+
+
 def test_features_travel_in_the_requested_dtype(cluster: list[str], graph: HeteroGraphData) -> None:
     with RemoteNeighborLoader(cluster, input_nodes="train", num_neighbors=FANOUTS, batch_size=8,
                               feature_dtype="bfloat16", return_internal_ids=True,
