@@ -449,6 +449,7 @@ class EpochRequest(_message.Message):
     GLOBAL_BATCHES_FIELD_NUMBER: _builtins.int
     INCLUDE_ORIGINAL_IDS_FIELD_NUMBER: _builtins.int
     CACHE_COUNTS_FIELD_NUMBER: _builtins.int
+    COMPACT_INDICES_FIELD_NUMBER: _builtins.int
     split: _builtins.str
     """A split name: "train", "val" or "test". The server uses the seeds of that split
     which its own partition owns.
@@ -501,6 +502,16 @@ class EpochRequest(_message.Message):
     """Send each batch's nodes' original IDs (the IDs of the graph before partitioning) as
     the "orig_id" tensor.
     """
+    compact_indices: _builtins.bool
+    """Send each batch's structure in compact form (docs/wire.md, "Compact structure"):
+    "n_id" and "orig_id" as INT32 when every value fits, "edge_index" as its sources
+    ("edge_src", INT32) plus the sampled edges per target node ("edge_count", the
+    smallest integer dtype that holds them), since the targets are the frontier nodes
+    in order; "y" in the smallest signed integer dtype that holds -1 .. num_classes-1;
+    "x_cached" as packed bits (UINT8). false (every old client): every index and label
+    tensor is INT64 and "x_cached" BOOL, exactly as before. A client that sets it must
+    also accept the INT64 forms (servers from before this field ignore it).
+    """
     @_builtins.property
     def seeds(self) -> Global___Tensor:
         """Explicit seed nodes: a 1-d INT64 Tensor of distinct global node IDs in [0, N),
@@ -551,10 +562,11 @@ class EpochRequest(_message.Message):
         global_batches: _builtins.bool = ...,
         include_original_ids: _builtins.bool = ...,
         cache_counts: _abc.Iterable[_builtins.int] | None = ...,
+        compact_indices: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling", "seeds", b"seeds", "seeds_source", b"seeds_source", "split", b"split"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "cache_counts", b"cache_counts", "client_id", b"client_id", "drop_last", b"drop_last", "epoch", b"epoch", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "cache_counts", b"cache_counts", "client_id", b"client_id", "compact_indices", b"compact_indices", "drop_last", b"drop_last", "epoch", b"epoch", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_seeds_source: _TypeAlias = _typing.Literal["split", "seeds"]  # noqa: Y015
     _WhichOneofArgType_seeds_source: _TypeAlias = _typing.Literal["seeds_source", b"seeds_source"]  # noqa: Y015
@@ -627,6 +639,21 @@ class MinibatchChunk(_message.Message):
                                       include_features and cache_counts are set); "x" is
                                       then [N - sum(x_cached), F]: the rows of the other
                                       nodes, in n_id order.
+    With EpochRequest.compact_indices the structure travels narrower (the decoded batch is
+    the same, value for value):
+      "n_id", "orig_id"  INT32 [N]    when every value fits in int32 (else INT64).
+      "edge_src"   INT32 [E]          row 0 of edge_index (replaces "edge_index").
+      "edge_count" integer [T]        edges sampled per target, T = N - num_sampled_nodes[-1]
+                                      (the nodes of every hop but the last, in n_id order):
+                                      row 1 of edge_index is target t repeated
+                                      edge_count[t] times, t = 0 .. T-1; the smallest of
+                                      UINT8, INT16, INT32, INT64 that holds the largest count.
+      "y"          INT8/INT16/INT32 [N]  the smallest signed dtype that holds -1 ..
+                                      num_classes-1.
+      "x_cached"   UINT8 [ceil(N/8)]  the mask as bits, node i in bit i % 8 (least
+                                      significant first) of byte i // 8.
+    A server may still send any tensor in its non-compact form (INT64 "edge_index", BOOL
+    "x_cached", ...), e.g. when a value does not fit; clients accept both.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

@@ -121,6 +121,7 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
                     features=request.include_features, labels=request.include_labels,
                     feature_dtype=dtype, client_id=request.client_id,
                     original_ids=request.include_original_ids,
+                    compact=request.compact_indices,
                     cache_counts=check_counts(request.cache_counts, store.partition_book,
                                               f"{_FIELD}.cache_counts"))
 

@@ -40,7 +40,7 @@ def server_version() -> str:
 
 
 #: The rule ordering each partition's nodes for trainers' feature caches (sampling_server/hot.py).
-HOT_ORDER = "in_degree_v1"
+HOT_ORDER = "visits_v1"
 
 
 class NotLoaded(RuntimeError):

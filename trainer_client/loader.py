@@ -119,6 +119,7 @@ class RemoteNeighborLoader:
         client_id: str | None = None,
         cache_size: float | str | None = None,
         cache_progress: bool | None = None,
+        compact_indices: bool = True,
         **unsupported: object,
     ) -> None:
         """Check the arguments, connect to the servers and plan epoch 0.
@@ -144,6 +145,8 @@ class RemoteNeighborLoader:
         size (``"2GiB"``); 0 turns it off; default 0.1 on a CUDA device, 0 otherwise.
         It fills once per :class:`Cluster` (progress bar on a terminal, or as
         ``cache_progress`` says) and is shared by its loaders with the same plan.
+        ``compact_indices``: ask for the batches' structure in compact form (narrow
+        integer dtypes, ``EpochRequest.compact_indices``); the batches are the same.
         """
         check_keywords(unsupported)
         if input_nodes is not None and seeds is not None:
@@ -174,6 +177,7 @@ class RemoteNeighborLoader:
         self.cast_features, self.include_labels = bool(cast_features), bool(include_labels)
         self.replace, self.weighted = bool(replace), bool(weighted)
         self.return_internal_ids = bool(return_internal_ids)
+        self.compact_indices = bool(compact_indices)
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else bool(pin_memory)
         default_size = DEFAULT_CUDA_CACHE_FRACTION if self.device.type == "cuda" else 0.0
         size = parse_cache_size(default_size if cache_size is None else cache_size)
@@ -344,6 +348,7 @@ class RemoteNeighborLoader:
             sampling=pb.SamplingOptions(replace=self.replace, weighted=self.weighted),
             include_features=True, include_labels=self.include_labels, client_id=self.client_id,
             global_batches=self.batches == "global", include_original_ids=True,
+            compact_indices=self.compact_indices,
         )
         request.seeds.CopyFrom(self._seeds_tensor)
         if self.cache is not None:
@@ -365,6 +370,7 @@ class RemoteNeighborLoader:
         spec = BatchSpec(
             num_hops=len(self.num_neighbors), feature_dim=self.num_features, include_features=True,
             include_labels=self.include_labels, num_batches=num_batches,
+            compact_indices=self.compact_indices,
         )
         return EpochStream(servers, num_batches, spec, prefetch=self.prefetch, timeouts=self.timeouts,
                            pin_memory=self.pin_memory)
