@@ -23,6 +23,7 @@ __all__ = [
     "LABEL_DTYPES",
     "compact_batch",
     "expand_edges",
+    "expand_sources",
     "narrowest",
     "pack_mask",
     "unpack_mask",
@@ -68,9 +69,9 @@ def unpack_mask(bits: torch.Tensor, num: int) -> torch.Tensor:
 
 def compact_batch(n_id: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
                   num_sampled_nodes: Sequence[int]) -> dict[str, torch.Tensor]:
-    """The compact structure tensors of one batch: "n_id", and "edge_src" + "edge_count"
-    when ``col`` lists the targets in order (as the samplers produce it), else
-    "edge_index" (int32 when it fits). All on the CPU."""
+    """The compact structure tensors of one batch: "n_id", and "edge_src" (+ "edge_new") +
+    "edge_count" when ``col`` lists the targets in order (as the samplers produce it),
+    else "edge_index" (int32 when it fits). All on the CPU."""
     num_targets = int(n_id.numel()) - int(num_sampled_nodes[-1])
     named: dict[str, torch.Tensor] = {"n_id": narrowest(n_id.cpu(), INDEX_DTYPES)}
     row, col = row.cpu(), col.cpu()
@@ -79,11 +80,40 @@ def compact_batch(n_id: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
     if not ordered:
         named["edge_index"] = narrowest(torch.stack([row, col]), INDEX_DTYPES)
         return named
-    named["edge_src"] = narrowest(row, INDEX_DTYPES)
+    named.update(_sources(row, int(num_sampled_nodes[0]), int(n_id.numel())))
     counts = torch.bincount(col, minlength=num_targets) if col.numel() \
         else torch.zeros(num_targets, dtype=torch.int64)
     named["edge_count"] = narrowest(counts, COUNT_DTYPES)
     return named
+
+
+def _sources(row: torch.Tensor, num_seeds: int, num_nodes: int) -> dict[str, torch.Tensor]:
+    """"edge_src", and "edge_new" when every non-seed node is numbered by the edge that
+    first reaches it (as the samplers number them): then "edge_src" holds only the other
+    edges' sources."""
+    src = row.numpy()
+    before = np.maximum.accumulate(np.concatenate([[num_seeds - 1], src[:-1]])) if src.size else src
+    new = src > before  # the edges that reach a node numbered above all before them
+    if int(new.sum()) == num_nodes - num_seeds and \
+            np.array_equal(src[new], np.arange(num_seeds, num_nodes, dtype=src.dtype)):
+        return {"edge_src": narrowest(row[torch.from_numpy(~new)], INDEX_DTYPES),
+                "edge_new": pack_mask(torch.from_numpy(new))}
+    return {"edge_src": narrowest(row, INDEX_DTYPES)}
+
+
+def expand_sources(src: torch.Tensor, new_bits: torch.Tensor, num_edges: int,
+                   num_seeds: int) -> torch.Tensor:
+    """int64 ``[num_edges]`` sources from "edge_src" (the other edges' sources) and
+    "edge_new" (bit ``i``: edge ``i`` reaches node ``num_seeds + (set bits before i)``)."""
+    new = unpack_mask(new_bits, num_edges)
+    num_new = int(new.sum())
+    if src.numel() != num_edges - num_new:
+        raise ValueError(f"expected {num_edges - num_new} entries in edge_src (the edges not marked "
+                         f"in edge_new), got {src.numel()}")
+    out = torch.empty(num_edges, dtype=torch.int64)
+    out[new] = torch.arange(num_seeds, num_seeds + num_new, dtype=torch.int64)
+    out[~new] = src.to(torch.int64)
+    return out
 
 
 def expand_edges(src: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

@@ -505,9 +505,10 @@ class EpochRequest(_message.Message):
     compact_indices: _builtins.bool
     """Send each batch's structure in compact form (docs/wire.md, "Compact structure"):
     "n_id" and "orig_id" as INT32 when every value fits, "edge_index" as its sources
-    ("edge_src", INT32) plus the sampled edges per target node ("edge_count", the
-    smallest integer dtype that holds them), since the targets are the frontier nodes
-    in order; "y" in the smallest signed integer dtype that holds -1 .. num_classes-1;
+    ("edge_src", INT32, with "edge_new" marking the edges that reach a new node) plus
+    the sampled edges per target node ("edge_count", the smallest integer dtype that
+    holds them), since the targets are the frontier nodes in order; "y" in the
+    smallest signed integer dtype that holds -1 .. num_classes-1;
     "x_cached" as packed bits (UINT8). false (every old client): every index and label
     tensor is INT64 and "x_cached" BOOL, exactly as before. A client that sets it must
     also accept the INT64 forms (servers from before this field ignore it).
@@ -642,7 +643,12 @@ class MinibatchChunk(_message.Message):
     With EpochRequest.compact_indices the structure travels narrower (the decoded batch is
     the same, value for value):
       "n_id", "orig_id"  INT32 [N]    when every value fits in int32 (else INT64).
-      "edge_src"   INT32 [E]          row 0 of edge_index (replaces "edge_index").
+      "edge_src"   INT32 [E]          row 0 of edge_index (replaces "edge_index"), or,
+                                      with "edge_new", only the sources of the edges not
+                                      marked there, in order.
+      "edge_new"   UINT8 [ceil(E/8)]  bit i (as in "x_cached" below) set when edge i is the
+                                      one that first reaches its source node, whose local
+                                      ID is then num_seed_nodes + (bits set before i).
       "edge_count" integer [T]        edges sampled per target, T = N - num_sampled_nodes[-1]
                                       (the nodes of every hop but the last, in n_id order):
                                       row 1 of edge_index is target t repeated

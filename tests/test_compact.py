@@ -71,13 +71,32 @@ def test_sampled_edges_round_trip_through_sources_and_counts(tmp_path: Path) -> 
     for i in range(3):
         out = sampler.sample(seeds, [4, 3, 2], batch_key(1, 0, 0, i))
         named = compact.compact_batch(out.n_id, out.row, out.col, out.num_sampled_nodes)
-        assert set(named) == {"n_id", "edge_src", "edge_count"}
+        assert set(named) == {"n_id", "edge_src", "edge_new", "edge_count"}
         assert named["n_id"].dtype == named["edge_src"].dtype == torch.int32
-        assert named["edge_count"].dtype == torch.uint8
+        assert named["edge_count"].dtype == named["edge_new"].dtype == torch.uint8
         assert named["edge_count"].numel() == out.n_id.numel() - out.num_sampled_nodes[-1]
-        edge_index = compact.expand_edges(named["edge_src"], named["edge_count"])
+        num_new = out.n_id.numel() - out.batch_size
+        assert named["edge_src"].numel() == out.row.numel() - num_new  # only the repeats
+        src = compact.expand_sources(named["edge_src"], named["edge_new"], out.row.numel(),
+                                     out.batch_size)
+        edge_index = compact.expand_edges(src, named["edge_count"])
         assert edge_index.dtype == torch.int64 and torch.equal(edge_index, out.edge_index)
         assert torch.equal(compact.widen(named["n_id"]), out.n_id)
+
+
+def test_sources_not_numbered_by_first_reach_travel_whole() -> None:
+    # node 3 is reached before node 2: no "edge_new", every source in "edge_src"
+    named = compact.compact_batch(torch.arange(4), torch.tensor([3, 2, 0]), torch.tensor([0, 1, 1]),
+                                  [2, 2])
+    assert set(named) == {"n_id", "edge_src", "edge_count"}
+    assert named["edge_src"].tolist() == [3, 2, 0]
+    named = compact.compact_batch(torch.arange(4), torch.tensor([2, 0, 3, 2]), torch.tensor([0, 0, 1, 1]),
+                                  [2, 2])
+    assert named["edge_src"].tolist() == [0, 2]
+    src = compact.expand_sources(named["edge_src"], named["edge_new"], 4, 2)
+    assert src.tolist() == [2, 0, 3, 2]
+    with pytest.raises(ValueError, match=r"expected 2 entries in edge_src \(the edges not marked"):
+        compact.expand_sources(torch.tensor([0]), named["edge_new"], 4, 2)
 
 
 def test_edges_out_of_target_order_travel_as_an_edge_index() -> None:
@@ -123,6 +142,7 @@ def test_compact_batches_decode_to_the_int64_batches(servers: tuple[Path, list[s
             assert old_dtypes == {"n_id": torch.int64, "edge_index": torch.int64, "x": torch.bfloat16,
                                   "y": torch.int64, "orig_id": torch.int64, "x_cached": torch.bool}
             assert new_dtypes == {"n_id": torch.int32, "edge_src": torch.int32, "edge_count": torch.uint8,
+                                  "edge_new": torch.uint8,
                                   "x": torch.bfloat16, "y": torch.int8, "orig_id": torch.int32,
                                   "x_cached": torch.uint8}
             assert b.nbytes < a.nbytes
@@ -143,7 +163,7 @@ def test_an_old_decoder_rejects_compact_tensors_it_did_not_ask_for(servers: tupl
         messages = list(stub.StreamMinibatches(request, timeout=60))
     first = [m for m in messages if m.batch_index == messages[0].batch_index]
     old = BatchAssembler(BatchSpec())
-    with pytest.raises(BatchDecodeError, match=r"tensor names: expected among .*'edge_count', 'edge_src'"):
+    with pytest.raises(BatchDecodeError, match=r"tensor names: expected among .*'edge_count', 'edge_new', 'edge_src'"):
         for m in first:
             old.add(m)
     tensors = TensorAssembler()

@@ -33,7 +33,7 @@ from protos.fastwire import WireMessage
 #: Tensor names a ``StreamMinibatches`` batch may carry.
 BATCH_TENSORS = ("n_id", "edge_index", "x", "y", "orig_id", "x_cached")
 #: And with ``EpochRequest.compact_indices`` (``edge_index`` as sources + counts per target).
-COMPACT_TENSORS = (*BATCH_TENSORS, "edge_src", "edge_count")
+COMPACT_TENSORS = (*BATCH_TENSORS, "edge_src", "edge_new", "edge_count")
 _INT64 = (torch.int64,)
 #: Feature dtypes a batch may carry.
 FEATURE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -244,13 +244,20 @@ def _edge_index(tensors: dict[str, torch.Tensor], spec: BatchSpec, nodes: list[i
     "edge_count"."""
     if spec.compact_indices and "edge_index" not in tensors:
         src = _require(tensors, "edge_src", where, "every compact batch has it or 'edge_index'")
-        _check_tensor(src, "edge_src", [num_edges], compact.INDEX_DTYPES, where)
+        _check_tensor(src, "edge_src", [None], compact.INDEX_DTYPES, where)
         counts = _require(tensors, "edge_count", where, "it comes with 'edge_src'")
         _check_tensor(counts, "edge_count", [sum(nodes) - nodes[-1]], compact.COUNT_DTYPES, where)
+        name = "edge_src"
         try:
+            if "edge_new" in tensors:
+                name = "edge_new"
+                src = compact.expand_sources(src, tensors["edge_new"], num_edges, nodes[0])
+            elif src.numel() != num_edges:
+                raise ValueError(f"expected shape [{num_edges}], got {list(src.shape)}")
+            name = "edge_count"
             return compact.expand_edges(src, counts)
         except ValueError as exc:
-            raise BatchDecodeError(f"{where}: tensor 'edge_count': {exc}") from None
+            raise BatchDecodeError(f"{where}: tensor {name!r}: {exc}") from None
     edge_index = _require(tensors, "edge_index", where, "every batch has it")
     dtypes = compact.INDEX_DTYPES if spec.compact_indices else _INT64
     _check_tensor(edge_index, "edge_index", [2, num_edges], dtypes, where)
