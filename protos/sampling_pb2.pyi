@@ -708,6 +708,7 @@ class LookupNodesRequest(_message.Message):
 
     SPLIT_FIELD_NUMBER: _builtins.int
     ORIGINAL_IDS_FIELD_NUMBER: _builtins.int
+    OWNED_RANGE_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     split: _builtins.str
     """A split name ("train", "val" or "test"): the split's nodes this partition owns."""
@@ -719,22 +720,57 @@ class LookupNodesRequest(_message.Message):
         in [0, num_nodes) (INVALID_ARGUMENT otherwise); may hold IDs of any partition.
         """
 
+    @_builtins.property
+    def owned_range(self) -> Global___NodeRange:
+        """A range of this partition's own global IDs (at most 2097152 of them, INVALID_ARGUMENT
+        otherwise): the reply lists their original IDs and labels, in global ID order. A
+        trainer reads its partitions' ranges once into a table, then asks for batches
+        without "orig_id" and "y" and takes them from the table (docs/wire.md).
+        """
+
     def __init__(
         self,
         *,
         split: _builtins.str = ...,
         original_ids: Global___Tensor | None = ...,
+        owned_range: Global___NodeRange | None = ...,
         client_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["original_ids", b"original_ids", "query", b"query", "split", b"split"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["original_ids", b"original_ids", "owned_range", b"owned_range", "query", b"query", "split", b"split"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "original_ids", b"original_ids", "query", b"query", "split", b"split"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "original_ids", b"original_ids", "owned_range", b"owned_range", "query", b"query", "split", b"split"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_query: _TypeAlias = _typing.Literal["split", "original_ids"]  # noqa: Y015
+    _WhichOneofReturnType_query: _TypeAlias = _typing.Literal["split", "original_ids", "owned_range"]  # noqa: Y015
     _WhichOneofArgType_query: _TypeAlias = _typing.Literal["query", b"query"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_query) -> _WhichOneofReturnType_query | None: ...
 
 Global___LookupNodesRequest: _TypeAlias = LookupNodesRequest  # noqa: Y015
+
+@_typing.final
+class NodeRange(_message.Message):
+    """Consecutive global node IDs: first .. first + count - 1."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIRST_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    first: _builtins.int
+    """The first global ID; >= 0."""
+    count: _builtins.int
+    """Number of IDs; >= 0."""
+    def __init__(
+        self,
+        *,
+        first: _builtins.int = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "first", b"first"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeRange: _TypeAlias = NodeRange  # noqa: Y015
 
 @_typing.final
 class LookupNodesReply(_message.Message):
@@ -744,6 +780,7 @@ class LookupNodesReply(_message.Message):
 
     GLOBAL_IDS_FIELD_NUMBER: _builtins.int
     ORIGINAL_IDS_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def global_ids(self) -> Global___Tensor:
         """INT64 [n] global IDs. For a split: this partition's nodes of the split, sorted. For
@@ -753,17 +790,26 @@ class LookupNodesReply(_message.Message):
 
     @_builtins.property
     def original_ids(self) -> Global___Tensor:
-        """INT64 [n] original IDs of global_ids' nodes (for a split; empty for original_ids)."""
+        """INT64 [n] original IDs of global_ids' nodes (for a split; empty for original_ids),
+        or of the owned_range's nodes (global_ids then empty).
+        """
+
+    @_builtins.property
+    def labels(self) -> Global___Tensor:
+        """Labels (ClusterInfo.label_dtype) [count] of the owned_range's nodes, -1 = unlabeled
+        (empty for the other queries).
+        """
 
     def __init__(
         self,
         *,
         global_ids: Global___Tensor | None = ...,
         original_ids: Global___Tensor | None = ...,
+        labels: Global___Tensor | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["global_ids", b"global_ids", "original_ids", b"original_ids"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["global_ids", b"global_ids", "labels", b"labels", "original_ids", b"original_ids"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["global_ids", b"global_ids", "original_ids", b"original_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["global_ids", b"global_ids", "labels", b"labels", "original_ids", b"original_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -157,6 +157,10 @@ def _global_plan(request: pb.EpochRequest, store: PartitionStore) -> tuple[Globa
     return plan, seeds
 
 
+#: Most nodes one ``LookupNodesRequest.owned_range`` may ask for (16 bytes each in the reply).
+MAX_NODE_RANGE = 1 << 21
+
+
 def lookup_nodes(request: pb.LookupNodesRequest, store: PartitionStore) -> pb.LookupNodesReply:
     """Answer LookupNodes (see sampling.proto); raises :class:`RequestError` naming the field."""
     field = "LookupNodesRequest"
@@ -167,14 +171,33 @@ def lookup_nodes(request: pb.LookupNodesRequest, store: PartitionStore) -> pb.Lo
         nodes = store.split_seeds(request.split)
         return pb.LookupNodesReply(global_ids=encode_tensor(nodes),
                                    original_ids=encode_tensor(store.original_ids_of(nodes)))
+    if query == "owned_range":
+        return _owned_range(request.owned_range, store, f"{field}.owned_range")
     if query != "original_ids":
-        raise RequestError(f"{field}.query: expected a split name or original_ids, got neither")
+        raise RequestError(f"{field}.query: expected a split name, original_ids or owned_range, "
+                           "got none")
     original = decode_node_ids(request.original_ids, f"{field}.original_ids")
     n = store.manifest.num_nodes
     if original.size and (int(original.min()) < 0 or int(original.max()) >= n):
         raise RequestError(f"{field}.original_ids: expected original node IDs in [0, {n}), got "
                            f"values in [{int(original.min())}, {int(original.max())}]")
     return pb.LookupNodesReply(global_ids=encode_tensor(store.global_ids_of(original)))
+
+
+def _owned_range(query: pb.NodeRange, store: PartitionStore, field: str) -> pb.LookupNodesReply:
+    """The original IDs and labels of a range of this partition's nodes."""
+    start, stop = store.node_range
+    first, count = int(query.first), int(query.count)
+    if not 0 <= count <= MAX_NODE_RANGE:
+        raise RequestError(f"{field}.count: expected 0 .. {MAX_NODE_RANGE}, got {count}")
+    if count and not start <= first <= first + count <= stop:
+        raise RequestError(f"{field}: expected global IDs owned by partition {store.partition_id} "
+                           f"({start} .. {stop - 1}), got {first} .. {first + count - 1}")
+    local = slice(first - start, first - start + count) if count else slice(0, 0)
+    labels = np.asarray(store.partition.y[local], dtype=np.int64)
+    return pb.LookupNodesReply(
+        original_ids=encode_tensor(np.asarray(store.partition.orig_ids[local], dtype=np.int64)),
+        labels=encode_tensor(labels))
 
 
 class SamplingServicer:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import torch
@@ -19,7 +20,7 @@ from partitioner.graph import GraphData
 from protos import compact
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
-from protos.channel import create_channel
+from protos.channel import GraphfeedError, create_channel
 from protos.codec import TensorAssembler, dtype_to_torch
 from sampling_server.hot import hot_order, in_degree_order, visit_scores
 from sampling_server.sampler import batch_key, create_sampler
@@ -163,7 +164,8 @@ def test_an_old_decoder_rejects_compact_tensors_it_did_not_ask_for(servers: tupl
         messages = list(stub.StreamMinibatches(request, timeout=60))
     first = [m for m in messages if m.batch_index == messages[0].batch_index]
     old = BatchAssembler(BatchSpec())
-    with pytest.raises(BatchDecodeError, match=r"tensor names: expected among .*'edge_count', 'edge_new', 'edge_src'"):
+    names = r"tensor names: expected among .*'edge_count', 'edge_new', 'edge_src'"
+    with pytest.raises(BatchDecodeError, match=names):
         for m in first:
             old.add(m)
     tensors = TensorAssembler()
@@ -172,15 +174,41 @@ def test_an_old_decoder_rejects_compact_tensors_it_did_not_ask_for(servers: tupl
     assert "edge_index" not in tensors.finish_torch()
 
 
-def test_the_loader_asks_for_compact_batches_and_yields_int64(servers: tuple[Path, list[str]]) -> None:
+def test_the_loader_yields_the_same_batches_with_compact_batches_and_the_node_table(
+        servers: tuple[Path, list[str]]) -> None:
+    _, addresses = servers
+    args = {"num_neighbors": FANOUTS, "batch_size": 64, "shuffle": True, "cache_size": 0.25,
+            "return_internal_ids": True, **TIMEOUTS}
+    with Cluster(addresses, connect_timeout=30) as cluster:
+        lean = RemoteNeighborLoader(cluster, "train", **args)
+        plain = RemoteNeighborLoader(cluster, "train", compact_indices=False, **args)
+        request = lean._request()
+        assert request.compact_indices and not request.include_original_ids and not request.include_labels
+        assert lean.node_table is not None and plain.node_table is None
+        assert lean.node_table.orig.dtype == torch.int32 and lean.node_table.labels.dtype == torch.int8
+        count = 0
+        for a, b in zip(lean, plain, strict=True):
+            for key in ("n_id", "internal_n_id", "edge_index", "y", "x"):
+                assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+            assert a.edge_index.dtype == a.n_id.dtype == a.y.dtype == torch.int64
+            count += 1
+        assert count == len(lean) > 1
+        assert lean.last_stats.bytes < 0.8 * plain.last_stats.bytes
+        without_cache = RemoteNeighborLoader(cluster, "train", **{**args, "cache_size": 0})
+        assert without_cache.node_table is None and without_cache._request().include_original_ids
+
+
+def test_owned_ranges_outside_the_partition_are_refused(servers: tuple[Path, list[str]]) -> None:
     _, addresses = servers
     with Cluster(addresses, connect_timeout=30) as cluster:
-        loader = RemoteNeighborLoader(cluster, "train", num_neighbors=FANOUTS, batch_size=64,
-                                      cache_size=0.25, **TIMEOUTS)
-        assert loader._request().compact_indices
-        for batch in loader:
-            assert batch.edge_index.dtype == batch.n_id.dtype == batch.y.dtype == torch.int64
-            assert batch.x.dtype == torch.float32 and batch.x.shape[0] == batch.num_nodes
+        start, stop = (int(v) for v in cluster.partition_book[1:3])
+        for first, count, pattern in [(start, stop - start + 1, "owned_range: expected global IDs owned"),
+                                      (0, 1, "owned_range: expected global IDs owned by partition 1"),
+                                      (start, 1 << 22, r"owned_range.count: expected 0 \.\. 2097152")]:
+            request = pb.LookupNodesRequest(owned_range=pb.NodeRange(first=first, count=count))
+            with pytest.raises(GraphfeedError, match=pattern) as info:
+                cluster.lookup(1, request)
+            assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
 
 
 # ---- the hot order -------------------------------------------------------------------------

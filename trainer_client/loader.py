@@ -47,6 +47,7 @@ from trainer_client.cache import (
 from trainer_client.cluster import Cluster
 from trainer_client.decode import BatchSpec, to_device
 from trainer_client.inputs import InputNodes, check_keywords, input_array, original_ids, split_name
+from trainer_client.node_table import NodeTable
 from trainer_client.stream import EpochStream, ServerStream, StreamStats, StreamTimeouts
 
 log = logging.getLogger(__name__)
@@ -193,6 +194,10 @@ class RemoteNeighborLoader:
             self._resolve_seeds(node_array)
             #: The feature cache this loader's batches use (None: every batch carries all of x).
             self.cache: FeatureCache | None = self._open_cache(size, cache_progress)
+            #: Every node's original ID and label, when batches leave them out (compact
+            #: batches with a feature cache: trainer_client/node_table.py); else None.
+            self.node_table: NodeTable | None = self.cluster.node_table() \
+                if self.compact_indices and self.cache is not None else None
             if self.weighted and not self.cluster.info.has_edge_weights:
                 raise ValueError("weighted: expected a graph with edge weights, but the servers have none")
             self.epoch = 0
@@ -339,6 +344,11 @@ class RemoteNeighborLoader:
 
     # ---- streaming -------------------------------------------------------------------
 
+    @property
+    def _labels_on_wire(self) -> bool:
+        """Whether batches carry "y" (not when the node table has the labels)."""
+        return self.include_labels and self.node_table is None
+
     def _request(self) -> pb.EpochRequest:
         request = pb.EpochRequest(
             fanouts=self.num_neighbors, batch_size=self.batch_size, shuffle=self.shuffle,
@@ -346,8 +356,8 @@ class RemoteNeighborLoader:
             world_size=self.world_size, resume_from=0,
             feature_dtype=WIRE_FEATURE_DTYPES[self.feature_dtype],  # type: ignore[arg-type]
             sampling=pb.SamplingOptions(replace=self.replace, weighted=self.weighted),
-            include_features=True, include_labels=self.include_labels, client_id=self.client_id,
-            global_batches=self.batches == "global", include_original_ids=True,
+            include_features=True, include_labels=self._labels_on_wire, client_id=self.client_id,
+            global_batches=self.batches == "global", include_original_ids=self.node_table is None,
             compact_indices=self.compact_indices,
         )
         request.seeds.CopyFrom(self._seeds_tensor)
@@ -369,7 +379,7 @@ class RemoteNeighborLoader:
                 ))
         spec = BatchSpec(
             num_hops=len(self.num_neighbors), feature_dim=self.num_features, include_features=True,
-            include_labels=self.include_labels, num_batches=num_batches,
+            include_labels=self._labels_on_wire, num_batches=num_batches,
             compact_indices=self.compact_indices,
         )
         return EpochStream(servers, num_batches, spec, prefetch=self.prefetch, timeouts=self.timeouts,
@@ -387,6 +397,8 @@ class RemoteNeighborLoader:
             self.last_stats = stream.stats
             for batch in stream:
                 data = batch.data
+                if self.node_table is not None:
+                    self.node_table.complete(data, self.include_labels)
                 data.input_id = torch.from_numpy(self.input_ids(refs[batch.index]))
                 data = to_device(data, self.device, feature_dtype=None, non_blocking=self.pin_memory)
                 self._complete_features(data, stream.stats)
