@@ -39,6 +39,7 @@ from partitioner.format import Partition
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.codec import decode_tensor, encode_tensor
+from sampling_server.config import HOT_ORDERS
 from sampling_server.peer import PeerClient
 from sampling_server.store import HOT_ORDER, PartitionStore, RequestError, cast_features
 
@@ -47,8 +48,6 @@ __all__ = ["HOT_ORDER", "HOT_ORDERS", "HotNodes", "check_counts", "hot_order", "
 
 log = logging.getLogger(__name__)
 
-#: The rules :func:`hot_order` knows.
-HOT_ORDERS = ("visits_v1", "in_degree_v1")
 #: Fanouts per hop and seeds per batch that ``"visits_v1"`` assumes (PyG's usual
 #: ``[15, 10, 5]`` and batch 1024; the order is a fixed rule, not a per-request one).
 FANOUTS = (15, 10, 5)
@@ -160,9 +159,10 @@ class HotNodes:
         with self._lock:
             if self._own_order is None:
                 started = time.perf_counter()
-                self._own_order = hot_order(self.store.partition)
+                rule = self.store.config.hot_order
+                self._own_order = hot_order(self.store.partition, rule)
                 log.info("partition=%d: hot order %s of %d nodes in %.1f s", self.store.partition_id,
-                         HOT_ORDER, self._own_order.size, time.perf_counter() - started)
+                         rule, self._own_order.size, time.perf_counter() - started)
             return self._own_order
 
     def ranks(self, partition: int) -> np.ndarray:

@@ -22,8 +22,10 @@ from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import GraphfeedError, create_channel
 from protos.codec import TensorAssembler, dtype_to_torch
-from sampling_server.hot import hot_order, in_degree_order, visit_scores
+from sampling_server.config import HOT_ORDERS, ConfigError, ServerConfig
+from sampling_server.hot import HotNodes, hot_order, in_degree_order, visit_scores
 from sampling_server.sampler import batch_key, create_sampler
+from sampling_server.store import PartitionStore
 from trainer_client.decode import BatchAssembler, BatchDecodeError, BatchSpec, DecodedBatch
 from trainer_client.loader import Cluster, RemoteNeighborLoader
 
@@ -253,3 +255,18 @@ def test_every_node_a_batch_holds_has_a_positive_score(tmp_path: Path) -> None:
         seen[sampler.sample(seeds, [2, 2], batch_key(0, 0, 0, i)).n_id.numpy()] = True
     assert (score[seen] > 0).all()
     assert (score[train] >= 2 / train.size).all()
+
+
+def test_a_server_ranks_by_the_rule_its_config_names(servers: tuple[Path, list[str]]) -> None:
+    out, addresses = servers
+    with pytest.raises(ConfigError, match=r"hot_order: expected one of \['visits_v1', 'in_degree_v1'\]"):
+        ServerConfig(partition_dir=out, partition=0, hot_order="pagerank")
+    for rule in HOT_ORDERS:
+        store = PartitionStore(ServerConfig(partition_dir=out, partition=1, hot_order=rule, device="cpu",
+                                            peers=tuple(addresses)))
+        store.load()
+        assert store.cluster_info().hot_order == rule
+        order = HotNodes(store, lambda: None).own_order()
+        assert np.array_equal(order, hot_order(load_partition(out, 1), rule))
+    assert not np.array_equal(hot_order(load_partition(out, 1), "visits_v1"),
+                              hot_order(load_partition(out, 1), "in_degree_v1"))
