@@ -1,11 +1,15 @@
-"""Feature cache benchmark (not a test): bytes per batch, delivered batches/s and the
-cache hit rate of one trainer, for cache sizes x wire feature dtypes, in one run.
+"""Feature cache benchmark (not a test): bytes per batch (features and structure apart),
+delivered batches/s and the cache hit rate of one trainer, for cache sizes x wire feature
+dtypes, in one run; and the hit rates of several hot-node rules at equal size.
 
 One real ``sampling_server`` process per partition of the preset (default
 ``products-like`` in one partition, as ``benchmarks/sampler.py`` writes it), read by
 ``RemoteNeighborLoader`` on the CPU with fanouts [15, 10, 5] and batch 1024. Every row
 uses a fresh loader (and cluster), so each cache is filled once before its batches are
-timed; the fill time and the cache's memory are reported beside the batches.
+timed; the fill time (the cache and, with it, the node table of original IDs and
+labels) and their memory are reported beside the batches. The rows use the loader's
+defaults (compact structure, the servers' hot order); one more row, the first, is the
+float32 baseline as a client without ``compact_indices`` receives it.
 
 Target: bytes per batch / 4 or better at 20 % cache + bfloat16 vs float32 without cache.
 Writes ``benchmarks/results/feature_cache.json``.
@@ -59,14 +63,15 @@ def start_servers(part_dir: Path, num_parts: int, ports: list[int]) -> list[subp
 
 
 def measure(addresses: list[str], cache: float, dtype: str, num_batches: int,
-            batch_size: int) -> dict[str, Any]:
+            batch_size: int, compact_indices: bool = True) -> dict[str, Any]:
     """One row: fill the cache, then time ``num_batches`` batches after a first one."""
     from trainer_client.loader import RemoteNeighborLoader
 
     started = time.perf_counter()
     loader = RemoteNeighborLoader(addresses, "train", num_neighbors=FANOUTS, batch_size=batch_size,
                                   shuffle=True, feature_dtype=dtype, cache_size=cache,
-                                  cache_progress=False, connect_timeout=600, stall_timeout=300)
+                                  cache_progress=False, connect_timeout=600, stall_timeout=300,
+                                  compact_indices=compact_indices)
     fill = time.perf_counter() - started
     it = iter(loader)
     next(it)  # the first batch pays the servers' one-time set-up (hot orders, samplers)
@@ -78,13 +83,18 @@ def measure(addresses: list[str], cache: float, dtype: str, num_batches: int,
     wall = time.perf_counter() - started
     stats = loader.last_stats
     nbytes, rows, hits = stats.bytes - b0, stats.rows - r0, stats.cached_rows - c0
-    row = {"cache": cache, "dtype": dtype, "batches": num_batches,
+    row_bytes = loader.num_features * (4 if dtype == "float32" else 2)
+    feature_bytes = (rows - hits) * row_bytes  # the rows of "x" received
+    row = {"cache": cache, "dtype": dtype, "compact_indices": compact_indices, "batches": num_batches,
            "bytes_per_batch": round(nbytes / num_batches),
+           "feature_bytes_per_batch": round(feature_bytes / num_batches),
+           "structure_bytes_per_batch": round((nbytes - feature_bytes) / num_batches),
            "batches_per_s": round(num_batches / wall, 3),
            "hit_rate": round(hits / rows, 4) if rows else 0.0,
            "nodes_per_batch": round(rows / num_batches),
            "cache_nodes": loader.cache.num_rows if loader.cache else 0,
            "cache_mib": round(loader.cache.nbytes / 2**20, 1) if loader.cache else 0.0,
+           "node_table_mib": round(loader.node_table.nbytes / 2**20, 1) if loader.node_table else 0.0,
            "fill_seconds": round(fill, 2)}
     del it
     loader.close()
@@ -93,13 +103,15 @@ def measure(addresses: list[str], cache: float, dtype: str, num_batches: int,
 
 
 def compare_plans(part_dir: Path, warm: int, test: int, fractions: list[float]) -> list[dict[str, Any]]:
-    """Hit rates of two hot-node rules at equal size, on one partition with the server's
-    own sampler: in-degree (the default) vs node counts of ``warm`` pre-sampled batches;
-    both measured on ``test`` other batches."""
+    """Hit rates of hot-node rules at equal size, on one partition with the server's own
+    sampler, all measured on the same ``test`` batches: expected visits (``visits_v1``),
+    in-degree (``in_degree_v1``), in-degree among the nodes the training nodes reach
+    within the hops (the rest after), and node counts of ``warm`` other pre-sampled
+    batches."""
     import numpy as np
 
     from partitioner import load_partition
-    from sampling_server.hot import hot_order
+    from sampling_server.hot import hot_order, visit_scores
     from sampling_server.sampler import batch_key, create_sampler
 
     part = load_partition(part_dir, 0, verify="size", mmap=True)
@@ -118,17 +130,40 @@ def compare_plans(part_dir: Path, warm: int, test: int, fractions: list[float]) 
 
     warm_counts, _ = counts(0, warm)
     test_counts, total = counts(warm, test)
-    by_degree = hot_order(part.indptr, start) - start
-    by_counts = np.lexsort((np.arange(n), -warm_counts))
+    ids = np.arange(n)
+    degree = np.diff(np.asarray(part.indptr, dtype=np.int64))
+    started = time.perf_counter()
+    reached = visit_scores(part.indptr, part.indices, start, train) > 0
+    orders = {"visits": hot_order(part, "visits_v1") - start}
+    log.info("visits_v1 order of %d nodes in %.1f s", n, time.perf_counter() - started)
+    orders["in_degree"] = hot_order(part, "in_degree_v1") - start
+    orders["reachable_in_degree"] = np.lexsort((ids, -degree, ~reached))
+    orders["presampled"] = np.lexsort((ids, -warm_counts))
     rows = []
     for f in fractions:
         k = int(f * n)
-        degree_hits, sampled_hits = (float(test_counts[order[:k]].sum()) for order in (by_degree, by_counts))
-        rows.append({"cache": f, "in_degree_hit_rate": round(degree_hits / total, 4),
-                     "presampled_hit_rate": round(sampled_hits / total, 4),
-                     "presample_batches": warm, "test_batches": test})
-        log.info("%s", rows[-1])
+        row: dict[str, Any] = {"cache": f, "presample_batches": warm, "test_batches": test}
+        for name, order in orders.items():
+            row[f"{name}_hit_rate"] = round(float(test_counts[order[:k]].sum()) / total, 4)
+        rows.append(row)
+        log.info("%s", row)
     return rows
+
+
+def print_table(rows: list[dict[str, Any]], plans: list[dict[str, Any]]) -> None:
+    """The run's table on stdout (the CLI's own output)."""
+    print(f"{'dtype':<9} {'cache':>5} {'compact':>7} {'MB/batch':>9} {'structure':>9} {'vs f32':>7} "
+          f"{'vs f32c':>7} {'batch/s':>8} {'hit':>6} {'cache MiB':>9} {'fill s':>7}")
+    for r in rows:
+        print(f"{r['dtype']:<9} {r['cache']:>5.0%} {r['compact_indices']!s:>7} "
+              f"{r['bytes_per_batch'] / 1e6:>9.1f} {r['structure_bytes_per_batch'] / 1e6:>9.1f} "
+              f"{r['bytes_vs_float32_no_cache']:>7.3f} {r['bytes_vs_float32_no_cache_compact']:>7.3f} "
+              f"{r['batches_per_s']:>8.2f} {r['hit_rate']:>6.1%} {r['cache_mib']:>9.1f} "
+              f"{r['fill_seconds']:>7.2f}")
+    for p in plans:
+        rates = ", ".join(f"{k.removesuffix('_hit_rate')} {v:.1%}" for k, v in p.items()
+                          if k.endswith("_hit_rate"))
+        print(f"cache {p['cache']:.0%}: hit rate {rates}")
 
 
 def main() -> int:
@@ -142,7 +177,7 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=BATCH)
     parser.add_argument("--compare-batches", type=int, nargs=2, default=[16, 8],
                         metavar=("PRESAMPLE", "TEST"),
-                        help="batches for the in-degree vs pre-sampled counts comparison (0 0: skip)")
+                        help="batches for the comparison of hot-node rules (0 0: skip)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from partitioner.format import read_manifest
@@ -156,8 +191,9 @@ def main() -> int:
     ports = [free_port() for _ in range(manifest.num_partitions)]
     procs = start_servers(part_dir, manifest.num_partitions, ports)
     addresses = [f"127.0.0.1:{p}" for p in ports]
-    try:
-        rows = [measure(addresses, c, d, args.batches, args.batch_size) for d in DTYPES for c in CACHE_SIZES]
+    try:  # the baseline first: float32, no cache, int64 structure (a client from before)
+        rows = [measure(addresses, 0.0, "float32", args.batches, args.batch_size, compact_indices=False)]
+        rows += [measure(addresses, c, d, args.batches, args.batch_size) for d in DTYPES for c in CACHE_SIZES]
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -166,23 +202,17 @@ def main() -> int:
     warm, test = args.compare_batches
     plans = compare_plans(part_dir, warm, test, CACHE_SIZES[1:]) \
         if min(args.compare_batches) > 0 and manifest.num_partitions == 1 else []
-    base = next(r for r in rows if r["cache"] == 0 and r["dtype"] == "float32")
+    base, compact_base = rows[0], rows[1]
     for r in rows:
         r["bytes_vs_float32_no_cache"] = round(r["bytes_per_batch"] / base["bytes_per_batch"], 3)
+        r["bytes_vs_float32_no_cache_compact"] = round(
+            r["bytes_per_batch"] / compact_base["bytes_per_batch"], 3)
     payload = {"benchmark": "feature_cache", "graph": manifest.graph_name,
                "partitions": manifest.num_partitions, "num_nodes": manifest.num_nodes,
                "fanouts": FANOUTS, "batch_size": args.batch_size, "machine": machine(), "rows": rows,
                "plans": plans}
     path = write_json("feature_cache", payload)
-    print(f"{'dtype':<9} {'cache':>5} {'MB/batch':>9} {'vs f32':>7} {'batch/s':>8} {'hit':>6} "
-          f"{'cache MiB':>9} {'fill s':>7}")
-    for r in rows:
-        print(f"{r['dtype']:<9} {r['cache']:>5.0%} {r['bytes_per_batch'] / 1e6:>9.1f} "
-              f"{r['bytes_vs_float32_no_cache']:>7.3f} {r['batches_per_s']:>8.2f} "
-              f"{r['hit_rate']:>6.1%} {r['cache_mib']:>9.1f} {r['fill_seconds']:>7.2f}")
-    for p in plans:
-        print(f"cache {p['cache']:.0%}: hit rate in-degree {p['in_degree_hit_rate']:.1%}, "
-              f"pre-sampled counts {p['presampled_hit_rate']:.1%}")
+    print_table(rows, plans)
     print(f"wrote {path}")
     return 0
 

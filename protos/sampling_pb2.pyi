@@ -570,6 +570,7 @@ class EpochRequest(_message.Message):
     GLOBAL_BATCHES_FIELD_NUMBER: _builtins.int
     INCLUDE_ORIGINAL_IDS_FIELD_NUMBER: _builtins.int
     CACHE_COUNTS_FIELD_NUMBER: _builtins.int
+    COMPACT_INDICES_FIELD_NUMBER: _builtins.int
     TYPED_FIELD_NUMBER: _builtins.int
     split: _builtins.str
     """A split name: "train", "val" or "test". The server uses the seeds of that split
@@ -622,6 +623,17 @@ class EpochRequest(_message.Message):
     include_original_ids: _builtins.bool
     """Send each batch's nodes' original IDs (the IDs of the graph before partitioning) as
     the "orig_id" tensor.
+    """
+    compact_indices: _builtins.bool
+    """Send each batch's structure in compact form (docs/wire.md, "Compact structure"):
+    "n_id" and "orig_id" as INT32 when every value fits, "edge_index" as its sources
+    ("edge_src", INT32, with "edge_new" marking the edges that reach a new node) plus
+    the sampled edges per target node ("edge_count", the smallest integer dtype that
+    holds them), since the targets are the frontier nodes in order; "y" in the
+    smallest signed integer dtype that holds -1 .. num_classes-1;
+    "x_cached" as packed bits (UINT8). false (every old client): every index and label
+    tensor is INT64 and "x_cached" BOOL, exactly as before. A client that sets it must
+    also accept the INT64 forms (servers from before this field ignore it).
     """
     @_builtins.property
     def seeds(self) -> Global___Tensor:
@@ -680,11 +692,12 @@ class EpochRequest(_message.Message):
         global_batches: _builtins.bool = ...,
         include_original_ids: _builtins.bool = ...,
         cache_counts: _abc.Iterable[_builtins.int] | None = ...,
+        compact_indices: _builtins.bool = ...,
         typed: Global___TypedEpochOptions | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling", "seeds", b"seeds", "seeds_source", b"seeds_source", "split", b"split", "typed", b"typed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "cache_counts", b"cache_counts", "client_id", b"client_id", "drop_last", b"drop_last", "epoch", b"epoch", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "typed", b"typed", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "cache_counts", b"cache_counts", "client_id", b"client_id", "compact_indices", b"compact_indices", "drop_last", b"drop_last", "epoch", b"epoch", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "typed", b"typed", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_seeds_source: _TypeAlias = _typing.Literal["split", "seeds"]  # noqa: Y015
     _WhichOneofArgType_seeds_source: _TypeAlias = _typing.Literal["seeds_source", b"seeds_source"]  # noqa: Y015
@@ -877,6 +890,26 @@ class MinibatchChunk(_message.Message):
                                          features only).
       "y/T"          label dtype [N_T]   labels of the target type T (include_labels).
       "orig_id/T"    INT64 [N_T]         original IDs (include_original_ids).
+    With EpochRequest.compact_indices the structure travels narrower (the decoded batch is
+    the same, value for value):
+      "n_id", "orig_id"  INT32 [N]    when every value fits in int32 (else INT64).
+      "edge_src"   INT32 [E]          row 0 of edge_index (replaces "edge_index"), or,
+                                      with "edge_new", only the sources of the edges not
+                                      marked there, in order.
+      "edge_new"   UINT8 [ceil(E/8)]  bit i (as in "x_cached" below) set when edge i is the
+                                      one that first reaches its source node, whose local
+                                      ID is then num_seed_nodes + (bits set before i).
+      "edge_count" integer [T]        edges sampled per target, T = N - num_sampled_nodes[-1]
+                                      (the nodes of every hop but the last, in n_id order):
+                                      row 1 of edge_index is target t repeated
+                                      edge_count[t] times, t = 0 .. T-1; the smallest of
+                                      UINT8, INT16, INT32, INT64 that holds the largest count.
+      "y"          INT8/INT16/INT32 [N]  the smallest signed dtype that holds -1 ..
+                                      num_classes-1.
+      "x_cached"   UINT8 [ceil(N/8)]  the mask as bits, node i in bit i % 8 (least
+                                      significant first) of byte i // 8.
+    A server may still send any tensor in its non-compact form (INT64 "edge_index", BOOL
+    "x_cached", ...), e.g. when a value does not fit; clients accept both.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -925,6 +958,7 @@ class LookupNodesRequest(_message.Message):
 
     SPLIT_FIELD_NUMBER: _builtins.int
     ORIGINAL_IDS_FIELD_NUMBER: _builtins.int
+    OWNED_RANGE_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     NODE_TYPE_FIELD_NUMBER: _builtins.int
     split: _builtins.str
@@ -941,23 +975,58 @@ class LookupNodesRequest(_message.Message):
         in [0, num_nodes) (INVALID_ARGUMENT otherwise); may hold IDs of any partition.
         """
 
+    @_builtins.property
+    def owned_range(self) -> Global___NodeRange:
+        """A range of this partition's own global IDs (at most 2097152 of them, INVALID_ARGUMENT
+        otherwise): the reply lists their original IDs and labels, in global ID order. A
+        trainer reads its partitions' ranges once into a table, then asks for batches
+        without "orig_id" and "y" and takes them from the table (docs/wire.md).
+        """
+
     def __init__(
         self,
         *,
         split: _builtins.str = ...,
         original_ids: Global___Tensor | None = ...,
+        owned_range: Global___NodeRange | None = ...,
         client_id: _builtins.str = ...,
         node_type: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["original_ids", b"original_ids", "query", b"query", "split", b"split"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["original_ids", b"original_ids", "owned_range", b"owned_range", "query", b"query", "split", b"split"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "node_type", b"node_type", "original_ids", b"original_ids", "query", b"query", "split", b"split"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "node_type", b"node_type", "original_ids", b"original_ids", "owned_range", b"owned_range", "query", b"query", "split", b"split"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_query: _TypeAlias = _typing.Literal["split", "original_ids"]  # noqa: Y015
+    _WhichOneofReturnType_query: _TypeAlias = _typing.Literal["split", "original_ids", "owned_range"]  # noqa: Y015
     _WhichOneofArgType_query: _TypeAlias = _typing.Literal["query", b"query"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_query) -> _WhichOneofReturnType_query | None: ...
 
 Global___LookupNodesRequest: _TypeAlias = LookupNodesRequest  # noqa: Y015
+
+@_typing.final
+class NodeRange(_message.Message):
+    """Consecutive global node IDs: first .. first + count - 1."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIRST_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    first: _builtins.int
+    """The first global ID; >= 0."""
+    count: _builtins.int
+    """Number of IDs; >= 0."""
+    def __init__(
+        self,
+        *,
+        first: _builtins.int = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "first", b"first"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeRange: _TypeAlias = NodeRange  # noqa: Y015
 
 @_typing.final
 class LookupNodesReply(_message.Message):
@@ -967,6 +1036,7 @@ class LookupNodesReply(_message.Message):
 
     GLOBAL_IDS_FIELD_NUMBER: _builtins.int
     ORIGINAL_IDS_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def global_ids(self) -> Global___Tensor:
         """INT64 [n] global IDs. For a split: this partition's nodes of the split, sorted. For
@@ -976,17 +1046,26 @@ class LookupNodesReply(_message.Message):
 
     @_builtins.property
     def original_ids(self) -> Global___Tensor:
-        """INT64 [n] original IDs of global_ids' nodes (for a split; empty for original_ids)."""
+        """INT64 [n] original IDs of global_ids' nodes (for a split; empty for original_ids),
+        or of the owned_range's nodes (global_ids then empty).
+        """
+
+    @_builtins.property
+    def labels(self) -> Global___Tensor:
+        """Labels (ClusterInfo.label_dtype) [count] of the owned_range's nodes, -1 = unlabeled
+        (empty for the other queries).
+        """
 
     def __init__(
         self,
         *,
         global_ids: Global___Tensor | None = ...,
         original_ids: Global___Tensor | None = ...,
+        labels: Global___Tensor | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["global_ids", b"global_ids", "original_ids", b"original_ids"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["global_ids", b"global_ids", "labels", b"labels", "original_ids", b"original_ids"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["global_ids", b"global_ids", "original_ids", b"original_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["global_ids", b"global_ids", "labels", b"labels", "original_ids", b"original_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

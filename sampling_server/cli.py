@@ -13,7 +13,14 @@ from typing import Any
 
 from partitioner.format import PartitionFormatError
 from protos import allocator, codec
-from sampling_server.config import DEFAULT_PORT, VERIFY_MODES, ConfigError, ServerConfig, parse_peers
+from sampling_server.config import (
+    DEFAULT_PORT,
+    HOT_ORDERS,
+    VERIFY_MODES,
+    ConfigError,
+    ServerConfig,
+    parse_peers,
+)
 from sampling_server.feature_placement import parse_gpu_cache_size
 
 log = logging.getLogger("sampling_server")
@@ -109,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="tensor bytes per stream message, e.g. 4M (4M; at most 63M)")
     tune.add_argument("--peer-timeout", type=_seconds, metavar="S",
                       help="deadline of every peer call; a dead peer fails a stream within it (30)")
+    tune.add_argument("--hot-order", choices=HOT_ORDERS,
+                      help="rule ordering the nodes for trainers' feature caches (visits_v1)")
     tune.add_argument("--max-streams", type=_positive_int, help="trainer streams served at once (32)")
     tune.add_argument("--grace", type=_seconds, metavar="S",
                       help="seconds running streams get to finish after SIGTERM (30)")
@@ -182,7 +191,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         "topology": args.topology, "gpu_cache_size": args.gpu_cache_size,
         "workers": args.workers, "prefetch": args.prefetch,
         "chunk_bytes": args.chunk_bytes, "peer_timeout": args.peer_timeout,
-        "max_streams": args.max_streams, "grace": args.grace,
+        "max_streams": args.max_streams, "grace": args.grace, "hot_order": args.hot_order,
         "health_interval": args.health_interval, "verify": args.verify, "mmap": args.mmap,
         "max_hops": args.max_hops, "max_fanout": args.max_fanout,
         "max_batch_size": args.max_batch_size, "max_batch_edges": args.max_batch_edges,

@@ -33,6 +33,8 @@ DEFAULT_PORT = 50051
 VERIFY_MODES: tuple[str, ...] = ("full", "size")
 _DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 _TOPOLOGIES: tuple[str, ...] = ("device", "uva")
+#: Rules a server may order its nodes by for trainers' feature caches (sampling_server/hot.py).
+HOT_ORDERS: tuple[str, ...] = ("visits_v1", "in_degree_v1")
 
 
 class ConfigError(ValueError):
@@ -77,6 +79,9 @@ class ServerConfig:
     verify: str = "full"
     #: Memory-map the partition's arrays (True) or read them into memory (False).
     mmap: bool = True
+    #: The rule ordering this partition's nodes for trainers' feature caches (one of
+    #: :data:`HOT_ORDERS`, ``ClusterInfo.hot_order``).
+    hot_order: str = HOT_ORDERS[0]
     #: Trainer streams served at once; more get RESOURCE_EXHAUSTED (keeps gRPC threads
     #: free for peer calls, so servers never starve each other).
     max_streams: int = 32
@@ -142,6 +147,7 @@ class ServerConfig:
                f"1 .. {codec.MAX_CHUNK_BYTES}", self.chunk_bytes)
         _check(self.peer_timeout > 0, "peer_timeout", "seconds > 0", self.peer_timeout)
         _check(self.verify in VERIFY_MODES, "verify", f"one of {list(VERIFY_MODES)}", self.verify)
+        _check(self.hot_order in HOT_ORDERS, "hot_order", f"one of {list(HOT_ORDERS)}", self.hot_order)
         _check(self.max_streams >= 1, "max_streams", "an integer >= 1", self.max_streams)
         _check(self.grace >= 0, "grace", "seconds >= 0", self.grace)
         _check(self.health_interval > 0, "health_interval", "seconds > 0", self.health_interval)

@@ -1,40 +1,120 @@
 """The hot order of every partition, for the trainer-side feature cache.
 
 Each partition's nodes are ordered from hottest to coldest by a rule every party
-computes alike (:data:`HOT_ORDER`: in-degree of the owned node, highest first, ties by
-lower global ID; the in-degree is ``diff(indptr)`` of the partition's CSC). A trainer's
-cache plan is one count per partition (``EpochRequest.cache_counts``): it holds the
-features of the first ``counts[p]`` nodes of partition ``p``'s order. A server knows its
-own order and reads each peer's once, on first need, through ``StreamHotNodes``, so it
-can mark which rows of any batch (remote nodes included) the trainer holds.
+computes alike from the partition alone (:data:`HOT_ORDER`, see :func:`hot_order`):
+
+* ``"visits_v1"`` (the default): the expected number of times a batch holds the node,
+  estimated with one pass over the partition's CSC per hop. Seeds are drawn uniformly
+  from the partition's training nodes (``BATCH`` per batch); hop ``k`` draws
+  ``min(fanout_k, degree)`` of each frontier node's in-neighbors uniformly (``FANOUTS``),
+  so in-neighbor ``v`` of a frontier node ``u`` is drawn with probability
+  ``min(fanout, d_u) / d_u``; a node joins the next frontier with probability
+  ``exp(-earlier draws) * (1 - exp(-draws this hop))`` (Poisson). Only edges between
+  nodes the partition owns are followed (a partition holds its own nodes' in-edges), so
+  with several partitions it is an estimate of the local share. Ties (e.g. nodes no
+  training node reaches): in-degree, highest first, then lower global ID.
+* ``"in_degree_v1"``: in-degree of the owned node (``diff(indptr)``), highest first,
+  ties by lower global ID.
+
+A trainer's cache plan is one count per partition (``EpochRequest.cache_counts``): it
+holds the features of the first ``counts[p]`` nodes of partition ``p``'s order. Only the
+partition's own server computes its order; trainers and the other servers read it
+through ``StreamHotNodes`` (a server once, on first need), so every party holds the same
+order without coordination, and a server computes the same order again after a restart.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import grpc
+import numba
 import numpy as np
 import torch
 
+from partitioner.format import Partition
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.codec import decode_tensor, encode_tensor
+from sampling_server.config import HOT_ORDERS
 from sampling_server.peer import PeerClient
 from sampling_server.store import HOT_ORDER, PartitionStore, RequestError, cast_features
 
-__all__ = ["HOT_ORDER", "HotNodes", "check_counts", "hot_order"]
+__all__ = ["HOT_ORDER", "HOT_ORDERS", "HotNodes", "check_counts", "hot_order", "in_degree_order",
+           "visit_scores"]
 
 log = logging.getLogger(__name__)
 
+#: Fanouts per hop and seeds per batch that ``"visits_v1"`` assumes (PyG's usual
+#: ``[15, 10, 5]`` and batch 1024; the order is a fixed rule, not a per-request one).
+FANOUTS = (15, 10, 5)
+BATCH = 1024
 
-def hot_order(indptr: np.ndarray, node_start: int) -> np.ndarray:
+
+def in_degree_order(indptr: np.ndarray, node_start: int) -> np.ndarray:
     """Global IDs of a partition's owned nodes, hottest first: in-degree descending, ties
     by lower global ID (a stable sort of the negated degrees)."""
     degree = np.diff(np.asarray(indptr, dtype=np.int64))
     return np.argsort(-degree, kind="stable").astype(np.int64) + node_start
+
+
+@numba.njit(cache=True)
+def _spread(indptr: np.ndarray, indices: np.ndarray, node_start: int, frontier: np.ndarray,
+            fanout: int, out: np.ndarray) -> None:
+    """``out[v] +=`` the expected draws of owned node ``v`` in one hop from ``frontier``
+    (serial, in CSC order: the same sums on every run)."""
+    n = indptr.size - 1
+    for u in range(n):
+        f = frontier[u]
+        degree = indptr[u + 1] - indptr[u]
+        if f == 0.0 or degree == 0:
+            continue
+        take = degree if fanout < 0 or fanout >= degree else fanout
+        w = f * take / degree
+        for e in range(indptr[u], indptr[u + 1]):
+            v = indices[e] - node_start
+            if 0 <= v < n:
+                out[v] += w
+
+
+def visit_scores(indptr: np.ndarray, indices: np.ndarray, node_start: int, train: np.ndarray,
+                 fanouts: tuple[int, ...] = FANOUTS, batch: int = BATCH) -> np.ndarray:
+    """float64 ``[n]``: expected draws of each owned node per batch (seeds counted once),
+    under the model of ``"visits_v1"`` (module docstring)."""
+    n = int(indptr.size) - 1
+    seeds = np.asarray(train, dtype=np.int64) - node_start
+    seeds = seeds[(seeds >= 0) & (seeds < n)]
+    frontier = np.zeros(n, dtype=np.float64)
+    if seeds.size:
+        frontier[seeds] = min(1.0, batch / seeds.size)
+    else:  # no training nodes: seeds anywhere
+        frontier[:] = min(1.0, batch / max(n, 1))
+    total = frontier.copy()
+    indptr64 = np.asarray(indptr, dtype=np.int64)
+    for fanout in fanouts:
+        drawn = np.zeros(n, dtype=np.float64)
+        _spread(indptr64, np.asarray(indices), node_start, frontier, int(fanout), drawn)
+        frontier = np.exp(-total) * -np.expm1(-drawn)
+        total += drawn
+    return total
+
+
+def hot_order(partition: Partition, rule: str = HOT_ORDER) -> np.ndarray:
+    """Global IDs of ``partition``'s owned nodes, hottest first, by ``rule`` (one of
+    :data:`HOT_ORDERS`)."""
+    start = int(partition.node_range[0])
+    if rule == "in_degree_v1":
+        return in_degree_order(partition.indptr, start)
+    if rule != "visits_v1":
+        raise ValueError(f"rule: expected one of {list(HOT_ORDERS)}, got {rule!r}")
+    train = partition.splits.get("train", np.empty(0, dtype=np.int64))
+    score = visit_scores(partition.indptr, partition.indices, start, np.asarray(train))
+    degree = np.diff(np.asarray(partition.indptr, dtype=np.int64))
+    ids = np.arange(score.size, dtype=np.int64)
+    return np.lexsort((ids, -degree, -score)).astype(np.int64) + start
 
 
 def _ranks(order: np.ndarray, node_start: int) -> np.ndarray:
@@ -78,8 +158,11 @@ class HotNodes:
         """This partition's hot order (global IDs, hottest first)."""
         with self._lock:
             if self._own_order is None:
-                part = self.store.partition
-                self._own_order = hot_order(part.indptr, self.store.node_range[0])
+                started = time.perf_counter()
+                rule = self.store.config.hot_order
+                self._own_order = hot_order(self.store.partition, rule)
+                log.info("partition=%d: hot order %s of %d nodes in %.1f s", self.store.partition_id,
+                         rule, self._own_order.size, time.perf_counter() - started)
             return self._own_order
 
     def ranks(self, partition: int) -> np.ndarray:

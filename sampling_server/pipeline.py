@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from partitioner.hetero import EdgeType
-from protos import codec, fastwire
+from protos import codec, compact, fastwire
 from protos import sampling_pb2 as pb
 from protos.plan import BatchRef, EpochPlan, GlobalPlan
 from sampling_server.hetero_pipeline import produce_typed
@@ -77,6 +77,8 @@ class EpochJob:
     original_ids: bool = False
     #: The trainer's feature cache plan (``EpochRequest.cache_counts``); empty: none.
     cache_counts: tuple[int, ...] = ()
+    #: Send the structure in compact form (``EpochRequest.compact_indices``, protos/compact.py).
+    compact: bool = False
     #: Typed sampling (a typed graph); None: homogeneous. ``feature_dtype`` may then be
     #: DTYPE_UNSPECIFIED (each type's stored dtype).
     typed: TypedJob | None = None
@@ -169,7 +171,7 @@ class SamplingPipeline:
             cached = self.hot.cached_mask(n_id, job.cache_counts)
             missing = torch.nonzero(~cached.to(n_id.device)).flatten()
             x, _ = sampler.gather(n_id[missing], features=True, labels=False, remote=remote)
-            named["x_cached"] = cached
+            named["x_cached"] = compact.pack_mask(cached) if job.compact else cached
             y = sampler.gather(n_id, features=False, labels=True, remote=remote)[1] \
                 if job.labels else None
         else:
@@ -177,7 +179,7 @@ class SamplingPipeline:
         if x is not None:
             named["x"] = cast_features(x, job.feature_dtype)
         if y is not None:
-            named["y"] = y
+            named["y"] = compact.narrowest(y.cpu(), compact.LABEL_DTYPES) if job.compact else y
         return named
 
     def produce(self, job: EpochJob, ref: BatchRef) -> list[bytes]:
@@ -192,14 +194,17 @@ class SamplingPipeline:
             if self.peers is not None else None
         with self.stage("sample"):
             out = sampler.sample(seeds, job.fanouts, key, bound.neighbors if bound else None)
-        named: dict[str, codec.TensorLike] = {"n_id": out.n_id, "edge_index": out.edge_index}
+        named: dict[str, codec.TensorLike] = dict(
+            compact.compact_batch(out.n_id, out.row, out.col, out.num_sampled_nodes)) if job.compact \
+            else {"n_id": out.n_id, "edge_index": out.edge_index}
         orig_ids = self.lookups.submit(sampler.orig_ids_of, out.n_id, bound.orig_ids if bound else None) \
             if job.original_ids else None
         if job.features or job.labels:
             with self.stage("gather"):
                 named.update(self._gather(job, sampler, out.n_id, bound))
         if orig_ids is not None:
-            named["orig_id"] = orig_ids.result()  # bounded: peer calls carry deadlines
+            orig = orig_ids.result()  # bounded: peer calls carry deadlines
+            named["orig_id"] = compact.narrowest(orig.cpu(), compact.INDEX_DTYPES) if job.compact else orig
         header = pb.MinibatchHeader(
             num_batches=job.num_batches, num_seed_nodes=out.batch_size,
             num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges)

@@ -339,6 +339,11 @@ class SamplingServer(grpc.Server):
                           self.store.partition_id, self.config.partition_dir)
             self.shutdown_requested.set()
             return
+        try:  # before SERVING: a peer reading this order must not wait past its deadline
+            self.pipeline.hot.own_order()
+        except Exception:  # the cache is an optimization: serve without it, say why
+            log.exception("partition=%d: no hot order for trainers' feature caches",
+                          self.store.partition_id)
         if self.monitor is not None and not self._stopped.is_set():
             self.monitor.loaded()
 

@@ -127,6 +127,7 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
                     features=request.include_features, labels=request.include_labels,
                     feature_dtype=dtype, client_id=request.client_id,
                     original_ids=request.include_original_ids,
+                    compact=request.compact_indices,
                     cache_counts=check_counts(request.cache_counts, store.partition_book,
                                               f"{_FIELD}.cache_counts"))
 
@@ -244,6 +245,10 @@ def _global_plan(request: pb.EpochRequest, store: PartitionStore,
     return plan, seeds
 
 
+#: Most nodes one ``LookupNodesRequest.owned_range`` may ask for (16 bytes each in the reply).
+MAX_NODE_RANGE = 1 << 21
+
+
 def lookup_nodes(request: pb.LookupNodesRequest, store: PartitionStore) -> pb.LookupNodesReply:
     """Answer LookupNodes (see sampling.proto); raises :class:`RequestError` naming the field."""
     field = "LookupNodesRequest"
@@ -260,8 +265,11 @@ def lookup_nodes(request: pb.LookupNodesRequest, store: PartitionStore) -> pb.Lo
         nodes = store.split_seeds(request.split)
         return pb.LookupNodesReply(global_ids=encode_tensor(nodes),
                                    original_ids=encode_tensor(store.original_ids_of(nodes)))
+    if query == "owned_range":
+        return _owned_range(request.owned_range, store, f"{field}.owned_range")
     if query != "original_ids":
-        raise RequestError(f"{field}.query: expected a split name or original_ids, got neither")
+        raise RequestError(f"{field}.query: expected a split name, original_ids or owned_range, "
+                           "got none")
     original = decode_node_ids(request.original_ids, f"{field}.original_ids")
     n = store.num_nodes_of(node_type)
     if original.size and (int(original.min()) < 0 or int(original.max()) >= n):
@@ -271,6 +279,22 @@ def lookup_nodes(request: pb.LookupNodesRequest, store: PartitionStore) -> pb.Lo
         assert isinstance(store, HeteroPartitionStore)
         return pb.LookupNodesReply(global_ids=encode_tensor(store.global_ids_of(original, node_type)))
     return pb.LookupNodesReply(global_ids=encode_tensor(store.global_ids_of(original)))
+
+
+def _owned_range(query: pb.NodeRange, store: PartitionStore, field: str) -> pb.LookupNodesReply:
+    """The original IDs and labels of a range of this partition's nodes."""
+    start, stop = store.node_range
+    first, count = int(query.first), int(query.count)
+    if not 0 <= count <= MAX_NODE_RANGE:
+        raise RequestError(f"{field}.count: expected 0 .. {MAX_NODE_RANGE}, got {count}")
+    if count and not start <= first <= first + count <= stop:
+        raise RequestError(f"{field}: expected global IDs owned by partition {store.partition_id} "
+                           f"({start} .. {stop - 1}), got {first} .. {first + count - 1}")
+    local = slice(first - start, first - start + count) if count else slice(0, 0)
+    labels = np.asarray(store.partition.y[local], dtype=np.int64)
+    return pb.LookupNodesReply(
+        original_ids=encode_tensor(np.asarray(store.partition.orig_ids[local], dtype=np.int64)),
+        labels=encode_tensor(labels))
 
 
 class SamplingServicer:

@@ -22,7 +22,7 @@ from partitioner.graph import SPLITS
 from protos import codec
 from protos import sampling_pb2 as pb
 from protos.channel import PeerError
-from sampling_server.config import ConfigError, ServerConfig
+from sampling_server.config import HOT_ORDERS, ConfigError, ServerConfig
 from sampling_server.sampler import NeighborSampler, create_sampler
 
 log = logging.getLogger(__name__)
@@ -39,8 +39,9 @@ def server_version() -> str:
         return "0+unknown"
 
 
-#: The rule ordering each partition's nodes for trainers' feature caches (sampling_server/hot.py).
-HOT_ORDER = "in_degree_v1"
+#: The default rule ordering each partition's nodes for trainers' feature caches
+#: (sampling_server/hot.py; ``--hot-order``).
+HOT_ORDER = HOT_ORDERS[0]
 
 
 class NotLoaded(RuntimeError):
@@ -215,7 +216,7 @@ class PartitionStore:
             num_classes=m.num_classes, split_sizes=sizes,
             peer_addresses=list(self.peer_addresses), has_edge_weights=m.has_edge_weight,
             server_version=server_version(), device=self.device, label_dtype=pb.INT64,
-            graph_fingerprint=self.graph_fingerprint, hot_order=HOT_ORDER,
+            graph_fingerprint=self.graph_fingerprint, hot_order=self.config.hot_order,
         )
 
     def check_owned(self, nodes: np.ndarray, field: str) -> None:

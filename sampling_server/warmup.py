@@ -33,6 +33,7 @@ def warm_up() -> dict[str, float]:
     """Run every CPU kernel a server and a partition job use once; seconds per step."""
     from partitioner import load_partition, partition_graph
     from partitioner.synthetic import generate
+    from sampling_server.hot import hot_order
     from sampling_server.sampler import create_sampler
     from sampling_server.sampler.rng import batch_key
 
@@ -54,6 +55,9 @@ def warm_up() -> dict[str, float]:
             sampler = create_sampler(part, device="cpu", replace=replace)
             sampler.minibatch(seeds, [10, 5], batch_key(0, 0, 0, 0))
         seconds["sample and gather"] = time.perf_counter() - started
+        started = time.perf_counter()
+        hot_order(part, "visits_v1")
+        seconds["hot order"] = time.perf_counter() - started
     return seconds
 
 

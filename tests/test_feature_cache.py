@@ -19,7 +19,7 @@ from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import create_channel
 from protos.codec import decode_tensor, encode_tensor
-from sampling_server.hot import hot_order
+from sampling_server.hot import HOT_ORDER, hot_order, visit_scores
 from trainer_client.cache import CacheError, FeatureCache, parse_cache_size, plan_counts
 from trainer_client.decode import BatchAssembler
 from trainer_client.loader import Cluster, RemoteNeighborLoader
@@ -68,12 +68,13 @@ def test_x_is_bit_identical_with_and_without_the_cache(servers: tuple[Path, list
 def test_the_plan_is_the_same_on_every_party(servers: tuple[Path, list[str]]) -> None:
     out, addresses = servers
     with Cluster(addresses, connect_timeout=30) as cluster:
-        assert {i.hot_order for i in cluster.infos} == {"in_degree_v1"}
+        assert {i.hot_order for i in cluster.infos} == {HOT_ORDER} == {"visits_v1"}
         for p, address in enumerate(cluster.addresses):
             part = load_partition(out, p)
-            expected = hot_order(part.indptr, int(part.partition_book[p]))
-            degree = np.diff(part.indptr)[expected - part.partition_book[p]]
-            assert (np.diff(degree) <= 0).all()  # hottest first
+            start = int(part.partition_book[p])
+            expected = hot_order(part)
+            score = visit_scores(part.indptr, part.indices, start, part.splits["train"])
+            assert (np.diff(score[expected - start]) <= 0).all()  # hottest first
             with create_channel(address) as channel:
                 stub = pb_grpc.SamplingServiceStub(channel)
                 blocks = list(stub.StreamHotNodes(pb.HotNodesRequest(count=expected.size), timeout=30))

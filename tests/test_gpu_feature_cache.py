@@ -26,7 +26,7 @@ from sampling_server.feature_placement import (
     rows_on_device,
     slot_maps,
 )
-from sampling_server.hot import hot_order
+from sampling_server.hot import in_degree_order as hot_order
 from sampling_server.sampler import cuda_features
 from sampling_server.sampler import cuda_kernels as K
 from sampling_server.sampler.cpu_sampler import CpuNeighborSampler

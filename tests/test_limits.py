@@ -228,8 +228,10 @@ def _structured(rng: random.Random, method: str) -> bytes:
         lookup = pb.LookupNodesRequest(client_id=rng.choice(_STRINGS))
         if rng.random() < 0.5:
             lookup.split = rng.choice(_STRINGS)
-        elif rng.random() < 0.8:
+        elif rng.random() < 0.6:
             lookup.original_ids.CopyFrom(_random_tensor(rng))
+        elif rng.random() < 0.8:
+            lookup.owned_range.CopyFrom(pb.NodeRange(first=rng.choice(_INTS), count=rng.choice(_INTS)))
         return lookup.SerializeToString()
     if method == "Health":
         return health_pb2.HealthCheckRequest(service=rng.choice(_STRINGS)).SerializeToString()

@@ -3,7 +3,8 @@
 A trainer holds the features of the hottest nodes of the graph on its own device, so
 the servers send per batch only the rows it lacks. Which nodes are hot is a plan every
 party agrees on without talking: each partition orders its nodes by the rule named in
-``ClusterInfo.hot_order`` (in-degree, highest first, ties by lower ID), and the plan is
+``ClusterInfo.hot_order`` (sampling_server/hot.py: expected draws per batch from the
+training nodes, or in-degree), which the trainer reads from the servers, and the plan is
 one count per partition (``EpochRequest.cache_counts``): the trainer holds the first
 ``counts[p]`` nodes of partition ``p``'s order. The budget (``cache_size``: a fraction
 of all nodes, or bytes) is split across partitions in proportion to their node counts.
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Hot-order rules this trainer understands (``ClusterInfo.hot_order``).
-KNOWN_HOT_ORDERS = ("in_degree_v1",)
+KNOWN_HOT_ORDERS = ("visits_v1", "in_degree_v1")
 #: Default ``cache_size`` on a CUDA device (fraction of all nodes); 0 on the CPU.
 DEFAULT_CUDA_CACHE_FRACTION = 0.1
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,

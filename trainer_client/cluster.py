@@ -23,6 +23,7 @@ from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import ServerUnavailable, create_channel, error_from_rpc
 from protos.codec import decode_tensor, encode_tensor
 from trainer_client.cache import FeatureCache
+from trainer_client.node_table import NodeTable
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class Cluster:
         self._channels: dict[str, grpc.Channel] = {}
         self._caches: dict[tuple[tuple[int, ...], int, str], FeatureCache] = {}
         self._cache_lock = threading.Lock()
+        self._node_table: tuple[NodeTable | None] | None = None
         deadline = time.monotonic() + connect_timeout
         try:
             infos = self._fetch_all(addresses, deadline, connect_timeout)
@@ -225,6 +227,14 @@ class Cluster:
                 self._caches[key] = FeatureCache.fill(self, counts, wire_dtype, device,
                                                       progress=progress)
             return self._caches[key]
+
+    def node_table(self) -> NodeTable | None:
+        """Every node's original ID and label (:mod:`trainer_client.node_table`), read on
+        first use, then shared; None when the servers cannot answer it."""
+        with self._cache_lock:
+            if self._node_table is None:
+                self._node_table = (NodeTable.read(self),)
+            return self._node_table[0]
 
     def close(self) -> None:
         """Close every channel."""

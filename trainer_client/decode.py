@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch_geometric.data import Data, HeteroData
 
+from protos import compact
 from protos import sampling_pb2 as pb
 from protos.codec import CodecError, TensorAssembler
 from protos.fastwire import WireMessage
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
 
 #: Tensor names a ``StreamMinibatches`` batch may carry.
 BATCH_TENSORS = ("n_id", "edge_index", "x", "y", "orig_id", "x_cached")
+#: And with ``EpochRequest.compact_indices`` (``edge_index`` as sources + counts per target).
+COMPACT_TENSORS = (*BATCH_TENSORS, "edge_src", "edge_new", "edge_count")
+_INT64 = (torch.int64,)
 #: Feature dtypes a batch may carry.
 FEATURE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -62,6 +66,9 @@ class BatchSpec:
     check_edges: bool = True
     #: A typed graph's batches (``EpochRequest.typed``); None: homogeneous.
     typed: TypedSpec | None = None
+    #: The request set ``compact_indices``: accept the compact forms (protos/compact.py)
+    #: beside the int64 ones; the Data is the same either way.
+    compact_indices: bool = False
 
 
 @dataclass(frozen=True)
@@ -238,6 +245,45 @@ def _check_tensor(
         raise BatchDecodeError(f"{where}: tensor {name!r}: expected shape {want}, got {list(t.shape)}")
 
 
+def _edge_index(tensors: dict[str, torch.Tensor], spec: BatchSpec, nodes: list[int],
+                num_edges: int, where: str) -> torch.Tensor:
+    """The batch's int64 ``edge_index``, from "edge_index" or (compact) "edge_src" and
+    "edge_count"."""
+    if spec.compact_indices and "edge_index" not in tensors:
+        src = _require(tensors, "edge_src", where, "every compact batch has it or 'edge_index'")
+        _check_tensor(src, "edge_src", [None], compact.INDEX_DTYPES, where)
+        counts = _require(tensors, "edge_count", where, "it comes with 'edge_src'")
+        _check_tensor(counts, "edge_count", [sum(nodes) - nodes[-1]], compact.COUNT_DTYPES, where)
+        name = "edge_src"
+        try:
+            if "edge_new" in tensors:
+                name = "edge_new"
+                src = compact.expand_sources(src, tensors["edge_new"], num_edges, nodes[0])
+            elif src.numel() != num_edges:
+                raise ValueError(f"expected shape [{num_edges}], got {list(src.shape)}")
+            name = "edge_count"
+            return compact.expand_edges(src, counts)
+        except ValueError as exc:
+            raise BatchDecodeError(f"{where}: tensor {name!r}: {exc}") from None
+    edge_index = _require(tensors, "edge_index", where, "every batch has it")
+    dtypes = compact.INDEX_DTYPES if spec.compact_indices else _INT64
+    _check_tensor(edge_index, "edge_index", [2, num_edges], dtypes, where)
+    return compact.widen(edge_index)
+
+
+def _cached_mask(tensors: dict[str, torch.Tensor], spec: BatchSpec, num_nodes: int,
+                 where: str) -> torch.Tensor:
+    """The "x_cached" mask as bool ``[N]`` (sent as bools, or as packed bits)."""
+    cached = tensors["x_cached"]
+    if spec.compact_indices and cached.dtype == torch.uint8:
+        try:
+            return compact.unpack_mask(cached, num_nodes)
+        except ValueError as exc:
+            raise BatchDecodeError(f"{where}: tensor 'x_cached': {exc}") from None
+    _check_tensor(cached, "x_cached", [num_nodes], [torch.bool], where)
+    return cached
+
+
 def build_data(
     header: pb.MinibatchHeader, tensors: dict[str, torch.Tensor], spec: BatchSpec, index: int = 0
 ) -> Data | HeteroData:
@@ -248,19 +294,21 @@ def build_data(
 
         return build_hetero_data(header, tensors, spec, index)
     where = f"batch {index}"
-    unknown = sorted(set(tensors) - set(BATCH_TENSORS))
+    known = COMPACT_TENSORS if spec.compact_indices else BATCH_TENSORS
+    unknown = sorted(set(tensors) - set(known))
     if unknown:
-        raise BatchDecodeError(f"{where}: tensor names: expected among {list(BATCH_TENSORS)}, got {unknown}")
+        raise BatchDecodeError(f"{where}: tensor names: expected among {list(known)}, got {unknown}")
     nodes, edges = _check_counts(header, spec, where)
+    ids = compact.INDEX_DTYPES if spec.compact_indices else _INT64
     n_id = _require(tensors, "n_id", where, "every batch has it")
-    _check_tensor(n_id, "n_id", [None], [torch.int64], where)
+    _check_tensor(n_id, "n_id", [None], ids, where)
+    n_id = compact.widen(n_id)
     num_nodes = n_id.numel()
     if sum(nodes) != num_nodes:
         raise BatchDecodeError(
             f"{where}: tensor 'n_id': expected sum(num_sampled_nodes) = {sum(nodes)} nodes, got {num_nodes}"
         )
-    edge_index = _require(tensors, "edge_index", where, "every batch has it")
-    _check_tensor(edge_index, "edge_index", [2, sum(edges)], [torch.int64], where)
+    edge_index = _edge_index(tensors, spec, nodes, sum(edges), where)
     if spec.check_edges and edge_index.numel():
         low, high = int(edge_index.min()), int(edge_index.max())
         if low < 0 or high >= num_nodes:
@@ -271,14 +319,13 @@ def build_data(
     data = Data(edge_index=edge_index, n_id=n_id, num_nodes=num_nodes)
     if "orig_id" in tensors:  # users see original IDs; graphfeed's own stay on the side
         orig = tensors["orig_id"]
-        _check_tensor(orig, "orig_id", [num_nodes], [torch.int64], where)
-        data.internal_n_id, data.n_id = n_id, orig
+        _check_tensor(orig, "orig_id", [num_nodes], ids, where)
+        data.internal_n_id, data.n_id = n_id, compact.widen(orig)
     if spec.include_features or "x" in tensors:
         x = _require(tensors, "x", where, "include_features is set")
         rows = num_nodes
         if "x_cached" in tensors:  # x holds only the rows the trainer's cache lacks
-            cached = tensors["x_cached"]
-            _check_tensor(cached, "x_cached", [num_nodes], [torch.bool], where)
+            cached = _cached_mask(tensors, spec, num_nodes, where)
             rows = num_nodes - int(cached.sum())
             data.x_cached = cached
         _check_tensor(x, "x", [rows, spec.feature_dim], FEATURE_DTYPES, where)
@@ -286,7 +333,7 @@ def build_data(
     if spec.include_labels or "y" in tensors:
         y = _require(tensors, "y", where, "include_labels is set")
         _check_tensor(y, "y", [num_nodes], [torch.int64, torch.int32, torch.int16, torch.int8], where)
-        data.y = y if y.dtype == torch.int64 else y.long()
+        data.y = compact.widen(y)
     data.batch_size = int(header.num_seed_nodes)
     data.num_sampled_nodes = nodes
     data.num_sampled_edges = edges

@@ -60,6 +60,7 @@ from trainer_client.hetero_loader import (
     typed_spec,
 )
 from trainer_client.inputs import InputNodes, check_keywords, input_array, original_ids, split_name
+from trainer_client.node_table import NodeTable
 from trainer_client.stream import EpochStream, ServerStream, StreamStats, StreamTimeouts
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,7 @@ class RemoteNeighborLoader:
         client_id: str | None = None,
         cache_size: float | str | None = None,
         cache_progress: bool | None = None,
+        compact_indices: bool = True,
         **unsupported: object,
     ) -> None:
         """Check the arguments, connect to the servers and plan epoch 0.
@@ -170,6 +172,8 @@ class RemoteNeighborLoader:
         edge type or a dict per edge type (``(src, rel, dst)`` or ``"src__rel__dst"``;
         types left out draw nothing). ``cache_size > 0`` is refused there (the cache holds
         homogeneous graphs only).
+        ``compact_indices``: ask for the batches' structure in compact form (narrow
+        integer dtypes, ``EpochRequest.compact_indices``); the batches are the same.
         """
         check_keywords(unsupported)
         if input_nodes is not None and seeds is not None:
@@ -207,6 +211,7 @@ class RemoteNeighborLoader:
         self.cast_features, self.include_labels = bool(cast_features), bool(include_labels)
         self.replace, self.weighted = bool(replace), bool(weighted)
         self.return_internal_ids = bool(return_internal_ids)
+        self.compact_indices = bool(compact_indices)
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else bool(pin_memory)
         default_size = DEFAULT_CUDA_CACHE_FRACTION if self.device.type == "cuda" else 0.0
         size = parse_cache_size(default_size if cache_size is None else cache_size)
@@ -221,12 +226,18 @@ class RemoteNeighborLoader:
         #: The typed graph's facts (None: a homogeneous graph; batches are then Data).
         self.typed_graph = TypedGraph.from_info(self.cluster.info) \
             if self.cluster.info.HasField("typed") else None
+        if self.typed_graph is not None:
+            self.compact_indices = False  # the compact form covers homogeneous batches only
         try:
             #: Node type of the seeds (typed graphs; "" on a homogeneous one).
             self.seed_type = self._seed_type(given.node_type)
             self._resolve_seeds(node_array, all_of_type=given.node_type is not None and nodes is None)
             #: The feature cache this loader's batches use (None: every batch carries all of x).
             self.cache: FeatureCache | None = self._open_cache(size, cache_progress, cache_size)
+            #: Every node's original ID and label, when batches leave them out (compact
+            #: batches with a feature cache: trainer_client/node_table.py); else None.
+            self.node_table: NodeTable | None = self.cluster.node_table() \
+                if self.compact_indices and self.cache is not None else None
             if self.weighted and not self.cluster.info.has_edge_weights:
                 raise ValueError("weighted: expected a graph with edge weights, but the servers have none")
             self.epoch = 0
@@ -418,6 +429,11 @@ class RemoteNeighborLoader:
 
     # ---- streaming -------------------------------------------------------------------
 
+    @property
+    def _labels_on_wire(self) -> bool:
+        """Whether batches carry "y" (not when the node table has the labels)."""
+        return self.include_labels and self.node_table is None
+
     def _request(self) -> pb.EpochRequest:
         fanouts, typed = (cast(list[int], self.num_neighbors), None) if self.typed_graph is None else \
             typed_options(self.seed_type, self.num_neighbors, self.typed_graph)
@@ -427,8 +443,9 @@ class RemoteNeighborLoader:
             world_size=self.world_size, resume_from=0,
             feature_dtype=WIRE_FEATURE_DTYPES[self.feature_dtype],  # type: ignore[arg-type]
             sampling=pb.SamplingOptions(replace=self.replace, weighted=self.weighted),
-            include_features=True, include_labels=self.include_labels, client_id=self.client_id,
-            global_batches=self.batches == "global", include_original_ids=True,
+            include_features=True, include_labels=self._labels_on_wire, client_id=self.client_id,
+            global_batches=self.batches == "global", include_original_ids=self.node_table is None,
+            compact_indices=self.compact_indices,
         )
         request.seeds.CopyFrom(self._seeds_tensor)
         if typed is not None:
@@ -451,8 +468,9 @@ class RemoteNeighborLoader:
                 ))
         spec = BatchSpec(
             num_hops=len(fanout_lists(self.num_neighbors)[0]), feature_dim=self.num_features,
-            include_features=True, include_labels=self.include_labels, num_batches=num_batches,
+            include_features=True, include_labels=self._labels_on_wire, num_batches=num_batches,
             typed=None if self.typed_graph is None else typed_spec(self.typed_graph, self.seed_type),
+            compact_indices=self.compact_indices,
         )
         return EpochStream(servers, num_batches, spec, prefetch=self.prefetch, timeouts=self.timeouts,
                            pin_memory=self.pin_memory)
@@ -475,6 +493,8 @@ class RemoteNeighborLoader:
                                        non_blocking=self.pin_memory,
                                        keep_internal_ids=self.return_internal_ids)
                     continue
+                if self.node_table is not None:
+                    self.node_table.complete(data, self.include_labels)
                 data.input_id = torch.from_numpy(self.input_ids(refs[batch.index]))
                 data = to_device(data, self.device, feature_dtype=None, non_blocking=self.pin_memory)
                 self._complete_features(data, stream.stats)

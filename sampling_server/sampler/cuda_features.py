@@ -1,8 +1,9 @@
 """The CUDA sampler's feature table: hot rows in GPU memory, the rest in pinned host
 memory read over UVA (see :mod:`sampling_server.feature_placement`).
 
-Both tables hold their rows in the partition's hot order (:func:`sampling_server.hot.hot_order`):
-the device table the first ``cached`` nodes, the mapped host table the others. Two int32
+Both tables hold their rows in the partition's in-degree order
+(:func:`sampling_server.hot.in_degree_order`, as GLT ranks its cache): the device table
+the first ``cached`` nodes, the mapped host table the others. Two int32
 maps on the GPU give each owned node its row in one of them (-1 in the other), and
 :func:`gather_split_rows_kernel` reads a batch's rows from either table in one launch
 on PyTorch's current stream, so gathering needs no host round trip. Under Numba's CUDA
@@ -26,7 +27,7 @@ from sampling_server.feature_placement import (
     rows_on_device,
     slot_maps,
 )
-from sampling_server.hot import hot_order
+from sampling_server.hot import in_degree_order
 from sampling_server.sampler import cuda_kernels as K
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ class FeatureTable:
         self.num_rows, self.width = int(x.shape[0]), int(x.shape[1])
         self.row_bytes = self.width * np.dtype(x.dtype).itemsize
         #: Global IDs of the owned nodes, hottest first (the tables' row order).
-        self.order = hot_order(indptr, node_start)
+        self.order = in_degree_order(indptr, node_start)
         #: Rows in GPU memory: the first ``cached`` nodes of :attr:`order`.
         self.cached = rows_on_device(size, self.num_rows, self.row_bytes, device_free_bytes(device))
         slot, host_slot = slot_maps(self.order, node_start, self.cached)

@@ -1,0 +1,133 @@
+"""The compact structure of a batch (``EpochRequest.compact_indices``).
+
+A trainer that sets ``compact_indices`` receives a batch's index and label tensors in the
+narrowest integer dtype that holds their values, and ``edge_index`` as its sources plus
+the number of edges sampled per target node (the targets of a batch are its frontier
+nodes in ``n_id`` order, so row 1 of ``edge_index`` is determined by those counts).
+:func:`compact_batch` builds the tensors on the server; :func:`expand_edges`,
+:func:`widen` and :func:`unpack_mask` give the trainer back exactly the tensors of the
+non-compact form (int64 ``edge_index``, ``n_id``, ``orig_id`` and ``y``, a bool mask).
+The layout is documented in ``docs/wire.md`` ("Compact structure").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+__all__ = [
+    "COUNT_DTYPES",
+    "INDEX_DTYPES",
+    "LABEL_DTYPES",
+    "compact_batch",
+    "expand_edges",
+    "expand_sources",
+    "narrowest",
+    "pack_mask",
+    "unpack_mask",
+    "widen",
+]
+
+#: Dtypes of "n_id", "orig_id" and "edge_src", narrowest first.
+INDEX_DTYPES = (torch.int32, torch.int64)
+#: Dtypes of "y" (signed: -1 marks unlabeled nodes), narrowest first.
+LABEL_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64)
+#: Dtypes of "edge_count", narrowest first.
+COUNT_DTYPES = (torch.uint8, torch.int16, torch.int32, torch.int64)
+
+
+def narrowest(t: torch.Tensor, dtypes: Sequence[torch.dtype]) -> torch.Tensor:
+    """``t`` in the first of ``dtypes`` that holds every value of it (the last otherwise)."""
+    if t.numel() == 0:
+        return t.to(dtypes[0])
+    low, high = int(t.min()), int(t.max())
+    for dtype in dtypes:
+        info = torch.iinfo(dtype)
+        if info.min <= low and high <= info.max:
+            return t.to(dtype)
+    return t.to(dtypes[-1])
+
+
+def pack_mask(mask: torch.Tensor) -> torch.Tensor:
+    """A bool ``[N]`` mask as uint8 ``[ceil(N / 8)]`` bits, node ``i`` in bit ``i % 8``
+    (least significant first) of byte ``i // 8``."""
+    bits = np.packbits(mask.cpu().numpy().astype(bool, copy=False), bitorder="little")
+    return torch.from_numpy(bits)
+
+
+def unpack_mask(bits: torch.Tensor, num: int) -> torch.Tensor:
+    """The bool ``[num]`` mask of :func:`pack_mask`'s bits (raises when the size is wrong)."""
+    want = (num + 7) // 8
+    if bits.dtype != torch.uint8 or list(bits.shape) != [want]:
+        raise ValueError(f"expected uint8 of shape [{want}] (the bits of {num} nodes), got "
+                         f"{bits.dtype} of shape {list(bits.shape)}")
+    mask = np.unpackbits(bits.numpy(), count=num, bitorder="little").view(np.bool_)
+    return torch.from_numpy(mask)
+
+
+def compact_batch(n_id: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
+                  num_sampled_nodes: Sequence[int]) -> dict[str, torch.Tensor]:
+    """The compact structure tensors of one batch: "n_id", and "edge_src" (+ "edge_new") +
+    "edge_count" when ``col`` lists the targets in order (as the samplers produce it),
+    else "edge_index" (int32 when it fits). All on the CPU."""
+    num_targets = int(n_id.numel()) - int(num_sampled_nodes[-1])
+    named: dict[str, torch.Tensor] = {"n_id": narrowest(n_id.cpu(), INDEX_DTYPES)}
+    row, col = row.cpu(), col.cpu()
+    ordered = col.numel() == 0 or (bool((col[1:] >= col[:-1]).all()) and int(col[0]) >= 0
+                                   and int(col[-1]) < num_targets)
+    if not ordered:
+        named["edge_index"] = narrowest(torch.stack([row, col]), INDEX_DTYPES)
+        return named
+    named.update(_sources(row, int(num_sampled_nodes[0]), int(n_id.numel())))
+    counts = torch.bincount(col, minlength=num_targets) if col.numel() \
+        else torch.zeros(num_targets, dtype=torch.int64)
+    named["edge_count"] = narrowest(counts, COUNT_DTYPES)
+    return named
+
+
+def _sources(row: torch.Tensor, num_seeds: int, num_nodes: int) -> dict[str, torch.Tensor]:
+    """"edge_src", and "edge_new" when every non-seed node is numbered by the edge that
+    first reaches it (as the samplers number them): then "edge_src" holds only the other
+    edges' sources."""
+    src = row.numpy()
+    before = np.maximum.accumulate(np.concatenate([[num_seeds - 1], src[:-1]])) if src.size else src
+    new = src > before  # the edges that reach a node numbered above all before them
+    if int(new.sum()) == num_nodes - num_seeds and \
+            np.array_equal(src[new], np.arange(num_seeds, num_nodes, dtype=src.dtype)):
+        return {"edge_src": narrowest(row[torch.from_numpy(~new)], INDEX_DTYPES),
+                "edge_new": pack_mask(torch.from_numpy(new))}
+    return {"edge_src": narrowest(row, INDEX_DTYPES)}
+
+
+def expand_sources(src: torch.Tensor, new_bits: torch.Tensor, num_edges: int,
+                   num_seeds: int) -> torch.Tensor:
+    """int64 ``[num_edges]`` sources from "edge_src" (the other edges' sources) and
+    "edge_new" (bit ``i``: edge ``i`` reaches node ``num_seeds + (set bits before i)``)."""
+    new = unpack_mask(new_bits, num_edges)
+    num_new = int(new.sum())
+    if src.numel() != num_edges - num_new:
+        raise ValueError(f"expected {num_edges - num_new} entries in edge_src (the edges not marked "
+                         f"in edge_new), got {src.numel()}")
+    out = torch.empty(num_edges, dtype=torch.int64)
+    out[new] = torch.arange(num_seeds, num_seeds + num_new, dtype=torch.int64)
+    out[~new] = src.to(torch.int64)
+    return out
+
+
+def expand_edges(src: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """int64 ``[2, E]`` ``edge_index`` from its sources and the edges per target (the
+    targets ``0 .. len(counts)-1`` in order); raises when the sizes disagree."""
+    counts = counts.to(torch.int64)
+    total = int(counts.sum()) if counts.numel() else 0
+    if total != src.numel() or (counts.numel() and int(counts.min()) < 0):
+        raise ValueError(f"expected edge_count >= 0 summing to the {src.numel()} entries of "
+                         f"edge_src, got a sum of {total}")
+    targets = torch.repeat_interleave(torch.arange(counts.numel(), dtype=torch.int64), counts)
+    return torch.stack([src.to(torch.int64), targets])
+
+
+def widen(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as int64 (itself when it already is)."""
+    return t if t.dtype == torch.int64 else t.to(torch.int64)

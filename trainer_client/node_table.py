@@ -1,0 +1,91 @@
+"""The trainer's table of every node's original ID and label.
+
+A trainer with a feature cache is one that counts bytes per batch. Each batch would
+otherwise carry the original IDs (``orig_id``) and labels (``y``) of its nodes: with
+int32 IDs and int8 labels, 5 bytes per node, every batch. The table holds them once per
+job instead (5 bytes per node of the graph for most graphs, read with
+``LookupNodes(owned_range=...)`` in blocks), and the loader looks each batch's nodes up
+in it; the batch is the same, value for value.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import grpc
+import numpy as np
+import torch
+from torch_geometric.data import Data
+
+from protos import compact
+from protos import sampling_pb2 as pb
+from protos.channel import GraphfeedError
+from protos.codec import decode_tensor
+
+if TYPE_CHECKING:
+    from trainer_client.cluster import Cluster
+
+log = logging.getLogger(__name__)
+
+#: Nodes per LookupNodes call (the servers' limit, 16 bytes each in the reply).
+BLOCK = 1 << 21
+
+
+class NodeTableError(ValueError):
+    """A server's answer disagrees with the range asked for."""
+
+
+@dataclass(frozen=True)
+class NodeTable:
+    """Original ID and label of every node, by global ID (on the CPU)."""
+
+    #: ``[N]`` original IDs (int32 when they fit, else int64).
+    orig: torch.Tensor
+    #: ``[N]`` labels, -1 = unlabeled (the smallest signed dtype that holds them).
+    labels: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.orig.numel() * self.orig.element_size() + self.labels.numel() * self.labels.element_size()
+
+    @classmethod
+    def read(cls, cluster: Cluster) -> NodeTable | None:
+        """Read the table from every server; None when a server does not answer
+        ``owned_range`` (a server from before it)."""
+        book = [int(b) for b in cluster.partition_book]
+        orig = np.empty(book[-1], dtype=np.int64)
+        labels = np.empty(book[-1], dtype=np.int64)
+        for p in range(len(book) - 1):
+            for first in range(book[p], book[p + 1], BLOCK):
+                count = min(BLOCK, book[p + 1] - first)
+                request = pb.LookupNodesRequest(owned_range=pb.NodeRange(first=first, count=count))
+                try:
+                    reply = cluster.lookup(p, request)
+                except GraphfeedError as exc:
+                    if exc.code == grpc.StatusCode.INVALID_ARGUMENT:
+                        log.info("node table: %s; batches carry their original IDs and labels", exc)
+                        return None
+                    raise
+                o, y = decode_tensor(reply.original_ids), decode_tensor(reply.labels)
+                if o.shape != (count,) or y.shape != (count,):
+                    raise NodeTableError(
+                        f"LookupNodes(owned_range) at {cluster.addresses[p]}: expected original_ids "
+                        f"and labels of shape [{count}], got {list(o.shape)} and {list(y.shape)}")
+                orig[first:first + count] = o
+                labels[first:first + count] = y
+        table = cls(compact.narrowest(torch.from_numpy(orig), compact.INDEX_DTYPES),
+                    compact.narrowest(torch.from_numpy(labels), compact.LABEL_DTYPES))
+        log.info("node table: original IDs and labels of %d nodes, %.1f MiB", book[-1],
+                 table.nbytes / 2**20)
+        return table
+
+    def complete(self, data: Data, labels: bool) -> None:
+        """Set a CPU batch's ``n_id`` (original IDs; graphfeed's own go to
+        ``internal_n_id``) and, with ``labels``, its ``y`` (int64) from the table."""
+        internal = data.n_id
+        data.internal_n_id = internal
+        data.n_id = self.orig.index_select(0, internal).to(torch.int64)
+        if labels:
+            data.y = self.labels.index_select(0, internal).to(torch.int64)
