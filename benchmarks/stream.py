@@ -5,7 +5,10 @@ Rows (servers in their own processes, the client in this one):
 
 - ``tcp``: raw TCP loopback, ``sendall`` of 4 MiB buffers (the ceiling);
 - ``grpc-bytes(S)``: a bare gRPC server stream of raw ``bytes`` messages of S bytes (one
-  ``bytes`` object sent again and again: no per-message work at all);
+  ``bytes`` object sent again and again: no per-message work at all, and the payload stays
+  in the CPU cache);
+- ``grpc-bytes-uncached(S)``: the same, cycling through 512 MiB of distinct messages, so
+  that the payload comes from memory as a real batch's does (still no per-message work);
 - ``graphfeed-replay(S)``: graphfeed's encoding and decoding only: real ``products-like``
   batches, sampled once by a real partition's sampler, encoded per send as the server
   does (``protos.fastwire``) in ``MinibatchChunk`` messages of S bytes of tensor data and
@@ -149,9 +152,14 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
 
     def bytes_stream(request: bytes, context: grpc.ServicerContext) -> Any:
         ask = json.loads(request)
-        payload, cpu = b"\1" * ask["size"], time.process_time()
-        for _ in range(ask["count"]):
-            yield payload
+        size = ask["size"]
+        if ask.get("uncached"):  # distinct messages, 512 MiB in all: none stays in the CPU cache
+            payloads = [bytes([i % 251]) * size for i in range(max(1, (512 << 20) // size))]
+        else:
+            payloads = [b"\1" * size]
+        cpu = time.process_time()
+        for i in range(ask["count"]):
+            yield payloads[i % len(payloads)]
         context.set_trailing_metadata((("server-cpu-s", f"{time.process_time() - cpu:.4f}"),))
 
     def replay_stream(request: bytes, context: grpc.ServicerContext) -> Any:
@@ -190,17 +198,24 @@ def _server_cpu(call: Any, key: str = "server-cpu-s") -> float:
     return float("nan")
 
 
-def bare_row(channel: grpc.Channel, size: int, nbytes: int) -> dict[str, Any]:
-    """Read ``nbytes`` (rounded up to whole messages) of ``size``-byte messages."""
+def bare_row(channel: grpc.Channel, size: int, nbytes: int, uncached: bool = False) -> dict[str, Any]:
+    """Read ``nbytes`` (rounded up to whole messages) of ``size``-byte messages: one
+    ``bytes`` object sent again and again, or (``uncached``) 512 MiB of distinct ones."""
     call_of = channel.unary_stream("/bench.Stream/Bytes", request_serializer=None,
                                    response_deserializer=None)
     count = max(-(-nbytes // size), 8)
-    got, cpu, started = 0, time.process_time(), time.perf_counter()
-    call = call_of(json.dumps({"size": size, "count": count}).encode(), timeout=900)
+    call = call_of(json.dumps({"size": size, "count": count, "uncached": uncached}).encode(),
+                   timeout=900)
+    got, cpu, started = 0, time.process_time(), 0.0
     for msg in call:
+        if not got:  # the clock starts at the first message (after the server built its payloads)
+            started, cpu = time.perf_counter(), time.process_time()
         got += len(msg)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-    return _row(f"grpc-bytes({size >> 10} KiB)", got, wall, count, cpu, _server_cpu(call))
+    got -= size  # the first message arrived before the clock started
+    label = f"grpc-bytes{'-uncached' if uncached else ''}({size >> 10} KiB)"
+    server_cpu = _server_cpu(call) * got / (got + size)  # its share of the bytes counted
+    return _row(label, got, wall, count - 1, cpu, server_cpu)
 
 
 def replay_row(channel: grpc.Channel, size: int, rounds: int) -> dict[str, Any]:
@@ -252,18 +267,26 @@ def stream_passes(part_dir: Path, sizes: list[int], passes: int, rounds: int,
         for p in range(passes):
             rows.append({**tcp_row(tcp_bytes), "pass": p})
             for size in sizes:
-                replay = bare = None
-                for kind in (("replay", "bare") if p % 2 == 0 else ("bare", "replay")):
+                replay: dict[str, Any] | None = None
+                bare: dict[str, Any] = {}
+                uncached: dict[str, Any] = {}
+                for kind in (("replay", "bare", "uncached") if p % 2 == 0
+                             else ("uncached", "bare", "replay")):
                     if kind == "replay":
                         replay = replay_row(channel, size, rounds)
-                    else:  # as many bytes as the replay sends (pass 0 runs the replay first)
-                        bare = bare_row(channel, size, replay["bytes"] if replay
-                                        else _replay_bytes(rows, size))
-                assert replay is not None and bare is not None
+                        continue
+                    # as many bytes as the replay sends (pass 0 runs the replay first)
+                    nbytes = replay["bytes"] if replay else _replay_bytes(rows, size)
+                    if kind == "bare":
+                        bare = bare_row(channel, size, nbytes)
+                    else:
+                        uncached = bare_row(channel, size, nbytes, uncached=True)
+                assert replay is not None
                 replay["ratio_to_bare"] = round(replay["mib_per_s"] / bare["mib_per_s"], 3)
-                rows += [{**bare, "pass": p}, {**replay, "pass": p}]
-                log.info("pass %d, %d KiB: replay / bare gRPC = %.3f", p, size >> 10,
-                         replay["ratio_to_bare"])
+                replay["ratio_to_uncached"] = round(replay["mib_per_s"] / uncached["mib_per_s"], 3)
+                rows += [{**r, "pass": p} for r in (bare, uncached, replay)]
+                log.info("pass %d, %d KiB: replay / bare gRPC = %.3f (/ uncached %.3f)", p,
+                         size >> 10, replay["ratio_to_bare"], replay["ratio_to_uncached"])
         channel.close()
     finally:
         proc.terminate()
@@ -343,7 +366,8 @@ def summarize(rows: list[dict[str, Any]], sizes: list[int]) -> tuple[list[dict[s
         mine = [r for r in rows if r["label"] == label]
         row: dict[str, Any] = {"label": label, "passes": len(mine)}
         for key in ("mib_per_s", "items_per_s", "client_cpu_s_per_gib", "server_cpu_s_per_gib",
-                    "encode_cpu_s_per_gib", "decode_cpu_s_per_gib", "ratio_to_bare"):
+                    "encode_cpu_s_per_gib", "decode_cpu_s_per_gib", "ratio_to_bare",
+                    "ratio_to_uncached"):
             values = [r[key] for r in mine if key in r]
             if values:
                 row[key] = round(float(statistics.median(values)), 3)
@@ -356,6 +380,7 @@ def summarize(rows: list[dict[str, Any]], sizes: list[int]) -> tuple[list[dict[s
     for size in sizes:
         k = f"{size >> 10} KiB"
         ratios[f"replay_vs_grpc_bytes({k})"] = by[f"graphfeed-replay({k})"]["ratio_to_bare"]
+        ratios[f"replay_vs_grpc_bytes_uncached({k})"] = by[f"graphfeed-replay({k})"]["ratio_to_uncached"]
         ratios[f"grpc_bytes_vs_tcp({k})"] = round(
             by[f"grpc-bytes({k})"]["mib_per_s"] / by["tcp"]["mib_per_s"], 3)
     return medians, ratios
