@@ -256,7 +256,10 @@ def build_data(
     edge_index = _require(tensors, "edge_index", where, "every batch has it")
     _check_tensor(edge_index, "edge_index", [2, sum(edges)], [torch.int64], where)
     if spec.check_edges and edge_index.numel():
-        low, high = (int(v) for v in torch.aminmax(edge_index))  # one pass over E
+        # NumPy, single-threaded: torch's intra-op threads would wake for this one pass and
+        # fight the trainer's own threads for the cores
+        indices = edge_index.numpy()
+        low, high = int(indices.min()), int(indices.max())
         if low < 0 or high >= num_nodes:
             raise BatchDecodeError(
                 f"{where}: tensor 'edge_index': expected local indices in 0 .. {num_nodes - 1}, "
