@@ -43,7 +43,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import deque
 from concurrent import futures
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,7 @@ log = logging.getLogger("bench.stream")
 
 FANOUTS = [15, 10, 5]
 BATCH = 1024
+PREFETCH = 2  # batches encoded ahead of the one being sent (the server's default is 4)
 SIZES = [256 << 10, 1 << 20, 4 << 20, 16 << 20, 32 << 20]
 _METHOD = "/bench.Bytes/Stream"
 
@@ -138,7 +141,8 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
     - ``Bytes``: ``count`` messages of ``size`` bytes, one ``bytes`` object sent again and
       again (no per-message work at all: the floor);
     - ``Replay``: real batches, sampled once here, encoded per send as the server's pipeline
-      does (``protos.fastwire``, ``size`` bytes of tensor data per message), ``rounds`` times.
+      does (``protos.fastwire``, ``size`` bytes of tensor data per message, in a worker
+      thread ``PREFETCH`` batches ahead of the one being sent), ``rounds`` times.
 
     Each call's request is JSON; its trailing metadata carries the CPU seconds this process
     spent while the call ran (``server-cpu-s``: every thread, gRPC's own included).
@@ -149,6 +153,8 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
 
     keep_freed_memory()  # as the server's CLI does at start-up
     batches = _sample_batches(part_dir, num_batches)
+    workers = futures.ThreadPoolExecutor(1, thread_name_prefix="encode")
+    encode_cpu: list[float] = []
 
     def bytes_stream(request: bytes, context: grpc.ServicerContext) -> Any:
         ask = json.loads(request)
@@ -162,28 +168,43 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
             yield payloads[i % len(payloads)]
         context.set_trailing_metadata((("server-cpu-s", f"{time.process_time() - cpu:.4f}"),))
 
+    def encode(named: dict[str, Any], out: Any, index: int, total: int, size: int) -> list[bytes]:
+        def head(i: int, n: int) -> pb.MinibatchChunk:
+            msg = pb.MinibatchChunk(batch_index=index, chunk_index=i, num_chunks=n)
+            if i == 0:
+                msg.header.CopyFrom(pb.MinibatchHeader(
+                    num_batches=total, num_seed_nodes=out.batch_size,
+                    num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges))
+            return msg
+
+        began = time.thread_time()
+        messages = fastwire.encode_chunks(head, named, size)
+        encode_cpu.append(time.thread_time() - began)
+        return messages
+
     def replay_stream(request: bytes, context: grpc.ServicerContext) -> Any:
+        """As the server's pipeline does: batches are encoded by a worker thread,
+        ``PREFETCH`` ahead of the one being sent."""
         ask = json.loads(request)
-        total, index, cpu, encode = ask["rounds"] * len(batches), 0, time.process_time(), 0.0
-        for _ in range(ask["rounds"]):
-            for named, out in batches:
+        total, cpu = ask["rounds"] * len(batches), time.process_time()
+        encode_cpu.clear()
+        jobs = iter(range(total))
+        pending: deque[Future[list[bytes]]] = deque()
 
-                def head(i: int, n: int, out: Any = out, index: int = index) -> pb.MinibatchChunk:
-                    msg = pb.MinibatchChunk(batch_index=index, chunk_index=i, num_chunks=n)
-                    if i == 0:
-                        msg.header.CopyFrom(pb.MinibatchHeader(
-                            num_batches=total, num_seed_nodes=out.batch_size,
-                            num_sampled_nodes=out.num_sampled_nodes,
-                            num_sampled_edges=out.num_sampled_edges))
-                    return msg
+        def submit_next() -> None:
+            index = next(jobs, None)
+            if index is not None:
+                named, out = batches[index % len(batches)]
+                pending.append(workers.submit(encode, named, out, index, total, ask["size"]))
 
-                index += 1
-                began = time.thread_time()
-                messages = fastwire.encode_chunks(head, named, ask["size"])
-                encode += time.thread_time() - began
-                yield from messages
+        for _ in range(PREFETCH):
+            submit_next()
+        while pending:
+            messages = pending.popleft().result()
+            submit_next()
+            yield from messages
         context.set_trailing_metadata((("server-cpu-s", f"{time.process_time() - cpu:.4f}"),
-                                       ("server-encode-cpu-s", f"{encode:.4f}")))
+                                       ("server-encode-cpu-s", f"{sum(encode_cpu):.4f}")))
 
     handler = grpc.method_handlers_generic_handler("bench.Stream", {
         "Bytes": grpc.unary_stream_rpc_method_handler(bytes_stream, None, None),
