@@ -1,20 +1,31 @@
 """Stream benchmark (not a test): graphfeed's minibatch stream on loopback beside two
 floors measured in the same run.
 
-Rows (each server in its own process, the client in this one):
+Rows (servers in their own processes, the client in this one):
 
 - ``tcp``: raw TCP loopback, ``sendall`` of 4 MiB buffers (the ceiling);
-- ``grpc-bytes(S)``: a bare gRPC server stream of raw ``bytes`` messages of S bytes;
+- ``grpc-bytes(S)``: a bare gRPC server stream of raw ``bytes`` messages of S bytes (one
+  ``bytes`` object sent again and again: no per-message work at all, and the payload stays
+  in the CPU cache);
+- ``grpc-bytes-uncached(S)``: the same, cycling through 512 MiB of distinct messages, so
+  that the payload comes from memory as a real batch's does (still no per-message work);
 - ``graphfeed-replay(S)``: graphfeed's encoding and decoding only: real ``products-like``
   batches, sampled once by a real partition's sampler, encoded per send as the server
-  does (``protos.fastwire``) in ``MinibatchChunk`` messages of S bytes and decoded by the
-  trainer's ``BatchAssembler`` into PyG ``Data``;
+  does (``protos.fastwire``) in ``MinibatchChunk`` messages of S bytes of tensor data and
+  decoded by the trainer's ``BatchAssembler`` into PyG ``Data``;
 - ``graphfeed-server``: the real ``sampling_server`` (sampling included) read by
   ``RemoteNeighborLoader``, and the fraction of a trainer step spent waiting for data
   with a model step of a few fixed lengths (a sleep standing for GPU work).
 
-Target: graphfeed-replay reaches >= 90 % of grpc-bytes at the same message size.
-Writes ``benchmarks/results/stream.json`` and ``stream.png``.
+The bare and replay streams come from one server process (the same gRPC options); at each
+size they run back to back, in alternating order, ``--passes`` times; every figure is
+reported as the median over the passes, the ratio as the median of the per-pass ratios.
+Each row also gives the CPU seconds per GiB that each end's process spent (all its
+threads, gRPC's included), which says where the time goes on a machine whose cores are
+shared.
+
+Target: graphfeed-replay reaches >= 90 % of grpc-bytes at the default message size
+(``codec.DEFAULT_CHUNK_BYTES``). Writes ``benchmarks/results/stream.json`` and ``stream.png``.
 
     python benchmarks/stream.py --data data/bench
 """
@@ -22,15 +33,19 @@ Writes ``benchmarks/results/stream.json`` and ``stream.png``.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import multiprocessing as mp
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
+from collections import deque
 from concurrent import futures
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +59,8 @@ log = logging.getLogger("bench.stream")
 
 FANOUTS = [15, 10, 5]
 BATCH = 1024
-SIZES = [256 << 10, 1 << 20, 4 << 20, 16 << 20]
+PREFETCH = 2  # batches encoded ahead of the one being sent (the server's default is 4)
+SIZES = [256 << 10, 1 << 20, 4 << 20, 16 << 20, 32 << 20]
 _METHOD = "/bench.Bytes/Stream"
 
 
@@ -97,122 +113,211 @@ def _serve(handler: Any, port: int, ready: Any, seconds: float) -> None:
     server.wait_for_termination(seconds)
 
 
-# -- bare gRPC bytes stream ------------------------------------------------------------
-def _bytes_server(port: int, size: int, count: int, ready: Any) -> None:
-
-    payload = b"\1" * size
-
-    def stream(request: bytes, context: grpc.ServicerContext) -> Any:
-        for _ in range(count):
-            yield payload
-
-    handler = grpc.method_handlers_generic_handler("bench.Bytes", {
-        "Stream": grpc.unary_stream_rpc_method_handler(stream, request_deserializer=None,
-                                                       response_serializer=None)})
-    _serve(handler, port, ready, 600)
-
-
-def grpc_bytes_row(size: int, total: int) -> dict[str, Any]:
-    from protos.channel import create_channel
-
-    count = max(total // size, 8)
-    port, ctx = free_port(), mp.get_context("spawn")
-    ready = ctx.Event()
-    proc = ctx.Process(target=_bytes_server, args=(port, size, count, ready), daemon=True)
-    proc.start()
-    ready.wait(60)
-    try:
-        channel = create_channel(f"127.0.0.1:{port}")
-        call = channel.unary_stream(_METHOD, request_serializer=None, response_deserializer=None)
-        got, started = 0, time.perf_counter()
-        for msg in call(b"", timeout=300):
-            got += len(msg)
-        wall = time.perf_counter() - started
-        channel.close()
-    finally:
-        proc.terminate()
-        proc.join(10)
-    return _row(f"grpc-bytes({size >> 10} KiB)", got, wall, count)
-
-
-# -- graphfeed encode/decode replay --------------------------------------------------------
-def _replay_server(part_dir: str, size: int, rounds: int, num_batches: int, port: int,
-                   ready: Any) -> None:
-    """Sample real batches once, then stream their messages ``rounds`` times."""
+# -- bare gRPC bytes stream and graphfeed replay, served by one process ------------------
+def _sample_batches(part_dir: str, num_batches: int) -> list[tuple[dict[str, Any], Any]]:
+    """``num_batches`` real products-like batches (structure, features, labels)."""
     import numpy as np
-    import torch
 
     from partitioner import load_partition
-    from protos import fastwire
-    from protos import sampling_pb2 as pb
-    from protos.allocator import keep_freed_memory
     from sampling_server.sampler import create_sampler
     from sampling_server.sampler.rng import batch_key
 
-    keep_freed_memory()
     part = load_partition(part_dir, 0, verify="size", mmap=False)
     sampler = create_sampler(part, device="cpu")
     train = np.asarray(part.splits["train"])
     rng = np.random.default_rng(0)
-    batches: list[tuple[dict[str, torch.Tensor], Any]] = []
+    batches = []
     for i in range(num_batches):
         mb = sampler.minibatch(rng.choice(train, BATCH, replace=False), FANOUTS, batch_key(0, 0, 0, i))
         assert mb.x is not None and mb.y is not None
         batches.append(({"n_id": mb.structure.n_id, "edge_index": mb.structure.edge_index,
                          "x": mb.x, "y": mb.y}, mb.structure))
-
-    def stream(request: Any, context: Any) -> Any:
-        index = 0
-        for _ in range(rounds):
-            for named, out in batches:  # encoded per send, as the real pipeline does
-
-                def head(i: int, n: int, out: Any = out, index: int = index) -> Any:
-                    msg = pb.MinibatchChunk(batch_index=index, chunk_index=i, num_chunks=n)
-                    if i == 0:
-                        msg.header.CopyFrom(pb.MinibatchHeader(
-                            num_batches=rounds * len(batches), num_seed_nodes=out.batch_size,
-                            num_sampled_nodes=out.num_sampled_nodes,
-                            num_sampled_edges=out.num_sampled_edges))
-                    return msg
-
-                index += 1
-                yield from fastwire.encode_chunks(head, named, size)
-
-    handler = grpc.method_handlers_generic_handler("graphfeed.v1.SamplingService", {
-        "StreamMinibatches": grpc.unary_stream_rpc_method_handler(
-            stream, pb.EpochRequest.FromString, fastwire.passthrough)})
-    _serve(handler, port, ready, 900)
+    return batches
 
 
-def replay_row(part_dir: Path, size: int, rounds: int, num_batches: int) -> dict[str, Any]:
+def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> None:
+    """Serve both streams from one process (graphfeed's server options):
+
+    - ``Bytes``: ``count`` messages of ``size`` bytes, one ``bytes`` object sent again and
+      again (no per-message work at all: the floor);
+    - ``Replay``: real batches, sampled once here, encoded per send as the server's pipeline
+      does (``protos.fastwire``, ``size`` bytes of tensor data per message, in a worker
+      thread ``PREFETCH`` batches ahead of the one being sent), ``rounds`` times.
+
+    Each call's request is JSON; its trailing metadata carries the CPU seconds this process
+    spent while the call ran (``server-cpu-s``: every thread, gRPC's own included).
+    """
     from protos import fastwire
     from protos import sampling_pb2 as pb
-    from protos.channel import create_channel
+    from protos.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as the server's CLI does at start-up
+    batches = _sample_batches(part_dir, num_batches)
+    workers = futures.ThreadPoolExecutor(1, thread_name_prefix="encode")
+    encode_cpu: list[float] = []
+
+    def bytes_stream(request: bytes, context: grpc.ServicerContext) -> Any:
+        ask = json.loads(request)
+        size = ask["size"]
+        if ask.get("uncached"):  # distinct messages, 512 MiB in all: none stays in the CPU cache
+            payloads = [bytes([i % 251]) * size for i in range(max(1, (512 << 20) // size))]
+        else:
+            payloads = [b"\1" * size]
+        cpu = time.process_time()
+        for i in range(ask["count"]):
+            yield payloads[i % len(payloads)]
+        context.set_trailing_metadata((("server-cpu-s", f"{time.process_time() - cpu:.4f}"),))
+
+    def encode(named: dict[str, Any], out: Any, index: int, total: int, size: int) -> list[bytes]:
+        def head(i: int, n: int) -> pb.MinibatchChunk:
+            msg = pb.MinibatchChunk(batch_index=index, chunk_index=i, num_chunks=n)
+            if i == 0:
+                msg.header.CopyFrom(pb.MinibatchHeader(
+                    num_batches=total, num_seed_nodes=out.batch_size,
+                    num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges))
+            return msg
+
+        began = time.thread_time()
+        messages = fastwire.encode_chunks(head, named, size)
+        encode_cpu.append(time.thread_time() - began)
+        return messages
+
+    def replay_stream(request: bytes, context: grpc.ServicerContext) -> Any:
+        """As the server's pipeline does: batches are encoded by a worker thread,
+        ``PREFETCH`` ahead of the one being sent."""
+        ask = json.loads(request)
+        total, cpu = ask["rounds"] * len(batches), time.process_time()
+        encode_cpu.clear()
+        jobs = iter(range(total))
+        pending: deque[Future[list[bytes]]] = deque()
+
+        def submit_next() -> None:
+            index = next(jobs, None)
+            if index is not None:
+                named, out = batches[index % len(batches)]
+                pending.append(workers.submit(encode, named, out, index, total, ask["size"]))
+
+        for _ in range(PREFETCH):
+            submit_next()
+        while pending:
+            messages = pending.popleft().result()
+            submit_next()
+            yield from messages
+        context.set_trailing_metadata((("server-cpu-s", f"{time.process_time() - cpu:.4f}"),
+                                       ("server-encode-cpu-s", f"{sum(encode_cpu):.4f}")))
+
+    handler = grpc.method_handlers_generic_handler("bench.Stream", {
+        "Bytes": grpc.unary_stream_rpc_method_handler(bytes_stream, None, None),
+        "Replay": grpc.unary_stream_rpc_method_handler(replay_stream, None, fastwire.passthrough)})
+    _serve(handler, port, ready, 3600)
+
+
+def _server_cpu(call: Any, key: str = "server-cpu-s") -> float:
+    for name, value in call.trailing_metadata() or ():
+        if name == key:
+            return float(value)
+    return float("nan")
+
+
+def bare_row(channel: grpc.Channel, size: int, nbytes: int, uncached: bool = False) -> dict[str, Any]:
+    """Read ``nbytes`` (rounded up to whole messages) of ``size``-byte messages: one
+    ``bytes`` object sent again and again, or (``uncached``) 512 MiB of distinct ones."""
+    call_of = channel.unary_stream("/bench.Stream/Bytes", request_serializer=None,
+                                   response_deserializer=None)
+    count = max(-(-nbytes // size), 8)
+    call = call_of(json.dumps({"size": size, "count": count, "uncached": uncached}).encode(),
+                   timeout=900)
+    got, cpu, started = 0, time.process_time(), 0.0
+    for msg in call:
+        if not got:  # the clock starts at the first message (after the server built its payloads)
+            started, cpu = time.perf_counter(), time.process_time()
+        got += len(msg)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    got -= size  # the first message arrived before the clock started
+    label = f"grpc-bytes{'-uncached' if uncached else ''}({size >> 10} KiB)"
+    server_cpu = _server_cpu(call) * got / (got + size)  # its share of the bytes counted
+    return _row(label, got, wall, count - 1, cpu, server_cpu)
+
+
+def replay_row(channel: grpc.Channel, size: int, rounds: int) -> dict[str, Any]:
+    """Read ``rounds`` replays of the server's batches and decode them as the trainer's
+    reader thread does (``BatchAssembler``: fastwire views, one copy of split tensors)."""
+    from protos import fastwire
     from trainer_client.decode import BatchAssembler
+
+    call_of = channel.unary_stream("/bench.Stream/Replay", request_serializer=None,
+                                   response_deserializer=fastwire.minibatch_chunk_deserializer)
+    assembler = BatchAssembler()
+    got = batches = 0
+    cpu, started = time.process_time(), time.perf_counter()
+    call = call_of(json.dumps({"size": size, "rounds": rounds}).encode(), timeout=900)
+    decode = 0.0
+    for msg in call:
+        began = time.thread_time()
+        done = assembler.add(msg)
+        decode += time.thread_time() - began
+        if done is not None:
+            got += done.nbytes
+            batches += 1
+            del done  # as a trainer that is through with the batch: its buffers are reused
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    row = _row(f"graphfeed-replay({size >> 10} KiB)", got, wall, batches, cpu, _server_cpu(call))
+    gib = got / (1 << 30)
+    row["encode_cpu_s_per_gib"] = round(_server_cpu(call, "server-encode-cpu-s") / gib, 3)
+    row["decode_cpu_s_per_gib"] = round(decode / gib, 3)
+    row["buffers_reused"] = assembler.pool.reused
+    return row
+
+
+def stream_passes(part_dir: Path, sizes: list[int], passes: int, rounds: int,
+                  num_batches: int, tcp_bytes: int) -> list[dict[str, Any]]:
+    """Per pass: raw TCP, then at each size the bare stream and the replay back to back
+    (their order alternates between passes), all against one server process."""
+    from protos.channel import create_channel
 
     port, ctx = free_port(), mp.get_context("spawn")
     ready = ctx.Event()
-    proc = ctx.Process(target=_replay_server,
-                       args=(str(part_dir), size, rounds, num_batches, port, ready), daemon=True)
+    proc = ctx.Process(target=_bench_server, args=(str(part_dir), num_batches, port, ready),
+                       daemon=True)
     proc.start()
-    ready.wait(600)
+    rows: list[dict[str, Any]] = []
     try:
+        if not ready.wait(1800):
+            raise RuntimeError("the benchmark server did not sample its batches within 30 min")
         channel = create_channel(f"127.0.0.1:{port}")
-        stub = fastwire.MinibatchStreamStub(channel)  # as the trainer's loader reads
-        assembler = BatchAssembler()
-        got = batches = 0
-        started = time.perf_counter()
-        for msg in stub.StreamMinibatches(pb.EpochRequest(split="train"), timeout=600):
-            done = assembler.add(msg)
-            if done is not None:
-                got += done.nbytes
-                batches += 1
-        wall = time.perf_counter() - started
+        for p in range(passes):
+            rows.append({**tcp_row(tcp_bytes), "pass": p})
+            for size in sizes:
+                replay: dict[str, Any] | None = None
+                bare: dict[str, Any] = {}
+                uncached: dict[str, Any] = {}
+                for kind in (("replay", "bare", "uncached") if p % 2 == 0
+                             else ("uncached", "bare", "replay")):
+                    if kind == "replay":
+                        replay = replay_row(channel, size, rounds)
+                        continue
+                    # as many bytes as the replay sends (pass 0 runs the replay first)
+                    nbytes = replay["bytes"] if replay else _replay_bytes(rows, size)
+                    if kind == "bare":
+                        bare = bare_row(channel, size, nbytes)
+                    else:
+                        uncached = bare_row(channel, size, nbytes, uncached=True)
+                assert replay is not None
+                replay["ratio_to_bare"] = round(replay["mib_per_s"] / bare["mib_per_s"], 3)
+                replay["ratio_to_uncached"] = round(replay["mib_per_s"] / uncached["mib_per_s"], 3)
+                rows += [{**r, "pass": p} for r in (bare, uncached, replay)]
+                log.info("pass %d, %d KiB: replay / bare gRPC = %.3f (/ uncached %.3f)", p,
+                         size >> 10, replay["ratio_to_bare"], replay["ratio_to_uncached"])
         channel.close()
     finally:
         proc.terminate()
         proc.join(10)
-    return _row(f"graphfeed-replay({size >> 10} KiB)", got, wall, batches)
+    return rows
+
+
+def _replay_bytes(rows: list[dict[str, Any]], size: int) -> int:
+    label = f"graphfeed-replay({size >> 10} KiB)"
+    return next((int(r["bytes"]) for r in rows if r["label"] == label), 0)
 
 
 # -- the real server ------------------------------------------------------------------------
@@ -258,12 +363,48 @@ def server_rows(part_dir: Path, num_batches: int, steps: list[float], server_dev
     return rows
 
 
-def _row(label: str, nbytes: int, wall: float, messages: int) -> dict[str, Any]:
-    row = {"label": label, "bytes": nbytes, "seconds": round(wall, 3),
-           "mib_per_s": round(nbytes / wall / (1 << 20), 1), "items": messages,
-           "items_per_s": round(messages / wall, 2)}
+def _row(label: str, nbytes: int, wall: float, messages: int, client_cpu: float | None = None,
+         server_cpu: float | None = None) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "label": label, "bytes": nbytes, "seconds": round(wall, 3),
+        "mib_per_s": round(nbytes / wall / (1 << 20), 1), "items": messages,
+        "items_per_s": round(messages / wall, 2)}
+    gib = nbytes / (1 << 30)
+    if client_cpu is not None:  # CPU seconds per GiB, each end's process (all its threads)
+        row["client_cpu_s_per_gib"] = round(client_cpu / gib, 3)
+    if server_cpu is not None:
+        row["server_cpu_s_per_gib"] = round(server_cpu / gib, 3)
     log.info("%-36s %9.1f MiB/s %8.2f items/s", label, row["mib_per_s"], row["items_per_s"])
     return row
+
+
+def summarize(rows: list[dict[str, Any]], sizes: list[int]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Median of every figure over the passes, per label; the ratios (medians of the
+    per-pass ratios, each pass's rows measured back to back)."""
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    medians = []
+    for label in labels:
+        mine = [r for r in rows if r["label"] == label]
+        row: dict[str, Any] = {"label": label, "passes": len(mine)}
+        for key in ("mib_per_s", "items_per_s", "client_cpu_s_per_gib", "server_cpu_s_per_gib",
+                    "encode_cpu_s_per_gib", "decode_cpu_s_per_gib", "ratio_to_bare",
+                    "ratio_to_uncached"):
+            values = [r[key] for r in mine if key in r]
+            if values:
+                row[key] = round(float(statistics.median(values)), 3)
+        if "ratio_to_bare" in row:
+            row["ratio_to_bare_range"] = [min(r["ratio_to_bare"] for r in mine),
+                                          max(r["ratio_to_bare"] for r in mine)]
+        medians.append(row)
+    by = {r["label"]: r for r in medians}
+    ratios: dict[str, Any] = {}
+    for size in sizes:
+        k = f"{size >> 10} KiB"
+        ratios[f"replay_vs_grpc_bytes({k})"] = by[f"graphfeed-replay({k})"]["ratio_to_bare"]
+        ratios[f"replay_vs_grpc_bytes_uncached({k})"] = by[f"graphfeed-replay({k})"]["ratio_to_uncached"]
+        ratios[f"grpc_bytes_vs_tcp({k})"] = round(
+            by[f"grpc-bytes({k})"]["mib_per_s"] / by["tcp"]["mib_per_s"], 3)
+    return medians, ratios
 
 
 def main() -> int:
@@ -271,10 +412,15 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=Path("data/bench"))
     parser.add_argument("--preset", default="products-like")
-    parser.add_argument("--gib", type=float, default=2.0, help="GiB per floor row")
+    parser.add_argument("--gib", type=float, default=2.0, help="GiB of the raw TCP row")
+    parser.add_argument("--sizes-kib", type=int, nargs="+", default=[s >> 10 for s in SIZES],
+                        help="message sizes (tensor data per message), KiB")
+    parser.add_argument("--passes", type=int, default=3,
+                        help="passes over every row; medians are reported")
     parser.add_argument("--replay-batches", type=int, default=6)
-    parser.add_argument("--replay-rounds", type=int, default=3)
-    parser.add_argument("--server-batches", type=int, default=12)
+    parser.add_argument("--replay-rounds", type=int, default=2)
+    parser.add_argument("--server-batches", type=int, default=12,
+                        help="batches of the real-server rows (0: skip them)")
     parser.add_argument("--steps-ms", type=float, nargs="*", default=[100.0, 250.0])
     parser.add_argument("--server-device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="the sampling server's --device (default auto: CUDA when usable)")
@@ -286,33 +432,36 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from sampler import ensure_partition
 
+    from protos import codec
     from protos.allocator import keep_freed_memory
 
     keep_freed_memory()  # this process is the trainer: as graphfeed-train does
 
+    sizes = [k << 10 for k in args.sizes_kib]
     part_dir = ensure_partition(args.data, args.preset)
-    total = int(args.gib * (1 << 30))
-    rows = [tcp_row(total)]
-    for size in SIZES:
-        rows.append(grpc_bytes_row(size, total))
-        rows.append(replay_row(part_dir, size, args.replay_rounds, args.replay_batches))
-    rows += server_rows(part_dir, args.server_batches, [s / 1e3 for s in args.steps_ms],
-                        args.server_device, args.trainer_device)
-    ratios = {}
-    by = {r["label"]: r for r in rows}
-    for size in SIZES:
-        k = f"{size >> 10} KiB"
-        ratios[f"replay_vs_grpc_bytes({k})"] = round(
-            by[f"graphfeed-replay({k})"]["mib_per_s"] / by[f"grpc-bytes({k})"]["mib_per_s"], 3)
-        ratios[f"grpc_bytes_vs_tcp({k})"] = round(
-            by[f"grpc-bytes({k})"]["mib_per_s"] / by["tcp"]["mib_per_s"], 3)
+    passes = stream_passes(part_dir, sizes, args.passes, args.replay_rounds, args.replay_batches,
+                           int(args.gib * (1 << 30)))
+    rows, ratios = summarize(passes, sizes)
+    if args.server_batches:
+        rows += server_rows(part_dir, args.server_batches, [s / 1e3 for s in args.steps_ms],
+                            args.server_device, args.trainer_device)
+    default = f"{codec.DEFAULT_CHUNK_BYTES >> 10} KiB"
+    target = ratios.get(f"replay_vs_grpc_bytes({default})")
     payload = {"benchmark": "stream", "preset": args.preset, "fanouts": FANOUTS,
-               "batch_size": BATCH, "machine": machine(), "rows": rows, "ratios": ratios}
+               "batch_size": BATCH, "machine": machine(), "load_average": os.getloadavg(),
+               "passes": args.passes, "default_chunk": default, "target": 0.9,
+               "target_met": target is not None and target >= 0.9,
+               "rows": rows, "ratios": ratios, "pass_rows": passes}
     path = write_json(args.results_name, payload)
     plot(rows, RESULTS / f"{args.results_name}.png")
     for r in rows:
         extra = f"  wait {r['wait_fraction']:.0%}" if "wait_fraction" in r else ""
-        print(f"{r['label']:<36} {r['mib_per_s']:>9.1f} MiB/s {r['items_per_s']:>8.2f}/s{extra}")
+        cpu = "".join(f"  {k.split('_')[0]} {r[k]:.3f}" for k in
+                      ("client_cpu_s_per_gib", "server_cpu_s_per_gib", "encode_cpu_s_per_gib",
+                       "decode_cpu_s_per_gib") if k in r)
+        print(f"{r['label']:<36} {r['mib_per_s']:>9.1f} MiB/s {r['items_per_s']:>8.2f}/s{cpu}{extra}")
+    print("(cpu-s per GiB: client and server processes; encode and decode: the replay's own "
+          "work inside them)")
     for k, v in ratios.items():
         print(f"{k}: {v}")
     print(f"wrote {path}")

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from protos import sampling_pb2 as pb
+from protos.buffers import BufferPool
 
 #: Hard ceiling on the serialized size of any one graphfeed message (64 MiB); channels
 #: are configured with it as their send/receive limit.
@@ -496,13 +497,20 @@ class TensorAssembler:
     :meth:`finish` (NumPy) or :meth:`finish_torch`; both check that every tensor is
     complete, return the tensors by name and reset the assembler for the next batch.
     A tensor that arrived in one chunk is a view of that chunk's bytes; one spread over
-    several chunks is copied once into a buffer allocated at its first chunk.
+    several chunks is copied once into a buffer taken at its first chunk, from ``pool``
+    when one is given (buffers of earlier batches that nothing refers to any more, see
+    :class:`protos.buffers.BufferPool`), else newly allocated.
     """
 
-    def __init__(self, *, max_tensor_bytes: int | None = None) -> None:
+    def __init__(self, *, max_tensor_bytes: int | None = None, pool: BufferPool | None = None) -> None:
         """``max_tensor_bytes`` rejects chunks announcing a bigger tensor (no limit: None)."""
         self._max_tensor_bytes = max_tensor_bytes
+        self._pool = pool
         self._partials: dict[str, _Partial] = {}
+
+    def reset(self) -> None:
+        """Drop the tensors started so far (e.g. after a broken stream)."""
+        self._partials = {}
 
     @property
     def names(self) -> list[str]:
@@ -535,7 +543,9 @@ class TensorAssembler:
             partial.whole = data
         else:
             if partial.buffer is None:
-                partial.buffer = np.empty(partial.total, dtype=np.uint8)
+                partial.buffer = (self._pool.take(partial.total) if self._pool is not None
+                                  else np.empty(partial.total, dtype=np.uint8))
+            # the one copy: from the received message straight into the final buffer
             partial.buffer[partial.received : partial.received + len(data)] = np.frombuffer(
                 data, dtype=np.uint8
             )

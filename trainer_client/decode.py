@@ -2,7 +2,9 @@
 
 Decoding does not copy: every tensor that arrived in one chunk is a read-only view of
 the message's bytes (:class:`protos.codec.TensorAssembler`), and one spread over several
-chunks is copied once into a buffer. The result mirrors what PyG's ``NeighborLoader``
+chunks is copied once, from the messages straight into its final buffer; those buffers
+come from a :class:`protos.buffers.BufferPool` that hands a buffer out again once no
+tensor of an earlier batch refers to it. The result mirrors what PyG's ``NeighborLoader``
 yields: ``x``, ``edge_index``, ``y``, ``n_id``, ``batch_size``, ``num_sampled_nodes`` and
 ``num_sampled_edges`` (for ``trim_to_layer``).
 
@@ -28,6 +30,7 @@ from torch_geometric.data import Data, HeteroData
 
 from protos import compact
 from protos import sampling_pb2 as pb
+from protos.buffers import BufferPool
 from protos.codec import CodecError, TensorAssembler
 from protos.fastwire import WireMessage
 
@@ -92,10 +95,13 @@ class BatchAssembler:
     broken stream call :meth:`reset` to drop a half-received batch.
     """
 
-    def __init__(self, spec: BatchSpec | None = None) -> None:
-        """``spec`` says what every batch must contain (no checks beyond the wire's: None)."""
+    def __init__(self, spec: BatchSpec | None = None, pool: BufferPool | None = None) -> None:
+        """``spec`` says what every batch must contain (no checks beyond the wire's: None);
+        ``pool`` holds the buffers of tensors spread over several messages (default: a
+        new :class:`~protos.buffers.BufferPool`, kept for every batch of this assembler)."""
         self.spec = spec or BatchSpec()
-        self._tensors = TensorAssembler()
+        self.pool = pool if pool is not None else BufferPool()
+        self._tensors = TensorAssembler(pool=self.pool)
         self._header: pb.MinibatchHeader | None = None
         self._index = -1
         self._next_chunk = 0
@@ -109,7 +115,7 @@ class BatchAssembler:
 
     def reset(self) -> None:
         """Drop a partly received batch (e.g. after the stream broke)."""
-        self._tensors = TensorAssembler()
+        self._tensors.reset()
         self._header = None
         self._index = -1
         self._next_chunk = 0
@@ -310,7 +316,10 @@ def build_data(
         )
     edge_index = _edge_index(tensors, spec, nodes, sum(edges), where)
     if spec.check_edges and edge_index.numel():
-        low, high = int(edge_index.min()), int(edge_index.max())
+        # NumPy, single-threaded: torch's intra-op threads would wake for this one pass and
+        # fight the trainer's own threads for the cores
+        indices = edge_index.numpy()
+        low, high = int(indices.min()), int(indices.max())
         if low < 0 or high >= num_nodes:
             raise BatchDecodeError(
                 f"{where}: tensor 'edge_index': expected local indices in 0 .. {num_nodes - 1}, "
