@@ -90,9 +90,27 @@ def parse_rows(text: str) -> list[tuple[str, float]]:
     return rows
 
 
-def plan_rows(rates: list[float], delay_us: float, rows: list[tuple[str, float]]) -> list[RowPlan]:
-    """Every row at every rate, rate by rate (the link is reshaped once per rate)."""
-    return [RowPlan(LinkShape(rate, delay_us), d, c) for rate in rates for d, c in rows]
+def plan_rows(rates: list[float], delay_us: float, rows: list[tuple[str, float]],
+              repeat: int = 1) -> list[RowPlan]:
+    """Every row at every rate, rate by rate (the link is reshaped once per rate); with
+    ``repeat``, all the rows of a rate once, then again (noise spreads over every row)."""
+    return [RowPlan(LinkShape(rate, delay_us), d, c) for rate in rates for _ in range(repeat)
+            for d, c in rows]
+
+
+def merge_repeats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (link, dtype, cache): the repeat with the median batches/s per trainer,
+    and every repeat's batches/s beside it."""
+    groups: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["link"], r["dtype"], r["cache"]), []).append(r)
+    merged = []
+    for reps in groups.values():
+        ranked = sorted(reps, key=lambda r: r["batches_per_s_per_trainer"])
+        row = dict(ranked[(len(ranked) - 1) // 2])  # the lower median of an even count
+        row["repeats_batches_per_s_per_trainer"] = [r["batches_per_s_per_trainer"] for r in reps]
+        merged.append(row)
+    return merged
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -110,6 +128,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-ms", type=float, default=50.0, help="the model step a sleep stands for")
     p.add_argument("--batches", type=int, default=8, help="timed batches per trainer and row")
     p.add_argument("--warmup", type=int, default=1, help="untimed batches per trainer before each row")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="measure every row this many times (interleaved); the median is reported")
     p.add_argument("--batch-size", type=int, default=BATCH)
     p.add_argument("--probe-seconds", type=float, default=3.0, help="raw TCP transfer per link probe")
     p.add_argument("--check-rate", type=parse_rate, default=1e9,
@@ -119,8 +139,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--subnet", default="10.231.78", help="private /24 of the namespaces")
     p.add_argument("--results-name", default="netns_link")
     args = p.parse_args(argv)
-    if args.step_ms < 0 or args.batches < 1 or args.warmup < 0 or args.delay_us < 0:
-        p.error("--step-ms, --delay-us and --warmup must be >= 0 and --batches >= 1")
+    if args.step_ms < 0 or args.batches < 1 or args.warmup < 0 or args.delay_us < 0 or args.repeat < 1:
+        p.error("--step-ms, --delay-us and --warmup must be >= 0, --batches and --repeat >= 1")
     return args
 
 
@@ -222,7 +242,7 @@ class Bench:
         sent = re.search(r"Sent (\d+) bytes", qdisc)
         row = {"link": shape.label if shape else "unshaped",
                "rate_gbit": shape.rate_bits / 1e9 if shape else None,
-               "delay_us_applied": shape.delay_us if shape and self.net.netem else 0.0,
+               "delay_us_applied": shape.delay_us if shape else 0.0,
                "tcp_gbit_per_s": transfer["gbit_per_s"], "tcp_bytes": transfer["bytes"],
                "rtt_median_us": rtt["rtt_median_us"], "rtt_p10_us": rtt["rtt_p10_us"],
                "qdisc_sent_bytes": int(sent.group(1)) if sent else None,
@@ -382,11 +402,12 @@ def run(args: argparse.Namespace, part_dir: Path) -> tuple[list[dict[str, Any]],
     if removed:
         log.warning("removed namespaces left by a killed run: %s", removed)
     topo = plan_topology([*SERVERS, *TRAINERS], f"{TAG_PREFIX}{os.getpid()}", args.subnet)
-    plans = plan_rows(args.rates, args.delay_us, args.rows)
     with Network(topo) as net, tempfile.TemporaryDirectory(prefix="netns-link-") as tmp:
+        delay = args.delay_us if net.netem else 0.0  # labels say only what is applied
+        plans = plan_rows(args.rates, delay, args.rows, args.repeat)
         bench = Bench(net, args, Path(tmp))
         try:
-            probes = [bench.probe(None)] + [bench.probe(LinkShape(r, args.delay_us))
+            probes = [bench.probe(None)] + [bench.probe(LinkShape(r, delay))
                                             for r in [args.check_rate, *args.rates]]
             bench.start_servers(part_dir)
             rows, shaped = [], None
@@ -425,12 +446,13 @@ def main(argv: list[str] | None = None) -> int:
     except NetnsError as exc:
         print(f"netns_link: {exc}", file=sys.stderr)
         return 2
+    measurements, rows = rows, merge_repeats(rows)
     summary = summarize(rows)
     payload = {"benchmark": "netns_link", "graph": manifest.graph_name, "partitions": manifest.num_partitions,
                "num_nodes": manifest.num_nodes, "fanouts": FANOUTS, "batch_size": args.batch_size,
-               "step_ms": args.step_ms, "batches": args.batches, "netem": netem,
+               "step_ms": args.step_ms, "batches": args.batches, "repeat": args.repeat, "netem": netem,
                "delay_us_requested": args.delay_us, "machine": machine(), "probes": probes,
-               "rows": rows, **summary}
+               "rows": rows, **summary, "measurements": measurements if args.repeat > 1 else []}
     path = write_json(args.results_name, payload)
     plot(rows, RESULTS / f"{args.results_name}.png")
     print_table(probes, rows, summary)

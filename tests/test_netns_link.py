@@ -44,6 +44,22 @@ def test_arguments_default_to_four_rows_at_10_and_25_gbit(bench: Any) -> None:
     assert args.rates == [1e9, 500e6, 2.5e9] and args.rows == [("bfloat16", 0.2)] and args.step_ms == 0
 
 
+def test_repeats_interleave_and_merge_to_the_median(bench: Any) -> None:
+    rows = [("float32", 0.0), ("bfloat16", 0.2)]
+    plans = bench.plan_rows([10e9, 25e9], 0.0, rows, repeat=3)
+    assert [(p.link.rate_bits, p.dtype) for p in plans[:4]] == [
+        (10e9, "float32"), (10e9, "bfloat16"), (10e9, "float32"), (10e9, "bfloat16")]
+    assert len(plans) == 12
+    measured = [{"link": p.link.label, "dtype": p.dtype, "cache": p.cache, "batches_per_s_per_trainer": v}
+                for p, v in zip(plans, [1, 5, 3, 4, 2, 6, 1, 1, 1, 1, 1, 1], strict=True)]
+    merged = bench.merge_repeats(measured)
+    assert len(merged) == 4
+    first = merged[0]
+    assert (first["link"], first["dtype"], first["batches_per_s_per_trainer"]) == ("10 Gbit/s", "float32", 2)
+    assert first["repeats_batches_per_s_per_trainer"] == [1, 3, 2]
+    assert merged[1]["batches_per_s_per_trainer"] == 5
+
+
 @pytest.mark.parametrize("argv", [["--rates", "fast"], ["--rates", "0gbit"], ["--rows", "float64:0"],
                                   ["--rows", "float32:2"], ["--rows", "float32"], ["--batches", "0"],
                                   ["--step-ms", "-1"]])
