@@ -77,23 +77,27 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     links = list(dict.fromkeys(r["link"] for r in rows))
     kinds = list(dict.fromkeys((r["dtype"], r["cache"]) for r in rows))
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(11, 4.5))
     width = 0.8 / len(kinds)
     for k, (dtype, cache) in enumerate(kinds):
-        xs, measured, bound = [], [], []
+        xs, measured, link_bound, cpu_bound = [], [], [], []
         for i, link in enumerate(links):
             r = next((r for r in rows
                       if r["link"] == link and (r["dtype"], r["cache"]) == (dtype, cache)), None)
             if r is not None:
                 xs.append(i + (k - (len(kinds) - 1) / 2) * width)
                 measured.append(r["batches_per_s_per_trainer"])
-                bound.append(r["link_bound_batches_per_s"])
+                link_bound.append(r["link_bound_batches_per_s"])
+                cpu_bound.append(r["cpu_bound_batches_per_s_per_trainer"])
         ax.bar(xs, measured, width, label=f"{dtype}, cache {cache:.0%}")
-        ax.scatter(xs, bound, marker="_", s=200, color="black")
+        ax.scatter(xs, link_bound, marker="_", s=300, color="black",
+                   label="the link alone (rate / bytes per batch)" if k == 0 else None)
+        ax.scatter(xs, cpu_bound, marker="o", s=20, color="dimgray",
+                   label="the CPU alone (cores / CPU s per batch / trainers)" if k == 0 else None)
     ax.set_xticks(range(len(links)), links)
     ax.set_yscale("log")
     ax.set_ylabel("batches/s per trainer (log)")
-    ax.set_title("2 servers -> 2 trainers over tc-shaped links (bars: measured; dashes: link alone)")
-    ax.legend(fontsize=8)
+    ax.set_title("2 servers -> 2 trainers over tc-shaped links, 2 shared cores")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
