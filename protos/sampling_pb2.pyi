@@ -242,6 +242,116 @@ class ClusterInfoRequest(_message.Message):
 Global___ClusterInfoRequest: _TypeAlias = ClusterInfoRequest  # noqa: Y015
 
 @_typing.final
+class NodeTypeInfo(_message.Message):
+    """One node type of a typed graph."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    NUM_NODES_FIELD_NUMBER: _builtins.int
+    FEATURE_DIM_FIELD_NUMBER: _builtins.int
+    FEATURE_DTYPE_FIELD_NUMBER: _builtins.int
+    PARTITION_BOOK_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The type's name (e.g. "paper"); never contains "/" or "__"."""
+    num_nodes: _builtins.int
+    """Number of nodes N_t of the type; its global IDs are 0 .. N_t-1 (IDs are per type)."""
+    feature_dim: _builtins.int
+    """Feature columns F_t; 0 when the type has no features (no "x/<type>" tensors)."""
+    feature_dtype: Global___DType.ValueType
+    """Element type of the stored features; DTYPE_UNSPECIFIED when feature_dim is 0."""
+    @_builtins.property
+    def partition_book(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The type's partition book: num_partitions + 1 non-decreasing offsets, partition p
+        owns its global IDs [partition_book[p], partition_book[p + 1]).
+        """
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        num_nodes: _builtins.int = ...,
+        feature_dim: _builtins.int = ...,
+        feature_dtype: Global___DType.ValueType = ...,
+        partition_book: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["feature_dim", b"feature_dim", "feature_dtype", b"feature_dtype", "name", b"name", "num_nodes", b"num_nodes", "partition_book", b"partition_book"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeTypeInfo: _TypeAlias = NodeTypeInfo  # noqa: Y015
+
+@_typing.final
+class EdgeTypeInfo(_message.Message):
+    """One edge type (relation) of a typed graph: edges from `src` nodes to `dst` nodes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SRC_FIELD_NUMBER: _builtins.int
+    REL_FIELD_NUMBER: _builtins.int
+    DST_FIELD_NUMBER: _builtins.int
+    NUM_EDGES_FIELD_NUMBER: _builtins.int
+    src: _builtins.str
+    """Source node type."""
+    rel: _builtins.str
+    """Relation name (e.g. "writes")."""
+    dst: _builtins.str
+    """Destination node type."""
+    num_edges: _builtins.int
+    """Number of directed edges of the relation."""
+    def __init__(
+        self,
+        *,
+        src: _builtins.str = ...,
+        rel: _builtins.str = ...,
+        dst: _builtins.str = ...,
+        num_edges: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dst", b"dst", "num_edges", b"num_edges", "rel", b"rel", "src", b"src"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EdgeTypeInfo: _TypeAlias = EdgeTypeInfo  # noqa: Y015
+
+@_typing.final
+class TypedGraphInfo(_message.Message):
+    """The facts of a typed (heterogeneous) graph, in the graph's own type orders."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_TYPES_FIELD_NUMBER: _builtins.int
+    EDGE_TYPES_FIELD_NUMBER: _builtins.int
+    TARGET_TYPE_FIELD_NUMBER: _builtins.int
+    target_type: _builtins.str
+    """The node type that carries labels and splits."""
+    @_builtins.property
+    def node_types(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeTypeInfo]:
+        """Every node type."""
+
+    @_builtins.property
+    def edge_types(self) -> _containers.RepeatedCompositeFieldContainer[Global___EdgeTypeInfo]:
+        """Every edge type; its name on the wire is "src__rel__dst"."""
+
+    def __init__(
+        self,
+        *,
+        node_types: _abc.Iterable[Global___NodeTypeInfo] | None = ...,
+        edge_types: _abc.Iterable[Global___EdgeTypeInfo] | None = ...,
+        target_type: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["edge_types", b"edge_types", "node_types", b"node_types", "target_type", b"target_type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TypedGraphInfo: _TypeAlias = TypedGraphInfo  # noqa: Y015
+
+@_typing.final
 class SplitSizes(_message.Message):
     """Number of split seeds one partition owns."""
 
@@ -298,6 +408,7 @@ class ClusterInfo(_message.Message):
     LABEL_DTYPE_FIELD_NUMBER: _builtins.int
     GRAPH_FINGERPRINT_FIELD_NUMBER: _builtins.int
     HOT_ORDER_FIELD_NUMBER: _builtins.int
+    TYPED_FIELD_NUMBER: _builtins.int
     format_version: _builtins.int
     """Version of the on-disk partition format the server loaded (the manifest's
     format_version).
@@ -356,6 +467,15 @@ class ClusterInfo(_message.Message):
         (num_partitions entries, this server's own address included).
         """
 
+    @_builtins.property
+    def typed(self) -> Global___TypedGraphInfo:
+        """Typed (heterogeneous) graph facts; absent for a homogeneous graph. On a typed graph
+        (format_version 2) the homogeneous fields above describe its target type:
+        num_nodes, partition_book, feature_dim, feature_dtype and split_sizes are the target
+        type's, num_edges counts the edges of every type; hot_order is empty (no
+        trainer-side feature cache). Every server of one cluster sends the same.
+        """
+
     def __init__(
         self,
         *,
@@ -377,10 +497,11 @@ class ClusterInfo(_message.Message):
         label_dtype: Global___DType.ValueType = ...,
         graph_fingerprint: _builtins.str = ...,
         hot_order: _builtins.str = ...,
+        typed: Global___TypedGraphInfo | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["typed", b"typed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "feature_dim", b"feature_dim", "feature_dtype", b"feature_dtype", "format_version", b"format_version", "graph_fingerprint", b"graph_fingerprint", "graph_name", b"graph_name", "has_edge_weights", b"has_edge_weights", "hot_order", b"hot_order", "label_dtype", b"label_dtype", "num_classes", b"num_classes", "num_edges", b"num_edges", "num_nodes", b"num_nodes", "num_partitions", b"num_partitions", "partition_book", b"partition_book", "partition_id", b"partition_id", "peer_addresses", b"peer_addresses", "server_version", b"server_version", "split_sizes", b"split_sizes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "feature_dim", b"feature_dim", "feature_dtype", b"feature_dtype", "format_version", b"format_version", "graph_fingerprint", b"graph_fingerprint", "graph_name", b"graph_name", "has_edge_weights", b"has_edge_weights", "hot_order", b"hot_order", "label_dtype", b"label_dtype", "num_classes", b"num_classes", "num_edges", b"num_edges", "num_nodes", b"num_nodes", "num_partitions", b"num_partitions", "partition_book", b"partition_book", "partition_id", b"partition_id", "peer_addresses", b"peer_addresses", "server_version", b"server_version", "split_sizes", b"split_sizes", "typed", b"typed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -449,6 +570,7 @@ class EpochRequest(_message.Message):
     GLOBAL_BATCHES_FIELD_NUMBER: _builtins.int
     INCLUDE_ORIGINAL_IDS_FIELD_NUMBER: _builtins.int
     CACHE_COUNTS_FIELD_NUMBER: _builtins.int
+    TYPED_FIELD_NUMBER: _builtins.int
     split: _builtins.str
     """A split name: "train", "val" or "test". The server uses the seeds of that split
     which its own partition owns.
@@ -529,6 +651,13 @@ class EpochRequest(_message.Message):
         "x_cached" and only the rows of "x" the trainer lacks.
         """
 
+    @_builtins.property
+    def typed(self) -> Global___TypedEpochOptions:
+        """Typed sampling: required on a typed graph (ClusterInfo.typed set; without it
+        FAILED_PRECONDITION), INVALID_ARGUMENT on a homogeneous one. Batches then carry the
+        typed tensors listed at MinibatchChunk and typed counts in the header.
+        """
+
     def __init__(
         self,
         *,
@@ -551,16 +680,108 @@ class EpochRequest(_message.Message):
         global_batches: _builtins.bool = ...,
         include_original_ids: _builtins.bool = ...,
         cache_counts: _abc.Iterable[_builtins.int] | None = ...,
+        typed: Global___TypedEpochOptions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling", "seeds", b"seeds", "seeds_source", b"seeds_source", "split", b"split"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling", "seeds", b"seeds", "seeds_source", b"seeds_source", "split", b"split", "typed", b"typed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "cache_counts", b"cache_counts", "client_id", b"client_id", "drop_last", b"drop_last", "epoch", b"epoch", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "cache_counts", b"cache_counts", "client_id", b"client_id", "drop_last", b"drop_last", "epoch", b"epoch", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "typed", b"typed", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_seeds_source: _TypeAlias = _typing.Literal["split", "seeds"]  # noqa: Y015
     _WhichOneofArgType_seeds_source: _TypeAlias = _typing.Literal["seeds_source", b"seeds_source"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_seeds_source) -> _WhichOneofReturnType_seeds_source | None: ...
 
 Global___EpochRequest: _TypeAlias = EpochRequest  # noqa: Y015
+
+@_typing.final
+class EdgeTypeFanouts(_message.Message):
+    """The fanouts of one edge type, per hop (as EpochRequest.fanouts)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EDGE_TYPE_FIELD_NUMBER: _builtins.int
+    FANOUTS_FIELD_NUMBER: _builtins.int
+    edge_type: _builtins.str
+    """The edge type, "src__rel__dst" (one of ClusterInfo.typed.edge_types)."""
+    @_builtins.property
+    def fanouts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Fanout per hop, first hop first; -1 = all neighbors, 0 = none."""
+
+    def __init__(
+        self,
+        *,
+        edge_type: _builtins.str = ...,
+        fanouts: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["edge_type", b"edge_type", "fanouts", b"fanouts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EdgeTypeFanouts: _TypeAlias = EdgeTypeFanouts  # noqa: Y015
+
+@_typing.final
+class TypedEpochOptions(_message.Message):
+    """Typed sampling options of an epoch request (PyG's hetero NeighborLoader semantics)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEED_TYPE_FIELD_NUMBER: _builtins.int
+    EDGE_FANOUTS_FIELD_NUMBER: _builtins.int
+    seed_type: _builtins.str
+    """Node type of the seeds (explicit seeds are global IDs of this type); empty: the
+    target type. A split needs the target type.
+    """
+    @_builtins.property
+    def edge_fanouts(self) -> _containers.RepeatedCompositeFieldContainer[Global___EdgeTypeFanouts]:
+        """Fanouts per edge type (PyG's num_neighbors as a dict): an edge type left out draws
+        nothing; every entry needs the same number of hops; EpochRequest.fanouts must then
+        be empty. Empty: EpochRequest.fanouts applies to every edge type.
+        """
+
+    def __init__(
+        self,
+        *,
+        seed_type: _builtins.str = ...,
+        edge_fanouts: _abc.Iterable[Global___EdgeTypeFanouts] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["edge_fanouts", b"edge_fanouts", "seed_type", b"seed_type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TypedEpochOptions: _TypeAlias = TypedEpochOptions  # noqa: Y015
+
+@_typing.final
+class TypedCounts(_message.Message):
+    """Per-hop counts of one node or edge type of a typed batch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    COUNTS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Node type name, or edge type as "src__rel__dst"."""
+    @_builtins.property
+    def counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Node types: nodes added per hop, seeds first (hops + 1 entries). Edge types: edges
+        sampled per hop (hops entries).
+        """
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        counts: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TypedCounts: _TypeAlias = TypedCounts  # noqa: Y015
 
 @_typing.final
 class MinibatchHeader(_message.Message):
@@ -572,6 +793,8 @@ class MinibatchHeader(_message.Message):
     NUM_SEED_NODES_FIELD_NUMBER: _builtins.int
     NUM_SAMPLED_NODES_FIELD_NUMBER: _builtins.int
     NUM_SAMPLED_EDGES_FIELD_NUMBER: _builtins.int
+    TYPED_SAMPLED_NODES_FIELD_NUMBER: _builtins.int
+    TYPED_SAMPLED_EDGES_FIELD_NUMBER: _builtins.int
     num_batches: _builtins.int
     """Number of batches this rank receives in this epoch (the same for every rank)."""
     num_seed_nodes: _builtins.int
@@ -589,6 +812,20 @@ class MinibatchHeader(_message.Message):
         of columns of "edge_index". As PyG's num_sampled_edges.
         """
 
+    @_builtins.property
+    def typed_sampled_nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___TypedCounts]:
+        """Typed batches only (num_sampled_nodes and num_sampled_edges are then empty): per
+        node type, in ClusterInfo.typed order, the nodes added per hop; entry 0 is
+        num_seed_nodes for the seed type and 0 for the others. Their sums are the lengths of
+        the "n_id/<type>" tensors. As PyG's num_sampled_nodes dict.
+        """
+
+    @_builtins.property
+    def typed_sampled_edges(self) -> _containers.RepeatedCompositeFieldContainer[Global___TypedCounts]:
+        """Typed batches only: per edge type, the edges sampled per hop; their sums are the
+        columns of the "edge_index/<src__rel__dst>" tensors. As PyG's num_sampled_edges dict.
+        """
+
     def __init__(
         self,
         *,
@@ -596,10 +833,12 @@ class MinibatchHeader(_message.Message):
         num_seed_nodes: _builtins.int = ...,
         num_sampled_nodes: _abc.Iterable[_builtins.int] | None = ...,
         num_sampled_edges: _abc.Iterable[_builtins.int] | None = ...,
+        typed_sampled_nodes: _abc.Iterable[Global___TypedCounts] | None = ...,
+        typed_sampled_edges: _abc.Iterable[Global___TypedCounts] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_batches", b"num_batches", "num_sampled_edges", b"num_sampled_edges", "num_sampled_nodes", b"num_sampled_nodes", "num_seed_nodes", b"num_seed_nodes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_batches", b"num_batches", "num_sampled_edges", b"num_sampled_edges", "num_sampled_nodes", b"num_sampled_nodes", "num_seed_nodes", b"num_seed_nodes", "typed_sampled_edges", b"typed_sampled_edges", "typed_sampled_nodes", b"typed_sampled_nodes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -627,6 +866,17 @@ class MinibatchChunk(_message.Message):
                                       include_features and cache_counts are set); "x" is
                                       then [N - sum(x_cached), F]: the rows of the other
                                       nodes, in n_id order.
+    A typed batch (EpochRequest.typed) carries, for every node type T and every edge type
+    S__R__D of ClusterInfo.typed (possibly with no rows), instead of the names above:
+      "n_id/T"       INT64 [N_T]         global IDs of the batch's T nodes (IDs of type T),
+                                         the seeds first for the seed type, then each
+                                         hop's new nodes, relation by relation.
+      "edge_index/S__R__D" INT64 [2, E]  sampled edges of the relation: row 0 local IDs
+                                         into n_id/S, row 1 local IDs into n_id/D.
+      "x/T"          feature dtype [N_T, F_T]  features (include_features, types with
+                                         features only).
+      "y/T"          label dtype [N_T]   labels of the target type T (include_labels).
+      "orig_id/T"    INT64 [N_T]         original IDs (include_original_ids).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -676,10 +926,15 @@ class LookupNodesRequest(_message.Message):
     SPLIT_FIELD_NUMBER: _builtins.int
     ORIGINAL_IDS_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
+    NODE_TYPE_FIELD_NUMBER: _builtins.int
     split: _builtins.str
     """A split name ("train", "val" or "test"): the split's nodes this partition owns."""
     client_id: _builtins.str
     """Free-form identifier of the caller, for server logs only; may be empty."""
+    node_type: _builtins.str
+    """Typed graph: the node type of original_ids (empty: the target type). A split always
+    lists target-type nodes. INVALID_ARGUMENT on a homogeneous graph.
+    """
     @_builtins.property
     def original_ids(self) -> Global___Tensor:
         """A 1-d INT64 Tensor of original node IDs (the graph's IDs before partitioning), each
@@ -692,10 +947,11 @@ class LookupNodesRequest(_message.Message):
         split: _builtins.str = ...,
         original_ids: Global___Tensor | None = ...,
         client_id: _builtins.str = ...,
+        node_type: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["original_ids", b"original_ids", "query", b"query", "split", b"split"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "original_ids", b"original_ids", "query", b"query", "split", b"split"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "node_type", b"node_type", "original_ids", b"original_ids", "query", b"query", "split", b"split"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_query: _TypeAlias = _typing.Literal["split", "original_ids"]  # noqa: Y015
     _WhichOneofArgType_query: _TypeAlias = _typing.Literal["query", b"query"]  # noqa: Y015
@@ -836,6 +1092,7 @@ class SampleNeighborsRequest(_message.Message):
     WEIGHTED_FIELD_NUMBER: _builtins.int
     HOP_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
+    EDGE_TYPE_FIELD_NUMBER: _builtins.int
     fanout: _builtins.int
     """Maximum number of neighbors per node; -1 means all; other negatives are invalid."""
     random_seed: _builtins.int
@@ -851,6 +1108,11 @@ class SampleNeighborsRequest(_message.Message):
     """Hop index, 0 for the hop around the seeds."""
     client_id: _builtins.str
     """Free-form identifier of the calling server, for logs only; may be empty."""
+    edge_type: _builtins.str
+    """Typed graph: the edge type "src__rel__dst" to sample (nodes are global IDs of its
+    dst type, neighbors of its src type); required there, INVALID_ARGUMENT when set on a
+    homogeneous graph. Draws are keyed by (random_seed, edge type, hop, original ID).
+    """
     @_builtins.property
     def nodes(self) -> Global___Tensor:
         """Frontier nodes: a 1-d INT64 Tensor of global IDs, each owned by the peer
@@ -867,10 +1129,11 @@ class SampleNeighborsRequest(_message.Message):
         weighted: _builtins.bool = ...,
         hop: _builtins.int = ...,
         client_id: _builtins.str = ...,
+        edge_type: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "fanout", b"fanout", "hop", b"hop", "nodes", b"nodes", "random_seed", b"random_seed", "replace", b"replace", "weighted", b"weighted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "edge_type", b"edge_type", "fanout", b"fanout", "hop", b"hop", "nodes", b"nodes", "random_seed", b"random_seed", "replace", b"replace", "weighted", b"weighted"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -926,6 +1189,7 @@ class FetchNodeDataRequest(_message.Message):
     FEATURE_DTYPE_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     WANT_ORIGINAL_IDS_FIELD_NUMBER: _builtins.int
+    NODE_TYPE_FIELD_NUMBER: _builtins.int
     want_features: _builtins.bool
     """Send the features ("x")."""
     want_labels: _builtins.bool
@@ -938,6 +1202,11 @@ class FetchNodeDataRequest(_message.Message):
     """Free-form identifier of the calling server, for logs only; may be empty."""
     want_original_ids: _builtins.bool
     """Send the original IDs ("orig_id")."""
+    node_type: _builtins.str
+    """Typed graph: the node type of `nodes`; required there, INVALID_ARGUMENT when set on
+    a homogeneous graph. "x" comes only for a type with features, "y" only for the
+    target type (want_* for others is INVALID_ARGUMENT).
+    """
     @_builtins.property
     def nodes(self) -> Global___Tensor:
         """Nodes: a 1-d INT64 Tensor of global IDs, each owned by the peer
@@ -953,10 +1222,11 @@ class FetchNodeDataRequest(_message.Message):
         feature_dtype: Global___DType.ValueType = ...,
         client_id: _builtins.str = ...,
         want_original_ids: _builtins.bool = ...,
+        node_type: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "feature_dtype", b"feature_dtype", "nodes", b"nodes", "want_features", b"want_features", "want_labels", b"want_labels", "want_original_ids", b"want_original_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "feature_dtype", b"feature_dtype", "node_type", b"node_type", "nodes", b"nodes", "want_features", b"want_features", "want_labels", b"want_labels", "want_original_ids", b"want_original_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -31,6 +31,7 @@ from protos import codec, fastwire
 from protos import sampling_pb2 as pb
 from protos.channel import GraphfeedError, PeerError, ProtocolError, create_channel, rpc_errors
 from protos.security import Security
+from sampling_server.hetero_store import HeteroPartitionStore
 from sampling_server.limits import check_peer_limits
 from sampling_server.metrics import ServerMetrics
 from sampling_server.sampler import HopSample
@@ -111,8 +112,8 @@ class PeerServicer:
         self.last_call = time.monotonic()
         with abort_on_error(context, "FetchNodeData", self.store.partition_id,
                             self._rejected("FetchNodeData")):
-            nodes, dtype = self._check_fetch(request)
-            messages = self._fetch(request, nodes, dtype)
+            nodes, dtype, rows = self._check_fetch(request)
+            messages = self._fetch(request, nodes, dtype, rows)
             for message in messages:
                 if not context.is_active():  # the caller went away: stop gathering
                     return
@@ -122,48 +123,74 @@ class PeerServicer:
         field = "SampleNeighborsRequest"
         self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
         nodes = decode_node_ids(request.nodes, f"{field}.nodes")
-        check_peer_limits(self.store.config, nodes.size, request.fanout,
-                          self.store.manifest.num_edges, field, request.replace)
-        self.store.check_owned(nodes, f"{field}.nodes")
+        store = self.store
+        if isinstance(store, HeteroPartitionStore):
+            et = store.edge_type_of(request.edge_type, f"{field}.edge_type")
+            check_peer_limits(store.config, nodes.size, request.fanout, store.manifest.edge_types[et],
+                              field, request.replace)
+            store.check_owned(nodes, f"{field}.nodes", et[2])
+        elif request.edge_type:
+            raise RequestError(f"{field}.edge_type: expected none, the graph is homogeneous, got "
+                               f"{request.edge_type[:100]!r}")
+        else:
+            check_peer_limits(store.config, nodes.size, request.fanout, store.manifest.num_edges,
+                              field, request.replace)
+            store.check_owned(nodes, f"{field}.nodes")
         if request.fanout < -1:
             raise RequestError(f"{field}.fanout: expected an integer >= 0, or -1 for all "
                                f"neighbors; got {request.fanout}")
         if request.hop < 0:
             raise RequestError(f"{field}.hop: expected an integer >= 0, got {request.hop}")
-        if request.weighted and not self.store.manifest.has_edge_weight:
+        if request.weighted and (isinstance(store, HeteroPartitionStore)
+                                 or not store.manifest.has_edge_weight):
             raise RequestError(f"{field}.weighted: expected false, the graph has no edge weights",
                                grpc.StatusCode.FAILED_PRECONDITION)
-        sampler = self.store.sampler(replace=request.replace, weighted=request.weighted)
-        drawn = sampler.sample_neighbors(torch.from_numpy(nodes).to(sampler.device),
-                                         request.fanout, request.random_seed, request.hop)
+        if isinstance(store, HeteroPartitionStore):
+            typed = store.typed_sampler(replace=request.replace)
+            drawn = typed.sample_relation(et, torch.from_numpy(nodes).to(typed.device),
+                                          request.fanout, request.random_seed, request.hop)
+        else:
+            sampler = store.sampler(replace=request.replace, weighted=request.weighted)
+            drawn = sampler.sample_neighbors(torch.from_numpy(nodes).to(sampler.device),
+                                             request.fanout, request.random_seed, request.hop)
         named = {"counts": drawn.counts, "neighbors": drawn.neighbors}
         return chunk_messages(pb.SampleNeighborsChunk, named, self.chunk_bytes)
 
-    def _check_fetch(self, request: pb.FetchNodeDataRequest) -> tuple[np.ndarray, codec.WireDType]:
+    def _check_fetch(self, request: pb.FetchNodeDataRequest
+                     ) -> tuple[np.ndarray, codec.WireDType, NodeRows]:
+        """The request's nodes, the features' wire dtype and what reads their rows."""
         field = "FetchNodeDataRequest"
         self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
         nodes = decode_node_ids(request.nodes, f"{field}.nodes")
         check_peer_limits(self.store.config, nodes.size, None, 0, field)
-        self.store.check_owned(nodes, f"{field}.nodes")
-        dtype = wire_feature_dtype(request.feature_dtype, self.store.feature_dtype,
+        store = self.store
+        if isinstance(store, HeteroPartitionStore):
+            return (nodes, *typed_node_rows(store, request, nodes, field))
+        if request.node_type:
+            raise RequestError(f"{field}.node_type: expected none, the graph is homogeneous, got "
+                               f"{request.node_type[:100]!r}")
+        store.check_owned(nodes, f"{field}.nodes")
+        dtype = wire_feature_dtype(request.feature_dtype, store.feature_dtype,
                                    f"{field}.feature_dtype")
-        return nodes, dtype
+        sampler = store.sampler()
+        return nodes, dtype, NodeRows(
+            store.manifest.feature_dim,
+            lambda ids: sampler.gather_local(ids.to(sampler.device), request.want_features,
+                                             request.want_labels),
+            sampler.orig_ids_of)
 
     def _fetch(self, request: pb.FetchNodeDataRequest, nodes: np.ndarray,
-               dtype: codec.WireDType) -> Iterator[bytes]:
+               dtype: codec.WireDType, reader: NodeRows) -> Iterator[bytes]:
         """The answer's messages, gathered and encoded slice by slice of the nodes (at
         most about ``chunk_bytes`` of rows each), so the whole answer is never built."""
-        m = self.store.manifest
-        row_bytes = (m.feature_dim * codec.dtype_to_numpy(dtype).itemsize
+        row_bytes = (reader.feature_dim * codec.dtype_to_numpy(dtype).itemsize
                      if request.want_features else 0) + (8 if request.want_labels else 0) \
             + (8 if request.want_original_ids else 0)
         rows = max(1, self.chunk_bytes // max(row_bytes, 1))
         slices = [(i, min(i + rows, nodes.size)) for i in range(0, max(nodes.size, 1), rows)]
-        sampler = self.store.sampler()
         for k, (a, b) in enumerate(slices):
-            x, y = sampler.gather_local(torch.from_numpy(nodes[a:b]).to(sampler.device),
-                                        request.want_features, request.want_labels)
-            orig = (sampler.orig_ids_of(torch.from_numpy(nodes[a:b]))
+            x, y = reader.gather(torch.from_numpy(nodes[a:b]))
+            orig = (reader.orig_ids(torch.from_numpy(nodes[a:b]))
                     if request.want_original_ids else None)
             msg = pb.NodeDataChunk(chunk_index=k, num_chunks=len(slices))
             for name, part in (("x", x), ("y", y), ("orig_id", orig)):
@@ -184,6 +211,44 @@ def _row_slice(name: str, part: torch.Tensor, start: int, total_rows: int) -> pb
     return pb.TensorChunk(name=name, dtype=codec.torch_to_dtype(part.dtype), shape=shape,
                           offset=start * row_bytes, total_bytes=total_rows * row_bytes,
                           data=array.tobytes())
+
+
+@dataclass(frozen=True)
+class NodeRows:
+    """How a FetchNodeData answer reads its rows (homogeneous or of one node type)."""
+
+    #: Feature columns of the nodes (0: none).
+    feature_dim: int
+    #: Owned global IDs (CPU int64) -> features and labels, as asked.
+    gather: Callable[[torch.Tensor], NodeData]
+    #: Owned global IDs -> original IDs.
+    orig_ids: Callable[[torch.Tensor], torch.Tensor]
+
+
+def typed_node_rows(store: HeteroPartitionStore, request: pb.FetchNodeDataRequest,
+                    nodes: np.ndarray, field: str) -> tuple[codec.WireDType, NodeRows]:
+    """Check a typed FetchNodeData request; its wire dtype and row reader."""
+    if not request.node_type:
+        raise RequestError(f"{field}.node_type: expected one of "
+                           f"{list(store.manifest.node_types)} (the graph is typed), got none")
+    node_type = store.node_type_of(request.node_type, f"{field}.node_type")
+    store.check_owned(nodes, f"{field}.nodes", node_type)
+    info = store.manifest.node_types[node_type]
+    if request.want_features and not info.feature_dim:
+        raise RequestError(f"{field}.want_features: expected false, node type {node_type!r} has "
+                           "no features")
+    if request.want_labels and node_type != store.manifest.target_type:
+        raise RequestError(f"{field}.want_labels: expected false, only the target type "
+                           f"{store.manifest.target_type!r} has labels, got node type {node_type!r}")
+    dtype = wire_feature_dtype(request.feature_dtype,
+                               store.feature_dtypes.get(node_type, pb.FLOAT32),
+                               f"{field}.feature_dtype")
+    sampler = store.typed_sampler()
+    return dtype, NodeRows(
+        info.feature_dim,
+        lambda ids: sampler.gather_local(node_type, ids.to(sampler.device), request.want_features,
+                                         request.want_labels),
+        lambda ids: sampler.orig_ids_local(node_type, ids))
 
 
 # -- calling side ----------------------------------------------------------------------
@@ -248,14 +313,15 @@ class PeerClient:
     # -- the two calls -----------------------------------------------------------------
     def neighbors(
         self, nodes_by_partition: Mapping[int, torch.Tensor], fanout: int, key: int, hop: int,
-        options: PeerCallOptions = PeerCallOptions(),
+        options: PeerCallOptions = PeerCallOptions(), edge_type: str = "",
     ) -> dict[int, HopSample]:
-        """One hop of sampling on each partition's nodes (``RemoteNeighbors``)."""
+        """One hop of sampling on each partition's nodes (``RemoteNeighbors``); on a typed
+        graph along ``edge_type`` (``src__rel__dst``)."""
         def call(p: int, nodes: np.ndarray) -> HopSample:
             request = pb.SampleNeighborsRequest(
                 nodes=codec.encode_tensor(nodes), fanout=fanout, random_seed=key & _MASK64,
                 replace=options.replace, weighted=options.weighted, hop=hop,
-                client_id=self.client_id)
+                client_id=self.client_id, edge_type=edge_type)
             with self._errors(p, "SampleNeighbors"), self._timed("peer_sample"):
                 got = self._retrying(lambda timeout: _receive(
                     self._stubs[p].SampleNeighbors(request, timeout=timeout),
@@ -272,16 +338,18 @@ class PeerClient:
 
     def node_data(
         self, nodes_by_partition: Mapping[int, torch.Tensor], features: bool, labels: bool,
-        options: PeerCallOptions = PeerCallOptions(),
+        options: PeerCallOptions = PeerCallOptions(), node_type: str = "",
     ) -> dict[int, NodeData]:
-        """Features and/or labels of each partition's nodes (``RemoteNodeData``)."""
+        """Features and/or labels of each partition's nodes (``RemoteNodeData``), of
+        ``node_type`` on a typed graph."""
         if not features and not labels:
             return {p: (None, None) for p in nodes_by_partition}
 
         def call(p: int, nodes: np.ndarray) -> NodeData:
             request = pb.FetchNodeDataRequest(
                 nodes=codec.encode_tensor(nodes), want_features=features, want_labels=labels,
-                feature_dtype=options.feature_dtype, client_id=self.client_id)
+                feature_dtype=options.feature_dtype, client_id=self.client_id,
+                node_type=node_type)
             expected = {n for n, want in (("x", features), ("y", labels)) if want}
             with self._errors(p, "FetchNodeData"), self._timed("peer_fetch"):
                 got = self._retrying(lambda timeout: _receive(
@@ -297,11 +365,14 @@ class PeerClient:
         return {p: (_cat([x for x, _ in rows]), _cat([y for _, y in rows]))
                 for p, rows in parts.items()}
 
-    def orig_ids(self, nodes_by_partition: Mapping[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-        """Original IDs of each partition's nodes (``RemoteOrigIds``)."""
+    def orig_ids(self, nodes_by_partition: Mapping[int, torch.Tensor],
+                 node_type: str = "") -> dict[int, torch.Tensor]:
+        """Original IDs of each partition's nodes (``RemoteOrigIds``), of ``node_type`` on
+        a typed graph."""
         def call(p: int, nodes: np.ndarray) -> torch.Tensor:
             request = pb.FetchNodeDataRequest(nodes=codec.encode_tensor(nodes),
-                                              want_original_ids=True, client_id=self.client_id)
+                                              want_original_ids=True, client_id=self.client_id,
+                                              node_type=node_type)
             with self._errors(p, "FetchNodeData"), self._timed("peer_fetch"):
                 got = self._retrying(lambda timeout: _receive(
                     self._stubs[p].FetchNodeData(request, timeout=timeout), {"orig_id"}))

@@ -21,9 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from partitioner.hetero import EdgeType
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
 from protos.plan import BatchRef, EpochPlan, GlobalPlan
+from sampling_server.hetero_pipeline import produce_typed
 from sampling_server.hot import HotNodes
 from sampling_server.limits import printable
 from sampling_server.metrics import ServerMetrics
@@ -32,6 +34,16 @@ from sampling_server.sampler import NeighborSampler, batch_key
 from sampling_server.store import PartitionStore, cast_features
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TypedJob:
+    """What a typed epoch request adds (``EpochRequest.typed``)."""
+
+    #: Node type of the seeds.
+    seed_type: str
+    #: Fanouts per edge type and hop (every edge type of the graph, PyG's semantics).
+    fanouts: dict[EdgeType, list[int]]
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,9 @@ class EpochJob:
     original_ids: bool = False
     #: The trainer's feature cache plan (``EpochRequest.cache_counts``); empty: none.
     cache_counts: tuple[int, ...] = ()
+    #: Typed sampling (a typed graph); None: homogeneous. ``feature_dtype`` may then be
+    #: DTYPE_UNSPECIFIED (each type's stored dtype).
+    typed: TypedJob | None = None
 
     def seeds_of(self, ref: BatchRef, partition: int) -> np.ndarray:
         """The seeds of one of this server's batches, in batch order."""
@@ -96,17 +111,17 @@ class SamplingPipeline:
         #: Every partition's hot order, for trainers' feature caches.
         self.hot = HotNodes(store, lambda: self.peers, chunk_bytes)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sample")
-        # Original-ID lookups run beside the feature gather (both wait on peers); their
-        # own threads, so a lookup never waits for a sampling thread.
-        self._lookups = ThreadPoolExecutor(workers, thread_name_prefix="orig-ids")
+        #: Original-ID lookups run beside the feature gather (both wait on peers); their
+        #: own threads, so a lookup never waits for a sampling thread.
+        self.lookups = ThreadPoolExecutor(workers, thread_name_prefix="orig-ids")
 
-    def _stage(self, name: str) -> AbstractContextManager[None]:
+    def stage(self, name: str) -> AbstractContextManager[None]:
         return self.metrics.stage(name) if self.metrics is not None else nullcontext()
 
     def close(self) -> None:
         """Stop the workers (queued batches are dropped)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._lookups.shutdown(wait=False, cancel_futures=True)
+        self.lookups.shutdown(wait=False, cancel_futures=True)
 
     def stream(
         self, job: EpochJob, stop: threading.Event | None = None
@@ -167,36 +182,43 @@ class SamplingPipeline:
 
     def produce(self, job: EpochJob, ref: BatchRef) -> list[bytes]:
         """Sample one batch, gather its rows and encode it as stream messages."""
+        if job.typed is not None:
+            return produce_typed(self, job, job.typed, ref)
         started = time.perf_counter()
         seeds = job.seeds_of(ref, self.store.partition_id)
         key = batch_key(job.seed, job.epoch, job.rank, ref.index)
         sampler = self.store.sampler(replace=job.replace, weighted=job.weighted)
         bound = self.peers.bind(PeerCallOptions(job.replace, job.weighted, job.feature_dtype)) \
             if self.peers is not None else None
-        with self._stage("sample"):
+        with self.stage("sample"):
             out = sampler.sample(seeds, job.fanouts, key, bound.neighbors if bound else None)
         named: dict[str, codec.TensorLike] = {"n_id": out.n_id, "edge_index": out.edge_index}
-        orig_ids = self._lookups.submit(sampler.orig_ids_of, out.n_id, bound.orig_ids if bound else None) \
+        orig_ids = self.lookups.submit(sampler.orig_ids_of, out.n_id, bound.orig_ids if bound else None) \
             if job.original_ids else None
         if job.features or job.labels:
-            with self._stage("gather"):
+            with self.stage("gather"):
                 named.update(self._gather(job, sampler, out.n_id, bound))
         if orig_ids is not None:
             named["orig_id"] = orig_ids.result()  # bounded: peer calls carry deadlines
         header = pb.MinibatchHeader(
             num_batches=job.num_batches, num_seed_nodes=out.batch_size,
             num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges)
-        def head(i: int, n: int) -> pb.MinibatchChunk:
-            msg = pb.MinibatchChunk(batch_index=ref.index, chunk_index=i, num_chunks=n)
-            if i == 0:
-                msg.header.CopyFrom(header)
-            return msg
-
-        with self._stage("encode"):
-            messages = fastwire.encode_chunks(head, named, self.chunk_bytes)
+        messages = self.encode(ref, header, named)
         log.debug("partition=%d client=%s rank=%d epoch=%d batch=%d: %d seeds, %d nodes, "
                   "%d edges, %d messages in %.1f ms", self.store.partition_id,
                   printable(job.client_id),
                   job.rank, job.epoch, ref.index, out.batch_size, out.n_id.numel(),
                   out.row.numel(), len(messages), 1e3 * (time.perf_counter() - started))
         return messages
+
+    def encode(self, ref: BatchRef, header: pb.MinibatchHeader,
+               named: dict[str, codec.TensorLike]) -> list[bytes]:
+        """One batch's stream messages: ``header`` on chunk 0, ``named`` split in chunks."""
+        def head(i: int, n: int) -> pb.MinibatchChunk:
+            msg = pb.MinibatchChunk(batch_index=ref.index, chunk_index=i, num_chunks=n)
+            if i == 0:
+                msg.header.CopyFrom(header)
+            return msg
+
+        with self.stage("encode"):
+            return fastwire.encode_chunks(head, named, self.chunk_bytes)

@@ -30,12 +30,14 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from partitioner.hetero_format import HETERO_FORMAT_VERSION, read_format_version
 from protos import fastwire
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import GraphfeedError, rpc_errors, server_options
 from protos.security import Security, SecurityError, read_token
 from sampling_server.config import ConfigError, ServerConfig
+from sampling_server.hetero_store import HeteroPartitionStore
 from sampling_server.metrics import ServerMetrics
 from sampling_server.peer import PeerClient, PeerServicer
 from sampling_server.pipeline import SamplingPipeline
@@ -421,11 +423,17 @@ def server_security(config: ServerConfig) -> Security:
         raise ConfigError(str(exc)) from exc
 
 
+def open_store(config: ServerConfig) -> PartitionStore:
+    """The store of ``config``'s partition: typed (format v2) or homogeneous (v1)."""
+    version = read_format_version(config.partition_dir)
+    return HeteroPartitionStore(config) if version == HETERO_FORMAT_VERSION else PartitionStore(config)
+
+
 def create_server(config: ServerConfig) -> tuple[SamplingServer, int]:
     """Build and bind the server of ``config`` (not started). Returns it and the bound
     port (``listen`` may say port 0). Reads the manifest at once, so a wrong directory,
     partition ID or peer list fails here, before anything listens."""
-    store = PartitionStore(config)
+    store = open_store(config)
     security = server_security(config)
     metrics = ServerMetrics(config.partition)
     threads = config.max_streams + EXTRA_HANDLER_THREADS

@@ -8,19 +8,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import grpc
 import numpy as np
 
 from partitioner.graph import SPLITS
+from partitioner.hetero import EdgeType
 from protos import sampling_pb2 as pb
 from protos.codec import encode_tensor
-from protos.plan import EpochPlan, GlobalPlan, plan_epoch, plan_global_epoch, shuffled_seeds
+from protos.plan import BatchRef, EpochPlan, GlobalPlan, plan_epoch, plan_global_epoch, shuffled_seeds
+from sampling_server.hetero_store import HeteroPartitionStore
 from sampling_server.hot import check_counts
 from sampling_server.limits import check_epoch_limits, printable
 from sampling_server.metrics import ServerMetrics
-from sampling_server.pipeline import EpochJob, SamplingPipeline
+from sampling_server.pipeline import EpochJob, SamplingPipeline, TypedJob
+from sampling_server.sampler import normalize_num_neighbors
 from sampling_server.store import (
     PartitionStore,
     RequestError,
@@ -40,12 +43,14 @@ def _require(ok: bool, field: str, expected: str, got: object) -> None:
         raise RequestError(f"{_FIELD}.{field}: expected {expected}, got {got}")
 
 
-def check_epoch_request(request: pb.EpochRequest) -> None:
-    """Field checks that need no partition: fanouts, sizes, rank, epoch, resume."""
+def check_epoch_request(request: pb.EpochRequest, fanouts_field: str = "fanouts") -> None:
+    """Field checks that need no partition: fanouts, sizes, rank, epoch, resume.
+    ``fanouts_field``: the empty string skips the fanouts (typed per-edge-type ones)."""
     fanouts = list(request.fanouts)
-    _require(bool(fanouts), "fanouts", "at least one hop", "[]")
-    _require(all(f >= -1 for f in fanouts), "fanouts",
-             "integers >= 0, or -1 for all neighbors", fanouts)
+    if fanouts_field:
+        _require(bool(fanouts), fanouts_field, "at least one hop", "[]")
+        _require(all(f >= -1 for f in fanouts), fanouts_field,
+                 "integers >= 0, or -1 for all neighbors", fanouts)
     _require(request.batch_size > 0, "batch_size", "> 0", request.batch_size)
     _require(request.world_size > 0, "world_size", "> 0", request.world_size)
     _require(0 <= request.rank < request.world_size, "rank",
@@ -54,10 +59,12 @@ def check_epoch_request(request: pb.EpochRequest) -> None:
     _require(request.resume_from >= 0, "resume_from", ">= 0", request.resume_from)
 
 
-def explicit_seeds(request: pb.EpochRequest, store: PartitionStore) -> np.ndarray:
-    """The request's explicit seeds, checked: global IDs in the graph, each once."""
+def explicit_seeds(request: pb.EpochRequest, store: PartitionStore,
+                   node_type: str | None = None) -> np.ndarray:
+    """The request's explicit seeds, checked: global IDs in the graph (of ``node_type``
+    on a typed graph), each once."""
     seeds = decode_node_ids(request.seeds, f"{_FIELD}.seeds")
-    n = store.manifest.num_nodes
+    n = store.num_nodes_of(node_type)
     _require(seeds.size > 0, "seeds", "at least one node ID", "an empty tensor")
     lo, hi = int(seeds.min()), int(seeds.max())
     _require(lo >= 0 and hi < n, "seeds", f"global node IDs in [0, {n})",
@@ -69,7 +76,8 @@ def explicit_seeds(request: pb.EpochRequest, store: PartitionStore) -> np.ndarra
     return seeds
 
 
-def seeds_by_partition(request: pb.EpochRequest, store: PartitionStore) -> tuple[list[int], np.ndarray]:
+def seeds_by_partition(request: pb.EpochRequest, store: PartitionStore,
+                       node_type: str | None = None) -> tuple[list[int], np.ndarray]:
     """Seeds per partition (counts every server agrees on) and this partition's seeds.
 
     A split's counts come from the manifest; explicit seeds (global IDs anywhere in the
@@ -86,8 +94,8 @@ def seeds_by_partition(request: pb.EpochRequest, store: PartitionStore) -> tuple
         if not store.has_split(split):
             raise RequestError(f"{_FIELD}.split: the graph has no {split!r} split", _PRECONDITION)
         return store.split_counts(split), store.split_seeds(split)
-    seeds = explicit_seeds(request, store)
-    owner = store.owner_of(seeds)
+    seeds = explicit_seeds(request, store, node_type)
+    owner = store.owner_of(seeds, node_type)
     per_part = np.bincount(owner, minlength=store.manifest.num_partitions)
     return [int(c) for c in per_part], seeds[owner == store.partition_id]
 
@@ -95,6 +103,11 @@ def seeds_by_partition(request: pb.EpochRequest, store: PartitionStore) -> tuple
 def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
     """Validate ``request`` against the partition and plan this server's share of the
     rank's epoch. Raises :class:`RequestError` naming the field."""
+    if isinstance(store, HeteroPartitionStore):
+        return typed_epoch_job(request, store)
+    if request.HasField("typed"):
+        raise RequestError(f"{_FIELD}.typed: expected none, the graph is homogeneous "
+                           "(ClusterInfo.typed is absent)")
     m = store.manifest
     check_epoch_limits(store.config, len(request.fanouts), None, request.batch_size,
                        m.num_nodes, m.num_edges)
@@ -107,14 +120,7 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
     if opts.weighted and not store.manifest.has_edge_weight:
         raise RequestError(f"{_FIELD}.sampling.weighted: expected false, the graph has no edge "
                            "weights (ClusterInfo.has_edge_weights)", _PRECONDITION)
-    plan, seeds = _global_plan(request, store) if request.global_batches else \
-        _partition_plan(request, store)
-    if request.resume_from > plan.batches_per_rank:
-        raise RequestError(f"{_FIELD}.resume_from: expected at most {plan.batches_per_rank} (the "
-                           f"batches per rank of this epoch), got {request.resume_from}",
-                           _PRECONDITION)
-    refs = tuple(b for b in plan.rank_batches(request.rank)
-                 if b.partition == store.partition_id and b.index >= request.resume_from)
+    plan, seeds, refs = _plan_batches(request, store)
     return EpochJob(plan=plan, batches=refs, seeds=seeds, fanouts=tuple(request.fanouts),
                     seed=request.seed, epoch=request.epoch, rank=request.rank,
                     replace=opts.replace, weighted=opts.weighted,
@@ -125,9 +131,90 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
                                               f"{_FIELD}.cache_counts"))
 
 
-def _partition_plan(request: pb.EpochRequest, store: PartitionStore) -> tuple[EpochPlan, np.ndarray]:
+def _plan_batches(request: pb.EpochRequest, store: PartitionStore, node_type: str | None = None
+                  ) -> tuple[EpochPlan | GlobalPlan, np.ndarray, tuple[BatchRef, ...]]:
+    """The epoch's plan, the seeds it cuts, and this server's batches of the rank."""
+    plan, seeds = _global_plan(request, store, node_type) if request.global_batches else \
+        _partition_plan(request, store, node_type)
+    if request.resume_from > plan.batches_per_rank:
+        raise RequestError(f"{_FIELD}.resume_from: expected at most {plan.batches_per_rank} (the "
+                           f"batches per rank of this epoch), got {request.resume_from}",
+                           _PRECONDITION)
+    refs = tuple(b for b in plan.rank_batches(request.rank)
+                 if b.partition == store.partition_id and b.index >= request.resume_from)
+    return plan, seeds, refs
+
+
+def typed_fanouts(request: pb.EpochRequest, store: HeteroPartitionStore
+                  ) -> dict[EdgeType, list[int]]:
+    """The typed request's fanouts per edge type (PyG's list or dict semantics)."""
+    given = request.typed.edge_fanouts
+    if not given:
+        check_epoch_request(request)
+        return normalize_num_neighbors(list(request.fanouts), tuple(store.manifest.edge_types))
+    _require(not request.fanouts, "fanouts", "none when typed.edge_fanouts is set",
+             list(request.fanouts)[:10])
+    field = f"{_FIELD}.typed.edge_fanouts"
+    per_type: dict[EdgeType | str, Sequence[int]] = {}
+    for i, e in enumerate(given):
+        et = store.edge_type_of(e.edge_type, f"{field}[{i}].edge_type")
+        _require(et not in per_type, f"typed.edge_fanouts[{i}].edge_type", "each edge type once",
+                 repr(e.edge_type))
+        per_type[et] = list(e.fanouts)
+    try:
+        return normalize_num_neighbors(per_type, tuple(store.manifest.edge_types))
+    except ValueError as exc:
+        raise RequestError(f"{field}: {exc}") from exc
+
+
+def typed_epoch_job(request: pb.EpochRequest, store: HeteroPartitionStore) -> EpochJob:
+    """:func:`epoch_job` for a typed graph (``EpochRequest.typed``)."""
+    if not request.HasField("typed"):
+        raise RequestError(f"{_FIELD}.typed: expected typed sampling options, the server holds a "
+                           "typed graph (ClusterInfo.typed); this client reads homogeneous "
+                           "batches only", _PRECONDITION)
+    m = store.manifest
+    seed_type = store.node_type_of(request.typed.seed_type, f"{_FIELD}.typed.seed_type")
+    check_epoch_limits(store.config, max(len(request.fanouts), max(
+        (len(e.fanouts) for e in request.typed.edge_fanouts), default=0)), None,
+        request.batch_size, m.num_nodes, m.num_edges)
+    fanouts = typed_fanouts(request, store)
+    check_epoch_request(request, fanouts_field="")
+    check_epoch_limits(store.config, len(next(iter(fanouts.values()))), summed_fanouts(fanouts),
+                       request.batch_size, m.num_nodes, m.num_edges, request.sampling.replace)
+    wire_feature_dtype(request.feature_dtype, pb.FLOAT32, f"{_FIELD}.feature_dtype")
+    if request.sampling.weighted:
+        raise RequestError(f"{_FIELD}.sampling.weighted: expected false, the graph has no edge "
+                           "weights (ClusterInfo.has_edge_weights)", _PRECONDITION)
+    if request.cache_counts:
+        raise RequestError(f"{_FIELD}.cache_counts: expected none, a typed graph has no hot order "
+                           "(ClusterInfo.hot_order is empty)")
+    if request.WhichOneof("seeds_source") == "split" and seed_type != m.target_type:
+        raise RequestError(f"{_FIELD}.typed.seed_type: expected the target type "
+                           f"{m.target_type!r} with a split (splits are of the target type), got "
+                           f"{seed_type!r}")
+    plan, seeds, refs = _plan_batches(request, store, seed_type)
+    return EpochJob(plan=plan, batches=refs, seeds=seeds, fanouts=(), seed=request.seed,
+                    epoch=request.epoch, rank=request.rank, replace=request.sampling.replace,
+                    weighted=False, features=request.include_features,
+                    labels=request.include_labels,
+                    feature_dtype=request.feature_dtype,
+                    client_id=request.client_id, original_ids=request.include_original_ids,
+                    typed=TypedJob(seed_type=seed_type, fanouts=fanouts))
+
+
+def summed_fanouts(fanouts: dict[EdgeType, list[int]]) -> list[int]:
+    """Per hop, the sum of the edge types' fanouts (-1 when any is -1): a bound on the
+    draws of one node at that hop, for the server's limits."""
+    hops = len(next(iter(fanouts.values())))
+    return [-1 if any(f[h] == -1 for f in fanouts.values()) else sum(f[h] for f in fanouts.values())
+            for h in range(hops)]
+
+
+def _partition_plan(request: pb.EpochRequest, store: PartitionStore,
+                    node_type: str | None = None) -> tuple[EpochPlan, np.ndarray]:
     """Per-partition batches: the plan, and this partition's seeds in the order it cuts them."""
-    counts, mine = seeds_by_partition(request, store)
+    counts, mine = seeds_by_partition(request, store, node_type)
     try:
         plan = plan_epoch(counts, request.batch_size, request.world_size,
                           shuffle=request.shuffle, seed=request.seed, epoch=request.epoch,
@@ -139,13 +226,14 @@ def _partition_plan(request: pb.EpochRequest, store: PartitionStore) -> tuple[Ep
     return plan, seeds
 
 
-def _global_plan(request: pb.EpochRequest, store: PartitionStore) -> tuple[GlobalPlan, np.ndarray]:
+def _global_plan(request: pb.EpochRequest, store: PartitionStore,
+                 node_type: str | None = None) -> tuple[GlobalPlan, np.ndarray]:
     """Global batches: the plan over all the explicit seeds, and the seeds."""
     if request.WhichOneof("seeds_source") != "seeds":
         raise RequestError(f"{_FIELD}.seeds_source: expected explicit seeds with global_batches (a "
                            "server knows only its own partition's split; LookupNodes lists every "
                            f"partition's), got {request.WhichOneof('seeds_source') or 'neither'}")
-    seeds = explicit_seeds(request, store)
+    seeds = explicit_seeds(request, store, node_type)
     try:
         plan = plan_global_epoch(seeds.size, request.batch_size, request.world_size,
                                  store.manifest.num_partitions, shuffle=request.shuffle,
@@ -160,6 +248,12 @@ def lookup_nodes(request: pb.LookupNodesRequest, store: PartitionStore) -> pb.Lo
     """Answer LookupNodes (see sampling.proto); raises :class:`RequestError` naming the field."""
     field = "LookupNodesRequest"
     query = request.WhichOneof("query")
+    node_type: str | None = None
+    if isinstance(store, HeteroPartitionStore):
+        node_type = store.node_type_of(request.node_type, f"{field}.node_type")
+    elif request.node_type:
+        raise RequestError(f"{field}.node_type: expected none, the graph is homogeneous, got "
+                           f"{printable(request.node_type)!r}")
     if query == "split":
         if request.split not in SPLITS:
             raise RequestError(f"{field}.split: expected one of {list(SPLITS)}, got {request.split!r}")
@@ -169,10 +263,13 @@ def lookup_nodes(request: pb.LookupNodesRequest, store: PartitionStore) -> pb.Lo
     if query != "original_ids":
         raise RequestError(f"{field}.query: expected a split name or original_ids, got neither")
     original = decode_node_ids(request.original_ids, f"{field}.original_ids")
-    n = store.manifest.num_nodes
+    n = store.num_nodes_of(node_type)
     if original.size and (int(original.min()) < 0 or int(original.max()) >= n):
         raise RequestError(f"{field}.original_ids: expected original node IDs in [0, {n}), got "
                            f"values in [{int(original.min())}, {int(original.max())}]")
+    if node_type is not None:
+        assert isinstance(store, HeteroPartitionStore)
+        return pb.LookupNodesReply(global_ids=encode_tensor(store.global_ids_of(original, node_type)))
     return pb.LookupNodesReply(global_ids=encode_tensor(store.global_ids_of(original)))
 
 
@@ -229,6 +326,9 @@ class SamplingServicer:
         p = self.store.partition_id
         with abort_on_error(context, "StreamHotNodes", p, self._rejected("StreamHotNodes")):
             self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
+            if isinstance(self.store, HeteroPartitionStore):
+                raise RequestError("StreamHotNodes: a typed graph has no hot order "
+                                   "(ClusterInfo.hot_order is empty)", _PRECONDITION)
             dtype = wire_feature_dtype(request.feature_dtype, self.store.feature_dtype,
                                        "HotNodesRequest.feature_dtype")
             log.info("partition=%d client=%s: hot nodes: %d%s", p, printable(request.client_id),

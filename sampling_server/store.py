@@ -192,9 +192,13 @@ class PartitionStore:
         """Original IDs of owned global node IDs."""
         return np.asarray(self.partition.orig_ids[nodes - self.node_range[0]], dtype=np.int64)
 
-    def owner_of(self, nodes: np.ndarray) -> np.ndarray:
-        """Partition ID of each global node ID."""
+    def owner_of(self, nodes: np.ndarray, node_type: str | None = None) -> np.ndarray:
+        """Partition ID of each global node ID (``node_type``: typed graphs only)."""
         return np.searchsorted(self.partition_book, nodes, side="right") - 1
+
+    def num_nodes_of(self, node_type: str | None = None) -> int:
+        """Nodes of the graph (of ``node_type`` on a typed graph)."""
+        return self.manifest.num_nodes
 
     def cluster_info(self) -> pb.ClusterInfo:
         """The facts every trainer and peer share (see ``ClusterInfo``)."""

@@ -10,7 +10,7 @@ import resource
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -237,10 +237,16 @@ def _structured(rng: random.Random, method: str) -> bytes:
 
 
 def fuzzed_request(rng: random.Random, method: str) -> bytes:
+    return mutated(rng, lambda: _structured(rng, method))
+
+
+def mutated(rng: random.Random, structured: Callable[[], bytes]) -> bytes:
+    """Random bytes, or the ``structured()`` message as it is or with bytes flipped,
+    dropped or inserted."""
     kind = rng.random()
     if kind < 0.2:
         return rng.randbytes(rng.choice([0, 1, 7, 64, 1000]))
-    payload = bytearray(_structured(rng, method))
+    payload = bytearray(structured())
     if kind < 0.6 and payload:
         for _ in range(rng.randint(1, 4)):  # flip, drop or insert a byte
             i = rng.randrange(len(payload))

@@ -2,8 +2,10 @@
 
 * :class:`RemoteNeighborLoader` (``loader.py``): one rank's epoch as PyG ``Data``
   batches in original node IDs, like ``torch_geometric.loader.NeighborLoader``
-  (``inputs.py`` checks what it is asked to iterate); :class:`Cluster` (``cluster.py``)
-  holds the channels, the servers' checked ``ClusterInfo`` and the node lookups;
+  (``inputs.py`` checks what it is asked to iterate), or ``HeteroData`` on a typed graph
+  (``hetero_loader.py``: :class:`TypedGraph`, the typed inputs; ``hetero_decode.py``);
+  :class:`Cluster` (``cluster.py``) holds the channels, the servers' checked
+  ``ClusterInfo`` and the node lookups;
 * ``stream.py``: one stream per server, merged in batch order, prefetched, resumed after
   breaks, failing with a clear error within bounded time;
 * ``decode.py``: ``MinibatchChunk`` messages to a ``Data`` without copies;
@@ -17,6 +19,7 @@ See ``docs/training.md``.
 """
 
 from trainer_client.decode import BatchAssembler, BatchDecodeError, BatchSpec, DecodedBatch, decode_batch
+from trainer_client.hetero_loader import TypedGraph
 from trainer_client.loader import Cluster, RemoteNeighborLoader
 from trainer_client.models import MODELS, NodeClassifier, build_model
 from trainer_client.stream import EpochStream, StreamStats, StreamTimeouts
@@ -33,6 +36,7 @@ __all__ = [
     "RemoteNeighborLoader",
     "StreamStats",
     "StreamTimeouts",
+    "TypedGraph",
     "build_model",
     "decode_batch",
 ]

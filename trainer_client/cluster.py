@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 SHARED_FIELDS = (
     "format_version", "graph_name", "num_nodes", "num_edges", "partition_book",
     "num_partitions", "feature_dim", "feature_dtype", "num_classes", "split_sizes",
-    "has_edge_weights", "label_dtype", "graph_fingerprint",
+    "has_edge_weights", "label_dtype", "graph_fingerprint", "typed",
 )
 
 def _default_client_id() -> str:
@@ -187,10 +187,12 @@ class Cluster:
         order = np.argsort(orig, kind="stable")
         return orig[order], glob[order]
 
-    def global_ids(self, original: np.ndarray) -> np.ndarray:
-        """Global IDs of original node IDs (every one must be in the graph)."""
+    def global_ids(self, original: np.ndarray, node_type: str = "") -> np.ndarray:
+        """Global IDs of original node IDs (of ``node_type`` on a typed graph; every one
+        must be in the graph)."""
         tensor = encode_tensor(np.ascontiguousarray(original, dtype=np.int64))
-        replies = self._lookup_all(lambda: pb.LookupNodesRequest(original_ids=tensor))
+        replies = self._lookup_all(lambda: pb.LookupNodesRequest(original_ids=tensor,
+                                                                 node_type=node_type))
         found = np.stack([decode_tensor(r.global_ids) for r in replies]).max(axis=0)
         missing = original[found < 0]
         if missing.size:
@@ -202,9 +204,16 @@ class Cluster:
         """Seeds of ``split`` owned by each partition."""
         return [int(getattr(s, split)) for s in self.info.split_sizes]
 
-    def partition_of(self, nodes: np.ndarray) -> np.ndarray:
-        """Partition owning each global node ID."""
-        return np.searchsorted(self.partition_book, nodes, side="right") - 1
+    def partition_of(self, nodes: np.ndarray, node_type: str = "") -> np.ndarray:
+        """Partition owning each global node ID (of ``node_type`` on a typed graph)."""
+        book = self.partition_book
+        if node_type:
+            found = [t for t in self.info.typed.node_types if t.name == node_type]
+            if not found:
+                raise ValueError(f"node_type: expected one of "
+                                 f"{[t.name for t in self.info.typed.node_types]}, got {node_type!r}")
+            book = np.asarray(found[0].partition_book, dtype=np.int64)
+        return np.searchsorted(book, nodes, side="right") - 1
 
     def feature_cache(self, counts: list[int], wire_dtype: int, device: torch.device, *,
                       progress: bool | None = None) -> FeatureCache:

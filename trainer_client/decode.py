@@ -21,13 +21,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
 
 from protos import sampling_pb2 as pb
 from protos.codec import CodecError, TensorAssembler
 from protos.fastwire import WireMessage
+
+if TYPE_CHECKING:
+    from trainer_client.hetero_decode import TypedSpec
 
 #: Tensor names a ``StreamMinibatches`` batch may carry.
 BATCH_TENSORS = ("n_id", "edge_index", "x", "y", "orig_id", "x_cached")
@@ -56,6 +60,8 @@ class BatchSpec:
     num_batches: int | None = None
     #: Check that every ``edge_index`` entry lies in ``0 .. N-1`` (one pass over E).
     check_edges: bool = True
+    #: A typed graph's batches (``EpochRequest.typed``); None: homogeneous.
+    typed: TypedSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -64,8 +70,9 @@ class DecodedBatch:
 
     #: Index of the batch within the rank's epoch (``MinibatchChunk.batch_index``).
     index: int
-    #: The batch as PyG gives it (tensors share the messages' bytes: read-only).
-    data: Data
+    #: The batch as PyG gives it (tensors share the messages' bytes: read-only); a
+    #: ``HeteroData`` on a typed graph.
+    data: Data | HeteroData
     #: Bytes received for the batch (serialized messages).
     nbytes: int
 
@@ -233,8 +240,13 @@ def _check_tensor(
 
 def build_data(
     header: pb.MinibatchHeader, tensors: dict[str, torch.Tensor], spec: BatchSpec, index: int = 0
-) -> Data:
-    """Check a batch's header and tensors against each other and ``spec``; build the Data."""
+) -> Data | HeteroData:
+    """Check a batch's header and tensors against each other and ``spec``; build the Data
+    (a HeteroData when ``spec.typed``: :func:`~trainer_client.hetero_decode.build_hetero_data`)."""
+    if spec.typed is not None:
+        from trainer_client.hetero_decode import build_hetero_data
+
+        return build_hetero_data(header, tensors, spec, index)
     where = f"batch {index}"
     unknown = sorted(set(tensors) - set(BATCH_TENSORS))
     if unknown:
@@ -284,8 +296,10 @@ def build_data(
 # ---- to the training device ------------------------------------------------------------
 
 
-def pin_batch(data: Data) -> Data:
+def pin_batch(data: Data | HeteroData) -> Data | HeteroData:
     """Copy a CPU batch's tensors into pinned memory (for ``non_blocking`` transfers)."""
+    if isinstance(data, HeteroData):
+        return data.pin_memory()
     for key, value in list(data.items()):
         if isinstance(value, torch.Tensor):
             data[key] = value.pin_memory()

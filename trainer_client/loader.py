@@ -25,13 +25,15 @@ are as i.i.d. as a single-process loader's whatever the partitioning.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
+from typing import cast
 
 import numpy as np
 import torch
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
 
+from partitioner.hetero import EdgeType
 from protos import sampling_pb2 as pb
 from protos.channel import ProtocolError
 from protos.codec import MAX_CHUNK_BYTES, dtype_to_torch, encode_tensor
@@ -46,6 +48,17 @@ from trainer_client.cache import (
 )
 from trainer_client.cluster import Cluster
 from trainer_client.decode import BatchSpec, to_device
+from trainer_client.hetero_loader import (
+    NumNeighbors,
+    TypedGraph,
+    TypedInput,
+    edge_fanouts,
+    fanout_lists,
+    finish_typed,
+    sort_input,
+    typed_options,
+    typed_spec,
+)
 from trainer_client.inputs import InputNodes, check_keywords, input_array, original_ids, split_name
 from trainer_client.stream import EpochStream, ServerStream, StreamStats, StreamTimeouts
 
@@ -86,6 +99,13 @@ class RemoteNeighborLoader:
     graph's own), and ``input_id`` the positions of the seeds in :attr:`input_nodes`.
     Tensors that stay on the CPU share the received messages' bytes: treat them as
     read-only.
+
+    On a typed cluster (``ClusterInfo.typed``) it yields ``HeteroData`` as PyG's hetero
+    ``NeighborLoader`` does: per node type ``n_id``, ``num_nodes``, ``x`` (types with
+    features), ``num_sampled_nodes``; ``y`` on the target type; ``batch_size`` and
+    ``input_id`` on the seed type; per edge type ``edge_index`` and
+    ``num_sampled_edges`` (see ``docs/training.md``). :attr:`typed_graph` and
+    :meth:`metadata` describe the graph.
     """
 
     def __init__(
@@ -93,9 +113,9 @@ class RemoteNeighborLoader:
         servers: Sequence[str] | str | Cluster,
         split: str | None = None,
         *,
-        input_nodes: InputNodes | None = None,
+        input_nodes: InputNodes | str | tuple[str, InputNodes | None] | None = None,
         seeds: InputNodes | None = None,
-        num_neighbors: Sequence[int],
+        num_neighbors: NumNeighbors,
         batch_size: int,
         shuffle: bool = False,
         drop_last: bool = False,
@@ -144,15 +164,25 @@ class RemoteNeighborLoader:
         size (``"2GiB"``); 0 turns it off; default 0.1 on a CUDA device, 0 otherwise.
         It fills once per :class:`Cluster` (progress bar on a terminal, or as
         ``cache_progress`` says) and is shared by its loaders with the same plan.
+
+        Typed clusters: ``input_nodes`` may also be a split name, a node type (all its
+        nodes) or ``(node_type, IDs or mask or None)``; ``num_neighbors`` a list for every
+        edge type or a dict per edge type (``(src, rel, dst)`` or ``"src__rel__dst"``;
+        types left out draw nothing). ``cache_size > 0`` is refused there (the cache holds
+        homogeneous graphs only).
         """
         check_keywords(unsupported)
         if input_nodes is not None and seeds is not None:
             raise ValueError("input_nodes, seeds: expected one of them (seeds is another name for "
                              "input_nodes), got both")
-        nodes = input_nodes if input_nodes is not None else seeds
-        if split is not None and nodes is not None:
+        given = sort_input(input_nodes if input_nodes is not None else seeds) \
+            if input_nodes is not None or seeds is not None else TypedInput()
+        nodes = given.nodes
+        if split is not None and (nodes is not None or given.node_type or given.split):
             raise ValueError(f"split, input_nodes: expected one of them, got split={split!r} and nodes")
-        split = split_name(split) if split is not None else ("train" if nodes is None else None)
+        split = split if split is not None else given.split
+        split = split_name(split) if split is not None else \
+            ("train" if nodes is None and given.node_type is None else None)
         if batches not in BATCH_LAYOUTS:
             raise ValueError(f"batches: expected one of {list(BATCH_LAYOUTS)}, got {batches!r}")
         self._validate(num_neighbors, batch_size, rank, world_size, prefetch, seed, feature_dtype)
@@ -164,7 +194,10 @@ class RemoteNeighborLoader:
             ) from exc
         self.timeouts = StreamTimeouts(stall=stall_timeout, reconnect=reconnect_timeout)
         self.split = split
-        self.num_neighbors = [int(f) for f in num_neighbors]
+        #: Fanouts per hop: a list, or (typed graphs) a dict per edge type, as given.
+        self.num_neighbors: list[int] | dict[EdgeType | str, list[int]] = (
+            {k: [int(f) for f in v] for k, v in num_neighbors.items()}
+            if isinstance(num_neighbors, Mapping) else [int(f) for f in num_neighbors])
         self.batch_size = int(batch_size)
         self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
         self.batches = batches
@@ -185,10 +218,15 @@ class RemoteNeighborLoader:
                          client_id=client_id)
         )
         self.client_id = client_id or f"{self.cluster.client_id}-rank{self.rank}"
+        #: The typed graph's facts (None: a homogeneous graph; batches are then Data).
+        self.typed_graph = TypedGraph.from_info(self.cluster.info) \
+            if self.cluster.info.HasField("typed") else None
         try:
-            self._resolve_seeds(node_array)
+            #: Node type of the seeds (typed graphs; "" on a homogeneous one).
+            self.seed_type = self._seed_type(given.node_type)
+            self._resolve_seeds(node_array, all_of_type=given.node_type is not None and nodes is None)
             #: The feature cache this loader's batches use (None: every batch carries all of x).
-            self.cache: FeatureCache | None = self._open_cache(size, cache_progress)
+            self.cache: FeatureCache | None = self._open_cache(size, cache_progress, cache_size)
             if self.weighted and not self.cluster.info.has_edge_weights:
                 raise ValueError("weighted: expected a graph with edge weights, but the servers have none")
             self.epoch = 0
@@ -201,13 +239,40 @@ class RemoteNeighborLoader:
         #: Counters of the last epoch streamed.
         self.last_stats = StreamStats()
 
-    def _resolve_seeds(self, nodes: np.ndarray | None) -> None:
+    def _seed_type(self, node_type: str | None) -> str:
+        """The seeds' node type on a typed graph ("" on a homogeneous one); refuses typed
+        arguments on a homogeneous graph."""
+        graph = self.typed_graph
+        if graph is None:
+            if node_type is not None or isinstance(self.num_neighbors, dict):
+                what = "input_nodes names a node type" if node_type is not None \
+                    else "num_neighbors is a dict"
+                raise ValueError(f"{what}, but the graph is homogeneous (ClusterInfo.typed is "
+                                 "absent): pass node IDs and a list of fanouts")
+            return ""
+        seed_type = node_type or graph.target_type
+        if seed_type not in graph.node_types:
+            raise ValueError(f"input_nodes: expected a node type of the graph "
+                             f"{list(graph.node_types)}, got {seed_type!r}")
+        if isinstance(self.num_neighbors, dict):
+            edge_fanouts(self.num_neighbors, graph)  # checks the keys
+        if self.split is not None and seed_type != graph.target_type:
+            raise ValueError(f"input_nodes: splits are of the target type {graph.target_type!r}, "
+                             f"got {seed_type!r}")
+        return seed_type
+
+    def _resolve_seeds(self, nodes: np.ndarray | None, all_of_type: bool = False) -> None:
         """The epoch's seeds: original IDs (:attr:`input_nodes`) and their global IDs, and
-        each partition's seed count and input positions."""
-        num_nodes = int(self.cluster.info.num_nodes)
+        each partition's seed count and input positions (of :attr:`seed_type` on a typed
+        graph; ``all_of_type``: every node of it)."""
+        graph = self.typed_graph
+        num_nodes = int(self.cluster.info.num_nodes) if graph is None \
+            else graph.num_nodes[self.seed_type]
+        if all_of_type:
+            nodes = np.arange(num_nodes, dtype=np.int64)
         if nodes is not None:
             original = original_ids(nodes, num_nodes, "input_nodes", MAX_SEEDS)
-            internal = self.cluster.global_ids(original)
+            internal = self.cluster.global_ids(original, self.seed_type)
         else:
             assert self.split is not None
             original, internal = self.cluster.split_nodes(self.split)
@@ -221,13 +286,23 @@ class RemoteNeighborLoader:
         self._input_nodes = original
         self._seeds = internal
         self._seeds_tensor = encode_tensor(internal)
-        owner = self.cluster.partition_of(internal)
+        owner = self.cluster.partition_of(internal, self.seed_type)
         self._positions = [np.flatnonzero(owner == p) for p in range(self.cluster.num_partitions)]
         self._seed_counts = [int(p.size) for p in self._positions]
 
-    def _open_cache(self, size: tuple[str, float], progress: bool | None) -> FeatureCache | None:
-        """The plan's cache, filled on first use per cluster; None when the plan is empty."""
+    def _open_cache(self, size: tuple[str, float], progress: bool | None,
+                    asked: object) -> FeatureCache | None:
+        """The plan's cache, filled on first use per cluster; None when the plan is empty
+        or the graph is typed (the cache holds homogeneous features only)."""
         info = self.cluster.info
+        if self.typed_graph is not None:
+            if asked is not None and size[1] > 0:
+                raise ValueError(f"cache_size: expected 0 or None on a typed graph (the trainer-side "
+                                 f"feature cache holds homogeneous graphs only), got {asked!r}")
+            if size[1] > 0:
+                log.info("cache_size: the trainer-side feature cache holds homogeneous graphs only; "
+                         "running without it on this typed graph")
+            return None
         wire = WIRE_FEATURE_DTYPES[self.feature_dtype] or int(info.feature_dtype)
         itemsize = torch.empty(0, dtype=dtype_to_torch(wire)).element_size()
         counts = plan_counts(size, self.cluster.partition_book.tolist(), int(info.feature_dim) * itemsize)
@@ -249,15 +324,16 @@ class RemoteNeighborLoader:
 
     @staticmethod
     def _validate(
-        num_neighbors: Sequence[int], batch_size: int, rank: int, world_size: int, prefetch: int,
+        num_neighbors: NumNeighbors, batch_size: int, rank: int, world_size: int, prefetch: int,
         seed: int, feature_dtype: str,
     ) -> None:
         """Check the plain arguments; errors name the field."""
-        fanouts = list(num_neighbors) if isinstance(num_neighbors, Sequence) else None
-        if not fanouts or not all(_is_int(f) for f in fanouts):
-            raise ValueError(f"num_neighbors: expected a non-empty list of integers, got {num_neighbors!r}")
-        if any(f < -1 for f in fanouts):
-            raise ValueError(f"num_neighbors: expected fanouts >= -1 (-1 = all neighbors), got {fanouts}")
+        for fanouts in fanout_lists(num_neighbors):
+            if not fanouts or not all(_is_int(f) for f in fanouts):
+                raise ValueError(f"num_neighbors: expected a non-empty list of integers (or a dict of "
+                                 f"them per edge type), got {num_neighbors!r}")
+            if any(f < -1 for f in fanouts):
+                raise ValueError(f"num_neighbors: expected fanouts >= -1 (-1 = all neighbors), got {fanouts}")
         _check_int("batch_size", batch_size, 1, 2**31 - 1)
         _check_int("world_size", world_size, 1)
         _check_int("rank", rank, 0, int(world_size) - 1)
@@ -272,8 +348,15 @@ class RemoteNeighborLoader:
 
     @property
     def num_features(self) -> int:
-        """Feature columns of every node."""
+        """Feature columns of every node (of the target type on a typed graph; see
+        :attr:`typed_graph` for every type's)."""
         return int(self.cluster.info.feature_dim)
+
+    def metadata(self) -> tuple[list[str], list[EdgeType]]:
+        """A typed graph's ``(node_types, edge_types)``, as ``HeteroData.metadata()``."""
+        if self.typed_graph is None:
+            raise ValueError("metadata: the graph is homogeneous (ClusterInfo.typed is absent)")
+        return self.typed_graph.metadata()
 
     @property
     def num_classes(self) -> int:
@@ -336,8 +419,10 @@ class RemoteNeighborLoader:
     # ---- streaming -------------------------------------------------------------------
 
     def _request(self) -> pb.EpochRequest:
+        fanouts, typed = (cast(list[int], self.num_neighbors), None) if self.typed_graph is None else \
+            typed_options(self.seed_type, self.num_neighbors, self.typed_graph)
         request = pb.EpochRequest(
-            fanouts=self.num_neighbors, batch_size=self.batch_size, shuffle=self.shuffle,
+            fanouts=fanouts, batch_size=self.batch_size, shuffle=self.shuffle,
             drop_last=self.drop_last, seed=self.seed, epoch=self.epoch, rank=self.rank,
             world_size=self.world_size, resume_from=0,
             feature_dtype=WIRE_FEATURE_DTYPES[self.feature_dtype],  # type: ignore[arg-type]
@@ -346,6 +431,8 @@ class RemoteNeighborLoader:
             global_batches=self.batches == "global", include_original_ids=True,
         )
         request.seeds.CopyFrom(self._seeds_tensor)
+        if typed is not None:
+            request.typed.CopyFrom(typed)
         if self.cache is not None:
             request.cache_counts.extend(self.cache.counts)
         return request
@@ -363,15 +450,16 @@ class RemoteNeighborLoader:
                     request=request, indices=indices,
                 ))
         spec = BatchSpec(
-            num_hops=len(self.num_neighbors), feature_dim=self.num_features, include_features=True,
-            include_labels=self.include_labels, num_batches=num_batches,
+            num_hops=len(fanout_lists(self.num_neighbors)[0]), feature_dim=self.num_features,
+            include_features=True, include_labels=self.include_labels, num_batches=num_batches,
+            typed=None if self.typed_graph is None else typed_spec(self.typed_graph, self.seed_type),
         )
         return EpochStream(servers, num_batches, spec, prefetch=self.prefetch, timeouts=self.timeouts,
                            pin_memory=self.pin_memory)
 
-    def __iter__(self) -> Iterator[Data]:
-        """The current epoch's batches, in order, on ``device``; a second iteration
-        without :meth:`set_epoch` moves on to the next epoch."""
+    def __iter__(self) -> Iterator[Data | HeteroData]:
+        """The current epoch's batches, in order, on ``device`` (``HeteroData`` on a typed
+        graph); a second iteration without :meth:`set_epoch` moves on to the next epoch."""
         if self._iterated:
             self.set_epoch(self.epoch + 1)
         self._iterated = True
@@ -381,6 +469,12 @@ class RemoteNeighborLoader:
             self.last_stats = stream.stats
             for batch in stream:
                 data = batch.data
+                if isinstance(data, HeteroData):
+                    yield finish_typed(data, self.seed_type, self.input_ids(refs[batch.index]),
+                                       self.device, feature_dtype=dtype,
+                                       non_blocking=self.pin_memory,
+                                       keep_internal_ids=self.return_internal_ids)
+                    continue
                 data.input_id = torch.from_numpy(self.input_ids(refs[batch.index]))
                 data = to_device(data, self.device, feature_dtype=None, non_blocking=self.pin_memory)
                 self._complete_features(data, stream.stats)

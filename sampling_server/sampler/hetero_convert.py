@@ -15,8 +15,9 @@ def to_hetero_data(batch: HeteroMinibatch) -> HeteroData:
     ``num_nodes``, ``x`` for types with features, ``y`` on the target type, and
     ``batch_size`` on the seed type (its first ``batch_size`` nodes are the seeds). Per
     edge type: ``edge_index`` (``[source; target]``, local IDs of each end's type).
-    ``num_sampled_nodes`` / ``num_sampled_edges`` are dicts of per-hop counts, as PyG
-    sets them (for ``trim_to_layer``).
+    ``num_sampled_nodes`` / ``num_sampled_edges``: per-hop counts set per type as PyG
+    sets them (``data.num_sampled_nodes_dict``, for ``trim_to_layer``), and as dicts on
+    the batch itself. The service's loader lays its batches out the same way.
     """
     s = batch.structure
     data = HeteroData()
@@ -32,4 +33,6 @@ def to_hetero_data(batch: HeteroMinibatch) -> HeteroData:
         data[et].edge_index = s.edge_index(et)
     data.num_sampled_nodes = {t: list(v) for t, v in s.num_sampled_nodes.items()}
     data.num_sampled_edges = {et: list(v) for et, v in s.num_sampled_edges.items()}
+    data.set_value_dict("num_sampled_nodes", data.num_sampled_nodes)  # per type, as PyG
+    data.set_value_dict("num_sampled_edges", data.num_sampled_edges)
     return data

@@ -1,0 +1,511 @@
+"""Typed graphs through the service: servers on format v2 partitions (in process and as
+processes), typed peers across partitions, the typed wire and RemoteNeighborLoader
+yielding PyG HeteroData, checked against the original graph and the whole-graph
+in-process typed sampler."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from test_limits import METHODS, _structured, call_raw, mutated
+from test_loader import TIMEOUTS
+from torch_geometric.data import HeteroData
+
+from partitioner.hetero import EdgeType, HeteroGraphData
+from partitioner.hetero_writer import partition_hetero_graph
+from protos import codec
+from protos import sampling_pb2 as pb
+from protos import sampling_pb2_grpc as pb_grpc
+from protos.channel import create_channel
+from sampling_server.config import ServerConfig
+from sampling_server.sampler import batch_key, to_hetero_data
+from sampling_server.sampler.hetero_cpu import CpuHeteroSampler
+from sampling_server.server import create_server
+from tests.hetero_fixtures import tiny_hetero
+from tests.hetero_sampler_checks import load_all, node_maps
+from tests.server_procs import ServerProcs
+from trainer_client.loader import RemoteNeighborLoader
+
+FANOUTS = [3, 2]
+DICT_FANOUTS: dict[EdgeType | str, list[int]] = {
+    ("author", "writes", "paper"): [2, 2], "paper__rev_writes__author": [3, 1],
+    "paper__cites__paper": [2, 0]}
+
+
+@pytest.fixture(scope="module")
+def graph() -> HeteroGraphData:
+    return tiny_hetero().add_reverse()
+
+
+@pytest.fixture(scope="module")
+def one(graph: HeteroGraphData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("typed-1")
+    partition_hetero_graph(graph, 1, root, method="random", seed=0, progress=False)
+    return root
+
+
+@pytest.fixture(scope="module")
+def two(graph: HeteroGraphData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("typed-2")
+    partition_hetero_graph(graph, 2, root, method="hash", seed=0, progress=False)
+    return root
+
+
+def _config(root: Path, partition: int, **kw: object) -> ServerConfig:
+    settings: dict[str, object] = {"listen": "127.0.0.1:0", "device": "cpu", "peer_timeout": 20.0,
+                                   "health_interval": 0.5, "grace": 1.0}
+    settings.update(kw)
+    return ServerConfig(partition_dir=root, partition=partition, **settings)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def served(root: Path, parts: int, **kw: object) -> Iterator[list[str]]:
+    """In-process servers, one per partition of ``root``, each the others' peer."""
+    built = [create_server(_config(root, p, **kw)) for p in range(parts)]
+    addresses = [f"127.0.0.1:{port}" for _, port in built]
+    servers = [s for s, _ in built]
+    try:
+        for s in servers:
+            if parts > 1:
+                s.set_peers(addresses)
+            s.start()
+        assert all(s.wait_until_serving(60) for s in servers)
+        yield addresses
+    finally:
+        for s in servers:
+            s.stop(None).wait(10)
+
+
+@pytest.fixture(scope="module")
+def cluster(two: Path) -> Iterator[list[str]]:
+    with served(two, 2) as addresses:
+        yield addresses
+
+
+def _edges(graph: HeteroGraphData) -> dict[EdgeType, set[tuple[int, int]]]:
+    return {et: set(zip(ei[0].tolist(), ei[1].tolist(), strict=True))
+            for et, ei in graph.edge_index.items()}
+
+
+def check_batch(graph: HeteroGraphData, data: HeteroData, seed_type: str,
+                input_nodes: torch.Tensor) -> None:
+    """Fields, types and shapes of a typed batch, every edge in the original graph with
+    its type and direction, features and labels equal to the original rows."""
+    assert isinstance(data, HeteroData)
+    assert set(data.node_types) == set(graph.node_types)
+    assert set(data.edge_types) == set(graph.edge_types)
+    seeds = data[seed_type].n_id[: data[seed_type].batch_size]
+    assert torch.equal(seeds, input_nodes[data[seed_type].input_id])
+    for t in graph.node_types:
+        store = data[t]
+        assert store.n_id.dtype == torch.int64 and store.n_id.shape == (store.num_nodes,)
+        assert store.n_id.unique().numel() == store.num_nodes
+        assert sum(store.num_sampled_nodes) == store.num_nodes
+        assert data.num_sampled_nodes[t] == store.num_sampled_nodes
+        assert "internal_n_id" not in store
+        if t in graph.x:
+            assert store.x.dtype == torch.float32
+            assert torch.equal(store.x, torch.from_numpy(graph.x[t][store.n_id.numpy()]))
+        else:
+            assert "x" not in store
+    assert torch.equal(data[graph.target_type].y,
+                       torch.from_numpy(graph.y[data[graph.target_type].n_id.numpy()]))
+    edges = _edges(graph)
+    for et in graph.edge_types:
+        ei = data[et].edge_index
+        assert ei.dtype == torch.int64 and ei.shape == (2, sum(data[et].num_sampled_edges))
+        src = data[et[0]].n_id[ei[0]].tolist()
+        dst = data[et[2]].n_id[ei[1]].tolist()
+        assert set(zip(src, dst, strict=True)) <= edges[et], et
+
+
+# -- cluster facts and bad requests -----------------------------------------------------
+def test_cluster_info_advertises_the_typed_graph(cluster: list[str], graph: HeteroGraphData) -> None:
+    with create_channel(cluster[1]) as channel:
+        info = pb_grpc.SamplingServiceStub(channel).GetClusterInfo(pb.ClusterInfoRequest(), timeout=30)
+    typed = info.typed
+    assert typed.target_type == "paper" and info.format_version == 2 and info.num_classes == 3
+    assert [n.name for n in typed.node_types] == list(graph.node_types)
+    assert [(e.src, e.rel, e.dst) for e in typed.edge_types] == list(graph.edge_types)
+    for n in typed.node_types:
+        assert n.num_nodes == graph.num_nodes[n.name]
+        assert n.feature_dim == (4 if n.name == "paper" else 0)
+        assert n.feature_dtype == (pb.FLOAT32 if n.name == "paper" else pb.DTYPE_UNSPECIFIED)
+        assert len(n.partition_book) == 3 and n.partition_book[-1] == n.num_nodes
+    assert [e.num_edges for e in typed.edge_types] == [graph.num_edges(et) for et in graph.edge_types]
+    assert info.num_nodes == 30 and info.feature_dim == 4 and info.hot_order == ""
+    assert sum(s.train for s in info.split_sizes) == len(graph.splits["train"])
+
+
+def _typed_request(**kw: object) -> pb.EpochRequest:
+    settings: dict[str, object] = {"split": "train", "fanouts": [2], "batch_size": 4,
+                                   "world_size": 1}
+    settings.update(kw)
+    request = pb.EpochRequest(**settings)  # type: ignore[arg-type]
+    request.typed.SetInParent()
+    return request
+
+
+def _code(call: object) -> tuple[grpc.StatusCode, str]:
+    try:
+        result = call()  # type: ignore[operator]
+        if not isinstance(result, pb.ClusterInfo | pb.LookupNodesReply):
+            list(result)
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details()
+    return grpc.StatusCode.OK, ""
+
+
+INVALID, PRECONDITION = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION
+
+
+def _epoch_cases() -> list[tuple[pb.EpochRequest, grpc.StatusCode, str]]:
+    untyped = pb.EpochRequest(split="train", fanouts=[2], batch_size=4, world_size=1)
+    both = _typed_request()
+    both.typed.edge_fanouts.add(edge_type="author__writes__paper", fanouts=[2])
+    unknown = _typed_request(fanouts=[])
+    unknown.typed.edge_fanouts.add(edge_type="paper__sells__paper", fanouts=[2])
+    hops = _typed_request(fanouts=[])
+    hops.typed.edge_fanouts.add(edge_type="author__writes__paper", fanouts=[2])
+    hops.typed.edge_fanouts.add(edge_type="paper__cites__paper", fanouts=[2, 2])
+    seed_type = _typed_request()
+    seed_type.typed.seed_type = "venue"
+    split_of_author = _typed_request()
+    split_of_author.typed.seed_type = "author"
+    over = _typed_request(fanouts=[])
+    over.typed.edge_fanouts.add(edge_type="paper__cites__paper", fanouts=[2**31 - 1])
+    return [
+        (over, INVALID, "--max-fanout"),
+        (untyped, PRECONDITION, "EpochRequest.typed"),
+        (both, INVALID, "EpochRequest.fanouts"),
+        (unknown, INVALID, "EpochRequest.typed.edge_fanouts[0].edge_type"),
+        (hops, INVALID, "same number of hops"),
+        (seed_type, INVALID, "EpochRequest.typed.seed_type"),
+        (split_of_author, INVALID, "EpochRequest.typed.seed_type"),
+        (_typed_request(fanouts=[2, -3]), INVALID, "EpochRequest.fanouts"),
+        (_typed_request(cache_counts=[1, 1]), INVALID, "EpochRequest.cache_counts"),
+        (_typed_request(sampling=pb.SamplingOptions(weighted=True)), PRECONDITION,
+         "EpochRequest.sampling.weighted"),
+        (_typed_request(feature_dtype=pb.INT8), INVALID, "EpochRequest.feature_dtype"),
+    ]
+
+
+def test_bad_typed_requests_get_clear_errors(cluster: list[str]) -> None:
+    nodes = codec.encode_tensor(np.zeros(1, np.int64))
+    with create_channel(cluster[0]) as channel:
+        stub = pb_grpc.SamplingServiceStub(channel)
+        peer = pb_grpc.PeerServiceStub(channel)
+        for request, code, field in _epoch_cases():
+            got = _code(lambda r=request: stub.StreamMinibatches(r, timeout=30))
+            assert got[0] == code and field in got[1], (field, got)
+        cases = [
+            (lambda: peer.SampleNeighbors(pb.SampleNeighborsRequest(nodes=nodes, fanout=2),
+                                          timeout=30), "SampleNeighborsRequest.edge_type"),
+            (lambda: peer.SampleNeighbors(pb.SampleNeighborsRequest(
+                nodes=nodes, fanout=2, edge_type="paper__x__paper"), timeout=30),
+             "SampleNeighborsRequest.edge_type"),
+            (lambda: peer.SampleNeighbors(pb.SampleNeighborsRequest(
+                nodes=codec.encode_tensor(np.array([10**6])), fanout=2,
+                edge_type="author__writes__paper"), timeout=30), "SampleNeighborsRequest.nodes"),
+            (lambda: peer.FetchNodeData(pb.FetchNodeDataRequest(nodes=nodes, want_labels=True),
+                                        timeout=30), "FetchNodeDataRequest.node_type"),
+            (lambda: peer.FetchNodeData(pb.FetchNodeDataRequest(
+                nodes=nodes, want_features=True, node_type="author"), timeout=30),
+             "FetchNodeDataRequest.want_features"),
+            (lambda: peer.FetchNodeData(pb.FetchNodeDataRequest(
+                nodes=nodes, want_labels=True, node_type="topic"), timeout=30),
+             "FetchNodeDataRequest.want_labels"),
+            (lambda: stub.LookupNodes(pb.LookupNodesRequest(original_ids=nodes, node_type="venue"),
+                                      timeout=30), "LookupNodesRequest.node_type"),
+        ]
+        for call, field in cases:
+            got = _code(call)
+            assert got[0] == INVALID and field in got[1], (field, got)
+        got = _code(lambda: stub.StreamHotNodes(pb.HotNodesRequest(count=1), timeout=30))
+        assert got[0] == PRECONDITION and "hot order" in got[1]
+        # the server goes on serving
+        info = _code(lambda: stub.GetClusterInfo(pb.ClusterInfoRequest(), timeout=30))
+        assert info[0] == grpc.StatusCode.OK
+
+
+def test_bad_typed_loader_arguments_are_refused(cluster: list[str]) -> None:
+    cases: list[tuple[dict[str, object], str]] = [
+        ({"input_nodes": ("venue", [0])}, "input_nodes"),
+        ({"num_neighbors": {"paper__sells__paper": [2]}}, "num_neighbors"),
+        ({"num_neighbors": {"paper__cites__paper": [2], "author__writes__paper": [2, 2]}},
+         "num_neighbors"),
+        ({"cache_size": 0.5}, "cache_size"),
+        ({"input_nodes": ("author", [0, 0])}, "input_nodes"),
+        ({"input_nodes": ("author", [1000])}, "input_nodes"),
+    ]
+    for kwargs, field in cases:
+        settings: dict[str, object] = {"num_neighbors": FANOUTS, "batch_size": 4, **TIMEOUTS}
+        settings.update(kwargs)
+        with pytest.raises(ValueError, match=field):
+            RemoteNeighborLoader(cluster, **settings)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="split"):
+        RemoteNeighborLoader(cluster, "train", input_nodes=("author", [0]), num_neighbors=[2],
+                             batch_size=4, **TIMEOUTS)
+
+
+# -- batches ------------------------------------------------------------------------------
+@pytest.mark.parametrize("input_nodes", ["train", ("author", None)])
+def test_loader_yields_hetero_data_of_the_original_graph(
+        cluster: list[str], graph: HeteroGraphData, input_nodes: object) -> None:
+    num_neighbors = FANOUTS if input_nodes == "train" else DICT_FANOUTS
+    seed_type = "paper" if input_nodes == "train" else "author"
+    with RemoteNeighborLoader(cluster, input_nodes=input_nodes, num_neighbors=num_neighbors,  # type: ignore[arg-type]
+                              batch_size=4, shuffle=True, **TIMEOUTS) as loader:
+        assert loader.metadata() == (list(graph.node_types), list(graph.edge_types))
+        assert loader.typed_graph is not None and loader.typed_graph.feature_dims["author"] == 0
+        seen = []
+        for data in loader:
+            check_batch(graph, data, seed_type, loader.input_nodes)
+            assert data[seed_type].batch_size <= 4
+            seen.append(data[seed_type].n_id[: data[seed_type].batch_size])
+        want = graph.splits["train"] if seed_type == "paper" else np.arange(graph.num_nodes["author"])
+        assert sorted(torch.cat(seen).tolist()) == sorted(want.tolist())
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_two_partitions_equal_the_whole_graph_sampler(
+        cluster: list[str], graph: HeteroGraphData, one: Path, replace: bool) -> None:
+    """Global batches across two partitions (typed peers over gRPC) are exactly what the
+    whole-graph in-process sampler draws for the same seeds and keys."""
+    whole = CpuHeteroSampler(load_all(one)[0], replace=replace)
+    maps = node_maps(one, graph)
+    for seed_type, num_neighbors in (("paper", FANOUTS), ("author", DICT_FANOUTS)):
+        input_nodes = "train" if seed_type == "paper" else (seed_type, None)
+        with RemoteNeighborLoader(cluster, input_nodes=input_nodes, num_neighbors=num_neighbors,  # type: ignore[arg-type]
+                                  batch_size=5, shuffle=True, seed=7, replace=replace,
+                                  **TIMEOUTS) as loader:
+            loader.set_epoch(3)
+            for i, data in enumerate(loader):
+                seeds = data[seed_type].n_id[: data[seed_type].batch_size].numpy()
+                want = whole.minibatch(maps[seed_type][seeds], seed_type, num_neighbors,
+                                       batch_key(7, 3, 0, i))
+                for t in graph.node_types:
+                    assert torch.equal(data[t].n_id, want.orig_id[t]), (i, t)
+                    assert data[t].num_sampled_nodes == want.structure.num_sampled_nodes[t]
+                assert torch.equal(data["paper"].x, want.x["paper"])
+                assert torch.equal(data["paper"].y, want.y)
+                for et in graph.edge_types:
+                    assert torch.equal(data[et].edge_index, want.structure.edge_index(et)), (i, et)
+                # laid out as the in-process to_hetero_data lays it out
+                ref = to_hetero_data(want)
+                for key in [*graph.node_types, *graph.edge_types]:
+                    assert set(data[key].keys()) - {"input_id"} == set(ref[key].keys()), key
+                assert data.num_sampled_nodes == ref.num_sampled_nodes
+                assert data.num_sampled_edges == ref.num_sampled_edges
+
+
+def test_batches_split_over_many_messages_are_the_same(two: Path, cluster: list[str]) -> None:
+    """Servers whose messages hold 256 bytes of tensor data (typed batches and peer answers
+    spread over many chunks) send the same batches."""
+    def epoch(addresses: list[str]) -> list[HeteroData]:
+        with RemoteNeighborLoader(addresses, input_nodes="train", num_neighbors=DICT_FANOUTS,
+                                  batch_size=7, shuffle=True, **TIMEOUTS) as loader:
+            return list(loader)
+
+    with served(two, 2, chunk_bytes=256) as small:
+        got = epoch(small)
+    want = epoch(cluster)
+    assert len(got) == len(want) > 1
+    for a, b in zip(got, want, strict=True):
+        for key in [*a.node_types, *a.edge_types]:
+            for name, value in b[key].items():
+                assert torch.equal(a[key][name], value) if isinstance(value, torch.Tensor) \
+                    else a[key][name] == value, (key, name)
+
+
+@pytest.mark.parametrize(("input_nodes", "batches"), [(("author", None), "global"),
+                                                      ("train", "partition")])
+def test_every_rank_gets_the_same_number_of_batches(
+        cluster: list[str], graph: HeteroGraphData, input_nodes: object, batches: str) -> None:
+    world = 3
+    seed_type = "author" if isinstance(input_nodes, tuple) else "paper"
+    loaders = [RemoteNeighborLoader(cluster, input_nodes=input_nodes, num_neighbors=[2],  # type: ignore[arg-type]
+                                    batch_size=3, rank=r, world_size=world, shuffle=True,
+                                    batches=batches, **TIMEOUTS) for r in range(world)]
+    try:
+        counts = {len(loader) for loader in loaders}
+        assert len(counts) == 1
+        seen = []
+        for loader in loaders:
+            batches_ = list(loader)
+            assert len(batches_) == len(loader)
+            seen.extend(b[seed_type].n_id[: b[seed_type].batch_size].tolist() for b in batches_)
+        want = range(20) if seed_type == "author" else graph.splits["train"].tolist()
+        assert sorted(x for s in seen for x in s) == sorted(want)
+    finally:
+        for loader in loaders:
+            loader.close()
+
+
+@pytest.mark.gpu
+def test_cuda_servers_send_the_cpu_sampler_batches(two: Path, one: Path,
+                                                   graph: HeteroGraphData) -> None:
+    """On a real GPU: servers sampling with the typed CUDA sampler send the batches the
+    whole-graph CPU sampler draws (the simulator serves one thread only, so not in CI)."""
+    whole = CpuHeteroSampler(load_all(one)[0])
+    maps = node_maps(one, graph)
+    with served(two, 2, device="cuda") as addresses, RemoteNeighborLoader(
+            addresses, input_nodes="train", num_neighbors=FANOUTS, batch_size=7,
+            **TIMEOUTS) as loader:
+        for i, data in enumerate(loader):
+            seeds = data["paper"].n_id[: data["paper"].batch_size].numpy()
+            want = whole.minibatch(maps["paper"][seeds], "paper", FANOUTS, batch_key(0, 0, 0, i))
+            assert torch.equal(data["paper"].x, want.x["paper"])
+            for t in graph.node_types:
+                assert torch.equal(data[t].n_id, want.orig_id[t]), (i, t)
+            for et in graph.edge_types:
+                assert torch.equal(data[et].edge_index, want.structure.edge_index(et)), (i, et)
+
+
+def test_features_travel_in_the_requested_dtype(cluster: list[str], graph: HeteroGraphData) -> None:
+    with RemoteNeighborLoader(cluster, input_nodes="train", num_neighbors=FANOUTS, batch_size=8,
+                              feature_dtype="bfloat16", return_internal_ids=True,
+                              **TIMEOUTS) as loader:
+        for data in loader:
+            x = data["paper"].x
+            assert x.dtype == torch.float32  # cast back on the device
+            want = torch.from_numpy(graph.x["paper"][data["paper"].n_id.numpy()])
+            assert torch.equal(x, want.to(torch.bfloat16).float())
+            for t in graph.node_types:  # graphfeed's own IDs on request
+                assert data[t].internal_n_id.shape == data[t].n_id.shape
+
+
+def test_peers_listed_in_the_wrong_order_are_refused(two: Path) -> None:
+    """The typed servers check their peers' identity as the homogeneous ones do."""
+    built = [create_server(_config(two, p)) for p in range(2)]
+    addresses = [f"127.0.0.1:{port}" for _, port in built]
+    servers = [s for s, _ in built]
+    try:
+        for s in servers:
+            s.set_peers(addresses[::-1] if s is servers[0] else addresses)
+            s.start()
+        monitor = servers[0].monitor
+        assert monitor is not None
+        deadline = time.monotonic() + 60
+        while monitor.problem is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert monitor.problem is not None and "serves partition 0" in monitor.problem
+        assert not servers[0].wait_until_serving(0.5)
+    finally:
+        for s in servers:
+            s.stop(None).wait(10)
+
+
+def test_typed_arguments_on_a_homogeneous_graph_are_refused(tmp_path: Path) -> None:
+    from partitioner.partition import partition_graph
+    from partitioner.synthetic import generate
+
+    partition_graph(generate("small", progress=False), 1, tmp_path, method="range", progress=False)
+    with served(tmp_path, 1) as addresses:
+        with pytest.raises(ValueError, match="homogeneous"):
+            RemoteNeighborLoader(addresses, num_neighbors={"a__b__c": [2]}, batch_size=4, **TIMEOUTS)
+        with pytest.raises(ValueError, match="homogeneous"):
+            RemoteNeighborLoader(addresses, input_nodes=("paper", [0]), num_neighbors=[2],
+                                 batch_size=4, **TIMEOUTS)
+        with create_channel(addresses[0]) as channel:
+            code, details = _code(lambda: pb_grpc.SamplingServiceStub(channel).StreamMinibatches(
+                _typed_request(), timeout=30))
+            assert code == INVALID and "EpochRequest.typed" in details
+            peer = pb_grpc.PeerServiceStub(channel)
+            code, details = _code(lambda: peer.SampleNeighbors(pb.SampleNeighborsRequest(
+                nodes=codec.encode_tensor(np.zeros(1, np.int64)), fanout=2,
+                edge_type="a__b__c"), timeout=30))
+            assert code == INVALID and "SampleNeighborsRequest.edge_type" in details
+
+
+# -- real processes, with a token ---------------------------------------------------------
+def test_server_processes_serve_typed_batches_with_a_token(
+        two: Path, graph: HeteroGraphData, one: Path, tmp_path: Path) -> None:
+    """Two server processes guarded by a bearer token: the typed peer calls carry it, a
+    peer call without it is refused, and the batches equal the whole-graph sampler's."""
+    token = tmp_path / "token"
+    token.write_text("typed-secret\n")
+    procs = ServerProcs(two, 2, "--device", "cpu", "--token-file", str(token), log_dir=tmp_path)
+    procs.start()
+    try:
+        for p in range(2):
+            procs.wait_status(p, "SERVING", timeout=120)
+        with create_channel(procs.addresses[1]) as channel:
+            code, _ = _code(lambda: pb_grpc.PeerServiceStub(channel).SampleNeighbors(
+                pb.SampleNeighborsRequest(nodes=codec.encode_tensor(np.zeros(1, np.int64)),
+                                          fanout=2, edge_type="author__writes__paper"), timeout=30))
+            assert code == grpc.StatusCode.UNAUTHENTICATED
+        whole = CpuHeteroSampler(load_all(one)[0])
+        maps = node_maps(one, graph)
+        request = _typed_request(split="", fanouts=FANOUTS, batch_size=6, global_batches=True,
+                                 include_features=True, include_labels=True,
+                                 include_original_ids=True)
+        seeds = node_maps(two, graph)["paper"][graph.splits["train"]]
+        request.seeds.CopyFrom(codec.encode_tensor(seeds))
+        metadata = (("authorization", "Bearer typed-secret"),)
+        with create_channel(procs.addresses[0]) as channel:
+            chunks = list(pb_grpc.SamplingServiceStub(channel).StreamMinibatches(
+                request, timeout=120, metadata=metadata))
+        assert chunks and all(c.num_chunks == 1 for c in chunks)  # tiny batches: one message
+        for c in chunks:  # partition 0's batches of rank 0: 0, 2, ...
+            named = {t.name: codec.decode_tensor(pb.Tensor(dtype=t.dtype, shape=t.shape, data=t.data))
+                     for t in c.tensors}
+            i = c.batch_index
+            want = whole.minibatch(maps["paper"][graph.splits["train"][6 * i:6 * i + 6]], "paper",
+                                   FANOUTS, batch_key(0, 0, 0, i))
+            for t in graph.node_types:
+                assert np.array_equal(named[f"orig_id/{t}"], want.orig_id[t].numpy()), (i, t)
+            assert np.array_equal(named["x/paper"], want.x["paper"].numpy())
+            for et in graph.edge_types:
+                name = f"edge_index/{et[0]}__{et[1]}__{et[2]}"
+                assert np.array_equal(named[name], want.structure.edge_index(et).numpy())
+    finally:
+        assert procs.stop() == [0, 0]
+
+
+# -- fuzz ---------------------------------------------------------------------------------
+def _typed_structured(rng: random.Random, method: str) -> bytes:
+    """A well-formed typed message of ``method`` with names and values from edge cases."""
+    names = ["", "paper", "author", "venue", "author__writes__paper", "paper__cites__paper",
+             "a__b", "x" * 5000, "paper\n__cites__paper"]
+    if method == "StreamMinibatches":
+        msg = pb.EpochRequest.FromString(_structured(rng, method))
+        msg.typed.seed_type = rng.choice(names)
+        for _ in range(rng.choice([0, 1, 3])):
+            msg.typed.edge_fanouts.add(edge_type=rng.choice(names),
+                                       fanouts=[rng.choice([-2, -1, 0, 2, 10**6])
+                                                for _ in range(rng.choice([0, 1, 2, 40]))])
+        return msg.SerializeToString()
+    if method == "SampleNeighbors":
+        sample = pb.SampleNeighborsRequest.FromString(_structured(rng, method))
+        sample.edge_type = rng.choice(names)
+        return sample.SerializeToString()
+    if method in ("FetchNodeData", "LookupNodes"):
+        kind = pb.FetchNodeDataRequest if method == "FetchNodeData" else pb.LookupNodesRequest
+        node = kind.FromString(_structured(rng, method))
+        node.node_type = rng.choice(names)
+        return node.SerializeToString()
+    return _structured(rng, method)
+
+
+def test_fuzzed_typed_requests_never_get_internal_or_unknown(cluster: list[str]) -> None:
+    rng = random.Random(5)
+    codes: Counter[str] = Counter()
+    with grpc.insecure_channel(cluster[0]) as channel:
+        for _ in range(600):
+            method = rng.choice(list(METHODS))
+            codes[call_raw(channel, method,
+                           mutated(rng, lambda m=method: _typed_structured(rng, m))).name] += 1
+    assert codes["OK"] > 0 and codes["INVALID_ARGUMENT"] > 0, codes
+    with create_channel(cluster[0]) as channel:  # still serving
+        assert pb_grpc.SamplingServiceStub(channel).GetClusterInfo(
+            pb.ClusterInfoRequest(), timeout=30).HasField("typed")
