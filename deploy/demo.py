@@ -59,7 +59,7 @@ def main() -> int:
                         help="train on this partitioned graph instead of partitioning the preset")
     parser.add_argument("--typed", action="store_true",
                         help="the typed graph mag-small and R-GCN instead of small and GraphSAGE")
-    parser.add_argument("--epochs", type=int, default=None, help="default 5 (3 with --typed)")
+    parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--trainers", type=int, default=2, help="DDP processes (default 2)")
     parser.add_argument("--timeout", type=float, default=900.0, help="deadline for training (s)")
     parser.add_argument("--device", default="cpu",
@@ -70,7 +70,6 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     kind = "typed" if args.typed else "small"
     data = args.data or Path("data/demo-typed" if args.typed else "data/demo")
-    epochs = args.epochs if args.epochs is not None else (3 if args.typed else 5)
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     part_dir = args.partition_dir
     if part_dir is None:
@@ -82,7 +81,7 @@ def main() -> int:
     cmd = [sys.executable, "-m", "trainer_client.local", "--partition-dir", str(part_dir),
            "--nproc-per-node", str(args.trainers), "--server-device", args.server_device,
            "--log-dir", str(data / "logs"), "--",
-           "--epochs", str(epochs), *GRAPHS[kind][2], "--device", args.device,
+           "--epochs", str(args.epochs), *GRAPHS[kind][2], "--device", args.device,
            "--metrics-json", str(metrics), "--checkpoint-dir", str(data / "checkpoints")]
     log.info("training: %s", " ".join(cmd))
     code = subprocess.run(cmd, timeout=args.timeout, env=env).returncode

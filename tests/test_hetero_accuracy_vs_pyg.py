@@ -3,10 +3,10 @@ process with PyG's hetero ``NeighborLoader`` (same fanouts, batch size, epochs a
 test accuracies averaged over seeds within 1 point, and far above an MLP on the paper
 features. The graph is ``mag-small`` (ogbn-mag-shaped: papers, authors, institutions,
 fields of study) with reverse relations and a larger test split (2,000 papers, so that one
-run's accuracy is measured to about 1 point), METIS-partitioned in 2 (format v2);
-graphfeed's batches are cut and sampled as the servers cut and sample global batches, by
-the typed sampler of each partition with the other partition answering for its nodes.
-Both models are tested by one full-graph forward pass (exact, no sampling).
+run's accuracy is measured to about 1 point), METIS-partitioned in 2 (format v2), and
+served by 2 sampling servers (gRPC, in this process); graphfeed's batches come from
+``RemoteNeighborLoader`` as ``HeteroData``. Both models are tested by one full-graph
+forward pass (exact, no sampling).
 
 Everything runs on one thread (torch and Numba; the ``one_thread`` fixture).
 
@@ -25,6 +25,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_hetero_service import served
+from test_loader import TIMEOUTS
 from torch import nn
 from torch_geometric.data import HeteroData
 
@@ -33,7 +35,7 @@ from partitioner.hetero_synthetic import HETERO_PRESETS, generate_hetero
 from partitioner.hetero_writer import partition_hetero_graph
 from partitioner.readers.pyg_hetero import to_pyg_hetero
 from trainer_client.hetero_models import RGCN, HeteroMeta, hetero_batch_inputs
-from trainer_client.hetero_source import InProcessHeteroLoader, LocalHeteroGraph
+from trainer_client.loader import RemoteNeighborLoader
 
 SEEDS = range(8)
 EPOCHS = 10
@@ -120,18 +122,14 @@ def test_rgcn_on_graphfeed_batches_matches_pyg_hetero_neighbor_loader(
 
     graph, root = typed_graph
     data = to_pyg_hetero(graph)
-    local = LocalHeteroGraph(root)
     ours, pyg, mlp = [], [], []
+    with served(root, 2) as addresses:
+        for seed in SEEDS:
+            with RemoteNeighborLoader(addresses, "train", num_neighbors=FANOUTS, batch_size=BATCH,
+                                      shuffle=True, seed=seed, **TIMEOUTS) as loader:
+                # each pass over the loader is the next epoch
+                ours.append(_train_rgcn(graph, data, seed, (loader for _ in range(EPOCHS))))
     for seed in SEEDS:
-        loader = InProcessHeteroLoader(local, "train", num_neighbors=FANOUTS, batch_size=BATCH,
-                                       shuffle=True, seed=seed)
-
-        def epochs(loader: InProcessHeteroLoader = loader) -> Iterable[Iterable[HeteroData]]:
-            for epoch in range(EPOCHS):
-                loader.set_epoch(epoch)
-                yield loader
-
-        ours.append(_train_rgcn(graph, data, seed, epochs()))
         torch.manual_seed(seed)
         reference = NeighborLoader(data, num_neighbors={et: FANOUTS for et in data.edge_types},
                                    batch_size=BATCH, shuffle=True,

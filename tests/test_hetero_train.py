@@ -1,5 +1,6 @@
-"""Typed models (R-GCN, to_hetero GraphSAGE), the in-process typed batch source and the
-trainer's typed path (``graphfeed-train --partition-dir``, one process and 2 DDP ranks)."""
+"""Typed models (R-GCN, to_hetero GraphSAGE), the in-process typed batch source (the same
+batches as the servers stream) and the trainer's typed path (``graphfeed-train`` on typed
+servers and with ``--partition-dir``, one process and 2 DDP ranks)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_hetero_service import served
+from test_loader import TIMEOUTS
 
 from partitioner.hetero import HeteroGraphData
 from partitioner.hetero_synthetic import HeteroPreset, _mag_relations, generate_hetero
@@ -27,6 +30,7 @@ from trainer_client.hetero_models import (
     layer_plan,
 )
 from trainer_client.hetero_source import InProcessHeteroLoader, LocalHeteroGraph
+from trainer_client.loader import RemoteNeighborLoader
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -144,6 +148,40 @@ def test_in_process_loader_covers_each_seed_once_over_ranks(mini: tuple[HeteroGr
     assert torch.equal(torch.sort(torch.cat(seen)).values, torch.from_numpy(np.sort(graph.splits["train"])))
 
 
+def test_in_process_batches_are_the_servers_batches(mini: tuple[HeteroGraphData, Path],
+                                                    local: LocalHeteroGraph) -> None:
+    """Same plan, same keys, same typed sampler: --partition-dir trains on exactly the
+    batches the servers would stream."""
+    _, root = mini
+    with served(root, 2) as addresses:
+        for rank in range(2):
+            ours = InProcessHeteroLoader(local, "train", num_neighbors=[4, 2], batch_size=30, shuffle=True,
+                                         rank=rank, world_size=2, seed=5)
+            with RemoteNeighborLoader(addresses, "train", num_neighbors=[4, 2], batch_size=30, shuffle=True,
+                                      rank=rank, world_size=2, seed=5, **TIMEOUTS) as theirs:
+                for epoch in (0, 1):
+                    ours.set_epoch(epoch)
+                    theirs.set_epoch(epoch)
+                    pairs = list(zip(ours, theirs, strict=True))
+                    assert len(pairs) == len(theirs) > 0
+                    for a, b in pairs:
+                        _assert_same_batch(a, b)
+
+
+def _assert_same_batch(a: object, b: object) -> None:
+    from torch_geometric.data import HeteroData
+
+    assert isinstance(a, HeteroData) and isinstance(b, HeteroData)
+    assert a["paper"].batch_size == b["paper"].batch_size
+    assert torch.equal(a["paper"].input_id, b["paper"].input_id)
+    assert torch.equal(a["paper"].y, b["paper"].y)
+    assert torch.equal(a["paper"].x, b["paper"].x)
+    for t in a.node_types:
+        assert torch.equal(a[t].n_id, b[t].n_id), t
+    for et in a.edge_types:
+        assert torch.equal(a[et].edge_index, b[et].edge_index), et
+
+
 def test_bad_loader_arguments_name_the_field(local: LocalHeteroGraph) -> None:
     with pytest.raises(ValueError, match="split"):
         InProcessHeteroLoader(local, "nope", num_neighbors=[2], batch_size=4)
@@ -188,6 +226,27 @@ def test_trainer_flag_errors(mini: tuple[HeteroGraphData, Path], tmp_path: Path,
     assert "--servers or --partition-dir" in capsys.readouterr().err
     args = train.parse_args(["--partition-dir", str(root), "--model", "rgcn", "--eval-fanouts", "full"])
     assert args.eval_fanouts_given and args.eval_fanouts is None
+
+
+def test_trainer_on_typed_servers(mini: tuple[HeteroGraphData, Path], tmp_path: Path, parts2: Path,
+                                  caplog: pytest.LogCaptureFixture) -> None:
+    _, root = mini
+    with served(root, 2) as addresses:
+        args = _train_args(root, tmp_path)
+        args[:2] = ["--servers", ",".join(addresses)]
+        assert train.main([*args, "--timeout", "30"]) == 0
+        m = json.loads((tmp_path / "m.json").read_text())
+        assert m["typed"] and m["graph"] == "hetero-synthetic" and len(m["epochs"]) == 2
+        assert m["epochs"][-1]["seeds"] == 160 and m["test_acc"] > 0.0
+        caplog.clear()
+        args[args.index("rgcn")] = "sage"
+        assert train.main(args) == 1
+        assert "expected a typed model" in caplog.text
+    with served(parts2, 2) as addresses:
+        caplog.clear()
+        assert train.main(["--servers", ",".join(addresses), "--model", "rgcn", "--epochs", "1",
+                           "--no-progress", "--timeout", "30"]) == 1
+        assert "expected a typed graph (format v2)" in caplog.text
 
 
 @pytest.mark.parametrize("model", ["rgcn", "hetero-sage"])

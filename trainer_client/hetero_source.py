@@ -9,6 +9,10 @@ per type in the graph's own IDs, ``edge_index`` per edge type, ``y`` and ``batch
 on the target type, ``input_id``, ``num_sampled_nodes`` / ``num_sampled_edges`` dicts),
 and :attr:`~HeteroBatchSource.meta`, the graph facts a typed model is built from.
 
+:class:`ServiceHeteroLoader` is the sampling servers' source: a
+:class:`~trainer_client.loader.RemoteNeighborLoader` on a typed cluster (its
+``typed_graph`` gives the facts).
+
 :class:`LocalHeteroGraph` loads every partition of a format-v2 directory with the typed
 sampler (:func:`~sampling_server.sampler.create_hetero_sampler`), the partitions
 answering each other's remote nodes in process; :class:`InProcessHeteroLoader` plans its
@@ -34,7 +38,9 @@ from partitioner.hetero_format import HeteroManifest, load_hetero_partition, rea
 from protos.plan import plan_global_epoch
 from sampling_server.sampler import HeteroNeighborSampler, HopSample, batch_key, create_hetero_sampler
 from sampling_server.sampler.hetero_convert import to_hetero_data
+from trainer_client.hetero_loader import TypedGraph
 from trainer_client.hetero_models import EdgeType, HeteroMeta
+from trainer_client.loader import RemoteNeighborLoader
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +65,48 @@ def meta_of_manifest(m: HeteroManifest) -> HeteroMeta:
         num_nodes={t: i.num_nodes for t, i in m.node_types.items()},
         feature_dims={t: i.feature_dim for t, i in m.node_types.items()},
         target_type=m.target_type, num_classes=m.num_classes)
+
+
+def meta_of_typed_graph(graph: TypedGraph) -> HeteroMeta:
+    """The graph facts of a typed cluster (``ClusterInfo.typed``)."""
+    return HeteroMeta(node_types=graph.node_types, edge_types=graph.edge_types,
+                      num_nodes=dict(graph.num_nodes), feature_dims=dict(graph.feature_dims),
+                      target_type=graph.target_type, num_classes=graph.num_classes)
+
+
+class ServiceHeteroLoader:
+    """A :class:`~trainer_client.loader.RemoteNeighborLoader` on a typed cluster, as a
+    :class:`HeteroBatchSource`."""
+
+    def __init__(self, loader: RemoteNeighborLoader) -> None:
+        if loader.typed_graph is None:
+            raise ValueError("loader: expected a loader of a typed cluster (ClusterInfo.typed), but the "
+                             "servers serve a homogeneous graph")
+        self.loader = loader
+        self._meta = meta_of_typed_graph(loader.typed_graph)
+
+    @property
+    def meta(self) -> HeteroMeta:
+        return self._meta
+
+    @property
+    def input_nodes(self) -> torch.Tensor:
+        return self.loader.input_nodes
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[HeteroData]:
+        for batch in self.loader:
+            if not isinstance(batch, HeteroData):
+                raise TypeError(f"loader: expected HeteroData batches, got {type(batch).__name__}")
+            yield batch
+
+    def close(self) -> None:
+        self.loader.close()
 
 
 class _Peers:

@@ -35,7 +35,13 @@ from trainer_client.hetero_models import (
     build_hetero_model,
     hetero_batch_inputs,
 )
-from trainer_client.hetero_source import HeteroBatchSource, InProcessHeteroLoader, LocalHeteroGraph
+from trainer_client.hetero_source import (
+    HeteroBatchSource,
+    InProcessHeteroLoader,
+    LocalHeteroGraph,
+    ServiceHeteroLoader,
+)
+from trainer_client.loader import RemoteNeighborLoader
 from trainer_client.train import (
     BEST_NAME,
     CHECKPOINT_NAME,
@@ -86,11 +92,22 @@ def local_loaders(args: argparse.Namespace, env: DistEnv) -> TypedLoaders:
 
 
 def remote_loaders(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> TypedLoaders:
-    """Sources streaming typed batches from the servers of ``cluster``."""
-    raise ValueError(
-        f"the servers serve the typed graph {cluster.info.graph_name!r}, but this trainer's "
-        "RemoteNeighborLoader streams homogeneous batches only; train it in process with "
-        "--partition-dir <its partition directory> instead of --servers")
+    """Sources streaming typed batches from the servers of ``cluster`` (sharing its
+    channels). The trainer-side feature cache holds homogeneous graphs only: the
+    default ``--cache-size`` runs without it, an explicit size is refused."""
+    common: dict[str, Any] = dict(
+        rank=env.rank, world_size=env.world_size, device=env.device, prefetch=args.prefetch,
+        seed=args.seed, feature_dtype=args.feature_dtype, stall_timeout=args.timeout,
+        reconnect_timeout=args.reconnect_timeout, cache_size=args.cache_size, cache_progress=False)
+    fanouts = eval_fanouts(args)
+    return TypedLoaders(
+        train=ServiceHeteroLoader(RemoteNeighborLoader(cluster, "train", num_neighbors=args.fanouts,
+                                                       batch_size=args.batch_size, shuffle=True, **common)),
+        val=ServiceHeteroLoader(RemoteNeighborLoader(cluster, "val", num_neighbors=fanouts,
+                                                     batch_size=args.eval_batch_size, **common)),
+        test=ServiceHeteroLoader(RemoteNeighborLoader(cluster, "test", num_neighbors=fanouts,
+                                                      batch_size=args.eval_batch_size, **common)),
+        graph_name=cluster.info.graph_name)
 
 
 def _seeds_and_labels(batch: Any, target: str) -> tuple[int, torch.Tensor]:
