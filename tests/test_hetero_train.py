@@ -215,9 +215,11 @@ def test_trainer_in_process_trains_checkpoints_and_resumes(mini: tuple[HeteroGra
     assert train.main(other) == 1  # a checkpoint of another model configuration is refused
 
 
-def test_trainer_flag_errors(mini: tuple[HeteroGraphData, Path], tmp_path: Path,
-                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_trainer_flag_errors(mini: tuple[HeteroGraphData, Path], tmp_path: Path, parts2: Path,
+                             capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     _, root = mini
+    assert train.main(["--partition-dir", str(parts2), "--model", "rgcn", "--no-progress"]) == 1
+    assert "expected a typed graph (format v2)" in caplog.text
     with pytest.raises(SystemExit):
         train.parse_args(["--partition-dir", str(root), "--model", "sage"])
     assert "--partition-dir" in capsys.readouterr().err

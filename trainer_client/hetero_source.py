@@ -34,7 +34,13 @@ import numpy as np
 import torch
 from torch_geometric.data import HeteroData
 
-from partitioner.hetero_format import HeteroManifest, load_hetero_partition, read_hetero_manifest
+from partitioner.hetero_format import (
+    HETERO_FORMAT_VERSION,
+    HeteroManifest,
+    load_hetero_partition,
+    read_format_version,
+    read_hetero_manifest,
+)
 from protos.plan import plan_global_epoch
 from sampling_server.sampler import HeteroNeighborSampler, HopSample, batch_key, create_hetero_sampler
 from sampling_server.sampler.hetero_convert import to_hetero_data
@@ -138,6 +144,9 @@ class LocalHeteroGraph:
     def __init__(self, partition_dir: str | Path, *, verify: str = "size") -> None:
         """``verify``: ``'full'`` checks every file's SHA-256, ``'size'`` sizes and headers."""
         self.root = Path(partition_dir)
+        if read_format_version(self.root) != HETERO_FORMAT_VERSION:
+            raise ValueError(f"partition_dir: expected a typed graph (format v2) in {self.root}, got a "
+                             "homogeneous one (format v1); train it through servers (graphfeed-local)")
         self.manifest = read_hetero_manifest(self.root)
         parts = [load_hetero_partition(self.root, p, verify=verify)  # type: ignore[arg-type]
                  for p in range(self.manifest.num_partitions)]

@@ -62,8 +62,6 @@ log = logging.getLogger("trainer_client.train")
 CHECKPOINT_NAME = "checkpoint.pt"
 #: File name of the checkpoint of the epoch with the best validation accuracy.
 BEST_NAME = "best.pt"
-#: ``ClusterInfo.format_version`` of servers serving a typed graph.
-TYPED_FORMAT_VERSION = 2
 
 
 # ---- arguments -------------------------------------------------------------------------
@@ -528,8 +526,8 @@ def run(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> dict[str, A
 
 def run_on_cluster(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> dict[str, Any]:
     """Train the servers' graph: :func:`run` on a homogeneous graph, the typed path
-    (:mod:`trainer_client.hetero_train`) on a typed one (format v2)."""
-    typed = int(cluster.info.format_version) == TYPED_FORMAT_VERSION
+    (:mod:`trainer_client.hetero_train`) on a typed one (``ClusterInfo.typed``: format v2)."""
+    typed = cluster.info.HasField("typed")
     if typed and args.model not in HETERO_MODELS:
         raise ValueError(f"--model {args.model}: the servers serve the typed graph "
                          f"{cluster.info.graph_name!r} (format v2); expected a typed model: "
