@@ -7,10 +7,11 @@ RUNTIME_STAMP := $(VENV)/.runtime-stamp
 DATA   ?= data
 WHEELS ?= ../shared/wheels
 
-.PHONY: help install test lint proto proto-check demo compose-test gpu-check bench-partition bench-peers clean
+.PHONY: help install test lint proto proto-check demo demo-hetero compose-test gpu-check bench-partition bench-peers clean
 
 help:
 	@echo "make demo             small graph -> 2 partitions -> 2 sampling servers -> 2 DDP trainers (PARTS=dir: yours)"
+	@echo "make demo-hetero      typed mag-small -> 2 partitions -> 2 sampling servers -> 2 DDP R-GCN trainers"
 	@echo "make test             install if needed, then lint and run the whole test suite"
 	@echo "make compose-test     (root) build the image offline and run deploy/docker-compose.yml with podman"
 	@echo "make gpu-check        (CUDA GPU) GPU tests, CUDA sampler/stream benchmarks, 1-GPU NCCL demo -> one report"
@@ -59,6 +60,11 @@ PARTS ?=
 demo: $(RUNTIME_STAMP)
 	$(PY) deploy/demo.py --data $(DATA)/demo $(if $(PARTS),--partition-dir $(PARTS))
 
+# typed (ogbn-mag-shaped) mag-small -> 2 partitions (format v2) -> 2 sampling servers ->
+# 2 DDP trainers of R-GCN on typed minibatches (CPU).
+demo-hetero: $(RUNTIME_STAMP)
+	$(PY) deploy/demo.py --typed --data $(DATA)/demo-typed
+
 # Root, about 6 minutes on 2 cores from nothing (see deploy/compose_test.py for the steps).
 COMPOSE_TEST_ARGS ?=
 compose-test: install
@@ -80,4 +86,4 @@ bench-peers: install
 	$(PY) -m pip install --quiet --no-deps $(WHEELS)/torch_scatter-*.whl $(WHEELS)/torch_sparse-*.whl
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(DATA)/demo
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(DATA)/demo $(DATA)/demo-typed

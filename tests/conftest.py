@@ -7,6 +7,7 @@ on it unless a real GPU is usable (then the ``gpu``-marked tests run too).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,3 +36,17 @@ def parts2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     partition_graph(generate("small", progress=False), 2, root, method="range", progress=False,
                     overwrite=True)
     return root
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """torch and Numba on one thread for the test: on a shared 2-core machine, two threads
+    per process spin waiting for each other and run many times slower."""
+    import numba
+
+    torch_threads, numba_threads = torch.get_num_threads(), numba.get_num_threads()
+    torch.set_num_threads(1)
+    numba.set_num_threads(1)
+    yield
+    torch.set_num_threads(torch_threads)
+    numba.set_num_threads(numba_threads)

@@ -10,6 +10,9 @@
   breaks, failing with a clear error within bounded time;
 * ``decode.py``: ``MinibatchChunk`` messages to a ``Data`` without copies;
 * ``models.py``: GraphSAGE / GCN / GAT / GIN node classifiers using ``trim_to_layer``;
+* ``hetero_models.py``: R-GCN and ``to_hetero`` GraphSAGE for ``HeteroData`` batches;
+  ``hetero_source.py``: typed batch sources (the servers', or sampled in process);
+  ``hetero_train.py``: the trainer's typed path;
 * ``evaluate.py``: sampled accuracy and full-neighbor layer-wise inference;
 * ``train.py``: the torchrun-compatible trainer (``graphfeed-train``);
 * ``local.py``: servers for every partition on one machine, then the trainer

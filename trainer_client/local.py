@@ -33,6 +33,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from partitioner.format import PartitionFormatError, read_manifest
+from partitioner.hetero_format import HETERO_FORMAT_VERSION, read_format_version, read_hetero_manifest
 from protos.channel import create_channel
 
 log = logging.getLogger("graphfeed-local")
@@ -131,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start one sampling server per partition on this machine, train with torchrun, "
                     "stop the servers. Trainer arguments (graphfeed-train's) go after '--'.",
         epilog="example:\n  graphfeed-local --partition-dir parts/ -- --epochs 10 --fanouts 10,5")
-    p.add_argument("--partition-dir", type=Path, required=True, help="a partitioned graph (format v1)")
+    p.add_argument("--partition-dir", type=Path, required=True,
+                   help="a partitioned graph (format v1, or v2 for a typed graph)")
     p.add_argument("--nproc-per-node", type=int, default=1, help="trainer processes (DDP ranks)")
     p.add_argument("--trainer-script", type=Path, default=None,
                    help="your own training script (it must take --servers) instead of graphfeed-train")
@@ -162,13 +164,20 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     return args, trainer_args
 
 
+def num_partitions(partition_dir: Path) -> int:
+    """The partition count of a format v1 (homogeneous) or v2 (typed) directory."""
+    if read_format_version(partition_dir) == HETERO_FORMAT_VERSION:
+        return read_hetero_manifest(partition_dir).num_partitions
+    return read_manifest(partition_dir).num_partitions
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point: the trainer's exit code, 1 when the servers did not come up,
     2 on bad flags or a partition directory that cannot be read."""
     args, trainer_args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
-        num_parts = read_manifest(args.partition_dir).num_partitions
+        num_parts = num_partitions(args.partition_dir)
     except (PartitionFormatError, OSError) as exc:
         sys.stderr.write(f"graphfeed-local: error: --partition-dir: {exc}\n")
         return 2

@@ -18,6 +18,13 @@ counts are all-reduced) and, on rank 0, logs loss / train acc / val acc and save
 checkpoint (``torch.save`` of state dicts and plain numbers only; ``--resume`` loads it
 with ``torch.load(weights_only=True)``). The ``test`` split is evaluated at the end and
 ``--metrics-json`` receives every figure.
+
+Typed graphs (format v2, e.g. ogbn-mag) train ``--model rgcn`` or ``hetero-sage`` on
+``HeteroData`` batches (:mod:`trainer_client.hetero_train`), from the servers or, with
+``--partition-dir`` instead of ``--servers``, sampled in this process from the partition
+files::
+
+    graphfeed-train --partition-dir parts/mag-2 --model rgcn --fanouts 10,5 --epochs 10
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from protos.channel import GraphfeedError
 from protos.security import Security, read_token, set_default_security
 from trainer_client.cache import parse_cache_size
 from trainer_client.evaluate import accuracy_of, layerwise_logits, sampled_accuracy
+from trainer_client.hetero_models import HETERO_MODELS
 from trainer_client.loader import MAX_SEEDS, Cluster, RemoteNeighborLoader
 from trainer_client.models import MODELS, NodeClassifier, batch_inputs, build_model
 
@@ -100,19 +108,24 @@ def _cache_size(text: str) -> float | str | None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="graphfeed-train", description="Train a GNN on minibatches from graphfeed sampling servers.")
-    p.add_argument("--servers", required=True, help="comma-separated host:port of the sampling servers")
+    p.add_argument("--servers", default=None, help="comma-separated host:port of the sampling servers")
+    p.add_argument("--partition-dir", type=Path, default=None,
+                   help="instead of --servers: sample in this process from a typed (format v2) "
+                        "partition directory on this machine (typed models only)")
     p.add_argument("--fanouts", type=_int_list, default=[10, 5], help="neighbors per hop (default 10,5)")
     p.add_argument("--batch-size", type=_positive(int), default=1024,
                    help="training seeds per batch on each rank: one optimizer step sees "
                         "world size x this (PyG's per-process batch_size)")
     p.add_argument("--eval-batch-size", type=_positive(int), default=None, help="default: --batch-size")
-    p.add_argument("--eval-fanouts", type=_eval_fanouts, default=None,
-                   help="neighbors per hop for validation and test, or 'full' (default): exact "
-                        "full-neighbor layer-wise inference")
+    p.add_argument("--eval-fanouts", type=_eval_fanouts, default=argparse.SUPPRESS,
+                   help="neighbors per hop for validation and test, or 'full': exact full-neighbor "
+                        "layer-wise inference (the default on homogeneous graphs); on typed graphs "
+                        "sampled, by default with --fanouts, 'full' = every neighbor")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--lr", type=_positive(float), default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--model", choices=sorted(MODELS), default="sage")
+    p.add_argument("--model", choices=[*sorted(MODELS), *HETERO_MODELS], default="sage",
+                   help="sage, gcn, gat, gin (homogeneous graphs); rgcn, hetero-sage (typed graphs)")
     p.add_argument("--hidden", type=_positive(int), default=256)
     p.add_argument("--layers", type=_positive(int), default=None, help="default: number of fanouts")
     p.add_argument("--heads", type=_positive(int), default=4, help="attention heads (gat)")
@@ -148,6 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.eval_fanouts_given = hasattr(args, "eval_fanouts")
+    if not args.eval_fanouts_given:
+        args.eval_fanouts = None
+    if (args.servers is None) == (args.partition_dir is None):
+        parser.error("--servers or --partition-dir: expected exactly one of them")
+    if args.partition_dir is not None and args.model not in HETERO_MODELS:
+        parser.error(f"--partition-dir: trains typed models ({', '.join(HETERO_MODELS)}) only, got --model "
+                     f"{args.model}; homogeneous graphs train through servers (graphfeed-local)")
     if args.epochs < 0:
         parser.error(f"--epochs: expected >= 0, got {args.epochs}")
     if not args.fanouts or any(f < -1 for f in args.fanouts):
@@ -311,7 +332,7 @@ def _model_config(args: argparse.Namespace) -> dict[str, Any]:
     return {"model": args.model, "hidden": args.hidden, "layers": args.layers, "heads": args.heads}
 
 
-def save_checkpoint(path: Path, model: NodeClassifier, optimizer: torch.optim.Optimizer, epoch: int,
+def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int,
                     history: list[dict[str, Any]], config: dict[str, Any]) -> None:
     """Write the checkpoint atomically (state dicts and plain values only: no pickled objects)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -321,7 +342,7 @@ def save_checkpoint(path: Path, model: NodeClassifier, optimizer: torch.optim.Op
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: Path, model: NodeClassifier, optimizer: torch.optim.Optimizer,
+def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     config: dict[str, Any], device: torch.device) -> tuple[int, list[dict[str, Any]]]:
     """Load a checkpoint with ``weights_only=True``; return (next epoch, history)."""
     state = torch.load(path, map_location=device, weights_only=True)
@@ -503,6 +524,25 @@ def run(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> dict[str, A
     }
 
 
+def run_on_cluster(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> dict[str, Any]:
+    """Train the servers' graph: :func:`run` on a homogeneous graph, the typed path
+    (:mod:`trainer_client.hetero_train`) on a typed one (``ClusterInfo.typed``: format v2)."""
+    typed = cluster.info.HasField("typed")
+    if typed and args.model not in HETERO_MODELS:
+        raise ValueError(f"--model {args.model}: the servers serve the typed graph "
+                         f"{cluster.info.graph_name!r} (format v2); expected a typed model: "
+                         f"{', '.join(HETERO_MODELS)}")
+    if not typed and args.model in HETERO_MODELS:
+        raise ValueError(f"--model {args.model}: expected a typed graph (format v2), but the servers serve "
+                         f"the homogeneous graph {cluster.info.graph_name!r}; use --model "
+                         f"{', '.join(sorted(MODELS))}")
+    if typed:
+        from trainer_client.hetero_train import remote_loaders, run_typed
+
+        return run_typed(args, env, remote_loaders(args, env, cluster))
+    return run(args, env, cluster)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the exit status (0 ok, 1 a graphfeed or input error)."""
     args = parse_args(argv)
@@ -518,9 +558,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         set_default_security(Security(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key,
                                       token=read_token(args.token_file)))
         env = setup_distributed(args.device, args.timeout)
-        log.info("waiting up to %g s for the servers %s", args.timeout, args.servers)
-        cluster = Cluster(args.servers, connect_timeout=args.timeout)
-        metrics = run(args, env, cluster)
+        if args.partition_dir is not None:
+            from trainer_client.hetero_train import local_loaders, run_typed
+
+            metrics = run_typed(args, env, local_loaders(args, env))
+        else:
+            log.info("waiting up to %g s for the servers %s", args.timeout, args.servers)
+            cluster = Cluster(args.servers, connect_timeout=args.timeout)
+            metrics = run_on_cluster(args, env, cluster)
         if env.rank == 0 and args.metrics_json is not None:
             args.metrics_json.parent.mkdir(parents=True, exist_ok=True)
             args.metrics_json.write_text(json.dumps(metrics, indent=2) + "\n")

@@ -1,0 +1,277 @@
+"""Node classifiers for typed (heterogeneous) minibatches: R-GCN and GraphSAGE made
+typed with PyG's ``to_hetero``.
+
+Both read a ``HeteroData`` batch as PyG's hetero ``NeighborLoader`` lays it out
+(:func:`hetero_batch_inputs`) and return the logits of the target type's seeds (its
+first ``batch_size`` nodes). Every node type first becomes a ``hidden``-wide vector
+(:class:`TypedInput`): types with features through a ``Linear`` of their own, types
+without features (ogbn-mag's authors, institutions, fields of study) through a learnable
+``nn.Embedding`` of ``num_nodes[type]`` rows, looked up by the batch's ``n_id`` of that
+type (the graph's own per-type IDs, ``0 .. N_t-1``), as DGL's and PyG's ogbn-mag R-GCN
+examples do.
+
+**R-GCN** (:class:`RGCN`, Schlichtkrull et al.): layer ``l`` computes for every node
+``i`` of type ``t``
+
+    h_i' = W_root[t] h_i + sum over relations r into t of  W_r mean_{j in N_r(i)} h_j
+
+(a per-type self-loop weight, one weight per relation, mean normalization ``1/|N_r(i)|``;
+DGL's ``RelGraphConvLayer`` with ``norm='right'``), ReLU and dropout between layers. Each
+layer computes only what reaches the target type's output: the last layer only the
+relations into the target type, the one before only those into their source types,
+and so on. So every parameter takes part in every step (DDP needs no
+``find_unused_parameters``) and no work is spent on outputs nobody reads. With
+``num_sampled_nodes`` / ``num_sampled_edges`` the layers trim the outer hops as PyG's
+``trim_to_layer`` does.
+
+**Hetero GraphSAGE** (:class:`HeteroSAGE`): PyG's ``GraphSAGE`` layer stack turned typed
+by ``torch_geometric.nn.to_hetero`` (one ``SAGEConv`` per relation, summed per
+destination type). ``to_hetero`` computes every type at every layer, so the last layer's
+convolutions into non-target types get no gradient: under DDP it needs
+``find_unused_parameters=True`` (:data:`NEEDS_UNUSED_PARAMETER_SEARCH`). Channel counts
+are explicit (no lazy ``-1`` sizes), so the parameters exist before DDP wraps the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch_geometric.data import HeteroData
+from torch_geometric.nn import SAGEConv, to_hetero
+from torch_geometric.utils import trim_to_layer
+
+EdgeType = tuple[str, str, str]
+
+#: Typed model names and whether DDP must search for unused parameters.
+NEEDS_UNUSED_PARAMETER_SEARCH: dict[str, bool] = {"rgcn": False, "hetero-sage": True}
+HETERO_MODELS: tuple[str, ...] = tuple(NEEDS_UNUSED_PARAMETER_SEARCH)
+
+#: What a typed model reads of a batch: features, edges and ``n_id`` per type, the
+#: number of seeds, and the per-hop counts (None when the batch has none).
+HeteroInputs = tuple[dict[str, Tensor], dict[EdgeType, Tensor], dict[str, Tensor], int,
+                     dict[str, list[int]] | None, dict[EdgeType, list[int]] | None]
+
+
+@dataclass(frozen=True)
+class HeteroMeta:
+    """What a typed model needs to know of the whole graph."""
+
+    #: Node types, in the graph's order.
+    node_types: tuple[str, ...]
+    #: Edge types ``(src, rel, dst)``, in the graph's order.
+    edge_types: tuple[EdgeType, ...]
+    #: Node type to its number of nodes (rows of its embedding when it has no features).
+    num_nodes: dict[str, int]
+    #: Node type to its feature dimension (0: no features).
+    feature_dims: dict[str, int]
+    #: The labelled node type whose seeds are classified.
+    target_type: str
+    #: Number of classes.
+    num_classes: int
+
+    def __post_init__(self) -> None:
+        if self.target_type not in self.node_types:
+            raise ValueError(f"target_type: expected one of {list(self.node_types)}, got "
+                             f"{self.target_type!r}")
+        for et in self.edge_types:
+            if et[0] not in self.node_types or et[2] not in self.node_types:
+                raise ValueError(f"edge_types: {et!r} joins node types not among {list(self.node_types)}")
+        for t in self.node_types:
+            if self.feature_dims.get(t, 0) <= 0 and self.num_nodes.get(t, 0) <= 0:
+                raise ValueError(f"num_nodes[{t!r}]: a node type without features needs its node "
+                                 f"count (> 0) for its embedding, got {self.num_nodes.get(t)}")
+        if self.num_classes < 1:
+            raise ValueError(f"num_classes: expected an integer >= 1, got {self.num_classes}")
+
+    def to_json(self) -> dict[str, object]:
+        """Plain values (a checkpoint's config)."""
+        return {"node_types": list(self.node_types), "edge_types": ["__".join(et) for et in self.edge_types],
+                "num_nodes": dict(self.num_nodes), "feature_dims": dict(self.feature_dims),
+                "target_type": self.target_type, "num_classes": self.num_classes}
+
+
+def layer_plan(meta: HeteroMeta, num_layers: int) -> list[tuple[list[EdgeType], list[str]]]:
+    """Per layer, the relations it computes and the node types it outputs, so that only
+    what reaches the target type's last-layer output is computed (see the module doc)."""
+    plan: list[tuple[list[EdgeType], list[str]]] = []
+    wanted = {meta.target_type}
+    for _ in range(num_layers):
+        relations = [et for et in meta.edge_types if et[2] in wanted]
+        plan.append((relations, [t for t in meta.node_types if t in wanted]))
+        wanted = wanted | {et[0] for et in relations}
+    plan.reverse()
+    return plan
+
+
+def _input_types(meta: HeteroMeta, plan: Sequence[tuple[list[EdgeType], list[str]]]) -> list[str]:
+    relations, outputs = plan[0]
+    used = set(outputs) | {et[0] for et in relations}
+    return [t for t in meta.node_types if t in used]
+
+
+class TypedInput(nn.Module):
+    """Every node type to ``hidden`` channels: a ``Linear`` for types with features, an
+    ``nn.Embedding`` (indexed by ``n_id``) for types without."""
+
+    def __init__(self, meta: HeteroMeta, hidden: int, types: Sequence[str] | None = None) -> None:
+        super().__init__()
+        types = list(meta.node_types if types is None else types)
+        self.lins = nn.ModuleDict({t: nn.Linear(meta.feature_dims[t], hidden)
+                                   for t in types if meta.feature_dims.get(t, 0) > 0})
+        embs = {t: nn.Embedding(meta.num_nodes[t], hidden) for t in types if meta.feature_dims.get(t, 0) <= 0}
+        for emb in embs.values():
+            nn.init.xavier_uniform_(emb.weight)
+        self.embs = nn.ModuleDict(embs)
+
+    def forward(self, x_dict: Mapping[str, Tensor], n_id_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        out = {}
+        for t, lin in self.lins.items():
+            if t not in x_dict:
+                raise ValueError(f"batch[{t!r}].x: expected features of node type {t!r}, got none")
+            out[t] = lin(x_dict[t])
+        for t, emb in self.embs.items():
+            if t not in n_id_dict:
+                raise ValueError(f"batch[{t!r}].n_id: expected the node IDs of node type {t!r}, got none")
+            out[t] = emb(n_id_dict[t])
+        return out
+
+
+class RGCNLayer(nn.Module):
+    """One R-GCN layer over the given relations, output for ``out_types``."""
+
+    def __init__(self, relations: Sequence[EdgeType], out_types: Sequence[str], in_channels: int,
+                 out_channels: int) -> None:
+        super().__init__()
+        self.relations: list[EdgeType] = [(et[0], et[1], et[2]) for et in relations]
+        # ModuleDict keys may not contain '.': '__'-joined edge type names.
+        self.rel = nn.ModuleDict({"__".join(et): SAGEConv(in_channels, out_channels, aggr="mean",
+                                                          root_weight=False, bias=False)
+                                  for et in self.relations})
+        self.root = nn.ModuleDict({t: nn.Linear(in_channels, out_channels) for t in out_types})
+
+    def forward(self, h: Mapping[str, Tensor],
+                edge_index_dict: Mapping[EdgeType, Tensor]) -> dict[str, Tensor]:
+        out = {t: lin(h[t]) for t, lin in self.root.items()}
+        for et in self.relations:
+            ei = edge_index_dict.get(et)
+            if ei is None or et[0] not in h:
+                continue
+            src, _, dst = et
+            out[dst] = out[dst] + self.rel["__".join(et)]((h[src], h[dst]), ei)
+        return out
+
+
+class RGCN(nn.Module):
+    """R-GCN node classifier for typed minibatches (see the module doc)."""
+
+    def __init__(self, meta: HeteroMeta, *, hidden_channels: int = 64, num_layers: int = 2,
+                 dropout: float = 0.5) -> None:
+        super().__init__()
+        _check_sizes(hidden_channels, num_layers, dropout)
+        self.target_type, self.dropout, self.num_layers = meta.target_type, dropout, num_layers
+        plan = layer_plan(meta, num_layers)
+        self.input = TypedInput(meta, hidden_channels, _input_types(meta, plan))
+        widths = [hidden_channels] * num_layers + [meta.num_classes]
+        self.layers = nn.ModuleList([RGCNLayer(rels, outs, widths[i], widths[i + 1])
+                                     for i, (rels, outs) in enumerate(plan)])
+
+    def forward(self, x_dict: dict[str, Tensor], edge_index_dict: dict[EdgeType, Tensor],
+                n_id_dict: dict[str, Tensor], batch_size: int,
+                num_sampled_nodes: dict[str, list[int]] | None = None,
+                num_sampled_edges: dict[EdgeType, list[int]] | None = None) -> Tensor:
+        """Logits ``[batch_size, num_classes]`` of the target type's seeds."""
+        h = self.input(x_dict, n_id_dict)
+        edges: dict[EdgeType, Tensor] = dict(edge_index_dict)
+        trim = _can_trim(num_sampled_nodes, num_sampled_edges, self.num_layers)
+        for i, layer in enumerate(self.layers):
+            if trim and i > 0:
+                assert num_sampled_nodes is not None and num_sampled_edges is not None
+                h, edges, _ = trim_to_layer(i, num_sampled_nodes, num_sampled_edges, h, edges)
+            h = layer(h, edges)
+            if i < self.num_layers - 1:
+                h = {t: F.dropout(F.relu(v), self.dropout, self.training) for t, v in h.items()}
+        return h[self.target_type][:batch_size]
+
+
+class _SAGEStack(nn.Module):
+    """Homogeneous GraphSAGE layers for ``to_hetero`` to make typed."""
+
+    def __init__(self, hidden: int, out: int, num_layers: int, dropout: float) -> None:
+        super().__init__()
+        widths = [hidden] * num_layers + [out]
+        self.convs = nn.ModuleList([SAGEConv(widths[i], widths[i + 1]) for i in range(num_layers)])
+        # A module, not F.dropout(training=self.training): to_hetero's tracing would bake
+        # the training flag of the moment in as a constant.
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        for i, conv in enumerate(self.convs):
+            x = conv(x, edge_index)
+            if i < len(self.convs) - 1:
+                x = self.dropout(F.relu(x))
+        return x
+
+
+class HeteroSAGE(nn.Module):
+    """GraphSAGE made typed by ``to_hetero`` (aggregation ``sum`` over relations)."""
+
+    def __init__(self, meta: HeteroMeta, *, hidden_channels: int = 64, num_layers: int = 2,
+                 dropout: float = 0.5) -> None:
+        super().__init__()
+        _check_sizes(hidden_channels, num_layers, dropout)
+        self.target_type = meta.target_type
+        self.input = TypedInput(meta, hidden_channels)
+        stack = _SAGEStack(hidden_channels, meta.num_classes, num_layers, dropout)
+        self.gnn = to_hetero(stack, (list(meta.node_types), list(meta.edge_types)), aggr="sum")
+
+    def forward(self, x_dict: dict[str, Tensor], edge_index_dict: dict[EdgeType, Tensor],
+                n_id_dict: dict[str, Tensor], batch_size: int,
+                num_sampled_nodes: dict[str, list[int]] | None = None,
+                num_sampled_edges: dict[EdgeType, list[int]] | None = None) -> Tensor:
+        """Logits ``[batch_size, num_classes]`` of the target type's seeds (no trimming)."""
+        h = self.input(x_dict, n_id_dict)
+        out = self.gnn(h, dict(edge_index_dict))
+        return out[self.target_type][:batch_size]
+
+
+def _check_sizes(hidden: int, num_layers: int, dropout: float) -> None:
+    for name, value in (("hidden_channels", hidden), ("num_layers", num_layers)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout: expected 0 <= dropout < 1, got {dropout}")
+
+
+def _can_trim(nodes: Mapping[str, list[int]] | None, edges: Mapping[EdgeType, list[int]] | None,
+              num_layers: int) -> bool:
+    return bool(nodes) and bool(edges) and all(len(v) >= num_layers for v in edges.values())  # type: ignore[union-attr]
+
+
+def hetero_batch_inputs(batch: HeteroData) -> HeteroInputs:
+    """The inputs of a typed model's ``forward`` for a batch laid out as PyG's hetero
+    ``NeighborLoader`` lays it out (``batch_size`` on the target type)."""
+    x_dict = {t: batch[t].x for t in batch.node_types if "x" in batch[t]}
+    edges = {tuple(et): batch[et].edge_index for et in batch.edge_types}
+    n_id = {t: batch[t].n_id for t in batch.node_types if "n_id" in batch[t]}
+    sizes = [int(batch[t].batch_size) for t in batch.node_types if "batch_size" in batch[t]]
+    if len(sizes) != 1:
+        raise ValueError(f"batch: expected batch_size on exactly one node type (the seeds'), found it "
+                         f"on {[t for t in batch.node_types if 'batch_size' in batch[t]]}")
+    nodes = batch.num_sampled_nodes if "num_sampled_nodes" in batch else None
+    sampled = batch.num_sampled_edges if "num_sampled_edges" in batch else None
+    return (x_dict, edges, n_id, sizes[0],
+            dict(nodes) if isinstance(nodes, dict) else None,
+            {tuple(k): v for k, v in sampled.items()} if isinstance(sampled, dict) else None)
+
+
+def build_hetero_model(name: str, meta: HeteroMeta, *, hidden_channels: int = 64, num_layers: int = 2,
+                       dropout: float = 0.5) -> RGCN | HeteroSAGE:
+    """A typed node classifier by name (``rgcn`` or ``hetero-sage``)."""
+    if name == "rgcn":
+        return RGCN(meta, hidden_channels=hidden_channels, num_layers=num_layers, dropout=dropout)
+    if name == "hetero-sage":
+        return HeteroSAGE(meta, hidden_channels=hidden_channels, num_layers=num_layers, dropout=dropout)
+    raise ValueError(f"model: expected one of {list(HETERO_MODELS)}, got {name!r}")
