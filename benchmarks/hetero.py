@@ -141,6 +141,9 @@ def main() -> int:
                         help="Numba/torch thread counts to run graphfeed's sampler with")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    from protos.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as the server does at start-up; applies to every row alike
     started = time.perf_counter()
     graph = generate_hetero(args.preset, seed=0, progress=False).add_reverse()
     root = args.data / f"{args.preset}-hetero-1"
