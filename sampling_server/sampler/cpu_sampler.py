@@ -156,8 +156,8 @@ class CpuNeighborSampler(NeighborSampler):
         remote: RemoteNeighbors | None = None,
     ) -> SamplerOutput:
         """As :meth:`NeighborSampler.sample`. With a dense relabel map, every hop is
-        relabelled by :mod:`cpu_fused`'s parallel passes straight into the batch's arrays,
-        and a hop whose frontier is all owned here (uniform draws, fanout up to
+        relabelled by :mod:`cpu_fused`'s passes straight into the batch's arrays, and a
+        hop whose frontier is all owned here (uniform draws, fanout up to
         :data:`~cpu_kernels.STRIDE_MAX_FANOUT`) is drawn in the same passes."""
         if self._dense_maps is None:
             return super().sample(seeds, fanouts, key, remote)

@@ -2,10 +2,11 @@
 Numba ``@njit`` kernels, run per relation.
 
 Each relation's CSC (over the owned destination nodes, sources as global IDs of the
-source type) goes to :func:`cpu_kernels.sample_uniform` with the destination type's
-original IDs and first owned ID, so a relation is sampled exactly as a homogeneous graph
-would be; dedup/relabel uses one homogeneous relabeler per node type. Nothing is copied
-at start-up: the partition's arrays stay read-only memory maps.
+source type) is drawn with the destination type's original IDs and first owned ID, so a
+relation is sampled exactly as a homogeneous graph would be: by :mod:`cpu_fused`'s hops
+into the batch's arrays (one dense map per node type), or by
+:func:`cpu_kernels.sample_uniform` for peers and the generic path. Nothing is copied at
+start-up: the partition's arrays stay read-only memory maps.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class CpuHeteroSampler(HeteroNeighborSampler):
                num_neighbors: NumNeighbors, key: int,
                remote: HeteroRemote | None = None) -> HeteroSamplerOutput:
         """As :meth:`HeteroNeighborSampler.sample`. With dense relabel maps for every node
-        type, each relation's hop is relabelled by :mod:`cpu_fused`'s parallel passes
+        type, each relation's hop is relabelled by :mod:`cpu_fused`'s passes
         straight into the batch's arrays (and drawn in the same passes when its frontier is
         all owned here)."""
         if len(self._dense_maps) != len(self.node_types):
