@@ -110,3 +110,39 @@ def time_batches(label: str, step: Callable[[np.ndarray, int], int], train: np.n
     return {"label": label, "batches": num_batches, "seconds": round(wall, 3),
             "seeds_per_s": round(seeds / wall, 1), "edges_per_s": round(edges / wall, 1),
             "ms_per_batch": round(1000 * wall / num_batches, 2)}
+
+
+def spread(values: list[float], digits: int = 2) -> dict[str, Any]:
+    """Values measured once per pass: the list, its median, min and max."""
+    arr = np.asarray(values, dtype=np.float64)
+    return {"per_pass": [round(float(v), digits) for v in arr],
+            "median": round(float(np.median(arr)), digits),
+            "min": round(float(arr.min()), digits), "max": round(float(arr.max()), digits)}
+
+
+def summarize_passes(passes: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per label (in first-seen order) over the passes: the median seeds/s,
+    edges/s and ms/batch, and the min and max seeds/s. Skipped rows stay as they are."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for rows in passes:
+        for r in rows:
+            by.setdefault(r["label"], []).append(r)
+    out = []
+    for label, rows in by.items():
+        timed = [r for r in rows if "seeds_per_s" in r]
+        if not timed:
+            out.append(rows[0])
+            continue
+        row: dict[str, Any] = {"label": label, "passes": len(timed)}
+        for key in ("seeds_per_s", "edges_per_s", "ms_per_batch"):
+            if all(key in r for r in timed):
+                row[key] = round(float(np.median([r[key] for r in timed])), 1)
+        row["seeds_per_s_min"] = min(r["seeds_per_s"] for r in timed)
+        row["seeds_per_s_max"] = max(r["seeds_per_s"] for r in timed)
+        out.append(row)
+    return out
+
+
+def load_average() -> list[float]:
+    """The 1-, 5- and 15-minute load averages."""
+    return [round(v, 2) for v in os.getloadavg()]

@@ -9,7 +9,8 @@ container image runs it at build time.
 
 It partitions the small synthetic graph with every streaming method into a temporary
 directory, loads a partition the way the server does (memory-mapped), and samples and
-gathers minibatches with and without replacement. The kernels' argument types are the
+gathers minibatches with and without replacement (and draws and relabels a hop the way a
+server does for and from its peers). The kernels' argument types are the
 same for every graph written in format v1, so the cache serves real graphs too.
 """
 
@@ -35,6 +36,7 @@ def warm_up() -> dict[str, float]:
     from partitioner.synthetic import generate
     from sampling_server.hot import hot_order
     from sampling_server.sampler import create_sampler
+    from sampling_server.sampler.cpu_fused import UNSEEN, look_up_drawn
     from sampling_server.sampler.rng import batch_key
 
     seconds: dict[str, float] = {}
@@ -53,7 +55,11 @@ def warm_up() -> dict[str, float]:
         seeds = np.asarray(part.splits["train"])[:64]
         for replace in (False, True):
             sampler = create_sampler(part, device="cpu", replace=replace)
-            sampler.minibatch(seeds, [10, 5], batch_key(0, 0, 0, 0))
+            batch = sampler.minibatch(seeds, [10, 5], batch_key(0, 0, 0, 0))
+            # what a server draws for its peers, and relabels of hops drawn by peers
+            drawn = sampler.sample_neighbors(batch.structure.n_id, 5, batch_key(0, 0, 0, 0), 1)
+            look_up_drawn(np.full(part.num_nodes, UNSEEN, dtype=np.int32),
+                          drawn.neighbors.numpy(), drawn.counts.numpy())
         seconds["sample and gather"] = time.perf_counter() - started
         started = time.perf_counter()
         hot_order(part, "visits_v1")

@@ -14,7 +14,8 @@ from partitioner.hetero import EdgeType, HeteroGraphData
 from partitioner.hetero_synthetic import generate_hetero
 from partitioner.hetero_writer import partition_hetero_graph
 from sampling_server.sampler import create_hetero_sampler, normalize_num_neighbors, to_hetero_data
-from sampling_server.sampler.hetero_base import relation_key
+from sampling_server.sampler.cpu_fused import UNSEEN
+from sampling_server.sampler.hetero_base import HeteroNeighborSampler, relation_key
 from sampling_server.sampler.hetero_cpu import CpuHeteroSampler
 from sampling_server.sampler.hetero_cuda import CudaHeteroSampler
 from tests.hetero_fixtures import tiny_hetero
@@ -137,6 +138,35 @@ def test_two_partitions_equal_one(small: HeteroGraphData, small_one: Path, small
     assert_same_batch(want, got)
     check_hetero_batch(small, maps2, got, "paper", seeds,
                        normalize_num_neighbors(fanouts, small.edge_types))
+
+
+@pytest.mark.parametrize("replace", [False, True], ids=["uniform", "replace"])
+def test_fused_path_equals_the_generic_path(small: HeteroGraphData, small_one: Path,
+                                            small_two: Path, replace: bool) -> None:
+    """The fused draw-and-relabel hops (the CPU default) give exactly the batch of the
+    shared per-relation path (draw, then relabel), on one partition and on two (where
+    remote frontiers are drawn by the peer and relabelled by the fused passes), and leave
+    every dense map all UNSEEN."""
+    fanouts = {"paper__cites__paper": [5, 3], "author__writes__paper": [-1, 2],
+               "paper__rev_writes__author": [3, 3], "paper__has_topic__field_of_study": [2, 0]}
+    seeds = _train_seeds(small, 200, offset=7)
+    for root in (small_one, small_two):
+        samplers = [CpuHeteroSampler(p, replace=replace) for p in load_all(root)]
+        peers = LocalHeteroPeers(samplers) if len(samplers) > 1 else None
+        paper = node_maps(root, small)["paper"][seeds]
+        for key in (3, 4):
+            got = samplers[0].sample(paper, "paper", fanouts, key=key, remote=peers)
+            want = HeteroNeighborSampler.sample(samplers[0], paper, "paper", fanouts, key, peers)
+            assert got.num_sampled_nodes == want.num_sampled_nodes
+            assert got.num_sampled_edges == want.num_sampled_edges
+            for t in want.node:
+                assert torch.equal(got.node[t], want.node[t]), t
+            for et in want.row:
+                assert torch.equal(got.row[et], want.row[et]), et
+                assert torch.equal(got.col[et], want.col[et]), et
+        for s in samplers:
+            for pool in s._dense_maps.values():
+                assert all(bool((m == UNSEEN).all()) for m in pool._free)
 
 
 def test_remote_nodes_need_a_remote(small: HeteroGraphData, small_two: Path) -> None:

@@ -9,6 +9,7 @@ import itertools
 import math
 from pathlib import Path
 
+import numba
 import numpy as np
 import pytest
 import torch
@@ -27,6 +28,7 @@ from scipy import stats
 
 from partitioner.format import Partition
 from partitioner.graph import GraphData
+from partitioner.synthetic import generate
 from sampling_server.sampler import (
     CpuNeighborSampler,
     CpuRelabeler,
@@ -36,7 +38,9 @@ from sampling_server.sampler import (
     create_sampler,
     rng,
 )
+from sampling_server.sampler import cpu_fused as F
 from sampling_server.sampler import cpu_kernels as K
+from sampling_server.sampler.base import NeighborSampler
 from sampling_server.sampler.convert import to_pyg_data
 
 FANOUTS = [[2, 2], [3, -1], [0, 5], [5, 3, 2]]
@@ -408,21 +412,50 @@ def test_pyg_graphsage_runs_on_a_converted_batch(whole: list[Partition]) -> None
     assert torch.isfinite(loss)
 
 
-def test_dense_and_hash_relabelers_agree(whole: list[Partition], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The dense-map relabeler (the default) and the hash-table one (huge graphs) number
-    every batch identically, and the dense maps are left all -1 after each batch."""
-    dense = CpuNeighborSampler(whole[0])
+@pytest.mark.parametrize(("replace", "weighted"), MODES, ids=MODE_IDS)
+def test_fused_path_and_generic_path_agree(whole: list[Partition], monkeypatch: pytest.MonkeyPatch,
+                                               replace: bool, weighted: bool) -> None:
+    """The fused hops (the default: draws, relabel and edges straight into the batch's
+    arrays through a dense map) give exactly the generic path's batch (draw, then relabel
+    through a hash table, as for huge graphs), and leave the dense maps all UNSEEN."""
+    dense = CpuNeighborSampler(whole[0], replace=replace, weighted=weighted)
     monkeypatch.setattr(cpu_sampler, "DENSE_RELABEL_MAX_NODES", 0)
-    hashed = CpuNeighborSampler(whole[0])
+    hashed = CpuNeighborSampler(whole[0], replace=replace, weighted=weighted)
     assert dense._dense_maps is not None and hashed._dense_maps is None
     for i, seeds in enumerate(_seed_sets(whole[0])):
         for fanouts in FANOUTS:
             a = dense.sample(seeds, fanouts, batch_key(9, 0, 0, i))
+            generic = NeighborSampler.sample(dense, seeds, fanouts, batch_key(9, 0, 0, i))
             b = hashed.sample(seeds, fanouts, batch_key(9, 0, 0, i))
-            assert torch.equal(a.n_id, b.n_id) and torch.equal(a.row, b.row)
-            assert torch.equal(a.col, b.col)
+            for other in (generic, b):
+                assert torch.equal(a.n_id, other.n_id) and torch.equal(a.row, other.row)
+                assert torch.equal(a.col, other.col)
+                assert a.num_sampled_nodes == other.num_sampled_nodes
+                assert a.num_sampled_edges == other.num_sampled_edges
     pooled = dense._dense_maps._free
-    assert pooled and all(bool((m == -1).all()) for m in pooled)
-    with pytest.raises(ValueError, match="seeds"):
-        dense.sample(np.array([HUB, HUB]), [2], 0)
-    assert all(bool((m == -1).all()) for m in dense._dense_maps._free)
+    assert pooled and all(bool((m == F.UNSEEN).all()) for m in pooled)
+    for bad in (np.array([HUB, HUB]), np.array([1, 2, 3, 1])):
+        with pytest.raises(ValueError, match=r"seeds.*repeats"):
+            dense.sample(bad, [2], 0)
+        with pytest.raises(ValueError, match=r"seeds.*repeats"):
+            NeighborSampler.sample(dense, bad, [2], 0)
+    assert all(bool((m == F.UNSEEN).all()) for m in dense._dense_maps._free)
+
+
+def test_fused_numbering_does_not_depend_on_threads(tmp_path: Path) -> None:
+    """Large frontiers (many chunks, many repeats within a hop): the parallel first-seen
+    numbering gives the sequential numbering whatever the number of threads."""
+    part = write_and_load(generate("small", seed=1, progress=False), tmp_path, 1)[0]
+    sampler = CpuNeighborSampler(part)
+    seeds = np.random.default_rng(0).permutation(part.num_nodes)[:1500]
+    expected = NeighborSampler.sample(sampler, seeds, [10, 10], batch_key(5, 0, 0, 0))
+    assert expected.n_id.numel() > 3000 and expected.num_sampled_edges[1] > 20 * K.PARALLEL_MIN_NODES
+    before = numba.get_num_threads()
+    try:
+        for threads in sorted({1, before}):
+            numba.set_num_threads(threads)
+            got = sampler.sample(seeds, [10, 10], batch_key(5, 0, 0, 0))
+            for name in ("n_id", "row", "col"):
+                assert torch.equal(getattr(got, name), getattr(expected, name)), (threads, name)
+    finally:
+        numba.set_num_threads(before)

@@ -22,8 +22,8 @@ def test_warmup_fills_the_kernel_cache(tmp_path: Path) -> None:
     assert "kernels compiled and cached" in proc.stderr
     cached = {p.name.split(".")[0] + "." + p.name.split(".")[1] for p in cache.rglob("*.nbi")}
     # The server's sampling, gather and hot-order kernels, the partition job's writer and assigners.
-    for kernel in ("cpu_kernels.sample_uniform_parallel", "cpu_kernels.gather_rows_and_labels",
-                   "cpu_kernels.dense_insert_unique", "writer._scatter_in_edges",
+    for kernel in ("cpu_kernels.sample_uniform_parallel", "cpu_gather.gather_rows_and_labels",
+                   "cpu_fused.draw_and_look_up", "cpu_fused.number_seeds", "writer._scatter_in_edges",
                    "algorithms._hash_parts", "hot._spread"):
         assert any(c.startswith(kernel) for c in cached), (kernel, sorted(cached))
     assert list(cache.rglob("*.nbc")), "no compiled code in the cache"

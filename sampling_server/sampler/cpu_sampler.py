@@ -10,14 +10,17 @@ weights (8 bytes per edge).
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from partitioner.format import Partition
+from sampling_server.sampler import cpu_fused as F
+from sampling_server.sampler import cpu_gather as G
 from sampling_server.sampler import cpu_kernels as K
-from sampling_server.sampler.base import NeighborSampler, Relabeler
-from sampling_server.sampler.types import HopSample
+from sampling_server.sampler.base import NeighborSampler, Relabeler, RemoteNeighbors, check_fanouts
+from sampling_server.sampler.types import HopSample, SamplerOutput
 
 _MASK64 = (1 << 64) - 1
 #: Initial relabel table size, in expected nodes per seed (the table grows as needed).
@@ -82,55 +85,13 @@ class CpuRelabeler(Relabeler):
             self._keys, self._values = K.table_rehash(self._keys, self._values, size)
 
 
-class DenseRelabeler(Relabeler):
-    """Dedup and relabel of one batch through a dense map (global ID -> local ID, -1 =
-    unseen) borrowed from the sampler's pool: one memory access per neighbor, against
-    several probes per neighbor for a hash table. The map is reset (only the batch's own
-    entries) when the batch closes."""
-
-    def __init__(self, seeds: np.ndarray, pool: _DenseMapPool):
-        self._pool = pool
-        self._map: np.ndarray | None = pool.take()
-        self._seen: list[np.ndarray] = []
-        dup = K.dense_insert_unique(self._map, seeds)  # undoes its inserts on a repeat
-        if dup >= 0:
-            self.close()
-            raise ValueError(f"seeds: expected unique node IDs; {int(seeds[dup])} repeats")
-        self._seen.append(seeds)
-        self._count = int(seeds.size)
-
-    def __len__(self) -> int:
-        """Nodes numbered so far."""
-        return self._count
-
-    def add(self, neighbors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._map is None:
-            raise RuntimeError("relabeler used after close()")
-        ids = _as_ids(neighbors, "neighbors")
-        new_ids = np.empty(ids.size, dtype=np.int64)
-        local = np.empty(ids.size, dtype=np.int64)
-        first_new = self._count
-        with K.parallel_guard():
-            K.dense_lookup(self._map, ids, local)
-        self._count = K.dense_add(self._map, self._count, ids, new_ids, local)
-        new = new_ids[: self._count - first_new]
-        self._seen.append(new)
-        return torch.from_numpy(new), torch.from_numpy(local)
-
-    def close(self) -> None:
-        if self._map is not None:
-            with K.parallel_guard():
-                for ids in self._seen:
-                    K.dense_reset(self._map, ids)
-            self._pool.give_back(self._map)
-            self._map = None
-
-
 class _DenseMapPool:
-    """Dense maps of ``num_nodes`` entries, all -1, one per batch being sampled at once."""
+    """Dense relabel maps (global ID -> local ID) of ``num_nodes`` entries, all
+    :data:`~cpu_fused.UNSEEN`, one per batch being sampled at once; a batch resets the
+    entries it set before it gives its map back."""
 
     def __init__(self, num_nodes: int):
-        self._num_nodes = num_nodes
+        self.num_nodes = num_nodes
         self._free: list[np.ndarray] = []
         self._lock = threading.Lock()
 
@@ -138,8 +99,8 @@ class _DenseMapPool:
         with self._lock:
             if self._free:
                 return self._free.pop()
-        dtype = np.int32 if self._num_nodes < 2**31 else np.int64
-        return np.full(self._num_nodes, -1, dtype=dtype)
+        dtype = np.int32 if self.num_nodes < 2**31 else np.int64
+        return np.full(self.num_nodes, F.UNSEEN, dtype=dtype)
 
     def give_back(self, table: np.ndarray) -> None:
         with self._lock:
@@ -164,6 +125,7 @@ class CpuNeighborSampler(NeighborSampler):
         #: int64 original ID of each owned node: draws are keyed by it, so they do not
         #: depend on how the graph was partitioned.
         self._orig_ids = np.ascontiguousarray(partition.orig_ids, dtype=np.int64)
+        self._csc = F.CscView(self._indptr, self._indices, self._orig_ids, self.node_start)
         num_nodes = partition.manifest.num_nodes
         self._dense_maps = (_DenseMapPool(num_nodes) if num_nodes <= DENSE_RELABEL_MAX_NODES
                             else None)
@@ -189,11 +151,71 @@ class CpuNeighborSampler(NeighborSampler):
             offsets, out = K.sample_uniform(self._indptr, self._indices, *args)
         return HopSample(counts=torch.from_numpy(np.diff(offsets)), neighbors=torch.from_numpy(out))
 
+    def sample(
+        self, seeds: torch.Tensor | np.ndarray, fanouts: Sequence[int], key: int,
+        remote: RemoteNeighbors | None = None,
+    ) -> SamplerOutput:
+        """As :meth:`NeighborSampler.sample`. With a dense relabel map, every hop is
+        relabelled by :mod:`cpu_fused`'s passes straight into the batch's arrays, and a
+        hop whose frontier is all owned here (uniform draws, fanout up to
+        :data:`~cpu_kernels.STRIDE_MAX_FANOUT`) is drawn in the same passes."""
+        if self._dense_maps is None:
+            return super().sample(seeds, fanouts, key, remote)
+        hops = check_fanouts(fanouts)
+        seeds_t = self._seed_ids(seeds, remote)
+        ids = seeds_t.numpy()
+        n_cap, e_cap = F.capacity(ids.size, hops, self._dense_maps.num_nodes)
+        local_of = self._dense_maps.take()
+        try:
+            nodes = F.NodeList(local_of, ids, n_cap)
+        except ValueError:
+            self._dense_maps.give_back(local_of)
+            raise
+        edges = F.EdgeList(e_cap)
+        per_hop, lo = [nodes.count], 0
+        try:
+            for hop, fanout in enumerate(hops):
+                hi = nodes.count
+                self._sample_hop(nodes, edges, lo, hi, fanout, key, hop, remote)
+                per_hop.append(nodes.count - hi)
+                lo = hi
+        finally:
+            nodes.close()
+            self._dense_maps.give_back(local_of)
+        return SamplerOutput(n_id=torch.from_numpy(nodes.ids()),
+                             row=torch.from_numpy(edges.row[:edges.size]),
+                             col=torch.from_numpy(edges.col[:edges.size]),
+                             num_sampled_nodes=per_hop, num_sampled_edges=edges.per_hop)
+
+    def _seed_ids(self, seeds: torch.Tensor | np.ndarray, remote: RemoteNeighbors | None) -> torch.Tensor:
+        """Seeds as a CPU int64 tensor, checked as :meth:`NeighborSampler.sample` checks them."""
+        if isinstance(seeds, np.ndarray):  # copies: split arrays are read-only memmaps
+            seeds = torch.from_numpy(np.array(seeds, dtype=np.int64))
+        seeds_t = torch.from_numpy(_as_ids(seeds.to(device="cpu", dtype=torch.int64), "seeds"))
+        if remote is None:
+            self.check_owned(seeds_t, "seeds")
+        else:
+            self.check_in_graph(seeds_t, "seeds")
+        return seeds_t
+
+    def _sample_hop(self, nodes: F.NodeList, edges: F.EdgeList, lo: int, hi: int, fanout: int,
+                    key: int, hop: int, remote: RemoteNeighbors | None) -> None:
+        """Draw and relabel the hop of frontier ``n_id[lo:hi]`` into ``nodes`` and ``edges``."""
+        frontier = nodes.ids(lo, hi)
+        owned = frontier.size == 0 or (int(frontier.min()) >= self.node_start
+                                       and int(frontier.max()) < self.node_stop)
+        if owned and not self.weighted and 0 <= fanout <= K.STRIDE_MAX_FANOUT:
+            F.draw_hop(nodes, edges, lo, self._csc, frontier, fanout,
+                       np.uint64(int(key) & _MASK64), hop, self.replace)
+            return
+        drawn = self.sample_frontier(torch.from_numpy(frontier), fanout, key, hop, remote)
+        F.relabel_hop(nodes, edges, lo, _as_ids(drawn.neighbors, "neighbors"),
+                      _as_ids(drawn.counts, "counts"), hop)
+
     def new_relabeler(self, seeds: torch.Tensor) -> Relabeler:
-        ids = _as_ids(seeds, "seeds")
-        if self._dense_maps is not None:
-            return DenseRelabeler(ids, self._dense_maps)
-        return CpuRelabeler(ids)
+        """A hash-table relabeler: the generic path's, used when the graph is too large
+        for dense maps (:meth:`sample` numbers through a dense map otherwise)."""
+        return CpuRelabeler(_as_ids(seeds, "seeds"))
 
     def gather_local(
         self, nodes: torch.Tensor, features: bool, labels: bool
@@ -201,8 +223,8 @@ class CpuNeighborSampler(NeighborSampler):
         ids = _as_ids(nodes, "nodes")
         self.check_owned(torch.from_numpy(ids), "nodes")
         if features and labels:
-            xs, ys = K.gather_with_labels(self.partition.x, self.partition.y, ids, self.node_start)
+            xs, ys = G.gather_with_labels(self.partition.x, self.partition.y, ids, self.node_start)
             return torch.from_numpy(xs), torch.from_numpy(ys)
-        x = torch.from_numpy(K.gather(self.partition.x, ids, self.node_start)) if features else None
-        y = torch.from_numpy(K.gather(self.partition.y, ids, self.node_start)) if labels else None
+        x = torch.from_numpy(G.gather(self.partition.x, ids, self.node_start)) if features else None
+        y = torch.from_numpy(G.gather(self.partition.y, ids, self.node_start)) if labels else None
         return x, y

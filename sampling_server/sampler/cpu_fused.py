@@ -1,0 +1,296 @@
+"""Numba CPU kernels of the fused hop: draw, relabel and edge output straight into the
+batch's arrays.
+
+The generic path (:meth:`NeighborSampler.sample`) draws a hop into a fresh array, looks
+the drawn IDs up in the relabel map, numbers the unseen ones, builds the targets with
+``repeat_interleave`` and concatenates the hops at the end. The fused hop writes into
+the batch's preallocated ``n_id``, ``row`` and ``col`` in three passes:
+
+1. (parallel, blocks of :data:`BLOCK` frontier nodes) draw each node's neighbors into
+   ``fanout`` slots per node and look each drawn ID up in the dense map. The block is
+   walked once per kind of memory read (CSC offsets and original IDs; then draw
+   positions, computed without memory reads; then neighbor IDs; then map entries), so
+   the random reads of a block are independent of each other and overlap in the memory
+   system, instead of one node's reads waiting for the previous node's;
+2. (parallel) write each node's edges at its output offset: local source (or -1 while
+   unseen) and local target;
+3. (sequential) number the unseen sources in slot order (frontier order, then draw
+   order): first-seen order, as the generic relabeler numbers them.
+
+The draws are :func:`cpu_kernels.sample_uniform`'s, position for position.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from sampling_server.sampler.cpu_kernels import (
+    floyd_positions,
+    node_stream,
+    num_draws,
+    parallel_guard,
+    takes_all,
+    uniform_below,
+)
+
+#: Entry of a dense relabel map for a node the batch has not numbered (local IDs are >= 0).
+UNSEEN = -1
+#: Frontier nodes per block of pass 1.
+BLOCK = 256
+
+
+@numba.njit(nogil=True, cache=True)
+def _positions(stream_key: np.uint64, hop: int, orig: int, degree: int, fanout: int,
+               replace: bool, slots: np.ndarray, o: int) -> int:
+    """One node's draw as positions in its CSC range, into ``slots[o:]``; how many."""
+    c = num_draws(degree, fanout, replace)
+    if c > 0 and takes_all(degree, fanout, replace):
+        for t in range(c):
+            slots[o + t] = t
+    elif c > 0:
+        stream = node_stream(stream_key, hop, orig)
+        if replace:
+            for t in range(c):
+                slots[o + t] = uniform_below(stream, t, degree)
+        else:
+            floyd_positions(stream, degree, c, slots, o)
+    return c
+
+
+@numba.njit(nogil=True, cache=True)
+def _draw_block(
+    indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int,
+    orig_is_global: bool, frontier: np.ndarray, lo: int, hi: int, fanout: int, key: np.uint64,
+    hop: int, replace: bool, local_of: np.ndarray, slots: np.ndarray, lid: np.ndarray,
+    counts: np.ndarray, first: np.ndarray, orig: np.ndarray,
+) -> None:
+    """Pass 1 for frontier nodes ``lo:hi``: draws into ``slots`` (``fanout`` per node),
+    their map entries into ``lid``, the number drawn into ``counts``."""
+    for i in range(lo, hi):  # CSC ranges and original IDs: independent random reads
+        v = frontier[i] - node_start
+        first[i] = indptr[v]
+        counts[i] = indptr[v + 1] - first[i]  # the degree, for now
+        orig[i] = frontier[i] if orig_is_global else orig_ids[v]
+    for i in range(lo, hi):  # positions: arithmetic only
+        counts[i] = _positions(key, hop, orig[i], counts[i], fanout, replace, slots, i * fanout)
+    for i in range(lo, hi):  # neighbor IDs
+        f, o = first[i], i * fanout
+        for p in range(o, o + counts[i]):
+            slots[p] = indices[f + slots[p]]
+    for i in range(lo, hi):  # map entries
+        o = i * fanout
+        for p in range(o, o + counts[i]):
+            lid[p] = local_of[slots[p]]
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def draw_and_look_up(
+    indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int,
+    orig_is_global: bool, frontier: np.ndarray, fanout: int, key: np.uint64, hop: int,
+    replace: bool, local_of: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Pass 1 of a hop drawn here (``0 <= fanout``). Returns ``(slots, lid, base,
+    counts)``: node ``i``'s draws are ``slots[base[i]:][:counts[i]]`` (global IDs), their
+    map entries the same slice of ``lid``. ``orig_is_global``: every owned node's original
+    ID is its global ID (one range partition), so ``orig_ids`` is not read."""
+    n = frontier.size
+    counts = np.empty(n, dtype=np.int64)
+    first = np.empty(n, dtype=np.int64)
+    orig = np.empty(n, dtype=np.int64)
+    slots = np.empty(n * fanout, dtype=np.int64)
+    lid = np.empty(n * fanout, dtype=local_of.dtype)
+    for b in numba.prange((n + BLOCK - 1) // BLOCK):
+        _draw_block(indptr, indices, orig_ids, node_start, orig_is_global, frontier, b * BLOCK,
+                    min(n, (b + 1) * BLOCK), fanout, key, hop, replace, local_of, slots, lid,
+                    counts, first, orig)
+    base = np.arange(n) * fanout
+    return slots, lid, base, counts
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def look_up_drawn(local_of: np.ndarray, neighbors: np.ndarray, counts: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Pass 1 of a hop drawn elsewhere (``neighbors`` grouped by frontier node, ``counts``
+    per node). Returns ``(lid, base)`` as :func:`draw_and_look_up`."""
+    n = counts.size
+    base = np.empty(n, dtype=np.int64)
+    acc = 0
+    for i in range(n):
+        base[i] = acc
+        acc += counts[i]
+    lid = np.empty(neighbors.size, dtype=local_of.dtype)
+    for p in numba.prange(neighbors.size):
+        lid[p] = local_of[neighbors[p]]
+    return lid, base
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def write_edges(lid: np.ndarray, base: np.ndarray, counts: np.ndarray, first_target: int,
+                row: np.ndarray, col: np.ndarray, e_start: int) -> np.ndarray:
+    """Pass 2: node ``i``'s edges at ``e_start + offsets[i]`` (sources as in ``lid``,
+    negative while unseen). Returns the offsets (``[n + 1]``, from ``e_start``)."""
+    n = counts.size
+    offsets = np.empty(n + 1, dtype=np.int64)
+    offsets[0] = e_start
+    for i in range(n):
+        offsets[i + 1] = offsets[i] + counts[i]
+    for i in numba.prange(n):
+        o, b, target = offsets[i], base[i], first_target + i
+        for t in range(counts[i]):
+            row[o + t] = lid[b + t]
+            col[o + t] = target
+    return offsets
+
+
+@numba.njit(nogil=True, cache=True)
+def number_unseen(slots: np.ndarray, lid: np.ndarray, base: np.ndarray, counts: np.ndarray,
+                  offsets: np.ndarray, local_of: np.ndarray, count: int, n_id: np.ndarray,
+                  row: np.ndarray) -> int:
+    """Pass 3: number the sources still unseen in slot order (from ``count``, listed in
+    ``n_id``) and fill in their ``row`` entries; returns the new count."""
+    for i in range(counts.size):
+        b, o = base[i], offsets[i]
+        for t in range(counts[i]):
+            if lid[b + t] >= 0:
+                continue
+            u = slots[b + t]
+            lv = local_of[u]
+            if lv < 0:
+                lv = count
+                local_of[u] = count
+                n_id[count] = u
+                count += 1
+            row[o + t] = lv
+    return count
+
+
+@numba.njit(nogil=True, cache=True)
+def number_seeds(local_of: np.ndarray, seeds: np.ndarray, n_id: np.ndarray) -> int:
+    """Number ``seeds`` ``0 .. len-1`` (into ``local_of`` and ``n_id``); the index of the
+    first repeated seed (after undoing the inserts), or -1."""
+    for i in range(seeds.size):
+        if local_of[seeds[i]] >= 0:
+            for j in range(i):
+                local_of[seeds[j]] = UNSEEN
+            return i
+        local_of[seeds[i]] = i
+        n_id[i] = seeds[i]
+    return -1
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def forget(local_of: np.ndarray, ids: np.ndarray) -> None:
+    """Reset the entries of ``ids`` (distinct) to :data:`UNSEEN`."""
+    for i in numba.prange(ids.size):
+        local_of[ids[i]] = UNSEEN
+
+
+class CscView:
+    """What a hop drawn here reads: one relation's CSC over the owned destination nodes
+    (the first owned, ``node_start``), and their original IDs."""
+
+    def __init__(self, indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray,
+                 node_start: int):
+        self.indptr, self.indices, self.orig_ids = indptr, indices, orig_ids
+        self.node_start = node_start
+        #: Whether every original ID is the global ID (then draws need not read them).
+        self.orig_is_global = bool(np.array_equal(
+            orig_ids, np.arange(node_start, node_start + orig_ids.size, dtype=np.int64)))
+
+
+def _grown(buf: np.ndarray, used: int, need: int) -> np.ndarray:
+    """``buf``, or a copy of its first ``used`` entries with room for ``need``."""
+    if need <= buf.size:
+        return buf
+    out = np.empty(max(need, 2 * buf.size), dtype=buf.dtype)
+    out[:used] = buf[:used]
+    return out
+
+
+class NodeList:
+    """One batch's nodes of one type: ``n_id`` (numbered in first-seen order) and the
+    dense map (global ID -> local ID) numbering them, borrowed until :meth:`close`."""
+
+    def __init__(self, local_of: np.ndarray, seeds: np.ndarray, capacity: int):
+        self.local_of = local_of
+        self.n_id = np.empty(max(capacity, seeds.size, 1), dtype=np.int64)
+        self.count = 0
+        dup = number_seeds(local_of, seeds, self.n_id)
+        if dup >= 0:
+            raise ValueError(f"seeds: expected unique node IDs; {int(seeds[dup])} repeats")
+        self.count = int(seeds.size)
+        self.closed = False
+
+    def ids(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """``n_id[lo:hi]`` (a view; ``hi`` defaults to the count)."""
+        return self.n_id[lo:self.count if hi is None else hi]
+
+    def close(self) -> None:
+        """Reset the map's entries of this batch (the map is all :data:`UNSEEN` again)."""
+        if not self.closed:
+            forget(self.local_of, self.n_id[:self.count])
+            self.closed = True
+
+
+class EdgeList:
+    """One batch's edges (of one relation): local ``row`` and ``col``, hop after hop."""
+
+    def __init__(self, capacity: int):
+        self.row = np.empty(max(capacity, 1), dtype=np.int64)
+        self.col = np.empty(max(capacity, 1), dtype=np.int64)
+        self.size = 0
+        self.per_hop: list[int] = []
+
+
+def add_hop(nodes: NodeList, edges: EdgeList, first_target: int, slots: np.ndarray,
+            lid: np.ndarray, base: np.ndarray, counts: np.ndarray) -> int:
+    """Passes 2 and 3 of a hop (after :func:`draw_and_look_up` or :func:`look_up_drawn`)
+    into ``nodes`` and ``edges``, growing them as needed; returns the hop's new-node count."""
+    drawn = int(counts.sum())
+    nodes.n_id = _grown(nodes.n_id, nodes.count, min(nodes.count + drawn, nodes.local_of.size))
+    edges.row = _grown(edges.row, edges.size, edges.size + drawn)
+    edges.col = _grown(edges.col, edges.size, edges.size + drawn)
+    before = nodes.count
+    offsets = write_edges(lid, base, counts, first_target, edges.row, edges.col, edges.size)
+    nodes.count = int(number_unseen(slots, lid, base, counts, offsets, nodes.local_of, before,
+                                    nodes.n_id, edges.row))
+    edges.size += drawn
+    edges.per_hop.append(drawn)
+    return nodes.count - before
+
+
+#: Most entries the buffers start with (they grow past it when a batch needs more).
+START_CAPACITY_MAX = 1 << 23
+
+
+def capacity(seeds: int, fanouts: list[int], num_nodes: int) -> tuple[int, int]:
+    """``(nodes, edges)`` of a batch of ``seeds`` seeds when every draw is full (``-1``
+    counted as 16): a first size for the buffers, which grow if it is short."""
+    nodes, edges, frontier = seeds, 0, seeds
+    for f in fanouts:
+        frontier *= f if f >= 0 else 16
+        edges += frontier
+        nodes += frontier
+    return min(nodes, num_nodes, START_CAPACITY_MAX), min(edges, START_CAPACITY_MAX)
+
+
+def draw_hop(nodes: NodeList, edges: EdgeList, first_target: int, csc: CscView,
+             frontier: np.ndarray, fanout: int, key: np.uint64, hop: int, replace: bool) -> None:
+    """A hop drawn here (every ``frontier`` node owned, ``0 <= fanout``): the three passes
+    into ``nodes`` (the sources' type) and ``edges``; the frontier's local IDs start at
+    ``first_target``."""
+    with parallel_guard():
+        slots, lid, base, counts = draw_and_look_up(
+            csc.indptr, csc.indices, csc.orig_ids, csc.node_start, csc.orig_is_global, frontier,
+            fanout, key, hop, replace, nodes.local_of)
+        add_hop(nodes, edges, first_target, slots, lid, base, counts)
+
+
+def relabel_hop(nodes: NodeList, edges: EdgeList, first_target: int, neighbors: np.ndarray,
+                counts: np.ndarray, hop: int) -> None:
+    """A hop drawn elsewhere (``counts[i]`` neighbors of frontier node ``i``, grouped in
+    ``neighbors``): the relabel's passes into ``nodes`` and ``edges``."""
+    with parallel_guard():
+        lid, base = look_up_drawn(nodes.local_of, neighbors, counts)
+        add_hop(nodes, edges, first_target, neighbors, lid, base, counts)

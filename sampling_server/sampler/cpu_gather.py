@@ -1,0 +1,141 @@
+"""Numba CPU kernels of the row gathers: features and labels of a batch's nodes.
+
+Rows move as unsigned words of the item size, so one compiled kernel serves
+float16/32/64 features and int64 labels alike. The rows of a batch are scattered over
+the feature matrix, so a gather is a stream of cache misses: each thread walks its block
+of rows and asks for the cache lines of the row :data:`PREFETCH_DISTANCE` rows ahead
+(``llvm.prefetch``) while it copies the current one, so the misses of several rows are
+in flight at once instead of one row's at a time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from sampling_server.sampler.cpu_kernels import PARALLEL_MIN_ROWS, parallel_guard
+
+#: Rows ahead of the copied one whose cache lines are requested.
+PREFETCH_DISTANCE = 8
+#: Rows per block of the parallel gathers (a thread prefetches within its block).
+ROW_BLOCK = 256
+#: Bytes per cache line.
+LINE = 64
+
+_UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+@intrinsic
+def prefetch(typingctx: Any, arr: Any, idx: Any) -> Any:
+    """Ask for the cache line of ``arr[idx]`` (1-D ``arr``; a hint: no fault, no result)."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1):
+        return None
+    sig = types.void(arr, types.intp)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        arr_t = signature.args[0]
+        ary = context.make_array(arr_t)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, arr_t, ary, [args[1]], wraparound=False)
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        # read, high temporal locality, data cache
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@numba.njit(nogil=True, cache=True)
+def _copy_rows(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_start: int,
+               out: np.ndarray, lo: int, hi: int) -> None:
+    """``out[i] = src[nodes[i] - node_start]`` for ``i`` in ``lo:hi``, prefetching ahead
+    (``flat`` is ``src`` as 1-D)."""
+    width = src.shape[1]
+    step = max(1, LINE // src.itemsize)
+    for i in range(lo, hi):
+        if i + PREFETCH_DISTANCE < hi:
+            ahead = (nodes[i + PREFETCH_DISTANCE] - node_start) * width
+            for q in range(0, width, step):
+                prefetch(flat, ahead + q)  # type: ignore[call-arg]
+        r = nodes[i] - node_start
+        for j in range(width):
+            out[i, j] = src[r, j]
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def gather_rows(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_start: int,
+                out: np.ndarray) -> None:
+    """``out[i] = src[nodes[i] - node_start]`` for 2-D ``src`` (blocks of rows copied in
+    parallel; ``flat`` is ``src`` as 1-D)."""
+    n = nodes.size
+    for b in numba.prange((n + ROW_BLOCK - 1) // ROW_BLOCK):
+        _copy_rows(src, flat, nodes, node_start, out, b * ROW_BLOCK, min(n, (b + 1) * ROW_BLOCK))
+
+
+@numba.njit(nogil=True, cache=True)
+def gather_rows_serial(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_start: int,
+                       out: np.ndarray) -> None:
+    """:func:`gather_rows` on one thread (few rows)."""
+    _copy_rows(src, flat, nodes, node_start, out, 0, nodes.size)
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def gather_rows_and_labels(
+    src: np.ndarray, flat: np.ndarray, labels: np.ndarray, nodes: np.ndarray, node_start: int,
+    out: np.ndarray, out_labels: np.ndarray,
+) -> None:
+    """:func:`gather_rows` and the 1-D ``labels`` of the same rows, in one parallel pass."""
+    n = nodes.size
+    for b in numba.prange((n + ROW_BLOCK - 1) // ROW_BLOCK):
+        lo, hi = b * ROW_BLOCK, min(n, (b + 1) * ROW_BLOCK)
+        for i in range(lo, hi):
+            out_labels[i] = labels[nodes[i] - node_start]
+        _copy_rows(src, flat, nodes, node_start, out, lo, hi)
+
+
+def _words(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """A C-contiguous 2-D ``arr`` as unsigned words of its item size, 2-D and 1-D (None
+    if it is neither)."""
+    word = _UINT_OF_SIZE.get(arr.dtype.itemsize)
+    if word is None or arr.ndim != 2 or not arr.flags.c_contiguous:
+        return None
+    words = arr.view(word)
+    return words, words.reshape(-1)
+
+
+def gather_with_labels(
+    src: np.ndarray, labels: np.ndarray, nodes: np.ndarray, node_start: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ``src`` and entries of ``labels`` for ``nodes`` (as :func:`gather` each)."""
+    arr, lab = np.asarray(src), np.asarray(labels)
+    words = _words(arr)
+    if nodes.size < PARALLEL_MIN_ROWS or words is None or lab.ndim != 1 or not lab.flags.c_contiguous:
+        return gather(arr, nodes, node_start), gather(lab, nodes, node_start)
+    out = np.empty((nodes.size, arr.shape[1]), dtype=words[0].dtype)
+    out_labels = np.empty(nodes.size, dtype=lab.dtype)
+    with parallel_guard():
+        gather_rows_and_labels(words[0], words[1], lab, nodes, node_start, out, out_labels)
+    return out.view(arr.dtype), out_labels
+
+
+def gather(src: np.ndarray, nodes: np.ndarray, node_start: int) -> np.ndarray:
+    """Rows ``nodes - node_start`` of ``src`` (1-D or 2-D, C-contiguous, possibly a
+    read-only memmap), read in place."""
+    arr = np.asarray(src)
+    words = _words(arr.reshape(arr.shape[0], -1))
+    if words is None:
+        return arr[nodes - node_start]
+    out = np.empty((nodes.size, words[0].shape[1]), dtype=words[0].dtype)
+    if nodes.size >= PARALLEL_MIN_ROWS:
+        with parallel_guard():
+            gather_rows(words[0], words[1], nodes, node_start, out)
+    elif nodes.size:
+        gather_rows_serial(words[0], words[1], nodes, node_start, out)
+    return out.view(arr.dtype).reshape((nodes.size, *arr.shape[1:]))
