@@ -11,8 +11,6 @@ take a node type. The typed paths of the servicer, pipeline and peers ask
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import threading
 import time
@@ -33,9 +31,16 @@ from partitioner.hetero_format import (
 )
 from protos import codec
 from protos import sampling_pb2 as pb
-from sampling_server.config import ConfigError, ServerConfig
+from sampling_server.config import ServerConfig
 from sampling_server.sampler import HeteroNeighborSampler, create_hetero_sampler
-from sampling_server.store import NotLoaded, PartitionStore, RequestError, server_version
+from sampling_server.store import (
+    NotLoaded,
+    PartitionStore,
+    RequestError,
+    check_partition_count,
+    manifest_fingerprint,
+    server_version,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +55,7 @@ class HeteroPartitionStore(PartitionStore):
         #: The typed graph's manifest.
         self.manifest: HeteroManifest = read_hetero_manifest(config.partition_dir)  # type: ignore[assignment]
         m = self.manifest
-        if config.partition >= m.num_partitions:
-            raise ConfigError(f"partition: expected an ID in [0, {m.num_partitions}) for "
-                              f"{config.partition_dir}, got {config.partition}")
-        if config.peers and len(config.peers) != m.num_partitions:
-            raise ConfigError(f"peers: expected {m.num_partitions} addresses (one per partition, "
-                              f"this server's own included), got {len(config.peers)}")
+        check_partition_count(config, m.num_partitions)
         self.partition_id = config.partition
         #: Node type to its int64 ``[P+1]`` partition book.
         self.books = {t: np.asarray(b, dtype=np.int64) for t, b in m.partition_book.items()}
@@ -66,8 +66,7 @@ class HeteroPartitionStore(PartitionStore):
             t: codec.numpy_to_dtype(np.dtype(i.feature_dtype))
             for t, i in m.node_types.items() if i.feature_dim > 0}
         self.feature_dtype = self.feature_dtypes.get(m.target_type, pb.FLOAT32)
-        self.graph_fingerprint = hashlib.sha256(
-            json.dumps(m.to_json(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        self.graph_fingerprint = manifest_fingerprint(m.to_json())
         self._partition: HeteroPartition | None = None  # type: ignore[assignment]
         self._typed_samplers: dict[bool, HeteroNeighborSampler] = {}
         self._orig_orders: dict[str, np.ndarray] = {}

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
-from typing import cast
+from typing import Any, cast
 
 import grpc
 import numpy as np
@@ -48,6 +48,23 @@ class NotLoaded(RuntimeError):
     """The partition is not loaded (yet, or its load failed)."""
 
 
+
+def check_partition_count(config: ServerConfig, num_partitions: int) -> None:
+    """Refuse a partition ID or a peer list that does not fit the graph's partitions."""
+    if config.partition >= num_partitions:
+        raise ConfigError(f"partition: expected an ID in [0, {num_partitions}) for "
+                          f"{config.partition_dir}, got {config.partition}")
+    if config.peers and len(config.peers) != num_partitions:
+        raise ConfigError(f"peers: expected {num_partitions} addresses (one per partition, "
+                          f"this server's own included), got {len(config.peers)}")
+
+
+def manifest_fingerprint(manifest_json: dict[str, Any]) -> str:
+    """Hex SHA-256 of a manifest's canonical JSON: equal on every server of the graph."""
+    canonical = json.dumps(manifest_json, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 class PartitionStore:
     """One partition and its samplers.
 
@@ -62,12 +79,7 @@ class PartitionStore:
         #: The partitioned graph's manifest.
         self.manifest: Manifest = read_manifest(config.partition_dir)
         m = self.manifest
-        if config.partition >= m.num_partitions:
-            raise ConfigError(f"partition: expected an ID in [0, {m.num_partitions}) for "
-                              f"{config.partition_dir}, got {config.partition}")
-        if config.peers and len(config.peers) != m.num_partitions:
-            raise ConfigError(f"peers: expected {m.num_partitions} addresses (one per partition, "
-                              f"this server's own included), got {len(config.peers)}")
+        check_partition_count(config, m.num_partitions)
         self.partition_id = config.partition
         #: int64 ``[P+1]`` partition book.
         self.partition_book = np.asarray(m.partition_book, dtype=np.int64)
@@ -77,8 +89,7 @@ class PartitionStore:
         #: Stored feature dtype on the wire.
         self.feature_dtype = codec.numpy_to_dtype(np.dtype(m.feature_dtype))
         #: Hex SHA-256 of the manifest's canonical JSON: equal on every server of the graph.
-        self.graph_fingerprint = hashlib.sha256(
-            json.dumps(m.to_json(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        self.graph_fingerprint = manifest_fingerprint(m.to_json())
         self._partition: Partition | None = None
         self._samplers: dict[tuple[bool, bool], NeighborSampler] = {}
         self._orig_order: np.ndarray | None = None

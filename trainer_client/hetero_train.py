@@ -20,7 +20,7 @@ import argparse
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,9 +49,9 @@ from trainer_client.train import (
     EpochMetrics,
     Selection,
     all_reduce_sums,
+    end_epoch,
     load_checkpoint,
-    parameter_fingerprints,
-    save_checkpoint,
+    restore_selected,
 )
 
 log = logging.getLogger("trainer_client.train")
@@ -209,20 +209,9 @@ def run_typed(args: argparse.Namespace, env: DistEnv, loaders: TypedLoaders) -> 
         val_acc = typed_accuracy(model, loaders.val, env)
         m = EpochMetrics(epoch, loss, train_acc, val_acc, seeds, len(loaders.train), train_s,
                          time.perf_counter() - eval_started, seeds / max(train_s, 1e-9), waited)
-        history.append(asdict(m))
-        improved = selection.offer(epoch, val_acc, model)
-        log.info("epoch %d: loss %.4f, train acc %.4f, val acc %.4f%s, %.1f s, %.0f seeds/s", epoch, loss,
-                 train_acc, val_acc, " (best so far)" if improved else "", train_s, m.seeds_per_second)
-        if env.rank == 0 and ckpt is not None:
-            save_checkpoint(ckpt, model, optimizer, epoch, history, config)
-            if improved and best_path is not None:
-                save_checkpoint(best_path, model, optimizer, epoch, history, config)
-    if selection.state is not None:
-        model.load_state_dict(selection.state)
+        end_epoch(m, history, selection, model, optimizer, env, (ckpt, best_path), config)
+    fingerprints = restore_selected(model, selection, env)
     test_acc = typed_accuracy(model, loaders.test, env)
-    fingerprints = parameter_fingerprints(model, env)
-    if len(set(fingerprints)) != 1:
-        log.warning("model replicas differ across ranks: %s", fingerprints)
     log.info("selected epoch %s (val acc %.4f): test acc %.4f", selection.epoch, selection.val_acc, test_acc)
     return {
         "graph": loaders.graph_name, "typed": True, "world_size": env.world_size, "device": str(env.device),

@@ -461,6 +461,34 @@ class Selection:
         return cls(int(best["epoch"]), float(best["val_acc"]), state)
 
 
+
+def end_epoch(m: EpochMetrics, history: list[dict[str, Any]], selection: Selection, model: torch.nn.Module,
+              optimizer: torch.optim.Optimizer, env: DistEnv, paths: tuple[Path | None, Path | None],
+              config: dict[str, Any]) -> None:
+    """Record an epoch: its metrics, the best-validation selection, the log line and (rank
+    0) the checkpoint at ``paths[0]`` and, when it improved, the best one at ``paths[1]``."""
+    history.append(asdict(m))
+    improved = selection.offer(m.epoch, m.val_acc, model)
+    log.info("epoch %d: loss %.4f, train acc %.4f, val acc %.4f%s, %.1f s, %.0f seeds/s", m.epoch, m.loss,
+             m.train_acc, m.val_acc, " (best so far)" if improved else "", m.train_seconds,
+             m.seeds_per_second)
+    ckpt, best_path = paths
+    if env.rank == 0 and ckpt is not None:
+        save_checkpoint(ckpt, model, optimizer, m.epoch, history, config)
+        if improved and best_path is not None:
+            save_checkpoint(best_path, model, optimizer, m.epoch, history, config)
+
+
+def restore_selected(model: torch.nn.Module, selection: Selection, env: DistEnv) -> list[float]:
+    """Load the selected epoch's weights (if any); return the replicas' parameter
+    fingerprints, with a warning when they differ."""
+    if selection.state is not None:
+        model.load_state_dict(selection.state)
+    fingerprints = parameter_fingerprints(model, env)
+    if len(set(fingerprints)) != 1:
+        log.warning("model replicas differ across ranks: %s", fingerprints)
+    return fingerprints
+
 def run(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> dict[str, Any]:
     """Train; validate every epoch and keep the model of the best validation accuracy;
     test that model at the end; return the metrics."""
@@ -496,20 +524,9 @@ def run(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> dict[str, A
         m = EpochMetrics(epoch, loss, train_acc, val_acc, seeds, len(train_loader), train_s,
                          time.perf_counter() - eval_started, seeds / max(train_s, 1e-9),
                          train_loader.last_stats.wait_seconds)
-        history.append(asdict(m))
-        improved = selection.offer(epoch, val_acc, model)
-        log.info("epoch %d: loss %.4f, train acc %.4f, val acc %.4f%s, %.1f s, %.0f seeds/s", epoch, loss,
-                 train_acc, val_acc, " (best so far)" if improved else "", train_s, m.seeds_per_second)
-        if env.rank == 0 and ckpt is not None:
-            save_checkpoint(ckpt, model, optimizer, epoch, history, config)
-            if improved and best_path is not None:
-                save_checkpoint(best_path, model, optimizer, epoch, history, config)
-    if selection.state is not None:
-        model.load_state_dict(selection.state)
+        end_epoch(m, history, selection, model, optimizer, env, (ckpt, best_path), config)
+    fingerprints = restore_selected(model, selection, env)
     _, test_acc = evaluate(model, loaders, env, test=True)
-    fingerprints = parameter_fingerprints(model, env)
-    if len(set(fingerprints)) != 1:
-        log.warning("model replicas differ across ranks: %s", fingerprints)
     log.info("selected epoch %s (val acc %.4f): test acc %.4f", selection.epoch, selection.val_acc, test_acc)
     return {
         "graph": cluster.info.graph_name, "world_size": env.world_size, "device": str(env.device),
