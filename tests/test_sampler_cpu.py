@@ -459,3 +459,47 @@ def test_fused_numbering_does_not_depend_on_threads(tmp_path: Path) -> None:
                 assert torch.equal(getattr(got, name), getattr(expected, name)), (threads, name)
     finally:
         numba.set_num_threads(before)
+
+
+CONCURRENT_SAMPLING = """
+import sys, threading
+import numpy as np, torch
+from pathlib import Path
+from partitioner.format import load_partition
+from partitioner.partition import partition_graph
+from partitioner.synthetic import generate
+from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
+import numba
+out = Path(sys.argv[1])
+partition_graph(generate("small", progress=False), 1, out, method="range", progress=False)
+part = load_partition(out, 0)
+sampler = CpuNeighborSampler(part)
+nodes = np.arange(part.manifest.num_nodes)
+errors = []
+def work(t):
+    rng = np.random.default_rng(t)
+    for i in range(40):
+        try:
+            sampler.sample(torch.from_numpy(rng.choice(nodes, 16, replace=False)), [4, 3], key=i)
+        except Exception as exc:
+            errors.append(repr(exc))
+threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+for t in threads: t.start()
+for t in threads: t.join(timeout=120)
+print(numba.threading_layer(), len(errors), errors[:3])
+sys.exit(1 if errors or numba.threading_layer() != "workqueue" else 0)
+"""
+
+
+def test_concurrent_batches_under_the_workqueue_threading_layer(tmp_path: Path) -> None:
+    """Numba's workqueue layer (no OpenMP or TBB, as in a slim container) must not see
+    two parallel kernels at once: every one runs under ``parallel_guard``, or the process
+    aborts or leaves a relabel map dirty (false "repeated seed" errors in later batches)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", "NUMBA_NUM_THREADS": "2"}
+    proc = subprocess.run([sys.executable, "-c", CONCURRENT_SAMPLING, str(tmp_path / "g")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

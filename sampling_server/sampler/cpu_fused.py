@@ -229,7 +229,8 @@ class NodeList:
     def close(self) -> None:
         """Reset the map's entries of this batch (the map is all :data:`UNSEEN` again)."""
         if not self.closed:
-            forget(self.local_of, self.n_id[:self.count])
+            with parallel_guard():  # a parallel kernel: one at a time under workqueue
+                forget(self.local_of, self.n_id[:self.count])
             self.closed = True
 
 
