@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from partitioner.graph import SPLITS
-from partitioner.npyio import FileRecord, read_npy_header, sha256_file
+from partitioner.npyio import FileRecord, load_npy, read_npy_header, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +287,7 @@ def check_files(root: str | Path, records: list[FileRecord], verify: Verify = "f
 
 
 def _load(root: Path, rec: FileRecord, mmap: bool) -> np.ndarray:
-    return np.load(root / rec.path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    return load_npy(root / rec.path, mmap)
 
 
 def load_partition(

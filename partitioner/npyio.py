@@ -4,12 +4,13 @@ page-cache-friendly chunk readers for memory-mapped arrays."""
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 
@@ -145,7 +146,8 @@ def sha256_file(path: Path) -> str:
 #: NumPy parses a ``.npy`` header with ``ast.literal_eval``. CPython 3.11 keeps the AST
 #: constructor's recursion depth per interpreter, not per thread, so headers parsed in
 #: several threads at once fail now and then with "SystemError: AST constructor recursion
-#: depth mismatch" (python/cpython#106905); ``check_files`` reads headers in a thread pool.
+#: depth mismatch" (python/cpython#106905); ``check_files`` reads headers in a thread pool
+#: and servers load partitions in threads, so every header goes through this lock.
 _HEADER_LOCK = threading.Lock()
 
 
@@ -160,6 +162,30 @@ def read_npy_header(path: Path) -> tuple[np.dtype, tuple[int, ...], bool, int]:
         else:
             raise ValueError(f"unsupported .npy version {version}")
         return dtype, tuple(shape), fortran, f.tell()
+
+
+def load_npy(path: Path, mmap: bool = True) -> np.ndarray:
+    """``np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)`` of a ``.npy``
+    file, with its header parsed under the header lock (thread-safe, see above)."""
+    dtype, shape, fortran, offset = read_npy_header(path)
+    if dtype.hasobject:
+        raise ValueError(f"{path}: expected an array of numbers, got dtype {dtype} (object arrays "
+                         "need pickle, which is refused)")
+    order: Literal["C", "F"] = "F" if fortran else "C"
+    count = math.prod(shape)
+    if count == 0:
+        empty = np.empty(shape, dtype=dtype, order=order)
+        empty.flags.writeable = not mmap
+        return empty
+    if mmap:
+        return np.memmap(path, dtype=dtype, mode="r", shape=shape, order=order, offset=offset)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        flat = np.fromfile(f, dtype=dtype, count=count)
+    if flat.size != count:
+        raise ValueError(f"{path}: expected {count} values of {dtype} after the header, "
+                         f"got {flat.size} (truncated file)")
+    return flat.reshape(shape, order=order)
 
 
 def _memmap_source(arr: np.ndarray) -> tuple[str, int] | None:

@@ -460,3 +460,31 @@ def test_object_array_is_refused_without_unpickling(root: Path) -> None:
     assert read_manifest(root).partitions[0].files["y"].dtype == "object"
     message = refused(root)
     assert str(path) in message and "object arrays are refused" in message
+
+
+@pytest.mark.parametrize("mmap", [True, False])
+@pytest.mark.parametrize("array", [np.arange(12, dtype=np.int64).reshape(3, 4),
+                                   np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3)),
+                                   np.empty((0, 5), dtype=np.float32), np.array([True, False])])
+def test_load_npy_equals_np_load(tmp_path: Path, array: np.ndarray, mmap: bool) -> None:
+    from partitioner.npyio import load_npy
+
+    path = tmp_path / "a.npy"
+    np.save(path, array)
+    got = load_npy(path, mmap)
+    want = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+    assert got.flags.writeable == want.flags.writeable
+
+
+def test_load_npy_refuses_object_arrays_and_truncated_files(tmp_path: Path) -> None:
+    from partitioner.npyio import load_npy
+
+    path = tmp_path / "o.npy"
+    np.save(path, np.array([1, "a"], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="object arrays need pickle"):
+        load_npy(path)
+    np.save(path, np.arange(100, dtype=np.int64))
+    path.write_bytes(path.read_bytes()[:-80])
+    with pytest.raises(ValueError, match="truncated file"):
+        load_npy(path, mmap=False)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from partitioner.graph import SPLITS, GraphData, GraphDataError
-from partitioner.npyio import save_npy
+from partitioner.npyio import load_npy, save_npy
 
 GRAPH_FILE = "graph.json"
 
@@ -50,7 +50,7 @@ def read_graph_dir(path: str | Path, *, mmap: bool = True) -> GraphData:
         file = root / name
         if not file.is_file():
             raise GraphDataError(f"{file}: missing from the graph directory")
-        return np.load(file, mmap_mode="r" if mmap else None, allow_pickle=False)
+        return load_npy(file, mmap)
 
     weight = root / "edge_weight.npy"
     split_files = {s: f"{s}_idx.npy" for s in SPLITS}
