@@ -43,15 +43,12 @@ from trainer_client.hetero_source import (
 )
 from trainer_client.loader import RemoteNeighborLoader
 from trainer_client.train import (
-    BEST_NAME,
-    CHECKPOINT_NAME,
     DistEnv,
     EpochMetrics,
-    Selection,
     all_reduce_sums,
     end_epoch,
-    load_checkpoint,
     restore_selected,
+    resume_state,
 )
 
 log = logging.getLogger("trainer_client.train")
@@ -187,13 +184,7 @@ def run_typed(args: argparse.Namespace, env: DistEnv, loaders: TypedLoaders) -> 
                                dropout=args.dropout).to(env.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     config = _config(args, meta)
-    ckpt = args.checkpoint_dir / CHECKPOINT_NAME if args.checkpoint_dir else None
-    best_path = args.checkpoint_dir / BEST_NAME if args.checkpoint_dir else None
-    start, history = 0, list[dict[str, Any]]()
-    if args.resume and ckpt is not None and ckpt.exists():
-        start, history = load_checkpoint(ckpt, model, optimizer, config, env.device)
-        log.info("resumed from %s at epoch %d", ckpt, start)
-    selection = Selection.resumed(history, best_path, env.device)
+    ckpt, best_path, start, history, selection = resume_state(args, model, optimizer, config, env)
     fanouts = eval_fanouts(args)
     log.info("typed graph %s: %s, target %r (%d classes); model %s; batch size %d per rank over %d ranks; "
              "evaluation: sampled, fanouts %s", loaders.graph_name, meta.node_types, meta.target_type,

@@ -462,6 +462,21 @@ class Selection:
 
 
 
+def resume_state(
+    args: argparse.Namespace, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+    config: dict[str, Any], env: DistEnv,
+) -> tuple[Path | None, Path | None, int, list[dict[str, Any]], Selection]:
+    """The checkpoint paths (None without ``--checkpoint-dir``), the first epoch, the history
+    and the best-validation selection: from the checkpoint with ``--resume``, else fresh."""
+    ckpt = args.checkpoint_dir / CHECKPOINT_NAME if args.checkpoint_dir else None
+    best_path = args.checkpoint_dir / BEST_NAME if args.checkpoint_dir else None
+    start, history = 0, list[dict[str, Any]]()
+    if args.resume and ckpt is not None and ckpt.exists():
+        start, history = load_checkpoint(ckpt, model, optimizer, config, env.device)
+        log.info("resumed from %s at epoch %d", ckpt, start)
+    return ckpt, best_path, start, history, Selection.resumed(history, best_path, env.device)
+
+
 def end_epoch(m: EpochMetrics, history: list[dict[str, Any]], selection: Selection, model: torch.nn.Module,
               optimizer: torch.optim.Optimizer, env: DistEnv, paths: tuple[Path | None, Path | None],
               config: dict[str, Any]) -> None:
@@ -500,13 +515,7 @@ def run(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> dict[str, A
                         heads=args.heads).to(env.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     config = _model_config(args)
-    ckpt = args.checkpoint_dir / CHECKPOINT_NAME if args.checkpoint_dir else None
-    best_path = args.checkpoint_dir / BEST_NAME if args.checkpoint_dir else None
-    start, history = 0, list[dict[str, Any]]()
-    if args.resume and ckpt is not None and ckpt.exists():
-        start, history = load_checkpoint(ckpt, model, optimizer, config, env.device)
-        log.info("resumed from %s at epoch %d", ckpt, start)
-    selection = Selection.resumed(history, best_path, env.device)
+    ckpt, best_path, start, history, selection = resume_state(args, model, optimizer, config, env)
     log.info("batch size %d per rank: %d seeds per optimizer step over %d ranks; evaluation: %s",
              args.batch_size, args.batch_size * env.world_size, env.world_size,
              "full neighbors, layer-wise" if args.eval_fanouts is None else f"fanouts {args.eval_fanouts}")
