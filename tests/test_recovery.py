@@ -117,9 +117,9 @@ def part_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture
-def servers(part_dir: Path, tmp_path: Path) -> Iterator[ServerProcs]:
-    procs = ServerProcs(part_dir, 2, log_dir=tmp_path)
+def _serving(part_dir: Path, tmp_path: Path, *args: str) -> Iterator[ServerProcs]:
+    """Two server processes (``args`` added to their flags), SERVING, stopped afterwards."""
+    procs = ServerProcs(part_dir, 2, *args, log_dir=tmp_path)
     procs.start()
     try:
         for p in (0, 1):
@@ -127,6 +127,11 @@ def servers(part_dir: Path, tmp_path: Path) -> Iterator[ServerProcs]:
         yield procs
     finally:
         procs.stop()
+
+
+@pytest.fixture
+def servers(part_dir: Path, tmp_path: Path) -> Iterator[ServerProcs]:
+    yield from _serving(part_dir, tmp_path)
 
 
 def _digest(batch: object) -> str:
@@ -250,14 +255,7 @@ def test_ddp_training_survives_a_server_killed_and_restarted(
 
 @pytest.fixture
 def slow_drain_servers(part_dir: Path, tmp_path: Path) -> Iterator[ServerProcs]:
-    procs = ServerProcs(part_dir, 2, "--grace", "120", log_dir=tmp_path)
-    procs.start()
-    try:
-        for p in (0, 1):
-            procs.wait_status(p, "SERVING", 120)
-        yield procs
-    finally:
-        procs.stop()
+    yield from _serving(part_dir, tmp_path, "--grace", "120")
 
 
 def _rolling_restart(servers: ServerProcs, failures: list[BaseException]) -> None:
