@@ -118,31 +118,46 @@ def _set_slot(table: np.ndarray, value: int) -> np.int64:
 
 
 @numba.njit(nogil=True, cache=True)
+def _floyd_scan(stream: np.uint64, degree: int, k: int, out: np.ndarray, o: int) -> None:
+    """:func:`floyd_positions` for small ``k``: earlier picks are found by a scan of
+    ``out`` (no allocation: this runs once per frontier node)."""
+    for t in range(k):
+        j = degree - k + t
+        r = uniform_below(stream, t, j + 1)
+        for s in range(o, o + t):
+            if out[s] == r:
+                r = j
+                break
+        out[o + t] = r
+
+
+@numba.njit(nogil=True, cache=True)
+def _floyd_table(stream: np.uint64, degree: int, k: int, out: np.ndarray, o: int) -> None:
+    """:func:`floyd_positions` for large ``k``: earlier picks in an open-addressing set."""
+    size = 1
+    while size < 2 * k:
+        size *= 2
+    table = np.full(size, EMPTY, dtype=np.int64)
+    for t in range(k):
+        j = degree - k + t
+        r = uniform_below(stream, t, j + 1)
+        slot = _set_slot(table, r)
+        if table[slot] == r:
+            r = j
+            slot = _set_slot(table, r)
+        table[slot] = r
+        out[o + t] = r
+
+
+@numba.njit(nogil=True, cache=True)
 def floyd_positions(stream: np.uint64, degree: int, k: int, out: np.ndarray, o: int) -> None:
     """Floyd's uniform ``k``-subset of ``range(degree)`` into ``out[o:o+k]``, in draw
     order: draw ``t`` picks ``r = uniform_below(stream, t, j+1)`` with ``j = degree-k+t``,
     or ``j`` itself when ``r`` was picked before."""
-    table = np.empty(0, dtype=np.int64)
-    if k > SCAN_MAX:
-        size = 1
-        while size < 2 * k:
-            size *= 2
-        table = np.full(size, EMPTY, dtype=np.int64)
-    for t in range(k):
-        j = degree - k + t
-        r = uniform_below(stream, t, j + 1)
-        if k <= SCAN_MAX:
-            for s in range(o, o + t):
-                if out[s] == r:
-                    r = j
-                    break
-        else:
-            slot = _set_slot(table, r)
-            if table[slot] == r:
-                r = j
-                slot = _set_slot(table, r)
-            table[slot] = r
-        out[o + t] = r
+    if k <= SCAN_MAX:
+        _floyd_scan(stream, degree, k, out, o)
+    else:
+        _floyd_table(stream, degree, k, out, o)
 
 
 @numba.njit(nogil=True, cache=True)
