@@ -7,6 +7,16 @@ zeroing again: on a 2-core VM that costs as much as the gather itself. Raising t
 threshold and the trim threshold keeps freed blocks in the heap for the next batch. The
 price is that the process keeps its peak heap instead of returning it to the system,
 which suits a long-running server whose batches are alike.
+
+The thresholds only govern glibc's main arena. A thread other than the main one gets an
+arena of its own, whose heaps are at most 64 MiB, and a block larger than that is always
+``mmap``-ed and unmapped on free, whatever the threshold: a server's sampling workers
+and a trainer's stream reader allocate their ~170 MB blocks in such threads. So the
+number of arenas is also limited to one (``M_ARENA_MAX``), which puts every thread's
+blocks in the main heap (small allocations are served from per-thread caches first, so
+threads contend little for it). Measured on products-like ([15, 10, 5], batch 1024,
+float32, one CPU server and one trainer on 2 cores): the server's CPU per batch fell from
+~250 to ~190 ms and the trainer's from ~160 to ~125 ms.
 """
 
 from __future__ import annotations
@@ -20,12 +30,15 @@ log = logging.getLogger(__name__)
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 _done = False
 
 
-def keep_freed_memory(mmap_threshold: int = 1 << 30, trim_threshold: int = 1 << 31) -> bool:
-    """Make glibc reuse freed large blocks instead of unmapping them. Returns whether the
-    setting took (False off Linux/glibc). Idempotent."""
+def keep_freed_memory(mmap_threshold: int = 1 << 30, trim_threshold: int = 1 << 31,
+                      arena_max: int = 1) -> bool:
+    """Make glibc reuse freed large blocks instead of unmapping them, in every thread
+    (threads created before the call keep the arena they already have). Returns whether
+    the setting took (False off Linux/glibc). Idempotent."""
     global _done
     if _done:
         return True
@@ -35,7 +48,8 @@ def keep_freed_memory(mmap_threshold: int = 1 << 30, trim_threshold: int = 1 << 
     try:
         libc = ctypes.CDLL(name or "libc.so.6")
         ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
-            libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+            libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold)) and bool(
+            libc.mallopt(_M_ARENA_MAX, arena_max))
     except (OSError, AttributeError):
         ok = False
     log.debug("glibc mallopt (keep freed memory): %s", "set" if ok else "unavailable")
