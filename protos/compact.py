@@ -8,6 +8,11 @@ nodes in ``n_id`` order, so row 1 of ``edge_index`` is determined by those count
 :func:`widen` and :func:`unpack_mask` give the trainer back exactly the tensors of the
 non-compact form (int64 ``edge_index``, ``n_id``, ``orig_id`` and ``y``, a bool mask).
 The layout is documented in ``docs/wire.md`` ("Compact structure").
+
+The trainer's side runs in NumPy, on the stream's reader thread: torch's CPU kernels
+would wake its intra-op thread pool for each of these passes, and those threads spin at
+their barriers (OpenMP's default wait policy), taking the cores from the stream itself
+(measured: a third of a trainer process's CPU time).
 """
 
 from __future__ import annotations
@@ -105,29 +110,35 @@ def expand_sources(src: torch.Tensor, new_bits: torch.Tensor, num_edges: int,
                    num_seeds: int) -> torch.Tensor:
     """int64 ``[num_edges]`` sources from "edge_src" (the other edges' sources) and
     "edge_new" (bit ``i``: edge ``i`` reaches node ``num_seeds + (set bits before i)``)."""
-    new = unpack_mask(new_bits, num_edges)
-    num_new = int(new.sum())
+    new = unpack_mask(new_bits, num_edges).numpy()
+    num_new = int(np.count_nonzero(new))
     if src.numel() != num_edges - num_new:
         raise ValueError(f"expected {num_edges - num_new} entries in edge_src (the edges not marked "
                          f"in edge_new), got {src.numel()}")
-    out = torch.empty(num_edges, dtype=torch.int64)
-    out[new] = torch.arange(num_seeds, num_seeds + num_new, dtype=torch.int64)
-    out[~new] = src.to(torch.int64)
-    return out
+    out = np.empty(num_edges, dtype=np.int64)
+    out[new] = np.arange(num_seeds, num_seeds + num_new, dtype=np.int64)
+    out[~new] = src.numpy()
+    return torch.from_numpy(out)
 
 
 def expand_edges(src: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """int64 ``[2, E]`` ``edge_index`` from its sources and the edges per target (the
     targets ``0 .. len(counts)-1`` in order); raises when the sizes disagree."""
-    counts = counts.to(torch.int64)
-    total = int(counts.sum()) if counts.numel() else 0
-    if total != src.numel() or (counts.numel() and int(counts.min()) < 0):
+    per_target = counts.numpy().astype(np.int64, copy=False)
+    total = int(per_target.sum()) if per_target.size else 0
+    if total != src.numel() or (per_target.size and int(per_target.min()) < 0):
         raise ValueError(f"expected edge_count >= 0 summing to the {src.numel()} entries of "
                          f"edge_src, got a sum of {total}")
-    targets = torch.repeat_interleave(torch.arange(counts.numel(), dtype=torch.int64), counts)
-    return torch.stack([src.to(torch.int64), targets])
+    out = np.empty((2, total), dtype=np.int64)
+    out[0] = src.numpy()
+    out[1] = np.repeat(np.arange(per_target.size, dtype=np.int64), per_target)
+    return torch.from_numpy(out)
 
 
 def widen(t: torch.Tensor) -> torch.Tensor:
     """``t`` as int64 (itself when it already is)."""
-    return t if t.dtype == torch.int64 else t.to(torch.int64)
+    if t.dtype == torch.int64:
+        return t
+    if t.device.type != "cpu":
+        return t.to(torch.int64)
+    return torch.from_numpy(t.numpy().astype(np.int64))

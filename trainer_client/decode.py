@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch_geometric.data import Data, HeteroData
 
@@ -335,7 +336,7 @@ def build_data(
         rows = num_nodes
         if "x_cached" in tensors:  # x holds only the rows the trainer's cache lacks
             cached = _cached_mask(tensors, spec, num_nodes, where)
-            rows = num_nodes - int(cached.sum())
+            rows = num_nodes - int(np.count_nonzero(cached.numpy()))
             data.x_cached = cached
         _check_tensor(x, "x", [rows, spec.feature_dim], FEATURE_DTYPES, where)
         data.x = x
