@@ -149,3 +149,21 @@ def test_global_batches_mix_class_pure_partitions_like_one_process(tmp_path: Pat
     # Per-partition batches on class-pure partitions are (almost) one class each.
     majority = counts["partition"].max(axis=1) / counts["partition"].sum(axis=1)
     assert majority.mean() > 0.9
+
+
+def test_original_id_lookup_equals_indexing_with_and_without_the_identity_shortcut() -> None:
+    from sampling_server.sampler.base import is_identity, original_ids
+
+    rng = np.random.default_rng(0)
+    start = 1000
+    nodes = rng.integers(start, start + 5000, 20000)
+    shuffled = rng.permutation(5000).astype(np.int64) + 7
+    assert not is_identity(shuffled, start)
+    assert np.array_equal(original_ids(shuffled, nodes, start, False), shuffled[nodes - start])
+    same = np.arange(start, start + 5000, dtype=np.int64)
+    assert is_identity(same, start) and not is_identity(same, start + 1)
+    got = original_ids(same, nodes, start, True)
+    assert got.dtype == np.int64 and np.array_equal(got, nodes) and got is not nodes
+    for dtype in (np.int32, np.int64):  # stored narrower: widened
+        assert np.array_equal(original_ids(shuffled.astype(dtype), nodes, start, False),
+                              shuffled[nodes - start])

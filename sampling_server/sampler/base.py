@@ -18,7 +18,24 @@ import numpy as np
 import torch
 
 from partitioner.format import Partition
+from sampling_server.sampler import cpu_gather
 from sampling_server.sampler.types import HopSample, Minibatch, SamplerOutput
+
+
+def is_identity(orig_ids: np.ndarray, start: int) -> bool:
+    """Whether the owned nodes' original IDs are their global IDs (``start`` onwards): so
+    in every part of a ``range`` partitioning, whose parts keep the graph's ID order."""
+    ids = np.asarray(orig_ids)
+    return bool(np.array_equal(ids, np.arange(start, start + ids.size, dtype=ids.dtype)))
+
+
+def original_ids(orig_ids: np.ndarray, nodes: np.ndarray, start: int, identity: bool) -> np.ndarray:
+    """int64 original IDs of owned ``nodes`` (global IDs; the first owned is ``start``): a
+    copy of ``nodes`` when ``identity`` (:func:`is_identity`), else a parallel gather."""
+    if identity:
+        return np.array(nodes, dtype=np.int64)
+    return cpu_gather.gather(np.asarray(orig_ids), np.ascontiguousarray(nodes, dtype=np.int64),
+                             start).astype(np.int64, copy=False)
 
 
 class RemoteNeighbors(Protocol):
@@ -91,6 +108,8 @@ class NeighborSampler(abc.ABC):
         self.weighted = weighted
         self.partition_book = torch.from_numpy(np.asarray(partition.partition_book, np.int64))
         self.node_start, self.node_stop = partition.node_range
+        #: Whether original ID = global ID for every owned node (None: not checked yet).
+        self._orig_identity: bool | None = None
 
     # -- what each device implements -------------------------------------------------
     @abc.abstractmethod
@@ -136,15 +155,14 @@ class NeighborSampler(abc.ABC):
     def orig_ids_of(self, n_id: torch.Tensor, remote: RemoteOrigIds | None = None) -> torch.Tensor:
         """Original IDs of ``n_id``'s nodes (CPU int64), in order; remote ones via ``remote``."""
         nodes = n_id.detach().cpu()
+        if nodes.numel() == 0 or (int(nodes.min()) >= self.node_start
+                                  and int(nodes.max()) < self.node_stop):
+            return self._orig_ids_local(nodes)
         owner = self.owner_of(nodes)
         mine = owner == self.partition.partition_id
         out = torch.empty(nodes.numel(), dtype=torch.int64)
         local = torch.nonzero(mine).flatten()
-        orig = torch.from_numpy(np.asarray(self.partition.orig_ids[(nodes[local] - self.node_start).numpy()],
-                                           dtype=np.int64))
-        out[local] = orig
-        if bool(mine.all()):
-            return out
+        out[local] = self._orig_ids_local(nodes[local])
         if remote is None:
             raise RuntimeError("orig_ids_of: nodes of other partitions but no remote lookup was given")
         groups = {int(p): torch.nonzero(owner == p).flatten() for p in torch.unique(owner[~mine])}
@@ -152,6 +170,13 @@ class NeighborSampler(abc.ABC):
         for p, pos in groups.items():
             out[pos] = answers[p].to(torch.int64)
         return out
+
+    def _orig_ids_local(self, nodes: torch.Tensor) -> torch.Tensor:
+        """int64 original IDs of owned ``nodes`` (a CPU tensor)."""
+        if self._orig_identity is None:  # one pass over the IDs, on first use
+            self._orig_identity = is_identity(self.partition.orig_ids, self.node_start)
+        return torch.from_numpy(original_ids(self.partition.orig_ids, nodes.numpy(),
+                                             self.node_start, self._orig_identity))
 
     def sample(
         self, seeds: torch.Tensor | np.ndarray, fanouts: Sequence[int], key: int,

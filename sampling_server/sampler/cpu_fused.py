@@ -27,6 +27,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from sampling_server.sampler.base import is_identity
 from sampling_server.sampler.cpu_gather import prefetch
 from sampling_server.sampler.cpu_kernels import (
     floyd_positions,
@@ -219,8 +220,7 @@ class CscView:
         self.indptr, self.indices, self.orig_ids = indptr, indices, orig_ids
         self.node_start = node_start
         #: Whether every original ID is the global ID (then draws need not read them).
-        self.orig_is_global = bool(np.array_equal(
-            orig_ids, np.arange(node_start, node_start + orig_ids.size, dtype=np.int64)))
+        self.orig_is_global = is_identity(orig_ids, node_start)
 
 
 def _grown(buf: np.ndarray, used: int, need: int) -> np.ndarray:

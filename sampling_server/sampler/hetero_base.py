@@ -23,7 +23,13 @@ import torch
 
 from partitioner.hetero import EdgeType, GraphDataError, edge_type_name, parse_edge_type
 from partitioner.hetero_format import HeteroPartition
-from sampling_server.sampler.base import Relabeler, check_fanouts, merge_hop_samples
+from sampling_server.sampler.base import (
+    Relabeler,
+    check_fanouts,
+    is_identity,
+    merge_hop_samples,
+    original_ids,
+)
 from sampling_server.sampler.hetero_types import HeteroMinibatch, HeteroSamplerOutput
 from sampling_server.sampler.types import HopSample
 
@@ -116,6 +122,9 @@ class HeteroNeighborSampler(abc.ABC):
         self.partition_id = partition.partition_id
         self.books = {t: torch.from_numpy(np.asarray(partition.partition_book[t], np.int64))
                       for t in self.node_types}
+        #: Per node type, whether original ID = global ID for every owned node (filled
+        #: on first use).
+        self._orig_identity: dict[str, bool] = {}
 
     # -- what each device implements -------------------------------------------------
     @abc.abstractmethod
@@ -264,8 +273,11 @@ class HeteroNeighborSampler(abc.ABC):
         ids = nodes.detach().cpu()
         self.check_owned(node_type, ids, "nodes")
         start = self.node_range(node_type)[0]
-        orig = np.asarray(self.partition.orig_ids[node_type])[(ids - start).numpy()]
-        return torch.from_numpy(np.asarray(orig, dtype=np.int64))
+        orig = self.partition.orig_ids[node_type]
+        if node_type not in self._orig_identity:  # one pass over the IDs, on first use
+            self._orig_identity[node_type] = is_identity(orig, start)
+        return torch.from_numpy(original_ids(orig, ids.numpy(), start,
+                                             self._orig_identity[node_type]))
 
     def orig_ids_of(self, node_type: str, nodes: torch.Tensor,
                     remote: HeteroRemote | None = None) -> torch.Tensor:
