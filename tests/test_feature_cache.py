@@ -219,3 +219,57 @@ def test_a_batch_that_disagrees_with_the_cache_is_refused() -> None:
         cache.assemble(x_missing[:1], torch.tensor([True, False, True, True]), n_id)
     with pytest.raises(CacheError, match=r"tensor 'x': expected torch.float32 with 2 rows"):
         cache.assemble(x_missing[:1], cached, n_id)
+
+
+@pytest.mark.parametrize(("wire", "out"), [(torch.float32, None), (torch.bfloat16, None),
+                                           (torch.bfloat16, torch.float32),
+                                           (torch.float16, torch.float32),
+                                           (torch.float64, None)])
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_cpu_assembly_equals_indexing_then_casting_bit_for_bit(wire: torch.dtype,
+                                                               out: torch.dtype | None,
+                                                               slot_dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(0)
+    num_nodes, k, width = 50, 20, 7
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 1e-40, 3e38])
+    rows = torch.cat([special.repeat(width, 1).T[:, :width],
+                      torch.randn((k - special.numel(), width), generator=gen) * 1e3]).to(wire)
+    hot = torch.randperm(num_nodes, generator=gen)[:k]
+    slot = torch.full((num_nodes,), -1, dtype=slot_dtype)
+    slot[hot] = torch.arange(k, dtype=slot_dtype)
+    cache = FeatureCache([k], rows, slot, pb.FLOAT32)
+    n_id = torch.randperm(num_nodes, generator=gen)[:30]
+    cached = slot[n_id] >= 0
+    x_missing = (torch.randn((int((~cached).sum()), width), generator=gen) * 7).to(wire)
+    want = torch.empty((n_id.numel(), width), dtype=wire)
+    want[cached] = rows[slot[n_id[cached]].long()]
+    want[~cached] = x_missing
+    want = want.to(out or wire)
+    got = cache.assemble(x_missing, cached, n_id, out)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[want.element_size()]
+    assert torch.equal(got.view(bits), want.view(bits))
+    # every node cached, and none
+    assert torch.equal(cache.assemble(rows[:0], torch.ones(k, dtype=torch.bool), hot, out)
+                       .view(bits), rows.to(out or wire).view(bits))
+    assert torch.equal(cache.assemble(x_missing, torch.zeros(len(x_missing), dtype=torch.bool),
+                                      n_id[:len(x_missing)], out).view(bits),
+                       x_missing.to(out or wire).view(bits))
+
+
+def test_cast_features_are_bit_identical_with_and_without_the_cache(
+        servers: tuple[Path, list[str]]) -> None:
+    # bfloat16 on the wire, float32 in the batch: the cache widens its rows as it
+    # assembles x, the plain loader casts the received x; the same bits either way
+    _, addresses = servers
+    with Cluster(addresses, connect_timeout=30) as cluster:
+        plain = RemoteNeighborLoader(cluster, "train", feature_dtype="bfloat16", cache_size=0,
+                                     **ARGS)
+        cached = RemoteNeighborLoader(cluster, "train", feature_dtype="bfloat16",
+                                      cache_size=0.3, **ARGS)
+        count = 0
+        for a, b in zip(plain, cached, strict=True):
+            assert a.x.dtype == b.x.dtype == torch.float32
+            assert torch.equal(_raw(a.x), _raw(b.x))
+            count += 1
+        assert count == len(plain) > 1 and cached.last_stats.hit_rate > 0

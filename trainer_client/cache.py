@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import grpc
+import numba
 import numpy as np
 import torch
 from tqdm import tqdm
@@ -34,6 +35,7 @@ from tqdm import tqdm
 from protos import sampling_pb2 as pb
 from protos.channel import error_from_rpc
 from protos.codec import decode_tensor_torch, dtype_name, dtype_to_torch
+from sampling_server.sampler.cpu_gather import prefetch
 
 if TYPE_CHECKING:
     from trainer_client.cluster import Cluster
@@ -51,6 +53,63 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z%]*)\s*
 
 class CacheError(ValueError):
     """A cache fill or a cached batch disagrees with the cache plan."""
+
+
+#: Nodes ahead of the one being written whose cached row is requested early.
+_PREFETCH_DISTANCE = 8
+
+
+@numba.njit(nogil=True, cache=True)
+def _assemble_rows(rows: np.ndarray, flat: np.ndarray, slot: np.ndarray, n_id: np.ndarray,
+                   cached: np.ndarray, missing: np.ndarray, out: np.ndarray, shift: int) -> int:
+    """Row ``i`` of ``out`` from ``rows[slot[n_id[i]]]`` where ``cached[i]``, else from the
+    next row of ``missing``, each word shifted left by ``shift`` bits (16: bfloat16 words
+    into float32 ones, exact; 0: a copy); ``flat`` is ``rows`` as 1-D. The cached row of
+    the node :data:`_PREFETCH_DISTANCE` ahead is prefetched. Returns the first cached node
+    the cache does not hold, or -1 (then ``out`` is incomplete). One thread: OpenMP's
+    pool would spin in the trainer, whose cores the model needs."""
+    width = out.shape[1]
+    step = max(1, 64 // rows.itemsize)  # words per cache line
+    n = n_id.size
+    j = 0
+    for i in range(n):
+        a = i + _PREFETCH_DISTANCE
+        if a < n and cached[a]:
+            ra = slot[n_id[a]]
+            if ra >= 0:
+                for q in range(0, width, step):
+                    prefetch(flat, ra * width + q)  # type: ignore[call-arg]
+        if cached[i]:
+            r = slot[n_id[i]]
+            if r < 0:
+                return i
+            for c in range(width):
+                out[i, c] = rows[r, c] << shift
+        else:
+            for c in range(width):
+                out[i, c] = missing[j, c] << shift
+            j += 1
+    return -1
+
+
+_INT_OF_SIZE = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _as_words(t: torch.Tensor, word: type) -> np.ndarray:
+    """A 2-D CPU tensor's memory as a NumPy array of unsigned ``word``s of its item size
+    (NumPy has no bfloat16)."""
+    return t.view(_INT_OF_SIZE[t.element_size()]).numpy().view(word)
+
+
+#: (wire dtype, output dtype) -> (word of the wire dtype, word of the output, shift) of
+#: the conversions :func:`_assemble_rows` does exactly: a copy, or bfloat16 -> float32.
+_CPU_ASSEMBLY = {
+    (torch.float32, torch.float32): (np.uint32, np.uint32, 0),
+    (torch.float64, torch.float64): (np.uint64, np.uint64, 0),
+    (torch.float16, torch.float16): (np.uint16, np.uint16, 0),
+    (torch.bfloat16, torch.bfloat16): (np.uint16, np.uint16, 0),
+    (torch.bfloat16, torch.float32): (np.uint16, np.uint32, 16),
+}
 
 
 def parse_cache_size(value: object, field: str = "cache_size") -> tuple[str, float]:
@@ -182,22 +241,46 @@ class FeatureCache:
             raise CacheError(f"{where}: expected {k} nodes, got {done}")
         return order
 
-    def assemble(self, x_missing: torch.Tensor, cached: torch.Tensor, n_id: torch.Tensor) -> torch.Tensor:
+    def assemble(self, x_missing: torch.Tensor, cached: torch.Tensor, n_id: torch.Tensor,
+                 dtype: torch.dtype | None = None) -> torch.Tensor:
         """The full ``x`` of a batch: rows marked in ``cached`` from the cache, the others
-        from ``x_missing`` (in ``n_id`` order); all on the cache's device."""
+        from ``x_missing`` (in ``n_id`` order); all on the cache's device, in ``dtype``
+        (default: the wire dtype; the conversion is the one ``Tensor.to`` makes)."""
         num = cached.numel()
-        cached_pos = torch.nonzero(cached).flatten()
-        missing_pos = torch.nonzero(~cached).flatten()
-        if x_missing.shape[0] != missing_pos.numel() or x_missing.dtype != self.rows.dtype:
-            raise CacheError(f"tensor 'x': expected {self.rows.dtype} with {missing_pos.numel()} rows "
+        num_missing = num - int(cached.sum()) if cached.is_cuda else \
+            num - int(np.count_nonzero(cached.numpy()))
+        if x_missing.shape[0] != num_missing or x_missing.dtype != self.rows.dtype:
+            raise CacheError(f"tensor 'x': expected {self.rows.dtype} with {num_missing} rows "
                              f"(the nodes not marked in 'x_cached'), got {x_missing.dtype} with "
                              f"{x_missing.shape[0]}")
+        out_dtype = dtype or self.rows.dtype
+        words = _CPU_ASSEMBLY.get((self.rows.dtype, out_dtype))
+        if self.rows.device.type == "cpu" and words is not None:
+            return self._assemble_cpu(x_missing, cached, n_id, out_dtype, words)
+        cached_pos = torch.nonzero(cached).flatten()
+        missing_pos = torch.nonzero(~cached).flatten()
         slots = self.slot.index_select(0, n_id.index_select(0, cached_pos))
         if slots.numel() and bool((slots < 0).any()):
-            raise CacheError(f"tensor 'x_cached': marks {int((slots < 0).sum())} nodes this cache does "
-                             f"not hold (plan {list(self.counts)}); do the servers follow another "
-                             "hot order?")
+            raise self._unknown(int((slots < 0).sum()))
         x = torch.empty((num, self.rows.shape[1]), dtype=self.rows.dtype, device=self.rows.device)
         x.index_copy_(0, cached_pos, self.rows.index_select(0, slots))
         x.index_copy_(0, missing_pos, x_missing)
+        return x.to(out_dtype)
+
+    def _assemble_cpu(self, x_missing: torch.Tensor, cached: torch.Tensor, n_id: torch.Tensor,
+                      out_dtype: torch.dtype, words: tuple[type, type, int]) -> torch.Tensor:
+        """:meth:`assemble` on the CPU: one pass, one thread (:func:`_assemble_rows`)."""
+        src_word, out_word, shift = words
+        x = torch.empty((cached.numel(), self.rows.shape[1]), dtype=out_dtype)
+        rows = _as_words(self.rows, src_word)
+        bad = _assemble_rows(rows, rows.reshape(-1), self.slot.numpy(), n_id.numpy(),
+                             cached.numpy(), _as_words(x_missing, src_word),
+                             _as_words(x, out_word), shift)
+        if bad >= 0:
+            ids = n_id[cached]
+            raise self._unknown(int((self.slot[ids] < 0).sum()))
         return x
+
+    def _unknown(self, count: int) -> CacheError:
+        return CacheError(f"tensor 'x_cached': marks {count} nodes this cache does not hold "
+                          f"(plan {list(self.counts)}); do the servers follow another hot order?")

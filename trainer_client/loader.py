@@ -497,15 +497,17 @@ class RemoteNeighborLoader:
                     self.node_table.complete(data, self.include_labels)
                 data.input_id = torch.from_numpy(self.input_ids(refs[batch.index]))
                 data = to_device(data, self.device, feature_dtype=None, non_blocking=self.pin_memory)
-                self._complete_features(data, stream.stats)
+                self._complete_features(data, stream.stats, dtype)
                 if dtype is not None and data.x.dtype != dtype:
                     data.x = data.x.to(dtype)
                 if not self.return_internal_ids and "internal_n_id" in data:
                     del data.internal_n_id
                 yield data
 
-    def _complete_features(self, data: Data, stats: StreamStats) -> None:
-        """Fill a batch's cached rows of ``x`` from the feature cache (on the device)."""
+    def _complete_features(self, data: Data, stats: StreamStats,
+                           dtype: torch.dtype | None = None) -> None:
+        """Fill a batch's cached rows of ``x`` from the feature cache (on the device),
+        casting to ``dtype`` on the way where the cache can (else the caller casts)."""
         stats.rows += int(data.num_nodes)
         if "x_cached" not in data:
             return
@@ -514,9 +516,10 @@ class RemoteNeighborLoader:
                                 "sent no cache plan), got one", what="StreamMinibatches")
         cached = data.x_cached
         del data.x_cached
-        stats.cached_rows += int(cached.sum())
+        stats.cached_rows += int(cached.sum()) if cached.is_cuda else \
+            int(np.count_nonzero(cached.numpy()))
         try:
-            data.x = self.cache.assemble(data.x, cached, data.internal_n_id)
+            data.x = self.cache.assemble(data.x, cached, data.internal_n_id, dtype)
         except CacheError as exc:
             raise ProtocolError(f"StreamMinibatches: {exc}", what="StreamMinibatches") from exc
 

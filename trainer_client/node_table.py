@@ -86,6 +86,7 @@ class NodeTable:
         ``internal_n_id``) and, with ``labels``, its ``y`` (int64) from the table."""
         internal = data.n_id
         data.internal_n_id = internal
-        data.n_id = self.orig.index_select(0, internal).to(torch.int64)
+        ids = internal.numpy()  # NumPy, one thread: torch's pool would spin on the cores
+        data.n_id = torch.from_numpy(self.orig.numpy().take(ids).astype(np.int64, copy=False))
         if labels:
-            data.y = self.labels.index_select(0, internal).to(torch.int64)
+            data.y = torch.from_numpy(self.labels.numpy().take(ids).astype(np.int64, copy=False))
