@@ -43,6 +43,7 @@ from trainer_client.cache import (
     KNOWN_HOT_ORDERS,
     CacheError,
     FeatureCache,
+    cast_rows,
     parse_cache_size,
     plan_counts,
 )
@@ -499,7 +500,7 @@ class RemoteNeighborLoader:
                 data = to_device(data, self.device, feature_dtype=None, non_blocking=self.pin_memory)
                 self._complete_features(data, stream.stats, dtype)
                 if dtype is not None and data.x.dtype != dtype:
-                    data.x = data.x.to(dtype)
+                    data.x = cast_rows(data.x, dtype)
                 if not self.return_internal_ids and "internal_n_id" in data:
                     del data.internal_n_id
                 yield data
