@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -94,22 +95,29 @@ def seed_batches(train: np.ndarray, seed: int, batch: int) -> Iterator[np.ndarra
 
 
 def time_batches(label: str, step: Callable[[np.ndarray, int], int], train: np.ndarray, batch: int,
-                 num_batches: int, warmup: int = 2) -> dict[str, Any]:
+                 num_batches: int, warmup: int = 2, in_flight: int = 1) -> dict[str, Any]:
     """Time ``step(seeds, batch_index) -> sampled edges`` over ``num_batches`` batches of
-    ``batch`` shuffled ``train`` seeds, after ``warmup`` untimed ones."""
+    ``batch`` shuffled ``train`` seeds, after ``warmup`` untimed ones. ``in_flight > 1``
+    runs that many batches at once on as many threads (as a sampling server's workers
+    do), the next batch starting as soon as one is done."""
     it = seed_batches(train, 0, batch)
     for i in range(warmup):
         step(next(it), i)
-    seeds = edges = 0
+    batches = [next(it) for _ in range(num_batches)]
+    seeds = sum(s.size for s in batches)
     started = time.perf_counter()
-    for i in range(num_batches):
-        s = next(it)
-        edges += step(s, warmup + i)
-        seeds += s.size
+    if in_flight > 1:
+        with ThreadPoolExecutor(in_flight, thread_name_prefix="bench") as pool:
+            edges = sum(pool.map(step, batches, range(warmup, warmup + num_batches)))
+    else:
+        edges = sum(step(s, warmup + i) for i, s in enumerate(batches))
     wall = time.perf_counter() - started
-    return {"label": label, "batches": num_batches, "seconds": round(wall, 3),
-            "seeds_per_s": round(seeds / wall, 1), "edges_per_s": round(edges / wall, 1),
-            "ms_per_batch": round(1000 * wall / num_batches, 2)}
+    row = {"label": label, "batches": num_batches, "seconds": round(wall, 3),
+           "seeds_per_s": round(seeds / wall, 1), "edges_per_s": round(edges / wall, 1),
+           "ms_per_batch": round(1000 * wall / num_batches, 2)}
+    if in_flight > 1:
+        row["in_flight"] = in_flight
+    return row
 
 
 def spread(values: list[float], digits: int = 2) -> dict[str, Any]:

@@ -6,8 +6,10 @@ as one v2 partition under ``--data``; seeds: shuffled training papers, batch 102
 fanouts [25, 20] for every edge type. Reports seeds/s and sampled edges/s for the
 structure alone and with paper features and labels gathered; PyG's loader always gathers
 ``x``, so its rows compare with the latter. Every row runs once per pass (``--passes``);
-the report gives each row's median, min and max, and the ratio to PyG's best row of
-each pass. Writes ``benchmarks/results/hetero.json``.
+the report gives each row's median, min and max, and the ratio of graphfeed's best row to
+PyG's best row of each pass. graphfeed runs with 1 and 2 threads, and with 2 batches in
+flight on 2 threads (as ``sampling_server``'s two sampling workers do; PyG's
+``num_workers=2`` is the counterpart). Writes ``benchmarks/results/hetero.json``.
 
     make bench-peers            # PyG's torch-sparse (else the PyG rows are skipped)
     python benchmarks/hetero.py --data data/bench
@@ -50,9 +52,10 @@ BATCH = 1024
 
 
 def measure(label: str, step: Callable[[np.ndarray, int], int], train: np.ndarray,
-            num_batches: int) -> dict[str, Any]:
-    """Time ``step(seeds, batch_index) -> sampled edges`` over batches of ``train``."""
-    row = time_batches(label, step, train, BATCH, num_batches)
+            num_batches: int, in_flight: int = 1) -> dict[str, Any]:
+    """Time ``step(seeds, batch_index) -> sampled edges`` over batches of ``train``
+    (``in_flight`` batches at once, each on its own thread)."""
+    row = time_batches(label, step, train, BATCH, num_batches, in_flight=in_flight)
     log.info("%s: %.0f seeds/s, %.2f M edges/s, %.1f ms/batch", label, row["seeds_per_s"],
              row["edges_per_s"] / 1e6, row["ms_per_batch"])
     return row
@@ -60,7 +63,8 @@ def measure(label: str, step: Callable[[np.ndarray, int], int], train: np.ndarra
 
 def graphfeed_rows(root: Path, graph: HeteroGraphData, fanouts: list[int],
                    num_batches: int, threads: int) -> list[dict[str, Any]]:
-    """The CPU sampler with ``threads`` Numba (and torch) threads."""
+    """The CPU sampler with ``threads`` Numba (and torch) threads; with more than one, also
+    ``threads`` batches at once (as ``sampling_server``'s sampling workers run them)."""
     import numba
 
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
@@ -79,8 +83,14 @@ def graphfeed_rows(root: Path, graph: HeteroGraphData, fanouts: list[int],
         return sum(int(r.numel()) for r in out.structure.row.values())
 
     name = f"graphfeed CPU hetero sampler ({threads} thread{'s' if threads > 1 else ''})"
-    return [measure(f"{name}: structure", structure, train, num_batches),
+    rows = [measure(f"{name}: structure", structure, train, num_batches),
             measure(f"{name}: + features, labels, orig IDs", with_data, train, num_batches)]
+    if threads > 1:
+        rows += [measure(f"{name}, {threads} batches in flight: {kind}", step, train, num_batches,
+                         threads)
+                 for kind, step in (("structure", structure),
+                                    ("+ features, labels, orig IDs", with_data))]
+    return rows
 
 
 def pyg_rows(graph: HeteroGraphData, fanouts: list[int], num_batches: int,
