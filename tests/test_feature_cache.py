@@ -219,6 +219,12 @@ def test_a_batch_that_disagrees_with_the_cache_is_refused() -> None:
         cache.assemble(x_missing[:1], torch.tensor([True, False, True, True]), n_id)
     with pytest.raises(CacheError, match=r"tensor 'x': expected torch.float32 with 2 rows"):
         cache.assemble(x_missing[:1], cached, n_id)
+    with pytest.raises(CacheError, match=r"tensor 'n_id': expected node IDs in 0 .. 5, got values in 0 .. 9"):
+        cache.assemble(x_missing, cached, torch.tensor([3, 0, 4, 9]))
+    with pytest.raises(CacheError, match=r"tensor 'x': expected 4 columns, got shape \[2, 3\]"):
+        cache.assemble(x_missing[:, :3], cached, n_id)
+    with pytest.raises(CacheError, match=r"tensor 'x_cached': expected 3 entries"):
+        cache.assemble(x_missing, cached, n_id[:3])
 
 
 @pytest.mark.parametrize(("wire", "out"), [(torch.float32, None), (torch.bfloat16, None),

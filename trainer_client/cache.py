@@ -293,15 +293,24 @@ class FeatureCache:
     def _assemble_cpu(self, x_missing: torch.Tensor, cached: torch.Tensor, n_id: torch.Tensor,
                       out_dtype: torch.dtype, words: tuple[type, type, int]) -> torch.Tensor:
         """:meth:`assemble` on the CPU: one pass, one thread (:func:`_assemble_rows`)."""
+        ids = n_id.numpy()
+        if ids.size != cached.numel():
+            raise CacheError(f"tensor 'x_cached': expected {ids.size} entries (one per node), "
+                             f"got {cached.numel()}")
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.slot.numel()):
+            raise CacheError(f"tensor 'n_id': expected node IDs in 0 .. {self.slot.numel() - 1}, "
+                             f"got values in {int(ids.min())} .. {int(ids.max())}")
+        if x_missing.dim() != 2 or x_missing.shape[1] != self.rows.shape[1]:
+            raise CacheError(f"tensor 'x': expected {self.rows.shape[1]} columns, got shape "
+                             f"{list(x_missing.shape)}")
         src_word, out_word, shift = words
         x = torch.empty((cached.numel(), self.rows.shape[1]), dtype=out_dtype)
         rows = _as_words(self.rows, src_word)
-        bad = _assemble_rows(rows, rows.reshape(-1), self.slot.numpy(), n_id.numpy(),
+        bad = _assemble_rows(rows, rows.reshape(-1), self.slot.numpy(), ids,
                              cached.numpy(), _as_words(x_missing, src_word),
                              _as_words(x, out_word), shift)
         if bad >= 0:
-            ids = n_id[cached]
-            raise self._unknown(int((self.slot[ids] < 0).sum()))
+            raise self._unknown(int((self.slot.numpy()[ids[cached.numpy()]] < 0).sum()))
         return x
 
     def _unknown(self, count: int) -> CacheError:
