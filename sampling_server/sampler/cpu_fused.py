@@ -87,17 +87,17 @@ def _draw_block(
         counts[i] = _positions(key, hop, orig[i], counts[i], fanout, replace, slots, i * fanout)
     for i in range(lo, hi):  # neighbor IDs
         f, o = first[i], i * fanout
-        if i + DRAW_LOOKAHEAD < hi:
-            ahead = i + DRAW_LOOKAHEAD
-            for p in range(ahead * fanout, ahead * fanout + counts[ahead]):
-                prefetch(indices, first[ahead] + slots[p])  # type: ignore[call-arg]
+        a = i + DRAW_LOOKAHEAD
+        if a < hi:
+            for p in range(a * fanout, a * fanout + counts[a]):
+                prefetch(indices, first[a] + slots[p])  # type: ignore[call-arg]
         for p in range(o, o + counts[i]):
             slots[p] = indices[f + slots[p]]
     for i in range(lo, hi):  # map entries
         o = i * fanout
-        if i + DRAW_LOOKAHEAD < hi:
-            ahead = (i + DRAW_LOOKAHEAD) * fanout
-            for p in range(ahead, ahead + counts[i + DRAW_LOOKAHEAD]):
+        a = i + DRAW_LOOKAHEAD
+        if a < hi:
+            for p in range(a * fanout, a * fanout + counts[a]):
                 prefetch(local_of, slots[p])  # type: ignore[call-arg]
         for p in range(o, o + counts[i]):
             lid[p] = local_of[slots[p]]
@@ -216,11 +216,13 @@ class CscView:
     (the first owned, ``node_start``), and their original IDs."""
 
     def __init__(self, indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray,
-                 node_start: int):
+                 node_start: int, orig_is_global: bool | None = None):
         self.indptr, self.indices, self.orig_ids = indptr, indices, orig_ids
         self.node_start = node_start
-        #: Whether every original ID is the global ID (then draws need not read them).
-        self.orig_is_global = is_identity(orig_ids, node_start)
+        #: Whether every original ID is the global ID (then draws need not read them);
+        #: computed here unless the caller already knows (:func:`base.is_identity`).
+        self.orig_is_global = is_identity(orig_ids, node_start) if orig_is_global is None \
+            else orig_is_global
 
 
 def _grown(buf: np.ndarray, used: int, need: int) -> np.ndarray:

@@ -126,6 +126,7 @@ class CpuNeighborSampler(NeighborSampler):
         #: depend on how the graph was partitioned.
         self._orig_ids = np.ascontiguousarray(partition.orig_ids, dtype=np.int64)
         self._csc = F.CscView(self._indptr, self._indices, self._orig_ids, self.node_start)
+        self._orig_identity = self._csc.orig_is_global  # for orig_ids_of: known already
         num_nodes = partition.manifest.num_nodes
         self._dense_maps = (_DenseMapPool(num_nodes) if num_nodes <= DENSE_RELABEL_MAX_NODES
                             else None)

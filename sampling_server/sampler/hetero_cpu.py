@@ -19,7 +19,7 @@ from partitioner.hetero_format import HeteroPartition
 from sampling_server.sampler import cpu_fused as F
 from sampling_server.sampler import cpu_gather as G
 from sampling_server.sampler import cpu_kernels as K
-from sampling_server.sampler.base import Relabeler
+from sampling_server.sampler.base import Relabeler, is_identity
 from sampling_server.sampler.cpu_sampler import (
     DENSE_RELABEL_MAX_NODES,
     CpuRelabeler,
@@ -50,8 +50,12 @@ class CpuHeteroSampler(HeteroNeighborSampler):
         #: int64 original IDs of the owned nodes per type: the keys of their draws.
         self._orig_ids = {t: np.ascontiguousarray(partition.orig_ids[t], dtype=np.int64)
                           for t in self.node_types}
+        # one pass per node type (not per relation), shared with orig_ids_local
+        self._orig_identity = {t: is_identity(self._orig_ids[t], self.node_range(t)[0])
+                               for t in self.node_types}
         self._csc = {et: F.CscView(self._indptr[et], self._indices[et], self._orig_ids[et[2]],
-                                   self.node_range(et[2])[0]) for et in self.edge_types}
+                                   self.node_range(et[2])[0], self._orig_identity[et[2]])
+                     for et in self.edge_types}
         counts = {t: i.num_nodes for t, i in partition.manifest.node_types.items()}
         self._dense_maps = {t: _DenseMapPool(n) for t, n in counts.items()
                             if n <= DENSE_RELABEL_MAX_NODES}
