@@ -13,6 +13,12 @@ Rows (servers in their own processes, the client in this one):
   batches, sampled once by a real partition's sampler, encoded per send as the server
   does (``protos.fastwire``) in ``MinibatchChunk`` messages of S bytes of tensor data and
   decoded by the trainer's ``BatchAssembler`` into PyG ``Data``;
+- two diagnostic rows at the default message size, each without one of graphfeed's two
+  payload copies, to say where the replay's gap to the bare stream goes:
+  ``graphfeed-replay, encoded once``: the server sends each batch's messages as encoded
+  the first time (no per-send copy of the tensors into the messages; the trainer decodes
+  as usual) and ``graphfeed-replay, not decoded``: the trainer parses every message
+  (fastwire) but assembles no tensor (no copy out of the messages);
 - ``graphfeed-server``: the real ``sampling_server`` (sampling included) read by
   ``RemoteNeighborLoader``, and the fraction of a trainer step spent waiting for data
   with a model step of a few fixed lengths (a sleep standing for GPU work).
@@ -155,6 +161,7 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
     batches = _sample_batches(part_dir, num_batches)
     workers = futures.ThreadPoolExecutor(1, thread_name_prefix="encode")
     encode_cpu: list[float] = []
+    encoded_once: dict[tuple[int, int], list[bytes]] = {}  # (batch, size) -> its messages
 
     def bytes_stream(request: bytes, context: grpc.ServicerContext) -> Any:
         ask = json.loads(request)
@@ -182,11 +189,19 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
         encode_cpu.append(time.thread_time() - began)
         return messages
 
+    def encode_once(named: dict[str, Any], out: Any, index: int, total: int, size: int) -> list[bytes]:
+        """The diagnostic row: each batch encoded the first time it is sent, then resent."""
+        key = (index % len(batches), size)
+        if key not in encoded_once:
+            encoded_once[key] = encode(named, out, index, total, size)
+        return encoded_once[key]
+
     def replay_stream(request: bytes, context: grpc.ServicerContext) -> Any:
         """As the server's pipeline does: batches are encoded by a worker thread,
         ``PREFETCH`` ahead of the one being sent."""
         ask = json.loads(request)
         total, cpu = ask["rounds"] * len(batches), time.process_time()
+        encoder = encode_once if ask.get("encoded_once") else encode
         encode_cpu.clear()
         jobs = iter(range(total))
         pending: deque[Future[list[bytes]]] = deque()
@@ -195,7 +210,7 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
             index = next(jobs, None)
             if index is not None:
                 named, out = batches[index % len(batches)]
-                pending.append(workers.submit(encode, named, out, index, total, ask["size"]))
+                pending.append(workers.submit(encoder, named, out, index, total, ask["size"]))
 
         for _ in range(PREFETCH):
             submit_next()
@@ -239,9 +254,13 @@ def bare_row(channel: grpc.Channel, size: int, nbytes: int, uncached: bool = Fal
     return _row(label, got, wall, count - 1, cpu, server_cpu)
 
 
-def replay_row(channel: grpc.Channel, size: int, rounds: int) -> dict[str, Any]:
+def replay_row(channel: grpc.Channel, size: int, rounds: int, variant: str = "") -> dict[str, Any]:
     """Read ``rounds`` replays of the server's batches and decode them as the trainer's
-    reader thread does (``BatchAssembler``: fastwire views, one copy of split tensors)."""
+    reader thread does (``BatchAssembler``: fastwire views, one copy of split tensors).
+
+    ``variant`` (diagnostics): ``"encoded once"``: the server resends each batch's
+    messages as first encoded; ``"not decoded"``: messages are parsed, no batch assembled
+    (the bytes counted are the messages')."""
     from protos import fastwire
     from trainer_client.decode import BatchAssembler
 
@@ -250,9 +269,14 @@ def replay_row(channel: grpc.Channel, size: int, rounds: int) -> dict[str, Any]:
     assembler = BatchAssembler()
     got = batches = 0
     cpu, started = time.process_time(), time.perf_counter()
-    call = call_of(json.dumps({"size": size, "rounds": rounds}).encode(), timeout=900)
+    call = call_of(json.dumps({"size": size, "rounds": rounds,
+                               "encoded_once": variant == "encoded once"}).encode(), timeout=900)
     decode = 0.0
     for msg in call:
+        if variant == "not decoded":
+            got += msg.ByteSize()
+            batches += msg.chunk_index == msg.num_chunks - 1
+            continue
         began = time.thread_time()
         done = assembler.add(msg)
         decode += time.thread_time() - began
@@ -261,18 +285,26 @@ def replay_row(channel: grpc.Channel, size: int, rounds: int) -> dict[str, Any]:
             batches += 1
             del done  # as a trainer that is through with the batch: its buffers are reused
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-    row = _row(f"graphfeed-replay({size >> 10} KiB)", got, wall, batches, cpu, _server_cpu(call))
+    label = f"graphfeed-replay{', ' + variant if variant else ''}({size >> 10} KiB)"
+    row = _row(label, got, wall, batches, cpu, _server_cpu(call))
     gib = got / (1 << 30)
     row["encode_cpu_s_per_gib"] = round(_server_cpu(call, "server-encode-cpu-s") / gib, 3)
-    row["decode_cpu_s_per_gib"] = round(decode / gib, 3)
-    row["buffers_reused"] = assembler.pool.reused
+    if variant != "not decoded":
+        row["decode_cpu_s_per_gib"] = round(decode / gib, 3)
+        row["buffers_reused"] = assembler.pool.reused
     return row
 
 
+#: The diagnostic replays (see the module's docstring), run at the default message size.
+VARIANTS = ("encoded once", "not decoded")
+
+
 def stream_passes(part_dir: Path, sizes: list[int], passes: int, rounds: int,
-                  num_batches: int, tcp_bytes: int) -> list[dict[str, Any]]:
+                  num_batches: int, tcp_bytes: int, diagnose: int | None = None) -> list[dict[str, Any]]:
     """Per pass: raw TCP, then at each size the bare stream and the replay back to back
-    (their order alternates between passes), all against one server process."""
+    (their order alternates between passes), all against one server process; at size
+    ``diagnose`` the :data:`VARIANTS` of the replay follow (their ratio: to that pass's
+    bare stream)."""
     from protos.channel import create_channel
 
     port, ctx = free_port(), mp.get_context("spawn")
@@ -285,6 +317,8 @@ def stream_passes(part_dir: Path, sizes: list[int], passes: int, rounds: int,
         if not ready.wait(1800):
             raise RuntimeError("the benchmark server did not sample its batches within 30 min")
         channel = create_channel(f"127.0.0.1:{port}")
+        if diagnose in sizes:  # every batch encoded once before the timed rows
+            replay_row(channel, diagnose, 1, "encoded once")
         for p in range(passes):
             rows.append({**tcp_row(tcp_bytes), "pass": p})
             for size in sizes:
@@ -308,6 +342,14 @@ def stream_passes(part_dir: Path, sizes: list[int], passes: int, rounds: int,
                 rows += [{**r, "pass": p} for r in (bare, uncached, replay)]
                 log.info("pass %d, %d KiB: replay / bare gRPC = %.3f (/ uncached %.3f)", p,
                          size >> 10, replay["ratio_to_bare"], replay["ratio_to_uncached"])
+                if size != diagnose:
+                    continue
+                for variant in VARIANTS:
+                    row = replay_row(channel, size, rounds, variant)
+                    row["ratio_to_bare"] = round(row["mib_per_s"] / bare["mib_per_s"], 3)
+                    rows.append({**row, "pass": p})
+                    log.info("pass %d, %d KiB: replay, %s / bare gRPC = %.3f", p, size >> 10,
+                             variant, row["ratio_to_bare"])
         channel.close()
     finally:
         proc.terminate()
@@ -404,6 +446,10 @@ def summarize(rows: list[dict[str, Any]], sizes: list[int]) -> tuple[list[dict[s
         ratios[f"replay_vs_grpc_bytes_uncached({k})"] = by[f"graphfeed-replay({k})"]["ratio_to_uncached"]
         ratios[f"grpc_bytes_vs_tcp({k})"] = round(
             by[f"grpc-bytes({k})"]["mib_per_s"] / by["tcp"]["mib_per_s"], 3)
+        for variant in VARIANTS:
+            if f"graphfeed-replay, {variant}({k})" in by:
+                ratios[f"replay_{variant.replace(' ', '_')}_vs_grpc_bytes({k})"] = \
+                    by[f"graphfeed-replay, {variant}({k})"]["ratio_to_bare"]
     return medians, ratios
 
 
@@ -419,6 +465,8 @@ def main() -> int:
                         help="passes over every row; medians are reported")
     parser.add_argument("--replay-batches", type=int, default=6)
     parser.add_argument("--replay-rounds", type=int, default=2)
+    parser.add_argument("--no-diagnostics", action="store_true",
+                        help="skip the diagnostic replays at the default message size")
     parser.add_argument("--server-batches", type=int, default=12,
                         help="batches of the real-server rows (0: skip them)")
     parser.add_argument("--steps-ms", type=float, nargs="*", default=[100.0, 250.0])
@@ -440,7 +488,8 @@ def main() -> int:
     sizes = [k << 10 for k in args.sizes_kib]
     part_dir = ensure_partition(args.data, args.preset)
     passes = stream_passes(part_dir, sizes, args.passes, args.replay_rounds, args.replay_batches,
-                           int(args.gib * (1 << 30)))
+                           int(args.gib * (1 << 30)),
+                           None if args.no_diagnostics else codec.DEFAULT_CHUNK_BYTES)
     rows, ratios = summarize(passes, sizes)
     if args.server_batches:
         rows += server_rows(part_dir, args.server_batches, [s / 1e3 for s in args.steps_ms],
@@ -459,7 +508,7 @@ def main() -> int:
         cpu = "".join(f"  {k.split('_')[0]} {r[k]:.3f}" for k in
                       ("client_cpu_s_per_gib", "server_cpu_s_per_gib", "encode_cpu_s_per_gib",
                        "decode_cpu_s_per_gib") if k in r)
-        print(f"{r['label']:<36} {r['mib_per_s']:>9.1f} MiB/s {r['items_per_s']:>8.2f}/s{cpu}{extra}")
+        print(f"{r['label']:<44} {r['mib_per_s']:>9.1f} MiB/s {r['items_per_s']:>8.2f}/s{cpu}{extra}")
     print("(cpu-s per GiB: client and server processes; encode and decode: the replay's own "
           "work inside them)")
     for k, v in ratios.items():

@@ -32,8 +32,11 @@ METHODS = ("metis", "range", "hash", "random")
 
 def warm_up() -> dict[str, float]:
     """Run every CPU kernel a server and a partition job use once; seconds per step."""
+    import torch
+
     from partitioner import load_partition, partition_graph
     from partitioner.synthetic import generate
+    from protos import halfcast
     from sampling_server.hot import hot_order
     from sampling_server.sampler import create_sampler
     from sampling_server.sampler.cpu_fused import UNSEEN, look_up_drawn
@@ -60,6 +63,8 @@ def warm_up() -> dict[str, float]:
             drawn = sampler.sample_neighbors(batch.structure.n_id, 5, batch_key(0, 0, 0, 0), 1)
             look_up_drawn(np.full(part.num_nodes, UNSEEN, dtype=np.int32),
                           drawn.neighbors.numpy(), drawn.counts.numpy())
+        if batch.x is not None:  # bfloat16 on the wire: the server narrows, a trainer widens
+            halfcast.cast(halfcast.cast(batch.x.float(), torch.bfloat16), torch.float32)
         seconds["sample and gather"] = time.perf_counter() - started
         started = time.perf_counter()
         hot_order(part, "visits_v1")

@@ -279,19 +279,3 @@ def test_cast_features_are_bit_identical_with_and_without_the_cache(
             assert torch.equal(_raw(a.x), _raw(b.x))
             count += 1
         assert count == len(plain) > 1 and cached.last_stats.hit_rate > 0
-
-
-def test_cast_rows_equals_tensor_to_bit_for_bit() -> None:
-    from trainer_client.cache import cast_rows
-
-    gen = torch.Generator().manual_seed(1)
-    x = (torch.randn((300, 13), generator=gen) * 1e30).to(torch.bfloat16)
-    x[0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
-    for view in (x, x[:, 3:9], x[::2], x[:0]):  # contiguous or not, empty
-        got = cast_rows(view, torch.float32)
-        assert got.dtype == torch.float32 and got.shape == view.shape
-        assert torch.equal(got.view(torch.int32), view.to(torch.float32).view(torch.int32))
-    half = x.to(torch.float16)
-    assert torch.equal(cast_rows(half, torch.float32).view(torch.int32),
-                       half.to(torch.float32).view(torch.int32))
-    assert cast_rows(x, torch.bfloat16) is x

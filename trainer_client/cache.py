@@ -92,29 +92,6 @@ def _assemble_rows(rows: np.ndarray, flat: np.ndarray, slot: np.ndarray, n_id: n
     return -1
 
 
-@numba.njit(nogil=True, cache=True)
-def _widen_bfloat16(words: np.ndarray, out: np.ndarray) -> None:
-    """float32 words of bfloat16 ``words`` (exact: the 16 bits move to the top)."""
-    for i in range(words.size):
-        out[i] = np.uint32(words[i]) << 16
-
-
-def cast_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``x.to(dtype)``, the same bits; a CPU bfloat16 -> float32 widening runs in one
-    Numba pass on the calling thread instead of on torch's pool, which spins at its
-    barriers on the cores a trainer shares with its model (and, on small machines,
-    with sampling servers)."""
-    if x.dtype == dtype:
-        return x
-    if x.device.type != "cpu" or x.dtype != torch.bfloat16 or dtype != torch.float32:
-        return x.to(dtype)
-    src = x.contiguous()
-    out = torch.empty(src.shape, dtype=torch.float32)
-    _widen_bfloat16(src.view(torch.int16).numpy().reshape(-1).view(np.uint16),
-                    out.view(torch.int32).numpy().reshape(-1).view(np.uint32))
-    return out
-
-
 _INT_OF_SIZE = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 

@@ -29,12 +29,11 @@ import numpy as np
 import torch
 from torch_geometric.data import Data, HeteroData
 
-from protos import compact
+from protos import compact, halfcast
 from protos import sampling_pb2 as pb
 from protos.buffers import BufferPool
 from protos.codec import CodecError, TensorAssembler
 from protos.fastwire import WireMessage
-from trainer_client.cache import cast_rows
 
 if TYPE_CHECKING:
     from trainer_client.hetero_decode import TypedSpec
@@ -382,5 +381,5 @@ def to_device(
             data[key] = value.to(device, non_blocking=non_blocking)
     x = data.x if "x" in data else None
     if isinstance(x, torch.Tensor) and feature_dtype is not None and x.dtype != feature_dtype:
-        data.x = cast_rows(x, feature_dtype)
+        data.x = halfcast.cast(x, feature_dtype)
     return data

@@ -34,6 +34,7 @@ import torch
 from torch_geometric.data import Data, HeteroData
 
 from partitioner.hetero import EdgeType
+from protos import halfcast
 from protos import sampling_pb2 as pb
 from protos.channel import ProtocolError
 from protos.codec import MAX_CHUNK_BYTES, dtype_to_torch, encode_tensor
@@ -43,7 +44,6 @@ from trainer_client.cache import (
     KNOWN_HOT_ORDERS,
     CacheError,
     FeatureCache,
-    cast_rows,
     parse_cache_size,
     plan_counts,
 )
@@ -500,7 +500,7 @@ class RemoteNeighborLoader:
                 data = to_device(data, self.device, feature_dtype=None, non_blocking=self.pin_memory)
                 self._complete_features(data, stream.stats, dtype)
                 if dtype is not None and data.x.dtype != dtype:
-                    data.x = cast_rows(data.x, dtype)
+                    data.x = halfcast.cast(data.x, dtype)
                 if not self.return_internal_ids and "internal_n_id" in data:
                     del data.internal_n_id
                 yield data
