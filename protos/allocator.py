@@ -34,11 +34,20 @@ _M_ARENA_MAX = -8
 _done = False
 
 
-def keep_freed_memory(mmap_threshold: int = 1 << 30, trim_threshold: int = 1 << 31,
+_INT_MAX = (1 << 31) - 1  # mallopt(int param, int value)
+
+
+def keep_freed_memory(mmap_threshold: int = 1 << 30, trim_threshold: int = _INT_MAX,
                       arena_max: int = 1) -> bool:
     """Make glibc reuse freed large blocks instead of unmapping them, in every thread
     (threads created before the call keep the arena they already have). Returns whether
-    the setting took (False off Linux/glibc). Idempotent."""
+    the setting took (False off Linux/glibc). Idempotent. Each value is a C ``int``
+    (at most 2**31 - 1)."""
+    for field, value in (("mmap_threshold", mmap_threshold), ("trim_threshold", trim_threshold),
+                        ("arena_max", arena_max)):
+        if not 0 < value <= _INT_MAX:
+            raise ValueError(f"{field}: expected an integer in [1, {_INT_MAX}] (mallopt takes a "
+                             f"C int), got {value}")
     global _done
     if _done:
         return True
@@ -47,6 +56,7 @@ def keep_freed_memory(mmap_threshold: int = 1 << 30, trim_threshold: int = 1 << 
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name or "libc.so.6")
+        libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
         ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
             libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold)) and bool(
             libc.mallopt(_M_ARENA_MAX, arena_max))

@@ -54,3 +54,11 @@ def test_keep_freed_memory_reuses_large_blocks_in_other_threads() -> None:
     tuned = _second_block_faults("tuned", 160, "thread")
     assert plain > 16
     assert tuned <= plain // 8
+
+
+def test_keep_freed_memory_names_a_value_mallopt_cannot_take() -> None:
+    from protos.allocator import keep_freed_memory
+
+    with pytest.raises(ValueError,
+                       match=r"trim_threshold: expected an integer in \[1, 2147483647\].*got 4294967296"):
+        keep_freed_memory(trim_threshold=1 << 32)
