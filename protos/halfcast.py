@@ -29,14 +29,20 @@ _QUIET_NAN = np.uint16(0x7FC0)
 _BIAS = np.uint32(0x7FFF)
 
 
+@numba.njit(inline="always", nogil=True, cache=True)
+def narrow_word(w: np.uint32) -> np.uint16:
+    """The bfloat16 bits of the float32 bits ``w`` (Numba; for kernels that narrow as
+    they copy)."""
+    if w & _ABS > _INF:  # NaN
+        return _QUIET_NAN
+    # ties to even: add 0x7FFF plus the lowest kept bit, drop the low 16 bits
+    return np.uint16((w + _BIAS + ((w >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+
 @numba.njit(parallel=True, nogil=True, cache=True)
 def _narrow(words: np.ndarray, out: np.ndarray) -> None:
     for i in numba.prange(words.size):
-        w = words[i]
-        if w & _ABS > _INF:  # NaN
-            out[i] = _QUIET_NAN
-        else:  # ties to even: add 0x7FFF plus the lowest kept bit, drop the low 16 bits
-            out[i] = np.uint16((w + _BIAS + ((w >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+        out[i] = narrow_word(words[i])
 
 
 @numba.njit(nogil=True, cache=True)

@@ -167,15 +167,18 @@ class SamplingPipeline:
         rows the trainer lacks and "x_cached" marks the others."""
         remote = bound.node_data if bound else None
         named: dict[str, codec.TensorLike] = {}
+        wire = codec.dtype_to_torch(job.feature_dtype)  # x is gathered in it
         if job.features and job.cache_counts:
             cached = self.hot.cached_mask(n_id, job.cache_counts)
             missing = torch.nonzero(~cached.to(n_id.device)).flatten()
-            x, _ = sampler.gather(n_id[missing], features=True, labels=False, remote=remote)
+            x, _ = sampler.gather(n_id[missing], features=True, labels=False, remote=remote,
+                                  dtype=wire)
             named["x_cached"] = compact.pack_mask(cached) if job.compact else cached
             y = sampler.gather(n_id, features=False, labels=True, remote=remote)[1] \
                 if job.labels else None
         else:
-            x, y = sampler.gather(n_id, features=job.features, labels=job.labels, remote=remote)
+            x, y = sampler.gather(n_id, features=job.features, labels=job.labels, remote=remote,
+                                  dtype=wire)
         if x is not None:
             named["x"] = cast_features(x, job.feature_dtype)
         if y is not None:

@@ -242,6 +242,34 @@ def test_features_and_labels_are_rows_of_n_id(
     assert x is None and y is not None
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_gather_of_mixed_owners_in_a_wire_dtype_equals_indexing_then_casting(
+    graph: GraphData, shuffled: tuple[list[Partition], np.ndarray], dtype: torch.dtype
+) -> None:
+    """Owned rows gathered straight into place (float32 -> bfloat16 narrowed on the way,
+    float16 the generic way), remote ones scattered in: the rows of n_id, cast as
+    ``Tensor.to`` casts them, with or without features or labels."""
+    parts, node_map = shuffled
+    orig_of = np.argsort(node_map)
+    samplers = _samplers(parts, False, False)
+    peers = LocalPeers(samplers)
+    rng = np.random.default_rng(5)
+    num_nodes = int(samplers[0].partition_book[-1])
+    for n_id in (rng.permutation(num_nodes), rng.choice(num_nodes, 17, replace=False),
+                 np.arange(*parts[0].node_range)[::-1].copy()):  # the last: all owned
+        ids = torch.from_numpy(n_id)
+        want_x = torch.from_numpy(graph.x[orig_of[n_id]]).to(dtype)
+        want_y = torch.from_numpy(graph.y[orig_of[n_id]])
+        x, y = samplers[0].gather(ids, remote=peers.node_data, dtype=dtype)
+        assert x is not None and y is not None and x.dtype == dtype
+        assert torch.equal(x.view(torch.uint8), want_x.view(torch.uint8))
+        assert torch.equal(y, want_y)
+        x, y = samplers[0].gather(ids, labels=False, remote=peers.node_data, dtype=dtype)
+        assert y is None and x is not None and torch.equal(x.view(torch.uint8), want_x.view(torch.uint8))
+        x, y = samplers[0].gather(ids, features=False, remote=peers.node_data, dtype=dtype)
+        assert x is None and y is not None and torch.equal(y, want_y)
+
+
 def test_same_key_same_batch_and_other_keys_differ(whole: list[Partition]) -> None:
     sampler = CpuNeighborSampler(whole[0])
     seeds = np.array([HUB, 0, 1, 2, 3])

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from partitioner.format import Partition
+from protos import halfcast
 from sampling_server.sampler import cpu_gather
 from sampling_server.sampler.types import HopSample, Minibatch, SamplerOutput
 
@@ -126,6 +127,15 @@ class NeighborSampler(abc.ABC):
         self, nodes: torch.Tensor, features: bool, labels: bool
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Features ``[len(nodes), F]`` and labels ``[len(nodes)]`` of owned nodes."""
+
+    def gather_local_into(self, nodes: torch.Tensor, positions: torch.Tensor,
+                          x: torch.Tensor | None, y: torch.Tensor | None) -> None:
+        """``x[positions]`` and ``y[positions]`` (each None: skipped) = the features, in
+        ``x``'s dtype, and labels of the owned ``nodes``. This default gathers, then
+        scatters; a sampler may do both in one pass."""
+        lx, ly = self.gather_local(nodes, x is not None, y is not None)
+        _assign(x, positions, lx)
+        _assign(y, positions, ly)
 
     # -- shared logic ----------------------------------------------------------------
     def owner_of(self, nodes: torch.Tensor) -> torch.Tensor:
@@ -243,23 +253,24 @@ class NeighborSampler(abc.ABC):
 
     def gather(
         self, n_id: torch.Tensor, *, features: bool = True, labels: bool = True,
-        remote: RemoteNodeData | None = None,
+        remote: RemoteNodeData | None = None, dtype: torch.dtype | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Features and labels of ``n_id``'s nodes, in order; remote rows via ``remote``."""
+        """Features (in ``dtype``; None: as stored) and labels of ``n_id``'s nodes, in
+        order; remote rows via ``remote``. Owned rows are gathered straight into their
+        places, remote ones scattered in as they arrive (a peer answers in ``dtype``)."""
         owner = self.owner_of(n_id)
         mine = owner == self.partition.partition_id
         if bool(mine.all()):
-            return self.gather_local(n_id, features, labels)
+            x, y = self.gather_local(n_id, features, labels)
+            return (halfcast.cast(x, dtype) if x is not None and dtype is not None else x), y
         if remote is None:
             raise RuntimeError("gather: nodes of other partitions but no remote fetcher was given")
-        x = torch.empty((n_id.numel(), self.partition.x.shape[1]),
-                        dtype=torch.from_numpy(np.empty(0, self.partition.x.dtype)).dtype,
+        stored = torch.from_numpy(np.empty(0, self.partition.x.dtype)).dtype
+        x = torch.empty((n_id.numel(), self.partition.x.shape[1]), dtype=dtype or stored,
                         device=self.device) if features else None
         y = torch.empty(n_id.numel(), dtype=torch.int64, device=self.device) if labels else None
         local_pos = torch.nonzero(mine).flatten()
-        lx, ly = self.gather_local(n_id[local_pos], features, labels)
-        _assign(x, local_pos, lx)
-        _assign(y, local_pos, ly)
+        self.gather_local_into(n_id[local_pos], local_pos, x, y)
         groups = {int(p): torch.nonzero(owner == p).flatten() for p in torch.unique(owner[~mine])}
         answers = remote({p: n_id[pos].cpu() for p, pos in groups.items()}, features, labels)
         for p, pos in groups.items():
@@ -280,8 +291,22 @@ class NeighborSampler(abc.ABC):
 
 
 def _assign(dest: torch.Tensor | None, pos: torch.Tensor, value: torch.Tensor | None) -> None:
-    if dest is not None and value is not None:
-        dest[pos] = value.to(dest.device, dest.dtype)
+    """``dest[pos] = value`` in ``dest``'s dtype (cast as :mod:`protos.halfcast` does); on
+    the CPU a parallel Numba scatter."""
+    if dest is None or value is None:
+        return
+    value = halfcast.cast(value.to(dest.device), dest.dtype)
+    if dest.device.type == "cpu" and dest.is_contiguous() and value.dim() == dest.dim() \
+            and value.shape[1:] == dest.shape[1:]:
+        cpu_gather.scatter_into(numpy_words(value.contiguous()), pos.to(torch.int64).numpy(),
+                                numpy_words(dest))
+    else:
+        dest[pos] = value
+
+
+def numpy_words(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's memory as NumPy (bfloat16, which NumPy lacks, as uint16 words)."""
+    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
 
 
 def merge_hop_samples(

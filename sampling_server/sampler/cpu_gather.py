@@ -19,6 +19,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from protos.halfcast import narrow_word
 from sampling_server.sampler.cpu_kernels import PARALLEL_MIN_ROWS, parallel_guard
 
 #: Rows ahead of the copied one whose cache lines are requested.
@@ -139,3 +140,90 @@ def gather(src: np.ndarray, nodes: np.ndarray, node_start: int) -> np.ndarray:
     elif nodes.size:
         gather_rows_serial(words[0], words[1], nodes, node_start, out)
     return out.view(arr.dtype).reshape((nodes.size, *arr.shape[1:]))
+
+
+# -- into place: the rows of a batch that mixes owned and remote nodes ------------------
+@numba.njit(nogil=True, cache=True)
+def _copy_rows_to(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_start: int,
+                  positions: np.ndarray, out: np.ndarray, narrow: bool, lo: int, hi: int) -> None:
+    """``out[positions[i]] = src[nodes[i] - node_start]`` for ``i`` in ``lo:hi``,
+    prefetching ahead; ``narrow``: ``src`` holds float32 words and ``out`` takes their
+    bfloat16 words (:func:`protos.halfcast.narrow_word`)."""
+    width = src.shape[1]
+    step = max(1, LINE // src.itemsize)
+    for i in range(lo, hi):
+        if i + PREFETCH_DISTANCE < hi:
+            ahead = (nodes[i + PREFETCH_DISTANCE] - node_start) * width
+            for q in range(0, width, step):
+                prefetch(flat, ahead + q)  # type: ignore[call-arg]
+        r, p = nodes[i] - node_start, positions[i]
+        if narrow:
+            for j in range(width):
+                out[p, j] = narrow_word(src[r, j])
+        else:
+            for j in range(width):
+                out[p, j] = src[r, j]
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def gather_rows_to(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_start: int,
+                   positions: np.ndarray, out: np.ndarray, narrow: bool) -> None:
+    """:func:`_copy_rows_to` over all of ``nodes``, blocks of rows in parallel."""
+    n = nodes.size
+    for b in numba.prange((n + ROW_BLOCK - 1) // ROW_BLOCK):
+        _copy_rows_to(src, flat, nodes, node_start, positions, out, narrow, b * ROW_BLOCK,
+                      min(n, (b + 1) * ROW_BLOCK))
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def scatter_rows(rows: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
+    """``out[positions[i]] = rows[i]`` (2-D, same word type), blocks of rows in parallel."""
+    n, width = rows.shape
+    for b in numba.prange((n + ROW_BLOCK - 1) // ROW_BLOCK):
+        for i in range(b * ROW_BLOCK, min(n, (b + 1) * ROW_BLOCK)):
+            p = positions[i]
+            for j in range(width):
+                out[p, j] = rows[i, j]
+
+
+def _rows_as_words(arr: np.ndarray) -> np.ndarray | None:
+    """A C-contiguous 1-D or 2-D array as 2-D unsigned words of its item size (None if it
+    is neither)."""
+    words = _words(arr.reshape(arr.shape[0], -1)) if arr.ndim in (1, 2) else None
+    return words[0] if words is not None else None
+
+
+def gather_into(src: np.ndarray, nodes: np.ndarray, node_start: int, positions: np.ndarray,
+                out: np.ndarray) -> None:
+    """``out[positions] = src[nodes - node_start]`` (1-D or 2-D, row for row), in one
+    pass; float32 ``src`` into a bfloat16 ``out`` (given as its uint16 words, NumPy has no
+    bfloat16) is narrowed on the way, as ``Tensor.to`` rounds. Other dtype pairs are a
+    ``ValueError``."""
+    arr = np.asarray(src)
+    src_words, out_words = _rows_as_words(arr), _rows_as_words(out)
+    if src_words is None or out_words is None or src_words.shape[1] != out_words.shape[1] \
+            or nodes.size != positions.size:
+        raise ValueError(f"gather_into: expected C-contiguous rows of one width and as many "
+                         f"positions as nodes, got {arr.shape} -> {out.shape}, "
+                         f"{nodes.size} nodes, {positions.size} positions")
+    narrow = arr.dtype == np.float32 and out.dtype == np.uint16
+    if not narrow and src_words.dtype != out_words.dtype:
+        raise ValueError(f"gather_into: expected out of {arr.dtype}'s item size (or bfloat16 "
+                         f"words for float32 rows), got {out.dtype}")
+    if nodes.size:
+        with parallel_guard():
+            gather_rows_to(src_words, src_words.reshape(-1), nodes, node_start, positions,
+                           out_words, narrow)
+
+
+def scatter_into(rows: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
+    """``out[positions] = rows`` (1-D or 2-D, the same item size), in parallel."""
+    rows_words, out_words = _rows_as_words(np.asarray(rows)), _rows_as_words(out)
+    if rows_words is None or out_words is None or rows_words.shape[1] != out_words.shape[1] \
+            or rows_words.dtype != out_words.dtype or rows.shape[0] != positions.size:
+        raise ValueError(f"scatter_into: expected C-contiguous rows of out's width and item "
+                         f"size, one per position, got {rows.shape} {rows.dtype} -> "
+                         f"{out.shape} {out.dtype}, {positions.size} positions")
+    if positions.size:
+        with parallel_guard():
+            scatter_rows(rows_words, positions, out_words)

@@ -19,7 +19,13 @@ from partitioner.format import Partition
 from sampling_server.sampler import cpu_fused as F
 from sampling_server.sampler import cpu_gather as G
 from sampling_server.sampler import cpu_kernels as K
-from sampling_server.sampler.base import NeighborSampler, Relabeler, RemoteNeighbors, check_fanouts
+from sampling_server.sampler.base import (
+    NeighborSampler,
+    Relabeler,
+    RemoteNeighbors,
+    check_fanouts,
+    numpy_words,
+)
 from sampling_server.sampler.types import HopSample, SamplerOutput
 
 _MASK64 = (1 << 64) - 1
@@ -229,3 +235,24 @@ class CpuNeighborSampler(NeighborSampler):
         x = torch.from_numpy(G.gather(self.partition.x, ids, self.node_start)) if features else None
         y = torch.from_numpy(G.gather(self.partition.y, ids, self.node_start)) if labels else None
         return x, y
+
+    def gather_local_into(self, nodes: torch.Tensor, positions: torch.Tensor,
+                          x: torch.Tensor | None, y: torch.Tensor | None) -> None:
+        """One parallel pass per tensor: each owned row read from the partition and written
+        to its place (float32 features narrowed to a bfloat16 ``x`` on the way)."""
+        ids = _as_ids(nodes, "nodes")
+        self.check_owned(torch.from_numpy(ids), "nodes")
+        pos = positions.to(torch.int64).numpy()
+        src_x, src_y = np.asarray(self.partition.x), np.asarray(self.partition.y)
+        direct_x = x is None or (x.is_contiguous() and (
+            x.dtype == torch.from_numpy(np.empty(0, src_x.dtype)).dtype
+            or (x.dtype == torch.bfloat16 and src_x.dtype == np.float32)))
+        direct_y = y is None or (y.is_contiguous() and y.dtype == torch.int64
+                                 and src_y.dtype == np.int64)
+        if not (direct_x and direct_y):
+            super().gather_local_into(nodes, positions, x, y)
+            return
+        if x is not None:
+            G.gather_into(src_x, ids, self.node_start, pos, numpy_words(x))
+        if y is not None:
+            G.gather_into(src_y, ids, self.node_start, pos, y.numpy())
