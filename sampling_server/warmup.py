@@ -21,8 +21,12 @@ import logging
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from partitioner.format import Partition
 
 log = logging.getLogger("sampling_server.warmup")
 
@@ -65,11 +69,32 @@ def warm_up() -> dict[str, float]:
                           drawn.neighbors.numpy(), drawn.counts.numpy())
         if batch.x is not None:  # bfloat16 on the wire: the server narrows, a trainer widens
             halfcast.cast(halfcast.cast(batch.x.float(), torch.bfloat16), torch.float32)
+        warm_mixed_gathers(part)
         seconds["sample and gather"] = time.perf_counter() - started
         started = time.perf_counter()
         hot_order(part, "visits_v1")
         seconds["hot order"] = time.perf_counter() - started
     return seconds
+
+
+def warm_mixed_gathers(part: Partition) -> None:
+    """The kernels of a batch that mixes owned and remote nodes: owned rows gathered into
+    place (as stored, and narrowed to bfloat16), remote rows and labels scattered in."""
+    from sampling_server.sampler import cpu_gather
+
+    start = part.node_range[0]
+    n = min(8, part.num_nodes)
+    owned, places = np.arange(start, start + n, dtype=np.int64), np.arange(n, dtype=np.int64)[::-1].copy()
+    x, y = np.asarray(part.x), np.asarray(part.y)
+    outs = [np.empty((n, x.shape[1]), x.dtype)]
+    if x.dtype == np.float32:
+        outs.append(np.empty((n, x.shape[1]), np.uint16))  # bfloat16 words
+    for out in outs:
+        cpu_gather.gather_into(x, owned, start, places, out)
+        cpu_gather.scatter_into(np.ascontiguousarray(out), places, np.empty_like(out))
+    labels = np.empty(n, y.dtype)
+    cpu_gather.gather_into(y, owned, start, places, labels)
+    cpu_gather.scatter_into(labels, places, np.empty_like(labels))
 
 
 def main(argv: list[str] | None = None) -> int:
