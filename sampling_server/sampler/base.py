@@ -134,8 +134,8 @@ class NeighborSampler(abc.ABC):
         ``x``'s dtype, and labels of the owned ``nodes``. This default gathers, then
         scatters; a sampler may do both in one pass."""
         lx, ly = self.gather_local(nodes, x is not None, y is not None)
-        _assign(x, positions, lx)
-        _assign(y, positions, ly)
+        assign_rows(x, positions, lx)
+        assign_rows(y, positions, ly)
 
     # -- shared logic ----------------------------------------------------------------
     def owner_of(self, nodes: torch.Tensor) -> torch.Tensor:
@@ -275,8 +275,8 @@ class NeighborSampler(abc.ABC):
         answers = remote({p: n_id[pos].cpu() for p, pos in groups.items()}, features, labels)
         for p, pos in groups.items():
             rx, ry = answers[p]
-            _assign(x, pos, rx)
-            _assign(y, pos, ry)
+            assign_rows(x, pos, rx)
+            assign_rows(y, pos, ry)
         return x, y
 
     def minibatch(
@@ -290,7 +290,7 @@ class NeighborSampler(abc.ABC):
         return Minibatch(structure=out, x=x, y=y)
 
 
-def _assign(dest: torch.Tensor | None, pos: torch.Tensor, value: torch.Tensor | None) -> None:
+def assign_rows(dest: torch.Tensor | None, pos: torch.Tensor, value: torch.Tensor | None) -> None:
     """``dest[pos] = value`` in ``dest``'s dtype (cast as :mod:`protos.halfcast` does); on
     the CPU a parallel Numba scatter."""
     if dest is None or value is None:

@@ -25,6 +25,7 @@ from partitioner.hetero import EdgeType, GraphDataError, edge_type_name, parse_e
 from partitioner.hetero_format import HeteroPartition
 from sampling_server.sampler.base import (
     Relabeler,
+    assign_rows,
     check_fanouts,
     is_identity,
     merge_hop_samples,
@@ -310,13 +311,13 @@ class HeteroNeighborSampler(abc.ABC):
         lx, ly = self.gather_local(node_type, nodes[local_pos], features, labels)
         x = None if lx is None else lx.new_empty((nodes.numel(), *lx.shape[1:]))
         y = None if ly is None else ly.new_empty(nodes.numel())
-        _assign(x, local_pos, lx)
-        _assign(y, local_pos, ly)
+        assign_rows(x, local_pos, lx)
+        assign_rows(y, local_pos, ly)
         answers = remote.node_data(node_type, {p: nodes[pos].cpu() for p, pos in groups.items()},
                                    features, labels)
         for p, pos in groups.items():
-            _assign(x, pos, answers[p][0])
-            _assign(y, pos, answers[p][1])
+            assign_rows(x, pos, answers[p][0])
+            assign_rows(y, pos, answers[p][1])
         return x, y
 
     def minibatch(self, seeds: torch.Tensor | np.ndarray, seed_type: str,
@@ -335,8 +336,3 @@ class HeteroNeighborSampler(abc.ABC):
                 y = yt
         orig = {t: self.orig_ids_of(t, n_id, remote) for t, n_id in out.node.items()}
         return HeteroMinibatch(structure=out, orig_id=orig, x=xs, y=y, target_type=self.target_type)
-
-
-def _assign(dest: torch.Tensor | None, pos: torch.Tensor, value: torch.Tensor | None) -> None:
-    if dest is not None and value is not None:
-        dest[pos] = value.to(dest.device, dest.dtype)
