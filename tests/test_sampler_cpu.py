@@ -270,6 +270,31 @@ def test_gather_of_mixed_owners_in_a_wire_dtype_equals_indexing_then_casting(
         assert x is None and y is not None and torch.equal(y, want_y)
 
 
+def test_gather_into_and_scatter_into_match_numpy_and_name_bad_shapes() -> None:
+    from sampling_server.sampler import cpu_gather as G
+
+    rng = np.random.default_rng(3)
+    src = rng.standard_normal((500, 7)).astype(np.float32)
+    nodes = rng.choice(np.arange(100, 600), 300, replace=False)
+    places = rng.permutation(300)
+    out = np.zeros((300, 7), np.float32)
+    G.gather_into(src, nodes, 100, places, out)
+    want = np.zeros_like(out)
+    want[places] = src[nodes - 100]
+    assert np.array_equal(out, want)
+    labels = np.zeros(300, np.int64)
+    G.gather_into(np.arange(500, dtype=np.int64), nodes, 100, places, labels)
+    assert np.array_equal(labels[places], nodes - 100)
+    again = np.zeros_like(out)
+    G.scatter_into(src[:300], places, again)
+    assert np.array_equal(again[places], src[:300])
+    G.scatter_into(np.empty((0, 7), np.float32), np.empty(0, np.int64), again)  # nothing to do
+    with pytest.raises(ValueError, match="scatter_into: expected"):
+        G.scatter_into(src[:300].astype(np.float64), places, again)
+    with pytest.raises(ValueError, match="gather_into: expected"):
+        G.gather_into(src, nodes, 100, places[:10], out)
+
+
 def test_same_key_same_batch_and_other_keys_differ(whole: list[Partition]) -> None:
     sampler = CpuNeighborSampler(whole[0])
     seeds = np.array([HUB, 0, 1, 2, 3])

@@ -189,7 +189,9 @@ def scatter_rows(rows: np.ndarray, positions: np.ndarray, out: np.ndarray) -> No
 def _rows_as_words(arr: np.ndarray) -> np.ndarray | None:
     """A C-contiguous 1-D or 2-D array as 2-D unsigned words of its item size (None if it
     is neither)."""
-    words = _words(arr.reshape(arr.shape[0], -1)) if arr.ndim in (1, 2) else None
+    if arr.ndim not in (1, 2):
+        return None
+    words = _words(arr.reshape(arr.shape[0], arr.shape[1] if arr.ndim == 2 else 1))
     return words[0] if words is not None else None
 
 
@@ -198,7 +200,8 @@ def gather_into(src: np.ndarray, nodes: np.ndarray, node_start: int, positions: 
     """``out[positions] = src[nodes - node_start]`` (1-D or 2-D, row for row), in one
     pass; float32 ``src`` into a bfloat16 ``out`` (given as its uint16 words, NumPy has no
     bfloat16) is narrowed on the way, as ``Tensor.to`` rounds. Other dtype pairs are a
-    ``ValueError``."""
+    ``ValueError``. The rows and positions are not range-checked: callers pass owned
+    nodes (checked) and positions they computed."""
     arr = np.asarray(src)
     src_words, out_words = _rows_as_words(arr), _rows_as_words(out)
     if src_words is None or out_words is None or src_words.shape[1] != out_words.shape[1] \
@@ -217,7 +220,8 @@ def gather_into(src: np.ndarray, nodes: np.ndarray, node_start: int, positions: 
 
 
 def scatter_into(rows: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
-    """``out[positions] = rows`` (1-D or 2-D, the same item size), in parallel."""
+    """``out[positions] = rows`` (1-D or 2-D, the same item size), in parallel; the
+    positions are not range-checked (callers pass positions they computed)."""
     rows_words, out_words = _rows_as_words(np.asarray(rows)), _rows_as_words(out)
     if rows_words is None or out_words is None or rows_words.shape[1] != out_words.shape[1] \
             or rows_words.dtype != out_words.dtype or rows.shape[0] != positions.size:

@@ -244,11 +244,12 @@ class CpuNeighborSampler(NeighborSampler):
         self.check_owned(torch.from_numpy(ids), "nodes")
         pos = positions.to(torch.int64).numpy()
         src_x, src_y = np.asarray(self.partition.x), np.asarray(self.partition.y)
-        direct_x = x is None or (x.is_contiguous() and (
-            x.dtype == torch.from_numpy(np.empty(0, src_x.dtype)).dtype
-            or (x.dtype == torch.bfloat16 and src_x.dtype == np.float32)))
+        direct_x = x is None or (
+            x.is_contiguous() and src_x.ndim == 2 and src_x.flags.c_contiguous
+            and (x.dtype == torch.from_numpy(np.empty(0, src_x.dtype)).dtype
+                 or (x.dtype == torch.bfloat16 and src_x.dtype == np.float32)))
         direct_y = y is None or (y.is_contiguous() and y.dtype == torch.int64
-                                 and src_y.dtype == np.int64)
+                                 and src_y.dtype == np.int64 and src_y.flags.c_contiguous)
         if not (direct_x and direct_y):
             super().gather_local_into(nodes, positions, x, y)
             return
