@@ -19,6 +19,8 @@ devices).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
 import torch
@@ -56,22 +58,28 @@ def _words(t: torch.Tensor, dtype: torch.dtype, word: type) -> np.ndarray:
     return t.view(dtype).numpy().reshape(-1).view(word)
 
 
+_FLOAT32_WORDS = (torch.int32, np.uint32)
+_BFLOAT16_WORDS = (torch.int16, np.uint16)
+
+
+def _convert(kernel: Any, x: torch.Tensor, dtype: torch.dtype, src_words: tuple[torch.dtype, type],
+             out_words: tuple[torch.dtype, type]) -> torch.Tensor:
+    """A new ``dtype`` tensor shaped as ``x``, filled by ``kernel(src words, out words)``."""
+    src = x.contiguous()
+    out = torch.empty(src.shape, dtype=dtype)
+    if src.numel():
+        kernel(_words(src, *src_words), _words(out, *out_words))
+    return out
+
+
 def narrow_bfloat16(x: torch.Tensor) -> torch.Tensor:
     """``x.to(torch.bfloat16)`` of a CPU float32 tensor, bit for bit (NaN included)."""
-    src = x.contiguous()
-    out = torch.empty(src.shape, dtype=torch.bfloat16)
-    if src.numel():
-        _narrow(_words(src, torch.int32, np.uint32), _words(out, torch.int16, np.uint16))
-    return out
+    return _convert(_narrow, x, torch.bfloat16, _FLOAT32_WORDS, _BFLOAT16_WORDS)
 
 
 def widen_bfloat16(x: torch.Tensor) -> torch.Tensor:
     """``x.to(torch.float32)`` of a CPU bfloat16 tensor (exact), on the calling thread."""
-    src = x.contiguous()
-    out = torch.empty(src.shape, dtype=torch.float32)
-    if src.numel():
-        _widen(_words(src, torch.int16, np.uint16), _words(out, torch.int32, np.uint32))
-    return out
+    return _convert(_widen, x, torch.float32, _BFLOAT16_WORDS, _FLOAT32_WORDS)
 
 
 def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -53,6 +53,16 @@ def prefetch(typingctx: Any, arr: Any, idx: Any) -> Any:
     return sig, codegen
 
 
+@numba.njit(inline="always", nogil=True, cache=True)
+def _prefetch_ahead(flat: np.ndarray, nodes: np.ndarray, node_start: int, width: int, step: int,
+                    i: int, hi: int) -> None:
+    """Ask for the cache lines of the row of ``nodes[i + PREFETCH_DISTANCE]`` (if ``< hi``)."""
+    if i + PREFETCH_DISTANCE < hi:
+        ahead = (nodes[i + PREFETCH_DISTANCE] - node_start) * width
+        for q in range(0, width, step):
+            prefetch(flat, ahead + q)  # type: ignore[call-arg]
+
+
 @numba.njit(nogil=True, cache=True)
 def _copy_rows(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_start: int,
                out: np.ndarray, lo: int, hi: int) -> None:
@@ -61,10 +71,7 @@ def _copy_rows(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_start:
     width = src.shape[1]
     step = max(1, LINE // src.itemsize)
     for i in range(lo, hi):
-        if i + PREFETCH_DISTANCE < hi:
-            ahead = (nodes[i + PREFETCH_DISTANCE] - node_start) * width
-            for q in range(0, width, step):
-                prefetch(flat, ahead + q)  # type: ignore[call-arg]
+        _prefetch_ahead(flat, nodes, node_start, width, step, i, hi)
         r = nodes[i] - node_start
         for j in range(width):
             out[i, j] = src[r, j]
@@ -152,10 +159,7 @@ def _copy_rows_to(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_sta
     width = src.shape[1]
     step = max(1, LINE // src.itemsize)
     for i in range(lo, hi):
-        if i + PREFETCH_DISTANCE < hi:
-            ahead = (nodes[i + PREFETCH_DISTANCE] - node_start) * width
-            for q in range(0, width, step):
-                prefetch(flat, ahead + q)  # type: ignore[call-arg]
+        _prefetch_ahead(flat, nodes, node_start, width, step, i, hi)
         r, p = nodes[i] - node_start, positions[i]
         if narrow:
             for j in range(width):
