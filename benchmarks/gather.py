@@ -1,0 +1,161 @@
+"""Multi-partition feature gather benchmark (not a test): what one server does to build a
+batch's ``x`` and ``y`` when the batch mixes its own nodes and a peer's.
+
+``products-like`` in 2 ``range`` partitions; the server holds partition 0. Each batch is a
+sample of ``--nodes`` global IDs (about half owned, a real products batch's size by
+default), in random order. The peer's answers (its rows, in the wire dtype) are computed
+before the clock starts, so both rows time only the owning server's own work:
+
+- ``graphfeed``: ``CpuNeighborSampler.gather(n_id, remote=..., dtype=wire)``: ``x`` in the
+  wire dtype, owned rows gathered straight into place (narrowed to bfloat16 on the way),
+  the peer's rows scattered in by a parallel Numba kernel;
+- ``torch``: the same result the way vectorized PyTorch writes it: ``index_select`` of the
+  owned rows, ``index_put`` of them and of the peer's rows (widened to the stored dtype)
+  into ``x``, then ``Tensor.to`` the wire dtype.
+
+Both rows give the same bits (checked on the first batch). Rows alternate within each of
+``--passes`` passes; the ratio is the median of the per-pass ratios. Writes
+``benchmarks/results/gather.json``.
+
+    python benchmarks/gather.py --data data/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+import torch
+from common import machine, write_json
+
+log = logging.getLogger("bench.gather")
+
+WIRE = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class _Answers:
+    """A stand-in peer (``RemoteNodeData``) that answers with rows computed beforehand."""
+
+    def __init__(self, answers: dict[int, Any]) -> None:
+        self.answers = answers
+
+    def __call__(self, nodes_by_partition: Any, features: bool, labels: bool) -> dict[int, Any]:
+        return self.answers
+
+
+def torch_gather(x_stored: torch.Tensor, y_stored: torch.Tensor, node_start: int,
+                 n_id: torch.Tensor, mine: torch.Tensor, answers: dict[int, Any],
+                 groups: dict[int, torch.Tensor], wire: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    local_pos = torch.nonzero(mine).flatten()
+    rows = n_id[local_pos] - node_start
+    x = torch.empty((n_id.numel(), x_stored.shape[1]), dtype=x_stored.dtype)
+    y = torch.empty(n_id.numel(), dtype=torch.int64)
+    x[local_pos] = x_stored.index_select(0, rows)
+    y[local_pos] = y_stored.index_select(0, rows)
+    for p, pos in groups.items():
+        rx, ry = answers[p]
+        x[pos] = rx.to(x.dtype)
+        y[pos] = ry
+    return x.to(wire), y
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=Path("data/bench"))
+    parser.add_argument("--preset", default="products-like")
+    parser.add_argument("--nodes", type=int, default=430_000,
+                        help="nodes per batch (a products-like [15,10,5] batch of 1024 seeds has ~430,000)")
+    parser.add_argument("--batches", type=int, default=5, help="batches per row and pass")
+    parser.add_argument("--passes", type=int, default=3)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    from netns_link import ensure_partitions
+
+    from partitioner import load_partition
+    from protos.allocator import keep_freed_memory
+    from sampling_server.sampler import create_sampler
+
+    keep_freed_memory()  # as the server's CLI does
+    part_dir = ensure_partitions(args.data, args.preset, 2)
+    mine_part = load_partition(part_dir, 0, verify="size", mmap=False)
+    peer_part = load_partition(part_dir, 1, verify="size", mmap=False)
+    sampler = create_sampler(mine_part, device="cpu")
+    start, peer_start = mine_part.node_range[0], peer_part.node_range[0]
+    x_stored, y_stored = torch.from_numpy(np.asarray(mine_part.x)), torch.from_numpy(np.asarray(mine_part.y))
+    num_nodes = int(sampler.partition_book[-1])
+    rng = np.random.default_rng(0)
+    # untimed: compile the kernels and grow the heap to a full batch's size, both rows
+    warm = torch.from_numpy(rng.choice(num_nodes, args.nodes, replace=False))
+    warm_mine = sampler.owner_of(warm) == 0
+    warm_groups = {1: torch.nonzero(~warm_mine).flatten()}
+    for wire in WIRE.values():
+        ids = warm[warm_groups[1]].numpy() - peer_start
+        warm_answers = {1: (torch.from_numpy(np.asarray(peer_part.x)[ids]).to(wire),
+                            torch.from_numpy(np.asarray(peer_part.y)[ids]))}
+        sampler.gather(warm, remote=_Answers(warm_answers), dtype=wire)
+        torch_gather(x_stored, y_stored, start, warm, warm_mine, warm_answers, warm_groups, wire)
+    rows: list[dict[str, Any]] = []
+    ratios: dict[str, list[float]] = {w: [] for w in WIRE}
+    for p in range(args.passes):
+        for wire_name, wire in WIRE.items():
+            times: dict[str, list[float]] = {"graphfeed": [], "torch": []}
+            for b in range(args.batches):
+                n_id = torch.from_numpy(rng.choice(num_nodes, args.nodes, replace=False))
+                owner = sampler.owner_of(n_id)
+                mine = owner == 0
+                groups = {1: torch.nonzero(~mine).flatten()}
+                peer_rows = n_id[groups[1]].numpy() - peer_start
+                answers = {1: (torch.from_numpy(np.asarray(peer_part.x)[peer_rows]).to(wire),
+                               torch.from_numpy(np.asarray(peer_part.y)[peer_rows]))}
+
+                remote = _Answers(answers)
+
+                order = ("graphfeed", "torch") if (p + b) % 2 == 0 else ("torch", "graphfeed")
+                out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+                for label in order:
+                    began = time.perf_counter()
+                    if label == "graphfeed":
+                        x, y = sampler.gather(n_id, remote=remote, dtype=wire)
+                        assert x is not None and y is not None
+                        out[label] = (x, y)
+                    else:
+                        out[label] = torch_gather(x_stored, y_stored, start, n_id, mine, answers,
+                                                  groups, wire)
+                    times[label].append(time.perf_counter() - began)
+                if p == 0 and b == 0:
+                    (gx, gy), (tx, ty) = out["graphfeed"], out["torch"]
+                    same = torch.equal(gx.view(torch.uint8), tx.view(torch.uint8)) and torch.equal(gy, ty)
+                    if not same:
+                        raise SystemExit(f"{wire_name}: graphfeed's gather differs from torch's")
+                del out
+            medians = {k: statistics.median(v[1:] if len(v) > 1 else v) for k, v in times.items()}
+            ratio = medians["torch"] / medians["graphfeed"]
+            ratios[wire_name].append(ratio)
+            for label, secs in medians.items():
+                rows.append({"pass": p, "wire": wire_name, "label": label,
+                             "ms_per_batch": round(secs * 1e3, 2)})
+            log.info("pass %d %s: graphfeed %.1f ms, torch %.1f ms per batch (%.2fx)", p, wire_name,
+                     medians["graphfeed"] * 1e3, medians["torch"] * 1e3, ratio)
+    summary = {w: {"median_ratio_torch_over_graphfeed": round(statistics.median(r), 3),
+                   "per_pass": [round(v, 3) for v in r]} for w, r in ratios.items()}
+    path = write_json("gather", {"benchmark": "gather", "preset": args.preset, "nodes": args.nodes,
+                                 "machine": machine(), "rows": rows, "ratios": summary})
+    for w, s in summary.items():
+        print(f"{w}: torch / graphfeed = {s['median_ratio_torch_over_graphfeed']}x "
+              f"(per pass {s['per_pass']})")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
