@@ -31,7 +31,7 @@ from sampling_server.limits import printable
 from sampling_server.metrics import ServerMetrics
 from sampling_server.peer import BoundPeers, PeerCallOptions, PeerClient
 from sampling_server.sampler import NeighborSampler, batch_key
-from sampling_server.store import PartitionStore, cast_features
+from sampling_server.store import PartitionStore
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class SamplingPipeline:
             x, y = sampler.gather(n_id, features=job.features, labels=job.labels, remote=remote,
                                   dtype=wire)
         if x is not None:
-            named["x"] = cast_features(x, job.feature_dtype)
+            named["x"] = x  # already in the wire dtype
         if y is not None:
             named["y"] = compact.narrowest(y.cpu(), compact.LABEL_DTYPES) if job.compact else y
         return named

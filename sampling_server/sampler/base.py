@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -21,6 +21,11 @@ from partitioner.format import Partition
 from protos import halfcast
 from sampling_server.sampler import cpu_gather
 from sampling_server.sampler.types import HopSample, Minibatch, SamplerOutput
+
+
+def torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:
+    """The torch dtype of a NumPy dtype (float16/32/64, the integer types)."""
+    return torch.from_numpy(np.empty(0, dtype)).dtype
 
 
 def is_identity(orig_ids: np.ndarray, start: int) -> bool:
@@ -265,8 +270,8 @@ class NeighborSampler(abc.ABC):
             return (halfcast.cast(x, dtype) if x is not None and dtype is not None else x), y
         if remote is None:
             raise RuntimeError("gather: nodes of other partitions but no remote fetcher was given")
-        stored = torch.from_numpy(np.empty(0, self.partition.x.dtype)).dtype
-        x = torch.empty((n_id.numel(), self.partition.x.shape[1]), dtype=dtype or stored,
+        x = torch.empty((n_id.numel(), self.partition.x.shape[1]),
+                        dtype=dtype or torch_dtype(self.partition.x.dtype),
                         device=self.device) if features else None
         y = torch.empty(n_id.numel(), dtype=torch.int64, device=self.device) if labels else None
         local_pos = torch.nonzero(mine).flatten()

@@ -25,6 +25,7 @@ from sampling_server.sampler.base import (
     RemoteNeighbors,
     check_fanouts,
     numpy_words,
+    torch_dtype,
 )
 from sampling_server.sampler.types import HopSample, SamplerOutput
 
@@ -246,7 +247,7 @@ class CpuNeighborSampler(NeighborSampler):
         src_x, src_y = np.asarray(self.partition.x), np.asarray(self.partition.y)
         direct_x = x is None or (
             x.is_contiguous() and src_x.ndim == 2 and src_x.flags.c_contiguous
-            and (x.dtype == torch.from_numpy(np.empty(0, src_x.dtype)).dtype
+            and (x.dtype == torch_dtype(src_x.dtype)
                  or (x.dtype == torch.bfloat16 and src_x.dtype == np.float32)))
         direct_y = y is None or (y.is_contiguous() and y.dtype == torch.int64
                                  and src_y.dtype == np.int64 and src_y.flags.c_contiguous)

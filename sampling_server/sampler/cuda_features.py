@@ -29,6 +29,7 @@ from sampling_server.feature_placement import (
 )
 from sampling_server.hot import in_degree_order
 from sampling_server.sampler import cuda_kernels as K
+from sampling_server.sampler.base import torch_dtype
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class FeatureTable:
         self.device = device
         self.node_start = int(node_start)
         #: Stored feature dtype (the gather's output dtype).
-        self.dtype = torch.from_numpy(np.empty(0, x.dtype)).dtype
+        self.dtype = torch_dtype(x.dtype)
         self.num_rows, self.width = int(x.shape[0]), int(x.shape[1])
         self.row_bytes = self.width * np.dtype(x.dtype).itemsize
         #: Global IDs of the owned nodes, hottest first (the tables' row order).

@@ -53,10 +53,6 @@ class CudaRelabeler(Relabeler):
         return K.table_add(self.table, ids)
 
 
-def _torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:
-    return torch.from_numpy(np.empty(0, dtype)).dtype
-
-
 class DeviceArrays:
     """Placement of a partition's arrays for the CUDA kernels, shared by the homogeneous and
     the typed CUDA samplers (which set ``device``, ``topology`` and ``_keep``)."""

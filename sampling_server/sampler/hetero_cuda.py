@@ -17,8 +17,8 @@ import torch
 from partitioner.hetero import EdgeType
 from partitioner.hetero_format import HeteroPartition
 from sampling_server.sampler import cuda_kernels as K
-from sampling_server.sampler.base import Relabeler
-from sampling_server.sampler.cuda_sampler import TOPOLOGIES, CudaRelabeler, DeviceArrays, _torch_dtype
+from sampling_server.sampler.base import Relabeler, torch_dtype
+from sampling_server.sampler.cuda_sampler import TOPOLOGIES, CudaRelabeler, DeviceArrays
 from sampling_server.sampler.hetero_base import HeteroNeighborSampler, relation_key
 from sampling_server.sampler.types import HopSample
 
@@ -42,7 +42,7 @@ class CudaHeteroSampler(DeviceArrays, HeteroNeighborSampler):
                                   indices=self._place(partition.indices[et], np.int64),
                                   orig_ids=orig[et[2]], node_start=self.node_range(et[2])[0])
                     for et in self.edge_types}
-        self._x = {t: (self._place(x, x.dtype), _torch_dtype(x.dtype))
+        self._x = {t: (self._place(x, x.dtype), torch_dtype(x.dtype))
                    for t, x in partition.x.items()}
         self._y = self._place(partition.y, np.int64)
 
