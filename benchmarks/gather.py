@@ -52,6 +52,14 @@ class _Answers:
         return self.answers
 
 
+def peer_answers(peer: Any, peer_start: int, n_id: torch.Tensor, remote_pos: torch.Tensor,
+                 wire: torch.dtype) -> dict[int, Any]:
+    """Partition 1's answer for the nodes of ``n_id`` at ``remote_pos``: rows in ``wire``."""
+    rows = n_id[remote_pos].numpy() - peer_start
+    return {1: (torch.from_numpy(np.asarray(peer.x)[rows]).to(wire),
+                torch.from_numpy(np.asarray(peer.y)[rows]))}
+
+
 def torch_gather(x_stored: torch.Tensor, y_stored: torch.Tensor, node_start: int,
                  n_id: torch.Tensor, mine: torch.Tensor, answers: dict[int, Any],
                  groups: dict[int, torch.Tensor], wire: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,9 +107,7 @@ def main() -> int:
     warm_mine = sampler.owner_of(warm) == 0
     warm_groups = {1: torch.nonzero(~warm_mine).flatten()}
     for wire in WIRE.values():
-        ids = warm[warm_groups[1]].numpy() - peer_start
-        warm_answers = {1: (torch.from_numpy(np.asarray(peer_part.x)[ids]).to(wire),
-                            torch.from_numpy(np.asarray(peer_part.y)[ids]))}
+        warm_answers = peer_answers(peer_part, peer_start, warm, warm_groups[1], wire)
         sampler.gather(warm, remote=_Answers(warm_answers), dtype=wire)
         torch_gather(x_stored, y_stored, start, warm, warm_mine, warm_answers, warm_groups, wire)
     rows: list[dict[str, Any]] = []
@@ -111,13 +117,9 @@ def main() -> int:
             times: dict[str, list[float]] = {"graphfeed": [], "torch": []}
             for b in range(args.batches):
                 n_id = torch.from_numpy(rng.choice(num_nodes, args.nodes, replace=False))
-                owner = sampler.owner_of(n_id)
-                mine = owner == 0
+                mine = sampler.owner_of(n_id) == 0
                 groups = {1: torch.nonzero(~mine).flatten()}
-                peer_rows = n_id[groups[1]].numpy() - peer_start
-                answers = {1: (torch.from_numpy(np.asarray(peer_part.x)[peer_rows]).to(wire),
-                               torch.from_numpy(np.asarray(peer_part.y)[peer_rows]))}
-
+                answers = peer_answers(peer_part, peer_start, n_id, groups[1], wire)
                 remote = _Answers(answers)
 
                 order = ("graphfeed", "torch") if (p + b) % 2 == 0 else ("torch", "graphfeed")
