@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 
 import grpc
@@ -117,11 +118,29 @@ def hot_order(partition: Partition, rule: str = HOT_ORDER) -> np.ndarray:
     return np.lexsort((ids, -degree, -score)).astype(np.int64) + start
 
 
-def _ranks(order: np.ndarray, node_start: int) -> np.ndarray:
-    """``rank[v - node_start]``: position of owned node ``v`` in ``order``."""
-    rank = np.empty(order.size, dtype=np.int64)
-    rank[order - node_start] = np.arange(order.size, dtype=np.int64)
-    return rank
+#: Cache plans whose node set a server keeps (as a bitset, one bit per node of the graph).
+PLAN_BITSETS = 8
+
+
+def plan_bitset(num_nodes: int, hot: Sequence[np.ndarray]) -> np.ndarray:
+    """uint8 ``[ceil(num_nodes / 8)]``: bit ``v % 8`` of byte ``v // 8`` is set for each
+    global ID ``v`` in any of ``hot`` (little-endian bit order, as ``np.packbits``)."""
+    flags = np.zeros(num_nodes, dtype=bool)
+    for ids in hot:
+        flags[ids] = True
+    return np.packbits(flags, bitorder="little")
+
+
+@numba.njit(nogil=True, cache=True)
+def _test_bits(bits: np.ndarray, ids: np.ndarray, num_nodes: int, out: np.ndarray) -> int:
+    """``out[i]`` = bit ``ids[i]`` of ``bits``; returns the first ``i`` whose ID is not in
+    ``0 .. num_nodes - 1`` (then ``out`` is incomplete), else -1."""
+    for i in range(ids.size):
+        v = ids[i]
+        if v < 0 or v >= num_nodes:
+            return i
+        out[i] = (bits[v >> 3] >> (v & 7)) & 1
+    return -1
 
 
 def check_counts(counts: Sequence[int], book: np.ndarray, field: str) -> tuple[int, ...]:
@@ -150,8 +169,9 @@ class HotNodes:
         self.store = store
         self.peers = peers
         self.chunk_bytes = chunk_bytes
-        self._ranks: dict[int, np.ndarray] = {}
+        self._orders: dict[int, np.ndarray] = {}
         self._own_order: np.ndarray | None = None
+        self._plans: OrderedDict[tuple[int, ...], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
     def own_order(self) -> np.ndarray:
@@ -165,21 +185,19 @@ class HotNodes:
                          rule, self._own_order.size, time.perf_counter() - started)
             return self._own_order
 
-    def ranks(self, partition: int) -> np.ndarray:
-        """Positions of ``partition``'s nodes in its hot order (read from the peer once)."""
+    def order(self, partition: int) -> np.ndarray:
+        """``partition``'s hot order (global IDs, hottest first; another partition's is
+        read from its server once)."""
+        if partition == self.store.partition_id:
+            return self.own_order()
         with self._lock:
-            found = self._ranks.get(partition)
+            found = self._orders.get(partition)
         if found is not None:
             return found
         book = self.store.partition_book
-        start = int(book[partition])
-        if partition == self.store.partition_id:
-            order = self.own_order()
-        else:
-            order = self._fetch_order(partition, int(book[partition + 1]) - start)
-        rank = _ranks(order, start)
+        order = self._fetch_order(partition, int(book[partition + 1]) - int(book[partition]))
         with self._lock:
-            return self._ranks.setdefault(partition, rank)
+            return self._orders.setdefault(partition, order)
 
     def _fetch_order(self, partition: int, count: int) -> np.ndarray:
         peers = self.peers()
@@ -202,19 +220,35 @@ class HotNodes:
                  self.store.partition_id, partition, count)
         return order
 
+    def plan_bits(self, counts: Sequence[int]) -> np.ndarray:
+        """The node set of the cache plan ``counts`` as a bitset over the graph's global
+        IDs (:func:`plan_bitset`): built on a plan's first batch, and kept for the
+        :data:`PLAN_BITSETS` plans used last (one bit per node each: 0.3 MB for 2.4 M nodes)."""
+        key = tuple(int(c) for c in counts)
+        with self._lock:
+            bits = self._plans.get(key)
+            if bits is not None:
+                self._plans.move_to_end(key)
+                return bits
+        hot = [self.order(p)[:k] for p, k in enumerate(key) if k > 0]
+        bits = plan_bitset(int(self.store.partition_book[-1]), hot)
+        with self._lock:
+            self._plans[key] = bits
+            self._plans.move_to_end(key)
+            while len(self._plans) > PLAN_BITSETS:
+                self._plans.popitem(last=False)
+        return bits
+
     def cached_mask(self, n_id: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
         """Bool ``[N]`` on the CPU: which of ``n_id``'s nodes a trainer with the plan
-        ``counts`` holds."""
-        ids = n_id.cpu().numpy()
-        book = self.store.partition_book
-        owner = np.searchsorted(book, ids, side="right") - 1
-        mask = np.zeros(ids.size, dtype=bool)
-        for p in np.unique(owner):
-            k = int(counts[int(p)])
-            if k == 0:
-                continue
-            sel = owner == p
-            mask[sel] = self.ranks(int(p))[ids[sel] - book[p]] < k
+        ``counts`` holds (one pass over ``n_id``, a bit test each)."""
+        ids = np.ascontiguousarray(n_id.cpu().numpy(), dtype=np.int64)
+        num_nodes = int(self.store.partition_book[-1])
+        mask = np.empty(ids.size, dtype=bool)
+        bad = _test_bits(self.plan_bits(counts), ids, num_nodes, mask.view(np.uint8))
+        if bad >= 0:
+            raise ValueError(f"n_id: expected global node IDs in 0 .. {num_nodes - 1}, got "
+                             f"{int(ids[bad])} at position {bad}")
         return torch.from_numpy(mask)
 
     def blocks(self, request: pb.HotNodesRequest, dtype: int) -> Iterator[pb.HotNodesChunk]:

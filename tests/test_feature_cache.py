@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import numpy as np
@@ -19,7 +20,7 @@ from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import create_channel
 from protos.codec import decode_tensor, encode_tensor
-from sampling_server.hot import HOT_ORDER, hot_order, visit_scores
+from sampling_server.hot import HOT_ORDER, PLAN_BITSETS, HotNodes, hot_order, visit_scores
 from trainer_client.cache import CacheError, FeatureCache, parse_cache_size, plan_counts
 from trainer_client.decode import BatchAssembler
 from trainer_client.loader import Cluster, RemoteNeighborLoader
@@ -279,3 +280,32 @@ def test_cast_features_are_bit_identical_with_and_without_the_cache(
             assert torch.equal(_raw(a.x), _raw(b.x))
             count += 1
         assert count == len(plain) > 1 and cached.last_stats.hit_rate > 0
+
+
+def test_the_servers_plan_mask_equals_the_rank_rule() -> None:
+    """A node is cached under plan ``counts`` iff its position in its partition's hot order
+    is below ``counts[owner]``; the server's bitset gives exactly that, for several plans
+    at once, keeps only the plans used last, and names an ID outside the graph."""
+    rng = np.random.default_rng(4)
+    book = np.array([0, 70, 71, 200, 333])  # a one-node partition among them
+    orders = {p: rng.permutation(np.arange(book[p], book[p + 1])) for p in range(book.size - 1)}
+    store = SimpleNamespace(partition_book=book, partition_id=0)  # what HotNodes reads of it
+    hot = HotNodes(store, lambda: None)  # type: ignore[arg-type]
+    hot._own_order = orders[0]
+    hot._orders = {p: o for p, o in orders.items() if p}
+    rank = np.empty(int(book[-1]), dtype=np.int64)
+    for order in orders.values():
+        rank[order] = np.arange(order.size)
+    owner = np.searchsorted(book, np.arange(book[-1]), side="right") - 1
+    n_id = torch.from_numpy(rng.integers(0, book[-1], 2000))
+    plans = [(0, 0, 0, 0), (70, 1, 129, 133), (5, 0, 64, 1), (1, 1, 1, 1)] + \
+        [tuple(int(rng.integers(0, s + 1)) for s in np.diff(book)) for _ in range(PLAN_BITSETS)]
+    for counts in plans + plans[:2]:
+        want = rank[n_id.numpy()] < np.asarray(counts)[owner[n_id.numpy()]]
+        got = hot.cached_mask(n_id, counts)
+        assert got.dtype == torch.bool and np.array_equal(got.numpy(), want), counts
+    assert len(hot._plans) == PLAN_BITSETS
+    assert np.array_equal(hot.cached_mask(torch.tensor([], dtype=torch.int64), plans[1]).numpy(),
+                          np.zeros(0, dtype=bool))
+    with pytest.raises(ValueError, match=r"n_id: expected global node IDs in 0 .. 332, got 333 at"):
+        hot.cached_mask(torch.tensor([4, 333]), plans[1])

@@ -180,7 +180,7 @@ class NeighborSampler(abc.ABC):
         out[local] = self._orig_ids_local(nodes[local])
         if remote is None:
             raise RuntimeError("orig_ids_of: nodes of other partitions but no remote lookup was given")
-        groups = {int(p): torch.nonzero(owner == p).flatten() for p in torch.unique(owner[~mine])}
+        groups = owner_groups(owner, self.partition.partition_id)
         answers = remote({p: nodes[pos] for p, pos in groups.items()})
         for p, pos in groups.items():
             out[pos] = answers[p].to(torch.int64)
@@ -243,7 +243,7 @@ class NeighborSampler(abc.ABC):
             raise RuntimeError(
                 f"frontier of hop {hop} reaches other partitions but no remote sampler was given"
             )
-        groups = {int(p): torch.nonzero(owner == p).flatten() for p in torch.unique(owner)}
+        groups = owner_groups(owner)
         local_pos = groups.pop(self.partition.partition_id, None)
         parts: dict[int, HopSample] = {}
         if local_pos is not None:
@@ -276,7 +276,7 @@ class NeighborSampler(abc.ABC):
         y = torch.empty(n_id.numel(), dtype=torch.int64, device=self.device) if labels else None
         local_pos = torch.nonzero(mine).flatten()
         self.gather_local_into(n_id[local_pos], local_pos, x, y)
-        groups = {int(p): torch.nonzero(owner == p).flatten() for p in torch.unique(owner[~mine])}
+        groups = owner_groups(owner, self.partition.partition_id)
         answers = remote({p: n_id[pos].cpu() for p, pos in groups.items()}, features, labels)
         for p, pos in groups.items():
             rx, ry = answers[p]
@@ -293,6 +293,16 @@ class NeighborSampler(abc.ABC):
         out = self.sample(seeds, fanouts, key, remote)
         x, y = self.gather(out.n_id, features=features, labels=labels, remote=remote_data)
         return Minibatch(structure=out, x=x, y=y)
+
+
+def owner_groups(owner: torch.Tensor, skip: int | None = None) -> dict[int, torch.Tensor]:
+    """Per partition present in ``owner`` (partition IDs, one per node; ``skip`` left
+    out), the positions of its nodes, in order. The partitions present come from a count
+    per partition (one pass), not from sorting ``owner``."""
+    if owner.numel() == 0:
+        return {}
+    present = torch.bincount(owner).nonzero().flatten().tolist()
+    return {p: torch.nonzero(owner == p).flatten() for p in present if p != skip}
 
 
 def assign_rows(dest: torch.Tensor | None, pos: torch.Tensor, value: torch.Tensor | None) -> None:

@@ -30,6 +30,7 @@ from sampling_server.sampler.base import (
     is_identity,
     merge_hop_samples,
     original_ids,
+    owner_groups,
 )
 from sampling_server.sampler.hetero_types import HeteroMinibatch, HeteroSamplerOutput
 from sampling_server.sampler.types import HopSample
@@ -176,7 +177,7 @@ class HeteroNeighborSampler(abc.ABC):
         mine = owner == self.partition_id
         if bool(mine.all()):
             return None, {}
-        groups = {int(p): torch.nonzero(owner == p).flatten() for p in torch.unique(owner[~mine])}
+        groups = owner_groups(owner, self.partition_id)
         return torch.nonzero(mine).flatten(), groups
 
     # -- sampling --------------------------------------------------------------------
