@@ -17,12 +17,14 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
 import pytest
 import torch
 from test_decode import NUM_CLASSES, encode_batch, fake_batch
+from torch_geometric.data import Data
 
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
@@ -298,6 +300,41 @@ def test_breaking_off_an_epoch_stops_the_reader_threads() -> None:
         it.close()  # what a `break` does once the generator is collected
         gc.collect()
         assert not [t for t in threading.enumerate() if t.name.startswith("graphfeed-")]
+
+
+def test_cpu_batches_are_completed_in_the_reader_threads_and_their_errors_reach_the_consumer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU device the reader threads complete each batch (so the work overlaps the
+    consumer's step); the batches are those of the consumer's own completion, and an
+    error raised while completing one is raised to the consumer, after which the
+    readers stop."""
+    completed_in: list[str] = []
+    fail = {"at": 0}  # the call (1, 2, ...) that raises; 0: none
+    original = RemoteNeighborLoader._complete
+
+    def recording(self: RemoteNeighborLoader, *args: Any) -> Data:
+        completed_in.append(threading.current_thread().name)
+        if len(completed_in) == fail["at"]:
+            raise ProtocolError("completing batch: broken on purpose")
+        return original(self, *args)
+
+    monkeypatch.setattr(RemoteNeighborLoader, "_complete", recording)
+    with fake_cluster(UNEVEN) as cluster:
+        with RemoteNeighborLoader(cluster.addresses, "train", num_neighbors=[2], batch_size=2,
+                                  **TIMEOUTS) as loader:
+            batches = list(loader)
+            assert len(batches) == len(loader) == len(completed_in)
+            assert all(name.startswith("graphfeed-stream-p") for name in completed_in)
+            assert [seeds_of(b) for b in batches] == expected_batches(UNEVEN, loader)
+            assert all(b.x.dtype == torch.float32 and torch.equal(b.y, b.n_id % NUM_CLASSES)
+                       for b in batches)
+            assert loader.last_stats.rows == sum(b.num_nodes for b in batches)
+            completed_in.clear()
+            fail["at"] = 3
+            with pytest.raises(ProtocolError, match="broken on purpose"):
+                list(loader)
+        gc.collect()
+        assert not [t for t in threading.enumerate() if t.name.startswith("graphfeed-stream")]
 
 
 # ---- failures ------------------------------------------------------------------------------

@@ -24,8 +24,9 @@ are as i.i.d. as a single-process loader's whatever the partitioning.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import cast
 
@@ -48,7 +49,7 @@ from trainer_client.cache import (
     plan_counts,
 )
 from trainer_client.cluster import Cluster
-from trainer_client.decode import BatchSpec, to_device
+from trainer_client.decode import BatchSpec, DecodedBatch, to_device
 from trainer_client.hetero_loader import (
     NumNeighbors,
     TypedGraph,
@@ -455,8 +456,9 @@ class RemoteNeighborLoader:
             request.cache_counts.extend(self.cache.counts)
         return request
 
-    def stream(self) -> EpochStream:
-        """The current epoch's stream of decoded CPU batches (use it as a context manager)."""
+    def stream(self, finish: Callable[[DecodedBatch], DecodedBatch] | None = None) -> EpochStream:
+        """The current epoch's stream of decoded CPU batches (use it as a context manager);
+        ``finish`` runs on each batch in the reader threads (see :class:`EpochStream`)."""
         num_batches = len(self)
         request = self._request()
         servers = []
@@ -474,17 +476,30 @@ class RemoteNeighborLoader:
             compact_indices=self.compact_indices,
         )
         return EpochStream(servers, num_batches, spec, prefetch=self.prefetch, timeouts=self.timeouts,
-                           pin_memory=self.pin_memory)
+                           pin_memory=self.pin_memory, finish=finish)
 
     def __iter__(self) -> Iterator[Data | HeteroData]:
         """The current epoch's batches, in order, on ``device`` (``HeteroData`` on a typed
-        graph); a second iteration without :meth:`set_epoch` moves on to the next epoch."""
+        graph); a second iteration without :meth:`set_epoch` moves on to the next epoch.
+
+        On a CPU ``device`` the reader threads complete each homogeneous batch (original
+        IDs and labels from the node table, cached feature rows, the cast to float32) while
+        the consumer trains on the one before; on a GPU the consumer does it, on the GPU."""
         if self._iterated:
             self.set_epoch(self.epoch + 1)
         self._iterated = True
         dtype = torch.float32 if self.cast_features else None
         refs = self._plan.rank_batches(self.rank)
-        with self.stream() as stream:
+
+        def finish(batch: DecodedBatch) -> DecodedBatch:  # in a reader thread
+            if isinstance(batch.data, HeteroData):
+                return batch
+            data = self._complete(batch.data, self.input_ids(refs[batch.index]), stream.stats, dtype)
+            return dataclasses.replace(batch, data=data)
+
+        in_readers = self.device.type == "cpu"
+        stream = self.stream(finish if in_readers else None)
+        with stream:
             self.last_stats = stream.stats
             for batch in stream:
                 data = batch.data
@@ -494,31 +509,37 @@ class RemoteNeighborLoader:
                                        non_blocking=self.pin_memory,
                                        keep_internal_ids=self.return_internal_ids)
                     continue
-                if self.node_table is not None:
-                    self.node_table.complete(data, self.include_labels)
-                data.input_id = torch.from_numpy(self.input_ids(refs[batch.index]))
-                data = to_device(data, self.device, feature_dtype=None, non_blocking=self.pin_memory)
-                self._complete_features(data, stream.stats, dtype)
-                if dtype is not None and data.x.dtype != dtype:
-                    data.x = halfcast.cast(data.x, dtype)
-                if not self.return_internal_ids and "internal_n_id" in data:
-                    del data.internal_n_id
-                yield data
+                yield data if in_readers else \
+                    self._complete(data, self.input_ids(refs[batch.index]), stream.stats, dtype)
+
+    def _complete(self, data: Data, input_id: np.ndarray, stats: StreamStats,
+                  dtype: torch.dtype | None) -> Data:
+        """A decoded homogeneous batch as the loader yields it, on ``device``."""
+        if self.node_table is not None:
+            self.node_table.complete(data, self.include_labels)
+        data.input_id = torch.from_numpy(input_id)
+        data = to_device(data, self.device, feature_dtype=None, non_blocking=self.pin_memory)
+        self._complete_features(data, stats, dtype)
+        if dtype is not None and data.x.dtype != dtype:
+            data.x = halfcast.cast(data.x, dtype)
+        if not self.return_internal_ids and "internal_n_id" in data:
+            del data.internal_n_id
+        return data
 
     def _complete_features(self, data: Data, stats: StreamStats,
                            dtype: torch.dtype | None = None) -> None:
         """Fill a batch's cached rows of ``x`` from the feature cache (on the device),
         casting to ``dtype`` on the way where the cache can (else the caller casts)."""
-        stats.rows += int(data.num_nodes)
         if "x_cached" not in data:
+            stats.count_rows(int(data.num_nodes), 0)
             return
         if self.cache is None:
             raise ProtocolError("StreamMinibatches: tensor 'x_cached': expected none (this loader "
                                 "sent no cache plan), got one", what="StreamMinibatches")
         cached = data.x_cached
         del data.x_cached
-        stats.cached_rows += int(cached.sum()) if cached.is_cuda else \
-            int(np.count_nonzero(cached.numpy()))
+        stats.count_rows(int(data.num_nodes), int(cached.sum()) if cached.is_cuda else
+                         int(np.count_nonzero(cached.numpy())))
         try:
             data.x = self.cache.assemble(data.x, cached, data.internal_n_id, dtype)
         except CacheError as exc:

@@ -32,7 +32,7 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -128,6 +128,14 @@ class StreamStats:
     #: Feature rows of the batches taken, and how many of them came from the feature cache.
     rows: int = 0
     cached_rows: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count_rows(self, rows: int, cached: int) -> None:
+        """Add a batch's feature rows (``cached`` of them from the cache); safe from any
+        thread (the reader threads finish batches side by side)."""
+        with self._lock:
+            self.rows += rows
+            self.cached_rows += cached
 
     @property
     def hit_rate(self) -> float:
@@ -188,7 +196,12 @@ class EpochStream:
         prefetch: int = 4,
         timeouts: StreamTimeouts | None = None,
         pin_memory: bool = False,
+        finish: Callable[[DecodedBatch], DecodedBatch] | None = None,
     ) -> None:
+        """``finish``, when given, runs in the reader threads on each decoded batch before
+        it joins the prefetch window (the loader completes a CPU batch there: cached feature
+        rows, casts), so that this work overlaps the consumer's step; an error it raises
+        reaches the consumer as the reader's error."""
         if prefetch < 1:
             raise ValueError(f"prefetch: expected >= 1, got {prefetch}")
         self._spec = spec
@@ -196,6 +209,7 @@ class EpochStream:
         self._prefetch = prefetch
         self._timeouts = timeouts or StreamTimeouts()
         self._pin = pin_memory
+        self._finish = finish
         self._readers = [_Reader(s) for s in servers if s.indices]
         self._owner = self._owners(self._readers, num_batches)
         self._cond = threading.Condition()
@@ -412,6 +426,8 @@ class EpochStream:
                 f"got {batch.index}",
                 what="StreamMinibatches", address=r.server.address,
             )
+        if self._finish is not None:
+            batch = self._finish(batch)
         if self._pin:
             pin_batch(batch.data)
         with self._cond:
