@@ -126,7 +126,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rows", type=parse_rows, default=parse_rows(DEFAULT_ROWS),
                    help=f"DTYPE:CACHE per row, comma-separated (default {DEFAULT_ROWS})")
     p.add_argument("--step-ms", type=float, default=50.0, help="the model step a sleep stands for")
-    p.add_argument("--batches", type=int, default=8, help="timed batches per trainer and row")
+    p.add_argument("--batches", type=int, default=16,
+                   help="timed batches per trainer and row (after the prefetch window's backlog)")
     p.add_argument("--warmup", type=int, default=1, help="untimed batches per trainer before each row")
     p.add_argument("--repeat", type=int, default=1,
                    help="measure every row this many times (interleaved); the median is reported")
@@ -357,6 +358,7 @@ def row_result(plan: RowPlan, trainers: list[dict[str, Any]], before: dict[str, 
     mean = lambda key: sum(float(t[key]) for t in trainers) / n  # noqa: E731
     servers = {}
     server_cpu = 0.0
+    server_batches = 0.0
     for name in SERVERS:
         b, e = before[name], after[name]
         batches = e.get("graphfeed_batches_sent_total", 0) - b.get("graphfeed_batches_sent_total", 0)
@@ -369,13 +371,16 @@ def row_result(plan: RowPlan, trainers: list[dict[str, Any]], before: dict[str, 
                 stages[f"{s}_ms"] = round(1e3 * total / count, 1)
         cpu = e["cpu_seconds"] - b["cpu_seconds"]
         server_cpu += cpu
+        server_batches += batches
         servers[name] = {"batches": int(batches), "sent_gbit_per_s": round(8 * sent / wall / 1e9, 3),
                          "cpu_seconds": round(cpu, 2), **stages}
     delivered = sum(int(t["batches"]) for t in trainers)
     trainer_cpu = sum(float(t["cpu_seconds_per_batch"]) * int(t["batches"]) for t in trainers)
     busy = (after["machine"]["busy"] - before["machine"]["busy"]) / (after["machine"]["total"]
                                                                       - before["machine"]["total"])
-    cpu_per_batch = (server_cpu + trainer_cpu) / delivered
+    # The servers' CPU over the batches they sent in the window (they also refill the
+    # trainers' prefetch windows), the trainers' over the batches they took.
+    cpu_per_batch = server_cpu / (server_batches or delivered) + trainer_cpu / delivered
     bytes_per_batch = mean("bytes_per_batch")
     cores = cores or os.cpu_count() or 1
     return {"link": plan.link.label, "rate_gbit": plan.link.rate_bits / 1e9, "dtype": plan.dtype,

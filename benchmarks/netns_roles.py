@@ -123,8 +123,10 @@ def _wait_for(path: Path, timeout: float) -> None:
 
 
 def trainer(args: argparse.Namespace) -> dict[str, Any]:
-    """Fill the cache, take ``warmup`` batches, signal ready, wait for the start, then
-    time ``batches`` batches, sleeping ``step_ms`` after each (the model step)."""
+    """Fill the cache, take ``warmup`` batches, signal ready, wait for the start, take the
+    ``prefetch`` batches the readers got ready meanwhile (untimed: they were made before
+    the start), then time ``batches`` batches, sleeping ``step_ms`` after each (the model
+    step)."""
     from protos.allocator import keep_freed_memory
     from trainer_client.loader import RemoteNeighborLoader
 
@@ -136,15 +138,19 @@ def trainer(args: argparse.Namespace) -> dict[str, Any]:
         feature_dtype=args.dtype, cache_size=args.cache, cache_progress=False,
         connect_timeout=args.timeout, stall_timeout=args.timeout, rpc_timeout=args.timeout)
     fill = time.perf_counter() - started
-    if len(loader) < args.warmup + args.batches:
+    untimed = args.warmup + args.prefetch
+    if len(loader) < untimed + args.batches:
         raise ValueError(f"batches: an epoch has {len(loader)} batches per rank, fewer than "
-                         f"--warmup + --batches = {args.warmup + args.batches}")
+                         f"--warmup + --prefetch + --batches = {untimed + args.batches}")
     with loader:
         it = iter(loader)
         for _ in range(args.warmup):
             next(it)
         args.ready.touch()
         _wait_for(args.go, args.timeout)
+        for _ in range(args.prefetch):  # the backlog of the prefetch window
+            next(it)
+            time.sleep(args.step_ms / 1e3)
         s0 = loader.last_stats
         b0, w0, r0, c0 = s0.bytes, s0.wait_seconds, s0.rows, s0.cached_rows
         cpu0, t0 = time.process_time(), time.perf_counter()

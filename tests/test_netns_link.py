@@ -162,7 +162,10 @@ def test_rows_get_ratios_bounds_and_the_target_verdict(bench: Any, nt: Any) -> N
     assert base["servers"]["server0"] == {"batches": 8, "sent_gbit_per_s": 8.0, "cpu_seconds": 4.0,
                                           "sample_ms": 200.0}
     assert base["link_bound_batches_per_s"] == 6.25  # 1.25 GB/s / 200 MB
-    assert base["cpu_seconds_per_batch"] == 1.0  # (4 + 4 server + 16 x 0.5 trainer) / 16
+    assert base["cpu_seconds_per_batch"] == 1.0  # (4 + 4) server / 16 sent + 0.5 trainer
+    busy = bench.row_result(bench.RowPlan(link, "float32", 0.0), [_trainer(1.0, 200_000_000)] * 2,
+                            _counters(0, 0, 100), _counters(20, 4, 200), 8.0, cores=2)
+    assert busy["cpu_seconds_per_batch"] == 0.7  # 8 s over the 40 batches the servers sent
     assert base["machine_busy_fraction"] == 0.5
     summary = summarize([base, lean])
     assert base["speedup_vs_float32_no_cache"] == 1.0 and lean["speedup_vs_float32_no_cache"] == 3.5
