@@ -25,6 +25,8 @@ import numba
 import numpy as np
 import torch
 
+from protos import allocator
+
 _INF = np.uint32(0x7F800000)
 _ABS = np.uint32(0x7FFFFFFF)
 _NAN = np.uint16(0xFFFF)  # what torch's CPU cast makes of every NaN
@@ -66,7 +68,7 @@ def _convert(kernel: Any, x: torch.Tensor, dtype: torch.dtype, src_words: tuple[
              out_words: tuple[torch.dtype, type]) -> torch.Tensor:
     """A new ``dtype`` tensor shaped as ``x``, filled by ``kernel(src words, out words)``."""
     src = x.contiguous()
-    out = torch.empty(src.shape, dtype=dtype)
+    out = allocator.empty(src.shape, dtype)
     if src.numel():
         kernel(_words(src, *src_words), _words(out, *out_words))
     return out

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from protos import allocator
 from protos import sampling_pb2 as pb
 from protos.channel import error_from_rpc
 from protos.codec import decode_tensor_torch, dtype_name, dtype_to_torch
@@ -281,7 +282,7 @@ class FeatureCache:
             raise CacheError(f"tensor 'x': expected {self.rows.shape[1]} columns, got shape "
                              f"{list(x_missing.shape)}")
         src_word, out_word, shift = words
-        x = torch.empty((cached.numel(), self.rows.shape[1]), dtype=out_dtype)
+        x = allocator.empty((cached.numel(), self.rows.shape[1]), out_dtype)
         rows = _as_words(self.rows, src_word)
         bad = _assemble_rows(rows, rows.reshape(-1), self.slot.numpy(), ids,
                              cached.numpy(), _as_words(x_missing, src_word),

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from partitioner.format import Partition
-from protos import halfcast
+from protos import allocator, halfcast
 from sampling_server.sampler import cpu_gather
 from sampling_server.sampler.types import HopSample, Minibatch, SamplerOutput
 
@@ -143,6 +143,14 @@ class NeighborSampler(abc.ABC):
         assign_rows(y, positions, ly)
 
     # -- shared logic ----------------------------------------------------------------
+    def empty_rows(self, count: int, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialized ``[count, F]`` feature tensor on :attr:`device` (on the CPU
+        from ``malloc``, which reuses the last batch's block: :func:`protos.allocator.empty`)."""
+        shape = (count, self.partition.x.shape[1])
+        if self.device.type == "cpu":
+            return allocator.empty(shape, dtype)
+        return torch.empty(shape, dtype=dtype, device=self.device)
+
     def owner_of(self, nodes: torch.Tensor) -> torch.Tensor:
         """Partition ID of each global node ID (a binary search of the partition book)."""
         book = self.partition_book.to(nodes.device)
@@ -270,9 +278,8 @@ class NeighborSampler(abc.ABC):
             return (halfcast.cast(x, dtype) if x is not None and dtype is not None else x), y
         if remote is None:
             raise RuntimeError("gather: nodes of other partitions but no remote fetcher was given")
-        x = torch.empty((n_id.numel(), self.partition.x.shape[1]),
-                        dtype=dtype or torch_dtype(self.partition.x.dtype),
-                        device=self.device) if features else None
+        x = self.empty_rows(n_id.numel(), dtype or torch_dtype(self.partition.x.dtype)) \
+            if features else None
         y = torch.empty(n_id.numel(), dtype=torch.int64, device=self.device) if labels else None
         local_pos = torch.nonzero(mine).flatten()
         self.gather_local_into(n_id[local_pos], local_pos, x, y)
