@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numba
 import numpy as np
 import torch
 
@@ -92,17 +93,41 @@ def compact_batch(n_id: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
     return named
 
 
+@numba.njit(nogil=True, cache=True)
+def _split_sources(src: np.ndarray, num_seeds: int, num_nodes: int, rest: np.ndarray,
+                   bits: np.ndarray) -> int:
+    """One pass of :func:`_sources`: edge ``i`` is new when its source is above every
+    earlier one (and above the seeds); the new edges get their bit set in ``bits``
+    (zeroed, ``[ceil(E / 8)]``), the others' sources go to ``rest`` in order. Returns how
+    many went to ``rest``, or -1 unless the new edges' sources are exactly
+    ``num_seeds, num_seeds + 1, ..., num_nodes - 1`` (then ``rest`` and ``bits`` are
+    incomplete)."""
+    best = num_seeds - 1
+    k = 0
+    for i in range(src.size):
+        v = src[i]
+        if v > best:
+            if v != best + 1:
+                return -1
+            best = v
+            bits[i >> 3] |= np.uint8(1 << (i & 7))
+        else:
+            rest[k] = v
+            k += 1
+    return k if best == num_nodes - 1 else -1
+
+
 def _sources(row: torch.Tensor, num_seeds: int, num_nodes: int) -> dict[str, torch.Tensor]:
     """"edge_src", and "edge_new" when every non-seed node is numbered by the edge that
     first reaches it (as the samplers number them): then "edge_src" holds only the other
     edges' sources."""
-    src = row.numpy()
-    before = np.maximum.accumulate(np.concatenate([[num_seeds - 1], src[:-1]])) if src.size else src
-    new = src > before  # the edges that reach a node numbered above all before them
-    if int(new.sum()) == num_nodes - num_seeds and \
-            np.array_equal(src[new], np.arange(num_seeds, num_nodes, dtype=src.dtype)):
-        return {"edge_src": narrowest(row[torch.from_numpy(~new)], INDEX_DTYPES),
-                "edge_new": pack_mask(torch.from_numpy(new))}
+    src = np.ascontiguousarray(row.numpy(), dtype=np.int64)
+    rest = np.empty(src.size, dtype=np.int64)
+    bits = np.zeros((src.size + 7) // 8, dtype=np.uint8)
+    kept = _split_sources(src, num_seeds, num_nodes, rest, bits)
+    if kept >= 0:
+        return {"edge_src": narrowest(torch.from_numpy(rest[:kept]), INDEX_DTYPES),
+                "edge_new": torch.from_numpy(bits)}
     return {"edge_src": narrowest(row, INDEX_DTYPES)}
 
 

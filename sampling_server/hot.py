@@ -143,6 +143,18 @@ def _test_bits(bits: np.ndarray, ids: np.ndarray, num_nodes: int, out: np.ndarra
     return -1
 
 
+def plan_flags(bits: np.ndarray, ids: np.ndarray, num_nodes: int) -> np.ndarray:
+    """Bool ``[len(ids)]``: whether each global ID's bit is set in ``bits``
+    (:func:`plan_bitset` of a graph of ``num_nodes`` nodes); one pass."""
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    mask = np.empty(ids.size, dtype=bool)
+    bad = _test_bits(bits, ids, num_nodes, mask.view(np.uint8))
+    if bad >= 0:
+        raise ValueError(f"n_id: expected global node IDs in 0 .. {num_nodes - 1}, got "
+                         f"{int(ids[bad])} at position {bad}")
+    return mask
+
+
 def check_counts(counts: Sequence[int], book: np.ndarray, field: str) -> tuple[int, ...]:
     """A cache plan's counts, checked against the partition book (empty: no cache)."""
     counts = tuple(int(c) for c in counts)
@@ -242,14 +254,8 @@ class HotNodes:
     def cached_mask(self, n_id: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
         """Bool ``[N]`` on the CPU: which of ``n_id``'s nodes a trainer with the plan
         ``counts`` holds (one pass over ``n_id``, a bit test each)."""
-        ids = np.ascontiguousarray(n_id.cpu().numpy(), dtype=np.int64)
-        num_nodes = int(self.store.partition_book[-1])
-        mask = np.empty(ids.size, dtype=bool)
-        bad = _test_bits(self.plan_bits(counts), ids, num_nodes, mask.view(np.uint8))
-        if bad >= 0:
-            raise ValueError(f"n_id: expected global node IDs in 0 .. {num_nodes - 1}, got "
-                             f"{int(ids[bad])} at position {bad}")
-        return torch.from_numpy(mask)
+        return torch.from_numpy(plan_flags(self.plan_bits(counts), n_id.cpu().numpy(),
+                                           int(self.store.partition_book[-1])))
 
     def blocks(self, request: pb.HotNodesRequest, dtype: int) -> Iterator[pb.HotNodesChunk]:
         """The answer to StreamHotNodes: the first ``count`` nodes, block by block."""

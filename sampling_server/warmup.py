@@ -40,8 +40,8 @@ def warm_up() -> dict[str, float]:
 
     from partitioner import load_partition, partition_graph
     from partitioner.synthetic import generate
-    from protos import halfcast
-    from sampling_server.hot import hot_order
+    from protos import compact, halfcast
+    from sampling_server.hot import hot_order, plan_bitset, plan_flags
     from sampling_server.sampler import create_sampler
     from sampling_server.sampler.cpu_fused import UNSEEN, look_up_drawn
     from sampling_server.sampler.rng import batch_key
@@ -70,6 +70,10 @@ def warm_up() -> dict[str, float]:
         if batch.x is not None:  # bfloat16 on the wire: the server narrows, a trainer widens
             halfcast.cast(halfcast.cast(batch.x.float(), torch.bfloat16), torch.float32)
         warm_mixed_gathers(part)
+        # a batch's compact structure, and its nodes looked up in a trainer's cache plan
+        out = batch.structure
+        compact.compact_batch(out.n_id, out.row, out.col, out.num_sampled_nodes)
+        plan_flags(plan_bitset(part.num_nodes, [out.n_id.numpy()[:8]]), out.n_id.numpy(), part.num_nodes)
         seconds["sample and gather"] = time.perf_counter() - started
         started = time.perf_counter()
         hot_order(part, "visits_v1")

@@ -102,6 +102,52 @@ def test_sources_not_numbered_by_first_reach_travel_whole() -> None:
         compact.expand_sources(torch.tensor([0]), named["edge_new"], 4, 2)
 
 
+def _sources_by_numpy(row: torch.Tensor, num_seeds: int, num_nodes: int) -> dict[str, torch.Tensor]:
+    """The rule of "edge_new" in whole-array NumPy passes (the reference for the kernel)."""
+    src = row.numpy()
+    before = np.maximum.accumulate(np.concatenate([[num_seeds - 1], src[:-1]])) if src.size else src
+    new = src > before
+    if int(new.sum()) == num_nodes - num_seeds and \
+            np.array_equal(src[new], np.arange(num_seeds, num_nodes, dtype=src.dtype)):
+        return {"edge_src": compact.narrowest(row[torch.from_numpy(~new)], compact.INDEX_DTYPES),
+                "edge_new": compact.pack_mask(torch.from_numpy(new))}
+    return {"edge_src": compact.narrowest(row, compact.INDEX_DTYPES)}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_one_pass_source_split_equals_the_whole_array_rule(seed: int) -> None:
+    """Random first-reach numberings (most valid, some broken by a swap, a gap or a
+    number reached twice) and the edge cases: no edges, no new nodes, one edge."""
+    rng = np.random.default_rng(seed)
+    cases = [(torch.zeros(0, dtype=torch.int64), 3, 3), (torch.zeros(0, dtype=torch.int64), 3, 4),
+             (torch.tensor([0, 1, 2]), 3, 3), (torch.tensor([3]), 3, 4), (torch.tensor([4]), 3, 5)]
+    for _ in range(40):
+        num_seeds, num_new = int(rng.integers(1, 50)), int(rng.integers(0, 200))
+        num_nodes = num_seeds + num_new
+        edges = np.concatenate([np.arange(num_seeds, num_nodes),
+                                rng.integers(0, num_nodes, int(rng.integers(0, 300)))])
+        row = np.empty_like(edges)
+        # first reaches in order, the repeats anywhere after the node's first reach
+        order = np.sort(rng.choice(edges.size, num_new, replace=False)) if num_new else np.zeros(0, int)
+        others = np.setdiff1d(np.arange(edges.size), order)
+        row[order] = np.arange(num_seeds, num_nodes)
+        for i in others:
+            reached = num_seeds + int(np.searchsorted(order, i))  # nodes numbered before edge i
+            row[i] = rng.integers(0, reached)
+        broken = rng.integers(0, 4)
+        if broken == 1 and num_new >= 2:
+            row[order[0]], row[order[1]] = row[order[1]], row[order[0]]
+        elif broken == 2 and num_new:
+            row[order[-1]] += 1
+        cases.append((torch.from_numpy(row), num_seeds, num_nodes))
+    for row, num_seeds, num_nodes in cases:
+        got = compact._sources(row, num_seeds, num_nodes)
+        want = _sources_by_numpy(row, num_seeds, num_nodes)
+        assert set(got) == set(want), (row, num_seeds, num_nodes)
+        for name in want:
+            assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name]), name
+
+
 def test_edges_out_of_target_order_travel_as_an_edge_index() -> None:
     n_id = torch.arange(4)
     named = compact.compact_batch(n_id, torch.tensor([2, 3]), torch.tensor([1, 0]), [2, 2])
