@@ -83,7 +83,8 @@ def warm_up() -> dict[str, float]:
 
 def warm_mixed_gathers(part: Partition) -> None:
     """The kernels of a batch that mixes owned and remote nodes: owned rows gathered into
-    place (as stored, and narrowed to bfloat16), remote rows and labels scattered in."""
+    place (as stored, and narrowed to bfloat16), remote rows and labels scattered in, and
+    a hop's answers merged."""
     from sampling_server.sampler import cpu_gather
 
     start = part.node_range[0]
@@ -99,6 +100,8 @@ def warm_mixed_gathers(part: Partition) -> None:
     labels = np.empty(n, y.dtype)
     cpu_gather.gather_into(y, owned, start, places, labels)
     cpu_gather.scatter_into(labels, places, np.empty_like(labels))
+    # a hop's answers from several owners put back in frontier order
+    cpu_gather.place_runs(places, np.ones(n, np.int64), owned, places, np.empty(n, np.int64))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -556,3 +556,30 @@ def test_concurrent_batches_under_the_workqueue_threading_layer(tmp_path: Path) 
     proc = subprocess.run([sys.executable, "-c", CONCURRENT_SAMPLING, str(tmp_path / "g")], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_answers_of_several_owners_go_back_in_frontier_order(seed: int) -> None:
+    """merge_hop_samples: each owner answers its frontier entries (a count and a run of
+    neighbors each, runs back to back); the merged hop lists every entry's run in
+    frontier order, as per-entry Python lists do."""
+    from sampling_server.sampler.base import merge_hop_samples
+    from sampling_server.sampler.types import HopSample
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 300))
+    owner = rng.integers(0, 3, n)
+    positions = {g: torch.from_numpy(np.flatnonzero(owner == g)) for g in range(3) if (owner == g).any()}
+    runs: list[list[int]] = [[] for _ in range(n)]
+    parts = {}
+    for g, pos in positions.items():
+        counts = rng.integers(0, 6, pos.numel())
+        values = rng.integers(0, 10**9, int(counts.sum()))
+        start = 0
+        for p, c in zip(pos.tolist(), counts.tolist(), strict=True):
+            runs[p] = values[start:start + c].tolist()
+            start += c
+        parts[g] = HopSample(counts=torch.from_numpy(counts), neighbors=torch.from_numpy(values))
+    merged = merge_hop_samples(n, positions, parts, torch.device("cpu"))
+    assert merged.counts.tolist() == [len(r) for r in runs]
+    assert merged.neighbors.tolist() == [v for r in runs for v in r]

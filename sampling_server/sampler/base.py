@@ -342,6 +342,13 @@ def merge_hop_samples(
         counts[pos] = parts[g].counts
     offsets = torch.cumsum(counts, 0) - counts
     neighbors = torch.empty(int(counts.sum()), dtype=torch.int64, device=device)
+    if device.type == "cpu":
+        for g, pos in positions.items():
+            part = parts[g]
+            cpu_gather.place_runs(pos.numpy(), part.counts.to(torch.int64).numpy(),
+                                  part.neighbors.to(torch.int64).numpy(), offsets.numpy(),
+                                  neighbors.numpy())
+        return HopSample(counts=counts, neighbors=neighbors)
     for g, pos in positions.items():
         part = parts[g]
         if part.neighbors.numel() == 0:

@@ -235,3 +235,17 @@ def scatter_into(rows: np.ndarray, positions: np.ndarray, out: np.ndarray) -> No
     if positions.size:
         with parallel_guard():
             scatter_rows(rows_words, positions, out_words)
+
+
+@numba.njit(nogil=True, cache=True)
+def place_runs(positions: np.ndarray, counts: np.ndarray, values: np.ndarray, offsets: np.ndarray,
+               out: np.ndarray) -> None:
+    """Run ``i`` of ``values`` (``counts[i]`` entries, runs back to back) to
+    ``out[offsets[positions[i]]:]``: one owner's answer to a hop put back in frontier
+    order (one pass, one thread)."""
+    j = 0
+    for i in range(positions.size):
+        start = offsets[positions[i]]
+        for k in range(counts[i]):
+            out[start + k] = values[j + k]
+        j += counts[i]
