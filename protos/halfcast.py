@@ -55,33 +55,35 @@ def _widen(words: np.ndarray, out: np.ndarray) -> None:
         out[i] = np.uint32(words[i]) << 16
 
 
-def _words(t: torch.Tensor, dtype: torch.dtype, word: type) -> np.ndarray:
-    """A contiguous CPU tensor's memory as a flat NumPy array of unsigned ``word``s."""
-    return t.view(dtype).numpy().reshape(-1).view(word)
+#: Item size -> (torch integer dtype, NumPy unsigned word) of that size.
+_WORDS = {2: (torch.int16, np.uint16), 4: (torch.int32, np.uint32), 8: (torch.int64, np.uint64)}
 
 
-_FLOAT32_WORDS = (torch.int32, np.uint32)
-_BFLOAT16_WORDS = (torch.int16, np.uint16)
+def words(t: torch.Tensor) -> np.ndarray:
+    """A contiguous CPU tensor's memory as a NumPy array of the same shape, of unsigned
+    words of its item size (2, 4 or 8 bytes; NumPy has no bfloat16)."""
+    signed, word = _WORDS[t.element_size()]
+    return t.view(signed).numpy().view(word)
 
 
-def _convert(kernel: Any, x: torch.Tensor, dtype: torch.dtype, src_words: tuple[torch.dtype, type],
-             out_words: tuple[torch.dtype, type]) -> torch.Tensor:
-    """A new ``dtype`` tensor shaped as ``x``, filled by ``kernel(src words, out words)``."""
+def _convert(kernel: Any, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A new ``dtype`` tensor shaped as ``x``, filled by ``kernel(x's words, its words)``
+    (both flat)."""
     src = x.contiguous()
     out = allocator.empty(src.shape, dtype)
     if src.numel():
-        kernel(_words(src, *src_words), _words(out, *out_words))
+        kernel(words(src).reshape(-1), words(out).reshape(-1))
     return out
 
 
 def narrow_bfloat16(x: torch.Tensor) -> torch.Tensor:
     """``x.to(torch.bfloat16)`` of a CPU float32 tensor, bit for bit (NaN included)."""
-    return _convert(_narrow, x, torch.bfloat16, _FLOAT32_WORDS, _BFLOAT16_WORDS)
+    return _convert(_narrow, x, torch.bfloat16)
 
 
 def widen_bfloat16(x: torch.Tensor) -> torch.Tensor:
     """``x.to(torch.float32)`` of a CPU bfloat16 tensor (exact), on the calling thread."""
-    return _convert(_widen, x, torch.float32, _BFLOAT16_WORDS, _FLOAT32_WORDS)
+    return _convert(_widen, x, torch.float32)
 
 
 def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

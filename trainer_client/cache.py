@@ -36,6 +36,7 @@ from protos import allocator
 from protos import sampling_pb2 as pb
 from protos.channel import error_from_rpc
 from protos.codec import decode_tensor_torch, dtype_name, dtype_to_torch
+from protos.halfcast import words
 from sampling_server.sampler.cpu_gather import prefetch
 
 if TYPE_CHECKING:
@@ -93,23 +94,15 @@ def _assemble_rows(rows: np.ndarray, flat: np.ndarray, slot: np.ndarray, n_id: n
     return -1
 
 
-_INT_OF_SIZE = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _as_words(t: torch.Tensor, word: type) -> np.ndarray:
-    """A 2-D CPU tensor's memory as a NumPy array of unsigned ``word``s of its item size
-    (NumPy has no bfloat16)."""
-    return t.view(_INT_OF_SIZE[t.element_size()]).numpy().view(word)
-
-
-#: (wire dtype, output dtype) -> (word of the wire dtype, word of the output, shift) of
-#: the conversions :func:`_assemble_rows` does exactly: a copy, or bfloat16 -> float32.
+#: (wire dtype, output dtype) -> the shift of the conversions :func:`_assemble_rows` does
+#: exactly on the dtypes' words (:func:`protos.halfcast.words`): a copy, or bfloat16 ->
+#: float32.
 _CPU_ASSEMBLY = {
-    (torch.float32, torch.float32): (np.uint32, np.uint32, 0),
-    (torch.float64, torch.float64): (np.uint64, np.uint64, 0),
-    (torch.float16, torch.float16): (np.uint16, np.uint16, 0),
-    (torch.bfloat16, torch.bfloat16): (np.uint16, np.uint16, 0),
-    (torch.bfloat16, torch.float32): (np.uint16, np.uint32, 16),
+    (torch.float32, torch.float32): 0,
+    (torch.float64, torch.float64): 0,
+    (torch.float16, torch.float16): 0,
+    (torch.bfloat16, torch.bfloat16): 0,
+    (torch.bfloat16, torch.float32): 16,
 }
 
 
@@ -255,9 +248,9 @@ class FeatureCache:
                              f"(the nodes not marked in 'x_cached'), got {x_missing.dtype} with "
                              f"{x_missing.shape[0]}")
         out_dtype = dtype or self.rows.dtype
-        words = _CPU_ASSEMBLY.get((self.rows.dtype, out_dtype))
-        if self.rows.device.type == "cpu" and words is not None:
-            return self._assemble_cpu(x_missing, cached, n_id, out_dtype, words)
+        shift = _CPU_ASSEMBLY.get((self.rows.dtype, out_dtype))
+        if self.rows.device.type == "cpu" and shift is not None:
+            return self._assemble_cpu(x_missing, cached, n_id, out_dtype, shift)
         cached_pos = torch.nonzero(cached).flatten()
         missing_pos = torch.nonzero(~cached).flatten()
         slots = self.slot.index_select(0, n_id.index_select(0, cached_pos))
@@ -269,7 +262,7 @@ class FeatureCache:
         return x.to(out_dtype)
 
     def _assemble_cpu(self, x_missing: torch.Tensor, cached: torch.Tensor, n_id: torch.Tensor,
-                      out_dtype: torch.dtype, words: tuple[type, type, int]) -> torch.Tensor:
+                      out_dtype: torch.dtype, shift: int) -> torch.Tensor:
         """:meth:`assemble` on the CPU: one pass, one thread (:func:`_assemble_rows`)."""
         ids = n_id.numpy()
         if ids.size != cached.numel():
@@ -281,12 +274,10 @@ class FeatureCache:
         if x_missing.dim() != 2 or x_missing.shape[1] != self.rows.shape[1]:
             raise CacheError(f"tensor 'x': expected {self.rows.shape[1]} columns, got shape "
                              f"{list(x_missing.shape)}")
-        src_word, out_word, shift = words
         x = allocator.empty((cached.numel(), self.rows.shape[1]), out_dtype)
-        rows = _as_words(self.rows, src_word)
-        bad = _assemble_rows(rows, rows.reshape(-1), self.slot.numpy(), ids,
-                             cached.numpy(), _as_words(x_missing, src_word),
-                             _as_words(x, out_word), shift)
+        rows = words(self.rows)
+        bad = _assemble_rows(rows, rows.reshape(-1), self.slot.numpy(), ids, cached.numpy(),
+                             words(x_missing), words(x), shift)
         if bad >= 0:
             raise self._unknown(int((self.slot.numpy()[ids[cached.numpy()]] < 0).sum()))
         return x
