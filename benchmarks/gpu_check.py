@@ -124,10 +124,10 @@ def collect_figures(step: Step, data: Path) -> None:
         step.figures = {"rows": payload.get("rows", []), "ratios": payload.get("ratios", {})}
     elif step.name == "demo (1 GPU, NCCL)":
         metrics = read_json(data / "demo" / "metrics.json")
-        step.figures = {k: metrics[k] for k in ("test_acc", "selected_epoch", "device", "world_size")
-                        if k in metrics}
-        if "epochs" in metrics:
-            step.figures["epoch_seconds"] = [e.get("seconds") for e in metrics["epochs"]]
+        step.figures = {k: metrics[k] for k in ("test_acc", "selected_epoch", "device", "world_size",
+                                                "seeds_per_second") if k in metrics}
+        for key in ("train_seconds", "data_wait_seconds", "seeds_per_second"):
+            step.figures[f"epoch_{key}"] = [e.get(key) for e in metrics.get("epochs", [])]
 
 
 def steps_for(args: argparse.Namespace) -> list[tuple[Step, float]]:

@@ -366,6 +366,7 @@ def _replay_bytes(rows: list[dict[str, Any]], size: int) -> int:
 def server_rows(part_dir: Path, num_batches: int, steps: list[float], server_device: str = "auto",
                 trainer_device: str = "cpu") -> list[dict[str, Any]]:
     from trainer_client.loader import RemoteNeighborLoader
+    from trainer_client.local import wait_serving
 
     address = f"127.0.0.1:{free_port()}"
     cmd = [sys.executable, "-m", "sampling_server", "--partition-dir", str(part_dir),
@@ -374,6 +375,8 @@ def server_rows(part_dir: Path, num_batches: int, steps: list[float], server_dev
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     rows = []
     try:
+        # fails at once if the server exits (its output is this benchmark's own)
+        wait_serving([address], [proc], ["this benchmark's output"], timeout=600)
         for step in [0.0, *steps]:
             loader = RemoteNeighborLoader([address], "train", num_neighbors=FANOUTS,
                                           batch_size=BATCH, shuffle=True, prefetch=4,

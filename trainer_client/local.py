@@ -67,10 +67,10 @@ def serving(address: str, timeout: float) -> bool:
         channel.close()
 
 
-def wait_serving(addresses: Sequence[str], procs: Sequence[subprocess.Popen[bytes]], logs: Sequence[Path],
-                 timeout: float) -> None:
+def wait_serving(addresses: Sequence[str], procs: Sequence[subprocess.Popen[bytes]],
+                 logs: Sequence[Path | str], timeout: float) -> None:
     """Wait until every server answers SERVING; raise :class:`LocalError` when one exits
-    or ``timeout`` seconds pass."""
+    or ``timeout`` seconds pass (``logs``: where each server's output goes, for the message)."""
     deadline = time.monotonic() + timeout
     pending = set(range(len(addresses)))
     while pending:

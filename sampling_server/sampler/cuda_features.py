@@ -126,7 +126,9 @@ class FeatureTable:
         """Copy the rows of ``x`` in the order ``local`` into both tables, a step at a time."""
         if self.width == 0:  # nothing to copy (and no mapped memory behind an empty table)
             return
-        host = self.host_rows.view(np.ndarray)  # writes go to the pinned host memory itself
+        # a plain ndarray over the same pinned host memory (numba-cuda's MappedNDArray.view
+        # takes a dtype, not an array class)
+        host = np.asarray(self.host_rows)
         step = max(1, FILL_BYTES // max(self.row_bytes, 1))
         for lo in range(0, self.cached, step):
             hi = min(lo + step, self.cached)
