@@ -24,6 +24,7 @@ from graph_fixtures import (
     star_graph,
     write_and_load,
 )
+from numba import cuda
 from sampler_checks import check_sampler_output
 
 from partitioner.format import Partition
@@ -223,6 +224,43 @@ def test_bad_input_is_named(one_part: list[Partition]) -> None:
         CudaNeighborSampler(one_part[0], topology="host")
 
 
+def test_ownership_is_read_once_per_hop(one_part: list[Partition],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each ID range read is a synchronisation on a GPU: a batch reads its seeds' range,
+    each hop's frontier's and the gathered nodes', and no more (the frontier's own check
+    is not repeated inside the hop, nor the gather's)."""
+    part = one_part[0]
+    sampler = CudaNeighborSampler(part)
+    reads: list[int] = []
+    real = CudaNeighborSampler.id_range
+
+    def counted(nodes: torch.Tensor) -> tuple[int, int]:
+        reads.append(int(nodes.numel()))
+        return real(nodes)
+
+    monkeypatch.setattr(CudaNeighborSampler, "id_range", staticmethod(counted))
+    batch = sampler.minibatch(_seeds(part), [3, 2], key=8)
+    hops_with_frontier = sum(1 for n in batch.structure.num_sampled_nodes[:2] if n)
+    assert len(reads) == 1 + hops_with_frontier + 1
+    reads.clear()  # the public entry points still check what they are given
+    with pytest.raises(ValueError, match="nodes: expected global node IDs owned"):
+        sampler.gather_local(torch.tensor([part.node_range[1]]), True, True)
+    assert reads == [1]
+
+
+def test_id_range_and_owns_all(two_parts: list[Partition]) -> None:
+    sampler = CudaNeighborSampler(two_parts[1])
+    start, stop = two_parts[1].node_range
+    assert sampler.id_range(torch.tensor([7, -3, 12, 5])) == (-3, 12)
+    assert sampler.owns_all(torch.empty(0, dtype=torch.int64))
+    assert sampler.owns_all(torch.tensor([stop - 1, start]))
+    assert not sampler.owns_all(torch.tensor([start, stop]))
+    assert not sampler.owns_all(torch.tensor([start - 1, start]))
+    with pytest.raises(ValueError, match=r"seeds: expected global node IDs in \[0, \d+\); "
+                                         r"got values in \[-1, 0\]"):
+        sampler.check_in_graph(torch.tensor([0, -1]), "seeds")
+
+
 # -- gathers ---------------------------------------------------------------------------
 @pytest.mark.parametrize("topology", ["device", "uva"])
 def test_features_and_labels_are_rows_of_n_id(one_part: list[Partition], topology: str) -> None:
@@ -287,6 +325,29 @@ def test_zero_copy_and_current_stream(one_part: list[Partition]) -> None:
         got = sampler.sample(seeds, [3, 2], key=5)
     stream.synchronize()
     _equal_outputs(got, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.float16,
+                                   torch.float64, torch.uint8, torch.bool])
+def test_kernel_args_match_numbas_own_view(dtype: torch.dtype) -> None:
+    """kernel_arg builds its device arrays directly; they must be what numba-cuda makes
+    from the array interface: same memory, shape, strides, dtype and Numba type."""
+    def zeros(*shape: int) -> torch.Tensor:
+        return torch.zeros(shape, dtype=dtype, device="cuda")
+
+    # contiguous, and also two whose dimension of size 1 has a stride of its own
+    cases = [zeros(7), zeros(3, 5), zeros(0), zeros(0, 3), zeros(2, 8)[:1, :4],
+             zeros(4, 1).as_strided((4, 1), (1, 5))]
+    for t in cases:
+        assert t.is_contiguous()
+        got, want = K.kernel_arg(t), cuda.as_cuda_array(t)
+        assert got.shape == want.shape and got.strides == want.strides
+        assert got.dtype == want.dtype
+        assert numba.typeof(got) == numba.typeof(want)
+        if t.numel():
+            assert got.__cuda_array_interface__["data"][0] == t.data_ptr()
+            np.testing.assert_array_equal(got.copy_to_host(), t.cpu().numpy())
 
 
 @pytest.mark.gpu

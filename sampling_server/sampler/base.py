@@ -133,6 +133,17 @@ class NeighborSampler(abc.ABC):
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Features ``[len(nodes), F]`` and labels ``[len(nodes)]`` of owned nodes."""
 
+    def sample_owned(self, nodes: torch.Tensor, fanout: int, key: int, hop: int) -> HopSample:
+        """:meth:`sample_neighbors` of nodes already known to be owned here (a sampler may
+        skip its check of them)."""
+        return self.sample_neighbors(nodes, fanout, key, hop)
+
+    def gather_owned(
+        self, nodes: torch.Tensor, features: bool, labels: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """:meth:`gather_local` of nodes already known to be owned here."""
+        return self.gather_local(nodes, features, labels)
+
     def gather_local_into(self, nodes: torch.Tensor, positions: torch.Tensor,
                           x: torch.Tensor | None, y: torch.Tensor | None) -> None:
         """``x[positions]`` and ``y[positions]`` (each None: skipped) = the features, in
@@ -156,11 +167,27 @@ class NeighborSampler(abc.ABC):
         book = self.partition_book.to(nodes.device)
         return torch.searchsorted(book, nodes, right=True) - 1
 
+    @staticmethod
+    def id_range(nodes: torch.Tensor) -> tuple[int, int]:
+        """``(min, max)`` of a non-empty ID tensor, read back in one transfer (one
+        synchronisation on a GPU, where each read is one)."""
+        lo, hi = torch.aminmax(nodes)
+        first, last = torch.stack((lo, hi)).tolist()
+        return int(first), int(last)
+
+    def owns_all(self, nodes: torch.Tensor) -> bool:
+        """Whether every ID of ``nodes`` is owned here (a range test: a partition owns
+        one contiguous range of global IDs)."""
+        if nodes.numel() == 0:
+            return True
+        lo, hi = self.id_range(nodes)
+        return lo >= self.node_start and hi < self.node_stop
+
     def check_owned(self, nodes: torch.Tensor, field: str) -> None:
         """Raise ``ValueError`` naming ``field`` unless every ID is owned here."""
         if nodes.numel() == 0:
             return
-        lo, hi = int(nodes.min()), int(nodes.max())
+        lo, hi = self.id_range(nodes)
         if lo < self.node_start or hi >= self.node_stop:
             raise ValueError(
                 f"{field}: expected global node IDs owned by partition "
@@ -170,10 +197,13 @@ class NeighborSampler(abc.ABC):
 
     def check_in_graph(self, nodes: torch.Tensor, field: str) -> None:
         """Raise ``ValueError`` naming ``field`` unless every ID is a node of the graph."""
+        if nodes.numel() == 0:
+            return
         num_nodes = int(self.partition_book[-1])
-        if nodes.numel() and (int(nodes.min()) < 0 or int(nodes.max()) >= num_nodes):
+        lo, hi = self.id_range(nodes)
+        if lo < 0 or hi >= num_nodes:
             raise ValueError(f"{field}: expected global node IDs in [0, {num_nodes}); got values "
-                             f"in [{int(nodes.min())}, {int(nodes.max())}]")
+                             f"in [{lo}, {hi}]")
 
     def orig_ids_of(self, n_id: torch.Tensor, remote: RemoteOrigIds | None = None) -> torch.Tensor:
         """Original IDs of ``n_id``'s nodes (CPU int64), in order; remote ones via ``remote``."""
@@ -227,7 +257,9 @@ class NeighborSampler(abc.ABC):
                 targets = torch.arange(first_local, first_local + frontier.numel(),
                                        device=self.device)
                 rows.append(local)
-                cols.append(torch.repeat_interleave(targets, drawn.counts))
+                # output_size: known here, so a GPU need not read the sum back
+                cols.append(torch.repeat_interleave(targets, drawn.counts,
+                                                    output_size=int(local.numel())))
                 first_local += frontier.numel()
                 nodes.append(new_nodes)
                 num_nodes.append(int(new_nodes.numel()))
@@ -243,10 +275,9 @@ class NeighborSampler(abc.ABC):
         remote: RemoteNeighbors | None,
     ) -> HopSample:
         """Neighbors of a frontier that may span partitions, in frontier order."""
+        if self.owns_all(frontier):
+            return self.sample_owned(frontier, fanout, key, hop)
         owner = self.owner_of(frontier)
-        mine = owner == self.partition.partition_id
-        if bool(mine.all()):
-            return self.sample_neighbors(frontier, fanout, key, hop)
         if remote is None:
             raise RuntimeError(
                 f"frontier of hop {hop} reaches other partitions but no remote sampler was given"
@@ -271,11 +302,11 @@ class NeighborSampler(abc.ABC):
         """Features (in ``dtype``; None: as stored) and labels of ``n_id``'s nodes, in
         order; remote rows via ``remote``. Owned rows are gathered straight into their
         places, remote ones scattered in as they arrive (a peer answers in ``dtype``)."""
+        if self.owns_all(n_id):
+            x, y = self.gather_owned(n_id, features, labels)
+            return (halfcast.cast(x, dtype) if x is not None and dtype is not None else x), y
         owner = self.owner_of(n_id)
         mine = owner == self.partition.partition_id
-        if bool(mine.all()):
-            x, y = self.gather_local(n_id, features, labels)
-            return (halfcast.cast(x, dtype) if x is not None and dtype is not None else x), y
         if remote is None:
             raise RuntimeError("gather: nodes of other partitions but no remote fetcher was given")
         x = self.empty_rows(n_id.numel(), dtype or torch_dtype(self.partition.x.dtype)) \

@@ -1,8 +1,9 @@
 """The CUDA sampler: :class:`NeighborSampler` over Numba ``@cuda.jit`` kernels.
 
 Per hop: a count kernel, an exclusive prefix sum (``torch.cumsum`` on the device), a fill
-kernel, and the dedup/relabel kernels of a device hash table; one host synchronisation per
-hop (to size the outputs), none per node. Tensors are torch CUDA tensors on the current
+kernel, and the dedup/relabel kernels of a device hash table; three host synchronisations
+per hop (the frontier's ID range, the number of draws and the number of new nodes, each
+one read), none per node. Tensors are torch CUDA tensors on the current
 device and reach the kernels without copies; kernels run on PyTorch's current stream.
 
 ``topology='device'`` copies the CSC and labels to GPU memory; ``topology='uva'`` keeps
@@ -140,10 +141,14 @@ class CudaNeighborSampler(DeviceArrays, NeighborSampler):
         self.feature_table = feature_table
 
     def sample_neighbors(self, nodes: torch.Tensor, fanout: int, key: int, hop: int) -> HopSample:
+        ids = self._ids(nodes, "nodes")
+        self.check_owned(ids, "nodes")
+        return self.sample_owned(ids, fanout, key, hop)
+
+    def sample_owned(self, nodes: torch.Tensor, fanout: int, key: int, hop: int) -> HopSample:
         if int(fanout) < -1:
             raise ValueError(f"fanout: expected an integer >= 0, or -1 for all; got {fanout}")
         ids = self._ids(nodes, "nodes")
-        self.check_owned(ids, "nodes")
         counts = K.count_draws(ids, self.csc.indptr, self.node_start, int(fanout), self.replace)
         neighbors = K.fill_draws(ids, counts, self.csc, int(fanout), int(key) & _MASK64, int(hop),
                                  replace=self.replace, weighted=self.weighted)
@@ -157,6 +162,12 @@ class CudaNeighborSampler(DeviceArrays, NeighborSampler):
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         ids = self._ids(nodes, "nodes")
         self.check_owned(ids, "nodes")
+        return self.gather_owned(ids, features, labels)
+
+    def gather_owned(
+        self, nodes: torch.Tensor, features: bool, labels: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        ids = self._ids(nodes, "nodes")
         x = self.feature_table.gather(ids) if features else None
         y = K.gather_labels(ids, self.node_start, self._y) if labels else None
         return x, y
