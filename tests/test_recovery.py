@@ -264,7 +264,13 @@ def _rolling_restart(servers: ServerProcs, failures: list[BaseException]) -> Non
         for p in (1, 0):
             servers.terminate(p)
             proc = servers.procs[p]
-            assert proc is not None and proc.wait(timeout=60) == 0
+            assert proc is not None
+            try:
+                code = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired as exc:
+                raise AssertionError(f"server {p} still running 60 s after SIGTERM; log:\n"
+                                     f"{servers.log(p)[-6000:]}") from exc
+            assert code == 0, f"server {p} exited with {code}; log:\n{servers.log(p)[-3000:]}"
             servers.start(p)
             servers.wait_status(p, "SERVING", 120)
     except BaseException as exc:
