@@ -2,7 +2,9 @@
 
     make gpu-check                      # or: PYTHONPATH=. python benchmarks/gpu_check.py
 
-Steps, each a child process with its own deadline (the whole run fits in ``--budget``,
+First a preflight (seconds): every package the steps import, and one tiny kernel compiled
+and run by numba-cuda; if any fails, the report names it and no step is run. Then the
+steps, each a child process with its own deadline (the whole run fits in ``--budget``,
 10 minutes by default):
 
 1. ``pytest -m gpu``: the ``gpu``-marked tests on the real GPU (no simulator);
@@ -85,6 +87,54 @@ def gpu_info() -> dict[str, Any] | None:
     return info
 
 
+#: What every step imports; a GPU image may lack some (see docs/benchmarks.md).
+PREFLIGHT_MODULES = ("grpc", "grpc_health.v1.health", "google.protobuf", "yaml", "tqdm",
+                     "torch_geometric", "protos.sampling_pb2", "sampling_server.server",
+                     "trainer_client.loader", "partitioner")
+PREFLIGHT = """
+import importlib, sys
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        print(f"problem: import {name}: {type(exc).__name__}: {exc}")
+try:
+    import numpy as np
+    from numba import cuda
+
+    @cuda.jit
+    def add_one(a):
+        i = cuda.grid(1)
+        if i < a.size:
+            a[i] += 1
+
+    a = cuda.to_device(np.zeros(8, np.int64))
+    add_one[1, 8](a)
+    if a.copy_to_host().tolist() != [1] * 8:
+        print("problem: a test kernel ran but wrote wrong values")
+except Exception as exc:
+    print(f"problem: numba-cuda cannot compile and run a kernel: {type(exc).__name__}: {exc}")
+"""
+
+
+def preflight(env: dict[str, str], modules: tuple[str, ...] = PREFLIGHT_MODULES) -> list[str]:
+    """What would make every step fail, found in seconds: a package that does not import
+    (e.g. grpcio-health-checking missing, a protobuf older than the generated code) or
+    numba-cuda unable to compile and run a kernel (e.g. NumPy 2.5 with numba-cuda 0.30).
+    Empty when all is well."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", PREFLIGHT, *modules], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return ["the preflight check did not finish within 300 s"]
+    problems = [line.removeprefix("problem: ") for line in proc.stdout.splitlines()
+                if line.startswith("problem: ")]
+    if proc.returncode and not problems:
+        problems.append(f"the preflight check exited with {proc.returncode}: "
+                        f"{(proc.stderr or proc.stdout)[-2000:]}")
+    return problems
+
+
 def run_step(step: Step, timeout: float, env: dict[str, str]) -> None:
     """Run one step in a process group of its own; at its deadline the whole group goes
     (the demo's and the stream benchmark's servers included)."""
@@ -157,6 +207,10 @@ def markdown(report: dict[str, Any]) -> str:
              f"numba {gpu.get('numba')}; {report['machine']['cores']} CPU cores; preset "
              f"`{report['preset']}`; {report['seconds']:.0f} s in all.", "",
              "| step | verdict | seconds |", "| --- | --- | ---: |"]
+    problems = report.get("preflight_problems") or []
+    if problems:
+        lines[-2:-2] = ["**Preflight failed; no step was run:**", "",
+                        *[f"- {p}" for p in problems], ""]
     lines += [f"| {s['name']} | {s['status']} | {s['seconds']:.1f} |" for s in report["steps"]]
     for s in report["steps"]:
         rows = s["figures"].get("rows")
@@ -196,7 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     end = started + args.budget
     planned = steps_for(args)
     steps = []
-    for i, (step, _share) in enumerate(planned):
+    problems = preflight(env)
+    for problem in problems:
+        log.error("preflight: %s", problem)
+    for i, (step, _share) in enumerate([] if problems else planned):
         # Its own share plus whatever the steps before it left unused.
         later = sum(share for _, share in planned[i + 1:]) * args.budget
         left = end - time.monotonic()
@@ -205,9 +262,11 @@ def main(argv: list[str] | None = None) -> int:
             run_step(step, deadline, env)
             collect_figures(step, args.data)
         steps.append(step)
+    if problems:  # no step can pass: none is run, each is reported as not run
+        steps = [step for step, _ in planned]
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": gpu, "machine": machine(),
               "preset": args.preset, "seconds": round(time.monotonic() - started, 1),
-              "steps": [asdict(s) for s in steps]}
+              "preflight_problems": problems, "steps": [asdict(s) for s in steps]}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "gpu-check.json").write_text(json.dumps(report, indent=1) + "\n")
     (RESULTS / "gpu-check.md").write_text(markdown(report))

@@ -52,6 +52,7 @@ def test_steps_report_and_verdict(gpu_check: Any, monkeypatch: pytest.MonkeyPatc
         ]
 
     monkeypatch.setattr(gpu_check, "steps_for", steps)
+    monkeypatch.setattr(gpu_check, "preflight", lambda env: [])
     assert gpu_check.main(["--data", str(tmp_path / "data"), "--budget", "12"]) == 1
     report = json.loads((tmp_path / "results" / "gpu-check.json").read_text())
     by = {s["name"]: s for s in report["steps"]}
@@ -66,3 +67,36 @@ def test_steps_report_and_verdict(gpu_check: Any, monkeypatch: pytest.MonkeyPatc
     assert md.startswith("# gpu-check: Stand-in GPU")
     assert "| stream | failed |" in md and "boom" in md
     assert "| graphfeed cuda/uva: structure | 123.0 |" in md
+
+
+def test_a_failed_preflight_names_the_problem_and_runs_no_step(
+        gpu_check: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    gpu = {"name": "Stand-in GPU", "capability": [9, 0], "memory_gib": 80.0, "torch": "x",
+           "torch_cuda": "12", "nccl": "2", "numba": "y"}
+    monkeypatch.setattr(gpu_check, "gpu_info", lambda: gpu)
+    marker = tmp_path / "ran"
+    step = gpu_check.Step("gpu tests", [sys.executable, "-c", f"open({str(marker)!r}, 'w')"])
+    monkeypatch.setattr(gpu_check, "steps_for", lambda args: [(step, 1.0)])
+    monkeypatch.setattr(gpu_check, "preflight",
+                        lambda env: ["import grpc_health.v1.health: ModuleNotFoundError: x"])
+    assert gpu_check.main(["--data", str(tmp_path / "data"), "--budget", "12"]) == 1
+    assert not marker.exists()
+    report = json.loads((tmp_path / "results" / "gpu-check.json").read_text())
+    assert report["preflight_problems"] == ["import grpc_health.v1.health: ModuleNotFoundError: x"]
+    assert [s["status"] for s in report["steps"]] == ["not run"]
+    md = (tmp_path / "results" / "gpu-check.md").read_text()
+    assert "Preflight failed" in md and "grpc_health" in md
+
+
+def test_preflight_finds_a_missing_module_and_a_kernel_that_cannot_run(gpu_check: Any) -> None:
+    """Here: a module that does not exist, and no GPU for the test kernel (the simulator off,
+    as gpu-check runs its steps)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = str(ROOT)
+    problems = gpu_check.preflight(env, ("json", "graphfeed_no_such_module"))
+    assert any(p.startswith("import graphfeed_no_such_module: ModuleNotFoundError") for p in problems)
+    assert not any(p.startswith("import json") for p in problems)
+    assert any(p.startswith("numba-cuda cannot compile and run a kernel") for p in problems)
+    assert all(gpu_check.preflight(env, (m,)) == problems[-1:] for m in ("grpc", "yaml"))
