@@ -364,7 +364,9 @@ def _replay_bytes(rows: list[dict[str, Any]], size: int) -> int:
 
 # -- the real server ------------------------------------------------------------------------
 def server_rows(part_dir: Path, num_batches: int, steps: list[float], server_device: str = "auto",
-                trainer_device: str = "cpu") -> list[dict[str, Any]]:
+                trainer_device: str = "cpu", warmup: int = 2) -> list[dict[str, Any]]:
+    """The real server's batches/s and the trainer's waiting, at each training-step time
+    in ``steps`` (seconds); each row's first ``warmup`` batches are taken untimed."""
     from trainer_client.loader import RemoteNeighborLoader
     from trainer_client.local import wait_serving
 
@@ -385,17 +387,20 @@ def server_rows(part_dir: Path, num_batches: int, steps: list[float], server_dev
             if len(loader) < num_batches:
                 log.warning("an epoch has only %d batches; measuring those", len(loader))
                 num_batches = len(loader)
+            it = iter(loader)
+            for _ in range(min(warmup, max(len(loader) - num_batches, 0))):
+                next(it)  # untimed: the stream's start, the first batches' sampling
+            stats = loader.last_stats  # counts batches as they are handed over
+            got0, wait0 = stats.bytes, stats.wait_seconds
             batches = 0
             started = time.perf_counter()
-            it = iter(loader)
             while batches < num_batches:
                 next(it)
                 batches += 1
                 if step:
                     time.sleep(step)
             wall = time.perf_counter() - started
-            stats = loader.last_stats
-            got, wait = stats.bytes, stats.wait_seconds
+            got, wait = stats.bytes - got0, stats.wait_seconds - wait0
             del it
             loader.close()
             row = _row(f"graphfeed-server (step {step * 1e3:.0f} ms)", got, wall, batches)
@@ -472,6 +477,8 @@ def main() -> int:
                         help="skip the diagnostic replays at the default message size")
     parser.add_argument("--server-batches", type=int, default=12,
                         help="batches of the real-server rows (0: skip them)")
+    parser.add_argument("--server-warmup", type=int, default=2,
+                        help="batches each real-server row takes untimed first")
     parser.add_argument("--steps-ms", type=float, nargs="*", default=[100.0, 250.0])
     parser.add_argument("--server-device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="the sampling server's --device (default auto: CUDA when usable)")
@@ -496,7 +503,7 @@ def main() -> int:
     rows, ratios = summarize(passes, sizes)
     if args.server_batches:
         rows += server_rows(part_dir, args.server_batches, [s / 1e3 for s in args.steps_ms],
-                            args.server_device, args.trainer_device)
+                            args.server_device, args.trainer_device, args.server_warmup)
     default = f"{codec.DEFAULT_CHUNK_BYTES >> 10} KiB"
     target = ratios.get(f"replay_vs_grpc_bytes({default})")
     payload = {"benchmark": "stream", "preset": args.preset, "fanouts": FANOUTS,
