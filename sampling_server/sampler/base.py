@@ -303,8 +303,15 @@ class NeighborSampler(abc.ABC):
         order; remote rows via ``remote``. Owned rows are gathered straight into their
         places, remote ones scattered in as they arrive (a peer answers in ``dtype``)."""
         if self.owns_all(n_id):
-            x, y = self.gather_owned(n_id, features, labels)
-            return (halfcast.cast(x, dtype) if x is not None and dtype is not None else x), y
+            stored = torch_dtype(self.partition.x.dtype)
+            if features and dtype is not None and dtype != stored and self.device.type == "cpu":
+                # cast on the way (one pass over the rows) rather than gather, then cast
+                rows = self.empty_rows(n_id.numel(), dtype)
+                ys = torch.empty(n_id.numel(), dtype=torch.int64) if labels else None
+                self.gather_local_into(n_id, torch.arange(n_id.numel()), rows, ys)
+                return rows, ys
+            lx, ly = self.gather_owned(n_id, features, labels)
+            return (halfcast.cast(lx, dtype) if lx is not None and dtype is not None else lx), ly
         owner = self.owner_of(n_id)
         mine = owner == self.partition.partition_id
         if remote is None:
