@@ -427,6 +427,19 @@ class Piece:
     data: np.ndarray
 
 
+def row_piece(name: str, rows: TensorLike, start: int, total_rows: int) -> Piece:
+    """Rows ``start .. start + len(rows)`` of a tensor of ``total_rows`` rows, as the
+    piece at their byte offset (a view of ``rows`` when it is C-contiguous)."""
+    if not name:
+        raise CodecError("TensorChunk.name: expected a non-empty name, got ''")
+    array, wire = _wire_array(rows, None)
+    if array.ndim == 0:
+        raise CodecError(f"{name}: expected rows (at least 1-d), got a scalar")
+    row_bytes = array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
+    return Piece(name, wire, (total_rows, *array.shape[1:]), start * row_bytes,
+                 total_rows * row_bytes, _flat_bytes(array))
+
+
 def iter_pieces(
     named: Mapping[str, TensorLike], chunk_bytes: int = DEFAULT_CHUNK_BYTES
 ) -> Iterator[list[Piece]]:

@@ -15,7 +15,7 @@ the same messages (the tests check both directions).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from google.protobuf.message import DecodeError, Message
@@ -53,21 +53,23 @@ def encode_chunks(
     ``make_head(i, n)`` (its fields other than ``tensors``) plus its group of
     :func:`codec.iter_pieces`."""
     groups = list(codec.iter_pieces(named, chunk_bytes))
-    out = []
-    for i, group in enumerate(groups):
-        head = make_head(i, len(groups))
-        tensors_tag = _tag(TENSORS_FIELD[type(head)], _LEN)
-        parts: list[bytes | memoryview] = [head.SerializeToString()]
-        for piece in group:
-            meta = pb.TensorChunk(name=piece.name, dtype=piece.dtype, shape=piece.shape,
-                                  offset=piece.offset, total_bytes=piece.total_bytes)
-            meta_bytes = meta.SerializeToString()
-            data = piece.data.data  # memoryview of the tensor's bytes
-            data_head = _tag(_DATA_FIELD, _LEN) + _varint(len(data)) if len(data) else b""
-            size = len(meta_bytes) + len(data_head) + len(data)
-            parts += [tensors_tag, _varint(size), meta_bytes, data_head, data]
-        out.append(b"".join(parts))  # the one copy of the payload
-    return out
+    return [encode_message(make_head(i, len(groups)), group) for i, group in enumerate(groups)]
+
+
+def encode_message(head: Message, pieces: Iterable[codec.Piece]) -> bytes:
+    """One serialized chunk message: ``head`` (its fields other than ``tensors``) plus a
+    ``TensorChunk`` per piece, each piece's bytes copied once, into the message."""
+    tensors_tag = _tag(TENSORS_FIELD[type(head)], _LEN)
+    parts: list[bytes | memoryview] = [head.SerializeToString()]
+    for piece in pieces:
+        meta = pb.TensorChunk(name=piece.name, dtype=piece.dtype, shape=piece.shape,
+                              offset=piece.offset, total_bytes=piece.total_bytes)
+        meta_bytes = meta.SerializeToString()
+        data = piece.data.data  # memoryview of the tensor's bytes
+        data_head = _tag(_DATA_FIELD, _LEN) + _varint(len(data)) if len(data) else b""
+        size = len(meta_bytes) + len(data_head) + len(data)
+        parts += [tensors_tag, _varint(size), meta_bytes, data_head, data]
+    return b"".join(parts)  # the one copy of the payload
 
 
 class WireTensorChunk:

@@ -175,8 +175,11 @@ class PeerServicer:
         sampler = store.sampler()
         return nodes, dtype, NodeRows(
             store.manifest.feature_dim,
-            lambda ids: sampler.gather_local(ids.to(sampler.device), request.want_features,
-                                             request.want_labels),
+            # cast on the way where the sampler can (a CPU gather into bfloat16)
+            lambda ids, wire: sampler.gather(ids.to(sampler.device),
+                                             features=request.want_features,
+                                             labels=request.want_labels,
+                                             dtype=codec.dtype_to_torch(wire)),
             sampler.orig_ids_of)
 
     def _fetch(self, request: pb.FetchNodeDataRequest, nodes: np.ndarray,
@@ -189,28 +192,15 @@ class PeerServicer:
         rows = max(1, self.chunk_bytes // max(row_bytes, 1))
         slices = [(i, min(i + rows, nodes.size)) for i in range(0, max(nodes.size, 1), rows)]
         for k, (a, b) in enumerate(slices):
-            x, y = reader.gather(torch.from_numpy(nodes[a:b]))
+            x, y = reader.gather(torch.from_numpy(nodes[a:b]), dtype)
             orig = (reader.orig_ids(torch.from_numpy(nodes[a:b]))
                     if request.want_original_ids else None)
-            msg = pb.NodeDataChunk(chunk_index=k, num_chunks=len(slices))
-            for name, part in (("x", x), ("y", y), ("orig_id", orig)):
-                if part is None:
-                    continue
-                part = cast_features(part, dtype) if name == "x" else part
-                msg.tensors.append(_row_slice(name, part, a, nodes.size))
-            yield msg.SerializeToString()
-
-
-def _row_slice(name: str, part: torch.Tensor, start: int, total_rows: int) -> pb.TensorChunk:
-    """Rows ``start .. start + len(part)`` of a tensor of ``total_rows`` rows, as the
-    TensorChunk at their byte offset."""
-    array = np.ascontiguousarray(part.detach().cpu().numpy()) if part.dtype != torch.bfloat16 \
-        else np.ascontiguousarray(part.detach().cpu().view(torch.int16).numpy())
-    row_bytes = array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
-    shape = [total_rows, *array.shape[1:]]
-    return pb.TensorChunk(name=name, dtype=codec.torch_to_dtype(part.dtype), shape=shape,
-                          offset=start * row_bytes, total_bytes=total_rows * row_bytes,
-                          data=array.tobytes())
+            pieces = [codec.row_piece(name, cast_features(part, dtype) if name == "x" else part,
+                                      a, nodes.size)
+                      for name, part in (("x", x), ("y", y), ("orig_id", orig)) if part is not None]
+            # the rows' bytes copied once, into the message (protos.fastwire)
+            yield fastwire.encode_message(pb.NodeDataChunk(chunk_index=k, num_chunks=len(slices)),
+                                          pieces)
 
 
 @dataclass(frozen=True)
@@ -219,8 +209,9 @@ class NodeRows:
 
     #: Feature columns of the nodes (0: none).
     feature_dim: int
-    #: Owned global IDs (CPU int64) -> features and labels, as asked.
-    gather: Callable[[torch.Tensor], NodeData]
+    #: Owned global IDs (CPU int64) and the features' wire dtype -> features (in that
+    #: dtype, or as stored: the caller casts) and labels, as asked.
+    gather: Callable[[torch.Tensor, codec.WireDType], NodeData]
     #: Owned global IDs -> original IDs.
     orig_ids: Callable[[torch.Tensor], torch.Tensor]
 
@@ -246,8 +237,8 @@ def typed_node_rows(store: HeteroPartitionStore, request: pb.FetchNodeDataReques
     sampler = store.typed_sampler()
     return dtype, NodeRows(
         info.feature_dim,
-        lambda ids: sampler.gather_local(node_type, ids.to(sampler.device), request.want_features,
-                                         request.want_labels),
+        lambda ids, _wire: sampler.gather_local(node_type, ids.to(sampler.device),
+                                                request.want_features, request.want_labels),
         lambda ids: sampler.orig_ids_local(node_type, ids))
 
 

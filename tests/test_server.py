@@ -471,6 +471,41 @@ def test_peer_service_checks_ownership_and_fanout(cluster: list[str], truth: Tru
     assert got["counts"].shape == (2,) and got["counts"].sum() == got["neighbors"].size
 
 
+@pytest.mark.parametrize("dtype", [pb.FLOAT32, pb.BFLOAT16])
+def test_fetch_node_data_answers_read_as_plain_protobuf(parts2: Path, truth: Truth,
+                                                        dtype: pb.DType.ValueType) -> None:
+    """A peer's rows, cast on the way and framed without protobuf's copies, read by the
+    generated stubs: several chunk messages (small chunks), every row in order, features
+    as ``Tensor.to`` casts them, labels and original IDs."""
+    servers, addresses = _pair(parts2, chunk_bytes=4096)
+    try:
+        for s in servers:
+            s.start()
+        assert all(s.wait_until_serving(20) for s in servers)
+        lo, hi = int(truth.book[0]), int(truth.book[1])
+        nodes = np.random.default_rng(3).permutation(np.arange(lo, hi, dtype=np.int64))
+        channel = create_channel(addresses[0])
+        chunks = list(pb_grpc.PeerServiceStub(channel).FetchNodeData(pb.FetchNodeDataRequest(
+            nodes=codec.encode_tensor(nodes), want_features=True, want_labels=True,
+            want_original_ids=True, feature_dtype=dtype), timeout=TIMEOUT))
+        channel.close()
+    finally:
+        _stop(servers)
+    assert len(chunks) > 2 and [c.chunk_index for c in chunks] == list(range(len(chunks)))
+    assembler = codec.TensorAssembler()
+    for c in chunks:
+        assert c.num_chunks == len(chunks)
+        assembler.add_all(c.tensors)
+    got = assembler.finish(expected={"x", "y", "orig_id"})
+    orig = truth.orig_of[nodes]
+    assert np.array_equal(got["orig_id"], orig)
+    assert np.array_equal(got["y"], truth.graph.y[orig])
+    want = torch.from_numpy(truth.graph.x[orig]).to(codec.dtype_to_torch(dtype))
+    x = torch.from_numpy(np.array(got["x"]))  # bfloat16 arrives as its 16-bit words
+    bits = x if dtype == pb.FLOAT32 else x.view(torch.bfloat16)
+    assert torch.equal(bits.view(torch.uint8), want.view(torch.uint8))
+
+
 # -- failures -----------------------------------------------------------------------------------
 def test_a_client_that_goes_away_ends_its_stream(cluster: list[str],
                                                  caplog: pytest.LogCaptureFixture) -> None:
