@@ -134,16 +134,37 @@ def _sources(row: torch.Tensor, num_seeds: int, num_nodes: int) -> dict[str, tor
 def expand_sources(src: torch.Tensor, new_bits: torch.Tensor, num_edges: int,
                    num_seeds: int) -> torch.Tensor:
     """int64 ``[num_edges]`` sources from "edge_src" (the other edges' sources) and
-    "edge_new" (bit ``i``: edge ``i`` reaches node ``num_seeds + (set bits before i)``)."""
-    new = unpack_mask(new_bits, num_edges).numpy()
-    num_new = int(np.count_nonzero(new))
-    if src.numel() != num_edges - num_new:
+    "edge_new" (bit ``i``: edge ``i`` reaches node ``num_seeds + (set bits before i)``),
+    in one pass."""
+    want = (num_edges + 7) // 8
+    if new_bits.dtype != torch.uint8 or list(new_bits.shape) != [want]:
+        raise ValueError(f"expected uint8 of shape [{want}] (the bits of {num_edges} nodes), got "
+                         f"{new_bits.dtype} of shape {list(new_bits.shape)}")
+    bits = new_bits.numpy()
+    out = np.empty(num_edges, dtype=np.int64)
+    rest = np.ascontiguousarray(src.numpy())
+    if _expand_sources(bits, rest, num_seeds, out) != rest.size:
+        num_new = int(np.unpackbits(bits, count=num_edges, bitorder="little").sum())
         raise ValueError(f"expected {num_edges - num_new} entries in edge_src (the edges not marked "
                          f"in edge_new), got {src.numel()}")
-    out = np.empty(num_edges, dtype=np.int64)
-    out[new] = np.arange(num_seeds, num_seeds + num_new, dtype=np.int64)
-    out[~new] = src.numpy()
     return torch.from_numpy(out)
+
+
+@numba.njit(nogil=True, cache=True)
+def _expand_sources(bits: np.ndarray, rest: np.ndarray, num_seeds: int, out: np.ndarray) -> int:
+    """Fill ``out`` as :func:`expand_sources` describes; the entries of ``rest`` taken
+    (``rest.size + 1`` when it holds too few)."""
+    k, nxt = 0, num_seeds
+    for i in range(out.size):
+        if (bits[i >> 3] >> (i & 7)) & 1:
+            out[i] = nxt
+            nxt += 1
+        elif k < rest.size:
+            out[i] = rest[k]
+            k += 1
+        else:
+            return rest.size + 1
+    return k
 
 
 def expand_edges(src: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

@@ -72,7 +72,11 @@ def warm_up() -> dict[str, float]:
         warm_mixed_gathers(part)
         # a batch's compact structure, and its nodes looked up in a trainer's cache plan
         out = batch.structure
-        compact.compact_batch(out.n_id, out.row, out.col, out.num_sampled_nodes)
+        named = compact.compact_batch(out.n_id, out.row, out.col, out.num_sampled_nodes)
+        if "edge_new" in named:  # and a trainer expands it again, for each index dtype
+            for dtype in compact.INDEX_DTYPES:
+                compact.expand_sources(named["edge_src"].to(dtype), named["edge_new"],
+                                       out.row.numel(), out.batch_size)
         plan_flags(plan_bitset(part.num_nodes, [out.n_id.numpy()[:8]]), out.n_id.numpy(), part.num_nodes)
         seconds["sample and gather"] = time.perf_counter() - started
         started = time.perf_counter()

@@ -146,6 +146,32 @@ def test_the_one_pass_source_split_equals_the_whole_array_rule(seed: int) -> Non
         assert set(got) == set(want), (row, num_seeds, num_nodes)
         for name in want:
             assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name]), name
+        if "edge_new" in got:  # and back, in one pass, as the whole-array rule expands it
+            expanded = compact.expand_sources(got["edge_src"], got["edge_new"], row.numel(), num_seeds)
+            assert torch.equal(expanded, _expand_by_numpy(got["edge_src"], got["edge_new"],
+                                                          row.numel(), num_seeds))
+            assert torch.equal(expanded, row)
+
+
+def _expand_by_numpy(src: torch.Tensor, bits: torch.Tensor, num_edges: int,
+                     num_seeds: int) -> torch.Tensor:
+    """The expansion in whole-array NumPy passes (the reference for the kernel)."""
+    new = compact.unpack_mask(bits, num_edges).numpy()
+    out = np.empty(num_edges, dtype=np.int64)
+    out[new] = np.arange(num_seeds, num_seeds + int(new.sum()), dtype=np.int64)
+    out[~new] = src.numpy()
+    return torch.from_numpy(out)
+
+
+def test_expanding_sources_names_what_does_not_fit() -> None:
+    bits = compact.pack_mask(torch.tensor([True, False, True, False]))
+    assert compact.expand_sources(torch.tensor([0, 1], dtype=torch.int32), bits, 4, 2).tolist() \
+        == [2, 0, 3, 1]
+    for src in (torch.tensor([0]), torch.tensor([0, 1, 2])):  # too few, too many
+        with pytest.raises(ValueError, match=r"expected 2 entries in edge_src \(the edges not marked"):
+            compact.expand_sources(src, bits, 4, 2)
+    with pytest.raises(ValueError, match=r"expected uint8 of shape \[1\]"):
+        compact.expand_sources(torch.tensor([0, 1]), torch.zeros(2, dtype=torch.uint8), 4, 2)
 
 
 def test_edges_out_of_target_order_travel_as_an_edge_index() -> None:
