@@ -60,6 +60,11 @@ PEER_DRAIN_S = 2.0
 #: may need this partition to the end of their epoch) until none has called for this
 #: long, or the grace period is over.
 PEER_QUIET_S = 5.0
+#: Longest the main thread sleeps in one wait. CPython runs signal handlers in the main
+#: thread only, and the kernel may hand SIGTERM to any thread: a main thread blocked on a
+#: lock without a timeout is then not woken, and the handler waits until something else
+#: wakes it (seen as a drain that never started). Waking this often bounds that delay.
+SIGNAL_POLL_S = 0.2
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -365,7 +370,7 @@ class SamplingServer(grpc.Server):
         self.sampling.draining.set()
         if self.monitor is not None:
             self.monitor.drain()
-        finished = self.sampling.wait_streams_done(grace)
+        finished = self.sampling.wait_streams_done(grace, poll=SIGNAL_POLL_S)
         if finished:  # the other servers' streams may still need this partition
             finished = self.peer_servicer.wait_quiet(PEER_QUIET_S, started + grace)
         waited = time.monotonic() - started
@@ -457,6 +462,12 @@ def create_server(config: ServerConfig) -> tuple[SamplingServer, int]:
     return SamplingServer(config, store, grpc_server, port, metrics), port
 
 
+def wait_in_main_thread(event: threading.Event) -> None:
+    """``event.wait()``, waking every :data:`SIGNAL_POLL_S` so that signal handlers run."""
+    while not event.wait(SIGNAL_POLL_S):
+        pass
+
+
 def serve(config: ServerConfig) -> int:
     """Run a server until SIGTERM/SIGINT; returns the exit code (0 after a clean drain,
     1 when the partition failed to load). A second signal cancels running streams."""
@@ -477,8 +488,8 @@ def serve(config: ServerConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     server.start()
-    server.shutdown_requested.wait()
+    wait_in_main_thread(server.shutdown_requested)
     failed = server.store.load_error is not None
-    (server.stop(0) if failed else server.drain(config.grace)).wait()
+    wait_in_main_thread(server.stop(0) if failed else server.drain(config.grace))
     log.info("partition=%d: stopped", config.partition)
     return 1 if failed else 0

@@ -321,10 +321,17 @@ class SamplingServicer:
         metrics = self.metrics
         return None if metrics is None else lambda code: metrics.rejected(method, code)
 
-    def wait_streams_done(self, timeout: float) -> bool:
-        """Wait until no stream runs; False when ``timeout`` passed first."""
+    def wait_streams_done(self, timeout: float, poll: float | None = None) -> bool:
+        """Wait until no stream runs; False when ``timeout`` passed first. ``poll``: wake
+        at least this often (the main thread must, to run signal handlers)."""
+        deadline = time.monotonic() + timeout
         with self._active_lock:
-            return self._active_lock.wait_for(lambda: self.active == 0, timeout)
+            while self.active:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._active_lock.wait(remaining if poll is None else min(remaining, poll))
+            return True
 
     def GetClusterInfo(
         self, request: pb.ClusterInfoRequest, context: grpc.ServicerContext

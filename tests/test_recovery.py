@@ -5,9 +5,12 @@ the documented bound, the survivor still serving)."""
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import itertools
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -256,6 +259,32 @@ def test_ddp_training_survives_a_server_killed_and_restarted(
 @pytest.fixture
 def slow_drain_servers(part_dir: Path, tmp_path: Path) -> Iterator[ServerProcs]:
     yield from _serving(part_dir, tmp_path, "--grace", "120")
+
+
+#: tgkill(2): a signal to one thread of another process (x86-64 and arm64 numbers).
+_TGKILL = {"x86_64": 234, "aarch64": 131}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.uname().machine not in _TGKILL,
+                    reason="needs Linux tgkill")
+def test_sigterm_delivered_to_another_thread_still_drains_the_server(servers: ServerProcs) -> None:
+    """The kernel may hand a process's SIGTERM to any of its threads; CPython then runs the
+    handler only once the main thread wakes. A server whose main thread slept on a lock
+    without a timeout never drained (the rolling-restart overrun). Here the signal goes
+    to a gRPC or worker thread on purpose."""
+    proc = servers.procs[1]
+    assert proc is not None
+    tids = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid)
+    assert tids, "the server runs more than its main thread"
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(_TGKILL[os.uname().machine], proc.pid, tids[-1], signal.SIGTERM) == 0, \
+        os.strerror(ctypes.get_errno())
+    try:
+        code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"server 1 still running 30 s after a SIGTERM to thread {tids[-1]}; "
+                             f"log:\n{servers.log(1)[-3000:]}") from exc
+    assert code == 0 and "SIGTERM: draining" in servers.log(1)
 
 
 def _rolling_restart(servers: ServerProcs, failures: list[BaseException]) -> None:
