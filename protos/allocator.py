@@ -87,5 +87,5 @@ def empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     count = math.prod(shape)
     if count == 0:
         return torch.empty(tuple(shape), dtype=dtype)
-    raw = np.empty(count * torch.empty(0, dtype=dtype).element_size(), dtype=np.uint8)
+    raw = np.empty(count * dtype.itemsize, dtype=np.uint8)
     return torch.from_numpy(raw).view(dtype).view(tuple(shape))

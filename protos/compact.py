@@ -63,12 +63,17 @@ def pack_mask(mask: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(bits)
 
 
-def unpack_mask(bits: torch.Tensor, num: int) -> torch.Tensor:
-    """The bool ``[num]`` mask of :func:`pack_mask`'s bits (raises when the size is wrong)."""
+def _check_bits(bits: torch.Tensor, num: int) -> None:
+    """Raise unless ``bits`` is :func:`pack_mask`'s uint8 ``[ceil(num / 8)]``."""
     want = (num + 7) // 8
     if bits.dtype != torch.uint8 or list(bits.shape) != [want]:
         raise ValueError(f"expected uint8 of shape [{want}] (the bits of {num} nodes), got "
                          f"{bits.dtype} of shape {list(bits.shape)}")
+
+
+def unpack_mask(bits: torch.Tensor, num: int) -> torch.Tensor:
+    """The bool ``[num]`` mask of :func:`pack_mask`'s bits (raises when the size is wrong)."""
+    _check_bits(bits, num)
     mask = np.unpackbits(bits.numpy(), count=num, bitorder="little").view(np.bool_)
     return torch.from_numpy(mask)
 
@@ -136,10 +141,7 @@ def expand_sources(src: torch.Tensor, new_bits: torch.Tensor, num_edges: int,
     """int64 ``[num_edges]`` sources from "edge_src" (the other edges' sources) and
     "edge_new" (bit ``i``: edge ``i`` reaches node ``num_seeds + (set bits before i)``),
     in one pass."""
-    want = (num_edges + 7) // 8
-    if new_bits.dtype != torch.uint8 or list(new_bits.shape) != [want]:
-        raise ValueError(f"expected uint8 of shape [{want}] (the bits of {num_edges} nodes), got "
-                         f"{new_bits.dtype} of shape {list(new_bits.shape)}")
+    _check_bits(new_bits, num_edges)
     bits = new_bits.numpy()
     out = np.empty(num_edges, dtype=np.int64)
     rest = np.ascontiguousarray(src.numpy())

@@ -317,7 +317,7 @@ class RemoteNeighborLoader:
                          "running without it on this typed graph")
             return None
         wire = WIRE_FEATURE_DTYPES[self.feature_dtype] or int(info.feature_dtype)
-        itemsize = torch.empty(0, dtype=dtype_to_torch(wire)).element_size()
+        itemsize = dtype_to_torch(wire).itemsize
         counts = plan_counts(size, self.cluster.partition_book.tolist(), int(info.feature_dim) * itemsize)
         if not sum(counts):
             return None
