@@ -6,8 +6,9 @@ the protobuf runtime, a tensor's bytes are copied into a ``bytes`` field, again 
 serialization, again on parsing, and again on every read of the field. Here the encoder
 writes the protobuf wire format itself (the small fields through protobuf, each data
 field appended as ``tag, length, raw bytes``), so a payload is copied once, into the
-message; and the parser keeps every ``TensorChunk.data`` as a ``memoryview`` of the
-received message, so a tensor that arrives in one chunk is decoded without any copy.
+message, without holding the GIL (:func:`join_released`: gRPC's threads and the sampler's
+go on meanwhile); and the parser keeps every ``TensorChunk.data`` as a ``memoryview`` of
+the received message, so a tensor that arrives in one chunk is decoded without any copy.
 
 The bytes are ordinary protobuf: a peer built on the generated stubs reads and writes
 the same messages (the tests check both directions).
@@ -15,9 +16,11 @@ the same messages (the tests check both directions).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import ctypes
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from google.protobuf.message import DecodeError, Message
 
 from protos import codec
@@ -45,6 +48,40 @@ def _tag(field: int, wire_type: int) -> bytes:
     return _varint(field << 3 | wire_type)
 
 
+#: Messages from this size up are joined by :func:`join_released`; smaller ones by
+#: ``bytes.join`` (the GIL is held for less than a few microseconds either way).
+RELEASED_JOIN_MIN_BYTES = 64 << 10
+
+_new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+_new_bytes.restype = ctypes.py_object
+_new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+
+
+def join_released(parts: Sequence[bytes | np.ndarray]) -> bytes:
+    """``b"".join(parts)`` (``bytes`` and uint8 arrays), copying with the GIL released.
+
+    ``bytes.join`` holds the GIL for the whole copy unless every part is ``bytes``, so
+    joining a tensor's views would stop every other thread of the process (gRPC's
+    senders, the sampler's pipeline) for the copy of each message. Here the ``bytes``
+    object is created uninitialized (``PyBytes_FromStringAndSize(NULL, n)``, the C API's
+    way of building one in place) and filled by NumPy copies, which release the GIL;
+    nothing else sees the object before it is returned."""
+    total = sum(len(part) for part in parts)
+    if total < RELEASED_JOIN_MIN_BYTES:
+        return b"".join(part if isinstance(part, bytes) else part.data for part in parts)
+    out: bytes = _new_bytes(None, total)
+    start = ctypes.cast(ctypes.c_char_p(out), ctypes.POINTER(ctypes.c_uint8))  # its bytes
+    view = np.ctypeslib.as_array(start, shape=(total,))
+    pos = 0
+    for part in parts:
+        size = len(part)
+        if size:
+            view[pos : pos + size] = np.frombuffer(part, dtype=np.uint8) \
+                if isinstance(part, bytes) else part
+        pos += size
+    return out
+
+
 def encode_chunks(
     make_head: Callable[[int, int], Message], named: Mapping[str, codec.TensorLike],
     chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
@@ -60,16 +97,16 @@ def encode_message(head: Message, pieces: Iterable[codec.Piece]) -> bytes:
     """One serialized chunk message: ``head`` (its fields other than ``tensors``) plus a
     ``TensorChunk`` per piece, each piece's bytes copied once, into the message."""
     tensors_tag = _tag(TENSORS_FIELD[type(head)], _LEN)
-    parts: list[bytes | memoryview] = [head.SerializeToString()]
+    parts: list[bytes | np.ndarray] = [head.SerializeToString()]
     for piece in pieces:
         meta = pb.TensorChunk(name=piece.name, dtype=piece.dtype, shape=piece.shape,
                               offset=piece.offset, total_bytes=piece.total_bytes)
         meta_bytes = meta.SerializeToString()
-        data = piece.data.data  # memoryview of the tensor's bytes
+        data = piece.data  # uint8 view of the tensor's bytes
         data_head = _tag(_DATA_FIELD, _LEN) + _varint(len(data)) if len(data) else b""
         size = len(meta_bytes) + len(data_head) + len(data)
         parts += [tensors_tag, _varint(size), meta_bytes, data_head, data]
-    return b"".join(parts)  # the one copy of the payload
+    return join_released(parts)  # the one copy of the payload
 
 
 class WireTensorChunk:

@@ -110,3 +110,16 @@ def test_passthrough_keeps_bytes_and_serializes_messages() -> None:
     msg = pb.MinibatchChunk(batch_index=3)
     assert fastwire.passthrough(b"abc") == b"abc"
     assert fastwire.passthrough(msg) == msg.SerializeToString()
+
+
+@pytest.mark.parametrize("sizes", [[3, 0, 5], [7, fastwire.RELEASED_JOIN_MIN_BYTES, 0, 1, 300_001]])
+def test_join_released_is_bytes_join_and_owns_its_bytes(sizes: list[int]) -> None:
+    rng = np.random.default_rng(sum(sizes))
+    arrays = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    parts: list[bytes | np.ndarray] = [a.tobytes() if i % 2 else a for i, a in enumerate(arrays)]
+    joined = fastwire.join_released(parts)
+    expected = b"".join(a.tobytes() for a in arrays)
+    assert type(joined) is bytes and joined == expected and hash(joined) == hash(expected)
+    for a in arrays:  # a copy: later writes to the sources leave the message as it was
+        a[:] = 0
+    assert joined == expected
