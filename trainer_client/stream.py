@@ -37,9 +37,11 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 import grpc
+import torch
 
 from protos import fastwire
 from protos import sampling_pb2 as pb
+from protos.buffers import BufferPool
 from protos.channel import (
     DeadlineExceeded,
     GraphfeedError,
@@ -346,7 +348,9 @@ class EpochStream:
     def _read_all(self, r: _Reader) -> None:
         """Call the server until every batch it owns arrived, resuming after breaks."""
         t = self._timeouts
-        assembler = BatchAssembler(self._spec)
+        # Batches bound for a GPU are decoded straight into pinned memory.
+        pinned = self._pin and torch.cuda.is_available()
+        assembler = BatchAssembler(self._spec, BufferPool(pinned=pinned))
         failed_since: float | None = None
         backoff = t.backoff_initial
         attempts = 0
