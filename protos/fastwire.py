@@ -66,6 +66,10 @@ def join_released(parts: Sequence[bytes | np.ndarray]) -> bytes:
     object is created uninitialized (``PyBytes_FromStringAndSize(NULL, n)``, the C API's
     way of building one in place) and filled by NumPy copies, which release the GIL;
     nothing else sees the object before it is returned."""
+    for part in parts:
+        if not isinstance(part, bytes) and (part.dtype != np.uint8 or part.ndim != 1):
+            raise TypeError(f"parts: expected bytes or 1-d uint8 arrays, got an array of "
+                            f"{part.dtype} with shape {list(part.shape)}")
     total = sum(len(part) for part in parts)
     if total < RELEASED_JOIN_MIN_BYTES:
         return b"".join(part if isinstance(part, bytes) else part.data for part in parts)

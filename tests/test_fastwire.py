@@ -123,3 +123,10 @@ def test_join_released_is_bytes_join_and_owns_its_bytes(sizes: list[int]) -> Non
     for a in arrays:  # a copy: later writes to the sources leave the message as it was
         a[:] = 0
     assert joined == expected
+
+
+def test_join_released_refuses_arrays_that_are_not_flat_bytes() -> None:
+    with pytest.raises(TypeError, match="parts: expected bytes or 1-d uint8 arrays, got an array of float32"):
+        fastwire.join_released([b"a", np.zeros(4, dtype=np.float32)])
+    with pytest.raises(TypeError, match=r"shape \[2, 2\]"):
+        fastwire.join_released([np.zeros((2, 2), dtype=np.uint8)])
