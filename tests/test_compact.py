@@ -272,6 +272,36 @@ def test_the_loader_yields_the_same_batches_with_compact_batches_and_the_node_ta
         assert without_cache.node_table is None and without_cache._request().include_original_ids
 
 
+@pytest.mark.parametrize("table_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("labels", [True, False])
+def test_the_node_table_looks_batches_up_as_take_does(table_dtype: torch.dtype, id_dtype: torch.dtype,
+                                                      labels: bool) -> None:
+    from torch_geometric.data import Data
+
+    from trainer_client.node_table import NodeTable, NodeTableError
+
+    g = torch.Generator().manual_seed(3)
+    orig = torch.randperm(5000, generator=g).to(table_dtype) * 7
+    ys = torch.randint(-1, 40, (5000,), generator=g, dtype=torch.int8)
+    table = NodeTable(orig, ys)
+    n_id = torch.randint(0, 5000, (1234,), generator=g).to(id_dtype)
+    data = Data(n_id=n_id)
+    table.complete(data, labels)
+    assert data.internal_n_id is n_id
+    assert data.n_id.dtype == torch.int64 and torch.equal(data.n_id, orig.long()[n_id.long()])
+    assert (data.y.dtype == torch.int64 and torch.equal(data.y, ys.long()[n_id.long()])) if labels \
+        else "y" not in data
+    for bad in (5000, -1):
+        ids = n_id.clone()
+        ids[17] = bad
+        broken = Data(n_id=ids)
+        with pytest.raises(NodeTableError, match=rf"tensor 'n_id': expected node IDs in 0 \.\. 4999 "
+                                                 rf"\(the graph's\), got {bad} at position 17"):
+            table.complete(broken, labels)
+        assert broken.n_id is ids and "internal_n_id" not in broken  # left as it was
+
+
 def test_owned_ranges_outside_the_partition_are_refused(servers: tuple[Path, list[str]]) -> None:
     _, addresses = servers
     with Cluster(addresses, connect_timeout=30) as cluster:

@@ -21,9 +21,10 @@ def test_warmup_fills_the_kernel_cache(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "kernels compiled and cached" in proc.stderr
     cached = {p.name.split(".")[0] + "." + p.name.split(".")[1] for p in cache.rglob("*.nbi")}
-    # The server's sampling, gather and hot-order kernels, the partition job's writer and assigners.
+    # The server's sampling, gather and hot-order kernels, the partition job's writer and
+    # assigners, a trainer's node-table look-up.
     for kernel in ("cpu_kernels.sample_uniform_parallel", "cpu_gather.gather_rows_and_labels",
                    "cpu_fused.draw_and_look_up", "cpu_fused.number_seeds", "writer._scatter_in_edges",
-                   "algorithms._hash_parts", "hot._spread"):
+                   "algorithms._hash_parts", "hot._spread", "node_table._look_up"):
         assert any(c.startswith(kernel) for c in cached), (kernel, sorted(cached))
     assert list(cache.rglob("*.nbc")), "no compiled code in the cache"

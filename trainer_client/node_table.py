@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
+import numba
 import numpy as np
 import torch
 from torch_geometric.data import Data
@@ -34,7 +35,25 @@ BLOCK = 1 << 21
 
 
 class NodeTableError(ValueError):
-    """A server's answer disagrees with the range asked for."""
+    """A server's answer disagrees with the range asked for, or a batch names a node the
+    graph does not have."""
+
+
+@numba.njit(nogil=True, cache=True)
+def _look_up(orig: np.ndarray, labels: np.ndarray, ids: np.ndarray, with_labels: bool,
+             out_orig: np.ndarray, out_labels: np.ndarray) -> int:
+    """``out_orig[i] = orig[ids[i]]`` and, ``with_labels``, ``out_labels[i] =
+    labels[ids[i]]``, in one pass over ``ids``. Returns the first ``i`` whose ID is not a
+    node of the table, or -1 (then the outputs are incomplete)."""
+    n = orig.size
+    for i in range(ids.size):
+        v = ids[i]
+        if v < 0 or v >= n:
+            return i
+        out_orig[i] = orig[v]
+        if with_labels:
+            out_labels[i] = labels[v]
+    return -1
 
 
 @dataclass(frozen=True)
@@ -85,8 +104,15 @@ class NodeTable:
         """Set a CPU batch's ``n_id`` (original IDs; graphfeed's own go to
         ``internal_n_id``) and, with ``labels``, its ``y`` (int64) from the table."""
         internal = data.n_id
+        ids = internal.numpy()
+        orig = np.empty(ids.size, dtype=np.int64)
+        y = np.empty(ids.size if labels else 0, dtype=np.int64)
+        # one thread: torch's pool would spin on the cores the model needs
+        bad = _look_up(self.orig.numpy(), self.labels.numpy(), ids, labels, orig, y)
+        if bad >= 0:
+            raise NodeTableError(f"tensor 'n_id': expected node IDs in 0 .. {self.orig.numel() - 1} "
+                                 f"(the graph's), got {int(ids[bad])} at position {bad}")
         data.internal_n_id = internal
-        ids = internal.numpy()  # NumPy, one thread: torch's pool would spin on the cores
-        data.n_id = torch.from_numpy(self.orig.numpy().take(ids).astype(np.int64, copy=False))
+        data.n_id = torch.from_numpy(orig)
         if labels:
-            data.y = torch.from_numpy(self.labels.numpy().take(ids).astype(np.int64, copy=False))
+            data.y = torch.from_numpy(y)
