@@ -57,6 +57,20 @@ _new_bytes.restype = ctypes.py_object
 _new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 
 
+class _Writable:
+    """``size`` bytes at ``address`` as NumPy sees them (``np.asarray`` makes a view).
+    Not ``np.ctypeslib.as_array``: that makes a ctypes array type per length, which
+    ctypes caches for good, so every new message size would leak a few KiB."""
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, address: int | None, size: int) -> None:
+        if not address:
+            raise ValueError("join_released: expected the address of a new bytes object, got NULL")
+        self.__array_interface__ = {"data": (address, False), "shape": (size,), "typestr": "|u1",
+                                    "version": 3}
+
+
 def join_released(parts: Sequence[bytes | np.ndarray]) -> bytes:
     """``b"".join(parts)`` (``bytes`` and uint8 arrays), copying with the GIL released.
 
@@ -74,8 +88,7 @@ def join_released(parts: Sequence[bytes | np.ndarray]) -> bytes:
     if total < RELEASED_JOIN_MIN_BYTES:
         return b"".join(part if isinstance(part, bytes) else part.data for part in parts)
     out: bytes = _new_bytes(None, total)
-    start = ctypes.cast(ctypes.c_char_p(out), ctypes.POINTER(ctypes.c_uint8))  # its bytes
-    view = np.ctypeslib.as_array(start, shape=(total,))
+    view = np.asarray(_Writable(ctypes.cast(ctypes.c_char_p(out), ctypes.c_void_p).value, total))
     pos = 0
     for part in parts:
         size = len(part)

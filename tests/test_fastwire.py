@@ -133,3 +133,24 @@ def test_join_released_refuses_arrays_that_are_not_flat_bytes() -> None:
         fastwire.join_released([b"a", np.zeros(4, dtype=np.float32)])
     with pytest.raises(TypeError, match=r"shape \[2, 2\]"):
         fastwire.join_released([np.zeros((2, 2), dtype=np.uint8)])
+
+
+def test_join_released_keeps_nothing_per_message_size() -> None:
+    """Messages of ever new sizes (every batch's last chunk) leave no memory behind
+    (a ctypes array type per size would stay cached for good, a few KiB each)."""
+    import tracemalloc
+
+    data = np.arange(fastwire.RELEASED_JOIN_MIN_BYTES + 4000, dtype=np.uint8)
+    fastwire.join_released([b"h", data])
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        for extra in range(300):
+            message = fastwire.join_released([b"h", data[: fastwire.RELEASED_JOIN_MIN_BYTES + extra]])
+            assert len(message) == fastwire.RELEASED_JOIN_MIN_BYTES + extra + 1
+            del message
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    assert grown < 64 << 10, f"{grown} bytes kept after 300 message sizes"
