@@ -13,13 +13,6 @@ view of those, ``.numpy()`` of such a tensor) keeps a reference to the buffer ob
 so a batch the user still holds is never overwritten. The pool only grows while all its
 buffers are in use, so it never holds more memory than the batches alive at one time
 held (plus :attr:`BufferPool.headroom`).
-
-A trainer that moves batches to a GPU wants them in pinned (page-locked) host memory,
-from which copies to the device run asynchronously. A ``pinned`` pool decodes straight
-into pinned memory, so the batch needs no second copy to pin it
-(:func:`trainer_client.decode.pin_batch` leaves pinned tensors as they are). Its buffers
-come from PyTorch's pinned-memory allocator, which caches them and, unlike this pool,
-hands a block out again only once the asynchronous copies that read it have finished.
 """
 
 from __future__ import annotations
@@ -27,7 +20,6 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-import torch
 
 #: References to a pooled buffer that nobody else holds, as ``sys.getrefcount`` counts
 #: them for ``self._buffers[i]``: the pool's list slot and the call's own argument.
@@ -41,21 +33,15 @@ class BufferPool:
     their references at any time; that only makes a buffer free sooner.
     """
 
-    def __init__(self, max_buffers: int = 16, headroom: float = 0.125, pinned: bool = False) -> None:
+    def __init__(self, max_buffers: int = 16, headroom: float = 0.125) -> None:
         """Keep at most ``max_buffers`` buffers; a new one has ``headroom`` (a fraction)
-        more bytes than asked, so that the next batch's slightly bigger tensor fits.
-        ``pinned``: hand out pinned host memory from PyTorch's caching allocator instead
-        (needs CUDA; this pool then keeps no buffer of its own)."""
+        more bytes than asked, so that the next batch's slightly bigger tensor fits."""
         if max_buffers < 0:
             raise ValueError(f"max_buffers: expected >= 0, got {max_buffers}")
         if headroom < 0:
             raise ValueError(f"headroom: expected >= 0, got {headroom}")
-        if pinned and not torch.cuda.is_available():
-            raise ValueError("pinned: expected a machine where CUDA is available (pinned host "
-                             "memory is CUDA's), got pinned=True without one")
         self.max_buffers = max_buffers
         self.headroom = headroom
-        self.pinned = pinned
         self._buffers: list[np.ndarray] = []
         #: Buffers handed out again instead of allocated (for tests and benchmarks).
         self.reused = 0
@@ -74,9 +60,7 @@ class BufferPool:
     def take(self, nbytes: int) -> np.ndarray:
         """A writable uint8 array of exactly ``nbytes`` (uninitialized): a view of the
         smallest free pooled buffer that fits, else of a new pooled buffer, else (the
-        pool full and busy) a plain new array. A ``pinned`` pool: a new pinned buffer."""
-        if self.pinned:
-            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+        pool full and busy) a plain new array."""
         free = [i for i in range(len(self._buffers)) if self._free(i)]
         fits = [i for i in free if self._buffers[i].size >= nbytes]
         if fits:

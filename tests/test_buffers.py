@@ -169,30 +169,3 @@ def test_a_broken_batch_keeps_the_pool_and_frees_its_buffers() -> None:
     data = _feed(assembler, second)
     assert pool.reused > 0
     assert torch.equal(data.x, fake_batch(np.arange(30) + 50, num_hops=3)["x"])
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
-def test_a_pinned_pool_is_refused_without_cuda_naming_the_field() -> None:
-    with pytest.raises(ValueError, match="pinned: expected a machine where CUDA is available"):
-        BufferPool(pinned=True)
-
-
-@pytest.mark.gpu
-def test_a_pinned_pool_decodes_into_pinned_memory_that_pin_batch_keeps() -> None:
-    from trainer_client.decode import pin_batch
-
-    source = _tensor(torch.float32, (3000, 50), seed=5)
-    raw = _wire_messages({"x": source, "n_id": torch.arange(3000)}, chunk_bytes=64 << 10)
-    assert len(raw) > 3
-    pool = BufferPool(pinned=True)
-    out = _assemble(raw, pool)
-    assert torch.equal(out["x"], source) and out["x"].is_pinned()
-    assert len(pool) == 0  # the pinned blocks are PyTorch's (cached, stream-safe)
-    data = Data(x=out["x"], n_id=out["n_id"])
-    ptr = data.x.data_ptr()
-    pinned = pin_batch(data)
-    assert pinned.x.data_ptr() == ptr  # already pinned: not copied again
-    assert pinned.n_id.is_pinned()
-    moved = pinned.x.to("cuda", non_blocking=True)
-    torch.cuda.synchronize()
-    assert torch.equal(moved.cpu(), source)

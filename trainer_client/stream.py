@@ -37,11 +37,9 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 import grpc
-import torch
 
 from protos import fastwire
 from protos import sampling_pb2 as pb
-from protos.buffers import BufferPool
 from protos.channel import (
     DeadlineExceeded,
     GraphfeedError,
@@ -348,9 +346,7 @@ class EpochStream:
     def _read_all(self, r: _Reader) -> None:
         """Call the server until every batch it owns arrived, resuming after breaks."""
         t = self._timeouts
-        # Batches bound for a GPU are decoded straight into pinned memory.
-        pinned = self._pin and torch.cuda.is_available()
-        assembler = BatchAssembler(self._spec, BufferPool(pinned=pinned))
+        assembler = BatchAssembler(self._spec)
         failed_since: float | None = None
         backoff = t.backoff_initial
         attempts = 0
