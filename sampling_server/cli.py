@@ -111,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "features fit in half the GPU's free memory, else the hot rows that do; "
                       "plus 8 bytes of GPU memory per node for the slot maps (auto)")
     tune.add_argument("--workers", type=_positive_int, help="sampling threads, shared by all streams (2)")
+    tune.add_argument("--threads", type=_positive_int,
+                      help="CPU threads per sampling call (the CPUs this process may use)")
     tune.add_argument("--prefetch", type=_positive_int, help="batches each stream samples ahead (4)")
     tune.add_argument("--chunk-bytes", type=_byte_size, metavar="SIZE",
                       help="tensor bytes per stream message, e.g. 4M (4M; at most 63M)")
@@ -189,7 +191,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     overrides: dict[str, Any] = {
         "partition_dir": args.partition_dir, "listen": args.listen, "device": args.device,
         "topology": args.topology, "gpu_cache_size": args.gpu_cache_size,
-        "workers": args.workers, "prefetch": args.prefetch,
+        "workers": args.workers, "threads": args.threads, "prefetch": args.prefetch,
         "chunk_bytes": args.chunk_bytes, "peer_timeout": args.peer_timeout,
         "max_streams": args.max_streams, "grace": args.grace, "hot_order": args.hot_order,
         "health_interval": args.health_interval, "verify": args.verify, "mmap": args.mmap,

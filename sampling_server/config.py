@@ -68,6 +68,10 @@ class ServerConfig:
     gpu_cache_size: str | float = "auto"
     #: Threads sampling batches, shared by every stream.
     workers: int = 2
+    #: CPU threads each sampling call may use (Numba kernels; torch ops too when the
+    #: server runs as its own process). None: the CPUs this process may use (its CPU
+    #: affinity and its cgroup's CPU quota, e.g. a container's limit).
+    threads: int | None = None
     #: Batches each stream samples ahead of the one being sent (back-pressure bound).
     prefetch: int = 4
     #: Tensor bytes per stream message (<= 63 MiB).
@@ -142,6 +146,8 @@ class ServerConfig:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         _check(self.workers >= 1, "workers", "an integer >= 1", self.workers)
+        _check(self.threads is None or (type(self.threads) is int and self.threads >= 1),
+               "threads", "an integer >= 1 or None (automatic)", self.threads)
         _check(self.prefetch >= 1, "prefetch", "an integer >= 1", self.prefetch)
         _check(1 <= self.chunk_bytes <= codec.MAX_CHUNK_BYTES, "chunk_bytes",
                f"1 .. {codec.MAX_CHUNK_BYTES}", self.chunk_bytes)

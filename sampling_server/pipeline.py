@@ -32,6 +32,7 @@ from sampling_server.metrics import ServerMetrics
 from sampling_server.peer import BoundPeers, PeerCallOptions, PeerClient
 from sampling_server.sampler import NeighborSampler, batch_key
 from sampling_server.store import PartitionStore
+from sampling_server.threads import kernel_threads, limit_kernel_threads
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class SamplingPipeline:
     def __init__(
         self, store: PartitionStore, peers: PeerClient | None, *, workers: int = 2,
         prefetch: int = 4, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
+        threads: int | None = None,
     ) -> None:
         if prefetch < 1:
             raise ValueError(f"prefetch: expected an integer >= 1, got {prefetch}")
@@ -112,10 +114,14 @@ class SamplingPipeline:
         self.metrics: ServerMetrics | None = None
         #: Every partition's hot order, for trainers' feature caches.
         self.hot = HotNodes(store, lambda: self.peers, chunk_bytes)
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sample")
+        #: CPU threads each parallel kernel of a sampling thread may use.
+        self.threads = kernel_threads(threads)
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sample",
+                                        initializer=limit_kernel_threads, initargs=(self.threads,))
         #: Original-ID lookups run beside the feature gather (both wait on peers); their
         #: own threads, so a lookup never waits for a sampling thread.
-        self.lookups = ThreadPoolExecutor(workers, thread_name_prefix="orig-ids")
+        self.lookups = ThreadPoolExecutor(workers, thread_name_prefix="orig-ids",
+                                          initializer=limit_kernel_threads, initargs=(self.threads,))
 
     def stage(self, name: str) -> AbstractContextManager[None]:
         return self.metrics.stage(name) if self.metrics is not None else nullcontext()

@@ -28,6 +28,7 @@ from types import FrameType
 from typing import Any
 
 import grpc
+import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from partitioner.hetero_format import HETERO_FORMAT_VERSION, read_format_version
@@ -43,6 +44,7 @@ from sampling_server.peer import PeerClient, PeerServicer
 from sampling_server.pipeline import SamplingPipeline
 from sampling_server.servicer import SamplingServicer
 from sampling_server.store import PartitionStore, bounded
+from sampling_server.threads import kernel_threads, limit_kernel_threads
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +291,8 @@ class SamplingServer(grpc.Server):
         self._health = health.HealthServicer()
         _add_health(server, self._health)
         self.pipeline = SamplingPipeline(store, None, workers=config.workers,
-                                         prefetch=config.prefetch, chunk_bytes=config.chunk_bytes)
+                                         prefetch=config.prefetch, chunk_bytes=config.chunk_bytes,
+                                         threads=config.threads)
         self.sampling = SamplingServicer(store, self.pipeline, config.max_streams)
         self.peer_servicer = peer_servicer = PeerServicer(store, config.chunk_bytes)
         _add_services(server, self.sampling, peer_servicer)
@@ -446,8 +449,11 @@ def create_server(config: ServerConfig) -> tuple[SamplingServer, int]:
     store = open_store(config)
     security = server_security(config)
     metrics = ServerMetrics(config.partition)
-    threads = config.max_streams + EXTRA_HANDLER_THREADS
-    grpc_server = grpc.server(ThreadPoolExecutor(threads, thread_name_prefix="grpc"),
+    handlers = config.max_streams + EXTRA_HANDLER_THREADS
+    # Handlers run peers' gathers and samples: the same per-call thread limit.
+    pool = ThreadPoolExecutor(handlers, thread_name_prefix="grpc", initializer=limit_kernel_threads,
+                              initargs=(kernel_threads(config.threads),))
+    grpc_server = grpc.server(pool,
                               options=server_options(),
                               interceptors=security.interceptors(metrics.rejected))
     try:
@@ -472,6 +478,11 @@ def serve(config: ServerConfig) -> int:
     """Run a server until SIGTERM/SIGINT; returns the exit code (0 after a clean drain,
     1 when the partition failed to load). A second signal cancels running streams."""
     server, _ = create_server(config)
+    # This process is the server's own: its torch ops (relabel, gathers) keep to the limit
+    # too (torch's own default, physical cores, stays when no limit is lower).
+    torch.set_num_threads(config.threads or min(torch.get_num_threads(), server.pipeline.threads))
+    log.info("partition=%d: %d sampling workers x %d CPU threads per call",
+             config.partition, config.workers, server.pipeline.threads)
     signals = 0
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -71,3 +71,14 @@ def test_the_example_training_loop_runs_under_graphfeed_local(parts: Path) -> No
                  "--trainer-script", str(REPO / "examples" / "train_ddp.py"), "--", "--epochs", "1")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "epoch 0: val acc" in done.stdout and "best val acc" in done.stdout
+
+
+def test_local_servers_share_the_machines_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer_client import local
+
+    monkeypatch.setattr(local, "usable_cpus", lambda: 16)
+    assert local.shared_cpus([], 2) == ["--threads=8"]
+    assert local.shared_cpus(["--workers=1"], 3) == ["--workers=1", "--threads=5"]
+    assert local.shared_cpus([], 32) == ["--threads=1"]
+    assert local.shared_cpus(["--threads", "3"], 2) == ["--threads", "3"]  # the user's own wins
+    assert local.shared_cpus(["--threads=3"], 2) == ["--threads=3"]

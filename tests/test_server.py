@@ -609,6 +609,26 @@ def test_a_slow_client_holds_sampling_back(parts1: Path) -> None:
     pipeline.close()
 
 
+def test_sampling_threads_run_kernels_on_the_usable_cpus(
+        parts1: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import numba
+
+    from sampling_server import threads
+
+    store = PartitionStore(_config(parts1, 0))
+    pool_size = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]
+    for given, cpus, expected in [(1, 8, 1), (None, 1, 1), (None, 64, pool_size)]:
+        monkeypatch.setattr(threads, "usable_cpus", lambda cpus=cpus: cpus)
+        pipeline = SamplingPipeline(store, None, workers=2, threads=given)
+        try:
+            assert pipeline.threads == (given or cpus)
+            seen = {pipeline._pool.submit(numba.get_num_threads).result(timeout=30),
+                    pipeline.lookups.submit(numba.get_num_threads).result(timeout=30)}
+            assert seen == {min(expected, pool_size)}
+        finally:
+            pipeline.close()
+
+
 def test_streams_beyond_max_streams_are_resource_exhausted(parts1: Path) -> None:
     server, port = create_server(_config(parts1, 0, max_streams=1))
     server.start()

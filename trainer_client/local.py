@@ -35,6 +35,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from partitioner.format import PartitionFormatError, read_manifest
 from partitioner.hetero_format import HETERO_FORMAT_VERSION, read_format_version, read_hetero_manifest
 from protos.channel import create_channel
+from sampling_server.threads import usable_cpus
 
 log = logging.getLogger("graphfeed-local")
 
@@ -114,7 +115,7 @@ def local_servers(args: argparse.Namespace, num_parts: int) -> Iterator[list[str
         for p, address in enumerate(addresses):
             cmd = [sys.executable, "-m", "sampling_server", "--partition-dir", str(args.partition_dir),
                    "--partition", str(p), "--listen", address, "--peers", ",".join(addresses),
-                   "--device", args.server_device, *args.server_args]
+                   "--device", args.server_device, *shared_cpus(args.server_args, num_parts)]
             with logs[p].open("wb") as out:
                 procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT))
         log.info("started %d sampling servers on %s (logs in %s); waiting for SERVING",
@@ -124,6 +125,14 @@ def local_servers(args: argparse.Namespace, num_parts: int) -> Iterator[list[str
     finally:
         codes = stop(procs, args.grace)
         log.info("sampling servers stopped (exit codes %s)", codes)
+
+
+def shared_cpus(server_args: Sequence[str], num_servers: int) -> list[str]:
+    """``server_args`` plus ``--threads``, unless given: the servers share this machine,
+    so each one's kernels get their share of its CPUs rather than all of them."""
+    if any(a == "--threads" or a.startswith("--threads=") for a in server_args):
+        return list(server_args)
+    return [*server_args, f"--threads={max(1, usable_cpus() // num_servers)}"]
 
 
 def build_parser() -> argparse.ArgumentParser:

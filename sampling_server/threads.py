@@ -1,0 +1,79 @@
+"""How many CPU threads one sampling call may use.
+
+Each call into a parallel Numba kernel (or a torch op) fans out over a thread pool that,
+left alone, is as large as the *machine's* CPU count: a server in a container limited to
+2 CPUs (``docker run --cpus 2``, a Kubernetes CPU limit) on a 64-core host would start
+64 threads per call, and the kernel quota then throttles them all. :func:`kernel_threads`
+picks the count from the CPUs this process may really use (its affinity mask and its
+cgroup's CPU quota), and :func:`limit_kernel_threads` applies it to the calling thread
+(Numba's thread count is per calling thread, so every thread that runs kernels calls it).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _cgroup_quota(root: Path = _CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/cgroup")) -> float | None:
+    """CPUs the cgroup of this process may use per period (its CPU quota), or None when
+    there is no quota (or no cgroup file to read)."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        lines = []
+    candidates: list[tuple[Path, str]] = []
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, rel = rest.partition(":")
+        rel = rel.lstrip("/")
+        if hierarchy == "0" and controllers == "":  # cgroup v2: one unified hierarchy
+            candidates.append((root / rel / "cpu.max", "v2"))
+            candidates.append((root / "cpu.max", "v2"))
+        elif "cpu" in controllers.split(","):  # cgroup v1: the cpu controller's hierarchy
+            for mount in (root / controllers, root / "cpu", root / "cpu,cpuacct"):
+                candidates.append((mount / rel / "cpu.cfs_quota_us", "v1"))
+                candidates.append((mount / "cpu.cfs_quota_us", "v1"))
+    for path, version in candidates:
+        try:
+            if version == "v2":
+                quota, period = path.read_text().split()[:2]
+                return None if quota == "max" else int(quota) / int(period)
+            quota_us = int(path.read_text())
+            period_us = int((path.parent / "cpu.cfs_period_us").read_text())
+            return None if quota_us <= 0 else quota_us / period_us
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its CPU affinity, capped by its cgroup's CPU quota
+    (rounded up); at least 1."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    quota = _cgroup_quota()
+    if quota is not None:
+        cpus = min(cpus, math.ceil(quota))
+    return max(1, cpus)
+
+
+def kernel_threads(threads: int | None) -> int:
+    """Threads per sampling call: ``threads`` when given, else :func:`usable_cpus`."""
+    return usable_cpus() if threads is None else threads
+
+
+def limit_kernel_threads(threads: int) -> None:
+    """Make parallel Numba kernels called from *this thread* use at most ``threads``
+    threads (capped at the size of Numba's pool). Use as a thread pool's initializer."""
+    import numba
+
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))  # type: ignore[attr-defined]
