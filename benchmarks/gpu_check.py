@@ -13,7 +13,8 @@ steps, each a child process with its own deadline (the whole run fits in ``--bud
    features from the server-side GPU feature cache at 100 %, 20 % and 0 % of the rows in
    GPU memory (the rest host-mapped over UVA);
 3. ``benchmarks/stream.py``: a CUDA sampling server streaming to a trainer whose loader
-   puts batches on the GPU, beside bare gRPC and TCP in the same run;
+   puts batches on the GPU (no trainer cache: every feature row on the stream), beside
+   bare gRPC and TCP in the same run;
 4. ``deploy/demo.py --trainers 1 --device auto``: a 1-GPU NCCL DDP run of the demo with
    CUDA sampling servers.
 

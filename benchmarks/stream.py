@@ -364,7 +364,8 @@ def _replay_bytes(rows: list[dict[str, Any]], size: int) -> int:
 
 # -- the real server ------------------------------------------------------------------------
 def server_rows(part_dir: Path, num_batches: int, steps: list[float], server_device: str = "auto",
-                trainer_device: str = "cpu", warmup: int = 2) -> list[dict[str, Any]]:
+                trainer_device: str = "cpu", warmup: int = 2,
+                cache_size: str = "0") -> list[dict[str, Any]]:
     """The real server's batches/s and the trainer's waiting, at each training-step time
     in ``steps`` (seconds); each row's first ``warmup`` batches are taken untimed."""
     from trainer_client.loader import RemoteNeighborLoader
@@ -382,7 +383,7 @@ def server_rows(part_dir: Path, num_batches: int, steps: list[float], server_dev
         for step in [0.0, *steps]:
             loader = RemoteNeighborLoader([address], "train", num_neighbors=FANOUTS,
                                           batch_size=BATCH, shuffle=True, prefetch=4,
-                                          device=trainer_device,
+                                          device=trainer_device, cache_size=cache_size,
                                           connect_timeout=600, stall_timeout=300)
             if len(loader) < num_batches:
                 log.warning("an epoch has only %d batches; measuring those", len(loader))
@@ -404,7 +405,8 @@ def server_rows(part_dir: Path, num_batches: int, steps: list[float], server_dev
             del it
             loader.close()
             row = _row(f"graphfeed-server (step {step * 1e3:.0f} ms)", got, wall, batches)
-            row.update(server_device=server_device, trainer_device=trainer_device)
+            row.update(server_device=server_device, trainer_device=trainer_device,
+                       cache_size=cache_size)
             row["wait_fraction"] = round(wait / wall, 3)
             rows.append(row)
     finally:
@@ -482,6 +484,9 @@ def main() -> int:
     parser.add_argument("--steps-ms", type=float, nargs="*", default=[100.0, 250.0])
     parser.add_argument("--server-device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="the sampling server's --device (default auto: CUDA when usable)")
+    parser.add_argument("--cache-size", default="0",
+                        help="the trainer's feature cache in the graphfeed-server rows (default 0: "
+                             "every row on the stream; 'auto' is a CUDA trainer's default)")
     parser.add_argument("--trainer-device", default="cpu",
                         help="where the trainer's loader puts batches (cpu, cuda, cuda:i)")
     parser.add_argument("--results-name", default="stream",
@@ -503,7 +508,8 @@ def main() -> int:
     rows, ratios = summarize(passes, sizes)
     if args.server_batches:
         rows += server_rows(part_dir, args.server_batches, [s / 1e3 for s in args.steps_ms],
-                            args.server_device, args.trainer_device, args.server_warmup)
+                            args.server_device, args.trainer_device, args.server_warmup,
+                            args.cache_size)
     default = f"{codec.DEFAULT_CHUNK_BYTES >> 10} KiB"
     target = ratios.get(f"replay_vs_grpc_bytes({default})")
     payload = {"benchmark": "stream", "preset": args.preset, "fanouts": FANOUTS,

@@ -45,24 +45,31 @@ class GpuCacheSize:
 def parse_gpu_cache_size(value: object, field: str = "gpu_cache_size") -> GpuCacheSize:
     """``value`` as a :class:`GpuCacheSize`; ``ValueError`` naming ``field``, what it
     expected and what it got."""
+    return parse_cache_amount(value, field, _EXPECTED)
+
+
+def parse_cache_amount(value: object, field: str, expected: str) -> GpuCacheSize:
+    """A cache size in the syntax shared by the server's ``gpu_cache_size`` and the
+    trainer's ``cache_size``: ``"auto"``, a fraction in [0, 1], a percentage or a size
+    with a unit. ``ValueError`` names ``field``, says ``expected`` and what it got."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         return GpuCacheSize("auto")
     if isinstance(value, bool) or not isinstance(value, int | float | str | np.number):
-        raise ValueError(f"{field}: expected {_EXPECTED}, got {value!r}")
-    number, unit = (float(value), "") if not isinstance(value, str) else _split(value, field)
+        raise ValueError(f"{field}: expected {expected}, got {value!r}")
+    number, unit = (float(value), "") if not isinstance(value, str) else _split(value, field, expected)
     if unit and unit != "%":
         return GpuCacheSize("bytes", float(math.floor(number * _UNITS[unit])))
     fraction = number / 100 if unit == "%" else number
     if not math.isfinite(fraction) or not 0 <= fraction <= 1:
-        raise ValueError(f"{field}: expected {_EXPECTED}, got {value!r}")
+        raise ValueError(f"{field}: expected {expected}, got {value!r}")
     return GpuCacheSize("fraction", fraction)
 
 
-def _split(text: str, field: str) -> tuple[float, str]:
+def _split(text: str, field: str, expected: str) -> tuple[float, str]:
     match = _SIZE.match(text)
     unit = match.group(2).lower() if match else ""
     if match is None or (unit and unit != "%" and unit not in _UNITS):
-        raise ValueError(f"{field}: expected {_EXPECTED}, got {text!r}")
+        raise ValueError(f"{field}: expected {expected}, got {text!r}")
     return float(match.group(1)), unit
 
 

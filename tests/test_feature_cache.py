@@ -167,7 +167,7 @@ def test_a_bad_plan_is_invalid_argument_naming_the_field(servers: tuple[Path, li
 
 @pytest.mark.parametrize("value", [-0.1, 1.5, "lots", True, "2XB", "120%", float("nan"), [0.1]])
 def test_bad_cache_sizes_are_refused_naming_the_field(value: object) -> None:
-    with pytest.raises(ValueError, match=r"^cache_size: expected a fraction"):
+    with pytest.raises(ValueError, match=r"^cache_size: expected 'auto', a fraction of the nodes"):
         parse_cache_size(value)
 
 
@@ -176,11 +176,59 @@ def test_cache_sizes_parse_and_split_across_partitions() -> None:
     assert parse_cache_size("20%") == ("fraction", 0.2)
     assert parse_cache_size("2GiB") == ("bytes", 2.0 * 2**30)
     assert parse_cache_size("1.5 MB") == ("bytes", 1.5e6)
+    assert parse_cache_size("auto") == parse_cache_size(" AUTO ") == ("auto", 0.0)
     book = [0, 100, 300, 600]
     assert plan_counts(("fraction", 0.1), book, 8) == [10, 20, 30]
     assert plan_counts(("bytes", 80 * 60), book, 80) == [10, 20, 30]
     assert plan_counts(("fraction", 0.0), book, 8) == [0, 0, 0]
     assert plan_counts(("bytes", 10**12), book, 8) == [100, 200, 300]
+
+
+def test_auto_takes_a_quarter_of_a_gpus_free_memory_and_nothing_on_the_cpu(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer_client.cache import AUTO_FREE_FRACTION, auto_cache_bytes
+
+    assert AUTO_FREE_FRACTION == 0.25
+    assert auto_cache_bytes(torch.device("cpu"), 1000) == 0
+    asked: list[torch.device] = []
+
+    def mem_get_info(device: torch.device) -> tuple[int, int]:
+        asked.append(device)
+        return 8 * 2**30, 80 * 2**30
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    gpu = torch.device("cuda:1")
+    assert auto_cache_bytes(gpu, 1000) == 2 * 2**30 - 4000  # the rows, after a 4-byte index per node
+    assert asked == [gpu]
+    assert auto_cache_bytes(gpu, 2**30) == 0  # the index alone takes the budget
+    with pytest.raises(ValueError, match="cache_size: expected a fraction or bytes here"):
+        plan_counts(("auto", 0.0), [0, 10], 8)
+
+
+def test_an_auto_cache_is_planned_once_per_device_and_shared(
+        servers: tuple[Path, list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer_client import cluster as cluster_module
+
+    _, addresses = servers
+    budgets = [40_000, 10_000, 5_000]  # free memory shrinks once the first cache is filled
+
+    def measured(device: torch.device, num_nodes: int) -> int:
+        return budgets.pop(0)
+
+    with Cluster(addresses, connect_timeout=30) as cluster:
+        assert RemoteNeighborLoader(cluster, "train", **ARGS).cache is None  # auto on a CPU: none
+        monkeypatch.setattr(cluster_module, "auto_cache_bytes", measured)
+        other = Cluster(addresses, connect_timeout=30)
+        loaders = [RemoteNeighborLoader(other, split, cache_size="auto", **ARGS)
+                   for split in ("train", "val", "test")]
+        first = loaders[0].cache
+        assert first is not None and all(loader.cache is first for loader in loaders)
+        row_bytes = int(other.info.feature_dim) * first.rows.element_size()
+        assert list(first.counts) == plan_counts(("bytes", 40_000), other.partition_book.tolist(),
+                                                 row_bytes)
+        assert budgets == [10_000, 5_000]  # measured once
+        assert sum(1 for _ in loaders[0]) == len(loaders[0]) and loaders[0].last_stats.hit_rate > 0
+        other.close()
 
 
 def test_the_train_cli_takes_a_cache_size_and_refuses_a_bad_one(capsys: pytest.CaptureFixture[str]) -> None:
@@ -191,7 +239,7 @@ def test_the_train_cli_takes_a_cache_size_and_refuses_a_bad_one(capsys: pytest.C
     assert parser.parse_args(["--servers", "h:1", "--cache-size", "2GiB"]).cache_size == "2GiB"
     with pytest.raises(SystemExit):
         parser.parse_args(["--servers", "h:1", "--cache-size", "lots"])
-    assert "--cache-size: expected a fraction" in capsys.readouterr().err
+    assert "--cache-size: expected 'auto', a fraction" in capsys.readouterr().err
 
 
 def test_servers_without_a_hot_order_get_no_plan(servers: tuple[Path, list[str]],

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -37,6 +36,7 @@ from protos import sampling_pb2 as pb
 from protos.channel import error_from_rpc
 from protos.codec import decode_tensor_torch, dtype_name, dtype_to_torch
 from protos.halfcast import words
+from sampling_server.feature_placement import parse_cache_amount
 from sampling_server.sampler.cpu_gather import prefetch
 
 if TYPE_CHECKING:
@@ -46,11 +46,12 @@ log = logging.getLogger(__name__)
 
 #: Hot-order rules this trainer understands (``ClusterInfo.hot_order``).
 KNOWN_HOT_ORDERS = ("visits_v1", "in_degree_v1")
-#: Default ``cache_size`` on a CUDA device (fraction of all nodes); 0 on the CPU.
-DEFAULT_CUDA_CACHE_FRACTION = 0.1
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z%]*)\s*$")
+#: Share of a CUDA device's free memory (when the first loader of a cluster asks) that
+#: ``cache_size="auto"``, the default, fills with the hottest rows: every row when the
+#: features fit. The rest is the model's. On the CPU "auto" is 0 (no cache).
+AUTO_FREE_FRACTION = 0.25
+_EXPECTED = ("'auto', a fraction of the nodes in [0, 1] (e.g. 0.2), a percentage ('20%') or a "
+             "size in bytes with a unit ('2GiB', '512MB')")
 
 
 class CacheError(ValueError):
@@ -107,43 +108,36 @@ _CPU_ASSEMBLY = {
 
 
 def parse_cache_size(value: object, field: str = "cache_size") -> tuple[str, float]:
-    """``("fraction", f)`` with ``0 <= f <= 1`` or ``("bytes", b)``; raises naming ``field``.
+    """``("auto", 0)``, ``("fraction", f)`` with ``0 <= f <= 1`` or ``("bytes", b)``;
+    raises naming ``field``.
 
-    Numbers are fractions of all nodes (``0.2``); strings may be a fraction, a percentage
-    (``"20%"``) or a size with a unit (``"2GiB"``, ``"512MB"``, ``"1000B"``).
+    Numbers are fractions of all nodes (``0.2``); strings may be ``"auto"``, a fraction, a
+    percentage (``"20%"``) or a size with a unit (``"2GiB"``, ``"512MB"``, ``"1000B"``):
+    the syntax of the server's ``gpu_cache_size``.
     """
-    expected = ("a fraction of the nodes in [0, 1] (e.g. 0.2), a percentage ('20%') or a size "
-                "in bytes with a unit ('2GiB', '512MB')")
-    if isinstance(value, bool) or not isinstance(value, int | float | str | np.number):
-        raise ValueError(f"{field}: expected {expected}, got {value!r}")
-    if isinstance(value, str):
-        match = _SIZE.match(value)
-        unit = match.group(2).lower() if match else ""
-        if match is None or (unit not in _UNITS and unit != "%"):
-            raise ValueError(f"{field}: expected {expected}, got {value!r}")
-        number = float(match.group(1))
-        if unit == "%":
-            return parse_cache_size(number / 100, field) if number <= 100 else \
-                _fail(field, expected, value)
-        if unit:
-            return "bytes", float(math.floor(number * _UNITS[unit]))
-        value = number
-    f = float(value)
-    if not math.isfinite(f) or not 0 <= f <= 1:
-        _fail(field, expected, value)
-    return "fraction", f
+    size = parse_cache_amount(value, field, _EXPECTED)
+    return size.kind, size.amount
 
 
-def _fail(field: str, expected: str, value: object) -> tuple[str, float]:
-    raise ValueError(f"{field}: expected {expected}, got {value!r}")
+def auto_cache_bytes(device: torch.device, num_nodes: int) -> int:
+    """The budget of ``cache_size="auto"`` on ``device``: on a CUDA device, the rows that
+    fit in :data:`AUTO_FREE_FRACTION` of its free memory after the per-node index; 0
+    (no cache) elsewhere."""
+    if device.type != "cuda":
+        return 0
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(0, math.floor(AUTO_FREE_FRACTION * free) - 4 * num_nodes)
 
 
 def plan_counts(size: tuple[str, float], partition_book: Sequence[int], row_bytes: int) -> list[int]:
     """Nodes to cache per partition: the budget (a fraction of all nodes, or bytes at
     ``row_bytes`` per row) split in proportion to the partitions' node counts."""
+    kind, amount = size
+    if kind not in ("fraction", "bytes"):
+        raise ValueError(f"cache_size: expected a fraction or bytes here ('auto' resolved by the "
+                         f"loader: auto_cache_bytes), got {kind!r}")
     book = np.asarray(partition_book, dtype=np.int64)
     total = int(book[-1])
-    kind, amount = size
     budget = math.floor(amount * total) if kind == "fraction" else int(amount) // max(row_bytes, 1)
     budget = min(budget, total)
     if total == 0 or budget <= 0:

@@ -22,7 +22,7 @@ from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import ServerUnavailable, create_channel, error_from_rpc
 from protos.codec import decode_tensor, encode_tensor
-from trainer_client.cache import FeatureCache
+from trainer_client.cache import FeatureCache, auto_cache_bytes
 from trainer_client.node_table import NodeTable
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class Cluster:
         self._channels: dict[str, grpc.Channel] = {}
         self._caches: dict[tuple[tuple[int, ...], int, str], FeatureCache] = {}
         self._cache_lock = threading.Lock()
+        self._auto_budgets: dict[str, int] = {}
         self._node_table: tuple[NodeTable | None] | None = None
         deadline = time.monotonic() + connect_timeout
         try:
@@ -227,6 +228,16 @@ class Cluster:
                 self._caches[key] = FeatureCache.fill(self, counts, wire_dtype, device,
                                                       progress=progress)
             return self._caches[key]
+
+    def auto_cache_budget(self, device: torch.device) -> int:
+        """Bytes of ``cache_size="auto"`` on ``device`` (:func:`auto_cache_bytes`),
+        measured when the first loader asks and then kept, so that every loader of this
+        cluster on that device plans the same cache (and shares it)."""
+        with self._cache_lock:
+            key = str(device)
+            if key not in self._auto_budgets:
+                self._auto_budgets[key] = auto_cache_bytes(device, int(self.partition_book[-1]))
+            return self._auto_budgets[key]
 
     def node_table(self) -> NodeTable | None:
         """Every node's original ID and label (:mod:`trainer_client.node_table`), read on

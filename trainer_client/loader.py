@@ -41,7 +41,6 @@ from protos.channel import ProtocolError
 from protos.codec import MAX_CHUNK_BYTES, dtype_to_torch, encode_tensor
 from protos.plan import BatchRef, EpochPlan, GlobalPlan, plan_epoch, plan_global_epoch, shuffled_seeds
 from trainer_client.cache import (
-    DEFAULT_CUDA_CACHE_FRACTION,
     KNOWN_HOT_ORDERS,
     CacheError,
     FeatureCache,
@@ -165,7 +164,9 @@ class RemoteNeighborLoader:
         ServerUnavailable.
         ``cache_size``: the trainer-side hot-feature cache on ``device`` (see
         :mod:`trainer_client.cache`): a fraction of all nodes (``0.2``, ``"20%"``) or a
-        size (``"2GiB"``); 0 turns it off; default 0.1 on a CUDA device, 0 otherwise.
+        size (``"2GiB"``); 0 turns it off; ``"auto"`` (the default): on a CUDA device
+        every row when the features fit in a quarter of its free memory, else the hottest
+        rows that do (:data:`~trainer_client.cache.AUTO_FREE_FRACTION`); 0 on the CPU.
         It fills once per :class:`Cluster` (progress bar on a terminal, or as
         ``cache_progress`` says) and is shared by its loaders with the same plan.
 
@@ -215,8 +216,7 @@ class RemoteNeighborLoader:
         self.return_internal_ids = bool(return_internal_ids)
         self.compact_indices = bool(compact_indices)
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else bool(pin_memory)
-        default_size = DEFAULT_CUDA_CACHE_FRACTION if self.device.type == "cuda" else 0.0
-        size = parse_cache_size(default_size if cache_size is None else cache_size)
+        size = parse_cache_size("auto" if cache_size is None else cache_size)
         node_array = input_array(nodes, "input_nodes") if nodes is not None else None
         self._owns_cluster = not isinstance(servers, Cluster)
         self.cluster = (
@@ -309,15 +309,17 @@ class RemoteNeighborLoader:
         or the graph is typed (the cache holds homogeneous features only)."""
         info = self.cluster.info
         if self.typed_graph is not None:
-            if asked is not None and size[1] > 0:
-                raise ValueError(f"cache_size: expected 0 or None on a typed graph (the trainer-side "
-                                 f"feature cache holds homogeneous graphs only), got {asked!r}")
-            if size[1] > 0:
+            if size[0] != "auto" and size[1] > 0:
+                raise ValueError(f"cache_size: expected 0, 'auto' or None on a typed graph (the "
+                                 f"trainer-side feature cache holds homogeneous graphs only), got {asked!r}")
+            if size[0] == "auto" and self.device.type == "cuda":
                 log.info("cache_size: the trainer-side feature cache holds homogeneous graphs only; "
                          "running without it on this typed graph")
             return None
         wire = WIRE_FEATURE_DTYPES[self.feature_dtype] or int(info.feature_dtype)
         itemsize = dtype_to_torch(wire).itemsize
+        if size[0] == "auto":
+            size = ("bytes", self.cluster.auto_cache_budget(self.device))
         counts = plan_counts(size, self.cluster.partition_book.tolist(), int(info.feature_dim) * itemsize)
         if not sum(counts):
             return None

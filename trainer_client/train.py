@@ -136,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="feature dtype on the wire (cast to float32 on the device)")
     p.add_argument("--cache-size", type=_cache_size, default=None,
                    help="trainer-side hot-feature cache: a fraction of the nodes (0.2, '20%%'), a size "
-                        "('2GiB') or 0 for none; default 'auto': 0.1 on a CUDA device, 0 on the CPU")
+                        "('2GiB') or 0 for none; default 'auto': on a CUDA device every row when the "
+                        "features fit in a quarter of its free memory, else the hottest that do; "
+                        "0 on the CPU")
     p.add_argument("--prefetch", type=_positive(int), default=4, help="batches streamed ahead")
     p.add_argument("--checkpoint-dir", type=Path, default=None)
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir if it has one")
