@@ -11,12 +11,9 @@ cgroup's CPU quota), and :func:`limit_kernel_threads` applies it to the calling 
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
