@@ -6,6 +6,7 @@ import argparse
 import faulthandler
 import json
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -39,7 +40,7 @@ examples:
 
 Health: grpc.health.v1 on the same port; NOT_SERVING until the partition is loaded and
 every peer answers. SIGTERM/SIGINT: NOT_SERVING, running streams get --grace seconds,
-exit 0.
+exit 0. SIGUSR1: every thread's stack to stderr (the server keeps running).
 """
 
 
@@ -230,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.log_level, args.log_format)
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>`: every thread's stack to stderr
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     allocator.keep_freed_memory()
     from sampling_server.server import serve  # after logging: imports Numba and torch
 

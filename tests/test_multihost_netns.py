@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,5 +132,18 @@ def test_servers_and_trainers_on_separate_hosts_train_to_completion(
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        codes = [p.wait(timeout=60) for p in procs]
+        codes = [_wait_or_dump(p, 60) for p in procs]
     assert codes == [0, 0]
+
+
+def _wait_or_dump(proc: subprocess.Popen[str], timeout: float) -> int | None:
+    """The exit code of ``proc``; a server still running after ``timeout`` seconds writes
+    every thread's stack to its stderr (SIGUSR1) before it is killed, and counts as None."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        proc.wait(timeout=30)
+        return None

@@ -694,6 +694,14 @@ def test_sigterm_drains_and_exits_zero(parts1: Path) -> None:
             if "SERVING" in line and "NOT_SERVING" not in line:
                 break
         assert proc.poll() is None, "".join(lines)
+        proc.send_signal(signal.SIGUSR1)  # a stack dump for a stuck server; it keeps serving
+        dump = []
+        for line in proc.stderr:
+            dump.append(line)
+            if line.lstrip().startswith("File ") and "sampling_server" in line:
+                break
+        assert any(ln.startswith(("Thread 0x", "Current thread 0x")) for ln in dump), "".join(dump)
+        assert proc.poll() is None, "".join(lines + dump)
         port = int(next(ln for ln in lines if "listening on port" in ln)
                    .split("listening on port ")[1].split()[0])
         channel = create_channel(f"127.0.0.1:{port}")
