@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import io
 import json
 import logging
 import signal
@@ -227,12 +228,23 @@ def check_device(config: ServerConfig) -> None:
                           f"{config.gpu_cache_size!r}; drop --gpu-cache-size or run it on a GPU")
 
 
+def dump_stacks_on_sigusr1() -> None:
+    """``kill -USR1 <pid>`` writes every thread's stack to stderr (the server keeps
+    running). Skipped where stderr is no file (``main`` called in a process that
+    captures it)."""
+    if not hasattr(signal, "SIGUSR1"):
+        return
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        log.debug("stderr has no file descriptor: no stack dump on SIGUSR1")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.log_level, args.log_format)
-    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>`: every thread's stack to stderr
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    dump_stacks_on_sigusr1()
     allocator.keep_freed_memory()
     from sampling_server.server import serve  # after logging: imports Numba and torch
 
