@@ -150,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="sampling device of the servers")
     p.add_argument("--server-arg", dest="server_args", action="append", default=[],
-                   help="one more graphfeed-server argument (repeatable), e.g. --server-arg=--workers=1")
+                   help="one more graphfeed-server argument (repeatable), e.g. --server-arg=--workers=1; "
+                        "each server gets --threads=<this machine's CPUs / servers> unless one is given")
     p.add_argument("--ready-timeout", type=float, default=300.0,
                    help="seconds to wait for every server to load its partition and serve")
     p.add_argument("--grace", type=float, default=30.0, help="seconds servers get to stop")
