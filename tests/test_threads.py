@@ -1,5 +1,5 @@
 """How many CPU threads a sampling call may use: the CPUs the process may run on (affinity
-and cgroup CPU quota) shared among the sampling workers."""
+capped by the cgroup's CPU quota), unless ``threads`` says otherwise."""
 
 from __future__ import annotations
 
