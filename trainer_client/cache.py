@@ -60,6 +60,9 @@ class CacheError(ValueError):
 
 #: Nodes ahead of the one being written whose cached row is requested early.
 _PREFETCH_DISTANCE = 8
+#: Nodes ahead whose ``slot`` entry is requested early: the row's prefetch reads that
+#: entry, a random access of its own, which would otherwise stall every row.
+_SLOT_PREFETCH_DISTANCE = 32
 
 
 @numba.njit(nogil=True, cache=True)
@@ -67,15 +70,20 @@ def _assemble_rows(rows: np.ndarray, flat: np.ndarray, slot: np.ndarray, n_id: n
                    cached: np.ndarray, missing: np.ndarray, out: np.ndarray, shift: int) -> int:
     """Row ``i`` of ``out`` from ``rows[slot[n_id[i]]]`` where ``cached[i]``, else from the
     next row of ``missing``, each word shifted left by ``shift`` bits (16: bfloat16 words
-    into float32 ones, exact; 0: a copy); ``flat`` is ``rows`` as 1-D. The cached row of
-    the node :data:`_PREFETCH_DISTANCE` ahead is prefetched. Returns the first cached node
-    the cache does not hold, or -1 (then ``out`` is incomplete). One thread: OpenMP's
-    pool would spin in the trainer, whose cores the model needs."""
+    into float32 ones, exact; 0: a copy); ``flat`` is ``rows`` as 1-D. Prefetched: the
+    ``slot`` entry of the node :data:`_SLOT_PREFETCH_DISTANCE` ahead, and the cached row
+    of the node :data:`_PREFETCH_DISTANCE` ahead (whose ``slot`` entry is then at hand).
+    Returns the first cached node the cache does not hold, or -1 (then ``out`` is
+    incomplete). One thread: OpenMP's pool would spin in the trainer, whose cores the
+    model needs."""
     width = out.shape[1]
     step = max(1, 64 // rows.itemsize)  # words per cache line
     n = n_id.size
     j = 0
     for i in range(n):
+        b = i + _SLOT_PREFETCH_DISTANCE
+        if b < n:
+            prefetch(slot, n_id[b])  # type: ignore[call-arg]
         a = i + _PREFETCH_DISTANCE
         if a < n and cached[a]:
             ra = slot[n_id[a]]
@@ -176,9 +184,14 @@ class FeatureCache:
         counts = [int(c) for c in counts]
         book = cluster.partition_book
         dim = int(cluster.info.feature_dim)
-        rows = torch.empty((sum(counts), dim), dtype=dtype_to_torch(wire_dtype), device=device)
+        # On the CPU both tables come from NumPy's allocator, which asks the kernel for
+        # transparent huge pages: each batch reads rows at random, and with 4 KiB pages
+        # nearly every read also misses the TLB.
+        shape = (sum(counts), dim)
+        rows = (allocator.empty(shape, dtype_to_torch(wire_dtype)) if device.type == "cpu" else
+                torch.empty(shape, dtype=dtype_to_torch(wire_dtype), device=device))
         index_dtype = torch.int32 if sum(counts) < 2**31 else torch.int64
-        slot = torch.full((int(book[-1]),), -1, dtype=index_dtype)
+        slot = allocator.empty((int(book[-1]),), index_dtype).fill_(-1)
         show = sys.stderr.isatty() if progress is None else progress
         offset = 0
         with tqdm(total=sum(counts), desc="feature cache", unit="node", unit_scale=True,
