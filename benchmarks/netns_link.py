@@ -126,8 +126,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rows", type=parse_rows, default=parse_rows(DEFAULT_ROWS),
                    help=f"DTYPE:CACHE per row, comma-separated (default {DEFAULT_ROWS})")
     p.add_argument("--step-ms", type=float, default=50.0, help="the model step a sleep stands for")
-    p.add_argument("--batches", type=int, default=16,
-                   help="timed batches per trainer and row (after the prefetch window's backlog)")
+    p.add_argument("--batches", type=int, default=40,
+                   help="timed batches per trainer and row (after the prefetch window's backlog); "
+                        "with fewer, the batches the servers sampled ahead inflate the fast rows")
     p.add_argument("--warmup", type=int, default=1, help="untimed batches per trainer before each row")
     p.add_argument("--repeat", type=int, default=1,
                    help="measure every row this many times (interleaved); the median is reported")
