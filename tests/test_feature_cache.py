@@ -285,7 +285,8 @@ def test_cpu_assembly_equals_indexing_then_casting_bit_for_bit(wire: torch.dtype
                                                                out: torch.dtype | None,
                                                                slot_dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(0)
-    num_nodes, k, width = 50, 20, 7
+    # more nodes per batch than the kernel's prefetch distances, some of them repeated
+    num_nodes, k, width = 500, 200, 7
     special = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 1e-40, 3e38])
     rows = torch.cat([special.repeat(width, 1).T[:, :width],
                       torch.randn((k - special.numel(), width), generator=gen) * 1e3]).to(wire)
@@ -293,7 +294,7 @@ def test_cpu_assembly_equals_indexing_then_casting_bit_for_bit(wire: torch.dtype
     slot = torch.full((num_nodes,), -1, dtype=slot_dtype)
     slot[hot] = torch.arange(k, dtype=slot_dtype)
     cache = FeatureCache([k], rows, slot, pb.FLOAT32)
-    n_id = torch.randperm(num_nodes, generator=gen)[:30]
+    n_id = torch.randint(0, num_nodes, (400,), generator=gen)
     cached = slot[n_id] >= 0
     x_missing = (torch.randn((int((~cached).sum()), width), generator=gen) * 7).to(wire)
     want = torch.empty((n_id.numel(), width), dtype=wire)
