@@ -37,7 +37,7 @@ from protos.channel import error_from_rpc
 from protos.codec import decode_tensor_torch, dtype_name, dtype_to_torch
 from protos.halfcast import words
 from sampling_server.feature_placement import parse_cache_amount
-from sampling_server.sampler.cpu_gather import prefetch
+from sampling_server.sampler.prefetch import prefetch
 
 if TYPE_CHECKING:
     from trainer_client.cluster import Cluster

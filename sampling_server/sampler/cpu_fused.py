@@ -28,7 +28,6 @@ import numba
 import numpy as np
 
 from sampling_server.sampler.base import is_identity
-from sampling_server.sampler.cpu_gather import prefetch
 from sampling_server.sampler.cpu_kernels import (
     floyd_positions,
     node_stream,
@@ -37,6 +36,7 @@ from sampling_server.sampler.cpu_kernels import (
     takes_all,
     uniform_below,
 )
+from sampling_server.sampler.prefetch import prefetch
 
 #: Entry of a dense relabel map for a node the batch has not numbered (local IDs are >= 0).
 UNSEEN = -1

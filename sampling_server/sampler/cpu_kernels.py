@@ -23,6 +23,7 @@ import numba
 import numpy as np
 
 from sampling_server.sampler import rng
+from sampling_server.sampler.prefetch import LINE, prefetch
 
 #: Floyd's algorithm checks earlier picks by a linear scan up to this fanout, and with
 #: a small hash set above it.
@@ -38,6 +39,12 @@ STRIDE_MAX_FANOUT = 64
 PARALLEL_MIN_ROWS = 1024
 #: Empty-slot marker of the hash tables (global IDs and positions are >= 0).
 EMPTY = -1
+#: Frontier nodes ahead of the one being drawn whose offsets (``indptr``) and original
+#: ID are requested early; at half this distance the node's offsets, by then in the
+#: cache, are read and the start of its neighbor list is requested.
+NODE_PREFETCH_DISTANCE = 32
+#: Neighbor-list entries requested ahead per node (of a longer list, the first ones).
+LIST_PREFETCH_ENTRIES = 64
 
 
 def _njit_rng(fn: Callable[..., Any], **deps: Any) -> Any:
@@ -186,6 +193,26 @@ def _draw_uniform(
     return c
 
 
+@numba.njit(inline="always", nogil=True, cache=True)
+def _prefetch_nodes(indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int,
+                    nodes: np.ndarray, i: int) -> None:
+    """While node ``i`` of ``nodes`` is drawn, ask for what later nodes' draws read at
+    random: offsets and original ID :data:`NODE_PREFETCH_DISTANCE` nodes ahead, the
+    neighbor list half as far ahead (each a cache miss that would otherwise stall its
+    node's draw)."""
+    a = i + NODE_PREFETCH_DISTANCE
+    if a < nodes.size:
+        prefetch(indptr, nodes[a] - node_start)  # type: ignore[call-arg]
+        prefetch(orig_ids, nodes[a] - node_start)
+    b = i + NODE_PREFETCH_DISTANCE // 2
+    if b < nodes.size:
+        lv = nodes[b] - node_start
+        first = indptr[lv]
+        for e in range(first, min(indptr[lv + 1], first + LIST_PREFETCH_ENTRIES),
+                       max(1, LINE // indices.itemsize)):
+            prefetch(indices, e)  # type: ignore[call-arg]
+
+
 @numba.njit(nogil=True, cache=True)
 def _strided(fanout: int, num_nodes: int) -> bool:
     """Whether to draw in one pass into ``fanout`` slots per node (then compact), which
@@ -204,6 +231,7 @@ def sample_uniform_parallel(
     if _strided(fanout, n):
         slots = np.empty(n * fanout, dtype=np.int64)
         for i in numba.prange(n):
+            _prefetch_nodes(indptr, indices, orig_ids, node_start, nodes, i)
             counts[i] = _draw_uniform(indptr, indices, orig_ids, node_start, nodes[i], fanout, key, hop,
                                       replace, slots, i * fanout)
         offsets = _exclusive_offsets(counts)
@@ -217,6 +245,7 @@ def sample_uniform_parallel(
     offsets = _exclusive_offsets(counts)
     out = np.empty(offsets[n], dtype=np.int64)
     for i in numba.prange(n):
+        _prefetch_nodes(indptr, indices, orig_ids, node_start, nodes, i)
         _draw_uniform(indptr, indices, orig_ids, node_start, nodes[i], fanout, key, hop, replace, out,
                       offsets[i])
     return offsets, out
