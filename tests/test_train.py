@@ -160,6 +160,31 @@ def test_a_device_this_machine_lacks_is_a_plain_error(
     assert message in caplog.text
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--dist-backend", "mpi"], "--dist-backend: invalid choice: 'mpi'"),
+    (["--device", "cpu", "--dist-backend", "nccl"],
+     "--dist-backend nccl: expected a CUDA --device, got 'cpu'; use gloo on the CPU"),
+])
+def test_a_bad_dist_backend_is_a_plain_error(args: list[str], message: str,
+                                            caplog: pytest.LogCaptureFixture,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        code = main(["--servers", "127.0.0.1:1", "--timeout", "1", *args])
+    except SystemExit as exc:  # argparse's own refusal
+        code = exc.code
+    assert code not in (0, None)
+    assert message in caplog.text + capsys.readouterr().err
+
+
+def test_gloo_on_the_cpu_is_what_auto_picks() -> None:
+    from trainer_client.train import setup_distributed
+
+    env = setup_distributed("cpu", 1.0, "auto")  # one rank: no process group is started
+    assert env.backend == "" and env.comm_device == torch.device("cpu")
+    with pytest.raises(ValueError, match="--dist-backend: expected one of auto, nccl, gloo, got 'x'"):
+        setup_distributed("cpu", 1.0, "x")
+
+
 def test_a_graph_without_training_nodes_is_refused_with_the_fix(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=_positive(int), default=4, help="attention heads (gat)")
     p.add_argument("--dropout", type=float, default=0.5)
     p.add_argument("--device", default="auto", help="auto (cuda:LOCAL_RANK when available), cpu, cuda[:i]")
+    p.add_argument("--dist-backend", choices=DIST_BACKENDS, default="auto",
+                   help="DDP's process group: auto (NCCL on CUDA, gloo on the CPU), nccl or gloo "
+                        "(gloo lets several ranks share one GPU: --device cuda:0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--feature-dtype", choices=["float32", "float16", "bfloat16", "stored"], default="float32",
                    help="feature dtype on the wire (cast to float32 on the device)")
@@ -199,6 +202,14 @@ class DistEnv:
     local_rank: int
     #: Device the model trains on.
     device: torch.device
+    #: The process group's backend (``nccl`` or ``gloo``; ``""`` without one).
+    backend: str = ""
+
+    @property
+    def comm_device(self) -> torch.device:
+        """Where this job's own collectives' tensors live: the GPU under NCCL, else the CPU
+        (gloo's collectives take CPU tensors; DDP's own buckets go either way)."""
+        return self.device if self.backend == "nccl" else torch.device("cpu")
 
     @property
     def distributed(self) -> bool:
@@ -213,19 +224,33 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}: expected an integer in the environment, got {value!r}") from None
 
 
-def setup_distributed(device: str, timeout: float) -> DistEnv:
-    """Read the torchrun environment, pick the device, start the process group (if any)."""
+#: ``--dist-backend`` choices; ``auto``: NCCL on a CUDA device, gloo on the CPU.
+DIST_BACKENDS = ("auto", "nccl", "gloo")
+
+
+def setup_distributed(device: str, timeout: float, backend: str = "auto") -> DistEnv:
+    """Read the torchrun environment, pick the device, start the process group (if any).
+
+    ``backend``: one of :data:`DIST_BACKENDS`. gloo on CUDA devices lets several ranks
+    share one GPU (``--device cuda:0`` on each), which NCCL refuses."""
     rank, world_size, local_rank = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0)
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"RANK, WORLD_SIZE: expected 0 <= RANK < WORLD_SIZE, got {rank}, {world_size}")
+    if backend not in DIST_BACKENDS:
+        raise ValueError(f"--dist-backend: expected one of {', '.join(DIST_BACKENDS)}, got {backend!r}")
     dev = resolve_device(device, local_rank)
+    if backend == "auto":
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+    elif backend == "nccl" and dev.type != "cuda":
+        raise ValueError(f"--dist-backend nccl: expected a CUDA --device, got {str(dev)!r}; "
+                         "use gloo on the CPU")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    if world_size > 1:
-        backend = "nccl" if dev.type == "cuda" else "gloo"
-        # Collectives wait for the slowest rank's batch: bounded by the loader's timeouts.
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=3 * timeout + 60))
-    return DistEnv(rank, world_size, local_rank, dev)
+    if world_size <= 1:
+        return DistEnv(rank, world_size, local_rank, dev)
+    # Collectives wait for the slowest rank's batch: bounded by the loader's timeouts.
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=3 * timeout + 60))
+    return DistEnv(rank, world_size, local_rank, dev, backend)
 
 
 def resolve_device(device: str, local_rank: int) -> torch.device:
@@ -261,8 +286,7 @@ def all_reduce_sums(values: Sequence[float], env: DistEnv) -> list[float]:
     """Sum ``values`` over all ranks (identity without a process group)."""
     if not env.distributed:
         return [float(v) for v in values]
-    t = torch.tensor(list(values), dtype=torch.float64,
-                     device=env.device if env.device.type == "cuda" else "cpu")
+    t = torch.tensor(list(values), dtype=torch.float64, device=env.comm_device)
     dist.all_reduce(t)
     return [float(v) for v in t.tolist()]
 
@@ -421,7 +445,7 @@ def parameter_fingerprints(model: torch.nn.Module, env: DistEnv) -> list[float]:
             total += (flat * torch.arange(1, flat.numel() + 1, dtype=torch.float64)).sum() * (i + 1)
     if not env.distributed:
         return [float(total)]
-    mine = total.reshape(1).to(env.device)
+    mine = total.reshape(1).to(env.comm_device)
     everyone = [torch.zeros_like(mine) for _ in range(env.world_size)]
     dist.all_gather(everyone, mine)
     return [float(t) for t in everyone]
@@ -585,7 +609,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         set_default_security(Security(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key,
                                       token=read_token(args.token_file)))
-        env = setup_distributed(args.device, args.timeout)
+        env = setup_distributed(args.device, args.timeout, args.dist_backend)
         if args.partition_dir is not None:
             from trainer_client.hetero_train import local_loaders, run_typed
 
