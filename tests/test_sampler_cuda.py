@@ -377,3 +377,25 @@ def test_larger_graph_matches_cpu(tmp_path: Path, replace: bool, weighted: bool,
         a = gpu.sample(seeds, [15, 10, 5], key)
         _equal_outputs(a, cpu.sample(seeds, [15, 10, 5], key))
     check_sampler_output(a, seeds, [15, 10, 5], global_adjacency([part]), replace=replace)
+
+
+def test_numbas_per_allocation_log_lines_stay_out_of_an_info_log() -> None:
+    """numba-cuda logs each device allocation and free at INFO once the application has
+    configured logging; a CUDA server's INFO log must not fill with them."""
+    import logging
+    import os
+    import subprocess
+    import sys
+
+    code = ("import logging; logging.basicConfig(level=logging.INFO)\n"
+            "from sampling_server.sampler import cuda_kernels as K\n"
+            "print(logging.getLogger(K.NUMBA_DRIVER_LOGGER).isEnabledFor(logging.INFO))\n")
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CUDA_LOG_LEVEL"}
+    quiet = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
+                           text=True, timeout=120, check=True)
+    asked = subprocess.run([sys.executable, "-c", code], cwd=root,
+                           env={**env, "NUMBA_CUDA_LOG_LEVEL": "INFO"}, capture_output=True,
+                           text=True, timeout=120, check=True)
+    assert quiet.stdout.split() == ["False"] and asked.stdout.split() == ["True"]
+    assert not logging.getLogger(K.NUMBA_DRIVER_LOGGER).isEnabledFor(logging.INFO)

@@ -17,6 +17,7 @@ argument types every launcher passes; :mod:`ptx_check` compiles each kernel with
 
 from __future__ import annotations
 
+import logging
 import math
 import types as pytypes
 import warnings
@@ -35,6 +36,14 @@ from sampling_server.sampler import rng
 
 #: True when Numba runs kernels on its CUDA simulator (set before Numba is imported).
 SIMULATOR = bool(getattr(numba_config, "ENABLE_CUDASIM", 0))
+#: numba-cuda's driver logger, which logs every device allocation and free at INFO.
+NUMBA_DRIVER_LOGGER = "numba.cuda.cudadrv.driver"
+# numba-cuda leaves that logger's level unset when the application has configured logging
+# before the driver starts (as the server and the benchmarks do), so a CUDA server's INFO
+# log would be mostly alloc/dealloc lines: keep them at WARNING unless the user asked for
+# them (NUMBA_CUDA_LOG_LEVEL).
+if not getattr(numba_config, "CUDA_LOG_LEVEL", ""):
+    logging.getLogger(NUMBA_DRIVER_LOGGER).setLevel(logging.WARNING)
 #: Threads per block on a real GPU.
 BLOCK = 256
 #: Threads per block under the simulator, which runs each block's threads at once.
