@@ -42,6 +42,12 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 log = logging.getLogger("gpu-check")
 
+#: Every test file with ``gpu``-marked tests (``pytest -m gpu`` on these alone: the other
+#: files import packages a GPU image may lack).
+GPU_TEST_FILES = ("tests/test_sampler_cuda.py", "tests/test_gpu_feature_cache.py",
+                  "tests/test_gpu_trainer.py", "tests/test_hetero_sampler.py",
+                  "tests/test_hetero_service.py")
+
 PYTEST_SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?)")
 
 
@@ -186,15 +192,15 @@ def steps_for(args: argparse.Namespace) -> list[tuple[Step, float]]:
     py = sys.executable
     bench = ["--data", str(args.data / "bench"), "--preset", args.preset]
     return [
-        (Step("gpu tests", [py, "-m", "pytest", "-q", "-m", "gpu", "tests/test_sampler_cuda.py",
-                            "tests/test_gpu_feature_cache.py", "-p", "no:cacheprovider"]), 0.2),
+        (Step("gpu tests", [py, "-m", "pytest", "-q", "-m", "gpu", *GPU_TEST_FILES,
+                            "-p", "no:cacheprovider"]), 0.3),
         (Step("sampler", [py, "benchmarks/sampler.py", *bench, "--devices", "cuda",
                           "--topologies", "device", "uva", "--gpu-cache-sizes", "1", "0.2", "0",
                           "--no-baselines",
-                          "--results-name", "gpu-check-sampler"]), 0.3),
+                          "--results-name", "gpu-check-sampler"]), 0.25),
         (Step("stream", [py, "benchmarks/stream.py", *bench, "--gib", "1", "--passes", "1",
                          "--sizes-kib", "4096", "--server-device", "cuda", "--trainer-device", "cuda",
-                         "--results-name", "gpu-check-stream"]), 0.3),
+                         "--results-name", "gpu-check-stream"]), 0.25),
         (Step("demo (1 GPU, NCCL)", [py, "deploy/demo.py", "--data", str(args.data / "demo"),
                                      "--trainers", "1", "--device", "auto", "--server-device", "cuda",
                                      "--epochs", "3"]), 0.2),

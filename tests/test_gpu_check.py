@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -100,3 +101,11 @@ def test_preflight_finds_a_missing_module_and_a_kernel_that_cannot_run(gpu_check
     assert not any(p.startswith("import json") for p in problems)
     assert any(p.startswith("numba-cuda cannot compile and run a kernel") for p in problems)
     assert all(gpu_check.preflight(env, (m,)) == problems[-1:] for m in ("grpc", "yaml"))
+
+
+def test_the_gpu_step_runs_every_file_with_gpu_tests(gpu_check: Any) -> None:
+    mark = re.compile(r"^(@pytest\.mark\.gpu|pytestmark = pytest\.mark\.gpu)\b", re.M)
+    marked = {f"tests/{path.name}" for path in (ROOT / "tests").glob("test_*.py")
+              if mark.search(path.read_text())}
+    assert "tests/test_gpu_trainer.py" in marked
+    assert set(gpu_check.GPU_TEST_FILES) == marked
