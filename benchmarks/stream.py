@@ -13,12 +13,15 @@ Rows (servers in their own processes, the client in this one):
   batches, sampled once by a real partition's sampler, encoded per send as the server
   does (``protos.fastwire``) in ``MinibatchChunk`` messages of S bytes of tensor data and
   decoded by the trainer's ``BatchAssembler`` into PyG ``Data``;
-- two diagnostic rows at the default message size, each without one of graphfeed's two
+- three diagnostic rows at the default message size, two without one of graphfeed's two
   payload copies, to say where the replay's gap to the bare stream goes:
   ``graphfeed-replay, encoded once``: the server sends each batch's messages as encoded
   the first time (no per-send copy of the tensors into the messages; the trainer decodes
   as usual) and ``graphfeed-replay, not decoded``: the trainer parses every message
-  (fastwire) but assembles no tensor (no copy out of the messages);
+  (fastwire) but assembles no tensor (no copy out of the messages); and
+  ``graphfeed-replay, copies inline``: the trainer's copies out of the messages run on
+  the thread that reads the stream instead of the decode threads (the trainer before
+  they existed);
 - ``graphfeed-server``: the real ``sampling_server`` (sampling included) read by
   ``RemoteNeighborLoader``, and the fraction of a trainer step spent waiting for data
   with a model step of a few fixed lengths (a sleep standing for GPU work).
@@ -260,13 +263,14 @@ def replay_row(channel: grpc.Channel, size: int, rounds: int, variant: str = "")
 
     ``variant`` (diagnostics): ``"encoded once"``: the server resends each batch's
     messages as first encoded; ``"not decoded"``: messages are parsed, no batch assembled
-    (the bytes counted are the messages')."""
+    (the bytes counted are the messages'); ``"copies inline"``: the pieces are copied into
+    their tensors by the reading thread itself, as before the decode threads."""
     from protos import fastwire
     from trainer_client.decode import BatchAssembler
 
     call_of = channel.unary_stream("/bench.Stream/Replay", request_serializer=None,
                                    response_deserializer=fastwire.minibatch_chunk_deserializer)
-    assembler = BatchAssembler()
+    assembler = BatchAssembler(background_copies=variant != "copies inline")
     got = batches = 0
     cpu, started = time.process_time(), time.perf_counter()
     call = call_of(json.dumps({"size": size, "rounds": rounds,
@@ -296,7 +300,7 @@ def replay_row(channel: grpc.Channel, size: int, rounds: int, variant: str = "")
 
 
 #: The diagnostic replays (see the module's docstring), run at the default message size.
-VARIANTS = ("encoded once", "not decoded")
+VARIANTS = ("encoded once", "not decoded", "copies inline")
 
 
 def stream_passes(part_dir: Path, sizes: list[int], passes: int, rounds: int,

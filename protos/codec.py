@@ -28,9 +28,12 @@ field, what was expected and what was received.
 from __future__ import annotations
 
 import math
+import os
 import sys
+import threading
 import warnings
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias, cast
 
@@ -478,6 +481,37 @@ class ChunkLike(Protocol):
     def data(self) -> bytes | memoryview: ...
 
 
+#: Pieces from this size up are copied into their tensor's buffer by the decode threads
+#: when an assembler has ``background_copies`` (smaller ones where they arrive: handing
+#: them over would cost more than the copy).
+BACKGROUND_COPY_MIN_BYTES = 256 << 10
+#: Threads that copy received pieces into their buffers (shared by every assembler of
+#: the process; a copy releases the GIL).
+DECODE_THREADS = 2
+#: Seconds a finished tensor waits for its pieces' copies (memory copies: far less).
+COPY_WAIT_SECONDS = 60.0
+_copier: ThreadPoolExecutor | None = None
+_copier_lock = threading.Lock()
+
+
+def _decode_threads() -> ThreadPoolExecutor:
+    global _copier
+    with _copier_lock:
+        if _copier is None:
+            _copier = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="graphfeed-decode")
+        return _copier
+
+
+def _forget_decode_threads() -> None:
+    """In a forked child: the parent's threads are not there."""
+    global _copier, _copier_lock
+    _copier, _copier_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_decode_threads)
+
+
 @dataclass
 class _Partial:
     """A tensor being received."""
@@ -513,17 +547,39 @@ class TensorAssembler:
     several chunks is copied once into a buffer taken at its first chunk, from ``pool``
     when one is given (buffers of earlier batches that nothing refers to any more, see
     :class:`protos.buffers.BufferPool`), else newly allocated.
+
+    With ``background_copies`` those copies run on the process's decode threads
+    (:data:`DECODE_THREADS`) while the caller reads the stream's next message; the
+    tensors are returned once every copy is done. A stream's reader thread then only
+    parses messages, which is what bounds one stream's rate on a machine with cores to
+    spare.
     """
 
-    def __init__(self, *, max_tensor_bytes: int | None = None, pool: BufferPool | None = None) -> None:
+    def __init__(self, *, max_tensor_bytes: int | None = None, pool: BufferPool | None = None,
+                 background_copies: bool = False) -> None:
         """``max_tensor_bytes`` rejects chunks announcing a bigger tensor (no limit: None)."""
         self._max_tensor_bytes = max_tensor_bytes
         self._pool = pool
         self._partials: dict[str, _Partial] = {}
+        self._background = background_copies
+        self._copies: list[Future[None]] = []
 
     def reset(self) -> None:
         """Drop the tensors started so far (e.g. after a broken stream)."""
+        self._wait_for_copies(raise_errors=False)  # no copy may write a buffer given back
         self._partials = {}
+
+    def _wait_for_copies(self, raise_errors: bool = True) -> None:
+        copies, self._copies = self._copies, []
+        for i, copy in enumerate(copies):
+            try:
+                copy.result(timeout=COPY_WAIT_SECONDS)
+            except Exception as exc:
+                if raise_errors:
+                    for rest in copies[i + 1:]:  # let the others finish before the error
+                        rest.exception(timeout=COPY_WAIT_SECONDS)
+                    raise CodecError(f"TensorChunk.data: copying a received piece failed: "
+                                     f"{type(exc).__name__}: {exc}") from exc
 
     @property
     def names(self) -> list[str]:
@@ -559,9 +615,12 @@ class TensorAssembler:
                 partial.buffer = (self._pool.take(partial.total) if self._pool is not None
                                   else np.empty(partial.total, dtype=np.uint8))
             # the one copy: from the received message straight into the final buffer
-            partial.buffer[partial.received : partial.received + len(data)] = np.frombuffer(
-                data, dtype=np.uint8
-            )
+            dest = partial.buffer[partial.received : partial.received + len(data)]
+            if self._background and len(data) >= BACKGROUND_COPY_MIN_BYTES:
+                self._copies.append(_decode_threads().submit(
+                    np.copyto, dest, np.frombuffer(data, dtype=np.uint8)))
+            else:
+                dest[:] = np.frombuffer(data, dtype=np.uint8)
         partial.received += len(data)
 
     def _start(self, chunk: ChunkLike) -> _Partial:
@@ -629,6 +688,11 @@ class TensorAssembler:
 
     def _take(self, expected: Collection[str] | None) -> dict[str, _Partial]:
         """Check completeness (and the expected names), reset, return the partials."""
+        try:
+            self._wait_for_copies()
+        except CodecError:
+            self._partials = {}
+            raise
         partials, self._partials = self._partials, {}
         for name, p in partials.items():
             if p.received != p.total:

@@ -578,3 +578,98 @@ def test_shapes_numpy_cannot_hold_are_codec_errors(shape: list[int], message: st
 
 def test_the_largest_zero_size_shape_still_decodes() -> None:
     assert decode_tensor(pb.Tensor(dtype=pb.INT64, shape=[0, 2**56])).shape == (0, 2**56)
+
+
+# -- background copies (the decode threads) -----------------------------------------------
+def _spread(chunk_bytes: int = 1 << 20) -> tuple[dict[str, torch.Tensor], list[list[pb.TensorChunk]]]:
+    """Tensors several MiB long, split into messages of ``chunk_bytes``, plus small ones."""
+    generator = torch.Generator().manual_seed(5)
+    named = {"x": torch.randn(3000, 700, generator=generator),
+             "ids": torch.arange(100_000, dtype=torch.int64), "y": torch.arange(7, dtype=torch.int32)}
+    return named, list(codec.split_tensors(named, chunk_bytes))
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_background_copies_give_the_same_tensors(background: bool) -> None:
+    named, groups = _spread()
+    assert len(groups) > 4
+    for _ in range(3):  # the assembler is reused batch after batch
+        assembler = TensorAssembler(background_copies=background)
+        for group in groups:
+            assembler.add_all(group)
+        out = assembler.finish_torch()
+        assert set(out) == set(named)
+        for name, value in named.items():
+            assert torch.equal(out[name], value), name
+
+
+def test_finish_and_reset_wait_for_every_background_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    slow = ThreadPoolExecutor(1)
+    started: list[float] = []
+
+    def late_copy(dest: np.ndarray, src: np.ndarray) -> None:
+        started.append(time.monotonic())
+        time.sleep(0.05)
+        np.copyto(dest, src)
+
+    class Slow:
+        @staticmethod
+        def submit(fn: object, dest: np.ndarray, src: np.ndarray) -> object:
+            return slow.submit(late_copy, dest, src)
+
+    monkeypatch.setattr(codec, "_decode_threads", lambda: Slow)
+    named, groups = _spread()
+    assembler = TensorAssembler(background_copies=True)
+    for group in groups:
+        assembler.add_all(group)
+    out = assembler.finish_torch()  # returns only once the slow copies are done
+    assert len(started) > 4 and torch.equal(out["x"], named["x"])
+
+    started.clear()
+    buffer_user = TensorAssembler(background_copies=True)
+    for group in groups[:3]:
+        buffer_user.add_all(group)
+    pending = list(buffer_user._copies)
+    assert pending and not all(f.done() for f in pending)
+    buffer_user.reset()  # a broken stream: nothing may still write the dropped buffers
+    assert all(f.done() for f in pending)
+    slow.shutdown()
+
+
+def test_a_failed_background_copy_is_a_codec_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures import Future
+
+    class Failing:
+        @staticmethod
+        def submit(fn: object, dest: np.ndarray, src: np.ndarray) -> Future[None]:
+            future: Future[None] = Future()
+            future.set_exception(MemoryError("no room"))
+            return future
+
+    monkeypatch.setattr(codec, "_decode_threads", lambda: Failing)
+    _, groups = _spread()
+    assembler = TensorAssembler(background_copies=True)
+    for group in groups:
+        assembler.add_all(group)
+    with pytest.raises(CodecError, match="copying a received piece failed: MemoryError: no room"):
+        assembler.finish_torch()
+    assert assembler.names == []  # dropped: the next batch starts clean
+
+
+def test_a_forked_child_starts_its_own_decode_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    # what os.register_at_fork runs in a child: the parent's threads are not there
+    parents = codec._decode_threads()
+    assert codec._decode_threads() is parents
+    monkeypatch.setattr(codec, "_copier", parents)  # given back as it was after the test
+    codec._forget_decode_threads()
+    childs = codec._decode_threads()
+    assert childs is not parents
+    named, groups = _spread()
+    assembler = TensorAssembler(background_copies=True)
+    for group in groups:
+        assembler.add_all(group)
+    assert torch.equal(assembler.finish_torch()["x"], named["x"])
+    childs.shutdown()

@@ -96,13 +96,16 @@ class BatchAssembler:
     broken stream call :meth:`reset` to drop a half-received batch.
     """
 
-    def __init__(self, spec: BatchSpec | None = None, pool: BufferPool | None = None) -> None:
+    def __init__(self, spec: BatchSpec | None = None, pool: BufferPool | None = None,
+                 background_copies: bool = True) -> None:
         """``spec`` says what every batch must contain (no checks beyond the wire's: None);
         ``pool`` holds the buffers of tensors spread over several messages (default: a
-        new :class:`~protos.buffers.BufferPool`, kept for every batch of this assembler)."""
+        new :class:`~protos.buffers.BufferPool`, kept for every batch of this assembler).
+        ``background_copies``: copy those tensors' pieces on the decode threads while
+        the next message is read (see :class:`~protos.codec.TensorAssembler`)."""
         self.spec = spec or BatchSpec()
         self.pool = pool if pool is not None else BufferPool()
-        self._tensors = TensorAssembler(pool=self.pool)
+        self._tensors = TensorAssembler(pool=self.pool, background_copies=background_copies)
         self._header: pb.MinibatchHeader | None = None
         self._index = -1
         self._next_chunk = 0
