@@ -13,8 +13,8 @@ steps, each a child process with its own deadline (the whole run fits in ``--bud
    features from the server-side GPU feature cache at 100 %, 20 % and 0 % of the rows in
    GPU memory (the rest host-mapped over UVA);
 3. ``benchmarks/stream.py``: a CUDA sampling server streaming to a trainer whose loader
-   puts batches on the GPU (no trainer cache: every feature row on the stream), beside
-   bare gRPC and TCP in the same run;
+   puts batches on the GPU, with no trainer cache (every feature row on the stream) and
+   with the default ``auto`` cache on the GPU, beside bare gRPC and TCP in the same run;
 4. ``deploy/demo.py --trainers 1 --device auto``: a 1-GPU NCCL DDP run of the demo with
    CUDA sampling servers.
 
@@ -200,6 +200,7 @@ def steps_for(args: argparse.Namespace) -> list[tuple[Step, float]]:
                           "--results-name", "gpu-check-sampler"]), 0.25),
         (Step("stream", [py, "benchmarks/stream.py", *bench, "--gib", "1", "--passes", "1",
                          "--sizes-kib", "4096", "--server-device", "cuda", "--trainer-device", "cuda",
+                         "--cache-size", "0", "auto",
                          "--results-name", "gpu-check-stream"]), 0.25),
         (Step("demo (1 GPU, NCCL)", [py, "deploy/demo.py", "--data", str(args.data / "demo"),
                                      "--trainers", "1", "--device", "auto", "--server-device", "cuda",

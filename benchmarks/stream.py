@@ -53,6 +53,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 from concurrent import futures
 from concurrent.futures import Future
 from pathlib import Path
@@ -369,9 +370,10 @@ def _replay_bytes(rows: list[dict[str, Any]], size: int) -> int:
 # -- the real server ------------------------------------------------------------------------
 def server_rows(part_dir: Path, num_batches: int, steps: list[float], server_device: str = "auto",
                 trainer_device: str = "cpu", warmup: int = 2,
-                cache_size: str = "0") -> list[dict[str, Any]]:
+                cache_sizes: Sequence[str] = ("0",)) -> list[dict[str, Any]]:
     """The real server's batches/s and the trainer's waiting, at each training-step time
-    in ``steps`` (seconds); each row's first ``warmup`` batches are taken untimed."""
+    in ``steps`` (seconds) and each trainer cache size of ``cache_sizes`` (one server for
+    all); each row's first ``warmup`` batches are taken untimed."""
     from trainer_client.loader import RemoteNeighborLoader
     from trainer_client.local import wait_serving
 
@@ -384,7 +386,7 @@ def server_rows(part_dir: Path, num_batches: int, steps: list[float], server_dev
     try:
         # fails at once if the server exits (its output is this benchmark's own)
         wait_serving([address], [proc], ["this benchmark's output"], timeout=600)
-        for step in [0.0, *steps]:
+        for cache_size, step in [(c, s) for c in cache_sizes for s in [0.0, *steps]]:
             loader = RemoteNeighborLoader([address], "train", num_neighbors=FANOUTS,
                                           batch_size=BATCH, shuffle=True, prefetch=4,
                                           device=trainer_device, cache_size=cache_size,
@@ -408,7 +410,8 @@ def server_rows(part_dir: Path, num_batches: int, steps: list[float], server_dev
             got, wait = stats.bytes - got0, stats.wait_seconds - wait0
             del it
             loader.close()
-            row = _row(f"graphfeed-server (step {step * 1e3:.0f} ms)", got, wall, batches)
+            cache = "" if cache_size == "0" else f", cache {cache_size}"
+            row = _row(f"graphfeed-server (step {step * 1e3:.0f} ms{cache})", got, wall, batches)
             row.update(server_device=server_device, trainer_device=trainer_device,
                        cache_size=cache_size)
             row["wait_fraction"] = round(wait / wall, 3)
@@ -488,9 +491,10 @@ def main() -> int:
     parser.add_argument("--steps-ms", type=float, nargs="*", default=[100.0, 250.0])
     parser.add_argument("--server-device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="the sampling server's --device (default auto: CUDA when usable)")
-    parser.add_argument("--cache-size", default="0",
-                        help="the trainer's feature cache in the graphfeed-server rows (default 0: "
-                             "every row on the stream; 'auto' is a CUDA trainer's default)")
+    parser.add_argument("--cache-size", nargs="+", default=["0"],
+                        help="the trainer's feature cache in the graphfeed-server rows, one set of "
+                             "rows per value (default 0: every row on the stream; 'auto' is a CUDA "
+                             "trainer's default)")
     parser.add_argument("--trainer-device", default="cpu",
                         help="where the trainer's loader puts batches (cpu, cuda, cuda:i)")
     parser.add_argument("--results-name", default="stream",
