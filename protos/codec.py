@@ -528,6 +528,8 @@ class _Partial:
     whole: bytes | memoryview | None = None
     #: The preallocated buffer of a tensor spread over several chunks.
     buffer: np.ndarray | None = None
+    #: The same buffer as a pinned torch tensor (assemblers with ``pinned``).
+    pinned: torch.Tensor | None = None
 
     @property
     def source(self) -> bytes | memoryview | np.ndarray:
@@ -553,13 +555,19 @@ class TensorAssembler:
     tensors are returned once every copy is done. A stream's reader thread then only
     parses messages, which is what bounds one stream's rate on a machine with cores to
     spare.
+
+    With ``pinned`` (a trainer that moves batches to a GPU) those buffers are page-locked
+    memory from PyTorch's caching host allocator, not the pool: the tensors come out
+    ready for ``non_blocking`` transfers, without a second copy into pinned memory, and
+    the allocator reuses a buffer only once the transfers that read it are done.
     """
 
     def __init__(self, *, max_tensor_bytes: int | None = None, pool: BufferPool | None = None,
-                 background_copies: bool = False) -> None:
+                 background_copies: bool = False, pinned: bool = False) -> None:
         """``max_tensor_bytes`` rejects chunks announcing a bigger tensor (no limit: None)."""
         self._max_tensor_bytes = max_tensor_bytes
         self._pool = pool
+        self._pinned = pinned and _LITTLE_ENDIAN_HOST
         self._partials: dict[str, _Partial] = {}
         self._background = background_copies
         self._copies: list[Future[None]] = []
@@ -612,8 +620,12 @@ class TensorAssembler:
             partial.whole = data
         else:
             if partial.buffer is None:
-                partial.buffer = (self._pool.take(partial.total) if self._pool is not None
-                                  else np.empty(partial.total, dtype=np.uint8))
+                if self._pinned:
+                    partial.pinned = torch.empty(partial.total, dtype=torch.uint8, pin_memory=True)
+                    partial.buffer = partial.pinned.numpy()
+                else:
+                    partial.buffer = (self._pool.take(partial.total) if self._pool is not None
+                                      else np.empty(partial.total, dtype=np.uint8))
             # the one copy: from the received message straight into the final buffer
             dest = partial.buffer[partial.received : partial.received + len(data)]
             if self._background and len(data) >= BACKGROUND_COPY_MIN_BYTES:
@@ -734,6 +746,7 @@ class TensorAssembler:
         do not write to them. Raises :class:`CodecError` on missing chunks or tensors.
         """
         return {  # an assembled buffer is already owned and writable: never copy it
-            name: _torch_view(p.source, p.dtype, p.shape, writable and p.buffer is None)
+            name: p.pinned.view(_TORCH_OF[p.dtype]).reshape(p.shape) if p.pinned is not None
+            else _torch_view(p.source, p.dtype, p.shape, writable and p.buffer is None)
             for name, p in self._take(expected).items()
         }

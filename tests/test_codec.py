@@ -673,3 +673,29 @@ def test_a_forked_child_starts_its_own_decode_threads(monkeypatch: pytest.Monkey
         assembler.add_all(group)
     assert torch.equal(assembler.finish_torch()["x"], named["x"])
     childs.shutdown()
+
+
+def test_pinned_assembly_returns_views_of_its_own_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    # without a GPU there is no page-locked memory: stand in plain tensors, recording them
+    made: list[torch.Tensor] = []
+    real_empty = torch.empty
+
+    def empty(*args: object, pin_memory: bool = False, **kwargs: object) -> torch.Tensor:
+        t = real_empty(*args, **kwargs)  # type: ignore[call-overload]
+        if pin_memory:
+            made.append(t)
+        return t
+
+    monkeypatch.setattr(codec.torch, "empty", empty)
+    named = {"x": torch.randn(3000, 700).to(torch.bfloat16), "mask": torch.rand(2_000_000) < 0.5,
+             "ids": torch.arange(700_000, dtype=torch.int64), "y": torch.arange(7, dtype=torch.int32)}
+    assembler = TensorAssembler(background_copies=True, pinned=True)
+    for group in codec.split_tensors(named, 1 << 20):
+        assembler.add_all(group)
+    out = assembler.finish_torch()
+    assert len(made) == 3  # x, mask and ids span several messages; y arrives whole
+    for name, value in named.items():
+        assert out[name].dtype == value.dtype and torch.equal(out[name], value), name
+    for name in ("x", "mask", "ids"):  # the returned tensors are the pinned buffers themselves
+        assert any(out[name].untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+                   for t in made), name

@@ -80,3 +80,17 @@ def test_a_gpu_loader_trains_a_model_on_the_gpu(servers: list[str]) -> None:
                 total += loss.item()
             losses.append(total)
         assert losses[-1] < losses[0]
+
+
+def test_pieces_are_decoded_straight_into_pinned_memory() -> None:
+    from protos import codec
+
+    x = torch.randn(4000, 300)
+    assembler = codec.TensorAssembler(background_copies=True, pinned=True)
+    for group in codec.split_tensors({"x": x}, 1 << 20):
+        assembler.add_all(group)
+    out = assembler.finish_torch()["x"]
+    assert out.is_pinned() and torch.equal(out, x)
+    moved = out.to("cuda", non_blocking=True)
+    torch.cuda.current_stream().synchronize()
+    assert torch.equal(moved.cpu(), x)

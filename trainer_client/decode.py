@@ -97,15 +97,17 @@ class BatchAssembler:
     """
 
     def __init__(self, spec: BatchSpec | None = None, pool: BufferPool | None = None,
-                 background_copies: bool = True) -> None:
+                 background_copies: bool = True, pinned: bool = False) -> None:
         """``spec`` says what every batch must contain (no checks beyond the wire's: None);
         ``pool`` holds the buffers of tensors spread over several messages (default: a
         new :class:`~protos.buffers.BufferPool`, kept for every batch of this assembler).
         ``background_copies``: copy those tensors' pieces on the decode threads while
-        the next message is read (see :class:`~protos.codec.TensorAssembler`)."""
+        the next message is read; ``pinned``: into page-locked memory instead of the pool,
+        for a batch bound for a GPU (see :class:`~protos.codec.TensorAssembler`)."""
         self.spec = spec or BatchSpec()
         self.pool = pool if pool is not None else BufferPool()
-        self._tensors = TensorAssembler(pool=self.pool, background_copies=background_copies)
+        self._tensors = TensorAssembler(pool=self.pool, background_copies=background_copies,
+                                        pinned=pinned)
         self._header: pb.MinibatchHeader | None = None
         self._index = -1
         self._next_chunk = 0
@@ -357,7 +359,8 @@ def build_data(
 
 
 def pin_batch(data: Data | HeteroData) -> Data | HeteroData:
-    """Copy a CPU batch's tensors into pinned memory (for ``non_blocking`` transfers)."""
+    """Copy a CPU batch's tensors into pinned memory (for ``non_blocking`` transfers);
+    tensors already there (decoded into pinned buffers) are kept as they are."""
     if isinstance(data, HeteroData):
         return data.pin_memory()
     for key, value in list(data.items()):

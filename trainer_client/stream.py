@@ -346,7 +346,7 @@ class EpochStream:
     def _read_all(self, r: _Reader) -> None:
         """Call the server until every batch it owns arrived, resuming after breaks."""
         t = self._timeouts
-        assembler = BatchAssembler(self._spec)
+        assembler = BatchAssembler(self._spec, pinned=self._pin)
         failed_since: float | None = None
         backoff = t.backoff_initial
         attempts = 0
