@@ -636,3 +636,14 @@ def test_drop_last_that_empties_the_epoch_warns(caplog: pytest.LogCaptureFixture
         assert len(loader) == 0 and list(loader) == []
     assert "drop_last: the epoch has no batches: 6 seeds are fewer than batch_size=4 x world_size=2" \
         in caplog.text
+
+
+def test_pin_memory_without_cuda_is_a_warning_not_a_failure(caplog: pytest.LogCaptureFixture) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with fake_cluster(UNEVEN) as cluster, RemoteNeighborLoader(
+            cluster.addresses, "train", num_neighbors=[1], batch_size=4, pin_memory=True,
+            **TIMEOUTS) as loader:
+        assert loader.pin_memory is False
+        assert sum(len(seeds_of(b)) for b in loader) > 0
+    assert "pin_memory=True: no CUDA device here" in caplog.text

@@ -216,6 +216,10 @@ class RemoteNeighborLoader:
         self.return_internal_ids = bool(return_internal_ids)
         self.compact_indices = bool(compact_indices)
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else bool(pin_memory)
+        if self.pin_memory and not torch.cuda.is_available():  # as torch's DataLoader does
+            log.warning("pin_memory=True: no CUDA device here, so no pinned memory; batches "
+                        "stay in pageable memory")
+            self.pin_memory = False
         size = parse_cache_size("auto" if cache_size is None else cache_size)
         node_array = input_array(nodes, "input_nodes") if nodes is not None else None
         self._owns_cluster = not isinstance(servers, Cluster)
