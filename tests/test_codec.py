@@ -66,9 +66,10 @@ def _wire(msg: pb.Tensor) -> pb.Tensor:
     return pb.Tensor.FromString(msg.SerializeToString())
 
 
-def _assemble(groups: list[list[pb.TensorChunk]]) -> TensorAssembler:
-    """Feed groups, each serialized and parsed as one stream message, to an assembler."""
-    assembler = TensorAssembler()
+def _assemble(groups: list[list[pb.TensorChunk]], **options: bool) -> TensorAssembler:
+    """Feed groups, each serialized and parsed as one stream message, to an assembler
+    made with ``options``."""
+    assembler = TensorAssembler(**options)
     for index, group in enumerate(groups):
         message = pb.MinibatchChunk(chunk_index=index, num_chunks=len(groups), tensors=group)
         parsed = pb.MinibatchChunk.FromString(message.SerializeToString())
@@ -594,10 +595,7 @@ def test_background_copies_give_the_same_tensors(background: bool) -> None:
     named, groups = _spread()
     assert len(groups) > 4
     for _ in range(3):  # the assembler is reused batch after batch
-        assembler = TensorAssembler(background_copies=background)
-        for group in groups:
-            assembler.add_all(group)
-        out = assembler.finish_torch()
+        out = _assemble(groups, background_copies=background).finish_torch()
         assert set(out) == set(named)
         for name, value in named.items():
             assert torch.equal(out[name], value), name
@@ -622,16 +620,11 @@ def test_finish_and_reset_wait_for_every_background_copy(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(codec, "_decode_threads", lambda: Slow)
     named, groups = _spread()
-    assembler = TensorAssembler(background_copies=True)
-    for group in groups:
-        assembler.add_all(group)
-    out = assembler.finish_torch()  # returns only once the slow copies are done
+    out = _assemble(groups, background_copies=True).finish_torch()  # only once the slow copies are done
     assert len(started) > 4 and torch.equal(out["x"], named["x"])
 
     started.clear()
-    buffer_user = TensorAssembler(background_copies=True)
-    for group in groups[:3]:
-        buffer_user.add_all(group)
+    buffer_user = _assemble(groups[:3], background_copies=True)
     pending = list(buffer_user._copies)
     assert pending and not all(f.done() for f in pending)
     buffer_user.reset()  # a broken stream: nothing may still write the dropped buffers
@@ -651,9 +644,7 @@ def test_a_failed_background_copy_is_a_codec_error(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(codec, "_decode_threads", lambda: Failing)
     _, groups = _spread()
-    assembler = TensorAssembler(background_copies=True)
-    for group in groups:
-        assembler.add_all(group)
+    assembler = _assemble(groups, background_copies=True)
     with pytest.raises(CodecError, match="copying a received piece failed: MemoryError: no room"):
         assembler.finish_torch()
     assert assembler.names == []  # dropped: the next batch starts clean
@@ -668,10 +659,7 @@ def test_a_forked_child_starts_its_own_decode_threads(monkeypatch: pytest.Monkey
     childs = codec._decode_threads()
     assert childs is not parents
     named, groups = _spread()
-    assembler = TensorAssembler(background_copies=True)
-    for group in groups:
-        assembler.add_all(group)
-    assert torch.equal(assembler.finish_torch()["x"], named["x"])
+    assert torch.equal(_assemble(groups, background_copies=True).finish_torch()["x"], named["x"])
     childs.shutdown()
 
 
@@ -689,10 +677,8 @@ def test_pinned_assembly_returns_views_of_its_own_buffers(monkeypatch: pytest.Mo
     monkeypatch.setattr(codec.torch, "empty", empty)
     named = {"x": torch.randn(3000, 700).to(torch.bfloat16), "mask": torch.rand(2_000_000) < 0.5,
              "ids": torch.arange(700_000, dtype=torch.int64), "y": torch.arange(7, dtype=torch.int32)}
-    assembler = TensorAssembler(background_copies=True, pinned=True)
-    for group in codec.split_tensors(named, 1 << 20):
-        assembler.add_all(group)
-    out = assembler.finish_torch()
+    out = _assemble(list(codec.split_tensors(named, 1 << 20)), background_copies=True,
+                    pinned=True).finish_torch()
     assert len(made) == 3  # x, mask and ids span several messages; y arrives whole
     for name, value in named.items():
         assert out[name].dtype == value.dtype and torch.equal(out[name], value), name

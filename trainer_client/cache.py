@@ -37,7 +37,7 @@ from protos.channel import error_from_rpc
 from protos.codec import decode_tensor_torch, dtype_name, dtype_to_torch
 from protos.halfcast import words
 from sampling_server.feature_placement import parse_cache_amount
-from sampling_server.sampler.prefetch import prefetch
+from sampling_server.sampler.prefetch import LINE, prefetch
 
 if TYPE_CHECKING:
     from trainer_client.cluster import Cluster
@@ -77,7 +77,7 @@ def _assemble_rows(rows: np.ndarray, flat: np.ndarray, slot: np.ndarray, n_id: n
     incomplete). One thread: OpenMP's pool would spin in the trainer, whose cores the
     model needs."""
     width = out.shape[1]
-    step = max(1, 64 // rows.itemsize)  # words per cache line
+    step = max(1, LINE // rows.itemsize)  # words per cache line
     n = n_id.size
     j = 0
     for i in range(n):
