@@ -19,9 +19,10 @@ Rows (servers in their own processes, the client in this one):
   the first time (no per-send copy of the tensors into the messages; the trainer decodes
   as usual) and ``graphfeed-replay, not decoded``: the trainer parses every message
   (fastwire) but assembles no tensor (no copy out of the messages); and
-  ``graphfeed-replay, copies inline``: the trainer's copies out of the messages run on
-  the thread that reads the stream instead of the decode threads (the trainer before
-  they existed);
+  ``graphfeed-replay, copies inline`` or ``graphfeed-replay, decode threads``: the
+  trainer's copies out of the messages made the other way than its default (which
+  depends on the CPUs it may use, ``decode.BACKGROUND_COPIES_MIN_CPUS``): on the thread
+  that reads the stream, or on the decode threads;
 - ``graphfeed-server``: the real ``sampling_server`` (sampling included) read by
   ``RemoteNeighborLoader``, and the fraction of a trainer step spent waiting for data
   with a model step of a few fixed lengths (a sleep standing for GPU work).
@@ -264,14 +265,16 @@ def replay_row(channel: grpc.Channel, size: int, rounds: int, variant: str = "")
 
     ``variant`` (diagnostics): ``"encoded once"``: the server resends each batch's
     messages as first encoded; ``"not decoded"``: messages are parsed, no batch assembled
-    (the bytes counted are the messages'); ``"copies inline"``: the pieces are copied into
-    their tensors by the reading thread itself, as before the decode threads."""
+    (the bytes counted are the messages'); ``"copies inline"``, ``"decode threads"``: the
+    pieces are copied into their tensors by the reading thread itself, or by the decode
+    threads (without either: the trainer's default for this machine)."""
     from protos import fastwire
     from trainer_client.decode import BatchAssembler
 
     call_of = channel.unary_stream("/bench.Stream/Replay", request_serializer=None,
                                    response_deserializer=fastwire.minibatch_chunk_deserializer)
-    assembler = BatchAssembler(background_copies=variant != "copies inline")
+    assembler = BatchAssembler(background_copies={"copies inline": False, "decode threads": True}
+                               .get(variant))
     got = batches = 0
     cpu, started = time.process_time(), time.perf_counter()
     call = call_of(json.dumps({"size": size, "rounds": rounds,
@@ -295,20 +298,27 @@ def replay_row(channel: grpc.Channel, size: int, rounds: int, variant: str = "")
     gib = got / (1 << 30)
     row["encode_cpu_s_per_gib"] = round(_server_cpu(call, "server-encode-cpu-s") / gib, 3)
     if variant != "not decoded":
+        row["copies"] = "decode threads" if assembler.background_copies else "inline"
         row["decode_cpu_s_per_gib"] = round(decode / gib, 3)
         row["buffers_reused"] = assembler.pool.reused
     return row
 
 
-#: The diagnostic replays (see the module's docstring), run at the default message size.
-VARIANTS = ("encoded once", "not decoded", "copies inline")
+def variants() -> tuple[str, ...]:
+    """The diagnostic replays (see the module's docstring), run at the default message
+    size: the last makes the trainer's copies the other way than its default here."""
+    from sampling_server.threads import usable_cpus
+    from trainer_client.decode import BACKGROUND_COPIES_MIN_CPUS
+
+    other = "decode threads" if usable_cpus() < BACKGROUND_COPIES_MIN_CPUS else "copies inline"
+    return ("encoded once", "not decoded", other)
 
 
 def stream_passes(part_dir: Path, sizes: list[int], passes: int, rounds: int,
                   num_batches: int, tcp_bytes: int, diagnose: int | None = None) -> list[dict[str, Any]]:
     """Per pass: raw TCP, then at each size the bare stream and the replay back to back
     (their order alternates between passes), all against one server process; at size
-    ``diagnose`` the :data:`VARIANTS` of the replay follow (their ratio: to that pass's
+    ``diagnose`` the :func:`variants` of the replay follow (their ratio: to that pass's
     bare stream)."""
     from protos.channel import create_channel
 
@@ -349,7 +359,7 @@ def stream_passes(part_dir: Path, sizes: list[int], passes: int, rounds: int,
                          size >> 10, replay["ratio_to_bare"], replay["ratio_to_uncached"])
                 if size != diagnose:
                     continue
-                for variant in VARIANTS:
+                for variant in variants():
                     row = replay_row(channel, size, rounds, variant)
                     row["ratio_to_bare"] = round(row["mib_per_s"] / bare["mib_per_s"], 3)
                     rows.append({**row, "pass": p})
@@ -463,7 +473,7 @@ def summarize(rows: list[dict[str, Any]], sizes: list[int]) -> tuple[list[dict[s
         ratios[f"replay_vs_grpc_bytes_uncached({k})"] = by[f"graphfeed-replay({k})"]["ratio_to_uncached"]
         ratios[f"grpc_bytes_vs_tcp({k})"] = round(
             by[f"grpc-bytes({k})"]["mib_per_s"] / by["tcp"]["mib_per_s"], 3)
-        for variant in VARIANTS:
+        for variant in variants():
             if f"graphfeed-replay, {variant}({k})" in by:
                 ratios[f"replay_{variant.replace(' ', '_')}_vs_grpc_bytes({k})"] = \
                     by[f"graphfeed-replay, {variant}({k})"]["ratio_to_bare"]

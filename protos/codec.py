@@ -590,6 +590,11 @@ class TensorAssembler:
                                      f"{type(exc).__name__}: {exc}") from exc
 
     @property
+    def background_copies(self) -> bool:
+        """Whether pieces are copied on the decode threads."""
+        return self._background
+
+    @property
     def names(self) -> list[str]:
         """Names of the tensors started so far, in arrival order."""
         return list(self._partials)

@@ -15,6 +15,7 @@ import torch
 
 from protos import codec
 from protos import sampling_pb2 as pb
+from trainer_client import decode
 from trainer_client.decode import (
     BatchAssembler,
     BatchDecodeError,
@@ -131,6 +132,21 @@ def test_multi_chunk_batches_are_reassembled(dtype: torch.dtype) -> None:
     assert all(r is None for r in results[:-1])
     done = results[-1]
     assert done is not None and done.index == 5 and not assembler.pending
+    for key in ("n_id", "edge_index", "x", "y"):
+        assert torch.equal(done.data[key], batch[key]), key
+
+
+@pytest.mark.parametrize(("cpus", "background"), [(1, False), (2, False), (3, False), (4, True), (16, True)])
+def test_copies_run_on_the_decode_threads_only_with_cores_to_spare(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, background: bool
+) -> None:
+    monkeypatch.setattr(decode, "usable_cpus", lambda: cpus)
+    assembler = BatchAssembler()
+    assert assembler.background_copies is background
+    assert BatchAssembler(background_copies=not background).background_copies is not background
+    batch = fake_batch(np.arange(40), num_hops=3)  # the same batch either way
+    done = [assembler.add(m) for m in encode_batch(0, batch, num_batches=1, chunk_bytes=256)][-1]
+    assert done is not None
     for key in ("n_id", "edge_index", "x", "y"):
         assert torch.equal(done.data[key], batch[key]), key
 

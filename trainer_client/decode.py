@@ -34,6 +34,7 @@ from protos import sampling_pb2 as pb
 from protos.buffers import BufferPool
 from protos.codec import CodecError, TensorAssembler
 from protos.fastwire import WireMessage
+from sampling_server.threads import usable_cpus
 
 if TYPE_CHECKING:
     from trainer_client.hetero_decode import TypedSpec
@@ -43,6 +44,13 @@ BATCH_TENSORS = ("n_id", "edge_index", "x", "y", "orig_id", "x_cached")
 #: And with ``EpochRequest.compact_indices`` (``edge_index`` as sources + counts per target).
 COMPACT_TENSORS = (*BATCH_TENSORS, "edge_src", "edge_new", "edge_count")
 _INT64 = (torch.int64,)
+#: Usable CPUs from which an assembler copies pieces on the decode threads by default.
+#: With fewer, the copies compete with gRPC's threads and the reader for the same cores,
+#: and one made on another thread costs more CPU than one made where the piece arrived
+#: (the piece is still in this core's cache): on 2 cores each GiB decoded cost ~0.15
+#: CPU-seconds on the decode threads against ~0.10 inline, and the replay stream was
+#: ~8 % faster inline; on 16 cores the threads made it 13 % faster (docs/benchmarks.md).
+BACKGROUND_COPIES_MIN_CPUS = 4
 #: Feature dtypes a batch may carry.
 FEATURE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -97,15 +105,18 @@ class BatchAssembler:
     """
 
     def __init__(self, spec: BatchSpec | None = None, pool: BufferPool | None = None,
-                 background_copies: bool = True, pinned: bool = False) -> None:
+                 background_copies: bool | None = None, pinned: bool = False) -> None:
         """``spec`` says what every batch must contain (no checks beyond the wire's: None);
         ``pool`` holds the buffers of tensors spread over several messages (default: a
         new :class:`~protos.buffers.BufferPool`, kept for every batch of this assembler).
         ``background_copies``: copy those tensors' pieces on the decode threads while
-        the next message is read; ``pinned``: into page-locked memory instead of the pool,
+        the next message is read (default None: when the process may use at least
+        :data:`BACKGROUND_COPIES_MIN_CPUS` CPUs); ``pinned``: into page-locked memory instead of the pool,
         for a batch bound for a GPU (see :class:`~protos.codec.TensorAssembler`)."""
         self.spec = spec or BatchSpec()
         self.pool = pool if pool is not None else BufferPool()
+        if background_copies is None:
+            background_copies = usable_cpus() >= BACKGROUND_COPIES_MIN_CPUS
         self._tensors = TensorAssembler(pool=self.pool, background_copies=background_copies,
                                         pinned=pinned)
         self._header: pb.MinibatchHeader | None = None
@@ -113,6 +124,11 @@ class BatchAssembler:
         self._next_chunk = 0
         self._num_chunks = 0
         self._nbytes = 0
+
+    @property
+    def background_copies(self) -> bool:
+        """Whether pieces are copied on the decode threads."""
+        return self._tensors.background_copies
 
     @property
     def pending(self) -> bool:
