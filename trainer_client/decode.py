@@ -47,9 +47,10 @@ _INT64 = (torch.int64,)
 #: Usable CPUs from which an assembler copies pieces on the decode threads by default.
 #: With fewer, the copies compete with gRPC's threads and the reader for the same cores,
 #: and one made on another thread costs more CPU than one made where the piece arrived
-#: (the piece is still in this core's cache): on 2 cores each GiB decoded cost ~0.15
-#: CPU-seconds on the decode threads against ~0.10 inline, and the replay stream was
-#: ~8 % faster inline; on 16 cores the threads made it 13 % faster (docs/benchmarks.md).
+#: (the piece is still in this core's cache): on 2 cores each GiB decoded cost 0.143
+#: CPU-seconds on the decode threads against 0.097 inline (``benchmarks/decode.py``),
+#: for the same stream rate within the noise; on 16 cores the threads made the replay
+#: stream 13 % faster (docs/benchmarks.md).
 BACKGROUND_COPIES_MIN_CPUS = 4
 #: Feature dtypes a batch may carry.
 FEATURE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
