@@ -112,8 +112,9 @@ class BatchAssembler:
         new :class:`~protos.buffers.BufferPool`, kept for every batch of this assembler).
         ``background_copies``: copy those tensors' pieces on the decode threads while
         the next message is read (default None: when the process may use at least
-        :data:`BACKGROUND_COPIES_MIN_CPUS` CPUs); ``pinned``: into page-locked memory instead of the pool,
-        for a batch bound for a GPU (see :class:`~protos.codec.TensorAssembler`)."""
+        :data:`BACKGROUND_COPIES_MIN_CPUS` CPUs); ``pinned``: into page-locked memory
+        instead of the pool, for a batch bound for a GPU (see
+        :class:`~protos.codec.TensorAssembler`)."""
         self.spec = spec or BatchSpec()
         self.pool = pool if pool is not None else BufferPool()
         if background_copies is None:
