@@ -40,24 +40,10 @@ MODES = {"inline": False, "decode threads": True}
 
 def encode_batches(part_dir: Path, num_batches: int, chunk_bytes: int) -> list[list[bytes]]:
     """``num_batches`` real batches, each as the messages the server would send."""
-    from stream import _sample_batches
+    from stream import _sample_batches, encode_batch
 
-    from protos import fastwire
-    from protos import sampling_pb2 as pb
-
-    encoded = []
-    for index, (named, out) in enumerate(_sample_batches(str(part_dir), num_batches)):
-        def head(i: int, n: int, index: int = index, out: Any = out) -> pb.MinibatchChunk:
-            msg = pb.MinibatchChunk(batch_index=index, chunk_index=i, num_chunks=n)
-            if i == 0:
-                msg.header.CopyFrom(pb.MinibatchHeader(
-                    num_batches=num_batches, num_seed_nodes=out.batch_size,
-                    num_sampled_nodes=out.num_sampled_nodes,
-                    num_sampled_edges=out.num_sampled_edges))
-            return msg
-
-        encoded.append(fastwire.encode_chunks(head, named, chunk_bytes))
-    return encoded
+    return [encode_batch(named, out, index, num_batches, chunk_bytes)
+            for index, (named, out) in enumerate(_sample_batches(str(part_dir), num_batches))]
 
 
 def decode_round(encoded: list[list[bytes]], background: bool) -> tuple[float, float, int]:

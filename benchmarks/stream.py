@@ -146,6 +146,24 @@ def _sample_batches(part_dir: str, num_batches: int) -> list[tuple[dict[str, Any
     return batches
 
 
+def encode_batch(named: dict[str, Any], out: Any, index: int, total: int, size: int) -> list[bytes]:
+    """Batch ``index`` of ``total`` (its tensors ``named``, its sampler output ``out``) as
+    the server's pipeline encodes it: ``MinibatchChunk`` messages of ``size`` bytes of
+    tensor data (``protos.fastwire``), the first with the batch's header."""
+    from protos import fastwire
+    from protos import sampling_pb2 as pb
+
+    def head(i: int, n: int) -> pb.MinibatchChunk:
+        msg = pb.MinibatchChunk(batch_index=index, chunk_index=i, num_chunks=n)
+        if i == 0:
+            msg.header.CopyFrom(pb.MinibatchHeader(
+                num_batches=total, num_seed_nodes=out.batch_size,
+                num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges))
+        return msg
+
+    return fastwire.encode_chunks(head, named, size)
+
+
 def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> None:
     """Serve both streams from one process (graphfeed's server options):
 
@@ -159,7 +177,6 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
     spent while the call ran (``server-cpu-s``: every thread, gRPC's own included).
     """
     from protos import fastwire
-    from protos import sampling_pb2 as pb
     from protos.allocator import keep_freed_memory
 
     keep_freed_memory()  # as the server's CLI does at start-up
@@ -181,16 +198,8 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
         context.set_trailing_metadata((("server-cpu-s", f"{time.process_time() - cpu:.4f}"),))
 
     def encode(named: dict[str, Any], out: Any, index: int, total: int, size: int) -> list[bytes]:
-        def head(i: int, n: int) -> pb.MinibatchChunk:
-            msg = pb.MinibatchChunk(batch_index=index, chunk_index=i, num_chunks=n)
-            if i == 0:
-                msg.header.CopyFrom(pb.MinibatchHeader(
-                    num_batches=total, num_seed_nodes=out.batch_size,
-                    num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges))
-            return msg
-
         began = time.thread_time()
-        messages = fastwire.encode_chunks(head, named, size)
+        messages = encode_batch(named, out, index, total, size)
         encode_cpu.append(time.thread_time() - began)
         return messages
 
