@@ -139,10 +139,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "holds (default 1gbit)")
     p.add_argument("--row-timeout", type=float, default=900.0, help="seconds a row may take")
     p.add_argument("--subnet", default="10.231.78", help="private /24 of the namespaces")
+    p.add_argument("--server-workers", type=int, default=None,
+                   help="each server's sampling threads (its --workers; default: the server's own)")
     p.add_argument("--results-name", default="netns_link")
     args = p.parse_args(argv)
     if args.step_ms < 0 or args.batches < 1 or args.warmup < 0 or args.delay_us < 0 or args.repeat < 1:
         p.error("--step-ms, --delay-us and --warmup must be >= 0, --batches and --repeat >= 1")
+    if args.server_workers is not None and args.server_workers < 1:
+        p.error(f"--server-workers: expected an integer >= 1, got {args.server_workers}")
     return args
 
 
@@ -206,7 +210,8 @@ class Bench:
         self.servers: dict[str, subprocess.Popen[str]] = {}
         self.others: list[subprocess.Popen[str]] = []
         self.addresses = [f"{net.topo.host(s).address}:{PORT}" for s in SERVERS]
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1",
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
     def _start(self, host: str, cmd: list[str], log_name: str) -> subprocess.Popen[str]:
         out = open(self.tmp / log_name, "w")  # noqa: SIM115 (closed with the process)
@@ -271,6 +276,8 @@ class Bench:
                    "--partition", str(p), "--listen", self.addresses[p], "--peers", peers,
                    "--verify", "size", "--no-mmap", "--device", "cpu",
                    "--metrics-port", str(METRICS_PORT), "--log-level", "WARNING"]
+            if self.args.server_workers is not None:
+                cmd += ["--workers", str(self.args.server_workers)]
             self.servers[name] = self._start(name, cmd, f"{name}.log")
 
     def check_servers(self) -> None:
@@ -456,7 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(rows)
     payload = {"benchmark": "netns_link", "graph": manifest.graph_name, "partitions": manifest.num_partitions,
                "num_nodes": manifest.num_nodes, "fanouts": FANOUTS, "batch_size": args.batch_size,
-               "step_ms": args.step_ms, "batches": args.batches, "repeat": args.repeat, "netem": netem,
+               "step_ms": args.step_ms, "server_workers": args.server_workers, "batches": args.batches,
+               "repeat": args.repeat, "netem": netem,
                "delay_us_requested": args.delay_us, "machine": machine(), "probes": probes,
                "rows": rows, **summary, "measurements": measurements if args.repeat > 1 else []}
     path = write_json(args.results_name, payload)
