@@ -15,7 +15,10 @@ steps, each a child process with its own deadline (the whole run fits in ``--bud
 3. ``benchmarks/stream.py``: a CUDA sampling server streaming to a trainer whose loader
    puts batches on the GPU, with no trainer cache (every feature row on the stream) and
    with the default ``auto`` cache on the GPU, beside bare gRPC and TCP in the same run;
-4. ``deploy/demo.py --trainers 1 --device auto``: a 1-GPU NCCL DDP run of the demo with
+4. ``benchmarks/model_step.py``: one training step of the default model (GraphSAGE) on a
+   real sampled batch of ``--preset``, in float32 and bfloat16 autocast: what a stream
+   must deliver a batch within to keep this GPU busy;
+5. ``deploy/demo.py --trainers 1 --device auto``: a 1-GPU NCCL DDP run of the demo with
    CUDA sampling servers.
 
 Writes ``benchmarks/results/gpu-check.json`` and ``gpu-check.md`` (the device name, every
@@ -179,6 +182,11 @@ def collect_figures(step: Step, data: Path) -> None:
     elif step.name in ("sampler", "stream"):
         payload = read_json(RESULTS / f"gpu-check-{step.name}.json")
         step.figures = {"rows": payload.get("rows", []), "ratios": payload.get("ratios", {})}
+    elif step.name == "model step":
+        payload = read_json(RESULTS / "gpu-check-model-step.json")
+        keys = ("nodes_per_batch_median", "edges_per_batch_median")
+        step.figures = {k: payload[k] for k in keys if k in payload}
+        step.figures.update({f"{r['label']} ms per step": r["ms_median"] for r in payload.get("rows", [])})
     elif step.name == "demo (1 GPU, NCCL)":
         metrics = read_json(data / "demo" / "metrics.json")
         step.figures = {k: metrics[k] for k in ("test_acc", "selected_epoch", "device", "world_size",
@@ -201,10 +209,12 @@ def steps_for(args: argparse.Namespace) -> list[tuple[Step, float]]:
         (Step("stream", [py, "benchmarks/stream.py", *bench, "--gib", "1", "--passes", "1",
                          "--sizes-kib", "4096", "--server-device", "cuda", "--trainer-device", "cuda",
                          "--cache-size", "0", "auto",
-                         "--results-name", "gpu-check-stream"]), 0.25),
+                         "--results-name", "gpu-check-stream"]), 0.22),
+        (Step("model step", [py, "benchmarks/model_step.py", *bench, "--device", "cuda",
+                             "--results-name", "gpu-check-model-step"]), 0.06),
         (Step("demo (1 GPU, NCCL)", [py, "deploy/demo.py", "--data", str(args.data / "demo"),
                                      "--trainers", "1", "--device", "auto", "--server-device", "cuda",
-                                     "--epochs", "3"]), 0.2),
+                                     "--epochs", "3"]), 0.17),
     ]
 
 

@@ -109,3 +109,22 @@ def test_the_gpu_step_runs_every_file_with_gpu_tests(gpu_check: Any) -> None:
               if mark.search(path.read_text())}
     assert "tests/test_gpu_trainer.py" in marked
     assert set(gpu_check.GPU_TEST_FILES) == marked
+
+
+def test_the_plan_shares_the_budget_and_reads_the_model_step(gpu_check: Any, tmp_path: Path) -> None:
+    import argparse
+
+    plan = gpu_check.steps_for(argparse.Namespace(data=tmp_path / "data", preset="products-like"))
+    assert [s.name for s, _ in plan] == ["gpu tests", "sampler", "stream", "model step", "demo (1 GPU, NCCL)"]
+    assert sum(share for _, share in plan) == pytest.approx(1.0)
+    step = next(s for s, _ in plan if s.name == "model step")
+    assert "benchmarks/model_step.py" in step.command and "gpu-check-model-step" in step.command
+    results = gpu_check.RESULTS
+    results.mkdir(parents=True)
+    (results / "gpu-check-model-step.json").write_text(json.dumps({
+        "nodes_per_batch_median": 428513, "edges_per_batch_median": 694104,
+        "rows": [{"label": "float32", "ms_median": 9.13},
+                 {"label": "bfloat16 autocast", "ms_median": 5.73}]}))
+    gpu_check.collect_figures(step, tmp_path / "data")
+    assert step.figures == {"nodes_per_batch_median": 428513, "edges_per_batch_median": 694104,
+                            "float32 ms per step": 9.13, "bfloat16 autocast ms per step": 5.73}
