@@ -72,9 +72,10 @@ compose-test: install
 	$(PY) deploy/compose_test.py $(COMPOSE_TEST_ARGS)
 
 # On a machine with a CUDA GPU: the gpu tests, the CUDA benchmark rows, the model step and a
-# 1-GPU NCCL demo in under 10 minutes, one report (benchmarks/results/gpu-check.{json,md}). Without a GPU it
-# says so and exits 0. GPU_PYTHON: this venv's python when there is one, else python3 with
-# the machine's own packages (a GPU image with torch, numba-cuda, PyG and grpcio).
+# 1-GPU NCCL demo in under 10 minutes, one report (benchmarks/results/gpu-check.{json,md}).
+# Without a GPU it says so and exits 0. GPU_PYTHON: this venv's python when there is one,
+# else python3 with the machine's own packages (a GPU image with torch, numba-cuda, PyG and
+# grpcio).
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 gpu-check:
 	PYTHONPATH=. $(GPU_PYTHON) benchmarks/gpu_check.py
