@@ -34,6 +34,7 @@ from common import machine, seed_batches, write_json
 from sampler import BATCH, FANOUTS, ensure_partition
 
 from partitioner import load_partition
+from partitioner.format import Partition
 from sampling_server.sampler import create_sampler
 from sampling_server.sampler.rng import batch_key
 from trainer_client.models import build_model
@@ -41,9 +42,8 @@ from trainer_client.models import build_model
 log = logging.getLogger("bench.model_step")
 
 
-def sampled_batches(part_dir: Path, device: torch.device, count: int) -> list[dict[str, Any]]:
-    """``count`` sampled batches with ``x`` and ``y``, already on ``device``."""
-    part = load_partition(part_dir, 0, verify="size")
+def sampled_batches(part: Partition, device: torch.device, count: int) -> list[dict[str, Any]]:
+    """``count`` sampled batches of ``part`` with ``x`` and ``y``, already on ``device``."""
     sampler = create_sampler(part, device="cuda" if device.type == "cuda" else "cpu")
     seeds = seed_batches(np.asarray(part.splits["train"]), 0, BATCH)
     start = int(part.partition_book[0])
@@ -55,7 +55,7 @@ def sampled_batches(part_dir: Path, device: torch.device, count: int) -> list[di
         batches.append({
             "x": torch.from_numpy(np.asarray(part.x[local])).to(device),
             "y": labels[torch.from_numpy(local[:BATCH])].to(device),
-            "edge_index": torch.stack([out.row, out.col]).to(device),
+            "edge_index": out.edge_index.to(device),
             "num_sampled_nodes": list(out.num_sampled_nodes),
             "num_sampled_edges": list(out.num_sampled_edges),
         })
@@ -103,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.batches < 1 or args.warmup < 0:
         p.error(f"--batches >= 1 and --warmup >= 0 expected, got {args.batches} and {args.warmup}")
     device = torch.device(args.device)
-    part_dir = ensure_partition(args.data, args.preset)
-    batches = sampled_batches(part_dir, device, args.batches)
-    num_classes = int(load_partition(part_dir, 0, verify="size").manifest.num_classes)
+    part = load_partition(ensure_partition(args.data, args.preset), 0, verify="size")
+    batches = sampled_batches(part, device, args.batches)
+    num_classes = int(part.manifest.num_classes)
     nodes = [int(b["x"].shape[0]) for b in batches]
     edges = [int(b["edge_index"].shape[1]) for b in batches]
     rows = []
