@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -31,6 +32,7 @@ from sampling_server.limits import printable
 from sampling_server.metrics import ServerMetrics
 from sampling_server.peer import BoundPeers, PeerCallOptions, PeerClient
 from sampling_server.sampler import NeighborSampler, batch_key
+from sampling_server.sampler.base import begin
 from sampling_server.store import PartitionStore
 from sampling_server.threads import kernel_threads, limit_kernel_threads
 
@@ -118,9 +120,10 @@ class SamplingPipeline:
         self.threads = kernel_threads(threads)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sample",
                                         initializer=limit_kernel_threads, initargs=(self.threads,))
-        #: Original-ID lookups run beside the feature gather (both wait on peers); their
-        #: own threads, so a lookup never waits for a sampling thread.
-        self.lookups = ThreadPoolExecutor(workers, thread_name_prefix="orig-ids",
+        #: Original-ID lookups, and the labels of a batch whose features are partly
+        #: cached, run beside the feature gather (all wait on peers); their own threads
+        #: (two per sampling thread), so a lookup never waits for a sampling thread.
+        self.lookups = ThreadPoolExecutor(2 * workers, thread_name_prefix="lookup",
                                           initializer=limit_kernel_threads, initargs=(self.threads,))
 
     def stage(self, name: str) -> AbstractContextManager[None]:
@@ -175,13 +178,17 @@ class SamplingPipeline:
         named: dict[str, codec.TensorLike] = {}
         wire = codec.dtype_to_torch(job.feature_dtype)  # x is gathered in it
         if job.features and job.cache_counts:
+            # every node's label but only the missing rows: two gathers, side by side
+            gather_labels = partial(sampler.gather, n_id, features=False, labels=True,
+                                    remote=remote)
+            labels = None if not job.labels else self.lookups.submit(gather_labels) \
+                if sampler.overlap_peers else begin(gather_labels, overlap=False)
             cached = self.hot.cached_mask(n_id, job.cache_counts)
             missing = torch.nonzero(~cached.to(n_id.device)).flatten()
             x, _ = sampler.gather(n_id[missing], features=True, labels=False, remote=remote,
                                   dtype=wire)
             named["x_cached"] = compact.pack_mask(cached) if job.compact else cached
-            y = sampler.gather(n_id, features=False, labels=True, remote=remote)[1] \
-                if job.labels else None
+            y = labels.result()[1] if labels is not None else None  # bounded: peer deadlines
         else:
             x, y = sampler.gather(n_id, features=job.features, labels=job.labels, remote=remote,
                                   dtype=wire)

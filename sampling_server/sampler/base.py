@@ -11,8 +11,10 @@ the batch one sampler holding the whole graph would draw.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -21,6 +23,33 @@ from partitioner.format import Partition
 from protos import allocator, halfcast
 from sampling_server.sampler import cpu_gather
 from sampling_server.sampler.types import HopSample, Minibatch, SamplerOutput
+
+T = TypeVar("T")
+
+#: Most peer requests in flight at once while their callers do their own share.
+PEER_WAIT_THREADS = 64
+_peer_waits: ThreadPoolExecutor | None = None
+_peer_waits_lock = threading.Lock()
+
+
+def begin(call: Callable[[], T], overlap: bool = True) -> Future[T]:
+    """Start ``call`` (a request to the peers) on a thread of its own and return at once,
+    so that the caller's share of the same hop or gather overlaps the round trip. The
+    caller waits on the future without a timeout of its own: peer calls carry their
+    deadlines. Threads are made as calls need them (at most :data:`PEER_WAIT_THREADS`).
+    ``overlap=False`` runs ``call`` here, before returning."""
+    global _peer_waits
+    if not overlap:
+        done: Future[T] = Future()
+        try:
+            done.set_result(call())
+        except Exception as exc:  # re-raised by done.result(), as a pool's future does
+            done.set_exception(exc)
+        return done
+    with _peer_waits_lock:
+        if _peer_waits is None:
+            _peer_waits = ThreadPoolExecutor(PEER_WAIT_THREADS, thread_name_prefix="peer-wait")
+        return _peer_waits.submit(call)
 
 
 def torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:
@@ -105,6 +134,8 @@ class NeighborSampler(abc.ABC):
 
     #: Where the sampler's tensors live.
     device: torch.device
+    #: Whether requests to the peers run while this sampler does its own share (:func:`begin`).
+    overlap_peers: bool = True
 
     def __init__(self, partition: Partition, *, replace: bool = False, weighted: bool = False):
         if weighted and partition.edge_weight is None:
@@ -213,13 +244,15 @@ class NeighborSampler(abc.ABC):
             return self._orig_ids_local(nodes)
         owner = self.owner_of(nodes)
         mine = owner == self.partition.partition_id
-        out = torch.empty(nodes.numel(), dtype=torch.int64)
-        local = torch.nonzero(mine).flatten()
-        out[local] = self._orig_ids_local(nodes[local])
         if remote is None:
             raise RuntimeError("orig_ids_of: nodes of other partitions but no remote lookup was given")
         groups = owner_groups(owner, self.partition.partition_id)
-        answers = remote({p: nodes[pos] for p, pos in groups.items()})
+        asked = {p: nodes[pos] for p, pos in groups.items()}
+        pending = begin(lambda: remote(asked), self.overlap_peers)
+        out = torch.empty(nodes.numel(), dtype=torch.int64)
+        local = torch.nonzero(mine).flatten()
+        out[local] = self._orig_ids_local(nodes[local])
+        answers = pending.result()  # bounded: peer calls carry deadlines
         for p, pos in groups.items():
             out[pos] = answers[p].to(torch.int64)
         return out
@@ -284,10 +317,13 @@ class NeighborSampler(abc.ABC):
             )
         groups = owner_groups(owner)
         local_pos = groups.pop(self.partition.partition_id, None)
+        asked = {p: frontier[pos].cpu() for p, pos in groups.items()}
+        # the owners draw while this partition draws its own share
+        pending = begin(lambda: remote(asked, fanout, key, hop), self.overlap_peers)
         parts: dict[int, HopSample] = {}
         if local_pos is not None:
             parts[-1] = self.sample_neighbors(frontier[local_pos], fanout, key, hop)
-        answers = remote({p: frontier[pos].cpu() for p, pos in groups.items()}, fanout, key, hop)
+        answers = pending.result()  # bounded: peer calls carry deadlines
         for p in groups:
             parts[p] = HopSample(answers[p].counts.to(self.device),
                                  answers[p].neighbors.to(self.device))
@@ -300,8 +336,9 @@ class NeighborSampler(abc.ABC):
         remote: RemoteNodeData | None = None, dtype: torch.dtype | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Features (in ``dtype``; None: as stored) and labels of ``n_id``'s nodes, in
-        order; remote rows via ``remote``. Owned rows are gathered straight into their
-        places, remote ones scattered in as they arrive (a peer answers in ``dtype``)."""
+        order; remote rows via ``remote``, asked for first, so that the owned rows are
+        gathered straight into their places while the peers gather theirs; the remote
+        rows are scattered in once they arrive (a peer answers in ``dtype``)."""
         if self.owns_all(n_id):
             stored = torch_dtype(self.partition.x.dtype)
             if features and dtype is not None and dtype != stored and self.device.type == "cpu":
@@ -319,10 +356,13 @@ class NeighborSampler(abc.ABC):
         x = self.empty_rows(n_id.numel(), dtype or torch_dtype(self.partition.x.dtype)) \
             if features else None
         y = torch.empty(n_id.numel(), dtype=torch.int64, device=self.device) if labels else None
+        groups = owner_groups(owner, self.partition.partition_id)
+        asked = {p: n_id[pos].cpu() for p, pos in groups.items()}
+        # the owners gather while this partition gathers its own rows
+        pending = begin(lambda: remote(asked, features, labels), self.overlap_peers)
         local_pos = torch.nonzero(mine).flatten()
         self.gather_local_into(n_id[local_pos], local_pos, x, y)
-        groups = owner_groups(owner, self.partition.partition_id)
-        answers = remote({p: n_id[pos].cpu() for p, pos in groups.items()}, features, labels)
+        answers = pending.result()  # bounded: peer calls carry deadlines
         for p, pos in groups.items():
             rx, ry = answers[p]
             assign_rows(x, pos, rx)

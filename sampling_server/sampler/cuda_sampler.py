@@ -61,6 +61,9 @@ class DeviceArrays:
     device: torch.device
     topology: str
     _keep: list[torch.Tensor]
+    #: Peer requests overlap this sampler's kernels, except under the CUDA simulator,
+    #: whose launches are not thread-safe (each swaps module globals while it runs).
+    overlap_peers = not K.SIMULATOR
 
     def _place(self, a: np.ndarray, dtype: Any) -> Any:
         """``a`` as a kernel argument in device memory, or mapped host memory for UVA."""

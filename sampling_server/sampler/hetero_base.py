@@ -26,6 +26,7 @@ from partitioner.hetero_format import HeteroPartition
 from sampling_server.sampler.base import (
     Relabeler,
     assign_rows,
+    begin,
     check_fanouts,
     is_identity,
     merge_hop_samples,
@@ -112,6 +113,8 @@ class HeteroNeighborSampler(abc.ABC):
 
     #: Where the sampler's tensors live.
     device: torch.device
+    #: Whether requests to the peers run while this sampler does its own share (``begin``).
+    overlap_peers: bool = True
 
     def __init__(self, partition: HeteroPartition, *, replace: bool = False):
         self.partition = partition
@@ -256,11 +259,13 @@ class HeteroNeighborSampler(abc.ABC):
         if remote is None:
             raise RuntimeError(f"frontier of hop {hop} along {edge_type_name(edge_type)} reaches "
                                f"other partitions but no remote sampler was given")
+        asked = {p: frontier[pos].cpu() for p, pos in groups.items()}
+        pending = begin(lambda: remote.sample(edge_type, asked, fanout, key, hop),
+                        self.overlap_peers)
         parts: dict[int, HopSample] = {}
         if local_pos.numel():
             parts[-1] = self.sample_relation(edge_type, frontier[local_pos], fanout, key, hop)
-        answers = remote.sample(edge_type, {p: frontier[pos].cpu() for p, pos in groups.items()},
-                                fanout, key, hop)
+        answers = pending.result()  # bounded: peer calls carry deadlines
         for p in groups:
             parts[p] = HopSample(answers[p].counts.to(self.device),
                                  answers[p].neighbors.to(self.device))
@@ -309,13 +314,15 @@ class HeteroNeighborSampler(abc.ABC):
         if remote is None:
             raise RuntimeError(f"gather: {node_type!r} nodes of other partitions but no remote "
                                f"was given")
+        asked = {p: nodes[pos].cpu() for p, pos in groups.items()}
+        pending = begin(lambda: remote.node_data(node_type, asked, features, labels),
+                        self.overlap_peers)
         lx, ly = self.gather_local(node_type, nodes[local_pos], features, labels)
         x = None if lx is None else lx.new_empty((nodes.numel(), *lx.shape[1:]))
         y = None if ly is None else ly.new_empty(nodes.numel())
         assign_rows(x, local_pos, lx)
         assign_rows(y, local_pos, ly)
-        answers = remote.node_data(node_type, {p: nodes[pos].cpu() for p, pos in groups.items()},
-                                   features, labels)
+        answers = pending.result()  # bounded: peer calls carry deadlines
         for p, pos in groups.items():
             assign_rows(x, pos, answers[p][0])
             assign_rows(y, pos, answers[p][1])
