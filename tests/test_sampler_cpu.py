@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from pathlib import Path
+from typing import Any, cast
 
 import numba
 import numpy as np
@@ -40,7 +42,7 @@ from sampling_server.sampler import (
 )
 from sampling_server.sampler import cpu_fused as F
 from sampling_server.sampler import cpu_kernels as K
-from sampling_server.sampler.base import NeighborSampler
+from sampling_server.sampler.base import NeighborSampler, RemoteNeighbors, RemoteNodeData, begin
 from sampling_server.sampler.convert import to_pyg_data
 
 FANOUTS = [[2, 2], [3, -1], [0, 5], [5, 3, 2]]
@@ -268,6 +270,71 @@ def test_gather_of_mixed_owners_in_a_wire_dtype_equals_indexing_then_casting(
         assert y is None and x is not None and torch.equal(x.view(torch.uint8), want_x.view(torch.uint8))
         x, y = samplers[0].gather(ids, features=False, remote=peers.node_data, dtype=dtype)
         assert x is None and y is not None and torch.equal(y, want_y)
+
+
+def test_peer_requests_are_in_flight_while_the_own_share_is_done(
+    shuffled: tuple[list[Partition], np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hop's remote draws and a gather's remote rows are asked for before the sampler
+    does its own partition's share, so the two overlap: each patched local step sees the
+    peer's request already started, and the peer answers only once the local step ran.
+    A peer's error still reaches the caller."""
+    parts, _ = shuffled
+    samplers = _samplers(parts, False, False)
+    sampler, peers = samplers[0], LocalPeers(samplers)
+    seen: list[str] = []
+
+    def overlapped(name: str, local: Any, remote: Any) -> tuple[Any, Any]:
+        asked, local_done = threading.Event(), threading.Event()
+
+        def local_step(*args: Any, **kwargs: Any) -> Any:
+            if asked.wait(5.0):
+                seen.append(name)
+            local_done.set()
+            return local(*args, **kwargs)
+
+        def remote_call(*args: Any, **kwargs: Any) -> Any:
+            asked.set()
+            assert local_done.wait(5.0), f"{name}: the peer's answer was awaited before the local step"
+            return remote(*args, **kwargs)
+        return local_step, remote_call
+
+    start, stop = parts[0].node_range
+    num_nodes = int(sampler.partition_book[-1])
+    frontier = torch.tensor([start, stop, start + 1, num_nodes - 1])  # two owners
+    local, remote = overlapped("sample", sampler.sample_neighbors, peers.neighbors)
+    monkeypatch.setattr(sampler, "sample_neighbors", local)
+    got = sampler.sample_frontier(frontier, 3, batch_key(1, 0, 0, 0), 0, remote)
+    monkeypatch.undo()
+    want = sampler.sample_frontier(frontier, 3, batch_key(1, 0, 0, 0), 0, peers.neighbors)
+    assert torch.equal(got.counts, want.counts) and torch.equal(got.neighbors, want.neighbors)
+
+    local, remote = overlapped("gather", sampler.gather_local_into, peers.node_data)
+    monkeypatch.setattr(sampler, "gather_local_into", local)
+    x, y = sampler.gather(frontier, remote=remote)
+    monkeypatch.undo()
+    want_x, want_y = sampler.gather(frontier, remote=peers.node_data)
+    assert x is not None and want_x is not None and torch.equal(x, want_x)
+    assert y is not None and want_y is not None and torch.equal(y, want_y)
+    assert seen == ["sample", "gather"]
+
+    def failing(*args: Any) -> Any:
+        raise ConnectionError("peer partition 1: gone")
+    with pytest.raises(ConnectionError, match="gone"):
+        sampler.sample_frontier(frontier, 3, batch_key(1, 0, 0, 0), 0, cast(RemoteNeighbors, failing))
+    with pytest.raises(ConnectionError, match="gone"):
+        sampler.gather(frontier, remote=cast(RemoteNodeData, failing))
+
+
+def test_begin_without_overlap_runs_the_call_in_place() -> None:
+    """``overlap=False`` (a CUDA sampler under the simulator): the call has run, on the
+    caller's thread, when ``begin`` returns; its error is raised by ``result()``."""
+    done = begin(threading.get_ident, overlap=False)
+    assert done.done() and done.result() == threading.get_ident()
+    failed = begin(lambda: 1 // 0, overlap=False)
+    with pytest.raises(ZeroDivisionError):
+        failed.result()
+    assert begin(lambda: threading.get_ident()).result(timeout=10) != threading.get_ident()
 
 
 def test_gather_into_and_scatter_into_match_numpy_and_name_bad_shapes() -> None:
