@@ -112,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "partition's rows (0.2, 20%%), a size (2GiB), or auto: every row when the "
                       "features fit in half the GPU's free memory, else the hot rows that do; "
                       "plus 8 bytes of GPU memory per node for the slot maps (auto)")
-    tune.add_argument("--workers", type=_positive_int, help="sampling threads, shared by all streams (2)")
+    tune.add_argument("--workers", type=_positive_int,
+                      help="sampling threads, shared by all streams (half the usable CPUs, 2 to 6)")
     tune.add_argument("--threads", type=_positive_int,
                       help="CPU threads per sampling call (the CPUs this process may use)")
     tune.add_argument("--prefetch", type=_positive_int, help="batches each stream samples ahead (4)")

@@ -66,8 +66,9 @@ class ServerConfig:
     #: row when they fit in half the GPU's free memory, else the hot rows that do.
     #: Ignored on the CPU.
     gpu_cache_size: str | float = "auto"
-    #: Threads sampling batches, shared by every stream.
-    workers: int = 2
+    #: Threads sampling batches, shared by every stream. None: half the CPUs this process
+    #: may use, from 2 to 6 (:func:`sampling_server.threads.sampling_workers`).
+    workers: int | None = None
     #: CPU threads each sampling call may use (Numba kernels; torch ops too when the
     #: server runs as its own process). None: the CPUs this process may use (its CPU
     #: affinity and its cgroup's CPU quota, e.g. a container's limit).
@@ -145,7 +146,8 @@ class ServerConfig:
             parse_gpu_cache_size(self.gpu_cache_size)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        _check(self.workers >= 1, "workers", "an integer >= 1", self.workers)
+        _check(self.workers is None or (type(self.workers) is int and self.workers >= 1),
+               "workers", "an integer >= 1 or None (automatic)", self.workers)
         _check(self.threads is None or (type(self.threads) is int and self.threads >= 1),
                "threads", "an integer >= 1 or None (automatic)", self.threads)
         _check(self.prefetch >= 1, "prefetch", "an integer >= 1", self.prefetch)

@@ -34,7 +34,7 @@ from sampling_server.peer import BoundPeers, PeerCallOptions, PeerClient
 from sampling_server.sampler import NeighborSampler, batch_key
 from sampling_server.sampler.base import begin
 from sampling_server.store import PartitionStore
-from sampling_server.threads import kernel_threads, limit_kernel_threads
+from sampling_server.threads import kernel_threads, limit_kernel_threads, sampling_workers
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class SamplingPipeline:
     """Samples, gathers and encodes the batches of every stream of one server."""
 
     def __init__(
-        self, store: PartitionStore, peers: PeerClient | None, *, workers: int = 2,
+        self, store: PartitionStore, peers: PeerClient | None, *, workers: int | None = None,
         prefetch: int = 4, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
         threads: int | None = None,
     ) -> None:
@@ -118,6 +118,8 @@ class SamplingPipeline:
         self.hot = HotNodes(store, lambda: self.peers, chunk_bytes)
         #: CPU threads each parallel kernel of a sampling thread may use.
         self.threads = kernel_threads(threads)
+        #: Sampling threads (None given: chosen from the CPUs, :func:`sampling_workers`).
+        self.workers = workers = sampling_workers(workers)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sample",
                                         initializer=limit_kernel_threads, initargs=(self.threads,))
         #: Original-ID lookups, and the labels of a batch whose features are partly

@@ -482,7 +482,7 @@ def serve(config: ServerConfig) -> int:
     # too (torch's own default, physical cores, stays when no limit is lower).
     torch.set_num_threads(config.threads or min(torch.get_num_threads(), server.pipeline.threads))
     log.info("partition=%d: %d sampling workers x %d CPU threads per call",
-             config.partition, config.workers, server.pipeline.threads)
+             config.partition, server.pipeline.workers, server.pipeline.threads)
     signals = 0
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -743,7 +743,7 @@ servers:
     with pytest.raises(ConfigError, match="missing \\[1\\]"):
         config_from_cluster({"servers": [{"partition": 0, "address": "a:1"},
                                          {"partition": 2, "address": "b:1"}]}, 0)
-    with pytest.raises(ConfigError, match="workers: expected an integer >= 1, got 0"):
+    with pytest.raises(ConfigError, match="workers: expected an integer >= 1 or None \\(automatic\\), got 0"):
         ServerConfig(partition_dir=parts2, partition=0, workers=0)
 
 

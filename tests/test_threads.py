@@ -66,3 +66,32 @@ def test_config_threads_must_be_a_positive_integer(tmp_path: Path, bad: object) 
     with pytest.raises(ConfigError, match="threads: expected an integer >= 1"):
         ServerConfig(partition_dir=tmp_path, partition=0, threads=bad)  # type: ignore[arg-type]
     assert ServerConfig(partition_dir=tmp_path, partition=0, threads=3).threads == 3
+
+
+@pytest.mark.parametrize(("cpus", "expected"), [(1, 2), (2, 2), (5, 2), (6, 3), (9, 4), (16, 6), (128, 6)])
+def test_sampling_workers_are_half_the_usable_cpus_from_2_to_6(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, expected: int
+) -> None:
+    monkeypatch.setattr(threads, "usable_cpus", lambda: cpus)
+    assert threads.sampling_workers(None) == expected
+    assert threads.sampling_workers(1) == 1 and threads.sampling_workers(12) == 12
+
+
+def test_the_pipeline_resolves_automatic_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sampling_server.pipeline import SamplingPipeline
+
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 10)
+    pipeline = SamplingPipeline(None, None)  # type: ignore[arg-type]  # the store is not used here
+    try:
+        assert pipeline.workers == 5 and pipeline._pool._max_workers == 5
+        assert pipeline.lookups._max_workers == 10
+    finally:
+        pipeline.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1, "2", 1.5, True])
+def test_config_workers_must_be_a_positive_integer_or_automatic(tmp_path: Path, bad: object) -> None:
+    with pytest.raises(ConfigError, match="workers: expected an integer >= 1 or None"):
+        ServerConfig(partition_dir=tmp_path, partition=0, workers=bad)  # type: ignore[arg-type]
+    assert ServerConfig(partition_dir=tmp_path, partition=0).workers is None
+    assert ServerConfig(partition_dir=tmp_path, partition=0, workers=3).workers == 3
