@@ -181,10 +181,12 @@ class SamplingPipeline:
         wire = codec.dtype_to_torch(job.feature_dtype)  # x is gathered in it
         if job.features and job.cache_counts:
             # every node's label but only the missing rows: two gathers, side by side
-            gather_labels = partial(sampler.gather, n_id, features=False, labels=True,
-                                    remote=remote)
-            labels = None if not job.labels else self.lookups.submit(gather_labels) \
-                if sampler.overlap_peers else begin(gather_labels, overlap=False)
+            labels = None
+            if job.labels:
+                gather_labels = partial(sampler.gather, n_id, features=False, labels=True,
+                                        remote=remote)
+                labels = self.lookups.submit(gather_labels) if sampler.overlap_peers \
+                    else begin(gather_labels, overlap=False)
             cached = self.hot.cached_mask(n_id, job.cache_counts)
             missing = torch.nonzero(~cached.to(n_id.device)).flatten()
             x, _ = sampler.gather(n_id[missing], features=True, labels=False, remote=remote,
