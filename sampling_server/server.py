@@ -280,7 +280,7 @@ class SamplingServer(grpc.Server):
     partition in the background; :meth:`stop` drains and releases everything."""
 
     def __init__(self, config: ServerConfig, store: PartitionStore, server: grpc.Server,
-                 port: int, metrics: ServerMetrics | None = None) -> None:
+                 port: int, metrics: ServerMetrics | None = None, threads: int | None = None) -> None:
         self.config = config
         self.store = store
         #: The bound port.
@@ -292,7 +292,7 @@ class SamplingServer(grpc.Server):
         _add_health(server, self._health)
         self.pipeline = SamplingPipeline(store, None, workers=config.workers,
                                          prefetch=config.prefetch, chunk_bytes=config.chunk_bytes,
-                                         threads=config.threads)
+                                         threads=threads or config.threads)
         self.sampling = SamplingServicer(store, self.pipeline, config.max_streams)
         self.peer_servicer = peer_servicer = PeerServicer(store, config.chunk_bytes)
         _add_services(server, self.sampling, peer_servicer)
@@ -450,9 +450,10 @@ def create_server(config: ServerConfig) -> tuple[SamplingServer, int]:
     security = server_security(config)
     metrics = ServerMetrics(config.partition)
     handlers = config.max_streams + EXTRA_HANDLER_THREADS
+    threads = kernel_threads(config.threads)  # resolved once, for the pipeline too
     # Handlers run peers' gathers and samples: the same per-call thread limit.
     pool = ThreadPoolExecutor(handlers, thread_name_prefix="grpc", initializer=limit_kernel_threads,
-                              initargs=(kernel_threads(config.threads),))
+                              initargs=(threads,))
     grpc_server = grpc.server(pool,
                               options=server_options(),
                               interceptors=security.interceptors(metrics.rejected))
@@ -465,7 +466,7 @@ def create_server(config: ServerConfig) -> tuple[SamplingServer, int]:
         raise ConfigError(f"listen: cannot bind {config.listen}; is the port taken?")
     if not config.peers and store.manifest.num_partitions == 1:
         store.set_peers((_advertised(config.listen, port),))
-    return SamplingServer(config, store, grpc_server, port, metrics), port
+    return SamplingServer(config, store, grpc_server, port, metrics, threads), port
 
 
 def wait_in_main_thread(event: threading.Event) -> None:
