@@ -324,7 +324,7 @@ class PeerClient:
             return HopSample(counts=counts, neighbors=neighbors)
 
         parts = self._run(nodes_by_partition, call)
-        return {p: HopSample(torch.cat([h.counts for h in hs]), torch.cat([h.neighbors for h in hs]))
+        return {p: HopSample(_joined([h.counts for h in hs]), _joined([h.neighbors for h in hs]))
                 for p, hs in parts.items()}
 
     def node_data(
@@ -373,7 +373,7 @@ class PeerClient:
             return orig
 
         parts = self._run(nodes_by_partition, call)
-        return {p: torch.cat(ids) for p, ids in parts.items()}
+        return {p: _joined(ids) for p, ids in parts.items()}
 
     # -- plumbing --------------------------------------------------------------------
     def _run(
@@ -510,8 +510,13 @@ def _check_answer(ok: bool, what: str) -> None:
         raise ProtocolError(f"malformed peer answer: {what}")
 
 
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The answers of one partition's slices as one tensor: the answer itself when there
+    is one slice (as almost always), which ``torch.cat`` would copy."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 def _cat(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
     if any(p is None for p in parts):
         return None
-    tensors = [p for p in parts if p is not None]
-    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+    return _joined([p for p in parts if p is not None])
