@@ -84,7 +84,7 @@ def main() -> int:
 
     from protos.allocator import keep_freed_memory
     from sampling_server.threads import usable_cpus
-    from trainer_client.decode import BACKGROUND_COPIES_MIN_CPUS
+    from trainer_client.decode import default_background_copies
 
     keep_freed_memory()  # as graphfeed-train does
     encoded = encode_batches(ensure_partition(args.data, args.preset), args.batches,
@@ -103,7 +103,7 @@ def main() -> int:
          "cpu_s_per_gib_range": [round(min(c for c, _ in v), 4), round(max(c for c, _ in v), 4)]}
         for mode, v in per_mode.items()]
     cpus = usable_cpus()
-    default = "decode threads" if cpus >= BACKGROUND_COPIES_MIN_CPUS else "inline"
+    default = "decode threads" if default_background_copies() else "inline"
     payload = {"benchmark": "decode", "preset": args.preset, "machine": machine(),
                "load_average": os.getloadavg(), "usable_cpus": cpus, "default_mode": default,
                "chunk_kib": args.chunk_kib, "batches": args.batches, "rounds": args.rounds,

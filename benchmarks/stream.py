@@ -316,10 +316,9 @@ def replay_row(channel: grpc.Channel, size: int, rounds: int, variant: str = "")
 def variants() -> tuple[str, ...]:
     """The diagnostic replays (see the module's docstring), run at the default message
     size: the last makes the trainer's copies the other way than its default here."""
-    from sampling_server.threads import usable_cpus
-    from trainer_client.decode import BACKGROUND_COPIES_MIN_CPUS
+    from trainer_client.decode import default_background_copies
 
-    other = "decode threads" if usable_cpus() < BACKGROUND_COPIES_MIN_CPUS else "copies inline"
+    other = "copies inline" if default_background_copies() else "decode threads"
     return ("encoded once", "not decoded", other)
 
 

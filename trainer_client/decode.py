@@ -52,6 +52,13 @@ _INT64 = (torch.int64,)
 #: for the same stream rate within the noise; on 16 cores the threads made the replay
 #: stream 13 % faster (docs/benchmarks.md).
 BACKGROUND_COPIES_MIN_CPUS = 4
+
+
+def default_background_copies() -> bool:
+    """Whether an assembler copies pieces on the decode threads by default here: when
+    the process may use at least :data:`BACKGROUND_COPIES_MIN_CPUS` CPUs."""
+    return usable_cpus() >= BACKGROUND_COPIES_MIN_CPUS
+
 #: Feature dtypes a batch may carry.
 FEATURE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -111,14 +118,13 @@ class BatchAssembler:
         ``pool`` holds the buffers of tensors spread over several messages (default: a
         new :class:`~protos.buffers.BufferPool`, kept for every batch of this assembler).
         ``background_copies``: copy those tensors' pieces on the decode threads while
-        the next message is read (default None: when the process may use at least
-        :data:`BACKGROUND_COPIES_MIN_CPUS` CPUs); ``pinned``: into page-locked memory
-        instead of the pool, for a batch bound for a GPU (see
-        :class:`~protos.codec.TensorAssembler`)."""
+        the next message is read (default None: :func:`default_background_copies`);
+        ``pinned``: into page-locked memory instead of the pool, for a batch bound for a
+        GPU (see :class:`~protos.codec.TensorAssembler`)."""
         self.spec = spec or BatchSpec()
         self.pool = pool if pool is not None else BufferPool()
         if background_copies is None:
-            background_copies = usable_cpus() >= BACKGROUND_COPIES_MIN_CPUS
+            background_copies = default_background_copies()
         self._tensors = TensorAssembler(pool=self.pool, background_copies=background_copies,
                                         pinned=pinned)
         self._header: pb.MinibatchHeader | None = None
