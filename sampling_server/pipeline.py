@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 
@@ -33,7 +33,7 @@ from sampling_server.metrics import ServerMetrics
 from sampling_server.peer import BoundPeers, PeerCallOptions, PeerClient
 from sampling_server.sampler import NeighborSampler, batch_key
 from sampling_server.sampler.base import begin
-from sampling_server.store import PartitionStore
+from sampling_server.store import PartitionStore, Stopping
 from sampling_server.threads import kernel_threads, limit_kernel_threads, sampling_workers
 
 log = logging.getLogger(__name__)
@@ -127,14 +127,31 @@ class SamplingPipeline:
         #: (two per sampling thread), so a lookup never waits for a sampling thread.
         self.lookups = ThreadPoolExecutor(2 * workers, thread_name_prefix="lookup",
                                           initializer=limit_kernel_threads, initargs=(self.threads,))
+        self._closed = threading.Event()
 
     def stage(self, name: str) -> AbstractContextManager[None]:
         return self.metrics.stage(name) if self.metrics is not None else nullcontext()
 
     def close(self) -> None:
-        """Stop the workers (queued batches are dropped)."""
+        """Stop the workers (queued batches are dropped; a stream still running ends
+        with :class:`~sampling_server.store.Stopping`)."""
+        self._closed.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.lookups.shutdown(wait=False, cancel_futures=True)
+
+    @contextmanager
+    def _open(self) -> Iterator[None]:
+        """Once :meth:`close` was called, turn what a batch then fails with (a submit
+        refused by a closed pool, a cancelled batch, a closed peer channel) into
+        :class:`~sampling_server.store.Stopping`."""
+        try:
+            yield
+        except Exception as exc:  # a cancelled batch is a CancelledError, an Exception
+            if self._closed.is_set() and not isinstance(exc, Stopping):
+                raise Stopping(f"the server of partition {self.store.partition_id} is "
+                               f"shutting down; retry on its restarted server (here: "
+                               f"{type(exc).__name__}: {exc})") from exc
+            raise
 
     def stream(
         self, job: EpochJob, stop: threading.Event | None = None
@@ -152,12 +169,14 @@ class SamplingPipeline:
                 pending.append((ref, self._pool.submit(self._produce_unless, stop, job, ref)))
 
         try:
-            for _ in range(self.prefetch):
-                submit_next()
+            with self._open():
+                for _ in range(self.prefetch):
+                    submit_next()
             while pending:
                 ref, future = pending.popleft()
-                messages = future.result()  # bounded: peer calls carry deadlines
-                submit_next()  # keeps `prefetch` batches sampling while this one is sent
+                with self._open():
+                    messages = future.result()  # bounded: peer calls carry deadlines
+                    submit_next()  # keeps `prefetch` batches sampling while this one is sent
                 if self.metrics is not None and messages:
                     self.metrics.sent(messages, len(job.seeds_of(ref, self.store.partition_id)))
                 yield messages

@@ -48,6 +48,11 @@ class NotLoaded(RuntimeError):
     """The partition is not loaded (yet, or its load failed)."""
 
 
+class Stopping(RuntimeError):
+    """The server is stopping: its worker pools are closed, so a call still running
+    cannot finish here (the client retries on the restarted server)."""
+
+
 
 def check_partition_count(config: ServerConfig, num_partitions: int) -> None:
     """Refuse a partition ID or a peer list that does not fit the graph's partitions."""
@@ -289,9 +294,9 @@ def cast_features(x: torch.Tensor, dtype: int) -> torch.Tensor:
 def abort_on_error(context: grpc.ServicerContext, what: str, partition: int,
                    rejected: Callable[[str], None] | None = None) -> Iterator[None]:
     """Answer a failure inside the block with the right status, naming the problem:
-    a bad request its own code, a partition not loaded UNAVAILABLE, a lost peer
-    UNAVAILABLE, anything else INTERNAL (logged with its traceback). The server goes on
-    serving other calls."""
+    a bad request its own code, a partition not loaded or a server stopping UNAVAILABLE,
+    a lost peer UNAVAILABLE, anything else INTERNAL (logged with its traceback). The
+    server goes on serving other calls."""
     try:
         yield
     except RequestError as exc:
@@ -301,6 +306,9 @@ def abort_on_error(context: grpc.ServicerContext, what: str, partition: int,
         context.abort(exc.code, bounded(str(exc)))
     except NotLoaded as exc:
         context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+    except Stopping as exc:
+        log.info("%s on partition %d: %s", what, partition, exc)
+        context.abort(grpc.StatusCode.UNAVAILABLE, f"{what} on partition {partition}: {exc}")
     except PeerError as exc:
         log.warning("%s failed on partition %d: %s", what, partition, exc)
         lost = exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,

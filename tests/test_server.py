@@ -37,7 +37,7 @@ from sampling_server.peer import PeerClient
 from sampling_server.pipeline import SamplingPipeline
 from sampling_server.server import PEER_SERVICE, SamplingServer, create_server
 from sampling_server.servicer import epoch_job
-from sampling_server.store import PartitionStore
+from sampling_server.store import PartitionStore, Stopping, abort_on_error
 
 FANOUTS = [5, 3]
 TIMEOUT = 30.0
@@ -607,6 +607,30 @@ def test_a_slow_client_holds_sampling_back(parts1: Path) -> None:
     rest = list(messages)
     assert len(produced) == len(job.batches) and len(rest) >= len(job.batches) - 1
     pipeline.close()
+
+
+def test_a_stream_running_when_the_server_stops_ends_unavailable_not_internal(
+        parts1: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = PartitionStore(_config(parts1, 0))
+    store.load()
+    pipeline = SamplingPipeline(store, None, workers=1, prefetch=1)
+    job = epoch_job(request(batch_size=10, include_features=False), store)
+    messages = pipeline.stream(job)
+    next(messages)
+    pipeline.close()  # what SamplingServer.stop does once gRPC has stopped
+    with pytest.raises(Stopping, match=r"partition 0 is shutting down; retry on its restarted server \(here"):
+        list(messages)
+
+    class Context:
+        def abort(self, code: grpc.StatusCode, details: str) -> None:
+            raise RuntimeError(code, details)
+
+    with caplog.at_level(logging.INFO, "sampling_server"), pytest.raises(RuntimeError) as info, \
+            abort_on_error(Context(), "StreamMinibatches", 0):  # type: ignore[arg-type]
+        raise Stopping("the server of partition 0 is shutting down")
+    assert info.value.args[0] == grpc.StatusCode.UNAVAILABLE
+    assert "shutting down" in info.value.args[1]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_sampling_threads_run_kernels_on_the_usable_cpus(
