@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -102,6 +103,49 @@ def measure(addresses: list[str], cache: float, dtype: str, num_batches: int,
     return row
 
 
+def compare_fills(addresses: list[str], fraction: float, dtype: str, passes: int) -> list[dict[str, Any]]:
+    """The cache fill alone (``FeatureCache.fill`` of ``fraction`` of every partition's
+    nodes), every partition at once (the trainer's way) against one partition after the
+    other, alternating, ``passes`` times each; each fill's tables are freed after it."""
+    import gc
+
+    import torch
+
+    from protos import codec
+    from protos.allocator import keep_freed_memory
+    from trainer_client import cache as cache_module
+    from trainer_client.cache import FeatureCache, plan_counts
+    from trainer_client.cluster import Cluster
+
+    # as graphfeed-train does (after the rows above, which ran without it): each fill then
+    # reuses the freed tables' pages, and the kernel's page faults stay out of the timing
+    keep_freed_memory()
+    wire = codec.torch_to_dtype(getattr(torch, dtype))
+    at_once = cache_module.MAX_FILL_STREAMS
+    rows: list[dict[str, Any]] = []
+    with Cluster(addresses, connect_timeout=600) as cluster:
+        book = cluster.partition_book.tolist()
+        counts = plan_counts(("fraction", fraction), book, 1)
+        for p in range(2 * passes + 1):  # the first fill (unrecorded) warms the servers
+            streams = at_once if p % 2 else 1
+            cache_module.MAX_FILL_STREAMS = streams
+            try:
+                started = time.perf_counter()
+                cache = FeatureCache.fill(cluster, counts, wire, torch.device("cpu"), progress=False)
+                wall = time.perf_counter() - started
+            finally:
+                cache_module.MAX_FILL_STREAMS = at_once
+            nbytes = cache.rows.numel() * cache.rows.element_size()
+            del cache
+            gc.collect()
+            if p:
+                rows.append({"streams": streams, "partitions": len(book) - 1, "fraction": fraction,
+                             "dtype": dtype, "seconds": round(wall, 3),
+                             "mb_per_s": round(nbytes / wall / 1e6, 1), "pass": (p - 1) // 2})
+                log.info("fill: %s", rows[-1])
+    return rows
+
+
 def compare_plans(part_dir: Path, warm: int, test: int, fractions: list[float]) -> list[dict[str, Any]]:
     """Hit rates of hot-node rules at equal size, on one partition with the server's own
     sampler, all measured on the same ``test`` batches: expected visits (``visits_v1``),
@@ -173,11 +217,19 @@ def main() -> int:
     parser.add_argument("--preset", default="products-like")
     parser.add_argument("--partition-dir", type=Path, default=None,
                         help="an existing partitioned graph (instead of --data/--preset)")
-    parser.add_argument("--batches", type=int, default=8, help="timed batches per row")
+    parser.add_argument("--batches", type=int, default=8,
+                        help="timed batches per row (0: no rows, e.g. for the fill comparison alone)")
     parser.add_argument("--batch-size", type=int, default=BATCH)
     parser.add_argument("--compare-batches", type=int, nargs=2, default=[16, 8],
                         metavar=("PRESAMPLE", "TEST"),
                         help="batches for the comparison of hot-node rules (0 0: skip)")
+    parser.add_argument("--fill-passes", type=int, default=3,
+                        help="passes of the fill comparison (every partition at once against one "
+                             "after the other; several partitions only; 0: skip)")
+    parser.add_argument("--fill-fraction", type=float, default=1.0,
+                        help="share of every partition's nodes the compared fills hold")
+    parser.add_argument("--fill-dtype", default="float32", choices=DTYPES)
+    parser.add_argument("--results-name", default="feature_cache")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from partitioner.format import read_manifest
@@ -192,8 +244,11 @@ def main() -> int:
     procs = start_servers(part_dir, manifest.num_partitions, ports)
     addresses = [f"127.0.0.1:{p}" for p in ports]
     try:  # the baseline first: float32, no cache, int64 structure (a client from before)
-        rows = [measure(addresses, 0.0, "float32", args.batches, args.batch_size, compact_indices=False)]
-        rows += [measure(addresses, c, d, args.batches, args.batch_size) for d in DTYPES for c in CACHE_SIZES]
+        rows = [] if args.batches <= 0 else \
+            [measure(addresses, 0.0, "float32", args.batches, args.batch_size, compact_indices=False)] + \
+            [measure(addresses, c, d, args.batches, args.batch_size) for d in DTYPES for c in CACHE_SIZES]
+        fills = compare_fills(addresses, args.fill_fraction, args.fill_dtype, args.fill_passes) \
+            if args.fill_passes > 0 and manifest.num_partitions > 1 else []
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -202,17 +257,26 @@ def main() -> int:
     warm, test = args.compare_batches
     plans = compare_plans(part_dir, warm, test, CACHE_SIZES[1:]) \
         if min(args.compare_batches) > 0 and manifest.num_partitions == 1 else []
-    base, compact_base = rows[0], rows[1]
     for r in rows:
+        base, compact_base = rows[0], rows[1]
         r["bytes_vs_float32_no_cache"] = round(r["bytes_per_batch"] / base["bytes_per_batch"], 3)
         r["bytes_vs_float32_no_cache_compact"] = round(
             r["bytes_per_batch"] / compact_base["bytes_per_batch"], 3)
     payload = {"benchmark": "feature_cache", "graph": manifest.graph_name,
                "partitions": manifest.num_partitions, "num_nodes": manifest.num_nodes,
                "fanouts": FANOUTS, "batch_size": args.batch_size, "machine": machine(), "rows": rows,
-               "plans": plans}
-    path = write_json("feature_cache", payload)
+               "plans": plans, "fills": fills}
+    if fills:
+        by = {s: [r["seconds"] for r in fills if r["streams"] == s] for s in {r["streams"] for r in fills}}
+        payload["fill_speedup_all_at_once"] = round(
+            statistics.median(by[1]) / statistics.median(by[max(by)]), 3)
+    path = write_json(args.results_name, payload)
     print_table(rows, plans)
+    for r in fills:
+        print(f"fill, {r['streams']} stream(s) at a time: {r['seconds']:.2f} s ({r['mb_per_s']:.0f} MB/s)")
+    if fills:
+        print(f"fill, all partitions at once vs one after the other: "
+              f"{payload['fill_speedup_all_at_once']:.2f}x (medians)")
     print(f"wrote {path}")
     return 0
 

@@ -4,6 +4,8 @@ Real servers on the ``small`` synthetic graph."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -109,6 +111,85 @@ def test_the_cache_fills_once_per_job_not_per_epoch(servers: tuple[Path, list[st
                 loader.set_epoch(epoch)
                 assert sum(1 for _ in loader) == len(loader)
         assert len(calls) == 3
+
+
+def test_the_partitions_fill_at_once(servers: tuple[Path, list[str]],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    _, addresses = servers
+    fill = FeatureCache._fill_partition
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def overlapping(*args: object, **kwargs: object) -> torch.Tensor:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            time.sleep(0.3)  # long enough for the other partitions' fills to start
+            return fill(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(FeatureCache, "_fill_partition", overlapping)
+    with Cluster(addresses, connect_timeout=30) as cluster:
+        counts = plan_counts(("fraction", 0.3), cluster.partition_book.tolist(), 4)
+        cache = FeatureCache.fill(cluster, counts, pb.FLOAT32, torch.device("cpu"))
+        assert most[0] == 3 and cache.num_rows == sum(counts)
+        x = load_partition(servers[0], 1).x
+        assert x is not None
+        held = torch.nonzero(cache.slot >= 0).flatten()
+        own = held[(held >= int(cluster.partition_book[1])) & (held < int(cluster.partition_book[2]))]
+        assert own.numel() == counts[1]
+        assert torch.equal(cache.rows[cache.slot[own].long()],
+                           torch.from_numpy(x)[own - int(cluster.partition_book[1])])
+
+
+class _Stream:
+    """A StreamHotNodes call that fails at once, or waits until it is cancelled."""
+
+    def __init__(self, fail: bool) -> None:
+        self.fail, self.cancelled, self.opened = fail, threading.Event(), False
+
+    def open(self, request: object, timeout: float) -> _Stream:
+        self.opened = True
+        return self
+
+    def __iter__(self) -> Iterator[object]:
+        if self.fail:
+            time.sleep(0.3)  # the other streams are open by then
+            raise _Unavailable()
+        if not self.cancelled.wait(20):
+            raise AssertionError("the stream was not cancelled")
+        raise _Unavailable("cancelled")
+
+    def cancel(self) -> bool:
+        self.cancelled.set()
+        return True
+
+
+class _Unavailable(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+    def __init__(self, details: str = "the server went away") -> None:
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return self._details
+
+
+def test_a_failed_partition_ends_the_whole_fill_at_once_naming_it() -> None:
+    streams = [_Stream(fail=False), _Stream(fail=True), _Stream(fail=False)]
+    stubs = [SimpleNamespace(StreamHotNodes=s.open) for s in streams]
+    cluster = SimpleNamespace(partition_book=np.array([0, 10, 20, 30]), info=SimpleNamespace(feature_dim=4),
+                              addresses=["a:1", "b:2", "c:3"], client_id="test", stubs=stubs)
+    started = time.monotonic()
+    with pytest.raises(Exception, match="StreamHotNodes at b:2 failed: UNAVAILABLE: the server went away"):
+        FeatureCache.fill(cluster, [5, 5, 5], pb.FLOAT32, torch.device("cpu"),  # type: ignore[arg-type]
+                          progress=False)
+    assert time.monotonic() - started < 10
+    assert all(s.opened and s.cancelled.is_set() for s in streams if not s.fail)
 
 
 def test_hot_nodes_are_hit_more_often_than_their_share(servers: tuple[Path, list[str]]) -> None:

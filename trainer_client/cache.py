@@ -9,8 +9,9 @@ one count per partition (``EpochRequest.cache_counts``): the trainer holds the f
 ``counts[p]`` nodes of partition ``p``'s order. The budget (``cache_size``: a fraction
 of all nodes, or bytes) is split across partitions in proportion to their node counts.
 
-The cache fills once per job (:meth:`FeatureCache.fill`, ``StreamHotNodes``, streamed
-in blocks, with a progress bar on a terminal) and is shared by every loader of one
+The cache fills once per job (:meth:`FeatureCache.fill`, ``StreamHotNodes`` from every
+partition's server at once, streamed in blocks, with a progress bar on a terminal) and
+is shared by every loader of one
 :class:`~trainer_client.cluster.Cluster` with the same plan, dtype and device.
 Per batch, :meth:`FeatureCache.assemble` rebuilds the full ``x`` on the device: cached
 rows by index, received rows scattered in; the result is bit-identical to the ``x`` a
@@ -22,7 +23,9 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
 import grpc
@@ -50,6 +53,8 @@ KNOWN_HOT_ORDERS = ("visits_v1", "in_degree_v1")
 #: ``cache_size="auto"``, the default, fills with the hottest rows: every row when the
 #: features fit. The rest is the model's. On the CPU "auto" is 0 (no cache).
 AUTO_FREE_FRACTION = 0.25
+#: Most partitions whose rows a fill receives at once (one stream each).
+MAX_FILL_STREAMS = 8
 _EXPECTED = ("'auto', a fraction of the nodes in [0, 1] (e.g. 0.2), a percentage ('20%') or a "
              "size in bytes with a unit ('2GiB', '512MB')")
 
@@ -193,18 +198,49 @@ class FeatureCache:
         index_dtype = torch.int32 if sum(counts) < 2**31 else torch.int64
         slot = allocator.empty((int(book[-1]),), index_dtype).fill_(-1)
         show = sys.stderr.isatty() if progress is None else progress
-        offset = 0
+        starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
+        parts = [p for p, k in enumerate(counts) if k]
+        lock = threading.Lock()
+        calls: list[grpc.Future] = []
+        stopping = threading.Event()
+
+        def started(call: grpc.Future) -> None:
+            with lock:
+                calls.append(call)
+                if stopping.is_set():
+                    call.cancel()
+
+        def progress_by(b: int) -> None:
+            with lock:
+                bar.update(b)
+
+        def fill_one(p: int) -> None:
+            lo, hi = starts[p], starts[p + 1]
+            order = cls._fill_partition(cluster, p, hi - lo, wire_dtype, rows[lo:hi], timeout,
+                                        started, progress_by)
+            if int(order.min()) < book[p] or int(order.max()) >= book[p + 1]:
+                raise CacheError(f"StreamHotNodes at partition {p}: HotNodesChunk.n_id: "
+                                 f"expected IDs in {int(book[p])} .. {int(book[p + 1]) - 1}")
+            slot[order] = torch.arange(lo, hi, dtype=index_dtype)
+
+        # every partition at once: each server gathers and sends its own rows into its own
+        # slice of the table, so the fill goes at the pace of the links, not of one server
         with tqdm(total=sum(counts), desc="feature cache", unit="node", unit_scale=True,
-                  disable=not show) as bar:
-            for p, k in enumerate(counts):
-                if k:
-                    order = cls._fill_partition(cluster, p, k, wire_dtype, rows[offset:offset + k],
-                                                timeout, bar)
-                    if int(order.min()) < book[p] or int(order.max()) >= book[p + 1]:
-                        raise CacheError(f"StreamHotNodes at partition {p}: HotNodesChunk.n_id: "
-                                         f"expected IDs in {int(book[p])} .. {int(book[p + 1]) - 1}")
-                    slot[order] = torch.arange(offset, offset + k, dtype=index_dtype)
-                offset += k
+                  disable=not show) as bar, \
+                ThreadPoolExecutor(min(len(parts), MAX_FILL_STREAMS) or 1,
+                                   thread_name_prefix="cache-fill") as pool:
+            futures = [pool.submit(fill_one, p) for p in parts]
+            # bounded: each stream has the fill's deadline
+            wait(futures, return_when=FIRST_EXCEPTION)
+            failed = [f for f in futures if f.done() and f.exception() is not None]
+            if failed:  # end the other streams now rather than let them run to the end
+                with lock:
+                    stopping.set()
+                    for call in calls:
+                        call.cancel()
+                for future in futures:
+                    future.cancel()
+                failed[0].result()
         cache = cls(counts, rows, slot.to(device), wire_dtype)
         log.info("feature cache: %d nodes (%s of %d) in %s on %s, %.1f MiB", cache.num_rows,
                  counts, int(book[-1]), dtype_name(wire_dtype), device, cache.nbytes / 2**20)
@@ -212,16 +248,20 @@ class FeatureCache:
 
     @classmethod
     def _fill_partition(cls, cluster: Cluster, p: int, k: int, wire_dtype: int, out: torch.Tensor,
-                        timeout: float, bar: tqdm) -> torch.Tensor:
+                        timeout: float, started: Callable[[grpc.Future], None],
+                        progress: Callable[[int], None]) -> torch.Tensor:
         """Receive partition ``p``'s first ``k`` hot nodes' rows into ``out``; return their
-        IDs. Checks every block."""
+        IDs. Checks every block. ``started`` gets the call (to cancel it when another
+        partition's fill fails), ``progress`` each block's node count."""
         where = f"StreamHotNodes at {cluster.addresses[p]}"
         request = pb.HotNodesRequest(count=k, include_features=True, client_id=cluster.client_id,
                                      feature_dtype=wire_dtype)  # type: ignore[arg-type]
         order = torch.empty(k, dtype=torch.int64)
         done = 0
         try:
-            for msg in cluster.stubs[p].StreamHotNodes(request, timeout=timeout):
+            responses = cluster.stubs[p].StreamHotNodes(request, timeout=timeout)
+            started(responses)
+            for msg in responses:
                 ids = decode_tensor_torch(msg.n_id)
                 x = decode_tensor_torch(msg.x)
                 b = ids.numel()
@@ -235,7 +275,7 @@ class FeatureCache:
                 order[done:done + b] = ids
                 out[done:done + b] = x.to(out.device)
                 done += b
-                bar.update(b)
+                progress(b)
         except grpc.RpcError as err:
             raise error_from_rpc(err, "StreamHotNodes", cluster.addresses[p]) from err
         if done != k:
