@@ -5,7 +5,9 @@ a two-rank DDP run over Gloo in subprocesses."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -93,6 +95,7 @@ def test_training_writes_metrics_and_checkpoints_then_resumes(servers: list[str]
     for e in metrics["epochs"]:
         assert e["seeds"] == 1200 and e["batches"] >= 6 and e["seeds_per_second"] > 0
         assert 0 <= e["train_acc"] <= 1 and 0 <= e["val_acc"] <= 1 and e["loss"] > 0
+        assert e["received_mb"] > 0 and e["cache_hit_rate"] is None  # no cache on the CPU by default
     assert metrics["epochs"][1]["loss"] < metrics["epochs"][0]["loss"]
     assert metrics["test_acc"] > 1 / 6  # better than chance on 6 classes
     state = torch.load(tmp_path / "ckpt" / CHECKPOINT_NAME, weights_only=True)
@@ -110,6 +113,19 @@ def test_training_writes_metrics_and_checkpoints_then_resumes(servers: list[str]
     assert resumed["epochs"][:2] == metrics["epochs"]
     vals = [e["val_acc"] for e in resumed["epochs"]]
     assert resumed["selected_epoch"] == int(np.argmax(vals))  # the earliest best, across the resume
+
+
+def test_an_epoch_reports_its_cache_hits_and_bytes(servers: list[str], tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, "trainer_client.train"):
+        assert main(_args(servers, tmp_path, "--epochs", "1", "--cache-size", "0.3")) == 0
+    cached = json.loads((tmp_path / "metrics.json").read_text())["epochs"][0]
+    assert 0.3 < cached["cache_hit_rate"] <= 1  # the hot 30 % of nodes: more than their share
+    assert main(_args(servers, tmp_path, "--epochs", "1", "--cache-size", "0")) == 0
+    plain = json.loads((tmp_path / "metrics.json").read_text())["epochs"][0]
+    assert plain["cache_hit_rate"] is None and 0 < cached["received_mb"] < plain["received_mb"]
+    assert re.search(r"epoch 0: .*\(rank 0: waited \d+\.\d s for data, received \d+\.\d MB, "
+                     r"cache hits \d+\.\d%\)", caplog.text)
 
 
 @pytest.mark.parametrize("name", ["sage", "gat"])

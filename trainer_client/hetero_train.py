@@ -198,8 +198,11 @@ def run_typed(args: argparse.Namespace, env: DistEnv, loaders: TypedLoaders) -> 
                                                                      progress=progress, epoch=epoch)
         eval_started = time.perf_counter()
         val_acc = typed_accuracy(model, loaders.val, env)
+        received = loaders.train.loader.last_stats.bytes \
+            if isinstance(loaders.train, ServiceHeteroLoader) else 0  # in-process: none
         m = EpochMetrics(epoch, loss, train_acc, val_acc, seeds, len(loaders.train), train_s,
-                         time.perf_counter() - eval_started, seeds / max(train_s, 1e-9), waited)
+                         time.perf_counter() - eval_started, seeds / max(train_s, 1e-9), waited,
+                         round(received / 1e6, 3))
         end_epoch(m, history, selection, model, optimizer, env, (ckpt, best_path), config)
     fingerprints = restore_selected(model, selection, env)
     test_acc = typed_accuracy(model, loaders.test, env)

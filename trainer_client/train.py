@@ -316,6 +316,10 @@ class EpochMetrics:
     seeds_per_second: float
     #: Seconds rank 0 waited for batches that had not arrived yet.
     data_wait_seconds: float
+    #: Megabytes (10**6 bytes) of batches rank 0 received for the training pass.
+    received_mb: float = 0.0
+    #: Share of rank 0's feature rows taken from its feature cache (None: no cache).
+    cache_hit_rate: float | None = None
 
 
 def _labeled(out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -510,9 +514,11 @@ def end_epoch(m: EpochMetrics, history: list[dict[str, Any]], selection: Selecti
     0) the checkpoint at ``paths[0]`` and, when it improved, the best one at ``paths[1]``."""
     history.append(asdict(m))
     improved = selection.offer(m.epoch, m.val_acc, model)
-    log.info("epoch %d: loss %.4f, train acc %.4f, val acc %.4f%s, %.1f s, %.0f seeds/s", m.epoch, m.loss,
+    cache = "" if m.cache_hit_rate is None else f", cache hits {m.cache_hit_rate:.1%}"
+    log.info("epoch %d: loss %.4f, train acc %.4f, val acc %.4f%s, %.1f s, %.0f seeds/s "
+             "(rank 0: waited %.1f s for data, received %.1f MB%s)", m.epoch, m.loss,
              m.train_acc, m.val_acc, " (best so far)" if improved else "", m.train_seconds,
-             m.seeds_per_second)
+             m.seeds_per_second, m.data_wait_seconds, m.received_mb, cache)
     ckpt, best_path = paths
     if env.rank == 0 and ckpt is not None:
         save_checkpoint(ckpt, model, optimizer, m.epoch, history, config)
@@ -556,9 +562,11 @@ def run(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> dict[str, A
         loss, train_acc, seeds, train_s = train_epoch(ddp, train_loader, optimizer, env, progress=progress)
         eval_started = time.perf_counter()
         val_acc, _ = evaluate(model, loaders, env, test=False)
+        stats = train_loader.last_stats
         m = EpochMetrics(epoch, loss, train_acc, val_acc, seeds, len(train_loader), train_s,
                          time.perf_counter() - eval_started, seeds / max(train_s, 1e-9),
-                         train_loader.last_stats.wait_seconds)
+                         stats.wait_seconds, round(stats.bytes / 1e6, 3),
+                         None if train_loader.cache is None else round(stats.hit_rate, 4))
         end_epoch(m, history, selection, model, optimizer, env, (ckpt, best_path), config)
     fingerprints = restore_selected(model, selection, env)
     _, test_acc = evaluate(model, loaders, env, test=True)
