@@ -142,7 +142,7 @@ def test_the_partitions_fill_at_once(servers: tuple[Path, list[str]],
         own = held[(held >= int(cluster.partition_book[1])) & (held < int(cluster.partition_book[2]))]
         assert own.numel() == counts[1]
         assert torch.equal(cache.rows[cache.slot[own].long()],
-                           torch.from_numpy(x)[own - int(cluster.partition_book[1])])
+                           torch.from_numpy(x[(own - int(cluster.partition_book[1])).numpy()]))
 
 
 class _Stream:
@@ -190,6 +190,27 @@ def test_a_failed_partition_ends_the_whole_fill_at_once_naming_it() -> None:
                           progress=False)
     assert time.monotonic() - started < 10
     assert all(s.opened and s.cancelled.is_set() for s in streams if not s.fail)
+
+
+def test_an_interrupted_fill_ends_its_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer_client import cache as cache_module
+
+    streams = [_Stream(fail=False) for _ in range(3)]
+    stubs = [SimpleNamespace(StreamHotNodes=s.open) for s in streams]
+    cluster = SimpleNamespace(partition_book=np.array([0, 10, 20, 30]), info=SimpleNamespace(feature_dim=4),
+                              addresses=["a:1", "b:2", "c:3"], client_id="test", stubs=stubs)
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        time.sleep(0.3)  # the streams are open by then
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache_module, "wait", interrupted)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        FeatureCache.fill(cluster, [5, 5, 5], pb.FLOAT32, torch.device("cpu"),  # type: ignore[arg-type]
+                          progress=False)
+    assert time.monotonic() - started < 10
+    assert all(s.opened and s.cancelled.is_set() for s in streams)
 
 
 def test_hot_nodes_are_hit_more_often_than_their_share(servers: tuple[Path, list[str]]) -> None:

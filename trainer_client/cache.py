@@ -230,17 +230,19 @@ class FeatureCache:
                 ThreadPoolExecutor(min(len(parts), MAX_FILL_STREAMS) or 1,
                                    thread_name_prefix="cache-fill") as pool:
             futures = [pool.submit(fill_one, p) for p in parts]
-            # bounded: each stream has the fill's deadline
-            wait(futures, return_when=FIRST_EXCEPTION)
-            failed = [f for f in futures if f.done() and f.exception() is not None]
-            if failed:  # end the other streams now rather than let them run to the end
+            try:
+                wait(futures, return_when=FIRST_EXCEPTION)  # bounded: the streams' deadline
+                for future in futures:
+                    if future.done() and future.exception() is not None:
+                        future.result()  # raises the first failure
+            except BaseException:  # a failure or an interrupt: end the other streams now
                 with lock:
                     stopping.set()
                     for call in calls:
                         call.cancel()
                 for future in futures:
                     future.cancel()
-                failed[0].result()
+                raise
         cache = cls(counts, rows, slot.to(device), wire_dtype)
         log.info("feature cache: %d nodes (%s of %d) in %s on %s, %.1f MiB", cache.num_rows,
                  counts, int(book[-1]), dtype_name(wire_dtype), device, cache.nbytes / 2**20)
