@@ -11,8 +11,12 @@ labels) and their memory are reported beside the batches. The rows use the loade
 defaults (compact structure, the servers' hot order); one more row, the first, is the
 float32 baseline as a client without ``compact_indices`` receives it.
 
+On a graph of several partitions the cache fill alone is also timed (``--fill-passes``):
+every partition's rows at once, as ``FeatureCache.fill`` streams them, against one
+partition after the other, alternating.
+
 Target: bytes per batch / 4 or better at 20 % cache + bfloat16 vs float32 without cache.
-Writes ``benchmarks/results/feature_cache.json``.
+Writes ``benchmarks/results/feature_cache.json`` (``--results-name``).
 
     python benchmarks/feature_cache.py --data data/bench
 """
@@ -257,8 +261,8 @@ def main() -> int:
     warm, test = args.compare_batches
     plans = compare_plans(part_dir, warm, test, CACHE_SIZES[1:]) \
         if min(args.compare_batches) > 0 and manifest.num_partitions == 1 else []
+    base, compact_base = (rows[0], rows[1]) if rows else ({}, {})
     for r in rows:
-        base, compact_base = rows[0], rows[1]
         r["bytes_vs_float32_no_cache"] = round(r["bytes_per_batch"] / base["bytes_per_batch"], 3)
         r["bytes_vs_float32_no_cache_compact"] = round(
             r["bytes_per_batch"] / compact_base["bytes_per_batch"], 3)
