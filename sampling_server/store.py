@@ -53,7 +53,6 @@ class Stopping(RuntimeError):
     cannot finish here (the client retries on the restarted server)."""
 
 
-
 def check_partition_count(config: ServerConfig, num_partitions: int) -> None:
     """Refuse a partition ID or a peer list that does not fit the graph's partitions."""
     if config.partition >= num_partitions:

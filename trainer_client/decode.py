@@ -59,6 +59,7 @@ def default_background_copies() -> bool:
     the process may use at least :data:`BACKGROUND_COPIES_MIN_CPUS` CPUs."""
     return usable_cpus() >= BACKGROUND_COPIES_MIN_CPUS
 
+
 #: Feature dtypes a batch may carry.
 FEATURE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
