@@ -275,11 +275,14 @@ def decode_node_ids(msg: pb.Tensor, field: str) -> np.ndarray:
 def wire_feature_dtype(
     requested: int, stored: codec.WireDType, field: str
 ) -> codec.WireDType:
-    """The dtype features travel in: ``requested``, or ``stored`` when unspecified."""
-    if requested not in FEATURE_WIRE_DTYPES:
+    """The dtype features travel in: ``requested``, or ``stored`` when unspecified. The
+    stored dtype may also be named (float64 features: a server resolves "as stored" to it
+    in the requests it makes of its peers)."""
+    if requested not in FEATURE_WIRE_DTYPES and requested != stored:
         names = [codec.dtype_name(d) for d in FEATURE_WIRE_DTYPES[1:]]
-        raise RequestError(f"{field}: expected one of {names} or dtype_unspecified (the stored "
-                           f"dtype), got {codec.dtype_name(requested)}")
+        raise RequestError(f"{field}: expected one of {names}, the stored dtype "
+                           f"({codec.dtype_name(stored)}) or dtype_unspecified, got "
+                           f"{codec.dtype_name(requested)}")
     return stored if requested == pb.DTYPE_UNSPECIFIED else cast(codec.WireDType, requested)
 
 

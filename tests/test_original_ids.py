@@ -6,6 +6,7 @@ whatever the partitioning (draws are keyed by original node IDs)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -109,6 +110,30 @@ def test_the_same_seeds_give_identical_batches_for_any_partitioning(
         for a, b in zip(one, other, strict=True):
             for key in a:
                 assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.parametrize("stored", ["float64", "float16"])
+def test_features_as_stored_cross_partitions_with_and_without_the_cache(
+    small: GraphData, tmp_path: Path, stored: str
+) -> None:
+    """``feature_dtype="stored"`` on features stored in another dtype than float32: the
+    servers name it to their peers and the cache fill asks for it; rows are bit-exact."""
+    x = small.x.astype(stored)
+    if stored == "float64":
+        x += np.pi * 1e-12  # bits a float32 round trip would lose
+    graph = dataclasses.replace(small, x=x)
+    with served(graph, tmp_path / f"{stored}-3", 3, "hash") as addresses:
+        for cache in (0, 0.3):
+            with RemoteNeighborLoader(addresses, "train", num_neighbors=FANOUTS, batch_size=200,
+                                      feature_dtype="stored", cast_features=False,
+                                      cache_size=cache, **TIMEOUTS) as loader:
+                assert (loader.cache is not None) == bool(cache)
+                for batch in loader:
+                    n_id = batch.n_id.numpy()
+                    assert batch.x.dtype == getattr(torch, stored)
+                    assert np.array_equal(batch.x.numpy(), x[n_id])
+                    assert np.array_equal(batch.y.numpy(), graph.y[n_id])
+                assert (loader.last_stats.hit_rate > 0) == bool(cache)
 
 
 def test_a_new_pass_without_set_epoch_is_the_next_epoch(small: GraphData, tmp_path: Path) -> None:

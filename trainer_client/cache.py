@@ -256,8 +256,11 @@ class FeatureCache:
         IDs. Checks every block. ``started`` gets the call (to cancel it when another
         partition's fill fails), ``progress`` each block's node count."""
         where = f"StreamHotNodes at {cluster.addresses[p]}"
+        # the stored dtype is asked for as such (servers before it could be named refuse
+        # float64 by name)
+        asked = pb.DTYPE_UNSPECIFIED if wire_dtype == int(cluster.info.feature_dtype) else wire_dtype
         request = pb.HotNodesRequest(count=k, include_features=True, client_id=cluster.client_id,
-                                     feature_dtype=wire_dtype)  # type: ignore[arg-type]
+                                     feature_dtype=asked)  # type: ignore[arg-type]
         order = torch.empty(k, dtype=torch.int64)
         done = 0
         try:
