@@ -348,7 +348,8 @@ class SamplingServer(grpc.Server):
             self.shutdown_requested.set()
             return
         try:  # before SERVING: a peer reading this order must not wait past its deadline
-            self.pipeline.hot.own_order()
+            if not isinstance(self.store, HeteroPartitionStore):  # typed graphs have none
+                self.pipeline.hot.own_order()
         except Exception:  # the cache is an optimization: serve without it, say why
             log.exception("partition=%d: no hot order for trainers' feature caches",
                           self.store.partition_id)

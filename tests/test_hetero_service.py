@@ -6,6 +6,7 @@ in-process typed sampler."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import time
 from collections import Counter
@@ -144,6 +145,14 @@ def test_cluster_info_advertises_the_typed_graph(cluster: list[str], graph: Hete
     assert [e.num_edges for e in typed.edge_types] == [graph.num_edges(et) for et in graph.edge_types]
     assert info.num_nodes == 30 and info.feature_dim == 4 and info.hot_order == ""
     assert sum(s.train for s in info.split_sizes) == len(graph.splits["train"])
+
+
+def test_typed_servers_start_without_errors(two: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A typed partition has no hot order; its server does not try to compute one."""
+    with caplog.at_level(logging.INFO), served(two, 2) as addresses:
+        assert len(addresses) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == []
 
 
 def _typed_request(**kw: object) -> pb.EpochRequest:
