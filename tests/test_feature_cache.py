@@ -20,7 +20,7 @@ from partitioner.format import load_partition
 from protos import fastwire
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
-from protos.channel import create_channel
+from protos.channel import ServerUnavailable, create_channel
 from protos.codec import decode_tensor, encode_tensor
 from sampling_server.hot import HOT_ORDER, PLAN_BITSETS, HotNodes, hot_order, visit_scores
 from trainer_client.cache import CacheError, FeatureCache, parse_cache_size, plan_counts
@@ -179,26 +179,58 @@ class _Unavailable(grpc.RpcError, grpc.Call):  # type: ignore[misc]
         return self._details
 
 
+def _fake_cluster(streams: list[_Stream]) -> SimpleNamespace:
+    """What a fill reads of a Cluster of 3 partitions of 10 nodes, one fake stream each."""
+    return SimpleNamespace(partition_book=np.array([0, 10, 20, 30]),
+                           info=SimpleNamespace(feature_dim=4, feature_dtype=pb.FLOAT32),
+                           addresses=["a:1", "b:2", "c:3"], client_id="test",
+                           stubs=[SimpleNamespace(StreamHotNodes=s.open) for s in streams])
+
+
 def test_a_failed_partition_ends_the_whole_fill_at_once_naming_it() -> None:
     streams = [_Stream(fail=False), _Stream(fail=True), _Stream(fail=False)]
-    stubs = [SimpleNamespace(StreamHotNodes=s.open) for s in streams]
-    cluster = SimpleNamespace(partition_book=np.array([0, 10, 20, 30]), info=SimpleNamespace(feature_dim=4),
-                              addresses=["a:1", "b:2", "c:3"], client_id="test", stubs=stubs)
+    cluster = _fake_cluster(streams)
     started = time.monotonic()
-    with pytest.raises(Exception, match="StreamHotNodes at b:2 failed: UNAVAILABLE: the server went away"):
+    with pytest.raises(ServerUnavailable, match=r"StreamHotNodes at b:2 failed: UNAVAILABLE: the server "
+                                                r"went away \(the feature cache's fill of partition 1 was "
+                                                r"retried for 1 s\)"):
         FeatureCache.fill(cluster, [5, 5, 5], pb.FLOAT32, torch.device("cpu"),  # type: ignore[arg-type]
-                          progress=False)
+                          progress=False, reconnect=1.0)
     assert time.monotonic() - started < 10
     assert all(s.opened and s.cancelled.is_set() for s in streams if not s.fail)
+
+
+def test_a_partition_whose_stream_breaks_is_filled_again(servers: tuple[Path, list[str]],
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A server restarting during the fill (UNAVAILABLE after some blocks): that partition
+    is streamed again from its first row; the cache equals an unbroken fill."""
+    _, addresses = servers
+    fill = FeatureCache._fill_partition
+    broken: list[int] = []
+
+    def breaks_once(cls: object, cluster: Cluster, p: int, k: int, *args: object) -> torch.Tensor:
+        if p == 1 and not broken:
+            broken.append(p)
+            args[-1](k // 2)  # type: ignore[operator]  # progress: half the rows came
+            raise ServerUnavailable("StreamHotNodes at b failed: UNAVAILABLE: restarting")
+        return fill(cluster, p, k, *args)  # type: ignore[arg-type]
+
+    with Cluster(addresses, connect_timeout=30) as cluster:
+        counts = plan_counts(("fraction", 0.3), cluster.partition_book.tolist(), 4)
+        whole = FeatureCache.fill(cluster, counts, pb.FLOAT32, torch.device("cpu"), progress=False)
+        monkeypatch.setattr(FeatureCache, "_fill_partition", classmethod(breaks_once))
+        again = FeatureCache.fill(cluster, counts, pb.FLOAT32, torch.device("cpu"), progress=False)
+    assert broken == [1]
+    assert torch.equal(again.rows, whole.rows) and torch.equal(again.slot, whole.slot)
+    assert "partition 1's stream broke after" in caplog.text and "filling it again" in caplog.text
 
 
 def test_an_interrupted_fill_ends_its_streams(monkeypatch: pytest.MonkeyPatch) -> None:
     from trainer_client import cache as cache_module
 
     streams = [_Stream(fail=False) for _ in range(3)]
-    stubs = [SimpleNamespace(StreamHotNodes=s.open) for s in streams]
-    cluster = SimpleNamespace(partition_book=np.array([0, 10, 20, 30]), info=SimpleNamespace(feature_dim=4),
-                              addresses=["a:1", "b:2", "c:3"], client_id="test", stubs=stubs)
+    cluster = _fake_cluster(streams)
 
     def interrupted(*args: object, **kwargs: object) -> None:
         time.sleep(0.3)  # the streams are open by then

@@ -24,6 +24,7 @@ import logging
 import math
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
@@ -36,7 +37,7 @@ from tqdm import tqdm
 
 from protos import allocator
 from protos import sampling_pb2 as pb
-from protos.channel import error_from_rpc
+from protos.channel import ServerUnavailable, error_from_rpc
 from protos.codec import decode_tensor_torch, dtype_name, dtype_to_torch
 from protos.halfcast import words
 from sampling_server.feature_placement import parse_cache_amount
@@ -55,6 +56,8 @@ KNOWN_HOT_ORDERS = ("visits_v1", "in_degree_v1")
 AUTO_FREE_FRACTION = 0.25
 #: Most partitions whose rows a fill receives at once (one stream each).
 MAX_FILL_STREAMS = 8
+#: First and longest pause before a partition's broken fill stream is opened again.
+FILL_RETRY_PAUSE = (0.1, 2.0)
 _EXPECTED = ("'auto', a fraction of the nodes in [0, 1] (e.g. 0.2), a percentage ('20%') or a "
              "size in bytes with a unit ('2GiB', '512MB')")
 
@@ -184,8 +187,13 @@ class FeatureCache:
 
     @classmethod
     def fill(cls, cluster: Cluster, counts: Sequence[int], wire_dtype: int, device: torch.device,
-             *, progress: bool | None = None, timeout: float = 600.0) -> FeatureCache:
-        """Stream the plan's rows from every server (``StreamHotNodes``) onto ``device``."""
+             *, progress: bool | None = None, timeout: float = 600.0,
+             reconnect: float = 15.0) -> FeatureCache:
+        """Stream the plan's rows from every server (``StreamHotNodes``) onto ``device``.
+        A partition whose stream breaks with ``UNAVAILABLE`` (its server restarting) is
+        filled again from its first row, with growing pauses, for up to ``reconnect``
+        seconds after the break, as the loader's streams resume; any other failure ends
+        the whole fill at once. ``timeout``: the deadline of each stream."""
         counts = [int(c) for c in counts]
         book = cluster.partition_book
         dim = int(cluster.info.feature_dim)
@@ -216,8 +224,33 @@ class FeatureCache:
 
         def fill_one(p: int) -> None:
             lo, hi = starts[p], starts[p + 1]
-            order = cls._fill_partition(cluster, p, hi - lo, wire_dtype, rows[lo:hi], timeout,
-                                        started, progress_by)
+            failed_at, pause = None, FILL_RETRY_PAUSE[0]
+            received = [0]  # rows of the current attempt
+
+            def counted(b: int) -> None:
+                received[0] += b
+                progress_by(b)
+
+            while True:
+                received[0] = 0
+                try:
+                    order = cls._fill_partition(cluster, p, hi - lo, wire_dtype, rows[lo:hi],
+                                                timeout, started, counted)
+                    break
+                except ServerUnavailable as exc:
+                    failed_at = failed_at if failed_at is not None else time.monotonic()
+                    if time.monotonic() - failed_at + pause > reconnect:
+                        raise ServerUnavailable(
+                            f"{exc} (the feature cache's fill of partition {p} was retried for "
+                            f"{reconnect:g} s)", what=exc.what, address=exc.address,
+                            code=exc.code, details=exc.details) from exc
+                    log.warning("feature cache: partition %d's stream broke after %d of %d nodes "
+                                "(%s); filling it again in %.1f s", p, received[0], hi - lo, exc,
+                                pause)
+                    progress_by(-received[0])
+                    if stopping.wait(pause):  # another partition failed meanwhile
+                        raise
+                    pause = min(2 * pause, FILL_RETRY_PAUSE[1])
             if int(order.min()) < book[p] or int(order.max()) >= book[p + 1]:
                 raise CacheError(f"StreamHotNodes at partition {p}: HotNodesChunk.n_id: "
                                  f"expected IDs in {int(book[p])} .. {int(book[p + 1]) - 1}")

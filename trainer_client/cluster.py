@@ -219,14 +219,15 @@ class Cluster:
         return np.searchsorted(book, nodes, side="right") - 1
 
     def feature_cache(self, counts: list[int], wire_dtype: int, device: torch.device, *,
-                      progress: bool | None = None) -> FeatureCache:
+                      progress: bool | None = None, reconnect: float = 15.0) -> FeatureCache:
         """The feature cache of this plan, dtype and device: filled on first use, then
-        shared (so it fills once per job, not per loader or epoch)."""
+        shared (so it fills once per job, not per loader or epoch). ``reconnect``: seconds
+        a partition's broken fill stream is retried (:meth:`FeatureCache.fill`)."""
         key = (tuple(counts), int(wire_dtype), str(device))
         with self._cache_lock:
             if key not in self._caches:
                 self._caches[key] = FeatureCache.fill(self, counts, wire_dtype, device,
-                                                      progress=progress)
+                                                      progress=progress, reconnect=reconnect)
             return self._caches[key]
 
     def auto_cache_budget(self, device: torch.device) -> int:

@@ -333,7 +333,8 @@ class RemoteNeighborLoader:
                         "servers?); running without the feature cache", sorted(orders),
                         list(KNOWN_HOT_ORDERS))
             return None
-        return self.cluster.feature_cache(counts, wire, self.device, progress=progress)
+        return self.cluster.feature_cache(counts, wire, self.device, progress=progress,
+                                          reconnect=self.timeouts.reconnect)
 
     def _warn_if_empty(self) -> None:
         if len(self) == 0:
