@@ -39,6 +39,23 @@ def check_classes_and_splits(num_classes: int, splits: dict[str, np.ndarray]) ->
             )
 
 
+def labels_to_int64(raw: np.ndarray, field: str) -> np.ndarray:
+    """1-D labels as int64: integers as they are; floats (as OGB stores papers100M's, and
+    PyG's ``Data.y`` then holds them) NaN for unlabeled, which becomes ``-1``, and whole
+    numbers otherwise. ``field`` names the array in errors."""
+    if np.issubdtype(raw.dtype, np.integer):
+        return raw.astype(np.int64, copy=False)
+    if not np.issubdtype(raw.dtype, np.floating):
+        raise GraphDataError(f"{field}: expected integer labels (-1 for unlabeled) or float "
+                             f"labels (NaN for unlabeled), got {raw.dtype}")
+    unlabeled = np.isnan(raw)
+    out = np.where(unlabeled, -1, raw).astype(np.int64)
+    if not np.array_equal(out[~unlabeled], raw[~unlabeled]):
+        raise GraphDataError(f"{field}: expected whole-number labels (or NaN for unlabeled), got "
+                             f"fractions, infinities or values past int64")
+    return out
+
+
 @dataclass
 class GraphData:
     """A homogeneous node-classification graph before partitioning.

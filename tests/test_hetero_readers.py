@@ -127,6 +127,12 @@ def test_pyg_heterodata_round_trips() -> None:
     assert data["paper"].train_mask.sum() == g.splits["train"].size
     back = from_pyg_hetero(data, name="tiny-hetero")
     assert_same_graph(g, back)
+    y = data["paper"].y  # as PyG's OGB datasets may hold labels: float, NaN for unlabeled
+    data["paper"].y = torch.where(y < 0, torch.nan, y.double())[:, None]
+    assert_same_graph(g, from_pyg_hetero(data, name="tiny-hetero"))
+    data["paper"].y = y + 0.5
+    with pytest.raises(GraphDataError, match=r"data\['paper'\]\.y: expected whole-number labels"):
+        from_pyg_hetero(data)
 
 
 def test_pyg_heterodata_errors() -> None:

@@ -304,6 +304,9 @@ def test_npz_missing_key_names_it(tmp_path: Path) -> None:
         (lambda a: a.update(train_mask=np.ones(12, dtype=bool)), "train_idx or train_mask"),
         (lambda a: a.update(edge_index=np.zeros((3, 4), dtype=np.int64)), "edge_index"),
         (lambda a: a.update(y=np.array([None] * 12, dtype=object)), "pickle"),
+        (lambda a: a.update(y=a["y"] + 0.5), r"y: expected whole-number labels \(or NaN"),
+        (lambda a: a.update(y=np.full(12, np.inf)), "y: expected whole-number labels"),
+        (lambda a: a.update(y=np.ones(12, dtype=bool)), "y: expected integer labels"),
     ],
 )
 def test_npz_malformed(
@@ -317,6 +320,18 @@ def test_npz_malformed(
     np.savez(path, **arrays)  # type: ignore[arg-type]
     with pytest.raises(GraphDataError, match=match):
         read_npz(path)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_npz_float_labels_with_nan_for_unlabeled(tmp_path: Path, dtype: type) -> None:
+    """Labels as OGB stores papers100M's: floats, NaN for unlabeled nodes."""
+    graph = _small_graph()
+    labels = np.where(graph.y < 0, np.nan, graph.y).astype(dtype)[:, None]
+    path = tmp_path / "float-y.npz"
+    np.savez(path, edge_index=graph.edge_index, x=graph.x, y=labels, train_idx=graph.splits["train"])
+    got = read_npz(path)
+    assert got.y.dtype == np.int64 and np.array_equal(got.y, graph.y)
+    assert got.num_classes == int(graph.y.max()) + 1
 
 
 # --- PyG --------------------------------------------------------------------------------
@@ -359,6 +374,19 @@ def test_from_pyg_errors() -> None:
     no_x = Data(edge_index=torch.tensor([[0], [1]]), y=torch.tensor([0, 1]), num_nodes=2)
     with pytest.raises(GraphDataError, match=r"data\.x: expected a tensor.*edge_index"):
         from_pyg(no_x)
+    fractions = Data(edge_index=torch.tensor([[0], [1]]), x=torch.zeros(2, 1),
+                     y=torch.tensor([0.5, 1.0]), num_nodes=2)
+    with pytest.raises(GraphDataError, match=r"data\.y: expected whole-number labels"):
+        from_pyg(fractions)
+
+
+def test_from_pyg_float_labels_with_nan_for_unlabeled() -> None:
+    """``Data.y`` as PyG's ogbn-papers100M holds it: float, NaN for unlabeled nodes."""
+    graph = _small_graph()
+    data = to_pyg(graph)
+    data.y = torch.where(data.y < 0, torch.nan, data.y.double()).float()[:, None]
+    got = from_pyg(data, name="small")
+    assert got.y.dtype == np.int64 and np.array_equal(got.y, graph.y)
 
 
 def test_fixture_copies_are_independent(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 Keys (``docs/datasets.md`` has the full table):
 
 - required: ``edge_index`` (``[2, E]`` or ``[E, 2]`` integers), ``x`` (``[N, F]`` floats),
-  ``y`` (``[N]`` or ``[N, 1]`` integers, ``-1`` for unlabeled nodes);
+  ``y`` (``[N]`` or ``[N, 1]`` integers, ``-1`` for unlabeled nodes, or floats with NaN
+  for unlabeled nodes, as OGB stores papers100M's);
 - optional: ``num_nodes`` (default ``x.shape[0]``), ``num_classes`` (default
   ``y.max() + 1``), ``train_idx``/``val_idx``/``test_idx`` (node IDs) or
   ``train_mask``/``val_mask``/``test_mask`` (``[N]`` booleans), ``edge_weight`` (``[E]``).
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from partitioner.graph import SPLITS, GraphData, GraphDataError
+from partitioner.graph import SPLITS, GraphData, GraphDataError, labels_to_int64
 
 log = logging.getLogger(__name__)
 
@@ -140,11 +141,7 @@ def _labels(raw: np.ndarray, path: Path) -> np.ndarray:
     y = raw[:, 0] if raw.ndim == 2 and raw.shape[1] == 1 else raw
     if y.ndim != 1:
         raise GraphDataError(f"{path}: y: expected shape [N] or [N, 1], got {list(raw.shape)}")
-    if not np.issubdtype(y.dtype, np.integer):
-        raise GraphDataError(
-            f"{path}: y: expected an integer dtype (-1 for unlabeled), got {y.dtype}"
-        )
-    return y.astype(np.int64, copy=False)
+    return labels_to_int64(y, f"{path}: y")
 
 
 def _scalar(arrays: dict[str, np.ndarray], key: str, path: Path, *, default: int) -> int:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from partitioner.graph import SPLITS, GraphData, GraphDataError, sorted_unique
+from partitioner.graph import SPLITS, GraphData, GraphDataError, labels_to_int64, sorted_unique
 
 log = logging.getLogger(__name__)
 
@@ -406,12 +406,4 @@ def _labels_to_int64(raw: np.ndarray, num_nodes: int, source: Path) -> np.ndarra
             f"{source}: expected one label per node, shape [{num_nodes}] or [{num_nodes}, 1], "
             f"got {list(np.shape(raw))}"
         )
-    if np.issubdtype(labels.dtype, np.integer):
-        return labels.astype(np.int64)
-    if not np.issubdtype(labels.dtype, np.floating):
-        raise GraphDataError(f"{source}: expected integer or float labels, got {labels.dtype}")
-    unlabeled = np.isnan(labels)
-    out = np.where(unlabeled, -1, labels).astype(np.int64)
-    if not np.array_equal(out[~unlabeled], labels[~unlabeled]):
-        raise GraphDataError(f"{source}: expected whole-number labels (or NaN), got fractions")
-    return out
+    return labels_to_int64(labels, str(source))

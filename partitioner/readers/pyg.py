@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data, HeteroData
 
-from partitioner.graph import SPLITS, GraphData, GraphDataError
+from partitioner.graph import SPLITS, GraphData, GraphDataError, labels_to_int64
 
 log = logging.getLogger(__name__)
 
@@ -109,13 +109,17 @@ def _features(tensor: torch.Tensor) -> np.ndarray:
     return _to_numpy(tensor, "x")
 
 
-def _labels(tensor: torch.Tensor) -> np.ndarray:
+def _labels(tensor: torch.Tensor, field: str = "data.y") -> np.ndarray:
+    """``[N]`` or ``[N, 1]`` labels as int64 ``[N]`` (:func:`labels_to_int64`)."""
     y = tensor[:, 0] if tensor.dim() == 2 and tensor.shape[1] == 1 else tensor
     if y.dim() != 1:
-        raise GraphDataError(f"data.y: expected shape [N] or [N, 1], got {list(tensor.shape)}")
-    if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
-        raise GraphDataError(f"data.y: expected an integer dtype (-1 for unlabeled), got {y.dtype}")
-    return _to_numpy(y, "y").astype(np.int64, copy=False)
+        raise GraphDataError(f"{field}: expected shape [N] or [N, 1], got {list(tensor.shape)}")
+    if y.dtype.is_complex or y.dtype == torch.bool:
+        raise GraphDataError(f"{field}: expected integer labels (-1 for unlabeled) or float "
+                             f"labels (NaN for unlabeled), got {y.dtype}")
+    if y.dtype == torch.bfloat16:  # NumPy has no bfloat16
+        y = y.float()
+    return labels_to_int64(_to_numpy(y, "y"), field)
 
 
 def _num_classes(data: Data, y: np.ndarray, given: int | None) -> int:

@@ -10,7 +10,7 @@ from torch_geometric.data import HeteroData
 
 from partitioner.graph import SPLITS, GraphDataError
 from partitioner.hetero import EdgeType, HeteroGraphData
-from partitioner.readers.pyg import _to_numpy, _to_tensor
+from partitioner.readers.pyg import _labels, _to_numpy, _to_tensor
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +49,7 @@ def from_pyg_hetero(
         edges[(str(et[0]), str(et[1]), str(et[2]))] = np.ascontiguousarray(ei, dtype=np.int64)
     x = {t: _features(t, data[t].x) for t in data.node_types if "x" in data[t]}
     store = data[target_type]
-    y = store.y.view(-1) if store.y.dim() == 2 and store.y.shape[1] == 1 else store.y
-    if y.dim() != 1 or y.dtype.is_floating_point or y.dtype == torch.bool:
-        raise GraphDataError(f"data[{target_type!r}].y: expected [N] integers, got "
-                             f"{y.dtype} of shape {list(y.shape)}")
-    y_np = _to_numpy(y, "y").astype(np.int64, copy=False)
+    y_np = _labels(store.y, f"data[{target_type!r}].y")
     stored = getattr(data, "num_classes", None) if "num_classes" in data else None
     graph = HeteroGraphData(
         name=name, num_nodes=num_nodes, edge_index=edges, x=x, target_type=target_type,
