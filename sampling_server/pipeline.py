@@ -204,8 +204,7 @@ class SamplingPipeline:
             if job.labels:
                 gather_labels = partial(sampler.gather, n_id, features=False, labels=True,
                                         remote=remote)
-                labels = self.lookups.submit(gather_labels) if sampler.overlap_peers \
-                    else begin(gather_labels, overlap=False)
+                labels = begin(gather_labels, sampler.overlap_peers, pool=self.lookups)
             cached = self.hot.cached_mask(n_id, job.cache_counts)
             missing = torch.nonzero(~cached.to(n_id.device)).flatten()
             x, _ = sampler.gather(n_id[missing], features=True, labels=False, remote=remote,

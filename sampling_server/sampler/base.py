@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -32,12 +32,13 @@ _peer_waits: ThreadPoolExecutor | None = None
 _peer_waits_lock = threading.Lock()
 
 
-def begin(call: Callable[[], T], overlap: bool = True) -> Future[T]:
+def begin(call: Callable[[], T], overlap: bool = True, pool: Executor | None = None) -> Future[T]:
     """Start ``call`` (a request to the peers) on a thread of its own and return at once,
     so that the caller's share of the same hop or gather overlaps the round trip. The
     caller waits on the future without a timeout of its own: peer calls carry their
-    deadlines. Threads are made as calls need them (at most :data:`PEER_WAIT_THREADS`).
-    ``overlap=False`` runs ``call`` here, before returning."""
+    deadlines. Threads are made as calls need them (at most :data:`PEER_WAIT_THREADS`),
+    or taken from ``pool`` when given. ``overlap=False`` runs ``call`` here, before
+    returning."""
     global _peer_waits
     if not overlap:
         done: Future[T] = Future()
@@ -46,6 +47,8 @@ def begin(call: Callable[[], T], overlap: bool = True) -> Future[T]:
         except Exception as exc:  # re-raised by done.result(), as a pool's future does
             done.set_exception(exc)
         return done
+    if pool is not None:
+        return pool.submit(call)
     with _peer_waits_lock:
         if _peer_waits is None:
             _peer_waits = ThreadPoolExecutor(PEER_WAIT_THREADS, thread_name_prefix="peer-wait")
