@@ -393,6 +393,26 @@ def test_features_travel_in_the_requested_dtype(cluster: list[str], graph: Heter
                 assert data[t].internal_n_id.shape == data[t].n_id.shape
 
 
+def test_a_partition_without_nodes_of_a_featured_type_serves(tmp_path: Path) -> None:
+    """Topics with features, all of them in one range partition: the other partitions'
+    servers hold a [0, F] table for them and still serve (and answer their peers)."""
+    graph = tiny_hetero()
+    graph.x["topic"] = np.random.default_rng(1).standard_normal((6, 2)).astype(np.float64)
+    graph = graph.add_reverse()
+    root = tmp_path / "range-3"
+    partition_hetero_graph(graph, 3, root, method="range", seed=0, progress=False)
+    books = [part.node_range("topic") for part in load_all(root)]
+    assert any(stop == start for start, stop in books)  # a partition without topics
+    with served(root, 3) as addresses, RemoteNeighborLoader(
+            addresses, input_nodes="train", num_neighbors=[-1, -1], batch_size=4, **TIMEOUTS) as loader:
+        topics = 0
+        for data in loader:
+            n_id = data["topic"].n_id.numpy()
+            assert torch.equal(data["topic"].x, torch.from_numpy(graph.x["topic"][n_id]).float())
+            topics += n_id.size
+        assert topics > 0
+
+
 def test_peers_listed_in_the_wrong_order_are_refused(two: Path) -> None:
     """The typed servers check their peers' identity as the homogeneous ones do."""
     built = [create_server(_config(two, p)) for p in range(2)]

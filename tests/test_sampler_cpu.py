@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
@@ -335,6 +336,21 @@ def test_begin_without_overlap_runs_the_call_in_place() -> None:
     with pytest.raises(ZeroDivisionError):
         failed.result()
     assert begin(lambda: threading.get_ident()).result(timeout=10) != threading.get_ident()
+    with ThreadPoolExecutor(1, thread_name_prefix="given") as pool:  # on the pool given
+        assert begin(lambda: threading.current_thread().name, pool=pool).result(timeout=10) \
+            .startswith("given")
+        assert begin(threading.get_ident, overlap=False, pool=pool).result() == threading.get_ident()
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (0,), (0, 2, 3), (6, 0)])
+def test_gather_from_a_table_without_rows_or_columns(shape: tuple[int, ...]) -> None:
+    """A partition that holds no node of a type with features has a [0, F] table."""
+    from sampling_server.sampler import cpu_gather as G
+
+    src = np.zeros(shape, dtype=np.float64)
+    nodes = np.zeros(0 if shape[0] == 0 else 2, dtype=np.int64)
+    got = G.gather(src, nodes, 0)
+    assert got.shape == (nodes.size, *shape[1:]) and got.dtype == src.dtype
 
 
 def test_gather_into_and_scatter_into_match_numpy_and_name_bad_shapes() -> None:

@@ -10,6 +10,8 @@ in flight at once instead of one row's at a time.
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 
@@ -109,7 +111,7 @@ def gather(src: np.ndarray, nodes: np.ndarray, node_start: int) -> np.ndarray:
     """Rows ``nodes - node_start`` of ``src`` (1-D or 2-D, C-contiguous, possibly a
     read-only memmap), read in place."""
     arr = np.asarray(src)
-    words = _words(arr.reshape(arr.shape[0], -1))
+    words = _words(arr.reshape(arr.shape[0], math.prod(arr.shape[1:])))  # (not -1: 0 rows)
     if words is None:
         return arr[nodes - node_start]
     out = np.empty((nodes.size, words[0].shape[1]), dtype=words[0].dtype)
