@@ -32,6 +32,7 @@ METHODS = {
     "StreamMinibatches": ("/graphfeed.v1.SamplingService/StreamMinibatches", True),
     "SampleNeighbors": ("/graphfeed.v1.PeerService/SampleNeighbors", True),
     "FetchNodeData": ("/graphfeed.v1.PeerService/FetchNodeData", True),
+    "StreamHotNodes": ("/graphfeed.v1.SamplingService/StreamHotNodes", True),
     "Health": ("/grpc.health.v1.Health/Check", False),
 }
 
@@ -208,7 +209,9 @@ def _structured(rng: random.Random, method: str) -> bytes:
             feature_dtype=rng.choice([0, 7, 8, 9, 6, 99]), include_features=rng.random() < 0.5,
             include_labels=rng.random() < 0.5, shuffle=rng.random() < 0.5,
             sampling=pb.SamplingOptions(replace=rng.random() < 0.3, weighted=rng.random() < 0.2),
-            client_id=rng.choice(_STRINGS))
+            client_id=rng.choice(_STRINGS), compact_indices=rng.random() < 0.5,
+            include_original_ids=rng.random() < 0.5,
+            cache_counts=[rng.choice([*_INTS, 10, 50]) for _ in range(rng.choice([0, 0, 1, 2, 3]))])
         if rng.random() < 0.5:
             msg.split = rng.choice(_STRINGS)
         elif rng.random() < 0.8:
@@ -223,6 +226,12 @@ def _structured(rng: random.Random, method: str) -> bytes:
         return pb.FetchNodeDataRequest(
             nodes=_random_tensor(rng), want_features=rng.random() < 0.5,
             want_labels=rng.random() < 0.5, feature_dtype=rng.choice([0, 7, 8, 9, 99]),
+            want_original_ids=rng.random() < 0.3, node_type=rng.choice(["", "", "paper"]),
+            client_id=rng.choice(_STRINGS)).SerializeToString()
+    if method == "StreamHotNodes":
+        return pb.HotNodesRequest(
+            count=rng.choice([*_INTS, 50, 2**62]), include_features=rng.random() < 0.5,
+            feature_dtype=rng.choice([0, 6, 7, 8, 9, 99]),
             client_id=rng.choice(_STRINGS)).SerializeToString()
     if method == "LookupNodes":
         lookup = pb.LookupNodesRequest(client_id=rng.choice(_STRINGS))
