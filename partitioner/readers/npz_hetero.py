@@ -6,8 +6,8 @@ Type names live in the keys (``docs/datasets.md`` has the full table):
   node-type order);
 - ``edge_index__<src>__<rel>__<dst>``: ``[2, E]`` or ``[E, 2]`` integers, local IDs;
 - ``x__<type>``: ``[N_t, F_t]`` floats, for the types that have features;
-- ``y__<type>``: ``[N_t]`` or ``[N_t, 1]`` integer labels (``-1`` = unlabeled); exactly
-  one such key, which names the target type;
+- ``y__<type>``: ``[N_t]`` or ``[N_t, 1]`` integer labels (``-1`` = unlabeled; or floats,
+  NaN = unlabeled); exactly one such key, which names the target type;
 - optional: ``num_classes``, ``train_idx``/``val_idx``/``test_idx`` (local IDs of the
   target type) or ``train_mask``/``val_mask``/``test_mask``.
 
