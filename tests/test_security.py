@@ -128,6 +128,9 @@ def _calls(channel: grpc.Channel) -> list[grpc.StatusCode]:
                                           timeout=10)),
         lambda: list(peer.FetchNodeData(pb.FetchNodeDataRequest(nodes=nodes, want_labels=True),
                                         timeout=10)),
+        lambda: list(stub.StreamHotNodes(pb.HotNodesRequest(count=5, include_features=True),
+                                         timeout=10)),
+        lambda: stub.LookupNodes(pb.LookupNodesRequest(split="train"), timeout=10),
     ]
     codes = []
     for call in calls:
@@ -145,7 +148,24 @@ OK, UNAUTHENTICATED = grpc.StatusCode.OK, grpc.StatusCode.UNAUTHENTICATED
 def test_a_caller_with_certificate_and_token_is_served(mtls: list[str], certs: Certs) -> None:
     security = Security(ca=certs.ca, cert=certs.client[0], key=certs.client[1], token=TOKEN)
     with create_channel(mtls[0], security=security) as channel:
-        assert _calls(channel) == [OK] * 4
+        assert _calls(channel) == [OK] * 6
+
+
+def test_a_loader_fills_its_feature_cache_over_mutual_tls_with_the_token(
+    mtls: list[str], certs: Certs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loader's channels (cache fill, batch streams) carry the certificate and the
+    token from the environment, as graphfeed-train's do."""
+    from trainer_client.loader import RemoteNeighborLoader
+
+    for name, value in (("GRAPHFEED_TLS_CA", certs.ca), ("GRAPHFEED_TLS_CERT", certs.client[0]),
+                        ("GRAPHFEED_TLS_KEY", certs.client[1]), ("GRAPHFEED_TOKEN", TOKEN)):
+        monkeypatch.setenv(name, str(value))
+    with RemoteNeighborLoader(mtls, "train", num_neighbors=[3], batch_size=200, cache_size=0.3,
+                              connect_timeout=30) as loader:
+        assert loader.cache is not None and loader.cache.num_rows > 0
+        assert sum(1 for _ in loader) == len(loader) > 0
+        assert loader.last_stats.hit_rate > 0
 
 
 @pytest.mark.parametrize("token", [None, "wrong-token", TOKEN + "x"])
@@ -154,7 +174,7 @@ def test_a_caller_without_the_right_token_is_unauthenticated(
 ) -> None:
     security = Security(ca=certs.ca, cert=certs.client[0], key=certs.client[1], token=token)
     with create_channel(mtls[0], security=security) as channel:
-        assert _calls(channel) == [UNAUTHENTICATED] * 4
+        assert _calls(channel) == [UNAUTHENTICATED] * 6
         # health stays open, so that orchestrators can probe readiness
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
                                                           timeout=10)
@@ -173,7 +193,7 @@ def test_a_caller_without_a_trusted_certificate_gets_no_connection(
     }[who]
     with create_channel(mtls[0], security=security) as channel:
         codes = _calls(channel)
-    assert codes == [grpc.StatusCode.UNAVAILABLE] * 4
+    assert codes == [grpc.StatusCode.UNAVAILABLE] * 6
 
 
 def test_a_token_alone_guards_a_plaintext_server(parts2: Path, tmp_path: Path,
@@ -184,9 +204,9 @@ def test_a_token_alone_guards_a_plaintext_server(parts2: Path, tmp_path: Path,
     try:
         assert all(s.wait_until_serving(30) for s in servers)
         with create_channel(addresses[0], security=Security(token=TOKEN)) as channel:
-            assert _calls(channel) == [OK] * 4
+            assert _calls(channel) == [OK] * 6
         with create_channel(addresses[0], security=Security()) as channel:
-            assert _calls(channel) == [UNAUTHENTICATED] * 4
+            assert _calls(channel) == [UNAUTHENTICATED] * 6
         page = generate_latest(servers[0].metrics.registry).decode()
         assert 'method="StreamMinibatches",partition="0"} 1.0' in page
         assert 'code="UNAUTHENTICATED"' in page
@@ -210,7 +230,7 @@ def test_the_certificates_of_make_certs_sh_secure_a_cluster(parts2: Path, tmp_pa
         trainer = Security(ca=out / "ca.crt", cert=out / "trainer0.crt", key=out / "trainer0.key",
                            token=token)
         with create_channel(addresses[0], security=trainer) as channel:
-            assert _calls(channel) == [OK] * 4
+            assert _calls(channel) == [OK] * 6
     finally:
         for s in servers:
             s.stop(None).wait(10)
