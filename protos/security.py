@@ -125,12 +125,13 @@ _lock = threading.Lock()
 _default: Security | None = None
 
 
-def set_default_security(security: Security | None) -> None:
-    """The security every channel made without ``security=`` uses (None: from the
-    environment)."""
+def set_default_security(security: Security | None) -> Security | None:
+    """Sets the security every channel made without ``security=`` uses (None: from the
+    environment) and returns the one set before, for the caller to restore."""
     global _default
     with _lock:
-        _default = security
+        previous, _default = _default, security
+    return previous
 
 
 def default_security() -> Security:

@@ -19,6 +19,7 @@ import torch
 from test_decode import encode_batch, fake_batch
 from test_loader import free_port, real_servers
 
+from protos.security import Security, default_security, set_default_security
 from trainer_client.decode import decode_batch
 from trainer_client.evaluate import layerwise_logits
 from trainer_client.loader import RemoteNeighborLoader
@@ -174,6 +175,25 @@ def test_a_device_this_machine_lacks_is_a_plain_error(
         pytest.skip("this machine has CUDA")
     assert main(["--servers", "127.0.0.1:1", "--device", device, "--timeout", "1"]) == 1
     assert message in caplog.text
+
+
+def test_main_leaves_the_callers_default_security_as_it_found_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """main() sets the channels' default security for its run and restores it after, so
+    that later loaders in the same process read theirs (the environment, or their own)."""
+    for name in ("GRAPHFEED_TLS_CA", "GRAPHFEED_TOKEN", "GRAPHFEED_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["--servers", "127.0.0.1:1", "--timeout", "0.5", "--device", "cpu"]) == 1
+    monkeypatch.setenv("GRAPHFEED_TOKEN", "from-the-environment")
+    assert default_security().token == "from-the-environment"
+    own = Security(token="own")
+    set_default_security(own)
+    try:
+        assert main(["--servers", "127.0.0.1:1", "--timeout", "0.5", "--device", "cpu"]) == 1
+        assert default_security() is own
+    finally:
+        set_default_security(None)
 
 
 @pytest.mark.parametrize(("args", "message"), [

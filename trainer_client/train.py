@@ -609,14 +609,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     keep_freed_memory()  # every batch allocates alike: reuse the blocks, skip page faults
     env: DistEnv | None = None
     cluster: Cluster | None = None
+    previous_security: list[Security | None] = []  # set once this run sets its own
     try:
         rank = _env_int("RANK", 0)
         logging.basicConfig(
             level=args.log_level.upper() if rank == 0 else logging.WARNING,
             format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
         )
-        set_default_security(Security(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key,
-                                      token=read_token(args.token_file)))
+        previous_security.append(set_default_security(Security(
+            ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key,
+            token=read_token(args.token_file))))
         env = setup_distributed(args.device, args.timeout, args.dist_backend)
         if args.partition_dir is not None:
             from trainer_client.hetero_train import local_loaders, run_typed
@@ -638,6 +640,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cluster is not None:
             cluster.close()
         teardown_distributed()
+        if previous_security:  # an in-process caller keeps its own
+            set_default_security(previous_security[0])
 
 
 if __name__ == "__main__":
