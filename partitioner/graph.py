@@ -49,7 +49,8 @@ def labels_to_int64(raw: np.ndarray, field: str) -> np.ndarray:
         raise GraphDataError(f"{field}: expected integer labels (-1 for unlabeled) or float "
                              f"labels (NaN for unlabeled), got {raw.dtype}")
     unlabeled = np.isnan(raw)
-    out = np.where(unlabeled, -1, raw).astype(np.int64)
+    with np.errstate(invalid="ignore"):  # infinities and overflows are refused just below
+        out = np.where(unlabeled, -1, raw).astype(np.int64)
     if not np.array_equal(out[~unlabeled], raw[~unlabeled]):
         raise GraphDataError(f"{field}: expected whole-number labels (or NaN for unlabeled), got "
                              f"fractions, infinities or values past int64")
