@@ -569,6 +569,7 @@ class EpochRequest(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     GLOBAL_BATCHES_FIELD_NUMBER: _builtins.int
     INCLUDE_ORIGINAL_IDS_FIELD_NUMBER: _builtins.int
+    EXPECT_FIELD_NUMBER: _builtins.int
     CACHE_COUNTS_FIELD_NUMBER: _builtins.int
     COMPACT_INDICES_FIELD_NUMBER: _builtins.int
     TYPED_FIELD_NUMBER: _builtins.int
@@ -654,6 +655,15 @@ class EpochRequest(_message.Message):
         """Neighbor sampling options (all false when absent)."""
 
     @_builtins.property
+    def expect(self) -> Global___ServerExpectation:
+        """What the caller learned of this server when its job began (ServerExpectation):
+        a server restarted since with another graph or partition (or, when cache_counts is
+        set, another hot order) refuses the call with FAILED_PRECONDITION naming what
+        differs, instead of streaming another graph's batches into a running job. Absent
+        (every old client): no check.
+        """
+
+    @_builtins.property
     def cache_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """The trainer's feature cache plan: the trainer holds the features (in this request's
         wire feature_dtype) of the first cache_counts[p] nodes of partition p's hot order
@@ -691,19 +701,52 @@ class EpochRequest(_message.Message):
         client_id: _builtins.str = ...,
         global_batches: _builtins.bool = ...,
         include_original_ids: _builtins.bool = ...,
+        expect: Global___ServerExpectation | None = ...,
         cache_counts: _abc.Iterable[_builtins.int] | None = ...,
         compact_indices: _builtins.bool = ...,
         typed: Global___TypedEpochOptions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling", "seeds", b"seeds", "seeds_source", b"seeds_source", "split", b"split", "typed", b"typed"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expect", b"expect", "sampling", b"sampling", "seeds", b"seeds", "seeds_source", b"seeds_source", "split", b"split", "typed", b"typed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "cache_counts", b"cache_counts", "client_id", b"client_id", "compact_indices", b"compact_indices", "drop_last", b"drop_last", "epoch", b"epoch", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "typed", b"typed", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "cache_counts", b"cache_counts", "client_id", b"client_id", "compact_indices", b"compact_indices", "drop_last", b"drop_last", "epoch", b"epoch", "expect", b"expect", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "typed", b"typed", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_seeds_source: _TypeAlias = _typing.Literal["split", "seeds"]  # noqa: Y015
     _WhichOneofArgType_seeds_source: _TypeAlias = _typing.Literal["seeds_source", b"seeds_source"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_seeds_source) -> _WhichOneofReturnType_seeds_source | None: ...
 
 Global___EpochRequest: _TypeAlias = EpochRequest  # noqa: Y015
+
+@_typing.final
+class ServerExpectation(_message.Message):
+    """What a caller expects of the server it calls, copied from the ClusterInfo it read
+    when its job began (EpochRequest.expect, HotNodesRequest.expect).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRAPH_FINGERPRINT_FIELD_NUMBER: _builtins.int
+    PARTITION_ID_FIELD_NUMBER: _builtins.int
+    HOT_ORDER_FIELD_NUMBER: _builtins.int
+    graph_fingerprint: _builtins.str
+    """ClusterInfo.graph_fingerprint."""
+    partition_id: _builtins.int
+    """ClusterInfo.partition_id."""
+    hot_order: _builtins.str
+    """ClusterInfo.hot_order (checked only where the call relies on it)."""
+    def __init__(
+        self,
+        *,
+        graph_fingerprint: _builtins.str = ...,
+        partition_id: _builtins.int = ...,
+        hot_order: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["graph_fingerprint", b"graph_fingerprint", "hot_order", b"hot_order", "partition_id", b"partition_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServerExpectation: _TypeAlias = ServerExpectation  # noqa: Y015
 
 @_typing.final
 class EdgeTypeFanouts(_message.Message):
@@ -1083,6 +1126,7 @@ class HotNodesRequest(_message.Message):
     INCLUDE_FEATURES_FIELD_NUMBER: _builtins.int
     FEATURE_DTYPE_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
+    EXPECT_FIELD_NUMBER: _builtins.int
     count: _builtins.int
     """Number of nodes, from the hottest on, in 0 .. the partition's node count
     (INVALID_ARGUMENT otherwise).
@@ -1095,6 +1139,10 @@ class HotNodesRequest(_message.Message):
     """
     client_id: _builtins.str
     """Free-form identifier of the caller, for server logs only; may be empty."""
+    @_builtins.property
+    def expect(self) -> Global___ServerExpectation:
+        """As EpochRequest.expect (the hot order is always checked here)."""
+
     def __init__(
         self,
         *,
@@ -1102,10 +1150,11 @@ class HotNodesRequest(_message.Message):
         include_features: _builtins.bool = ...,
         feature_dtype: Global___DType.ValueType = ...,
         client_id: _builtins.str = ...,
+        expect: Global___ServerExpectation | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expect", b"expect"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "count", b"count", "feature_dtype", b"feature_dtype", "include_features", b"include_features"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "count", b"count", "expect", b"expect", "feature_dtype", b"feature_dtype", "include_features", b"include_features"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -59,6 +59,27 @@ def check_epoch_request(request: pb.EpochRequest, fanouts_field: str = "fanouts"
     _require(request.resume_from >= 0, "resume_from", ">= 0", request.resume_from)
 
 
+def check_expectation(expect: pb.ServerExpectation, store: PartitionStore, field: str,
+                      hot_order: bool) -> None:
+    """Refuse (FAILED_PRECONDITION) a call whose ``expect`` (what the caller read from this
+    server's ClusterInfo when its job began) no longer holds: the server was restarted
+    with another graph or partition since, or with another hot order where the call
+    relies on it (``hot_order``). Batches of another graph must not enter a running job."""
+    served_order = "" if isinstance(store, HeteroPartitionStore) else store.config.hot_order
+    checks = [("graph_fingerprint", expect.graph_fingerprint, store.graph_fingerprint,
+               "graph"),
+              ("partition_id", expect.partition_id, store.partition_id, "partition")]
+    if hot_order:
+        checks.append(("hot_order", expect.hot_order, served_order, "hot order"))
+    for name, given, served, what in checks:
+        if given != served:
+            raise RequestError(
+                f"{field}.expect.{name}: expected {served!r} (the {what} this server holds "
+                f"now), got {given!r} (the one the caller's job began with): this server was "
+                f"restarted with another {what}; start the job again on the cluster as it is",
+                _PRECONDITION)
+
+
 def explicit_seeds(request: pb.EpochRequest, store: PartitionStore,
                    node_type: str | None = None) -> np.ndarray:
     """The request's explicit seeds, checked: global IDs in the graph (of ``node_type``
@@ -360,6 +381,8 @@ class SamplingServicer:
             if isinstance(self.store, HeteroPartitionStore):
                 raise RequestError("StreamHotNodes: a typed graph has no hot order "
                                    "(ClusterInfo.hot_order is empty)", _PRECONDITION)
+            if request.HasField("expect"):
+                check_expectation(request.expect, self.store, "HotNodesRequest", hot_order=True)
             dtype = wire_feature_dtype(request.feature_dtype, self.store.feature_dtype,
                                        "HotNodesRequest.feature_dtype")
             log.info("partition=%d client=%s: hot nodes: %d%s", p, printable(request.client_id),
@@ -375,6 +398,9 @@ class SamplingServicer:
             if self.draining.is_set():
                 raise RequestError(f"StreamMinibatches: partition {p}'s server is shutting down; "
                                    "retry on its restarted server", grpc.StatusCode.UNAVAILABLE)
+            if request.HasField("expect"):  # before the peers: it is about this server
+                check_expectation(request.expect, self.store, _FIELD,
+                                  hot_order=bool(request.cache_counts))
             problem = self.peer_problem()
             if problem:
                 raise RequestError(f"StreamMinibatches: partition {p}'s server is NOT_SERVING: "

@@ -184,7 +184,8 @@ def _fake_cluster(streams: list[_Stream]) -> SimpleNamespace:
     return SimpleNamespace(partition_book=np.array([0, 10, 20, 30]),
                            info=SimpleNamespace(feature_dim=4, feature_dtype=pb.FLOAT32),
                            addresses=["a:1", "b:2", "c:3"], client_id="test",
-                           stubs=[SimpleNamespace(StreamHotNodes=s.open) for s in streams])
+                           stubs=[SimpleNamespace(StreamHotNodes=s.open) for s in streams],
+                           expectation=lambda p: pb.ServerExpectation(partition_id=p))
 
 
 def test_a_failed_partition_ends_the_whole_fill_at_once_naming_it() -> None:

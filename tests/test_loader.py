@@ -28,7 +28,13 @@ from torch_geometric.data import Data
 
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
-from protos.channel import InvalidRequest, ProtocolError, ServerUnavailable, server_options
+from protos.channel import (
+    FailedPrecondition,
+    InvalidRequest,
+    ProtocolError,
+    ServerUnavailable,
+    server_options,
+)
 from protos.codec import decode_tensor, encode_tensor
 from protos.plan import plan_epoch, plan_global_epoch, shuffled_seeds
 from trainer_client.loader import Cluster, RemoteNeighborLoader
@@ -529,21 +535,23 @@ class RealServers:
         self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(num_parts)]
         self.servers = [self._start(p) for p in range(num_parts)]
 
-    def _start(self, partition: int) -> object:
+    def _start(self, partition: int, out: Path | None = None) -> object:
         from sampling_server.config import ServerConfig
         from sampling_server.server import create_server
 
-        config = ServerConfig(partition_dir=self.out, partition=partition, listen=self.addresses[partition],
+        config = ServerConfig(partition_dir=out or self.out, partition=partition,
+                              listen=self.addresses[partition],
                               peers=tuple(self.addresses), device="cpu", health_interval=0.2)
         server = create_server(config)[0]
         server.start()
         return server
 
-    def restart(self, partition: int, down_seconds: float) -> None:
-        """Kill the server of ``partition`` (cancelling its streams), start a new one later."""
+    def restart(self, partition: int, down_seconds: float, out: Path | None = None) -> None:
+        """Kill the server of ``partition`` (cancelling its streams), start a new one later
+        (on the partitions in ``out`` when given)."""
         self.servers[partition].stop(0).wait(10)  # type: ignore[attr-defined]
         time.sleep(down_seconds)
-        self.servers[partition] = self._start(partition)
+        self.servers[partition] = self._start(partition, out)
 
     def stop(self) -> None:
         for server in self.servers:
@@ -603,6 +611,40 @@ def test_real_server_restart_mid_epoch_resumes_with_identical_batches(tmp_path: 
         assert len(resumed) == len(unbroken) == len(loader)
         assert all(torch.equal(a, b) for a, b in zip(resumed, unbroken, strict=True))
         assert loader.last_stats.resumes >= 1
+        loader.close()
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.parametrize("cache_size", [0, 0.3])
+def test_a_server_restarted_with_another_graph_mid_epoch_stops_the_epoch_naming_it(
+    tmp_path: Path, cache_size: float
+) -> None:
+    """Batches of another graph never enter a running job: when every server is restarted
+    on another graph (so that the servers agree among themselves), each refuses the resume
+    (FAILED_PRECONDITION naming EpochRequest.expect), and the loader raises it at once."""
+    pytest.importorskip("sampling_server.server")
+    from partitioner import partition_graph
+    from partitioner.synthetic import generate
+
+    other = tmp_path / "other-small-2"
+    partition_graph(generate("small", seed=1, progress=False), 2, other, method="range",
+                    progress=False)
+    cluster = RealServers(tmp_path / "small-2", 2)
+    try:
+        loader = RemoteNeighborLoader(cluster.addresses, "train", num_neighbors=[5, 3],
+                                      batch_size=50, prefetch=1, cache_size=cache_size,
+                                      **{**TIMEOUTS, "reconnect_timeout": 20.0})
+        started = time.monotonic()
+        with pytest.raises(FailedPrecondition,
+                           match=r"EpochRequest\.expect\.graph_fingerprint: expected '[0-9a-f]{64}' "
+                                 r"\(the graph this server holds now\), got '[0-9a-f]{64}'.*"
+                                 r"restarted with another graph"):
+            for i, _ in enumerate(loader):
+                if i == 1:
+                    for p in range(2):
+                        cluster.restart(p, down_seconds=0.2, out=other)
+        assert time.monotonic() - started < 20  # refused at once, not retried until reconnect
         loader.close()
     finally:
         cluster.stop()

@@ -427,6 +427,51 @@ def test_weighted_sampling_without_weights_is_a_failed_precondition(cluster: lis
     assert "sampling.weighted" in err.details()
 
 
+def _info(address: str) -> pb.ClusterInfo:
+    with create_channel(address) as channel:
+        return pb_grpc.SamplingServiceStub(channel).GetClusterInfo(pb.ClusterInfoRequest(),
+                                                                   timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize(("change", "cached", "message"), [
+    ({"graph_fingerprint": "0" * 64}, False, "EpochRequest.expect.graph_fingerprint: expected '"),
+    ({"partition_id": 1}, False, "EpochRequest.expect.partition_id: expected 0 (the partition"),
+    ({"hot_order": "in_degree_v1"}, True, "EpochRequest.expect.hot_order: expected 'visits_v1'"),
+])
+def test_a_server_unlike_what_the_job_read_refuses_the_stream(
+    cluster: list[str], change: dict[str, object], cached: bool, message: str
+) -> None:
+    """A server restarted with another graph, partition or hot order (EpochRequest.expect:
+    what the trainer read when its job began) refuses instead of streaming its batches."""
+    info = _info(cluster[0])
+    assert info.hot_order == "visits_v1"
+    expect = {"graph_fingerprint": info.graph_fingerprint, "partition_id": info.partition_id,
+              "hot_order": info.hot_order}
+    counts = {"cache_counts": [5, 5]} if cached else {}
+    with create_channel(cluster[0]) as channel:  # what the job read: served
+        call = pb_grpc.SamplingServiceStub(channel).StreamMinibatches(
+            request(expect=pb.ServerExpectation(**expect), **counts), timeout=TIMEOUT)
+        assert next(call).batch_index == 0
+        call.cancel()
+    err = rpc_error(cluster[0], request(expect=pb.ServerExpectation(**{**expect, **change}),
+                                        **counts))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert message in err.details() and "restarted with another" in err.details()
+    # the hot order matters only to a trainer with a cache
+    assert stream(cluster[0], request(expect=pb.ServerExpectation(**{**expect, "hot_order": "x"})))
+
+
+def test_a_cache_fill_from_a_server_with_another_hot_order_is_refused(cluster: list[str]) -> None:
+    info = _info(cluster[1])
+    expect = pb.ServerExpectation(graph_fingerprint=info.graph_fingerprint,
+                                  partition_id=info.partition_id, hot_order="in_degree_v1")
+    with create_channel(cluster[1]) as channel, pytest.raises(grpc.RpcError) as err:
+        list(pb_grpc.SamplingServiceStub(channel).StreamHotNodes(
+            pb.HotNodesRequest(count=3, include_features=True, expect=expect), timeout=TIMEOUT))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "HotNodesRequest.expect.hot_order: expected 'visits_v1'" in err.value.details()
+
+
 @pytest.mark.parametrize(("method", "message"), [
     ("/graphfeed.v1.SamplingService/StreamMinibatches", "EpochRequest"),
     ("/graphfeed.v1.PeerService/SampleNeighbors", "SampleNeighborsRequest"),

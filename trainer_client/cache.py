@@ -293,7 +293,8 @@ class FeatureCache:
         # float64 by name)
         asked = pb.DTYPE_UNSPECIFIED if wire_dtype == int(cluster.info.feature_dtype) else wire_dtype
         request = pb.HotNodesRequest(count=k, include_features=True, client_id=cluster.client_id,
-                                     feature_dtype=asked)  # type: ignore[arg-type]
+                                     feature_dtype=asked,  # type: ignore[arg-type]
+                                     expect=cluster.expectation(p))
         order = torch.empty(k, dtype=torch.int64)
         done = 0
         try:

@@ -112,6 +112,14 @@ class Cluster:
         """The ClusterInfo of partition 0 (shared fields are equal on every server)."""
         return self.infos[0]
 
+    def expectation(self, partition: int) -> pb.ServerExpectation:
+        """What this job read of ``partition``'s server (``EpochRequest.expect``,
+        ``HotNodesRequest.expect``): a server restarted since with another graph, partition
+        or hot order refuses the call instead of serving another graph's rows."""
+        info = self.infos[partition]
+        return pb.ServerExpectation(graph_fingerprint=info.graph_fingerprint,
+                                    partition_id=info.partition_id, hot_order=info.hot_order)
+
     @property
     def num_partitions(self) -> int:
         return int(self.info.num_partitions)

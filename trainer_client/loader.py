@@ -474,7 +474,7 @@ class RemoteNeighborLoader:
             if indices:
                 servers.append(ServerStream(
                     partition=p, address=address, stub=self.cluster.stream_stubs[p],
-                    request=request, indices=indices,
+                    request=request, indices=indices, expect=self.cluster.expectation(p),
                 ))
         spec = BatchSpec(
             num_hops=len(fanout_lists(self.num_neighbors)[0]), feature_dim=self.num_features,

@@ -111,6 +111,9 @@ class ServerStream:
     request: pb.EpochRequest
     #: This rank's batch indices the server owns, increasing.
     indices: tuple[int, ...]
+    #: What the job read of this server (set as ``request.expect`` on every call, so a
+    #: server restarted with another graph refuses the resume); None: not checked.
+    expect: pb.ServerExpectation | None = None
 
 
 @dataclass
@@ -353,6 +356,8 @@ class EpochStream:
         while not r.finished and not self._stop.is_set():
             request = pb.EpochRequest()
             request.CopyFrom(r.server.request)
+            if r.server.expect is not None:
+                request.expect.CopyFrom(r.server.expect)
             # The first call asks from 0 (the same thing: the server sends only its own
             # batches), so that resume_from > 0 in the server's log means a resume.
             request.resume_from = r.next_index if r.position else 0
