@@ -205,6 +205,8 @@ def _epoch_cases() -> list[tuple[pb.EpochRequest, grpc.StatusCode, str]]:
         (_typed_request(sampling=pb.SamplingOptions(weighted=True)), PRECONDITION,
          "EpochRequest.sampling.weighted"),
         (_typed_request(feature_dtype=pb.INT8), INVALID, "EpochRequest.feature_dtype"),
+        (_typed_request(expect=pb.ServerExpectation(graph_fingerprint="0" * 64)), PRECONDITION,
+         "EpochRequest.expect.graph_fingerprint"),
     ]
 
 
