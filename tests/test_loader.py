@@ -594,23 +594,32 @@ def test_real_servers_give_every_train_seed_once_per_epoch_on_two_ranks(tmp_path
         cluster.close()
 
 
-def test_real_server_restart_mid_epoch_resumes_with_identical_batches(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cache_size", [0, 0.3])
+def test_real_server_restart_mid_epoch_resumes_with_identical_batches(
+    tmp_path: Path, cache_size: float
+) -> None:
+    """Also with the trainer's feature cache: the restarted server's batches mark the same
+    cached rows, and x is bit-identical."""
     pytest.importorskip("sampling_server.server")
     cluster = RealServers(tmp_path / "small-2", 2)
     try:
         loader = RemoteNeighborLoader(cluster.addresses, "train", num_neighbors=[5, 3], batch_size=100,
-                                      shuffle=True, prefetch=1,
+                                      shuffle=True, prefetch=1, cache_size=cache_size,
                                       **{**TIMEOUTS, "stall_timeout": 5.0, "reconnect_timeout": 20.0})
-        unbroken = [b.n_id.clone() for b in loader]
+        assert (loader.cache is not None) == (cache_size > 0)
+        unbroken = [(b.n_id.clone(), b.x.clone()) for b in loader]
         loader.set_epoch(0)  # the same epoch again (a new pass alone would move on to epoch 1)
         resumed = []
         for i, batch in enumerate(loader):
-            resumed.append(batch.n_id.clone())
+            resumed.append((batch.n_id.clone(), batch.x.clone()))
             if i == 2:
                 cluster.restart(1, down_seconds=0.5)
         assert len(resumed) == len(unbroken) == len(loader)
-        assert all(torch.equal(a, b) for a, b in zip(resumed, unbroken, strict=True))
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+                   for a, b in zip(resumed, unbroken, strict=True))
         assert loader.last_stats.resumes >= 1
+        if cache_size:
+            assert loader.last_stats.hit_rate > 0
         loader.close()
     finally:
         cluster.stop()
