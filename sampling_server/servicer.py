@@ -73,9 +73,11 @@ def check_expectation(expect: pb.ServerExpectation, store: PartitionStore, field
         checks.append(("hot_order", expect.hot_order, served_order, "hot order"))
     for name, given, served, what in checks:
         if given != served:
+            shown = (given, served) if isinstance(given, int) else \
+                (f"'{printable(str(given), 80)}'", f"'{served}'")  # the caller's: bounded
             raise RequestError(
-                f"{field}.expect.{name}: expected {served!r} (the {what} this server holds "
-                f"now), got {given!r} (the one the caller's job began with): this server was "
+                f"{field}.expect.{name}: expected {shown[1]} (the {what} this server holds "
+                f"now), got {shown[0]} (the one the caller's job began with): this server was "
                 f"restarted with another {what}; start the job again on the cluster as it is",
                 _PRECONDITION)
 

@@ -199,6 +199,11 @@ def _random_tensor(rng: random.Random) -> pb.Tensor:
     return pb.Tensor(dtype=dtype, shape=shape, data=data)
 
 
+def _expectation(rng: random.Random) -> pb.ServerExpectation:
+    return pb.ServerExpectation(graph_fingerprint=rng.choice(_STRINGS),
+                                partition_id=rng.choice(_INTS), hot_order=rng.choice(_STRINGS))
+
+
 def _structured(rng: random.Random, method: str) -> bytes:
     """A well-formed message of ``method`` with values drawn from edge cases."""
     if method == "StreamMinibatches":
@@ -212,6 +217,8 @@ def _structured(rng: random.Random, method: str) -> bytes:
             client_id=rng.choice(_STRINGS), compact_indices=rng.random() < 0.5,
             include_original_ids=rng.random() < 0.5,
             cache_counts=[rng.choice([*_INTS, 10, 50]) for _ in range(rng.choice([0, 0, 1, 2, 3]))])
+        if rng.random() < 0.3:
+            msg.expect.CopyFrom(_expectation(rng))
         if rng.random() < 0.5:
             msg.split = rng.choice(_STRINGS)
         elif rng.random() < 0.8:
@@ -231,8 +238,8 @@ def _structured(rng: random.Random, method: str) -> bytes:
     if method == "StreamHotNodes":
         return pb.HotNodesRequest(
             count=rng.choice([*_INTS, 50, 2**62]), include_features=rng.random() < 0.5,
-            feature_dtype=rng.choice([0, 6, 7, 8, 9, 99]),
-            client_id=rng.choice(_STRINGS)).SerializeToString()
+            feature_dtype=rng.choice([0, 6, 7, 8, 9, 99]), client_id=rng.choice(_STRINGS),
+            expect=_expectation(rng) if rng.random() < 0.3 else None).SerializeToString()
     if method == "LookupNodes":
         lookup = pb.LookupNodesRequest(client_id=rng.choice(_STRINGS))
         if rng.random() < 0.5:
