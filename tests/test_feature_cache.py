@@ -56,13 +56,16 @@ def test_x_is_bit_identical_with_and_without_the_cache(servers: tuple[Path, list
         for epoch in range(2):
             plain.set_epoch(epoch)
             cached.set_epoch(epoch)
-            count = 0
+            count = rows = 0
             for a, b in zip(plain, cached, strict=True):
                 assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
                 assert a.x.dtype == b.x.dtype == getattr(torch, dtype)
                 assert torch.equal(_raw(a.x), _raw(b.x))
                 assert torch.equal(a.y, b.y)
-                count += 1
+                count, rows = count + 1, rows + a.num_nodes
+                # the counters cover the batches taken so far, not those prefetched
+                for stats in (plain.last_stats, cached.last_stats):
+                    assert (stats.batches, stats.rows) == (count, rows)
             assert count == len(plain) > 1
             assert 0 < cached.last_stats.hit_rate < 1 and plain.last_stats.hit_rate == 0
             assert cached.last_stats.bytes < plain.last_stats.bytes

@@ -103,6 +103,11 @@ class DecodedBatch:
     data: Data | HeteroData
     #: Bytes received for the batch (serialized messages).
     nbytes: int
+    #: Feature rows of the batch and how many came from the trainer's feature cache, once
+    #: a reader thread completed it (counted in the stream's stats when the consumer
+    #: takes it, with its bytes).
+    rows: int = 0
+    cached_rows: int = 0
 
 
 class BatchAssembler:

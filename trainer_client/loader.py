@@ -501,8 +501,9 @@ class RemoteNeighborLoader:
         def finish(batch: DecodedBatch) -> DecodedBatch:  # in a reader thread
             if isinstance(batch.data, HeteroData):
                 return batch
-            data = self._complete(batch.data, self.input_ids(refs[batch.index]), stream.stats, dtype)
-            return dataclasses.replace(batch, data=data)
+            data, rows, cached = self._complete(batch.data, self.input_ids(refs[batch.index]),
+                                                dtype)
+            return dataclasses.replace(batch, data=data, rows=rows, cached_rows=cached)
 
         in_readers = self.device.type == "cpu"
         stream = self.stream(finish if in_readers else None)
@@ -516,41 +517,46 @@ class RemoteNeighborLoader:
                                        non_blocking=self.pin_memory,
                                        keep_internal_ids=self.return_internal_ids)
                     continue
-                yield data if in_readers else \
-                    self._complete(data, self.input_ids(refs[batch.index]), stream.stats, dtype)
+                if in_readers:
+                    stream.stats.count_rows(batch.rows, batch.cached_rows)
+                else:
+                    data, rows, cached = self._complete(data, self.input_ids(refs[batch.index]),
+                                                        dtype)
+                    stream.stats.count_rows(rows, cached)
+                yield data
 
-    def _complete(self, data: Data, input_id: np.ndarray, stats: StreamStats,
-                  dtype: torch.dtype | None) -> Data:
-        """A decoded homogeneous batch as the loader yields it, on ``device``."""
+    def _complete(self, data: Data, input_id: np.ndarray,
+                  dtype: torch.dtype | None) -> tuple[Data, int, int]:
+        """A decoded homogeneous batch as the loader yields it, on ``device``, with its
+        feature rows and how many of them came from the feature cache."""
         if self.node_table is not None:
             self.node_table.complete(data, self.include_labels)
         data.input_id = torch.from_numpy(input_id)
         data = to_device(data, self.device, feature_dtype=None, non_blocking=self.pin_memory)
-        self._complete_features(data, stats, dtype)
+        cached = self._complete_features(data, dtype)
         if dtype is not None and data.x.dtype != dtype:
             data.x = halfcast.cast(data.x, dtype)
         if not self.return_internal_ids and "internal_n_id" in data:
             del data.internal_n_id
-        return data
+        return data, int(data.num_nodes), cached
 
-    def _complete_features(self, data: Data, stats: StreamStats,
-                           dtype: torch.dtype | None = None) -> None:
+    def _complete_features(self, data: Data, dtype: torch.dtype | None = None) -> int:
         """Fill a batch's cached rows of ``x`` from the feature cache (on the device),
-        casting to ``dtype`` on the way where the cache can (else the caller casts)."""
+        casting to ``dtype`` on the way where the cache can (else the caller casts);
+        returns how many rows came from the cache."""
         if "x_cached" not in data:
-            stats.count_rows(int(data.num_nodes), 0)
-            return
+            return 0
         if self.cache is None:
             raise ProtocolError("StreamMinibatches: tensor 'x_cached': expected none (this loader "
                                 "sent no cache plan), got one", what="StreamMinibatches")
         cached = data.x_cached
         del data.x_cached
-        stats.count_rows(int(data.num_nodes), int(cached.sum()) if cached.is_cuda else
-                         int(np.count_nonzero(cached.numpy())))
+        hits = int(cached.sum()) if cached.is_cuda else int(np.count_nonzero(cached.numpy()))
         try:
             data.x = self.cache.assemble(data.x, cached, data.internal_n_id, dtype)
         except CacheError as exc:
             raise ProtocolError(f"StreamMinibatches: {exc}", what="StreamMinibatches") from exc
+        return hits
 
     def close(self) -> None:
         """Close the channels (unless the Cluster was passed in)."""

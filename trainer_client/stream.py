@@ -128,9 +128,8 @@ class StreamStats:
     resumes: int = 0
     #: Seconds the consumer waited for batches that were not there yet.
     wait_seconds: float = 0.0
-    #: Feature rows of the batches completed, and how many of them came from the feature
-    #: cache (on a CPU device the reader threads complete batches as they arrive, so these
-    #: also count prefetched batches the consumer has not taken yet).
+    #: Feature rows of the batches handed to the consumer, and how many of them came
+    #: from the feature cache (counted with their bytes, so that the two agree).
     rows: int = 0
     cached_rows: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
