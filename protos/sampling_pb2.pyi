@@ -1009,8 +1009,9 @@ class LookupNodesRequest(_message.Message):
     client_id: _builtins.str
     """Free-form identifier of the caller, for server logs only; may be empty."""
     node_type: _builtins.str
-    """Typed graph: the node type of original_ids (empty: the target type). A split always
-    lists target-type nodes. INVALID_ARGUMENT on a homogeneous graph.
+    """Typed graph: the node type of original_ids and of owned_range (empty: the target
+    type; owned_range's labels are -1 for the other types). A split always lists
+    target-type nodes. INVALID_ARGUMENT on a homogeneous graph.
     """
     @_builtins.property
     def original_ids(self) -> Global___Tensor:

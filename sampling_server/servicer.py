@@ -289,7 +289,7 @@ def lookup_nodes(request: pb.LookupNodesRequest, store: PartitionStore) -> pb.Lo
         return pb.LookupNodesReply(global_ids=encode_tensor(nodes),
                                    original_ids=encode_tensor(store.original_ids_of(nodes)))
     if query == "owned_range":
-        return _owned_range(request.owned_range, store, f"{field}.owned_range")
+        return _owned_range(request.owned_range, store, f"{field}.owned_range", node_type)
     if query != "original_ids":
         raise RequestError(f"{field}.query: expected a split name, original_ids or owned_range, "
                            "got none")
@@ -304,20 +304,30 @@ def lookup_nodes(request: pb.LookupNodesRequest, store: PartitionStore) -> pb.Lo
     return pb.LookupNodesReply(global_ids=encode_tensor(store.global_ids_of(original)))
 
 
-def _owned_range(query: pb.NodeRange, store: PartitionStore, field: str) -> pb.LookupNodesReply:
-    """The original IDs and labels of a range of this partition's nodes."""
-    start, stop = store.node_range
+def _owned_range(query: pb.NodeRange, store: PartitionStore, field: str,
+                 node_type: str | None = None) -> pb.LookupNodesReply:
+    """The original IDs and labels of a range of this partition's nodes (of ``node_type``
+    on a typed graph: labels are the target type's, -1 for the other types)."""
     first, count = int(query.first), int(query.count)
     if not 0 <= count <= MAX_NODE_RANGE:
         raise RequestError(f"{field}.count: expected 0 .. {MAX_NODE_RANGE}, got {count}")
+    y: np.ndarray | None
+    if node_type is None:
+        start, stop = store.node_range
+        orig_ids, y, what = store.partition.orig_ids, store.partition.y, "global IDs"
+    else:
+        assert isinstance(store, HeteroPartitionStore)
+        typed = store.typed_partition
+        start, stop = store.type_range(node_type)
+        orig_ids, what = typed.orig_ids[node_type], f"global {node_type!r} IDs"
+        y = typed.y if node_type == typed.target_type else None
     if count and not start <= first <= first + count <= stop:
-        raise RequestError(f"{field}: expected global IDs owned by partition {store.partition_id} "
+        raise RequestError(f"{field}: expected {what} owned by partition {store.partition_id} "
                            f"({start} .. {stop - 1}), got {first} .. {first + count - 1}")
     local = slice(first - start, first - start + count) if count else slice(0, 0)
-    labels = np.asarray(store.partition.y[local], dtype=np.int64)
-    return pb.LookupNodesReply(
-        original_ids=encode_tensor(np.asarray(store.partition.orig_ids[local], dtype=np.int64)),
-        labels=encode_tensor(labels))
+    labels = np.asarray(y[local], dtype=np.int64) if y is not None else np.full(count, -1, np.int64)
+    return pb.LookupNodesReply(original_ids=encode_tensor(np.asarray(orig_ids[local], dtype=np.int64)),
+                               labels=encode_tensor(labels))
 
 
 class SamplingServicer:

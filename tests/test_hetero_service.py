@@ -147,6 +147,38 @@ def test_cluster_info_advertises_the_typed_graph(cluster: list[str], graph: Hete
     assert sum(s.train for s in info.split_sizes) == len(graph.splits["train"])
 
 
+def test_owned_ranges_of_every_node_type_give_original_ids_and_labels(
+    cluster: list[str], graph: HeteroGraphData
+) -> None:
+    """LookupNodes(owned_range, node_type): the type's original IDs in global ID order, the
+    target type's labels, -1 for the other types; a range past the type's is refused."""
+    with create_channel(cluster[1]) as channel:
+        stub = pb_grpc.SamplingServiceStub(channel)
+        info = stub.GetClusterInfo(pb.ClusterInfoRequest(), timeout=30)
+        for node_type in info.typed.node_types:
+            start, stop = node_type.partition_book[1], node_type.partition_book[2]
+            reply = stub.LookupNodes(pb.LookupNodesRequest(
+                owned_range=pb.NodeRange(first=start, count=stop - start),
+                node_type=node_type.name), timeout=30)
+            orig = codec.decode_tensor(reply.original_ids)
+            labels = codec.decode_tensor(reply.labels)
+            assert orig.shape == labels.shape == (stop - start,)
+            assert np.unique(orig).size == orig.size
+            assert orig.size == 0 or (orig.min() >= 0 and orig.max() < node_type.num_nodes)
+            global_ids = stub.LookupNodes(pb.LookupNodesRequest(
+                original_ids=codec.encode_tensor(orig), node_type=node_type.name), timeout=30)
+            assert codec.decode_tensor(global_ids.global_ids).tolist() == list(range(start, stop))
+            if node_type.name == "paper":
+                assert labels.tolist() == graph.y[orig].tolist()
+            else:
+                assert (labels == -1).all()
+            past = pb.LookupNodesRequest(owned_range=pb.NodeRange(first=start, count=stop - start + 1),
+                                         node_type=node_type.name)
+            got = _code(lambda r=past: stub.LookupNodes(r, timeout=30))
+            assert got[0] == INVALID and f"global {node_type.name!r} IDs owned by partition 1" \
+                in got[1], got
+
+
 def test_typed_servers_start_without_errors(two: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A typed partition has no hot order; its server does not try to compute one."""
     with caplog.at_level(logging.INFO), served(two, 2) as addresses:
