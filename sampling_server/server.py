@@ -166,7 +166,8 @@ class HealthMonitor:
         #: Set while the overall status is SERVING.
         self.serving = threading.Event()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Thread | None = None  # set once started
+        self._thread_lock = threading.Lock()
         self._down: dict[int, str] | None = None
         for service in ("", SAMPLING_SERVICE, PEER_SERVICE):
             servicer.set(service, _NOT_SERVING)
@@ -174,15 +175,17 @@ class HealthMonitor:
     def loaded(self) -> None:
         """The partition is loaded: serve peers, start probing them."""
         self.servicer.set(PEER_SERVICE, _SERVING)
-        self._thread = threading.Thread(target=self._run, name="health-probe", daemon=True)
-        self._thread.start()
+        with self._thread_lock:  # a stop racing the end of the load joins a started thread
+            if self._stop.is_set():
+                return
+            thread = threading.Thread(target=self._run, name="health-probe", daemon=True)
+            thread.start()
+            self._thread = thread
 
     def drain(self) -> None:
         """Stop probing; NOT_SERVING for trainers, PeerService stays SERVING (the other
         servers' streams still need this partition while this server drains)."""
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=self.probe_timeout + 1)
+        self._join()
         self.serving.clear()
         for service in ("", SAMPLING_SERVICE):
             self.servicer.set(service, _NOT_SERVING)
@@ -191,9 +194,15 @@ class HealthMonitor:
         """NOT_SERVING for good (later sets are ignored), and stop probing."""
         self.servicer.enter_graceful_shutdown()
         self.serving.clear()
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=self.probe_timeout + 1)
+        self._join()
+
+    def _join(self) -> None:
+        """Stop probing and wait (bounded) for the probe thread, if it was started."""
+        with self._thread_lock:
+            self._stop.set()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=self.probe_timeout + 1)
 
     def _run(self) -> None:
         backoff = PROBE_BACKOFF_S

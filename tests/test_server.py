@@ -857,3 +857,37 @@ def test_a_device_this_machine_lacks_exits_2_with_one_sentence(
     err = capsys.readouterr().err.strip()
     assert err.startswith("graphfeed-server: error: --device cuda: no usable CUDA GPU here")
     assert "\n" not in err
+
+
+def test_a_stop_racing_the_end_of_the_load_never_joins_an_unstarted_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server stopped just as its partition finished loading (found in CI: stop() raised
+    "cannot join thread before it is started") stops cleanly; and a monitor stopped before
+    the load ends never starts probing."""
+    from grpc_health.v1 import health
+
+    from sampling_server.server import HealthMonitor
+
+    monitor = HealthMonitor(health.HealthServicer(), 0, None, probe_timeout=1.0, interval=0.1)
+    starting = threading.Event()
+    real_start = threading.Thread.start
+
+    def slow_start(thread: threading.Thread) -> None:
+        if thread.name == "health-probe":
+            starting.set()
+            time.sleep(0.3)  # the stop comes in here
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", slow_start)
+    loading = threading.Thread(target=monitor.loaded, name="loader")
+    loading.start()
+    assert starting.wait(5)
+    monitor.shutdown()  # raised RuntimeError before
+    loading.join(5)
+    assert monitor._thread is not None and not monitor._thread.is_alive()
+
+    stopped = HealthMonitor(health.HealthServicer(), 0, None, probe_timeout=1.0, interval=0.1)
+    stopped.shutdown()
+    stopped.loaded()
+    assert stopped._thread is None
