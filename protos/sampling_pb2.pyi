@@ -719,7 +719,8 @@ Global___EpochRequest: _TypeAlias = EpochRequest  # noqa: Y015
 @_typing.final
 class ServerExpectation(_message.Message):
     """What a caller expects of the server it calls, copied from the ClusterInfo it read
-    when its job began (EpochRequest.expect, HotNodesRequest.expect).
+    when its job began (EpochRequest.expect, HotNodesRequest.expect), or, for a server
+    calling its peers, its own graph and the peer's partition.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1221,6 +1222,7 @@ class SampleNeighborsRequest(_message.Message):
     WEIGHTED_FIELD_NUMBER: _builtins.int
     HOP_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
+    EXPECT_FIELD_NUMBER: _builtins.int
     EDGE_TYPE_FIELD_NUMBER: _builtins.int
     fanout: _builtins.int
     """Maximum number of neighbors per node; -1 means all; other negatives are invalid."""
@@ -1248,6 +1250,13 @@ class SampleNeighborsRequest(_message.Message):
         (INVALID_ARGUMENT otherwise). May contain no nodes.
         """
 
+    @_builtins.property
+    def expect(self) -> Global___ServerExpectation:
+        """The calling server's graph fingerprint and the partition it expects this server to
+        hold (hot_order unused): a server on another graph or partition refuses with
+        FAILED_PRECONDITION instead of answering with another graph's rows. Absent: no check.
+        """
+
     def __init__(
         self,
         *,
@@ -1258,11 +1267,12 @@ class SampleNeighborsRequest(_message.Message):
         weighted: _builtins.bool = ...,
         hop: _builtins.int = ...,
         client_id: _builtins.str = ...,
+        expect: Global___ServerExpectation | None = ...,
         edge_type: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expect", b"expect", "nodes", b"nodes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "edge_type", b"edge_type", "fanout", b"fanout", "hop", b"hop", "nodes", b"nodes", "random_seed", b"random_seed", "replace", b"replace", "weighted", b"weighted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "edge_type", b"edge_type", "expect", b"expect", "fanout", b"fanout", "hop", b"hop", "nodes", b"nodes", "random_seed", b"random_seed", "replace", b"replace", "weighted", b"weighted"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1318,6 +1328,7 @@ class FetchNodeDataRequest(_message.Message):
     FEATURE_DTYPE_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     WANT_ORIGINAL_IDS_FIELD_NUMBER: _builtins.int
+    EXPECT_FIELD_NUMBER: _builtins.int
     NODE_TYPE_FIELD_NUMBER: _builtins.int
     want_features: _builtins.bool
     """Send the features ("x")."""
@@ -1342,6 +1353,10 @@ class FetchNodeDataRequest(_message.Message):
         (INVALID_ARGUMENT otherwise). May contain no nodes.
         """
 
+    @_builtins.property
+    def expect(self) -> Global___ServerExpectation:
+        """As SampleNeighborsRequest.expect."""
+
     def __init__(
         self,
         *,
@@ -1351,11 +1366,12 @@ class FetchNodeDataRequest(_message.Message):
         feature_dtype: Global___DType.ValueType = ...,
         client_id: _builtins.str = ...,
         want_original_ids: _builtins.bool = ...,
+        expect: Global___ServerExpectation | None = ...,
         node_type: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expect", b"expect", "nodes", b"nodes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "feature_dtype", b"feature_dtype", "node_type", b"node_type", "nodes", b"nodes", "want_features", b"want_features", "want_labels", b"want_labels", "want_original_ids", b"want_original_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "expect", b"expect", "feature_dtype", b"feature_dtype", "node_type", b"node_type", "nodes", b"nodes", "want_features", b"want_features", "want_labels", b"want_labels", "want_original_ids", b"want_original_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

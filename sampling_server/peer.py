@@ -31,6 +31,7 @@ from protos import codec, fastwire
 from protos import sampling_pb2 as pb
 from protos.channel import GraphfeedError, PeerError, ProtocolError, create_channel, rpc_errors
 from protos.security import Security
+from sampling_server.expectation import check_expectation
 from sampling_server.hetero_store import HeteroPartitionStore
 from sampling_server.limits import check_peer_limits
 from sampling_server.metrics import ServerMetrics
@@ -103,6 +104,9 @@ class PeerServicer:
         self.last_call = time.monotonic()
         with abort_on_error(context, "SampleNeighbors", self.store.partition_id,
                             self._rejected("SampleNeighbors")):
+            if request.HasField("expect"):
+                check_expectation(request.expect, self.store, "SampleNeighborsRequest",
+                                  hot_order=False)
             messages = self._sample(request)
         yield from messages
 
@@ -112,6 +116,9 @@ class PeerServicer:
         self.last_call = time.monotonic()
         with abort_on_error(context, "FetchNodeData", self.store.partition_id,
                             self._rejected("FetchNodeData")):
+            if request.HasField("expect"):
+                check_expectation(request.expect, self.store, "FetchNodeDataRequest",
+                                  hot_order=False)
             nodes, dtype, rows = self._check_fetch(request)
             messages = self._fetch(request, nodes, dtype, rows)
             for message in messages:
@@ -266,6 +273,7 @@ class PeerClient:
     def __init__(
         self, addresses: Sequence[str], own_partition: int, *, timeout: float = 30.0,
         client_id: str = "", max_workers: int | None = None, security: Security | None = None,
+        fingerprint: str = "",
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout: expected seconds > 0, got {timeout}")
@@ -274,6 +282,9 @@ class PeerClient:
         #: Deadline of every call, in seconds.
         self.timeout = timeout
         self.client_id = client_id or f"server-{own_partition}"
+        #: This server's graph fingerprint, sent with every call (``expect``) so that a
+        #: peer restarted on another graph refuses instead of answering; "": not sent.
+        self.fingerprint = fingerprint
         #: Where peer call latencies and errors are counted (None: nowhere).
         self.metrics: ServerMetrics | None = None
         self._channels = {p: create_channel(a, security=security)
@@ -281,6 +292,10 @@ class PeerClient:
         self._stubs = {p: _RawPeerStub(ch) for p, ch in self._channels.items()}
         workers = max_workers or max(4, 4 * len(self._channels))
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="peer-call")
+
+    def _expect(self, partition: int) -> pb.ServerExpectation | None:
+        return pb.ServerExpectation(graph_fingerprint=self.fingerprint, partition_id=partition) \
+            if self.fingerprint else None
 
     def channel(self, partition: int) -> grpc.Channel:
         """The channel to ``partition``'s server (e.g. for health probes)."""
@@ -312,7 +327,7 @@ class PeerClient:
             request = pb.SampleNeighborsRequest(
                 nodes=codec.encode_tensor(nodes), fanout=fanout, random_seed=key & _MASK64,
                 replace=options.replace, weighted=options.weighted, hop=hop,
-                client_id=self.client_id, edge_type=edge_type)
+                client_id=self.client_id, edge_type=edge_type, expect=self._expect(p))
             with self._errors(p, "SampleNeighbors"), self._timed("peer_sample"):
                 got = self._retrying(lambda timeout: _receive(
                     self._stubs[p].SampleNeighbors(request, timeout=timeout),
@@ -340,7 +355,7 @@ class PeerClient:
             request = pb.FetchNodeDataRequest(
                 nodes=codec.encode_tensor(nodes), want_features=features, want_labels=labels,
                 feature_dtype=options.feature_dtype, client_id=self.client_id,
-                node_type=node_type)
+                node_type=node_type, expect=self._expect(p))
             expected = {n for n, want in (("x", features), ("y", labels)) if want}
             with self._errors(p, "FetchNodeData"), self._timed("peer_fetch"):
                 got = self._retrying(lambda timeout: _receive(
@@ -363,7 +378,7 @@ class PeerClient:
         def call(p: int, nodes: np.ndarray) -> torch.Tensor:
             request = pb.FetchNodeDataRequest(nodes=codec.encode_tensor(nodes),
                                               want_original_ids=True, client_id=self.client_id,
-                                              node_type=node_type)
+                                              node_type=node_type, expect=self._expect(p))
             with self._errors(p, "FetchNodeData"), self._timed("peer_fetch"):
                 got = self._retrying(lambda timeout: _receive(
                     self._stubs[p].FetchNodeData(request, timeout=timeout), {"orig_id"}))

@@ -330,7 +330,8 @@ class SamplingServer(grpc.Server):
         if len(addresses) > 1:
             self.peers = PeerClient(addresses, self.store.partition_id,
                                     timeout=self.config.peer_timeout,
-                                    security=server_security(self.config))
+                                    security=server_security(self.config),
+                                    fingerprint=self.store.graph_fingerprint)
             self.pipeline.peers = self.peers
             self.peers.metrics = self.metrics
         self.monitor = HealthMonitor(self._health, self.store.partition_id, self.peers,

@@ -18,6 +18,7 @@ from partitioner.hetero import EdgeType
 from protos import sampling_pb2 as pb
 from protos.codec import encode_tensor
 from protos.plan import BatchRef, EpochPlan, GlobalPlan, plan_epoch, plan_global_epoch, shuffled_seeds
+from sampling_server.expectation import check_expectation
 from sampling_server.hetero_store import HeteroPartitionStore
 from sampling_server.hot import check_counts
 from sampling_server.limits import check_epoch_limits, printable
@@ -57,29 +58,6 @@ def check_epoch_request(request: pb.EpochRequest, fanouts_field: str = "fanouts"
              f"an integer in [0, {request.world_size})", request.rank)
     _require(request.epoch >= 0, "epoch", ">= 0", request.epoch)
     _require(request.resume_from >= 0, "resume_from", ">= 0", request.resume_from)
-
-
-def check_expectation(expect: pb.ServerExpectation, store: PartitionStore, field: str,
-                      hot_order: bool) -> None:
-    """Refuse (FAILED_PRECONDITION) a call whose ``expect`` (what the caller read from this
-    server's ClusterInfo when its job began) no longer holds: the server was restarted
-    with another graph or partition since, or with another hot order where the call
-    relies on it (``hot_order``). Batches of another graph must not enter a running job."""
-    served_order = "" if isinstance(store, HeteroPartitionStore) else store.config.hot_order
-    checks = [("graph_fingerprint", expect.graph_fingerprint, store.graph_fingerprint,
-               "graph"),
-              ("partition_id", expect.partition_id, store.partition_id, "partition")]
-    if hot_order:
-        checks.append(("hot_order", expect.hot_order, served_order, "hot order"))
-    for name, given, served, what in checks:
-        if given != served:
-            shown = (given, served) if isinstance(given, int) else \
-                (f"'{printable(str(given), 80)}'", f"'{served}'")  # the caller's: bounded
-            raise RequestError(
-                f"{field}.expect.{name}: expected {shown[1]} (the {what} this server holds "
-                f"now), got {shown[0]} (the one the caller's job began with): this server was "
-                f"restarted with another {what}; start the job again on the cluster as it is",
-                _PRECONDITION)
 
 
 def explicit_seeds(request: pb.EpochRequest, store: PartitionStore,

@@ -297,7 +297,8 @@ def abort_on_error(context: grpc.ServicerContext, what: str, partition: int,
                    rejected: Callable[[str], None] | None = None) -> Iterator[None]:
     """Answer a failure inside the block with the right status, naming the problem:
     a bad request its own code, a partition not loaded or a server stopping UNAVAILABLE,
-    a lost peer UNAVAILABLE, anything else INTERNAL (logged with its traceback). The
+    a lost peer UNAVAILABLE, a peer refusing for want of a precondition (e.g. serving
+    another graph) FAILED_PRECONDITION, anything else INTERNAL (logged with its traceback). The
     server goes on serving other calls."""
     try:
         yield
@@ -315,7 +316,9 @@ def abort_on_error(context: grpc.ServicerContext, what: str, partition: int,
         log.warning("%s failed on partition %d: %s", what, partition, exc)
         lost = exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                             grpc.StatusCode.CANCELLED)
-        code = grpc.StatusCode.UNAVAILABLE if lost else grpc.StatusCode.INTERNAL
+        code = grpc.StatusCode.UNAVAILABLE if lost else \
+            grpc.StatusCode.FAILED_PRECONDITION if exc.code == grpc.StatusCode.FAILED_PRECONDITION \
+            else grpc.StatusCode.INTERNAL  # e.g. a peer on another graph: not until fixed
         context.abort(code, bounded(f"{what} on partition {partition}: {exc}"))
     except MemoryError:
         log.warning("%s on partition %d: out of memory", what, partition)

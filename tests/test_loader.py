@@ -553,6 +553,12 @@ class RealServers:
         time.sleep(down_seconds)
         self.servers[partition] = self._start(partition, out)
 
+    def restart_all(self, down_seconds: float, out: Path | None = None) -> None:
+        """Kill every server, then start them all again (on ``out`` when given)."""
+        self.stop()
+        time.sleep(down_seconds)
+        self.servers = [self._start(p, out) for p in range(len(self.servers))]
+
     def stop(self) -> None:
         for server in self.servers:
             server.stop(0).wait(10)  # type: ignore[attr-defined]
@@ -625,13 +631,17 @@ def test_real_server_restart_mid_epoch_resumes_with_identical_batches(
         cluster.stop()
 
 
-@pytest.mark.parametrize("cache_size", [0, 0.3])
-def test_a_server_restarted_with_another_graph_mid_epoch_stops_the_epoch_naming_it(
-    tmp_path: Path, cache_size: float
+@pytest.mark.parametrize(("restarted", "cache_size"), [("every server", 0), ("every server", 0.3),
+                                                      ("one server", 0)])
+def test_servers_restarted_on_another_graph_mid_epoch_stop_the_epoch_naming_it(
+    tmp_path: Path, restarted: str, cache_size: float
 ) -> None:
-    """Batches of another graph never enter a running job: when every server is restarted
-    on another graph (so that the servers agree among themselves), each refuses the resume
-    (FAILED_PRECONDITION naming EpochRequest.expect), and the loader raises it at once."""
+    """Batches of another graph never enter a running job. Every server restarted on
+    another graph (so that they agree among themselves): each refuses the resume
+    (FAILED_PRECONDITION naming EpochRequest.expect). One server restarted on it (a
+    rolling upgrade under way): the others' peer calls to it are refused too
+    (SampleNeighborsRequest/FetchNodeDataRequest.expect), so their streams end with
+    FAILED_PRECONDITION instead of sampling from two graphs. The loader raises at once."""
     pytest.importorskip("sampling_server.server")
     from partitioner import partition_graph
     from partitioner.synthetic import generate
@@ -644,15 +654,18 @@ def test_a_server_restarted_with_another_graph_mid_epoch_stops_the_epoch_naming_
         loader = RemoteNeighborLoader(cluster.addresses, "train", num_neighbors=[5, 3],
                                       batch_size=50, prefetch=1, cache_size=cache_size,
                                       **{**TIMEOUTS, "reconnect_timeout": 20.0})
+        every = restarted == "every server"
+        message = (r"EpochRequest\.expect\.graph_fingerprint: expected '[0-9a-f]{64}' \(the graph "
+                   r"this server holds now\), got '[0-9a-f]{64}'.*restarted with another graph"
+                   if every else r"another graph")
         started = time.monotonic()
-        with pytest.raises(FailedPrecondition,
-                           match=r"EpochRequest\.expect\.graph_fingerprint: expected '[0-9a-f]{64}' "
-                                 r"\(the graph this server holds now\), got '[0-9a-f]{64}'.*"
-                                 r"restarted with another graph"):
+        with pytest.raises(FailedPrecondition, match=message):
             for i, _ in enumerate(loader):
                 if i == 1:
-                    for p in range(2):
-                        cluster.restart(p, down_seconds=0.2, out=other)
+                    if every:
+                        cluster.restart_all(0.2, out=other)
+                    else:
+                        cluster.restart(0, 0.2, out=other)
         assert time.monotonic() - started < 20  # refused at once, not retried until reconnect
         loader.close()
     finally:

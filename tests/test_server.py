@@ -461,6 +461,52 @@ def test_a_server_unlike_what_the_job_read_refuses_the_stream(
     assert stream(cluster[0], request(expect=pb.ServerExpectation(**{**expect, "hot_order": "x"})))
 
 
+@pytest.mark.parametrize("wrong", ["graph", "partition"])
+def test_a_peer_on_another_graph_or_partition_refuses_the_peer_calls(
+    cluster: list[str], truth: Truth, wrong: str
+) -> None:
+    """A server's peer calls carry its graph fingerprint and the partition it expects
+    there (SampleNeighborsRequest/FetchNodeDataRequest.expect): a peer restarted on another
+    graph, or another partition at that address, refuses (FAILED_PRECONDITION) instead of
+    answering with rows of another graph; a stream whose peer refuses ends with
+    FAILED_PRECONDITION, not INTERNAL."""
+    fingerprint = _info(cluster[0]).graph_fingerprint
+    nodes = {0: torch.tensor([0, 1, 2])}
+    right = PeerClient(cluster, 1, timeout=5.0, fingerprint=fingerprint)
+    addresses = cluster if wrong == "graph" else cluster[::-1]
+    client = PeerClient(addresses, 1, timeout=5.0,
+                        fingerprint="0" * 64 if wrong == "graph" else fingerprint)
+    field = "graph_fingerprint" if wrong == "graph" else "partition_id"
+    try:
+        assert right.neighbors(nodes, 3, key=1, hop=0)[0].counts.numel() == 3
+        assert right.node_data(nodes, features=True, labels=True)[0][0].shape[0] == 3
+        calls = [lambda: client.neighbors(nodes, 3, key=1, hop=0),
+                 lambda: client.node_data(nodes, features=True, labels=False),
+                 lambda: client.orig_ids(nodes)]
+        for call, request in zip(calls, ["SampleNeighborsRequest", "FetchNodeDataRequest",
+                                         "FetchNodeDataRequest"], strict=True):
+            with pytest.raises(PeerError) as info:
+                call()
+            assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+            assert f"{request}.expect.{field}: expected" in str(info.value)
+    finally:
+        right.close()
+        client.close()
+
+
+def test_a_peer_refusing_ends_the_stream_failed_precondition() -> None:
+    from sampling_server.store import abort_on_error
+
+    class Context:
+        def abort(self, code: grpc.StatusCode, details: str) -> None:
+            raise RuntimeError(code, details)
+
+    with pytest.raises(RuntimeError) as info, abort_on_error(Context(), "StreamMinibatches", 1):  # type: ignore[arg-type]
+        raise PeerError("peer partition 0 (h:1): SampleNeighborsRequest.expect...", partition=0,
+                        address="h:1", code=grpc.StatusCode.FAILED_PRECONDITION)
+    assert info.value.args[0] == grpc.StatusCode.FAILED_PRECONDITION
+
+
 def test_a_cache_fill_from_a_server_with_another_hot_order_is_refused(cluster: list[str]) -> None:
     info = _info(cluster[1])
     expect = pb.ServerExpectation(graph_fingerprint=info.graph_fingerprint,
