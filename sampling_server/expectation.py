@@ -31,6 +31,8 @@ def check_expectation(expect: pb.ServerExpectation, store: PartitionStore, field
         if given != served:
             shown = (given, served) if isinstance(given, int) else \
                 (f"'{printable(str(given), 80)}'", f"'{served}'")  # the caller's: bounded
+            if name == "graph_fingerprint":  # SHA-256 hex: 12 digits tell them apart
+                shown = (f"'{printable(str(given)[:12])}...'", f"'{str(served)[:12]}...'")
             raise RequestError(
                 f"{field}.expect.{name}: expected {shown[1]} (the {what} this server holds "
                 f"now), got {shown[0]} (the one the caller began with): this server or the "
