@@ -14,31 +14,41 @@ from sampling_server.hetero_store import HeteroPartitionStore
 from sampling_server.limits import printable
 from sampling_server.store import PartitionStore, RequestError
 
+#: The requests that carry a ``ServerExpectation``.
+ExpectingRequest = (pb.EpochRequest | pb.HotNodesRequest | pb.SampleNeighborsRequest
+                    | pb.FetchNodeDataRequest)
 
-def check_expectation(expect: pb.ServerExpectation, store: PartitionStore, field: str,
-                      hot_order: bool) -> None:
-    """Refuse (FAILED_PRECONDITION) a call whose ``expect`` (what the caller read of this
-    server when it began, or its own graph for a peer) no longer holds: a server was
-    restarted with another graph or partition since, or with another hot order where the
-    call relies on it (``hot_order``). Batches of another graph must not enter a job."""
-    served_order = "" if isinstance(store, HeteroPartitionStore) else store.config.hot_order
-    checks = [("graph_fingerprint", expect.graph_fingerprint, store.graph_fingerprint,
-               "graph"),
-              ("partition_id", expect.partition_id, store.partition_id, "partition")]
+
+def check_expectation(request: ExpectingRequest, store: PartitionStore, hot_order: bool) -> None:
+    """Refuse (FAILED_PRECONDITION) a call whose ``request.expect`` (what the caller read
+    of this server when it began, or its own graph for a peer) no longer holds: a server
+    was restarted with another graph or partition since, or with another hot order where
+    the call relies on it (``hot_order``). Batches of another graph must not enter a job.
+    A request without ``expect`` (an old client) is not checked."""
+    if not request.HasField("expect"):
+        return
+    expect = request.expect
+    checks: list[tuple[str, str | int, str | int, str]] = [
+        ("graph_fingerprint", expect.graph_fingerprint, store.graph_fingerprint, "graph"),
+        ("partition_id", expect.partition_id, store.partition_id, "partition")]
     if hot_order:
+        served_order = "" if isinstance(store, HeteroPartitionStore) else store.config.hot_order
         checks.append(("hot_order", expect.hot_order, served_order, "hot order"))
     for name, given, served, what in checks:
-        if given != served:
-            shown = (given, served) if isinstance(given, int) else \
-                (f"'{printable(str(given), 80)}'", f"'{served}'")  # the caller's: bounded
-            if name == "graph_fingerprint":  # SHA-256 hex: 12 digits tell them apart
-                shown = (f"'{printable(str(given)[:12])}...'", f"'{str(served)[:12]}...'")
-            raise RequestError(
-                f"{field}.expect.{name}: expected {shown[1]} (the {what} this server holds "
-                f"now), got {shown[0]} (the one the caller began with): this server or the "
-                f"caller was restarted with another {what}; start the job again on the "
-                f"cluster as it is",
-                grpc.StatusCode.FAILED_PRECONDITION)
+        if given == served:
+            continue
+        if name == "graph_fingerprint":  # SHA-256 hex: 12 digits tell them apart
+            shown = (f"'{printable(str(given)[:12])}...'", f"'{str(served)[:12]}...'")
+        elif name == "partition_id":
+            shown = (str(given), str(served))
+        else:  # the caller's string: escaped and bounded
+            shown = (f"'{printable(str(given), 80)}'", f"'{served}'")
+        raise RequestError(
+            f"{type(request).__name__}.expect.{name}: expected {shown[1]} (the {what} this "
+            f"server holds now), got {shown[0]} (the one the caller began with): this server "
+            f"or the caller was restarted with another {what}; start the job again on the "
+            f"cluster as it is",
+            grpc.StatusCode.FAILED_PRECONDITION)
 
 
 __all__ = ["check_expectation"]

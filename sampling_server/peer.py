@@ -104,9 +104,7 @@ class PeerServicer:
         self.last_call = time.monotonic()
         with abort_on_error(context, "SampleNeighbors", self.store.partition_id,
                             self._rejected("SampleNeighbors")):
-            if request.HasField("expect"):
-                check_expectation(request.expect, self.store, "SampleNeighborsRequest",
-                                  hot_order=False)
+            check_expectation(request, self.store, hot_order=False)
             messages = self._sample(request)
         yield from messages
 
@@ -116,9 +114,7 @@ class PeerServicer:
         self.last_call = time.monotonic()
         with abort_on_error(context, "FetchNodeData", self.store.partition_id,
                             self._rejected("FetchNodeData")):
-            if request.HasField("expect"):
-                check_expectation(request.expect, self.store, "FetchNodeDataRequest",
-                                  hot_order=False)
+            check_expectation(request, self.store, hot_order=False)
             nodes, dtype, rows = self._check_fetch(request)
             messages = self._fetch(request, nodes, dtype, rows)
             for message in messages:

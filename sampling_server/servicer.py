@@ -371,8 +371,7 @@ class SamplingServicer:
             if isinstance(self.store, HeteroPartitionStore):
                 raise RequestError("StreamHotNodes: a typed graph has no hot order "
                                    "(ClusterInfo.hot_order is empty)", _PRECONDITION)
-            if request.HasField("expect"):
-                check_expectation(request.expect, self.store, "HotNodesRequest", hot_order=True)
+            check_expectation(request, self.store, hot_order=True)
             dtype = wire_feature_dtype(request.feature_dtype, self.store.feature_dtype,
                                        "HotNodesRequest.feature_dtype")
             log.info("partition=%d client=%s: hot nodes: %d%s", p, printable(request.client_id),
@@ -388,9 +387,8 @@ class SamplingServicer:
             if self.draining.is_set():
                 raise RequestError(f"StreamMinibatches: partition {p}'s server is shutting down; "
                                    "retry on its restarted server", grpc.StatusCode.UNAVAILABLE)
-            if request.HasField("expect"):  # before the peers: it is about this server
-                check_expectation(request.expect, self.store, _FIELD,
-                                  hot_order=bool(request.cache_counts))
+            # before the peers: it is about this server
+            check_expectation(request, self.store, hot_order=bool(request.cache_counts))
             problem = self.peer_problem()
             if problem:
                 raise RequestError(f"StreamMinibatches: partition {p}'s server is NOT_SERVING: "

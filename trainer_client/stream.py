@@ -132,14 +132,12 @@ class StreamStats:
     #: from the feature cache (counted with their bytes, so that the two agree).
     rows: int = 0
     cached_rows: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def count_rows(self, rows: int, cached: int) -> None:
-        """Add a batch's feature rows (``cached`` of them from the cache); safe from any
-        thread (the reader threads finish batches side by side)."""
-        with self._lock:
-            self.rows += rows
-            self.cached_rows += cached
+        """Add a batch's feature rows (``cached`` of them from the cache), in the
+        consumer's thread when it takes the batch."""
+        self.rows += rows
+        self.cached_rows += cached
 
     @property
     def hit_rate(self) -> float:
