@@ -40,9 +40,9 @@ MODES = {"inline": False, "decode threads": True}
 
 def encode_batches(part_dir: Path, num_batches: int, chunk_bytes: int) -> list[list[bytes]]:
     """``num_batches`` real batches, each as the messages the server would send."""
-    from stream import _sample_batches, encode_batch
+    from stream import _sample_batches, prepare_batch
 
-    return [encode_batch(named, out, index, num_batches, chunk_bytes)
+    return [prepare_batch(named, out, index, num_batches, chunk_bytes).messages()
             for index, (named, out) in enumerate(_sample_batches(str(part_dir), num_batches))]
 
 

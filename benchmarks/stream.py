@@ -12,12 +12,16 @@ Rows (servers in their own processes, the client in this one):
 - ``graphfeed-replay(S)``: graphfeed's encoding and decoding only: real ``products-like``
   batches, sampled once by a real partition's sampler, encoded per send as the server
   does (``protos.fastwire``) in ``MinibatchChunk`` messages of S bytes of tensor data and
-  decoded by the trainer's ``BatchAssembler`` into PyG ``Data``;
-- three diagnostic rows at the default message size, two without one of graphfeed's two
+  decoded by the trainer's ``BatchAssembler`` into PyG ``Data``; each message is encoded
+  just before it is sent, as the server does (``sampling_server.pipeline.encode_ahead``);
+- four diagnostic rows at the default message size, two without one of graphfeed's two
   payload copies, to say where the replay's gap to the bare stream goes:
   ``graphfeed-replay, encoded once``: the server sends each batch's messages as encoded
   the first time (no per-send copy of the tensors into the messages; the trainer decodes
-  as usual) and ``graphfeed-replay, not decoded``: the trainer parses every message
+  as usual), ``graphfeed-replay, encoded per batch``: each batch's messages all encoded
+  by the sampling worker, batches ahead of the one being sent (the server's way until
+  2026-11-27: the messages have left the CPU's cache when gRPC copies them), and
+  ``graphfeed-replay, not decoded``: the trainer parses every message
   (fastwire) but assembles no tensor (no copy out of the messages); and
   ``graphfeed-replay, copies inline`` or ``graphfeed-replay, decode threads``: the
   trainer's copies out of the messages made the other way than its default (which
@@ -70,7 +74,7 @@ log = logging.getLogger("bench.stream")
 
 FANOUTS = [15, 10, 5]
 BATCH = 1024
-PREFETCH = 2  # batches encoded ahead of the one being sent (the server's default is 4)
+PREFETCH = 2  # batches prepared ahead of the one being sent (the server's default is 4)
 SIZES = [256 << 10, 1 << 20, 4 << 20, 16 << 20, 32 << 20]
 _METHOD = "/bench.Bytes/Stream"
 
@@ -146,12 +150,13 @@ def _sample_batches(part_dir: str, num_batches: int) -> list[tuple[dict[str, Any
     return batches
 
 
-def encode_batch(named: dict[str, Any], out: Any, index: int, total: int, size: int) -> list[bytes]:
+def prepare_batch(named: dict[str, Any], out: Any, index: int, total: int, size: int) -> Any:
     """Batch ``index`` of ``total`` (its tensors ``named``, its sampler output ``out``) as
-    the server's pipeline encodes it: ``MinibatchChunk`` messages of ``size`` bytes of
-    tensor data (``protos.fastwire``), the first with the batch's header."""
-    from protos import fastwire
+    the server's pipeline prepares it (``sampling_server.pipeline.Prepared``):
+    ``MinibatchChunk`` messages of ``size`` bytes of tensor data, the first with the
+    batch's header, each encoded by ``protos.fastwire`` when asked for."""
     from protos import sampling_pb2 as pb
+    from sampling_server.pipeline import Prepared
 
     def head(i: int, n: int) -> pb.MinibatchChunk:
         msg = pb.MinibatchChunk(batch_index=index, chunk_index=i, num_chunks=n)
@@ -161,7 +166,23 @@ def encode_batch(named: dict[str, Any], out: Any, index: int, total: int, size: 
                 num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges))
         return msg
 
-    return fastwire.encode_chunks(head, named, size)
+    return Prepared.of(head, named, size)
+
+
+class _ThreadTimed(futures.Executor):
+    """``pool``, adding the CPU seconds of every call it runs to ``spent``."""
+
+    def __init__(self, pool: futures.Executor, spent: list[float]) -> None:
+        self.pool, self.spent = pool, spent
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        def timed() -> Any:
+            began = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.spent.append(time.thread_time() - began)
+        return self.pool.submit(timed)
 
 
 def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> None:
@@ -169,19 +190,26 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
 
     - ``Bytes``: ``count`` messages of ``size`` bytes, one ``bytes`` object sent again and
       again (no per-message work at all: the floor);
-    - ``Replay``: real batches, sampled once here, encoded per send as the server's pipeline
-      does (``protos.fastwire``, ``size`` bytes of tensor data per message, in a worker
-      thread ``PREFETCH`` batches ahead of the one being sent), ``rounds`` times.
+    - ``Replay``: real batches, sampled once here, sent ``rounds`` times as the server's
+      pipeline sends them: each batch prepared (split in messages of ``size`` bytes of
+      tensor data) by a worker thread ``PREFETCH`` batches ahead of the one being sent,
+      and each message encoded (``protos.fastwire``) on the encode threads
+      ``ENCODE_AHEAD`` messages before gRPC sends it (``sampling_server.pipeline``'s own
+      ``Prepared`` and ``encode_ahead``). Diagnostics (``mode``): ``encoded once``: each
+      batch's messages resent as first encoded; ``encoded per batch``: whole batches
+      encoded by the worker, ``PREFETCH`` ahead (the server's way until 2026-11-27).
 
     Each call's request is JSON; its trailing metadata carries the CPU seconds this process
     spent while the call ran (``server-cpu-s``: every thread, gRPC's own included).
     """
     from protos import fastwire
     from protos.allocator import keep_freed_memory
+    from sampling_server.pipeline import ENCODE_AHEAD, encode_ahead
 
     keep_freed_memory()  # as the server's CLI does at start-up
     batches = _sample_batches(part_dir, num_batches)
-    workers = futures.ThreadPoolExecutor(1, thread_name_prefix="encode")
+    workers = futures.ThreadPoolExecutor(1, thread_name_prefix="sample")
+    encoders = futures.ThreadPoolExecutor(2, thread_name_prefix="encode")  # the server's least
     encode_cpu: list[float] = []
     encoded_once: dict[tuple[int, int], list[bytes]] = {}  # (batch, size) -> its messages
 
@@ -197,41 +225,52 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
             yield payloads[i % len(payloads)]
         context.set_trailing_metadata((("server-cpu-s", f"{time.process_time() - cpu:.4f}"),))
 
-    def encode(named: dict[str, Any], out: Any, index: int, total: int, size: int) -> list[bytes]:
+    def prepare(index: int, total: int, size: int) -> Any:
+        named, out = batches[index % len(batches)]
+        return prepare_batch(named, out, index, total, size)
+
+    def encode_whole(index: int, total: int, size: int) -> list[bytes]:
         began = time.thread_time()
-        messages = encode_batch(named, out, index, total, size)
+        messages: list[bytes] = prepare(index, total, size).messages()
         encode_cpu.append(time.thread_time() - began)
         return messages
 
-    def encode_once(named: dict[str, Any], out: Any, index: int, total: int, size: int) -> list[bytes]:
-        """The diagnostic row: each batch encoded the first time it is sent, then resent."""
+    def encode_once(index: int, total: int, size: int) -> list[bytes]:
         key = (index % len(batches), size)
         if key not in encoded_once:
-            encoded_once[key] = encode(named, out, index, total, size)
+            encoded_once[key] = encode_whole(index, total, size)
         return encoded_once[key]
 
     def replay_stream(request: bytes, context: grpc.ServicerContext) -> Any:
-        """As the server's pipeline does: batches are encoded by a worker thread,
-        ``PREFETCH`` ahead of the one being sent."""
         ask = json.loads(request)
-        total, cpu = ask["rounds"] * len(batches), time.process_time()
-        encoder = encode_once if ask.get("encoded_once") else encode
+        total, size, cpu = ask["rounds"] * len(batches), ask["size"], time.process_time()
+        mode = ask.get("mode", "")
         encode_cpu.clear()
         jobs = iter(range(total))
-        pending: deque[Future[list[bytes]]] = deque()
+        pending: deque[Future[Any]] = deque()
 
         def submit_next() -> None:
             index = next(jobs, None)
             if index is not None:
-                named, out = batches[index % len(batches)]
-                pending.append(workers.submit(encoder, named, out, index, total, ask["size"]))
+                work = {"": prepare, "encoded once": encode_once,
+                        "encoded per batch": encode_whole}[mode]
+                pending.append(workers.submit(work, index, total, size))
+
+        def in_order() -> Any:  # as SamplingPipeline.stream
+            while pending:
+                yield pending[0]
+                pending.popleft()
+                submit_next()
 
         for _ in range(PREFETCH):
             submit_next()
-        while pending:
-            messages = pending.popleft().result()
-            submit_next()
-            yield from messages
+        if mode:
+            for future in in_order():
+                yield from future.result()
+        else:
+            for message, _ in encode_ahead(in_order(), _ThreadTimed(encoders, encode_cpu),
+                                           ENCODE_AHEAD):
+                yield message
         context.set_trailing_metadata((("server-cpu-s", f"{time.process_time() - cpu:.4f}"),
                                        ("server-encode-cpu-s", f"{sum(encode_cpu):.4f}")))
 
@@ -273,7 +312,8 @@ def replay_row(channel: grpc.Channel, size: int, rounds: int, variant: str = "")
     reader thread does (``BatchAssembler``: fastwire views, one copy of split tensors).
 
     ``variant`` (diagnostics): ``"encoded once"``: the server resends each batch's
-    messages as first encoded; ``"not decoded"``: messages are parsed, no batch assembled
+    messages as first encoded; ``"encoded per batch"``: the server encodes whole batches
+    ahead, as it did until 2026-11-27; ``"not decoded"``: messages are parsed, no batch assembled
     (the bytes counted are the messages'); ``"copies inline"``, ``"decode threads"``: the
     pieces are copied into their tensors by the reading thread itself, or by the decode
     threads (without either: the trainer's default for this machine)."""
@@ -287,7 +327,8 @@ def replay_row(channel: grpc.Channel, size: int, rounds: int, variant: str = "")
     got = batches = 0
     cpu, started = time.process_time(), time.perf_counter()
     call = call_of(json.dumps({"size": size, "rounds": rounds,
-                               "encoded_once": variant == "encoded once"}).encode(), timeout=900)
+                               "mode": variant if variant.startswith("encoded") else ""}).encode(),
+                   timeout=900)
     decode = 0.0
     for msg in call:
         if variant == "not decoded":
@@ -319,7 +360,7 @@ def variants() -> tuple[str, ...]:
     from trainer_client.decode import default_background_copies
 
     other = "copies inline" if default_background_copies() else "decode threads"
-    return ("encoded once", "not decoded", other)
+    return ("encoded once", "encoded per batch", "not decoded", other)
 
 
 def stream_passes(part_dir: Path, sizes: list[int], passes: int, rounds: int,

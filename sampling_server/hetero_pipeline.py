@@ -28,7 +28,7 @@ from sampling_server.store import cast_features
 
 if TYPE_CHECKING:
     from sampling_server.hetero_store import HeteroPartitionStore
-    from sampling_server.pipeline import EpochJob, SamplingPipeline, TypedJob
+    from sampling_server.pipeline import EpochJob, Prepared, SamplingPipeline, TypedJob
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,8 @@ def typed_header(num_batches: int, out: HeteroSamplerOutput) -> pb.MinibatchHead
 
 
 def produce_typed(pipeline: SamplingPipeline, job: EpochJob, typed: TypedJob,
-                  ref: BatchRef) -> list[bytes]:
-    """Sample one typed batch, gather its rows per node type and encode it."""
+                  ref: BatchRef) -> Prepared:
+    """Sample one typed batch and gather its rows per node type: ready to send."""
     store: HeteroPartitionStore = pipeline.store  # type: ignore[assignment]
     started = time.perf_counter()
     seeds = job.seeds_of(ref, store.partition_id)
@@ -107,10 +107,10 @@ def produce_typed(pipeline: SamplingPipeline, job: EpochJob, typed: TypedJob,
                     named[f"y/{t}"] = y
     for t, lookup in orig_ids.items():
         named[f"orig_id/{t}"] = lookup.result()  # bounded: peer calls carry deadlines
-    messages = pipeline.encode(ref, typed_header(job.num_batches, out), named)
+    prepared = pipeline.prepare(ref, typed_header(job.num_batches, out), named, len(seeds))
     log.debug("partition=%d client=%s rank=%d epoch=%d batch=%d: typed, %d seeds of %s, nodes %s, "
               "%d messages in %.1f ms", store.partition_id, printable(job.client_id), job.rank,
               job.epoch, ref.index, out.batch_size, typed.seed_type,
-              {t: int(v.numel()) for t, v in out.node.items()}, len(messages),
+              {t: int(v.numel()) for t, v in out.node.items()}, len(prepared),
               1e3 * (time.perf_counter() - started))
-    return messages
+    return prepared

@@ -66,10 +66,15 @@ class ServerMetrics:
     def rejected(self, method: str, code: str) -> None:
         self._rejected.labels(self._partition, method, code).inc()
 
-    def sent(self, messages: list[bytes], seeds: int) -> None:
+    def sent_message(self, nbytes: int) -> None:
+        self.bytes.inc(nbytes)
+
+    def sent_batch(self, seeds: int, encode_seconds: float) -> None:
+        """A batch's last message was handed to gRPC; its messages took
+        ``encode_seconds`` to encode in all (stage "encode")."""
         self.batches.inc()
-        self.bytes.inc(sum(len(m) for m in messages))
         self.seeds.inc(seeds)
+        self.observe("encode", encode_seconds)
 
     # -- endpoint ----------------------------------------------------------------------
     def serve(self, host: str, port: int) -> int:

@@ -5,6 +5,11 @@ A validated :class:`EpochJob` lists this server's batches of one rank. The
 most ``prefetch`` batches ahead of the one being sent: the generator submits the next
 batch only when the client takes the current one, so a slow client holds back its own
 stream (gRPC flow control) and nothing queues without bound.
+
+A sampled batch waits as tensors (:class:`Prepared`), not as messages: each message is
+encoded on the encode threads :data:`ENCODE_AHEAD` messages before gRPC sends it
+(:func:`encode_ahead`), so that gRPC's copy of it reads bytes still in the CPU's cache
+rather than from memory, as it would were whole batches encoded ``prefetch`` ahead.
 """
 
 from __future__ import annotations
@@ -13,14 +18,15 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 import torch
+from google.protobuf.message import Message
 
 from partitioner.hetero import EdgeType
 from protos import codec, compact, fastwire
@@ -37,6 +43,90 @@ from sampling_server.store import PartitionStore, Stopping
 from sampling_server.threads import kernel_threads, limit_kernel_threads, sampling_workers
 
 log = logging.getLogger(__name__)
+
+
+#: Messages of a stream encoded before the one being sent: enough to keep the sender
+#: from waiting on an encode, few enough that they are still in the CPU's cache when sent.
+ENCODE_AHEAD = 2
+
+
+class Prepared:
+    """One batch ready to send: the tensor pieces of each of its messages
+    (:func:`protos.codec.iter_pieces`, already on the host), encoded one message at a
+    time by :meth:`message` (:func:`protos.fastwire.encode_message`)."""
+
+    __slots__ = ("_groups", "_head", "encode_seconds", "seeds")
+
+    def __init__(self, make_head: Callable[[int, int], Message],
+                 groups: list[list[codec.Piece]], seeds: int = 0) -> None:
+        self._head = make_head
+        self._groups = groups
+        #: Seeds of the batch (for the server's metrics).
+        self.seeds = seeds
+        #: Seconds each message took to encode (appended by the encode threads).
+        self.encode_seconds: list[float] = []
+
+    @classmethod
+    def of(cls, make_head: Callable[[int, int], Message], named: dict[str, codec.TensorLike],
+           chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES, seeds: int = 0) -> Prepared:
+        """``named`` split into messages of ``chunk_bytes`` of tensor data; message ``i``
+        of ``n`` is ``make_head(i, n)`` plus its pieces."""
+        started = time.perf_counter()
+        prepared = cls(make_head, list(codec.iter_pieces(named, chunk_bytes)), seeds)
+        prepared.encode_seconds.append(time.perf_counter() - started)  # a GPU's copy, if any
+        return prepared
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def message(self, index: int) -> bytes:
+        """Message ``index``, serialized (its tensor bytes copied once, into it)."""
+        started = time.perf_counter()
+        out = fastwire.encode_message(self._head(index, len(self._groups)), self._groups[index])
+        self.encode_seconds.append(time.perf_counter() - started)
+        return out
+
+    def messages(self) -> list[bytes]:
+        """Every message, encoded here and now."""
+        return [self.message(i) for i in range(len(self))]
+
+
+def _produced(future: Future[Prepared]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None
+
+
+def encode_ahead(
+    batches: Iterator[Future[Prepared]], pool: Executor, ahead: int = ENCODE_AHEAD
+) -> Iterator[tuple[bytes, Prepared | None]]:
+    """The messages of ``batches`` in order, each with its batch when it is the batch's
+    last (else None), encoded on ``pool`` up to ``ahead`` messages before the one
+    yielded. The next batch is taken from ``batches`` as soon as it is produced, and
+    waited for (or its error raised) only when no message is ready to send."""
+    if ahead < 1:
+        raise ValueError(f"ahead: expected an integer >= 1, got {ahead}")
+    queued: deque[tuple[Future[bytes], Prepared | None]] = deque()
+    batch: Prepared | None = None
+    index = 0
+    upcoming = next(batches, None)
+    try:
+        while True:
+            while len(queued) < ahead:
+                if batch is None or index == len(batch):
+                    if upcoming is None or (queued and not _produced(upcoming)):
+                        break  # send what is ready first (a failed batch too: its error waits)
+                    batch, index = upcoming.result(), 0  # bounded: peer calls carry deadlines
+                    upcoming = next(batches, None)
+                    continue
+                last = index == len(batch) - 1
+                queued.append((pool.submit(batch.message, index), batch if last else None))
+                index += 1
+            if not queued:
+                return
+            future, done = queued.popleft()
+            yield future.result(), done  # a local copy of a few MiB: no peer, no wait
+    finally:
+        for future, _ in queued:
+            future.cancel()
 
 
 @dataclass(frozen=True)
@@ -127,6 +217,8 @@ class SamplingPipeline:
         #: (two per sampling thread), so a lookup never waits for a sampling thread.
         self.lookups = ThreadPoolExecutor(2 * workers, thread_name_prefix="lookup",
                                           initializer=limit_kernel_threads, initargs=(self.threads,))
+        #: Encodes stream messages just before they are sent (:func:`encode_ahead`).
+        self.encoders = ThreadPoolExecutor(max(2, workers), thread_name_prefix="encode")
         self._closed = threading.Event()
 
     def stage(self, name: str) -> AbstractContextManager[None]:
@@ -138,6 +230,7 @@ class SamplingPipeline:
         self._closed.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.lookups.shutdown(wait=False, cancel_futures=True)
+        self.encoders.shutdown(wait=False, cancel_futures=True)
 
     @contextmanager
     def _open(self) -> Iterator[None]:
@@ -155,40 +248,46 @@ class SamplingPipeline:
 
     def stream(
         self, job: EpochJob, stop: threading.Event | None = None
-    ) -> Iterator[list[bytes]]:
-        """The serialized messages of ``job``'s batches, batch by batch, in order. Setting
-        ``stop`` (the client went away) skips batches not started yet; closing the
-        generator drops them."""
+    ) -> Iterator[tuple[bytes, Prepared | None]]:
+        """The serialized messages of ``job``'s batches, in order, each with its batch when
+        it is the batch's last (:func:`encode_ahead`). Setting ``stop`` (the client went
+        away) skips batches not started yet; closing the generator drops them."""
         stop = stop or threading.Event()
         refs = iter(job.batches)
-        pending: deque[tuple[BatchRef, Future[list[bytes]]]] = deque()
+        pending: deque[Future[Prepared]] = deque()
 
         def submit_next() -> None:
             ref = next(refs, None)
             if ref is not None:
-                pending.append((ref, self._pool.submit(self._produce_unless, stop, job, ref)))
+                pending.append(self._pool.submit(self._produce_unless, stop, job, ref))
+
+        def in_order() -> Iterator[Future[Prepared]]:
+            while pending:
+                yield pending[0]
+                # resumed once the batch was taken: keeps `prefetch` batches sampling
+                # while it is encoded and sent
+                pending.popleft()
+                submit_next()
 
         try:
             with self._open():
                 for _ in range(self.prefetch):
                     submit_next()
-            while pending:
-                ref, future = pending.popleft()
-                with self._open():
-                    messages = future.result()  # bounded: peer calls carry deadlines
-                    submit_next()  # keeps `prefetch` batches sampling while this one is sent
-                if self.metrics is not None and messages:
-                    self.metrics.sent(messages, len(job.seeds_of(ref, self.store.partition_id)))
-                yield messages
+                for message, done in encode_ahead(in_order(), self.encoders):
+                    if self.metrics is not None:
+                        self.metrics.sent_message(len(message))
+                        if done is not None:
+                            self.metrics.sent_batch(done.seeds, sum(done.encode_seconds))
+                    yield message, done
         finally:
-            for _, future in pending:
+            for future in pending:
                 future.cancel()
 
     def _produce_unless(
         self, stop: threading.Event, job: EpochJob, ref: BatchRef
-    ) -> list[bytes]:
+    ) -> Prepared:
         if stop.is_set():
-            return []
+            return Prepared(lambda i, n: pb.MinibatchChunk(), [])
         return self.produce(job, ref)
 
     def _gather(self, job: EpochJob, sampler: NeighborSampler, n_id: torch.Tensor,
@@ -220,8 +319,8 @@ class SamplingPipeline:
             named["y"] = compact.narrowest(y.cpu(), compact.LABEL_DTYPES) if job.compact else y
         return named
 
-    def produce(self, job: EpochJob, ref: BatchRef) -> list[bytes]:
-        """Sample one batch, gather its rows and encode it as stream messages."""
+    def produce(self, job: EpochJob, ref: BatchRef) -> Prepared:
+        """Sample one batch and gather its rows: the batch, ready to encode and send."""
         if job.typed is not None:
             return produce_typed(self, job, job.typed, ref)
         started = time.perf_counter()
@@ -246,22 +345,23 @@ class SamplingPipeline:
         header = pb.MinibatchHeader(
             num_batches=job.num_batches, num_seed_nodes=out.batch_size,
             num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges)
-        messages = self.encode(ref, header, named)
+        prepared = self.prepare(ref, header, named, len(seeds))
         log.debug("partition=%d client=%s rank=%d epoch=%d batch=%d: %d seeds, %d nodes, "
                   "%d edges, %d messages in %.1f ms", self.store.partition_id,
                   printable(job.client_id),
                   job.rank, job.epoch, ref.index, out.batch_size, out.n_id.numel(),
-                  out.row.numel(), len(messages), 1e3 * (time.perf_counter() - started))
-        return messages
+                  out.row.numel(), len(prepared), 1e3 * (time.perf_counter() - started))
+        return prepared
 
-    def encode(self, ref: BatchRef, header: pb.MinibatchHeader,
-               named: dict[str, codec.TensorLike]) -> list[bytes]:
-        """One batch's stream messages: ``header`` on chunk 0, ``named`` split in chunks."""
+    def prepare(self, ref: BatchRef, header: pb.MinibatchHeader,
+                named: dict[str, codec.TensorLike], seeds: int) -> Prepared:
+        """One batch's stream messages, to encode: ``header`` on chunk 0, ``named``
+        split in chunks (on the host: a GPU tensor is copied here, by the sampling
+        thread)."""
         def head(i: int, n: int) -> pb.MinibatchChunk:
             msg = pb.MinibatchChunk(batch_index=ref.index, chunk_index=i, num_chunks=n)
             if i == 0:
                 msg.header.CopyFrom(header)
             return msg
 
-        with self.stage("encode"):
-            return fastwire.encode_chunks(head, named, self.chunk_bytes)
+        return Prepared.of(head, named, self.chunk_bytes, seeds)

@@ -417,11 +417,10 @@ class SamplingServicer:
             # from the next batch it lacks.
             context.send_initial_metadata(())
             with abort_on_error(context, f"StreamMinibatches ({fields})", p):
-                for messages in self.pipeline.stream(job, stop):
-                    for message in messages:
-                        yield message
-                        touch()
-                    sent += 1
+                for message, done in self.pipeline.stream(job, stop):
+                    yield message
+                    touch()
+                    sent += done is not None
         finally:
             self.idle.forget(context)
             self._slots.release()

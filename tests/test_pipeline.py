@@ -1,0 +1,122 @@
+"""The server's stream of prepared batches: messages encoded just before they are sent."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+from protos import codec, fastwire
+from protos import sampling_pb2 as pb
+from sampling_server.pipeline import Prepared, encode_ahead
+
+
+def _head(batch: int):  # type: ignore[no-untyped-def]
+    return lambda i, n: pb.MinibatchChunk(batch_index=batch, chunk_index=i, num_chunks=n)
+
+
+def _named(batch: int, rows: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(batch)
+    return {"n_id": torch.arange(rows, dtype=torch.int64) + batch,
+            "x": torch.randn(rows, 16, generator=g)}
+
+
+def _done(value: Prepared) -> Future[Prepared]:
+    future: Future[Prepared] = Future()
+    future.set_result(value)
+    return future
+
+
+def test_prepared_messages_are_the_bytes_encode_chunks_makes() -> None:
+    named = _named(3, 1000)
+    prepared = Prepared.of(_head(3), named, chunk_bytes=10_000, seeds=7)
+    expected = fastwire.encode_chunks(_head(3), named, 10_000)
+    assert len(prepared) == len(expected) > 3
+    assert [prepared.message(i) for i in range(len(prepared))] == expected
+    assert prepared.messages() == expected and prepared.seeds == 7
+    # one entry for splitting the tensors, one per message encoded (twice here)
+    assert len(prepared.encode_seconds) == 1 + 2 * len(expected)
+
+
+@pytest.mark.parametrize("ahead", [1, 2, 5])
+def test_encode_ahead_yields_every_message_in_order_and_marks_each_batch_s_last(ahead: int) -> None:
+    batches = [Prepared.of(_head(b), _named(b, rows), chunk_bytes=4096)
+               for b, rows in enumerate([300, 1, 0, 90])]
+    batches.insert(2, Prepared(_head(9), []))  # a skipped batch: no message at all
+    with ThreadPoolExecutor(3) as pool:
+        got = list(encode_ahead(iter(_done(b) for b in batches), pool, ahead))
+    expected = [(m, b if i == len(b) - 1 else None)
+                for b in batches for i, m in enumerate(b.messages())]
+    assert [m for m, _ in got] == [m for m, _ in expected]
+    assert [d for _, d in got] == [d for _, d in expected]
+    assert sum(d is not None for _, d in got) == 4  # the empty batch has no last message
+
+
+def test_encode_ahead_keeps_at_most_ahead_messages_encoded_and_waits_for_no_unfinished_batch(
+) -> None:
+    encoded: list[tuple[int, int]] = []
+
+    class Counting(Prepared):
+        __slots__ = ("batch",)
+
+        def message(self, index: int) -> bytes:
+            encoded.append((self.batch, index))
+            return super().message(index)
+
+    def batch(b: int) -> Prepared:
+        prepared = Counting.of(_head(b), _named(b, 400), chunk_bytes=4096)
+        prepared.batch = b  # type: ignore[attr-defined]
+        return prepared
+
+    first = batch(0)
+    second: Future[Prepared] = Future()  # not produced yet
+    taken = threading.Event()
+
+    def futures() -> Iterator[Future[Prepared]]:
+        yield _done(first)
+        taken.set()
+        yield second
+
+    with ThreadPoolExecutor(2) as pool:
+        stream = encode_ahead(futures(), pool, ahead=2)
+        sent = []
+        for _ in range(len(first)):  # the whole first batch goes out while the second is sampled
+            sent.append(next(stream))
+            assert len(encoded) <= len(sent) + 2
+        assert taken.is_set() and not second.done()
+        assert sent[-1][1] is first and [m for m, _ in sent] == first.messages()
+        second.set_result(batch(1))
+        rest = list(stream)
+    assert len(rest) == len(second.result()) and rest[-1][1] is second.result()
+
+
+def test_encode_ahead_passes_on_a_failed_batch_and_cancels_what_it_queued() -> None:
+    failed: Future[Prepared] = Future()
+    failed.set_exception(RuntimeError("peer partition 1 is unavailable"))
+    with ThreadPoolExecutor(1) as pool:
+        stream = encode_ahead(iter([_done(Prepared.of(_head(0), _named(0, 50))), failed]), pool)
+        assert next(stream)[1] is not None
+        with pytest.raises(RuntimeError, match="peer partition 1"):
+            next(stream)
+        big = Prepared.of(_head(0), _named(0, 20_000), chunk_bytes=4096)
+        stream = encode_ahead(iter([_done(big)]), pool, ahead=4)
+        next(stream)
+        stream.close()  # the client went away: nothing left queued runs to the end
+    with pytest.raises(ValueError, match="ahead: expected an integer >= 1, got 0"):
+        next(encode_ahead(iter([]), ThreadPoolExecutor(1), ahead=0))
+
+
+def test_messages_carry_the_tensors_exactly() -> None:
+    named = _named(5, 2000)
+    prepared = Prepared.of(_head(5), named, chunk_bytes=8192)
+    assembler = codec.TensorAssembler()
+    for message in prepared.messages():
+        for chunk in fastwire.minibatch_chunk_deserializer(message).tensors:
+            assembler.add(chunk)
+    out = assembler.finish()
+    assert np.array_equal(out["x"], named["x"].numpy())
+    assert np.array_equal(out["n_id"], named["n_id"].numpy())
