@@ -194,7 +194,7 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
       pipeline sends them: each batch prepared (split in messages of ``size`` bytes of
       tensor data) by a worker thread ``PREFETCH`` batches ahead of the one being sent,
       and each message encoded (``protos.fastwire``) on the encode threads
-      ``ENCODE_AHEAD`` messages before gRPC sends it (``sampling_server.pipeline``'s own
+      ``ENCODE_AHEAD_BYTES`` before gRPC sends it (``sampling_server.pipeline``'s own
       ``Prepared`` and ``encode_ahead``). Diagnostics (``mode``): ``encoded once``: each
       batch's messages resent as first encoded; ``encoded per batch``: whole batches
       encoded by the worker, ``PREFETCH`` ahead (the server's way until 2026-11-27).
@@ -204,7 +204,7 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
     """
     from protos import fastwire
     from protos.allocator import keep_freed_memory
-    from sampling_server.pipeline import ENCODE_AHEAD, encode_ahead
+    from sampling_server.pipeline import encode_ahead
 
     keep_freed_memory()  # as the server's CLI does at start-up
     batches = _sample_batches(part_dir, num_batches)
@@ -268,8 +268,7 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
             for future in in_order():
                 yield from future.result()
         else:
-            for message, _ in encode_ahead(in_order(), _ThreadTimed(encoders, encode_cpu),
-                                           ENCODE_AHEAD):
+            for message, _ in encode_ahead(in_order(), _ThreadTimed(encoders, encode_cpu)):
                 yield message
         context.set_trailing_metadata((("server-cpu-s", f"{time.process_time() - cpu:.4f}"),
                                        ("server-encode-cpu-s", f"{sum(encode_cpu):.4f}")))

@@ -6,10 +6,10 @@ most ``prefetch`` batches ahead of the one being sent: the generator submits the
 batch only when the client takes the current one, so a slow client holds back its own
 stream (gRPC flow control) and nothing queues without bound.
 
-A sampled batch waits as tensors (:class:`Prepared`), not as messages: each message is
-encoded on the encode threads :data:`ENCODE_AHEAD` messages before gRPC sends it
-(:func:`encode_ahead`), so that gRPC's copy of it reads bytes still in the CPU's cache
-rather than from memory, as it would were whole batches encoded ``prefetch`` ahead.
+A sampled batch waits as tensors (:class:`Prepared`), not as messages: its messages
+are encoded on the encode threads :data:`ENCODE_AHEAD_BYTES` before gRPC sends them
+(:func:`encode_ahead`), so that gRPC's copy of a message reads bytes still in the CPU's
+cache rather than from memory, as it would were whole batches encoded ``prefetch`` ahead.
 """
 
 from __future__ import annotations
@@ -45,25 +45,31 @@ from sampling_server.threads import kernel_threads, limit_kernel_threads, sampli
 log = logging.getLogger(__name__)
 
 
-#: Messages of a stream encoded before the one being sent: enough to keep the sender
-#: from waiting on an encode, few enough that they are still in the CPU's cache when sent.
-ENCODE_AHEAD = 2
+#: Bytes of tensor data a stream keeps encoded ahead of the message being sent: enough
+#: that the sender does not wait on an encode, few enough that they are still in the CPU's
+#: cache when gRPC copies them (two messages of the default size).
+ENCODE_AHEAD_BYTES = 2 * codec.DEFAULT_CHUNK_BYTES
+#: One encode task covers consecutive messages of a batch up to this many bytes of tensor
+#: data (at least one message), so that small messages do not each pay a thread handoff.
+ENCODE_TASK_BYTES = 1 << 20
 
 
 class Prepared:
     """One batch ready to send: the tensor pieces of each of its messages
-    (:func:`protos.codec.iter_pieces`, already on the host), encoded one message at a
-    time by :meth:`message` (:func:`protos.fastwire.encode_message`)."""
+    (:func:`protos.codec.iter_pieces`, already on the host), encoded a message at a time
+    by :meth:`message` (:func:`protos.fastwire.encode_message`)."""
 
-    __slots__ = ("_groups", "_head", "encode_seconds", "seeds")
+    __slots__ = ("_groups", "_head", "encode_seconds", "seeds", "sizes")
 
     def __init__(self, make_head: Callable[[int, int], Message],
                  groups: list[list[codec.Piece]], seeds: int = 0) -> None:
         self._head = make_head
         self._groups = groups
+        #: Bytes of tensor data of each message.
+        self.sizes = [sum(len(piece.data) for piece in group) for group in groups]
         #: Seeds of the batch (for the server's metrics).
         self.seeds = seeds
-        #: Seconds each message took to encode (appended by the encode threads).
+        #: Seconds spent encoding (appended by the encode threads).
         self.encode_seconds: list[float] = []
 
     @classmethod
@@ -81,14 +87,18 @@ class Prepared:
 
     def message(self, index: int) -> bytes:
         """Message ``index``, serialized (its tensor bytes copied once, into it)."""
+        return fastwire.encode_message(self._head(index, len(self._groups)), self._groups[index])
+
+    def encode(self, start: int, stop: int) -> list[bytes]:
+        """Messages ``start`` to ``stop`` (excluded), serialized; the time is counted."""
         started = time.perf_counter()
-        out = fastwire.encode_message(self._head(index, len(self._groups)), self._groups[index])
+        out = [self.message(i) for i in range(start, stop)]
         self.encode_seconds.append(time.perf_counter() - started)
         return out
 
     def messages(self) -> list[bytes]:
         """Every message, encoded here and now."""
-        return [self.message(i) for i in range(len(self))]
+        return self.encode(0, len(self))
 
 
 def _produced(future: Future[Prepared]) -> bool:
@@ -96,36 +106,49 @@ def _produced(future: Future[Prepared]) -> bool:
 
 
 def encode_ahead(
-    batches: Iterator[Future[Prepared]], pool: Executor, ahead: int = ENCODE_AHEAD
+    batches: Iterator[Future[Prepared]], pool: Executor, ahead_bytes: int = ENCODE_AHEAD_BYTES,
+    task_bytes: int = ENCODE_TASK_BYTES,
 ) -> Iterator[tuple[bytes, Prepared | None]]:
     """The messages of ``batches`` in order, each with its batch when it is the batch's
-    last (else None), encoded on ``pool`` up to ``ahead`` messages before the one
-    yielded. The next batch is taken from ``batches`` as soon as it is produced, and
-    waited for (or its error raised) only when no message is ready to send."""
-    if ahead < 1:
-        raise ValueError(f"ahead: expected an integer >= 1, got {ahead}")
-    queued: deque[tuple[Future[bytes], Prepared | None]] = deque()
+    last (else None), encoded on ``pool`` ahead of the one yielded: tasks of consecutive
+    messages of up to ``task_bytes`` of tensor data (at least one message), queued while
+    fewer than two are or they hold less than ``ahead_bytes``. The next batch is taken from
+    ``batches`` as soon as it is produced, and waited for (or its error raised) only when
+    no message is ready to send."""
+    for name, value in (("ahead_bytes", ahead_bytes), ("task_bytes", task_bytes)):
+        if value < 1:
+            raise ValueError(f"{name}: expected an integer >= 1, got {value}")
+    queued: deque[tuple[Future[list[bytes]], Prepared | None, int]] = deque()
+    queued_bytes = 0
     batch: Prepared | None = None
     index = 0
     upcoming = next(batches, None)
     try:
         while True:
-            while len(queued) < ahead:
+            while len(queued) < 2 or queued_bytes < ahead_bytes:
                 if batch is None or index == len(batch):
                     if upcoming is None or (queued and not _produced(upcoming)):
                         break  # send what is ready first (a failed batch too: its error waits)
                     batch, index = upcoming.result(), 0  # bounded: peer calls carry deadlines
                     upcoming = next(batches, None)
                     continue
-                last = index == len(batch) - 1
-                queued.append((pool.submit(batch.message, index), batch if last else None))
-                index += 1
+                stop, size = index + 1, batch.sizes[index]
+                while stop < len(batch) and size + batch.sizes[stop] <= task_bytes:
+                    size += batch.sizes[stop]
+                    stop += 1
+                queued.append((pool.submit(batch.encode, index, stop),
+                               batch if stop == len(batch) else None, size))
+                queued_bytes += size
+                index = stop
             if not queued:
                 return
-            future, done = queued.popleft()
-            yield future.result(), done  # a local copy of a few MiB: no peer, no wait
+            future, done, size = queued.popleft()
+            messages = future.result()  # local copies of a few MiB: no peer, no wait
+            queued_bytes -= size
+            for k, message in enumerate(messages):
+                yield message, done if k == len(messages) - 1 else None
     finally:
-        for future, _ in queued:
+        for future, _, _ in queued:
             future.cancel()
 
 

@@ -37,18 +37,23 @@ def test_prepared_messages_are_the_bytes_encode_chunks_makes() -> None:
     expected = fastwire.encode_chunks(_head(3), named, 10_000)
     assert len(prepared) == len(expected) > 3
     assert [prepared.message(i) for i in range(len(prepared))] == expected
+    assert prepared.encode(1, 3) == expected[1:3]
     assert prepared.messages() == expected and prepared.seeds == 7
-    # one entry for splitting the tensors, one per message encoded (twice here)
-    assert len(prepared.encode_seconds) == 1 + 2 * len(expected)
+    assert sum(prepared.sizes) == 1000 * 8 + 1000 * 16 * 4
+    assert all(size <= 10_000 for size in prepared.sizes)
+    # one entry for splitting the tensors, one per encode() call
+    assert len(prepared.encode_seconds) == 3
 
 
-@pytest.mark.parametrize("ahead", [1, 2, 5])
-def test_encode_ahead_yields_every_message_in_order_and_marks_each_batch_s_last(ahead: int) -> None:
+@pytest.mark.parametrize(("ahead_bytes", "task_bytes"), [(1, 1), (8192, 1), (1, 10_000),
+                                                         (20_000, 9000), (1 << 30, 1 << 30)])
+def test_encode_ahead_yields_every_message_in_order_and_marks_each_batch_s_last(
+        ahead_bytes: int, task_bytes: int) -> None:
     batches = [Prepared.of(_head(b), _named(b, rows), chunk_bytes=4096)
                for b, rows in enumerate([300, 1, 0, 90])]
     batches.insert(2, Prepared(_head(9), []))  # a skipped batch: no message at all
     with ThreadPoolExecutor(3) as pool:
-        got = list(encode_ahead(iter(_done(b) for b in batches), pool, ahead))
+        got = list(encode_ahead(iter(_done(b) for b in batches), pool, ahead_bytes, task_bytes))
     expected = [(m, b if i == len(b) - 1 else None)
                 for b in batches for i, m in enumerate(b.messages())]
     assert [m for m, _ in got] == [m for m, _ in expected]
@@ -56,23 +61,19 @@ def test_encode_ahead_yields_every_message_in_order_and_marks_each_batch_s_last(
     assert sum(d is not None for _, d in got) == 4  # the empty batch has no last message
 
 
-def test_encode_ahead_keeps_at_most_ahead_messages_encoded_and_waits_for_no_unfinished_batch(
+def test_encode_ahead_keeps_a_bounded_number_of_bytes_encoded_and_waits_for_no_unfinished_batch(
 ) -> None:
-    encoded: list[tuple[int, int]] = []
+    encoded: list[int] = []  # message indices, as encoded
 
     class Counting(Prepared):
-        __slots__ = ("batch",)
+        __slots__ = ()
 
         def message(self, index: int) -> bytes:
-            encoded.append((self.batch, index))
+            encoded.append(index)
             return super().message(index)
 
-    def batch(b: int) -> Prepared:
-        prepared = Counting.of(_head(b), _named(b, 400), chunk_bytes=4096)
-        prepared.batch = b  # type: ignore[attr-defined]
-        return prepared
-
-    first = batch(0)
+    first = Counting.of(_head(0), _named(0, 400), chunk_bytes=4096)
+    assert len(first) > 6 and max(first.sizes) == 4096
     second: Future[Prepared] = Future()  # not produced yet
     taken = threading.Event()
 
@@ -82,16 +83,36 @@ def test_encode_ahead_keeps_at_most_ahead_messages_encoded_and_waits_for_no_unfi
         yield second
 
     with ThreadPoolExecutor(2) as pool:
-        stream = encode_ahead(futures(), pool, ahead=2)
+        # tasks of two messages; at least two tasks queued, or 3 messages' worth of bytes
+        stream = encode_ahead(futures(), pool, ahead_bytes=3 * 4096, task_bytes=2 * 4096)
         sent = []
         for _ in range(len(first)):  # the whole first batch goes out while the second is sampled
             sent.append(next(stream))
-            assert len(encoded) <= len(sent) + 2
+            # the task being sent from, and at most two tasks (or 3 messages' bytes) more
+            assert len(encoded) <= len(sent) + 1 + 4
         assert taken.is_set() and not second.done()
         assert sent[-1][1] is first and [m for m, _ in sent] == first.messages()
-        second.set_result(batch(1))
+        second.set_result(Counting.of(_head(1), _named(1, 50)))
         rest = list(stream)
     assert len(rest) == len(second.result()) and rest[-1][1] is second.result()
+
+
+def test_small_messages_are_encoded_a_few_at_a_time() -> None:
+    calls: list[tuple[int, int]] = []
+
+    class Counting(Prepared):
+        __slots__ = ()
+
+        def encode(self, start: int, stop: int) -> list[bytes]:
+            calls.append((start, stop))
+            return super().encode(start, stop)
+
+    batch = Counting.of(_head(0), _named(0, 2000), chunk_bytes=1000)
+    with ThreadPoolExecutor(2) as pool:
+        got = [m for m, _ in encode_ahead(iter([_done(batch)]), pool, task_bytes=4000)]
+    assert got == Prepared.of(_head(0), _named(0, 2000), chunk_bytes=1000).messages()
+    assert all(stop - start == 4 for start, stop in calls[:-1])  # 4 messages of 1000 bytes
+    assert [i for start, stop in calls for i in range(start, stop)] == list(range(len(batch)))
 
 
 def test_encode_ahead_passes_on_a_failed_batch_and_cancels_what_it_queued() -> None:
@@ -103,11 +124,13 @@ def test_encode_ahead_passes_on_a_failed_batch_and_cancels_what_it_queued() -> N
         with pytest.raises(RuntimeError, match="peer partition 1"):
             next(stream)
         big = Prepared.of(_head(0), _named(0, 20_000), chunk_bytes=4096)
-        stream = encode_ahead(iter([_done(big)]), pool, ahead=4)
+        stream = encode_ahead(iter([_done(big)]), pool, ahead_bytes=4 * 4096, task_bytes=4096)
         next(stream)
         stream.close()  # the client went away: nothing left queued runs to the end
-    with pytest.raises(ValueError, match="ahead: expected an integer >= 1, got 0"):
-        next(encode_ahead(iter([]), ThreadPoolExecutor(1), ahead=0))
+    with pytest.raises(ValueError, match="ahead_bytes: expected an integer >= 1, got 0"):
+        next(encode_ahead(iter([]), ThreadPoolExecutor(1), ahead_bytes=0))
+    with pytest.raises(ValueError, match="task_bytes: expected an integer >= 1, got -1"):
+        next(encode_ahead(iter([]), ThreadPoolExecutor(1), task_bytes=-1))
 
 
 def test_messages_carry_the_tensors_exactly() -> None:
