@@ -204,7 +204,7 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
     """
     from protos import fastwire
     from protos.allocator import keep_freed_memory
-    from sampling_server.pipeline import encode_ahead
+    from sampling_server.pipeline import encode_ahead, taken_in_order
 
     keep_freed_memory()  # as the server's CLI does at start-up
     batches = _sample_batches(part_dir, num_batches)
@@ -256,19 +256,14 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
                         "encoded per batch": encode_whole}[mode]
                 pending.append(workers.submit(work, index, total, size))
 
-        def in_order() -> Any:  # as SamplingPipeline.stream
-            while pending:
-                yield pending[0]
-                pending.popleft()
-                submit_next()
-
         for _ in range(PREFETCH):
             submit_next()
         if mode:
-            for future in in_order():
+            for future in taken_in_order(pending, submit_next):
                 yield from future.result()
         else:
-            for message, _ in encode_ahead(in_order(), _ThreadTimed(encoders, encode_cpu)):
+            for message, _ in encode_ahead(taken_in_order(pending, submit_next),
+                                           _ThreadTimed(encoders, encode_cpu)):
                 yield message
         context.set_trailing_metadata((("server-cpu-s", f"{time.process_time() - cpu:.4f}"),
                                        ("server-encode-cpu-s", f"{sum(encode_cpu):.4f}")))

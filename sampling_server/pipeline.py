@@ -23,6 +23,7 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -43,6 +44,8 @@ from sampling_server.store import PartitionStore, Stopping
 from sampling_server.threads import kernel_threads, limit_kernel_threads, sampling_workers
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 #: Bytes of tensor data a stream keeps encoded ahead of the message being sent: enough
@@ -99,6 +102,17 @@ class Prepared:
     def messages(self) -> list[bytes]:
         """Every message, encoded here and now."""
         return self.encode(0, len(self))
+
+
+def taken_in_order(pending: deque[Future[T]], submit_next: Callable[[], None]
+                   ) -> Iterator[Future[T]]:
+    """The futures of ``pending`` in order, each left in ``pending`` until the consumer
+    asks for the next one, then removed and replaced by ``submit_next()``: a batch counts
+    among the ``prefetch`` ahead until it is taken (its messages encoded and sent)."""
+    while pending:
+        yield pending[0]
+        pending.popleft()
+        submit_next()
 
 
 def _produced(future: Future[Prepared]) -> bool:
@@ -284,19 +298,12 @@ class SamplingPipeline:
             if ref is not None:
                 pending.append(self._pool.submit(self._produce_unless, stop, job, ref))
 
-        def in_order() -> Iterator[Future[Prepared]]:
-            while pending:
-                yield pending[0]
-                # resumed once the batch was taken: keeps `prefetch` batches sampling
-                # while it is encoded and sent
-                pending.popleft()
-                submit_next()
-
         try:
             with self._open():
                 for _ in range(self.prefetch):
                     submit_next()
-                for message, done in encode_ahead(in_order(), self.encoders):
+                for message, done in encode_ahead(taken_in_order(pending, submit_next),
+                                                  self.encoders):
                     if self.metrics is not None:
                         self.metrics.sent_message(len(message))
                         if done is not None:
