@@ -446,7 +446,10 @@ class ClusterInfo(_message.Message):
     """Name of the rule that orders each partition's nodes from hottest to coldest for the
     trainer-side feature cache (StreamHotNodes, EpochRequest.cache_counts):
     "in_degree_v1" (in-degree of the owned node, highest first, ties by lower global
-    ID). Empty: the server has no feature cache support.
+    ID). Empty: the server has no feature cache support. On a typed graph the order is
+    per node type (EpochRequest.typed_cache_counts, HotNodesRequest.node_type): the
+    rule's in-degree counts the owned node's in-edges of every edge type that ends at
+    its type.
     """
     @_builtins.property
     def partition_book(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -472,8 +475,9 @@ class ClusterInfo(_message.Message):
         """Typed (heterogeneous) graph facts; absent for a homogeneous graph. On a typed graph
         (format_version 2) the homogeneous fields above describe its target type:
         num_nodes, partition_book, feature_dim, feature_dtype and split_sizes are the target
-        type's, num_edges counts the edges of every type; hot_order is empty (no
-        trainer-side feature cache). Every server of one cluster sends the same.
+        type's, num_edges counts the edges of every type; hot_order names the rule of every
+        node type's order (empty from servers without a typed feature cache). Every server
+        of one cluster sends the same.
         """
 
     def __init__(
@@ -573,6 +577,7 @@ class EpochRequest(_message.Message):
     CACHE_COUNTS_FIELD_NUMBER: _builtins.int
     COMPACT_INDICES_FIELD_NUMBER: _builtins.int
     TYPED_FIELD_NUMBER: _builtins.int
+    TYPED_CACHE_COUNTS_FIELD_NUMBER: _builtins.int
     split: _builtins.str
     """A split name: "train", "val" or "test". The server uses the seeds of that split
     which its own partition owns.
@@ -680,6 +685,18 @@ class EpochRequest(_message.Message):
         typed tensors listed at MinibatchChunk and typed counts in the header.
         """
 
+    @_builtins.property
+    def typed_cache_counts(self) -> _containers.RepeatedCompositeFieldContainer[Global___TypedCounts]:
+        """The trainer's feature cache plan on a typed graph (cache_counts is the homogeneous
+        graph's): one entry per node type the trainer caches (TypedCounts.name a node type
+        with features, each type at most once), TypedCounts.counts one per partition: the
+        trainer holds the features of the first counts[p] nodes of partition p's hot order
+        of that type (StreamHotNodes with HotNodesRequest.node_type). INVALID_ARGUMENT on a
+        homogeneous graph, for an unknown or featureless type, or counts that do not fit the
+        type's partition book. With include_features each batch then carries "x_cached/T"
+        for these types and only the rows of "x/T" the trainer lacks. Empty: no cache.
+        """
+
     def __init__(
         self,
         *,
@@ -705,10 +722,11 @@ class EpochRequest(_message.Message):
         cache_counts: _abc.Iterable[_builtins.int] | None = ...,
         compact_indices: _builtins.bool = ...,
         typed: Global___TypedEpochOptions | None = ...,
+        typed_cache_counts: _abc.Iterable[Global___TypedCounts] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expect", b"expect", "sampling", b"sampling", "seeds", b"seeds", "seeds_source", b"seeds_source", "split", b"split", "typed", b"typed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "cache_counts", b"cache_counts", "client_id", b"client_id", "compact_indices", b"compact_indices", "drop_last", b"drop_last", "epoch", b"epoch", "expect", b"expect", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "typed", b"typed", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "cache_counts", b"cache_counts", "client_id", b"client_id", "compact_indices", b"compact_indices", "drop_last", b"drop_last", "epoch", b"epoch", "expect", b"expect", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "typed", b"typed", "typed_cache_counts", b"typed_cache_counts", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_seeds_source: _TypeAlias = _typing.Literal["split", "seeds"]  # noqa: Y015
     _WhichOneofArgType_seeds_source: _TypeAlias = _typing.Literal["seeds_source", b"seeds_source"]  # noqa: Y015
@@ -934,6 +952,10 @@ class MinibatchChunk(_message.Message):
                                          features only).
       "y/T"          label dtype [N_T]   labels of the target type T (include_labels).
       "orig_id/T"    INT64 [N_T]         original IDs (include_original_ids).
+      "x_cached/T"   BOOL [N_T]          as "x_cached", for the types named in
+                                         EpochRequest.typed_cache_counts (with
+                                         include_features); "x/T" is then
+                                         [N_T - sum(x_cached/T), F_T].
     With EpochRequest.compact_indices the structure travels narrower (the decoded batch is
     the same, value for value):
       "n_id", "orig_id"  INT32 [N]    when every value fits in int32 (else INT64).
@@ -1129,6 +1151,7 @@ class HotNodesRequest(_message.Message):
     FEATURE_DTYPE_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     EXPECT_FIELD_NUMBER: _builtins.int
+    NODE_TYPE_FIELD_NUMBER: _builtins.int
     count: _builtins.int
     """Number of nodes, from the hottest on, in 0 .. the partition's node count
     (INVALID_ARGUMENT otherwise).
@@ -1141,6 +1164,11 @@ class HotNodesRequest(_message.Message):
     """
     client_id: _builtins.str
     """Free-form identifier of the caller, for server logs only; may be empty."""
+    node_type: _builtins.str
+    """The node type whose hot order is asked, on a typed graph: a node type of
+    ClusterInfo.typed (empty: the target type), one with features when include_features;
+    count and IDs are then of that type. INVALID_ARGUMENT when set on a homogeneous graph.
+    """
     @_builtins.property
     def expect(self) -> Global___ServerExpectation:
         """As EpochRequest.expect (the hot order is always checked here)."""
@@ -1153,10 +1181,11 @@ class HotNodesRequest(_message.Message):
         feature_dtype: Global___DType.ValueType = ...,
         client_id: _builtins.str = ...,
         expect: Global___ServerExpectation | None = ...,
+        node_type: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expect", b"expect"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "count", b"count", "expect", b"expect", "feature_dtype", b"feature_dtype", "include_features", b"include_features"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "count", b"count", "expect", b"expect", "feature_dtype", b"feature_dtype", "include_features", b"include_features", "node_type", b"node_type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -35,6 +35,9 @@ _DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 _TOPOLOGIES: tuple[str, ...] = ("device", "uva")
 #: Rules a server may order its nodes by for trainers' feature caches (sampling_server/hot.py).
 HOT_ORDERS: tuple[str, ...] = ("visits_v1", "in_degree_v1")
+#: The rule of a typed graph's per-type hot orders, whatever ``hot_order`` says (the
+#: visit estimate follows one homogeneous fanout list).
+TYPED_HOT_ORDER = "in_degree_v1"
 
 
 class ConfigError(ValueError):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import grpc
 
 from protos import sampling_pb2 as pb
-from sampling_server.hetero_store import HeteroPartitionStore
 from sampling_server.limits import printable
 from sampling_server.store import PartitionStore, RequestError
 
@@ -32,8 +31,7 @@ def check_expectation(request: ExpectingRequest, store: PartitionStore, hot_orde
         ("graph_fingerprint", expect.graph_fingerprint, store.graph_fingerprint, "graph"),
         ("partition_id", expect.partition_id, store.partition_id, "partition")]
     if hot_order:
-        served_order = "" if isinstance(store, HeteroPartitionStore) else store.config.hot_order
-        checks.append(("hot_order", expect.hot_order, served_order, "hot order"))
+        checks.append(("hot_order", expect.hot_order, store.hot_order, "hot order"))
     for name, given, served, what in checks:
         if given == served:
             continue

@@ -99,7 +99,17 @@ def produce_typed(pipeline: SamplingPipeline, job: EpochJob, typed: TypedJob,
                 want_x = job.features and t in store.feature_dtypes
                 if not (want_x or want_y):
                     continue
-                x, y = sampler.gather(t, n_id, features=want_x, labels=want_y, remote=remote)
+                counts = typed.cache_counts.get(t) if want_x else None
+                if counts:  # only the rows the trainer lacks; every label
+                    cached = pipeline.hot_of(t).cached_mask(n_id, counts)
+                    missing = torch.nonzero(~cached.to(n_id.device)).flatten()
+                    x, _ = sampler.gather(t, n_id[missing], features=True, labels=False,
+                                          remote=remote)
+                    y = sampler.gather(t, n_id, features=False, labels=True, remote=remote)[1] \
+                        if want_y else None
+                    named[f"x_cached/{t}"] = cached
+                else:
+                    x, y = sampler.gather(t, n_id, features=want_x, labels=want_y, remote=remote)
                 if x is not None:
                     wire = job.feature_dtype or store.feature_dtypes[t]
                     named[f"x/{t}"] = cast_features(x, wire)

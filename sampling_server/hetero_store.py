@@ -31,7 +31,7 @@ from partitioner.hetero_format import (
 )
 from protos import codec
 from protos import sampling_pb2 as pb
-from sampling_server.config import ServerConfig
+from sampling_server.config import TYPED_HOT_ORDER, ServerConfig
 from sampling_server.sampler import HeteroNeighborSampler, create_hetero_sampler
 from sampling_server.store import (
     NotLoaded,
@@ -229,4 +229,10 @@ class HeteroPartitionStore(PartitionStore):
             num_classes=m.num_classes, split_sizes=sizes,
             peer_addresses=list(self.peer_addresses), has_edge_weights=False,
             server_version=server_version(), device=self.device, label_dtype=pb.INT64,
-            graph_fingerprint=self.graph_fingerprint, hot_order="", typed=self.typed_info())
+            graph_fingerprint=self.graph_fingerprint, hot_order=self.hot_order,
+            typed=self.typed_info())
+
+    @property
+    def hot_order(self) -> str:
+        """Every node type's hot order follows :data:`TYPED_HOT_ORDER`."""
+        return TYPED_HOT_ORDER

@@ -21,6 +21,11 @@ holds the features of the first ``counts[p]`` nodes of partition ``p``'s order. 
 partition's own server computes its order; trainers and the other servers read it
 through ``StreamHotNodes`` (a server once, on first need), so every party holds the same
 order without coordination, and a server computes the same order again after a restart.
+
+On a typed graph every node type with features has an order of its own, by
+:func:`typed_in_degree_order` (the rule ``"in_degree_v1"`` with the in-edges of every edge
+type ending at the type), and the plan is one count per partition per cached type
+(``EpochRequest.typed_cache_counts``); :class:`HotNodes` serves one type's orders.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import numpy as np
 import torch
 
 from partitioner.format import Partition
+from partitioner.hetero_format import HeteroPartition
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.codec import decode_tensor, encode_tensor
@@ -45,7 +51,7 @@ from sampling_server.peer import PeerClient
 from sampling_server.store import HOT_ORDER, PartitionStore, RequestError, cast_features
 
 __all__ = ["HOT_ORDER", "HOT_ORDERS", "HotNodes", "check_counts", "hot_order", "in_degree_order",
-           "visit_scores"]
+           "typed_in_degree_order", "visit_scores"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +66,19 @@ def in_degree_order(indptr: np.ndarray, node_start: int) -> np.ndarray:
     by lower global ID (a stable sort of the negated degrees)."""
     degree = np.diff(np.asarray(indptr, dtype=np.int64))
     return np.argsort(-degree, kind="stable").astype(np.int64) + node_start
+
+
+def typed_in_degree_order(partition: HeteroPartition, node_type: str) -> np.ndarray:
+    """Global IDs of ``node_type``'s owned nodes of a typed partition, hottest first: the
+    in-degree summed over every edge type that ends at ``node_type`` (a partition holds
+    its own nodes' in-edges of each), descending, ties by lower global ID. The rule of
+    :data:`~sampling_server.config.TYPED_HOT_ORDER`."""
+    start, stop = partition.node_range(node_type)
+    degree = np.zeros(stop - start, dtype=np.int64)
+    for edge_type, indptr in partition.indptr.items():
+        if edge_type[2] == node_type:
+            degree += np.diff(np.asarray(indptr, dtype=np.int64)).astype(np.int64)
+    return np.argsort(-degree, kind="stable").astype(np.int64) + start
 
 
 @numba.njit(cache=True)
@@ -173,14 +192,21 @@ def check_counts(counts: Sequence[int], book: np.ndarray, field: str) -> tuple[i
 
 
 class HotNodes:
-    """This server's view of every partition's hot order (thread-safe, lazily built)."""
+    """This server's view of every partition's hot order (thread-safe, lazily built), of
+    one node type on a typed graph."""
 
     def __init__(self, store: PartitionStore, peers: Callable[[], PeerClient | None],
-                 chunk_bytes: int = 4 * 1024 * 1024) -> None:
-        """``peers`` gives the peer client when needed (servers set it when they start)."""
+                 chunk_bytes: int = 4 * 1024 * 1024, node_type: str | None = None) -> None:
+        """``peers`` gives the peer client when needed (servers set it when they start);
+        ``node_type``: the node type of a typed graph's store whose order this is."""
         self.store = store
         self.peers = peers
         self.chunk_bytes = chunk_bytes
+        self.node_type = node_type
+        #: The partition book of the ordered nodes (of ``node_type`` on a typed graph).
+        self.book: np.ndarray = np.asarray(
+            store.partition_book if node_type is None else store.books[node_type],  # type: ignore[attr-defined]
+            dtype=np.int64)
         self._orders: dict[int, np.ndarray] = {}
         self._own_order: np.ndarray | None = None
         self._plans: OrderedDict[tuple[int, ...], np.ndarray] = OrderedDict()
@@ -191,11 +217,19 @@ class HotNodes:
         with self._lock:
             if self._own_order is None:
                 started = time.perf_counter()
-                rule = self.store.config.hot_order
-                self._own_order = hot_order(self.store.partition, rule)
-                log.info("partition=%d: hot order %s of %d nodes in %.1f s", self.store.partition_id,
-                         rule, self._own_order.size, time.perf_counter() - started)
+                rule = self.store.hot_order
+                if self.node_type is None:
+                    self._own_order = hot_order(self.store.partition, rule)
+                else:
+                    self._own_order = typed_in_degree_order(
+                        self.store.partition, self.node_type)  # type: ignore[arg-type]
+                log.info("partition=%d: hot order %s of %d %s in %.1f s", self.store.partition_id,
+                         rule, self._own_order.size, self._what, time.perf_counter() - started)
             return self._own_order
+
+    @property
+    def _what(self) -> str:
+        return "nodes" if self.node_type is None else f"{self.node_type!r} nodes"
 
     def order(self, partition: int) -> np.ndarray:
         """``partition``'s hot order (global IDs, hottest first; another partition's is
@@ -206,7 +240,7 @@ class HotNodes:
             found = self._orders.get(partition)
         if found is not None:
             return found
-        book = self.store.partition_book
+        book = self.book
         order = self._fetch_order(partition, int(book[partition + 1]) - int(book[partition]))
         with self._lock:
             return self._orders.setdefault(partition, order)
@@ -216,7 +250,8 @@ class HotNodes:
         if peers is None:
             raise RuntimeError(f"hot order of partition {partition}: no peers to ask")
         stub = pb_grpc.SamplingServiceStub(peers.channel(partition))
-        request = pb.HotNodesRequest(count=count, client_id=peers.client_id)
+        request = pb.HotNodesRequest(count=count, client_id=peers.client_id,
+                                     node_type=self.node_type or "")
         try:
             blocks = [decode_tensor(m.n_id) for m in
                       stub.StreamHotNodes(request, timeout=peers.timeout)]
@@ -228,8 +263,8 @@ class HotNodes:
         if order.size != count:
             raise RequestError(f"hot order of partition {partition}: expected {count} nodes, got "
                                f"{order.size}", grpc.StatusCode.UNAVAILABLE)
-        log.info("partition=%d: read the hot order of partition %d (%d nodes)",
-                 self.store.partition_id, partition, count)
+        log.info("partition=%d: read the hot order of partition %d (%d %s)",
+                 self.store.partition_id, partition, count, self._what)
         return order
 
     def plan_bits(self, counts: Sequence[int]) -> np.ndarray:
@@ -243,7 +278,7 @@ class HotNodes:
                 self._plans.move_to_end(key)
                 return bits
         hot = [self.order(p)[:k] for p, k in enumerate(key) if k > 0]
-        bits = plan_bitset(int(self.store.partition_book[-1]), hot)
+        bits = plan_bitset(int(self.book[-1]), hot)
         with self._lock:
             self._plans[key] = bits
             self._plans.move_to_end(key)
@@ -255,7 +290,7 @@ class HotNodes:
         """Bool ``[N]`` on the CPU: which of ``n_id``'s nodes a trainer with the plan
         ``counts`` holds (one pass over ``n_id``, a bit test each)."""
         return torch.from_numpy(plan_flags(self.plan_bits(counts), n_id.cpu().numpy(),
-                                           int(self.store.partition_book[-1])))
+                                           int(self.book[-1])))
 
     def blocks(self, request: pb.HotNodesRequest, dtype: int) -> Iterator[pb.HotNodesChunk]:
         """The answer to StreamHotNodes: the first ``count`` nodes, block by block."""
@@ -264,16 +299,27 @@ class HotNodes:
         if not 0 <= count <= order.size:
             raise RequestError(f"HotNodesRequest.count: expected 0 .. {order.size} (the partition's "
                                f"nodes), got {count}")
-        part = self.store.partition
-        row_bytes = 8 + (part.x.shape[1] * np.dtype(part.x.dtype).itemsize
-                         if request.include_features else 0)
+        row_bytes = 8
+        if request.include_features:
+            part = self.store.partition
+            features = part.x if self.node_type is None else part.x[self.node_type]
+            row_bytes += features.shape[1] * np.dtype(features.dtype).itemsize
         step = max(1, self.chunk_bytes // row_bytes)
-        sampler = self.store.sampler()
         for first in range(0, max(count, 1), step):
             ids = order[first:min(first + step, count)]
             msg = pb.HotNodesChunk(first_row=first, count=count, n_id=encode_tensor(ids))
             if request.include_features:
-                x, _ = sampler.gather_local(torch.from_numpy(ids).to(sampler.device), True, False)
-                assert x is not None
+                x = self._gather(torch.from_numpy(ids))
                 msg.x.CopyFrom(encode_tensor(cast_features(x, dtype).cpu()))
             yield msg
+
+    def _gather(self, ids: torch.Tensor) -> torch.Tensor:
+        """Features of owned nodes (of ``node_type`` on a typed graph)."""
+        if self.node_type is None:
+            sampler = self.store.sampler()
+            x, _ = sampler.gather_local(ids.to(sampler.device), True, False)
+        else:
+            typed = self.store.typed_sampler()  # type: ignore[attr-defined]
+            x, _ = typed.gather_local(self.node_type, ids.to(typed.device), True, False)
+        assert x is not None
+        return x

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
 
@@ -174,6 +174,9 @@ class TypedJob:
     seed_type: str
     #: Fanouts per edge type and hop (every edge type of the graph, PyG's semantics).
     fanouts: dict[EdgeType, list[int]]
+    #: The trainer's feature cache plan per node type (``EpochRequest.typed_cache_counts``:
+    #: one count per partition); types left out are not cached.
+    cache_counts: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -257,6 +260,20 @@ class SamplingPipeline:
         #: Encodes stream messages just before they are sent (:func:`encode_ahead`).
         self.encoders = ThreadPoolExecutor(max(2, workers), thread_name_prefix="encode")
         self._closed = threading.Event()
+        self._typed_hot: dict[str, HotNodes] = {}
+        self._typed_hot_lock = threading.Lock()
+
+    def hot_of(self, node_type: str | None) -> HotNodes:
+        """The hot orders of ``node_type`` on a typed graph (made on first use), or of the
+        homogeneous graph's nodes (None)."""
+        if node_type is None:
+            return self.hot
+        with self._typed_hot_lock:
+            found = self._typed_hot.get(node_type)
+            if found is None:
+                found = self._typed_hot[node_type] = HotNodes(
+                    self.store, lambda: self.peers, self.chunk_bytes, node_type)
+            return found
 
     def stage(self, name: str) -> AbstractContextManager[None]:
         return self.metrics.stage(name) if self.metrics is not None else nullcontext()

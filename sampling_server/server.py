@@ -358,7 +358,10 @@ class SamplingServer(grpc.Server):
             self.shutdown_requested.set()
             return
         try:  # before SERVING: a peer reading this order must not wait past its deadline
-            if not isinstance(self.store, HeteroPartitionStore):  # typed graphs have none
+            if isinstance(self.store, HeteroPartitionStore):  # one order per featured type
+                for node_type in self.store.feature_dtypes:
+                    self.pipeline.hot_of(node_type).own_order()
+            else:
                 self.pipeline.hot.own_order()
         except Exception:  # the cache is an optimization: serve without it, say why
             log.exception("partition=%d: no hot order for trainers' feature caches",

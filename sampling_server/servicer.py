@@ -109,6 +109,9 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
     if request.HasField("typed"):
         raise RequestError(f"{_FIELD}.typed: expected none, the graph is homogeneous "
                            "(ClusterInfo.typed is absent)")
+    if request.typed_cache_counts:
+        raise RequestError(f"{_FIELD}.typed_cache_counts: expected none, the graph is homogeneous "
+                           f"(its cache plan is {_FIELD}.cache_counts)")
     m = store.manifest
     check_epoch_limits(store.config, len(request.fanouts), None, request.batch_size,
                        m.num_nodes, m.num_edges)
@@ -189,8 +192,8 @@ def typed_epoch_job(request: pb.EpochRequest, store: HeteroPartitionStore) -> Ep
         raise RequestError(f"{_FIELD}.sampling.weighted: expected false, the graph has no edge "
                            "weights (ClusterInfo.has_edge_weights)", _PRECONDITION)
     if request.cache_counts:
-        raise RequestError(f"{_FIELD}.cache_counts: expected none, a typed graph has no hot order "
-                           "(ClusterInfo.hot_order is empty)")
+        raise RequestError(f"{_FIELD}.cache_counts: expected none on a typed graph (its cache plan "
+                           f"is {_FIELD}.typed_cache_counts, per node type)")
     if request.WhichOneof("seeds_source") == "split" and seed_type != m.target_type:
         raise RequestError(f"{_FIELD}.typed.seed_type: expected the target type "
                            f"{m.target_type!r} with a split (splits are of the target type), got "
@@ -202,7 +205,44 @@ def typed_epoch_job(request: pb.EpochRequest, store: HeteroPartitionStore) -> Ep
                     labels=request.include_labels,
                     feature_dtype=request.feature_dtype,
                     client_id=request.client_id, original_ids=request.include_original_ids,
-                    typed=TypedJob(seed_type=seed_type, fanouts=fanouts))
+                    typed=TypedJob(seed_type=seed_type, fanouts=fanouts,
+                                   cache_counts=typed_cache_plan(request, store)))
+
+
+def typed_cache_plan(request: pb.EpochRequest, store: HeteroPartitionStore
+                     ) -> dict[str, tuple[int, ...]]:
+    """``EpochRequest.typed_cache_counts`` checked: node types with features, each once,
+    counts fitting each type's partition book."""
+    plan: dict[str, tuple[int, ...]] = {}
+    for i, entry in enumerate(request.typed_cache_counts):
+        field = f"{_FIELD}.typed_cache_counts[{i}]"
+        if entry.name not in store.feature_dtypes:
+            raise RequestError(f"{field}.name: expected a node type with features "
+                               f"{sorted(store.feature_dtypes)}, got {printable(entry.name, 100)!r}")
+        _require(entry.name not in plan, f"typed_cache_counts[{i}].name", "each node type once",
+                 repr(entry.name))
+        if not entry.counts:
+            raise RequestError(f"{field}.counts: expected {store.manifest.num_partitions} entries "
+                               "(one per partition), got none")
+        plan[entry.name] = check_counts(entry.counts, store.books[entry.name], f"{field}.counts")
+    return plan
+
+
+def hot_node_type(request: pb.HotNodesRequest, store: PartitionStore) -> str | None:
+    """The node type whose hot order ``StreamHotNodes`` is asked for: None on a
+    homogeneous graph; on a typed one the type named (empty: the target type), one with
+    features when they are asked for."""
+    field = "HotNodesRequest.node_type"
+    if not isinstance(store, HeteroPartitionStore):
+        if request.node_type:
+            raise RequestError(f"{field}: expected none, the graph is homogeneous "
+                               f"(ClusterInfo.typed is absent), got {printable(request.node_type, 100)!r}")
+        return None
+    node_type = store.node_type_of(request.node_type, field)
+    if request.include_features and node_type not in store.feature_dtypes:
+        raise RequestError(f"{field}: expected a node type with features {sorted(store.feature_dtypes)} "
+                           f"(include_features is set), got {node_type!r}")
+    return node_type
 
 
 def summed_fanouts(fanouts: dict[EdgeType, list[int]]) -> list[int]:
@@ -368,15 +408,15 @@ class SamplingServicer:
         p = self.store.partition_id
         with abort_on_error(context, "StreamHotNodes", p, self._rejected("StreamHotNodes")):
             self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
-            if isinstance(self.store, HeteroPartitionStore):
-                raise RequestError("StreamHotNodes: a typed graph has no hot order "
-                                   "(ClusterInfo.hot_order is empty)", _PRECONDITION)
+            node_type = hot_node_type(request, self.store)
             check_expectation(request, self.store, hot_order=True)
-            dtype = wire_feature_dtype(request.feature_dtype, self.store.feature_dtype,
-                                       "HotNodesRequest.feature_dtype")
-            log.info("partition=%d client=%s: hot nodes: %d%s", p, printable(request.client_id),
-                     request.count, " with features" if request.include_features else "")
-            yield from self.pipeline.hot.blocks(request, dtype)
+            stored = self.store.feature_dtype if node_type is None else \
+                self.store.feature_dtypes.get(node_type, pb.FLOAT32)  # type: ignore[attr-defined]
+            dtype = wire_feature_dtype(request.feature_dtype, stored, "HotNodesRequest.feature_dtype")
+            log.info("partition=%d client=%s: hot nodes: %d%s%s", p, printable(request.client_id),
+                     request.count, "" if node_type is None else f" of {node_type!r}",
+                     " with features" if request.include_features else "")
+            yield from self.pipeline.hot_of(node_type).blocks(request, dtype)
 
     def StreamMinibatches(
         self, request: pb.EpochRequest, context: grpc.ServicerContext
@@ -388,7 +428,8 @@ class SamplingServicer:
                 raise RequestError(f"StreamMinibatches: partition {p}'s server is shutting down; "
                                    "retry on its restarted server", grpc.StatusCode.UNAVAILABLE)
             # before the peers: it is about this server
-            check_expectation(request, self.store, hot_order=bool(request.cache_counts))
+            check_expectation(request, self.store,
+                              hot_order=bool(request.cache_counts or request.typed_cache_counts))
             problem = self.peer_problem()
             if problem:
                 raise RequestError(f"StreamMinibatches: partition {p}'s server is NOT_SERVING: "

@@ -231,8 +231,13 @@ class PartitionStore:
             num_classes=m.num_classes, split_sizes=sizes,
             peer_addresses=list(self.peer_addresses), has_edge_weights=m.has_edge_weight,
             server_version=server_version(), device=self.device, label_dtype=pb.INT64,
-            graph_fingerprint=self.graph_fingerprint, hot_order=self.config.hot_order,
+            graph_fingerprint=self.graph_fingerprint, hot_order=self.hot_order,
         )
+
+    @property
+    def hot_order(self) -> str:
+        """The rule of this partition's hot order (``ClusterInfo.hot_order``)."""
+        return self.config.hot_order
 
     def check_owned(self, nodes: np.ndarray, field: str) -> None:
         """Raise :class:`RequestError` naming ``field`` unless every ID is owned here."""

@@ -143,7 +143,7 @@ def test_cluster_info_advertises_the_typed_graph(cluster: list[str], graph: Hete
         assert n.feature_dtype == (pb.FLOAT32 if n.name == "paper" else pb.DTYPE_UNSPECIFIED)
         assert len(n.partition_book) == 3 and n.partition_book[-1] == n.num_nodes
     assert [e.num_edges for e in typed.edge_types] == [graph.num_edges(et) for et in graph.edge_types]
-    assert info.num_nodes == 30 and info.feature_dim == 4 and info.hot_order == ""
+    assert info.num_nodes == 30 and info.feature_dim == 4 and info.hot_order == "in_degree_v1"
     assert sum(s.train for s in info.split_sizes) == len(graph.splits["train"])
 
 
@@ -234,6 +234,22 @@ def _epoch_cases() -> list[tuple[pb.EpochRequest, grpc.StatusCode, str]]:
         (split_of_author, INVALID, "EpochRequest.typed.seed_type"),
         (_typed_request(fanouts=[2, -3]), INVALID, "EpochRequest.fanouts"),
         (_typed_request(cache_counts=[1, 1]), INVALID, "EpochRequest.cache_counts"),
+        (_typed_request(typed_cache_counts=[pb.TypedCounts(name="author", counts=[1, 1])]),
+         INVALID, "EpochRequest.typed_cache_counts[0].name"),
+        (_typed_request(typed_cache_counts=[pb.TypedCounts(name="venue", counts=[1, 1])]),
+         INVALID, "EpochRequest.typed_cache_counts[0].name"),
+        (_typed_request(typed_cache_counts=[pb.TypedCounts(name="paper", counts=[1])]),
+         INVALID, "EpochRequest.typed_cache_counts[0].counts"),
+        (_typed_request(typed_cache_counts=[pb.TypedCounts(name="paper")]),
+         INVALID, "EpochRequest.typed_cache_counts[0].counts"),
+        (_typed_request(typed_cache_counts=[pb.TypedCounts(name="paper", counts=[1, 10**6])]),
+         INVALID, "EpochRequest.typed_cache_counts[0].counts[1]"),
+        (_typed_request(typed_cache_counts=[pb.TypedCounts(name="paper", counts=[1, 1]),
+                                            pb.TypedCounts(name="paper", counts=[1, 1])]),
+         INVALID, "EpochRequest.typed_cache_counts[1].name"),
+        (_typed_request(typed_cache_counts=[pb.TypedCounts(name="paper", counts=[1, 1])],
+                        include_features=True, expect=pb.ServerExpectation(hot_order="visits_v1")),
+         PRECONDITION, "EpochRequest.expect"),
         (_typed_request(sampling=pb.SamplingOptions(weighted=True)), PRECONDITION,
          "EpochRequest.sampling.weighted"),
         (_typed_request(feature_dtype=pb.INT8), INVALID, "EpochRequest.feature_dtype"),
@@ -273,8 +289,15 @@ def test_bad_typed_requests_get_clear_errors(cluster: list[str]) -> None:
         for call, field in cases:
             got = _code(call)
             assert got[0] == INVALID and field in got[1], (field, got)
-        got = _code(lambda: stub.StreamHotNodes(pb.HotNodesRequest(count=1), timeout=30))
-        assert got[0] == PRECONDITION and "hot order" in got[1]
+        hot_cases = [
+            (pb.HotNodesRequest(count=1, node_type="venue"), "HotNodesRequest.node_type"),
+            (pb.HotNodesRequest(count=1, node_type="author", include_features=True),
+             "HotNodesRequest.node_type"),
+            (pb.HotNodesRequest(count=10**6, node_type="author"), "HotNodesRequest.count"),
+        ]
+        for hot, field in hot_cases:
+            got = _code(lambda r=hot: stub.StreamHotNodes(r, timeout=30))
+            assert got[0] == INVALID and field in got[1], (field, got)
         # the server goes on serving
         info = _code(lambda: stub.GetClusterInfo(pb.ClusterInfoRequest(), timeout=30))
         assert info[0] == grpc.StatusCode.OK
@@ -286,7 +309,7 @@ def test_bad_typed_loader_arguments_are_refused(cluster: list[str]) -> None:
         ({"num_neighbors": {"paper__sells__paper": [2]}}, "num_neighbors"),
         ({"num_neighbors": {"paper__cites__paper": [2], "author__writes__paper": [2, 2]}},
          "num_neighbors"),
-        ({"cache_size": 0.5}, "cache_size"),
+        ({"cache_size": "lots"}, "cache_size"),
         ({"input_nodes": ("author", [0, 0])}, "input_nodes"),
         ({"input_nodes": ("author", [1000])}, "input_nodes"),
     ]
@@ -483,6 +506,14 @@ def test_typed_arguments_on_a_homogeneous_graph_are_refused(tmp_path: Path) -> N
             code, details = _code(lambda: pb_grpc.SamplingServiceStub(channel).StreamMinibatches(
                 _typed_request(), timeout=30))
             assert code == INVALID and "EpochRequest.typed" in details
+            stub = pb_grpc.SamplingServiceStub(channel)
+            code, details = _code(lambda: stub.StreamMinibatches(pb.EpochRequest(
+                split="train", fanouts=[2], batch_size=4, world_size=1,
+                typed_cache_counts=[pb.TypedCounts(name="paper", counts=[1])]), timeout=30))
+            assert code == INVALID and "EpochRequest.typed_cache_counts" in details
+            code, details = _code(lambda: stub.StreamHotNodes(pb.HotNodesRequest(
+                count=1, node_type="paper"), timeout=30))
+            assert code == INVALID and "HotNodesRequest.node_type" in details
             peer = pb_grpc.PeerServiceStub(channel)
             code, details = _code(lambda: peer.SampleNeighbors(pb.SampleNeighborsRequest(
                 nodes=codec.encode_tensor(np.zeros(1, np.int64)), fanout=2,
@@ -547,11 +578,19 @@ def _typed_structured(rng: random.Random, method: str) -> bytes:
             msg.typed.edge_fanouts.add(edge_type=rng.choice(names),
                                        fanouts=[rng.choice([-2, -1, 0, 2, 10**6])
                                                 for _ in range(rng.choice([0, 1, 2, 40]))])
+        for _ in range(rng.choice([0, 0, 1, 2])):
+            msg.typed_cache_counts.add(name=rng.choice(names),
+                                       counts=[rng.choice([-1, 0, 1, 10**6])
+                                               for _ in range(rng.choice([0, 1, 2, 3]))])
         return msg.SerializeToString()
     if method == "SampleNeighbors":
         sample = pb.SampleNeighborsRequest.FromString(_structured(rng, method))
         sample.edge_type = rng.choice(names)
         return sample.SerializeToString()
+    if method == "StreamHotNodes":
+        hot = pb.HotNodesRequest.FromString(_structured(rng, method))
+        hot.node_type = rng.choice(names)
+        return hot.SerializeToString()
     if method in ("FetchNodeData", "LookupNodes"):
         kind = pb.FetchNodeDataRequest if method == "FetchNodeData" else pb.LookupNodesRequest
         node = kind.FromString(_structured(rng, method))
