@@ -216,7 +216,7 @@ def test_a_partition_whose_stream_breaks_is_filled_again(servers: tuple[Path, li
     def breaks_once(cls: object, cluster: Cluster, p: int, k: int, *args: object) -> torch.Tensor:
         if p == 1 and not broken:
             broken.append(p)
-            args[-1](k // 2)  # type: ignore[operator]  # progress: half the rows came
+            args[-2](k // 2)  # type: ignore[operator]  # progress: half the rows came
             raise ServerUnavailable("StreamHotNodes at b failed: UNAVAILABLE: restarting")
         return fill(cluster, p, k, *args)  # type: ignore[arg-type]
 

@@ -240,6 +240,15 @@ def test_trainer_on_typed_servers(mini: tuple[HeteroGraphData, Path], tmp_path: 
         m = json.loads((tmp_path / "m.json").read_text())
         assert m["typed"] and m["graph"] == "hetero-synthetic" and len(m["epochs"]) == 2
         assert m["epochs"][-1]["seeds"] == 160 and m["test_acc"] > 0.0
+        assert m["epochs"][-1]["cache_hit_rate"] is None  # the CPU default: no cache
+        # with the trainer's feature cache: the same batches, so the same weights
+        cached_dir = tmp_path / "cached"
+        cached = _train_args(root, cached_dir)
+        cached[:2] = ["--servers", ",".join(addresses)]
+        assert train.main([*cached, "--timeout", "30", "--cache-size", "0.5"]) == 0
+        c = json.loads((cached_dir / "m.json").read_text())
+        assert 0.0 < c["epochs"][-1]["cache_hit_rate"] < 1.0
+        assert c["param_fingerprints"] == m["param_fingerprints"]
         caplog.clear()
         args[args.index("rgcn")] = "sage"
         assert train.main(args) == 1

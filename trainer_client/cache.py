@@ -16,6 +16,10 @@ is shared by every loader of one
 Per batch, :meth:`FeatureCache.assemble` rebuilds the full ``x`` on the device: cached
 rows by index, received rows scattered in; the result is bit-identical to the ``x`` a
 trainer without the cache receives.
+
+On a typed graph there is one :class:`FeatureCache` per node type with features, each
+by that type's own hot order and partition book (``HotNodesRequest.node_type``), planned
+alike for every type (:func:`plan_typed_counts`, ``EpochRequest.typed_cache_counts``).
 """
 
 from __future__ import annotations
@@ -145,6 +149,16 @@ def auto_cache_bytes(device: torch.device, num_nodes: int) -> int:
     return max(0, math.floor(AUTO_FREE_FRACTION * free) - 4 * num_nodes)
 
 
+def type_facts(info: pb.ClusterInfo, node_type: str) -> tuple[np.ndarray, int, int]:
+    """``(partition book, feature columns, stored feature dtype)`` of ``node_type``'s nodes
+    on a typed graph (``ClusterInfo.typed``)."""
+    for t in info.typed.node_types:
+        if t.name == node_type:
+            return np.asarray(t.partition_book, dtype=np.int64), int(t.feature_dim), int(t.feature_dtype)
+    raise ValueError(f"node_type: expected one of {[t.name for t in info.typed.node_types]}, "
+                     f"got {node_type!r}")
+
+
 def plan_counts(size: tuple[str, float], partition_book: Sequence[int], row_bytes: int) -> list[int]:
     """Nodes to cache per partition: the budget (a fraction of all nodes, or bytes at
     ``row_bytes`` per row) split in proportion to the partitions' node counts."""
@@ -161,11 +175,33 @@ def plan_counts(size: tuple[str, float], partition_book: Sequence[int], row_byte
     return [int(n) * budget // total for n in np.diff(book)]
 
 
+def plan_typed_counts(size: tuple[str, float], info: pb.ClusterInfo, wire_dtype: int | None
+                      ) -> dict[str, tuple[list[int], int]]:
+    """A typed graph's cache plan: for each node type with features, its nodes to cache
+    per partition and its wire dtype (``wire_dtype``, or the type's stored one when None
+    or 0). A fraction caches that share of every type's nodes; a size in bytes the same
+    share of every type, the largest that fits at each type's row size on the wire."""
+    kind, amount = size
+    if kind not in ("fraction", "bytes"):
+        raise ValueError(f"cache_size: expected a fraction or bytes here ('auto' resolved by the "
+                         f"loader: auto_cache_bytes), got {kind!r}")
+    types = [t for t in info.typed.node_types if t.feature_dim > 0]
+    wires = {t.name: int(wire_dtype or t.feature_dtype) for t in types}
+    fraction = amount
+    if kind == "bytes":
+        total = sum(int(t.num_nodes) * int(t.feature_dim) * dtype_to_torch(wires[t.name]).itemsize
+                    for t in types)
+        fraction = min(1.0, amount / total) if total else 0.0
+    return {t.name: (plan_counts(("fraction", fraction), list(t.partition_book), 1), wires[t.name])
+            for t in types}
+
+
 class FeatureCache:
-    """Features of the hottest nodes on one device, by global node ID."""
+    """Features of the hottest nodes on one device, by global node ID (of one node type
+    on a typed graph)."""
 
     def __init__(self, counts: Sequence[int], rows: torch.Tensor, slot: torch.Tensor,
-                 wire_dtype: int) -> None:
+                 wire_dtype: int, node_type: str | None = None) -> None:
         #: The plan: nodes held per partition (``EpochRequest.cache_counts``).
         self.counts = tuple(int(c) for c in counts)
         #: ``[K, F]`` cached rows, in the wire dtype.
@@ -175,6 +211,8 @@ class FeatureCache:
         self.slot = slot
         #: The wire feature dtype the rows are in (a ``DType`` value).
         self.wire_dtype = wire_dtype
+        #: The node type whose rows these are, on a typed graph (its own IDs); else None.
+        self.node_type = node_type
 
     @property
     def num_rows(self) -> int:
@@ -188,15 +226,16 @@ class FeatureCache:
     @classmethod
     def fill(cls, cluster: Cluster, counts: Sequence[int], wire_dtype: int, device: torch.device,
              *, progress: bool | None = None, timeout: float = 600.0,
-             reconnect: float = 15.0) -> FeatureCache:
-        """Stream the plan's rows from every server (``StreamHotNodes``) onto ``device``.
+             reconnect: float = 15.0, node_type: str | None = None) -> FeatureCache:
+        """Stream the plan's rows from every server (``StreamHotNodes``) onto ``device``;
+        on a typed graph those of ``node_type`` (by its own IDs and partition book).
         A partition whose stream breaks with ``UNAVAILABLE`` (its server restarting) is
         filled again from its first row, with growing pauses, for up to ``reconnect``
         seconds after the break, as the loader's streams resume; any other failure ends
         the whole fill at once. ``timeout``: the deadline of each stream."""
         counts = [int(c) for c in counts]
-        book = cluster.partition_book
-        dim = int(cluster.info.feature_dim)
+        book, dim = (cluster.partition_book, int(cluster.info.feature_dim)) if node_type is None \
+            else type_facts(cluster.info, node_type)[:2]
         # On the CPU both tables come from NumPy's allocator, which asks the kernel for
         # transparent huge pages: each batch reads rows at random, and with 4 KiB pages
         # nearly every read also misses the TLB.
@@ -235,7 +274,7 @@ class FeatureCache:
                 received[0] = 0
                 try:
                     order = cls._fill_partition(cluster, p, hi - lo, wire_dtype, rows[lo:hi],
-                                                timeout, started, counted)
+                                                timeout, started, counted, node_type)
                     break
                 except ServerUnavailable as exc:
                     failed_at = failed_at if failed_at is not None else time.monotonic()
@@ -258,7 +297,8 @@ class FeatureCache:
 
         # every partition at once: each server gathers and sends its own rows into its own
         # slice of the table, so the fill goes at the pace of the links, not of one server
-        with tqdm(total=sum(counts), desc="feature cache", unit="node", unit_scale=True,
+        desc = "feature cache" if node_type is None else f"feature cache of {node_type!r}"
+        with tqdm(total=sum(counts), desc=desc, unit="node", unit_scale=True,
                   disable=not show) as bar, \
                 ThreadPoolExecutor(min(len(parts), MAX_FILL_STREAMS) or 1,
                                    thread_name_prefix="cache-fill") as pool:
@@ -276,25 +316,29 @@ class FeatureCache:
                 for future in futures:
                     future.cancel()
                 raise
-        cache = cls(counts, rows, slot.to(device), wire_dtype)
-        log.info("feature cache: %d nodes (%s of %d) in %s on %s, %.1f MiB", cache.num_rows,
-                 counts, int(book[-1]), dtype_name(wire_dtype), device, cache.nbytes / 2**20)
+        cache = cls(counts, rows, slot.to(device), wire_dtype, node_type)
+        log.info("feature cache: %d %s (%s of %d) in %s on %s, %.1f MiB", cache.num_rows,
+                 "nodes" if node_type is None else f"{node_type!r} nodes", counts, int(book[-1]),
+                 dtype_name(wire_dtype), device, cache.nbytes / 2**20)
         return cache
 
     @classmethod
     def _fill_partition(cls, cluster: Cluster, p: int, k: int, wire_dtype: int, out: torch.Tensor,
                         timeout: float, started: Callable[[grpc.Future], None],
-                        progress: Callable[[int], None]) -> torch.Tensor:
+                        progress: Callable[[int], None], node_type: str | None = None
+                        ) -> torch.Tensor:
         """Receive partition ``p``'s first ``k`` hot nodes' rows into ``out``; return their
         IDs. Checks every block. ``started`` gets the call (to cancel it when another
         partition's fill fails), ``progress`` each block's node count."""
         where = f"StreamHotNodes at {cluster.addresses[p]}"
         # the stored dtype is asked for as such (servers before it could be named refuse
         # float64 by name)
-        asked = pb.DTYPE_UNSPECIFIED if wire_dtype == int(cluster.info.feature_dtype) else wire_dtype
+        stored = int(cluster.info.feature_dtype) if node_type is None else \
+            type_facts(cluster.info, node_type)[2]
+        asked = pb.DTYPE_UNSPECIFIED if wire_dtype == stored else wire_dtype
         request = pb.HotNodesRequest(count=k, include_features=True, client_id=cluster.client_id,
                                      feature_dtype=asked,  # type: ignore[arg-type]
-                                     expect=cluster.expectation(p))
+                                     expect=cluster.expectation(p), node_type=node_type or "")
         order = torch.empty(k, dtype=torch.int64)
         done = 0
         try:

@@ -78,7 +78,7 @@ class Cluster:
         self.client_id = client_id or _default_client_id()
         self._rpc_timeout = rpc_timeout
         self._channels: dict[str, grpc.Channel] = {}
-        self._caches: dict[tuple[tuple[int, ...], int, str], FeatureCache] = {}
+        self._caches: dict[tuple[tuple[int, ...], int, str, str], FeatureCache] = {}
         self._cache_lock = threading.Lock()
         self._auto_budgets: dict[str, int] = {}
         self._node_table: tuple[NodeTable | None] | None = None
@@ -227,15 +227,18 @@ class Cluster:
         return np.searchsorted(book, nodes, side="right") - 1
 
     def feature_cache(self, counts: list[int], wire_dtype: int, device: torch.device, *,
-                      progress: bool | None = None, reconnect: float = 15.0) -> FeatureCache:
-        """The feature cache of this plan, dtype and device: filled on first use, then
-        shared (so it fills once per job, not per loader or epoch). ``reconnect``: seconds
-        a partition's broken fill stream is retried (:meth:`FeatureCache.fill`)."""
-        key = (tuple(counts), int(wire_dtype), str(device))
+                      progress: bool | None = None, reconnect: float = 15.0,
+                      node_type: str | None = None) -> FeatureCache:
+        """The feature cache of this plan, dtype and device (of ``node_type`` on a typed
+        graph): filled on first use, then shared (so it fills once per job, not per loader
+        or epoch). ``reconnect``: seconds a partition's broken fill stream is retried
+        (:meth:`FeatureCache.fill`)."""
+        key = (tuple(counts), int(wire_dtype), str(device), node_type or "")
         with self._cache_lock:
             if key not in self._caches:
                 self._caches[key] = FeatureCache.fill(self, counts, wire_dtype, device,
-                                                      progress=progress, reconnect=reconnect)
+                                                      progress=progress, reconnect=reconnect,
+                                                      node_type=node_type)
             return self._caches[key]
 
     def auto_cache_budget(self, device: torch.device) -> int:

@@ -71,7 +71,8 @@ def _tensor(tensors: dict[str, torch.Tensor], name: str, shape: Sequence[int],
 
 def _allowed(t: TypedSpec) -> set[str]:
     names = {f"{k}/{n}" for n in t.node_types for k in ("n_id", "orig_id")}
-    names |= {f"x/{n}" for n in t.node_types if t.feature_dims.get(n, 0) > 0}
+    names |= {f"{k}/{n}" for n in t.node_types if t.feature_dims.get(n, 0) > 0
+              for k in ("x", "x_cached")}
     names |= {f"y/{t.target_type}"} | {f"edge_index/{edge_type_name(e)}" for e in t.edge_types}
     return names
 
@@ -81,8 +82,9 @@ def build_hetero_data(header: pb.MinibatchHeader, tensors: dict[str, torch.Tenso
     """Check a typed batch's header and tensors against ``spec``; build the HeteroData.
 
     Per node type: ``n_id`` (original IDs when the batch carries them; graphfeed's own
-    then in ``internal_n_id``), ``num_nodes``, ``x`` (types with features), ``y`` (the
-    target type); ``batch_size`` on the seed type. Per edge type ``edge_index``.
+    then in ``internal_n_id``), ``num_nodes``, ``x`` (types with features; with
+    ``x_cached/<type>`` only the rows the trainer's cache lacks, the mask in
+    ``x_cached``), ``y`` (the target type); ``batch_size`` on the seed type. Per edge type ``edge_index``.
     ``num_sampled_nodes`` / ``num_sampled_edges`` are set per type as PyG sets them
     (``batch.num_sampled_nodes_dict``) and as dicts on the batch itself.
     """
@@ -141,8 +143,16 @@ def _node_store(data: HeteroData, n: str, num: int, tensors: dict[str, torch.Ten
     else:
         data[n].n_id = n_id
     dim = t.feature_dims.get(n, 0)
+    rows = num
+    if f"x_cached/{n}" in tensors:  # the trainer's feature cache holds the marked rows
+        cached = _tensor(tensors, f"x_cached/{n}", [num], [torch.bool], where)
+        rows = num - int(torch.count_nonzero(cached))
+        if f"x/{n}" not in tensors:
+            raise _error(f"{where}: tensor 'x/{n}': expected the {rows} rows not marked in "
+                         f"'x_cached/{n}', got none")
+        data[n].x_cached = cached
     if dim and (spec.include_features or f"x/{n}" in tensors):
-        data[n].x = _tensor(tensors, f"x/{n}", [num, dim], FEATURE_DTYPES, where)
+        data[n].x = _tensor(tensors, f"x/{n}", [rows, dim], FEATURE_DTYPES, where)
     if n == t.target_type and (spec.include_labels or f"y/{n}" in tensors):
         y = _tensor(tensors, f"y/{n}", [num], _LABEL_DTYPES, where)
         data[n].y = y if y.dtype == torch.int64 else y.long()

@@ -19,6 +19,8 @@ from torch_geometric.data import HeteroData
 
 from partitioner.hetero import EdgeType, GraphDataError, edge_type_name, parse_edge_type
 from protos import sampling_pb2 as pb
+from protos.channel import ProtocolError
+from trainer_client.cache import CacheError, FeatureCache
 from trainer_client.hetero_decode import TypedSpec
 from trainer_client.inputs import SPLIT_ALIASES, SPLITS, InputNodes
 
@@ -142,18 +144,40 @@ def typed_spec(graph: TypedGraph, seed_type: str) -> TypedSpec:
 
 
 def finish_typed(data: HeteroData, seed_type: str, input_id: np.ndarray, device: torch.device, *,
-                 feature_dtype: torch.dtype | None, non_blocking: bool,
-                 keep_internal_ids: bool) -> HeteroData:
-    """A decoded typed batch on ``device``: ``input_id`` on the seed type, features cast
-    there (they cross the bus in their wire dtype), ``internal_n_id`` dropped unless kept."""
+                 feature_dtype: torch.dtype | None, non_blocking: bool, keep_internal_ids: bool,
+                 caches: Mapping[str, FeatureCache] | None = None) -> tuple[HeteroData, int, int]:
+    """A decoded typed batch on ``device``: ``input_id`` on the seed type, the rows of
+    ``x`` that the trainer's feature cache holds filled in from ``caches`` (per node
+    type), features cast there (they cross the bus in their wire dtype),
+    ``internal_n_id`` dropped unless kept. Also returns the batch's feature rows and how
+    many of them came from the caches."""
     data[seed_type].input_id = torch.from_numpy(input_id)
+    data = data.to(device, non_blocking=non_blocking)
+    rows = cached_rows = 0
+    for t in data.node_types:
+        store = data[t]
+        if "x" not in store:
+            continue
+        rows += store.num_nodes
+        if "x_cached" in store:
+            cached = store.x_cached
+            del store.x_cached
+            cache = (caches or {}).get(t)
+            if cache is None:
+                raise ProtocolError(f"StreamMinibatches: tensor 'x_cached/{t}': expected none (this "
+                                    f"loader caches no {t!r} features), got one",
+                                    what="StreamMinibatches")
+            ids = store.internal_n_id if "internal_n_id" in store else store.n_id
+            cached_rows += int(cached.sum()) if cached.is_cuda else int(np.count_nonzero(cached.numpy()))
+            try:
+                store.x = cache.assemble(store.x, cached, ids, feature_dtype)
+            except CacheError as exc:
+                raise ProtocolError(f"StreamMinibatches: node type {t!r}: {exc}",
+                                    what="StreamMinibatches") from exc
+        if feature_dtype is not None and store.x.dtype != feature_dtype:
+            store.x = store.x.to(feature_dtype)
     if not keep_internal_ids:
         for store in data.node_stores:
             if "internal_n_id" in store:
                 del store.internal_n_id
-    data = data.to(device, non_blocking=non_blocking)
-    if feature_dtype is not None:
-        for store in data.node_stores:
-            if "x" in store and store.x.dtype != feature_dtype:
-                store.x = store.x.to(feature_dtype)
-    return data
+    return data, rows, cached_rows

@@ -90,8 +90,8 @@ def local_loaders(args: argparse.Namespace, env: DistEnv) -> TypedLoaders:
 
 def remote_loaders(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> TypedLoaders:
     """Sources streaming typed batches from the servers of ``cluster`` (sharing its
-    channels). The trainer-side feature cache holds homogeneous graphs only: the
-    default ``--cache-size`` runs without it, an explicit size is refused."""
+    channels), with the trainer-side feature cache of ``--cache-size`` (every node type
+    with features, :func:`~trainer_client.cache.plan_typed_counts`)."""
     common: dict[str, Any] = dict(
         rank=env.rank, world_size=env.world_size, device=env.device, prefetch=args.prefetch,
         seed=args.seed, feature_dtype=args.feature_dtype, stall_timeout=args.timeout,
@@ -198,11 +198,14 @@ def run_typed(args: argparse.Namespace, env: DistEnv, loaders: TypedLoaders) -> 
                                                                      progress=progress, epoch=epoch)
         eval_started = time.perf_counter()
         val_acc = typed_accuracy(model, loaders.val, env)
-        received = loaders.train.loader.last_stats.bytes \
-            if isinstance(loaders.train, ServiceHeteroLoader) else 0  # in-process: none
+        received, hit_rate = 0, None  # in process: nothing received, no cache
+        if isinstance(loaders.train, ServiceHeteroLoader):
+            stats = loaders.train.loader.last_stats
+            received = stats.bytes
+            hit_rate = round(stats.hit_rate, 4) if loaders.train.loader.typed_caches else None
         m = EpochMetrics(epoch, loss, train_acc, val_acc, seeds, len(loaders.train), train_s,
                          time.perf_counter() - eval_started, seeds / max(train_s, 1e-9), waited,
-                         round(received / 1e6, 3))
+                         round(received / 1e6, 3), hit_rate)
         end_epoch(m, history, selection, model, optimizer, env, (ckpt, best_path), config)
     fingerprints = restore_selected(model, selection, env)
     test_acc = typed_accuracy(model, loaders.test, env)

@@ -46,6 +46,7 @@ from trainer_client.cache import (
     FeatureCache,
     parse_cache_size,
     plan_counts,
+    plan_typed_counts,
 )
 from trainer_client.cluster import Cluster
 from trainer_client.decode import BatchSpec, DecodedBatch, to_device
@@ -173,8 +174,9 @@ class RemoteNeighborLoader:
         Typed clusters: ``input_nodes`` may also be a split name, a node type (all its
         nodes) or ``(node_type, IDs or mask or None)``; ``num_neighbors`` a list for every
         edge type or a dict per edge type (``(src, rel, dst)`` or ``"src__rel__dst"``;
-        types left out draw nothing). ``cache_size > 0`` is refused there (the cache holds
-        homogeneous graphs only).
+        types left out draw nothing). ``cache_size`` caches every node type with features
+        alike: a fraction caches that share of each type's nodes, a size the same share of
+        every type, as many as fit (:func:`~trainer_client.cache.plan_typed_counts`).
         ``compact_indices``: ask for the batches' structure in compact form (narrow
         integer dtypes, ``EpochRequest.compact_indices``); the batches are the same.
         """
@@ -238,8 +240,11 @@ class RemoteNeighborLoader:
             #: Node type of the seeds (typed graphs; "" on a homogeneous one).
             self.seed_type = self._seed_type(given.node_type)
             self._resolve_seeds(node_array, all_of_type=given.node_type is not None and nodes is None)
-            #: The feature cache this loader's batches use (None: every batch carries all of x).
-            self.cache: FeatureCache | None = self._open_cache(size, cache_progress, cache_size)
+            #: Typed graphs: the feature cache of each cached node type (empty: none).
+            self.typed_caches: dict[str, FeatureCache] = {}
+            #: The feature cache this loader's batches use (None: every batch carries all
+            #: of x; on a typed graph see :attr:`typed_caches`).
+            self.cache: FeatureCache | None = self._open_cache(size, cache_progress)
             #: Every node's original ID and label, when batches leave them out (compact
             #: batches with a feature cache: trainer_client/node_table.py); else None.
             self.node_table: NodeTable | None = self.cluster.node_table() \
@@ -307,34 +312,38 @@ class RemoteNeighborLoader:
         self._positions = [np.flatnonzero(owner == p) for p in range(self.cluster.num_partitions)]
         self._seed_counts = [int(p.size) for p in self._positions]
 
-    def _open_cache(self, size: tuple[str, float], progress: bool | None,
-                    asked: object) -> FeatureCache | None:
-        """The plan's cache, filled on first use per cluster; None when the plan is empty
-        or the graph is typed (the cache holds homogeneous features only)."""
+    def _open_cache(self, size: tuple[str, float], progress: bool | None) -> FeatureCache | None:
+        """The plan's cache, filled on first use per cluster; None when the plan is empty.
+        On a typed graph it fills :attr:`typed_caches` instead and returns None."""
         info = self.cluster.info
+        if size[0] == "auto":
+            size = ("bytes", self.cluster.auto_cache_budget(self.device))
         if self.typed_graph is not None:
-            if size[0] != "auto" and size[1] > 0:
-                raise ValueError(f"cache_size: expected 0, 'auto' or None on a typed graph (the "
-                                 f"trainer-side feature cache holds homogeneous graphs only), got {asked!r}")
-            if size[0] == "auto" and self.device.type == "cuda":
-                log.info("cache_size: the trainer-side feature cache holds homogeneous graphs only; "
-                         "running without it on this typed graph")
+            plan = plan_typed_counts(size, info, WIRE_FEATURE_DTYPES[self.feature_dtype])
+            if any(sum(counts) for counts, _ in plan.values()) and self._servers_order_alike():
+                self.typed_caches = {
+                    t: self.cluster.feature_cache(counts, wire, self.device, progress=progress,
+                                                  reconnect=self.timeouts.reconnect, node_type=t)
+                    for t, (counts, wire) in plan.items() if sum(counts)}
             return None
         wire = WIRE_FEATURE_DTYPES[self.feature_dtype] or int(info.feature_dtype)
         itemsize = dtype_to_torch(wire).itemsize
-        if size[0] == "auto":
-            size = ("bytes", self.cluster.auto_cache_budget(self.device))
         counts = plan_counts(size, self.cluster.partition_book.tolist(), int(info.feature_dim) * itemsize)
-        if not sum(counts):
+        if not sum(counts) or not self._servers_order_alike():
             return None
+        return self.cluster.feature_cache(counts, wire, self.device, progress=progress,
+                                          reconnect=self.timeouts.reconnect)
+
+    def _servers_order_alike(self) -> bool:
+        """Whether every server follows one hot order this trainer knows (else, e.g. with
+        older servers, the loader runs without the feature cache, and says so)."""
         orders = {i.hot_order for i in self.cluster.infos}
         if len(orders) != 1 or not orders <= set(KNOWN_HOT_ORDERS):
             log.warning("cache_size: the servers' hot orders %s are not all one of %s (older "
                         "servers?); running without the feature cache", sorted(orders),
                         list(KNOWN_HOT_ORDERS))
-            return None
-        return self.cluster.feature_cache(counts, wire, self.device, progress=progress,
-                                          reconnect=self.timeouts.reconnect)
+            return False
+        return True
 
     def _warn_if_empty(self) -> None:
         if len(self) == 0:
@@ -461,6 +470,8 @@ class RemoteNeighborLoader:
             request.typed.CopyFrom(typed)
         if self.cache is not None:
             request.cache_counts.extend(self.cache.counts)
+        for t, cache in self.typed_caches.items():
+            request.typed_cache_counts.add(name=t, counts=cache.counts)
         return request
 
     def stream(self, finish: Callable[[DecodedBatch], DecodedBatch] | None = None) -> EpochStream:
@@ -512,10 +523,12 @@ class RemoteNeighborLoader:
             for batch in stream:
                 data = batch.data
                 if isinstance(data, HeteroData):
-                    yield finish_typed(data, self.seed_type, self.input_ids(refs[batch.index]),
-                                       self.device, feature_dtype=dtype,
-                                       non_blocking=self.pin_memory,
-                                       keep_internal_ids=self.return_internal_ids)
+                    typed, rows, cached = finish_typed(
+                        data, self.seed_type, self.input_ids(refs[batch.index]), self.device,
+                        feature_dtype=dtype, non_blocking=self.pin_memory,
+                        keep_internal_ids=self.return_internal_ids, caches=self.typed_caches)
+                    stream.stats.count_rows(rows, cached)
+                    yield typed
                     continue
                 if in_readers:
                     stream.stats.count_rows(batch.rows, batch.cached_rows)

@@ -1,0 +1,174 @@
+"""The trainer-side feature cache on typed graphs: per-type hot orders served by
+``StreamHotNodes(node_type=...)``, the plan per node type (``typed_cache_counts``), and
+batches whose ``x`` of every type is bit-identical with and without the cache."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_hetero_service import served
+from test_loader import TIMEOUTS
+from torch_geometric.data import HeteroData
+
+from partitioner.hetero import HeteroGraphData
+from partitioner.hetero_writer import partition_hetero_graph
+from protos import codec
+from protos import sampling_pb2 as pb
+from protos import sampling_pb2_grpc as pb_grpc
+from protos.channel import ProtocolError, create_channel
+from tests.hetero_fixtures import tiny_hetero
+from tests.hetero_sampler_checks import node_maps
+from trainer_client.cache import plan_typed_counts
+from trainer_client.hetero_loader import finish_typed
+from trainer_client.loader import RemoteNeighborLoader
+
+FEATURED = ("paper", "author")
+
+
+@pytest.fixture(scope="module")
+def graph() -> HeteroGraphData:
+    """The tiny typed graph with features on two types, in two stored dtypes."""
+    g = tiny_hetero()
+    g.x["author"] = np.random.default_rng(3).standard_normal((20, 3)).astype(np.float16)
+    return g.add_reverse()
+
+
+@pytest.fixture(scope="module")
+def two(graph: HeteroGraphData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("typed-cache-2")
+    partition_hetero_graph(graph, 2, root, method="hash", seed=0, progress=False)
+    return root
+
+
+@pytest.fixture(scope="module")
+def cluster(two: Path) -> Iterator[list[str]]:
+    with served(two, 2) as addresses:
+        yield addresses
+
+
+def _hot_nodes(address: str, node_type: str, count: int, features: bool = False,
+               dtype: int = pb.DTYPE_UNSPECIFIED) -> tuple[np.ndarray, np.ndarray | None]:
+    with create_channel(address) as channel:
+        blocks = list(pb_grpc.SamplingServiceStub(channel).StreamHotNodes(pb.HotNodesRequest(
+            count=count, node_type=node_type, include_features=features, feature_dtype=dtype),
+            timeout=30))
+    ids = np.concatenate([codec.decode_tensor(b.n_id) for b in blocks])
+    x = np.concatenate([codec.decode_tensor(b.x) for b in blocks]) if features else None
+    return ids, x
+
+
+def test_each_type_is_ordered_by_its_in_degree_over_every_relation(
+        cluster: list[str], graph: HeteroGraphData, two: Path) -> None:
+    """The served order of each type and partition: every owned node once, the in-degree
+    summed over the relations ending at the type (counted on the original graph) never
+    rising, ties by lower global ID."""
+    maps = node_maps(two, graph)
+    for t in graph.node_types:
+        degree = np.zeros(graph.num_nodes[t], dtype=np.int64)
+        for et, edges in graph.edge_index.items():
+            if et[2] == t:
+                degree += np.bincount(edges[1], minlength=graph.num_nodes[t])
+        global_degree = np.empty_like(degree)
+        global_degree[maps[t]] = degree  # original -> global
+        seen = []
+        for p, address in enumerate(cluster):
+            with create_channel(address) as channel:
+                info = pb_grpc.SamplingServiceStub(channel).GetClusterInfo(pb.ClusterInfoRequest(),
+                                                                            timeout=30)
+            book = next(n.partition_book for n in info.typed.node_types if n.name == t)
+            ids, _ = _hot_nodes(address, t, book[p + 1] - book[p])
+            assert sorted(ids.tolist()) == list(range(book[p], book[p + 1]))
+            d = global_degree[ids]
+            assert (np.diff(d) <= 0).all(), (t, p, d)
+            ties = np.diff(d) == 0
+            assert (np.diff(ids)[ties] > 0).all(), (t, p)
+            seen.append(ids)
+        assert sum(s.size for s in seen) == graph.num_nodes[t]
+
+
+def test_hot_rows_are_the_types_features(cluster: list[str], graph: HeteroGraphData,
+                                         two: Path) -> None:
+    maps = node_maps(two, graph)
+    for t in FEATURED:
+        original = np.empty(graph.num_nodes[t], dtype=np.int64)
+        original[maps[t]] = np.arange(graph.num_nodes[t])  # global -> original
+        for dtype in (pb.DTYPE_UNSPECIFIED, pb.FLOAT32, pb.BFLOAT16):
+            ids, x = _hot_nodes(cluster[1], t, 5, features=True, dtype=dtype)
+            want = torch.from_numpy(graph.x[t][original[ids]])
+            if dtype != pb.DTYPE_UNSPECIFIED:
+                want = want.to(codec.dtype_to_torch(dtype))
+            assert x is not None and ids.size == 5
+            got = torch.from_numpy(x) if dtype != pb.BFLOAT16 else \
+                torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
+            assert torch.equal(got, want), (t, dtype)
+
+
+def _batches(cluster: list[str], **kw: object) -> tuple[list[HeteroData], RemoteNeighborLoader]:
+    settings: dict[str, object] = {"num_neighbors": [3, 2], "batch_size": 4, "shuffle": True,
+                                   "seed": 5, **TIMEOUTS}
+    settings.update(kw)
+    loader = RemoteNeighborLoader(cluster, **settings)  # type: ignore[arg-type]
+    with loader:
+        return list(loader), loader
+
+
+@pytest.mark.parametrize(("cache_size", "feature_dtype", "batches"), [
+    (0.3, "float32", "partition"),
+    (1.0, "bfloat16", "partition"),
+    ("300B", "stored", "global"),
+])
+def test_cached_batches_are_bit_identical(cluster: list[str], cache_size: object,
+                                          feature_dtype: str, batches: str) -> None:
+    input_nodes = "train" if batches == "partition" else ("author", None)
+    common = {"feature_dtype": feature_dtype, "batches": batches, "input_nodes": input_nodes}
+    plain, _ = _batches(cluster, cache_size=0, **common)
+    cached, loader = _batches(cluster, cache_size=cache_size, **common)
+    assert set(loader.typed_caches) == set(FEATURED)
+    assert loader.last_stats is not None and loader.last_stats.hit_rate > 0
+    if cache_size == 1.0:
+        assert loader.last_stats.hit_rate == 1.0
+    assert len(plain) == len(cached) > 0
+    for a, b in zip(plain, cached, strict=True):
+        for t in a.node_types:
+            assert torch.equal(a[t].n_id, b[t].n_id)
+            assert ("x" in a[t]) == ("x" in b[t]) == (t in FEATURED)
+            if t in FEATURED:
+                assert a[t].x.dtype == b[t].x.dtype == torch.float32
+                assert torch.equal(a[t].x, b[t].x), t
+                assert "x_cached" not in b[t]
+
+
+def test_the_plan_names_every_featured_type_and_fits_the_budget(cluster: list[str]) -> None:
+    with create_channel(cluster[0]) as channel:
+        info = pb_grpc.SamplingServiceStub(channel).GetClusterInfo(pb.ClusterInfoRequest(), timeout=30)
+    plan = plan_typed_counts(("fraction", 0.5), info, None)
+    assert set(plan) == set(FEATURED)
+    for t in info.typed.node_types:
+        if t.name in plan:
+            counts, wire = plan[t.name]
+            assert wire == t.feature_dtype
+            assert len(counts) == 2 and sum(counts) <= t.num_nodes // 2
+            assert all(0 <= c <= t.partition_book[p + 1] - t.partition_book[p]
+                       for p, c in enumerate(counts))
+    row = {"paper": 4 * 2, "author": 3 * 2}  # bfloat16 on the wire
+    for budget in (0, 50, 200, 10**6):
+        plan = plan_typed_counts(("bytes", budget), info, pb.BFLOAT16)
+        used = sum(sum(c) * row[t] for t, (c, _) in plan.items())
+        assert used <= budget and all(w == pb.BFLOAT16 for _, w in plan.values())
+    full = plan_typed_counts(("bytes", 10**6), info, pb.BFLOAT16)
+    assert {t: sum(c) for t, (c, _) in full.items()} == {"paper": 30, "author": 20}
+
+
+def test_a_batch_marking_rows_no_cache_holds_is_refused() -> None:
+    data = HeteroData()
+    data["paper"].num_nodes = 2
+    data["paper"].n_id = torch.tensor([0, 1])
+    data["paper"].x = torch.zeros(1, 4)
+    data["paper"].x_cached = torch.tensor([True, False])
+    with pytest.raises(ProtocolError, match="x_cached/paper"):
+        finish_typed(data, "paper", np.arange(2), torch.device("cpu"), feature_dtype=None,
+                     non_blocking=False, keep_internal_ids=False, caches={})
