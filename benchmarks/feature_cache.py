@@ -18,7 +18,13 @@ partition after the other, alternating.
 Target: bytes per batch / 4 or better at 20 % cache + bfloat16 vs float32 without cache.
 Writes ``benchmarks/results/feature_cache.json`` (``--results-name``).
 
+``--typed PRESET`` runs the same rows on a typed graph instead (a preset of
+``partitioner.hetero_synthetic`` with reverse relations, in two partitions, written once
+under ``--data``; seeds: the training nodes of the target type; ``--typed-fanouts`` for
+every edge type): the cache then holds every node type with features.
+
     python benchmarks/feature_cache.py --data data/bench
+    python benchmarks/feature_cache.py --data data/bench --typed mag-like --results-name feature_cache_typed
 """
 
 from __future__ import annotations
@@ -68,15 +74,20 @@ def start_servers(part_dir: Path, num_parts: int, ports: list[int]) -> list[subp
 
 
 def measure(addresses: list[str], cache: float, dtype: str, num_batches: int,
-            batch_size: int, compact_indices: bool = True) -> dict[str, Any]:
+            batch_size: int, compact_indices: bool = True,
+            fanouts: list[int] = FANOUTS) -> dict[str, Any]:
     """One row: fill the cache, then time ``num_batches`` batches after a first one."""
     from trainer_client.loader import RemoteNeighborLoader
 
     started = time.perf_counter()
-    loader = RemoteNeighborLoader(addresses, "train", num_neighbors=FANOUTS, batch_size=batch_size,
+    loader = RemoteNeighborLoader(addresses, "train", num_neighbors=fanouts, batch_size=batch_size,
                                   shuffle=True, feature_dtype=dtype, cache_size=cache,
                                   cache_progress=False, connect_timeout=600, stall_timeout=300,
                                   compact_indices=compact_indices)
+    typed = loader.typed_graph
+    caches = list(loader.typed_caches.values()) if typed else [loader.cache] if loader.cache else []
+    # one feature width for every row (a homogeneous graph, or one typed type with features)
+    widths = {d for d in typed.feature_dims.values() if d} if typed else {loader.num_features}
     fill = time.perf_counter() - started
     it = iter(loader)
     next(it)  # the first batch pays the servers' one-time set-up (hot orders, samplers)
@@ -88,23 +99,38 @@ def measure(addresses: list[str], cache: float, dtype: str, num_batches: int,
     wall = time.perf_counter() - started
     stats = loader.last_stats
     nbytes, rows, hits = stats.bytes - b0, stats.rows - r0, stats.cached_rows - c0
-    row_bytes = loader.num_features * (4 if dtype == "float32" else 2)
-    feature_bytes = (rows - hits) * row_bytes  # the rows of "x" received
-    row = {"cache": cache, "dtype": dtype, "compact_indices": compact_indices, "batches": num_batches,
-           "bytes_per_batch": round(nbytes / num_batches),
+    row_bytes = widths.pop() * (4 if dtype == "float32" else 2) if len(widths) == 1 else 0
+    feature_bytes = (rows - hits) * row_bytes  # the rows of "x" received (0: widths differ)
+    row = {"cache": cache, "dtype": dtype, "compact_indices": loader.compact_indices,
+           "batches": num_batches, "bytes_per_batch": round(nbytes / num_batches),
            "feature_bytes_per_batch": round(feature_bytes / num_batches),
            "structure_bytes_per_batch": round((nbytes - feature_bytes) / num_batches),
            "batches_per_s": round(num_batches / wall, 3),
            "hit_rate": round(hits / rows, 4) if rows else 0.0,
            "nodes_per_batch": round(rows / num_batches),
-           "cache_nodes": loader.cache.num_rows if loader.cache else 0,
-           "cache_mib": round(loader.cache.nbytes / 2**20, 1) if loader.cache else 0.0,
+           "cache_nodes": sum(c.num_rows for c in caches),
+           "cache_mib": round(sum(c.nbytes for c in caches) / 2**20, 1),
            "node_table_mib": round(loader.node_table.nbytes / 2**20, 1) if loader.node_table else 0.0,
            "fill_seconds": round(fill, 2)}
     del it
     loader.close()
     log.info("%s", row)
     return row
+
+
+def typed_partition(data: Path, preset: str) -> Path:
+    """The typed ``preset`` with reverse relations in two partitions under ``data``
+    (written once)."""
+    from partitioner.hetero_synthetic import generate_hetero
+    from partitioner.hetero_writer import partition_hetero_graph
+
+    root = data / f"{preset}-hetero-2"
+    if not (root / "manifest.json").is_file():
+        started = time.perf_counter()
+        graph = generate_hetero(preset, seed=0, progress=False).add_reverse()
+        partition_hetero_graph(graph, 2, root, overwrite=True, progress=False)
+        log.info("%s: generated and partitioned in %.1f s", root, time.perf_counter() - started)
+    return root
 
 
 def compare_fills(addresses: list[str], fraction: float, dtype: str, passes: int) -> list[dict[str, Any]]:
@@ -234,25 +260,37 @@ def main() -> int:
                         help="share of every partition's nodes the compared fills hold")
     parser.add_argument("--fill-dtype", default="float32", choices=DTYPES)
     parser.add_argument("--results-name", default="feature_cache")
+    parser.add_argument("--typed", metavar="PRESET", default=None,
+                        help="a typed graph preset (e.g. mag-like) instead of --preset")
+    parser.add_argument("--typed-fanouts", type=int, nargs="+", default=[10, 5],
+                        help="fanouts of every edge type with --typed")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from partitioner.format import read_manifest
+    from partitioner.hetero_format import read_hetero_manifest
 
-    if args.partition_dir is None:
+    if args.typed:
+        part_dir = typed_partition(args.data, args.typed)
+        manifest: Any = read_hetero_manifest(part_dir)
+    elif args.partition_dir is None:
         from sampler import ensure_partition
         part_dir = ensure_partition(args.data, args.preset)
+        manifest = read_manifest(part_dir)
     else:
         part_dir = args.partition_dir
-    manifest = read_manifest(part_dir)
+        manifest = read_manifest(part_dir)
+    fanouts = args.typed_fanouts if args.typed else FANOUTS
     ports = [free_port() for _ in range(manifest.num_partitions)]
     procs = start_servers(part_dir, manifest.num_partitions, ports)
     addresses = [f"127.0.0.1:{p}" for p in ports]
     try:  # the baseline first: float32, no cache, int64 structure (a client from before)
         rows = [] if args.batches <= 0 else \
-            [measure(addresses, 0.0, "float32", args.batches, args.batch_size, compact_indices=False)] + \
-            [measure(addresses, c, d, args.batches, args.batch_size) for d in DTYPES for c in CACHE_SIZES]
+            [measure(addresses, 0.0, "float32", args.batches, args.batch_size, compact_indices=False,
+                     fanouts=fanouts)] + \
+            [measure(addresses, c, d, args.batches, args.batch_size, fanouts=fanouts)
+             for d in DTYPES for c in CACHE_SIZES]
         fills = compare_fills(addresses, args.fill_fraction, args.fill_dtype, args.fill_passes) \
-            if args.fill_passes > 0 and manifest.num_partitions > 1 else []
+            if args.fill_passes > 0 and manifest.num_partitions > 1 and not args.typed else []
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -260,15 +298,17 @@ def main() -> int:
             proc.wait(60)
     warm, test = args.compare_batches
     plans = compare_plans(part_dir, warm, test, CACHE_SIZES[1:]) \
-        if min(args.compare_batches) > 0 and manifest.num_partitions == 1 else []
+        if min(args.compare_batches) > 0 and manifest.num_partitions == 1 and not args.typed else []
     base, compact_base = (rows[0], rows[1]) if rows else ({}, {})
     for r in rows:
         r["bytes_vs_float32_no_cache"] = round(r["bytes_per_batch"] / base["bytes_per_batch"], 3)
         r["bytes_vs_float32_no_cache_compact"] = round(
             r["bytes_per_batch"] / compact_base["bytes_per_batch"], 3)
-    payload = {"benchmark": "feature_cache", "graph": manifest.graph_name,
-               "partitions": manifest.num_partitions, "num_nodes": manifest.num_nodes,
-               "fanouts": FANOUTS, "batch_size": args.batch_size, "machine": machine(), "rows": rows,
+    num_nodes = ({t: i.num_nodes for t, i in manifest.node_types.items()} if args.typed
+                 else manifest.num_nodes)
+    payload = {"benchmark": "feature_cache", "graph": manifest.graph_name, "typed": bool(args.typed),
+               "partitions": manifest.num_partitions, "num_nodes": num_nodes,
+               "fanouts": fanouts, "batch_size": args.batch_size, "machine": machine(), "rows": rows,
                "plans": plans, "fills": fills}
     if fills:
         by = {s: [r["seconds"] for r in fills if r["streams"] == s] for s in {r["streams"] for r in fills}}
