@@ -639,7 +639,10 @@ class EpochRequest(_message.Message):
     smallest signed integer dtype that holds -1 .. num_classes-1;
     "x_cached" as packed bits (UINT8). false (every old client): every index and label
     tensor is INT64 and "x_cached" BOOL, exactly as before. A client that sets it must
-    also accept the INT64 forms (servers from before this field ignore it).
+    also accept the INT64 forms (servers from before this field ignore it). On a typed
+    graph: "n_id/T", "orig_id/T" and "edge_index/S__R__D" as INT32 when every value
+    fits, "y/T" as above, "x_cached/T" as bits (servers from before the typed feature
+    cache send the typed tensors in INT64).
     """
     @_builtins.property
     def seeds(self) -> Global___Tensor:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from partitioner.hetero import EdgeType, edge_type_name
-from protos import codec
+from protos import codec, compact
 from protos import sampling_pb2 as pb
 from protos.plan import BatchRef
 from sampling_server.limits import printable
@@ -70,6 +70,23 @@ def typed_header(num_batches: int, out: HeteroSamplerOutput) -> pb.MinibatchHead
                              for et, v in out.num_sampled_edges.items()])
 
 
+def compact_typed(named: Mapping[str, codec.TensorLike]) -> dict[str, codec.TensorLike]:
+    """A typed batch's tensors in compact form (``EpochRequest.compact_indices``,
+    ``docs/wire.md``): IDs and edge indices in int32 when every value fits, labels in the
+    narrowest signed dtype, cache masks as bits; features as they are."""
+    narrow = {"n_id": compact.INDEX_DTYPES, "orig_id": compact.INDEX_DTYPES,
+              "edge_index": compact.INDEX_DTYPES, "y": compact.LABEL_DTYPES}
+    out: dict[str, codec.TensorLike] = {}
+    for name, t in named.items():
+        kind = name.split("/", 1)[0]
+        if kind in narrow:
+            t = compact.narrowest(torch.as_tensor(t).cpu(), narrow[kind])
+        elif kind == "x_cached":
+            t = compact.pack_mask(torch.as_tensor(t))
+        out[name] = t
+    return out
+
+
 def produce_typed(pipeline: SamplingPipeline, job: EpochJob, typed: TypedJob,
                   ref: BatchRef) -> Prepared:
     """Sample one typed batch and gather its rows per node type: ready to send."""
@@ -117,6 +134,8 @@ def produce_typed(pipeline: SamplingPipeline, job: EpochJob, typed: TypedJob,
                     named[f"y/{t}"] = y
     for t, lookup in orig_ids.items():
         named[f"orig_id/{t}"] = lookup.result()  # bounded: peer calls carry deadlines
+    if job.compact:
+        named = compact_typed(named)
     prepared = pipeline.prepare(ref, typed_header(job.num_batches, out), named, len(seeds))
     log.debug("partition=%d client=%s rank=%d epoch=%d batch=%d: typed, %d seeds of %s, nodes %s, "
               "%d messages in %.1f ms", store.partition_id, printable(job.client_id), job.rank,

@@ -205,6 +205,7 @@ def typed_epoch_job(request: pb.EpochRequest, store: HeteroPartitionStore) -> Ep
                     labels=request.include_labels,
                     feature_dtype=request.feature_dtype,
                     client_id=request.client_id, original_ids=request.include_original_ids,
+                    compact=request.compact_indices,
                     typed=TypedJob(seed_type=seed_type, fanouts=fanouts,
                                    cache_counts=typed_cache_plan(request, store)))
 

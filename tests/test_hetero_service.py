@@ -393,6 +393,40 @@ def test_batches_split_over_many_messages_are_the_same(two: Path, cluster: list[
                     else a[key][name] == value, (key, name)
 
 
+def test_compact_typed_batches_are_narrow_on_the_wire_and_the_same_decoded(
+        cluster: list[str]) -> None:
+    """compact_indices on a typed request: IDs and edge indices travel as INT32, labels as
+    INT8 and cache masks as bits, and the loader's batches are the int64 batches."""
+    request = _typed_request(include_labels=True, include_original_ids=True, compact_indices=True,
+                             include_features=True, fanouts=[3, 2])
+    request.typed_cache_counts.add(name="paper", counts=[3, 3])
+    with create_channel(cluster[0]) as channel:
+        chunks = list(pb_grpc.SamplingServiceStub(channel).StreamMinibatches(request, timeout=30))
+    dtypes = {t.name: t.dtype for c in chunks for t in c.tensors}
+    assert dtypes, "no batches"
+    for name, dtype in dtypes.items():
+        kind = name.split("/")[0]
+        want = {"n_id": pb.INT32, "orig_id": pb.INT32, "edge_index": pb.INT32, "y": pb.INT8,
+                "x_cached": pb.UINT8, "x": pb.FLOAT32}[kind]
+        assert dtype == want, (name, dtype)
+
+    def epoch(compact: bool) -> list[HeteroData]:
+        with RemoteNeighborLoader(cluster, input_nodes="train", num_neighbors=DICT_FANOUTS,
+                                  batch_size=5, shuffle=True, compact_indices=compact,
+                                  cache_size=0.3, **TIMEOUTS) as loader:
+            return list(loader)
+
+    got, want = epoch(True), epoch(False)
+    assert len(got) == len(want) > 1
+    for a, b in zip(got, want, strict=True):
+        for key in [*a.node_types, *a.edge_types]:
+            assert set(a[key].keys()) == set(b[key].keys()), key
+            for name, value in b[key].items():
+                if isinstance(value, torch.Tensor):
+                    assert a[key][name].dtype == value.dtype and torch.equal(a[key][name], value), \
+                        (key, name)
+
+
 @pytest.mark.parametrize(("input_nodes", "batches"), [(("author", None), "global"),
                                                       ("train", "partition")])
 def test_every_rank_gets_the_same_number_of_batches(

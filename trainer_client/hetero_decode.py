@@ -17,9 +17,12 @@ from torch_geometric.data import HeteroData
 
 from partitioner.hetero import EdgeType, edge_type_name
 from protos import sampling_pb2 as pb
+from protos.compact import unpack_mask, widen
 from trainer_client.decode import FEATURE_DTYPES, BatchDecodeError, BatchSpec
 
 _LABEL_DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8]
+#: IDs and edge indices: int64, or int32 in compact batches (``EpochRequest.compact_indices``).
+_INDEX_DTYPES = [torch.int64, torch.int32]
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ def build_hetero_data(header: pb.MinibatchHeader, tensors: dict[str, torch.Tenso
         _node_store(data, n, sum(nodes[n]), tensors, spec, where)
     for e in t.edge_types:
         name = f"edge_index/{edge_type_name(e)}"
-        ei = _tensor(tensors, name, [2, sum(edges[e])], [torch.int64], where)
+        ei = widen(_tensor(tensors, name, [2, sum(edges[e])], _INDEX_DTYPES, where))
         if spec.check_edges and ei.numel():
             for row, n in ((0, e[0]), (1, e[2])):
                 low, high = int(ei[row].min()), int(ei[row].max())
@@ -135,17 +138,23 @@ def _node_store(data: HeteroData, n: str, num: int, tensors: dict[str, torch.Ten
     """Fill ``data[n]`` from the batch's tensors of node type ``n``."""
     t = spec.typed
     assert t is not None
-    n_id = _tensor(tensors, f"n_id/{n}", [num], [torch.int64], where)
+    n_id = widen(_tensor(tensors, f"n_id/{n}", [num], _INDEX_DTYPES, where))
     data[n].num_nodes = num
     if f"orig_id/{n}" in tensors:  # users see original IDs; graphfeed's own stay on the side
-        data[n].n_id = _tensor(tensors, f"orig_id/{n}", [num], [torch.int64], where)
+        data[n].n_id = widen(_tensor(tensors, f"orig_id/{n}", [num], _INDEX_DTYPES, where))
         data[n].internal_n_id = n_id
     else:
         data[n].n_id = n_id
     dim = t.feature_dims.get(n, 0)
     rows = num
     if f"x_cached/{n}" in tensors:  # the trainer's feature cache holds the marked rows
-        cached = _tensor(tensors, f"x_cached/{n}", [num], [torch.bool], where)
+        mask = tensors[f"x_cached/{n}"]
+        if mask.dtype == torch.uint8:  # compact: bits
+            try:
+                mask = unpack_mask(mask, num)
+            except ValueError as exc:
+                raise _error(f"{where}: tensor 'x_cached/{n}': {exc}") from exc
+        cached = _tensor({f"x_cached/{n}": mask}, f"x_cached/{n}", [num], [torch.bool], where)
         rows = num - int(torch.count_nonzero(cached))
         if f"x/{n}" not in tensors:
             raise _error(f"{where}: tensor 'x/{n}': expected the {rows} rows not marked in "

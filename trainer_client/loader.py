@@ -234,8 +234,6 @@ class RemoteNeighborLoader:
         #: The typed graph's facts (None: a homogeneous graph; batches are then Data).
         self.typed_graph = TypedGraph.from_info(self.cluster.info) \
             if self.cluster.info.HasField("typed") else None
-        if self.typed_graph is not None:
-            self.compact_indices = False  # the compact form covers homogeneous batches only
         try:
             #: Node type of the seeds (typed graphs; "" on a homogeneous one).
             self.seed_type = self._seed_type(given.node_type)
@@ -248,7 +246,8 @@ class RemoteNeighborLoader:
             #: Every node's original ID and label, when batches leave them out (compact
             #: batches with a feature cache: trainer_client/node_table.py); else None.
             self.node_table: NodeTable | None = self.cluster.node_table() \
-                if self.compact_indices and self.cache is not None else None
+                if self.compact_indices and self.cache is not None and self.typed_graph is None \
+                else None
             if self.weighted and not self.cluster.info.has_edge_weights:
                 raise ValueError("weighted: expected a graph with edge weights, but the servers have none")
             self.epoch = 0
