@@ -172,3 +172,22 @@ def test_a_batch_marking_rows_no_cache_holds_is_refused() -> None:
     with pytest.raises(ProtocolError, match="x_cached/paper"):
         finish_typed(data, "paper", np.arange(2), torch.device("cpu"), feature_dtype=None,
                      non_blocking=False, keep_internal_ids=False, caches={})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache_size", [0.3, "auto"])
+def test_a_cuda_trainer_assembles_typed_batches_on_the_gpu(cluster: list[str],
+                                                           cache_size: object) -> None:
+    """Each type's cache in GPU memory; the batches equal a CPU loader's without cache."""
+    plain, _ = _batches(cluster, cache_size=0, feature_dtype="bfloat16")
+    cached, loader = _batches(cluster, cache_size=cache_size, feature_dtype="bfloat16",
+                              device="cuda")
+    assert set(loader.typed_caches) == set(FEATURED)
+    assert all(c.rows.device.type == "cuda" for c in loader.typed_caches.values())
+    if cache_size == "auto":  # the tiny graph fits: every row is cached
+        assert loader.last_stats is not None and loader.last_stats.hit_rate == 1.0
+    assert len(plain) == len(cached) > 0
+    for a, b in zip(plain, cached, strict=True):
+        for t in FEATURED:
+            assert b[t].x.device.type == "cuda"
+            assert torch.equal(a[t].x, b[t].x.cpu()), t
