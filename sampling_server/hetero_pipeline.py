@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from functools import partial
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -22,6 +23,7 @@ from protos.plan import BatchRef
 from sampling_server.limits import printable
 from sampling_server.peer import NodeData, PeerCallOptions, PeerClient
 from sampling_server.sampler import NumNeighbors, batch_key
+from sampling_server.sampler.base import begin
 from sampling_server.sampler.hetero_types import HeteroSamplerOutput
 from sampling_server.sampler.types import HopSample
 from sampling_server.store import cast_features
@@ -117,13 +119,15 @@ def produce_typed(pipeline: SamplingPipeline, job: EpochJob, typed: TypedJob,
                 if not (want_x or want_y):
                     continue
                 counts = typed.cache_counts.get(t) if want_x else None
-                if counts:  # only the rows the trainer lacks; every label
+                if counts:  # only the rows the trainer lacks; every label, side by side
+                    labels = begin(partial(sampler.gather, t, n_id, features=False, labels=True,
+                                           remote=remote), sampler.overlap_peers,
+                                   pool=pipeline.lookups) if want_y else None
                     cached = pipeline.hot_of(t).cached_mask(n_id, counts)
                     missing = torch.nonzero(~cached.to(n_id.device)).flatten()
                     x, _ = sampler.gather(t, n_id[missing], features=True, labels=False,
                                           remote=remote)
-                    y = sampler.gather(t, n_id, features=False, labels=True, remote=remote)[1] \
-                        if want_y else None
+                    y = labels.result()[1] if labels is not None else None  # peer deadlines
                     named[f"x_cached/{t}"] = cached
                 else:
                     x, y = sampler.gather(t, n_id, features=want_x, labels=want_y, remote=remote)

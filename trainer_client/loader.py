@@ -315,9 +315,14 @@ class RemoteNeighborLoader:
         """The plan's cache, filled on first use per cluster; None when the plan is empty.
         On a typed graph it fills :attr:`typed_caches` instead and returns None."""
         info = self.cluster.info
-        if size[0] == "auto":
+        auto = size[0] == "auto"
+        if auto:  # after a 4-byte index per node of the (target type's) graph
             size = ("bytes", self.cluster.auto_cache_budget(self.device))
         if self.typed_graph is not None:
+            if auto and size[1] > 0:  # the index is per node of each type with features
+                featured = sum(n for t, n in self.typed_graph.num_nodes.items()
+                               if self.typed_graph.feature_dims[t])
+                size = ("bytes", max(0, size[1] - 4 * (featured - int(info.num_nodes))))
             plan = plan_typed_counts(size, info, WIRE_FEATURE_DTYPES[self.feature_dtype])
             if any(sum(counts) for counts, _ in plan.values()) and self._servers_order_alike():
                 self.typed_caches = {
