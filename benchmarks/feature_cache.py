@@ -21,7 +21,8 @@ Writes ``benchmarks/results/feature_cache.json`` (``--results-name``).
 ``--typed PRESET`` runs the same rows on a typed graph instead (a preset of
 ``partitioner.hetero_synthetic`` with reverse relations, in two partitions, written once
 under ``--data``; seeds: the training nodes of the target type; ``--typed-fanouts`` for
-every edge type): the cache then holds every node type with features.
+every edge type): the cache then holds every node type with features, and the hot-node
+rules are compared per node type on a one-partition copy.
 
     python benchmarks/feature_cache.py --data data/bench
     python benchmarks/feature_cache.py --data data/bench --typed mag-like --results-name feature_cache_typed
@@ -118,19 +119,80 @@ def measure(addresses: list[str], cache: float, dtype: str, num_batches: int,
     return row
 
 
-def typed_partition(data: Path, preset: str) -> Path:
-    """The typed ``preset`` with reverse relations in two partitions under ``data``
-    (written once)."""
+def typed_partition(data: Path, preset: str, parts: int = 2) -> Path:
+    """The typed ``preset`` with reverse relations in ``parts`` partitions under ``data``
+    (written once; METIS for several, one range for one, as ``benchmarks/hetero.py``)."""
     from partitioner.hetero_synthetic import generate_hetero
     from partitioner.hetero_writer import partition_hetero_graph
 
-    root = data / f"{preset}-hetero-2"
+    root = data / f"{preset}-hetero-{parts}"
     if not (root / "manifest.json").is_file():
         started = time.perf_counter()
         graph = generate_hetero(preset, seed=0, progress=False).add_reverse()
-        partition_hetero_graph(graph, 2, root, overwrite=True, progress=False)
+        partition_hetero_graph(graph, parts, root, method="metis" if parts > 1 else "range",
+                               overwrite=True, progress=False)
         log.info("%s: generated and partitioned in %.1f s", root, time.perf_counter() - started)
     return root
+
+
+def compare_typed_plans(part_dir: Path, warm: int, test: int, fractions: list[float],
+                        fanouts: list[int]) -> list[dict[str, Any]]:
+    """:func:`compare_plans` on one typed partition, per node type with features and for
+    authors (featureless in ``mag-like``, the largest type): in-degree over the relations
+    ending at the type (the servers' rule), the typed visit estimate
+    (``sampling_server.hot.typed_visit_scores``, with these fanouts and with [15, 10, 5]),
+    and node counts of ``warm`` pre-sampled batches, measured on ``test`` other batches."""
+    import numpy as np
+    import torch
+
+    from partitioner.hetero_format import load_hetero_partition
+    from sampling_server.hot import typed_in_degree_order, typed_visit_scores
+    from sampling_server.sampler import batch_key
+    from sampling_server.sampler.hetero_cpu import CpuHeteroSampler
+
+    part = load_hetero_partition(part_dir, 0, mmap=True, verify="size")
+    sampler = CpuHeteroSampler(part)
+    train = np.asarray(part.splits["train"])
+    rng = np.random.default_rng(1)
+    types = list(part.manifest.node_types)
+
+    def counts(first: int, num: int) -> dict[str, np.ndarray]:
+        out = {t: np.zeros(part.num_nodes(t), dtype=np.int64) for t in types}
+        for i in range(first, first + num):
+            seeds = torch.from_numpy(rng.choice(train, size=min(BATCH, train.size), replace=False))
+            batch = sampler.sample(seeds, part.target_type, fanouts, batch_key(0, 0, 0, i), None)
+            for t, ids in batch.node.items():
+                out[t] += np.bincount(ids.numpy() - part.node_range(t)[0], minlength=out[t].size)
+        return out
+
+    warm_counts, test_counts = counts(0, warm), counts(warm, test)
+    visits = typed_visit_scores(part, tuple(fanouts))
+    visits_default = typed_visit_scores(part)
+    featured = [t for t, i in part.manifest.node_types.items() if i.feature_dim > 0]
+    rows = []
+    for t in dict.fromkeys([*featured, "author"]):
+        if t not in part.manifest.node_types:
+            continue
+        start, n = part.node_range(t)[0], part.num_nodes(t)
+        ids = np.arange(n)
+        degree = np.zeros(n, dtype=np.int64)
+        for (_, _, dst), indptr in part.indptr.items():
+            if dst == t:
+                degree += np.diff(np.asarray(indptr, dtype=np.int64)).astype(np.int64)
+        orders = {"in_degree": typed_in_degree_order(part, t) - start,
+                  "visits": np.lexsort((ids, -degree, -visits[t])),
+                  "visits_15_10_5": np.lexsort((ids, -degree, -visits_default[t])),
+                  "presampled": np.lexsort((ids, -warm_counts[t]))}
+        total = int(test_counts[t].sum())
+        for f in fractions:
+            k = int(f * n)
+            row: dict[str, Any] = {"node_type": t, "cache": f, "presample_batches": warm,
+                                   "test_batches": test}
+            for name, order in orders.items():
+                row[f"{name}_hit_rate"] = round(float(test_counts[t][order[:k]].sum()) / max(total, 1), 4)
+            rows.append(row)
+            log.info("%s", row)
+    return rows
 
 
 def compare_fills(addresses: list[str], fraction: float, dtype: str, passes: int) -> list[dict[str, Any]]:
@@ -237,7 +299,8 @@ def print_table(rows: list[dict[str, Any]], plans: list[dict[str, Any]]) -> None
     for p in plans:
         rates = ", ".join(f"{k.removesuffix('_hit_rate')} {v:.1%}" for k, v in p.items()
                           if k.endswith("_hit_rate"))
-        print(f"cache {p['cache']:.0%}: hit rate {rates}")
+        what = f"{p['node_type']} " if "node_type" in p else ""
+        print(f"{what}cache {p['cache']:.0%}: hit rate {rates}")
 
 
 def main() -> int:
@@ -297,8 +360,10 @@ def main() -> int:
         for proc in procs:
             proc.wait(60)
     warm, test = args.compare_batches
-    plans = compare_plans(part_dir, warm, test, CACHE_SIZES[1:]) \
-        if min(args.compare_batches) > 0 and manifest.num_partitions == 1 and not args.typed else []
+    plans = [] if min(args.compare_batches) <= 0 else \
+        compare_typed_plans(typed_partition(args.data, args.typed, 1), warm, test, CACHE_SIZES[1:],
+                            fanouts) if args.typed else \
+        compare_plans(part_dir, warm, test, CACHE_SIZES[1:]) if manifest.num_partitions == 1 else []
     base, compact_base = (rows[0], rows[1]) if rows else ({}, {})
     for r in rows:
         r["bytes_vs_float32_no_cache"] = round(r["bytes_per_batch"] / base["bytes_per_batch"], 3)

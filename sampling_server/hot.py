@@ -84,9 +84,11 @@ def typed_in_degree_order(partition: HeteroPartition, node_type: str) -> np.ndar
 @numba.njit(cache=True)
 def _spread(indptr: np.ndarray, indices: np.ndarray, node_start: int, frontier: np.ndarray,
             fanout: int, out: np.ndarray) -> None:
-    """``out[v] +=`` the expected draws of owned node ``v`` in one hop from ``frontier``
-    (serial, in CSC order: the same sums on every run)."""
+    """``out[v] +=`` the expected draws of owned node ``v`` (global ID ``node_start + v``)
+    in one hop from ``frontier`` (one entry per column of the CSC; serial, in CSC order:
+    the same sums on every run)."""
     n = indptr.size - 1
+    m = out.size
     for u in range(n):
         f = frontier[u]
         degree = indptr[u + 1] - indptr[u]
@@ -96,7 +98,7 @@ def _spread(indptr: np.ndarray, indices: np.ndarray, node_start: int, frontier: 
         w = f * take / degree
         for e in range(indptr[u], indptr[u + 1]):
             v = indices[e] - node_start
-            if 0 <= v < n:
+            if 0 <= v < m:
                 out[v] += w
 
 
@@ -119,6 +121,36 @@ def visit_scores(indptr: np.ndarray, indices: np.ndarray, node_start: int, train
         _spread(indptr64, np.asarray(indices), node_start, frontier, int(fanout), drawn)
         frontier = np.exp(-total) * -np.expm1(-drawn)
         total += drawn
+    return total
+
+
+def typed_visit_scores(partition: HeteroPartition, fanouts: tuple[int, ...] = FANOUTS,
+                       batch: int = BATCH) -> dict[str, np.ndarray]:
+    """Per node type, float64 ``[n_t]``: the expected draws of each owned node per batch,
+    under the model of ``"visits_v1"`` on a typed graph: seeds drawn from the partition's
+    training nodes of the target type, and at every hop each relation ``s -> d`` draws
+    ``fanouts[k]`` in-neighbors of type ``s`` for each frontier node of type ``d`` (PyG's
+    hetero semantics with one fanout list for every edge type)."""
+    ranges = {t: partition.node_range(t) for t in partition.manifest.node_types}
+    size = {t: stop - start for t, (start, stop) in ranges.items()}
+    target = partition.target_type
+    start = ranges[target][0]
+    seeds = np.asarray(partition.splits.get("train", np.empty(0, np.int64)), dtype=np.int64) - start
+    seeds = seeds[(seeds >= 0) & (seeds < size[target])]
+    frontier = {t: np.zeros(n, dtype=np.float64) for t, n in size.items()}
+    if seeds.size:
+        frontier[target][seeds] = min(1.0, batch / seeds.size)
+    else:  # no training nodes: seeds anywhere
+        frontier[target][:] = min(1.0, batch / max(size[target], 1))
+    total = {t: f.copy() for t, f in frontier.items()}
+    for fanout in fanouts:
+        drawn = {t: np.zeros(n, dtype=np.float64) for t, n in size.items()}
+        for (src, _, dst), indptr in partition.indptr.items():
+            _spread(np.asarray(indptr, dtype=np.int64), np.asarray(partition.indices[(src, _, dst)]),
+                    ranges[src][0], frontier[dst], int(fanout), drawn[src])
+        for t in size:
+            frontier[t] = np.exp(-total[t]) * -np.expm1(-drawn[t])
+            total[t] += drawn[t]
     return total
 
 
