@@ -4,12 +4,14 @@ batches whose ``x`` of every type is bit-identical with and without the cache.""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from server_procs import ServerProcs
 from test_hetero_service import served
 from test_loader import TIMEOUTS
 from torch_geometric.data import HeteroData
@@ -225,3 +227,50 @@ def test_a_cuda_trainer_assembles_typed_batches_on_the_gpu(cluster: list[str],
         for t in FEATURED:
             assert b[t].x.device.type == "cuda"
             assert torch.equal(a[t].x, b[t].x.cpu()), t
+
+
+def _typed_digest(batch: HeteroData) -> str:
+    h = hashlib.sha256()
+    for t in batch.node_types:
+        for name in ("n_id", "x", "y"):
+            if name in batch[t]:
+                h.update(t.encode() + name.encode() + batch[t][name].numpy().tobytes())
+    for et in batch.edge_types:
+        h.update(batch[et].edge_index.numpy().tobytes())
+    return h.hexdigest()
+
+
+def test_a_typed_server_restarted_mid_epoch_rejoins_a_cached_stream(two: Path,
+                                                                    tmp_path: Path) -> None:
+    """Real server processes, the trainer's cache on: server 1 killed and started again
+    after the second batch; its stream resumes with the same plan (the restarted server
+    computes the same per-type orders) and every batch is the unbroken run's."""
+    procs = ServerProcs(two, 2, "--device", "cpu", log_dir=tmp_path)
+    procs.start()
+    try:
+        for p in range(2):
+            procs.wait_status(p, "SERVING", timeout=120)
+        with RemoteNeighborLoader(procs.addresses, input_nodes="train", num_neighbors=[3, 2],
+                                  batch_size=2, shuffle=True, seed=4, cache_size=0.5,
+                                  batches="partition", prefetch=1, connect_timeout=60,
+                                  stall_timeout=60, reconnect_timeout=120) as loader:
+            assert set(loader.typed_caches) == set(FEATURED)
+            unbroken = [_typed_digest(b) for b in loader]
+            resumes = 0
+            for _ in range(3):  # until the kill lands while server 1 still streams
+                loader.set_epoch(0)
+                got = []
+                for i, batch in enumerate(loader):
+                    got.append(_typed_digest(batch))
+                    if i == 1:
+                        procs.kill(1)
+                        procs.start(1)
+                assert got == unbroken
+                resumes = loader.last_stats.resumes if loader.last_stats else 0
+                if resumes:
+                    break
+                procs.wait_status(1, "SERVING", 120)
+            assert resumes >= 1, "the kill never broke a stream"
+            assert loader.last_stats is not None and loader.last_stats.hit_rate > 0
+    finally:
+        procs.stop()
