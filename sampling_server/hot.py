@@ -235,10 +235,6 @@ class HotNodes:
         self.peers = peers
         self.chunk_bytes = chunk_bytes
         self.node_type = node_type
-        #: The partition book of the ordered nodes (of ``node_type`` on a typed graph).
-        self.book: np.ndarray = np.asarray(
-            store.partition_book if node_type is None else store.books[node_type],  # type: ignore[attr-defined]
-            dtype=np.int64)
         self._orders: dict[int, np.ndarray] = {}
         self._own_order: np.ndarray | None = None
         self._plans: OrderedDict[tuple[int, ...], np.ndarray] = OrderedDict()
@@ -258,6 +254,14 @@ class HotNodes:
                 log.info("partition=%d: hot order %s of %d %s in %.1f s", self.store.partition_id,
                          rule, self._own_order.size, self._what, time.perf_counter() - started)
             return self._own_order
+
+    @property
+    def book(self) -> np.ndarray:
+        """The partition book of the ordered nodes (of ``node_type`` on a typed graph)."""
+        store = self.store
+        book = store.partition_book if self.node_type is None else \
+            store.books[self.node_type]  # type: ignore[attr-defined]
+        return np.asarray(book, dtype=np.int64)
 
     @property
     def _what(self) -> str:
