@@ -640,9 +640,10 @@ class EpochRequest(_message.Message):
     "x_cached" as packed bits (UINT8). false (every old client): every index and label
     tensor is INT64 and "x_cached" BOOL, exactly as before. A client that sets it must
     also accept the INT64 forms (servers from before this field ignore it). On a typed
-    graph: "n_id/T", "orig_id/T" and "edge_index/S__R__D" as INT32 when every value
-    fits, "y/T" as above, "x_cached/T" as bits (servers from before the typed feature
-    cache send the typed tensors in INT64).
+    graph: "n_id/T" and "orig_id/T" as INT32 when every value fits, each relation's
+    edges as "edge_src/S__R__D" plus "edge_count/S__R__D" (per target of type D, the D
+    nodes of every hop but the last), "y/T" as above, "x_cached/T" as bits (servers from
+    before the typed feature cache send the typed tensors in INT64).
     """
     @_builtins.property
     def seeds(self) -> Global___Tensor:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from partitioner.hetero import EdgeType, edge_type_name
+from partitioner.hetero import EdgeType, edge_type_name, parse_edge_type
 from protos import codec, compact
 from protos import sampling_pb2 as pb
 from protos.plan import BatchRef
@@ -72,21 +72,44 @@ def typed_header(num_batches: int, out: HeteroSamplerOutput) -> pb.MinibatchHead
                              for et, v in out.num_sampled_edges.items()])
 
 
-def compact_typed(named: Mapping[str, codec.TensorLike]) -> dict[str, codec.TensorLike]:
+def compact_typed(named: Mapping[str, codec.TensorLike], num_targets: Mapping[str, int]
+                  ) -> dict[str, codec.TensorLike]:
     """A typed batch's tensors in compact form (``EpochRequest.compact_indices``,
-    ``docs/wire.md``): IDs and edge indices in int32 when every value fits, labels in the
-    narrowest signed dtype, cache masks as bits; features as they are."""
+    ``docs/wire.md``): IDs in int32 when every value fits, each relation's edges as their
+    sources plus the edges per target (``edge_src/E``, ``edge_count/E``) when they are
+    grouped by target as the samplers produce them (else ``edge_index/E`` in int32),
+    labels in the narrowest signed dtype, cache masks as bits; features as they are.
+    ``num_targets``: per node type, its nodes that were a hop's frontier (every one but
+    the last hop's new nodes), the possible targets of the relations ending there."""
     narrow = {"n_id": compact.INDEX_DTYPES, "orig_id": compact.INDEX_DTYPES,
-              "edge_index": compact.INDEX_DTYPES, "y": compact.LABEL_DTYPES}
+              "y": compact.LABEL_DTYPES}
     out: dict[str, codec.TensorLike] = {}
     for name, t in named.items():
-        kind = name.split("/", 1)[0]
+        kind, _, key = name.partition("/")
         if kind in narrow:
             t = compact.narrowest(torch.as_tensor(t).cpu(), narrow[kind])
         elif kind == "x_cached":
             t = compact.pack_mask(torch.as_tensor(t))
+        elif kind == "edge_index":
+            out.update(_compact_edges(key, torch.as_tensor(t).cpu(),
+                                      num_targets[parse_edge_type(key)[2]]))
+            continue
         out[name] = t
     return out
+
+
+def _compact_edges(key: str, edge_index: torch.Tensor, num_targets: int
+                   ) -> dict[str, codec.TensorLike]:
+    """One relation's edges in compact form (:func:`compact_typed`)."""
+    src, dst = edge_index[0], edge_index[1]
+    grouped = dst.numel() == 0 or (bool((dst[1:] >= dst[:-1]).all()) and int(dst[0]) >= 0
+                                   and int(dst[-1]) < num_targets)
+    if not grouped:
+        return {f"edge_index/{key}": compact.narrowest(edge_index, compact.INDEX_DTYPES)}
+    counts = torch.bincount(dst, minlength=num_targets) if dst.numel() \
+        else torch.zeros(num_targets, dtype=torch.int64)
+    return {f"edge_src/{key}": compact.narrowest(src, compact.INDEX_DTYPES),
+            f"edge_count/{key}": compact.narrowest(counts, compact.COUNT_DTYPES)}
 
 
 def produce_typed(pipeline: SamplingPipeline, job: EpochJob, typed: TypedJob,
@@ -139,7 +162,7 @@ def produce_typed(pipeline: SamplingPipeline, job: EpochJob, typed: TypedJob,
     for t, lookup in orig_ids.items():
         named[f"orig_id/{t}"] = lookup.result()  # bounded: peer calls carry deadlines
     if job.compact:
-        named = compact_typed(named)
+        named = compact_typed(named, {t: sum(c) - c[-1] for t, c in out.num_sampled_nodes.items()})
     prepared = pipeline.prepare(ref, typed_header(job.num_batches, out), named, len(seeds))
     log.debug("partition=%d client=%s rank=%d epoch=%d batch=%d: typed, %d seeds of %s, nodes %s, "
               "%d messages in %.1f ms", store.partition_id, printable(job.client_id), job.rank,

@@ -395,8 +395,9 @@ def test_batches_split_over_many_messages_are_the_same(two: Path, cluster: list[
 
 def test_compact_typed_batches_are_narrow_on_the_wire_and_the_same_decoded(
         cluster: list[str]) -> None:
-    """compact_indices on a typed request: IDs and edge indices travel as INT32, labels as
-    INT8 and cache masks as bits, and the loader's batches are the int64 batches."""
+    """compact_indices on a typed request: IDs travel as INT32, each relation's edges as
+    INT32 sources plus narrow per-target counts, labels as INT8 and cache masks as bits,
+    and the loader's batches are the int64 batches."""
     request = _typed_request(include_labels=True, include_original_ids=True, compact_indices=True,
                              include_features=True, fanouts=[3, 2])
     request.typed_cache_counts.add(name="paper", counts=[3, 3])
@@ -406,8 +407,8 @@ def test_compact_typed_batches_are_narrow_on_the_wire_and_the_same_decoded(
     assert dtypes, "no batches"
     for name, dtype in dtypes.items():
         kind = name.split("/")[0]
-        want = {"n_id": pb.INT32, "orig_id": pb.INT32, "edge_index": pb.INT32, "y": pb.INT8,
-                "x_cached": pb.UINT8, "x": pb.FLOAT32}[kind]
+        want = {"n_id": pb.INT32, "orig_id": pb.INT32, "edge_src": pb.INT32, "edge_count": pb.UINT8,
+                "y": pb.INT8, "x_cached": pb.UINT8, "x": pb.FLOAT32}[kind]
         assert dtype == want, (name, dtype)
 
     def epoch(compact: bool) -> list[HeteroData]:
@@ -645,3 +646,25 @@ def test_fuzzed_typed_requests_never_get_internal_or_unknown(cluster: list[str])
     with create_channel(cluster[0]) as channel:  # still serving
         assert pb_grpc.SamplingServiceStub(channel).GetClusterInfo(
             pb.ClusterInfoRequest(), timeout=30).HasField("typed")
+
+
+def test_compact_typed_edges_fall_back_when_not_grouped_by_target() -> None:
+    from sampling_server.hetero_pipeline import compact_typed
+    from trainer_client.decode import BatchDecodeError
+    from trainer_client.hetero_decode import _expanded
+
+    grouped = torch.tensor([[4, 0, 2, 9], [0, 0, 2, 2]])
+    scattered = torch.tensor([[1, 2, 3], [1, 0, 1]])
+    out = compact_typed({"edge_index/a__r__b": grouped, "edge_index/b__s__a": scattered},
+                        {"a": 3, "b": 3})
+    assert sorted(out) == ["edge_count/a__r__b", "edge_index/b__s__a", "edge_src/a__r__b"]
+    assert out["edge_count/a__r__b"].tolist() == [2, 0, 2]  # type: ignore[union-attr]
+    assert out["edge_index/b__s__a"].dtype == torch.int32  # type: ignore[union-attr]
+    tensors = {k: torch.as_tensor(v) for k, v in out.items()}
+    assert torch.equal(_expanded(tensors, ("a", "r", "b"), 4, 3, "batch 0"), grouped)
+    tensors["edge_count/a__r__b"] = torch.tensor([2, 0, 1], dtype=torch.uint8)
+    with pytest.raises(BatchDecodeError, match="edge_count/a__r__b"):
+        _expanded(tensors, ("a", "r", "b"), 4, 3, "batch 0")
+    # a target past the frontier: not grouped as the samplers group them
+    late = compact_typed({"edge_index/a__r__b": torch.tensor([[0], [5]])}, {"b": 3})
+    assert list(late) == ["edge_index/a__r__b"]

@@ -17,7 +17,7 @@ from torch_geometric.data import HeteroData
 
 from partitioner.hetero import EdgeType, edge_type_name
 from protos import sampling_pb2 as pb
-from protos.compact import unpack_mask, widen
+from protos.compact import COUNT_DTYPES, expand_edges, unpack_mask, widen
 from trainer_client.decode import FEATURE_DTYPES, BatchDecodeError, BatchSpec
 
 _LABEL_DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8]
@@ -76,7 +76,8 @@ def _allowed(t: TypedSpec) -> set[str]:
     names = {f"{k}/{n}" for n in t.node_types for k in ("n_id", "orig_id")}
     names |= {f"{k}/{n}" for n in t.node_types if t.feature_dims.get(n, 0) > 0
               for k in ("x", "x_cached")}
-    names |= {f"y/{t.target_type}"} | {f"edge_index/{edge_type_name(e)}" for e in t.edge_types}
+    names |= {f"y/{t.target_type}"} | {f"{k}/{edge_type_name(e)}" for e in t.edge_types
+                                       for k in ("edge_index", "edge_src", "edge_count")}
     return names
 
 
@@ -117,7 +118,9 @@ def build_hetero_data(header: pb.MinibatchHeader, tensors: dict[str, torch.Tenso
         _node_store(data, n, sum(nodes[n]), tensors, spec, where)
     for e in t.edge_types:
         name = f"edge_index/{edge_type_name(e)}"
-        ei = widen(_tensor(tensors, name, [2, sum(edges[e])], _INDEX_DTYPES, where))
+        ei = widen(_tensor(tensors, name, [2, sum(edges[e])], _INDEX_DTYPES, where)) \
+            if name in tensors or f"edge_src/{edge_type_name(e)}" not in tensors else \
+            _expanded(tensors, e, sum(edges[e]), sum(nodes[e[2]]) - nodes[e[2]][-1], where)
         if spec.check_edges and ei.numel():
             for row, n in ((0, e[0]), (1, e[2])):
                 low, high = int(ei[row].min()), int(ei[row].max())
@@ -131,6 +134,19 @@ def build_hetero_data(header: pb.MinibatchHeader, tensors: dict[str, torch.Tenso
     data.num_sampled_nodes = nodes
     data.num_sampled_edges = edges
     return data
+
+
+def _expanded(tensors: dict[str, torch.Tensor], e: EdgeType, num_edges: int, num_targets: int,
+              where: str) -> torch.Tensor:
+    """A relation's int64 ``edge_index`` from its compact ``edge_src`` and ``edge_count``
+    (``num_targets``: the destination type's nodes of every hop but the last)."""
+    key = edge_type_name(e)
+    src = _tensor(tensors, f"edge_src/{key}", [num_edges], _INDEX_DTYPES, where)
+    counts = _tensor(tensors, f"edge_count/{key}", [num_targets], list(COUNT_DTYPES), where)
+    try:
+        return expand_edges(widen(src), counts)
+    except ValueError as exc:
+        raise _error(f"{where}: tensor 'edge_count/{key}': {exc}") from exc
 
 
 def _node_store(data: HeteroData, n: str, num: int, tensors: dict[str, torch.Tensor],
