@@ -504,20 +504,24 @@ class RemoteNeighborLoader:
         """The current epoch's batches, in order, on ``device`` (``HeteroData`` on a typed
         graph); a second iteration without :meth:`set_epoch` moves on to the next epoch.
 
-        On a CPU ``device`` the reader threads complete each homogeneous batch (original
-        IDs and labels from the node table, cached feature rows, the cast to float32) while
-        the consumer trains on the one before; on a GPU the consumer does it, on the GPU."""
+        On a CPU ``device`` the reader threads complete each batch (original IDs and labels
+        from the node table, cached feature rows, the cast to float32) while the consumer
+        trains on the one before; on a GPU the consumer does it, on the GPU."""
         if self._iterated:
             self.set_epoch(self.epoch + 1)
         self._iterated = True
         dtype = torch.float32 if self.cast_features else None
         refs = self._plan.rank_batches(self.rank)
 
-        def finish(batch: DecodedBatch) -> DecodedBatch:  # in a reader thread
+        def finish(batch: DecodedBatch) -> DecodedBatch:  # in a reader thread on the CPU
+            input_id = self.input_ids(refs[batch.index])
             if isinstance(batch.data, HeteroData):
-                return batch
-            data, rows, cached = self._complete(batch.data, self.input_ids(refs[batch.index]),
-                                                dtype)
+                data, rows, cached = finish_typed(
+                    batch.data, self.seed_type, input_id, self.device, feature_dtype=dtype,
+                    non_blocking=self.pin_memory, keep_internal_ids=self.return_internal_ids,
+                    caches=self.typed_caches)
+            else:
+                data, rows, cached = self._complete(batch.data, input_id, dtype)
             return dataclasses.replace(batch, data=data, rows=rows, cached_rows=cached)
 
         in_readers = self.device.type == "cpu"
@@ -525,22 +529,10 @@ class RemoteNeighborLoader:
         with stream:
             self.last_stats = stream.stats
             for batch in stream:
-                data = batch.data
-                if isinstance(data, HeteroData):
-                    typed, rows, cached = finish_typed(
-                        data, self.seed_type, self.input_ids(refs[batch.index]), self.device,
-                        feature_dtype=dtype, non_blocking=self.pin_memory,
-                        keep_internal_ids=self.return_internal_ids, caches=self.typed_caches)
-                    stream.stats.count_rows(rows, cached)
-                    yield typed
-                    continue
-                if in_readers:
-                    stream.stats.count_rows(batch.rows, batch.cached_rows)
-                else:
-                    data, rows, cached = self._complete(data, self.input_ids(refs[batch.index]),
-                                                        dtype)
-                    stream.stats.count_rows(rows, cached)
-                yield data
+                if not in_readers:
+                    batch = finish(batch)
+                stream.stats.count_rows(batch.rows, batch.cached_rows)
+                yield batch.data
 
     def _complete(self, data: Data, input_id: np.ndarray,
                   dtype: torch.dtype | None) -> tuple[Data, int, int]:
