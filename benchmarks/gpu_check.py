@@ -49,7 +49,7 @@ log = logging.getLogger("gpu-check")
 #: files import packages a GPU image may lack).
 GPU_TEST_FILES = ("tests/test_sampler_cuda.py", "tests/test_gpu_feature_cache.py",
                   "tests/test_gpu_trainer.py", "tests/test_hetero_sampler.py",
-                  "tests/test_hetero_service.py")
+                  "tests/test_hetero_service.py", "tests/test_hetero_cache.py")
 
 PYTEST_SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?)")
 
