@@ -87,6 +87,8 @@ def measure(addresses: list[str], cache: float, dtype: str, num_batches: int,
                                   compact_indices=compact_indices)
     typed = loader.typed_graph
     caches = list(loader.typed_caches.values()) if typed else [loader.cache] if loader.cache else []
+    tables = list(loader.typed_node_tables.values()) if typed else \
+        [loader.node_table] if loader.node_table else []
     # one feature width for every row (a homogeneous graph, or one typed type with features)
     widths = {d for d in typed.feature_dims.values() if d} if typed else {loader.num_features}
     fill = time.perf_counter() - started
@@ -111,7 +113,7 @@ def measure(addresses: list[str], cache: float, dtype: str, num_batches: int,
            "nodes_per_batch": round(rows / num_batches),
            "cache_nodes": sum(c.num_rows for c in caches),
            "cache_mib": round(sum(c.nbytes for c in caches) / 2**20, 1),
-           "node_table_mib": round(loader.node_table.nbytes / 2**20, 1) if loader.node_table else 0.0,
+           "node_table_mib": round(sum(t.nbytes for t in tables) / 2**20, 1),
            "fill_seconds": round(fill, 2)}
     del it
     loader.close()

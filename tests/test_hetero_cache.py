@@ -164,13 +164,18 @@ def test_cached_batches_are_bit_identical(cluster: list[str], cache_size: object
     plain, _ = _batches(cluster, cache_size=0, **common)
     cached, loader = _batches(cluster, cache_size=cache_size, **common)
     assert set(loader.typed_caches) == set(FEATURED)
+    # compact batches with a cache leave original IDs and labels to the node tables
+    assert set(loader.typed_node_tables) == {"paper", "author", "topic"}
+    request = loader._request()
+    assert not request.include_original_ids and not request.include_labels
     assert loader.last_stats is not None and loader.last_stats.hit_rate > 0
     if cache_size == 1.0:
         assert loader.last_stats.hit_rate == 1.0
     assert len(plain) == len(cached) > 0
     for a, b in zip(plain, cached, strict=True):
+        assert torch.equal(a["paper"].y, b["paper"].y) and b["paper"].y.dtype == torch.int64
         for t in a.node_types:
-            assert torch.equal(a[t].n_id, b[t].n_id)
+            assert torch.equal(a[t].n_id, b[t].n_id) and "internal_n_id" not in b[t]
             assert ("x" in a[t]) == ("x" in b[t]) == (t in FEATURED)
             if t in FEATURED:
                 assert a[t].x.dtype == b[t].x.dtype == torch.float32

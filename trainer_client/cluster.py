@@ -81,7 +81,7 @@ class Cluster:
         self._caches: dict[tuple[tuple[int, ...], int, str, str], FeatureCache] = {}
         self._cache_lock = threading.Lock()
         self._auto_budgets: dict[str, int] = {}
-        self._node_table: tuple[NodeTable | None] | None = None
+        self._node_tables: dict[str, NodeTable | None] = {}
         deadline = time.monotonic() + connect_timeout
         try:
             infos = self._fetch_all(addresses, deadline, connect_timeout)
@@ -251,13 +251,15 @@ class Cluster:
                 self._auto_budgets[key] = auto_cache_bytes(device, int(self.partition_book[-1]))
             return self._auto_budgets[key]
 
-    def node_table(self) -> NodeTable | None:
-        """Every node's original ID and label (:mod:`trainer_client.node_table`), read on
-        first use, then shared; None when the servers cannot answer it."""
+    def node_table(self, node_type: str | None = None) -> NodeTable | None:
+        """Every node's original ID and label (:mod:`trainer_client.node_table`; of
+        ``node_type``'s nodes on a typed graph), read on first use, then shared; None when
+        the servers cannot answer it."""
         with self._cache_lock:
-            if self._node_table is None:
-                self._node_table = (NodeTable.read(self),)
-            return self._node_table[0]
+            key = node_type or ""
+            if key not in self._node_tables:
+                self._node_tables[key] = NodeTable.read(self, node_type)
+            return self._node_tables[key]
 
     def close(self) -> None:
         """Close every channel."""

@@ -246,8 +246,10 @@ class RemoteNeighborLoader:
             #: Every node's original ID and label, when batches leave them out (compact
             #: batches with a feature cache: trainer_client/node_table.py); else None.
             self.node_table: NodeTable | None = self.cluster.node_table() \
-                if self.compact_indices and self.cache is not None and self.typed_graph is None \
-                else None
+                if self.compact_indices and self.cache is not None else None
+            #: The same per node type of a typed graph (compact batches with a typed
+            #: feature cache); empty: batches carry their "orig_id/T" and "y/T".
+            self.typed_node_tables: dict[str, NodeTable] = self._typed_node_tables()
             if self.weighted and not self.cluster.info.has_edge_weights:
                 raise ValueError("weighted: expected a graph with edge weights, but the servers have none")
             self.epoch = 0
@@ -451,10 +453,24 @@ class RemoteNeighborLoader:
 
     # ---- streaming -------------------------------------------------------------------
 
+    def _typed_node_tables(self) -> dict[str, NodeTable]:
+        """Every node type's table, when batches leave original IDs and labels out (all
+        types or none: {} when a server cannot answer)."""
+        if self.typed_graph is None or not (self.compact_indices and self.typed_caches):
+            return {}
+        tables = {t: self.cluster.node_table(t) for t in self.typed_graph.node_types}
+        return {t: table for t, table in tables.items() if table is not None} \
+            if all(table is not None for table in tables.values()) else {}
+
+    @property
+    def _ids_on_wire(self) -> bool:
+        """Whether batches carry original IDs (not when node tables have them)."""
+        return self.node_table is None and not self.typed_node_tables
+
     @property
     def _labels_on_wire(self) -> bool:
         """Whether batches carry "y" (not when the node table has the labels)."""
-        return self.include_labels and self.node_table is None
+        return self.include_labels and self._ids_on_wire
 
     def _request(self) -> pb.EpochRequest:
         fanouts, typed = (cast(list[int], self.num_neighbors), None) if self.typed_graph is None else \
@@ -466,7 +482,7 @@ class RemoteNeighborLoader:
             feature_dtype=WIRE_FEATURE_DTYPES[self.feature_dtype],  # type: ignore[arg-type]
             sampling=pb.SamplingOptions(replace=self.replace, weighted=self.weighted),
             include_features=True, include_labels=self._labels_on_wire, client_id=self.client_id,
-            global_batches=self.batches == "global", include_original_ids=self.node_table is None,
+            global_batches=self.batches == "global", include_original_ids=self._ids_on_wire,
             compact_indices=self.compact_indices,
         )
         request.seeds.CopyFrom(self._seeds_tensor)
@@ -516,6 +532,9 @@ class RemoteNeighborLoader:
         def finish(batch: DecodedBatch) -> DecodedBatch:  # in a reader thread on the CPU
             input_id = self.input_ids(refs[batch.index])
             if isinstance(batch.data, HeteroData):
+                assert self.typed_graph is not None
+                for t, table in self.typed_node_tables.items():
+                    table.complete(batch.data[t], self.include_labels and t == self.typed_graph.target_type)
                 data, rows, cached = finish_typed(
                     batch.data, self.seed_type, input_id, self.device, feature_dtype=dtype,
                     non_blocking=self.pin_memory, keep_internal_ids=self.return_internal_ids,

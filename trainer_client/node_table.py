@@ -19,11 +19,13 @@ import numba
 import numpy as np
 import torch
 from torch_geometric.data import Data
+from torch_geometric.data.storage import NodeStorage
 
 from protos import compact
 from protos import sampling_pb2 as pb
 from protos.channel import GraphfeedError
 from protos.codec import decode_tensor
+from trainer_client.cache import type_facts
 
 if TYPE_CHECKING:
     from trainer_client.cluster import Cluster
@@ -70,16 +72,19 @@ class NodeTable:
         return self.orig.numel() * self.orig.element_size() + self.labels.numel() * self.labels.element_size()
 
     @classmethod
-    def read(cls, cluster: Cluster) -> NodeTable | None:
-        """Read the table from every server; None when a server does not answer
-        ``owned_range`` (a server from before it)."""
-        book = [int(b) for b in cluster.partition_book]
+    def read(cls, cluster: Cluster, node_type: str | None = None) -> NodeTable | None:
+        """Read the table from every server (of ``node_type``'s nodes on a typed graph:
+        its global IDs, and labels -1 but for the target type); None when a server does
+        not answer ``owned_range`` (a server from before it)."""
+        book = [int(b) for b in (cluster.partition_book if node_type is None else
+                                 type_facts(cluster.info, node_type)[0])]
         orig = np.empty(book[-1], dtype=np.int64)
         labels = np.empty(book[-1], dtype=np.int64)
         for p in range(len(book) - 1):
             for first in range(book[p], book[p + 1], BLOCK):
                 count = min(BLOCK, book[p + 1] - first)
-                request = pb.LookupNodesRequest(owned_range=pb.NodeRange(first=first, count=count))
+                request = pb.LookupNodesRequest(owned_range=pb.NodeRange(first=first, count=count),
+                                                node_type=node_type or "")
                 try:
                     reply = cluster.lookup(p, request)
                 except GraphfeedError as exc:
@@ -96,13 +101,14 @@ class NodeTable:
                 labels[first:first + count] = y
         table = cls(compact.narrowest(torch.from_numpy(orig), compact.INDEX_DTYPES),
                     compact.narrowest(torch.from_numpy(labels), compact.LABEL_DTYPES))
-        log.info("node table: original IDs and labels of %d nodes, %.1f MiB", book[-1],
-                 table.nbytes / 2**20)
+        log.info("node table: original IDs and labels of %d %s, %.1f MiB", book[-1],
+                 "nodes" if node_type is None else f"{node_type!r} nodes", table.nbytes / 2**20)
         return table
 
-    def complete(self, data: Data, labels: bool) -> None:
+    def complete(self, data: Data | NodeStorage, labels: bool) -> None:
         """Set a CPU batch's ``n_id`` (original IDs; graphfeed's own go to
-        ``internal_n_id``) and, with ``labels``, its ``y`` (int64) from the table."""
+        ``internal_n_id``) and, with ``labels``, its ``y`` (int64) from the table; on a
+        typed graph, those of one node type's store (``batch[node_type]``)."""
         internal = data.n_id
         ids = internal.numpy()
         orig = np.empty(ids.size, dtype=np.int64)
