@@ -17,7 +17,7 @@ their barriers (OpenMP's default wait policy), taking the cores from the stream 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numba
 import numpy as np
@@ -167,6 +167,83 @@ def _expand_sources(bits: np.ndarray, rest: np.ndarray, num_seeds: int, out: np.
         else:
             return rest.size + 1
     return k
+
+
+def _segments(num_edges: Mapping[str, Sequence[int]], relations: Sequence[str]
+              ) -> list[tuple[str, int, int]]:
+    """``(relation, start, stop)`` of each relation's edges hop by hop, in the order a typed
+    sampler numbers the new nodes: hop after hop, the relations in the given order."""
+    starts = {r: np.concatenate([[0], np.cumsum(num_edges[r])]).astype(np.int64) for r in relations}
+    hops = max((len(num_edges[r]) for r in relations), default=0)
+    return [(r, int(starts[r][h]), int(starts[r][h + 1])) for h in range(hops) for r in relations]
+
+
+def split_typed_sources(rows: Mapping[str, torch.Tensor], num_edges: Mapping[str, Sequence[int]],
+                        num_seeds: int, num_nodes: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The typed form of "edge_new" for the relations ``rows`` (their sources, local IDs
+    of one node type) whose new nodes the sampler numbered together: hop after hop, the
+    relations in ``rows``' order, each new node by the edge that first reaches it, after
+    ``num_seeds`` seeds, ``num_nodes`` in all. Per relation: its other edges' sources and
+    its bits (as :func:`_sources`); {} unless the numbering is exactly that."""
+    names = list(rows)
+    segments = _segments(num_edges, names)
+    src = {r: np.ascontiguousarray(rows[r].cpu().numpy(), dtype=np.int64) for r in names}
+    if any(src[r].size != sum(num_edges[r]) for r in names):
+        return {}
+    seq = np.concatenate([src[r][a:b] for r, a, b in segments]) if segments else np.empty(0, np.int64)
+    earlier = np.maximum.accumulate(np.concatenate([[num_seeds - 1], seq]))[:-1]
+    new = seq > earlier
+    count = int(new.sum())
+    if num_seeds + count != num_nodes or not np.array_equal(
+            seq[new], np.arange(num_seeds, num_nodes, dtype=np.int64)):
+        return {}
+    flags = {r: np.zeros(src[r].size, dtype=bool) for r in names}
+    pos = 0
+    for r, a, b in segments:
+        flags[r][a:b] = new[pos:pos + b - a]
+        pos += b - a
+    return {r: (narrowest(torch.from_numpy(src[r][~flags[r]]), INDEX_DTYPES),
+                torch.from_numpy(np.packbits(flags[r], bitorder="little"))) for r in names}
+
+
+def expand_typed_sources(rest: Mapping[str, torch.Tensor], bits: Mapping[str, torch.Tensor],
+                         num_edges: Mapping[str, Sequence[int]], num_seeds: int,
+                         num_nodes: int) -> dict[str, torch.Tensor]:
+    """The int64 sources of every relation of :func:`split_typed_sources` (one source
+    type), from their "edge_src" and "edge_new"; raises ``ValueError`` naming the
+    relation when the sizes or the numbering disagree."""
+    names = list(bits)
+    flags, out, taken = {}, {}, dict.fromkeys(names, 0)
+    for r in names:
+        total = sum(num_edges[r])
+        try:
+            _check_bits(bits[r], total)
+        except ValueError as exc:
+            raise ValueError(f"edge_new/{r}: {exc}") from None
+        flags[r] = np.unpackbits(bits[r].numpy(), count=total, bitorder="little").view(np.bool_)
+        out[r] = np.empty(total, dtype=np.int64)
+    nxt = num_seeds
+    for r, a, b in _segments(num_edges, names):
+        mark = flags[r][a:b]
+        k = int(mark.sum())
+        segment = out[r][a:b]
+        segment[mark] = np.arange(nxt, nxt + k, dtype=np.int64)
+        nxt += k
+        others = rest[r].numpy()[taken[r]:taken[r] + (b - a - k)]
+        if others.size != b - a - k:
+            raise ValueError(f"edge_src/{r}: expected more entries (the edges not marked in "
+                             f"edge_new/{r}), got {rest[r].numel()}")
+        segment[~mark] = others
+        taken[r] += b - a - k
+    for r in names:
+        if taken[r] != rest[r].numel():
+            raise ValueError(f"edge_src/{r}: expected {taken[r]} entries (the edges not marked "
+                             f"in edge_new/{r}), got {rest[r].numel()}")
+    if nxt != num_nodes:
+        raise ValueError(f"edge_new/{names[0] if names else ''}: expected {num_nodes - num_seeds} "
+                         f"marked edges over the relations {names} (the new nodes), got "
+                         f"{nxt - num_seeds}")
+    return {r: torch.from_numpy(v) for r, v in out.items()}
 
 
 def expand_edges(src: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

@@ -642,8 +642,9 @@ class EpochRequest(_message.Message):
     also accept the INT64 forms (servers from before this field ignore it). On a typed
     graph: "n_id/T" and "orig_id/T" as INT32 when every value fits, each relation's
     edges as "edge_src/S__R__D" plus "edge_count/S__R__D" (per target of type D, the D
-    nodes of every hop but the last), "y/T" as above, "x_cached/T" as bits (servers from
-    before the typed feature cache send the typed tensors in INT64).
+    nodes of every hop but the last) and, for every relation from S or none,
+    "edge_new/S__R__D" (docs/wire.md), "y/T" as above, "x_cached/T" as bits (servers
+    from before the typed feature cache send the typed tensors in INT64).
     """
     @_builtins.property
     def seeds(self) -> Global___Tensor:

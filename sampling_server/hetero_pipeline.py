@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, cast
 
@@ -72,18 +72,20 @@ def typed_header(num_batches: int, out: HeteroSamplerOutput) -> pb.MinibatchHead
                              for et, v in out.num_sampled_edges.items()])
 
 
-def compact_typed(named: Mapping[str, codec.TensorLike], num_targets: Mapping[str, int]
-                  ) -> dict[str, codec.TensorLike]:
+def compact_typed(named: Mapping[str, codec.TensorLike], nodes: Mapping[str, Sequence[int]],
+                  edges: Mapping[str, Sequence[int]]) -> dict[str, codec.TensorLike]:
     """A typed batch's tensors in compact form (``EpochRequest.compact_indices``,
-    ``docs/wire.md``): IDs in int32 when every value fits, each relation's edges as their
-    sources plus the edges per target (``edge_src/E``, ``edge_count/E``) when they are
-    grouped by target as the samplers produce them (else ``edge_index/E`` in int32),
-    labels in the narrowest signed dtype, cache masks as bits; features as they are.
-    ``num_targets``: per node type, its nodes that were a hop's frontier (every one but
-    the last hop's new nodes), the possible targets of the relations ending there."""
+    ``docs/wire.md``): IDs in int32 when every value fits; each relation's edges as the
+    edges per target (``edge_count/E``) when they are grouped by target as the samplers
+    produce them, and their sources (``edge_src/E``) less those of the edges that first
+    reach a node (``edge_new/E``) when every relation from that source type allows it
+    (else ``edge_index/E`` in int32); labels in the narrowest signed dtype, cache masks
+    as bits; features as they are. ``nodes``: per node type its nodes per hop (seeds
+    first), ``edges``: per relation name its edges per hop (``typed_sampled_*``)."""
     narrow = {"n_id": compact.INDEX_DTYPES, "orig_id": compact.INDEX_DTYPES,
               "y": compact.LABEL_DTYPES}
     out: dict[str, codec.TensorLike] = {}
+    relations: dict[str, torch.Tensor] = {}
     for name, t in named.items():
         kind, _, key = name.partition("/")
         if kind in narrow:
@@ -91,25 +93,42 @@ def compact_typed(named: Mapping[str, codec.TensorLike], num_targets: Mapping[st
         elif kind == "x_cached":
             t = compact.pack_mask(torch.as_tensor(t))
         elif kind == "edge_index":
-            out.update(_compact_edges(key, torch.as_tensor(t).cpu(),
-                                      num_targets[parse_edge_type(key)[2]]))
+            relations[key] = torch.as_tensor(t).cpu()
             continue
         out[name] = t
+    counts = {key: _per_target(ei[1], nodes[parse_edge_type(key)[2]]) for key, ei in relations.items()}
+    by_source: dict[str, list[str]] = {}
+    for key in relations:
+        by_source.setdefault(parse_edge_type(key)[0], []).append(key)
+    for source, keys in by_source.items():
+        split = compact.split_typed_sources(
+            {k: relations[k][0] for k in keys}, {k: edges[k] for k in keys}, nodes[source][0],
+            sum(nodes[source])) if all(counts[k] is not None for k in keys) else {}
+        for k in keys:
+            per_target = counts[k]
+            if per_target is None:
+                out[f"edge_index/{k}"] = compact.narrowest(relations[k], compact.INDEX_DTYPES)
+                continue
+            if k in split:
+                out[f"edge_src/{k}"], out[f"edge_new/{k}"] = split[k]
+            else:
+                out[f"edge_src/{k}"] = compact.narrowest(relations[k][0], compact.INDEX_DTYPES)
+            out[f"edge_count/{k}"] = per_target
     return out
 
 
-def _compact_edges(key: str, edge_index: torch.Tensor, num_targets: int
-                   ) -> dict[str, codec.TensorLike]:
-    """One relation's edges in compact form (:func:`compact_typed`)."""
-    src, dst = edge_index[0], edge_index[1]
+def _per_target(dst: torch.Tensor, nodes: Sequence[int]) -> torch.Tensor | None:
+    """A relation's edges per target (narrowest dtype) when they are grouped by target in
+    order, the targets being the destination type's nodes of every hop but the last;
+    None otherwise."""
+    num_targets = sum(nodes) - nodes[-1]
     grouped = dst.numel() == 0 or (bool((dst[1:] >= dst[:-1]).all()) and int(dst[0]) >= 0
                                    and int(dst[-1]) < num_targets)
     if not grouped:
-        return {f"edge_index/{key}": compact.narrowest(edge_index, compact.INDEX_DTYPES)}
+        return None
     counts = torch.bincount(dst, minlength=num_targets) if dst.numel() \
         else torch.zeros(num_targets, dtype=torch.int64)
-    return {f"edge_src/{key}": compact.narrowest(src, compact.INDEX_DTYPES),
-            f"edge_count/{key}": compact.narrowest(counts, compact.COUNT_DTYPES)}
+    return compact.narrowest(counts, compact.COUNT_DTYPES)
 
 
 def produce_typed(pipeline: SamplingPipeline, job: EpochJob, typed: TypedJob,
@@ -162,7 +181,8 @@ def produce_typed(pipeline: SamplingPipeline, job: EpochJob, typed: TypedJob,
     for t, lookup in orig_ids.items():
         named[f"orig_id/{t}"] = lookup.result()  # bounded: peer calls carry deadlines
     if job.compact:
-        named = compact_typed(named, {t: sum(c) - c[-1] for t, c in out.num_sampled_nodes.items()})
+        named = compact_typed(named, out.num_sampled_nodes,
+                              {edge_type_name(et): v for et, v in out.num_sampled_edges.items()})
     prepared = pipeline.prepare(ref, typed_header(job.num_batches, out), named, len(seeds))
     log.debug("partition=%d client=%s rank=%d epoch=%d batch=%d: typed, %d seeds of %s, nodes %s, "
               "%d messages in %.1f ms", store.partition_id, printable(job.client_id), job.rank,

@@ -396,8 +396,9 @@ def test_batches_split_over_many_messages_are_the_same(two: Path, cluster: list[
 def test_compact_typed_batches_are_narrow_on_the_wire_and_the_same_decoded(
         cluster: list[str]) -> None:
     """compact_indices on a typed request: IDs travel as INT32, each relation's edges as
-    INT32 sources plus narrow per-target counts, labels as INT8 and cache masks as bits,
-    and the loader's batches are the int64 batches."""
+    INT32 sources (less those marked as first reaching a node) plus narrow per-target
+    counts, labels as INT8 and cache masks as bits, and the loader's batches are the
+    int64 batches."""
     request = _typed_request(include_labels=True, include_original_ids=True, compact_indices=True,
                              include_features=True, fanouts=[3, 2])
     request.typed_cache_counts.add(name="paper", counts=[3, 3])
@@ -408,8 +409,9 @@ def test_compact_typed_batches_are_narrow_on_the_wire_and_the_same_decoded(
     for name, dtype in dtypes.items():
         kind = name.split("/")[0]
         want = {"n_id": pb.INT32, "orig_id": pb.INT32, "edge_src": pb.INT32, "edge_count": pb.UINT8,
-                "y": pb.INT8, "x_cached": pb.UINT8, "x": pb.FLOAT32}[kind]
+                "edge_new": pb.UINT8, "y": pb.INT8, "x_cached": pb.UINT8, "x": pb.FLOAT32}[kind]
         assert dtype == want, (name, dtype)
+    assert any(name.startswith("edge_new/") for name in dtypes)
 
     def epoch(compact: bool) -> list[HeteroData]:
         with RemoteNeighborLoader(cluster, input_nodes="train", num_neighbors=DICT_FANOUTS,
@@ -649,22 +651,42 @@ def test_fuzzed_typed_requests_never_get_internal_or_unknown(cluster: list[str])
 
 
 def test_compact_typed_edges_fall_back_when_not_grouped_by_target() -> None:
+    from protos.compact import expand_typed_sources
     from sampling_server.hetero_pipeline import compact_typed
     from trainer_client.decode import BatchDecodeError
     from trainer_client.hetero_decode import _expanded
 
-    grouped = torch.tensor([[4, 0, 2, 9], [0, 0, 2, 2]])
-    scattered = torch.tensor([[1, 2, 3], [1, 0, 1]])
+    # one hop from 2 seeds of type b: relation a->b reaches 3 new a nodes (0, 1, 2) in edge
+    # order and a again; b->a's edges are not grouped by target
+    grouped = torch.tensor([[0, 1, 0, 2], [0, 0, 1, 1]])
+    scattered = torch.tensor([[1, 0, 1], [1, 0, 1]])
+    nodes = {"a": [0, 3], "b": [2, 0]}
+    edges = {"a__r__b": [4], "b__s__a": [3]}
     out = compact_typed({"edge_index/a__r__b": grouped, "edge_index/b__s__a": scattered},
-                        {"a": 3, "b": 3})
-    assert sorted(out) == ["edge_count/a__r__b", "edge_index/b__s__a", "edge_src/a__r__b"]
-    assert out["edge_count/a__r__b"].tolist() == [2, 0, 2]  # type: ignore[union-attr]
-    assert out["edge_index/b__s__a"].dtype == torch.int32  # type: ignore[union-attr]
+                        nodes, edges)
+    assert sorted(out) == ["edge_count/a__r__b", "edge_index/b__s__a", "edge_new/a__r__b",
+                           "edge_src/a__r__b"]
     tensors = {k: torch.as_tensor(v) for k, v in out.items()}
-    assert torch.equal(_expanded(tensors, ("a", "r", "b"), 4, 3, "batch 0"), grouped)
-    tensors["edge_count/a__r__b"] = torch.tensor([2, 0, 1], dtype=torch.uint8)
+    assert tensors["edge_count/a__r__b"].tolist() == [2, 2]
+    assert tensors["edge_src/a__r__b"].tolist() == [0]  # the one edge that reaches a again
+    assert tensors["edge_new/a__r__b"].tolist() == [0b1011]
+    assert tensors["edge_index/b__s__a"].dtype == torch.int32
+    sources = expand_typed_sources({"a__r__b": tensors["edge_src/a__r__b"]},
+                                   {"a__r__b": tensors["edge_new/a__r__b"]}, edges, 0, 3)
+    assert torch.equal(_expanded(tensors, ("a", "r", "b"), 4, 2, "batch 0", sources["a__r__b"]),
+                       grouped)
+    with pytest.raises(ValueError, match="edge_new"):  # marks one new node too few
+        expand_typed_sources({"a__r__b": torch.tensor([0, 2])},
+                             {"a__r__b": torch.tensor([0b0011], dtype=torch.uint8)}, edges, 0, 3)
+    tensors["edge_count/a__r__b"] = torch.tensor([2, 1], dtype=torch.uint8)
     with pytest.raises(BatchDecodeError, match="edge_count/a__r__b"):
-        _expanded(tensors, ("a", "r", "b"), 4, 3, "batch 0")
+        _expanded(tensors, ("a", "r", "b"), 4, 2, "batch 0", sources["a__r__b"])
+    # sources not numbered as a sampler numbers them: every source travels
+    renumbered = compact_typed({"edge_index/a__r__b": torch.tensor([[2, 1, 0, 0], [0, 0, 1, 1]])},
+                               nodes, {"a__r__b": [4]})
+    assert "edge_new/a__r__b" not in renumbered
+    assert renumbered["edge_src/a__r__b"].tolist() == [2, 1, 0, 0]  # type: ignore[union-attr]
     # a target past the frontier: not grouped as the samplers group them
-    late = compact_typed({"edge_index/a__r__b": torch.tensor([[0], [5]])}, {"b": 3})
+    late = compact_typed({"edge_index/a__r__b": torch.tensor([[0], [5]])}, {"a": [0, 1], "b": [3, 0]},
+                         {"a__r__b": [1]})
     assert list(late) == ["edge_index/a__r__b"]

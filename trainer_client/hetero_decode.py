@@ -17,7 +17,7 @@ from torch_geometric.data import HeteroData
 
 from partitioner.hetero import EdgeType, edge_type_name
 from protos import sampling_pb2 as pb
-from protos.compact import COUNT_DTYPES, expand_edges, unpack_mask, widen
+from protos.compact import COUNT_DTYPES, expand_edges, expand_typed_sources, unpack_mask, widen
 from trainer_client.decode import FEATURE_DTYPES, BatchDecodeError, BatchSpec
 
 _LABEL_DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8]
@@ -77,7 +77,7 @@ def _allowed(t: TypedSpec) -> set[str]:
     names |= {f"{k}/{n}" for n in t.node_types if t.feature_dims.get(n, 0) > 0
               for k in ("x", "x_cached")}
     names |= {f"y/{t.target_type}"} | {f"{k}/{edge_type_name(e)}" for e in t.edge_types
-                                       for k in ("edge_index", "edge_src", "edge_count")}
+                                       for k in ("edge_index", "edge_src", "edge_new", "edge_count")}
     return names
 
 
@@ -116,11 +116,13 @@ def build_hetero_data(header: pb.MinibatchHeader, tensors: dict[str, torch.Tenso
     data = HeteroData()
     for n in t.node_types:
         _node_store(data, n, sum(nodes[n]), tensors, spec, where)
+    sources = _marked_sources(tensors, t, nodes, edges, where)
     for e in t.edge_types:
         name = f"edge_index/{edge_type_name(e)}"
         ei = widen(_tensor(tensors, name, [2, sum(edges[e])], _INDEX_DTYPES, where)) \
             if name in tensors or f"edge_src/{edge_type_name(e)}" not in tensors else \
-            _expanded(tensors, e, sum(edges[e]), sum(nodes[e[2]]) - nodes[e[2]][-1], where)
+            _expanded(tensors, e, sum(edges[e]), sum(nodes[e[2]]) - nodes[e[2]][-1], where,
+                      sources.get(e))
         if spec.check_edges and ei.numel():
             for row, n in ((0, e[0]), (1, e[2])):
                 low, high = int(ei[row].min()), int(ei[row].max())
@@ -136,12 +138,46 @@ def build_hetero_data(header: pb.MinibatchHeader, tensors: dict[str, torch.Tenso
     return data
 
 
+def _marked_sources(tensors: dict[str, torch.Tensor], t: TypedSpec, nodes: dict[str, list[int]],
+                    edges: dict[EdgeType, list[int]], where: str) -> dict[EdgeType, torch.Tensor]:
+    """The int64 sources of the relations sent with ``edge_new/E`` (compact batches: per
+    source type, every relation from it or none)."""
+    out: dict[EdgeType, torch.Tensor] = {}
+    for s in t.node_types:
+        rels = [e for e in t.edge_types if e[0] == s]
+        marked = [e for e in rels if f"edge_new/{edge_type_name(e)}" in tensors]
+        if not marked:
+            continue
+        if marked != rels:
+            raise _error(f"{where}: tensor names: expected 'edge_new/<relation>' for every relation "
+                         f"from {s!r} ({[edge_type_name(e) for e in rels]}) or none, got it for "
+                         f"{[edge_type_name(e) for e in marked]}")
+        rest, bits = {}, {}
+        for e in rels:
+            key = edge_type_name(e)
+            src = tensors.get(f"edge_src/{key}")
+            if src is None or src.dim() != 1 or src.dtype not in _INDEX_DTYPES:
+                raise _error(f"{where}: tensor 'edge_src/{key}': expected a 1-d int32 or int64 "
+                             f"tensor beside 'edge_new/{key}', got "
+                             f"{None if src is None else (src.dtype, list(src.shape))}")
+            rest[key], bits[key] = src, tensors[f"edge_new/{key}"]
+        try:
+            got = expand_typed_sources(rest, bits, {edge_type_name(e): edges[e] for e in rels},
+                                       nodes[s][0], sum(nodes[s]))
+        except ValueError as exc:
+            raise _error(f"{where}: tensor {exc}") from exc
+        out.update({e: got[edge_type_name(e)] for e in rels})
+    return out
+
+
 def _expanded(tensors: dict[str, torch.Tensor], e: EdgeType, num_edges: int, num_targets: int,
-              where: str) -> torch.Tensor:
-    """A relation's int64 ``edge_index`` from its compact ``edge_src`` and ``edge_count``
-    (``num_targets``: the destination type's nodes of every hop but the last)."""
+              where: str, sources: torch.Tensor | None = None) -> torch.Tensor:
+    """A relation's int64 ``edge_index`` from its compact ``edge_src`` (or ``sources``,
+    already expanded from ``edge_new``) and ``edge_count`` (``num_targets``: the
+    destination type's nodes of every hop but the last)."""
     key = edge_type_name(e)
-    src = _tensor(tensors, f"edge_src/{key}", [num_edges], _INDEX_DTYPES, where)
+    src = sources if sources is not None else \
+        _tensor(tensors, f"edge_src/{key}", [num_edges], _INDEX_DTYPES, where)
     counts = _tensor(tensors, f"edge_count/{key}", [num_targets], list(COUNT_DTYPES), where)
     try:
         return expand_edges(widen(src), counts)
