@@ -28,6 +28,7 @@ __all__ = [
     "INDEX_DTYPES",
     "LABEL_DTYPES",
     "compact_batch",
+    "edges_per_target",
     "expand_edges",
     "expand_sources",
     "narrowest",
@@ -86,16 +87,26 @@ def compact_batch(n_id: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
     num_targets = int(n_id.numel()) - int(num_sampled_nodes[-1])
     named: dict[str, torch.Tensor] = {"n_id": narrowest(n_id.cpu(), INDEX_DTYPES)}
     row, col = row.cpu(), col.cpu()
-    ordered = col.numel() == 0 or (bool((col[1:] >= col[:-1]).all()) and int(col[0]) >= 0
-                                   and int(col[-1]) < num_targets)
-    if not ordered:
+    counts = edges_per_target(col, num_targets)
+    if counts is None:
         named["edge_index"] = narrowest(torch.stack([row, col]), INDEX_DTYPES)
         return named
     named.update(_sources(row, int(num_sampled_nodes[0]), int(n_id.numel())))
+    named["edge_count"] = counts
+    return named
+
+
+def edges_per_target(col: torch.Tensor, num_targets: int) -> torch.Tensor | None:
+    """"edge_count": the edges per target (the narrowest of :data:`COUNT_DTYPES`) when
+    ``col`` (on the CPU) lists targets ``0 .. num_targets-1`` in order, as the samplers
+    produce them; None otherwise."""
+    ordered = col.numel() == 0 or (bool((col[1:] >= col[:-1]).all()) and int(col[0]) >= 0
+                                   and int(col[-1]) < num_targets)
+    if not ordered:
+        return None
     counts = torch.bincount(col, minlength=num_targets) if col.numel() \
         else torch.zeros(num_targets, dtype=torch.int64)
-    named["edge_count"] = narrowest(counts, COUNT_DTYPES)
-    return named
+    return narrowest(counts, COUNT_DTYPES)
 
 
 @numba.njit(nogil=True, cache=True)

@@ -96,7 +96,8 @@ def compact_typed(named: Mapping[str, codec.TensorLike], nodes: Mapping[str, Seq
             relations[key] = torch.as_tensor(t).cpu()
             continue
         out[name] = t
-    counts = {key: _per_target(ei[1], nodes[parse_edge_type(key)[2]]) for key, ei in relations.items()}
+    counts = {key: compact.edges_per_target(ei[1], _num_targets(nodes[parse_edge_type(key)[2]]))
+              for key, ei in relations.items()}
     by_source: dict[str, list[str]] = {}
     for key in relations:
         by_source.setdefault(parse_edge_type(key)[0], []).append(key)
@@ -117,18 +118,10 @@ def compact_typed(named: Mapping[str, codec.TensorLike], nodes: Mapping[str, Seq
     return out
 
 
-def _per_target(dst: torch.Tensor, nodes: Sequence[int]) -> torch.Tensor | None:
-    """A relation's edges per target (narrowest dtype) when they are grouped by target in
-    order, the targets being the destination type's nodes of every hop but the last;
-    None otherwise."""
-    num_targets = sum(nodes) - nodes[-1]
-    grouped = dst.numel() == 0 or (bool((dst[1:] >= dst[:-1]).all()) and int(dst[0]) >= 0
-                                   and int(dst[-1]) < num_targets)
-    if not grouped:
-        return None
-    counts = torch.bincount(dst, minlength=num_targets) if dst.numel() \
-        else torch.zeros(num_targets, dtype=torch.int64)
-    return compact.narrowest(counts, compact.COUNT_DTYPES)
+def _num_targets(nodes: Sequence[int]) -> int:
+    """The possible targets of a relation's edges: its destination type's nodes of every
+    hop but the last (``nodes``: that type's nodes per hop)."""
+    return sum(nodes) - nodes[-1]
 
 
 def produce_typed(pipeline: SamplingPipeline, job: EpochJob, typed: TypedJob,

@@ -313,16 +313,17 @@ def _edge_index(tensors: dict[str, torch.Tensor], spec: BatchSpec, nodes: list[i
     return compact.widen(edge_index)
 
 
-def _cached_mask(tensors: dict[str, torch.Tensor], spec: BatchSpec, num_nodes: int,
-                 where: str) -> torch.Tensor:
-    """The "x_cached" mask as bool ``[N]`` (sent as bools, or as packed bits)."""
-    cached = tensors["x_cached"]
-    if spec.compact_indices and cached.dtype == torch.uint8:
+def cached_mask(tensors: dict[str, torch.Tensor], name: str, num_nodes: int, where: str,
+                bits: bool) -> torch.Tensor:
+    """The cache mask ``name`` ("x_cached", "x_cached/<type>") as bool ``[N]``: sent as
+    bools, or (``bits``: a compact batch) as packed bits."""
+    cached = tensors[name]
+    if bits and cached.dtype == torch.uint8:
         try:
             return compact.unpack_mask(cached, num_nodes)
         except ValueError as exc:
-            raise BatchDecodeError(f"{where}: tensor 'x_cached': {exc}") from None
-    _check_tensor(cached, "x_cached", [num_nodes], [torch.bool], where)
+            raise BatchDecodeError(f"{where}: tensor {name!r}: {exc}") from None
+    _check_tensor(cached, name, [num_nodes], [torch.bool], where)
     return cached
 
 
@@ -370,7 +371,7 @@ def build_data(
         x = _require(tensors, "x", where, "include_features is set")
         rows = num_nodes
         if "x_cached" in tensors:  # x holds only the rows the trainer's cache lacks
-            cached = _cached_mask(tensors, spec, num_nodes, where)
+            cached = cached_mask(tensors, "x_cached", num_nodes, where, spec.compact_indices)
             rows = num_nodes - int(np.count_nonzero(cached.numpy()))
             data.x_cached = cached
         _check_tensor(x, "x", [rows, spec.feature_dim], FEATURE_DTYPES, where)

@@ -17,12 +17,10 @@ from torch_geometric.data import HeteroData
 
 from partitioner.hetero import EdgeType, edge_type_name
 from protos import sampling_pb2 as pb
-from protos.compact import COUNT_DTYPES, expand_edges, expand_typed_sources, unpack_mask, widen
-from trainer_client.decode import FEATURE_DTYPES, BatchDecodeError, BatchSpec
+from protos.compact import COUNT_DTYPES, INDEX_DTYPES, expand_edges, expand_typed_sources, widen
+from trainer_client.decode import FEATURE_DTYPES, BatchDecodeError, BatchSpec, cached_mask
 
 _LABEL_DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8]
-#: IDs and edge indices: int64, or int32 in compact batches (``EpochRequest.compact_indices``).
-_INDEX_DTYPES = [torch.int64, torch.int32]
 
 
 @dataclass(frozen=True)
@@ -119,7 +117,7 @@ def build_hetero_data(header: pb.MinibatchHeader, tensors: dict[str, torch.Tenso
     sources = _marked_sources(tensors, t, nodes, edges, where)
     for e in t.edge_types:
         name = f"edge_index/{edge_type_name(e)}"
-        ei = widen(_tensor(tensors, name, [2, sum(edges[e])], _INDEX_DTYPES, where)) \
+        ei = widen(_tensor(tensors, name, [2, sum(edges[e])], INDEX_DTYPES, where)) \
             if name in tensors or f"edge_src/{edge_type_name(e)}" not in tensors else \
             _expanded(tensors, e, sum(edges[e]), sum(nodes[e[2]]) - nodes[e[2]][-1], where,
                       sources.get(e))
@@ -156,7 +154,7 @@ def _marked_sources(tensors: dict[str, torch.Tensor], t: TypedSpec, nodes: dict[
         for e in rels:
             key = edge_type_name(e)
             src = tensors.get(f"edge_src/{key}")
-            if src is None or src.dim() != 1 or src.dtype not in _INDEX_DTYPES:
+            if src is None or src.dim() != 1 or src.dtype not in INDEX_DTYPES:
                 raise _error(f"{where}: tensor 'edge_src/{key}': expected a 1-d int32 or int64 "
                              f"tensor beside 'edge_new/{key}', got "
                              f"{None if src is None else (src.dtype, list(src.shape))}")
@@ -177,7 +175,7 @@ def _expanded(tensors: dict[str, torch.Tensor], e: EdgeType, num_edges: int, num
     destination type's nodes of every hop but the last)."""
     key = edge_type_name(e)
     src = sources if sources is not None else \
-        _tensor(tensors, f"edge_src/{key}", [num_edges], _INDEX_DTYPES, where)
+        _tensor(tensors, f"edge_src/{key}", [num_edges], INDEX_DTYPES, where)
     counts = _tensor(tensors, f"edge_count/{key}", [num_targets], list(COUNT_DTYPES), where)
     try:
         return expand_edges(widen(src), counts)
@@ -190,23 +188,17 @@ def _node_store(data: HeteroData, n: str, num: int, tensors: dict[str, torch.Ten
     """Fill ``data[n]`` from the batch's tensors of node type ``n``."""
     t = spec.typed
     assert t is not None
-    n_id = widen(_tensor(tensors, f"n_id/{n}", [num], _INDEX_DTYPES, where))
+    n_id = widen(_tensor(tensors, f"n_id/{n}", [num], INDEX_DTYPES, where))
     data[n].num_nodes = num
     if f"orig_id/{n}" in tensors:  # users see original IDs; graphfeed's own stay on the side
-        data[n].n_id = widen(_tensor(tensors, f"orig_id/{n}", [num], _INDEX_DTYPES, where))
+        data[n].n_id = widen(_tensor(tensors, f"orig_id/{n}", [num], INDEX_DTYPES, where))
         data[n].internal_n_id = n_id
     else:
         data[n].n_id = n_id
     dim = t.feature_dims.get(n, 0)
     rows = num
     if f"x_cached/{n}" in tensors:  # the trainer's feature cache holds the marked rows
-        mask = tensors[f"x_cached/{n}"]
-        if mask.dtype == torch.uint8:  # compact: bits
-            try:
-                mask = unpack_mask(mask, num)
-            except ValueError as exc:
-                raise _error(f"{where}: tensor 'x_cached/{n}': {exc}") from exc
-        cached = _tensor({f"x_cached/{n}": mask}, f"x_cached/{n}", [num], [torch.bool], where)
+        cached = cached_mask(tensors, f"x_cached/{n}", num, where, bits=True)
         rows = num - int(torch.count_nonzero(cached))
         if f"x/{n}" not in tensors:
             raise _error(f"{where}: tensor 'x/{n}': expected the {rows} rows not marked in "
