@@ -238,11 +238,11 @@ class RemoteNeighborLoader:
             #: Node type of the seeds (typed graphs; "" on a homogeneous one).
             self.seed_type = self._seed_type(given.node_type)
             self._resolve_seeds(node_array, all_of_type=given.node_type is not None and nodes is None)
-            #: Typed graphs: the feature cache of each cached node type (empty: none).
-            self.typed_caches: dict[str, FeatureCache] = {}
             #: The feature cache this loader's batches use (None: every batch carries all
             #: of x; on a typed graph see :attr:`typed_caches`).
             self.cache: FeatureCache | None = self._open_cache(size, cache_progress)
+            #: Typed graphs: the feature cache of each cached node type (empty: none).
+            self.typed_caches: dict[str, FeatureCache] = self._open_typed_caches(size, cache_progress)
             #: Every node's original ID and label, when batches leave them out (compact
             #: batches with a feature cache: trainer_client/node_table.py); else None.
             self.node_table: NodeTable | None = self.cluster.node_table() \
@@ -313,25 +313,33 @@ class RemoteNeighborLoader:
         self._positions = [np.flatnonzero(owner == p) for p in range(self.cluster.num_partitions)]
         self._seed_counts = [int(p.size) for p in self._positions]
 
-    def _open_cache(self, size: tuple[str, float], progress: bool | None) -> FeatureCache | None:
-        """The plan's cache, filled on first use per cluster; None when the plan is empty.
-        On a typed graph it fills :attr:`typed_caches` instead and returns None."""
+    def _open_typed_caches(self, size: tuple[str, float], progress: bool | None
+                           ) -> dict[str, FeatureCache]:
+        """A typed graph's caches by node type, each filled on first use per cluster;
+        {} when the plan is empty (or the graph is homogeneous: :meth:`_open_cache`)."""
+        if self.typed_graph is None:
+            return {}
         info = self.cluster.info
-        auto = size[0] == "auto"
-        if auto:  # after a 4-byte index per node of the (target type's) graph
-            size = ("bytes", self.cluster.auto_cache_budget(self.device))
+        if size[0] == "auto":  # after a 4-byte index per node of each type with features
+            featured = sum(n for t, n in self.typed_graph.num_nodes.items()
+                           if self.typed_graph.feature_dims[t])
+            budget = self.cluster.auto_cache_budget(self.device)  # less the target type's index
+            size = ("bytes", max(0, budget - 4 * (featured - int(info.num_nodes))) if budget else 0)
+        plan = plan_typed_counts(size, info, WIRE_FEATURE_DTYPES[self.feature_dtype])
+        if not any(sum(counts) for counts, _ in plan.values()) or not self._servers_order_alike():
+            return {}
+        return {t: self.cluster.feature_cache(counts, wire, self.device, progress=progress,
+                                              reconnect=self.timeouts.reconnect, node_type=t)
+                for t, (counts, wire) in plan.items() if sum(counts)}
+
+    def _open_cache(self, size: tuple[str, float], progress: bool | None) -> FeatureCache | None:
+        """The plan's cache, filled on first use per cluster; None when the plan is empty
+        (or the graph is typed: :meth:`_open_typed_caches`)."""
         if self.typed_graph is not None:
-            if auto and size[1] > 0:  # the index is per node of each type with features
-                featured = sum(n for t, n in self.typed_graph.num_nodes.items()
-                               if self.typed_graph.feature_dims[t])
-                size = ("bytes", max(0, size[1] - 4 * (featured - int(info.num_nodes))))
-            plan = plan_typed_counts(size, info, WIRE_FEATURE_DTYPES[self.feature_dtype])
-            if any(sum(counts) for counts, _ in plan.values()) and self._servers_order_alike():
-                self.typed_caches = {
-                    t: self.cluster.feature_cache(counts, wire, self.device, progress=progress,
-                                                  reconnect=self.timeouts.reconnect, node_type=t)
-                    for t, (counts, wire) in plan.items() if sum(counts)}
             return None
+        info = self.cluster.info
+        if size[0] == "auto":  # after a 4-byte index per node of the graph
+            size = ("bytes", self.cluster.auto_cache_budget(self.device))
         wire = WIRE_FEATURE_DTYPES[self.feature_dtype] or int(info.feature_dtype)
         itemsize = dtype_to_torch(wire).itemsize
         counts = plan_counts(size, self.cluster.partition_book.tolist(), int(info.feature_dim) * itemsize)
