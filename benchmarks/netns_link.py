@@ -141,12 +141,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--subnet", default="10.231.78", help="private /24 of the namespaces")
     p.add_argument("--server-workers", type=int, default=None,
                    help="each server's sampling threads (its --workers; default: the server's own)")
+    p.add_argument("--server-threads", type=int, default=None,
+                   help="threads of each parallel kernel of a server's sampling thread (its --threads; "
+                        "default: the server's own, every usable CPU)")
     p.add_argument("--results-name", default="netns_link")
     args = p.parse_args(argv)
     if args.step_ms < 0 or args.batches < 1 or args.warmup < 0 or args.delay_us < 0 or args.repeat < 1:
         p.error("--step-ms, --delay-us and --warmup must be >= 0, --batches and --repeat >= 1")
-    if args.server_workers is not None and args.server_workers < 1:
-        p.error(f"--server-workers: expected an integer >= 1, got {args.server_workers}")
+    for name in ("server_workers", "server_threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')}: expected an integer >= 1, got {value}")
     return args
 
 
@@ -278,6 +283,8 @@ class Bench:
                    "--metrics-port", str(METRICS_PORT), "--log-level", "WARNING"]
             if self.args.server_workers is not None:
                 cmd += ["--workers", str(self.args.server_workers)]
+            if self.args.server_threads is not None:
+                cmd += ["--threads", str(self.args.server_threads)]
             self.servers[name] = self._start(name, cmd, f"{name}.log")
 
     def check_servers(self) -> None:
@@ -463,7 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(rows)
     payload = {"benchmark": "netns_link", "graph": manifest.graph_name, "partitions": manifest.num_partitions,
                "num_nodes": manifest.num_nodes, "fanouts": FANOUTS, "batch_size": args.batch_size,
-               "step_ms": args.step_ms, "server_workers": args.server_workers, "batches": args.batches,
+               "step_ms": args.step_ms, "server_workers": args.server_workers,
+               "server_threads": args.server_threads, "batches": args.batches,
                "repeat": args.repeat, "netem": netem,
                "delay_us_requested": args.delay_us, "machine": machine(), "probes": probes,
                "rows": rows, **summary, "measurements": measurements if args.repeat > 1 else []}

@@ -62,7 +62,8 @@ def test_repeats_interleave_and_merge_to_the_median(bench: Any) -> None:
 
 @pytest.mark.parametrize("argv", [["--rates", "fast"], ["--rates", "0gbit"], ["--rows", "float64:0"],
                                   ["--rows", "float32:2"], ["--rows", "float32"], ["--batches", "0"],
-                                  ["--step-ms", "-1"], ["--server-workers", "0"]])
+                                  ["--step-ms", "-1"], ["--server-workers", "0"],
+                                  ["--server-threads", "0"]])
 def test_bad_arguments_are_refused(bench: Any, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         bench.parse_args(argv)
