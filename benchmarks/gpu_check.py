@@ -206,7 +206,7 @@ def steps_for(args: argparse.Namespace) -> list[tuple[Step, float]]:
                           "--topologies", "device", "uva", "--gpu-cache-sizes", "1", "0.2", "0",
                           "--no-baselines",
                           "--results-name", "gpu-check-sampler"]), 0.25),
-        (Step("stream", [py, "benchmarks/stream.py", *bench, "--gib", "1", "--passes", "1",
+        (Step("stream", [py, "benchmarks/stream.py", *bench, "--gib", "1", "--passes", "3",
                          "--sizes-kib", "4096", "--server-device", "cuda", "--trainer-device", "cuda",
                          "--cache-size", "0", "auto",
                          "--results-name", "gpu-check-stream"]), 0.22),
