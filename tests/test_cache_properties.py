@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from test_feature_cache import _raw
 from test_hetero_service import served
 from test_loader import TIMEOUTS, RealServers
 
@@ -84,15 +85,11 @@ def _batches(addresses: list[str], input_nodes: Any, **kw: Any) -> list[Any]:
         return list(loader)
 
 
-def _bits(x: torch.Tensor) -> torch.Tensor:
-    return x.contiguous().view(torch.int16 if x.element_size() == 2 else torch.int32)
-
-
 def _assert_equal(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     """Same dtype and the same values, floats bit for bit."""
     assert a.dtype == b.dtype, (what, a.dtype, b.dtype)
     if a.is_floating_point():
-        a, b = _bits(a), _bits(b)
+        a, b = _raw(a), _raw(b)
     assert torch.equal(a, b), what
 
 
