@@ -59,7 +59,7 @@ def print_table(probes: list[dict[str, Any]], rows: list[dict[str, Any]], summar
                   f"CPU {s['cpu_seconds']:.1f} s; per batch: {stages}")
     met = summary["target_met"]
     verdict = ("not measured" if met is None
-               else f"{summary['target_speedup']:.2f}x, {'met' if met else 'NOT met'}")
+               else f"{summary['target_speedup']:.3f}x, {'met' if met else 'NOT met'}")
     print(f"target: {summary['target']}: {verdict}")
 
 
