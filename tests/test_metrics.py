@@ -4,6 +4,10 @@ errors and rejections, scraped over HTTP from a running pair of servers."""
 from __future__ import annotations
 
 import re
+import statistics
+import sys
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -13,6 +17,7 @@ import pytest
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from sampling_server.config import ServerConfig
+from sampling_server.metrics import GilProbe
 from sampling_server.server import create_server
 
 
@@ -57,6 +62,7 @@ def test_the_metrics_endpoint_counts_what_the_server_did(parts2: Path) -> None:
         assert _value(page, "graphfeed_seeds_served_total") == info.split_sizes[0].train
         assert _value(page, "graphfeed_bytes_sent_total") >= sum(c.ByteSize() for c in chunks)
         assert _value(page, "graphfeed_streams_open") == 0
+        assert _value(page, "graphfeed_gil_wait_seconds_count") > 0  # probed while served
         for stage in ("sample", "gather", "encode", "peer_sample", "peer_fetch"):
             assert _value(page, "graphfeed_stage_seconds_count", stage=stage) > 0
         assert _value(page, "graphfeed_requests_rejected_total", method="StreamMinibatches",
@@ -64,3 +70,51 @@ def test_the_metrics_endpoint_counts_what_the_server_did(parts2: Path) -> None:
     finally:
         for s in servers:
             s.stop(None).wait(10)
+
+
+def _probe_waits(busy_threads: int, seconds: float = 0.6) -> list[float]:
+    """The probe's waits while ``busy_threads`` threads run pure Python (holding the
+    interpreter lock but for the forced switches)."""
+    waits: list[float] = []
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            sum(range(5_000))
+
+    threads = [threading.Thread(target=spin) for _ in range(busy_threads)]
+    probe = GilProbe(waits.append, interval=0.002).start()
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    probe.close()
+    return waits
+
+
+def test_the_gil_probe_tells_a_free_interpreter_lock_from_a_busy_one() -> None:
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(0.02)  # a busy lock makes a waking thread wait up to 20 ms
+    try:
+        free = _probe_waits(0)
+        busy = _probe_waits(2)
+    finally:
+        sys.setswitchinterval(switch)
+    assert len(free) >= 20 and len(busy) >= 5
+    assert all(w >= 0 for w in free + busy)
+    assert statistics.median(free) < 0.005
+    assert statistics.median(busy) > 0.01  # each wake waits about one switch interval
+
+
+def test_the_gil_probe_refuses_a_bad_interval_and_stops_when_closed() -> None:
+    with pytest.raises(ValueError, match="interval"):
+        GilProbe(lambda _: None, interval=0)
+    waits: list[float] = []
+    probe = GilProbe(waits.append, interval=0.001).start()
+    time.sleep(0.05)
+    probe.close()
+    seen = len(waits)
+    time.sleep(0.05)
+    assert seen > 0 and len(waits) == seen
