@@ -13,8 +13,9 @@ features on the wire, without and with a 20 % trainer-side cache (the default ho
 ranking), at every rate. Per row: delivered batches/s per trainer, bytes per batch, the
 trainers' wait fraction, the ratio to float32 without cache over the same link, the bytes
 per second on each trainer's link against its rate, each server's seconds per batch by
-stage (from its Prometheus metrics), and the CPU seconds all processes spent per batch,
-which says whether the CPU or the link bounds a row.
+stage and its threads' mean wait for the interpreter lock (from its Prometheus metrics:
+near the 5 ms switch interval, the lock bounds the server), and the CPU seconds all
+processes spent per batch, which says whether the CPU or the link bounds a row.
 
 Target: bfloat16 + 20 % cache >= 3x the batches/s per trainer of float32 without cache
 over the same 10 Gbit/s link. Needs root (namespaces, tc). Writes
@@ -384,11 +385,14 @@ def row_result(plan: RowPlan, trainers: list[dict[str, Any]], before: dict[str, 
                             - b.get(f"graphfeed_stage_seconds_{k}[{s}]", 0) for k in ("count", "sum"))
             if count:
                 stages[f"{s}_ms"] = round(1e3 * total / count, 1)
+        gil_key = "graphfeed_gil_wait_seconds_{}".format
+        probes, waited = (e.get(gil_key(k), 0) - b.get(gil_key(k), 0) for k in ("count", "sum"))
+        gil = {"gil_wait_ms": round(1e3 * waited / probes, 2)} if probes else {}
         cpu = e["cpu_seconds"] - b["cpu_seconds"]
         server_cpu += cpu
         server_batches += batches
         servers[name] = {"batches": int(batches), "sent_gbit_per_s": round(8 * sent / wall / 1e9, 3),
-                         "cpu_seconds": round(cpu, 2), **stages}
+                         "cpu_seconds": round(cpu, 2), **stages, **gil}
     delivered = sum(int(t["batches"]) for t in trainers)
     trainer_cpu = sum(float(t["cpu_seconds_per_batch"]) * int(t["batches"]) for t in trainers)
     busy = (after["machine"]["busy"] - before["machine"]["busy"]) / (after["machine"]["total"]

@@ -54,9 +54,11 @@ def print_table(probes: list[dict[str, Any]], rows: list[dict[str, Any]], summar
               f"{r['cpu_seconds_per_batch']:>7.2f} {r['cpu_bound_batches_per_s_per_trainer']:>9.2f} "
               f"{r['machine_busy_fraction']:>5.0%} {r['bound_by']}")
         for name, s in r["servers"].items():
-            stages = ", ".join(f"{k[:-3]} {v:.0f} ms" for k, v in s.items() if k.endswith("_ms"))
+            stages = ", ".join(f"{k[:-3]} {v:.0f} ms" for k, v in s.items()
+                               if k.endswith("_ms") and k != "gil_wait_ms")
+            gil = f"; interpreter lock wait {s['gil_wait_ms']:.1f} ms" if "gil_wait_ms" in s else ""
             print(f"    {name}: {s['batches']} batches, {s['sent_gbit_per_s']:.2f} Gbit/s sent, "
-                  f"CPU {s['cpu_seconds']:.1f} s; per batch: {stages}")
+                  f"CPU {s['cpu_seconds']:.1f} s; per batch: {stages}{gil}")
     met = summary["target_met"]
     verdict = ("not measured" if met is None
                else f"{summary['target_speedup']:.3f}x, {'met' if met else 'NOT met'}")

@@ -131,11 +131,14 @@ def test_server_metrics_are_parsed_by_stage(bench: Any) -> None:
         'graphfeed_stage_seconds_sum{partition="0",stage="sample"} 1.5',
         'graphfeed_stage_seconds_sum{partition="0",stage="gather"} 0.5',
         'graphfeed_batches_sent_total{partition="0"} 4.0',
+        'graphfeed_gil_wait_seconds_bucket{le="0.005",partition="0"} 7.0',
+        'graphfeed_gil_wait_seconds_sum{partition="0"} 0.25',
         "graphfeed_bytes_sent_total NaN"])
     values = bench.parse_metrics(text)
     assert values["graphfeed_stage_seconds_count[sample]"] == 4.0
     assert values["graphfeed_stage_seconds_sum[sample]"] == 1.5
     assert values["graphfeed_batches_sent_total"] == 4.0
+    assert values["graphfeed_gil_wait_seconds_sum"] == 0.25
     assert not any("bucket" in k for k in values)
 
 
@@ -148,7 +151,9 @@ def _trainer(batches_per_s: float, nbytes: int) -> dict[str, Any]:
 def _counters(batches: float, cpu: float, busy: float) -> dict[str, dict[str, float]]:
     server = {"graphfeed_batches_sent_total": batches, "graphfeed_bytes_sent_total": 1e9 * batches,
               "graphfeed_stage_seconds_count[sample]": batches,
-              "graphfeed_stage_seconds_sum[sample]": 0.2 * batches, "cpu_seconds": cpu}
+              "graphfeed_stage_seconds_sum[sample]": 0.2 * batches, "cpu_seconds": cpu,
+              "graphfeed_gil_wait_seconds_count": 100 * batches,
+              "graphfeed_gil_wait_seconds_sum": 0.0005 * 100 * batches}
     return {"server0": server, "server1": dict(server), "machine": {"busy": busy, "total": 2 * busy}}
 
 
@@ -161,7 +166,7 @@ def test_rows_get_ratios_bounds_and_the_target_verdict(bench: Any, nt: Any) -> N
     lean = bench.row_result(bench.RowPlan(link, "bfloat16", 0.2), [_trainer(3.5, 60_000_000)] * 2,
                             _counters(0, 0, 100), _counters(8, 4, 200), 8.0, cores=2)
     assert base["servers"]["server0"] == {"batches": 8, "sent_gbit_per_s": 8.0, "cpu_seconds": 4.0,
-                                          "sample_ms": 200.0}
+                                          "sample_ms": 200.0, "gil_wait_ms": 0.5}
     assert base["link_bound_batches_per_s"] == 6.25  # 1.25 GB/s / 200 MB
     assert base["cpu_seconds_per_batch"] == 1.0  # (4 + 4) server / 16 sent + 0.5 trainer
     busy = bench.row_result(bench.RowPlan(link, "float32", 0.0), [_trainer(1.0, 200_000_000)] * 2,
