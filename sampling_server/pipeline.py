@@ -126,9 +126,11 @@ def encode_ahead(
     """The messages of ``batches`` in order, each with its batch when it is the batch's
     last (else None), encoded on ``pool`` ahead of the one yielded: tasks of consecutive
     messages of up to ``task_bytes`` of tensor data (at least one message), queued while
-    fewer than two are or they hold less than ``ahead_bytes``. The next batch is taken from
-    ``batches`` as soon as it is produced, and waited for (or its error raised) only when
-    no message is ready to send."""
+    fewer than two are or they hold less than ``ahead_bytes``. At most two batches are
+    held (the one being sent and the next), however small they are, so that taking a
+    batch from ``batches`` (which lets its producer start another) stays paced by the
+    consumer. The next batch is taken as soon as it is produced, and waited for (or its
+    error raised) only when no message is ready to send."""
     for name, value in (("ahead_bytes", ahead_bytes), ("task_bytes", task_bytes)):
         if value < 1:
             raise ValueError(f"{name}: expected an integer >= 1, got {value}")
@@ -136,14 +138,16 @@ def encode_ahead(
     queued_bytes = 0
     batch: Prepared | None = None
     index = 0
+    held = 0  # batches taken whose last message was not yielded yet
     upcoming = next(batches, None)
     try:
         while True:
             while len(queued) < 2 or queued_bytes < ahead_bytes:
                 if batch is None or index == len(batch):
-                    if upcoming is None or (queued and not _produced(upcoming)):
+                    if upcoming is None or held >= 2 or (queued and not _produced(upcoming)):
                         break  # send what is ready first (a failed batch too: its error waits)
                     batch, index = upcoming.result(), 0  # bounded: peer calls carry deadlines
+                    held += len(batch) > 0  # a skipped batch has no message to wait for
                     upcoming = next(batches, None)
                     continue
                 stop, size = index + 1, batch.sizes[index]
@@ -161,6 +165,7 @@ def encode_ahead(
             queued_bytes -= size
             for k, message in enumerate(messages):
                 yield message, done if k == len(messages) - 1 else None
+            held -= done is not None
     finally:
         for future, _, _ in queued:
             future.cancel()

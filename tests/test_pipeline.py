@@ -97,6 +97,29 @@ def test_encode_ahead_keeps_a_bounded_number_of_bytes_encoded_and_waits_for_no_u
     assert len(rest) == len(second.result()) and rest[-1][1] is second.result()
 
 
+def test_encode_ahead_holds_two_batches_however_small_they_are() -> None:
+    """Taking a batch lets the stream's producer start another, so a consumer that stops
+    after one message must leave the rest untaken, even when every batch is tiny and
+    already produced (well under ``ahead_bytes``)."""
+    taken: list[int] = []
+    batches = [Prepared.of(_head(b), _named(b, 3)) for b in range(30)]
+    batches.insert(1, Prepared(_head(99), []))  # a skipped batch holds nothing
+
+    def futures() -> Iterator[Future[Prepared]]:
+        for index, batch in enumerate(batches):
+            taken.append(index)
+            yield _done(batch)
+
+    with ThreadPoolExecutor(2) as pool:
+        stream = encode_ahead(futures(), pool)
+        first = next(stream)
+        # the batch being sent, the next (the skipped one between them), and the one
+        # after it looked at but not taken
+        assert first[1] is batches[0] and taken == [0, 1, 2, 3]
+        rest = list(stream)
+    assert [d for _, d in rest if d is not None] == [b for b in batches[2:]]
+
+
 def test_small_messages_are_encoded_a_few_at_a_time() -> None:
     calls: list[tuple[int, int]] = []
 
