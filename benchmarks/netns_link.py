@@ -13,9 +13,11 @@ features on the wire, without and with a 20 % trainer-side cache (the default ho
 ranking), at every rate. Per row: delivered batches/s per trainer, bytes per batch, the
 trainers' wait fraction, the ratio to float32 without cache over the same link, the bytes
 per second on each trainer's link against its rate, each server's seconds per batch by
-stage and its threads' mean wait for the interpreter lock (from its Prometheus metrics:
-near the 5 ms switch interval, the lock bounds the server), and the CPU seconds all
-processes spent per batch, which says whether the CPU or the link bounds a row.
+stage and per answer to the other server's calls (their work alone: against the caller's
+time for the same calls, what the network and the queues add), and its threads' mean wait
+for the interpreter lock (all from its Prometheus metrics: near the 5 ms switch interval,
+the lock bounds the server), and the CPU seconds all processes spent per batch, which
+says whether the CPU or the link bounds a row.
 
 Target: bfloat16 + 20 % cache >= 3x the batches/s per trainer of float32 without cache
 over the same 10 Gbit/s link. Needs root (namespaces, tc). Writes
@@ -67,7 +69,7 @@ TAG_PREFIX = "gfl"
 ROLES = Path(__file__).resolve().parent / "netns_roles.py"
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ROWS = "float32:0,bfloat16:0,float32:0.2,bfloat16:0.2"
-STAGES = ("sample", "gather", "encode", "peer_sample", "peer_fetch")
+STAGES = ("sample", "gather", "encode", "peer_sample", "peer_fetch", "answer_sample", "answer_fetch")
 
 
 @dataclass(frozen=True)

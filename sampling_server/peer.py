@@ -105,7 +105,9 @@ class PeerServicer:
         with abort_on_error(context, "SampleNeighbors", self.store.partition_id,
                             self._rejected("SampleNeighbors")):
             check_expectation(request, self.store, hot_order=False)
+            started = time.perf_counter()
             messages = self._sample(request)
+            self._answered("answer_sample", time.perf_counter() - started)
         yield from messages
 
     def FetchNodeData(
@@ -117,10 +119,23 @@ class PeerServicer:
             check_expectation(request, self.store, hot_order=False)
             nodes, dtype, rows = self._check_fetch(request)
             messages = self._fetch(request, nodes, dtype, rows)
-            for message in messages:
+            working = 0.0  # gathering and encoding, not waiting for gRPC to take a message
+            while True:
+                started = time.perf_counter()
+                message = next(messages, None)
+                working += time.perf_counter() - started
+                if message is None:
+                    break
                 if not context.is_active():  # the caller went away: stop gathering
                     return
                 yield message
+            self._answered("answer_fetch", working)
+
+    def _answered(self, stage: str, seconds: float) -> None:
+        """Count the work of one peer answer (its reading, sampling or gathering, and
+        encoding; not its wait in gRPC's queues or on the network)."""
+        if self.metrics is not None:
+            self.metrics.observe(stage, seconds)
 
     def _sample(self, request: pb.SampleNeighborsRequest) -> list[bytes]:
         field = "SampleNeighborsRequest"

@@ -65,6 +65,14 @@ def test_the_metrics_endpoint_counts_what_the_server_did(parts2: Path) -> None:
         assert _value(page, "graphfeed_gil_wait_seconds_count") > 0  # probed while served
         for stage in ("sample", "gather", "encode", "peer_sample", "peer_fetch"):
             assert _value(page, "graphfeed_stage_seconds_count", stage=stage) > 0
+        # the peer's side of those calls: one answer each, timed without its network wait
+        peer_url = f"http://127.0.0.1:{servers[1].metrics_port}/metrics"
+        peer_page = urllib.request.urlopen(peer_url, timeout=10).read().decode()
+        for asked, answered in (("peer_sample", "answer_sample"), ("peer_fetch", "answer_fetch")):
+            calls = _value(page, "graphfeed_stage_seconds_count", stage=asked)
+            assert _value(peer_page, "graphfeed_stage_seconds_count", stage=answered) == calls
+            assert 0 < _value(peer_page, "graphfeed_stage_seconds_sum", stage=answered) \
+                < _value(page, "graphfeed_stage_seconds_sum", stage=asked)
         assert _value(page, "graphfeed_requests_rejected_total", method="StreamMinibatches",
                       code="INVALID_ARGUMENT") == 1
     finally:
