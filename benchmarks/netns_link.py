@@ -147,8 +147,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--server-threads", type=int, default=None,
                    help="threads of each parallel kernel of a server's sampling thread (its --threads; "
                         "default: the server's own, every usable CPU)")
+    p.add_argument("--server-switch-interval-ms", type=float, default=None,
+                   help="each server's interpreter switch interval (sys.setswitchinterval; "
+                        "default: Python's 5 ms): how long a thread may keep the lock while "
+                        "others wait for it")
     p.add_argument("--results-name", default="netns_link")
     args = p.parse_args(argv)
+    if args.server_switch_interval_ms is not None and not args.server_switch_interval_ms > 0:
+        p.error(f"--server-switch-interval-ms: expected milliseconds > 0, got "
+                f"{args.server_switch_interval_ms}")
     if args.step_ms < 0 or args.batches < 1 or args.warmup < 0 or args.delay_us < 0 or args.repeat < 1:
         p.error("--step-ms, --delay-us and --warmup must be >= 0, --batches and --repeat >= 1")
     for name in ("server_workers", "server_threads"):
@@ -156,6 +163,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')}: expected an integer >= 1, got {value}")
     return args
+
+
+def server_command(args: argparse.Namespace, part_dir: Path, partition: int,
+                   addresses: list[str]) -> list[str]:
+    """The command line of server ``partition`` (of the servers at ``addresses``)."""
+    launch = [sys.executable, "-m", "sampling_server"]
+    if args.server_switch_interval_ms is not None:
+        launch = [sys.executable, "-c",
+                  "import runpy, sys; sys.setswitchinterval(float(sys.argv.pop(1)) / 1e3); "
+                  "runpy.run_module('sampling_server', run_name='__main__', alter_sys=True)",
+                  repr(args.server_switch_interval_ms)]
+    cmd = [*launch, "--partition-dir", str(part_dir.resolve()), "--partition", str(partition),
+           "--listen", addresses[partition], "--peers", ",".join(addresses),
+           "--verify", "size", "--no-mmap", "--device", "cpu",
+           "--metrics-port", str(METRICS_PORT), "--log-level", "WARNING"]
+    if args.server_workers is not None:
+        cmd += ["--workers", str(args.server_workers)]
+    if args.server_threads is not None:
+        cmd += ["--threads", str(args.server_threads)]
+    return cmd
 
 
 def ensure_partitions(data: Path, preset: str, num_parts: int) -> Path:
@@ -278,16 +305,8 @@ class Bench:
 
     # -- servers ----------------------------------------------------------------------------
     def start_servers(self, part_dir: Path) -> None:
-        peers = ",".join(self.addresses)
         for p, name in enumerate(SERVERS):
-            cmd = [sys.executable, "-m", "sampling_server", "--partition-dir", str(part_dir.resolve()),
-                   "--partition", str(p), "--listen", self.addresses[p], "--peers", peers,
-                   "--verify", "size", "--no-mmap", "--device", "cpu",
-                   "--metrics-port", str(METRICS_PORT), "--log-level", "WARNING"]
-            if self.args.server_workers is not None:
-                cmd += ["--workers", str(self.args.server_workers)]
-            if self.args.server_threads is not None:
-                cmd += ["--threads", str(self.args.server_threads)]
+            cmd = server_command(self.args, part_dir, p, self.addresses)
             self.servers[name] = self._start(name, cmd, f"{name}.log")
 
     def check_servers(self) -> None:
@@ -477,7 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"benchmark": "netns_link", "graph": manifest.graph_name, "partitions": manifest.num_partitions,
                "num_nodes": manifest.num_nodes, "fanouts": FANOUTS, "batch_size": args.batch_size,
                "step_ms": args.step_ms, "server_workers": args.server_workers,
-               "server_threads": args.server_threads, "batches": args.batches,
+               "server_threads": args.server_threads,
+               "server_switch_interval_ms": args.server_switch_interval_ms, "batches": args.batches,
                "repeat": args.repeat, "netem": netem,
                "delay_us_requested": args.delay_us, "machine": machine(), "probes": probes,
                "rows": rows, **summary, "measurements": measurements if args.repeat > 1 else []}

@@ -63,12 +63,40 @@ def test_repeats_interleave_and_merge_to_the_median(bench: Any) -> None:
 @pytest.mark.parametrize("argv", [["--rates", "fast"], ["--rates", "0gbit"], ["--rows", "float64:0"],
                                   ["--rows", "float32:2"], ["--rows", "float32"], ["--batches", "0"],
                                   ["--step-ms", "-1"], ["--server-workers", "0"],
-                                  ["--server-threads", "0"]])
+                                  ["--server-threads", "0"], ["--server-switch-interval-ms", "0"],
+                                  ["--server-switch-interval-ms", "nan"]])
 def test_bad_arguments_are_refused(bench: Any, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         bench.parse_args(argv)
     assert exc.value.code == 2
     assert argv[0] in capsys.readouterr().err
+
+
+def test_server_commands_pass_the_server_settings_and_set_the_switch_interval(
+        bench: Any, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    addresses = ["10.0.0.1:50051", "10.0.0.2:50051"]
+    plain = bench.server_command(bench.parse_args([]), tmp_path, 1, addresses)
+    assert plain[1:3] == ["-m", "sampling_server"]
+    assert plain[plain.index("--partition") + 1] == "1"
+    assert plain[plain.index("--listen") + 1] == addresses[1]
+    assert plain[plain.index("--peers") + 1] == ",".join(addresses)
+    assert "--workers" not in plain and "--threads" not in plain
+    args = bench.parse_args(["--server-workers", "3", "--server-threads", "2",
+                             "--server-switch-interval-ms", "0.5"])
+    tuned = bench.server_command(args, tmp_path, 0, addresses)
+    assert tuned[tuned.index("--workers") + 1] == "3" and tuned[tuned.index("--threads") + 1] == "2"
+    args.server_switch_interval_ms = None
+    assert tuned[1] == "-c" and tuned[4:] == bench.server_command(args, tmp_path, 0, addresses)[3:]
+    # the launcher sets the interval, then runs the server's own main with its arguments
+    probe = tuned[2].replace("'sampling_server'", "'platform'")
+    out = subprocess.run([sys.executable, "-c",
+                          probe.replace("runpy.run_module", "print(sys.getswitchinterval(), "
+                                        "sys.argv[1:]) or runpy.run_module"), tuned[3], "--x"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.splitlines()[0] == "0.0005 ['--x']"
 
 
 def test_topology_gives_each_host_a_namespace_an_address_and_a_switch_port(nt: Any) -> None:
