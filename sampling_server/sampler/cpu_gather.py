@@ -37,7 +37,7 @@ def _prefetch_ahead(flat: np.ndarray, nodes: np.ndarray, node_start: int, width:
             prefetch(flat, ahead + q)  # type: ignore[call-arg]
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(inline="always", nogil=True, cache=True)
 def _copy_rows(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_start: int,
                out: np.ndarray, lo: int, hi: int) -> None:
     """``out[i] = src[nodes[i] - node_start]`` for ``i`` in ``lo:hi``, prefetching ahead
