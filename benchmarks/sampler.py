@@ -21,6 +21,7 @@ graphfeed's best configuration against PyG's best.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import subprocess
@@ -176,7 +177,10 @@ def pyg_rows(part: Partition, n: int, workers: list[int]) -> list[dict[str, Any]
                                     persistent_workers=nw > 0, is_sorted=True)
             rows.append(_time_loader(f"pyg NeighborLoader (num_workers={nw}): {kind}",
                                      loader, n))
+            # stop its workers here, before the next loader forks: an iterator left to a
+            # later collection can be inherited by those children and fail in them
             del loader
+            gc.collect()
     return rows
 
 
