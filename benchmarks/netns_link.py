@@ -387,6 +387,19 @@ class Bench:
                 proc.wait(30)
 
 
+def _grown(before: dict[str, float], after: dict[str, float], key: str) -> float:
+    """How much counter ``key`` of one server's metrics grew over the window."""
+    return after.get(key, 0) - before.get(key, 0)
+
+
+def _mean_ms(before: dict[str, float], after: dict[str, float], histogram: str,
+             digits: int = 1) -> float | None:
+    """The mean of the observations of ``histogram`` (its ``_count`` / ``_sum`` keys with
+    ``{}`` for the suffix) over the window, in ms; None: nothing observed."""
+    count, total = (_grown(before, after, histogram.format(k)) for k in ("count", "sum"))
+    return round(1e3 * total / count, digits) if count else None
+
+
 def row_result(plan: RowPlan, trainers: list[dict[str, Any]], before: dict[str, dict[str, float]],
                after: dict[str, dict[str, float]], wall: float, cores: int | None = None) -> dict[str, Any]:
     """One row from the trainers' results and the servers' counters around the window;
@@ -398,17 +411,12 @@ def row_result(plan: RowPlan, trainers: list[dict[str, Any]], before: dict[str, 
     server_batches = 0.0
     for name in SERVERS:
         b, e = before[name], after[name]
-        batches = e.get("graphfeed_batches_sent_total", 0) - b.get("graphfeed_batches_sent_total", 0)
-        sent = e.get("graphfeed_bytes_sent_total", 0) - b.get("graphfeed_bytes_sent_total", 0)
-        stages = {}
-        for s in STAGES:
-            count, total = (e.get(f"graphfeed_stage_seconds_{k}[{s}]", 0)
-                            - b.get(f"graphfeed_stage_seconds_{k}[{s}]", 0) for k in ("count", "sum"))
-            if count:
-                stages[f"{s}_ms"] = round(1e3 * total / count, 1)
-        gil_key = "graphfeed_gil_wait_seconds_{}".format
-        probes, waited = (e.get(gil_key(k), 0) - b.get(gil_key(k), 0) for k in ("count", "sum"))
-        gil = {"gil_wait_ms": round(1e3 * waited / probes, 2)} if probes else {}
+        batches = _grown(b, e, "graphfeed_batches_sent_total")
+        sent = _grown(b, e, "graphfeed_bytes_sent_total")
+        stages = {f"{s}_ms": ms for s in STAGES
+                  if (ms := _mean_ms(b, e, f"graphfeed_stage_seconds_{{}}[{s}]")) is not None}
+        gil_wait = _mean_ms(b, e, "graphfeed_gil_wait_seconds_{}", digits=2)
+        gil = {} if gil_wait is None else {"gil_wait_ms": gil_wait}
         cpu = e["cpu_seconds"] - b["cpu_seconds"]
         server_cpu += cpu
         server_batches += batches
