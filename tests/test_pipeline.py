@@ -117,7 +117,7 @@ def test_encode_ahead_holds_two_batches_however_small_they_are() -> None:
         # after it looked at but not taken
         assert first[1] is batches[0] and taken == [0, 1, 2, 3]
         rest = list(stream)
-    assert [d for _, d in rest if d is not None] == [b for b in batches[2:]]
+    assert [d for _, d in rest if d is not None] == batches[2:]
 
 
 def test_small_messages_are_encoded_a_few_at_a_time() -> None:
