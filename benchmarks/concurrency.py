@@ -1,0 +1,289 @@
+"""Sampling workers as threads of one process against separate processes (not a test).
+
+A sampling server runs its workers as threads of one process: they share its
+interpreter lock, its malloc arena (the server keeps one, :mod:`protos.allocator`) and
+its OpenMP pools. This benchmark measures what that sharing costs on the machine at
+hand. ``K`` workers each loop over the server's own calls for one batch (sample its
+multi-hop neighborhood, then gather its feature rows in the wire dtype; one partition,
+no peers) for ``--seconds``, and run
+
+- as ``K`` threads of one process (how ``sampling_server`` runs them), and
+- as ``K`` processes of one thread each (the partition's arrays memory-mapped, so the
+  processes share their pages),
+
+for each ``K`` of ``--workers``, each measured in fresh child processes that start
+together once all have loaded and warmed up. ``--allocators`` repeats the rows with
+glibc's allocator as the server sets it (``keep``: freed blocks kept, one arena), as
+glibc leaves it (``default``), or with freed blocks kept and glibc's own number of
+arenas (``keep-arenas``). Reports batches/s, the mean time a batch spent sampling and
+gathering, and the cores used; the processes-over-threads ratio for each ``K`` says what
+a server would gain from running its workers as processes on this machine.
+
+    python benchmarks/concurrency.py --data data/bench --workers 1 2 4 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common import load_average, machine, seed_batches, write_json
+
+log = logging.getLogger("bench.concurrency")
+
+FANOUTS = [15, 10, 5]
+BATCH = 1024
+MODES = ("threads", "processes")
+ALLOCATORS = ("keep", "default", "keep-arenas")
+#: Seconds a child may take to load and warm up, and to finish after its run.
+START_TIMEOUT_S = 600.0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, default=Path("data/bench"),
+                   help="where the one-partition copy of --preset is written once")
+    p.add_argument("--preset", default="products-like", help="synthetic preset")
+    p.add_argument("--partition-dir", type=Path, default=None,
+                   help="an existing one-partition graph (instead of --data/--preset)")
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 6],
+                   help="numbers of workers K to measure")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=["keep"])
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads per kernel call (the server's --threads; default: the "
+                        "CPUs the process may use, as the server)")
+    p.add_argument("--seconds", type=float, default=10.0, help="timed seconds per row")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="bfloat16",
+                   help="wire dtype of the gathered rows")
+    p.add_argument("--fanouts", type=int, nargs="+", default=FANOUTS)
+    p.add_argument("--batch-size", type=int, default=BATCH)
+    p.add_argument("--results-name", default="concurrency")
+    # one child: its workers, after the others are ready
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--child-workers", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--child-seed", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--allocator", choices=ALLOCATORS, default="keep", help=argparse.SUPPRESS)
+    p.add_argument("--ready", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--go", type=Path, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    for name in ("workers", "fanouts"):
+        if any(v < 1 for v in getattr(args, name)):
+            p.error(f"--{name.replace('_', '-')}: expected integers >= 1, got {getattr(args, name)}")
+    if args.seconds <= 0:
+        p.error(f"--seconds: expected seconds > 0, got {args.seconds}")
+    if args.threads is not None and args.threads < 1:
+        p.error(f"--threads: expected an integer >= 1, got {args.threads}")
+    return args
+
+
+def set_allocator(name: str) -> None:
+    """glibc's allocator as ``name`` says (before any worker thread starts)."""
+    from protos import allocator
+
+    if name == "keep":
+        allocator.keep_freed_memory()
+    elif name == "keep-arenas":
+        allocator.keep_freed_memory(arena_max=8 * (os.cpu_count() or 1))  # glibc's own cap
+
+
+def wait_for(path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout:.0f} s")
+        time.sleep(0.01)
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    """Load the partition, warm up, signal ready, wait for go, then run the workers for
+    ``--seconds``: their batches, wall and CPU time, mean sample and gather time."""
+    set_allocator(args.allocator)
+    import torch
+
+    from sampling_server.config import ServerConfig
+    from sampling_server.store import PartitionStore
+    from sampling_server.threads import kernel_threads, limit_kernel_threads
+
+    threads = kernel_threads(args.threads)
+    torch.set_num_threads(threads)
+    config = ServerConfig(partition_dir=args.partition_dir, partition=0, listen="127.0.0.1:0",
+                          device="cpu")
+    store = PartitionStore(config)
+    store.load()
+    sampler = store.sampler()
+    train = store.split_seeds("train")
+    wire = getattr(torch, args.dtype)
+    timings: list[tuple[float, float, int]] = []
+    lock = threading.Lock()
+
+    def one(seeds: np.ndarray, key: int) -> tuple[float, float, int]:
+        started = time.perf_counter()
+        out = sampler.sample(seeds, args.fanouts, key)
+        sampled = time.perf_counter()
+        sampler.gather(out.n_id, features=True, labels=True, dtype=wire)
+        return sampled - started, time.perf_counter() - sampled, int(out.row.numel())
+
+    def work(index: int, until: float | None, warm: int) -> None:
+        limit_kernel_threads(threads)
+        batches = seed_batches(train, 1000 * args.child_seed + index, args.batch_size)
+        for i in range(warm):
+            one(next(batches), i)
+        i = warm
+        while until is not None and time.perf_counter() < until:
+            t = one(next(batches), 10_000 * index + i)
+            i += 1
+            with lock:
+                timings.append(t)
+
+    warmers = [threading.Thread(target=work, args=(k, None, 2)) for k in range(args.child_workers)]
+    for t in warmers:
+        t.start()
+    for t in warmers:
+        t.join()
+    if args.ready is not None:
+        args.ready.touch()
+    if args.go is not None:
+        wait_for(args.go, START_TIMEOUT_S)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    until = wall0 + args.seconds
+    runners = [threading.Thread(target=work, args=(k, until, 0)) for k in range(args.child_workers)]
+    for t in runners:
+        t.start()
+    for t in runners:
+        t.join()
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    arr = np.asarray(timings, dtype=np.float64).reshape(-1, 3)
+    return {"batches": len(timings), "seconds": wall, "cpu_seconds": cpu,
+            "sample_s": float(arr[:, 0].sum()), "gather_s": float(arr[:, 1].sum()),
+            "edges": int(arr[:, 2].sum()), "kernel_threads": threads}
+
+
+def run_row(args: argparse.Namespace, part_dir: Path, mode: str, workers: int,
+            allocator: str, scratch: Path) -> dict[str, Any]:
+    """One row: ``workers`` threads in one child, or ``workers`` one-thread children."""
+    procs, per = (1, workers) if mode == "threads" else (workers, 1)
+    go = scratch / f"go-{mode}-{workers}-{allocator}"
+    readies = [scratch / f"ready-{mode}-{workers}-{allocator}-{i}" for i in range(procs)]
+    base = [sys.executable, str(Path(__file__).resolve()), "--child", "--partition-dir", str(part_dir),
+            "--child-workers", str(per), "--allocator", allocator, "--seconds", str(args.seconds),
+            "--dtype", args.dtype, "--batch-size", str(args.batch_size), "--go", str(go),
+            "--fanouts", *map(str, args.fanouts)]
+    if args.threads is not None:
+        base += ["--threads", str(args.threads)]
+    logs = [scratch / f"child-{mode}-{workers}-{allocator}-{i}.log" for i in range(procs)]
+    children = []
+    for i in range(procs):  # stderr to a file: a full pipe would stall a child before ready
+        with logs[i].open("w") as err:
+            children.append(subprocess.Popen([*base, "--child-seed", str(i), "--ready", str(readies[i])],
+                                             stdout=subprocess.PIPE, stderr=err, text=True))
+
+    def tail(i: int) -> str:
+        return logs[i].read_text(errors="replace")[-3000:]
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not all(r.exists() for r in readies):
+            failed = [i for i, c in enumerate(children) if c.poll() is not None]
+            if failed:
+                raise RuntimeError(f"{mode} x{workers}: a child exited before it was ready "
+                                   f"({children[failed[0]].returncode}):\n{tail(failed[0])}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{mode} x{workers}: children not ready within {START_TIMEOUT_S:.0f} s")
+            time.sleep(0.05)
+        go.touch()
+        results = []
+        for i, c in enumerate(children):
+            out, _ = c.communicate(timeout=args.seconds + START_TIMEOUT_S)
+            if c.returncode != 0:
+                raise RuntimeError(f"{mode} x{workers}: a child exited {c.returncode}:\n{tail(i)}")
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for c in children:
+            if c.poll() is None:
+                c.kill()
+                c.wait()
+    batches = sum(r["batches"] for r in results)
+    rate = sum(r["batches"] / r["seconds"] for r in results)
+    return {"mode": mode, "workers": workers, "allocator": allocator, "batches": batches,
+            "batches_per_s": round(rate, 3),
+            "sample_ms": round(1e3 * sum(r["sample_s"] for r in results) / max(batches, 1), 2),
+            "gather_ms": round(1e3 * sum(r["gather_s"] for r in results) / max(batches, 1), 2),
+            "cores_used": round(sum(r["cpu_seconds"] / r["seconds"] for r in results), 2),
+            "edges_per_s": round(sum(r["edges"] / r["seconds"] for r in results), 1),
+            "kernel_threads": results[0]["kernel_threads"]}
+
+
+def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Processes over threads in batches/s, per allocator and number of workers."""
+    by = {(r["mode"], r["allocator"], r["workers"]): r["batches_per_s"] for r in rows}
+    out = {}
+    for (mode, allocator, workers), rate in by.items():
+        threads = by.get(("threads", allocator, workers))
+        if mode == "processes" and threads:
+            out[f"processes_vs_threads({allocator}, {workers})"] = round(rate / threads, 3)
+    return out
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (f"{'mode':<10} {'alloc':<12} {'K':>3} {'batches/s':>10} {'sample ms':>10} "
+            f"{'gather ms':>10} {'cores':>6}")
+    lines = [head] + [f"{r['mode']:<10} {r['allocator']:<12} {r['workers']:>3} {r['batches_per_s']:>10.2f} "
+                      f"{r['sample_ms']:>10.1f} {r['gather_ms']:>10.1f} {r['cores_used']:>6.2f}"
+                      for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args)), flush=True)
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.partition_dir is None:
+        from sampler import ensure_partition
+
+        args.partition_dir = ensure_partition(args.data, args.preset)
+    part_dir = args.partition_dir.resolve()
+    scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"graphfeed-concurrency-{os.getpid()}"
+    scratch.mkdir(parents=True, exist_ok=True)
+    rows = []
+    try:
+        for allocator in args.allocators:
+            for workers in args.workers:
+                for mode in args.modes:
+                    row = run_row(args, part_dir, mode, workers, allocator, scratch)
+                    log.info("%s x%d (%s): %.2f batches/s, sample %.1f ms, gather %.1f ms, %.2f cores",
+                             mode, workers, allocator, row["batches_per_s"], row["sample_ms"],
+                             row["gather_ms"], row["cores_used"])
+                    rows.append(row)
+    finally:
+        for f in scratch.iterdir():
+            f.unlink()
+        scratch.rmdir()
+    result = {"benchmark": "concurrency", "partition_dir": str(part_dir), "fanouts": args.fanouts,
+              "batch_size": args.batch_size, "dtype": args.dtype, "seconds": args.seconds,
+              "threads": args.threads, "machine": machine(), "load_average": load_average(),
+              "rows": rows, "ratios": ratios(rows)}
+    print(table(rows))
+    for name, value in result["ratios"].items():
+        print(f"{name}: {value}")
+    path = write_json(args.results_name, result)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""benchmarks/concurrency.py (sampling workers as threads against processes): its
+arguments and ratios, and one real run of both modes on the `small` graph."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """benchmarks/concurrency.py, imported as it runs (its folder on the path)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import concurrency
+
+    return concurrency
+
+
+def test_arguments_are_checked(bench: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    args = bench.parse_args([])
+    assert args.workers == [1, 2, 4, 6] and args.modes == ["threads", "processes"]
+    assert args.allocators == ["keep"] and args.dtype == "bfloat16"
+    for bad, field in ((["--workers", "0"], "--workers"), (["--seconds", "0"], "--seconds"),
+                       (["--threads", "0"], "--threads"), (["--fanouts", "5", "-1"], "--fanouts")):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+        assert field in capsys.readouterr().err
+
+
+def test_ratios_pair_each_process_row_with_its_thread_row(bench: Any) -> None:
+    rows = [{"mode": "threads", "allocator": "keep", "workers": 2, "batches_per_s": 10.0},
+            {"mode": "processes", "allocator": "keep", "workers": 2, "batches_per_s": 15.0},
+            {"mode": "processes", "allocator": "keep", "workers": 4, "batches_per_s": 9.0},
+            {"mode": "threads", "allocator": "default", "workers": 2, "batches_per_s": 8.0},
+            {"mode": "processes", "allocator": "default", "workers": 2, "batches_per_s": 4.0}]
+    assert bench.ratios(rows) == {"processes_vs_threads(keep, 2)": 1.5,
+                                  "processes_vs_threads(default, 2)": 0.5}
+
+
+def test_both_modes_run_for_real(bench: Any, parts1: Path, tmp_path: Path,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench, "write_json", lambda name, payload: _write(tmp_path, name, payload))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert bench.main(["--partition-dir", str(parts1), "--workers", "2", "--seconds", "0.5",
+                       "--threads", "1", "--batch-size", "64", "--fanouts", "5", "3",
+                       "--results-name", "concurrency-test"]) == 0
+    result = json.loads((tmp_path / "concurrency-test.json").read_text())
+    rows = result["rows"]
+    assert [(r["mode"], r["workers"], r["allocator"]) for r in rows] == [
+        ("threads", 2, "keep"), ("processes", 2, "keep")]
+    for r in rows:
+        assert r["batches"] > 0 and r["batches_per_s"] > 0 and r["edges_per_s"] > 0
+        assert r["sample_ms"] > 0 and r["gather_ms"] > 0 and r["kernel_threads"] == 1
+    assert set(result["ratios"]) == {"processes_vs_threads(keep, 2)"}
+    assert [p.name for p in tmp_path.iterdir()] == ["concurrency-test.json"]  # scratch removed
+
+
+def test_a_child_that_fails_is_reported(bench: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    with pytest.raises(RuntimeError, match="exited before it was ready"):
+        bench.main(["--partition-dir", str(tmp_path / "missing"), "--workers", "1",
+                    "--modes", "threads", "--seconds", "0.5"])
+
+
+def _write(folder: Path, name: str, payload: dict[str, Any]) -> Path:
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps(payload))
+    return path
+
+
+@pytest.fixture(scope="module")
+def parts1(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `small` graph as one partition."""
+    from partitioner import partition_graph
+    from partitioner.synthetic import generate
+
+    root = tmp_path_factory.mktemp("small-1")
+    partition_graph(generate("small", progress=False), 1, root, method="range", progress=False,
+                    overwrite=True)
+    return root
