@@ -61,6 +61,16 @@ def run_measured(
                      "".join(output[-15:]))
 
 
+def wait_for(path: Path, timeout: float, what: str) -> None:
+    """Wait until ``path`` exists (a file another process creates as a signal); after
+    ``timeout`` seconds, TimeoutError naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: no {path} within {timeout:.0f} s")
+        time.sleep(0.01)
+
+
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)

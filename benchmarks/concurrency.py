@@ -40,7 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import load_average, machine, seed_batches, write_json
+from common import load_average, machine, seed_batches, wait_for, write_json
 
 log = logging.getLogger("bench.concurrency")
 
@@ -100,14 +100,6 @@ def set_allocator(name: str) -> None:
         allocator.keep_freed_memory(arena_max=8 * (os.cpu_count() or 1))  # glibc's own cap
 
 
-def wait_for(path: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear within {timeout:.0f} s")
-        time.sleep(0.01)
-
-
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """Load the partition, warm up, signal ready, wait for go, then run the workers for
     ``--seconds``: their batches, wall and CPU time, mean sample and gather time."""
@@ -157,7 +149,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     if args.ready is not None:
         args.ready.touch()
     if args.go is not None:
-        wait_for(args.go, START_TIMEOUT_S)
+        wait_for(args.go, START_TIMEOUT_S, "the start signal")
     cpu0, wall0 = time.process_time(), time.perf_counter()
     until = wall0 + args.seconds
     runners = [threading.Thread(target=work, args=(k, until, 0)) for k in range(args.child_workers)]

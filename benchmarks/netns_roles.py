@@ -20,7 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common import wait_for
 
 BUFFER = 1 << 20
 
@@ -114,14 +117,6 @@ def tcp_ping(host: str, port: int, count: int, timeout: float) -> dict[str, Any]
             "rtt_p10_us": round(rtts[len(rtts) // 10], 1)}
 
 
-def _wait_for(path: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"trainer: no start signal ({path}) within {timeout:.0f} s")
-        time.sleep(0.02)
-
-
 def trainer(args: argparse.Namespace) -> dict[str, Any]:
     """Fill the cache, take ``warmup`` batches, signal ready, wait for the start, take the
     ``prefetch`` batches the readers got ready meanwhile (untimed: they were made before
@@ -147,7 +142,7 @@ def trainer(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.warmup):
             next(it)
         args.ready.touch()
-        _wait_for(args.go, args.timeout)
+        wait_for(args.go, args.timeout, "trainer: the start signal")
         for _ in range(args.prefetch):  # the backlog of the prefetch window
             next(it)
             time.sleep(args.step_ms / 1e3)

@@ -26,16 +26,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="session")
-def parts2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The `small` graph in 2 range partitions, shared read-only by the server tests."""
+def _small_range(tmp_path_factory: pytest.TempPathFactory, parts: int) -> Path:
     from partitioner import partition_graph
     from partitioner.synthetic import generate
 
-    root = tmp_path_factory.mktemp("small-range-2")
-    partition_graph(generate("small", progress=False), 2, root, method="range", progress=False,
+    root = tmp_path_factory.mktemp(f"small-range-{parts}")
+    partition_graph(generate("small", progress=False), parts, root, method="range", progress=False,
                     overwrite=True)
     return root
+
+
+@pytest.fixture(scope="session")
+def parts2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `small` graph in 2 range partitions, shared read-only by the server tests."""
+    return _small_range(tmp_path_factory, 2)
+
+
+@pytest.fixture(scope="session")
+def parts1(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `small` graph as one range partition, shared read-only."""
+    return _small_range(tmp_path_factory, 1)
 
 
 @pytest.fixture

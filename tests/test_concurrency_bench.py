@@ -71,15 +71,3 @@ def _write(folder: Path, name: str, payload: dict[str, Any]) -> Path:
     path = folder / f"{name}.json"
     path.write_text(json.dumps(payload))
     return path
-
-
-@pytest.fixture(scope="module")
-def parts1(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The `small` graph as one partition."""
-    from partitioner import partition_graph
-    from partitioner.synthetic import generate
-
-    root = tmp_path_factory.mktemp("small-1")
-    partition_graph(generate("small", progress=False), 1, root, method="range", progress=False,
-                    overwrite=True)
-    return root

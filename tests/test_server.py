@@ -25,7 +25,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from partitioner.format import load_node_map, read_manifest
 from partitioner.graph import GraphData
-from partitioner.partition import partition_graph
 from partitioner.synthetic import generate
 from protos import codec
 from protos import sampling_pb2 as pb
@@ -49,20 +48,6 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 @pytest.fixture(scope="module")
 def graph() -> GraphData:
     return generate("small", progress=False)
-
-
-@pytest.fixture(scope="module")
-def parts2(graph: GraphData, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("small-2")
-    partition_graph(graph, 2, root, method="range", progress=False, overwrite=True)
-    return root
-
-
-@pytest.fixture(scope="module")
-def parts1(graph: GraphData, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("small-1")
-    partition_graph(graph, 1, root, method="range", progress=False, overwrite=True)
-    return root
 
 
 def _config(root: Path, partition: int, **kw: object) -> ServerConfig:
