@@ -120,6 +120,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     train = store.split_seeds("train")
     wire = getattr(torch, args.dtype)
     timings: list[tuple[float, float, int]] = []
+    errors: list[BaseException] = []
     lock = threading.Lock()
 
     def one(seeds: np.ndarray, key: int) -> tuple[float, float, int]:
@@ -130,33 +131,37 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         return sampled - started, time.perf_counter() - sampled, int(out.row.numel())
 
     def work(index: int, until: float | None, warm: int) -> None:
-        limit_kernel_threads(threads)
-        batches = seed_batches(train, 1000 * args.child_seed + index, args.batch_size)
-        for i in range(warm):
-            one(next(batches), i)
-        i = warm
-        while until is not None and time.perf_counter() < until:
-            t = one(next(batches), 10_000 * index + i)
-            i += 1
-            with lock:
-                timings.append(t)
+        try:
+            limit_kernel_threads(threads)
+            batches = seed_batches(train, 1000 * args.child_seed + index, args.batch_size)
+            for i in range(warm):
+                one(next(batches), i)
+            i = warm
+            while until is not None and time.perf_counter() < until:
+                t = one(next(batches), 10_000 * index + i)
+                i += 1
+                with lock:
+                    timings.append(t)
+        except BaseException as e:  # re-raised by the child's main thread
+            errors.append(e)
 
-    warmers = [threading.Thread(target=work, args=(k, None, 2)) for k in range(args.child_workers)]
-    for t in warmers:
-        t.start()
-    for t in warmers:
-        t.join()
+    def run_all(until: float | None, warm: int) -> None:
+        workers = [threading.Thread(target=work, args=(k, until, warm))
+                   for k in range(args.child_workers)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        if errors:
+            raise errors[0]
+
+    run_all(None, 2)
     if args.ready is not None:
         args.ready.touch()
     if args.go is not None:
         wait_for(args.go, START_TIMEOUT_S, "the start signal")
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    until = wall0 + args.seconds
-    runners = [threading.Thread(target=work, args=(k, until, 0)) for k in range(args.child_workers)]
-    for t in runners:
-        t.start()
-    for t in runners:
-        t.join()
+    run_all(wall0 + args.seconds, 0)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     arr = np.asarray(timings, dtype=np.float64).reshape(-1, 3)
     return {"batches": len(timings), "seconds": wall, "cpu_seconds": cpu,

@@ -60,11 +60,17 @@ def test_both_modes_run_for_real(bench: Any, parts1: Path, tmp_path: Path,
     assert [p.name for p in tmp_path.iterdir()] == ["concurrency-test.json"]  # scratch removed
 
 
-def test_a_child_that_fails_is_reported(bench: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_child_that_fails_is_reported(bench: Any, parts1: Path, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     with pytest.raises(RuntimeError, match="exited before it was ready"):
         bench.main(["--partition-dir", str(tmp_path / "missing"), "--workers", "1",
                     "--modes", "threads", "--seconds", "0.5"])
+    # a worker thread's error fails its child, with the error in the report
+    with pytest.raises(RuntimeError, match="fewer than one batch"):
+        bench.main(["--partition-dir", str(parts1), "--workers", "2", "--modes", "threads",
+                    "--seconds", "0.5", "--threads", "1", "--batch-size", "100000"])
+    assert list(tmp_path.iterdir()) == []  # scratch removed after failures too
 
 
 def _write(folder: Path, name: str, payload: dict[str, Any]) -> Path:
