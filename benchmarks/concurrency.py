@@ -4,8 +4,8 @@ A sampling server runs its workers as threads of one process: they share its
 interpreter lock, its malloc arena (the server keeps one, :mod:`protos.allocator`) and
 its OpenMP pools. This benchmark measures what that sharing costs on the machine at
 hand. ``K`` workers each loop over the server's own calls for one batch (sample its
-multi-hop neighborhood, then gather its feature rows in the wire dtype; one partition,
-no peers) for ``--seconds``, and run
+multi-hop neighborhood, gather its feature rows in the wire dtype and its labels, encode
+it into 4 MiB stream messages; one partition, no peers) for ``--seconds``, and run
 
 - as ``K`` threads of one process (how ``sampling_server`` runs them), and
 - as ``K`` processes of one thread each (the partition's arrays memory-mapped, so the
@@ -15,8 +15,8 @@ for each ``K`` of ``--workers``, each measured in fresh child processes that sta
 together once all have loaded and warmed up. ``--allocators`` repeats the rows with
 glibc's allocator as the server sets it (``keep``: freed blocks kept, one arena), as
 glibc leaves it (``default``), or with freed blocks kept and glibc's own number of
-arenas (``keep-arenas``). Reports batches/s, the mean time a batch spent sampling and
-gathering, and the cores used; the processes-over-threads ratio for each ``K`` says what
+arenas (``keep-arenas``). Reports batches/s, the mean time a batch spent sampling,
+gathering and encoding, and the cores used; the processes-over-threads ratio for each ``K`` says what
 a server would gain from running its workers as processes on this machine.
 
     python benchmarks/concurrency.py --data data/bench --workers 1 2 4 6
@@ -106,6 +106,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     set_allocator(args.allocator)
     import torch
 
+    from protos import fastwire
+    from protos import sampling_pb2 as pb
     from sampling_server.config import ServerConfig
     from sampling_server.store import PartitionStore
     from sampling_server.threads import kernel_threads, limit_kernel_threads
@@ -119,16 +121,22 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     sampler = store.sampler()
     train = store.split_seeds("train")
     wire = getattr(torch, args.dtype)
-    timings: list[tuple[float, float, int]] = []
+    timings: list[tuple[float, float, float, int]] = []
     errors: list[BaseException] = []
     lock = threading.Lock()
 
-    def one(seeds: np.ndarray, key: int) -> tuple[float, float, int]:
+    def one(seeds: np.ndarray, key: int) -> tuple[float, float, float, int]:
         started = time.perf_counter()
         out = sampler.sample(seeds, args.fanouts, key)
         sampled = time.perf_counter()
-        sampler.gather(out.n_id, features=True, labels=True, dtype=wire)
-        return sampled - started, time.perf_counter() - sampled, int(out.row.numel())
+        x, y = sampler.gather(out.n_id, features=True, labels=True, dtype=wire)
+        gathered = time.perf_counter()
+        named = {"n_id": out.n_id, "edge_index": out.edge_index}
+        named.update({k: v for k, v in (("x", x), ("y", y)) if v is not None})
+        fastwire.encode_chunks(lambda i, n: pb.MinibatchChunk(batch_index=key, chunk_index=i,
+                                                              num_chunks=n), named)
+        return (sampled - started, gathered - sampled, time.perf_counter() - gathered,
+                int(out.row.numel()))
 
     def work(index: int, until: float | None, warm: int) -> None:
         try:
@@ -163,10 +171,11 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     cpu0, wall0 = time.process_time(), time.perf_counter()
     run_all(wall0 + args.seconds, 0)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    arr = np.asarray(timings, dtype=np.float64).reshape(-1, 3)
+    arr = np.asarray(timings, dtype=np.float64).reshape(-1, 4)
     return {"batches": len(timings), "seconds": wall, "cpu_seconds": cpu,
             "sample_s": float(arr[:, 0].sum()), "gather_s": float(arr[:, 1].sum()),
-            "edges": int(arr[:, 2].sum()), "kernel_threads": threads}
+            "encode_s": float(arr[:, 2].sum()), "edges": int(arr[:, 3].sum()),
+            "kernel_threads": threads}
 
 
 def run_row(args: argparse.Namespace, part_dir: Path, mode: str, workers: int,
@@ -218,6 +227,7 @@ def run_row(args: argparse.Namespace, part_dir: Path, mode: str, workers: int,
             "batches_per_s": round(rate, 3),
             "sample_ms": round(1e3 * sum(r["sample_s"] for r in results) / max(batches, 1), 2),
             "gather_ms": round(1e3 * sum(r["gather_s"] for r in results) / max(batches, 1), 2),
+            "encode_ms": round(1e3 * sum(r["encode_s"] for r in results) / max(batches, 1), 2),
             "cores_used": round(sum(r["cpu_seconds"] / r["seconds"] for r in results), 2),
             "edges_per_s": round(sum(r["edges"] / r["seconds"] for r in results), 1),
             "kernel_threads": results[0]["kernel_threads"]}
@@ -236,10 +246,10 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'mode':<10} {'alloc':<12} {'K':>3} {'batches/s':>10} {'sample ms':>10} "
-            f"{'gather ms':>10} {'cores':>6}")
+            f"{'gather ms':>10} {'encode ms':>10} {'cores':>6}")
     lines = [head] + [f"{r['mode']:<10} {r['allocator']:<12} {r['workers']:>3} {r['batches_per_s']:>10.2f} "
-                      f"{r['sample_ms']:>10.1f} {r['gather_ms']:>10.1f} {r['cores_used']:>6.2f}"
-                      for r in rows]
+                      f"{r['sample_ms']:>10.1f} {r['gather_ms']:>10.1f} {r['encode_ms']:>10.1f} "
+                      f"{r['cores_used']:>6.2f}" for r in rows]
     return "\n".join(lines)
 
 
@@ -262,9 +272,10 @@ def main(argv: list[str] | None = None) -> int:
             for workers in args.workers:
                 for mode in args.modes:
                     row = run_row(args, part_dir, mode, workers, allocator, scratch)
-                    log.info("%s x%d (%s): %.2f batches/s, sample %.1f ms, gather %.1f ms, %.2f cores",
-                             mode, workers, allocator, row["batches_per_s"], row["sample_ms"],
-                             row["gather_ms"], row["cores_used"])
+                    log.info("%s x%d (%s): %.2f batches/s, sample %.1f ms, gather %.1f ms, "
+                             "encode %.1f ms, %.2f cores", mode, workers, allocator,
+                             row["batches_per_s"], row["sample_ms"], row["gather_ms"],
+                             row["encode_ms"], row["cores_used"])
                     rows.append(row)
     finally:
         for f in scratch.iterdir():
