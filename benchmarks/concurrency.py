@@ -9,15 +9,17 @@ it into 4 MiB stream messages; one partition, no peers) for ``--seconds``, and r
 
 - as ``K`` threads of one process (how ``sampling_server`` runs them), and
 - as ``K`` processes of one thread each (the partition's arrays memory-mapped, so the
-  processes share their pages),
+  processes share their pages; the CPUs split among them for their kernel calls, as a
+  server running its workers as processes would have to split them),
 
 for each ``K`` of ``--workers``, each measured in fresh child processes that start
 together once all have loaded and warmed up. ``--allocators`` repeats the rows with
 glibc's allocator as the server sets it (``keep``: freed blocks kept, one arena), as
 glibc leaves it (``default``), or with freed blocks kept and glibc's own number of
 arenas (``keep-arenas``). Reports batches/s, the mean time a batch spent sampling,
-gathering and encoding, and the cores used; the processes-over-threads ratio for each ``K`` says what
-a server would gain from running its workers as processes on this machine.
+gathering and encoding, and the cores used; the processes-over-threads ratio for each
+``K`` says what a server would gain from running its workers as processes on this
+machine.
 
     python benchmarks/concurrency.py --data data/bench --workers 1 2 4 6
 """
@@ -64,8 +66,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=["keep"])
     p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads per kernel call (the server's --threads; default: the "
-                        "CPUs the process may use, as the server)")
+                   help="CPU threads per kernel call in every row (the server's --threads; "
+                        "default: the CPUs the process may use in the threads rows, as the "
+                        "server, and those CPUs split among the K processes in the "
+                        "processes rows)")
     p.add_argument("--seconds", type=float, default=10.0, help="timed seconds per row")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="bfloat16",
                    help="wire dtype of the gathered rows")
@@ -188,8 +192,13 @@ def run_row(args: argparse.Namespace, part_dir: Path, mode: str, workers: int,
             "--child-workers", str(per), "--allocator", allocator, "--seconds", str(args.seconds),
             "--dtype", args.dtype, "--batch-size", str(args.batch_size), "--go", str(go),
             "--fanouts", *map(str, args.fanouts)]
-    if args.threads is not None:
-        base += ["--threads", str(args.threads)]
+    threads = args.threads
+    if threads is None and mode == "processes":
+        from sampling_server.threads import usable_cpus
+
+        threads = max(1, usable_cpus() // workers)
+    if threads is not None:
+        base += ["--threads", str(threads)]
     logs = [scratch / f"child-{mode}-{workers}-{allocator}-{i}.log" for i in range(procs)]
     children = []
     for i in range(procs):  # stderr to a file: a full pipe would stall a child before ready

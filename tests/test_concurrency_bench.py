@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from sampling_server.threads import usable_cpus
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -47,7 +49,7 @@ def test_both_modes_run_for_real(bench: Any, parts1: Path, tmp_path: Path,
     monkeypatch.setattr(bench, "write_json", lambda name, payload: _write(tmp_path, name, payload))
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     assert bench.main(["--partition-dir", str(parts1), "--workers", "2", "--seconds", "0.5",
-                       "--threads", "1", "--batch-size", "64", "--fanouts", "5", "3",
+                       "--batch-size", "64", "--fanouts", "5", "3",
                        "--results-name", "concurrency-test"]) == 0
     result = json.loads((tmp_path / "concurrency-test.json").read_text())
     rows = result["rows"]
@@ -56,7 +58,9 @@ def test_both_modes_run_for_real(bench: Any, parts1: Path, tmp_path: Path,
     for r in rows:
         assert r["batches"] > 0 and r["batches_per_s"] > 0 and r["edges_per_s"] > 0
         assert r["sample_ms"] > 0 and r["gather_ms"] > 0 and r["encode_ms"] > 0
-        assert r["kernel_threads"] == 1
+    # kernel calls: every CPU for the threads (the server's default), split among processes
+    assert rows[0]["kernel_threads"] == usable_cpus()
+    assert rows[1]["kernel_threads"] == max(1, usable_cpus() // 2)
     assert set(result["ratios"]) == {"processes_vs_threads(keep, 2)"}
     assert [p.name for p in tmp_path.iterdir()] == ["concurrency-test.json"]  # scratch removed
 
