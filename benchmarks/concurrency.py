@@ -32,6 +32,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -234,9 +235,8 @@ def run_row(args: argparse.Namespace, part_dir: Path, mode: str, workers: int,
     rate = sum(r["batches"] / r["seconds"] for r in results)
     return {"mode": mode, "workers": workers, "allocator": allocator, "batches": batches,
             "batches_per_s": round(rate, 3),
-            "sample_ms": round(1e3 * sum(r["sample_s"] for r in results) / max(batches, 1), 2),
-            "gather_ms": round(1e3 * sum(r["gather_s"] for r in results) / max(batches, 1), 2),
-            "encode_ms": round(1e3 * sum(r["encode_s"] for r in results) / max(batches, 1), 2),
+            **{f"{step}_ms": round(1e3 * sum(r[f"{step}_s"] for r in results) / max(batches, 1), 2)
+               for step in ("sample", "gather", "encode")},
             "cores_used": round(sum(r["cpu_seconds"] / r["seconds"] for r in results), 2),
             "edges_per_s": round(sum(r["edges"] / r["seconds"] for r in results), 1),
             "kernel_threads": results[0]["kernel_threads"]}
@@ -273,23 +273,17 @@ def main(argv: list[str] | None = None) -> int:
 
         args.partition_dir = ensure_partition(args.data, args.preset)
     part_dir = args.partition_dir.resolve()
-    scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"graphfeed-concurrency-{os.getpid()}"
-    scratch.mkdir(parents=True, exist_ok=True)
     rows = []
-    try:
+    with tempfile.TemporaryDirectory(prefix="graphfeed-concurrency-") as scratch:
         for allocator in args.allocators:
             for workers in args.workers:
                 for mode in args.modes:
-                    row = run_row(args, part_dir, mode, workers, allocator, scratch)
+                    row = run_row(args, part_dir, mode, workers, allocator, Path(scratch))
                     log.info("%s x%d (%s): %.2f batches/s, sample %.1f ms, gather %.1f ms, "
                              "encode %.1f ms, %.2f cores", mode, workers, allocator,
                              row["batches_per_s"], row["sample_ms"], row["gather_ms"],
                              row["encode_ms"], row["cores_used"])
                     rows.append(row)
-    finally:
-        for f in scratch.iterdir():
-            f.unlink()
-        scratch.rmdir()
     result = {"benchmark": "concurrency", "partition_dir": str(part_dir), "fanouts": args.fanouts,
               "batch_size": args.batch_size, "dtype": args.dtype, "seconds": args.seconds,
               "threads": args.threads, "machine": machine(), "load_average": load_average(),

@@ -4,6 +4,7 @@ arguments and ratios, and one real run of both modes on the `small` graph."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ def test_ratios_pair_each_process_row_with_its_thread_row(bench: Any) -> None:
 def test_both_modes_run_for_real(bench: Any, parts1: Path, tmp_path: Path,
                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench, "write_json", lambda name, payload: _write(tmp_path, name, payload))
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert bench.main(["--partition-dir", str(parts1), "--workers", "2", "--seconds", "0.5",
                        "--batch-size", "64", "--fanouts", "5", "3",
                        "--results-name", "concurrency-test"]) == 0
@@ -67,7 +68,7 @@ def test_both_modes_run_for_real(bench: Any, parts1: Path, tmp_path: Path,
 
 def test_a_child_that_fails_is_reported(bench: Any, parts1: Path, tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with pytest.raises(RuntimeError, match="exited before it was ready"):
         bench.main(["--partition-dir", str(tmp_path / "missing"), "--workers", "1",
                     "--modes", "threads", "--seconds", "0.5"])
