@@ -12,7 +12,8 @@ image registry. Every step is checked, and the script exits non-zero at the firs
    podman reads deploy/podman/containers.conf through CONTAINERS_CONF: runc, and ulimits
    under the machine's hard limits; nothing global is changed.
 2. base image `localhost/graphfeed-base:bookworm`: `debootstrap --variant=minbase bookworm`
-   with python3 and python3-venv, then `podman import` (kept between runs); then, up front,
+   with python3, python3-venv and libgomp1 (OpenMP, for Numba's concurrent ``omp``
+   threading layer), then `podman import` (kept between runs); then, up front,
    one container must resolve another by name on a fresh podman network.
 3. wheelhouse/: `pip wheel` of graphfeed's dependencies on the host (torch==2.13.0, CPU).
 4. `podman build -f deploy/Dockerfile` from that base with that wheelhouse (offline).
@@ -22,7 +23,8 @@ image registry. Every step is checked, and the script exits non-zero at the firs
    without waiting for health: they wait for the servers themselves).
 6. wait for the trainers; check every exit code, the test accuracy in the logs, the
    metrics in the `data` volume (world size 2, every seed once per epoch, identical
-   parameters on both ranks) and that both servers served both ranks; stop the servers
+   parameters on both ranks), that both servers served both ranks and ran their kernels
+   on Numba's ``omp`` threading layer; stop the servers
    (SIGTERM drain, exit 0); `down -v`. All container logs go to data/compose-test/logs/.
 """
 
@@ -225,13 +227,18 @@ def image_exists(ref: str) -> bool:
 def ensure_base_image(rebuild: bool) -> None:
     step(f"base image {BASE_IMAGE} (debootstrap --variant=minbase {SUITE} + python3)")
     if image_exists(BASE_IMAGE) and not rebuild:
-        print("already there; --rebuild-base makes it anew", flush=True)
-        return
+        has_gomp = podman("run", "--rm", BASE_IMAGE, "sh", "-c", "ldconfig -p | grep -q 'libgomp\\.so\\.1 '",
+                          check=False, quiet=True).returncode == 0
+        if has_gomp:
+            print("already there; --rebuild-base makes it anew", flush=True)
+            return
+        print("already there but without libgomp1 (an older base): making it anew", flush=True)
     rootfs = WORK / "rootfs"
     if rootfs.exists():
         shutil.rmtree(rootfs)
     t0 = time.perf_counter()
-    run(["debootstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
+    # libgomp1: OpenMP, so that Numba's parallel kernels run concurrently (the omp layer)
+    run(["debootstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates,libgomp1",
          SUITE, str(rootfs), MIRROR], timeout=1200, log=WORK / "logs" / "debootstrap.log")
     # Nothing from the host's apt caches or the bootstrap's downloads goes into the image.
     for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
@@ -471,6 +478,11 @@ def check_cluster(timeout: float) -> dict[str, object]:
         for rank in (0, 1):
             if f"rank={rank}/2" not in text:
                 problems.append(f"{service} never streamed to rank {rank}")
+        layer = re.search(r"Numba threading layer '(\w+)'", text)
+        if layer is None or layer.group(1) == "workqueue":  # parallel kernels one at a time
+            problems.append(f"{service} runs its parallel kernels on Numba's "
+                            f"{layer.group(1) if layer else 'unknown'} threading layer, "
+                            f"expected omp (the image's libgomp1)")
     if problems:
         raise ComposeTestError("; ".join(problems))
     print(f"metrics.json: {len(seeds)} epochs of {NUM_TRAIN} seeds, identical parameters on both "

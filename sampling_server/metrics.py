@@ -2,8 +2,9 @@
 
 Each server has its own registry (several servers may share a process in tests):
 streams open, batches/bytes/seeds sent, per-stage latency histograms (sample, gather,
-encode, and the peer calls), peer call errors, rejected requests by reason, and how long
-a waking thread waits for the interpreter lock (:class:`GilProbe`).
+encode, and the peer calls), peer call errors, rejected requests by reason, how long
+a waking thread waits for the interpreter lock (:class:`GilProbe`), and the Numba
+threading layer of the CPU kernels.
 """
 
 from __future__ import annotations
@@ -94,6 +95,10 @@ class ServerMetrics:
                                   "How late a thread ran after a 5 ms sleep: its wait for the "
                                   "interpreter lock (probed while metrics are served)",
                                   ["partition"], buckets=GIL_BUCKETS, registry=r).labels(**labels)
+        self._layer = Gauge("graphfeed_threading_layer",
+                            "1 for the Numba threading layer the server's parallel CPU kernels "
+                            "run on (omp, tbb, or workqueue: one parallel kernel at a time)",
+                            ["partition", "layer"], registry=r)
         self._partition = str(partition)
         self._http: Any = None
         self._probe: GilProbe | None = None
@@ -115,6 +120,10 @@ class ServerMetrics:
 
     def rejected(self, method: str, code: str) -> None:
         self._rejected.labels(self._partition, method, code).inc()
+
+    def threading_layer(self, layer: str) -> None:
+        """The parallel CPU kernels run on Numba's threading layer ``layer``."""
+        self._layer.labels(self._partition, layer).set(1)
 
     def sent_message(self, nbytes: int) -> None:
         self.bytes.inc(nbytes)

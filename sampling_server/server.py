@@ -42,6 +42,7 @@ from sampling_server.hetero_store import HeteroPartitionStore
 from sampling_server.metrics import ServerMetrics
 from sampling_server.peer import PeerClient, PeerServicer
 from sampling_server.pipeline import SamplingPipeline
+from sampling_server.sampler import cpu_kernels
 from sampling_server.servicer import SamplingServicer
 from sampling_server.store import PartitionStore, bounded
 from sampling_server.threads import kernel_threads, limit_kernel_threads
@@ -357,6 +358,7 @@ class SamplingServer(grpc.Server):
                           self.store.partition_id, self.config.partition_dir)
             self.shutdown_requested.set()
             return
+        self._report_threading_layer()
         try:  # before SERVING: a peer reading this order must not wait past its deadline
             if isinstance(self.store, HeteroPartitionStore):  # one order per featured type
                 for node_type in self.store.feature_dtypes:
@@ -368,6 +370,24 @@ class SamplingServer(grpc.Server):
                           self.store.partition_id)
         if self.monitor is not None and not self._stopped.is_set():
             self.monitor.loaded()
+
+    def _report_threading_layer(self) -> None:
+        """Log (a warning for ``workqueue``) and export the threading layer of the CPU
+        kernels, which decides whether concurrent batches share the cores."""
+        try:
+            layer = cpu_kernels.threading_layer()
+        except Exception:  # no layer at all: the first parallel kernel will say why
+            log.exception("partition=%d: no Numba threading layer could be loaded",
+                          self.store.partition_id)
+            return
+        self.metrics.threading_layer(layer)
+        note = cpu_kernels.LAYER_NOTES.get(layer, "")
+        if layer == "workqueue":
+            log.warning("partition=%d: Numba threading layer %r: %s", self.store.partition_id,
+                        layer, note)
+        else:
+            log.info("partition=%d: Numba threading layer %r (%s)", self.store.partition_id,
+                     layer, note)
 
     def wait_until_loaded(self, timeout: float | None = None) -> bool:
         """Wait until the partition is loaded; False on timeout or failure."""

@@ -85,6 +85,11 @@ def warm_up() -> dict[str, float]:
         started = time.perf_counter()
         hot_order(part, "visits_v1")
         seconds["hot order"] = time.perf_counter() - started
+    from sampling_server.sampler import cpu_kernels
+
+    layer = cpu_kernels.threading_layer()  # (its probe kernel compiled and cached too)
+    (log.warning if layer == "workqueue" else log.info)(
+        "Numba threading layer %r: %s", layer, cpu_kernels.LAYER_NOTES.get(layer, ""))
     return seconds
 
 

@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import numba
 import pytest
 
 from protos import sampling_pb2 as pb
@@ -63,6 +64,7 @@ def test_the_metrics_endpoint_counts_what_the_server_did(parts2: Path) -> None:
         assert _value(page, "graphfeed_bytes_sent_total") >= sum(c.ByteSize() for c in chunks)
         assert _value(page, "graphfeed_streams_open") == 0
         assert _value(page, "graphfeed_gil_wait_seconds_count") > 0  # probed while served
+        assert _value(page, "graphfeed_threading_layer", layer=numba.threading_layer()) == 1
         for stage in ("sample", "gather", "encode", "peer_sample", "peer_fetch"):
             assert _value(page, "graphfeed_stage_seconds_count", stage=stage) > 0
         # the peer's side of those calls: one answer each, timed without its network wait
@@ -78,6 +80,33 @@ def test_the_metrics_endpoint_counts_what_the_server_did(parts2: Path) -> None:
     finally:
         for s in servers:
             s.stop(None).wait(10)
+
+
+def test_a_server_without_a_concurrent_threading_layer_warns_and_says_so_in_its_metrics(
+        parts1: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Under Numba's workqueue layer a server's parallel kernels take turns: its log says
+    so with the remedy, and its metrics name the layer."""
+    from sampling_server import server as server_module
+
+    monkeypatch.setattr(server_module.cpu_kernels, "threading_layer", lambda: "workqueue")
+    server, _ = create_server(ServerConfig(partition_dir=parts1, partition=0, listen="127.0.0.1:0",
+                                           device="cpu", metrics_port=0))
+    with caplog.at_level("INFO", logger="sampling_server.server"):
+        server.start()
+        try:
+            assert server.wait_until_loaded(30)
+            deadline = time.monotonic() + 10
+            while not any("threading layer" in r.getMessage() for r in caplog.records):
+                assert time.monotonic() < deadline, "no threading layer in the log"
+                time.sleep(0.05)
+            page = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
+                                          timeout=10).read().decode()
+        finally:
+            server.stop(None).wait(10)
+    warning = next(r for r in caplog.records if "threading layer" in r.getMessage())
+    assert warning.levelname == "WARNING"
+    assert "one at a time" in warning.getMessage() and "libgomp1" in warning.getMessage()
+    assert _value(page, "graphfeed_threading_layer", layer="workqueue") == 1
 
 
 def _probe_waits(busy_threads: int, seconds: float = 0.6) -> list[float]:

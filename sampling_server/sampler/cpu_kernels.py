@@ -78,6 +78,36 @@ def parallel_guard() -> AbstractContextManager[Any]:
     return _WORKQUEUE_LOCK if layer == "workqueue" else nullcontext()
 
 
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _parallel_sum(n: int) -> int:
+    total = 0
+    for i in numba.prange(n):
+        total += i
+    return total
+
+
+#: What each of Numba's threading layers means for a server, as its log says it.
+LAYER_NOTES = {
+    "omp": "OpenMP: concurrent batches and peer calls run their parallel kernels at once",
+    "tbb": "TBB: concurrent batches and peer calls run their parallel kernels at once",
+    "workqueue": ("neither OpenMP (libgomp.so.1) nor TBB could be loaded, so the parallel "
+                  "kernels of concurrent batches and peer calls run one at a time; install "
+                  "libgomp1 (Debian/Ubuntu: apt-get install libgomp1) for the omp layer"),
+}
+
+
+def threading_layer() -> str:
+    """The Numba threading layer of this process's parallel kernels (``omp``, ``tbb`` or
+    ``workqueue``), loaded now by a trivial parallel kernel if none has run yet. Numba
+    picks TBB, else OpenMP, else its own ``workqueue``, which cannot run two parallel
+    kernels at once (:func:`parallel_guard`); ``NUMBA_THREADING_LAYER`` overrides it."""
+    try:
+        return str(numba.threading_layer())
+    except ValueError:  # not chosen yet
+        _parallel_sum(2)
+        return str(numba.threading_layer())
+
+
 # -- draw counts ---------------------------------------------------------------------
 @numba.njit(nogil=True, cache=True)
 def num_draws(degree: int, fanout: int, replace: bool) -> int:
