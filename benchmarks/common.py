@@ -83,7 +83,19 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_gib, 1),
-            "python": sys.version.split()[0], "platform": platform.platform()}
+            "python": sys.version.split()[0], "platform": platform.platform(),
+            "numba_threading_layer": threading_layer()}
+
+
+def threading_layer() -> str:
+    """The Numba threading layer graphfeed's parallel CPU kernels get on this machine
+    (``workqueue``: one parallel kernel at a time per process, see docs/operations.md)."""
+    try:
+        from sampling_server.sampler.cpu_kernels import threading_layer as layer
+
+        return layer()
+    except Exception as e:  # a report still gets written; this says why the layer is missing
+        return f"unknown ({type(e).__name__}: {e})"
 
 
 def write_json(name: str, payload: dict[str, Any]) -> Path:

@@ -51,6 +51,9 @@ FANOUTS = [15, 10, 5]
 BATCH = 1024
 MODES = ("threads", "processes")
 ALLOCATORS = ("keep", "default", "keep-arenas")
+#: Numba threading layers a row may ask for (``NUMBA_THREADING_LAYER``); ``default`` lets
+#: Numba pick (TBB, else OpenMP, else its own ``workqueue``).
+LAYERS = ("default", "omp", "tbb", "workqueue")
 #: Seconds a child may take to load and warm up, and to finish after its run.
 START_TIMEOUT_S = 600.0
 
@@ -66,6 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="numbers of workers K to measure")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=["keep"])
+    p.add_argument("--layers", nargs="+", choices=LAYERS, default=["default"],
+                   help="Numba threading layers to run each row with (a layer that cannot "
+                        "load fails its row)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads per kernel call in every row (the server's --threads; "
                         "default: the CPUs the process may use in the threads rows, as the "
@@ -169,6 +175,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             raise errors[0]
 
     run_all(None, 2)
+    import numba
+
+    layer = numba.threading_layer()
     if args.ready is not None:
         args.ready.touch()
     if args.go is not None:
@@ -180,15 +189,16 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     return {"batches": len(timings), "seconds": wall, "cpu_seconds": cpu,
             "sample_s": float(arr[:, 0].sum()), "gather_s": float(arr[:, 1].sum()),
             "encode_s": float(arr[:, 2].sum()), "edges": int(arr[:, 3].sum()),
-            "kernel_threads": threads}
+            "kernel_threads": threads, "threading_layer": layer}
 
 
 def run_row(args: argparse.Namespace, part_dir: Path, mode: str, workers: int,
-            allocator: str, scratch: Path) -> dict[str, Any]:
+            allocator: str, scratch: Path, layer: str = "default") -> dict[str, Any]:
     """One row: ``workers`` threads in one child, or ``workers`` one-thread children."""
     procs, per = (1, workers) if mode == "threads" else (workers, 1)
-    go = scratch / f"go-{mode}-{workers}-{allocator}"
-    readies = [scratch / f"ready-{mode}-{workers}-{allocator}-{i}" for i in range(procs)]
+    name = f"{mode}-{workers}-{allocator}-{layer}"
+    go = scratch / f"go-{name}"
+    readies = [scratch / f"ready-{name}-{i}" for i in range(procs)]
     base = [sys.executable, str(Path(__file__).resolve()), "--child", "--partition-dir", str(part_dir),
             "--child-workers", str(per), "--allocator", allocator, "--seconds", str(args.seconds),
             "--dtype", args.dtype, "--batch-size", str(args.batch_size), "--go", str(go),
@@ -200,12 +210,15 @@ def run_row(args: argparse.Namespace, part_dir: Path, mode: str, workers: int,
         threads = max(1, usable_cpus() // workers)
     if threads is not None:
         base += ["--threads", str(threads)]
-    logs = [scratch / f"child-{mode}-{workers}-{allocator}-{i}.log" for i in range(procs)]
+    logs = [scratch / f"child-{name}-{i}.log" for i in range(procs)]
+    env = dict(os.environ)
+    if layer != "default":
+        env["NUMBA_THREADING_LAYER"] = layer
     children = []
     for i in range(procs):  # stderr to a file: a full pipe would stall a child before ready
         with logs[i].open("w") as err:
             children.append(subprocess.Popen([*base, "--child-seed", str(i), "--ready", str(readies[i])],
-                                             stdout=subprocess.PIPE, stderr=err, text=True))
+                                             stdout=subprocess.PIPE, stderr=err, text=True, env=env))
 
     def tail(i: int) -> str:
         return logs[i].read_text(errors="replace")[-3000:]
@@ -233,7 +246,8 @@ def run_row(args: argparse.Namespace, part_dir: Path, mode: str, workers: int,
                 c.wait()
     batches = sum(r["batches"] for r in results)
     rate = sum(r["batches"] / r["seconds"] for r in results)
-    return {"mode": mode, "workers": workers, "allocator": allocator, "batches": batches,
+    return {"mode": mode, "workers": workers, "allocator": allocator,
+            "threading_layer": results[0]["threading_layer"], "batches": batches,
             "batches_per_s": round(rate, 3),
             **{f"{step}_ms": round(1e3 * sum(r[f"{step}_s"] for r in results) / max(batches, 1), 2)
                for step in ("sample", "gather", "encode")},
@@ -243,20 +257,23 @@ def run_row(args: argparse.Namespace, part_dir: Path, mode: str, workers: int,
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Processes over threads in batches/s, per allocator and number of workers."""
-    by = {(r["mode"], r["allocator"], r["workers"]): r["batches_per_s"] for r in rows}
+    """Processes over threads in batches/s, per allocator, threading layer and number of
+    workers."""
+    by = {(r["mode"], r["allocator"], r["threading_layer"], r["workers"]): r["batches_per_s"]
+          for r in rows}
     out = {}
-    for (mode, allocator, workers), rate in by.items():
-        threads = by.get(("threads", allocator, workers))
+    for (mode, allocator, layer, workers), rate in by.items():
+        threads = by.get(("threads", allocator, layer, workers))
         if mode == "processes" and threads:
-            out[f"processes_vs_threads({allocator}, {workers})"] = round(rate / threads, 3)
+            out[f"processes_vs_threads({allocator}, {layer}, {workers})"] = round(rate / threads, 3)
     return out
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'mode':<10} {'alloc':<12} {'K':>3} {'batches/s':>10} {'sample ms':>10} "
+    head = (f"{'mode':<10} {'alloc':<12} {'layer':<10} {'K':>3} {'batches/s':>10} {'sample ms':>10} "
             f"{'gather ms':>10} {'encode ms':>10} {'cores':>6}")
-    lines = [head] + [f"{r['mode']:<10} {r['allocator']:<12} {r['workers']:>3} {r['batches_per_s']:>10.2f} "
+    lines = [head] + [f"{r['mode']:<10} {r['allocator']:<12} {r['threading_layer']:<10} "
+                      f"{r['workers']:>3} {r['batches_per_s']:>10.2f} "
                       f"{r['sample_ms']:>10.1f} {r['gather_ms']:>10.1f} {r['encode_ms']:>10.1f} "
                       f"{r['cores_used']:>6.2f}" for r in rows]
     return "\n".join(lines)
@@ -275,15 +292,16 @@ def main(argv: list[str] | None = None) -> int:
     part_dir = args.partition_dir.resolve()
     rows = []
     with tempfile.TemporaryDirectory(prefix="graphfeed-concurrency-") as scratch:
-        for allocator in args.allocators:
-            for workers in args.workers:
-                for mode in args.modes:
-                    row = run_row(args, part_dir, mode, workers, allocator, Path(scratch))
-                    log.info("%s x%d (%s): %.2f batches/s, sample %.1f ms, gather %.1f ms, "
-                             "encode %.1f ms, %.2f cores", mode, workers, allocator,
-                             row["batches_per_s"], row["sample_ms"], row["gather_ms"],
-                             row["encode_ms"], row["cores_used"])
-                    rows.append(row)
+        for layer in args.layers:
+            for allocator in args.allocators:
+                for workers in args.workers:
+                    for mode in args.modes:
+                        row = run_row(args, part_dir, mode, workers, allocator, Path(scratch), layer)
+                        log.info("%s x%d (%s, %s): %.2f batches/s, sample %.1f ms, gather %.1f ms, "
+                                 "encode %.1f ms, %.2f cores", mode, workers, allocator,
+                                 row["threading_layer"], row["batches_per_s"], row["sample_ms"],
+                                 row["gather_ms"], row["encode_ms"], row["cores_used"])
+                        rows.append(row)
     result = {"benchmark": "concurrency", "partition_dir": str(part_dir), "fanouts": args.fanouts,
               "batch_size": args.batch_size, "dtype": args.dtype, "seconds": args.seconds,
               "threads": args.threads, "machine": machine(), "load_average": load_average(),

@@ -222,7 +222,9 @@ def markdown(report: dict[str, Any]) -> str:
     gpu = report["gpu"]
     lines = [f"# gpu-check: {gpu['name']}", "",
              f"{report['date']}; torch {gpu['torch']} (CUDA {gpu['torch_cuda']}, NCCL {gpu['nccl']}), "
-             f"numba {gpu.get('numba')}; {report['machine']['cores']} CPU cores; preset "
+             f"numba {gpu.get('numba')} (threading layer "
+             f"{report['machine'].get('numba_threading_layer')}); "
+             f"{report['machine']['cores']} CPU cores; preset "
              f"`{report['preset']}`; {report['seconds']:.0f} s in all.", "",
              "| step | verdict | seconds |", "| --- | --- | ---: |"]
     problems = report.get("preflight_problems") or []

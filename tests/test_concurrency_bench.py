@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from sampling_server.sampler.cpu_kernels import threading_layer as numba_layer
 from sampling_server.threads import usable_cpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +29,9 @@ def test_arguments_are_checked(bench: Any, capsys: pytest.CaptureFixture[str]) -
     args = bench.parse_args([])
     assert args.workers == [1, 2, 4, 6] and args.modes == ["threads", "processes"]
     assert args.allocators == ["keep"] and args.dtype == "bfloat16"
+    assert args.layers == ["default"]
     for bad, field in ((["--workers", "0"], "--workers"), (["--seconds", "0"], "--seconds"),
+                       (["--layers", "gcd"], "--layers"),
                        (["--threads", "0"], "--threads"), (["--fanouts", "5", "-1"], "--fanouts")):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
@@ -36,13 +39,17 @@ def test_arguments_are_checked(bench: Any, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_ratios_pair_each_process_row_with_its_thread_row(bench: Any) -> None:
-    rows = [{"mode": "threads", "allocator": "keep", "workers": 2, "batches_per_s": 10.0},
-            {"mode": "processes", "allocator": "keep", "workers": 2, "batches_per_s": 15.0},
-            {"mode": "processes", "allocator": "keep", "workers": 4, "batches_per_s": 9.0},
-            {"mode": "threads", "allocator": "default", "workers": 2, "batches_per_s": 8.0},
-            {"mode": "processes", "allocator": "default", "workers": 2, "batches_per_s": 4.0}]
-    assert bench.ratios(rows) == {"processes_vs_threads(keep, 2)": 1.5,
-                                  "processes_vs_threads(default, 2)": 0.5}
+    def row(mode: str, allocator: str, workers: int, rate: float, layer: str = "omp") -> dict[str, Any]:
+        return {"mode": mode, "allocator": allocator, "threading_layer": layer, "workers": workers,
+                "batches_per_s": rate}
+
+    rows = [row("threads", "keep", 2, 10.0), row("processes", "keep", 2, 15.0),
+            row("processes", "keep", 4, 9.0), row("threads", "default", 2, 8.0),
+            row("processes", "default", 2, 4.0), row("threads", "keep", 2, 5.0, "workqueue"),
+            row("processes", "keep", 2, 10.0, "workqueue")]
+    assert bench.ratios(rows) == {"processes_vs_threads(keep, omp, 2)": 1.5,
+                                  "processes_vs_threads(default, omp, 2)": 0.5,
+                                  "processes_vs_threads(keep, workqueue, 2)": 2.0}
 
 
 def test_both_modes_run_for_real(bench: Any, parts1: Path, tmp_path: Path,
@@ -62,8 +69,23 @@ def test_both_modes_run_for_real(bench: Any, parts1: Path, tmp_path: Path,
     # kernel calls: every CPU for the threads (the server's default), split among processes
     assert rows[0]["kernel_threads"] == usable_cpus()
     assert rows[1]["kernel_threads"] == max(1, usable_cpus() // 2)
-    assert set(result["ratios"]) == {"processes_vs_threads(keep, 2)"}
+    layer = numba_layer()
+    assert [r["threading_layer"] for r in rows] == [layer, layer]
+    assert result["machine"]["numba_threading_layer"] == layer
+    assert set(result["ratios"]) == {f"processes_vs_threads(keep, {layer}, 2)"}
     assert [p.name for p in tmp_path.iterdir()] == ["concurrency-test.json"]  # scratch removed
+
+
+def test_a_row_runs_on_the_threading_layer_it_names(bench: Any, parts1: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench, "write_json", lambda name, payload: _write(tmp_path, name, payload))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert bench.main(["--partition-dir", str(parts1), "--workers", "2", "--seconds", "0.3",
+                       "--batch-size", "64", "--fanouts", "5", "3", "--modes", "threads",
+                       "--layers", "workqueue", "--results-name", "concurrency-layer"]) == 0
+    rows = json.loads((tmp_path / "concurrency-layer.json").read_text())["rows"]
+    assert [(r["threading_layer"], r["workers"]) for r in rows] == [("workqueue", 2)]
+    assert rows[0]["batches"] > 0  # two threads took turns at the parallel kernels, no abort
 
 
 def test_a_child_that_fails_is_reported(bench: Any, parts1: Path, tmp_path: Path,
