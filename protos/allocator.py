@@ -27,6 +27,7 @@ import logging
 import math
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -91,5 +92,36 @@ def empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     count = math.prod(shape)
     if count == 0:
         return torch.empty(tuple(shape), dtype=dtype)
+    # NumPy's allocation keeps the interpreter lock and torch's views release it (each
+    # costs a wait to get it back in a busy server): a NumPy array of the dtype, or of
+    # same-size words for a dtype NumPy lacks (bfloat16), and one view at most.
+    np_dtype = _NUMPY_OF.get(dtype)
+    if np_dtype is not None:
+        return torch.from_numpy(np.empty(tuple(shape), dtype=np_dtype))
+    words = _WORDS_OF.get(dtype.itemsize)
+    if words is not None:
+        array = np.empty(tuple(shape), dtype=words)
+        tensor = torch.from_numpy(array).view(dtype)
+        setattr(tensor, _WORDS_ATTR, array)  # for words_of: NumPy has no bfloat16
+        return tensor
     raw = np.empty(count * dtype.itemsize, dtype=np.uint8)
     return torch.from_numpy(raw).view(dtype).view(tuple(shape))
+
+
+_WORDS_ATTR = "_graphfeed_words"
+
+
+def words_of(tensor: torch.Tensor) -> np.ndarray | None:
+    """The NumPy words (``uint16`` for bfloat16) of a tensor that :func:`empty` made of a
+    dtype NumPy lacks, without a torch call (a ``view`` releases the interpreter lock);
+    None for any other tensor, a view or slice of one included."""
+    words = getattr(tensor, _WORDS_ATTR, None)
+    return words if isinstance(words, np.ndarray) else None
+
+
+#: torch dtypes NumPy has, and NumPy's words of each item size (for those it lacks).
+_NUMPY_OF: dict[torch.dtype, Any] = {
+    torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16,
+    torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
+    torch.uint8: np.uint8, torch.bool: np.bool_}
+_WORDS_OF: dict[int, Any] = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}

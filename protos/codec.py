@@ -40,6 +40,7 @@ from typing import Protocol, TypeAlias, cast
 import numpy as np
 import torch
 
+from protos import allocator
 from protos import sampling_pb2 as pb
 from protos.buffers import BufferPool
 
@@ -164,11 +165,14 @@ def torch_to_dtype(dtype: torch.dtype) -> WireDType:
 def _torch_to_numpy(tensor: torch.Tensor) -> tuple[np.ndarray, WireDType]:
     """View a tensor as a NumPy array (no copy for CPU tensors) and give its wire dtype."""
     wire = torch_to_dtype(tensor.dtype)
-    t = tensor.detach()
+    # (each torch call releases the interpreter lock and waits to get it back: no detach
+    # of a tensor that needs none)
+    t = tensor.detach() if tensor.requires_grad else tensor
     if t.device.type != "cpu":
         t = t.cpu()
     if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(np.uint16), wire
+        words = allocator.words_of(t)
+        return (words if words is not None else t.view(torch.int16).numpy().view(np.uint16)), wire
     return t.numpy(), wire
 
 

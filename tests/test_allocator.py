@@ -105,10 +105,28 @@ def test_empty_gives_the_shape_and_dtype_asked_for() -> None:
 
     from protos.allocator import empty
 
-    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8):
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8,
+                  torch.float64, torch.int32, torch.int16, torch.int8, torch.bool,
+                  torch.complex64):
         x = empty((3, 5), dtype)
         assert x.shape == (3, 5) and x.dtype == dtype and x.is_contiguous()
         x.fill_(1)
         assert int(x.sum()) == 15
     assert empty((0, 4), torch.float32).shape == (0, 4)
     assert empty((7,), torch.bfloat16).shape == (7,)
+
+
+def test_words_of_gives_the_words_of_a_bfloat16_tensor_from_empty_only() -> None:
+    import numpy as np
+    import torch
+
+    from protos.allocator import empty, words_of
+
+    x = empty((4, 3), torch.bfloat16)
+    words = words_of(x)
+    assert words is not None and words.dtype == np.uint16 and words.shape == (4, 3)
+    x.copy_(torch.arange(12, dtype=torch.float32).view(4, 3))  # the same memory
+    assert np.array_equal(words, x.view(torch.int16).numpy().view(np.uint16))
+    assert words_of(x[1:]) is None and words_of(x.view(torch.int16)) is None  # views: none
+    assert words_of(empty((4, 3), torch.float32)) is None  # NumPy has the dtype
+    assert words_of(torch.zeros(3, dtype=torch.bfloat16)) is None  # not from empty

@@ -685,3 +685,13 @@ def test_pinned_assembly_returns_views_of_its_own_buffers(monkeypatch: pytest.Mo
     for name in ("x", "mask", "ids"):  # the returned tensors are the pinned buffers themselves
         assert any(out[name].untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
                    for t in made), name
+
+
+def test_a_bfloat16_tensor_from_the_allocator_encodes_as_any_other() -> None:
+    from protos import allocator
+
+    x = allocator.empty((5, 3), torch.bfloat16)
+    x.copy_(torch.randn(5, 3))
+    for t in (x, x[1:], x.clone()):  # its own words, a view, a tensor torch allocated
+        back = decode_tensor(encode_tensor(t))  # bfloat16 comes back as its uint16 words
+        assert np.array_equal(back, t.contiguous().view(torch.int16).numpy().view(np.uint16))

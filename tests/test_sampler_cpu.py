@@ -666,3 +666,16 @@ def test_answers_of_several_owners_go_back_in_frontier_order(seed: int) -> None:
     merged = merge_hop_samples(n, positions, parts, torch.device("cpu"))
     assert merged.counts.tolist() == [len(r) for r in runs]
     assert merged.neighbors.tolist() == [v for r in runs for v in r]
+
+
+def test_the_helpers_that_keep_the_interpreter_lock_agree_with_numpy() -> None:
+    from sampling_server.sampler import cpu_kernels as k
+
+    rng = np.random.default_rng(7)
+    for ids in (rng.integers(-5, 10**12, 100_003), rng.integers(0, 1000, 17).astype(np.int32),
+                rng.integers(0, 10**9, 1000)[::3], np.array([42]), np.arange(10)[::-1]):
+        assert k.id_min_max(ids) == (ids.min(), ids.max())
+        assert k.total(ids) == ids.sum()
+    assert k.total(np.zeros(0, np.int64)) == 0
+    assert np.array_equal(k.positions(5), np.arange(5)) and k.positions(0).size == 0
+    assert k.positions(3).dtype == np.int64

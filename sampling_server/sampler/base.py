@@ -21,7 +21,7 @@ import torch
 
 from partitioner.format import Partition
 from protos import allocator, halfcast
-from sampling_server.sampler import cpu_gather
+from sampling_server.sampler import cpu_gather, cpu_kernels
 from sampling_server.sampler.types import HopSample, Minibatch, SamplerOutput
 
 T = TypeVar("T")
@@ -204,7 +204,11 @@ class NeighborSampler(abc.ABC):
     @staticmethod
     def id_range(nodes: torch.Tensor) -> tuple[int, int]:
         """``(min, max)`` of a non-empty ID tensor, read back in one transfer (one
-        synchronisation on a GPU, where each read is one)."""
+        synchronisation on a GPU, where each read is one); on the CPU in one call that
+        keeps the interpreter lock (:func:`cpu_kernels.id_min_max`)."""
+        if nodes.device.type == "cpu":
+            lo_cpu, hi_cpu = cpu_kernels.id_min_max(nodes.numpy())
+            return int(lo_cpu), int(hi_cpu)
         lo, hi = torch.aminmax(nodes)
         first, last = torch.stack((lo, hi)).tolist()
         return int(first), int(last)
@@ -346,9 +350,11 @@ class NeighborSampler(abc.ABC):
             stored = torch_dtype(self.partition.x.dtype)
             if features and dtype is not None and dtype != stored and self.device.type == "cpu":
                 # cast on the way (one pass over the rows) rather than gather, then cast
+                # (NumPy's allocations keep the interpreter lock; torch's calls release it)
                 rows = self.empty_rows(n_id.numel(), dtype)
-                ys = torch.empty(n_id.numel(), dtype=torch.int64) if labels else None
-                self.gather_local_into(n_id, torch.arange(n_id.numel()), rows, ys)
+                ys = torch.from_numpy(np.empty(n_id.numel(), np.int64)) if labels else None
+                self.gather_local_into(n_id, torch.from_numpy(cpu_kernels.positions(n_id.numel())),
+                                       rows, ys)
                 return rows, ys
             lx, ly = self.gather_owned(n_id, features, labels)
             return (halfcast.cast(lx, dtype) if lx is not None and dtype is not None else lx), ly
@@ -409,7 +415,10 @@ def assign_rows(dest: torch.Tensor | None, pos: torch.Tensor, value: torch.Tenso
 
 def numpy_words(t: torch.Tensor) -> np.ndarray:
     """A CPU tensor's memory as NumPy (bfloat16, which NumPy lacks, as uint16 words)."""
-    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
+    if t.dtype != torch.bfloat16:
+        return t.numpy()
+    words = allocator.words_of(t)
+    return words if words is not None else t.view(torch.int16).numpy().view(np.uint16)
 
 
 def merge_hop_samples(

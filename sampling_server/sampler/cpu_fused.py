@@ -34,6 +34,7 @@ from sampling_server.sampler.cpu_kernels import (
     num_draws,
     parallel_guard,
     takes_all,
+    total,
     uniform_below,
 )
 from sampling_server.sampler.prefetch import prefetch
@@ -274,7 +275,7 @@ def add_hop(nodes: NodeList, edges: EdgeList, first_target: int, slots: np.ndarr
             lid: np.ndarray, base: np.ndarray, counts: np.ndarray) -> int:
     """Passes 2 and 3 of a hop (after :func:`draw_and_look_up` or :func:`look_up_drawn`)
     into ``nodes`` and ``edges``, growing them as needed; returns the hop's new-node count."""
-    drawn = int(counts.sum())
+    drawn = int(total(counts))
     nodes.n_id = _grown(nodes.n_id, nodes.count, min(nodes.count + drawn, nodes.local_of.size))
     edges.row = _grown(edges.row, edges.size, edges.size + drawn)
     edges.col = _grown(edges.col, edges.size, edges.size + drawn)

@@ -78,6 +78,38 @@ def parallel_guard() -> AbstractContextManager[Any]:
     return _WORKQUEUE_LOCK if layer == "workqueue" else nullcontext()
 
 
+# -- small reads that keep the interpreter lock ---------------------------------------
+# A call that releases the interpreter lock (a ``nogil`` kernel, nearly every torch op,
+# NumPy's loops over 500+ items) must take it back on return, and in a server whose other
+# threads run Python that wait is up to the switch interval (5 ms) each time: a batch's
+# many tiny torch calls (``aminmax``, ``stack``, ``detach``) each cost a wait. These
+# helpers take microseconds, so they keep the lock and cost none.
+@numba.njit(cache=True)
+def id_min_max(ids: np.ndarray) -> tuple[int, int]:
+    """``(min, max)`` of a non-empty integer array, keeping the interpreter lock."""
+    lo = hi = ids[0]
+    for i in range(1, ids.size):  # branch-free: the compiler vectorizes it
+        lo = min(lo, ids[i])
+        hi = max(hi, ids[i])
+    return lo, hi
+
+
+@numba.njit(cache=True)
+def positions(n: int) -> np.ndarray:
+    """``0 .. n-1`` as int64, keeping the interpreter lock (NumPy's ``arange`` of many
+    items releases it)."""
+    return np.arange(n)
+
+
+@numba.njit(cache=True)
+def total(counts: np.ndarray) -> int:
+    """The sum of an integer array, keeping the interpreter lock."""
+    acc = 0
+    for i in range(counts.size):
+        acc += counts[i]
+    return acc
+
+
 @numba.njit(parallel=True, nogil=True, cache=True)
 def _parallel_sum(n: int) -> int:
     total = 0

@@ -41,7 +41,9 @@ def _as_ids(nodes: torch.Tensor | np.ndarray, field: str) -> np.ndarray:
             raise ValueError(f"{field}: expected a CPU tensor, got one on {nodes.device}")
         if nodes.dtype != torch.int64:
             raise ValueError(f"{field}: expected int64 node IDs, got {nodes.dtype}")
-        arr = nodes.detach().contiguous().numpy()
+        arr = nodes.numpy()  # (integer tensors need no detach: they never require grad)
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)
     else:
         arr = np.ascontiguousarray(nodes, dtype=np.int64)
     if arr.ndim != 1:
@@ -199,7 +201,9 @@ class CpuNeighborSampler(NeighborSampler):
         """Seeds as a CPU int64 tensor, checked as :meth:`NeighborSampler.sample` checks them."""
         if isinstance(seeds, np.ndarray):  # copies: split arrays are read-only memmaps
             seeds = torch.from_numpy(np.array(seeds, dtype=np.int64))
-        seeds_t = torch.from_numpy(_as_ids(seeds.to(device="cpu", dtype=torch.int64), "seeds"))
+        if seeds.device.type != "cpu" or seeds.dtype != torch.int64:
+            seeds = seeds.to(device="cpu", dtype=torch.int64)
+        seeds_t = torch.from_numpy(_as_ids(seeds, "seeds"))
         if remote is None:
             self.check_owned(seeds_t, "seeds")
         else:
@@ -210,8 +214,9 @@ class CpuNeighborSampler(NeighborSampler):
                     key: int, hop: int, remote: RemoteNeighbors | None) -> None:
         """Draw and relabel the hop of frontier ``n_id[lo:hi]`` into ``nodes`` and ``edges``."""
         frontier = nodes.ids(lo, hi)
-        owned = frontier.size == 0 or (int(frontier.min()) >= self.node_start
-                                       and int(frontier.max()) < self.node_stop)
+        if frontier.size:
+            first, last = K.id_min_max(frontier)
+        owned = frontier.size == 0 or (int(first) >= self.node_start and int(last) < self.node_stop)
         if owned and not self.weighted and 0 <= fanout <= K.STRIDE_MAX_FANOUT:
             F.draw_hop(nodes, edges, lo, self._csc, frontier, fanout,
                        np.uint64(int(key) & _MASK64), hop, self.replace)
@@ -243,7 +248,7 @@ class CpuNeighborSampler(NeighborSampler):
         to its place (float32 features narrowed to a bfloat16 ``x`` on the way)."""
         ids = _as_ids(nodes, "nodes")
         self.check_owned(torch.from_numpy(ids), "nodes")
-        pos = positions.to(torch.int64).numpy()
+        pos = (positions if positions.dtype == torch.int64 else positions.to(torch.int64)).numpy()
         src_x, src_y = np.asarray(self.partition.x), np.asarray(self.partition.y)
         direct_x = x is None or (
             x.is_contiguous() and src_x.ndim == 2 and src_x.flags.c_contiguous
