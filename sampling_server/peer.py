@@ -411,7 +411,10 @@ class PeerClient:
         for p, nodes in nodes_by_partition.items():
             if p not in self._stubs:
                 raise ValueError(f"nodes_by_partition: expected peer partitions {self.peers}, got {p}")
-            ids = np.ascontiguousarray(nodes.detach().cpu().numpy(), dtype=np.int64)
+            # (a CPU int64 tensor needs no torch call, each of which releases the
+            # interpreter lock and waits to get it back)
+            ids = np.ascontiguousarray((nodes if nodes.device.type == "cpu" else nodes.cpu()).numpy(),
+                                       dtype=np.int64)
             jobs.extend((p, ids[i:i + MAX_NODES_PER_CALL])
                         for i in range(0, max(ids.size, 1), MAX_NODES_PER_CALL))
         futures: list[Future[T]] = [self._pool.submit(call, p, ids) for p, ids in jobs[1:]]

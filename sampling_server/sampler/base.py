@@ -196,8 +196,15 @@ class NeighborSampler(abc.ABC):
             return allocator.empty(shape, dtype)
         return torch.empty(shape, dtype=dtype, device=self.device)
 
+    @property
+    def num_partitions(self) -> int:
+        """Partitions of the graph (the partition book's entries, less one)."""
+        return int(self.partition_book.numel()) - 1
+
     def owner_of(self, nodes: torch.Tensor) -> torch.Tensor:
         """Partition ID of each global node ID (a binary search of the partition book)."""
+        if nodes.device.type == "cpu":  # one call that keeps the interpreter lock
+            return torch.from_numpy(cpu_kernels.owners(self.partition_book.numpy(), nodes.numpy()))
         book = self.partition_book.to(nodes.device)
         return torch.searchsorted(book, nodes, right=True) - 1
 
@@ -322,18 +329,18 @@ class NeighborSampler(abc.ABC):
             raise RuntimeError(
                 f"frontier of hop {hop} reaches other partitions but no remote sampler was given"
             )
-        groups = owner_groups(owner)
+        groups = owner_groups(owner, num_parts=self.num_partitions)
         local_pos = groups.pop(self.partition.partition_id, None)
-        asked = {p: frontier[pos].cpu() for p, pos in groups.items()}
+        asked = {p: _take(frontier, pos).cpu() for p, pos in groups.items()}
         # the owners draw while this partition draws its own share
         pending = begin(lambda: remote(asked, fanout, key, hop), self.overlap_peers)
         parts: dict[int, HopSample] = {}
         if local_pos is not None:
-            parts[-1] = self.sample_neighbors(frontier[local_pos], fanout, key, hop)
+            parts[-1] = self.sample_neighbors(_take(frontier, local_pos), fanout, key, hop)
         answers = pending.result()  # bounded: peer calls carry deadlines
         for p in groups:
-            parts[p] = HopSample(answers[p].counts.to(self.device),
-                                 answers[p].neighbors.to(self.device))
+            parts[p] = HopSample(_on(answers[p].counts, self.device),
+                                 _on(answers[p].neighbors, self.device))
         if local_pos is not None:
             groups[-1] = local_pos
         return merge_hop_samples(frontier.numel(), groups, parts, self.device)
@@ -359,18 +366,19 @@ class NeighborSampler(abc.ABC):
             lx, ly = self.gather_owned(n_id, features, labels)
             return (halfcast.cast(lx, dtype) if lx is not None and dtype is not None else lx), ly
         owner = self.owner_of(n_id)
-        mine = owner == self.partition.partition_id
         if remote is None:
             raise RuntimeError("gather: nodes of other partitions but no remote fetcher was given")
         x = self.empty_rows(n_id.numel(), dtype or torch_dtype(self.partition.x.dtype)) \
             if features else None
-        y = torch.empty(n_id.numel(), dtype=torch.int64, device=self.device) if labels else None
-        groups = owner_groups(owner, self.partition.partition_id)
-        asked = {p: n_id[pos].cpu() for p, pos in groups.items()}
+        y = (torch.from_numpy(np.empty(n_id.numel(), np.int64)) if self.device.type == "cpu"
+             else torch.empty(n_id.numel(), dtype=torch.int64, device=self.device)) if labels else None
+        groups = owner_groups(owner, num_parts=self.num_partitions)
+        local_pos = groups.pop(self.partition.partition_id, None)
+        asked = {p: _take(n_id, pos).cpu() for p, pos in groups.items()}
         # the owners gather while this partition gathers its own rows
         pending = begin(lambda: remote(asked, features, labels), self.overlap_peers)
-        local_pos = torch.nonzero(mine).flatten()
-        self.gather_local_into(n_id[local_pos], local_pos, x, y)
+        if local_pos is not None:
+            self.gather_local_into(_take(n_id, local_pos), local_pos, x, y)
         answers = pending.result()  # bounded: peer calls carry deadlines
         for p, pos in groups.items():
             rx, ry = answers[p]
@@ -389,14 +397,33 @@ class NeighborSampler(abc.ABC):
         return Minibatch(structure=out, x=x, y=y)
 
 
-def owner_groups(owner: torch.Tensor, skip: int | None = None) -> dict[int, torch.Tensor]:
+def owner_groups(owner: torch.Tensor, skip: int | None = None,
+                 num_parts: int | None = None) -> dict[int, torch.Tensor]:
     """Per partition present in ``owner`` (partition IDs, one per node; ``skip`` left
     out), the positions of its nodes, in order. The partitions present come from a count
-    per partition (one pass), not from sorting ``owner``."""
+    per partition (one pass), not from sorting ``owner``; on the CPU, with ``num_parts``
+    (more than any ID in ``owner``), one counting sort that keeps the interpreter lock."""
     if owner.numel() == 0:
         return {}
+    if owner.device.type == "cpu" and num_parts is not None:
+        order, starts = cpu_kernels.group_positions(owner.numpy(), num_parts)
+        return {p: torch.from_numpy(order[starts[p]:starts[p + 1]]) for p in range(num_parts)
+                if starts[p + 1] > starts[p] and p != skip}
     present = torch.bincount(owner).nonzero().flatten().tolist()
     return {p: torch.nonzero(owner == p).flatten() for p in present if p != skip}
+
+
+def _take(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``values[positions]`` (1-D); on the CPU in a call that keeps the interpreter lock."""
+    if values.device.type == "cpu" and positions.device.type == "cpu":
+        return torch.from_numpy(cpu_kernels.take(values.numpy(), positions.numpy()))
+    return values[positions]
+
+
+def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``, without a torch call (which releases the interpreter lock)
+    when it is there already."""
+    return t if t.device == device else t.to(device)
 
 
 def assign_rows(dest: torch.Tensor | None, pos: torch.Tensor, value: torch.Tensor | None) -> None:
@@ -404,13 +431,23 @@ def assign_rows(dest: torch.Tensor | None, pos: torch.Tensor, value: torch.Tenso
     the CPU a parallel Numba scatter."""
     if dest is None or value is None:
         return
-    value = halfcast.cast(value.to(dest.device), dest.dtype)
-    if dest.device.type == "cpu" and dest.is_contiguous() and value.dim() == dest.dim() \
-            and value.shape[1:] == dest.shape[1:]:
-        cpu_gather.scatter_into(numpy_words(value.contiguous()), pos.to(torch.int64).numpy(),
+    value = _on(value, dest.device)
+    if value.dtype != dest.dtype:
+        value = halfcast.cast(value, dest.dtype)
+    if dest.device.type == "cpu" and value.dim() == dest.dim() \
+            and value.shape[1:] == dest.shape[1:] and dest.is_contiguous():
+        words = numpy_words(value)
+        cpu_gather.scatter_into(words if words.flags.c_contiguous else np.ascontiguousarray(words),
+                                (pos if pos.dtype == torch.int64 else pos.to(torch.int64)).numpy(),
                                 numpy_words(dest))
     else:
         dest[pos] = value
+
+
+def _int64_array(t: torch.Tensor) -> np.ndarray:
+    """A CPU integer tensor as an int64 NumPy array (no torch call when it is one)."""
+    arr = t.numpy()
+    return arr if arr.dtype == np.int64 else arr.astype(np.int64)
 
 
 def numpy_words(t: torch.Tensor) -> np.ndarray:
@@ -427,18 +464,23 @@ def merge_hop_samples(
 ) -> HopSample:
     """Put per-owner answers back in frontier order: ``parts[g]`` answers the frontier
     entries at ``positions[g]``."""
+    if device.type == "cpu":  # calls that keep the interpreter lock, and one kernel a part
+        groups = list(positions)
+        ids = {g: _int64_array(parts[g].counts) for g in groups}
+        full, offsets_np = cpu_kernels.run_offsets(
+            frontier_size, np.concatenate([positions[g].numpy() for g in groups]) if groups
+            else np.zeros(0, np.int64),
+            np.concatenate([ids[g] for g in groups]) if groups else np.zeros(0, np.int64))
+        neighbors_np = np.empty(cpu_kernels.total(full), dtype=np.int64)
+        for g in groups:
+            cpu_gather.place_runs(positions[g].numpy(), ids[g], _int64_array(parts[g].neighbors),
+                                  offsets_np, neighbors_np)
+        return HopSample(counts=torch.from_numpy(full), neighbors=torch.from_numpy(neighbors_np))
     counts = torch.zeros(frontier_size, dtype=torch.int64, device=device)
     for g, pos in positions.items():
         counts[pos] = parts[g].counts
     offsets = torch.cumsum(counts, 0) - counts
     neighbors = torch.empty(int(counts.sum()), dtype=torch.int64, device=device)
-    if device.type == "cpu":
-        for g, pos in positions.items():
-            part = parts[g]
-            cpu_gather.place_runs(pos.numpy(), part.counts.to(torch.int64).numpy(),
-                                  part.neighbors.to(torch.int64).numpy(), offsets.numpy(),
-                                  neighbors.numpy())
-        return HopSample(counts=counts, neighbors=neighbors)
     for g, pos in positions.items():
         part = parts[g]
         if part.neighbors.numel() == 0:

@@ -102,6 +102,60 @@ def positions(n: int) -> np.ndarray:
 
 
 @numba.njit(cache=True)
+def owners(book: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Partition of each global ID (``book``: the partition book, the first ID of each
+    partition and the node count last), keeping the interpreter lock."""
+    return np.searchsorted(book, ids, side="right") - 1
+
+
+@numba.njit(cache=True)
+def group_positions(owner: np.ndarray, num_parts: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, starts)``: the positions of partition ``p``'s entries of ``owner`` are
+    ``order[starts[p]:starts[p + 1]]``, in order (a counting sort), keeping the
+    interpreter lock."""
+    starts = np.zeros(num_parts + 1, dtype=np.int64)
+    for i in range(owner.size):
+        if owner[i] < 0 or owner[i] >= num_parts:
+            raise ValueError("group_positions: an owner outside [0, num_parts)")
+        starts[owner[i] + 1] += 1
+    for p in range(num_parts):
+        starts[p + 1] += starts[p]
+    fill = starts[:-1].copy()
+    order = np.empty(owner.size, dtype=np.int64)
+    for i in range(owner.size):
+        p = owner[i]
+        order[fill[p]] = i
+        fill[p] += 1
+    return order, starts
+
+
+@numba.njit(cache=True)
+def take(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """``values[positions]`` (1-D), keeping the interpreter lock."""
+    out = np.empty(positions.size, dtype=values.dtype)
+    for i in range(positions.size):
+        out[i] = values[positions[i]]
+    return out
+
+
+@numba.njit(cache=True)
+def run_offsets(frontier_size: int, positions: np.ndarray, counts: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """``(counts, offsets)`` of a frontier whose entries ``positions[i]`` drew
+    ``counts[i]`` neighbors (every entry once): per entry, in frontier order, and the
+    exclusive prefix sum, keeping the interpreter lock."""
+    full = np.zeros(frontier_size, dtype=np.int64)
+    for i in range(positions.size):
+        full[positions[i]] = counts[i]
+    offsets = np.empty(frontier_size, dtype=np.int64)
+    acc = 0
+    for i in range(frontier_size):
+        offsets[i] = acc
+        acc += full[i]
+    return full, offsets
+
+
+@numba.njit(cache=True)
 def total(counts: np.ndarray) -> int:
     """The sum of an integer array, keeping the interpreter lock."""
     acc = 0
