@@ -16,7 +16,10 @@ for each ``K`` of ``--workers``, each measured in fresh child processes that sta
 together once all have loaded and warmed up. ``--allocators`` repeats the rows with
 glibc's allocator as the server sets it (``keep``: freed blocks kept, one arena), as
 glibc leaves it (``default``), or with freed blocks kept and glibc's own number of
-arenas (``keep-arenas``). Reports batches/s, the mean time a batch spent sampling,
+arenas (``keep-arenas``). ``--layers`` runs them on named Numba threading layers, and
+``--spinners`` with threads running pure Python beside the workers: a batch then waits
+up to the interpreter's switch interval (5 ms) to take the lock back after each call
+that released it, so its slowdown counts those calls. Reports batches/s, the mean time a batch spent sampling,
 gathering and encoding, and the cores used; the processes-over-threads ratio for each
 ``K`` says what a server would gain from running its workers as processes on this
 machine.
@@ -27,6 +30,7 @@ machine.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -72,6 +76,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", nargs="+", choices=LAYERS, default=["default"],
                    help="Numba threading layers to run each row with (a layer that cannot "
                         "load fails its row)")
+    p.add_argument("--spinners", type=int, nargs="+", default=[0],
+                   help="threads running pure Python beside the workers in each process (rows "
+                        "for each count): how much a batch waits to take the interpreter lock "
+                        "back after each call that released it")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads per kernel call in every row (the server's --threads; "
                         "default: the CPUs the process may use in the threads rows, as the "
@@ -87,6 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--child-workers", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--child-seed", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--child-spinners", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--allocator", choices=ALLOCATORS, default="keep", help=argparse.SUPPRESS)
     p.add_argument("--ready", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--go", type=Path, default=None, help=argparse.SUPPRESS)
@@ -96,6 +105,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')}: expected integers >= 1, got {getattr(args, name)}")
     if args.seconds <= 0:
         p.error(f"--seconds: expected seconds > 0, got {args.seconds}")
+    if any(v < 0 for v in args.spinners):
+        p.error(f"--spinners: expected integers >= 0, got {args.spinners}")
     if args.threads is not None and args.threads < 1:
         p.error(f"--threads: expected an integer >= 1, got {args.threads}")
     return args
@@ -182,8 +193,22 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         args.ready.touch()
     if args.go is not None:
         wait_for(args.go, START_TIMEOUT_S, "the start signal")
+    stop = threading.Event()
+
+    def spin() -> None:  # pure Python: holds the interpreter lock but for forced switches
+        while not stop.is_set():
+            sum(range(2000))
+
+    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(args.child_spinners)]
+    for t in spinners:
+        t.start()
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    run_all(wall0 + args.seconds, 0)
+    try:
+        run_all(wall0 + args.seconds, 0)
+    finally:
+        stop.set()
+        for t in spinners:
+            t.join()
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     arr = np.asarray(timings, dtype=np.float64).reshape(-1, 4)
     return {"batches": len(timings), "seconds": wall, "cpu_seconds": cpu,
@@ -193,14 +218,17 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_row(args: argparse.Namespace, part_dir: Path, mode: str, workers: int,
-            allocator: str, scratch: Path, layer: str = "default") -> dict[str, Any]:
-    """One row: ``workers`` threads in one child, or ``workers`` one-thread children."""
+            allocator: str, scratch: Path, layer: str = "default", spinners: int = 0
+            ) -> dict[str, Any]:
+    """One row: ``workers`` threads in one child, or ``workers`` one-thread children
+    (each child with ``spinners`` pure-Python threads beside its workers)."""
     procs, per = (1, workers) if mode == "threads" else (workers, 1)
-    name = f"{mode}-{workers}-{allocator}-{layer}"
+    name = f"{mode}-{workers}-{allocator}-{layer}-{spinners}"
     go = scratch / f"go-{name}"
     readies = [scratch / f"ready-{name}-{i}" for i in range(procs)]
     base = [sys.executable, str(Path(__file__).resolve()), "--child", "--partition-dir", str(part_dir),
-            "--child-workers", str(per), "--allocator", allocator, "--seconds", str(args.seconds),
+            "--child-workers", str(per), "--child-spinners", str(spinners),
+            "--allocator", allocator, "--seconds", str(args.seconds),
             "--dtype", args.dtype, "--batch-size", str(args.batch_size), "--go", str(go),
             "--fanouts", *map(str, args.fanouts)]
     threads = args.threads
@@ -247,7 +275,8 @@ def run_row(args: argparse.Namespace, part_dir: Path, mode: str, workers: int,
     batches = sum(r["batches"] for r in results)
     rate = sum(r["batches"] / r["seconds"] for r in results)
     return {"mode": mode, "workers": workers, "allocator": allocator,
-            "threading_layer": results[0]["threading_layer"], "batches": batches,
+            "threading_layer": results[0]["threading_layer"], "spinners": spinners,
+            "batches": batches,
             "batches_per_s": round(rate, 3),
             **{f"{step}_ms": round(1e3 * sum(r[f"{step}_s"] for r in results) / max(batches, 1), 2)
                for step in ("sample", "gather", "encode")},
@@ -259,21 +288,22 @@ def run_row(args: argparse.Namespace, part_dir: Path, mode: str, workers: int,
 def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Processes over threads in batches/s, per allocator, threading layer and number of
     workers."""
-    by = {(r["mode"], r["allocator"], r["threading_layer"], r["workers"]): r["batches_per_s"]
-          for r in rows}
+    by = {(r["mode"], r["allocator"], r["threading_layer"], r.get("spinners", 0), r["workers"]):
+          r["batches_per_s"] for r in rows}
     out = {}
-    for (mode, allocator, layer, workers), rate in by.items():
-        threads = by.get(("threads", allocator, layer, workers))
+    for (mode, allocator, layer, spinners, workers), rate in by.items():
+        threads = by.get(("threads", allocator, layer, spinners, workers))
         if mode == "processes" and threads:
-            out[f"processes_vs_threads({allocator}, {layer}, {workers})"] = round(rate / threads, 3)
+            spun = f", {spinners} spinners" if spinners else ""
+            out[f"processes_vs_threads({allocator}, {layer}{spun}, {workers})"] = round(rate / threads, 3)
     return out
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'mode':<10} {'alloc':<12} {'layer':<10} {'K':>3} {'batches/s':>10} {'sample ms':>10} "
-            f"{'gather ms':>10} {'encode ms':>10} {'cores':>6}")
+    head = (f"{'mode':<10} {'alloc':<12} {'layer':<10} {'spin':>4} {'K':>3} {'batches/s':>10} "
+            f"{'sample ms':>10} {'gather ms':>10} {'encode ms':>10} {'cores':>6}")
     lines = [head] + [f"{r['mode']:<10} {r['allocator']:<12} {r['threading_layer']:<10} "
-                      f"{r['workers']:>3} {r['batches_per_s']:>10.2f} "
+                      f"{r['spinners']:>4} {r['workers']:>3} {r['batches_per_s']:>10.2f} "
                       f"{r['sample_ms']:>10.1f} {r['gather_ms']:>10.1f} {r['encode_ms']:>10.1f} "
                       f"{r['cores_used']:>6.2f}" for r in rows]
     return "\n".join(lines)
@@ -292,16 +322,14 @@ def main(argv: list[str] | None = None) -> int:
     part_dir = args.partition_dir.resolve()
     rows = []
     with tempfile.TemporaryDirectory(prefix="graphfeed-concurrency-") as scratch:
-        for layer in args.layers:
-            for allocator in args.allocators:
-                for workers in args.workers:
-                    for mode in args.modes:
-                        row = run_row(args, part_dir, mode, workers, allocator, Path(scratch), layer)
-                        log.info("%s x%d (%s, %s): %.2f batches/s, sample %.1f ms, gather %.1f ms, "
-                                 "encode %.1f ms, %.2f cores", mode, workers, allocator,
-                                 row["threading_layer"], row["batches_per_s"], row["sample_ms"],
-                                 row["gather_ms"], row["encode_ms"], row["cores_used"])
-                        rows.append(row)
+        for layer, allocator, spinners, workers, mode in itertools.product(
+                args.layers, args.allocators, args.spinners, args.workers, args.modes):
+            row = run_row(args, part_dir, mode, workers, allocator, Path(scratch), layer, spinners)
+            log.info("%s x%d (%s, %s, %d spinners): %.2f batches/s, sample %.1f ms, gather %.1f ms, "
+                     "encode %.1f ms, %.2f cores", mode, workers, allocator, row["threading_layer"],
+                     spinners, row["batches_per_s"], row["sample_ms"], row["gather_ms"],
+                     row["encode_ms"], row["cores_used"])
+            rows.append(row)
     result = {"benchmark": "concurrency", "partition_dir": str(part_dir), "fanouts": args.fanouts,
               "batch_size": args.batch_size, "dtype": args.dtype, "seconds": args.seconds,
               "threads": args.threads, "machine": machine(), "load_average": load_average(),

@@ -31,7 +31,7 @@ def test_arguments_are_checked(bench: Any, capsys: pytest.CaptureFixture[str]) -
     assert args.allocators == ["keep"] and args.dtype == "bfloat16"
     assert args.layers == ["default"]
     for bad, field in ((["--workers", "0"], "--workers"), (["--seconds", "0"], "--seconds"),
-                       (["--layers", "gcd"], "--layers"),
+                       (["--layers", "gcd"], "--layers"), (["--spinners", "-1"], "--spinners"),
                        (["--threads", "0"], "--threads"), (["--fanouts", "5", "-1"], "--fanouts")):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
@@ -82,9 +82,10 @@ def test_a_row_runs_on_the_threading_layer_it_names(bench: Any, parts1: Path, tm
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert bench.main(["--partition-dir", str(parts1), "--workers", "2", "--seconds", "0.3",
                        "--batch-size", "64", "--fanouts", "5", "3", "--modes", "threads",
-                       "--layers", "workqueue", "--results-name", "concurrency-layer"]) == 0
+                       "--layers", "workqueue", "--spinners", "1",
+                       "--results-name", "concurrency-layer"]) == 0
     rows = json.loads((tmp_path / "concurrency-layer.json").read_text())["rows"]
-    assert [(r["threading_layer"], r["workers"]) for r in rows] == [("workqueue", 2)]
+    assert [(r["threading_layer"], r["workers"], r["spinners"]) for r in rows] == [("workqueue", 2, 1)]
     assert rows[0]["batches"] > 0  # two threads took turns at the parallel kernels, no abort
 
 
