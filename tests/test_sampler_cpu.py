@@ -685,6 +685,16 @@ def test_the_helpers_that_keep_the_interpreter_lock_agree_with_numpy() -> None:
     ids = rng.integers(0, 40, 500)
     owner = k.owners(book, ids)
     assert np.array_equal(owner, np.searchsorted(book, ids, side="right") - 1)
+    for parts, n in ((3, 70_000), (100, 1_000)):  # the lock released (large), many partitions
+        many = np.sort(rng.integers(0, 10**6, parts + 1))
+        many[0], many[-1] = 0, 10**6
+        some = rng.integers(0, 10**6, n)
+        assert np.array_equal(k.owners(many, some), np.searchsorted(many, some, side="right") - 1)
+        order, starts = k.group_positions(k.owners(many, some), parts)
+        assert np.array_equal(np.sort(order), np.arange(n)) and starts[-1] == n
+        assert np.array_equal(k.take(some, order), some[order])
+        full, offsets = k.run_offsets(n, order, np.ones(n, np.int64))
+        assert np.array_equal(full, np.ones(n)) and np.array_equal(offsets, np.arange(n))
     order, starts = k.group_positions(owner, 4)
     for p in range(4):
         assert np.array_equal(order[starts[p]:starts[p + 1]], np.flatnonzero(owner == p))
