@@ -72,6 +72,7 @@ def warm_up() -> dict[str, float]:
         if batch.x is not None:  # bfloat16 on the wire: the server narrows, a trainer widens
             halfcast.cast(halfcast.cast(batch.x.float(), torch.bfloat16), torch.float32)
         warm_mixed_gathers(part)
+        warm_glue()
         # a batch's compact structure, and its nodes looked up in a trainer's cache plan
         out = batch.structure
         named = compact.compact_batch(out.n_id, out.row, out.col, out.num_sampled_nodes)
@@ -107,6 +108,24 @@ def warm_node_table(n_id: torch.Tensor) -> None:
         table = NodeTable(torch.zeros(num, dtype=table_dtype), torch.zeros(num, dtype=torch.int8))
         for dtype in compact.INDEX_DTYPES:
             table.complete(Data(n_id=n_id.to(dtype)), labels=True)
+
+
+def warm_glue() -> None:
+    """The small helpers of a batch's glue (:mod:`cpu_kernels`: ID ranges, owners, each
+    owner's positions, takes, merged offsets), in the variants that keep the interpreter
+    lock and, from ``RELEASE_MIN_ITEMS`` items, those that release it."""
+    from sampling_server.sampler import cpu_kernels as k
+
+    book = np.array([0, 1 << 20, 1 << 21], dtype=np.int64)
+    for n in (8, k.RELEASE_MIN_ITEMS):
+        ids = np.arange(n, dtype=np.int64) * 7 % (1 << 21)
+        k.id_min_max(ids)
+        k.total(ids)
+        k.positions(n)
+        owner = k.owners(book, ids)
+        order, _ = k.group_positions(owner, book.size - 1)
+        k.take(ids, order)
+        k.run_offsets(n, order, np.ones(n, dtype=np.int64))
 
 
 def warm_mixed_gathers(part: Partition) -> None:
