@@ -375,19 +375,12 @@ class SamplingServer(grpc.Server):
         """Log (a warning for ``workqueue``) and export the threading layer of the CPU
         kernels, which decides whether concurrent batches share the cores."""
         try:
-            layer = cpu_kernels.threading_layer()
+            layer = cpu_kernels.log_threading_layer(log, f"partition={self.store.partition_id}: ")
         except Exception:  # no layer at all: the first parallel kernel will say why
             log.exception("partition=%d: no Numba threading layer could be loaded",
                           self.store.partition_id)
             return
         self.metrics.threading_layer(layer)
-        note = cpu_kernels.LAYER_NOTES.get(layer, "")
-        if layer == "workqueue":
-            log.warning("partition=%d: Numba threading layer %r: %s", self.store.partition_id,
-                        layer, note)
-        else:
-            log.info("partition=%d: Numba threading layer %r (%s)", self.store.partition_id,
-                     layer, note)
 
     def wait_until_loaded(self, timeout: float | None = None) -> bool:
         """Wait until the partition is loaded; False on timeout or failure."""

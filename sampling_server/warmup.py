@@ -88,9 +88,7 @@ def warm_up() -> dict[str, float]:
         seconds["hot order"] = time.perf_counter() - started
     from sampling_server.sampler import cpu_kernels
 
-    layer = cpu_kernels.threading_layer()  # (its probe kernel compiled and cached too)
-    (log.warning if layer == "workqueue" else log.info)(
-        "Numba threading layer %r: %s", layer, cpu_kernels.LAYER_NOTES.get(layer, ""))
+    cpu_kernels.log_threading_layer(log)  # (its probe kernel compiled and cached too)
     return seconds
 
 

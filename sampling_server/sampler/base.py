@@ -188,13 +188,16 @@ class NeighborSampler(abc.ABC):
         assign_rows(y, positions, ly)
 
     # -- shared logic ----------------------------------------------------------------
-    def empty_rows(self, count: int, dtype: torch.dtype) -> torch.Tensor:
-        """An uninitialized ``[count, F]`` feature tensor on :attr:`device` (on the CPU
-        from ``malloc``, which reuses the last batch's block: :func:`protos.allocator.empty`)."""
-        shape = (count, self.partition.x.shape[1])
+    def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialized tensor on :attr:`device` (on the CPU from ``malloc``, which
+        reuses the last batch's block, with no torch call: :func:`protos.allocator.empty`)."""
         if self.device.type == "cpu":
             return allocator.empty(shape, dtype)
-        return torch.empty(shape, dtype=dtype, device=self.device)
+        return torch.empty(tuple(shape), dtype=dtype, device=self.device)
+
+    def empty_rows(self, count: int, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialized ``[count, F]`` feature tensor on :attr:`device`."""
+        return self.empty((count, self.partition.x.shape[1]), dtype)
 
     @property
     def num_partitions(self) -> int:
@@ -357,9 +360,8 @@ class NeighborSampler(abc.ABC):
             stored = torch_dtype(self.partition.x.dtype)
             if features and dtype is not None and dtype != stored and self.device.type == "cpu":
                 # cast on the way (one pass over the rows) rather than gather, then cast
-                # (NumPy's allocations keep the interpreter lock; torch's calls release it)
                 rows = self.empty_rows(n_id.numel(), dtype)
-                ys = torch.from_numpy(np.empty(n_id.numel(), np.int64)) if labels else None
+                ys = self.empty((n_id.numel(),), torch.int64) if labels else None
                 self.gather_local_into(n_id, torch.from_numpy(cpu_kernels.positions(n_id.numel())),
                                        rows, ys)
                 return rows, ys
@@ -370,8 +372,7 @@ class NeighborSampler(abc.ABC):
             raise RuntimeError("gather: nodes of other partitions but no remote fetcher was given")
         x = self.empty_rows(n_id.numel(), dtype or torch_dtype(self.partition.x.dtype)) \
             if features else None
-        y = (torch.from_numpy(np.empty(n_id.numel(), np.int64)) if self.device.type == "cpu"
-             else torch.empty(n_id.numel(), dtype=torch.int64, device=self.device)) if labels else None
+        y = self.empty((n_id.numel(),), torch.int64) if labels else None
         groups = owner_groups(owner, num_parts=self.num_partitions)
         local_pos = groups.pop(self.partition.partition_id, None)
         asked = {p: _take(n_id, pos).cpu() for p, pos in groups.items()}
@@ -465,15 +466,14 @@ def merge_hop_samples(
     """Put per-owner answers back in frontier order: ``parts[g]`` answers the frontier
     entries at ``positions[g]``."""
     if device.type == "cpu":  # calls that keep the interpreter lock, and one kernel a part
-        groups = list(positions)
-        ids = {g: _int64_array(parts[g].counts) for g in groups}
+        none = np.zeros(0, np.int64)
+        part_counts = {g: _int64_array(parts[g].counts) for g in positions}
         full, offsets_np = cpu_kernels.run_offsets(
-            frontier_size, np.concatenate([positions[g].numpy() for g in groups]) if groups
-            else np.zeros(0, np.int64),
-            np.concatenate([ids[g] for g in groups]) if groups else np.zeros(0, np.int64))
+            frontier_size, np.concatenate([pos.numpy() for pos in positions.values()] or [none]),
+            np.concatenate(list(part_counts.values()) or [none]))
         neighbors_np = np.empty(cpu_kernels.total(full), dtype=np.int64)
-        for g in groups:
-            cpu_gather.place_runs(positions[g].numpy(), ids[g], _int64_array(parts[g].neighbors),
+        for g, pos in positions.items():
+            cpu_gather.place_runs(pos.numpy(), part_counts[g], _int64_array(parts[g].neighbors),
                                   offsets_np, neighbors_np)
         return HopSample(counts=torch.from_numpy(full), neighbors=torch.from_numpy(neighbors_np))
     counts = torch.zeros(frontier_size, dtype=torch.int64, device=device)

@@ -13,6 +13,7 @@ of them (the output offsets), then a parallel fill (``prange``) of each node's s
 
 from __future__ import annotations
 
+import logging
 import threading
 import types
 from collections.abc import Callable
@@ -76,6 +77,15 @@ def parallel_guard() -> AbstractContextManager[Any]:
     except ValueError:  # no parallel kernel has run yet: the layer is not chosen
         return _WORKQUEUE_LOCK
     return _WORKQUEUE_LOCK if layer == "workqueue" else nullcontext()
+
+
+def log_threading_layer(logger: logging.Logger, prefix: str = "") -> str:
+    """Log :func:`threading_layer` with what it means (a warning for ``workqueue``);
+    returns it."""
+    layer = threading_layer()
+    (logger.warning if layer == "workqueue" else logger.info)(
+        "%sNumba threading layer %r: %s", prefix, layer, LAYER_NOTES.get(layer, ""))
+    return layer
 
 
 # -- small reads that keep the interpreter lock ---------------------------------------

@@ -214,14 +214,12 @@ class CpuNeighborSampler(NeighborSampler):
                     key: int, hop: int, remote: RemoteNeighbors | None) -> None:
         """Draw and relabel the hop of frontier ``n_id[lo:hi]`` into ``nodes`` and ``edges``."""
         frontier = nodes.ids(lo, hi)
-        if frontier.size:
-            first, last = K.id_min_max(frontier)
-        owned = frontier.size == 0 or (int(first) >= self.node_start and int(last) < self.node_stop)
-        if owned and not self.weighted and 0 <= fanout <= K.STRIDE_MAX_FANOUT:
+        frontier_t = torch.from_numpy(frontier)
+        if self.owns_all(frontier_t) and not self.weighted and 0 <= fanout <= K.STRIDE_MAX_FANOUT:
             F.draw_hop(nodes, edges, lo, self._csc, frontier, fanout,
                        np.uint64(int(key) & _MASK64), hop, self.replace)
             return
-        drawn = self.sample_frontier(torch.from_numpy(frontier), fanout, key, hop, remote)
+        drawn = self.sample_frontier(frontier_t, fanout, key, hop, remote)
         F.relabel_hop(nodes, edges, lo, _as_ids(drawn.neighbors, "neighbors"),
                       _as_ids(drawn.counts, "counts"), hop)
 
