@@ -16,8 +16,10 @@ per second on each trainer's link against its rate, each server's seconds per ba
 stage and per answer to the other server's calls (their work alone: against the caller's
 time for the same calls, what the network and the queues add), and its threads' mean wait
 for the interpreter lock (all from its Prometheus metrics: near the 5 ms switch interval,
-the lock bounds the server), and the CPU seconds all processes spent per batch, which
-says whether the CPU or the link bounds a row.
+the lock bounds the server), what every host's link carried each way (its interface's
+counters: a server's outgoing link carries its answers to the other server's peer calls
+besides its batches), and the CPU seconds all processes spent per batch; the last two
+say whether the CPU or a link bounds a row.
 
 Target: bfloat16 + 20 % cache >= 3x the batches/s per trainer of float32 without cache
 over the same 10 Gbit/s link. Needs root (namespaces, tc). Writes
@@ -315,7 +317,8 @@ class Bench:
                 raise RuntimeError(f"{name} exited ({proc.returncode}):\n{self.tail(name + '.log')}")
 
     def scrape(self) -> dict[str, dict[str, float]]:
-        """Each server's metrics, its CPU seconds, and the machine's CPU counters."""
+        """Each server's metrics and CPU seconds, the machine's CPU counters, and the bytes
+        each host's link carried each way."""
         code = ("import sys,urllib.request;"
                 "print(urllib.request.urlopen(sys.argv[1],timeout=20).read().decode())")
         out: dict[str, dict[str, float]] = {}
@@ -328,6 +331,10 @@ class Bench:
             out[name] = {**parse_metrics(text), "cpu_seconds": process_cpu_seconds(proc.pid)}
         busy, total = machine_busy()
         out["machine"] = {"busy": busy, "total": total}
+        out["links"] = {}
+        for name in (*SERVERS, *TRAINERS):
+            sent, received = self.net.link_bytes(name)
+            out["links"].update({f"{name} out": float(sent), f"{name} in": float(received)})
         return out
 
     # -- one row ------------------------------------------------------------------------------
@@ -431,6 +438,18 @@ def row_result(plan: RowPlan, trainers: list[dict[str, Any]], before: dict[str, 
     cpu_per_batch = server_cpu / (server_batches or delivered) + trainer_cpu / delivered
     bytes_per_batch = mean("bytes_per_batch")
     cores = cores or os.cpu_count() or 1
+    links = link_use(before.get("links", {}), after.get("links", {}), wall, plan.link.rate_bits)
+    for name in SERVERS:
+        for way in ("out", "in"):
+            if f"{name} {way}" in links:
+                servers[name][f"link_{way}_gbit_per_s"] = links[f"{name} {way}"]["gbit_per_s"]
+    busiest = max(links, key=lambda k: links[k]["use"], default=None)
+    per_trainer = mean("batches_per_s")
+    link_figures: dict[str, Any] = {}
+    if busiest is not None:
+        use = links[busiest]["use"]
+        link_figures = {"links": links, "busiest_link": busiest, "busiest_link_use": use,
+                        "busiest_link_bound_batches_per_s": round(per_trainer / use, 2) if use else None}
     return {"link": plan.link.label, "rate_gbit": plan.link.rate_bits / 1e9, "dtype": plan.dtype,
             "cache": plan.cache, "trainers": trainers, "seconds": round(wall, 2),
             "batches_per_s_per_trainer": round(mean("batches_per_s"), 3),
@@ -442,7 +461,21 @@ def row_result(plan: RowPlan, trainers: list[dict[str, Any]], before: dict[str, 
             "link_bound_batches_per_s": round(plan.link.rate_bytes / bytes_per_batch, 2),
             "cpu_seconds_per_batch": round(cpu_per_batch, 3),
             "cpu_bound_batches_per_s_per_trainer": round(cores / cpu_per_batch / n, 2),
-            "machine_busy_fraction": round(busy, 3), "servers": servers}
+            "machine_busy_fraction": round(busy, 3), "servers": servers, **link_figures}
+
+
+def link_use(before: dict[str, float], after: dict[str, float], wall: float,
+             rate_bits: float) -> dict[str, dict[str, float]]:
+    """Per host link and direction ("server0 out"): the Gbit/s its interface carried over
+    the window and that against the link's rate. A server's link carries more than its
+    batches: its answers to the other server's peer calls go out on it, the other's
+    answers come in."""
+    out = {}
+    for key, end in after.items():
+        if key in before and wall > 0:
+            bits = 8 * (end - before[key]) / wall
+            out[key] = {"gbit_per_s": round(bits / 1e9, 3), "use": round(bits / rate_bits, 3)}
+    return out
 
 
 def _raise_exit(signum: int, frame: FrameType | None) -> None:

@@ -22,8 +22,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         r["speedup_vs_float32_no_cache"] = (
             round(r["batches_per_s_per_trainer"] / b["batches_per_s_per_trainer"], 3) if b else None)
         r["bytes_vs_float32_no_cache"] = round(r["bytes_per_batch"] / b["bytes_per_batch"], 3) if b else None
-        r["bound_by"] = ("cpu" if r["cpu_bound_batches_per_s_per_trainer"] < r["link_bound_batches_per_s"]
-                         else "link")
+        link_bound = min(filter(None, (r["link_bound_batches_per_s"],
+                                       r.get("busiest_link_bound_batches_per_s"))))
+        r["bound_by"] = "cpu" if r["cpu_bound_batches_per_s_per_trainer"] < link_bound else "link"
     target = next((r for r in rows if r["rate_gbit"] == TARGET_RATE_GBIT and r["dtype"] == "bfloat16"
                    and r["cache"] == 0.2 and r["speedup_vs_float32_no_cache"] is not None), None)
     verdict: dict[str, Any] = {"target": f"bfloat16 + 20 % cache >= {TARGET_SPEEDUP:g}x the batches/s per "
@@ -59,6 +60,10 @@ def print_table(probes: list[dict[str, Any]], rows: list[dict[str, Any]], summar
             gil = f"; interpreter lock wait {s['gil_wait_ms']:.1f} ms" if "gil_wait_ms" in s else ""
             print(f"    {name}: {s['batches']} batches, {s['sent_gbit_per_s']:.2f} Gbit/s sent, "
                   f"CPU {s['cpu_seconds']:.1f} s; per batch: {stages}{gil}")
+        if r.get("links"):
+            ways = ", ".join(f"{k} {v['gbit_per_s']:.2f}" for k, v in r["links"].items())
+            print(f"    links (Gbit/s): {ways}; busiest {r['busiest_link']} at "
+                  f"{r['busiest_link_use']:.0%} of the rate")
     met = summary["target_met"]
     verdict = ("not measured" if met is None
                else f"{summary['target_speedup']:.3f}x, {'met' if met else 'NOT met'}")

@@ -13,6 +13,7 @@ Planning (:func:`plan_topology`, :func:`shape_commands`) is pure and needs no ro
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -230,6 +231,14 @@ class Network:
         """``tc -s qdisc`` of a host's ``eth0`` (what shows that the shaping works)."""
         h = self.topo.host(host)
         return _run(["tc", "-s", "-n", h.namespace, "qdisc", "show", "dev", "eth0"]).stdout
+
+    def link_bytes(self, host: str) -> tuple[int, int]:
+        """(sent, received) bytes of a host's ``eth0`` since it was made: what its link
+        carried both ways, every process of the host and the kernel's own traffic."""
+        h = self.topo.host(host)
+        out = _run(["ip", "-n", h.namespace, "-s", "-j", "link", "show", "dev", "eth0"]).stdout
+        stats = json.loads(out)[0]["stats64"]
+        return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])
 
     def popen(self, host: str, cmd: Sequence[str], **kw: Any) -> subprocess.Popen[str]:
         """Start ``cmd`` inside ``host``'s namespace (``ip netns exec`` execs it: the pid is

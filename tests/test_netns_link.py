@@ -185,6 +185,13 @@ def _counters(batches: float, cpu: float, busy: float) -> dict[str, dict[str, fl
     return {"server0": server, "server1": dict(server), "machine": {"busy": busy, "total": 2 * busy}}
 
 
+def _links(scale: float) -> dict[str, dict[str, float]]:
+    """Interface byte counters: server0 sends most (batches and answers to server1)."""
+    sent = {"server0 out": 5e9, "server0 in": 1e9, "server1 out": 3e9, "server1 in": 1e9,
+            "trainer0 in": 3.5e9, "trainer0 out": 1e7, "trainer1 in": 3.5e9, "trainer1 out": 1e7}
+    return {"links": {k: scale * v for k, v in sent.items()}}
+
+
 def test_rows_get_ratios_bounds_and_the_target_verdict(bench: Any, nt: Any) -> None:
     summarize = sys.modules["netns_report"].summarize
 
@@ -201,11 +208,23 @@ def test_rows_get_ratios_bounds_and_the_target_verdict(bench: Any, nt: Any) -> N
                             _counters(0, 0, 100), _counters(20, 4, 200), 8.0, cores=2)
     assert busy["cpu_seconds_per_batch"] == 0.7  # 8 s over the 40 batches the servers sent
     assert base["machine_busy_fraction"] == 0.5
+    assert "links" not in base  # counters absent: no link figures
+    shaped = bench.row_result(bench.RowPlan(link, "float32", 0.0), [_trainer(1.0, 200_000_000)] * 2,
+                              {**_counters(0, 0, 100), **_links(1)}, {**_counters(8, 4, 200), **_links(2)},
+                              8.0, cores=2)
+    assert shaped["links"]["server0 out"] == {"gbit_per_s": 5.0, "use": 0.5}  # 5e9 B in 8 s
+    assert shaped["servers"]["server0"]["link_out_gbit_per_s"] == 5.0
+    assert shaped["servers"]["server1"]["link_in_gbit_per_s"] == 1.0
+    assert shaped["busiest_link"] == "server0 out" and shaped["busiest_link_use"] == 0.5
+    assert shaped["busiest_link_bound_batches_per_s"] == 2.0  # 1 batch/s at half the rate
     summary = summarize([base, lean])
     assert base["speedup_vs_float32_no_cache"] == 1.0 and lean["speedup_vs_float32_no_cache"] == 3.5
     assert lean["bytes_vs_float32_no_cache"] == 0.3
     assert base["cpu_bound_batches_per_s_per_trainer"] == 1.0  # 2 cores / 1 s / 2 trainers
     assert base["bound_by"] == "cpu"  # 1.0 < 6.25
+    shaped["cpu_bound_batches_per_s_per_trainer"] = 3.0  # above the busiest link's 2.0
+    summarize([shaped])
+    assert shaped["bound_by"] == "link"
     assert summary["target_met"] is True and summary["target_speedup"] == 3.5
     assert summarize([base])["target_met"] is None
 
