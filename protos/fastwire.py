@@ -17,10 +17,13 @@ the same messages (the tests check both directions).
 from __future__ import annotations
 
 import ctypes
+import math
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from google.protobuf.message import DecodeError, Message
 
 from protos import codec
@@ -60,15 +63,28 @@ _new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 class _Writable:
     """``size`` bytes at ``address`` as NumPy sees them (``np.asarray`` makes a view).
     Not ``np.ctypeslib.as_array``: that makes a ctypes array type per length, which
-    ctypes caches for good, so every new message size would leak a few KiB."""
+    ctypes caches for good, so every new message size would leak a few KiB. ``owner``:
+    the object whose memory it is, kept alive as long as any view of it."""
 
-    __slots__ = ("__array_interface__",)
+    __slots__ = ("__array_interface__", "owner")
 
-    def __init__(self, address: int | None, size: int) -> None:
+    def __init__(self, address: int | None, size: int, owner: object = None) -> None:
         if not address:
             raise ValueError("join_released: expected the address of a new bytes object, got NULL")
         self.__array_interface__ = {"data": (address, False), "shape": (size,), "typestr": "|u1",
                                     "version": 3}
+        self.owner = owner
+
+
+def _new_message(size: int) -> tuple[bytes, np.ndarray]:
+    """A new, uninitialized ``bytes`` object of ``size`` (> 1: the interpreter shares the
+    objects of 0 and 1 bytes) and a writable uint8 view of it that keeps it alive. Only
+    for objects nothing else has seen yet: ``bytes`` are immutable once shared."""
+    if size <= 1:
+        raise ValueError(f"size: expected more than 1 byte, got {size}")
+    out: bytes = _new_bytes(None, size)
+    address = ctypes.cast(ctypes.c_char_p(out), ctypes.c_void_p).value
+    return out, np.asarray(_Writable(address, size, out))
 
 
 def join_released(parts: Sequence[bytes | np.ndarray]) -> bytes:
@@ -87,8 +103,7 @@ def join_released(parts: Sequence[bytes | np.ndarray]) -> bytes:
     total = sum(len(part) for part in parts)
     if total < RELEASED_JOIN_MIN_BYTES:
         return b"".join(part if isinstance(part, bytes) else part.data for part in parts)
-    out: bytes = _new_bytes(None, total)
-    view = np.asarray(_Writable(ctypes.cast(ctypes.c_char_p(out), ctypes.c_void_p).value, total))
+    out, view = _new_message(total)
     pos = 0
     for part in parts:
         size = len(part)
@@ -124,6 +139,109 @@ def encode_message(head: Message, pieces: Iterable[codec.Piece]) -> bytes:
         size = len(meta_bytes) + len(data_head) + len(data)
         parts += [tensors_tag, _varint(size), meta_bytes, data_head, data]
     return join_released(parts)  # the one copy of the payload
+
+
+class RowMessages:
+    """The rows of one tensor written straight into the chunk messages that carry them.
+
+    The messages are allocated first, each with room for :attr:`rows_per_message` whole
+    rows (the last for the rest) and with every byte but its head and its rows written;
+    the producer writes the rows into :attr:`blocks` (views of the messages' payloads,
+    e.g. a feature gather's output); :meth:`finish` then writes each message's head
+    (which can depend on how many messages the batch has in all) and returns the
+    messages. The rows are copied into nothing else on their way to gRPC: this is the
+    copy that :func:`encode_message` makes of a tensor, made by the producer instead.
+
+    The messages are the bytes :func:`encode_message` would make of the same pieces
+    (``codec.row_piece`` of each block): one ``TensorChunk`` each, ordinary protobuf."""
+
+    __slots__ = ("_count", "_heads", "_make_head", "_messages", "_tails", "_views", "blocks",
+                 "nbytes", "rows_per_message")
+
+    def __init__(self, make_head: Callable[[int, int], Message], name: str, dtype: torch.dtype,
+                 num_rows: int, row_shape: Sequence[int],
+                 chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES) -> None:
+        """Messages for a tensor ``name`` of ``num_rows`` rows of ``row_shape`` in
+        ``dtype`` (its wire dtype), at most ``chunk_bytes`` of rows each (:meth:`fits`
+        says whether one row does); message ``i`` of ``n`` in the stream gets the head
+        ``make_head(i, n)`` (its fields other than ``tensors``)."""
+        if not name:
+            raise codec.CodecError("TensorChunk.name: expected a non-empty name, got ''")
+        wire = codec.torch_to_dtype(dtype)
+        item = codec.dtype_to_numpy(wire)
+        row_bytes = self.row_bytes(dtype, row_shape)
+        if num_rows < 1 or not 0 < row_bytes <= chunk_bytes:
+            raise ValueError(f"RowMessages: expected rows of 1 .. {chunk_bytes} bytes and at least "
+                             f"one of them, got {num_rows} rows of {row_bytes} bytes")
+        self._make_head = make_head
+        self.rows_per_message = per = chunk_bytes // row_bytes
+        self._count = count = -(-num_rows // per)
+        shape = (num_rows, *row_shape)
+        tensors_tag = _tag(TENSORS_FIELD[type(make_head(0, 1))], _LEN)
+        #: (first row, row after the last, the rows' view in the message) per message.
+        self.blocks: list[tuple[int, int, torch.Tensor]] = []
+        self._messages: list[bytes] = []
+        self._views: list[np.ndarray] = []
+        self._tails: list[bytes] = []
+        self._heads: list[int] = []
+        #: Bytes of rows in each message.
+        self.nbytes: list[int] = []
+        for j, start in enumerate(range(0, num_rows, per)):
+            stop = min(start + per, num_rows)
+            size = (stop - start) * row_bytes
+            meta = pb.TensorChunk(name=name, dtype=wire, shape=shape, offset=start * row_bytes,
+                                  total_bytes=num_rows * row_bytes).SerializeToString()
+            body = meta + _tag(_DATA_FIELD, _LEN) + _varint(size)
+            tail = tensors_tag + _varint(len(body) + size) + body
+            # room for the head it most likely gets, with one message of other tensors
+            # before these (finish() rebuilds a message whose head turns out longer)
+            head = len(make_head(1 + j, 1 + count).SerializeToString())
+            message, view = _new_message(head + len(tail) + size)
+            view[head : head + len(tail)] = np.frombuffer(tail, dtype=np.uint8)
+            rows = view[head + len(tail):].view(item).reshape(stop - start, *row_shape)
+            block = torch.from_numpy(rows)
+            self.blocks.append((start, stop, block.view(dtype) if block.dtype != dtype else block))
+            self._messages.append(message)
+            self._views.append(view)
+            self._tails.append(tail)
+            self._heads.append(head)
+            self.nbytes.append(size)
+
+    @staticmethod
+    def row_bytes(dtype: torch.dtype, row_shape: Sequence[int]) -> int:
+        """Bytes of one row of ``row_shape`` in ``dtype``."""
+        return torch.empty((), dtype=dtype).element_size() * math.prod(row_shape)
+
+    @staticmethod
+    def fits(dtype: torch.dtype, row_shape: Sequence[int], chunk_bytes: int) -> bool:
+        """Whether rows of ``row_shape`` in ``dtype`` can travel whole, at most
+        ``chunk_bytes`` of them a message (on a little-endian host: the wire's order)."""
+        return sys.byteorder == "little" and 0 < RowMessages.row_bytes(dtype, row_shape) <= chunk_bytes
+
+    def __len__(self) -> int:
+        return self._count
+
+    def finish(self, first: int, total: int) -> list[bytes]:
+        """The messages, numbered from ``first`` of ``total``, their heads written in (a
+        head longer or shorter than the room left for it costs a copy of its message).
+        Call once, when the rows are in."""
+        if not self._messages:
+            raise RuntimeError("RowMessages.finish: called twice")
+        if first < 0 or total < first + len(self):
+            raise ValueError(f"RowMessages.finish: expected 0 <= first and first + {len(self)} <= total, "
+                             f"got first {first}, total {total}")
+        out = []
+        for k, (message, view, tail, room) in enumerate(zip(self._messages, self._views, self._tails,
+                                                            self._heads, strict=True)):
+            raw = self._make_head(first + k, total).SerializeToString()
+            if len(raw) == room:
+                view[:room] = np.frombuffer(raw, dtype=np.uint8)
+                out.append(message)
+            else:
+                out.append(join_released([raw, tail, view[room + len(tail):]]))
+        self._messages, self._views = [], []  # finished: the views must not write any more
+        self.blocks = []
+        return out
 
 
 class WireTensorChunk:

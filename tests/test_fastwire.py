@@ -154,3 +154,47 @@ def test_join_released_keeps_nothing_per_message_size() -> None:
         tracemalloc.stop()
     grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
     assert grown < 64 << 10, f"{grown} bytes kept after 300 message sizes"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64])
+@pytest.mark.parametrize("first", [0, 1, 3, 200])
+def test_rows_gathered_into_messages_are_the_bytes_encode_message_makes(dtype: torch.dtype,
+                                                                         first: int) -> None:
+    """Message k of RowMessages is encode_message of the rows of block k (one piece of
+    whole rows at their offset) with the head of message first + k: also where the head
+    is longer than the room kept for it (chunk 0's header, a 2-byte chunk index)."""
+    rows = (torch.randn(301, 3, 5) * 1000).to(dtype)
+    out = fastwire.RowMessages(_head, "x", dtype, 301, (3, 5), chunk_bytes=1000)
+    per = 1000 // (15 * rows.element_size())
+    assert out.rows_per_message == per and len(out) == -(-301 // per)
+    assert [(a, b) for a, b, _ in out.blocks] == [(s, min(s + per, 301)) for s in range(0, 301, per)]
+    for a, b, block in out.blocks:
+        assert block.dtype == dtype and block.shape == (b - a, 3, 5)
+        block.copy_(rows[a:b])
+    total = first + len(out)
+    messages = out.finish(first, total)
+    blocks = [(s, min(s + per, 301)) for s in range(0, 301, per)]
+    assert messages == [fastwire.encode_message(_head(first + k, total),
+                                                [codec.row_piece("x", rows[a:b], a, 301)])
+                        for k, (a, b) in enumerate(blocks)]
+    assembler = codec.TensorAssembler()
+    for m in messages:
+        assembler.add_all(fastwire.parse_chunk(pb.MinibatchChunk, m).tensors)
+    assert torch.equal(assembler.finish_torch()["x"].view(torch.uint8), rows.view(torch.uint8))
+    with pytest.raises(RuntimeError, match="called twice"):
+        out.finish(first, total)
+
+
+def test_rows_that_do_not_fit_a_message_are_refused() -> None:
+    assert fastwire.RowMessages.fits(torch.float32, (256,), 1024)
+    assert not fastwire.RowMessages.fits(torch.float32, (257,), 1024)
+    assert not fastwire.RowMessages.fits(torch.float32, (0,), 1024)
+    with pytest.raises(ValueError, match="at least one"):
+        fastwire.RowMessages(_head, "x", torch.float32, 4, (257,), chunk_bytes=1024)
+    with pytest.raises(ValueError, match="at least one"):
+        fastwire.RowMessages(_head, "x", torch.float32, 0, (4,), chunk_bytes=1024)
+    with pytest.raises(codec.CodecError, match=r"TensorChunk\.name"):
+        fastwire.RowMessages(_head, "", torch.float32, 4, (4,), chunk_bytes=1024)
+    out = fastwire.RowMessages(_head, "x", torch.float32, 4, (4,), chunk_bytes=1024)
+    with pytest.raises(ValueError, match="first"):
+        out.finish(2, 2)
