@@ -10,6 +10,9 @@ A sampled batch waits as tensors (:class:`Prepared`), not as messages: its messa
 are encoded on the encode threads :data:`ENCODE_AHEAD_BYTES` before gRPC sends them
 (:func:`encode_ahead`), so that gRPC's copy of a message reads bytes still in the CPU's
 cache rather than from memory, as it would were whole batches encoded ``prefetch`` ahead.
+Its features, where they span several messages, are the exception: the gather writes
+them into the messages that carry them (:class:`protos.fastwire.RowMessages`), which
+saves the copy an encode would make of the batch's largest tensor.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -60,16 +63,26 @@ ENCODE_TASK_BYTES = 1 << 20
 class Prepared:
     """One batch ready to send: the tensor pieces of each of its messages
     (:func:`protos.codec.iter_pieces`, already on the host), encoded a message at a time
-    by :meth:`message` (:func:`protos.fastwire.encode_message`)."""
+    by :meth:`message` (:func:`protos.fastwire.encode_message`), then the messages its
+    features were gathered into (:class:`protos.fastwire.RowMessages`), if any."""
 
-    __slots__ = ("_groups", "_head", "encode_seconds", "seeds", "sizes")
+    __slots__ = ("_built", "_groups", "_head", "encode_seconds", "seeds", "sizes")
 
     def __init__(self, make_head: Callable[[int, int], Message],
-                 groups: list[list[codec.Piece]], seeds: int = 0) -> None:
+                 groups: list[list[codec.Piece]], seeds: int = 0,
+                 built: Sequence[bytes] = (), built_sizes: Sequence[int] = ()) -> None:
+        """Message ``i`` of ``n`` is ``make_head(i, n)`` plus group ``i``'s pieces, then
+        come the messages ``built`` already (numbered after the groups', e.g.
+        :meth:`protos.fastwire.RowMessages.finish`), ``built_sizes`` bytes of tensor
+        data each."""
+        if len(built) != len(built_sizes):
+            raise ValueError(f"built_sizes: expected one per built message ({len(built)}), "
+                             f"got {len(built_sizes)}")
         self._head = make_head
         self._groups = groups
+        self._built = list(built)
         #: Bytes of tensor data of each message.
-        self.sizes = [sum(len(piece.data) for piece in group) for group in groups]
+        self.sizes = [sum(len(piece.data) for piece in group) for group in groups] + list(built_sizes)
         #: Seeds of the batch (for the server's metrics).
         self.seeds = seeds
         #: Seconds spent encoding (appended by the encode threads).
@@ -77,20 +90,27 @@ class Prepared:
 
     @classmethod
     def of(cls, make_head: Callable[[int, int], Message], named: dict[str, codec.TensorLike],
-           chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES, seeds: int = 0) -> Prepared:
-        """``named`` split into messages of ``chunk_bytes`` of tensor data; message ``i``
-        of ``n`` is ``make_head(i, n)`` plus its pieces."""
+           chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES, seeds: int = 0,
+           rows: fastwire.RowMessages | None = None) -> Prepared:
+        """``named`` split into messages of ``chunk_bytes`` of tensor data, then the
+        messages of ``rows`` (made with the same ``make_head``); message ``i`` of ``n``
+        is ``make_head(i, n)`` plus its pieces."""
         started = time.perf_counter()
-        prepared = cls(make_head, list(codec.iter_pieces(named, chunk_bytes)), seeds)
+        groups = list(codec.iter_pieces(named, chunk_bytes))
+        built = rows.finish(len(groups), len(groups) + len(rows)) if rows is not None else []
+        prepared = cls(make_head, groups, seeds, built, rows.nbytes if rows is not None else [])
         prepared.encode_seconds.append(time.perf_counter() - started)  # a GPU's copy, if any
         return prepared
 
     def __len__(self) -> int:
-        return len(self._groups)
+        return len(self._groups) + len(self._built)
 
     def message(self, index: int) -> bytes:
-        """Message ``index``, serialized (its tensor bytes copied once, into it)."""
-        return fastwire.encode_message(self._head(index, len(self._groups)), self._groups[index])
+        """Message ``index``, serialized (its tensor bytes copied once, into it, unless
+        they were gathered into it)."""
+        if index >= len(self._groups):
+            return self._built[index - len(self._groups)]
+        return fastwire.encode_message(self._head(index, len(self)), self._groups[index])
 
     def encode(self, start: int, stop: int) -> list[bytes]:
         """Messages ``start`` to ``stop`` (excluded), serialized; the time is counted."""
@@ -102,6 +122,17 @@ class Prepared:
     def messages(self) -> list[bytes]:
         """Every message, encoded here and now."""
         return self.encode(0, len(self))
+
+
+def chunk_head(index: int, header: pb.MinibatchHeader) -> Callable[[int, int], pb.MinibatchChunk]:
+    """The head of message ``i`` of ``n`` of batch ``index``: ``header`` on chunk 0."""
+    def head(i: int, n: int) -> pb.MinibatchChunk:
+        msg = pb.MinibatchChunk(batch_index=index, chunk_index=i, num_chunks=n)
+        if i == 0:
+            msg.header.CopyFrom(header)
+        return msg
+
+    return head
 
 
 def taken_in_order(pending: deque[Future[T]], submit_next: Callable[[], None]
@@ -342,13 +373,30 @@ class SamplingPipeline:
             return Prepared(lambda i, n: pb.MinibatchChunk(), [])
         return self.produce(job, ref)
 
+    def _rows(self, sampler: NeighborSampler, head: Callable[[int, int], Message], count: int,
+              dtype: torch.dtype) -> fastwire.RowMessages | None:
+        """Stream messages to gather ``count`` feature rows straight into, where they
+        span more than one message (else None: the rows go in a tensor, encoded with the
+        batch's others)."""
+        x = getattr(sampler.partition, "x", None)
+        if x is None or x.ndim < 2:
+            return None
+        row = tuple(x.shape[1:])
+        if not fastwire.RowMessages.fits(dtype, row, self.chunk_bytes) \
+                or count * fastwire.RowMessages.row_bytes(dtype, row) <= self.chunk_bytes:
+            return None
+        return fastwire.RowMessages(head, "x", dtype, count, row, self.chunk_bytes)
+
     def _gather(self, job: EpochJob, sampler: NeighborSampler, n_id: torch.Tensor,
-                bound: BoundPeers | None) -> dict[str, codec.TensorLike]:
+                bound: BoundPeers | None, head: Callable[[int, int], Message],
+                ) -> tuple[dict[str, codec.TensorLike], fastwire.RowMessages | None]:
         """The batch's "x" and "y" as the job asks; with a cache plan, "x" holds only the
-        rows the trainer lacks and "x_cached" marks the others."""
+        rows the trainer lacks and "x_cached" marks the others. "x" is gathered straight
+        into its stream messages where it spans several (returned apart, else None)."""
         remote = bound.node_data if bound else None
         named: dict[str, codec.TensorLike] = {}
         wire = codec.dtype_to_torch(job.feature_dtype)  # x is gathered in it
+        rows = None
         if job.features and job.cache_counts:
             # every node's label but only the missing rows: two gathers, side by side
             labels = None
@@ -358,18 +406,27 @@ class SamplingPipeline:
                 labels = begin(gather_labels, sampler.overlap_peers, pool=self.lookups)
             cached = self.hot.cached_mask(n_id, job.cache_counts)
             missing = torch.nonzero(~cached.to(n_id.device)).flatten()
-            x, _ = sampler.gather(n_id[missing], features=True, labels=False, remote=remote,
-                                  dtype=wire)
+            rows = self._rows(sampler, head, missing.numel(), wire)
+            if rows is not None:
+                x = None
+                sampler.gather_to(n_id[missing], rows.blocks, labels=False, remote=remote)
+            else:
+                x, _ = sampler.gather(n_id[missing], features=True, labels=False, remote=remote,
+                                      dtype=wire)
             named["x_cached"] = compact.pack_mask(cached) if job.compact else cached
             y = labels.result()[1] if labels is not None else None  # bounded: peer deadlines
         else:
-            x, y = sampler.gather(n_id, features=job.features, labels=job.labels, remote=remote,
-                                  dtype=wire)
+            rows = self._rows(sampler, head, n_id.numel(), wire) if job.features else None
+            if rows is not None:
+                x, y = None, sampler.gather_to(n_id, rows.blocks, labels=job.labels, remote=remote)
+            else:
+                x, y = sampler.gather(n_id, features=job.features, labels=job.labels, remote=remote,
+                                      dtype=wire)
         if x is not None:
             named["x"] = x  # already in the wire dtype
         if y is not None:
             named["y"] = compact.narrowest(y.cpu(), compact.LABEL_DTYPES) if job.compact else y
-        return named
+        return named, rows
 
     def produce(self, job: EpochJob, ref: BatchRef) -> Prepared:
         """Sample one batch and gather its rows: the batch, ready to encode and send."""
@@ -388,16 +445,18 @@ class SamplingPipeline:
             else {"n_id": out.n_id, "edge_index": out.edge_index}
         orig_ids = self.lookups.submit(sampler.orig_ids_of, out.n_id, bound.orig_ids if bound else None) \
             if job.original_ids else None
-        if job.features or job.labels:
-            with self.stage("gather"):
-                named.update(self._gather(job, sampler, out.n_id, bound))
-        if orig_ids is not None:
-            orig = orig_ids.result()  # bounded: peer calls carry deadlines
-            named["orig_id"] = compact.narrowest(orig.cpu(), compact.INDEX_DTYPES) if job.compact else orig
         header = pb.MinibatchHeader(
             num_batches=job.num_batches, num_seed_nodes=out.batch_size,
             num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges)
-        prepared = self.prepare(ref, header, named, len(seeds))
+        rows = None
+        if job.features or job.labels:
+            with self.stage("gather"):
+                gathered, rows = self._gather(job, sampler, out.n_id, bound, chunk_head(ref.index, header))
+                named.update(gathered)
+        if orig_ids is not None:
+            orig = orig_ids.result()  # bounded: peer calls carry deadlines
+            named["orig_id"] = compact.narrowest(orig.cpu(), compact.INDEX_DTYPES) if job.compact else orig
+        prepared = self.prepare(ref, header, named, len(seeds), rows)
         log.debug("partition=%d client=%s rank=%d epoch=%d batch=%d: %d seeds, %d nodes, "
                   "%d edges, %d messages in %.1f ms", self.store.partition_id,
                   printable(job.client_id),
@@ -406,14 +465,9 @@ class SamplingPipeline:
         return prepared
 
     def prepare(self, ref: BatchRef, header: pb.MinibatchHeader,
-                named: dict[str, codec.TensorLike], seeds: int) -> Prepared:
+                named: dict[str, codec.TensorLike], seeds: int,
+                rows: fastwire.RowMessages | None = None) -> Prepared:
         """One batch's stream messages, to encode: ``header`` on chunk 0, ``named``
         split in chunks (on the host: a GPU tensor is copied here, by the sampling
-        thread)."""
-        def head(i: int, n: int) -> pb.MinibatchChunk:
-            msg = pb.MinibatchChunk(batch_index=ref.index, chunk_index=i, num_chunks=n)
-            if i == 0:
-                msg.header.CopyFrom(header)
-            return msg
-
-        return Prepared.of(head, named, self.chunk_bytes, seeds)
+        thread), then ``rows``' messages (made with :func:`chunk_head` of the same)."""
+        return Prepared.of(chunk_head(ref.index, header), named, self.chunk_bytes, seeds, rows)

@@ -129,7 +129,9 @@ def warm_glue() -> None:
 def warm_mixed_gathers(part: Partition) -> None:
     """The kernels of a batch that mixes owned and remote nodes: owned rows gathered into
     place (as stored, and narrowed to bfloat16), remote rows and labels scattered in, and
-    a hop's answers merged."""
+    a hop's answers merged; the rows also into unaligned memory, as in the stream
+    messages features are gathered into (:class:`protos.fastwire.RowMessages`: Numba
+    compiles a kernel apart for arrays whose items are not aligned)."""
     from sampling_server.sampler import cpu_gather
 
     start = part.node_range[0]
@@ -139,14 +141,22 @@ def warm_mixed_gathers(part: Partition) -> None:
     outs = [np.empty((n, x.shape[1]), x.dtype)]
     if x.dtype == np.float32:
         outs.append(np.empty((n, x.shape[1]), np.uint16))  # bfloat16 words
+    outs += [_unaligned(out) for out in outs]
     for out in outs:
         cpu_gather.gather_into(x, owned, start, places, out)
-        cpu_gather.scatter_into(np.ascontiguousarray(out), places, np.empty_like(out))
+        into = np.empty_like(out) if out.flags.aligned else _unaligned(out)
+        cpu_gather.scatter_into(np.ascontiguousarray(out), places, into)
     labels = np.empty(n, y.dtype)
     cpu_gather.gather_into(y, owned, start, places, labels)
     cpu_gather.scatter_into(labels, places, np.empty_like(labels))
     # a hop's answers from several owners put back in frontier order
     cpu_gather.place_runs(places, np.ones(n, np.int64), owned, places, np.empty(n, np.int64))
+
+
+def _unaligned(like: np.ndarray) -> np.ndarray:
+    """An array of ``like``'s shape and dtype whose items are not aligned."""
+    raw = np.empty(like.nbytes + like.itemsize, np.uint8)[1 : 1 + like.nbytes]
+    return raw.view(like.dtype).reshape(like.shape)
 
 
 def main(argv: list[str] | None = None) -> int:

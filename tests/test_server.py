@@ -582,6 +582,102 @@ def test_fetch_node_data_answers_read_as_plain_protobuf(parts2: Path, truth: Tru
     assert torch.equal(bits.view(torch.uint8), want.view(torch.uint8))
 
 
+def _raw_epoch(address: str, req: pb.EpochRequest) -> list[tuple[list[bytes], dict[str, np.ndarray]]]:
+    """Every batch of one stream: its serialized messages and its tensors."""
+    channel = create_channel(address)
+    call = channel.unary_stream("/graphfeed.v1.SamplingService/StreamMinibatches",
+                                request_serializer=pb.EpochRequest.SerializeToString,
+                                response_deserializer=None)
+    out: list[tuple[list[bytes], dict[str, np.ndarray]]] = []
+    raw: list[bytes] = []
+    assembler = codec.TensorAssembler()
+    try:
+        for message in call(req, timeout=TIMEOUT):
+            msg = pb.MinibatchChunk.FromString(message)
+            assert msg.chunk_index == len(raw)
+            raw.append(message)
+            assembler.add_all(msg.tensors)
+            if len(raw) == msg.num_chunks:
+                out.append((raw, assembler.finish()))
+                raw = []
+    finally:
+        channel.close()
+    assert not raw, "stream ended inside a batch"
+    return out
+
+
+@pytest.fixture(scope="module")
+def small_chunks(parts2: Path) -> Iterator[list[str]]:
+    """A second pair of servers, with messages of at most 1 KiB of tensor data."""
+    servers, addresses = _pair(parts2, chunk_bytes=1024)
+    for s in servers:
+        s.start()
+    assert all(s.wait_until_serving(20) for s in servers)
+    yield addresses
+    _stop(servers)
+
+
+@pytest.mark.parametrize("dtype", [pb.FLOAT32, pb.BFLOAT16])
+@pytest.mark.parametrize("plan", ["per partition", "cached", "global"])
+def test_features_gathered_into_their_messages_match_the_encoded_ones(
+        cluster: list[str], small_chunks: list[str], truth: Truth, dtype: pb.DType.ValueType,
+        plan: str) -> None:
+    """Rows spanning several messages are gathered straight into them (whole rows, one
+    ``x`` chunk a message, after the batch's other tensors): the batches are bit-identical
+    to those of servers that send ``x`` as one tensor with the others (default messages),
+    with peers' rows, with a cache plan and with global batches."""
+    kw: dict[str, object] = {"feature_dtype": dtype, "batch_size": 48, "include_original_ids": True}
+    if plan == "cached":
+        kw["cache_counts"] = [40, 40]
+    if plan == "global":
+        kw.update(global_batches=True, shuffle=False)
+    req = request(**kw)
+    if plan == "global":
+        req.seeds.CopyFrom(codec.encode_tensor(np.arange(0, 4000, 25, dtype=np.int64)))
+    want = _raw_epoch(cluster[0], req)
+    got = _raw_epoch(small_chunks[0], req)
+    assert len(got) == len(want) > 1
+    row_bytes = truth.graph.x.shape[1] * (4 if dtype == pb.FLOAT32 else 2)
+    gathered = 0
+    for (messages, tensors), (_, expected) in zip(got, want, strict=True):
+        assert tensors.keys() == expected.keys()
+        for name, value in expected.items():
+            assert tensors[name].dtype == value.dtype and np.array_equal(tensors[name], value), name
+        chunks = [pb.MinibatchChunk.FromString(m).tensors for m in messages]
+        with_x = [i for i, c in enumerate(chunks) if any(t.name == "x" for t in c)]
+        if tensors["x"].nbytes > 1024:  # x spans messages: gathered into them
+            gathered += 1
+            assert with_x == list(range(with_x[0], len(chunks))) and with_x[0] > 0
+            for i in with_x:
+                assert len(chunks[i]) == 1 and len(chunks[i][0].data) % row_bytes == 0
+                assert 0 < len(chunks[i][0].data) <= 1024
+    assert gathered > 0
+
+
+@pytest.mark.parametrize("dtype", [pb.FLOAT32, pb.BFLOAT16])
+def test_one_partition_s_rows_gathered_into_their_messages_match_the_encoded_ones(
+        parts1: Path, dtype: pb.DType.ValueType) -> None:
+    """The same with every row owned (no peer), with and without a cache plan."""
+    built = [create_server(_config(parts1, 0, chunk_bytes=size))
+             for size in (1024, codec.DEFAULT_CHUNK_BYTES)]
+    for server, port in built:
+        server.set_peers([f"127.0.0.1:{port}"])
+        server.start()
+    try:
+        assert all(server.wait_until_serving(20) for server, _ in built)
+        for counts in ([], [300]):
+            req = request(feature_dtype=dtype, batch_size=40, cache_counts=counts)
+            got, want = (_raw_epoch(f"127.0.0.1:{port}", req) for _, port in built)
+            assert len(got) == len(want) > 1
+            for (messages, tensors), (encoded, expected) in zip(got, want, strict=True):
+                assert len(messages) > len(encoded)  # x in its own messages of 1 KiB
+                assert tensors.keys() == expected.keys()
+                for name, value in expected.items():
+                    assert np.array_equal(tensors[name], value), name
+    finally:
+        _stop([server for server, _ in built])
+
+
 # -- failures -----------------------------------------------------------------------------------
 def test_a_client_that_goes_away_ends_its_stream(cluster: list[str],
                                                  caplog: pytest.LogCaptureFixture) -> None:

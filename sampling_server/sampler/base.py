@@ -387,6 +387,49 @@ class NeighborSampler(abc.ABC):
             assign_rows(y, pos, ry)
         return x, y
 
+    def gather_to(
+        self, n_id: torch.Tensor, blocks: Sequence[tuple[int, int, torch.Tensor]], *,
+        labels: bool = True, remote: RemoteNodeData | None = None,
+    ) -> torch.Tensor | None:
+        """:meth:`gather` with the features written into ``blocks`` instead of a new
+        tensor: ``(a, b, rows)`` holds rows ``a`` to ``b`` of the result, in ``rows``'
+        dtype (e.g. :class:`protos.fastwire.RowMessages`' views of the stream messages
+        that will carry them, so that no other copy of the rows is made). The blocks
+        cover the rows in order. Returns the labels (None without ``labels``). On a GPU
+        the rows are gathered there and copied into the blocks."""
+        dtype = blocks[0][2].dtype if blocks else None
+        if self.device.type != "cpu" or not blocks:
+            x, y = self.gather(n_id, features=bool(blocks), labels=labels, remote=remote, dtype=dtype)
+            for a, b, rows in blocks:
+                rows.copy_(x[a:b])  # type: ignore[index]
+            return y
+        y = self.empty((n_id.numel(),), torch.int64) if labels else None
+        if self.owns_all(n_id):
+            for a, b, rows in blocks:
+                self.gather_local_into(n_id[a:b], torch.from_numpy(cpu_kernels.positions(b - a)), rows,
+                                       y[a:b] if y is not None else None)
+            return y
+        if remote is None:
+            raise RuntimeError("gather: nodes of other partitions but no remote fetcher was given")
+        groups = owner_groups(self.owner_of(n_id), num_parts=self.num_partitions)
+        local_pos = groups.pop(self.partition.partition_id, None)
+        asked = {p: _take(n_id, pos).cpu() for p, pos in groups.items()}
+        pending = begin(lambda: remote(asked, True, labels), self.overlap_peers)
+        if local_pos is not None:
+            nodes = _take(n_id, local_pos)
+            for a, b, rows, s, e in _by_block(local_pos, blocks):
+                self.gather_local_into(nodes[s:e], local_pos[s:e] - a, rows,
+                                       y[a:b] if y is not None else None)
+        answers = pending.result()  # bounded: peer calls carry deadlines
+        for p, pos in groups.items():
+            rx, ry = answers[p]
+            assign_rows(y, pos, ry)
+            if rx is None:
+                raise RuntimeError(f"gather: partition {p} answered without the features asked for")
+            for a, _, rows, s, e in _by_block(pos, blocks):
+                assign_rows(rows, pos[s:e] - a, rx[s:e])
+        return y
+
     def minibatch(
         self, seeds: torch.Tensor | np.ndarray, fanouts: Sequence[int], key: int, *,
         features: bool = True, labels: bool = True, remote: RemoteNeighbors | None = None,
@@ -412,6 +455,15 @@ def owner_groups(owner: torch.Tensor, skip: int | None = None,
                 if starts[p + 1] > starts[p] and p != skip}
     present = torch.bincount(owner).nonzero().flatten().tolist()
     return {p: torch.nonzero(owner == p).flatten() for p in present if p != skip}
+
+
+def _by_block(positions: torch.Tensor, blocks: Sequence[tuple[int, int, torch.Tensor]]
+              ) -> list[tuple[int, int, torch.Tensor, int, int]]:
+    """Per block ``(a, b, rows)`` with any of the increasing ``positions`` in ``[a, b)``:
+    ``(a, b, rows, s, e)``, those positions being ``positions[s:e]``."""
+    bounds = np.searchsorted(positions.numpy(), [a for a, _, _ in blocks] + [blocks[-1][1]])
+    return [(a, b, rows, int(bounds[k]), int(bounds[k + 1])) for k, (a, b, rows) in enumerate(blocks)
+            if bounds[k + 1] > bounds[k]]
 
 
 def _take(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
