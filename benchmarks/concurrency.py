@@ -58,6 +58,8 @@ ALLOCATORS = ("keep", "default", "keep-arenas")
 #: Numba threading layers a row may ask for (``NUMBA_THREADING_LAYER``); ``default`` lets
 #: Numba pick (TBB, else OpenMP, else its own ``workqueue``).
 LAYERS = ("default", "omp", "tbb", "workqueue")
+#: Where a batch's features go (``--x-into``).
+X_INTO = ("messages", "tensor")
 #: Seconds a child may take to load and warm up, and to finish after its run.
 START_TIMEOUT_S = 600.0
 
@@ -85,6 +87,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "default: the CPUs the process may use in the threads rows, as the "
                         "server, and those CPUs split among the K processes in the "
                         "processes rows)")
+    p.add_argument("--x-into", nargs="+", choices=X_INTO, default=["messages"],
+                   help="where a batch's features are gathered: into the stream messages that "
+                        "carry them (the server's way where they span several) or into a tensor, "
+                        "then encoded into messages (its way before)")
     p.add_argument("--seconds", type=float, default=10.0, help="timed seconds per row")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="bfloat16",
                    help="wire dtype of the gathered rows")
@@ -97,6 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child-seed", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--child-spinners", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--allocator", choices=ALLOCATORS, default="keep", help=argparse.SUPPRESS)
+    p.add_argument("--child-x-into", choices=X_INTO, default="messages", help=argparse.SUPPRESS)
     p.add_argument("--ready", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--go", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -128,9 +135,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     set_allocator(args.allocator)
     import torch
 
-    from protos import fastwire
+    from protos import codec, fastwire
     from protos import sampling_pb2 as pb
     from sampling_server.config import ServerConfig
+    from sampling_server.pipeline import Prepared
     from sampling_server.store import PartitionStore
     from sampling_server.threads import kernel_threads, limit_kernel_threads
 
@@ -147,16 +155,27 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     errors: list[BaseException] = []
     lock = threading.Lock()
 
+    row = tuple(np.asarray(store.partition.x).shape[1:])
+    chunk = codec.DEFAULT_CHUNK_BYTES
+
     def one(seeds: np.ndarray, key: int) -> tuple[float, float, float, int]:
+        def head(i: int, n: int) -> pb.MinibatchChunk:
+            return pb.MinibatchChunk(batch_index=key, chunk_index=i, num_chunks=n)
+
         started = time.perf_counter()
         out = sampler.sample(seeds, args.fanouts, key)
         sampled = time.perf_counter()
-        x, y = sampler.gather(out.n_id, features=True, labels=True, dtype=wire)
+        rows = None
+        if args.child_x_into == "messages" and fastwire.RowMessages.fits(wire, row, chunk) \
+                and out.n_id.numel() * fastwire.RowMessages.row_bytes(wire, row) > chunk:
+            rows = fastwire.RowMessages(head, "x", wire, out.n_id.numel(), row, chunk)
+            x, y = None, sampler.gather_to(out.n_id, rows.blocks, labels=True)
+        else:
+            x, y = sampler.gather(out.n_id, features=True, labels=True, dtype=wire)
         gathered = time.perf_counter()
-        named = {"n_id": out.n_id, "edge_index": out.edge_index}
+        named: dict[str, codec.TensorLike] = {"n_id": out.n_id, "edge_index": out.edge_index}
         named.update({k: v for k, v in (("x", x), ("y", y)) if v is not None})
-        fastwire.encode_chunks(lambda i, n: pb.MinibatchChunk(batch_index=key, chunk_index=i,
-                                                              num_chunks=n), named)
+        Prepared.of(head, named, chunk, 0, rows).messages()
         return (sampled - started, gathered - sampled, time.perf_counter() - gathered,
                 int(out.row.numel()))
 
@@ -218,17 +237,17 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_row(args: argparse.Namespace, part_dir: Path, mode: str, workers: int,
-            allocator: str, scratch: Path, layer: str = "default", spinners: int = 0
-            ) -> dict[str, Any]:
+            allocator: str, scratch: Path, layer: str = "default", spinners: int = 0,
+            x_into: str = "messages") -> dict[str, Any]:
     """One row: ``workers`` threads in one child, or ``workers`` one-thread children
     (each child with ``spinners`` pure-Python threads beside its workers)."""
     procs, per = (1, workers) if mode == "threads" else (workers, 1)
-    name = f"{mode}-{workers}-{allocator}-{layer}-{spinners}"
+    name = f"{mode}-{workers}-{allocator}-{layer}-{spinners}-{x_into}"
     go = scratch / f"go-{name}"
     readies = [scratch / f"ready-{name}-{i}" for i in range(procs)]
     base = [sys.executable, str(Path(__file__).resolve()), "--child", "--partition-dir", str(part_dir),
             "--child-workers", str(per), "--child-spinners", str(spinners),
-            "--allocator", allocator, "--seconds", str(args.seconds),
+            "--allocator", allocator, "--seconds", str(args.seconds), "--child-x-into", x_into,
             "--dtype", args.dtype, "--batch-size", str(args.batch_size), "--go", str(go),
             "--fanouts", *map(str, args.fanouts)]
     threads = args.threads
@@ -275,7 +294,7 @@ def run_row(args: argparse.Namespace, part_dir: Path, mode: str, workers: int,
     batches = sum(r["batches"] for r in results)
     rate = sum(r["batches"] / r["seconds"] for r in results)
     return {"mode": mode, "workers": workers, "allocator": allocator,
-            "threading_layer": results[0]["threading_layer"], "spinners": spinners,
+            "threading_layer": results[0]["threading_layer"], "spinners": spinners, "x_into": x_into,
             "batches": batches,
             "batches_per_s": round(rate, 3),
             **{f"{step}_ms": round(1e3 * sum(r[f"{step}_s"] for r in results) / max(batches, 1), 2)
@@ -287,22 +306,28 @@ def run_row(args: argparse.Namespace, part_dir: Path, mode: str, workers: int,
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Processes over threads in batches/s, per allocator, threading layer and number of
-    workers."""
-    by = {(r["mode"], r["allocator"], r["threading_layer"], r.get("spinners", 0), r["workers"]):
-          r["batches_per_s"] for r in rows}
+    workers; features gathered into their messages over into a tensor, likewise."""
+    by = {(r["mode"], r["allocator"], r["threading_layer"], r.get("spinners", 0), r["workers"],
+           r.get("x_into", "messages")): r["batches_per_s"] for r in rows}
     out = {}
-    for (mode, allocator, layer, spinners, workers), rate in by.items():
-        threads = by.get(("threads", allocator, layer, spinners, workers))
+    for (mode, allocator, layer, spinners, workers, x_into), rate in by.items():
+        threads = by.get(("threads", allocator, layer, spinners, workers, x_into))
+        spun = f", {spinners} spinners" if spinners else ""
         if mode == "processes" and threads:
-            spun = f", {spinners} spinners" if spinners else ""
-            out[f"processes_vs_threads({allocator}, {layer}{spun}, {workers})"] = round(rate / threads, 3)
+            into = f", x into {x_into}" if x_into != "messages" else ""
+            out[f"processes_vs_threads({allocator}, {layer}{spun}{into}, {workers})"] = \
+                round(rate / threads, 3)
+        tensor = by.get((mode, allocator, layer, spinners, workers, "tensor"))
+        if x_into == "messages" and tensor:
+            out[f"messages_vs_tensor({mode}, {allocator}, {layer}{spun}, {workers})"] = \
+                round(rate / tensor, 3)
     return out
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'mode':<10} {'alloc':<12} {'layer':<10} {'spin':>4} {'K':>3} {'batches/s':>10} "
+    head = (f"{'mode':<10} {'x into':<9} {'alloc':<12} {'layer':<10} {'spin':>4} {'K':>3} {'batches/s':>10} "
             f"{'sample ms':>10} {'gather ms':>10} {'encode ms':>10} {'cores':>6}")
-    lines = [head] + [f"{r['mode']:<10} {r['allocator']:<12} {r['threading_layer']:<10} "
+    lines = [head] + [f"{r['mode']:<10} {r['x_into']:<9} {r['allocator']:<12} {r['threading_layer']:<10} "
                       f"{r['spinners']:>4} {r['workers']:>3} {r['batches_per_s']:>10.2f} "
                       f"{r['sample_ms']:>10.1f} {r['gather_ms']:>10.1f} {r['encode_ms']:>10.1f} "
                       f"{r['cores_used']:>6.2f}" for r in rows]
@@ -322,12 +347,14 @@ def main(argv: list[str] | None = None) -> int:
     part_dir = args.partition_dir.resolve()
     rows = []
     with tempfile.TemporaryDirectory(prefix="graphfeed-concurrency-") as scratch:
-        for layer, allocator, spinners, workers, mode in itertools.product(
-                args.layers, args.allocators, args.spinners, args.workers, args.modes):
-            row = run_row(args, part_dir, mode, workers, allocator, Path(scratch), layer, spinners)
-            log.info("%s x%d (%s, %s, %d spinners): %.2f batches/s, sample %.1f ms, gather %.1f ms, "
-                     "encode %.1f ms, %.2f cores", mode, workers, allocator, row["threading_layer"],
-                     spinners, row["batches_per_s"], row["sample_ms"], row["gather_ms"],
+        for layer, allocator, spinners, workers, mode, x_into in itertools.product(
+                args.layers, args.allocators, args.spinners, args.workers, args.modes, args.x_into):
+            row = run_row(args, part_dir, mode, workers, allocator, Path(scratch), layer, spinners,
+                          x_into)
+            log.info("%s x%d (%s, %s, %d spinners, x into %s): %.2f batches/s, sample %.1f ms, "
+                     "gather %.1f ms, encode %.1f ms, %.2f cores", mode, workers, allocator,
+                     row["threading_layer"], spinners, x_into, row["batches_per_s"], row["sample_ms"],
+                     row["gather_ms"],
                      row["encode_ms"], row["cores_used"])
             rows.append(row)
     result = {"benchmark": "concurrency", "partition_dir": str(part_dir), "fanouts": args.fanouts,

@@ -50,6 +50,12 @@ def test_ratios_pair_each_process_row_with_its_thread_row(bench: Any) -> None:
     assert bench.ratios(rows) == {"processes_vs_threads(keep, omp, 2)": 1.5,
                                   "processes_vs_threads(default, omp, 2)": 0.5,
                                   "processes_vs_threads(keep, workqueue, 2)": 2.0}
+    tensor = [{**r, "x_into": "tensor", "batches_per_s": 5.0} for r in rows[:2]]
+    assert bench.ratios(rows[:2] + tensor) == {
+        "processes_vs_threads(keep, omp, 2)": 1.5,
+        "processes_vs_threads(keep, omp, x into tensor, 2)": 1.0,
+        "messages_vs_tensor(threads, keep, omp, 2)": 2.0,
+        "messages_vs_tensor(processes, keep, omp, 2)": 3.0}
 
 
 def test_both_modes_run_for_real(bench: Any, parts1: Path, tmp_path: Path,
