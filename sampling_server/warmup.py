@@ -146,6 +146,12 @@ def warm_mixed_gathers(part: Partition) -> None:
         cpu_gather.gather_into(x, owned, start, places, out)
         into = np.empty_like(out) if out.flags.aligned else _unaligned(out)
         cpu_gather.scatter_into(np.ascontiguousarray(out), places, into)
+        # and into blocks of rows, as a server gathers into its stream messages
+        half = n // 2
+        blocks = cpu_gather.RowBlocks([into[:half], into[half : 2 * half]])
+        order = np.arange(2 * half, dtype=np.int64)[::-1].copy()
+        cpu_gather.gather_into_blocks(x, owned[: 2 * half], start, order, blocks)
+        cpu_gather.scatter_into_blocks(np.ascontiguousarray(out[: 2 * half]), order, blocks)
     labels = np.empty(n, y.dtype)
     cpu_gather.gather_into(y, owned, start, places, labels)
     cpu_gather.scatter_into(labels, places, np.empty_like(labels))

@@ -273,6 +273,49 @@ def test_gather_of_mixed_owners_in_a_wire_dtype_equals_indexing_then_casting(
         assert x is None and y is not None and torch.equal(y, want_y)
 
 
+def _blocks(n: int, sizes: list[int], width: int, dtype: torch.dtype) -> list[tuple[int, int, torch.Tensor]]:
+    """Blocks of ``sizes`` rows covering ``0 .. n``, each in memory of its own whose items
+    are not aligned (as in stream messages)."""
+    out, a = [], 0
+    for size in sizes:
+        b = min(n, a + size)
+        item = torch.empty((), dtype=dtype).element_size()
+        word = {2: np.uint16, 4: np.uint32}[item]
+        raw = np.zeros((b - a) * width * item + 1, dtype=np.uint8)[1:].view(word).reshape(b - a, width)
+        out.append((a, b, torch.from_numpy(raw).view(dtype)))
+        a = b
+    assert a == n
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("even", [True, False])
+def test_gather_to_blocks_equals_gather(
+    graph: GraphData, shuffled: tuple[list[Partition], np.ndarray], dtype: torch.dtype, even: bool
+) -> None:
+    """``gather_to`` writes the rows ``gather`` returns into the blocks, bit for bit, and
+    returns the same labels: all owned or mixed, blocks of one size (one pass over all of
+    them; float16 block by block) or uneven ones (block by block)."""
+    parts, _ = shuffled
+    samplers = _samplers(parts, False, False)
+    peers = LocalPeers(samplers)
+    rng = np.random.default_rng(9)
+    num_nodes = int(samplers[0].partition_book[-1])
+    width = parts[0].x.shape[1]
+    for n_id in (rng.permutation(num_nodes)[:1500], np.arange(*parts[0].node_range)[::-1].copy()):
+        ids = torch.from_numpy(n_id)
+        want_x, want_y = samplers[0].gather(ids, remote=peers.node_data, dtype=dtype)
+        assert want_x is not None
+        sizes = [97] * (-(-ids.numel() // 97)) if even else [5, 300, 1, 64] + [1000] * 3
+        blocks = _blocks(ids.numel(), sizes, width, dtype)
+        y = samplers[0].gather_to(ids, blocks, remote=peers.node_data)
+        got = torch.cat([rows for _, _, rows in blocks])
+        assert torch.equal(got.view(torch.uint8), want_x.view(torch.uint8))
+        assert y is not None and torch.equal(y, want_y)
+        assert samplers[0].gather_to(ids, _blocks(ids.numel(), sizes, width, dtype), labels=False,
+                                     remote=peers.node_data) is None
+
+
 def test_peer_requests_are_in_flight_while_the_own_share_is_done(
     shuffled: tuple[list[Partition], np.ndarray], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -376,6 +419,22 @@ def test_gather_into_and_scatter_into_match_numpy_and_name_bad_shapes() -> None:
         G.scatter_into(src[:300].astype(np.float64), places, again)
     with pytest.raises(ValueError, match="gather_into: expected"):
         G.gather_into(src, nodes, 100, places[:10], out)
+    # the same into blocks of 64 rows, each an array of its own, in one pass
+    blocks = [np.zeros((min(64, 300 - a), 7), np.float32) for a in range(0, 300, 64)]
+    G.gather_into_blocks(src, nodes, 100, places, G.RowBlocks(blocks))
+    assert np.array_equal(np.concatenate(blocks), want)
+    G.scatter_into_blocks(src[:300], places, G.RowBlocks(blocks))
+    assert np.array_equal(np.concatenate(blocks)[places], src[:300])
+    for bad in ([], [np.zeros((64, 7), np.float32), np.zeros((65, 7), np.float32)],
+                [np.zeros((3, 7), np.float32), np.zeros((3, 7), np.float32), np.zeros((4, 7), np.float32)],
+                [np.zeros((4, 7), np.float32), np.zeros((4, 6), np.float32)],
+                [np.zeros((4, 7), np.float32), np.zeros((4, 7), np.float64)]):
+        with pytest.raises(ValueError, match="RowBlocks: expected"):
+            G.RowBlocks(bad)
+    with pytest.raises(ValueError, match="gather_into_blocks: expected"):
+        G.gather_into_blocks(src.astype(np.float64), nodes, 100, places, G.RowBlocks(blocks))
+    with pytest.raises(ValueError, match="scatter_into_blocks: expected"):
+        G.scatter_into_blocks(src[:300, :6], places, G.RowBlocks(blocks))
 
 
 def test_same_key_same_batch_and_other_keys_differ(whole: list[Partition]) -> None:

@@ -404,10 +404,12 @@ class NeighborSampler(abc.ABC):
                 rows.copy_(x[a:b])  # type: ignore[index]
             return y
         y = self.empty((n_id.numel(),), torch.int64) if labels else None
+        layout = _layout(blocks)
         if self.owns_all(n_id):
-            for a, b, rows in blocks:
-                self.gather_local_into(n_id[a:b], torch.from_numpy(cpu_kernels.positions(b - a)), rows,
-                                       y[a:b] if y is not None else None)
+            everywhere = torch.from_numpy(cpu_kernels.positions(n_id.numel()))
+            if y is not None:  # the labels in one pass, the rows in another
+                self.gather_local_into(n_id, everywhere, None, y)
+            self.gather_local_into_blocks(n_id, everywhere, blocks, layout)
             return y
         if remote is None:
             raise RuntimeError("gather: nodes of other partitions but no remote fetcher was given")
@@ -417,18 +419,27 @@ class NeighborSampler(abc.ABC):
         pending = begin(lambda: remote(asked, True, labels), self.overlap_peers)
         if local_pos is not None:
             nodes = _take(n_id, local_pos)
-            for a, b, rows, s, e in _by_block(local_pos, blocks):
-                self.gather_local_into(nodes[s:e], local_pos[s:e] - a, rows,
-                                       y[a:b] if y is not None else None)
+            if y is not None:
+                self.gather_local_into(nodes, local_pos, None, y)
+            self.gather_local_into_blocks(nodes, local_pos, blocks, layout)
         answers = pending.result()  # bounded: peer calls carry deadlines
         for p, pos in groups.items():
             rx, ry = answers[p]
             assign_rows(y, pos, ry)
             if rx is None:
                 raise RuntimeError(f"gather: partition {p} answered without the features asked for")
-            for a, _, rows, s, e in _by_block(pos, blocks):
-                assign_rows(rows, pos[s:e] - a, rx[s:e])
+            assign_rows_to_blocks(blocks, layout, pos, rx)
         return y
+
+    def gather_local_into_blocks(self, nodes: torch.Tensor, positions: torch.Tensor,
+                                 blocks: Sequence[tuple[int, int, torch.Tensor]],
+                                 layout: cpu_gather.RowBlocks | None) -> None:
+        """:meth:`gather_local_into` of the features into ``blocks`` (see :meth:`gather_to`;
+        ``positions`` increasing; ``layout``: the blocks as :class:`cpu_gather.RowBlocks`,
+        None where they are not of one size). This default fills one block after another;
+        a sampler may fill them all in one pass."""
+        for a, _, rows, s, e in _by_block(positions, blocks):
+            self.gather_local_into(nodes[s:e], positions[s:e] - a, rows, None)
 
     def minibatch(
         self, seeds: torch.Tensor | np.ndarray, fanouts: Sequence[int], key: int, *,
@@ -455,6 +466,36 @@ def owner_groups(owner: torch.Tensor, skip: int | None = None,
                 if starts[p + 1] > starts[p] and p != skip}
     present = torch.bincount(owner).nonzero().flatten().tolist()
     return {p: torch.nonzero(owner == p).flatten() for p in present if p != skip}
+
+
+def _layout(blocks: Sequence[tuple[int, int, torch.Tensor]]) -> cpu_gather.RowBlocks | None:
+    """CPU ``blocks`` of one size (the last may be shorter) as :class:`cpu_gather.RowBlocks`;
+    None for others."""
+    size = blocks[0][1] - blocks[0][0]
+    if any(a != k * size or rows.device.type != "cpu" or not rows.is_contiguous() or rows.dim() != 2
+           for k, (a, _, rows) in enumerate(blocks)):
+        return None
+    try:
+        return cpu_gather.RowBlocks([numpy_words(rows) for _, _, rows in blocks])
+    except ValueError:
+        return None
+
+
+def assign_rows_to_blocks(blocks: Sequence[tuple[int, int, torch.Tensor]],
+                          layout: cpu_gather.RowBlocks | None, pos: torch.Tensor,
+                          value: torch.Tensor) -> None:
+    """:func:`assign_rows` into ``blocks`` (``pos`` increasing): in one parallel pass where
+    ``layout`` says they are of one size and ``value`` comes in their dtype (peers answer
+    in the wire dtype), else block by block."""
+    value = _on(value, torch.device("cpu"))
+    if layout is not None and value.dtype == blocks[0][2].dtype and value.dim() == 2 \
+            and value.is_contiguous():
+        cpu_gather.scatter_into_blocks(numpy_words(value),
+                                       (pos if pos.dtype == torch.int64 else pos.to(torch.int64)).numpy(),
+                                       layout)
+        return
+    for a, _, rows, s, e in _by_block(pos, blocks):
+        assign_rows(rows, pos[s:e] - a, value[s:e])
 
 
 def _by_block(positions: torch.Tensor, blocks: Sequence[tuple[int, int, torch.Tensor]]

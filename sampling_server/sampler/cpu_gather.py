@@ -11,9 +11,12 @@ in flight at once instead of one row's at a time.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numba
 import numpy as np
+from numba import types
+from numba.extending import intrinsic
 
 from protos.halfcast import narrow_word
 from sampling_server.sampler.cpu_kernels import PARALLEL_MIN_ROWS, parallel_guard
@@ -25,6 +28,8 @@ PREFETCH_DISTANCE = 8
 ROW_BLOCK = 256
 
 _UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+#: An empty array of each word type (what tells the block kernels the words' type).
+_LIKE = {np.dtype(word): np.empty(0, dtype=word) for word in _UINT_OF_SIZE.values()}
 
 
 @numba.njit(inline="always", nogil=True, cache=True)
@@ -162,6 +167,126 @@ def scatter_rows(rows: np.ndarray, positions: np.ndarray, out: np.ndarray) -> No
             p = positions[i]
             for j in range(width):
                 out[p, j] = rows[i, j]
+
+
+# -- into blocks: rows written straight into the stream messages that carry them --------
+@intrinsic
+def _pointer(typingctx: Any, address: Any, like: Any) -> Any:
+    """``address`` (an integer) as a pointer to ``like``'s item type."""
+    if not (isinstance(address, types.Integer) and isinstance(like, types.Array)):
+        return None
+    sig = types.CPointer(like.dtype)(address, like)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+    return sig, codegen
+
+
+@numba.njit(inline="always", nogil=True, cache=True)
+def _block_row(addresses: np.ndarray, per_block: int, like: np.ndarray, p: int, width: int) -> np.ndarray:
+    """Row ``p`` of rows laid out in blocks of ``per_block`` rows of ``width`` words, block
+    ``b`` at ``addresses[b]`` (``like``: an array of the words' type)."""
+    b = p // per_block
+    address = addresses[b] + (p - b * per_block) * width * like.itemsize
+    return numba.carray(_pointer(address, like), (width,))  # type: ignore[call-arg]
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def gather_rows_to_blocks(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_start: int,
+                          positions: np.ndarray, addresses: np.ndarray, per_block: int,
+                          like: np.ndarray, narrow: bool) -> None:
+    """:func:`gather_rows_to` into rows laid out in blocks (:func:`_block_row`)."""
+    n = nodes.size
+    width = src.shape[1]
+    step = max(1, LINE // src.itemsize)
+    for b in numba.prange((n + ROW_BLOCK - 1) // ROW_BLOCK):
+        hi = min(n, (b + 1) * ROW_BLOCK)
+        for i in range(b * ROW_BLOCK, hi):
+            _prefetch_ahead(flat, nodes, node_start, width, step, i, hi)
+            r = nodes[i] - node_start
+            row = _block_row(addresses, per_block, like, positions[i], width)
+            if narrow:
+                for j in range(width):
+                    row[j] = narrow_word(src[r, j])
+            else:
+                for j in range(width):
+                    row[j] = src[r, j]
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def scatter_rows_to_blocks(rows: np.ndarray, positions: np.ndarray, addresses: np.ndarray,
+                           per_block: int, like: np.ndarray) -> None:
+    """:func:`scatter_rows` into rows laid out in blocks (:func:`_block_row`)."""
+    n, width = rows.shape
+    for b in numba.prange((n + ROW_BLOCK - 1) // ROW_BLOCK):
+        for i in range(b * ROW_BLOCK, min(n, (b + 1) * ROW_BLOCK)):
+            row = _block_row(addresses, per_block, like, positions[i], width)
+            for j in range(width):
+                row[j] = rows[i, j]
+
+
+class RowBlocks:
+    """Rows ``0 .. n`` laid out in blocks of equal size (the last may be shorter), each a
+    C-contiguous 2-D array of its own (e.g. the rows of the stream messages that carry
+    them): what the ``*_to_blocks`` kernels write into in one call."""
+
+    __slots__ = ("addresses", "arrays", "like", "num_rows", "per_block", "width")
+
+    def __init__(self, arrays: list[np.ndarray]) -> None:
+        """``arrays``: the blocks in order, 2-D, one dtype and width, all but the last of
+        the first's number of rows."""
+        if not arrays:
+            raise ValueError("RowBlocks: expected at least one block, got none")
+        first = arrays[0]
+        words = [_rows_as_words(a) for a in arrays]
+        if any(w is None or a.ndim != 2 for w, a in zip(words, arrays, strict=True)) \
+                or any(a.dtype != first.dtype or a.shape[1] != first.shape[1] for a in arrays) \
+                or any(a.shape[0] != first.shape[0] for a in arrays[:-1]) \
+                or arrays[-1].shape[0] > first.shape[0] or first.shape[0] == 0:
+            raise ValueError(f"RowBlocks: expected C-contiguous 2-D blocks of one dtype and width, "
+                             f"all but the last of the first's rows, got "
+                             f"{[(a.shape, str(a.dtype)) for a in arrays]}")
+        self.arrays = [w for w in words if w is not None]  # (the words keep the blocks alive)
+        self.per_block = int(first.shape[0])
+        self.width = int(first.shape[1])
+        self.num_rows = sum(int(a.shape[0]) for a in arrays)
+        self.like = _LIKE[self.arrays[0].dtype]  # (one Numba type per word type)
+        self.addresses = np.array([a.ctypes.data for a in self.arrays], dtype=np.int64)
+
+
+def gather_into_blocks(src: np.ndarray, nodes: np.ndarray, node_start: int, positions: np.ndarray,
+                       out: RowBlocks) -> None:
+    """:func:`gather_into` with ``out`` laid out in blocks: one parallel pass over all of
+    them. Positions are not range-checked (callers pass positions below ``out.num_rows``
+    they computed)."""
+    arr = np.asarray(src)
+    src_words = _rows_as_words(arr)
+    if src_words is None or src_words.shape[1] != out.width or nodes.size != positions.size:
+        raise ValueError(f"gather_into_blocks: expected C-contiguous rows of the blocks' width "
+                         f"{out.width} and as many positions as nodes, got {arr.shape}, "
+                         f"{nodes.size} nodes, {positions.size} positions")
+    narrow = arr.dtype == np.float32 and out.like.dtype == np.uint16
+    if not narrow and src_words.dtype != out.like.dtype:
+        raise ValueError(f"gather_into_blocks: expected blocks of {arr.dtype}'s item size (or "
+                         f"bfloat16 words for float32 rows), got {out.like.dtype}")
+    if nodes.size:
+        with parallel_guard():
+            gather_rows_to_blocks(src_words, src_words.reshape(-1), nodes, node_start, positions,
+                                  out.addresses, out.per_block, out.like, narrow)
+
+
+def scatter_into_blocks(rows: np.ndarray, positions: np.ndarray, out: RowBlocks) -> None:
+    """:func:`scatter_into` with ``out`` laid out in blocks, in one parallel pass."""
+    words = _rows_as_words(np.asarray(rows))
+    if words is None or words.shape[1] != out.width or words.dtype != out.like.dtype \
+            or rows.shape[0] != positions.size:
+        raise ValueError(f"scatter_into_blocks: expected C-contiguous rows of the blocks' width "
+                         f"and word size, one per position, got {rows.shape} {rows.dtype} -> "
+                         f"width {out.width} of {out.like.dtype}, {positions.size} positions")
+    if positions.size:
+        with parallel_guard():
+            scatter_rows_to_blocks(words, positions, out.addresses, out.per_block, out.like)
 
 
 def _rows_as_words(arr: np.ndarray) -> np.ndarray | None:

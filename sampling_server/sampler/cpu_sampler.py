@@ -240,6 +240,22 @@ class CpuNeighborSampler(NeighborSampler):
         y = torch.from_numpy(G.gather(self.partition.y, ids, self.node_start)) if labels else None
         return x, y
 
+    def gather_local_into_blocks(self, nodes: torch.Tensor, positions: torch.Tensor,
+                                 blocks: Sequence[tuple[int, int, torch.Tensor]],
+                                 layout: G.RowBlocks | None) -> None:
+        """One parallel pass over every block (:func:`cpu_gather.gather_into_blocks`),
+        float32 features narrowed to bfloat16 blocks on the way."""
+        src_x = np.asarray(self.partition.x)
+        dtype = blocks[0][2].dtype if blocks else None
+        if layout is None or src_x.ndim != 2 or not src_x.flags.c_contiguous or not (
+                dtype == torch_dtype(src_x.dtype) or (dtype == torch.bfloat16 and src_x.dtype == np.float32)):
+            super().gather_local_into_blocks(nodes, positions, blocks, layout)
+            return
+        ids = _as_ids(nodes, "nodes")
+        self.check_owned(torch.from_numpy(ids), "nodes")
+        pos = (positions if positions.dtype == torch.int64 else positions.to(torch.int64)).numpy()
+        G.gather_into_blocks(src_x, ids, self.node_start, pos, layout)
+
     def gather_local_into(self, nodes: torch.Tensor, positions: torch.Tensor,
                           x: torch.Tensor | None, y: torch.Tensor | None) -> None:
         """One parallel pass per tensor: each owned row read from the partition and written
