@@ -11,11 +11,16 @@ before the clock starts, so both rows time only the owning server's own work:
   the peer's rows scattered in by a parallel Numba kernel;
 - ``torch``: the same result the way vectorized PyTorch writes it: ``index_select`` of the
   owned rows, ``index_put`` of them and of the peer's rows (widened to the stored dtype)
-  into ``x``, then ``Tensor.to`` the wire dtype.
+  into ``x``, then ``Tensor.to`` the wire dtype;
+- ``graphfeed + encode``: ``graphfeed``, then ``x`` encoded into 4 MiB stream messages
+  (``protos.fastwire.encode_message``: a server's way until its gather wrote ``x`` into
+  them);
+- ``graphfeed into messages``: ``x`` gathered straight into its stream messages
+  (``gather_to`` into ``protos.fastwire.RowMessages``, finished): a server's way now.
 
-Both rows give the same bits (checked on the first batch). Rows alternate within each of
-``--passes`` passes; the ratio is the median of the per-pass ratios. Writes
-``benchmarks/results/gather.json``.
+All rows give the same bits (checked on the first batch: the messages' ``x`` decoded).
+Rows alternate within each of ``--passes`` passes; a ratio is the median of the per-pass
+ratios. Writes ``benchmarks/results/gather.json``.
 
     python benchmarks/gather.py --data data/bench
 """
@@ -90,8 +95,32 @@ def main() -> int:
     from netns_link import ensure_partitions
 
     from partitioner import load_partition
+    from protos import codec, fastwire
+    from protos import sampling_pb2 as pb
     from protos.allocator import keep_freed_memory
     from sampling_server.sampler import create_sampler
+
+    def head(i: int, n: int) -> pb.MinibatchChunk:
+        return pb.MinibatchChunk(batch_index=0, chunk_index=i, num_chunks=n)
+
+    chunk = codec.DEFAULT_CHUNK_BYTES
+
+    def encoded(n_id: torch.Tensor, remote: Any, wire: torch.dtype) -> list[bytes]:
+        x, _ = sampler.gather(n_id, remote=remote, dtype=wire)
+        assert x is not None
+        return fastwire.encode_chunks(head, {"x": x}, chunk)
+
+    def into_messages(n_id: torch.Tensor, remote: Any, wire: torch.dtype) -> list[bytes]:
+        width = tuple(np.asarray(mine_part.x).shape[1:])
+        out = fastwire.RowMessages(head, "x", wire, n_id.numel(), width, chunk)
+        sampler.gather_to(n_id, out.blocks, remote=remote)
+        return out.finish(0, len(out))
+
+    def decoded_x(messages: list[bytes]) -> torch.Tensor:
+        assembler = codec.TensorAssembler()
+        for m in messages:
+            assembler.add_all(fastwire.parse_chunk(pb.MinibatchChunk, m).tensors)
+        return assembler.finish_torch()["x"]
 
     keep_freed_memory()  # as the server's CLI does
     part_dir = ensure_partitions(args.data, args.preset, 2)
@@ -110,11 +139,15 @@ def main() -> int:
         warm_answers = peer_answers(peer_part, peer_start, warm, warm_groups[1], wire)
         sampler.gather(warm, remote=_Answers(warm_answers), dtype=wire)
         torch_gather(x_stored, y_stored, start, warm, warm_mine, warm_answers, warm_groups, wire)
+        encoded(warm, _Answers(warm_answers), wire)
+        into_messages(warm, _Answers(warm_answers), wire)
     rows: list[dict[str, Any]] = []
     ratios: dict[str, list[float]] = {w: [] for w in WIRE}
+    into_ratios: dict[str, list[float]] = {w: [] for w in WIRE}
+    labels = ("graphfeed", "torch", "graphfeed + encode", "graphfeed into messages")
     for p in range(args.passes):
         for wire_name, wire in WIRE.items():
-            times: dict[str, list[float]] = {"graphfeed": [], "torch": []}
+            times: dict[str, list[float]] = {label: [] for label in labels}
             for b in range(args.batches):
                 n_id = torch.from_numpy(rng.choice(num_nodes, args.nodes, replace=False))
                 mine = sampler.owner_of(n_id) == 0
@@ -122,39 +155,53 @@ def main() -> int:
                 answers = peer_answers(peer_part, peer_start, n_id, groups[1], wire)
                 remote = _Answers(answers)
 
-                order = ("graphfeed", "torch") if (p + b) % 2 == 0 else ("torch", "graphfeed")
-                out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+                order = labels if (p + b) % 2 == 0 else labels[::-1]
+                out: dict[str, Any] = {}
                 for label in order:
                     began = time.perf_counter()
                     if label == "graphfeed":
                         x, y = sampler.gather(n_id, remote=remote, dtype=wire)
                         assert x is not None and y is not None
                         out[label] = (x, y)
-                    else:
+                    elif label == "torch":
                         out[label] = torch_gather(x_stored, y_stored, start, n_id, mine, answers,
                                                   groups, wire)
+                    elif label == "graphfeed + encode":
+                        out[label] = encoded(n_id, remote, wire)
+                    else:
+                        out[label] = into_messages(n_id, remote, wire)
                     times[label].append(time.perf_counter() - began)
                 if p == 0 and b == 0:
                     (gx, gy), (tx, ty) = out["graphfeed"], out["torch"]
                     same = torch.equal(gx.view(torch.uint8), tx.view(torch.uint8)) and torch.equal(gy, ty)
+                    for label in ("graphfeed + encode", "graphfeed into messages"):
+                        same = same and torch.equal(decoded_x(out[label]).view(torch.uint8),
+                                                    gx.view(torch.uint8))
                     if not same:
-                        raise SystemExit(f"{wire_name}: graphfeed's gather differs from torch's")
+                        raise SystemExit(f"{wire_name}: graphfeed's gathers differ from torch's")
                 del out
             medians = {k: statistics.median(v[1:] if len(v) > 1 else v) for k, v in times.items()}
             ratio = medians["torch"] / medians["graphfeed"]
             ratios[wire_name].append(ratio)
+            into_ratios[wire_name].append(medians["graphfeed + encode"] / medians["graphfeed into messages"])
             for label, secs in medians.items():
                 rows.append({"pass": p, "wire": wire_name, "label": label,
                              "ms_per_batch": round(secs * 1e3, 2)})
-            log.info("pass %d %s: graphfeed %.1f ms, torch %.1f ms per batch (%.2fx)", p, wire_name,
-                     medians["graphfeed"] * 1e3, medians["torch"] * 1e3, ratio)
+            log.info("pass %d %s: graphfeed %.1f ms, torch %.1f ms per batch (%.2fx); x encoded after "
+                     "%.1f ms, gathered into its messages %.1f ms", p, wire_name,
+                     medians["graphfeed"] * 1e3, medians["torch"] * 1e3, ratio,
+                     medians["graphfeed + encode"] * 1e3, medians["graphfeed into messages"] * 1e3)
     summary = {w: {"median_ratio_torch_over_graphfeed": round(statistics.median(r), 3),
-                   "per_pass": [round(v, 3) for v in r]} for w, r in ratios.items()}
+                   "per_pass": [round(v, 3) for v in r],
+                   "median_ratio_encode_over_into_messages": round(statistics.median(into_ratios[w]), 3),
+                   "into_messages_per_pass": [round(v, 3) for v in into_ratios[w]]}
+               for w, r in ratios.items()}
     path = write_json("gather", {"benchmark": "gather", "preset": args.preset, "nodes": args.nodes,
                                  "machine": machine(), "rows": rows, "ratios": summary})
     for w, s in summary.items():
         print(f"{w}: torch / graphfeed = {s['median_ratio_torch_over_graphfeed']}x "
-              f"(per pass {s['per_pass']})")
+              f"(per pass {s['per_pass']}); graphfeed + encode / into messages = "
+              f"{s['median_ratio_encode_over_into_messages']}x (per pass {s['into_messages_per_pass']})")
     print(f"wrote {path}")
     return 0
 

@@ -10,13 +10,18 @@ Rows (servers in their own processes, the client in this one):
 - ``grpc-bytes-uncached(S)``: the same, cycling through 512 MiB of distinct messages, so
   that the payload comes from memory as a real batch's does (still no per-message work);
 - ``graphfeed-replay(S)``: graphfeed's encoding and decoding only: real ``products-like``
-  batches, sampled once by a real partition's sampler, encoded per send as the server
-  does (``protos.fastwire``) in ``MinibatchChunk`` messages of S bytes of tensor data and
-  decoded by the trainer's ``BatchAssembler`` into PyG ``Data``; each message is encoded
-  just before it is sent, as the server does (``sampling_server.pipeline.encode_ahead``);
-- four diagnostic rows at the default message size, two without one of graphfeed's two
-  payload copies, to say where the replay's gap to the bare stream goes:
-  ``graphfeed-replay, encoded once``: the server sends each batch's messages as encoded
+  batches, sampled once by a real partition's sampler, sent as the server sends them in
+  ``MinibatchChunk`` messages of S bytes of tensor data and decoded by the trainer's
+  ``BatchAssembler`` into PyG ``Data``: the features (``x``, where they span several
+  messages) in the messages the server's gather writes them into
+  (``protos.fastwire.RowMessages``; written once per batch before the timed rows, as
+  the replay starts from gathered batches), the batch's other tensors encoded per send
+  by ``protos.fastwire``, each message just before it is sent, as the server does
+  (``sampling_server.pipeline.encode_ahead``);
+- five diagnostic rows at the default message size, to say where the replay's gap to
+  the bare stream goes: ``graphfeed-replay, x encoded per send``: ``x`` encoded like the
+  other tensors, a copy per send (the server's way until its gather wrote into the
+  messages); ``graphfeed-replay, encoded once``: the server sends each batch's messages as encoded
   the first time (no per-send copy of the tensors into the messages; the trainer decodes
   as usual), ``graphfeed-replay, encoded per batch``: each batch's messages all encoded
   by the sampling worker, batches ahead of the one being sent (the server's way until
@@ -150,23 +155,45 @@ def _sample_batches(part_dir: str, num_batches: int) -> list[tuple[dict[str, Any
     return batches
 
 
+def batch_head(out: Any, index: int, total: int) -> Any:
+    """The message heads of batch ``index`` of ``total`` (its sampler output ``out``), as
+    the server's pipeline makes them (``sampling_server.pipeline.chunk_head``)."""
+    from protos import sampling_pb2 as pb
+    from sampling_server.pipeline import chunk_head
+
+    return chunk_head(index, pb.MinibatchHeader(
+        num_batches=total, num_seed_nodes=out.batch_size, num_sampled_nodes=out.num_sampled_nodes,
+        num_sampled_edges=out.num_sampled_edges))
+
+
 def prepare_batch(named: dict[str, Any], out: Any, index: int, total: int, size: int) -> Any:
     """Batch ``index`` of ``total`` (its tensors ``named``, its sampler output ``out``) as
-    the server's pipeline prepares it (``sampling_server.pipeline.Prepared``):
-    ``MinibatchChunk`` messages of ``size`` bytes of tensor data, the first with the
-    batch's header, each encoded by ``protos.fastwire`` when asked for."""
-    from protos import sampling_pb2 as pb
+    the server's pipeline prepared it before its gather wrote ``x`` into the stream
+    messages (``sampling_server.pipeline.Prepared``): ``MinibatchChunk`` messages of
+    ``size`` bytes of tensor data, the first with the batch's header, each encoded by
+    ``protos.fastwire`` when asked for."""
     from sampling_server.pipeline import Prepared
 
-    def head(i: int, n: int) -> pb.MinibatchChunk:
-        msg = pb.MinibatchChunk(batch_index=index, chunk_index=i, num_chunks=n)
-        if i == 0:
-            msg.header.CopyFrom(pb.MinibatchHeader(
-                num_batches=total, num_seed_nodes=out.batch_size,
-                num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges))
-        return msg
+    return Prepared.of(batch_head(out, index, total), named, size)
 
-    return Prepared.of(head, named, size)
+
+def gathered_rows(named: dict[str, Any], out: Any, index: int, total: int,
+                  size: int) -> tuple[list[bytes], list[int]] | None:
+    """``x`` of batch ``index`` in the messages the server's gather writes it into
+    (``protos.fastwire.RowMessages``, after the batch's other messages), finished; None
+    where the server sends ``x`` with the other tensors (it fits one message)."""
+    from protos import codec, fastwire
+
+    x = named["x"]
+    others = {k: v for k, v in named.items() if k != "x"}
+    row = tuple(x.shape[1:])
+    if not fastwire.RowMessages.fits(x.dtype, row, size) or x.numel() * x.element_size() <= size:
+        return None
+    rows = fastwire.RowMessages(batch_head(out, index, total), "x", x.dtype, x.shape[0], row, size)
+    for a, b, block in rows.blocks:
+        block.copy_(x[a:b])  # the gather's own write, in the server
+    first = codec.count_groups(others, size)
+    return rows.finish(first, first + len(rows)), list(rows.nbytes)
 
 
 class _ThreadTimed(futures.Executor):
@@ -191,18 +218,24 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
     - ``Bytes``: ``count`` messages of ``size`` bytes, one ``bytes`` object sent again and
       again (no per-message work at all: the floor);
     - ``Replay``: real batches, sampled once here, sent ``rounds`` times as the server's
-      pipeline sends them: each batch prepared (split in messages of ``size`` bytes of
-      tensor data) by a worker thread ``PREFETCH`` batches ahead of the one being sent,
-      and each message encoded (``protos.fastwire``) on the encode threads
+      pipeline sends them: ``x``, where it spans several messages, in the messages the
+      server's gather writes it into (made once per batch and message size, as the
+      gather would, before the timed rows: the replay starts from gathered batches);
+      the batch's other tensors prepared (split in messages of ``size`` bytes of tensor
+      data) by a worker thread ``PREFETCH`` batches ahead of the one being sent, each
+      message encoded (``protos.fastwire``) on the encode threads
       ``ENCODE_AHEAD_BYTES`` before gRPC sends it (``sampling_server.pipeline``'s own
-      ``Prepared`` and ``encode_ahead``). Diagnostics (``mode``): ``encoded once``: each
-      batch's messages resent as first encoded; ``encoded per batch``: whole batches
-      encoded by the worker, ``PREFETCH`` ahead (the server's way until 2026-11-27).
+      ``Prepared`` and ``encode_ahead``). Every message of batch ``i`` of the stored
+      ones carries batch index ``i``, in every round. Diagnostics (``mode``): ``x
+      encoded per send``: ``x`` encoded like the other tensors (the server's way until
+      its gather wrote into the messages); ``encoded once``: each batch's messages
+      resent as first encoded; ``encoded per batch``: whole batches encoded by the
+      worker, ``PREFETCH`` ahead (the server's way until 2026-11-27).
 
     Each call's request is JSON; its trailing metadata carries the CPU seconds this process
     spent while the call ran (``server-cpu-s``: every thread, gRPC's own included).
     """
-    from protos import fastwire
+    from protos import codec, fastwire
     from protos.allocator import keep_freed_memory
     from sampling_server.pipeline import encode_ahead, taken_in_order
 
@@ -212,6 +245,7 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
     encoders = futures.ThreadPoolExecutor(2, thread_name_prefix="encode")  # the server's least
     encode_cpu: list[float] = []
     encoded_once: dict[tuple[int, int], list[bytes]] = {}  # (batch, size) -> its messages
+    gathered: dict[tuple[int, int], tuple[list[bytes], list[int]] | None] = {}  # -> x's
 
     def bytes_stream(request: bytes, context: grpc.ServicerContext) -> Any:
         ask = json.loads(request)
@@ -226,12 +260,26 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
         context.set_trailing_metadata((("server-cpu-s", f"{time.process_time() - cpu:.4f}"),))
 
     def prepare(index: int, total: int, size: int) -> Any:
+        """The server's way: x in the messages its gather wrote, the rest encoded late."""
+        from sampling_server.pipeline import Prepared
+
+        b = index % len(batches)
+        named, out = batches[b]
+        if (b, size) not in gathered:  # built by the untimed first call of each size
+            gathered[b, size] = gathered_rows(named, out, b, total, size)
+        rows = gathered[b, size]
+        if rows is None:
+            return prepare_batch(named, out, b, total, size)
+        others = {k: v for k, v in named.items() if k != "x"}
+        return Prepared(batch_head(out, b, total), list(codec.iter_pieces(others, size)), 0, *rows)
+
+    def x_per_send(index: int, total: int, size: int) -> Any:
         named, out = batches[index % len(batches)]
-        return prepare_batch(named, out, index, total, size)
+        return prepare_batch(named, out, index % len(batches), total, size)
 
     def encode_whole(index: int, total: int, size: int) -> list[bytes]:
         began = time.thread_time()
-        messages: list[bytes] = prepare(index, total, size).messages()
+        messages: list[bytes] = x_per_send(index, total, size).messages()
         encode_cpu.append(time.thread_time() - began)
         return messages
 
@@ -252,13 +300,13 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
         def submit_next() -> None:
             index = next(jobs, None)
             if index is not None:
-                work = {"": prepare, "encoded once": encode_once,
+                work = {"": prepare, "x encoded per send": x_per_send, "encoded once": encode_once,
                         "encoded per batch": encode_whole}[mode]
                 pending.append(workers.submit(work, index, total, size))
 
         for _ in range(PREFETCH):
             submit_next()
-        if mode:
+        if mode.startswith("encoded"):
             for future in taken_in_order(pending, submit_next):
                 yield from future.result()
         else:
@@ -305,12 +353,14 @@ def replay_row(channel: grpc.Channel, size: int, rounds: int, variant: str = "")
     """Read ``rounds`` replays of the server's batches and decode them as the trainer's
     reader thread does (``BatchAssembler``: fastwire views, one copy of split tensors).
 
-    ``variant`` (diagnostics): ``"encoded once"``: the server resends each batch's
-    messages as first encoded; ``"encoded per batch"``: the server encodes whole batches
-    ahead, as it did until 2026-11-27; ``"not decoded"``: messages are parsed, no batch assembled
-    (the bytes counted are the messages'); ``"copies inline"``, ``"decode threads"``: the
-    pieces are copied into their tensors by the reading thread itself, or by the decode
-    threads (without either: the trainer's default for this machine)."""
+    ``variant`` (diagnostics): ``"x encoded per send"``: the server encodes ``x`` with
+    the batch's other tensors, not from the messages its gather wrote; ``"encoded
+    once"``: the server resends each batch's messages as first encoded; ``"encoded per
+    batch"``: the server encodes whole batches ahead, as it did until 2026-11-27; ``"not
+    decoded"``: messages are parsed, no batch assembled (the bytes counted are the
+    messages'); ``"copies inline"``, ``"decode threads"``: the pieces are copied into
+    their tensors by the reading thread itself, or by the decode threads (without
+    either: the trainer's default for this machine)."""
     from protos import fastwire
     from trainer_client.decode import BatchAssembler
 
@@ -320,8 +370,9 @@ def replay_row(channel: grpc.Channel, size: int, rounds: int, variant: str = "")
                                .get(variant))
     got = batches = 0
     cpu, started = time.process_time(), time.perf_counter()
+    server_modes = ("encoded once", "encoded per batch", "x encoded per send")
     call = call_of(json.dumps({"size": size, "rounds": rounds,
-                               "mode": variant if variant.startswith("encoded") else ""}).encode(),
+                               "mode": variant if variant in server_modes else ""}).encode(),
                    timeout=900)
     decode = 0.0
     for msg in call:
@@ -348,21 +399,28 @@ def replay_row(channel: grpc.Channel, size: int, rounds: int, variant: str = "")
     return row
 
 
+#: Every diagnostic replay (:func:`replay_row`'s ``variant``).
+DIAGNOSTICS = ("x encoded per send", "encoded once", "encoded per batch", "not decoded",
+               "copies inline", "decode threads")
+
+
 def variants() -> tuple[str, ...]:
     """The diagnostic replays (see the module's docstring), run at the default message
     size: the last makes the trainer's copies the other way than its default here."""
     from trainer_client.decode import default_background_copies
 
     other = "copies inline" if default_background_copies() else "decode threads"
-    return ("encoded once", "encoded per batch", "not decoded", other)
+    return ("x encoded per send", "encoded once", "encoded per batch", "not decoded", other)
 
 
 def stream_passes(part_dir: Path, sizes: list[int], passes: int, rounds: int,
-                  num_batches: int, tcp_bytes: int, diagnose: int | None = None) -> list[dict[str, Any]]:
+                  num_batches: int, tcp_bytes: int, diagnose: int | None = None,
+                  diagnostics: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Per pass: raw TCP, then at each size the bare stream and the replay back to back
     (their order alternates between passes), all against one server process; at size
-    ``diagnose`` the :func:`variants` of the replay follow (their ratio: to that pass's
-    bare stream)."""
+    ``diagnose`` the ``diagnostics`` (default: every one of :func:`variants`) of the replay
+    follow them on even passes and precede them, in reverse order, on odd ones (their
+    ratio: to that pass's bare stream)."""
     from protos.channel import create_channel
 
     port, ctx = free_port(), mp.get_context("spawn")
@@ -375,6 +433,8 @@ def stream_passes(part_dir: Path, sizes: list[int], passes: int, rounds: int,
         if not ready.wait(1800):
             raise RuntimeError("the benchmark server did not sample its batches within 30 min")
         channel = create_channel(f"127.0.0.1:{port}")
+        for size in sizes:  # x of every batch in its messages, as gathered, before the timed rows
+            replay_row(channel, size, 1)
         if diagnose in sizes:  # every batch encoded once before the timed rows
             replay_row(channel, diagnose, 1, "encoded once")
         for p in range(passes):
@@ -383,6 +443,12 @@ def stream_passes(part_dir: Path, sizes: list[int], passes: int, rounds: int,
                 replay: dict[str, Any] | None = None
                 bare: dict[str, Any] = {}
                 uncached: dict[str, Any] = {}
+                chosen = (variants() if diagnostics is None else tuple(diagnostics)) \
+                    if size == diagnose else ()
+                # the diagnostics after the others on even passes, before them (in reverse
+                # order) on odd ones, so that no row always runs later in a pass than another
+                early = [replay_row(channel, size, rounds, v) for v in reversed(chosen)] \
+                    if p % 2 else []
                 for kind in (("replay", "bare", "uncached") if p % 2 == 0
                              else ("uncached", "bare", "replay")):
                     if kind == "replay":
@@ -400,10 +466,8 @@ def stream_passes(part_dir: Path, sizes: list[int], passes: int, rounds: int,
                 rows += [{**r, "pass": p} for r in (bare, uncached, replay)]
                 log.info("pass %d, %d KiB: replay / bare gRPC = %.3f (/ uncached %.3f)", p,
                          size >> 10, replay["ratio_to_bare"], replay["ratio_to_uncached"])
-                if size != diagnose:
-                    continue
-                for variant in variants():
-                    row = replay_row(channel, size, rounds, variant)
+                late = [] if p % 2 else [replay_row(channel, size, rounds, v) for v in chosen]
+                for variant, row in zip(chosen, early[::-1] + late, strict=True):
                     row["ratio_to_bare"] = round(row["mib_per_s"] / bare["mib_per_s"], 3)
                     rows.append({**row, "pass": p})
                     log.info("pass %d, %d KiB: replay, %s / bare gRPC = %.3f", p, size >> 10,
@@ -537,6 +601,9 @@ def main() -> int:
     parser.add_argument("--replay-rounds", type=int, default=2)
     parser.add_argument("--no-diagnostics", action="store_true",
                         help="skip the diagnostic replays at the default message size")
+    parser.add_argument("--diagnostics", nargs="+", default=None, choices=DIAGNOSTICS,
+                        help="which diagnostic replays to run (default: all of them but the "
+                             "trainer's default way of copying)")
     parser.add_argument("--server-batches", type=int, default=12,
                         help="batches of the real-server rows (0: skip them)")
     parser.add_argument("--server-warmup", type=int, default=2,
@@ -565,7 +632,8 @@ def main() -> int:
     part_dir = ensure_partition(args.data, args.preset)
     passes = stream_passes(part_dir, sizes, args.passes, args.replay_rounds, args.replay_batches,
                            int(args.gib * (1 << 30)),
-                           None if args.no_diagnostics else codec.DEFAULT_CHUNK_BYTES)
+                           None if args.no_diagnostics else codec.DEFAULT_CHUNK_BYTES,
+                           args.diagnostics)
     rows, ratios = summarize(passes, sizes)
     if args.server_batches:
         rows += server_rows(part_dir, args.server_batches, [s / 1e3 for s in args.steps_ms],
