@@ -166,8 +166,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         out = sampler.sample(seeds, args.fanouts, key)
         sampled = time.perf_counter()
         rows = None
-        if args.child_x_into == "messages" and fastwire.RowMessages.fits(wire, row, chunk) \
-                and out.n_id.numel() * fastwire.RowMessages.row_bytes(wire, row) > chunk:
+        if args.child_x_into == "messages" and fastwire.RowMessages.worth_it(wire, row, out.n_id.numel(),
+                                                                             chunk):
             rows = fastwire.RowMessages(head, "x", wire, out.n_id.numel(), row, chunk)
             x, y = None, sampler.gather_to(out.n_id, rows.blocks, labels=True)
         else:

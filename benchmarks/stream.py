@@ -187,7 +187,7 @@ def gathered_rows(named: dict[str, Any], out: Any, index: int, total: int,
     x = named["x"]
     others = {k: v for k, v in named.items() if k != "x"}
     row = tuple(x.shape[1:])
-    if not fastwire.RowMessages.fits(x.dtype, row, size) or x.numel() * x.element_size() <= size:
+    if not fastwire.RowMessages.worth_it(x.dtype, row, x.shape[0], size):
         return None
     rows = fastwire.RowMessages(batch_head(out, index, total), "x", x.dtype, x.shape[0], row, size)
     for a, b, block in rows.blocks:

@@ -210,13 +210,20 @@ class RowMessages:
     @staticmethod
     def row_bytes(dtype: torch.dtype, row_shape: Sequence[int]) -> int:
         """Bytes of one row of ``row_shape`` in ``dtype``."""
-        return torch.empty((), dtype=dtype).element_size() * math.prod(row_shape)
+        return dtype.itemsize * math.prod(row_shape)
 
     @staticmethod
     def fits(dtype: torch.dtype, row_shape: Sequence[int], chunk_bytes: int) -> bool:
         """Whether rows of ``row_shape`` in ``dtype`` can travel whole, at most
         ``chunk_bytes`` of them a message (on a little-endian host: the wire's order)."""
         return sys.byteorder == "little" and 0 < RowMessages.row_bytes(dtype, row_shape) <= chunk_bytes
+
+    @staticmethod
+    def worth_it(dtype: torch.dtype, row_shape: Sequence[int], num_rows: int, chunk_bytes: int) -> bool:
+        """Whether ``num_rows`` rows :meth:`fits` and span more than one message (fewer go
+        in one message with a batch's other tensors)."""
+        return RowMessages.fits(dtype, row_shape, chunk_bytes) \
+            and num_rows * RowMessages.row_bytes(dtype, row_shape) > chunk_bytes
 
     def __len__(self) -> int:
         return self._count

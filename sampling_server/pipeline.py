@@ -382,8 +382,7 @@ class SamplingPipeline:
         if x is None or x.ndim < 2:
             return None
         row = tuple(x.shape[1:])
-        if not fastwire.RowMessages.fits(dtype, row, self.chunk_bytes) \
-                or count * fastwire.RowMessages.row_bytes(dtype, row) <= self.chunk_bytes:
+        if not fastwire.RowMessages.worth_it(dtype, row, count, self.chunk_bytes):
             return None
         return fastwire.RowMessages(head, "x", dtype, count, row, self.chunk_bytes)
 

@@ -189,6 +189,9 @@ def test_rows_that_do_not_fit_a_message_are_refused() -> None:
     assert fastwire.RowMessages.fits(torch.float32, (256,), 1024)
     assert not fastwire.RowMessages.fits(torch.float32, (257,), 1024)
     assert not fastwire.RowMessages.fits(torch.float32, (0,), 1024)
+    assert not fastwire.RowMessages.worth_it(torch.float32, (256,), 1, 1024)  # one message holds it
+    assert fastwire.RowMessages.worth_it(torch.float32, (256,), 2, 1024)
+    assert not fastwire.RowMessages.worth_it(torch.float32, (257,), 100, 1024)
     with pytest.raises(ValueError, match="at least one"):
         fastwire.RowMessages(_head, "x", torch.float32, 4, (257,), chunk_bytes=1024)
     with pytest.raises(ValueError, match="at least one"):

@@ -491,7 +491,7 @@ def assign_rows_to_blocks(blocks: Sequence[tuple[int, int, torch.Tensor]],
     if layout is not None and value.dtype == blocks[0][2].dtype and value.dim() == 2 \
             and value.is_contiguous():
         cpu_gather.scatter_into_blocks(numpy_words(value),
-                                       (pos if pos.dtype == torch.int64 else pos.to(torch.int64)).numpy(),
+                                       int64_array(pos),
                                        layout)
         return
     for a, _, rows, s, e in _by_block(pos, blocks):
@@ -532,13 +532,13 @@ def assign_rows(dest: torch.Tensor | None, pos: torch.Tensor, value: torch.Tenso
             and value.shape[1:] == dest.shape[1:] and dest.is_contiguous():
         words = numpy_words(value)
         cpu_gather.scatter_into(words if words.flags.c_contiguous else np.ascontiguousarray(words),
-                                (pos if pos.dtype == torch.int64 else pos.to(torch.int64)).numpy(),
+                                int64_array(pos),
                                 numpy_words(dest))
     else:
         dest[pos] = value
 
 
-def _int64_array(t: torch.Tensor) -> np.ndarray:
+def int64_array(t: torch.Tensor) -> np.ndarray:
     """A CPU integer tensor as an int64 NumPy array (no torch call when it is one)."""
     arr = t.numpy()
     return arr if arr.dtype == np.int64 else arr.astype(np.int64)
@@ -560,13 +560,13 @@ def merge_hop_samples(
     entries at ``positions[g]``."""
     if device.type == "cpu":  # calls that keep the interpreter lock, and one kernel a part
         none = np.zeros(0, np.int64)
-        part_counts = {g: _int64_array(parts[g].counts) for g in positions}
+        part_counts = {g: int64_array(parts[g].counts) for g in positions}
         full, offsets_np = cpu_kernels.run_offsets(
             frontier_size, np.concatenate([pos.numpy() for pos in positions.values()] or [none]),
             np.concatenate(list(part_counts.values()) or [none]))
         neighbors_np = np.empty(cpu_kernels.total(full), dtype=np.int64)
         for g, pos in positions.items():
-            cpu_gather.place_runs(pos.numpy(), part_counts[g], _int64_array(parts[g].neighbors),
+            cpu_gather.place_runs(pos.numpy(), part_counts[g], int64_array(parts[g].neighbors),
                                   offsets_np, neighbors_np)
         return HopSample(counts=torch.from_numpy(full), neighbors=torch.from_numpy(neighbors_np))
     counts = torch.zeros(frontier_size, dtype=torch.int64, device=device)

@@ -24,12 +24,20 @@ from sampling_server.sampler.base import (
     Relabeler,
     RemoteNeighbors,
     check_fanouts,
+    int64_array,
     numpy_words,
     torch_dtype,
 )
 from sampling_server.sampler.types import HopSample, SamplerOutput
 
 _MASK64 = (1 << 64) - 1
+
+
+def _gathers_into(src_x: np.ndarray, dtype: torch.dtype) -> bool:
+    """Whether the gather kernels copy rows of ``src_x`` straight into ``dtype``: C-contiguous
+    rows, as stored or float32 narrowed to bfloat16."""
+    return src_x.ndim == 2 and src_x.flags.c_contiguous and (
+        dtype == torch_dtype(src_x.dtype) or (dtype == torch.bfloat16 and src_x.dtype == np.float32))
 #: Initial relabel table size, in expected nodes per seed (the table grows as needed).
 NODES_PER_SEED_HINT = 16
 
@@ -246,14 +254,12 @@ class CpuNeighborSampler(NeighborSampler):
         """One parallel pass over every block (:func:`cpu_gather.gather_into_blocks`),
         float32 features narrowed to bfloat16 blocks on the way."""
         src_x = np.asarray(self.partition.x)
-        dtype = blocks[0][2].dtype if blocks else None
-        if layout is None or src_x.ndim != 2 or not src_x.flags.c_contiguous or not (
-                dtype == torch_dtype(src_x.dtype) or (dtype == torch.bfloat16 and src_x.dtype == np.float32)):
+        if layout is None or not blocks or not _gathers_into(src_x, blocks[0][2].dtype):
             super().gather_local_into_blocks(nodes, positions, blocks, layout)
             return
         ids = _as_ids(nodes, "nodes")
         self.check_owned(torch.from_numpy(ids), "nodes")
-        pos = (positions if positions.dtype == torch.int64 else positions.to(torch.int64)).numpy()
+        pos = int64_array(positions)
         G.gather_into_blocks(src_x, ids, self.node_start, pos, layout)
 
     def gather_local_into(self, nodes: torch.Tensor, positions: torch.Tensor,
@@ -262,12 +268,9 @@ class CpuNeighborSampler(NeighborSampler):
         to its place (float32 features narrowed to a bfloat16 ``x`` on the way)."""
         ids = _as_ids(nodes, "nodes")
         self.check_owned(torch.from_numpy(ids), "nodes")
-        pos = (positions if positions.dtype == torch.int64 else positions.to(torch.int64)).numpy()
+        pos = int64_array(positions)
         src_x, src_y = np.asarray(self.partition.x), np.asarray(self.partition.y)
-        direct_x = x is None or (
-            x.is_contiguous() and src_x.ndim == 2 and src_x.flags.c_contiguous
-            and (x.dtype == torch_dtype(src_x.dtype)
-                 or (x.dtype == torch.bfloat16 and src_x.dtype == np.float32)))
+        direct_x = x is None or (x.is_contiguous() and _gathers_into(src_x, x.dtype))
         direct_y = y is None or (y.is_contiguous() and y.dtype == torch.int64
                                  and src_y.dtype == np.int64 and src_y.flags.c_contiguous)
         if not (direct_x and direct_y):
