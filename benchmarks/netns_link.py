@@ -149,6 +149,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--server-threads", type=int, default=None,
                    help="threads of each parallel kernel of a server's sampling thread (its --threads; "
                         "default: the server's own, every usable CPU)")
+    p.add_argument("--server-structure", choices=("partition", "full"), default=None,
+                   help="each server's --structure: sample from its own partition's in-edges "
+                        "(asking the peer to draw its nodes' neighbors) or from the whole "
+                        "graph's (default: the server's own, partition)")
     p.add_argument("--server-switch-interval-ms", type=float, default=None,
                    help="each server's interpreter switch interval (sys.setswitchinterval; "
                         "default: Python's 5 ms): how long a thread may keep the lock while "
@@ -184,6 +188,8 @@ def server_command(args: argparse.Namespace, part_dir: Path, partition: int,
         cmd += ["--workers", str(args.server_workers)]
     if args.server_threads is not None:
         cmd += ["--threads", str(args.server_threads)]
+    if args.server_structure is not None:
+        cmd += ["--structure", args.server_structure]
     return cmd
 
 
@@ -537,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"benchmark": "netns_link", "graph": manifest.graph_name, "partitions": manifest.num_partitions,
                "num_nodes": manifest.num_nodes, "fanouts": FANOUTS, "batch_size": args.batch_size,
                "step_ms": args.step_ms, "server_workers": args.server_workers,
-               "server_threads": args.server_threads,
+               "server_threads": args.server_threads, "server_structure": args.server_structure,
                "server_switch_interval_ms": args.server_switch_interval_ms, "batches": args.batches,
                "repeat": args.repeat, "netem": netem,
                "delay_us_requested": args.delay_us, "machine": machine(), "probes": probes,

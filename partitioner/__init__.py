@@ -6,8 +6,10 @@ from partitioner.format import (
     Manifest,
     Partition,
     PartitionFormatError,
+    Structure,
     load_node_map,
     load_partition,
+    load_structure,
     read_manifest,
 )
 from partitioner.graph import SPLITS, GraphData, GraphDataError
@@ -35,10 +37,12 @@ __all__ = [
     "Manifest",
     "Partition",
     "PartitionFormatError",
+    "Structure",
     "load_hetero_node_map",
     "load_hetero_partition",
     "load_node_map",
     "load_partition",
+    "load_structure",
     "partition_graph",
     "partition_hetero_graph",
     "read_format_version",

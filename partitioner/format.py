@@ -43,6 +43,39 @@ class PartitionFormatError(ValueError):
 
 
 @dataclass(frozen=True)
+class Structure:
+    """In-edges (CSC) of one contiguous range of global node IDs: the nodes a sampler can
+    draw from without asking another server. A partition's own range
+    (:attr:`Partition.structure`), or every node of the graph (:func:`load_structure`)."""
+
+    #: int64 ``[n+1]`` CSC offsets over the nodes ``node_start .. node_start+n-1``.
+    indptr: np.ndarray
+    #: int64 ``[e]`` global source ID of each in-edge.
+    indices: np.ndarray
+    #: int64 ``[n]`` original ID of each node (draws are keyed by it).
+    orig_ids: np.ndarray
+    #: Global ID of the first node.
+    node_start: int
+    #: float32 ``[e]`` edge weights, aligned with ``indices``; None when absent.
+    edge_weight: np.ndarray | None = None
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.indptr.shape[0] - 1)
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        """``[start, stop)`` of the global IDs whose in-edges this holds."""
+        return self.node_start, self.node_start + self.num_nodes
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its arrays (memory maps included)."""
+        arrays = (self.indptr, self.indices, self.orig_ids, self.edge_weight)
+        return sum(int(a.nbytes) for a in arrays if a is not None)
+
+
+@dataclass(frozen=True)
 class PartitionInfo:
     """The manifest's entry for one partition."""
 
@@ -247,6 +280,12 @@ class Partition:
     def num_edges(self) -> int:
         return int(self.indices.shape[0])
 
+    @property
+    def structure(self) -> Structure:
+        """The in-edges of the owned nodes, as a :class:`Structure`."""
+        return Structure(indptr=self.indptr, indices=self.indices, orig_ids=self.orig_ids,
+                         node_start=self.node_range[0], edge_weight=self.edge_weight)
+
 
 def _check_file(root: Path, rec: FileRecord, verify: Verify) -> None:
     path = root / rec.path
@@ -320,6 +359,71 @@ def load_partition(
     log.info("loaded partition %d of %s: %d nodes, %d edges", partition_id, base,
              part.num_nodes, part.num_edges)
     return part
+
+
+#: The files of a partition that make up its :class:`Structure`.
+STRUCTURE_FILES = ("indptr", "indices", "orig_ids", "edge_weight")
+
+
+def structure_records(manifest: Manifest, weights: bool = True) -> list[FileRecord]:
+    """Every partition's structure files (:data:`STRUCTURE_FILES`), in partition order."""
+    return [r for info in manifest.partitions for k, r in info.files.items()
+            if k in STRUCTURE_FILES and (weights or k != "edge_weight")]
+
+
+def load_structure(root: str | Path, *, verify: Verify = "full", weights: bool = True) -> Structure:
+    """The in-edges of every node of the graph in ``root``: each partition's structure
+    files (:data:`STRUCTURE_FILES`; edge weights only with ``weights`` and when the graph
+    has them) checked as :func:`load_partition` checks them and joined in partition order,
+    in memory (``8 (N + 1) + 8 E`` bytes for the CSC, ``8 N`` for the original IDs, ``4 E``
+    for the weights). Every partition's files must be present under ``root``; a missing
+    or mismatching one raises :class:`PartitionFormatError` naming it."""
+    base = Path(root)
+    m = read_manifest(base)
+    check_files(base, structure_records(m, weights), verify)
+    with_weights = weights and all("edge_weight" in info.files for info in m.partitions)
+    indptr = np.empty(m.num_nodes + 1, dtype=np.int64)
+    indices = np.empty(m.num_edges, dtype=np.int64)
+    orig_ids = np.empty(m.num_nodes, dtype=np.int64)
+    weight = np.empty(m.num_edges, dtype=np.float32) if with_weights else None
+    indptr[0] = 0
+    node, edge = 0, 0
+    for info in m.partitions:
+        files = info.files
+        offsets = _load(base, files["indptr"], mmap=True)
+        n, e = info.num_nodes, info.num_edges
+        if offsets.shape != (n + 1,) or int(offsets[0]) != 0 or int(offsets[-1]) != e:
+            raise _fail(base, files["indptr"].path,
+                        f"expected {n + 1} offsets from 0 to {e}, got shape {list(offsets.shape)}"
+                        f" from {int(offsets[0]) if offsets.size else None} to "
+                        f"{int(offsets[-1]) if offsets.size else None}")
+        if n and bool((np.diff(offsets) < 0).any()):
+            raise _fail(base, files["indptr"].path, "offsets decrease")
+        if node != int(m.partition_book[info.id]):
+            raise _fail(base, MANIFEST_FILE, f"partition {info.id} starts at node "
+                        f"{int(m.partition_book[info.id])}, not after the {node} nodes before it")
+        np.add(offsets[1:], edge, out=indptr[node + 1:node + n + 1])
+        src = _load(base, files["indices"], mmap=True)
+        if e and (int(src.min()) < 0 or int(src.max()) >= m.num_nodes):
+            raise _fail(base, files["indices"].path,
+                        f"expected source IDs in [0, {m.num_nodes}), got [{int(src.min())}, "
+                        f"{int(src.max())}]")
+        indices[edge:edge + e] = src
+        orig_ids[node:node + n] = _load(base, files["orig_ids"], mmap=True)
+        if weight is not None:
+            weight[edge:edge + e] = _load(base, files["edge_weight"], mmap=True)
+        node, edge = node + n, edge + e
+    if node != m.num_nodes or edge != m.num_edges:
+        raise _fail(base, MANIFEST_FILE, f"expected {m.num_nodes} nodes and {m.num_edges} "
+                    f"edges in all, its partitions hold {node} and {edge}")
+    for a in (indptr, indices, orig_ids, weight):
+        if a is not None:
+            a.flags.writeable = False
+    log.info("loaded the structure of all %d partitions of %s: %d nodes, %d edges, %.1f MiB",
+             m.num_partitions, base, node, edge,
+             sum(a.nbytes for a in (indptr, indices, orig_ids, weight) if a is not None) / 2**20)
+    return Structure(indptr=indptr, indices=indices, orig_ids=orig_ids, node_start=0,
+                     edge_weight=weight)
 
 
 def load_node_map(root: str | Path, *, verify: Verify = "full") -> np.ndarray:

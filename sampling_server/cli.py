@@ -18,6 +18,7 @@ from protos import allocator, codec
 from sampling_server.config import (
     DEFAULT_PORT,
     HOT_ORDERS,
+    STRUCTURES,
     VERIFY_MODES,
     ConfigError,
     ServerConfig,
@@ -112,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
                       "partition's rows (0.2, 20%%), a size (2GiB), or auto: every row when the "
                       "features fit in half the GPU's free memory, else the hot rows that do; "
                       "plus 8 bytes of GPU memory per node for the slot maps (auto)")
+    tune.add_argument("--structure", choices=STRUCTURES,
+                      help="graph structure to sample from: this partition's in-edges, asking "
+                      "the owners to draw the other nodes' neighbors (one call per hop), or the "
+                      "full graph's, read from every partition's files under --partition-dir "
+                      "and held in memory (8 bytes per edge, 12 with weights, and 16 per node): "
+                      "every hop drawn here, the same batches, no peer calls to sample "
+                      "(partition)")
     tune.add_argument("--workers", type=_positive_int,
                       help="sampling threads, shared by all streams (half the usable CPUs, 2 to 6)")
     tune.add_argument("--threads", type=_positive_int,
@@ -194,7 +202,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     overrides: dict[str, Any] = {
         "partition_dir": args.partition_dir, "listen": args.listen, "device": args.device,
         "topology": args.topology, "gpu_cache_size": args.gpu_cache_size,
-        "workers": args.workers, "threads": args.threads, "prefetch": args.prefetch,
+        "structure": args.structure, "workers": args.workers, "threads": args.threads,
+        "prefetch": args.prefetch,
         "chunk_bytes": args.chunk_bytes, "peer_timeout": args.peer_timeout,
         "max_streams": args.max_streams, "grace": args.grace, "hot_order": args.hot_order,
         "health_interval": args.health_interval, "verify": args.verify, "mmap": args.mmap,

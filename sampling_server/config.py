@@ -33,6 +33,8 @@ DEFAULT_PORT = 50051
 VERIFY_MODES: tuple[str, ...] = ("full", "size")
 _DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 _TOPOLOGIES: tuple[str, ...] = ("device", "uva")
+#: What graph structure a server holds: its own partition's in-edges, or every node's.
+STRUCTURES: tuple[str, ...] = ("partition", "full")
 #: Rules a server may order its nodes by for trainers' feature caches (sampling_server/hot.py).
 HOT_ORDERS: tuple[str, ...] = ("visits_v1", "in_degree_v1")
 #: The rule of a typed graph's per-type hot orders, whatever ``hot_order`` says (the
@@ -69,6 +71,13 @@ class ServerConfig:
     #: row when they fit in half the GPU's free memory, else the hot rows that do.
     #: Ignored on the CPU.
     gpu_cache_size: str | float = "auto"
+    #: The in-edges the server samples from: ``partition`` (its own nodes'; the other
+    #: partitions' servers draw their nodes' neighbors, one peer call per hop) or ``full``
+    #: (every partition's structure files, read from ``partition_dir`` at start-up and
+    #: held in memory, ``8 E + 16 N`` bytes, ``4 E`` more with weights: every hop drawn
+    #: here, the same draws, no peer asked; features still come from their owners).
+    #: Homogeneous graphs.
+    structure: str = "partition"
     #: Threads sampling batches, shared by every stream. None: half the CPUs this process
     #: may use, from 2 to 6 (:func:`sampling_server.threads.sampling_workers`).
     workers: int | None = None
@@ -145,6 +154,8 @@ class ServerConfig:
         _check(self.device in _DEVICES, "device", f"one of {list(_DEVICES)}", self.device)
         _check(self.topology in _TOPOLOGIES, "topology", f"one of {list(_TOPOLOGIES)}",
                self.topology)
+        _check(self.structure in STRUCTURES, "structure", f"one of {list(STRUCTURES)}",
+               self.structure)
         try:
             parse_gpu_cache_size(self.gpu_cache_size)
         except ValueError as exc:

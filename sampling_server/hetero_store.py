@@ -31,7 +31,7 @@ from partitioner.hetero_format import (
 )
 from protos import codec
 from protos import sampling_pb2 as pb
-from sampling_server.config import TYPED_HOT_ORDER, ServerConfig
+from sampling_server.config import TYPED_HOT_ORDER, ConfigError, ServerConfig
 from sampling_server.sampler import HeteroNeighborSampler, create_hetero_sampler
 from sampling_server.store import (
     NotLoaded,
@@ -51,6 +51,9 @@ class HeteroPartitionStore(PartitionStore):
     """One partition of a typed graph and its typed samplers (see the module doc)."""
 
     def __init__(self, config: ServerConfig) -> None:
+        if config.structure != "partition":
+            raise ConfigError(f"structure: expected 'partition' for a typed graph (its servers "
+                              f"hold their own partition's in-edges), got {config.structure!r}")
         self.config = config
         #: The typed graph's manifest.
         self.manifest: HeteroManifest = read_hetero_manifest(config.partition_dir)  # type: ignore[assignment]

@@ -17,7 +17,17 @@ import grpc
 import numpy as np
 import torch
 
-from partitioner.format import Manifest, Partition, Verify, load_partition, read_manifest
+from partitioner.format import (
+    Manifest,
+    Partition,
+    Structure,
+    Verify,
+    check_files,
+    load_partition,
+    load_structure,
+    read_manifest,
+    structure_records,
+)
 from partitioner.graph import SPLITS
 from protos import codec, halfcast
 from protos import sampling_pb2 as pb
@@ -94,7 +104,11 @@ class PartitionStore:
         self.feature_dtype = codec.numpy_to_dtype(np.dtype(m.feature_dtype))
         #: Hex SHA-256 of the manifest's canonical JSON: equal on every server of the graph.
         self.graph_fingerprint = manifest_fingerprint(m.to_json())
+        if config.structure == "full":  # every partition's files here (sizes and headers)
+            check_files(config.partition_dir, structure_records(m), "size")
         self._partition: Partition | None = None
+        #: The whole graph's in-edges with ``structure: full`` (None: the partition's own).
+        self._structure: Structure | None = None
         self._samplers: dict[tuple[bool, bool], NeighborSampler] = {}
         self._orig_order: np.ndarray | None = None
         self._lock = threading.Lock()
@@ -111,8 +125,12 @@ class PartitionStore:
             part = load_partition(self.config.partition_dir, self.partition_id,
                                   mmap=self.config.mmap,
                                   verify=cast(Verify, self.config.verify))
+            if self.config.structure == "full":
+                self._structure = load_structure(self.config.partition_dir,
+                                                 verify=cast(Verify, self.config.verify))
             sampler = create_sampler(part, self.config.device, topology=self.config.topology,
-                                     gpu_cache_size=self.config.gpu_cache_size)
+                                     gpu_cache_size=self.config.gpu_cache_size,
+                                     structure=self._structure)
         except BaseException as exc:
             self.load_error = exc
             raise
@@ -120,9 +138,13 @@ class PartitionStore:
             self._partition = part
             self._samplers[(False, False)] = sampler
         self._loaded.set()
-        log.info("partition=%d: loaded in %.2f s: %d nodes, %d in-edges, sampling on %s",
+        log.info("partition=%d: loaded in %.2f s: %d nodes, %d in-edges, sampling on %s%s",
                  self.partition_id, time.perf_counter() - started, part.num_nodes,
-                 part.num_edges, self.device)
+                 part.num_edges, self.device,
+                 "" if self._structure is None else
+                 f" from the full graph's structure ({self._structure.num_nodes} nodes, "
+                 f"{self._structure.indices.size} in-edges, "
+                 f"{self._structure.nbytes / 2**20:.1f} MiB)")
 
     @property
     def loaded(self) -> bool:
@@ -159,7 +181,8 @@ class PartitionStore:
                 self._samplers[key] = create_sampler(
                     part, self.config.device, replace=replace, weighted=weighted,
                     topology=self.config.topology, gpu_cache_size=self.config.gpu_cache_size,
-                    share_features_of=self._samplers.get((False, False)))
+                    share_features_of=self._samplers.get((False, False)),
+                    structure=self._structure)
             return self._samplers[key]
 
     # -- facts -----------------------------------------------------------------------

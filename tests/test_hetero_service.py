@@ -27,7 +27,7 @@ from protos import codec
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import create_channel
-from sampling_server.config import ServerConfig
+from sampling_server.config import ConfigError, ServerConfig
 from sampling_server.sampler import batch_key, to_hetero_data
 from sampling_server.sampler.hetero_cpu import CpuHeteroSampler
 from sampling_server.server import create_server
@@ -301,6 +301,11 @@ def test_bad_typed_requests_get_clear_errors(cluster: list[str]) -> None:
         # the server goes on serving
         info = _code(lambda: stub.GetClusterInfo(pb.ClusterInfoRequest(), timeout=30))
         assert info[0] == grpc.StatusCode.OK
+
+
+def test_a_typed_server_refuses_the_full_structure(two: Path) -> None:
+    with pytest.raises(ConfigError, match="structure: expected 'partition' for a typed graph"):
+        create_server(_config(two, 0, structure="full"))
 
 
 def test_bad_typed_loader_arguments_are_refused(cluster: list[str]) -> None:

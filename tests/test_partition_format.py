@@ -19,6 +19,7 @@ from partitioner.format import (
     PartitionFormatError,
     load_node_map,
     load_partition,
+    load_structure,
     read_manifest,
 )
 from partitioner.graph import SPLITS, GraphData
@@ -488,3 +489,46 @@ def test_load_npy_refuses_object_arrays_and_truncated_files(tmp_path: Path) -> N
     path.write_bytes(path.read_bytes()[:-80])
     with pytest.raises(ValueError, match="truncated file"):
         load_npy(path, mmap=False)
+
+
+# -- the whole graph's structure ---------------------------------------------------------
+def test_the_whole_structure_joins_every_partition_s_in_edges(root: Path) -> None:
+    """``load_structure``: every node's in-edges (global IDs), weights and original IDs,
+    in partition order, as each partition holds them."""
+    full = load_structure(root)
+    m = read_manifest(root)
+    assert full.node_range == (0, m.num_nodes) and full.indices.size == m.num_edges
+    assert full.edge_weight is not None and full.edge_weight.size == m.num_edges
+    for p in range(2):
+        part = load_partition(root, p)
+        start, stop = part.node_range
+        assert np.array_equal(full.orig_ids[start:stop], part.orig_ids)
+        for v in range(part.num_nodes):
+            lo, hi = full.indptr[start + v], full.indptr[start + v + 1]
+            assert np.array_equal(full.indices[lo:hi], part.indices[part.indptr[v]:part.indptr[v + 1]])
+            assert np.array_equal(full.edge_weight[lo:hi],
+                                  part.edge_weight[part.indptr[v]:part.indptr[v + 1]])
+    assert load_structure(root, weights=False).edge_weight is None
+    assert not full.indices.flags.writeable
+
+
+@pytest.mark.parametrize("fault", ["checksum", "decreasing", "source"])
+def test_the_whole_structure_refuses_a_faulty_partition_naming_its_file(root: Path,
+                                                                        fault: str) -> None:
+    role = "indptr" if fault == "decreasing" else "indices"
+    path = file_path(root, 1, role)
+    values = np.load(path)
+    if fault == "decreasing":
+        i = int(np.flatnonzero(np.diff(values[:-1]) > 0)[0]) + 1
+        values[i] = values[i + 1] + 1
+    else:
+        values[len(values) // 2] = read_manifest(root).num_nodes if fault == "source" else \
+            (values[len(values) // 2] + 1) % read_manifest(root).num_nodes
+    np.save(path, values)
+    if fault != "checksum":
+        rerecord(root, 1, role)
+    with pytest.raises(PartitionFormatError) as info:
+        load_structure(root)
+    message = str(info.value)
+    want = {"checksum": "SHA-256", "decreasing": "decrease", "source": "source IDs"}[fault]
+    assert str(path) in message and want in message

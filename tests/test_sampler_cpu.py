@@ -26,10 +26,10 @@ from graph_fixtures import (
     star_graph,
     write_and_load,
 )
-from sampler_checks import check_sampler_output
+from sampler_checks import check_sampler_output, in_neighbors
 from scipy import stats
 
-from partitioner.format import Partition
+from partitioner.format import Partition, load_structure
 from partitioner.graph import GraphData
 from partitioner.synthetic import generate
 from sampling_server.sampler import (
@@ -221,6 +221,37 @@ def test_multi_partition_batch_equals_single_partition_batch(
             check_sampler_output(got.structure, seeds, fanouts, adj, replace=replace)
             _assert_same_batch(got, single.minibatch(seeds, fanouts, key))
     assert len(peers.asked) == 3, "every partition should have served remote frontiers"
+
+
+@pytest.mark.parametrize(("replace", "weighted"), MODES, ids=MODE_IDS)
+def test_the_whole_graph_s_structure_draws_every_hop_as_the_owners_would(
+    graph: GraphData, tmp_path_factory: pytest.TempPathFactory, replace: bool, weighted: bool
+) -> None:
+    """A sampler over :func:`load_structure` (random partitioning: global IDs relabelled)
+    draws every hop itself, no peer asked for a sample, and makes the batches the
+    peer-asking samplers make; features and labels still come from their owners."""
+    root = tmp_path_factory.mktemp("mixed-random3")
+    parts = write_and_load(graph, root, 3, method="random")
+    full = load_structure(root)
+    assert full.node_range == (0, graph.num_nodes) and full.indices.size == graph.num_edges
+    assert global_adjacency(parts) == in_neighbors(full.indptr, full.indices, 0)
+    asking = _samplers(parts, replace, weighted)
+    holding = [CpuNeighborSampler(p, replace=replace, weighted=weighted, structure=full)
+               for p in parts]
+    asking_peers, holding_peers = LocalPeers(asking), LocalPeers(holding)
+    for p, fanouts in itertools.product(range(3), FANOUTS):
+        for i, seeds in enumerate(_seed_sets(parts[p])):
+            key = batch_key(5, 0, 0, i)
+            want = asking[p].minibatch(seeds, fanouts, key, remote=asking_peers.neighbors,
+                                       remote_data=asking_peers.node_data)
+            got = holding[p].minibatch(seeds, fanouts, key, remote=holding_peers.neighbors,
+                                       remote_data=holding_peers.node_data)
+            _assert_same_batch(got, want)
+    assert asking_peers.asked and not holding_peers.asked
+    with pytest.raises(ValueError, match=r"nodes: expected global node IDs in \[0, "):
+        holding[0].sample_neighbors(torch.tensor([graph.num_nodes]), 2, 1, 0)
+    with pytest.raises(ValueError, match="structure: expected the in-edges of at least"):
+        CpuNeighborSampler(parts[1], structure=parts[0].structure)
 
 
 def test_features_and_labels_are_rows_of_n_id(

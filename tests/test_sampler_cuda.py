@@ -27,7 +27,7 @@ from graph_fixtures import (
 from numba import cuda
 from sampler_checks import check_sampler_output
 
-from partitioner.format import Partition
+from partitioner.format import Partition, load_structure
 from sampling_server.sampler import cuda_kernels as K
 from sampling_server.sampler.cuda_sampler import CudaNeighborSampler
 from sampling_server.sampler.ptx_check import kernel_signatures
@@ -142,6 +142,37 @@ def test_matches_cpu_across_partitions(two_parts: list[Partition], replace: bool
     _equal_outputs(a.structure, b.structure)
     assert a.x is not None and b.x is not None and a.y is not None and b.y is not None
     assert torch.equal(a.x.cpu(), b.x) and torch.equal(a.y.cpu(), b.y)
+
+
+@needs_cpu
+@pytest.mark.parametrize(("replace", "weighted"), [(False, False), (True, True)],
+                         ids=["uniform", "weighted-replace"])
+def test_the_whole_graph_s_structure_draws_what_the_owners_draw(
+        tmp_path: Path, replace: bool, weighted: bool) -> None:
+    """Partition 1's CUDA sampler over the whole graph's structure draws every hop itself
+    (no peer asked) and makes the batch two CPU partitions answering each other make."""
+    from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
+
+    parts = write_and_load(mixed_graph(), tmp_path, 2)
+    gpu = CudaNeighborSampler(parts[1], replace=replace, weighted=weighted,
+                              structure=load_structure(tmp_path))
+    cpus = [CpuNeighborSampler(p, replace=replace, weighted=weighted) for p in parts]
+    start = parts[1].node_range[0]
+    indptr, indices = np.asarray(parts[1].indptr), np.asarray(parts[1].indices)
+    remote_in = [v for v in range(parts[1].num_nodes)  # seeds with only partition 0's in-edges
+                 if indptr[v + 1] > indptr[v] and (indices[indptr[v]:indptr[v + 1]] < start).all()]
+    seeds = np.asarray(remote_in[:3], dtype=np.int64) + start
+    assert seeds.size == 3
+    gpu_peers, cpu_peers = LocalPeers(cpus), LocalPeers(cpus)
+    a = gpu.minibatch(seeds, [3, 2], 99, remote=gpu_peers.neighbors,
+                      remote_data=gpu_peers.node_data)
+    b = cpus[1].minibatch(seeds, [3, 2], 99, remote=cpu_peers.neighbors,
+                          remote_data=cpu_peers.node_data)
+    _equal_outputs(a.structure, b.structure)
+    hop1 = a.structure.n_id.cpu()[3:3 + a.structure.num_sampled_nodes[1]]
+    assert bool((hop1 < parts[1].node_range[0]).any())  # partition 0's nodes drawn from
+    assert not gpu_peers.asked
+    assert a.x is not None and b.x is not None and torch.equal(a.x.cpu(), b.x)
 
 
 # -- draw statistics -------------------------------------------------------------------

@@ -23,7 +23,7 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from partitioner.format import load_node_map, read_manifest
+from partitioner.format import PartitionFormatError, load_node_map, read_manifest
 from partitioner.graph import GraphData
 from partitioner.synthetic import generate
 from protos import codec
@@ -676,6 +676,79 @@ def test_one_partition_s_rows_gathered_into_their_messages_match_the_encoded_one
                     assert np.array_equal(tensors[name], value), name
     finally:
         _stop([server for server, _ in built])
+
+
+@pytest.fixture(scope="module")
+def full_structure(parts2: Path) -> Iterator[list[SamplingServer]]:
+    """A pair of servers that each hold the whole graph's structure."""
+    servers, _ = _pair(parts2, structure="full")
+    for s in servers:
+        s.start()
+    assert all(s.wait_until_serving(20) for s in servers)
+    yield servers
+    _stop(servers)
+
+
+def _stage_calls(server: SamplingServer, stage: str) -> float:
+    return server.metrics.registry.get_sample_value(
+        "graphfeed_stage_seconds_count",
+        {"partition": str(server.store.partition_id), "stage": stage}) or 0.0
+
+
+@pytest.mark.parametrize("plan", ["per partition", "global", "with replacement"])
+def test_servers_holding_the_full_structure_make_the_same_batches_without_peer_sampling(
+        cluster: list[str], full_structure: list[SamplingServer], plan: str) -> None:
+    """``structure: full`` draws every hop on the server (the draws are keyed by the
+    nodes' original IDs): the batches are bit-identical to those of servers that ask
+    their peers, no peer is asked to sample, and the features still come from theirs."""
+    kw: dict[str, object] = {"batch_size": 48, "include_original_ids": True, "fanouts": [6, 4, 3]}
+    if plan == "global":
+        kw.update(global_batches=True, shuffle=False)
+    if plan == "with replacement":
+        kw["sampling"] = pb.SamplingOptions(replace=True)
+    req = request(**kw)
+    if plan == "global":
+        req.seeds.CopyFrom(codec.encode_tensor(np.arange(0, 4000, 25, dtype=np.int64)))
+    answers = [_stage_calls(s, "answer_sample") for s in full_structure]
+    fetched = [_stage_calls(s, "peer_fetch") for s in full_structure]
+    addresses = [f"127.0.0.1:{s.port}" for s in full_structure]
+    for p in range(2):
+        want = _raw_epoch(cluster[p], req)
+        got = _raw_epoch(addresses[p], req)
+        assert len(got) == len(want) > 1
+        for (_, tensors), (_, expected) in zip(got, want, strict=True):
+            assert tensors.keys() == expected.keys()
+            for name, value in expected.items():
+                assert np.array_equal(tensors[name], value), (p, name)
+    assert [_stage_calls(s, "answer_sample") for s in full_structure] == answers
+    assert all(_stage_calls(s, "peer_sample") == 0 for s in full_structure)
+    assert all(_stage_calls(s, "peer_fetch") > f for s, f in zip(full_structure, fetched, strict=True))
+
+
+def test_the_full_structure_needs_every_partition_s_files(parts2: Path, tmp_path: Path) -> None:
+    """A server asked for the full structure refuses to start (before it binds its port)
+    where another partition's structure file is missing, naming the file."""
+    root = tmp_path / "only-part-0"
+    shutil.copytree(parts2, root)
+    (root / "part-1" / "indices.npy").unlink()
+    with pytest.raises(PartitionFormatError, match=r"part-1/indices\.npy: missing"):
+        create_server(_config(root, 0, structure="full"))
+    create_server(_config(root, 0))[0].stop(None).wait(10)  # its own partition is whole
+
+
+def test_the_structure_setting_from_flags_and_the_cluster_file(tmp_path: Path) -> None:
+    parser = cli.build_parser()
+    base = ["--partition", "0", "--partition-dir", str(tmp_path)]
+    assert cli.config_from_args(parser.parse_args(base)).structure == "partition"
+    assert cli.config_from_args(parser.parse_args([*base, "--structure", "full"])).structure == "full"
+    with pytest.raises(SystemExit):
+        parser.parse_args([*base, "--structure", "halo"])
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("defaults: {partition_dir: /d, structure: full}\n"
+                       "servers: [{partition: 0, address: 'h:1'}]\n")
+    assert ServerConfig.from_cluster_yaml(cluster, 0).structure == "full"
+    with pytest.raises(ConfigError, match=r"^structure: expected one of \['partition', 'full'\]"):
+        ServerConfig(partition_dir=tmp_path, partition=0, structure="all")
 
 
 # -- failures -----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from partitioner.format import Partition
+from partitioner.format import Partition, Structure
 from sampling_server.sampler.base import (
     NeighborSampler,
     Relabeler,
@@ -59,6 +59,7 @@ def create_sampler(
     partition: Partition, device: Device | str = "auto", *, replace: bool = False,
     weighted: bool = False, topology: Topology | str = "device",
     gpu_cache_size: str | float | None = None, share_features_of: NeighborSampler | None = None,
+    structure: Structure | None = None,
 ) -> NeighborSampler:
     """The sampler of ``partition`` on ``device``.
 
@@ -68,7 +69,9 @@ def create_sampler(
     ``gpu_cache_size`` places its features on their own (``'auto'`` when None; see
     :mod:`sampling_server.feature_placement`), unless ``share_features_of`` names a CUDA
     sampler of the same partition whose feature table to share. The CPU sampler reads the
-    partition where it is and ignores all three.
+    partition where it is and ignores all three. ``structure``: the in-edges to draw from
+    (default: the partition's own; the whole graph's from
+    :func:`partitioner.format.load_structure` draws every hop here, no peer asked).
     """
     if device not in DEVICES:
         raise ValueError(f"device: expected one of {list(DEVICES)}, got {device!r}")
@@ -82,8 +85,8 @@ def create_sampler(
         return CudaNeighborSampler(partition, replace=replace, weighted=weighted,
                                    topology=topology,
                                    gpu_cache_size=None if table is not None else gpu_cache_size,
-                                   feature_table=table)
-    return CpuNeighborSampler(partition, replace=replace, weighted=weighted)
+                                   feature_table=table, structure=structure)
+    return CpuNeighborSampler(partition, replace=replace, weighted=weighted, structure=structure)
 
 
 def create_hetero_sampler(

@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import torch
 
-from partitioner.format import Partition
+from partitioner.format import Partition, Structure
 from protos import allocator, halfcast
 from sampling_server.sampler import cpu_gather, cpu_kernels
 from sampling_server.sampler.types import HopSample, Minibatch, SamplerOutput
@@ -140,22 +140,39 @@ class NeighborSampler(abc.ABC):
     #: Whether requests to the peers run while this sampler does its own share (:func:`begin`).
     overlap_peers: bool = True
 
-    def __init__(self, partition: Partition, *, replace: bool = False, weighted: bool = False):
-        if weighted and partition.edge_weight is None:
+    def __init__(self, partition: Partition, *, replace: bool = False, weighted: bool = False,
+                 structure: Structure | None = None):
+        """``structure``: the in-edges this sampler draws from (default: the partition's
+        own, :attr:`Partition.structure`); one of a wider range, such as the whole graph's
+        (:func:`partitioner.format.load_structure`), draws those nodes' neighbors here
+        instead of asking their owners, with the same draws."""
+        structure = partition.structure if structure is None else structure
+        if weighted and structure.edge_weight is None:
             raise ValueError("weighted: the partition has no edge weights (edge_weight.npy)")
         self.partition = partition
         self.replace = replace
         self.weighted = weighted
         self.partition_book = torch.from_numpy(np.asarray(partition.partition_book, np.int64))
         self.node_start, self.node_stop = partition.node_range
+        own_start, own_stop = self.node_start, self.node_stop
+        lo, hi = structure.node_range
+        if lo > own_start or hi < own_stop:
+            raise ValueError(f"structure: expected the in-edges of at least the owned nodes "
+                             f"[{own_start}, {own_stop}), got those of [{lo}, {hi})")
+        #: The in-edges drawn from here.
+        self.structure = structure
+        #: ``[start, stop)`` of the global IDs whose neighbors are drawn here (the owned
+        #: range, or more with a wider :attr:`structure`).
+        self.draw_start, self.draw_stop = lo, hi
         #: Whether original ID = global ID for every owned node (None: not checked yet).
         self._orig_identity: bool | None = None
 
     # -- what each device implements -------------------------------------------------
     @abc.abstractmethod
     def sample_neighbors(self, nodes: torch.Tensor, fanout: int, key: int, hop: int) -> HopSample:
-        """Draw in-neighbors of ``nodes`` (global IDs owned by this partition, on
-        :attr:`device`). This is also what a peer serves for a remote frontier."""
+        """Draw in-neighbors of ``nodes`` (global IDs in :attr:`structure`'s range: owned
+        by this partition unless the structure is wider; on :attr:`device`). This is also
+        what a peer serves for a remote frontier."""
 
     @abc.abstractmethod
     def new_relabeler(self, seeds: torch.Tensor) -> Relabeler:
@@ -168,8 +185,8 @@ class NeighborSampler(abc.ABC):
         """Features ``[len(nodes), F]`` and labels ``[len(nodes)]`` of owned nodes."""
 
     def sample_owned(self, nodes: torch.Tensor, fanout: int, key: int, hop: int) -> HopSample:
-        """:meth:`sample_neighbors` of nodes already known to be owned here (a sampler may
-        skip its check of them)."""
+        """:meth:`sample_neighbors` of nodes already known to have their in-edges here (a
+        sampler may skip its check of them)."""
         return self.sample_neighbors(nodes, fanout, key, hop)
 
     def gather_owned(
@@ -243,6 +260,24 @@ class NeighborSampler(abc.ABC):
                 f"got values in [{lo}, {hi}]"
             )
 
+    def draws_all(self, nodes: torch.Tensor) -> bool:
+        """Whether every ID of ``nodes`` has its in-edges here (:attr:`structure`)."""
+        if nodes.numel() == 0:
+            return True
+        lo, hi = self.id_range(nodes)
+        return lo >= self.draw_start and hi < self.draw_stop
+
+    def check_drawable(self, nodes: torch.Tensor, field: str) -> None:
+        """Raise ``ValueError`` naming ``field`` unless every ID has its in-edges here."""
+        if self.draw_start == self.node_start and self.draw_stop == self.node_stop:
+            self.check_owned(nodes, field)
+        elif nodes.numel():
+            lo, hi = self.id_range(nodes)
+            if lo < self.draw_start or hi >= self.draw_stop:
+                raise ValueError(f"{field}: expected global node IDs in [{self.draw_start}, "
+                                 f"{self.draw_stop}) (the nodes whose in-edges this sampler "
+                                 f"holds); got values in [{lo}, {hi}]")
+
     def check_in_graph(self, nodes: torch.Tensor, field: str) -> None:
         """Raise ``ValueError`` naming ``field`` unless every ID is a node of the graph."""
         if nodes.numel() == 0:
@@ -293,7 +328,7 @@ class NeighborSampler(abc.ABC):
             seeds = torch.from_numpy(np.array(seeds, dtype=np.int64))
         seeds_t = seeds.to(device=self.device, dtype=torch.int64)
         if remote is None:
-            self.check_owned(seeds_t, "seeds")
+            self.check_drawable(seeds_t, "seeds")
         else:
             self.check_in_graph(seeds_t, "seeds")
         relabeler = self.new_relabeler(seeds_t)
@@ -325,7 +360,7 @@ class NeighborSampler(abc.ABC):
         remote: RemoteNeighbors | None,
     ) -> HopSample:
         """Neighbors of a frontier that may span partitions, in frontier order."""
-        if self.owns_all(frontier):
+        if self.draws_all(frontier):
             return self.sample_owned(frontier, fanout, key, hop)
         owner = self.owner_of(frontier)
         if remote is None:

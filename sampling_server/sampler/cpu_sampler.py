@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from partitioner.format import Partition
+from partitioner.format import Partition, Structure
 from sampling_server.sampler import cpu_fused as F
 from sampling_server.sampler import cpu_gather as G
 from sampling_server.sampler import cpu_kernels as K
@@ -135,23 +135,24 @@ class CpuNeighborSampler(NeighborSampler):
 
     device = torch.device("cpu")
 
-    def __init__(self, partition: Partition, *, replace: bool = False, weighted: bool = False):
-        super().__init__(partition, replace=replace, weighted=weighted)
-        self._indptr = np.asarray(partition.indptr)
-        self._indices = np.asarray(partition.indices)
-        #: int64 original ID of each owned node: draws are keyed by it, so they do not
-        #: depend on how the graph was partitioned.
-        self._orig_ids = np.ascontiguousarray(partition.orig_ids, dtype=np.int64)
-        self._csc = F.CscView(self._indptr, self._indices, self._orig_ids, self.node_start)
-        self._orig_identity = self._csc.orig_is_global  # for orig_ids_of: known already
+    def __init__(self, partition: Partition, *, replace: bool = False, weighted: bool = False,
+                 structure: Structure | None = None):
+        super().__init__(partition, replace=replace, weighted=weighted, structure=structure)
+        csc = self.structure
+        self._indptr = np.asarray(csc.indptr)
+        self._indices = np.asarray(csc.indices)
+        #: int64 original ID of each node of the structure: draws are keyed by it, so they
+        #: do not depend on how the graph was partitioned.
+        self._orig_ids = np.ascontiguousarray(csc.orig_ids, dtype=np.int64)
+        self._csc = F.CscView(self._indptr, self._indices, self._orig_ids, self.draw_start)
         num_nodes = partition.manifest.num_nodes
         self._dense_maps = (_DenseMapPool(num_nodes) if num_nodes <= DENSE_RELABEL_MAX_NODES
                             else None)
         self._weight: np.ndarray | None = None
         self._cum_weight: np.ndarray | None = None
         if weighted:
-            assert partition.edge_weight is not None  # checked by NeighborSampler
-            self._weight = np.asarray(partition.edge_weight)
+            assert csc.edge_weight is not None  # checked by NeighborSampler
+            self._weight = np.asarray(csc.edge_weight)
             with K.parallel_guard():
                 self._cum_weight = K.segmented_cumsum(self._indptr, self._weight)
 
@@ -159,8 +160,8 @@ class CpuNeighborSampler(NeighborSampler):
         if int(fanout) < -1:
             raise ValueError(f"fanout: expected an integer >= 0, or -1 for all; got {fanout}")
         ids = _as_ids(nodes, "nodes")
-        self.check_owned(torch.from_numpy(ids), "nodes")
-        args = (self._orig_ids, self.node_start, ids, int(fanout), np.uint64(int(key) & _MASK64), int(hop),
+        self.check_drawable(torch.from_numpy(ids), "nodes")
+        args = (self._orig_ids, self.draw_start, ids, int(fanout), np.uint64(int(key) & _MASK64), int(hop),
                 self.replace)
         if self._weight is not None and self._cum_weight is not None:
             offsets, out = K.sample_weighted(self._indptr, self._indices, self._weight,
@@ -213,7 +214,7 @@ class CpuNeighborSampler(NeighborSampler):
             seeds = seeds.to(device="cpu", dtype=torch.int64)
         seeds_t = torch.from_numpy(_as_ids(seeds, "seeds"))
         if remote is None:
-            self.check_owned(seeds_t, "seeds")
+            self.check_drawable(seeds_t, "seeds")
         else:
             self.check_in_graph(seeds_t, "seeds")
         return seeds_t
@@ -223,7 +224,7 @@ class CpuNeighborSampler(NeighborSampler):
         """Draw and relabel the hop of frontier ``n_id[lo:hi]`` into ``nodes`` and ``edges``."""
         frontier = nodes.ids(lo, hi)
         frontier_t = torch.from_numpy(frontier)
-        if self.owns_all(frontier_t) and not self.weighted and 0 <= fanout <= K.STRIDE_MAX_FANOUT:
+        if self.draws_all(frontier_t) and not self.weighted and 0 <= fanout <= K.STRIDE_MAX_FANOUT:
             F.draw_hop(nodes, edges, lo, self._csc, frontier, fanout,
                        np.uint64(int(key) & _MASK64), hop, self.replace)
             return

@@ -6,7 +6,8 @@ per hop (the frontier's ID range, the number of draws and the number of new node
 one read), none per node. Tensors are torch CUDA tensors on the current
 device and reach the kernels without copies; kernels run on PyTorch's current stream.
 
-``topology='device'`` copies the CSC and labels to GPU memory; ``topology='uva'`` keeps
+``topology='device'`` copies the CSC (the partition's, or the whole graph's when the
+server holds it: ``structure``) and labels to GPU memory; ``topology='uva'`` keeps
 them in pinned, device-mapped host memory that the kernels read over UVA, for partitions
 larger than the GPU. The features are placed on their own (``gpu_cache_size``, see
 :mod:`cuda_features`): the hottest rows in GPU memory, the others in mapped host memory.
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from partitioner.format import Partition
+from partitioner.format import Partition, Structure
 from sampling_server.feature_placement import parse_gpu_cache_size
 from sampling_server.sampler import cpu_kernels
 from sampling_server.sampler import cuda_kernels as K
@@ -104,7 +105,7 @@ class CudaNeighborSampler(DeviceArrays, NeighborSampler):
 
     def __init__(self, partition: Partition, *, replace: bool = False, weighted: bool = False,
                  topology: str = "device", gpu_cache_size: str | float | None = None,
-                 feature_table: FeatureTable | None = None):
+                 feature_table: FeatureTable | None = None, structure: Structure | None = None):
         if topology not in TOPOLOGIES:
             raise ValueError(f"topology: expected one of {list(TOPOLOGIES)}, got {topology!r}")
         size = None
@@ -114,24 +115,25 @@ class CudaNeighborSampler(DeviceArrays, NeighborSampler):
             raise ValueError("gpu_cache_size, feature_table: expected one or neither, got both")
         else:
             _check_table(feature_table, partition)
-        super().__init__(partition, replace=replace, weighted=weighted)
+        super().__init__(partition, replace=replace, weighted=weighted, structure=structure)
         self.topology = topology
         self.device = K.torch_device()
         self._keep: list[torch.Tensor] = []  # device tensors behind kernel arguments
+        csc = self.structure
         weight = cum = None
         if weighted:
-            assert partition.edge_weight is not None  # checked by NeighborSampler
-            indptr = np.asarray(partition.indptr)
-            weight = np.ascontiguousarray(partition.edge_weight, dtype=np.float32)
+            assert csc.edge_weight is not None  # checked by NeighborSampler
+            indptr = np.asarray(csc.indptr)
+            weight = np.ascontiguousarray(csc.edge_weight, dtype=np.float32)
             if replace:  # the CPU sampler's own sums, so both draw the same
                 with cpu_kernels.parallel_guard():
                     cum = cpu_kernels.segmented_cumsum(indptr, weight)
                 weight = None
         self.csc = K.CscArgs(
-            indptr=self._place(partition.indptr, np.int64),
-            indices=self._place(partition.indices, np.int64),
-            orig_ids=self._place(partition.orig_ids, np.int64),
-            node_start=self.node_start,
+            indptr=self._place(csc.indptr, np.int64),
+            indices=self._place(csc.indices, np.int64),
+            orig_ids=self._place(csc.orig_ids, np.int64),
+            node_start=self.draw_start,
             weight=None if weight is None else self._place(weight, np.float32),
             cumweight=None if cum is None else self._place(cum, np.float64),
         )
@@ -145,14 +147,14 @@ class CudaNeighborSampler(DeviceArrays, NeighborSampler):
 
     def sample_neighbors(self, nodes: torch.Tensor, fanout: int, key: int, hop: int) -> HopSample:
         ids = self._ids(nodes, "nodes")
-        self.check_owned(ids, "nodes")
+        self.check_drawable(ids, "nodes")
         return self.sample_owned(ids, fanout, key, hop)
 
     def sample_owned(self, nodes: torch.Tensor, fanout: int, key: int, hop: int) -> HopSample:
         if int(fanout) < -1:
             raise ValueError(f"fanout: expected an integer >= 0, or -1 for all; got {fanout}")
         ids = self._ids(nodes, "nodes")
-        counts = K.count_draws(ids, self.csc.indptr, self.node_start, int(fanout), self.replace)
+        counts = K.count_draws(ids, self.csc.indptr, self.draw_start, int(fanout), self.replace)
         neighbors = K.fill_draws(ids, counts, self.csc, int(fanout), int(key) & _MASK64, int(hop),
                                  replace=self.replace, weighted=self.weighted)
         return HopSample(counts=counts, neighbors=neighbors)
