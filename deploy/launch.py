@@ -43,13 +43,17 @@ log = logging.getLogger("launch")
 SSH_TIMEOUT_S = 60.0
 #: Log lines ``status`` shows per process.
 TAIL_LINES = 5
-_TOP_KEYS = frozenset({"ssh", "python", "workdir", "log_dir", "partition_dir", "servers", "trainers"})
+_TOP_KEYS = frozenset({"ssh", "python", "workdir", "log_dir", "partition_dir", "servers",
+                       "server_args", "trainers"})
 _SSH_KEYS = frozenset({"user", "port", "identity_file", "options"})
 _SERVER_KEYS = frozenset({"host", "port", "partition", "device"})
 _TRAINER_KEYS = frozenset({"hosts", "gpus_per_host", "master_port", "args"})
 _DEVICES = ("auto", "cpu", "cuda")
 #: Trainer flags the launcher sets itself.
 _RESERVED_TRAINER_ARGS = frozenset({"servers"})
+#: Server flags the launcher sets itself (``device``: per server, ``servers[].device``).
+_RESERVED_SERVER_ARGS = frozenset({"partition", "partition_dir", "listen", "peers", "cluster",
+                                   "device"})
 
 
 class ClusterError(ValueError):
@@ -93,6 +97,8 @@ class Cluster:
     partition_dir: str
     servers: tuple[ServerSpec, ...]  # sorted by partition
     trainers: TrainerSpec | None
+    #: ``sampling_server`` flags every server gets (``structure: full`` -> ``--structure full``).
+    server_args: tuple[tuple[str, Any], ...] = ()
 
     @property
     def log_path(self) -> str:
@@ -221,18 +227,28 @@ def _parse_servers(obj: object) -> tuple[ServerSpec, ...]:
     return tuple(sorted(servers, key=lambda s: s.partition))
 
 
-def _parse_trainer_args(obj: object) -> tuple[tuple[str, Any], ...]:
+def _parse_flag_args(obj: object, field: str, reserved: frozenset[str],
+                     why: str) -> tuple[tuple[str, Any], ...]:
+    """A mapping of ``flag: value`` (snake_case or dashes) for a command line; the
+    ``reserved`` flags are refused (``why`` says who sets them)."""
     args = {} if obj is None else obj
     if not isinstance(args, Mapping):
-        _fail("trainers.args", f"expected a mapping of flag: value, got {args!r}")
+        _fail(field, f"expected a mapping of flag: value, got {args!r}")
     assert isinstance(args, Mapping)
     for key, value in args.items():
         name = str(key).replace("-", "_")
-        if name in _RESERVED_TRAINER_ARGS:
-            _fail(f"trainers.args.{key}", "set by the launcher from 'servers'; remove it")
+        if not name.replace("_", "").isalnum():
+            _fail(f"{field}.{key}", "expected a flag name (letters, digits, '_' or '-')")
+        if name in reserved:
+            _fail(f"{field}.{key}", f"{why}; remove it")
         if not isinstance(value, str | int | float | bool | list) and value is not None:
-            _fail(f"trainers.args.{key}", f"expected a scalar or list, got {value!r}")
+            _fail(f"{field}.{key}", f"expected a scalar or list, got {value!r}")
     return tuple((str(k), v) for k, v in args.items())
+
+
+def _parse_trainer_args(obj: object) -> tuple[tuple[str, Any], ...]:
+    return _parse_flag_args(obj, "trainers.args", _RESERVED_TRAINER_ARGS,
+                            "set by the launcher from 'servers'")
 
 
 def _parse_trainers(obj: object) -> TrainerSpec | None:
@@ -271,6 +287,9 @@ def parse_cluster(obj: object) -> Cluster:
         partition_dir=str(_str(top, "partition_dir", "partition_dir")),
         servers=_parse_servers(top.get("servers")),
         trainers=_parse_trainers(top.get("trainers")),
+        server_args=_parse_flag_args(
+            top.get("server_args"), "server_args", _RESERVED_SERVER_ARGS,
+            "set by the launcher from 'partition_dir' and 'servers' (device: per server)"),
     )
 
 
@@ -328,7 +347,7 @@ def server_command(cluster: Cluster, server: ServerSpec) -> list[str]:
         command += ["--peers", cluster.peers]
     if server.device:
         command += ["--device", server.device]
-    return command
+    return command + _flag_args(cluster.server_args)
 
 
 def _flag_args(args: Sequence[tuple[str, Any]]) -> list[str]:

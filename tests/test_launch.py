@@ -76,6 +76,41 @@ def test_start_plan_servers(capsys: pytest.CaptureFixture[str]) -> None:
         assert ("--device" in remote) == (partition == 2)
 
 
+def test_server_args_reach_every_server_as_flags_it_knows(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``server_args`` become flags of every server's command line, which the server's
+    own parser accepts; the flags the launcher sets itself are refused, named."""
+    from sampling_server import cli
+
+    obj = _example()
+    obj["server_args"] = {"structure": "full", "workers": 6, "no-mmap": True, "verify": "size",
+                          "metrics_port": None}
+    cmds = _dry_run(capsys, "start", "--only", "servers", path=_write(tmp_path, obj))
+    assert len(cmds) == 4
+    parser = cli.build_parser()
+    for argv in cmds:
+        remote = shlex.split(argv[-1])
+        start = remote.index("sampling_server") + 1
+        server_argv = remote[start:remote.index(">")]
+        assert _after(server_argv, "--structure") == "full" and "--no-mmap" in server_argv
+        assert "--metrics-port" not in server_argv
+        config = cli.config_from_args(parser.parse_args(server_argv))
+        assert (config.structure, config.workers, config.mmap, config.verify) == \
+            ("full", 6, False, "size")
+    for key in ("listen", "partition_dir", "device", "peers"):
+        bad = _example()
+        bad["server_args"] = {key: "x"}
+        with pytest.raises(launch.ClusterError, match=rf"^server_args\.{key}: set by the launcher"):
+            launch.parse_cluster(bad)
+    bad = _example()
+    bad["server_args"] = ["--workers", "6"]
+    with pytest.raises(launch.ClusterError, match=r"^server_args: expected a mapping"):
+        launch.parse_cluster(bad)
+    bad["server_args"] = {"workers; rm -rf /": 1}
+    with pytest.raises(launch.ClusterError, match=r"expected a flag name"):
+        launch.parse_cluster(bad)
+
+
 def test_start_plan_trainers(capsys: pytest.CaptureFixture[str]) -> None:
     cmds = _dry_run(capsys, "start", "--only", "trainers")
     assert [argv[-2] for argv in cmds] == ["graphfeed@gpu0", "graphfeed@gpu1"]
