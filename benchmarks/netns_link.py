@@ -152,7 +152,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--server-structure", choices=("partition", "full"), default=None,
                    help="each server's --structure: sample from its own partition's in-edges "
                         "(asking the peer to draw its nodes' neighbors) or from the whole "
-                        "graph's (default: the server's own, partition)")
+                        "graph's (default: the server's own, auto, which is full for these "
+                        "graphs)")
     p.add_argument("--server-switch-interval-ms", type=float, default=None,
                    help="each server's interpreter switch interval (sys.setswitchinterval; "
                         "default: Python's 5 ms): how long a thread may keep the lock while "

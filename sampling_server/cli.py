@@ -118,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "the owners to draw the other nodes' neighbors (one call per hop), or the "
                       "full graph's, read from every partition's files under --partition-dir "
                       "and held in memory (8 bytes per edge, 12 with weights, and 16 per node): "
-                      "every hop drawn here, the same batches, no peer calls to sample "
-                      "(partition)")
+                      "every hop drawn here, the same batches, no peer calls to sample; auto: "
+                      "full where every partition's files are there and it takes at most a "
+                      "quarter of the available memory (auto)")
     tune.add_argument("--workers", type=_positive_int,
                       help="sampling threads, shared by all streams (half the usable CPUs, 2 to 6)")
     tune.add_argument("--threads", type=_positive_int,

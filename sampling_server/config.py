@@ -33,8 +33,9 @@ DEFAULT_PORT = 50051
 VERIFY_MODES: tuple[str, ...] = ("full", "size")
 _DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 _TOPOLOGIES: tuple[str, ...] = ("device", "uva")
-#: What graph structure a server holds: its own partition's in-edges, or every node's.
-STRUCTURES: tuple[str, ...] = ("partition", "full")
+#: What graph structure a server samples from: its own partition's in-edges, every
+#: node's, or the latter where it costs little (:mod:`sampling_server.structure`).
+STRUCTURES: tuple[str, ...] = ("auto", "partition", "full")
 #: Rules a server may order its nodes by for trainers' feature caches (sampling_server/hot.py).
 HOT_ORDERS: tuple[str, ...] = ("visits_v1", "in_degree_v1")
 #: The rule of a typed graph's per-type hot orders, whatever ``hot_order`` says (the
@@ -72,12 +73,14 @@ class ServerConfig:
     #: Ignored on the CPU.
     gpu_cache_size: str | float = "auto"
     #: The in-edges the server samples from: ``partition`` (its own nodes'; the other
-    #: partitions' servers draw their nodes' neighbors, one peer call per hop) or ``full``
+    #: partitions' servers draw their nodes' neighbors, one peer call per hop), ``full``
     #: (every partition's structure files, read from ``partition_dir`` at start-up and
     #: held in memory, ``8 E + 16 N`` bytes, ``4 E`` more with weights: every hop drawn
-    #: here, the same draws, no peer asked; features still come from their owners).
-    #: Homogeneous graphs.
-    structure: str = "partition"
+    #: here, the same draws, no peer asked; features still come from their owners), or
+    #: ``auto``: ``full`` where every partition's files are there and the structure takes
+    #: at most a quarter of the available memory (:mod:`sampling_server.structure`), else
+    #: ``partition``. Typed graphs: ``partition`` (``auto`` means it there).
+    structure: str = "auto"
     #: Threads sampling batches, shared by every stream. None: half the CPUs this process
     #: may use, from 2 to 6 (:func:`sampling_server.threads.sampling_workers`).
     workers: int | None = None

@@ -33,7 +33,8 @@ from protos import codec, halfcast
 from protos import sampling_pb2 as pb
 from protos.channel import PeerError
 from sampling_server.config import HOT_ORDERS, ConfigError, ServerConfig
-from sampling_server.sampler import NeighborSampler, create_sampler
+from sampling_server.sampler import NeighborSampler, create_sampler, cuda_usable
+from sampling_server.structure import StructureChoice, available_host_memory, choose_structure
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,10 @@ class PartitionStore:
             part = load_partition(self.config.partition_dir, self.partition_id,
                                   mmap=self.config.mmap,
                                   verify=cast(Verify, self.config.verify))
-            if self.config.structure == "full":
+            choice = self._choose_structure()
+            log.info("partition=%d: structure %s (%s)", self.partition_id, choice.mode,
+                     choice.reason)
+            if choice.mode == "full":
                 self._structure = load_structure(self.config.partition_dir,
                                                  verify=cast(Verify, self.config.verify))
             sampler = create_sampler(part, self.config.device, topology=self.config.topology,
@@ -145,6 +149,24 @@ class PartitionStore:
                  f" from the full graph's structure ({self._structure.num_nodes} nodes, "
                  f"{self._structure.indices.size} in-edges, "
                  f"{self._structure.nbytes / 2**20:.1f} MiB)")
+
+    def _choose_structure(self) -> StructureChoice:
+        """``structure: auto`` resolved for this host (and GPU, where the CUDA sampler
+        would keep the graph in its memory)."""
+        config = self.config
+        gpu_free = None
+        if config.structure == "auto" and config.topology == "device" and (
+                config.device == "cuda" or (config.device == "auto" and cuda_usable())):
+            gpu_free = int(torch.cuda.mem_get_info()[0])
+        return choose_structure(config.structure, self.manifest, config.partition_dir,
+                                host_free=available_host_memory() if config.structure == "auto"
+                                else None, gpu_free=gpu_free)
+
+    @property
+    def structure_mode(self) -> str:
+        """``full`` when the server samples from the whole graph's structure, else
+        ``partition`` (known once loaded)."""
+        return "full" if self._structure is not None else "partition"
 
     @property
     def loaded(self) -> bool:

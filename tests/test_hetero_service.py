@@ -304,7 +304,7 @@ def test_bad_typed_requests_get_clear_errors(cluster: list[str]) -> None:
 
 
 def test_a_typed_server_refuses_the_full_structure(two: Path) -> None:
-    with pytest.raises(ConfigError, match="structure: expected 'partition' for a typed graph"):
+    with pytest.raises(ConfigError, match="structure: expected 'partition' or 'auto' for a typed"):
         create_server(_config(two, 0, structure="full"))
 
 

@@ -51,8 +51,10 @@ def graph() -> GraphData:
 
 
 def _config(root: Path, partition: int, **kw: object) -> ServerConfig:
+    # servers that ask their peers to sample (the default, auto, would hold the whole
+    # structure of these small graphs: the full_structure fixture's servers)
     settings: dict[str, object] = {"listen": "127.0.0.1:0", "device": "cpu", "peer_timeout": 5.0,
-                                   "health_interval": 0.5, "grace": 1.0}
+                                   "health_interval": 0.5, "grace": 1.0, "structure": "partition"}
     settings.update(kw)
     return ServerConfig(partition_dir=root, partition=partition, **settings)  # type: ignore[arg-type]
 
@@ -736,10 +738,28 @@ def test_the_full_structure_needs_every_partition_s_files(parts2: Path, tmp_path
     create_server(_config(root, 0))[0].stop(None).wait(10)  # its own partition is whole
 
 
+def test_auto_takes_the_whole_structure_only_where_every_partition_s_files_are(
+        parts2: Path, tmp_path: Path) -> None:
+    """The default, ``auto``: the whole structure where both partitions' files are under the
+    partition directory, the partition's own where one is missing (logged, no error)."""
+    store = PartitionStore(_config(parts2, 1, structure="auto"))
+    store.load()
+    assert store.structure_mode == "full"
+    assert store.sampler().draw_start == 0
+    root = tmp_path / "only-part-1"
+    shutil.copytree(parts2, root)
+    shutil.rmtree(root / "part-0")
+    store = PartitionStore(_config(root, 1, structure="auto"))
+    store.load()
+    assert store.structure_mode == "partition"
+    assert store.sampler().draw_start == store.node_range[0] > 0
+
+
 def test_the_structure_setting_from_flags_and_the_cluster_file(tmp_path: Path) -> None:
     parser = cli.build_parser()
     base = ["--partition", "0", "--partition-dir", str(tmp_path)]
-    assert cli.config_from_args(parser.parse_args(base)).structure == "partition"
+    assert cli.config_from_args(parser.parse_args(base)).structure == "auto"
+    assert ServerConfig(partition_dir=tmp_path, partition=0).structure == "auto"
     assert cli.config_from_args(parser.parse_args([*base, "--structure", "full"])).structure == "full"
     with pytest.raises(SystemExit):
         parser.parse_args([*base, "--structure", "halo"])
@@ -747,7 +767,7 @@ def test_the_structure_setting_from_flags_and_the_cluster_file(tmp_path: Path) -
     cluster.write_text("defaults: {partition_dir: /d, structure: full}\n"
                        "servers: [{partition: 0, address: 'h:1'}]\n")
     assert ServerConfig.from_cluster_yaml(cluster, 0).structure == "full"
-    with pytest.raises(ConfigError, match=r"^structure: expected one of \['partition', 'full'\]"):
+    with pytest.raises(ConfigError, match=r"^structure: expected one of \['auto', 'partition', 'full'\]"):
         ServerConfig(partition_dir=tmp_path, partition=0, structure="all")
 
 

@@ -1,0 +1,105 @@
+"""Which graph structure a server samples from: its partition's in-edges, or the whole
+graph's (``ServerConfig.structure``).
+
+``full`` joins every partition's structure files at start-up
+(:func:`partitioner.format.load_structure`): every hop of a batch is then drawn on the
+server and no peer is asked to sample, with the same draws. ``auto`` (the default) takes
+it where it costs little: every partition's structure files are under the server's
+partition directory, the graph has more than one partition, and the joined arrays fit in
+:data:`AUTO_MEMORY_FRACTION` of the memory they would live in (the host's available
+memory, and for a CUDA sampler that keeps its graph in GPU memory, the GPU's free
+memory too). Otherwise ``partition``. The choice and its reason are logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from partitioner.format import Manifest, PartitionFormatError, check_files, structure_records
+
+log = logging.getLogger(__name__)
+
+#: Largest share of the available memory (host, and GPU where the graph goes there) that
+#: ``structure: auto`` lets the whole graph's structure take.
+AUTO_MEMORY_FRACTION = 0.25
+
+
+@dataclass(frozen=True)
+class StructureChoice:
+    """What a server samples from, and why."""
+
+    #: ``partition`` or ``full``.
+    mode: str
+    #: One sentence for the log.
+    reason: str
+
+
+def structure_bytes(manifest: Manifest) -> int:
+    """Bytes of the whole graph's joined structure: ``indptr`` and original IDs (8 bytes
+    a node each), ``indices`` (8 bytes an edge) and edge weights (4 bytes an edge) where
+    every partition has them."""
+    n, e = manifest.num_nodes, manifest.num_edges
+    weights = all("edge_weight" in info.files for info in manifest.partitions)
+    return 8 * (n + 1) + 8 * n + 8 * e + (4 * e if weights else 0)
+
+
+def available_host_memory() -> int | None:
+    """Bytes of memory this process may still take: ``MemAvailable`` of
+    ``/proc/meminfo``, less where its cgroup (a container's limit) allows less; None
+    where neither is known."""
+    available: int | None = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+                break
+    except (OSError, ValueError, IndexError):
+        available = None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        current = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        if limit != "max":
+            room = max(0, int(limit) - current)
+            available = room if available is None else min(available, room)
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def choose_structure(setting: str, manifest: Manifest, root: Path | str, *,
+                     host_free: int | None, gpu_free: int | None = None) -> StructureChoice:
+    """Resolve ``setting`` (``auto``, ``partition`` or ``full``) for a server of the graph
+    in ``root``. ``host_free``: the host memory available (None: unknown, not limiting);
+    ``gpu_free``: the GPU's free memory where the structure would be placed in it (None:
+    it goes to host memory)."""
+    if setting not in ("auto", "partition", "full"):
+        raise ValueError(f"structure: expected one of ['auto', 'partition', 'full'], got {setting!r}")
+    if setting == "partition":
+        return StructureChoice(setting, "as configured")
+    if manifest.num_partitions == 1:
+        return StructureChoice("partition", f"{setting}: one partition holds the whole graph")
+    if setting == "full":
+        return StructureChoice(setting, "as configured")
+    try:
+        check_files(root, structure_records(manifest), "size")
+    except PartitionFormatError as exc:
+        return StructureChoice("partition", f"auto: not every partition's structure files are "
+                               f"under the partition directory ({exc})")
+    need = structure_bytes(manifest)
+    for where, free in (("host memory", host_free), ("GPU memory", gpu_free)):
+        if free is not None and need > math.floor(AUTO_MEMORY_FRACTION * free):
+            return StructureChoice("partition", f"auto: the whole graph's structure, "
+                                   f"{_gib(need)}, is more than {AUTO_MEMORY_FRACTION:.0%} of "
+                                   f"the {_gib(free)} of {where} available")
+    room = " and ".join(f"{_gib(free)} of {where}" for where, free in
+                        (("host memory", host_free), ("GPU memory", gpu_free)) if free is not None)
+    return StructureChoice("full", f"auto: every partition's structure files are here and "
+                           f"take {_gib(need)}" + (f", within {AUTO_MEMORY_FRACTION:.0%} of "
+                                                   f"the {room} available" if room else ""))

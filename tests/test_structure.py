@@ -1,0 +1,75 @@
+"""``structure: auto``: when a server takes the whole graph's structure (every partition's
+files present, the graph partitioned, the structure small against the memory it would
+live in), and how many bytes it takes."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from graph_fixtures import mixed_graph, write_and_load
+
+from partitioner.format import load_structure, read_manifest
+from sampling_server.structure import (
+    AUTO_MEMORY_FRACTION,
+    available_host_memory,
+    choose_structure,
+    structure_bytes,
+)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("mixed-2")
+    write_and_load(mixed_graph(), out, 2)
+    return out
+
+
+def test_the_structure_s_bytes_are_what_load_structure_holds(root: Path) -> None:
+    m = read_manifest(root)
+    full = load_structure(root)
+    assert structure_bytes(m) == full.nbytes
+    assert full.edge_weight is not None  # the mixed graph has weights: 4 bytes an edge counted
+
+
+def test_auto_takes_the_whole_structure_where_it_fits(root: Path) -> None:
+    m = read_manifest(root)
+    need = structure_bytes(m)
+    enough = int(need / AUTO_MEMORY_FRACTION) + 1
+    choice = choose_structure("auto", m, root, host_free=enough)
+    assert choice.mode == "full" and "every partition's structure files" in choice.reason
+    assert choose_structure("auto", m, root, host_free=None).mode == "full"  # unknown: no limit
+    small = choose_structure("auto", m, root, host_free=enough - 8)
+    assert small.mode == "partition" and "of host memory" in small.reason
+    gpu = choose_structure("auto", m, root, host_free=enough, gpu_free=enough - 8)
+    assert gpu.mode == "partition" and "of GPU memory" in gpu.reason
+    assert choose_structure("auto", m, root, host_free=enough, gpu_free=enough).mode == "full"
+
+
+def test_auto_keeps_the_partition_s_own_where_a_file_is_missing(root: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "parts"
+    shutil.copytree(root, copy)
+    (copy / "part-1" / "indptr.npy").unlink()
+    choice = choose_structure("auto", read_manifest(copy), copy, host_free=None)
+    assert choice.mode == "partition" and "part-1/indptr.npy" in choice.reason
+
+
+def test_one_partition_is_its_own_whole_structure(tmp_path: Path) -> None:
+    write_and_load(mixed_graph(), tmp_path, 1)
+    m = read_manifest(tmp_path)
+    for setting in ("auto", "full", "partition"):
+        assert choose_structure(setting, m, tmp_path, host_free=None).mode == "partition"
+
+
+def test_explicit_settings_are_kept_and_others_refused(root: Path) -> None:
+    m = read_manifest(root)
+    assert choose_structure("full", m, root, host_free=1).mode == "full"
+    assert choose_structure("partition", m, root, host_free=None).mode == "partition"
+    with pytest.raises(ValueError, match=r"^structure: expected one of"):
+        choose_structure("halo", m, root, host_free=None)
+
+
+def test_available_host_memory_is_a_positive_byte_count() -> None:
+    free = available_host_memory()
+    assert free is None or free > 0
