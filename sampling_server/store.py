@@ -89,6 +89,10 @@ class PartitionStore:
     options (with replacement, weighted) are created on first use.
     """
 
+    #: The whole graph's in-edges when the server samples from them (None: the
+    #: partition's own; always on a typed graph's store).
+    _structure: Structure | None = None
+
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         #: The partitioned graph's manifest.
@@ -108,8 +112,7 @@ class PartitionStore:
         if config.structure == "full":  # every partition's files here (sizes and headers)
             check_files(config.partition_dir, structure_records(m), "size")
         self._partition: Partition | None = None
-        #: The whole graph's in-edges with ``structure: full`` (None: the partition's own).
-        self._structure: Structure | None = None
+        self._structure = None
         self._samplers: dict[tuple[bool, bool], NeighborSampler] = {}
         self._orig_order: np.ndarray | None = None
         self._lock = threading.Lock()

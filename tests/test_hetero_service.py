@@ -306,6 +306,11 @@ def test_bad_typed_requests_get_clear_errors(cluster: list[str]) -> None:
 def test_a_typed_server_refuses_the_full_structure(two: Path) -> None:
     with pytest.raises(ConfigError, match="structure: expected 'partition' or 'auto' for a typed"):
         create_server(_config(two, 0, structure="full"))
+    server, _ = create_server(_config(two, 0, structure="auto"))
+    try:
+        assert server.store.structure_mode == "partition"
+    finally:
+        server.stop(None).wait(10)
 
 
 def test_bad_typed_loader_arguments_are_refused(cluster: list[str]) -> None:
