@@ -158,9 +158,9 @@ class PartitionStore:
         would keep the graph in its memory)."""
         config = self.config
         gpu_free = None
-        if config.structure == "auto" and config.topology == "device" and (
-                config.device == "cuda" or (config.device == "auto" and cuda_usable())):
-            gpu_free = int(torch.cuda.mem_get_info()[0])
+        if (config.structure == "auto" and self.manifest.num_partitions > 1
+                and config.topology == "device" and config.device != "cpu" and cuda_usable()):
+            gpu_free = int(torch.cuda.mem_get_info()[0])  # (not under Numba's simulator)
         return choose_structure(config.structure, self.manifest, config.partition_dir,
                                 host_free=available_host_memory() if config.structure == "auto"
                                 else None, gpu_free=gpu_free)
