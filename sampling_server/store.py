@@ -20,6 +20,7 @@ import torch
 from partitioner.format import (
     Manifest,
     Partition,
+    PartitionFormatError,
     Structure,
     Verify,
     check_files,
@@ -133,8 +134,15 @@ class PartitionStore:
             log.info("partition=%d: structure %s (%s)", self.partition_id, choice.mode,
                      choice.reason)
             if choice.mode == "full":
-                self._structure = load_structure(self.config.partition_dir,
-                                                 verify=cast(Verify, self.config.verify))
+                try:
+                    self._structure = load_structure(self.config.partition_dir,
+                                                     verify=cast(Verify, self.config.verify))
+                except PartitionFormatError as exc:
+                    if self.config.structure != "auto":
+                        raise
+                    # another partition's file is bad: this server's own partition serves
+                    log.warning("partition=%d: structure partition (auto: the whole graph's "
+                                "structure could not be read: %s)", self.partition_id, exc)
             sampler = create_sampler(part, self.config.device, topology=self.config.topology,
                                      gpu_cache_size=self.config.gpu_cache_size,
                                      structure=self._structure)

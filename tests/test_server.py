@@ -753,6 +753,18 @@ def test_auto_takes_the_whole_structure_only_where_every_partition_s_files_are(
     store.load()
     assert store.structure_mode == "partition"
     assert store.sampler().draw_start == store.node_range[0] > 0
+    # another partition's file present but corrupted: auto keeps to the partition, full fails
+    shutil.rmtree(root)
+    shutil.copytree(parts2, root)
+    indices = root / "part-0" / "indices.npy"
+    data = bytearray(indices.read_bytes())
+    data[-1] ^= 0x01
+    indices.write_bytes(bytes(data))
+    store = PartitionStore(_config(root, 1, structure="auto"))
+    store.load()
+    assert store.structure_mode == "partition"
+    with pytest.raises(PartitionFormatError, match=r"part-0/indices\.npy: SHA-256 mismatch"):
+        PartitionStore(_config(root, 1, structure="full")).load()
 
 
 def test_the_structure_setting_from_flags_and_the_cluster_file(tmp_path: Path) -> None:
