@@ -70,7 +70,8 @@ def available_host_memory() -> int | None:
 
 
 def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    """A byte count for the log: GiB from 1 GiB up, MiB below."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def choose_structure(setting: str, manifest: Manifest, root: Path | str, *,

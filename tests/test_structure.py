@@ -39,6 +39,7 @@ def test_auto_takes_the_whole_structure_where_it_fits(root: Path) -> None:
     enough = int(need / AUTO_MEMORY_FRACTION) + 1
     choice = choose_structure("auto", m, root, host_free=enough)
     assert choice.mode == "full" and "every partition's structure files" in choice.reason
+    assert f"take {need / 2**20:.1f} MiB" in choice.reason  # a small graph's size in MiB
     assert choose_structure("auto", m, root, host_free=None).mode == "full"  # unknown: no limit
     small = choose_structure("auto", m, root, host_free=enough - 8)
     assert small.mode == "partition" and "of host memory" in small.reason
