@@ -391,23 +391,17 @@ def load_structure(root: str | Path, *, verify: Verify = "full", weights: bool =
     for info in m.partitions:
         files = info.files
         offsets = _load(base, files["indptr"], mmap=True)
+        src = _load(base, files["indices"], mmap=True)
         n, e = info.num_nodes, info.num_edges
-        if offsets.shape != (n + 1,) or int(offsets[0]) != 0 or int(offsets[-1]) != e:
+        if offsets.shape != (n + 1,) or src.shape != (e,):
             raise _fail(base, files["indptr"].path,
-                        f"expected {n + 1} offsets from 0 to {e}, got shape {list(offsets.shape)}"
-                        f" from {int(offsets[0]) if offsets.size else None} to "
-                        f"{int(offsets[-1]) if offsets.size else None}")
-        if n and bool((np.diff(offsets) < 0).any()):
-            raise _fail(base, files["indptr"].path, "offsets decrease")
+                        f"expected {n + 1} offsets over {e} edges (the manifest's partition "
+                        f"{info.id}), got {list(offsets.shape)} over {list(src.shape)}")
+        _check_csc(base, files, offsets, src, m.num_nodes)
         if node != int(m.partition_book[info.id]):
             raise _fail(base, MANIFEST_FILE, f"partition {info.id} starts at node "
                         f"{int(m.partition_book[info.id])}, not after the {node} nodes before it")
         np.add(offsets[1:], edge, out=indptr[node + 1:node + n + 1])
-        src = _load(base, files["indices"], mmap=True)
-        if e and (int(src.min()) < 0 or int(src.max()) >= m.num_nodes):
-            raise _fail(base, files["indices"].path,
-                        f"expected source IDs in [0, {m.num_nodes}), got [{int(src.min())}, "
-                        f"{int(src.max())}]")
         indices[edge:edge + e] = src
         orig_ids[node:node + n] = _load(base, files["orig_ids"], mmap=True)
         if weight is not None:
@@ -438,24 +432,31 @@ def _fail(base: Path, rel: str, what: str) -> PartitionFormatError:
     return PartitionFormatError(f"{base / rel}: {what}")
 
 
+def _check_csc(base: Path, files: dict[str, FileRecord], indptr: np.ndarray, indices: np.ndarray,
+               num_nodes: int) -> None:
+    """One partition's CSC: offsets from 0 to its edge count, never decreasing; source IDs
+    in ``[0, num_nodes)``."""
+    num_edges = int(indices.shape[0])
+    if int(indptr[0]) != 0 or int(indptr[-1]) != num_edges:
+        raise _fail(base, files["indptr"].path,
+                    f"expected offsets from 0 to {num_edges}, got {int(indptr[0])} to "
+                    f"{int(indptr[-1])}")
+    if indptr.shape[0] > 1 and bool((np.diff(indptr) < 0).any()):
+        raise _fail(base, files["indptr"].path, "offsets decrease")
+    if num_edges:
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 0 or hi >= num_nodes:
+            raise _fail(base, files["indices"].path,
+                        f"expected source IDs in [0, {num_nodes}), got [{lo}, {hi}]")
+
+
 def _check_partition(base: Path, part: Partition) -> None:
     """Structural checks beyond the manifest: book, CSC offsets, ID ranges."""
     m, p = part.manifest, part.partition_id
     files = m.partitions[p].files
     if part.partition_book.tolist() != list(m.partition_book):
         raise _fail(base, "partition_book.npy", "does not match the manifest's partition_book")
-    indptr = part.indptr
-    if int(indptr[0]) != 0 or int(indptr[-1]) != part.num_edges:
-        raise _fail(base, files["indptr"].path,
-                    f"expected offsets from 0 to {part.num_edges}, got {int(indptr[0])} to "
-                    f"{int(indptr[-1])}")
-    if part.num_nodes and bool((np.diff(indptr) < 0).any()):
-        raise _fail(base, files["indptr"].path, "offsets decrease")
-    if part.num_edges:
-        lo, hi = int(part.indices.min()), int(part.indices.max())
-        if lo < 0 or hi >= m.num_nodes:
-            raise _fail(base, files["indices"].path,
-                        f"expected source IDs in [0, {m.num_nodes}), got [{lo}, {hi}]")
+    _check_csc(base, files, part.indptr, part.indices, m.num_nodes)
     start, stop = part.node_range
     for split, ids in part.splits.items():
         if ids.size and (int(ids.min()) < start or int(ids.max()) >= stop):

@@ -113,7 +113,6 @@ class PartitionStore:
         if config.structure == "full":  # every partition's files here (sizes and headers)
             check_files(config.partition_dir, structure_records(m), "size")
         self._partition: Partition | None = None
-        self._structure = None
         self._samplers: dict[tuple[bool, bool], NeighborSampler] = {}
         self._orig_order: np.ndarray | None = None
         self._lock = threading.Lock()

@@ -145,6 +145,8 @@ class CpuNeighborSampler(NeighborSampler):
         #: do not depend on how the graph was partitioned.
         self._orig_ids = np.ascontiguousarray(csc.orig_ids, dtype=np.int64)
         self._csc = F.CscView(self._indptr, self._indices, self._orig_ids, self.draw_start)
+        if self.structure.node_range == (self.node_start, self.node_stop):
+            self._orig_identity = self._csc.orig_is_global  # for orig_ids_of: known already
         num_nodes = partition.manifest.num_nodes
         self._dense_maps = (_DenseMapPool(num_nodes) if num_nodes <= DENSE_RELABEL_MAX_NODES
                             else None)
