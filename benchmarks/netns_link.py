@@ -154,6 +154,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(asking the peer to draw its nodes' neighbors) or from the whole "
                         "graph's (default: the server's own, auto, which is full for these "
                         "graphs)")
+    p.add_argument("--server-features", choices=("partition", "full"), default=None,
+                   help="each server's --features: gather its own partition's rows (asking the "
+                        "peer for its nodes') or every node's (default: the server's own, auto, "
+                        "which is full for these graphs)")
     p.add_argument("--server-switch-interval-ms", type=float, default=None,
                    help="each server's interpreter switch interval (sys.setswitchinterval; "
                         "default: Python's 5 ms): how long a thread may keep the lock while "
@@ -191,6 +195,8 @@ def server_command(args: argparse.Namespace, part_dir: Path, partition: int,
         cmd += ["--threads", str(args.server_threads)]
     if args.server_structure is not None:
         cmd += ["--structure", args.server_structure]
+    if args.server_features is not None:
+        cmd += ["--features", args.server_features]
     return cmd
 
 
@@ -545,6 +551,7 @@ def main(argv: list[str] | None = None) -> int:
                "num_nodes": manifest.num_nodes, "fanouts": FANOUTS, "batch_size": args.batch_size,
                "step_ms": args.step_ms, "server_workers": args.server_workers,
                "server_threads": args.server_threads, "server_structure": args.server_structure,
+               "server_features": args.server_features,
                "server_switch_interval_ms": args.server_switch_interval_ms, "batches": args.batches,
                "repeat": args.repeat, "netem": netem,
                "delay_us_requested": args.delay_us, "machine": machine(), "probes": probes,

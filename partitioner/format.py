@@ -76,6 +76,34 @@ class Structure:
 
 
 @dataclass(frozen=True)
+class NodeData:
+    """Features and labels of one contiguous range of global node IDs: the rows a server
+    gathers without asking another. A partition's own (:attr:`Partition.node_data`), or
+    every node's (:func:`load_node_data`)."""
+
+    #: ``[n, F]`` features of the nodes ``node_start .. node_start+n-1``.
+    x: np.ndarray
+    #: int64 ``[n]`` labels, ``-1`` = unlabeled.
+    y: np.ndarray
+    #: Global ID of the first node.
+    node_start: int
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.x.shape[0])
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        """``[start, stop)`` of the global IDs whose rows this holds."""
+        return self.node_start, self.node_start + self.num_nodes
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its arrays (memory maps included)."""
+        return int(self.x.nbytes) + int(self.y.nbytes)
+
+
+@dataclass(frozen=True)
 class PartitionInfo:
     """The manifest's entry for one partition."""
 
@@ -286,6 +314,11 @@ class Partition:
         return Structure(indptr=self.indptr, indices=self.indices, orig_ids=self.orig_ids,
                          node_start=self.node_range[0], edge_weight=self.edge_weight)
 
+    @property
+    def node_data(self) -> NodeData:
+        """The features and labels of the owned nodes, as a :class:`NodeData`."""
+        return NodeData(x=self.x, y=self.y, node_start=self.node_range[0])
+
 
 def _check_file(root: Path, rec: FileRecord, verify: Verify) -> None:
     path = root / rec.path
@@ -418,6 +451,62 @@ def load_structure(root: str | Path, *, verify: Verify = "full", weights: bool =
              sum(a.nbytes for a in (indptr, indices, orig_ids, weight) if a is not None) / 2**20)
     return Structure(indptr=indptr, indices=indices, orig_ids=orig_ids, node_start=0,
                      edge_weight=weight)
+
+
+#: The files of a partition that make up its :class:`NodeData`.
+NODE_DATA_FILES = ("x", "y")
+
+
+def node_data_records(manifest: Manifest) -> list[FileRecord]:
+    """Every partition's feature and label files (:data:`NODE_DATA_FILES`), in partition
+    order."""
+    return [r for info in manifest.partitions for k, r in info.files.items()
+            if k in NODE_DATA_FILES]
+
+
+def node_data_bytes(manifest: Manifest) -> int:
+    """Bytes of the whole graph's joined features and labels (:func:`load_node_data`)."""
+    n = manifest.num_nodes
+    return n * manifest.feature_dim * np.dtype(manifest.feature_dtype).itemsize + 8 * n
+
+
+def load_node_data(root: str | Path, *, verify: Verify = "full") -> NodeData:
+    """The features and labels of every node of the graph in ``root``: each partition's
+    ``x`` and ``y`` (:data:`NODE_DATA_FILES`) checked as :func:`load_partition` checks
+    them and joined in partition order, in memory (``N F`` features in the stored dtype
+    and ``8 N`` bytes of labels). Every partition's files must be present under ``root``;
+    a missing or mismatching one raises :class:`PartitionFormatError` naming it."""
+    base = Path(root)
+    m = read_manifest(base)
+    check_files(base, node_data_records(m), verify)
+    x = np.empty((m.num_nodes, m.feature_dim), dtype=np.dtype(m.feature_dtype))
+    y = np.empty(m.num_nodes, dtype=np.int64)
+    node = 0
+    for info in m.partitions:
+        files = info.files
+        n = info.num_nodes
+        if node != int(m.partition_book[info.id]):
+            raise _fail(base, MANIFEST_FILE, f"partition {info.id} starts at node "
+                        f"{int(m.partition_book[info.id])}, not after the {node} nodes before it")
+        rows = _load(base, files["x"], mmap=True)
+        if rows.shape != (n, m.feature_dim) or rows.dtype != x.dtype:
+            raise _fail(base, files["x"].path, f"expected {n} rows of {m.feature_dim} "
+                        f"{x.dtype.name}, got {list(rows.shape)} {rows.dtype.name}")
+        labels = _load(base, files["y"], mmap=True)
+        if labels.shape != (n,):
+            raise _fail(base, files["y"].path, f"expected shape [{n}] (one per owned node), "
+                        f"got {list(labels.shape)}")
+        x[node:node + n] = rows
+        y[node:node + n] = labels
+        node += n
+    if node != m.num_nodes:
+        raise _fail(base, MANIFEST_FILE, f"expected {m.num_nodes} nodes in all, its partitions "
+                    f"hold {node}")
+    x.flags.writeable = False
+    y.flags.writeable = False
+    log.info("loaded the features and labels of all %d partitions of %s: %d nodes, %.1f MiB",
+             m.num_partitions, base, node, (x.nbytes + y.nbytes) / 2**20)
+    return NodeData(x=x, y=y, node_start=0)
 
 
 def load_node_map(root: str | Path, *, verify: Verify = "full") -> np.ndarray:

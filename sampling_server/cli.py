@@ -17,6 +17,7 @@ from partitioner.format import PartitionFormatError
 from protos import allocator, codec
 from sampling_server.config import (
     DEFAULT_PORT,
+    FEATURE_HOLDINGS,
     HOT_ORDERS,
     STRUCTURES,
     VERIFY_MODES,
@@ -121,6 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
                       "every hop drawn here, the same batches, no peer calls to sample; auto: "
                       "full where every partition's files are there and it takes at most a "
                       "quarter of the available memory (auto)")
+    tune.add_argument("--features", choices=FEATURE_HOLDINGS,
+                      help="features and labels to gather here: this partition's nodes', asking "
+                      "the owners for the other nodes' rows (one call per batch), or every "
+                      "node's, read from every partition's files under --partition-dir and held "
+                      "in memory (the graph's features plus 8 bytes per node): no peer calls to "
+                      "gather, the same batches; CPU sampler only; auto: full where every "
+                      "partition's files are there, the server samples on the CPU and they take "
+                      "at most a quarter of the memory available after the structure (auto)")
     tune.add_argument("--workers", type=_positive_int,
                       help="sampling threads, shared by all streams (half the usable CPUs, 2 to 6)")
     tune.add_argument("--threads", type=_positive_int,
@@ -203,7 +212,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     overrides: dict[str, Any] = {
         "partition_dir": args.partition_dir, "listen": args.listen, "device": args.device,
         "topology": args.topology, "gpu_cache_size": args.gpu_cache_size,
-        "structure": args.structure, "workers": args.workers, "threads": args.threads,
+        "structure": args.structure, "features": args.features, "workers": args.workers,
+        "threads": args.threads,
         "prefetch": args.prefetch,
         "chunk_bytes": args.chunk_bytes, "peer_timeout": args.peer_timeout,
         "max_streams": args.max_streams, "grace": args.grace, "hot_order": args.hot_order,

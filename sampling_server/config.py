@@ -36,6 +36,9 @@ _TOPOLOGIES: tuple[str, ...] = ("device", "uva")
 #: What graph structure a server samples from: its own partition's in-edges, every
 #: node's, or the latter where it costs little (:mod:`sampling_server.structure`).
 STRUCTURES: tuple[str, ...] = ("auto", "partition", "full")
+#: Whose features and labels a server gathers itself: its own partition's nodes' (the
+#: owners answer for the others), every node's, or the latter where it costs little.
+FEATURE_HOLDINGS: tuple[str, ...] = ("auto", "partition", "full")
 #: Rules a server may order its nodes by for trainers' feature caches (sampling_server/hot.py).
 HOT_ORDERS: tuple[str, ...] = ("visits_v1", "in_degree_v1")
 #: The rule of a typed graph's per-type hot orders, whatever ``hot_order`` says (the
@@ -81,6 +84,15 @@ class ServerConfig:
     #: at most a quarter of the available memory (:mod:`sampling_server.structure`), else
     #: ``partition``. Typed graphs: ``partition`` (``auto`` means it there).
     structure: str = "auto"
+    #: The features and labels the server gathers itself: ``partition`` (its own nodes';
+    #: the other partitions' servers answer for theirs, one peer call per batch), ``full``
+    #: (every partition's ``x`` and ``y``, read from ``partition_dir`` at start-up and held
+    #: in memory, ``N F`` feature values and ``8 N`` bytes of labels: every row gathered
+    #: here, no peer asked; CPU sampler only), or ``auto``: ``full`` where every partition's
+    #: files are there, the server samples on the CPU, and they take at most a quarter of
+    #: the memory available once the structure is loaded, else ``partition``. Typed
+    #: graphs: ``partition`` (``auto`` means it there).
+    features: str = "auto"
     #: Threads sampling batches, shared by every stream. None: half the CPUs this process
     #: may use, from 2 to 6 (:func:`sampling_server.threads.sampling_workers`).
     workers: int | None = None
@@ -159,6 +171,11 @@ class ServerConfig:
                self.topology)
         _check(self.structure in STRUCTURES, "structure", f"one of {list(STRUCTURES)}",
                self.structure)
+        _check(self.features in FEATURE_HOLDINGS, "features", f"one of {list(FEATURE_HOLDINGS)}",
+               self.features)
+        _check(not (self.features == "full" and self.device == "cuda"), "features",
+               "'auto' or 'partition' with device 'cuda' (the CUDA sampler gathers its own "
+               "partition's rows, from its GPU feature cache)", self.features)
         try:
             parse_gpu_cache_size(self.gpu_cache_size)
         except ValueError as exc:

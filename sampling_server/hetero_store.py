@@ -51,10 +51,10 @@ class HeteroPartitionStore(PartitionStore):
     """One partition of a typed graph and its typed samplers (see the module doc)."""
 
     def __init__(self, config: ServerConfig) -> None:
-        if config.structure == "full":
-            raise ConfigError(f"structure: expected 'partition' or 'auto' for a typed graph (its "
-                              f"servers hold their own partition's in-edges), got "
-                              f"{config.structure!r}")
+        for field, what in (("structure", "in-edges"), ("features", "features and labels")):
+            if getattr(config, field) == "full":
+                raise ConfigError(f"{field}: expected 'partition' or 'auto' for a typed graph "
+                                  f"(its servers hold their own partition's {what}), got 'full'")
         self.config = config
         #: The typed graph's manifest.
         self.manifest: HeteroManifest = read_hetero_manifest(config.partition_dir)  # type: ignore[assignment]

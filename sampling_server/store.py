@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import grpc
 import numpy as np
@@ -19,13 +19,16 @@ import torch
 
 from partitioner.format import (
     Manifest,
+    NodeData,
     Partition,
     PartitionFormatError,
     Structure,
     Verify,
     check_files,
+    load_node_data,
     load_partition,
     load_structure,
+    node_data_records,
     read_manifest,
     structure_records,
 )
@@ -34,10 +37,17 @@ from protos import codec, halfcast
 from protos import sampling_pb2 as pb
 from protos.channel import PeerError
 from sampling_server.config import HOT_ORDERS, ConfigError, ServerConfig
-from sampling_server.sampler import NeighborSampler, create_sampler, cuda_usable
-from sampling_server.structure import StructureChoice, available_host_memory, choose_structure
+from sampling_server.sampler import NeighborSampler, create_sampler, cuda_usable, uses_cuda
+from sampling_server.structure import (
+    StructureChoice,
+    available_host_memory,
+    choose_features,
+    choose_structure,
+)
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Feature dtypes a request may ask for on the wire (UNSPECIFIED: the stored one).
 FEATURE_WIRE_DTYPES: tuple[codec.WireDType, ...] = (pb.DTYPE_UNSPECIFIED, pb.FLOAT32, pb.FLOAT16, pb.BFLOAT16)
@@ -93,6 +103,9 @@ class PartitionStore:
     #: The whole graph's in-edges when the server samples from them (None: the
     #: partition's own; always on a typed graph's store).
     _structure: Structure | None = None
+    #: Every node's features and labels when the server gathers them all (None: the
+    #: partition's own; always on a typed graph's store).
+    _node_data: NodeData | None = None
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -112,6 +125,9 @@ class PartitionStore:
         self.graph_fingerprint = manifest_fingerprint(m.to_json())
         if config.structure == "full":  # every partition's files here (sizes and headers)
             check_files(config.partition_dir, structure_records(m), "size")
+        if config.features == "full":
+            self._choose_features()  # not on a GPU
+            check_files(config.partition_dir, node_data_records(m), "size")
         self._partition: Partition | None = None
         self._samplers: dict[tuple[bool, bool], NeighborSampler] = {}
         self._orig_order: np.ndarray | None = None
@@ -129,22 +145,16 @@ class PartitionStore:
             part = load_partition(self.config.partition_dir, self.partition_id,
                                   mmap=self.config.mmap,
                                   verify=cast(Verify, self.config.verify))
-            choice = self._choose_structure()
-            log.info("partition=%d: structure %s (%s)", self.partition_id, choice.mode,
-                     choice.reason)
-            if choice.mode == "full":
-                try:
-                    self._structure = load_structure(self.config.partition_dir,
-                                                     verify=cast(Verify, self.config.verify))
-                except PartitionFormatError as exc:
-                    if self.config.structure != "auto":
-                        raise
-                    # another partition's file is bad: this server's own partition serves
-                    log.warning("partition=%d: structure partition (auto: the whole graph's "
-                                "structure could not be read: %s)", self.partition_id, exc)
+            verify = cast(Verify, self.config.verify)
+            self._structure = self._load_whole(
+                "structure", self.config.structure, self._choose_structure,
+                lambda: load_structure(self.config.partition_dir, verify=verify))
+            self._node_data = self._load_whole(
+                "features", self.config.features, self._choose_features,
+                lambda: load_node_data(self.config.partition_dir, verify=verify))
             sampler = create_sampler(part, self.config.device, topology=self.config.topology,
                                      gpu_cache_size=self.config.gpu_cache_size,
-                                     structure=self._structure)
+                                     structure=self._structure, node_data=self._node_data)
         except BaseException as exc:
             self.load_error = exc
             raise
@@ -155,10 +165,32 @@ class PartitionStore:
         log.info("partition=%d: loaded in %.2f s: %d nodes, %d in-edges, sampling on %s%s",
                  self.partition_id, time.perf_counter() - started, part.num_nodes,
                  part.num_edges, self.device,
-                 "" if self._structure is None else
-                 f" from the full graph's structure ({self._structure.num_nodes} nodes, "
-                 f"{self._structure.indices.size} in-edges, "
-                 f"{self._structure.nbytes / 2**20:.1f} MiB)")
+                 ("" if self._structure is None else
+                  f" from the full graph's structure ({self._structure.num_nodes} nodes, "
+                  f"{self._structure.indices.size} in-edges, "
+                  f"{self._structure.nbytes / 2**20:.1f} MiB)")
+                 + ("" if self._node_data is None else
+                    f", gathering every node's features and labels "
+                    f"({self._node_data.nbytes / 2**20:.1f} MiB)"))
+
+    def _load_whole(self, what: str, setting: str, choose: Callable[[], StructureChoice],
+                    load: Callable[[], T]) -> T | None:
+        """The whole graph's ``what`` (the structure, or the features and labels) where
+        ``choose`` says so, else None. ``auto`` falls back to the partition's own, with a
+        warning, where another partition's file fails its checks; ``full`` fails."""
+        choice = choose()
+        log.info("partition=%d: %s %s (%s)", self.partition_id, what, choice.mode, choice.reason)
+        if choice.mode != "full":
+            return None
+        try:
+            return load()
+        except PartitionFormatError as exc:
+            if setting != "auto":
+                raise
+            # another partition's file is bad: this server's own partition serves
+            log.warning("partition=%d: %s partition (auto: the whole graph's %s could not be "
+                        "read: %s)", self.partition_id, what, what, exc)
+            return None
 
     def _choose_structure(self) -> StructureChoice:
         """``structure: auto`` resolved for this host (and GPU, where the CUDA sampler
@@ -171,6 +203,22 @@ class PartitionStore:
         return choose_structure(config.structure, self.manifest, config.partition_dir,
                                 host_free=available_host_memory() if config.structure == "auto"
                                 else None, gpu_free=gpu_free)
+
+    def _choose_features(self) -> StructureChoice:
+        """``features: auto`` resolved for this host, once the structure is loaded."""
+        config = self.config
+        try:
+            return choose_features(config.features, self.manifest, config.partition_dir,
+                                   host_free=available_host_memory() if config.features == "auto"
+                                   else None, cuda=uses_cuda(config.device))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    @property
+    def features_mode(self) -> str:
+        """``full`` when the server gathers every node's features and labels itself, else
+        ``partition`` (known once loaded)."""
+        return "full" if self._node_data is not None else "partition"
 
     @property
     def structure_mode(self) -> str:
@@ -214,7 +262,7 @@ class PartitionStore:
                     part, self.config.device, replace=replace, weighted=weighted,
                     topology=self.config.topology, gpu_cache_size=self.config.gpu_cache_size,
                     share_features_of=self._samplers.get((False, False)),
-                    structure=self._structure)
+                    structure=self._structure, node_data=self._node_data)
             return self._samplers[key]
 
     # -- facts -----------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Which graph structure a server samples from: its partition's in-edges, or the whole
-graph's (``ServerConfig.structure``).
+"""Which graph structure a server samples from, its partition's in-edges or the whole
+graph's (``ServerConfig.structure``), and whose features and labels it gathers itself
+(``ServerConfig.features``), likewise.
 
 ``full`` joins every partition's structure files at start-up
 (:func:`partitioner.format.load_structure`): every hop of a batch is then drawn on the
@@ -9,6 +10,12 @@ partition directory, the graph has more than one partition, and the joined array
 :data:`AUTO_MEMORY_FRACTION` of the memory they would live in (the host's available
 memory, and for a CUDA sampler that keeps its graph in GPU memory, the GPU's free
 memory too). Otherwise ``partition``. The choice and its reason are logged.
+
+``features: full`` likewise joins every partition's ``x`` and ``y``
+(:func:`partitioner.format.load_node_data`): every row of a batch is then gathered on the
+server, no peer asked for any; ``auto`` takes it by the same rule, measured after the
+structure is loaded, for the CPU sampler (the CUDA sampler gathers its own partition's
+rows from its GPU feature cache).
 """
 
 from __future__ import annotations
@@ -18,9 +25,20 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from partitioner.format import Manifest, PartitionFormatError, check_files, structure_records
+from partitioner.format import (
+    Manifest,
+    PartitionFormatError,
+    check_files,
+    node_data_bytes,
+    node_data_records,
+    structure_records,
+)
+from partitioner.npyio import FileRecord
 
 log = logging.getLogger(__name__)
+
+#: The settings of ``structure`` and ``features``.
+SETTINGS = ("auto", "partition", "full")
 
 #: Largest share of the available memory (host, and GPU where the graph goes there) that
 #: ``structure: auto`` lets the whole graph's structure take.
@@ -80,27 +98,64 @@ def choose_structure(setting: str, manifest: Manifest, root: Path | str, *,
     in ``root``. ``host_free``: the host memory available (None: unknown, not limiting);
     ``gpu_free``: the GPU's free memory where the structure would be placed in it (None:
     it goes to host memory)."""
-    if setting not in ("auto", "partition", "full"):
-        raise ValueError(f"structure: expected one of ['auto', 'partition', 'full'], got {setting!r}")
+    _check_setting("structure", setting)
     if setting == "partition":
         return StructureChoice(setting, "as configured")
     if manifest.num_partitions == 1:
         return StructureChoice("partition", f"{setting}: one partition holds the whole graph")
     if setting == "full":
         return StructureChoice(setting, "as configured")
+    return _auto("structure", "structure files", structure_records(manifest),
+                 structure_bytes(manifest), root, host_free=host_free, gpu_free=gpu_free)
+
+
+def choose_features(setting: str, manifest: Manifest, root: Path | str, *,
+                    host_free: int | None, cuda: bool = False) -> StructureChoice:
+    """Resolve the features ``setting`` (``auto``, ``partition`` or ``full``: whose
+    features and labels the server gathers itself) for a server of the graph in ``root``,
+    as :func:`choose_structure` does; ``host_free`` measured after the structure's choice
+    was loaded. ``cuda``: the server samples on a GPU, whose sampler gathers its own
+    partition's rows only (``auto`` means ``partition`` there; ``full`` is refused)."""
+    _check_setting("features", setting)
+    if setting == "partition":
+        return StructureChoice(setting, "as configured")
+    if manifest.num_partitions == 1:
+        return StructureChoice("partition", f"{setting}: one partition holds the whole graph")
+    if cuda:
+        if setting == "full":
+            raise ValueError("features: 'full' is for the CPU sampler (the CUDA sampler gathers "
+                             "its own partition's rows, from its GPU feature cache); expected "
+                             "'auto' or 'partition' with a CUDA device, got 'full'")
+        return StructureChoice("partition", "auto: the CUDA sampler gathers its own partition's "
+                               "rows (its GPU feature cache)")
+    if setting == "full":
+        return StructureChoice(setting, "as configured")
+    return _auto("features", "feature and label files", node_data_records(manifest),
+                 node_data_bytes(manifest), root, host_free=host_free, gpu_free=None)
+
+
+def _check_setting(field: str, setting: str) -> None:
+    if setting not in SETTINGS:
+        raise ValueError(f"{field}: expected one of {list(SETTINGS)}, got {setting!r}")
+
+
+def _auto(what: str, files: str, records: list[FileRecord], need: int, root: Path | str, *,
+          host_free: int | None, gpu_free: int | None) -> StructureChoice:
+    """``auto``'s rule for the whole graph's ``what``: ``full`` where every partition's
+    ``records`` are under ``root`` (sizes and headers) and ``need`` bytes fit in
+    :data:`AUTO_MEMORY_FRACTION` of the memory available."""
     try:
-        check_files(root, structure_records(manifest), "size")
+        check_files(root, records, "size")
     except PartitionFormatError as exc:
-        return StructureChoice("partition", f"auto: not every partition's structure files are "
+        return StructureChoice("partition", f"auto: not every partition's {files} are "
                                f"under the partition directory ({exc})")
-    need = structure_bytes(manifest)
     for where, free in (("host memory", host_free), ("GPU memory", gpu_free)):
         if free is not None and need > math.floor(AUTO_MEMORY_FRACTION * free):
-            return StructureChoice("partition", f"auto: the whole graph's structure, "
+            return StructureChoice("partition", f"auto: the whole graph's {what}, "
                                    f"{_gib(need)}, is more than {AUTO_MEMORY_FRACTION:.0%} of "
                                    f"the {_gib(free)} of {where} available")
     room = " and ".join(f"{_gib(free)} of {where}" for where, free in
                         (("host memory", host_free), ("GPU memory", gpu_free)) if free is not None)
-    return StructureChoice("full", f"auto: every partition's structure files are here and "
+    return StructureChoice("full", f"auto: every partition's {files} are here and "
                            f"take {_gib(need)}" + (f", within {AUTO_MEMORY_FRACTION:.0%} of "
                                                    f"the {room} available" if room else ""))

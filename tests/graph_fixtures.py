@@ -123,6 +123,8 @@ class LocalPeers:
         self.samplers = list(samplers)
         #: Frontier nodes asked of each partition, across calls.
         self.asked: dict[int, int] = {}
+        #: Nodes whose rows were asked of each partition, across calls.
+        self.fetched: dict[int, int] = {}
 
     def neighbors(self, nodes_by_partition: Mapping[int, torch.Tensor], fanout: int, key: int,
                   hop: int) -> dict[int, HopSample]:
@@ -138,6 +140,7 @@ class LocalPeers:
                   labels: bool) -> dict[int, tuple[torch.Tensor | None, torch.Tensor | None]]:
         out: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
         for p, nodes in nodes_by_partition.items():
+            self.fetched[p] = self.fetched.get(p, 0) + int(nodes.numel())
             peer = self.samplers[p]
             x, y = peer.gather_local(nodes.to(peer.device), features, labels)
             out[p] = (None if x is None else x.cpu(), None if y is None else y.cpu())

@@ -303,12 +303,14 @@ def test_bad_typed_requests_get_clear_errors(cluster: list[str]) -> None:
         assert info[0] == grpc.StatusCode.OK
 
 
-def test_a_typed_server_refuses_the_full_structure(two: Path) -> None:
+def test_a_typed_server_refuses_the_full_structure_and_every_feature(two: Path) -> None:
     with pytest.raises(ConfigError, match="structure: expected 'partition' or 'auto' for a typed"):
         create_server(_config(two, 0, structure="full"))
-    server, _ = create_server(_config(two, 0, structure="auto"))
+    with pytest.raises(ConfigError, match="features: expected 'partition' or 'auto' for a typed"):
+        create_server(_config(two, 0, features="full"))
+    server, _ = create_server(_config(two, 0, structure="auto", features="auto"))
     try:
-        assert server.store.structure_mode == "partition"
+        assert server.store.structure_mode == server.store.features_mode == "partition"
     finally:
         server.stop(None).wait(10)
 

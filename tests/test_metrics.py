@@ -38,7 +38,7 @@ def _value(text: str, name: str, **labels: str) -> float:
 def test_the_metrics_endpoint_counts_what_the_server_did(parts2: Path) -> None:
     built = [create_server(ServerConfig(partition_dir=parts2, partition=p, listen="127.0.0.1:0",
                                         device="cpu", health_interval=0.3, metrics_port=0,
-                                        structure="partition"))  # peers asked to sample
+                                        structure="partition", features="partition"))  # peers asked
              for p in range(2)]
     addresses = [f"127.0.0.1:{port}" for _, port in built]
     servers = [s for s, _ in built]

@@ -17,6 +17,7 @@ from partitioner.format import (
     Manifest,
     Partition,
     PartitionFormatError,
+    load_node_data,
     load_node_map,
     load_partition,
     load_structure,
@@ -531,4 +532,41 @@ def test_the_whole_structure_refuses_a_faulty_partition_naming_its_file(root: Pa
         load_structure(root)
     message = str(info.value)
     want = {"checksum": "SHA-256", "decreasing": "decrease", "source": "source IDs"}[fault]
+    assert str(path) in message and want in message
+
+
+# -- every node's features and labels ----------------------------------------------------
+def test_every_node_s_rows_join_every_partition_s_features_and_labels(root: Path) -> None:
+    """``load_node_data``: every node's feature row and label, in partition order, as each
+    partition holds them; read-only."""
+    full = load_node_data(root)
+    m = read_manifest(root)
+    assert full.node_range == (0, m.num_nodes) and full.x.shape == (m.num_nodes, m.feature_dim)
+    assert full.x.dtype == np.dtype(m.feature_dtype) and full.y.dtype == np.int64
+    for p in range(2):
+        part = load_partition(root, p)
+        start, stop = part.node_range
+        assert np.array_equal(full.x[start:stop], part.x)
+        assert np.array_equal(full.y[start:stop], part.y)
+        assert part.node_data.node_range == (start, stop)
+    assert not full.x.flags.writeable and not full.y.flags.writeable
+
+
+@pytest.mark.parametrize("fault", ["checksum", "rows", "labels"])
+def test_every_node_s_rows_refuse_a_faulty_partition_naming_its_file(root: Path,
+                                                                     fault: str) -> None:
+    role = "y" if fault == "labels" else "x"
+    path = file_path(root, 1, role)
+    values = np.load(path)
+    if fault == "checksum":
+        values[0] += 1
+    else:
+        values = values[:-1]  # one row short, the record rewritten to match
+    np.save(path, values)
+    if fault != "checksum":
+        rerecord(root, 1, role)
+    with pytest.raises(PartitionFormatError) as info:
+        load_node_data(root)
+    message = str(info.value)
+    want = {"checksum": "SHA-256", "rows": "rows of", "labels": "one per owned node"}[fault]
     assert str(path) in message and want in message

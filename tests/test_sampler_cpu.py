@@ -29,7 +29,7 @@ from graph_fixtures import (
 from sampler_checks import check_sampler_output, in_neighbors
 from scipy import stats
 
-from partitioner.format import Partition, load_structure
+from partitioner.format import Partition, load_node_data, load_structure
 from partitioner.graph import GraphData
 from partitioner.synthetic import generate
 from sampling_server.sampler import (
@@ -252,6 +252,39 @@ def test_the_whole_graph_s_structure_draws_every_hop_as_the_owners_would(
         holding[0].sample_neighbors(torch.tensor([graph.num_nodes]), 2, 1, 0)
     with pytest.raises(ValueError, match="structure: expected the in-edges of at least"):
         CpuNeighborSampler(parts[1], structure=parts[0].structure)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["stored", "bfloat16"])
+def test_every_node_s_rows_gather_as_the_owners_would(
+    graph: GraphData, tmp_path_factory: pytest.TempPathFactory, dtype: torch.dtype | None
+) -> None:
+    """A sampler over :func:`load_node_data` (random partitioning) gathers every row
+    itself, into a tensor and into blocks of rows (as into stream messages), the rows
+    and labels the owners answer with; no peer is asked."""
+    root = tmp_path_factory.mktemp("mixed-random3-rows")
+    parts = write_and_load(graph, root, 3, method="random")
+    rows = load_node_data(root)
+    asking = _samplers(parts, False, False)
+    holding = [CpuNeighborSampler(p, structure=load_structure(root), node_data=rows) for p in parts]
+    asking_peers, holding_peers = LocalPeers(asking), LocalPeers(holding)
+    gen = torch.Generator().manual_seed(3)
+    for p in range(3):
+        n_id = torch.randperm(graph.num_nodes, generator=gen)[:57]
+        want_x, want_y = asking[p].gather(n_id, remote=asking_peers.node_data, dtype=dtype)
+        got_x, got_y = holding[p].gather(n_id, remote=holding_peers.node_data, dtype=dtype)
+        assert want_x is not None and got_x is not None and want_y is not None
+        assert torch.equal(got_x, want_x) and torch.equal(got_y, want_y)
+        out = torch.empty_like(want_x)
+        blocks = [(a, min(a + 16, len(n_id)), out[a:a + 16]) for a in range(0, len(n_id), 16)]
+        got_y = holding[p].gather_to(n_id, blocks, remote=holding_peers.node_data)
+        assert torch.equal(out, want_x) and torch.equal(got_y, want_y)
+    assert asking_peers.fetched and not holding_peers.fetched
+    with pytest.raises(ValueError, match=r"nodes: expected global node IDs in \[0, "):
+        holding[0].gather_local(torch.tensor([graph.num_nodes]), True, False)
+    with pytest.raises(ValueError, match="node_data: expected the float32 features of at least"):
+        CpuNeighborSampler(parts[1], node_data=parts[0].node_data)
+    with pytest.raises(ValueError, match="node_data: the CUDA sampler gathers its own"):
+        create_sampler(parts[0], "cuda", node_data=rows)
 
 
 def test_features_and_labels_are_rows_of_n_id(

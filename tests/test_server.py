@@ -51,10 +51,12 @@ def graph() -> GraphData:
 
 
 def _config(root: Path, partition: int, **kw: object) -> ServerConfig:
-    # servers that ask their peers to sample (the default, auto, would hold the whole
-    # structure of these small graphs: the full_structure fixture's servers)
+    # servers that ask their peers to sample and gather (the default, auto, would hold the
+    # whole structure and every feature of these small graphs: the full_structure and
+    # full_graph fixtures' servers)
     settings: dict[str, object] = {"listen": "127.0.0.1:0", "device": "cpu", "peer_timeout": 5.0,
-                                   "health_interval": 0.5, "grace": 1.0, "structure": "partition"}
+                                   "health_interval": 0.5, "grace": 1.0, "structure": "partition",
+                                   "features": "partition"}
     settings.update(kw)
     return ServerConfig(partition_dir=root, partition=partition, **settings)  # type: ignore[arg-type]
 
@@ -727,6 +729,87 @@ def test_servers_holding_the_full_structure_make_the_same_batches_without_peer_s
     assert all(_stage_calls(s, "peer_fetch") > f for s, f in zip(full_structure, fetched, strict=True))
 
 
+@pytest.fixture(scope="module")
+def full_graph(parts2: Path) -> Iterator[list[SamplingServer]]:
+    """A pair of servers with the defaults (``auto``: the whole graph's structure and
+    every node's features and labels, on this small graph), their features gathered into
+    1 KiB stream messages."""
+    servers, _ = _pair(parts2, structure="auto", features="auto", chunk_bytes=1024)
+    for s in servers:
+        s.start()
+    assert all(s.wait_until_serving(20) for s in servers)
+    yield servers
+    _stop(servers)
+
+
+@pytest.mark.parametrize("plan", ["per partition", "global", "bfloat16 with a cache plan"])
+def test_servers_holding_every_feature_make_the_same_batches_without_peer_calls(
+        cluster: list[str], full_graph: list[SamplingServer], plan: str) -> None:
+    """``features: full`` (with ``structure: full``) gathers every row on the server: the
+    batches, labels and original IDs included, are bit-identical to those of servers that
+    ask their peers, and no peer is asked to sample or gather."""
+    assert [(s.store.structure_mode, s.store.features_mode) for s in full_graph] == \
+        [("full", "full")] * 2
+    kw: dict[str, object] = {"batch_size": 48, "include_original_ids": True, "fanouts": [6, 4, 3]}
+    if plan == "global":
+        kw.update(global_batches=True, shuffle=False)
+    if plan == "bfloat16 with a cache plan":
+        kw.update(feature_dtype=pb.BFLOAT16, cache_counts=[60, 40])
+    req = request(**kw)
+    if plan == "global":
+        req.seeds.CopyFrom(codec.encode_tensor(np.arange(0, 4000, 25, dtype=np.int64)))
+    stages = ("answer_sample", "answer_fetch", "peer_sample", "peer_fetch")
+    before = [[_stage_calls(s, stage) for stage in stages] for s in full_graph]
+    addresses = [f"127.0.0.1:{s.port}" for s in full_graph]
+    for p in range(2):
+        want = _raw_epoch(cluster[p], req)
+        got = _raw_epoch(addresses[p], req)
+        assert len(got) == len(want) > 1
+        for (_, tensors), (_, expected) in zip(got, want, strict=True):
+            assert tensors.keys() == expected.keys()
+            assert "x" in tensors and "y" in tensors and "orig_id" in tensors
+            for name, value in expected.items():
+                assert np.array_equal(tensors[name], value), (p, name)
+    assert [[_stage_calls(s, stage) for stage in stages] for s in full_graph] == before
+
+
+def test_every_feature_needs_every_partition_s_files(parts2: Path, tmp_path: Path) -> None:
+    """``features: full`` refuses to start (before the port is bound) where another
+    partition's feature file is missing, naming it; ``auto`` keeps to the partition's own
+    rows there, and where one is present but corrupted (``full`` fails the load)."""
+    root = tmp_path / "no-x-0"
+    shutil.copytree(parts2, root)
+    (root / "part-0" / "x.npy").unlink()
+    with pytest.raises(PartitionFormatError, match=r"part-0/x\.npy: missing"):
+        create_server(_config(root, 1, features="full"))
+    store = PartitionStore(_config(root, 1, features="auto"))
+    store.load()
+    assert store.features_mode == "partition"
+    assert store.sampler().hold_start == store.node_range[0] > 0
+    shutil.rmtree(root)
+    shutil.copytree(parts2, root)
+    labels = root / "part-0" / "y.npy"
+    data = bytearray(labels.read_bytes())
+    data[-1] ^= 0x01
+    labels.write_bytes(bytes(data))
+    store = PartitionStore(_config(root, 1, features="auto"))
+    store.load()
+    assert store.features_mode == "partition"
+    with pytest.raises(PartitionFormatError, match=r"part-0/y\.npy: SHA-256 mismatch"):
+        PartitionStore(_config(root, 1, features="full")).load()
+    store = PartitionStore(_config(parts2, 1, features="auto"))
+    store.load()
+    assert store.features_mode == "full"
+    assert (store.sampler().hold_start, store.sampler().hold_stop) == (0, store.manifest.num_nodes)
+
+
+def test_every_feature_is_for_the_cpu_sampler() -> None:
+    """The CUDA sampler gathers its own partition's rows (its GPU feature cache): ``full``
+    is refused with it, by name, and ``auto`` means ``partition`` there."""
+    with pytest.raises(ConfigError, match="features: expected 'auto' or 'partition' with device"):
+        ServerConfig(partition_dir=Path("."), partition=0, features="full", device="cuda")
+
+
 def test_the_full_structure_needs_every_partition_s_files(parts2: Path, tmp_path: Path) -> None:
     """A server asked for the full structure refuses to start (before it binds its port)
     where another partition's structure file is missing, naming the file."""
@@ -781,6 +864,18 @@ def test_the_structure_setting_from_flags_and_the_cluster_file(tmp_path: Path) -
     assert ServerConfig.from_cluster_yaml(cluster, 0).structure == "full"
     with pytest.raises(ConfigError, match=r"^structure: expected one of \['auto', 'partition', 'full'\]"):
         ServerConfig(partition_dir=tmp_path, partition=0, structure="all")
+    # and the features the server gathers itself
+    assert cli.config_from_args(parser.parse_args(base)).features == "auto"
+    assert ServerConfig(partition_dir=tmp_path, partition=0).features == "auto"
+    assert cli.config_from_args(parser.parse_args([*base, "--features", "partition"])).features \
+        == "partition"
+    with pytest.raises(SystemExit):
+        parser.parse_args([*base, "--features", "hot"])
+    cluster.write_text("defaults: {partition_dir: /d, features: full}\n"
+                       "servers: [{partition: 0, address: 'h:1'}]\n")
+    assert ServerConfig.from_cluster_yaml(cluster, 0).features == "full"
+    with pytest.raises(ConfigError, match=r"^features: expected one of \['auto', 'partition', 'full'\]"):
+        ServerConfig(partition_dir=tmp_path, partition=0, features="all")
 
 
 # -- failures -----------------------------------------------------------------------------------

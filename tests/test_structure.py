@@ -1,6 +1,7 @@
-"""``structure: auto``: when a server takes the whole graph's structure (every partition's
-files present, the graph partitioned, the structure small against the memory it would
-live in), and how many bytes it takes."""
+"""``structure: auto`` and ``features: auto``: when a server takes the whole graph's
+structure, or every node's features and labels (every partition's files present, the
+graph partitioned, the arrays small against the memory they would live in), and how many
+bytes they take."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from pathlib import Path
 import pytest
 from graph_fixtures import mixed_graph, write_and_load
 
-from partitioner.format import load_structure, read_manifest
+from partitioner.format import load_node_data, load_structure, node_data_bytes, read_manifest
 from sampling_server.structure import (
     AUTO_MEMORY_FRACTION,
     available_host_memory,
+    choose_features,
     choose_structure,
     structure_bytes,
 )
@@ -74,3 +76,40 @@ def test_explicit_settings_are_kept_and_others_refused(root: Path) -> None:
 def test_available_host_memory_is_a_positive_byte_count() -> None:
     free = available_host_memory()
     assert free is None or free > 0
+
+
+# -- every node's features and labels ---------------------------------------------------
+def test_the_features_bytes_are_what_load_node_data_holds(root: Path) -> None:
+    assert node_data_bytes(read_manifest(root)) == load_node_data(root).nbytes
+
+
+def test_auto_takes_every_feature_where_it_fits_on_the_cpu(root: Path, tmp_path: Path) -> None:
+    """``features: auto``: every row where the files are there and they fit in a quarter of
+    the host memory; the partition's own rows on a CUDA server (its GPU feature cache) or
+    where a file is missing; ``full`` refused on a CUDA server, naming the field."""
+    m = read_manifest(root)
+    enough = int(node_data_bytes(m) / AUTO_MEMORY_FRACTION) + 4
+    choice = choose_features("auto", m, root, host_free=enough)
+    assert choice.mode == "full" and "feature and label files" in choice.reason
+    small = choose_features("auto", m, root, host_free=enough - 8)
+    assert small.mode == "partition" and "host memory" in small.reason
+    gpu = choose_features("auto", m, root, host_free=enough, cuda=True)
+    assert gpu.mode == "partition" and "CUDA" in gpu.reason
+    with pytest.raises(ValueError, match=r"^features: 'full' is for the CPU sampler"):
+        choose_features("full", m, root, host_free=None, cuda=True)
+    assert choose_features("full", m, root, host_free=1).mode == "full"
+    assert choose_features("partition", m, root, host_free=None).mode == "partition"
+    with pytest.raises(ValueError, match=r"^features: expected one of"):
+        choose_features("hot", m, root, host_free=None)
+    copy = tmp_path / "parts"
+    shutil.copytree(root, copy)
+    (copy / "part-0" / "y.npy").unlink()
+    missing = choose_features("auto", read_manifest(copy), copy, host_free=None)
+    assert missing.mode == "partition" and "part-0/y.npy" in missing.reason
+
+
+def test_one_partition_holds_every_feature_itself(tmp_path: Path) -> None:
+    write_and_load(mixed_graph(), tmp_path, 1)
+    m = read_manifest(tmp_path)
+    for setting in ("auto", "full", "partition"):
+        assert choose_features(setting, m, tmp_path, host_free=None, cuda=True).mode == "partition"

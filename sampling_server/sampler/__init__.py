@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from partitioner.format import Partition, Structure
+from partitioner.format import NodeData, Partition, Structure
 from sampling_server.sampler.base import (
     NeighborSampler,
     Relabeler,
@@ -59,7 +59,7 @@ def create_sampler(
     partition: Partition, device: Device | str = "auto", *, replace: bool = False,
     weighted: bool = False, topology: Topology | str = "device",
     gpu_cache_size: str | float | None = None, share_features_of: NeighborSampler | None = None,
-    structure: Structure | None = None,
+    structure: Structure | None = None, node_data: NodeData | None = None,
 ) -> NeighborSampler:
     """The sampler of ``partition`` on ``device``.
 
@@ -72,13 +72,20 @@ def create_sampler(
     partition where it is and ignores all three. ``structure``: the in-edges to draw from
     (default: the partition's own; the whole graph's from
     :func:`partitioner.format.load_structure` draws every hop here, no peer asked).
+    ``node_data``: the features and labels to gather from, likewise (CPU only: the CUDA
+    sampler gathers its own partition's rows, from its GPU feature cache).
     """
     if device not in DEVICES:
         raise ValueError(f"device: expected one of {list(DEVICES)}, got {device!r}")
     if topology not in TOPOLOGIES:
         raise ValueError(f"topology: expected one of {list(TOPOLOGIES)}, got {topology!r}")
-    if device == "cuda" or (device == "auto" and cuda_usable()):
+    if uses_cuda(device):
         from sampling_server.sampler.cuda_sampler import CudaNeighborSampler
+
+        if node_data is not None and node_data.node_range != partition.node_range:
+            raise ValueError(f"node_data: the CUDA sampler gathers its own partition's rows "
+                             f"only (nodes {list(partition.node_range)}), got the rows of "
+                             f"nodes {list(node_data.node_range)}")
 
         table = share_features_of.feature_table \
             if isinstance(share_features_of, CudaNeighborSampler) else None
@@ -86,7 +93,13 @@ def create_sampler(
                                    topology=topology,
                                    gpu_cache_size=None if table is not None else gpu_cache_size,
                                    feature_table=table, structure=structure)
-    return CpuNeighborSampler(partition, replace=replace, weighted=weighted, structure=structure)
+    return CpuNeighborSampler(partition, replace=replace, weighted=weighted, structure=structure,
+                              node_data=node_data)
+
+
+def uses_cuda(device: Device | str) -> bool:
+    """Whether :func:`create_sampler` makes a CUDA sampler for ``device``."""
+    return device == "cuda" or (device == "auto" and cuda_usable())
 
 
 def create_hetero_sampler(
@@ -144,4 +157,5 @@ __all__ = [
     "normalize_num_neighbors",
     "to_hetero_data",
     "to_pyg_data",
+    "uses_cuda",
 ]

@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import torch
 
-from partitioner.format import Partition, Structure
+from partitioner.format import NodeData, Partition, Structure
 from protos import allocator, halfcast
 from sampling_server.sampler import cpu_gather, cpu_kernels
 from sampling_server.sampler.types import HopSample, Minibatch, SamplerOutput
@@ -141,12 +141,16 @@ class NeighborSampler(abc.ABC):
     overlap_peers: bool = True
 
     def __init__(self, partition: Partition, *, replace: bool = False, weighted: bool = False,
-                 structure: Structure | None = None):
+                 structure: Structure | None = None, node_data: NodeData | None = None):
         """``structure``: the in-edges this sampler draws from (default: the partition's
         own, :attr:`Partition.structure`); one of a wider range, such as the whole graph's
         (:func:`partitioner.format.load_structure`), draws those nodes' neighbors here
-        instead of asking their owners, with the same draws."""
+        instead of asking their owners, with the same draws. ``node_data``: likewise the
+        features and labels it gathers from (default: the partition's own,
+        :attr:`Partition.node_data`; the whole graph's, :func:`partitioner.format.load_node_data`,
+        gathers every row here)."""
         structure = partition.structure if structure is None else structure
+        node_data = partition.node_data if node_data is None else node_data
         if weighted and structure.edge_weight is None:
             raise ValueError("weighted: the partition has no edge weights (edge_weight.npy)")
         self.partition = partition
@@ -164,6 +168,21 @@ class NeighborSampler(abc.ABC):
         #: ``[start, stop)`` of the global IDs whose neighbors are drawn here (the owned
         #: range, or more with a wider :attr:`structure`).
         self.draw_start, self.draw_stop = lo, hi
+        lo, hi = node_data.node_range
+        if lo > own_start or hi < own_stop or node_data.x.shape[1:] != partition.x.shape[1:] \
+                or node_data.x.dtype != partition.x.dtype:
+            raise ValueError(f"node_data: expected the {partition.x.dtype} features of at least "
+                             f"the owned nodes [{own_start}, {own_stop}), rows of "
+                             f"{list(partition.x.shape[1:])}, got those of [{lo}, {hi}), "
+                             f"{node_data.x.dtype} rows of {list(node_data.x.shape[1:])}")
+        #: The features and labels gathered from here.
+        self.node_data = node_data
+        #: ``[start, stop)`` of the global IDs whose rows are gathered here (the owned
+        #: range, or more with a wider :attr:`node_data`).
+        self.hold_start, self.hold_stop = lo, hi
+        #: Whether original ID = global ID for every node of a wider structure (None: not
+        #: checked yet).
+        self._structure_identity: bool | None = None
         #: Whether original ID = global ID for every owned node (None: not checked yet).
         self._orig_identity: bool | None = None
 
@@ -182,7 +201,8 @@ class NeighborSampler(abc.ABC):
     def gather_local(
         self, nodes: torch.Tensor, features: bool, labels: bool
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Features ``[len(nodes), F]`` and labels ``[len(nodes)]`` of owned nodes."""
+        """Features ``[len(nodes), F]`` and labels ``[len(nodes)]`` of nodes whose rows are
+        here (:attr:`node_data`: the owned ones, or more)."""
 
     def sample_owned(self, nodes: torch.Tensor, fanout: int, key: int, hop: int) -> HopSample:
         """:meth:`sample_neighbors` of nodes already known to have their in-edges here (a
@@ -192,13 +212,13 @@ class NeighborSampler(abc.ABC):
     def gather_owned(
         self, nodes: torch.Tensor, features: bool, labels: bool
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """:meth:`gather_local` of nodes already known to be owned here."""
+        """:meth:`gather_local` of nodes already known to have their rows here."""
         return self.gather_local(nodes, features, labels)
 
     def gather_local_into(self, nodes: torch.Tensor, positions: torch.Tensor,
                           x: torch.Tensor | None, y: torch.Tensor | None) -> None:
         """``x[positions]`` and ``y[positions]`` (each None: skipped) = the features, in
-        ``x``'s dtype, and labels of the owned ``nodes``. This default gathers, then
+        ``x``'s dtype, and labels of ``nodes`` (their rows here). This default gathers, then
         scatters; a sampler may do both in one pass."""
         lx, ly = self.gather_local(nodes, x is not None, y is not None)
         assign_rows(x, positions, lx)
@@ -214,7 +234,7 @@ class NeighborSampler(abc.ABC):
 
     def empty_rows(self, count: int, dtype: torch.dtype) -> torch.Tensor:
         """An uninitialized ``[count, F]`` feature tensor on :attr:`device`."""
-        return self.empty((count, self.partition.x.shape[1]), dtype)
+        return self.empty((count, self.node_data.x.shape[1]), dtype)
 
     @property
     def num_partitions(self) -> int:
@@ -247,6 +267,24 @@ class NeighborSampler(abc.ABC):
             return True
         lo, hi = self.id_range(nodes)
         return lo >= self.node_start and hi < self.node_stop
+
+    def holds_all(self, nodes: torch.Tensor) -> bool:
+        """Whether every ID of ``nodes`` has its features and labels here (:attr:`node_data`)."""
+        if nodes.numel() == 0:
+            return True
+        lo, hi = self.id_range(nodes)
+        return lo >= self.hold_start and hi < self.hold_stop
+
+    def check_held(self, nodes: torch.Tensor, field: str) -> None:
+        """Raise ``ValueError`` naming ``field`` unless every ID has its rows here."""
+        if self.hold_start == self.node_start and self.hold_stop == self.node_stop:
+            self.check_owned(nodes, field)
+        elif nodes.numel():
+            lo, hi = self.id_range(nodes)
+            if lo < self.hold_start or hi >= self.hold_stop:
+                raise ValueError(f"{field}: expected global node IDs in [{self.hold_start}, "
+                                 f"{self.hold_stop}) (the nodes whose features this sampler "
+                                 f"holds); got values in [{lo}, {hi}]")
 
     def check_owned(self, nodes: torch.Tensor, field: str) -> None:
         """Raise ``ValueError`` naming ``field`` unless every ID is owned here."""
@@ -294,6 +332,11 @@ class NeighborSampler(abc.ABC):
         if nodes.numel() == 0 or (int(nodes.min()) >= self.node_start
                                   and int(nodes.max()) < self.node_stop):
             return self._orig_ids_local(nodes)
+        if self.draws_all(nodes):  # a wider structure has every node's original ID
+            if self._structure_identity is None:
+                self._structure_identity = is_identity(self.structure.orig_ids, self.draw_start)
+            return torch.from_numpy(original_ids(self.structure.orig_ids, nodes.numpy(),
+                                                 self.draw_start, self._structure_identity))
         owner = self.owner_of(nodes)
         mine = owner == self.partition.partition_id
         if remote is None:
@@ -391,8 +434,8 @@ class NeighborSampler(abc.ABC):
         order; remote rows via ``remote``, asked for first, so that the owned rows are
         gathered straight into their places while the peers gather theirs; the remote
         rows are scattered in once they arrive (a peer answers in ``dtype``)."""
-        if self.owns_all(n_id):
-            stored = torch_dtype(self.partition.x.dtype)
+        if self.holds_all(n_id):
+            stored = torch_dtype(self.node_data.x.dtype)
             if features and dtype is not None and dtype != stored and self.device.type == "cpu":
                 # cast on the way (one pass over the rows) rather than gather, then cast
                 rows = self.empty_rows(n_id.numel(), dtype)
@@ -405,7 +448,7 @@ class NeighborSampler(abc.ABC):
         owner = self.owner_of(n_id)
         if remote is None:
             raise RuntimeError("gather: nodes of other partitions but no remote fetcher was given")
-        x = self.empty_rows(n_id.numel(), dtype or torch_dtype(self.partition.x.dtype)) \
+        x = self.empty_rows(n_id.numel(), dtype or torch_dtype(self.node_data.x.dtype)) \
             if features else None
         y = self.empty((n_id.numel(),), torch.int64) if labels else None
         groups = owner_groups(owner, num_parts=self.num_partitions)
@@ -440,7 +483,7 @@ class NeighborSampler(abc.ABC):
             return y
         y = self.empty((n_id.numel(),), torch.int64) if labels else None
         layout = _layout(blocks)
-        if self.owns_all(n_id):
+        if self.holds_all(n_id):
             everywhere = torch.from_numpy(cpu_kernels.positions(n_id.numel()))
             if y is not None:  # the labels in one pass, the rows in another
                 self.gather_local_into(n_id, everywhere, None, y)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from partitioner.format import Partition, Structure
+from partitioner.format import NodeData, Partition, Structure
 from sampling_server.sampler import cpu_fused as F
 from sampling_server.sampler import cpu_gather as G
 from sampling_server.sampler import cpu_kernels as K
@@ -136,8 +136,9 @@ class CpuNeighborSampler(NeighborSampler):
     device = torch.device("cpu")
 
     def __init__(self, partition: Partition, *, replace: bool = False, weighted: bool = False,
-                 structure: Structure | None = None):
-        super().__init__(partition, replace=replace, weighted=weighted, structure=structure)
+                 structure: Structure | None = None, node_data: NodeData | None = None):
+        super().__init__(partition, replace=replace, weighted=weighted, structure=structure,
+                         node_data=node_data)
         csc = self.structure
         self._indptr = np.asarray(csc.indptr)
         self._indices = np.asarray(csc.indices)
@@ -243,12 +244,13 @@ class CpuNeighborSampler(NeighborSampler):
         self, nodes: torch.Tensor, features: bool, labels: bool
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         ids = _as_ids(nodes, "nodes")
-        self.check_owned(torch.from_numpy(ids), "nodes")
+        self.check_held(torch.from_numpy(ids), "nodes")
+        rows = self.node_data
         if features and labels:
-            xs, ys = G.gather_with_labels(self.partition.x, self.partition.y, ids, self.node_start)
+            xs, ys = G.gather_with_labels(rows.x, rows.y, ids, self.hold_start)
             return torch.from_numpy(xs), torch.from_numpy(ys)
-        x = torch.from_numpy(G.gather(self.partition.x, ids, self.node_start)) if features else None
-        y = torch.from_numpy(G.gather(self.partition.y, ids, self.node_start)) if labels else None
+        x = torch.from_numpy(G.gather(rows.x, ids, self.hold_start)) if features else None
+        y = torch.from_numpy(G.gather(rows.y, ids, self.hold_start)) if labels else None
         return x, y
 
     def gather_local_into_blocks(self, nodes: torch.Tensor, positions: torch.Tensor,
@@ -256,23 +258,23 @@ class CpuNeighborSampler(NeighborSampler):
                                  layout: G.RowBlocks | None) -> None:
         """One parallel pass over every block (:func:`cpu_gather.gather_into_blocks`),
         float32 features narrowed to bfloat16 blocks on the way."""
-        src_x = np.asarray(self.partition.x)
+        src_x = np.asarray(self.node_data.x)
         if layout is None or not blocks or not _gathers_into(src_x, blocks[0][2].dtype):
             super().gather_local_into_blocks(nodes, positions, blocks, layout)
             return
         ids = _as_ids(nodes, "nodes")
-        self.check_owned(torch.from_numpy(ids), "nodes")
+        self.check_held(torch.from_numpy(ids), "nodes")
         pos = int64_array(positions)
-        G.gather_into_blocks(src_x, ids, self.node_start, pos, layout)
+        G.gather_into_blocks(src_x, ids, self.hold_start, pos, layout)
 
     def gather_local_into(self, nodes: torch.Tensor, positions: torch.Tensor,
                           x: torch.Tensor | None, y: torch.Tensor | None) -> None:
-        """One parallel pass per tensor: each owned row read from the partition and written
+        """One parallel pass per tensor: each row read from :attr:`node_data` and written
         to its place (float32 features narrowed to a bfloat16 ``x`` on the way)."""
         ids = _as_ids(nodes, "nodes")
-        self.check_owned(torch.from_numpy(ids), "nodes")
+        self.check_held(torch.from_numpy(ids), "nodes")
         pos = int64_array(positions)
-        src_x, src_y = np.asarray(self.partition.x), np.asarray(self.partition.y)
+        src_x, src_y = np.asarray(self.node_data.x), np.asarray(self.node_data.y)
         direct_x = x is None or (x.is_contiguous() and _gathers_into(src_x, x.dtype))
         direct_y = y is None or (y.is_contiguous() and y.dtype == torch.int64
                                  and src_y.dtype == np.int64 and src_y.flags.c_contiguous)
@@ -280,6 +282,6 @@ class CpuNeighborSampler(NeighborSampler):
             super().gather_local_into(nodes, positions, x, y)
             return
         if x is not None:
-            G.gather_into(src_x, ids, self.node_start, pos, numpy_words(x))
+            G.gather_into(src_x, ids, self.hold_start, pos, numpy_words(x))
         if y is not None:
-            G.gather_into(src_y, ids, self.node_start, pos, y.numpy())
+            G.gather_into(src_y, ids, self.hold_start, pos, y.numpy())
