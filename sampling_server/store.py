@@ -91,6 +91,24 @@ def manifest_fingerprint(manifest_json: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def share_arrays(part: Partition, structure: Structure | None, node_data: NodeData | None) -> None:
+    """Point ``part``'s arrays at its rows of the whole graph's ``structure`` and
+    ``node_data`` (where loaded: they hold the same values), so that a partition loaded
+    into memory (``mmap: false``) is not held twice; its ``indptr`` stays its own (the
+    joined offsets are shifted)."""
+    start, stop = part.node_range
+    if node_data is not None:
+        part.x = node_data.x[start - node_data.node_start:stop - node_data.node_start]
+        part.y = node_data.y[start - node_data.node_start:stop - node_data.node_start]
+    if structure is not None:
+        first = int(structure.indptr[start - structure.node_start])
+        last = int(structure.indptr[stop - structure.node_start])
+        part.indices = structure.indices[first:last]
+        part.orig_ids = structure.orig_ids[start - structure.node_start:stop - structure.node_start]
+        if part.edge_weight is not None and structure.edge_weight is not None:
+            part.edge_weight = structure.edge_weight[first:last]
+
+
 class PartitionStore:
     """One partition and its samplers.
 
@@ -152,6 +170,7 @@ class PartitionStore:
             self._node_data = self._load_whole(
                 "features", self.config.features, self._choose_features,
                 lambda: load_node_data(self.config.partition_dir, verify=verify))
+            share_arrays(part, self._structure, self._node_data)
             sampler = create_sampler(part, self.config.device, topology=self.config.topology,
                                      gpu_cache_size=self.config.gpu_cache_size,
                                      structure=self._structure, node_data=self._node_data)

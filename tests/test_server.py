@@ -23,7 +23,7 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from partitioner.format import PartitionFormatError, load_node_map, read_manifest
+from partitioner.format import PartitionFormatError, load_node_map, load_partition, read_manifest
 from partitioner.graph import GraphData
 from partitioner.synthetic import generate
 from protos import codec
@@ -797,10 +797,16 @@ def test_every_feature_needs_every_partition_s_files(parts2: Path, tmp_path: Pat
     assert store.features_mode == "partition"
     with pytest.raises(PartitionFormatError, match=r"part-0/y\.npy: SHA-256 mismatch"):
         PartitionStore(_config(root, 1, features="full")).load()
-    store = PartitionStore(_config(parts2, 1, features="auto"))
+    store = PartitionStore(_config(parts2, 1, features="auto", structure="auto", mmap=False))
     store.load()
     assert store.features_mode == "full"
     assert (store.sampler().hold_start, store.sampler().hold_stop) == (0, store.manifest.num_nodes)
+    # the partition's own arrays are its rows of the whole graph's, not a second copy
+    part, alone = store.partition, load_partition(parts2, 1)
+    for name in ("x", "y", "indices", "orig_ids"):
+        assert np.array_equal(getattr(part, name), getattr(alone, name)), name
+    assert np.shares_memory(part.x, store.sampler().node_data.x)
+    assert np.shares_memory(part.indices, store.sampler().structure.indices)
 
 
 def test_every_feature_is_for_the_cpu_sampler() -> None:
