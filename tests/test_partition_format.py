@@ -5,6 +5,7 @@ reader refuses corrupted, truncated and mismatched files, naming the file."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -525,14 +526,21 @@ def test_the_whole_structure_refuses_a_faulty_partition_naming_its_file(root: Pa
     else:
         values[len(values) // 2] = read_manifest(root).num_nodes if fault == "source" else \
             (values[len(values) // 2] + 1) % read_manifest(root).num_nodes
+    want = {"checksum": "SHA-256", "decreasing": "decrease", "source": "source IDs"}[fault]
+    _refused_naming(root, role, values, fault != "checksum", load_structure, want)
+
+
+def _refused_naming(root: Path, role: str, values: np.ndarray, rerecorded: bool,
+                    load: Callable[[Path], object], want: str) -> None:
+    """With ``values`` written to partition 1's ``role`` file (its manifest record made to
+    match where ``rerecorded``), ``load(root)`` is refused naming the file and ``want``."""
+    path = file_path(root, 1, role)
     np.save(path, values)
-    if fault != "checksum":
+    if rerecorded:
         rerecord(root, 1, role)
     with pytest.raises(PartitionFormatError) as info:
-        load_structure(root)
-    message = str(info.value)
-    want = {"checksum": "SHA-256", "decreasing": "decrease", "source": "source IDs"}[fault]
-    assert str(path) in message and want in message
+        load(root)
+    assert str(path) in str(info.value) and want in str(info.value)
 
 
 # -- every node's features and labels ----------------------------------------------------
@@ -562,11 +570,5 @@ def test_every_node_s_rows_refuse_a_faulty_partition_naming_its_file(root: Path,
         values[0] += 1
     else:
         values = values[:-1]  # one row short, the record rewritten to match
-    np.save(path, values)
-    if fault != "checksum":
-        rerecord(root, 1, role)
-    with pytest.raises(PartitionFormatError) as info:
-        load_node_data(root)
-    message = str(info.value)
     want = {"checksum": "SHA-256", "rows": "rows of", "labels": "one per owned node"}[fault]
-    assert str(path) in message and want in message
+    _refused_naming(root, role, values, fault != "checksum", load_node_data, want)

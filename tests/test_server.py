@@ -699,31 +699,46 @@ def _stage_calls(server: SamplingServer, stage: str) -> float:
         {"partition": str(server.store.partition_id), "stage": stage}) or 0.0
 
 
+def _plan_request(plan: str) -> pb.EpochRequest:
+    """An epoch of small batches with original IDs, labels and features, as ``plan`` says
+    (``per partition``, ``global``, ``with replacement``, ``bfloat16 with a cache plan``)."""
+    kw: dict[str, object] = {"batch_size": 48, "include_original_ids": True, "fanouts": [6, 4, 3]}
+    if plan == "global":
+        kw.update(global_batches=True, shuffle=False)
+    if plan == "with replacement":
+        kw["sampling"] = pb.SamplingOptions(replace=True)
+    if plan == "bfloat16 with a cache plan":
+        kw.update(feature_dtype=pb.BFLOAT16, cache_counts=[60, 40])
+    req = request(**kw)
+    if plan == "global":
+        req.seeds.CopyFrom(codec.encode_tensor(np.arange(0, 4000, 25, dtype=np.int64)))
+    return req
+
+
+def _assert_same_epochs(cluster: list[str], servers: list[SamplingServer],
+                        req: pb.EpochRequest) -> None:
+    """Each of ``servers`` streams the epoch bit for bit as the ``cluster`` server of its
+    partition does (features, labels and original IDs included)."""
+    for p, server in enumerate(servers):
+        want = _raw_epoch(cluster[p], req)
+        got = _raw_epoch(f"127.0.0.1:{server.port}", req)
+        assert len(got) == len(want) > 1
+        for (_, tensors), (_, expected) in zip(got, want, strict=True):
+            assert tensors.keys() == expected.keys()
+            assert {"x", "y", "orig_id"} <= tensors.keys()
+            for name, value in expected.items():
+                assert np.array_equal(tensors[name], value), (p, name)
+
+
 @pytest.mark.parametrize("plan", ["per partition", "global", "with replacement"])
 def test_servers_holding_the_full_structure_make_the_same_batches_without_peer_sampling(
         cluster: list[str], full_structure: list[SamplingServer], plan: str) -> None:
     """``structure: full`` draws every hop on the server (the draws are keyed by the
     nodes' original IDs): the batches are bit-identical to those of servers that ask
     their peers, no peer is asked to sample, and the features still come from theirs."""
-    kw: dict[str, object] = {"batch_size": 48, "include_original_ids": True, "fanouts": [6, 4, 3]}
-    if plan == "global":
-        kw.update(global_batches=True, shuffle=False)
-    if plan == "with replacement":
-        kw["sampling"] = pb.SamplingOptions(replace=True)
-    req = request(**kw)
-    if plan == "global":
-        req.seeds.CopyFrom(codec.encode_tensor(np.arange(0, 4000, 25, dtype=np.int64)))
     answers = [_stage_calls(s, "answer_sample") for s in full_structure]
     fetched = [_stage_calls(s, "peer_fetch") for s in full_structure]
-    addresses = [f"127.0.0.1:{s.port}" for s in full_structure]
-    for p in range(2):
-        want = _raw_epoch(cluster[p], req)
-        got = _raw_epoch(addresses[p], req)
-        assert len(got) == len(want) > 1
-        for (_, tensors), (_, expected) in zip(got, want, strict=True):
-            assert tensors.keys() == expected.keys()
-            for name, value in expected.items():
-                assert np.array_equal(tensors[name], value), (p, name)
+    _assert_same_epochs(cluster, full_structure, _plan_request(plan))
     assert [_stage_calls(s, "answer_sample") for s in full_structure] == answers
     assert all(_stage_calls(s, "peer_sample") == 0 for s in full_structure)
     assert all(_stage_calls(s, "peer_fetch") > f for s, f in zip(full_structure, fetched, strict=True))
@@ -750,26 +765,9 @@ def test_servers_holding_every_feature_make_the_same_batches_without_peer_calls(
     ask their peers, and no peer is asked to sample or gather."""
     assert [(s.store.structure_mode, s.store.features_mode) for s in full_graph] == \
         [("full", "full")] * 2
-    kw: dict[str, object] = {"batch_size": 48, "include_original_ids": True, "fanouts": [6, 4, 3]}
-    if plan == "global":
-        kw.update(global_batches=True, shuffle=False)
-    if plan == "bfloat16 with a cache plan":
-        kw.update(feature_dtype=pb.BFLOAT16, cache_counts=[60, 40])
-    req = request(**kw)
-    if plan == "global":
-        req.seeds.CopyFrom(codec.encode_tensor(np.arange(0, 4000, 25, dtype=np.int64)))
     stages = ("answer_sample", "answer_fetch", "peer_sample", "peer_fetch")
     before = [[_stage_calls(s, stage) for stage in stages] for s in full_graph]
-    addresses = [f"127.0.0.1:{s.port}" for s in full_graph]
-    for p in range(2):
-        want = _raw_epoch(cluster[p], req)
-        got = _raw_epoch(addresses[p], req)
-        assert len(got) == len(want) > 1
-        for (_, tensors), (_, expected) in zip(got, want, strict=True):
-            assert tensors.keys() == expected.keys()
-            assert "x" in tensors and "y" in tensors and "orig_id" in tensors
-            for name, value in expected.items():
-                assert np.array_equal(tensors[name], value), (p, name)
+    _assert_same_epochs(cluster, full_graph, _plan_request(plan))
     assert [[_stage_calls(s, stage) for stage in stages] for s in full_graph] == before
 
 
@@ -782,21 +780,7 @@ def test_every_feature_needs_every_partition_s_files(parts2: Path, tmp_path: Pat
     (root / "part-0" / "x.npy").unlink()
     with pytest.raises(PartitionFormatError, match=r"part-0/x\.npy: missing"):
         create_server(_config(root, 1, features="full"))
-    store = PartitionStore(_config(root, 1, features="auto"))
-    store.load()
-    assert store.features_mode == "partition"
-    assert store.sampler().hold_start == store.node_range[0] > 0
-    shutil.rmtree(root)
-    shutil.copytree(parts2, root)
-    labels = root / "part-0" / "y.npy"
-    data = bytearray(labels.read_bytes())
-    data[-1] ^= 0x01
-    labels.write_bytes(bytes(data))
-    store = PartitionStore(_config(root, 1, features="auto"))
-    store.load()
-    assert store.features_mode == "partition"
-    with pytest.raises(PartitionFormatError, match=r"part-0/y\.npy: SHA-256 mismatch"):
-        PartitionStore(_config(root, 1, features="full")).load()
+    _auto_keeps_to_the_partition_where_a_file_is_bad(parts2, tmp_path / "bad", "features", "y")
     store = PartitionStore(_config(parts2, 1, features="auto", structure="auto", mmap=False))
     store.load()
     assert store.features_mode == "full"
@@ -835,25 +819,34 @@ def test_auto_takes_the_whole_structure_only_where_every_partition_s_files_are(
     store.load()
     assert store.structure_mode == "full"
     assert store.sampler().draw_start == 0
-    root = tmp_path / "only-part-1"
-    shutil.copytree(parts2, root)
-    shutil.rmtree(root / "part-0")
-    store = PartitionStore(_config(root, 1, structure="auto"))
-    store.load()
-    assert store.structure_mode == "partition"
-    assert store.sampler().draw_start == store.node_range[0] > 0
-    # another partition's file present but corrupted: auto keeps to the partition, full fails
-    shutil.rmtree(root)
-    shutil.copytree(parts2, root)
-    indices = root / "part-0" / "indices.npy"
-    data = bytearray(indices.read_bytes())
-    data[-1] ^= 0x01
-    indices.write_bytes(bytes(data))
-    store = PartitionStore(_config(root, 1, structure="auto"))
-    store.load()
-    assert store.structure_mode == "partition"
-    with pytest.raises(PartitionFormatError, match=r"part-0/indices\.npy: SHA-256 mismatch"):
-        PartitionStore(_config(root, 1, structure="full")).load()
+    _auto_keeps_to_the_partition_where_a_file_is_bad(parts2, tmp_path / "bad", "structure",
+                                                     "indices")
+
+
+def _auto_keeps_to_the_partition_where_a_file_is_bad(parts2: Path, root: Path, field: str,
+                                                     role: str) -> None:
+    """``field: auto`` keeps partition 1's server to its own partition where partition 0's
+    ``role`` file is missing, or there but corrupted (a warning, no error); ``full``
+    fails the load on the corrupted one, naming it."""
+    for fault in ("missing", "corrupted"):
+        if root.exists():
+            shutil.rmtree(root)
+        shutil.copytree(parts2, root)
+        path = root / "part-0" / f"{role}.npy"
+        if fault == "missing":
+            path.unlink()
+        else:
+            data = bytearray(path.read_bytes())
+            data[-1] ^= 0x01
+            path.write_bytes(bytes(data))
+        store = PartitionStore(_config(root, 1, **{field: "auto"}))
+        store.load()
+        assert getattr(store, f"{field}_mode") == "partition", fault
+        sampler = store.sampler()
+        start = sampler.draw_start if field == "structure" else sampler.hold_start
+        assert start == store.node_range[0] > 0, fault
+    with pytest.raises(PartitionFormatError, match=rf"part-0/{role}\.npy: SHA-256 mismatch"):
+        PartitionStore(_config(root, 1, **{field: "full"})).load()
 
 
 def test_the_structure_setting_from_flags_and_the_cluster_file(tmp_path: Path) -> None:

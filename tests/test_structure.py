@@ -6,6 +6,7 @@ bytes they take."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from graph_fixtures import mixed_graph, write_and_load
 from partitioner.format import load_node_data, load_structure, node_data_bytes, read_manifest
 from sampling_server.structure import (
     AUTO_MEMORY_FRACTION,
+    StructureChoice,
     available_host_memory,
     choose_features,
     choose_structure,
@@ -50,19 +52,26 @@ def test_auto_takes_the_whole_structure_where_it_fits(root: Path) -> None:
     assert choose_structure("auto", m, root, host_free=enough, gpu_free=enough).mode == "full"
 
 
-def test_auto_keeps_the_partition_s_own_where_a_file_is_missing(root: Path, tmp_path: Path) -> None:
+CHOICES = [(choose_structure, "indptr"), (choose_features, "y")]
+
+
+@pytest.mark.parametrize(("choose", "role"), CHOICES, ids=["structure", "features"])
+def test_auto_keeps_the_partition_s_own_where_a_file_is_missing(
+        root: Path, tmp_path: Path, choose: Callable[..., StructureChoice], role: str) -> None:
     copy = tmp_path / "parts"
     shutil.copytree(root, copy)
-    (copy / "part-1" / "indptr.npy").unlink()
-    choice = choose_structure("auto", read_manifest(copy), copy, host_free=None)
-    assert choice.mode == "partition" and "part-1/indptr.npy" in choice.reason
+    (copy / "part-1" / f"{role}.npy").unlink()
+    choice = choose("auto", read_manifest(copy), copy, host_free=None)
+    assert choice.mode == "partition" and f"part-1/{role}.npy" in choice.reason
 
 
-def test_one_partition_is_its_own_whole_structure(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("choose", "role"), CHOICES, ids=["structure", "features"])
+def test_one_partition_is_its_own_whole_graph(
+        tmp_path: Path, choose: Callable[..., StructureChoice], role: str) -> None:
     write_and_load(mixed_graph(), tmp_path, 1)
     m = read_manifest(tmp_path)
     for setting in ("auto", "full", "partition"):
-        assert choose_structure(setting, m, tmp_path, host_free=None).mode == "partition"
+        assert choose(setting, m, tmp_path, host_free=None).mode == "partition"
 
 
 def test_explicit_settings_are_kept_and_others_refused(root: Path) -> None:
@@ -101,15 +110,7 @@ def test_auto_takes_every_feature_where_it_fits_on_the_cpu(root: Path, tmp_path:
     assert choose_features("partition", m, root, host_free=None).mode == "partition"
     with pytest.raises(ValueError, match=r"^features: expected one of"):
         choose_features("hot", m, root, host_free=None)
-    copy = tmp_path / "parts"
-    shutil.copytree(root, copy)
-    (copy / "part-0" / "y.npy").unlink()
-    missing = choose_features("auto", read_manifest(copy), copy, host_free=None)
-    assert missing.mode == "partition" and "part-0/y.npy" in missing.reason
-
-
-def test_one_partition_holds_every_feature_itself(tmp_path: Path) -> None:
-    write_and_load(mixed_graph(), tmp_path, 1)
-    m = read_manifest(tmp_path)
-    for setting in ("auto", "full", "partition"):
-        assert choose_features(setting, m, tmp_path, host_free=None, cuda=True).mode == "partition"
+    one = tmp_path / "one"
+    write_and_load(mixed_graph(), one, 1)
+    assert choose_features("auto", read_manifest(one), one, host_free=None, cuda=True).mode \
+        == "partition"

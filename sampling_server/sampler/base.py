@@ -260,31 +260,30 @@ class NeighborSampler(abc.ABC):
         first, last = torch.stack((lo, hi)).tolist()
         return int(first), int(last)
 
-    def owns_all(self, nodes: torch.Tensor) -> bool:
-        """Whether every ID of ``nodes`` is owned here (a range test: a partition owns
-        one contiguous range of global IDs)."""
+    def _within(self, nodes: torch.Tensor, start: int, stop: int) -> bool:
+        """Whether every ID of ``nodes`` is in ``[start, stop)`` (one range test)."""
         if nodes.numel() == 0:
             return True
         lo, hi = self.id_range(nodes)
-        return lo >= self.node_start and hi < self.node_stop
+        return lo >= start and hi < stop
 
-    def holds_all(self, nodes: torch.Tensor) -> bool:
-        """Whether every ID of ``nodes`` has its features and labels here (:attr:`node_data`)."""
-        if nodes.numel() == 0:
-            return True
-        lo, hi = self.id_range(nodes)
-        return lo >= self.hold_start and hi < self.hold_stop
-
-    def check_held(self, nodes: torch.Tensor, field: str) -> None:
-        """Raise ``ValueError`` naming ``field`` unless every ID has its rows here."""
-        if self.hold_start == self.node_start and self.hold_stop == self.node_stop:
+    def _check_within(self, nodes: torch.Tensor, field: str, start: int, stop: int,
+                      what: str) -> None:
+        """Raise ``ValueError`` naming ``field`` unless every ID is in ``[start, stop)``,
+        the nodes whose ``what`` this sampler holds (the owned range: :meth:`check_owned`)."""
+        if start == self.node_start and stop == self.node_stop:
             self.check_owned(nodes, field)
         elif nodes.numel():
             lo, hi = self.id_range(nodes)
-            if lo < self.hold_start or hi >= self.hold_stop:
-                raise ValueError(f"{field}: expected global node IDs in [{self.hold_start}, "
-                                 f"{self.hold_stop}) (the nodes whose features this sampler "
-                                 f"holds); got values in [{lo}, {hi}]")
+            if lo < start or hi >= stop:
+                raise ValueError(f"{field}: expected global node IDs in [{start}, {stop}) (the "
+                                 f"nodes whose {what} this sampler holds); got values in "
+                                 f"[{lo}, {hi}]")
+
+    def owns_all(self, nodes: torch.Tensor) -> bool:
+        """Whether every ID of ``nodes`` is owned here (a range test: a partition owns
+        one contiguous range of global IDs)."""
+        return self._within(nodes, self.node_start, self.node_stop)
 
     def check_owned(self, nodes: torch.Tensor, field: str) -> None:
         """Raise ``ValueError`` naming ``field`` unless every ID is owned here."""
@@ -298,23 +297,21 @@ class NeighborSampler(abc.ABC):
                 f"got values in [{lo}, {hi}]"
             )
 
+    def holds_all(self, nodes: torch.Tensor) -> bool:
+        """Whether every ID of ``nodes`` has its features and labels here (:attr:`node_data`)."""
+        return self._within(nodes, self.hold_start, self.hold_stop)
+
+    def check_held(self, nodes: torch.Tensor, field: str) -> None:
+        """Raise ``ValueError`` naming ``field`` unless every ID has its rows here."""
+        self._check_within(nodes, field, self.hold_start, self.hold_stop, "features")
+
     def draws_all(self, nodes: torch.Tensor) -> bool:
         """Whether every ID of ``nodes`` has its in-edges here (:attr:`structure`)."""
-        if nodes.numel() == 0:
-            return True
-        lo, hi = self.id_range(nodes)
-        return lo >= self.draw_start and hi < self.draw_stop
+        return self._within(nodes, self.draw_start, self.draw_stop)
 
     def check_drawable(self, nodes: torch.Tensor, field: str) -> None:
         """Raise ``ValueError`` naming ``field`` unless every ID has its in-edges here."""
-        if self.draw_start == self.node_start and self.draw_stop == self.node_stop:
-            self.check_owned(nodes, field)
-        elif nodes.numel():
-            lo, hi = self.id_range(nodes)
-            if lo < self.draw_start or hi >= self.draw_stop:
-                raise ValueError(f"{field}: expected global node IDs in [{self.draw_start}, "
-                                 f"{self.draw_stop}) (the nodes whose in-edges this sampler "
-                                 f"holds); got values in [{lo}, {hi}]")
+        self._check_within(nodes, field, self.draw_start, self.draw_stop, "in-edges")
 
     def check_in_graph(self, nodes: torch.Tensor, field: str) -> None:
         """Raise ``ValueError`` naming ``field`` unless every ID is a node of the graph."""
