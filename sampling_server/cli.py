@@ -127,9 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
                       "the owners for the other nodes' rows (one call per batch), or every "
                       "node's, read from every partition's files under --partition-dir and held "
                       "in memory (the graph's features plus 8 bytes per node): no peer calls to "
-                      "gather, the same batches; CPU sampler only; auto: full where every "
-                      "partition's files are there, the server samples on the CPU and they take "
-                      "at most a quarter of the memory available after the structure (auto)")
+                      "gather, the same batches (on a GPU, in its feature table, which needs the "
+                      "full structure too); auto: full where every partition's files are there "
+                      "and they take at most a quarter of the memory available after the "
+                      "structure, on a GPU where the structure is full (auto)")
     tune.add_argument("--workers", type=_positive_int,
                       help="sampling threads, shared by all streams (half the usable CPUs, 2 to 6)")
     tune.add_argument("--threads", type=_positive_int,

@@ -88,10 +88,11 @@ class ServerConfig:
     #: the other partitions' servers answer for theirs, one peer call per batch), ``full``
     #: (every partition's ``x`` and ``y``, read from ``partition_dir`` at start-up and held
     #: in memory, ``N F`` feature values and ``8 N`` bytes of labels: every row gathered
-    #: here, no peer asked; CPU sampler only), or ``auto``: ``full`` where every partition's
-    #: files are there, the server samples on the CPU, and they take at most a quarter of
-    #: the memory available once the structure is loaded, else ``partition``. Typed
-    #: graphs: ``partition`` (``auto`` means it there).
+    #: here, no peer asked; a CUDA sampler's feature table then holds them all, and needs
+    #: the whole structure too), or ``auto``: ``full`` where every partition's files are
+    #: there and they take at most a quarter of the memory available once the structure
+    #: is loaded (on a CUDA server: where it holds the whole structure), else
+    #: ``partition``. Typed graphs: ``partition`` (``auto`` means it there).
     features: str = "auto"
     #: Threads sampling batches, shared by every stream. None: half the CPUs this process
     #: may use, from 2 to 6 (:func:`sampling_server.threads.sampling_workers`).
@@ -173,9 +174,11 @@ class ServerConfig:
                self.structure)
         _check(self.features in FEATURE_HOLDINGS, "features", f"one of {list(FEATURE_HOLDINGS)}",
                self.features)
-        _check(not (self.features == "full" and self.device == "cuda"), "features",
-               "'auto' or 'partition' with device 'cuda' (the CUDA sampler gathers its own "
-               "partition's rows, from its GPU feature cache)", self.features)
+        _check(not (self.features == "full" and self.device == "cuda"
+                    and self.structure == "partition"), "features",
+               "'auto' or 'partition' with device 'cuda' and structure 'partition' (the CUDA "
+               "sampler orders its feature table by the in-degree of the nodes it holds)",
+               self.features)
         try:
             parse_gpu_cache_size(self.gpu_cache_size)
         except ValueError as exc:

@@ -144,7 +144,8 @@ class PartitionStore:
         if config.structure == "full":  # every partition's files here (sizes and headers)
             check_files(config.partition_dir, structure_records(m), "size")
         if config.features == "full":
-            self._choose_features()  # not on a GPU
+            if config.structure == "partition":  # not on a GPU then
+                self._choose_features()
             check_files(config.partition_dir, node_data_records(m), "size")
         self._partition: Partition | None = None
         self._samplers: dict[tuple[bool, bool], NeighborSampler] = {}
@@ -227,9 +228,10 @@ class PartitionStore:
         """``features: auto`` resolved for this host, once the structure is loaded."""
         config = self.config
         try:
-            return choose_features(config.features, self.manifest, config.partition_dir,
-                                   host_free=available_host_memory() if config.features == "auto"
-                                   else None, cuda=uses_cuda(config.device))
+            return choose_features(
+                config.features, self.manifest, config.partition_dir,
+                host_free=available_host_memory() if config.features == "auto" else None,
+                cuda_partition_structure=self._structure is None and uses_cuda(config.device))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 

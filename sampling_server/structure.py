@@ -14,8 +14,8 @@ memory too). Otherwise ``partition``. The choice and its reason are logged.
 ``features: full`` likewise joins every partition's ``x`` and ``y``
 (:func:`partitioner.format.load_node_data`): every row of a batch is then gathered on the
 server, no peer asked for any; ``auto`` takes it by the same rule, measured after the
-structure is loaded, for the CPU sampler (the CUDA sampler gathers its own partition's
-rows from its GPU feature cache).
+structure is loaded; a CUDA server takes it only with the whole structure (its feature
+table, every row then, hottest by in-degree in GPU memory, needs that order).
 """
 
 from __future__ import annotations
@@ -110,24 +110,28 @@ def choose_structure(setting: str, manifest: Manifest, root: Path | str, *,
 
 
 def choose_features(setting: str, manifest: Manifest, root: Path | str, *,
-                    host_free: int | None, cuda: bool = False) -> StructureChoice:
+                    host_free: int | None, cuda_partition_structure: bool = False
+                    ) -> StructureChoice:
     """Resolve the features ``setting`` (``auto``, ``partition`` or ``full``: whose
     features and labels the server gathers itself) for a server of the graph in ``root``,
     as :func:`choose_structure` does; ``host_free`` measured after the structure's choice
-    was loaded. ``cuda``: the server samples on a GPU, whose sampler gathers its own
-    partition's rows only (``auto`` means ``partition`` there; ``full`` is refused)."""
+    was loaded. ``cuda_partition_structure``: the server samples on a GPU from its own
+    partition's structure; its feature table is ordered by the in-degree of the nodes it
+    holds, which it then knows for its own only (``auto`` means ``partition`` there;
+    ``full`` is refused)."""
     _check_setting("features", setting)
     if setting == "partition":
         return StructureChoice(setting, "as configured")
     if manifest.num_partitions == 1:
         return StructureChoice("partition", f"{setting}: one partition holds the whole graph")
-    if cuda:
+    if cuda_partition_structure:
         if setting == "full":
-            raise ValueError("features: 'full' is for the CPU sampler (the CUDA sampler gathers "
-                             "its own partition's rows, from its GPU feature cache); expected "
-                             "'auto' or 'partition' with a CUDA device, got 'full'")
-        return StructureChoice("partition", "auto: the CUDA sampler gathers its own partition's "
-                               "rows (its GPU feature cache)")
+            raise ValueError("features: 'full' on a CUDA server needs the whole graph's "
+                             "structure too (its feature table is ordered by the in-degree of "
+                             "the nodes it holds); expected 'auto' or 'partition' with the "
+                             "partition's own structure, got 'full'")
+        return StructureChoice("partition", "auto: a CUDA server holding its partition's own "
+                               "structure orders its feature table by its own nodes' in-degree")
     if setting == "full":
         return StructureChoice(setting, "as configured")
     return _auto("features", "feature and label files", node_data_records(manifest),

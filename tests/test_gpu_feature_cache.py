@@ -190,12 +190,31 @@ def test_samplers_of_one_store_share_one_table(tmp_path: Path) -> None:
         assert other.feature_table is first.feature_table
 
 
+def test_a_cuda_server_holding_the_whole_graph_tables_every_row(tmp_path: Path) -> None:
+    """With the whole structure (``auto``'s choice on this graph), a CUDA server's
+    ``features: auto`` takes every node's rows: one table over the whole graph, shared by
+    its samplers; with its partition's own structure it keeps its own rows."""
+    write_and_load(mixed_graph(), tmp_path / "p", 2)
+    store = PartitionStore(ServerConfig(partition_dir=tmp_path / "p", partition=1, device="cuda",
+                                        gpu_cache_size="50%"))
+    store.load()
+    assert (store.structure_mode, store.features_mode) == ("full", "full")
+    first = store.sampler()
+    assert isinstance(first, CudaNeighborSampler)
+    assert first.feature_table.num_rows == store.manifest.num_nodes
+    assert store.sampler(replace=True).feature_table is first.feature_table  # type: ignore[attr-defined]
+    own = PartitionStore(ServerConfig(partition_dir=tmp_path / "p", partition=1, device="cuda",
+                                      structure="partition"))
+    own.load()
+    assert own.features_mode == "partition"
+
+
 def test_conflicting_or_foreign_tables_are_refused(two_parts: list[Partition]) -> None:
     p0, p1 = two_parts
     table = CudaNeighborSampler(p0, gpu_cache_size=0.5).feature_table
     with pytest.raises(ValueError, match=r"^gpu_cache_size, feature_table: expected one or neither"):
         CudaNeighborSampler(p0, gpu_cache_size=0.5, feature_table=table)
-    with pytest.raises(ValueError, match=r"^feature_table: expected the table of partition 1"):
+    with pytest.raises(ValueError, match=r"^feature_table: expected the table of the rows held here"):
         CudaNeighborSampler(p1, feature_table=table)
     with pytest.raises(ValueError, match=r"^gpu_cache_size: expected 'auto'.*got '1\.5'$"):
         CudaNeighborSampler(p0, gpu_cache_size="1.5")

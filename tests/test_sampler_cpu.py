@@ -283,8 +283,6 @@ def test_every_node_s_rows_gather_as_the_owners_would(
         holding[0].gather_local(torch.tensor([graph.num_nodes]), True, False)
     with pytest.raises(ValueError, match="node_data: expected the float32 features of at least"):
         CpuNeighborSampler(parts[1], node_data=parts[0].node_data)
-    with pytest.raises(ValueError, match="node_data: the CUDA sampler gathers its own"):
-        create_sampler(parts[0], "cuda", node_data=rows)
 
 
 def test_features_and_labels_are_rows_of_n_id(

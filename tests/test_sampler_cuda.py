@@ -27,7 +27,7 @@ from graph_fixtures import (
 from numba import cuda
 from sampler_checks import check_sampler_output
 
-from partitioner.format import Partition, load_structure
+from partitioner.format import Partition, load_node_data, load_structure
 from sampling_server.sampler import cuda_kernels as K
 from sampling_server.sampler.cuda_sampler import CudaNeighborSampler
 from sampling_server.sampler.ptx_check import kernel_signatures
@@ -173,6 +173,24 @@ def test_the_whole_graph_s_structure_draws_what_the_owners_draw(
     assert bool((hop1 < parts[1].node_range[0]).any())  # partition 0's nodes drawn from
     assert not gpu_peers.asked
     assert a.x is not None and b.x is not None and torch.equal(a.x.cpu(), b.x)
+    # and with every node's rows: its feature table holds them all (half on the device,
+    # hottest by in-degree), the labels too; no peer asked for any
+    rows = load_node_data(tmp_path)
+    whole = CudaNeighborSampler(parts[1], replace=replace, weighted=weighted,
+                                structure=load_structure(tmp_path), node_data=rows,
+                                gpu_cache_size=0.5)
+    assert whole.feature_table.num_rows == rows.num_nodes
+    assert 0 < whole.feature_table.cached < rows.num_nodes
+    whole_peers = LocalPeers(cpus)
+    c = whole.minibatch(seeds, [3, 2], 99, remote=whole_peers.neighbors,
+                        remote_data=whole_peers.node_data)
+    _equal_outputs(c.structure, b.structure)
+    assert c.x is not None and c.y is not None and b.y is not None
+    assert torch.equal(c.x.cpu(), b.x) and torch.equal(c.y.cpu(), b.y)
+    assert not whole_peers.asked and not whole_peers.fetched
+    assert gpu_peers.fetched  # the sampler with its partition's own rows did ask
+    with pytest.raises(ValueError, match="node_data: the CUDA sampler orders its feature table"):
+        CudaNeighborSampler(parts[1], node_data=rows)
 
 
 # -- draw statistics -------------------------------------------------------------------

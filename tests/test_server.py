@@ -793,11 +793,14 @@ def test_every_feature_needs_every_partition_s_files(parts2: Path, tmp_path: Pat
     assert np.shares_memory(part.indices, store.sampler().structure.indices)
 
 
-def test_every_feature_is_for_the_cpu_sampler() -> None:
-    """The CUDA sampler gathers its own partition's rows (its GPU feature cache): ``full``
-    is refused with it, by name, and ``auto`` means ``partition`` there."""
+def test_every_feature_on_a_gpu_needs_the_whole_structure() -> None:
+    """The CUDA sampler orders its feature table by the in-degree of the nodes it holds:
+    ``full`` with the partition's own structure is refused, by name."""
     with pytest.raises(ConfigError, match="features: expected 'auto' or 'partition' with device"):
-        ServerConfig(partition_dir=Path("."), partition=0, features="full", device="cuda")
+        ServerConfig(partition_dir=Path("."), partition=0, features="full", device="cuda",
+                     structure="partition")
+    assert ServerConfig(partition_dir=Path("."), partition=0, features="full",
+                        device="cuda").features == "full"
 
 
 def test_the_full_structure_needs_every_partition_s_files(parts2: Path, tmp_path: Path) -> None:

@@ -94,23 +94,24 @@ def test_the_features_bytes_are_what_load_node_data_holds(root: Path) -> None:
 
 def test_auto_takes_every_feature_where_it_fits_on_the_cpu(root: Path, tmp_path: Path) -> None:
     """``features: auto``: every row where the files are there and they fit in a quarter of
-    the host memory; the partition's own rows on a CUDA server (its GPU feature cache) or
-    where a file is missing; ``full`` refused on a CUDA server, naming the field."""
+    the host memory; the partition's own rows where a file is missing, or on a CUDA server
+    without the whole structure (its feature table's order), where ``full`` is refused,
+    naming the field."""
     m = read_manifest(root)
     enough = int(node_data_bytes(m) / AUTO_MEMORY_FRACTION) + 4
     choice = choose_features("auto", m, root, host_free=enough)
     assert choice.mode == "full" and "feature and label files" in choice.reason
     small = choose_features("auto", m, root, host_free=enough - 8)
     assert small.mode == "partition" and "host memory" in small.reason
-    gpu = choose_features("auto", m, root, host_free=enough, cuda=True)
+    gpu = choose_features("auto", m, root, host_free=enough, cuda_partition_structure=True)
     assert gpu.mode == "partition" and "CUDA" in gpu.reason
-    with pytest.raises(ValueError, match=r"^features: 'full' is for the CPU sampler"):
-        choose_features("full", m, root, host_free=None, cuda=True)
+    with pytest.raises(ValueError, match=r"^features: 'full' on a CUDA server needs the whole"):
+        choose_features("full", m, root, host_free=None, cuda_partition_structure=True)
     assert choose_features("full", m, root, host_free=1).mode == "full"
     assert choose_features("partition", m, root, host_free=None).mode == "partition"
     with pytest.raises(ValueError, match=r"^features: expected one of"):
         choose_features("hot", m, root, host_free=None)
     one = tmp_path / "one"
     write_and_load(mixed_graph(), one, 1)
-    assert choose_features("auto", read_manifest(one), one, host_free=None, cuda=True).mode \
-        == "partition"
+    assert choose_features("full", read_manifest(one), one, host_free=None,
+                           cuda_partition_structure=True).mode == "partition"

@@ -72,8 +72,9 @@ def create_sampler(
     partition where it is and ignores all three. ``structure``: the in-edges to draw from
     (default: the partition's own; the whole graph's from
     :func:`partitioner.format.load_structure` draws every hop here, no peer asked).
-    ``node_data``: the features and labels to gather from, likewise (CPU only: the CUDA
-    sampler gathers its own partition's rows, from its GPU feature cache).
+    ``node_data``: the features and labels to gather from, likewise (the CUDA sampler's
+    feature table then holds them all, its hottest rows by in-degree in GPU memory; it
+    needs ``structure`` over the same nodes for that order).
     """
     if device not in DEVICES:
         raise ValueError(f"device: expected one of {list(DEVICES)}, got {device!r}")
@@ -82,17 +83,13 @@ def create_sampler(
     if uses_cuda(device):
         from sampling_server.sampler.cuda_sampler import CudaNeighborSampler
 
-        if node_data is not None and node_data.node_range != partition.node_range:
-            raise ValueError(f"node_data: the CUDA sampler gathers its own partition's rows "
-                             f"only (nodes {list(partition.node_range)}), got the rows of "
-                             f"nodes {list(node_data.node_range)}")
 
         table = share_features_of.feature_table \
             if isinstance(share_features_of, CudaNeighborSampler) else None
         return CudaNeighborSampler(partition, replace=replace, weighted=weighted,
                                    topology=topology,
                                    gpu_cache_size=None if table is not None else gpu_cache_size,
-                                   feature_table=table, structure=structure)
+                                   feature_table=table, structure=structure, node_data=node_data)
     return CpuNeighborSampler(partition, replace=replace, weighted=weighted, structure=structure,
                               node_data=node_data)
 

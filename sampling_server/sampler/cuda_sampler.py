@@ -10,7 +10,8 @@ device and reach the kernels without copies; kernels run on PyTorch's current st
 server holds it: ``structure``) and labels to GPU memory; ``topology='uva'`` keeps
 them in pinned, device-mapped host memory that the kernels read over UVA, for partitions
 larger than the GPU. The features are placed on their own (``gpu_cache_size``, see
-:mod:`cuda_features`): the hottest rows in GPU memory, the others in mapped host memory.
+:mod:`cuda_features`): the hottest rows in GPU memory, the others in mapped host memory;
+the partition's rows, or every node's (``node_data``, with a structure over them all).
 Under Numba's CUDA simulator the same code runs on CPU tensors (see :mod:`cuda_kernels`).
 """
 
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from partitioner.format import Partition, Structure
+from partitioner.format import NodeData, Partition, Structure
 from sampling_server.feature_placement import parse_gpu_cache_size
 from sampling_server.sampler import cpu_kernels
 from sampling_server.sampler import cuda_kernels as K
@@ -83,12 +84,11 @@ class DeviceArrays:
         return nodes.to(self.device).contiguous()
 
 
-def _check_table(table: FeatureTable, partition: Partition) -> None:
-    start = partition.node_range[0]
-    if table.node_start != start or table.num_rows != partition.num_nodes:
-        raise ValueError(f"feature_table: expected the table of partition {partition.partition_id} "
-                         f"({partition.num_nodes} rows from node {start}), got one of "
-                         f"{table.num_rows} rows from node {table.node_start}")
+def _check_table(table: FeatureTable, start: int, stop: int) -> None:
+    if table.node_start != start or table.num_rows != stop - start:
+        raise ValueError(f"feature_table: expected the table of the rows held here ({stop - start} "
+                         f"rows from node {start}), got one of {table.num_rows} rows from node "
+                         f"{table.node_start}")
 
 
 class CudaNeighborSampler(DeviceArrays, NeighborSampler):
@@ -105,7 +105,8 @@ class CudaNeighborSampler(DeviceArrays, NeighborSampler):
 
     def __init__(self, partition: Partition, *, replace: bool = False, weighted: bool = False,
                  topology: str = "device", gpu_cache_size: str | float | None = None,
-                 feature_table: FeatureTable | None = None, structure: Structure | None = None):
+                 feature_table: FeatureTable | None = None, structure: Structure | None = None,
+                 node_data: NodeData | None = None):
         if topology not in TOPOLOGIES:
             raise ValueError(f"topology: expected one of {list(TOPOLOGIES)}, got {topology!r}")
         size = None
@@ -113,9 +114,16 @@ class CudaNeighborSampler(DeviceArrays, NeighborSampler):
             size = parse_gpu_cache_size("auto" if gpu_cache_size is None else gpu_cache_size)
         elif gpu_cache_size is not None:
             raise ValueError("gpu_cache_size, feature_table: expected one or neither, got both")
-        else:
-            _check_table(feature_table, partition)
-        super().__init__(partition, replace=replace, weighted=weighted, structure=structure)
+        super().__init__(partition, replace=replace, weighted=weighted, structure=structure,
+                         node_data=node_data)
+        if (self.hold_start, self.hold_stop) != (self.node_start, self.node_stop) and not (
+                self.draw_start <= self.hold_start and self.hold_stop <= self.draw_stop):
+            raise ValueError(f"node_data: the CUDA sampler orders its feature table by in-degree, "
+                             f"so it needs the in-edges of the nodes whose rows it holds: expected "
+                             f"a structure over [{self.hold_start}, {self.hold_stop}), got one "
+                             f"over [{self.draw_start}, {self.draw_stop})")
+        if feature_table is not None:
+            _check_table(feature_table, self.hold_start, self.hold_stop)
         self.topology = topology
         self.device = K.torch_device()
         self._keep: list[torch.Tensor] = []  # device tensors behind kernel arguments
@@ -137,12 +145,13 @@ class CudaNeighborSampler(DeviceArrays, NeighborSampler):
             weight=None if weight is None else self._place(weight, np.float32),
             cumweight=None if cum is None else self._place(cum, np.float64),
         )
-        self._y = self._place(partition.y, np.int64)
+        self._y = self._place(self.node_data.y, np.int64)
         if feature_table is None:  # after the structure, so "auto" sees what it left free
             assert size is not None
-            feature_table = FeatureTable(partition.x, partition.indptr, self.node_start,
-                                         self.device, size)
-        #: The partition's features (GPU cache and mapped host rows).
+            first = self.hold_start - self.draw_start
+            indptr = np.asarray(self.structure.indptr)[first:first + self.hold_stop - self.hold_start + 1]
+            feature_table = FeatureTable(self.node_data.x, indptr, self.hold_start, self.device, size)
+        #: The features held here (GPU cache and mapped host rows).
         self.feature_table = feature_table
 
     def sample_neighbors(self, nodes: torch.Tensor, fanout: int, key: int, hop: int) -> HopSample:
@@ -166,7 +175,7 @@ class CudaNeighborSampler(DeviceArrays, NeighborSampler):
         self, nodes: torch.Tensor, features: bool, labels: bool
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         ids = self._ids(nodes, "nodes")
-        self.check_owned(ids, "nodes")
+        self.check_held(ids, "nodes")
         return self.gather_owned(ids, features, labels)
 
     def gather_owned(
@@ -174,5 +183,5 @@ class CudaNeighborSampler(DeviceArrays, NeighborSampler):
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         ids = self._ids(nodes, "nodes")
         x = self.feature_table.gather(ids) if features else None
-        y = K.gather_labels(ids, self.node_start, self._y) if labels else None
+        y = K.gather_labels(ids, self.hold_start, self._y) if labels else None
         return x, y
