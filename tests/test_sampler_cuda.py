@@ -428,6 +428,33 @@ def test_larger_graph_matches_cpu(tmp_path: Path, replace: bool, weighted: bool,
     check_sampler_output(a, seeds, [15, 10, 5], global_adjacency([part]), replace=replace)
 
 
+@pytest.mark.gpu
+@needs_cpu
+@pytest.mark.parametrize("topology", ["device", "uva"])
+def test_every_node_s_rows_on_a_gpu_match_the_owners(tmp_path: Path, topology: str) -> None:
+    """A CUDA sampler over the whole graph's structure and rows (a third of them in GPU
+    memory, the rest pinned over UVA) makes the batches, features and labels of two CPU
+    partitions answering each other, asking no peer."""
+    from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
+
+    root = tmp_path / "big2"
+    parts = write_and_load(mixed_graph(20_000, seed=3), root, 2)
+    gpu = CudaNeighborSampler(parts[0], topology=topology, structure=load_structure(root),
+                              node_data=load_node_data(root), gpu_cache_size=0.33)
+    cpus = [CpuNeighborSampler(p) for p in parts]
+    asked, answered = LocalPeers(cpus), LocalPeers(cpus)
+    seeds = _seeds(parts[0], 256)
+    for key in range(2):
+        a = gpu.minibatch(seeds, [15, 10, 5], key, remote=asked.neighbors,
+                          remote_data=asked.node_data)
+        b = cpus[0].minibatch(seeds, [15, 10, 5], key, remote=answered.neighbors,
+                              remote_data=answered.node_data)
+        _equal_outputs(a.structure, b.structure)
+        assert a.x is not None and b.x is not None and a.y is not None and b.y is not None
+        assert torch.equal(a.x.cpu(), b.x) and torch.equal(a.y.cpu(), b.y)
+    assert not asked.asked and not asked.fetched and answered.fetched
+
+
 def test_numbas_per_allocation_log_lines_stay_out_of_an_info_log() -> None:
     """numba-cuda logs each device allocation and free at INFO once the application has
     configured logging; a CUDA server's INFO log must not fill with them."""
