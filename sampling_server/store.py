@@ -91,6 +91,15 @@ def manifest_fingerprint(manifest_json: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def colocated_servers(peers: tuple[str, ...], partition: int) -> int:
+    """How many of the graph's servers (``peers``, one address per partition) name the
+    same host as ``partition``'s own address, itself included (1 without peers)."""
+    if not peers:
+        return 1
+    host = peers[partition].rsplit(":", 1)[0]
+    return sum(1 for address in peers if address.rsplit(":", 1)[0] == host)
+
+
 def share_arrays(part: Partition, structure: Structure | None, node_data: NodeData | None) -> None:
     """Point ``part``'s arrays at its rows of the whole graph's ``structure`` and
     ``node_data`` (where loaded: they hold the same values), so that a partition loaded
@@ -221,8 +230,19 @@ class PartitionStore:
                 and config.topology == "device" and config.device != "cpu" and cuda_usable()):
             gpu_free = int(torch.cuda.mem_get_info()[0])  # (not under Numba's simulator)
         return choose_structure(config.structure, self.manifest, config.partition_dir,
-                                host_free=available_host_memory() if config.structure == "auto"
+                                host_free=self._host_share() if config.structure == "auto"
                                 else None, gpu_free=gpu_free)
+
+    def _host_share(self) -> int | None:
+        """The available host memory this server may weigh ``auto``'s choices against:
+        an equal share among the servers of the graph whose peer addresses name this
+        server's host (they start together and each sees the same free memory)."""
+        free = available_host_memory()
+        sharing = colocated_servers(self.config.peers, self.partition_id)
+        if sharing > 1:
+            log.debug("partition=%d: %d servers of the graph name this host: auto weighs a "
+                      "1/%d share of the available memory", self.partition_id, sharing, sharing)
+        return None if free is None else free // sharing
 
     def _choose_features(self) -> StructureChoice:
         """``features: auto`` resolved for this host, once the structure is loaded."""
@@ -230,7 +250,7 @@ class PartitionStore:
         try:
             return choose_features(
                 config.features, self.manifest, config.partition_dir,
-                host_free=available_host_memory() if config.features == "auto" else None,
+                host_free=self._host_share() if config.features == "auto" else None,
                 cuda_partition_structure=self._structure is None and uses_cuda(config.device))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None

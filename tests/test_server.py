@@ -36,7 +36,7 @@ from sampling_server.peer import PeerClient
 from sampling_server.pipeline import SamplingPipeline
 from sampling_server.server import PEER_SERVICE, SamplingServer, create_server
 from sampling_server.servicer import epoch_job
-from sampling_server.store import PartitionStore, Stopping, abort_on_error
+from sampling_server.store import PartitionStore, Stopping, abort_on_error, colocated_servers
 
 FANOUTS = [5, 3]
 TIMEOUT = 30.0
@@ -791,6 +791,14 @@ def test_every_feature_needs_every_partition_s_files(parts2: Path, tmp_path: Pat
         assert np.array_equal(getattr(part, name), getattr(alone, name)), name
     assert np.shares_memory(part.x, store.sampler().node_data.x)
     assert np.shares_memory(part.indices, store.sampler().structure.indices)
+
+
+def test_servers_on_one_host_share_its_memory_for_auto() -> None:
+    """``auto`` weighs an equal share of the available memory among the servers whose
+    addresses name the same host (they load at the same time)."""
+    peers = ("10.0.0.1:50051", "10.0.0.1:50052", "10.0.0.2:50051", "[::1]:1", "[::1]:2")
+    assert [colocated_servers(peers, p) for p in range(5)] == [2, 2, 1, 2, 2]
+    assert colocated_servers((), 0) == 1
 
 
 def test_every_feature_on_a_gpu_needs_the_whole_structure() -> None:
