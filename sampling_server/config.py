@@ -38,7 +38,7 @@ _TOPOLOGIES: tuple[str, ...] = ("device", "uva")
 STRUCTURES: tuple[str, ...] = ("auto", "partition", "full")
 #: Whose features and labels a server gathers itself: its own partition's nodes' (the
 #: owners answer for the others), every node's, or the latter where it costs little.
-FEATURE_HOLDINGS: tuple[str, ...] = ("auto", "partition", "full")
+FEATURE_HOLDINGS: tuple[str, ...] = STRUCTURES
 #: Rules a server may order its nodes by for trainers' feature caches (sampling_server/hot.py).
 HOT_ORDERS: tuple[str, ...] = ("visits_v1", "in_degree_v1")
 #: The rule of a typed graph's per-type hot orders, whatever ``hot_order`` says (the

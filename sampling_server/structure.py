@@ -34,11 +34,12 @@ from partitioner.format import (
     structure_records,
 )
 from partitioner.npyio import FileRecord
+from sampling_server.config import STRUCTURES
 
 log = logging.getLogger(__name__)
 
 #: The settings of ``structure`` and ``features``.
-SETTINGS = ("auto", "partition", "full")
+SETTINGS = STRUCTURES
 
 #: Largest share of the available memory (host, and GPU where the graph goes there) that
 #: ``structure: auto`` lets the whole graph's structure take.
