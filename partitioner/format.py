@@ -431,9 +431,7 @@ def load_structure(root: str | Path, *, verify: Verify = "full", weights: bool =
                         f"expected {n + 1} offsets over {e} edges (the manifest's partition "
                         f"{info.id}), got {list(offsets.shape)} over {list(src.shape)}")
         _check_csc(base, files, offsets, src, m.num_nodes)
-        if node != int(m.partition_book[info.id]):
-            raise _fail(base, MANIFEST_FILE, f"partition {info.id} starts at node "
-                        f"{int(m.partition_book[info.id])}, not after the {node} nodes before it")
+        _check_starts_at(base, m, info.id, node)
         np.add(offsets[1:], edge, out=indptr[node + 1:node + n + 1])
         indices[edge:edge + e] = src
         orig_ids[node:node + n] = _load(base, files["orig_ids"], mmap=True)
@@ -485,17 +483,12 @@ def load_node_data(root: str | Path, *, verify: Verify = "full") -> NodeData:
     for info in m.partitions:
         files = info.files
         n = info.num_nodes
-        if node != int(m.partition_book[info.id]):
-            raise _fail(base, MANIFEST_FILE, f"partition {info.id} starts at node "
-                        f"{int(m.partition_book[info.id])}, not after the {node} nodes before it")
-        rows = _load(base, files["x"], mmap=True)
-        if rows.shape != (n, m.feature_dim) or rows.dtype != x.dtype:
-            raise _fail(base, files["x"].path, f"expected {n} rows of {m.feature_dim} "
-                        f"{x.dtype.name}, got {list(rows.shape)} {rows.dtype.name}")
-        labels = _load(base, files["y"], mmap=True)
-        if labels.shape != (n,):
-            raise _fail(base, files["y"].path, f"expected shape [{n}] (one per owned node), "
-                        f"got {list(labels.shape)}")
+        _check_starts_at(base, m, info.id, node)
+        rows, labels = _load(base, files["x"], mmap=True), _load(base, files["y"], mmap=True)
+        _check_node_rows(base, files, {"x": rows, "y": labels}, n, m.feature_dim)
+        if rows.dtype != x.dtype:
+            raise _fail(base, files["x"].path, f"expected {x.dtype.name} features (the "
+                        f"manifest's feature_dtype), got {rows.dtype.name}")
         x[node:node + n] = rows
         y[node:node + n] = labels
         node += n
@@ -539,6 +532,27 @@ def _check_csc(base: Path, files: dict[str, FileRecord], indptr: np.ndarray, ind
                         f"expected source IDs in [0, {num_nodes}), got [{lo}, {hi}]")
 
 
+def _check_starts_at(base: Path, m: Manifest, partition: int, node: int) -> None:
+    """Partition ``partition`` of the book starts at ``node``, right after those before it."""
+    if node != int(m.partition_book[partition]):
+        raise _fail(base, MANIFEST_FILE, f"partition {partition} starts at node "
+                    f"{int(m.partition_book[partition])}, not after the {node} nodes before it")
+
+
+def _check_node_rows(base: Path, files: dict[str, FileRecord], arrays: dict[str, np.ndarray],
+                     num_nodes: int, feature_dim: int) -> None:
+    """A partition's per-node arrays (``x``: ``num_nodes`` rows of ``feature_dim``; ``y``,
+    ``orig_ids``: one entry per node), by role."""
+    for role, arr in arrays.items():
+        if role == "x":
+            if arr.shape != (num_nodes, feature_dim):
+                raise _fail(base, files["x"].path, f"expected {num_nodes} rows of {feature_dim}, "
+                            f"got {list(arr.shape)}")
+        elif arr.shape != (num_nodes,):
+            raise _fail(base, files[role].path, f"expected shape [{num_nodes}] (one per owned "
+                        f"node), got {list(arr.shape)}")
+
+
 def _check_partition(base: Path, part: Partition) -> None:
     """Structural checks beyond the manifest: book, CSC offsets, ID ranges."""
     m, p = part.manifest, part.partition_id
@@ -551,11 +565,5 @@ def _check_partition(base: Path, part: Partition) -> None:
         if ids.size and (int(ids.min()) < start or int(ids.max()) >= stop):
             raise _fail(base, files[f"{split}_idx"].path,
                         f"expected global IDs in [{start}, {stop}) owned by partition {p}")
-    if part.x.shape != (part.num_nodes, m.feature_dim):
-        raise _fail(base, files["x"].path, f"expected {part.num_nodes} rows of {m.feature_dim}")
-    for role in ("y", "orig_ids"):
-        arr = getattr(part, role)
-        if arr.shape != (part.num_nodes,):
-            raise _fail(base, files[role].path,
-                        f"expected shape [{part.num_nodes}] (one per owned node), "
-                        f"got {list(arr.shape)}")
+    _check_node_rows(base, files, {"x": part.x, "y": part.y, "orig_ids": part.orig_ids},
+                     part.num_nodes, m.feature_dim)

@@ -83,7 +83,6 @@ def create_sampler(
     if uses_cuda(device):
         from sampling_server.sampler.cuda_sampler import CudaNeighborSampler
 
-
         table = share_features_of.feature_table \
             if isinstance(share_features_of, CudaNeighborSampler) else None
         return CudaNeighborSampler(partition, replace=replace, weighted=weighted,
