@@ -771,6 +771,32 @@ def test_servers_holding_every_feature_make_the_same_batches_without_peer_calls(
     assert [[_stage_calls(s, stage) for stage in stages] for s in full_graph] == before
 
 
+@pytest.mark.parametrize("plan", ["per partition", "bfloat16 with a cache plan"])
+def test_servers_holding_every_feature_but_their_own_structure_ask_their_peers_for_no_row(
+        cluster: list[str], parts2: Path, plan: str) -> None:
+    """``features: full`` with the partition's own structure (a choice the CPU sampler
+    allows): the servers ask their peers to draw the frontier nodes the peers own, but
+    gather every row and label themselves (the original IDs of their nodes, which come
+    with the structure, they still ask for), and the batches are bit-identical."""
+    servers, _ = _pair(parts2, features="full")
+    for s in servers:
+        s.start()
+    try:
+        assert all(s.wait_until_serving(20) for s in servers)
+        assert [(s.store.structure_mode, s.store.features_mode) for s in servers] == \
+            [("partition", "full")] * 2
+        _assert_same_epochs(cluster, servers, _plan_request(plan))
+        assert all(_stage_calls(s, "peer_sample") > 0 for s in servers)
+        fetched = [_stage_calls(s, "peer_fetch") for s in servers]
+        without_ids = _plan_request(plan)
+        without_ids.include_original_ids = False
+        for s in servers:
+            assert len(_raw_epoch(f"127.0.0.1:{s.port}", without_ids)) > 1
+        assert [_stage_calls(s, "peer_fetch") for s in servers] == fetched
+    finally:
+        _stop(servers)
+
+
 def test_every_feature_needs_every_partition_s_files(parts2: Path, tmp_path: Path) -> None:
     """``features: full`` refuses to start (before the port is bound) where another
     partition's feature file is missing, naming it; ``auto`` keeps to the partition's own
