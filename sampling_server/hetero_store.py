@@ -109,6 +109,15 @@ class HeteroPartitionStore(PartitionStore):
     def partition(self) -> HeteroPartition:  # type: ignore[override]
         return self.typed_partition
 
+    def held_bytes(self) -> dict[str, tuple[str, int]]:
+        """Every type's in-edges and original IDs, and its features and the labels: the
+        partition's own (typed graphs hold no more)."""
+        part = self.typed_partition
+        structure = sum(int(a.nbytes) for arrays in (part.indptr, part.indices, part.orig_ids)
+                        for a in arrays.values())
+        features = sum(int(a.nbytes) for a in part.x.values()) + int(part.y.nbytes)
+        return {"structure": ("partition", structure), "features": ("partition", features)}
+
     def typed_sampler(self, *, replace: bool = False) -> HeteroNeighborSampler:
         """The typed sampler for these options (created on first use; thread-safe)."""
         key = bool(replace)

@@ -3,8 +3,8 @@
 Each server has its own registry (several servers may share a process in tests):
 streams open, batches/bytes/seeds sent, per-stage latency histograms (sample, gather,
 encode, and the peer calls), peer call errors, rejected requests by reason, how long
-a waking thread waits for the interpreter lock (:class:`GilProbe`), and the Numba
-threading layer of the CPU kernels.
+a waking thread waits for the interpreter lock (:class:`GilProbe`), the Numba
+threading layer of the CPU kernels, and the bytes of the graph the server holds.
 """
 
 from __future__ import annotations
@@ -99,6 +99,11 @@ class ServerMetrics:
                             "1 for the Numba threading layer the server's parallel CPU kernels "
                             "run on (omp, tbb, or workqueue: one parallel kernel at a time)",
                             ["partition", "layer"], registry=r)
+        self._held = Gauge("graphfeed_held_bytes",
+                           "Bytes of the graph the server holds, once loaded (memory-mapped "
+                           "files count their size): what (structure, features) and whose "
+                           "(extent: the partition's own, or the full graph's)",
+                           ["partition", "what", "extent"], registry=r)
         self._partition = str(partition)
         self._http: Any = None
         self._probe: GilProbe | None = None
@@ -124,6 +129,11 @@ class ServerMetrics:
     def threading_layer(self, layer: str) -> None:
         """The parallel CPU kernels run on Numba's threading layer ``layer``."""
         self._layer.labels(self._partition, layer).set(1)
+
+    def held(self, what: str, extent: str, nbytes: int) -> None:
+        """The loaded server holds ``nbytes`` of ``what`` (``structure``, ``features``),
+        the partition's own or the full graph's (``extent``)."""
+        self._held.labels(self._partition, what, extent).set(nbytes)
 
     def sent_message(self, nbytes: int) -> None:
         self.bytes.inc(nbytes)

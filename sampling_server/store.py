@@ -267,6 +267,16 @@ class PartitionStore:
         ``partition`` (known once loaded)."""
         return "full" if self._structure is not None else "partition"
 
+    def held_bytes(self) -> dict[str, tuple[str, int]]:
+        """What the loaded server holds: for ``structure`` and ``features``, whose
+        (:attr:`structure_mode`, :attr:`features_mode`) and its bytes (memory maps count
+        their size)."""
+        part = self.partition
+        structure = self._structure or part.structure
+        node_data = self._node_data or part.node_data
+        return {"structure": (self.structure_mode, structure.nbytes),
+                "features": (self.features_mode, node_data.nbytes)}
+
     @property
     def loaded(self) -> bool:
         return self._loaded.is_set()

@@ -187,6 +187,24 @@ def test_typed_servers_start_without_errors(two: Path, caplog: pytest.LogCapture
     assert errors == []
 
 
+def test_a_typed_server_counts_the_bytes_it_holds_in_its_metrics(one: Path) -> None:
+    """Every type's in-edges and original IDs, its features and the labels: the
+    partition's own."""
+    server, _ = create_server(_config(one, 0))
+    server.start()
+    try:
+        assert server.wait_until_serving(60)
+        part = server.store.partition
+        held = {what: server.metrics.registry.get_sample_value(
+            "graphfeed_held_bytes", {"partition": "0", "what": what, "extent": "partition"})
+            for what in ("structure", "features")}
+    finally:
+        server.stop(None).wait(10)
+    edges = sum(part.indptr[et].nbytes + part.indices[et].nbytes for et in part.indices)
+    assert held["structure"] == edges + sum(a.nbytes for a in part.orig_ids.values())
+    assert held["features"] == sum(a.nbytes for a in part.x.values()) + part.y.nbytes > 0
+
+
 def _typed_request(**kw: object) -> pb.EpochRequest:
     settings: dict[str, object] = {"split": "train", "fanouts": [2], "batch_size": 4,
                                    "world_size": 1}

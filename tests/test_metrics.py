@@ -66,6 +66,12 @@ def test_the_metrics_endpoint_counts_what_the_server_did(parts2: Path) -> None:
         assert _value(page, "graphfeed_streams_open") == 0
         assert _value(page, "graphfeed_gil_wait_seconds_count") > 0  # probed while served
         assert _value(page, "graphfeed_threading_layer", layer=numba.threading_layer()) == 1
+        part = servers[0].store.partition
+        assert _value(page, "graphfeed_held_bytes", what="structure", extent="partition") == \
+            part.structure.nbytes > 0
+        assert _value(page, "graphfeed_held_bytes", what="features", extent="partition") == \
+            part.node_data.nbytes > 0
+        assert "extent=\"full\"" not in page
         for stage in ("sample", "gather", "encode", "peer_sample", "peer_fetch"):
             assert _value(page, "graphfeed_stage_seconds_count", stage=stage) > 0
         # the peer's side of those calls: one answer each, timed without its network wait
