@@ -23,14 +23,8 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from partitioner.format import (
-    PartitionFormatError,
-    load_node_data,
-    load_node_map,
-    load_partition,
-    load_structure,
-    read_manifest,
-)
+from partitioner import load_node_data, load_structure
+from partitioner.format import PartitionFormatError, load_node_map, load_partition, read_manifest
 from partitioner.graph import GraphData
 from partitioner.synthetic import generate
 from protos import codec
