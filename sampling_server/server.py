@@ -358,8 +358,12 @@ class SamplingServer(grpc.Server):
                           self.store.partition_id, self.config.partition_dir)
             self.shutdown_requested.set()
             return
-        for what, (extent, nbytes) in self.store.held_bytes().items():
-            self.metrics.held(what, extent, nbytes)
+        try:  # metrics only: serve without them, say why
+            for what, (extent, nbytes) in self.store.held_bytes().items():
+                self.metrics.held(what, extent, nbytes)
+        except Exception:
+            log.exception("partition=%d: the held bytes could not be counted",
+                          self.store.partition_id)
         self._report_threading_layer()
         try:  # before SERVING: a peer reading this order must not wait past its deadline
             if isinstance(self.store, HeteroPartitionStore):  # one order per featured type

@@ -272,8 +272,8 @@ class PartitionStore:
         (:attr:`structure_mode`, :attr:`features_mode`) and its bytes (memory maps count
         their size)."""
         part = self.partition
-        structure = self._structure or part.structure
-        node_data = self._node_data or part.node_data
+        structure = part.structure if self._structure is None else self._structure
+        node_data = part.node_data if self._node_data is None else self._node_data
         return {"structure": (self.structure_mode, structure.nbytes),
                 "features": (self.features_mode, node_data.nbytes)}
 
