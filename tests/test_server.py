@@ -23,7 +23,7 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from partitioner import load_node_data, load_structure
+from partitioner import load_node_data, load_structure, partition_graph
 from partitioner.format import PartitionFormatError, load_node_map, load_partition, read_manifest
 from partitioner.graph import GraphData
 from partitioner.synthetic import generate
@@ -62,9 +62,10 @@ def _config(root: Path, partition: int, **kw: object) -> ServerConfig:
     return ServerConfig(partition_dir=root, partition=partition, **settings)  # type: ignore[arg-type]
 
 
-def _pair(root: Path, **kw: object) -> tuple[list[SamplingServer], list[str]]:
-    """Two bound servers (not started) that know each other's addresses."""
-    built = [create_server(_config(root, p, **kw)) for p in range(2)]
+def _servers(root: Path, count: int = 2, **kw: object) -> tuple[list[SamplingServer], list[str]]:
+    """``count`` bound servers (not started), one per partition, that know each other's
+    addresses."""
+    built = [create_server(_config(root, p, **kw)) for p in range(count)]
     addresses = [f"127.0.0.1:{port}" for _, port in built]
     servers = [s for s, _ in built]
     for s in servers:
@@ -79,7 +80,7 @@ def _stop(servers: list[SamplingServer]) -> None:
 
 @pytest.fixture(scope="module")
 def cluster(parts2: Path) -> Iterator[list[str]]:
-    servers, addresses = _pair(parts2)
+    servers, addresses = _servers(parts2)
     for s in servers:
         s.start()
     assert all(s.wait_until_serving(20) for s in servers)
@@ -245,7 +246,7 @@ def test_cluster_info(cluster: list[str], parts2: Path) -> None:
 
 
 def test_health_serving_only_when_both_servers_are_up(parts2: Path) -> None:
-    servers, addresses = _pair(parts2)
+    servers, addresses = _servers(parts2)
     try:
         servers[0].start()
         assert servers[0].wait_until_loaded(20)
@@ -558,7 +559,7 @@ def test_fetch_node_data_answers_read_as_plain_protobuf(parts2: Path, truth: Tru
     """A peer's rows, cast on the way and framed without protobuf's copies, read by the
     generated stubs: several chunk messages (small chunks), every row in order, features
     as ``Tensor.to`` casts them, labels and original IDs."""
-    servers, addresses = _pair(parts2, chunk_bytes=4096)
+    servers, addresses = _servers(parts2, chunk_bytes=4096)
     try:
         for s in servers:
             s.start()
@@ -614,7 +615,7 @@ def _raw_epoch(address: str, req: pb.EpochRequest) -> list[tuple[list[bytes], di
 @pytest.fixture(scope="module")
 def small_chunks(parts2: Path) -> Iterator[list[str]]:
     """A second pair of servers, with messages of at most 1 KiB of tensor data."""
-    servers, addresses = _pair(parts2, chunk_bytes=1024)
+    servers, addresses = _servers(parts2, chunk_bytes=1024)
     for s in servers:
         s.start()
     assert all(s.wait_until_serving(20) for s in servers)
@@ -686,7 +687,7 @@ def test_one_partition_s_rows_gathered_into_their_messages_match_the_encoded_one
 @pytest.fixture(scope="module")
 def full_structure(parts2: Path) -> Iterator[list[SamplingServer]]:
     """A pair of servers that each hold the whole graph's structure."""
-    servers, _ = _pair(parts2, structure="full")
+    servers, _ = _servers(parts2, structure="full")
     for s in servers:
         s.start()
     assert all(s.wait_until_serving(20) for s in servers)
@@ -750,7 +751,7 @@ def full_graph(parts2: Path) -> Iterator[list[SamplingServer]]:
     """A pair of servers with the defaults (``auto``: the whole graph's structure and
     every node's features and labels, on this small graph), their features gathered into
     1 KiB stream messages."""
-    servers, _ = _pair(parts2, structure="auto", features="auto", chunk_bytes=1024)
+    servers, _ = _servers(parts2, structure="auto", features="auto", chunk_bytes=1024)
     for s in servers:
         s.start()
     assert all(s.wait_until_serving(20) for s in servers)
@@ -779,7 +780,7 @@ def test_servers_holding_every_feature_but_their_own_structure_ask_their_peers_f
     allows): the servers ask their peers to draw the frontier nodes the peers own, but
     gather every row and label themselves (the original IDs of their nodes, which come
     with the structure, they still ask for), and the batches are bit-identical."""
-    servers, _ = _pair(parts2, features="full")
+    servers, _ = _servers(parts2, features="full")
     for s in servers:
         s.start()
     try:
@@ -807,6 +808,40 @@ def test_servers_holding_the_whole_graph_count_its_bytes_in_their_metrics(
             {"partition": str(s.store.partition_id), "what": what, "extent": "full"})
             for what in ("structure", "features")]
         assert held == whole
+
+
+def test_servers_holding_the_whole_graph_match_on_relabelled_float16_partitions(
+        tmp_path: Path) -> None:
+    """Three random partitions (global IDs relabelled, unlike the range partitions above)
+    of float16 features: servers holding the whole graph (the defaults) stream what servers
+    that ask their peers stream, in every wire dtype, with and without a cache plan, in
+    both batch plans."""
+    graph = generate("small", progress=False)
+    graph.x = graph.x.astype(np.float16)
+    root = tmp_path / "parts"
+    partition_graph(graph, 3, root, method="random", progress=False)
+    asking, _ = _servers(root, 3)
+    holding, _ = _servers(root, 3, structure="auto", features="auto")
+    try:
+        for s in (*asking, *holding):
+            s.start()
+        assert all(s.wait_until_serving(30) for s in (*asking, *holding))
+        assert {(s.store.structure_mode, s.store.features_mode) for s in holding} == \
+            {("full", "full")}
+        addresses = [f"127.0.0.1:{s.port}" for s in asking]
+        for dtype in (pb.FLOAT32, pb.FLOAT16, pb.BFLOAT16):
+            for plan in ("per partition", "global", "with a cache plan"):
+                req = request(batch_size=40, fanouts=[5, 4], include_original_ids=True,
+                              feature_dtype=dtype)
+                if plan == "global":
+                    req.global_batches, req.shuffle = True, False
+                    req.seeds.CopyFrom(codec.encode_tensor(np.arange(0, 4000, 17, dtype=np.int64)))
+                if plan == "with a cache plan":
+                    req.cache_counts.extend([150, 150, 150])
+                _assert_same_epochs(addresses, holding, req)
+    finally:
+        _stop(asking)
+        _stop(holding)
 
 
 def test_every_feature_needs_every_partition_s_files(parts2: Path, tmp_path: Path) -> None:
@@ -944,7 +979,7 @@ def test_a_client_that_goes_away_ends_its_stream(cluster: list[str],
 
 
 def test_dead_peer_fails_the_stream_quickly_naming_the_peer(parts2: Path) -> None:
-    servers, addresses = _pair(parts2, peer_timeout=2.0)
+    servers, addresses = _servers(parts2, peer_timeout=2.0)
     try:
         for s in servers:
             s.start()
