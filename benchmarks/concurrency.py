@@ -252,7 +252,7 @@ def run_row(args: argparse.Namespace, part_dir: Path, mode: str, workers: int,
             "--fanouts", *map(str, args.fanouts)]
     threads = args.threads
     if threads is None and mode == "processes":
-        from sampling_server.threads import usable_cpus
+        from protos.cpus import usable_cpus
 
         threads = max(1, usable_cpus() // workers)
     if threads is not None:

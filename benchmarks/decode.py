@@ -83,7 +83,7 @@ def main() -> int:
     from sampler import ensure_partition
 
     from protos.allocator import keep_freed_memory
-    from sampling_server.threads import usable_cpus
+    from protos.cpus import usable_cpus
     from trainer_client.decode import default_background_copies
 
     keep_freed_memory()  # as graphfeed-train does

@@ -17,60 +17,25 @@ tables and the kernel are in :mod:`sampling_server.sampler.cuda_features`.
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
 
 import numpy as np
+
+from protos.sizes import CacheSize, parse_cache_amount
+
+#: The parsed ``gpu_cache_size``.
+GpuCacheSize = CacheSize
 
 #: Share of the GPU's free memory (measured once the graph structure is placed) that
 #: ``gpu_cache_size="auto"`` may fill with feature rows; the rest is left to sampling.
 AUTO_FREE_FRACTION = 0.5
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z%]*)\s*$")
 _EXPECTED = ("'auto', a fraction of the partition's feature rows in [0, 1] (e.g. 0.2), a "
              "percentage ('20%') or a size in bytes with a unit ('2GiB', '512MB')")
-
-
-@dataclass(frozen=True)
-class GpuCacheSize:
-    """A parsed ``gpu_cache_size``."""
-
-    #: ``"auto"``, ``"fraction"`` (of the partition's rows) or ``"bytes"`` (of GPU memory).
-    kind: str
-    #: The fraction in [0, 1], or the bytes; 0 for ``"auto"``.
-    amount: float = 0.0
 
 
 def parse_gpu_cache_size(value: object, field: str = "gpu_cache_size") -> GpuCacheSize:
     """``value`` as a :class:`GpuCacheSize`; ``ValueError`` naming ``field``, what it
     expected and what it got."""
     return parse_cache_amount(value, field, _EXPECTED)
-
-
-def parse_cache_amount(value: object, field: str, expected: str) -> GpuCacheSize:
-    """A cache size in the syntax shared by the server's ``gpu_cache_size`` and the
-    trainer's ``cache_size``: ``"auto"``, a fraction in [0, 1], a percentage or a size
-    with a unit. ``ValueError`` names ``field``, says ``expected`` and what it got."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return GpuCacheSize("auto")
-    if isinstance(value, bool) or not isinstance(value, int | float | str | np.number):
-        raise ValueError(f"{field}: expected {expected}, got {value!r}")
-    number, unit = (float(value), "") if not isinstance(value, str) else _split(value, field, expected)
-    if unit and unit != "%":
-        return GpuCacheSize("bytes", float(math.floor(number * _UNITS[unit])))
-    fraction = number / 100 if unit == "%" else number
-    if not math.isfinite(fraction) or not 0 <= fraction <= 1:
-        raise ValueError(f"{field}: expected {expected}, got {value!r}")
-    return GpuCacheSize("fraction", fraction)
-
-
-def _split(text: str, field: str, expected: str) -> tuple[float, str]:
-    match = _SIZE.match(text)
-    unit = match.group(2).lower() if match else ""
-    if match is None or (unit and unit != "%" and unit not in _UNITS):
-        raise ValueError(f"{field}: expected {expected}, got {text!r}")
-    return float(match.group(1)), unit
 
 
 def rows_on_device(size: GpuCacheSize, num_rows: int, row_bytes: int,

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from protos.cpus import usable_cpus
 from sampling_server.sampler.cpu_kernels import threading_layer as numba_layer
-from sampling_server.threads import usable_cpus
 
 ROOT = Path(__file__).resolve().parents[1]
 

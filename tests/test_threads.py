@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from protos import cpus
 from sampling_server import threads
 from sampling_server.config import ConfigError, ServerConfig
 
@@ -22,7 +23,7 @@ def _proc_cgroup(tmp_path: Path, text: str) -> Path:
 def test_cgroup_v2_quota(tmp_path: Path, cpu_max: str, expected: float | None) -> None:
     (tmp_path / "svc").mkdir()
     (tmp_path / "svc" / "cpu.max").write_text(cpu_max)
-    assert threads._cgroup_quota(tmp_path, _proc_cgroup(tmp_path, "0::/svc\n")) == expected
+    assert cpus._cgroup_quota(tmp_path, _proc_cgroup(tmp_path, "0::/svc\n")) == expected
 
 
 @pytest.mark.parametrize(("quota", "expected"), [("200000", 2.0), ("-1", None), ("50000", 0.5)])
@@ -32,27 +33,27 @@ def test_cgroup_v1_quota(tmp_path: Path, quota: str, expected: float | None) -> 
     (cpu / "cpu.cfs_quota_us").write_text(quota + "\n")
     (cpu / "cpu.cfs_period_us").write_text("100000\n")
     text = "4:memory:/x\n2:cpu,cpuacct:/\n0::/\n"
-    assert threads._cgroup_quota(tmp_path, _proc_cgroup(tmp_path, text)) == expected
+    assert cpus._cgroup_quota(tmp_path, _proc_cgroup(tmp_path, text)) == expected
 
 
 def test_no_cgroup_files_means_no_quota(tmp_path: Path) -> None:
-    assert threads._cgroup_quota(tmp_path, tmp_path / "missing") is None
-    assert threads._cgroup_quota(tmp_path, _proc_cgroup(tmp_path, "0::/a\n1:cpu:/b\n")) is None
+    assert cpus._cgroup_quota(tmp_path, tmp_path / "missing") is None
+    assert cpus._cgroup_quota(tmp_path, _proc_cgroup(tmp_path, "0::/a\n1:cpu:/b\n")) is None
     (tmp_path / "cpu.max").write_text("garbage\n")
-    assert threads._cgroup_quota(tmp_path, _proc_cgroup(tmp_path, "0::/\n")) is None
+    assert cpus._cgroup_quota(tmp_path, _proc_cgroup(tmp_path, "0::/\n")) is None
 
 
 def test_usable_cpus_rounds_a_quota_up_and_never_exceeds_the_affinity(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    monkeypatch.setattr(threads, "_cgroup_quota", lambda: 1.5)
-    assert threads.usable_cpus() == 2
-    monkeypatch.setattr(threads, "_cgroup_quota", lambda: 64.0)
-    assert threads.usable_cpus() == 4
-    monkeypatch.setattr(threads, "_cgroup_quota", lambda: 0.1)
-    assert threads.usable_cpus() == 1
-    monkeypatch.setattr(threads, "_cgroup_quota", lambda: None)
-    assert threads.usable_cpus() == 4
+    monkeypatch.setattr(cpus.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(cpus, "_cgroup_quota", lambda: 1.5)
+    assert cpus.usable_cpus() == 2
+    monkeypatch.setattr(cpus, "_cgroup_quota", lambda: 64.0)
+    assert cpus.usable_cpus() == 4
+    monkeypatch.setattr(cpus, "_cgroup_quota", lambda: 0.1)
+    assert cpus.usable_cpus() == 1
+    monkeypatch.setattr(cpus, "_cgroup_quota", lambda: None)
+    assert cpus.usable_cpus() == 4
 
 
 def test_kernel_threads_are_the_usable_cpus_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -44,8 +44,8 @@ from protos import sampling_pb2 as pb
 from protos.channel import ServerUnavailable, error_from_rpc
 from protos.codec import decode_tensor_torch, dtype_name, dtype_to_torch
 from protos.halfcast import words
-from sampling_server.feature_placement import parse_cache_amount
-from sampling_server.sampler.prefetch import LINE, prefetch
+from protos.prefetch import LINE, prefetch
+from protos.sizes import parse_cache_amount
 
 if TYPE_CHECKING:
     from trainer_client.cluster import Cluster

@@ -33,8 +33,8 @@ from protos import compact, halfcast
 from protos import sampling_pb2 as pb
 from protos.buffers import BufferPool
 from protos.codec import CodecError, TensorAssembler
+from protos.cpus import usable_cpus
 from protos.fastwire import WireMessage
-from sampling_server.threads import usable_cpus
 
 if TYPE_CHECKING:
     from trainer_client.hetero_decode import TypedSpec

@@ -35,7 +35,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from partitioner.format import PartitionFormatError, read_manifest
 from partitioner.hetero_format import HETERO_FORMAT_VERSION, read_format_version, read_hetero_manifest
 from protos.channel import create_channel
-from sampling_server.threads import usable_cpus
+from protos.cpus import usable_cpus
 
 log = logging.getLogger("graphfeed-local")
 

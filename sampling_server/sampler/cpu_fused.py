@@ -27,6 +27,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from protos.prefetch import prefetch
 from sampling_server.sampler.base import is_identity
 from sampling_server.sampler.cpu_kernels import (
     floyd_positions,
@@ -37,7 +38,6 @@ from sampling_server.sampler.cpu_kernels import (
     total,
     uniform_below,
 )
-from sampling_server.sampler.prefetch import prefetch
 
 #: Entry of a dense relabel map for a node the batch has not numbered (local IDs are >= 0).
 UNSEEN = -1

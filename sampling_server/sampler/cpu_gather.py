@@ -19,8 +19,8 @@ from numba import types
 from numba.extending import intrinsic
 
 from protos.halfcast import narrow_word
+from protos.prefetch import LINE, prefetch
 from sampling_server.sampler.cpu_kernels import PARALLEL_MIN_ROWS, parallel_guard
-from sampling_server.sampler.prefetch import LINE, prefetch
 
 #: Rows ahead of the copied one whose cache lines are requested.
 PREFETCH_DISTANCE = 8

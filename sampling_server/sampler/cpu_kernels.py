@@ -23,8 +23,8 @@ from typing import Any
 import numba
 import numpy as np
 
+from protos.prefetch import LINE, prefetch
 from sampling_server.sampler import rng
-from sampling_server.sampler.prefetch import LINE, prefetch
 
 #: Floyd's algorithm checks earlier picks by a linear scan up to this fanout, and with
 #: a small hash set above it.
