@@ -61,7 +61,8 @@ def typed_npz(path: Path, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     counts = {"paper": 120, "author": 80, "topic": 12}
     rels = {("author", "writes", "paper"): (80, 120, 300), ("paper", "cites", "paper"): (120, 120, 250),
-            ("paper", "has_topic", "topic"): (120, 12, 160), ("topic", "rev_has_topic", "paper"): (12, 120, 160)}
+            ("paper", "has_topic", "topic"): (120, 12, 160),
+            ("topic", "rev_has_topic", "paper"): (12, 120, 160)}
     arrays: dict[str, np.ndarray] = {f"num_nodes__{t}": np.int64(c) for t, c in counts.items()}
     for (s, r, d), (ns, nd, e) in rels.items():
         arrays[f"edge_index__{s}__{r}__{d}"] = np.stack(
