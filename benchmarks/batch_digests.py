@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import os
 import subprocess
@@ -63,7 +64,7 @@ def typed_npz(path: Path, seed: int = 0) -> None:
     rels = {("author", "writes", "paper"): (80, 120, 300), ("paper", "cites", "paper"): (120, 120, 250),
             ("paper", "has_topic", "topic"): (120, 12, 160),
             ("topic", "rev_has_topic", "paper"): (12, 120, 160)}
-    arrays: dict[str, np.ndarray] = {f"num_nodes__{t}": np.int64(c) for t, c in counts.items()}
+    arrays: dict[str, Any] = {f"num_nodes__{t}": np.int64(c) for t, c in counts.items()}
     for (s, r, d), (ns, nd, e) in rels.items():
         arrays[f"edge_index__{s}__{r}__{d}"] = np.stack(
             [rng.integers(0, ns, e), rng.integers(0, nd, e)]).astype(np.int64)
@@ -166,7 +167,8 @@ def sampler_digests(kind: str, root: Path, device: str) -> dict[str, list[str]]:
     train = [np.asarray(s, dtype=np.int64) for s in seeds_of]
     for batches in ("global", "partition"):
         for rank in range(2):
-            out = []
+            out: list[Any] = []
+            plan: Any
             if batches == "global":
                 everything = np.concatenate(train)
                 plan = plan_global_epoch(everything.size, 16, 2, 2, shuffle=True, seed=7, epoch=1)
@@ -187,14 +189,15 @@ def sampler_digests(kind: str, root: Path, device: str) -> dict[str, list[str]]:
 def _samplers(kind: str, root: Path, device: str) -> tuple[Any, list[np.ndarray], Any]:
     """(draw(partition, seeds, key) -> batch, each partition's train seeds, digest(batch))
     for this version's sampler API or the one before it."""
-    import sampling_server.sampler as S
+    # two versions' APIs: typed as Any
+    S: Any = importlib.import_module("sampling_server.sampler")
 
     fanouts: Any = [4, 3]
     if not hasattr(S, "create_hetero_sampler"):  # one sampler for both kinds
         from partitioner.format import load_partition
 
-        parts = [load_partition(root, p) for p in range(2)]
-        samplers = [S.create_sampler(part, device) for part in parts]
+        parts: list[Any] = [load_partition(root, p) for p in range(2)]
+        samplers: list[Any] = [S.create_sampler(part, device) for part in parts]
         peers = S.InProcessPeers(samplers)
         target = parts[0].manifest.target_type
 
@@ -237,23 +240,23 @@ def _samplers(kind: str, root: Path, device: str) -> tuple[Any, list[np.ndarray]
         return hdraw, [part.splits["train"] for part in hparts], hdigest
     from partitioner.format import load_partition
 
-    parts = [load_partition(root, p) for p in range(2)]
-    samplers = [S.create_sampler(part, device) for part in parts]
+    pparts: list[Any] = [load_partition(root, p) for p in range(2)]
+    psamplers: list[Any] = [S.create_sampler(part, device) for part in pparts]
 
     def neighbors(by: Any, fanout: int, key: int, hop: int) -> Any:
-        return {p: samplers[p].sample_neighbors(n.to(samplers[p].device), fanout, key, hop)
+        return {p: psamplers[p].sample_neighbors(n.to(psamplers[p].device), fanout, key, hop)
                 for p, n in by.items()}
 
     def node_data(by: Any, features: bool, labels: bool) -> Any:
-        return {p: samplers[p].gather_local(n.to(samplers[p].device), features, labels)
+        return {p: psamplers[p].gather_local(n.to(psamplers[p].device), features, labels)
                 for p, n in by.items()}
 
     def orig_ids(by: Any) -> Any:
-        return {p: samplers[p]._orig_ids_local(n.cpu()) for p, n in by.items()}
+        return {p: psamplers[p]._orig_ids_local(n.cpu()) for p, n in by.items()}
 
     def pdraw(p: int, seeds: np.ndarray, key: int) -> Any:
-        batch = samplers[p].minibatch(seeds, fanouts, key, remote=neighbors, remote_data=node_data)
-        return batch, samplers[p].orig_ids_of(batch.structure.n_id, orig_ids)
+        batch = psamplers[p].minibatch(seeds, fanouts, key, remote=neighbors, remote_data=node_data)
+        return batch, psamplers[p].orig_ids_of(batch.structure.n_id, orig_ids)
 
     def pdigest(drawn: Any) -> str:
         batch, orig = drawn
@@ -261,7 +264,7 @@ def _samplers(kind: str, root: Path, device: str) -> tuple[Any, list[np.ndarray]
         node = "_N"
         return _digest_parts({node: (orig, batch.x, batch.y, s.num_sampled_nodes)},
                              {(node, "_E", node): (s.edge_index, s.num_sampled_edges)})
-    return pdraw, [part.splits["train"] for part in parts], pdigest
+    return pdraw, [part.splits["train"] for part in pparts], pdigest
 
 
 def _digest_parts(nodes: dict[str, tuple[Any, ...]], edges: dict[Any, tuple[Any, ...]]) -> str:
