@@ -19,7 +19,7 @@ Target: bytes per batch / 4 or better at 20 % cache + bfloat16 vs float32 withou
 Writes ``benchmarks/results/feature_cache.json`` (``--results-name``).
 
 ``--typed PRESET`` runs the same rows on a typed graph instead (a preset of
-``partitioner.hetero_synthetic`` with reverse relations, in two partitions, written once
+``partitioner.synthetic`` with reverse relations, in two partitions, written once
 under ``--data``; seeds: the training nodes of the target type; ``--typed-fanouts`` for
 every edge type): the cache then holds every node type with features, and the hot-node
 rules are compared per node type on a one-partition copy.
@@ -124,13 +124,13 @@ def measure(addresses: list[str], cache: float, dtype: str, num_batches: int,
 def typed_partition(data: Path, preset: str, parts: int = 2) -> Path:
     """The typed ``preset`` with reverse relations in ``parts`` partitions under ``data``
     (written once; METIS for several, one range for one, as ``benchmarks/hetero.py``)."""
-    from partitioner.hetero_synthetic import generate_hetero
+    from partitioner.synthetic import generate
     from partitioner.hetero_writer import partition_hetero_graph
 
     root = data / f"{preset}-hetero-{parts}"
     if not (root / "manifest.json").is_file():
         started = time.perf_counter()
-        graph = generate_hetero(preset, seed=0, progress=False).add_reverse()
+        graph = generate(preset, seed=0, progress=False).add_reverse()
         partition_hetero_graph(graph, parts, root, method="metis" if parts > 1 else "range",
                                overwrite=True, progress=False)
         log.info("%s: generated and partitioned in %.1f s", root, time.perf_counter() - started)

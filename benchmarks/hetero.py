@@ -40,9 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import load_average, machine, spread, summarize_passes, time_batches, write_json
 
-from partitioner.hetero import HeteroGraphData
+from partitioner.typed import TypedGraphData
 from partitioner.hetero_format import load_hetero_node_map, load_hetero_partition
-from partitioner.hetero_synthetic import generate_hetero
+from partitioner.synthetic import generate
 from partitioner.hetero_writer import partition_hetero_graph
 from sampling_server.sampler.hetero_cpu import CpuHeteroSampler
 
@@ -61,7 +61,7 @@ def measure(label: str, step: Callable[[np.ndarray, int], int], train: np.ndarra
     return row
 
 
-def graphfeed_rows(root: Path, graph: HeteroGraphData, fanouts: list[int],
+def graphfeed_rows(root: Path, graph: TypedGraphData, fanouts: list[int],
                    num_batches: int, threads: int) -> list[dict[str, Any]]:
     """The CPU sampler with ``threads`` Numba (and torch) threads; with more than one, also
     ``threads`` batches at once (as ``sampling_server``'s sampling workers run them)."""
@@ -93,7 +93,7 @@ def graphfeed_rows(root: Path, graph: HeteroGraphData, fanouts: list[int],
     return rows
 
 
-def pyg_rows(graph: HeteroGraphData, fanouts: list[int], num_batches: int,
+def pyg_rows(graph: TypedGraphData, fanouts: list[int], num_batches: int,
              workers: list[int]) -> list[dict[str, Any]]:
     """PyG's hetero NeighborLoader (needs pyg-lib or torch-sparse); skipped without them."""
     if not any(importlib.util.find_spec(m) for m in ("pyg_lib", "torch_sparse")):
@@ -155,7 +155,7 @@ def main() -> int:
 
     keep_freed_memory()  # as the server does at start-up; applies to every row alike
     started = time.perf_counter()
-    graph = generate_hetero(args.preset, seed=0, progress=False).add_reverse()
+    graph = generate(args.preset, seed=0, progress=False).add_reverse()
     root = args.data / f"{args.preset}-hetero-1"
     if not (root / "manifest.json").is_file():
         partition_hetero_graph(graph, 1, root, method="range", overwrite=True, progress=False)

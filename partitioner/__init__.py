@@ -1,8 +1,9 @@
-"""Dataset readers, partition algorithms and the on-disk partition formats (v1 homogeneous,
-v2 typed)."""
+"""Dataset readers, partition algorithms and the on-disk partition format (one model for
+plain and typed graphs: v1 files for a plain graph, v2 for a typed one)."""
 
 from partitioner.format import (
     FORMAT_VERSION,
+    TYPED_FORMAT_VERSION,
     Manifest,
     NodeData,
     Partition,
@@ -12,44 +13,34 @@ from partitioner.format import (
     load_node_map,
     load_partition,
     load_structure,
+    read_format_version,
     read_manifest,
 )
-from partitioner.graph import SPLITS, GraphData, GraphDataError
-from partitioner.hetero import EdgeType, HeteroGraphData
-from partitioner.hetero_format import (
-    HeteroManifest,
-    HeteroPartition,
-    load_hetero_node_map,
-    load_hetero_partition,
-    read_format_version,
-    read_hetero_manifest,
-)
-from partitioner.hetero_writer import partition_hetero_graph
-from partitioner.partition import partition_graph
+from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, SPLITS, EdgeType, GraphData, GraphDataError
+from partitioner.typed import TypedGraphData
+from partitioner.writer import partition_graph, write_partitions
 
 __all__ = [
     "FORMAT_VERSION",
+    "PLAIN_EDGE_TYPE",
+    "PLAIN_NODE_TYPE",
     "SPLITS",
+    "TYPED_FORMAT_VERSION",
     "EdgeType",
     "GraphData",
     "GraphDataError",
-    "HeteroGraphData",
-    "HeteroManifest",
-    "HeteroPartition",
     "Manifest",
     "NodeData",
     "Partition",
     "PartitionFormatError",
     "Structure",
-    "load_hetero_node_map",
-    "load_hetero_partition",
+    "TypedGraphData",
     "load_node_data",
     "load_node_map",
     "load_partition",
     "load_structure",
     "partition_graph",
-    "partition_hetero_graph",
     "read_format_version",
-    "read_hetero_manifest",
     "read_manifest",
+    "write_partitions",
 ]

@@ -9,14 +9,11 @@ import time
 from pathlib import Path
 
 from partitioner.algorithms import METHODS
-from partitioner.format import MANIFEST_FILE, Manifest, PartitionFormatError, check_files, read_manifest
+from partitioner.format import MANIFEST_FILE, PartitionFormatError, check_files, read_manifest
 from partitioner.graph import GraphData, GraphDataError
-from partitioner.hetero import HeteroGraphData
-from partitioner.hetero_format import HeteroManifest, read_format_version, read_hetero_manifest
-from partitioner.hetero_synthetic import HETERO_PRESETS
-from partitioner.npyio import FileRecord
-from partitioner.summary import format_hetero_summary, format_summary
-from partitioner.synthetic import PRESETS
+from partitioner.summary import format_summary
+from partitioner.synthetic import PLAIN_PRESETS, TYPED_PRESETS
+from partitioner.typed import TypedGraphData
 
 log = logging.getLogger("partitioner")
 
@@ -57,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="write a synthetic graph as a graph directory",
                          description="Write a synthetic graph (reproducible from --seed) as a "
                          "directory of .npy files that `partition --graph-dir` streams.")
-    gen.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    gen.add_argument("--preset", choices=sorted(PLAIN_PRESETS), default="small")
     gen.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     gen.add_argument("--out", type=Path, required=True, help="output graph directory")
     info = sub.add_parser("info", help="validate a partition directory and print its summary",
@@ -79,7 +76,7 @@ def _add_partition(sub: argparse._SubParsersAction) -> None:
         "graphs bigger than RAM), random.",
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--synthetic", choices=sorted(PRESETS) + sorted(HETERO_PRESETS),
+    src.add_argument("--synthetic", choices=sorted(PLAIN_PRESETS) + sorted(TYPED_PRESETS),
                      help="a synthetic graph preset (mag-*: typed)")
     src.add_argument("--ogb", metavar="NAME", help="an OGB node dataset, e.g. ogbn-products "
                      "(ogbn-mag is read typed, with all node types and relations)")
@@ -109,7 +106,7 @@ def _add_partition(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
-def _read_source(args: argparse.Namespace) -> GraphData | HeteroGraphData:
+def _read_source(args: argparse.Namespace) -> GraphData | TypedGraphData:
     graph = _read_typed_source(args)
     if graph is not None:
         return graph.add_reverse() if args.add_reverse else graph
@@ -133,12 +130,14 @@ def _read_source(args: argparse.Namespace) -> GraphData | HeteroGraphData:
     return read_graph_dir(args.graph_dir)
 
 
-def _read_typed_source(args: argparse.Namespace) -> HeteroGraphData | None:
+def _read_typed_source(args: argparse.Namespace) -> TypedGraphData | None:
     """The typed graph the arguments name, or None for a homogeneous source."""
-    if args.synthetic in HETERO_PRESETS:
-        from partitioner.hetero_synthetic import generate_hetero
+    if args.synthetic in TYPED_PRESETS:
+        from partitioner.synthetic import generate
 
-        return generate_hetero(args.synthetic, seed=args.seed, progress=not args.no_progress)
+        graph = generate(args.synthetic, seed=args.seed, progress=not args.no_progress)
+        assert isinstance(graph, TypedGraphData)  # a typed preset
+        return graph
     if args.ogb and not args.mag_papers_only:
         from partitioner.readers.ogb import ogb_metadata
 
@@ -154,30 +153,18 @@ def _read_typed_source(args: argparse.Namespace) -> HeteroGraphData | None:
     return None
 
 
-def _manifest_records(manifest: Manifest) -> list[FileRecord]:
-    records = list(manifest.files.values())
-    for part in manifest.partitions:
-        records.extend(part.files.values())
-    return records
-
-
 def _existing_differs(args: argparse.Namespace) -> str | None:
     """How the complete partition already in ``--out`` differs from the one asked for
     (None: it is the same); a partial or damaged one raises PartitionFormatError."""
-    manifest: Manifest | HeteroManifest
-    if read_format_version(args.out) == 2:
-        manifest = read_hetero_manifest(args.out)
-        check_files(args.out, manifest.records(), "size")
-    else:
-        manifest = read_manifest(args.out)
-        check_files(args.out, _manifest_records(manifest), "size")
+    manifest = read_manifest(args.out)
+    check_files(args.out, manifest.records(), "size")
     have = {"--num-parts": manifest.num_partitions,
             "--method": manifest.algorithm.get("method"),
             "--seed": manifest.algorithm.get("seed")}
     want = {"--num-parts": args.num_parts, "--method": args.method, "--seed": args.seed}
     if args.synthetic:
         have["--synthetic"], want["--synthetic"] = manifest.graph_name, args.synthetic
-    if isinstance(manifest, HeteroManifest):
+    if manifest.typed:
         have["--add-reverse"] = bool(manifest.algorithm.get("add_reverse"))
         want["--add-reverse"] = bool(args.add_reverse)
     diffs = [f"{k} {have[k]} there, {want[k]} asked" for k in want if have[k] != want[k]]
@@ -185,7 +172,7 @@ def _existing_differs(args: argparse.Namespace) -> str | None:
 
 
 def _cmd_partition(args: argparse.Namespace) -> int:
-    from partitioner.partition import partition_graph
+    from partitioner.writer import partition_graph
 
     if args.num_parts < 1:
         raise ValueError(f"--num-parts: expected an integer >= 1, got {args.num_parts}")
@@ -208,29 +195,20 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     graph = _read_source(args)
     log.info("read %s in %.1f s", graph.name, time.perf_counter() - started)
-    if isinstance(graph, HeteroGraphData):
-        from partitioner.hetero_writer import partition_hetero_graph
-
-        typed = partition_hetero_graph(graph, args.num_parts, args.out, method=args.method,
-                                       seed=args.seed, overwrite=args.overwrite,
-                                       progress=not args.no_progress,
-                                       extra={"add_reverse": bool(args.add_reverse)})
-        print(format_hetero_summary(typed))
-    else:
-        manifest = partition_graph(graph, args.num_parts, args.out, method=args.method,
-                                   seed=args.seed, overwrite=args.overwrite,
-                                   progress=not args.no_progress)
-        print(format_summary(manifest))
+    extra = {"add_reverse": bool(args.add_reverse)} if isinstance(graph, TypedGraphData) else None
+    manifest = partition_graph(graph, args.num_parts, args.out, method=args.method, seed=args.seed,
+                               overwrite=args.overwrite, progress=not args.no_progress, extra=extra)
+    print(format_summary(manifest))
     print(f"total time {time.perf_counter() - started:.1f} s; written to {args.out}")
     return 0
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from partitioner.readers.graphdir import save_graph_dir
-    from partitioner.synthetic import generate
+    from partitioner.synthetic import generate_plain
 
     started = time.perf_counter()
-    graph = generate(args.preset, seed=args.seed)
+    graph = generate_plain(args.preset, seed=args.seed)
     save_graph_dir(graph, args.out)
     print(f"{args.preset}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
           f"{graph.feature_dim} features, {graph.num_classes} classes -> {args.out} "
@@ -239,15 +217,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    if read_format_version(args.path) == 2:
-        typed = read_hetero_manifest(args.path)
-        check_files(args.path, typed.records(), "full" if args.verify else "size")
-        print(format_hetero_summary(typed))
-        print(f"{len(typed.records())} files "
-              f"{'verified (SHA-256)' if args.verify else 'checked (sizes)'}")
-        return 0
     manifest = read_manifest(args.path)
-    records = _manifest_records(manifest)
+    records = manifest.records()
     check_files(args.path, records, "full" if args.verify else "size")
     print(format_summary(manifest))
     print(f"{len(records)} files {'verified (SHA-256)' if args.verify else 'checked (sizes)'}")

@@ -1,325 +1,177 @@
-"""Partition format v1: the manifest, and the validating reader all later code uses.
+"""The validating reader of partitioned graphs (formats v1 and v2, one model).
 
-Layout of a partition root (see ``docs/partition-format.md``)::
-
-    manifest.json            format version, graph facts, partition book, file records
-    partition_book.npy       int64 [P+1]: partition p owns global IDs [book[p], book[p+1])
-    node_map.npy             int64 [N]: original node ID -> global ID
-    part-<p>/indptr.npy      int64 [n_p+1]: CSC offsets over the owned nodes
-    part-<p>/indices.npy     int64 [e_p]: global source ID of each in-edge
-    part-<p>/edge_weight.npy float32 [e_p] (only when the graph has edge weights)
-    part-<p>/x.npy           [n_p, F] features of the owned nodes
-    part-<p>/y.npy           int64 [n_p] labels (-1 = unlabeled)
-    part-<p>/orig_ids.npy    int64 [n_p] original ID of each owned node
-    part-<p>/<split>_idx.npy int64: global IDs of the owned nodes in the split
+:func:`load_partition` loads one partition as a :class:`Partition`: per edge type the CSC
+in-edges of the owned destination nodes, per node type the owned nodes' original IDs and
+features, the target type's labels and split shares. A plain graph (format v1) loads as
+the typed graph of one node type and one edge type. :func:`load_structure` and
+:func:`load_node_data` join every partition's in-edges, or features and labels, for a
+server that holds the whole graph's. Every reader refuses files that do not match the
+manifest (:mod:`partitioner.manifest`), naming the file. Arrays are read-only memory maps
+unless loaded with ``mmap=False``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
 import numpy as np
 
-from partitioner.graph import SPLITS
+from partitioner.graph import SPLITS, EdgeType
+from partitioner.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    TYPED_FORMAT_VERSION,
+    Manifest,
+    NodeTypeInfo,
+    PartitionFormatError,
+    PartitionInfo,
+    read_format_version,
+    read_manifest,
+    role,
+)
 from partitioner.npyio import FileRecord, load_npy, read_npy_header, sha256_file
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "FORMAT_VERSION", "MANIFEST_FILE", "TYPED_FORMAT_VERSION", "Manifest", "NodeData",
+    "NodeTypeInfo", "Partition", "PartitionFormatError", "PartitionInfo", "Structure", "Verify",
+    "check_files", "load_node_data", "load_node_map", "load_partition", "load_structure",
+    "node_data_bytes", "node_data_records", "read_format_version", "read_manifest", "role",
+    "structure_bytes", "structure_records",
+]
 
-FORMAT_NAME = "graphfeed-partition"
-FORMAT_VERSION = 1
-MANIFEST_FILE = "manifest.json"
+log = logging.getLogger(__name__)
 
 Verify = Literal["full", "size"]
 
 
-class PartitionFormatError(ValueError):
-    """A partition on disk does not match its manifest; the message names the file."""
-
-
 @dataclass(frozen=True)
 class Structure:
-    """In-edges (CSC) of one contiguous range of global node IDs: the nodes a sampler can
-    draw from without asking another server. A partition's own range
-    (:attr:`Partition.structure`), or every node of the graph (:func:`load_structure`)."""
+    """In-edges (CSC per edge type) of one contiguous range of global IDs per node type:
+    the nodes a sampler can draw from without asking another server. A partition's own
+    ranges (:attr:`Partition.structure`), or every node of the graph
+    (:func:`load_structure`)."""
 
-    #: int64 ``[n+1]`` CSC offsets over the nodes ``node_start .. node_start+n-1``.
-    indptr: np.ndarray
-    #: int64 ``[e]`` global source ID of each in-edge.
-    indices: np.ndarray
-    #: int64 ``[n]`` original ID of each node (draws are keyed by it).
-    orig_ids: np.ndarray
-    #: Global ID of the first node.
-    node_start: int
-    #: float32 ``[e]`` edge weights, aligned with ``indices``; None when absent.
-    edge_weight: np.ndarray | None = None
+    #: Edge type to int64 ``[n_dst+1]`` CSC offsets over its destination type's range.
+    indptr: dict[EdgeType, np.ndarray]
+    #: Edge type to int64 ``[e]`` global source IDs (of the source type) of the in-edges.
+    indices: dict[EdgeType, np.ndarray]
+    #: Node type to int64 ``[n_t]`` original IDs of its range (draws are keyed by them).
+    orig_ids: dict[str, np.ndarray]
+    #: Node type to the global ID of the first node of its range.
+    node_start: dict[str, int]
+    #: Edge type to float32 ``[e]`` edge weights aligned with ``indices`` (weighted types only).
+    edge_weight: dict[EdgeType, np.ndarray] = field(default_factory=dict)
 
-    @property
-    def num_nodes(self) -> int:
-        return int(self.indptr.shape[0] - 1)
-
-    @property
-    def node_range(self) -> tuple[int, int]:
-        """``[start, stop)`` of the global IDs whose in-edges this holds."""
-        return self.node_start, self.node_start + self.num_nodes
+    def node_range(self, node_type: str) -> tuple[int, int]:
+        """``[start, stop)`` of the global IDs of ``node_type`` whose in-edges this holds."""
+        start = self.node_start[node_type]
+        return start, start + int(self.orig_ids[node_type].shape[0])
 
     @property
     def nbytes(self) -> int:
         """Bytes of its arrays (memory maps included)."""
-        arrays = (self.indptr, self.indices, self.orig_ids, self.edge_weight)
-        return sum(int(a.nbytes) for a in arrays if a is not None)
+        arrays = [*self.indptr.values(), *self.indices.values(), *self.orig_ids.values(),
+                  *self.edge_weight.values()]
+        return sum(int(a.nbytes) for a in arrays)
 
 
 @dataclass(frozen=True)
 class NodeData:
-    """Features and labels of one contiguous range of global node IDs: the rows a server
-    gathers without asking another. A partition's own (:attr:`Partition.node_data`), or
-    every node's (:func:`load_node_data`)."""
+    """Features and labels of one contiguous range of global IDs per node type: the rows
+    a server gathers without asking another. A partition's own (:attr:`Partition.node_data`),
+    or every node's (:func:`load_node_data`)."""
 
-    #: ``[n, F]`` features of the nodes ``node_start .. node_start+n-1``.
-    x: np.ndarray
-    #: int64 ``[n]`` labels, ``-1`` = unlabeled.
+    #: Node type to ``[n_t, F_t]`` features of its range (types with features only).
+    x: dict[str, np.ndarray]
+    #: int64 ``[n_target]`` labels of the target type's range, ``-1`` = unlabeled.
     y: np.ndarray
-    #: Global ID of the first node.
-    node_start: int
+    #: Node type to the global ID of the first node of its range.
+    node_start: dict[str, int]
+    #: Node type to the number of nodes of its range.
+    num_nodes: dict[str, int]
+    #: The labelled node type.
+    target_type: str
 
-    @property
-    def num_nodes(self) -> int:
-        return int(self.x.shape[0])
-
-    @property
-    def node_range(self) -> tuple[int, int]:
-        """``[start, stop)`` of the global IDs whose rows this holds."""
-        return self.node_start, self.node_start + self.num_nodes
+    def node_range(self, node_type: str) -> tuple[int, int]:
+        """``[start, stop)`` of the global IDs of ``node_type`` whose rows this holds."""
+        start = self.node_start[node_type]
+        return start, start + self.num_nodes[node_type]
 
     @property
     def nbytes(self) -> int:
         """Bytes of its arrays (memory maps included)."""
-        return int(self.x.nbytes) + int(self.y.nbytes)
-
-
-@dataclass(frozen=True)
-class PartitionInfo:
-    """The manifest's entry for one partition."""
-
-    #: Partition ID ``p``.
-    id: int
-    #: Number of owned nodes ``n_p`` (global IDs ``book[p] .. book[p+1]-1``).
-    num_nodes: int
-    #: Number of in-edges of the owned nodes ``e_p``.
-    num_edges: int
-    #: In-edges whose source is owned by another partition.
-    num_remote_edges: int
-    #: Split name to the number of owned nodes in it.
-    split_sizes: dict[str, int]
-    #: File role (``indptr``, ``x``, ``train_idx`` ...) to its record.
-    files: dict[str, FileRecord]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id, "num_nodes": self.num_nodes, "num_edges": self.num_edges,
-            "num_remote_edges": self.num_remote_edges, "split_sizes": self.split_sizes,
-            "files": {k: v.to_json() for k, v in self.files.items()},
-        }
-
-    @staticmethod
-    def from_json(obj: dict[str, Any]) -> PartitionInfo:
-        return PartitionInfo(
-            id=int(obj["id"]), num_nodes=int(obj["num_nodes"]), num_edges=int(obj["num_edges"]),
-            num_remote_edges=int(obj["num_remote_edges"]),
-            split_sizes={str(k): int(v) for k, v in obj["split_sizes"].items()},
-            files={str(k): FileRecord.from_json(v) for k, v in obj["files"].items()},
-        )
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """Everything recorded about a partitioned graph."""
-
-    #: Name of the source graph.
-    graph_name: str
-    #: Total nodes ``N`` and directed edges ``E``.
-    num_nodes: int
-    num_edges: int
-    #: Feature dimension ``F`` and numpy dtype name of the features.
-    feature_dim: int
-    feature_dtype: str
-    #: Number of classes.
-    num_classes: int
-    #: Whether ``edge_weight.npy`` files exist.
-    has_edge_weight: bool
-    #: ``P+1`` range offsets: partition p owns global IDs ``[book[p], book[p+1])``.
-    partition_book: tuple[int, ...]
-    #: One entry per partition, in ID order.
-    partitions: tuple[PartitionInfo, ...]
-    #: Shared files (``partition_book``, ``node_map``).
-    files: dict[str, FileRecord]
-    #: How the graph was partitioned (method, parameters, seed, elapsed seconds).
-    algorithm: dict[str, Any] = field(default_factory=dict)
-    #: Format version.
-    format_version: int = FORMAT_VERSION
-
-    @property
-    def num_partitions(self) -> int:
-        return len(self.partitions)
-
-    @property
-    def edge_cut(self) -> int:
-        """Directed edges whose endpoints lie in different partitions."""
-        return sum(p.num_remote_edges for p in self.partitions)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT_NAME, "format_version": self.format_version,
-            "graph": {
-                "name": self.graph_name, "num_nodes": self.num_nodes,
-                "num_edges": self.num_edges, "feature_dim": self.feature_dim,
-                "feature_dtype": self.feature_dtype, "num_classes": self.num_classes,
-                "has_edge_weight": self.has_edge_weight,
-            },
-            "num_partitions": self.num_partitions,
-            "partition_book": list(self.partition_book),
-            "algorithm": self.algorithm,
-            "files": {k: v.to_json() for k, v in self.files.items()},
-            "partitions": [p.to_json() for p in self.partitions],
-        }
-
-    @staticmethod
-    def from_json(obj: dict[str, Any]) -> Manifest:
-        if obj.get("format") != FORMAT_NAME:
-            raise PartitionFormatError(
-                f"{MANIFEST_FILE}: expected format {FORMAT_NAME!r}, got {obj.get('format')!r}"
-            )
-        if obj.get("format_version") == 2:
-            raise PartitionFormatError(
-                f"{MANIFEST_FILE}: format_version 2 holds a typed (heterogeneous) graph; "
-                "load it with partitioner.load_hetero_partition"
-            )
-        if obj.get("format_version") != FORMAT_VERSION:
-            raise PartitionFormatError(
-                f"{MANIFEST_FILE}: expected format_version {FORMAT_VERSION}, "
-                f"got {obj.get('format_version')!r}"
-            )
-        g = obj["graph"]
-        parts = tuple(PartitionInfo.from_json(p) for p in obj["partitions"])
-        return Manifest(
-            graph_name=str(g["name"]), num_nodes=int(g["num_nodes"]),
-            num_edges=int(g["num_edges"]), feature_dim=int(g["feature_dim"]),
-            feature_dtype=str(g["feature_dtype"]), num_classes=int(g["num_classes"]),
-            has_edge_weight=bool(g["has_edge_weight"]),
-            partition_book=tuple(int(b) for b in obj["partition_book"]),
-            partitions=parts,
-            files={str(k): FileRecord.from_json(v) for k, v in obj["files"].items()},
-            algorithm=dict(obj.get("algorithm", {})),
-        )
-
-    def write(self, root: Path) -> None:
-        """Write ``manifest.json`` atomically (last, so a partial output never loads)."""
-        tmp = root / (MANIFEST_FILE + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-        tmp.replace(root / MANIFEST_FILE)
-
-
-M = TypeVar("M")
-
-
-def parse_manifest_file(root: str | Path, from_json: Callable[[dict[str, Any]], M]) -> tuple[Path, M]:
-    """``root/manifest.json`` parsed by ``from_json``; every failure a PartitionFormatError naming it."""
-    path = Path(root) / MANIFEST_FILE
-    if not path.is_file():
-        raise PartitionFormatError(f"{path}: manifest not found; is {root} a partition directory?")
-    try:
-        return path, from_json(json.loads(path.read_text()))
-    except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
-        if isinstance(exc, PartitionFormatError):
-            raise
-        raise PartitionFormatError(f"{path}: malformed manifest ({type(exc).__name__}: {exc})") from exc
-
-
-def read_manifest(root: str | Path) -> Manifest:
-    """Read and check ``root/manifest.json``."""
-    path, manifest = parse_manifest_file(root, Manifest.from_json)
-    _check_manifest(path, manifest)
-    return manifest
-
-
-def _check_manifest(path: Path, m: Manifest) -> None:
-    book = m.partition_book
-    if len(book) != m.num_partitions + 1 or book[0] != 0 or book[-1] != m.num_nodes:
-        raise PartitionFormatError(
-            f"{path}: partition_book: expected {m.num_partitions + 1} offsets from 0 to "
-            f"{m.num_nodes}, got {list(book)[:8]}"
-        )
-    for p in m.partitions:
-        if book[p.id + 1] - book[p.id] != p.num_nodes:
-            raise PartitionFormatError(
-                f"{path}: partitions[{p.id}].num_nodes: expected {book[p.id + 1] - book[p.id]} "
-                f"(from partition_book), got {p.num_nodes}"
-            )
-    if sum(p.num_edges for p in m.partitions) != m.num_edges:
-        raise PartitionFormatError(f"{path}: num_edges: partitions' edges do not add up")
+        return sum(int(a.nbytes) for a in self.x.values()) + int(self.y.nbytes)
 
 
 @dataclass
 class Partition:
-    """One loaded partition: CSC in-edges, node data and split shares of the owned range.
+    """One loaded partition of a graph (see the module doc)."""
 
-    Arrays are read-only memory maps unless loaded with ``mmap=False``.
-    """
-
-    #: The whole manifest (graph facts, partition book, every partition's sizes).
+    #: The whole manifest (graph facts, partition books, every partition's sizes).
     manifest: Manifest
     #: This partition's ID ``p``.
     partition_id: int
-    #: int64 ``[P+1]`` range offsets of all partitions.
-    partition_book: np.ndarray
-    #: int64 ``[n_p+1]`` CSC offsets; in-edges of local node i are ``indptr[i]:indptr[i+1]``.
-    indptr: np.ndarray
-    #: int64 ``[e_p]`` global source IDs of the in-edges.
-    indices: np.ndarray
-    #: ``[n_p, F]`` features of the owned nodes.
-    x: np.ndarray
-    #: int64 ``[n_p]`` labels, ``-1`` = unlabeled.
+    #: Node type to its int64 ``[P+1]`` offsets.
+    partition_book: dict[str, np.ndarray]
+    #: Edge type to int64 ``[n_pd+1]`` CSC offsets over the owned destination nodes.
+    indptr: dict[EdgeType, np.ndarray]
+    #: Edge type to int64 ``[e_pr]`` global source IDs (of the source type).
+    indices: dict[EdgeType, np.ndarray]
+    #: Node type to ``[n_pt, F_t]`` features of the owned nodes (types with features only).
+    x: dict[str, np.ndarray]
+    #: Node type to int64 ``[n_pt]`` original IDs of the owned nodes.
+    orig_ids: dict[str, np.ndarray]
+    #: int64 ``[n_p,target]`` labels of the owned target nodes, ``-1`` = unlabeled.
     y: np.ndarray
-    #: int64 ``[n_p]`` original IDs of the owned nodes.
-    orig_ids: np.ndarray
-    #: Split name to the int64 global IDs of the owned nodes in it.
+    #: Split name to the int64 global IDs of the owned target nodes in it.
     splits: dict[str, np.ndarray]
-    #: float32 ``[e_p]`` edge weights, aligned with ``indices``; None when absent.
-    edge_weight: np.ndarray | None = None
+    #: Edge type to float32 ``[e_pr]`` edge weights aligned with ``indices`` (weighted types).
+    edge_weight: dict[EdgeType, np.ndarray] = field(default_factory=dict)
 
     @property
-    def node_range(self) -> tuple[int, int]:
-        """``[start, stop)`` of the global IDs this partition owns."""
-        return int(self.partition_book[self.partition_id]), int(
-            self.partition_book[self.partition_id + 1]
-        )
+    def target_type(self) -> str:
+        return self.manifest.target_type
 
     @property
-    def num_nodes(self) -> int:
-        return int(self.indptr.shape[0] - 1)
+    def node_types(self) -> tuple[str, ...]:
+        return tuple(self.manifest.node_types)
 
     @property
-    def num_edges(self) -> int:
-        return int(self.indices.shape[0])
+    def edge_types(self) -> tuple[EdgeType, ...]:
+        return tuple(self.manifest.edge_types)
+
+    def node_range(self, node_type: str) -> tuple[int, int]:
+        """``[start, stop)`` of the global IDs of ``node_type`` this partition owns."""
+        book, p = self.partition_book[node_type], self.partition_id
+        return int(book[p]), int(book[p + 1])
+
+    def num_nodes(self, node_type: str) -> int:
+        start, stop = self.node_range(node_type)
+        return stop - start
+
+    def num_edges(self, edge_type: EdgeType) -> int:
+        return int(self.indices[edge_type].shape[0])
 
     @property
     def structure(self) -> Structure:
         """The in-edges of the owned nodes, as a :class:`Structure`."""
         return Structure(indptr=self.indptr, indices=self.indices, orig_ids=self.orig_ids,
-                         node_start=self.node_range[0], edge_weight=self.edge_weight)
+                         node_start={t: self.node_range(t)[0] for t in self.node_types},
+                         edge_weight=self.edge_weight)
 
     @property
     def node_data(self) -> NodeData:
         """The features and labels of the owned nodes, as a :class:`NodeData`."""
-        return NodeData(x=self.x, y=self.y, node_start=self.node_range[0])
+        return NodeData(x=self.x, y=self.y, node_start={t: self.node_range(t)[0] for t in self.node_types},
+                        num_nodes={t: self.num_nodes(t) for t in self.node_types},
+                        target_type=self.target_type)
 
 
+# -- files ------------------------------------------------------------------------------
 def _check_file(root: Path, rec: FileRecord, verify: Verify) -> None:
     path = root / rec.path
     if not path.is_file():
@@ -327,9 +179,7 @@ def _check_file(root: Path, rec: FileRecord, verify: Verify) -> None:
     size = path.stat().st_size
     if size != rec.size_bytes:
         kind = "truncated" if size < rec.size_bytes else "larger than recorded"
-        raise PartitionFormatError(
-            f"{path}: {kind}: expected {rec.size_bytes} bytes, got {size}"
-        )
+        raise PartitionFormatError(f"{path}: {kind}: expected {rec.size_bytes} bytes, got {size}")
     try:
         dtype, shape, fortran, _ = read_npy_header(path)
     except ValueError as exc:
@@ -339,15 +189,13 @@ def _check_file(root: Path, rec: FileRecord, verify: Verify) -> None:
     if fortran or dtype.name != rec.dtype or tuple(shape) != rec.shape:
         raise PartitionFormatError(
             f"{path}: expected {rec.dtype} of shape {list(rec.shape)} (C order), "
-            f"got {dtype.name} of shape {list(shape)}{' (Fortran order)' if fortran else ''}"
-        )
+            f"got {dtype.name} of shape {list(shape)}{' (Fortran order)' if fortran else ''}")
     if verify == "full":
         digest = sha256_file(path)
         if digest != rec.sha256:
             raise PartitionFormatError(
                 f"{path}: SHA-256 mismatch: expected {rec.sha256[:16]}…, got {digest[:16]}… "
-                "(the file is corrupted or was replaced)"
-            )
+                "(the file is corrupted or was replaced)")
 
 
 def check_files(root: str | Path, records: list[FileRecord], verify: Verify = "full") -> None:
@@ -362,9 +210,23 @@ def _load(root: Path, rec: FileRecord, mmap: bool) -> np.ndarray:
     return load_npy(root / rec.path, mmap)
 
 
-def load_partition(
-    root: str | Path, partition_id: int, *, mmap: bool = True, verify: Verify = "full"
-) -> Partition:
+def _fail(base: Path, rel: str, what: str) -> PartitionFormatError:
+    return PartitionFormatError(f"{base / rel}: {what}")
+
+
+def _record(base: Path, m: Manifest, info: PartitionInfo, kind: str, t: str | EdgeType) -> FileRecord:
+    """The record of ``kind`` of type ``t`` in partition ``info``; refused by name when absent."""
+    name = m.role(kind, t)
+    rec = info.files.get(name)
+    if rec is None:
+        raise PartitionFormatError(f"{base / MANIFEST_FILE}: partitions[{info.id}].files: expected "
+                                   f"a record for {name!r}, found none")
+    return rec
+
+
+# -- one partition ----------------------------------------------------------------------
+def load_partition(root: str | Path, partition_id: int, *, mmap: bool = True,
+                   verify: Verify = "full") -> Partition:
     """Load and validate partition ``partition_id`` of the partition directory ``root``.
 
     ``verify='full'`` also checks every file's SHA-256; ``'size'`` checks sizes and
@@ -372,198 +234,242 @@ def load_partition(
     naming the offending file.
     """
     base = Path(root)
-    manifest = read_manifest(base)
-    if not 0 <= partition_id < manifest.num_partitions:
-        raise PartitionFormatError(
-            f"partition: expected an ID in [0, {manifest.num_partitions}), got {partition_id}"
-        )
-    info = manifest.partitions[partition_id]
-    records = [manifest.files["partition_book"], *info.files.values()]
-    check_files(base, records, verify)
-    files = {k: _load(base, r, mmap) for k, r in info.files.items()}
+    m = read_manifest(base)
+    if not 0 <= partition_id < m.num_partitions:
+        raise PartitionFormatError(f"partition: expected an ID in [0, {m.num_partitions}), "
+                                   f"got {partition_id}")
+    info = m.partitions[partition_id]
+    books = {t: m.files[role("partition_book", m.key(t))] for t in m.node_types}
+    check_files(base, [*books.values(), *info.files.values()], verify)
+
+    def load(kind: str, t: str | EdgeType) -> np.ndarray:
+        return _load(base, _record(base, m, info, kind, t), mmap)
+
+    def present(kind: str, t: str | EdgeType) -> bool:
+        return m.role(kind, t) in info.files
+
+    target = m.target_type
     part = Partition(
-        manifest=manifest, partition_id=partition_id,
-        partition_book=_load(base, manifest.files["partition_book"], mmap=False),
-        indptr=files["indptr"], indices=files["indices"], x=files["x"], y=files["y"],
-        orig_ids=files["orig_ids"], edge_weight=files.get("edge_weight"),
-        splits={s: files[f"{s}_idx"] for s in SPLITS if f"{s}_idx" in files},
-    )
+        manifest=m, partition_id=partition_id,
+        partition_book={t: _load(base, r, mmap=False) for t, r in books.items()},
+        indptr={et: load("indptr", et) for et in m.edge_types},
+        indices={et: load("indices", et) for et in m.edge_types},
+        edge_weight={et: load("edge_weight", et) for et in m.edge_types if present("edge_weight", et)},
+        x={t: load("x", t) for t in m.node_types if present("x", t)},
+        orig_ids={t: load("orig_ids", t) for t in m.node_types},
+        y=load("y", target),
+        splits={s: load(f"{s}_idx", target) for s in SPLITS if present(f"{s}_idx", target)})
     _check_partition(base, part)
-    log.info("loaded partition %d of %s: %d nodes, %d edges", partition_id, base,
-             part.num_nodes, part.num_edges)
+    log.info("loaded partition %d of %s: nodes %s, edges %s", partition_id, base,
+             _by_type(m, {t: part.num_nodes(t) for t in m.node_types}),
+             _by_type(m, {et: part.num_edges(et) for et in m.edge_types}))
     return part
 
 
-#: The files of a partition that make up its :class:`Structure`.
+def _by_type(m: Manifest, counts: dict[str, int] | dict[EdgeType, int]) -> object:
+    """Counts per type for a log line: the number alone for a plain graph."""
+    return counts if m.typed else next(iter(counts.values()))
+
+
+def _check_partition(base: Path, part: Partition) -> None:
+    """Structural checks beyond the manifest: books, CSC offsets, ID ranges, shapes."""
+    m, p = part.manifest, part.partition_id
+    info = m.partitions[p]
+    for t, book in part.partition_book.items():
+        if book.tolist() != list(m.partition_book[t]):
+            raise _fail(base, m.files[role("partition_book", m.key(t))].path,
+                        "does not match the manifest's partition_book")
+    for et in m.edge_types:
+        _check_csc(base, m, info, et, part.indptr[et], part.indices[et], part.num_nodes(et[2]))
+        weight = part.edge_weight.get(et)
+        if weight is not None and weight.shape != part.indices[et].shape:
+            raise _fail(base, _record(base, m, info, "edge_weight", et).path,
+                        f"expected shape [{part.num_edges(et)}] (one per in-edge), got {list(weight.shape)}")
+    for t in m.node_types:
+        _check_rows(base, m, info, t, {"orig_ids": part.orig_ids[t], "x": part.x.get(t),
+                                       **({"y": part.y} if t == m.target_type else {})},
+                    part.num_nodes(t))
+    start, stop = part.node_range(m.target_type)
+    for split, ids in part.splits.items():
+        if ids.size and (int(ids.min()) < start or int(ids.max()) >= stop):
+            what = "global IDs" if not m.typed else f"global {m.target_type!r} IDs"
+            raise _fail(base, _record(base, m, info, f"{split}_idx", m.target_type).path,
+                        f"expected {what} in [{start}, {stop}) owned by partition {p}")
+
+
+def _check_csc(base: Path, m: Manifest, info: PartitionInfo, et: EdgeType, indptr: np.ndarray,
+               indices: np.ndarray, num_dst: int) -> None:
+    """One partition's CSC of ``et``: ``num_dst + 1`` offsets from 0 to its edge count,
+    never decreasing; source IDs of the source type in range."""
+    path = _record(base, m, info, "indptr", et).path
+    e = int(indices.shape[0])
+    if indptr.shape != (num_dst + 1,):
+        owned = f"owned {et[2]!r} nodes" if m.typed else "owned nodes"
+        raise _fail(base, path, f"expected shape [{num_dst + 1}] ({owned} + 1), got {list(indptr.shape)}")
+    if int(indptr[0]) != 0 or int(indptr[-1]) != e:
+        raise _fail(base, path, f"expected offsets from 0 to {e}, got {int(indptr[0])} to {int(indptr[-1])}")
+    if num_dst and bool((np.diff(indptr) < 0).any()):
+        raise _fail(base, path, "offsets decrease")
+    n_src = m.node_types[et[0]].num_nodes
+    if e:
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 0 or hi >= n_src:
+            what = f"{et[0]!r} source IDs" if m.typed else "source IDs"
+            raise _fail(base, _record(base, m, info, "indices", et).path,
+                        f"expected {what} in [0, {n_src}), got [{lo}, {hi}]")
+
+
+def _check_rows(base: Path, m: Manifest, info: PartitionInfo, t: str,
+                arrays: dict[str, np.ndarray | None], num_nodes: int) -> None:
+    """A partition's per-node arrays of type ``t``, by kind: ``x`` holds ``num_nodes``
+    rows of the type's features (and exists exactly when the type has features), the
+    others one entry per node."""
+    dim = m.node_types[t].feature_dim
+    for kind, arr in arrays.items():
+        if kind == "x":
+            if (arr is None) != (dim == 0) or (arr is not None and arr.shape != (num_nodes, dim)):
+                rec = info.files.get(m.role("x", t))
+                raise _fail(base, rec.path if rec else f"part-{info.id}/{t}/x.npy",
+                            f"expected {num_nodes} rows of {dim} features, got "
+                            f"{None if arr is None else list(arr.shape)}")
+        elif arr is not None and arr.shape != (num_nodes,):
+            raise _fail(base, _record(base, m, info, kind, t).path,
+                        f"expected shape [{num_nodes}] (one per owned node), got {list(arr.shape)}")
+
+
+# -- the whole graph ----------------------------------------------------------------------
+#: The kinds of a partition's files that make up its :class:`Structure`, and its
+#: :class:`NodeData`.
 STRUCTURE_FILES = ("indptr", "indices", "orig_ids", "edge_weight")
+NODE_DATA_FILES = ("x", "y")
+
+
+def _records_of(m: Manifest, kinds: tuple[str, ...]) -> list[FileRecord]:
+    return [r for info in m.partitions for k, r in info.files.items() if k.rpartition("/")[2] in kinds]
 
 
 def structure_records(manifest: Manifest, weights: bool = True) -> list[FileRecord]:
     """Every partition's structure files (:data:`STRUCTURE_FILES`), in partition order."""
-    return [r for info in manifest.partitions for k, r in info.files.items()
-            if k in STRUCTURE_FILES and (weights or k != "edge_weight")]
-
-
-def load_structure(root: str | Path, *, verify: Verify = "full", weights: bool = True) -> Structure:
-    """The in-edges of every node of the graph in ``root``: each partition's structure
-    files (:data:`STRUCTURE_FILES`; edge weights only with ``weights`` and when the graph
-    has them) checked as :func:`load_partition` checks them and joined in partition order,
-    in memory (``8 (N + 1) + 8 E`` bytes for the CSC, ``8 N`` for the original IDs, ``4 E``
-    for the weights). Every partition's files must be present under ``root``; a missing
-    or mismatching one raises :class:`PartitionFormatError` naming it."""
-    base = Path(root)
-    m = read_manifest(base)
-    check_files(base, structure_records(m, weights), verify)
-    with_weights = weights and all("edge_weight" in info.files for info in m.partitions)
-    indptr = np.empty(m.num_nodes + 1, dtype=np.int64)
-    indices = np.empty(m.num_edges, dtype=np.int64)
-    orig_ids = np.empty(m.num_nodes, dtype=np.int64)
-    weight = np.empty(m.num_edges, dtype=np.float32) if with_weights else None
-    indptr[0] = 0
-    node, edge = 0, 0
-    for info in m.partitions:
-        files = info.files
-        offsets = _load(base, files["indptr"], mmap=True)
-        src = _load(base, files["indices"], mmap=True)
-        n, e = info.num_nodes, info.num_edges
-        if offsets.shape != (n + 1,) or src.shape != (e,):
-            raise _fail(base, files["indptr"].path,
-                        f"expected {n + 1} offsets over {e} edges (the manifest's partition "
-                        f"{info.id}), got {list(offsets.shape)} over {list(src.shape)}")
-        _check_csc(base, files, offsets, src, m.num_nodes)
-        _check_starts_at(base, m, info.id, node)
-        np.add(offsets[1:], edge, out=indptr[node + 1:node + n + 1])
-        indices[edge:edge + e] = src
-        orig_ids[node:node + n] = _load(base, files["orig_ids"], mmap=True)
-        if weight is not None:
-            weight[edge:edge + e] = _load(base, files["edge_weight"], mmap=True)
-        node, edge = node + n, edge + e
-    if node != m.num_nodes or edge != m.num_edges:
-        raise _fail(base, MANIFEST_FILE, f"expected {m.num_nodes} nodes and {m.num_edges} "
-                    f"edges in all, its partitions hold {node} and {edge}")
-    for a in (indptr, indices, orig_ids, weight):
-        if a is not None:
-            a.flags.writeable = False
-    log.info("loaded the structure of all %d partitions of %s: %d nodes, %d edges, %.1f MiB",
-             m.num_partitions, base, node, edge,
-             sum(a.nbytes for a in (indptr, indices, orig_ids, weight) if a is not None) / 2**20)
-    return Structure(indptr=indptr, indices=indices, orig_ids=orig_ids, node_start=0,
-                     edge_weight=weight)
-
-
-#: The files of a partition that make up its :class:`NodeData`.
-NODE_DATA_FILES = ("x", "y")
+    kinds = STRUCTURE_FILES if weights else STRUCTURE_FILES[:3]
+    return _records_of(manifest, kinds)
 
 
 def node_data_records(manifest: Manifest) -> list[FileRecord]:
-    """Every partition's feature and label files (:data:`NODE_DATA_FILES`), in partition
-    order."""
-    return [r for info in manifest.partitions for k, r in info.files.items()
-            if k in NODE_DATA_FILES]
+    """Every partition's feature and label files (:data:`NODE_DATA_FILES`), in partition order."""
+    return _records_of(manifest, NODE_DATA_FILES)
+
+
+def structure_bytes(manifest: Manifest) -> int:
+    """Bytes of the whole graph's joined structure (:func:`load_structure`): offsets and
+    original IDs (8 bytes a node), sources (8 bytes an edge) and weights (4 bytes an edge
+    of a weighted type)."""
+    nodes = sum(manifest.node_types[et[2]].num_nodes + 1 for et in manifest.edge_types)
+    ids = sum(i.num_nodes for i in manifest.node_types.values())
+    edges = sum(manifest.edge_types.values())
+    weights = sum(n for et, n in manifest.edge_types.items() if et in manifest.weighted)
+    return 8 * (nodes + ids + edges) + 4 * weights
 
 
 def node_data_bytes(manifest: Manifest) -> int:
     """Bytes of the whole graph's joined features and labels (:func:`load_node_data`)."""
-    n = manifest.num_nodes
-    return n * manifest.feature_dim * np.dtype(manifest.feature_dtype).itemsize + 8 * n
+    rows = sum(i.num_nodes * i.feature_dim * np.dtype(i.feature_dtype).itemsize
+               for i in manifest.node_types.values() if i.feature_dim)
+    return rows + 8 * manifest.target.num_nodes
+
+
+def _joined(base: Path, m: Manifest, kind: str, t: str | EdgeType, sizes: list[int],
+            shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Every partition's file ``kind`` of ``t``, ``sizes[p]`` rows each, concatenated in
+    partition order into a new read-only array of ``shape[1:]``-wide rows."""
+    out = np.empty((sum(sizes), *shape), dtype=dtype)
+    row = 0
+    for info, n in zip(m.partitions, sizes, strict=True):
+        rec = _record(base, m, info, kind, t)
+        part = _load(base, rec, mmap=True)
+        if part.shape != (n, *shape):
+            raise _fail(base, rec.path, f"expected shape {[n, *shape]} (the manifest's partition "
+                        f"{info.id}), got {list(part.shape)}")
+        if part.dtype != dtype:
+            raise _fail(base, rec.path, f"expected {np.dtype(dtype).name} (the manifest's), got "
+                        f"{part.dtype.name}")
+        out[row:row + n] = part
+        row += n
+    out.flags.writeable = False
+    return out
+
+
+def load_structure(root: str | Path, *, verify: Verify = "full", weights: bool = True) -> Structure:
+    """The in-edges of every node of the graph in ``root``: each partition's structure
+    files (:data:`STRUCTURE_FILES`; edge weights only with ``weights``) checked as
+    :func:`load_partition` checks them and joined in partition order, in memory
+    (:func:`structure_bytes`). Every partition's files must be present under ``root``; a
+    missing or mismatching one raises :class:`PartitionFormatError` naming it."""
+    base = Path(root)
+    m = read_manifest(base)
+    check_files(base, structure_records(m, weights), verify)
+    indptr: dict[EdgeType, np.ndarray] = {}
+    indices: dict[EdgeType, np.ndarray] = {}
+    edge_weight: dict[EdgeType, np.ndarray] = {}
+    for et, total in m.edge_types.items():
+        offsets = np.empty(m.node_types[et[2]].num_nodes + 1, dtype=np.int64)
+        offsets[0] = 0
+        node = edge = 0
+        for info in m.partitions:
+            n, e = info.num_nodes[et[2]], info.num_edges[et]
+            part_ptr = _load(base, _record(base, m, info, "indptr", et), mmap=True)
+            part_src = _load(base, _record(base, m, info, "indices", et), mmap=True)
+            _check_csc(base, m, info, et, part_ptr, part_src, n)
+            if part_src.shape != (e,):
+                raise _fail(base, _record(base, m, info, "indices", et).path,
+                            f"expected {e} edges (the manifest's partition {info.id}), got "
+                            f"{list(part_src.shape)}")
+            np.add(part_ptr[1:], edge, out=offsets[node + 1:node + n + 1])
+            node, edge = node + n, edge + e
+        if edge != total:
+            raise _fail(base, MANIFEST_FILE, f"expected {total} edges in all, its partitions hold {edge}")
+        offsets.flags.writeable = False
+        indptr[et] = offsets
+        sizes = [info.num_edges[et] for info in m.partitions]
+        indices[et] = _joined(base, m, "indices", et, sizes, (), np.dtype(np.int64))
+        if weights and et in m.weighted:
+            edge_weight[et] = _joined(base, m, "edge_weight", et, sizes, (), np.dtype(np.float32))
+    orig_ids = {t: _joined(base, m, "orig_ids", t, [p.num_nodes[t] for p in m.partitions], (),
+                           np.dtype(np.int64)) for t in m.node_types}
+    out = Structure(indptr=indptr, indices=indices, orig_ids=orig_ids,
+                    node_start=dict.fromkeys(m.node_types, 0), edge_weight=edge_weight)
+    log.info("loaded the structure of all %d partitions of %s: %d nodes, %d edges, %.1f MiB",
+             m.num_partitions, base, m.num_nodes, m.num_edges, out.nbytes / 2**20)
+    return out
 
 
 def load_node_data(root: str | Path, *, verify: Verify = "full") -> NodeData:
     """The features and labels of every node of the graph in ``root``: each partition's
     ``x`` and ``y`` (:data:`NODE_DATA_FILES`) checked as :func:`load_partition` checks
-    them and joined in partition order, in memory (``N F`` features in the stored dtype
-    and ``8 N`` bytes of labels). Every partition's files must be present under ``root``;
-    a missing or mismatching one raises :class:`PartitionFormatError` naming it."""
+    them and joined in partition order, in memory (:func:`node_data_bytes`). Every
+    partition's files must be present under ``root``; a missing or mismatching one raises
+    :class:`PartitionFormatError` naming it."""
     base = Path(root)
     m = read_manifest(base)
     check_files(base, node_data_records(m), verify)
-    x = np.empty((m.num_nodes, m.feature_dim), dtype=np.dtype(m.feature_dtype))
-    y = np.empty(m.num_nodes, dtype=np.int64)
-    node = 0
-    for info in m.partitions:
-        files = info.files
-        n = info.num_nodes
-        _check_starts_at(base, m, info.id, node)
-        rows, labels = _load(base, files["x"], mmap=True), _load(base, files["y"], mmap=True)
-        _check_node_rows(base, files, {"x": rows, "y": labels}, n, m.feature_dim)
-        if rows.dtype != x.dtype:
-            raise _fail(base, files["x"].path, f"expected {x.dtype.name} features (the "
-                        f"manifest's feature_dtype), got {rows.dtype.name}")
-        x[node:node + n] = rows
-        y[node:node + n] = labels
-        node += n
-    if node != m.num_nodes:
-        raise _fail(base, MANIFEST_FILE, f"expected {m.num_nodes} nodes in all, its partitions "
-                    f"hold {node}")
-    x.flags.writeable = False
-    y.flags.writeable = False
+    x = {t: _joined(base, m, "x", t, [p.num_nodes[t] for p in m.partitions], (i.feature_dim,),
+                    np.dtype(i.feature_dtype))
+         for t, i in m.node_types.items() if i.feature_dim}
+    target = m.target_type
+    y = _joined(base, m, "y", target, [p.num_nodes[target] for p in m.partitions], (), np.dtype(np.int64))
+    out = NodeData(x=x, y=y, node_start=dict.fromkeys(m.node_types, 0),
+                   num_nodes={t: i.num_nodes for t, i in m.node_types.items()}, target_type=target)
     log.info("loaded the features and labels of all %d partitions of %s: %d nodes, %.1f MiB",
-             m.num_partitions, base, node, (x.nbytes + y.nbytes) / 2**20)
-    return NodeData(x=x, y=y, node_start=0)
+             m.num_partitions, base, m.num_nodes, out.nbytes / 2**20)
+    return out
 
 
-def load_node_map(root: str | Path, *, verify: Verify = "full") -> np.ndarray:
-    """The int64 ``[N]`` map from original node IDs to global IDs."""
-    manifest = read_manifest(root)
-    rec = manifest.files["node_map"]
+def load_node_map(root: str | Path, node_type: str | None = None, *, verify: Verify = "full") -> np.ndarray:
+    """The int64 ``[N_t]`` map from original IDs of ``node_type`` (default: the target
+    type, a plain graph's one type) to its global IDs."""
+    m = read_manifest(root)
+    t = node_type or m.target_type
+    rec = m.files.get(role("node_map", m.key(t)) if t in m.node_types else "")
+    if rec is None:
+        raise PartitionFormatError(f"node_type: expected one of {list(m.node_types)}, got {node_type!r}")
     check_files(root, [rec], verify)
     return _load(Path(root), rec, mmap=True)
-
-
-def _fail(base: Path, rel: str, what: str) -> PartitionFormatError:
-    return PartitionFormatError(f"{base / rel}: {what}")
-
-
-def _check_csc(base: Path, files: dict[str, FileRecord], indptr: np.ndarray, indices: np.ndarray,
-               num_nodes: int) -> None:
-    """One partition's CSC: offsets from 0 to its edge count, never decreasing; source IDs
-    in ``[0, num_nodes)``."""
-    num_edges = int(indices.shape[0])
-    if int(indptr[0]) != 0 or int(indptr[-1]) != num_edges:
-        raise _fail(base, files["indptr"].path,
-                    f"expected offsets from 0 to {num_edges}, got {int(indptr[0])} to "
-                    f"{int(indptr[-1])}")
-    if indptr.shape[0] > 1 and bool((np.diff(indptr) < 0).any()):
-        raise _fail(base, files["indptr"].path, "offsets decrease")
-    if num_edges:
-        lo, hi = int(indices.min()), int(indices.max())
-        if lo < 0 or hi >= num_nodes:
-            raise _fail(base, files["indices"].path,
-                        f"expected source IDs in [0, {num_nodes}), got [{lo}, {hi}]")
-
-
-def _check_starts_at(base: Path, m: Manifest, partition: int, node: int) -> None:
-    """Partition ``partition`` of the book starts at ``node``, right after those before it."""
-    if node != int(m.partition_book[partition]):
-        raise _fail(base, MANIFEST_FILE, f"partition {partition} starts at node "
-                    f"{int(m.partition_book[partition])}, not after the {node} nodes before it")
-
-
-def _check_node_rows(base: Path, files: dict[str, FileRecord], arrays: dict[str, np.ndarray],
-                     num_nodes: int, feature_dim: int) -> None:
-    """A partition's per-node arrays (``x``: ``num_nodes`` rows of ``feature_dim``; ``y``,
-    ``orig_ids``: one entry per node), by role."""
-    for role, arr in arrays.items():
-        if role == "x":
-            if arr.shape != (num_nodes, feature_dim):
-                raise _fail(base, files["x"].path, f"expected {num_nodes} rows of {feature_dim}, "
-                            f"got {list(arr.shape)}")
-        elif arr.shape != (num_nodes,):
-            raise _fail(base, files[role].path, f"expected shape [{num_nodes}] (one per owned "
-                        f"node), got {list(arr.shape)}")
-
-
-def _check_partition(base: Path, part: Partition) -> None:
-    """Structural checks beyond the manifest: book, CSC offsets, ID ranges."""
-    m, p = part.manifest, part.partition_id
-    files = m.partitions[p].files
-    if part.partition_book.tolist() != list(m.partition_book):
-        raise _fail(base, "partition_book.npy", "does not match the manifest's partition_book")
-    _check_csc(base, files, part.indptr, part.indices, m.num_nodes)
-    start, stop = part.node_range
-    for split, ids in part.splits.items():
-        if ids.size and (int(ids.min()) < start or int(ids.max()) >= stop):
-            raise _fail(base, files[f"{split}_idx"].path,
-                        f"expected global IDs in [{start}, {stop}) owned by partition {p}")
-    _check_node_rows(base, files, {"x": part.x, "y": part.y, "orig_ids": part.orig_ids},
-                     part.num_nodes, m.feature_dim)

@@ -3,11 +3,39 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from partitioner.typed import TypedGraphData
+
 #: The split names every part of graphfeed uses, in this order.
 SPLITS: tuple[str, ...] = ("train", "val", "test")
+
+#: A relation: ``(source node type, relation name, destination node type)``.
+EdgeType = tuple[str, str, str]
+
+#: The one node type and the one edge type of a plain graph, which every layer below the
+#: user's API handles as a typed graph (users never see these names: a plain graph's
+#: files, wire tensors and batches name no type).
+PLAIN_NODE_TYPE = "_N"
+PLAIN_EDGE_TYPE: EdgeType = ("_N", "_E", "_N")
+
+
+def edge_type_name(edge_type: EdgeType) -> str:
+    """``src__rel__dst``: the edge type as one string (file names, manifest keys)."""
+    return "__".join(edge_type)
+
+
+def parse_edge_type(name: str) -> EdgeType:
+    """Inverse of :func:`edge_type_name`."""
+    parts = name.split("__")
+    if len(parts) != 3 or not all(parts):
+        raise GraphDataError(
+            f"edge type: expected 'src__relation__dst' (three non-empty names), got {name!r}"
+        )
+    return parts[0], parts[1], parts[2]
 
 
 def sorted_unique(keys: np.ndarray) -> np.ndarray:
@@ -89,6 +117,19 @@ class GraphData:
     @property
     def feature_dim(self) -> int:
         return int(self.x.shape[1])
+
+    def as_typed(self) -> TypedGraphData:
+        """This graph as the typed graph of one node type and one edge type
+        (:data:`PLAIN_NODE_TYPE`, :data:`PLAIN_EDGE_TYPE`; ``typed=False``), sharing its
+        arrays (memory maps stay memory maps)."""
+        from partitioner.typed import TypedGraphData
+
+        t, et = PLAIN_NODE_TYPE, PLAIN_EDGE_TYPE
+        return TypedGraphData(
+            name=self.name, num_nodes={t: self.num_nodes}, edge_index={et: self.edge_index},
+            x={t: self.x}, target_type=t, y=self.y, num_classes=self.num_classes,
+            splits=dict(self.splits),
+            edge_weight={} if self.edge_weight is None else {et: self.edge_weight}, typed=False)
 
     def validate(self, check_values: bool = True) -> None:
         """Raise :class:`GraphDataError` naming the first malformed field.

@@ -1,11 +1,22 @@
-"""Reproducible synthetic graphs with planted classes.
+"""Reproducible synthetic graphs with planted classes, plain and typed (:func:`generate`).
 
-The generator is a degree-corrected planted-partition model (Chung-Lu with classes):
-every node gets a class and a power-law weight; each edge picks its source in
-proportion to the weights and, with probability ``homophily``, a target of the same
-class (else any node), again in proportion to the weights. Features are a class
+Plain presets (``small``, ``products-like``): a degree-corrected planted-partition model
+(Chung-Lu with classes): every node gets a class and a power-law weight; each edge picks
+its source in proportion to the weights and, with probability ``homophily``, a target of
+the same class (else any node), again in proportion to the weights. Features are a class
 centroid plus Gaussian noise, so a GNN learns the classes from structure and features
 together while features alone are only partly informative.
+
+Typed presets (``mag-small``, ``mag-like``), shaped like ogbn-mag: every node of every
+type belongs to one of ``num_classes`` communities; a paper's community is its class.
+Each relation's edges are drawn one at a time: an *anchor* node (the paper for
+``writes``, ``cites`` and ``has_topic``, the author for ``affiliated_with``) is picked in
+proportion to its power-law weight, and the other end, with probability ``homophily``,
+from the anchor's community, else from all nodes of its type, again by weight. So a
+paper's class follows its authors' and topics' communities, while its features (a class
+centroid plus strong Gaussian noise) are only weakly informative: a relational model
+beats a feature-only MLP by a clear margin. Papers get a synthetic year; the split is by
+year as ogbn-mag's ``time`` split (train up to 2017, validation 2018, test 2019).
 """
 
 from __future__ import annotations
@@ -17,7 +28,8 @@ import numba
 import numpy as np
 from tqdm import tqdm
 
-from partitioner.graph import GraphData, sorted_unique
+from partitioner.graph import EdgeType, GraphData, sorted_unique
+from partitioner.typed import TypedGraphData
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +63,7 @@ class SyntheticPreset:
     class_skew: float = 0.0
 
 
-PRESETS: dict[str, SyntheticPreset] = {
+PLAIN_PRESETS: dict[str, SyntheticPreset] = {
     # A few thousand nodes: trains to high accuracy in seconds, the embedded default.
     "small": SyntheticPreset(
         num_nodes=4000, num_undirected_edges=20000, num_classes=6, feature_dim=32,
@@ -67,8 +79,10 @@ PRESETS: dict[str, SyntheticPreset] = {
 }
 
 
-def generate(preset: str | SyntheticPreset, seed: int = 0, progress: bool = True) -> GraphData:
-    """Generate the synthetic graph ``preset`` (a name in :data:`PRESETS` or a preset).
+def generate(preset: str | SyntheticPreset | TypedPreset, seed: int = 0, progress: bool = True
+             ) -> GraphData | TypedGraphData:
+    """Generate the synthetic graph ``preset`` (a name in :data:`PRESETS` or a preset): a
+    plain :class:`GraphData`, or a :class:`TypedGraphData` for a typed preset.
 
     The same ``(preset, seed)`` always gives the same graph.
     """
@@ -77,7 +91,22 @@ def generate(preset: str | SyntheticPreset, seed: int = 0, progress: bool = True
             raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {preset!r}")
         name, params = preset, PRESETS[preset]
     else:
-        name, params = "synthetic", preset
+        name = "typed-synthetic" if isinstance(preset, TypedPreset) else "synthetic"
+        params = preset
+    if isinstance(params, TypedPreset):
+        return _generate_typed(name, params, seed, progress)
+    return _generate_plain(name, params, seed, progress)
+
+
+def generate_plain(preset: str | SyntheticPreset, seed: int = 0, progress: bool = True) -> GraphData:
+    """:func:`generate` of a plain preset (refuses a typed one)."""
+    graph = generate(preset, seed, progress)
+    if not isinstance(graph, GraphData):
+        raise ValueError(f"preset: expected a plain preset {sorted(PLAIN_PRESETS)}, got {preset!r}")
+    return graph
+
+
+def _generate_plain(name: str, params: SyntheticPreset, seed: int, progress: bool) -> GraphData:
     if sum(params.split_sizes) > params.num_nodes:
         raise ValueError(f"split_sizes: expected at most {params.num_nodes} nodes in all")
     rng = np.random.default_rng(seed)
@@ -253,3 +282,228 @@ def _features(rng: np.random.Generator, y: np.ndarray, params: SyntheticPreset) 
     x = rng.standard_normal((y.size, params.feature_dim), dtype=np.float32)
     x += centroids.astype(np.float32)[y]
     return x
+
+
+#: First year of each split: train papers are older than 2018, test papers from 2019.
+_SPLIT_YEARS = (2010, 2018, 2019, 2020)
+
+
+@dataclass(frozen=True)
+class RelationSpec:
+    """How one relation's edges are drawn."""
+
+    #: ``(src_type, relation, dst_type)``.
+    edge_type: EdgeType
+    #: Target number of distinct edges.
+    num_edges: int
+    #: Which end is drawn first and drives the other (``"src"`` or ``"dst"``).
+    anchor: str
+    #: Probability that the other end is drawn from the anchor's community.
+    homophily: float
+
+
+@dataclass(frozen=True)
+class TypedPreset:
+    """Parameters of a synthetic typed graph."""
+
+    #: Node type to count, in the graph's node-type order.
+    num_nodes: dict[str, int]
+    #: The relations, in the graph's edge-type order.
+    relations: tuple[RelationSpec, ...]
+    #: The labelled node type (its community is its class).
+    target_type: str
+    #: Feature dimension of the target type (the only type with features).
+    feature_dim: int
+    #: Number of classes (communities).
+    num_classes: int
+    #: Norm of the class centroids relative to unit Gaussian feature noise, per dimension
+    #: scale ``sqrt(F)/4``: small values make features weakly informative.
+    feature_signal: float
+    #: Sizes of the train / val / test splits (by synthetic year), summing to at most
+    #: the number of target nodes.
+    split_sizes: tuple[int, int, int]
+    #: Power-law exponent of every type's expected degree.
+    gamma: float = 2.5
+    #: Largest expected degree of a node over its type's mean degree.
+    max_weight_ratio: float = 200.0
+    #: Skew of class sizes (class k has size proportional to (k+1)^-skew).
+    class_skew: float = 0.6
+
+
+def _mag_relations(
+    writes: int, cites: int, topics: int, affiliated: int, homophily: float
+) -> tuple[RelationSpec, ...]:
+    """ogbn-mag's four relations; citations are a little noisier than authorship and
+    topics, affiliations follow the author's community more closely."""
+    return (
+        RelationSpec(("author", "writes", "paper"), writes, "dst", homophily),
+        RelationSpec(("paper", "cites", "paper"), cites, "src", 0.8 * homophily),
+        RelationSpec(("paper", "has_topic", "field_of_study"), topics, "src", homophily),
+        RelationSpec(("author", "affiliated_with", "institution"), affiliated, "src",
+                     min(1.0, 1.6 * homophily)),
+    )
+
+
+TYPED_PRESETS: dict[str, TypedPreset] = {
+    # A few thousand papers: for tests and the demo; trains in seconds.
+    "mag-small": TypedPreset(
+        num_nodes={"paper": 4000, "author": 6000, "institution": 60, "field_of_study": 400},
+        relations=_mag_relations(38_000, 29_000, 40_000, 5_500, homophily=0.4),
+        target_type="paper", feature_dim=32, num_classes=8, feature_signal=0.6,
+        split_sizes=(3400, 360, 240), max_weight_ratio=30.0,
+    ),
+    # ogbn-mag's shape: node counts, edge counts per relation, 128-dim paper features,
+    # 349 classes, and the time split's sizes.
+    "mag-like": TypedPreset(
+        num_nodes={"paper": 736_389, "author": 1_134_649, "institution": 8_740,
+                   "field_of_study": 59_965},
+        relations=_mag_relations(7_145_660, 5_416_271, 7_505_078, 1_043_998, homophily=0.3),
+        target_type="paper", feature_dim=128, num_classes=349, feature_signal=0.8,
+        split_sizes=(629_571, 64_879, 41_939),
+    ),
+}
+
+
+def _generate_typed(name: str, params: TypedPreset, seed: int, progress: bool) -> TypedGraphData:
+    n_target = params.num_nodes[params.target_type]
+    if sum(params.split_sizes) > n_target:
+        raise ValueError(f"split_sizes: expected at most {n_target} {params.target_type} nodes")
+    rng = np.random.default_rng(seed)
+    class_p = (np.arange(1, params.num_classes + 1, dtype=np.float64)) ** -params.class_skew
+    class_p /= class_p.sum()
+    community = {t: rng.choice(params.num_classes, size=n, p=class_p).astype(np.int64)
+                 for t, n in params.num_nodes.items()}
+    weights = {t: _typed_weights(rng, n, params) for t, n in params.num_nodes.items()}
+    edges: dict[EdgeType, np.ndarray] = {}
+    for spec in tqdm(params.relations, desc="relations", unit="rel", disable=not progress):
+        edges[spec.edge_type] = _draw_relation(rng, spec, community, weights, params)
+    y = community[params.target_type]
+    x = _typed_features(rng, y, params)
+    graph = TypedGraphData(
+        name=name, num_nodes=dict(params.num_nodes), edge_index=edges,
+        x={params.target_type: x}, target_type=params.target_type, y=y,
+        num_classes=params.num_classes, splits=_time_splits(rng, n_target, params.split_sizes),
+    )
+    graph.validate(check_values=graph.total_nodes <= 200_000)
+    log.info("generated %s: %d nodes, %d edges in %d relations", name, graph.total_nodes,
+             graph.num_edges(), len(edges))
+    return graph
+
+
+def _years(rng: np.random.Generator, n: int, split_sizes: tuple[int, int, int]) -> np.ndarray:
+    """A year per target node: the train share before 2018 (uniform over 2010-2017), the
+    validation share 2018, the test share 2019, any others 2020 (in no split)."""
+    order = rng.permutation(n)
+    years = np.empty(n, dtype=np.int64)
+    a, b, c = split_sizes
+    first, val_year, test_year, _ = _SPLIT_YEARS
+    years[order[:a]] = rng.integers(first, val_year, a)
+    years[order[a:a + b]] = val_year
+    years[order[a + b:a + b + c]] = test_year
+    years[order[a + b + c:]] = _SPLIT_YEARS[3]  # outside every split
+    return years
+
+
+def _time_splits(
+    rng: np.random.Generator, n: int, split_sizes: tuple[int, int, int]
+) -> dict[str, np.ndarray]:
+    years = _years(rng, n, split_sizes)
+    return {
+        "train": np.flatnonzero(years < _SPLIT_YEARS[1]).astype(np.int64),
+        "val": np.flatnonzero(years == _SPLIT_YEARS[1]).astype(np.int64),
+        "test": np.flatnonzero(years == _SPLIT_YEARS[2]).astype(np.int64),
+    }
+
+
+def _typed_weights(rng: np.random.Generator, n: int, params: TypedPreset) -> np.ndarray:
+    """Power-law expected-degree weights in a random node order, the largest capped at
+    ``max_weight_ratio`` times the mean."""
+    ranks = rng.permutation(n).astype(np.float64) + 1.0
+    w = ranks ** (-1.0 / (params.gamma - 1.0))
+    w /= w.sum()
+    cap = params.max_weight_ratio / n
+    for _ in range(10):
+        w = np.minimum(w, cap)
+        w /= w.sum()
+    return w
+
+
+@numba.njit(parallel=True, cache=True)
+def _relation_keys(
+    seed: np.uint64, first: int, count: int, anchor_comm: np.ndarray, homophily: float,
+    a_accept: np.ndarray, a_alias: np.ndarray, o_accept: np.ndarray, o_alias: np.ndarray,
+    members: np.ndarray, c_ptr: np.ndarray, c_accept: np.ndarray, c_alias: np.ndarray,
+    n_other: int, anchor_is_src: bool, no_self_loops: bool,
+) -> np.ndarray:
+    """Candidate edges ``first .. first+count-1`` as keys ``src * n_dst + dst``; a
+    refused self-loop gets key -1."""
+    n_anchor = anchor_comm.size
+    keys = np.empty(count, dtype=np.int64)
+    for i in numba.prange(count):
+        e = first + i
+        u = _alias_draw(a_accept, a_alias, 0, n_anchor, _uniform(seed, e, 0), _uniform(seed, e, 1))
+        k = anchor_comm[u]
+        lo, hi = c_ptr[k], c_ptr[k + 1]
+        if _uniform(seed, e, 2) < homophily and hi > lo:
+            pos = _alias_draw(c_accept, c_alias, lo, hi - lo, _uniform(seed, e, 3),
+                              _uniform(seed, e, 4))
+            v = members[pos]
+        else:
+            v = _alias_draw(o_accept, o_alias, 0, n_other, _uniform(seed, e, 3),
+                            _uniform(seed, e, 4))
+        if no_self_loops and u == v:
+            keys[i] = -1
+        elif anchor_is_src:
+            keys[i] = u * n_other + v
+        else:
+            keys[i] = v * n_anchor + u
+    return keys
+
+
+def _draw_relation(
+    rng: np.random.Generator, spec: RelationSpec, community: dict[str, np.ndarray],
+    weights: dict[str, np.ndarray], params: TypedPreset,
+) -> np.ndarray:
+    """``[2, E]`` distinct edges of one relation, sorted by (source, destination)."""
+    if spec.anchor not in ("src", "dst"):
+        raise ValueError(f"anchor: expected 'src' or 'dst', got {spec.anchor!r}")
+    src_t, _, dst_t = spec.edge_type
+    anchor_t, other_t = (src_t, dst_t) if spec.anchor == "src" else (dst_t, src_t)
+    n_dst = params.num_nodes[dst_t]
+    a_accept, a_alias = _alias_table(weights[anchor_t])
+    o_accept, o_alias = _alias_table(weights[other_t])
+    members, c_ptr, c_accept, c_alias = _class_alias_tables(
+        weights[other_t], community[other_t], params.num_classes)
+    seed = np.uint64(rng.integers(0, 2**63))
+    target = spec.num_edges
+    keys = np.empty(0, dtype=np.int64)
+    drawn = 0
+    for _ in range(8):  # top up what self-loops and repeats removed
+        missing = target - keys.size
+        if missing <= 0:
+            break
+        count = int(missing * 1.1) + 16
+        new = _relation_keys(seed, drawn, count, community[anchor_t], spec.homophily,
+                             a_accept, a_alias, o_accept, o_alias, members, c_ptr, c_accept,
+                             c_alias, params.num_nodes[other_t], spec.anchor == "src",
+                             src_t == dst_t)
+        drawn += count
+        keys = sorted_unique(np.concatenate([keys, new[new >= 0]]))
+    if keys.size > target:
+        keys = np.sort(rng.choice(keys, size=target, replace=False))
+    return np.stack([keys // n_dst, keys % n_dst])
+
+
+def _typed_features(rng: np.random.Generator, y: np.ndarray, params: TypedPreset) -> np.ndarray:
+    """Class centroid (norm ``feature_signal * sqrt(F) / 4``) plus unit Gaussian noise."""
+    f = params.feature_dim
+    centroids = rng.standard_normal((params.num_classes, f))
+    centroids *= params.feature_signal * np.sqrt(f) / 4.0 / np.linalg.norm(
+        centroids, axis=1, keepdims=True)
+    x = rng.standard_normal((y.size, f), dtype=np.float32)
+    x += centroids.astype(np.float32)[y]
+    return x
+
+
+#: Every preset by name: plain and typed.
+PRESETS: dict[str, SyntheticPreset | TypedPreset] = {**PLAIN_PRESETS, **TYPED_PRESETS}

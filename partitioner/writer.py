@@ -1,7 +1,13 @@
-"""Write partition format v1 from a node-to-partition assignment, out of core.
+"""Partition a graph and write it to disk, out of core: one writer for plain and typed graphs.
 
-Every pass reads the source graph in chunks (``pread`` for memory-mapped sources), so
-peak memory is O(N) for the maps plus one partition's in-edges, never the whole graph.
+A graph reaches the writer as a :class:`~partitioner.typed.TypedGraphData` (a plain
+:class:`~partitioner.graph.GraphData` as its one-type view). Nodes are relabelled per
+type so that each partition owns one contiguous ID range of every type, in original-ID
+order within the partition. Each relation's edges are stored once, as CSC in-edges in
+the partition that owns the destination, a node's in-edges in input order. Every pass
+reads the source in chunks (``pread`` for memory-mapped sources), so peak memory is O(N)
+for the maps plus one partition's in-edges of one relation, never the whole graph. A
+plain graph is written in format v1, a typed one in v2 (:mod:`partitioner.manifest`).
 """
 
 from __future__ import annotations
@@ -17,16 +23,18 @@ import numba
 import numpy as np
 from tqdm import tqdm
 
-from partitioner.format import FORMAT_VERSION, Manifest, PartitionInfo
-from partitioner.graph import SPLITS, GraphData
-from partitioner.npyio import (
-    FileRecord,
-    NpyWriter,
-    iter_edge_chunks,
-    iter_row_chunks,
-    read_flat,
-    save_npy,
+from partitioner.algorithms import assign
+from partitioner.graph import SPLITS, EdgeType, GraphData, edge_type_name
+from partitioner.manifest import (
+    FORMAT_VERSION,
+    TYPED_FORMAT_VERSION,
+    Manifest,
+    NodeTypeInfo,
+    PartitionInfo,
+    role,
 )
+from partitioner.npyio import FileRecord, NpyWriter, iter_edge_chunks, iter_row_chunks, read_flat, save_npy
+from partitioner.typed import TypedGraphData
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +42,47 @@ log = logging.getLogger(__name__)
 DEFAULT_EDGE_CHUNK = 1 << 24
 #: Node rows per chunk when splitting features and labels.
 DEFAULT_ROW_CHUNK = 1 << 18
+
+
+def warn_empty_splits(graph: GraphData | TypedGraphData) -> list[str]:
+    """Warn about every split the graph lacks or has empty (a trainer refuses to iterate
+    it); returns their names."""
+    empty = [s for s in SPLITS if graph.splits.get(s) is None or len(graph.splits[s]) == 0]
+    for split in empty:
+        log.warning("%s: the %r split is empty; graphfeed-train needs train and val nodes and a "
+                    "loader refuses an empty split (give %s_idx or %s_mask, or OGB's valid_idx for val)",
+                    graph.name, split, split, split)
+    return empty
+
+
+def partition_graph(
+    graph: GraphData | TypedGraphData, num_parts: int, out_dir: str | Path, *, method: str = "metis",
+    seed: int = 0, overwrite: bool = False, edge_chunk: int = DEFAULT_EDGE_CHUNK,
+    progress: bool = True, extra: dict[str, Any] | None = None,
+) -> Manifest:
+    """Split ``graph`` into ``num_parts`` partitions with ``method`` (any of
+    :data:`partitioner.algorithms.METHODS`; a typed graph's on its homogeneous view) and
+    write them to ``out_dir``; returns the manifest (its ``algorithm`` records method,
+    seed, time and ``extra``)."""
+    warn_empty_splits(graph)
+    started = time.perf_counter()
+    if isinstance(graph, GraphData):
+        typed = graph.as_typed()
+        part_of = {typed.target_type: assign(graph, num_parts, method, seed=seed, edge_chunk=edge_chunk,
+                                             progress=progress)}
+    else:
+        typed = graph
+        graph.validate()  # ID ranges too: a bad ID would otherwise fail deep in the writer
+        view = graph.to_homogeneous()
+        whole = assign(view, num_parts, method, seed=seed, edge_chunk=edge_chunk, progress=progress)
+        del view
+        offsets = graph.node_offsets()
+        part_of = {t: whole[offsets[t]:offsets[t] + n] for t, n in graph.num_nodes.items()}
+    algorithm = {"method": method, "num_parts": num_parts, "seed": seed,
+                 "assign_seconds": round(time.perf_counter() - started, 3), **(extra or {})}
+    return write_partitions(typed, part_of, out_dir, num_parts=num_parts, algorithm=algorithm,
+                            overwrite=overwrite, edge_chunk=edge_chunk, progress=progress,
+                            started=started)
 
 
 @numba.njit(cache=True)
@@ -49,172 +98,230 @@ def _relabel(part_of: np.ndarray, book: np.ndarray) -> np.ndarray:
 
 
 @numba.njit(cache=True)
-def _count_in_edges(
-    src: np.ndarray, dst: np.ndarray, node_map: np.ndarray, part_of: np.ndarray,
-    in_degree: np.ndarray, remote: np.ndarray,
-) -> None:
+def _count_in_edges(src: np.ndarray, dst: np.ndarray, dst_map: np.ndarray, src_part: np.ndarray,
+                    dst_part: np.ndarray, in_degree: np.ndarray, remote: np.ndarray) -> None:
     """Add a chunk's edges to the in-degree of each global target, and count, per
     target partition, the edges whose source lies in another partition."""
     for i in range(src.size):
         d = dst[i]
-        in_degree[node_map[d]] += 1
-        if part_of[src[i]] != part_of[d]:
-            remote[part_of[d]] += 1
+        in_degree[dst_map[d]] += 1
+        if src_part[src[i]] != dst_part[d]:
+            remote[dst_part[d]] += 1
 
 
 @numba.njit(cache=True)
-def _scatter_in_edges(
-    src: np.ndarray, dst: np.ndarray, weight: np.ndarray, node_map: np.ndarray,
-    start: int, stop: int, cursor: np.ndarray, indices: np.ndarray, out_weight: np.ndarray,
-) -> None:
+def _scatter_in_edges(src: np.ndarray, dst: np.ndarray, weight: np.ndarray, src_map: np.ndarray,
+                      dst_map: np.ndarray, start: int, stop: int, cursor: np.ndarray,
+                      indices: np.ndarray, out_weight: np.ndarray) -> None:
     """Place the chunk's edges whose target is in ``[start, stop)`` at their CSC slot
     (a counting sort, stable in input order)."""
     has_weight = weight.size > 0
     for i in range(src.size):
-        t = node_map[dst[i]]
+        t = dst_map[dst[i]]
         if start <= t < stop:
             pos = cursor[t - start]
             cursor[t - start] = pos + 1
-            indices[pos] = node_map[src[i]]
+            indices[pos] = src_map[src[i]]
             if has_weight:
                 out_weight[pos] = weight[i]
 
 
+class _Layout:
+    """Where each file goes: format v1 names no type, v2 names the node or edge type."""
+
+    def __init__(self, typed: bool) -> None:
+        self.typed = typed
+
+    def key(self, t: str | EdgeType) -> str | EdgeType | None:
+        return t if self.typed else None
+
+    def shared(self, kind: str, t: str) -> tuple[str, str]:
+        """(role, path) of a file shared by every partition (book, node map)."""
+        return role(kind, self.key(t)), f"{kind}/{t}.npy" if self.typed else f"{kind}.npy"
+
+    def own(self, p: int, kind: str, t: str | EdgeType) -> tuple[str, str]:
+        """(role, path) of a file of partition ``p``."""
+        name = role(kind, self.key(t))
+        return name, f"part-{p}/{name}.npy"
+
+
 def write_partitions(
-    graph: GraphData, part_of: np.ndarray, out_dir: str | Path, *,
-    algorithm: dict[str, Any] | None = None, overwrite: bool = False,
-    edge_chunk: int = DEFAULT_EDGE_CHUNK, progress: bool = True, started: float | None = None,
+    graph: TypedGraphData | GraphData, part_of: Mapping[str, np.ndarray] | np.ndarray,
+    out_dir: str | Path, *, num_parts: int | None = None, algorithm: dict[str, Any] | None = None,
+    overwrite: bool = False, edge_chunk: int = DEFAULT_EDGE_CHUNK, progress: bool = True,
+    started: float | None = None,
 ) -> Manifest:
-    """Write ``graph`` split by ``part_of`` (``[N]`` partition IDs) as format v1 into
-    ``out_dir`` and return the manifest (written last). The manifest's
-    ``algorithm["seconds"]`` counts from ``started`` (a ``time.perf_counter()`` value;
-    default: now)."""
+    """Write ``graph`` split by ``part_of`` (node type to ``[N_t]`` partition IDs; one
+    array for a plain graph) into ``out_dir`` and return the manifest (written last). The
+    manifest's ``algorithm["seconds"]`` counts from ``started`` (a ``time.perf_counter()``
+    value; default: now)."""
     started = time.perf_counter() if started is None else started
+    if isinstance(graph, GraphData):
+        graph = graph.as_typed()
+    if not isinstance(part_of, Mapping):
+        part_of = {graph.target_type: part_of}
     out = _prepare_out_dir(Path(out_dir), overwrite)
-    part_of = _check_assignment(graph, part_of)
-    num_parts = int(part_of.max()) + 1 if part_of.size else 1
-    book = np.zeros(num_parts + 1, dtype=np.int64)
-    np.cumsum(np.bincount(part_of, minlength=num_parts), out=book[1:])
-    node_map = _relabel(part_of, book)
-    shared = {"partition_book": save_npy(out, "partition_book.npy", book),
-              "node_map": save_npy(out, "node_map.npy", node_map)}
-    in_degree, remote = _count_pass(graph, node_map, part_of, edge_chunk, progress)
+    parts = _check_assignment(graph, part_of, num_parts)
+    num_parts = 1 + max((int(a.max()) for a in parts.values() if a.size), default=0) \
+        if num_parts is None else num_parts
+    layout = _Layout(graph.typed)
+    books, node_maps, shared = {}, {}, {}
+    for t, owner in parts.items():
+        book = np.zeros(num_parts + 1, dtype=np.int64)
+        np.cumsum(np.bincount(owner, minlength=num_parts), out=book[1:])
+        books[t], node_maps[t] = book, _relabel(owner, book)
+        for kind, array in (("partition_book", book), ("node_map", node_maps[t])):
+            name, path = layout.shared(kind, t)
+            shared[name] = save_npy(out, path, array)
     files: list[dict[str, FileRecord]] = [{} for _ in range(num_parts)]
-    for p in tqdm(range(num_parts), desc="in-edges", unit="part", disable=not progress):
-        files[p].update(_write_in_edges(graph, out, p, book, node_map, in_degree, edge_chunk))
-    _write_node_data(graph, out, part_of, book, files, progress)
-    split_sizes = write_splits(graph.splits, out, part_of, node_map, files)
-    parts = tuple(
-        PartitionInfo(id=p, num_nodes=int(book[p + 1] - book[p]),
-                      num_edges=int(in_degree[book[p]:book[p + 1]].sum()),
-                      num_remote_edges=int(remote[p]), split_sizes=split_sizes[p],
-                      files=files[p])
-        for p in range(num_parts)
-    )
+    edges = {et: np.zeros(num_parts, dtype=np.int64) for et in graph.edge_types}
+    remote = {et: np.zeros(num_parts, dtype=np.int64) for et in graph.edge_types}
+    with tqdm(total=graph.num_edges() * (num_parts + 1), desc="in-edges", unit="edge", unit_scale=True,
+              disable=not progress) as bar:
+        for et in graph.edge_types:
+            _write_relation(graph, et, out, layout, parts, books, node_maps, files, edges[et],
+                            remote[et], edge_chunk, bar)
+    with tqdm(total=graph.total_nodes, desc="nodes", unit="node", unit_scale=True,
+              disable=not progress) as bar:
+        for t in graph.node_types:
+            _write_node_type(graph, t, out, layout, parts[t], books[t], files, bar)
+    target = graph.target_type
+    split_sizes = write_splits(graph.splits, out, parts[target], node_maps[target], files,
+                               prefix=f"{target}/" if graph.typed else "")
+    infos = tuple(PartitionInfo(
+        id=p, num_nodes={t: int(b[p + 1] - b[p]) for t, b in books.items()},
+        num_edges={et: int(edges[et][p]) for et in graph.edge_types},
+        num_remote_edges={et: int(remote[et][p]) for et in graph.edge_types},
+        split_sizes=split_sizes[p], files=files[p]) for p in range(num_parts))
     algo = dict(algorithm or {})
     algo["seconds"] = round(time.perf_counter() - started, 3)
     manifest = Manifest(
-        graph_name=graph.name, num_nodes=graph.num_nodes, num_edges=graph.num_edges,
-        feature_dim=graph.feature_dim, feature_dtype=np.dtype(graph.x.dtype).name,
-        num_classes=graph.num_classes, has_edge_weight=graph.edge_weight is not None,
-        partition_book=tuple(int(b) for b in book), partitions=parts, files=shared,
-        algorithm=algo, format_version=FORMAT_VERSION,
-    )
+        graph_name=graph.name,
+        node_types={t: NodeTypeInfo(n, graph.feature_dim(t),
+                                    np.dtype(graph.x[t].dtype).name if t in graph.x else "")
+                    for t, n in graph.num_nodes.items()},
+        edge_types={et: graph.num_edges(et) for et in graph.edge_types},
+        target_type=target, num_classes=graph.num_classes,
+        partition_book={t: tuple(int(v) for v in b) for t, b in books.items()},
+        partitions=infos, files=shared, weighted=frozenset(graph.edge_weight), algorithm=algo,
+        format_version=TYPED_FORMAT_VERSION if graph.typed else FORMAT_VERSION)
     manifest.write(out)
     log.info("wrote %d partitions to %s in %.1f s", num_parts, out, algo["seconds"])
+    _warn_without_training(manifest)
     return manifest
 
 
 def _prepare_out_dir(out: Path, overwrite: bool) -> Path:
     if out.exists() and any(out.iterdir()):
         if not overwrite:
-            raise FileExistsError(
-                f"out_dir: {out} exists and is not empty (pass overwrite=True / --overwrite)"
-            )
+            raise FileExistsError(f"out_dir: {out} exists and is not empty "
+                                  "(pass overwrite=True / --overwrite)")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
 
-def _check_assignment(graph: GraphData, part_of: np.ndarray) -> np.ndarray:
-    arr = np.asarray(part_of)
-    if arr.shape != (graph.num_nodes,) or arr.dtype.kind not in "iu":
-        raise ValueError(
-            f"part_of: expected integers of shape [{graph.num_nodes}], "
-            f"got {arr.dtype} of shape {list(arr.shape)}"
-        )
-    arr = arr.astype(np.int32, copy=False)
-    if arr.size and int(arr.min()) < 0:
-        raise ValueError(f"part_of: expected partition IDs >= 0, got {int(arr.min())}")
-    if arr.size and bool((np.bincount(arr) == 0).any()):
+def _warn_without_training(manifest: Manifest) -> None:
+    idle = [p.id for p in manifest.partitions if p.split_sizes.get("train", 1) == 0]
+    if idle:
+        what = f"training {manifest.target_type} nodes" if manifest.typed else "training nodes"
+        log.warning("partitions %s own no %s (method %r); metis, hash or random spread them",
+                    idle, what, manifest.algorithm.get("method", "given"))
+
+
+def _check_assignment(graph: TypedGraphData, part_of: Mapping[str, np.ndarray],
+                      num_parts: int | None) -> dict[str, np.ndarray]:
+    if num_parts is not None and num_parts < 1:
+        raise ValueError(f"num_parts: expected an integer >= 1, got {num_parts}")
+    if set(part_of) != set(graph.num_nodes):
+        raise ValueError(f"part_of: expected one array per node type {list(graph.num_nodes)}, "
+                         f"got {list(part_of)}")
+    checked: dict[str, np.ndarray] = {}
+    for t, n in graph.num_nodes.items():
+        arr = np.asarray(part_of[t])
+        name = f"part_of[{t!r}]" if graph.typed else "part_of"
+        if arr.shape != (n,) or arr.dtype.kind not in "iu":
+            raise ValueError(f"{name}: expected integers of shape [{n}], got {arr.dtype} of shape "
+                             f"{list(arr.shape)}")
+        arr = arr.astype(np.int32, copy=False)
+        if arr.size and (int(arr.min()) < 0 or (num_parts is not None and int(arr.max()) >= num_parts)):
+            bound = "" if num_parts is None else f" in [0, {num_parts})"
+            raise ValueError(f"{name}: expected partition IDs >= 0{bound}, got "
+                             f"[{int(arr.min())}, {int(arr.max())}]")
+        checked[t] = arr
+    parts = num_parts or 1 + max((int(a.max()) for a in checked.values() if a.size), default=0)
+    used = sum((np.bincount(a, minlength=parts) for a in checked.values()), np.zeros(parts, np.int64))
+    if bool((used == 0).any()):
         raise ValueError("part_of: every partition 0..P-1 must own at least one node")
-    return arr
+    return checked
 
 
-def _count_pass(
-    graph: GraphData, node_map: np.ndarray, part_of: np.ndarray, chunk: int, progress: bool
-) -> tuple[np.ndarray, np.ndarray]:
-    in_degree = np.zeros(graph.num_nodes, dtype=np.int64)
-    remote = np.zeros(int(part_of.max()) + 1, dtype=np.int64)
-    with tqdm(total=graph.num_edges, desc="count", unit="edge", unit_scale=True,
-              disable=not progress) as bar:
-        for _, src, dst in iter_edge_chunks(graph.edge_index, chunk):
-            _count_in_edges(src, dst, node_map, part_of, in_degree, remote)
-            bar.update(src.size)
-    return in_degree, remote
-
-
-def _write_in_edges(
-    graph: GraphData, out: Path, p: int, book: np.ndarray, node_map: np.ndarray,
-    in_degree: np.ndarray, chunk: int,
-) -> dict[str, FileRecord]:
-    start, stop = int(book[p]), int(book[p + 1])
-    indptr = np.zeros(stop - start + 1, dtype=np.int64)
-    np.cumsum(in_degree[start:stop], out=indptr[1:])
-    indices = np.empty(int(indptr[-1]), dtype=np.int64)
-    edge_weight = graph.edge_weight
-    has_w = edge_weight is not None
-    weights = np.empty(indices.size if has_w else 0, dtype=np.float32)
-    cursor = indptr[:-1].copy()
+def _write_relation(graph: TypedGraphData, et: EdgeType, out: Path, layout: _Layout,
+                    parts: dict[str, np.ndarray], books: dict[str, np.ndarray],
+                    node_maps: dict[str, np.ndarray], files: list[dict[str, FileRecord]],
+                    edges: np.ndarray, remote: np.ndarray, chunk: int, bar: tqdm) -> None:
+    """CSC in-edges of each partition's owned destination nodes for one relation: one
+    counting pass over the edges, then one placing pass per partition."""
+    s, _, d = et
+    edge_index = graph.edge_index[et]
+    weight = graph.edge_weight.get(et)
+    in_degree = np.zeros(graph.num_nodes[d], dtype=np.int64)
+    for _, src, dst in iter_edge_chunks(edge_index, chunk):
+        _count_in_edges(src, dst, node_maps[d], parts[s], parts[d], in_degree, remote)
+        bar.update(src.size)
+    book = books[d]
     no_weight = np.empty(0, dtype=np.float32)
-    for first, src, dst in iter_edge_chunks(graph.edge_index, chunk):
-        w = no_weight if edge_weight is None else read_flat(edge_weight, first, first + src.size)
-        _scatter_in_edges(src, dst, w, node_map, start, stop, cursor, indices, weights)
-    files = {"indptr": save_npy(out, f"part-{p}/indptr.npy", indptr),
-             "indices": save_npy(out, f"part-{p}/indices.npy", indices)}
-    if has_w:
-        files["edge_weight"] = save_npy(out, f"part-{p}/edge_weight.npy", weights)
-    return files
+    for p in range(len(files)):
+        start, stop = int(book[p]), int(book[p + 1])
+        indptr = np.zeros(stop - start + 1, dtype=np.int64)
+        np.cumsum(in_degree[start:stop], out=indptr[1:])
+        indices = np.empty(int(indptr[-1]), dtype=np.int64)
+        weights = np.empty(indices.size if weight is not None else 0, dtype=np.float32)
+        cursor = indptr[:-1].copy()
+        for first, src, dst in iter_edge_chunks(edge_index, chunk):
+            w = no_weight if weight is None else read_flat(weight, first, first + src.size)
+            _scatter_in_edges(src, dst, w, node_maps[s], node_maps[d], start, stop, cursor, indices,
+                              weights)
+            bar.update(src.size)
+        edges[p] = indices.size
+        for kind, array in (("indptr", indptr), ("indices", indices),
+                            *((("edge_weight", weights),) if weight is not None else ())):
+            name, path = layout.own(p, kind, et)
+            files[p][name] = save_npy(out, path, array)
+    log.debug("relation %s: %d edges written", edge_type_name(et), int(edges.sum()))
 
 
-def _write_node_data(
-    graph: GraphData, out: Path, part_of: np.ndarray, book: np.ndarray,
-    files: list[dict[str, FileRecord]], progress: bool,
-) -> None:
-    """One sequential pass over the node rows, appending each row to its partition's
-    ``x``/``y``/``orig_ids`` files (new IDs follow original order within a partition)."""
+def _write_node_type(graph: TypedGraphData, t: str, out: Path, layout: _Layout, part_of: np.ndarray,
+                     book: np.ndarray, files: list[dict[str, FileRecord]], bar: tqdm) -> None:
+    """One sequential pass over a node type's rows, appending each row's features, label
+    (target type) and original ID to its partition's files (new IDs follow original order
+    within a partition)."""
     sizes = np.diff(book)
-    f = graph.feature_dim
-    writers = [
-        {"x": NpyWriter(out, f"part-{p}/x.npy", graph.x.dtype, (int(n), f)),
-         "y": NpyWriter(out, f"part-{p}/y.npy", np.int64, (int(n),)),
-         "orig_ids": NpyWriter(out, f"part-{p}/orig_ids.npy", np.int64, (int(n),))}
-        for p, n in enumerate(sizes)
-    ]
-    with tqdm(total=graph.num_nodes, desc="nodes", unit="node", unit_scale=True,
-              disable=not progress) as bar:
-        for first, x in iter_row_chunks(graph.x, DEFAULT_ROW_CHUNK):
-            rows = slice(first, first + x.shape[0])
-            owner, y = part_of[rows], np.asarray(graph.y[rows])
-            ids = np.arange(rows.start, rows.stop, dtype=np.int64)
-            for p, w in enumerate(writers):
-                mine = owner == p
-                w["x"].append(x[mine])
-                w["y"].append(y[mine])
-                w["orig_ids"].append(ids[mine])
-            bar.update(x.shape[0])
-    for p, w in enumerate(writers):
-        files[p].update({k: wr.close() for k, wr in w.items()})
+    feats = graph.x.get(t)
+    labels = graph.y if t == graph.target_type else None
+
+    def writer(p: int, kind: str, dtype: Any, shape: tuple[int, ...]) -> tuple[str, NpyWriter]:
+        name, path = layout.own(p, kind, t)
+        return name, NpyWriter(out, path, dtype, shape)
+
+    writers = [dict([writer(p, "orig_ids", np.int64, (int(n),)),
+                     *([writer(p, "x", feats.dtype, (int(n), feats.shape[1]))] if feats is not None else []),
+                     *([writer(p, "y", np.int64, (int(n),))] if labels is not None else [])])
+               for p, n in enumerate(sizes)]
+    rows = feats if feats is not None else np.empty((graph.num_nodes[t], 0), dtype=np.float32)
+    for first, x in iter_row_chunks(rows, DEFAULT_ROW_CHUNK):
+        span = slice(first, first + x.shape[0])
+        owner = part_of[span]
+        ids = np.arange(span.start, span.stop, dtype=np.int64)
+        y = np.asarray(labels[span]) if labels is not None else None
+        for p, ws in enumerate(writers):
+            mine = owner == p
+            for name, w in ws.items():
+                kind = name.rpartition("/")[2]
+                w.append(ids[mine] if kind == "orig_ids" else x[mine] if kind == "x" else y[mine])  # type: ignore[index]
+        bar.update(x.shape[0])
+    for p, ws in enumerate(writers):
+        files[p].update({name: w.close() for name, w in ws.items()})
 
 
 def write_splits(
@@ -222,7 +329,7 @@ def write_splits(
     files: list[dict[str, FileRecord]], prefix: str = "",
 ) -> list[dict[str, int]]:
     """Each partition's share of every split, as ``part-<p>/<prefix><split>_idx.npy`` in
-    new IDs (sorted); returns the shares' sizes per partition. ``prefix`` is the node
+    new IDs (sorted); returns the shares' sizes per partition. ``prefix`` is the target
     type's folder (``"paper/"``) in a typed partition."""
     sizes: list[dict[str, int]] = [{} for _ in files]
     for split in SPLITS:

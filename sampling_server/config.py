@@ -39,11 +39,10 @@ STRUCTURES: tuple[str, ...] = ("auto", "partition", "full")
 #: Whose features and labels a server gathers itself: its own partition's nodes' (the
 #: owners answer for the others), every node's, or the latter where it costs little.
 FEATURE_HOLDINGS: tuple[str, ...] = STRUCTURES
-#: Rules a server may order its nodes by for trainers' feature caches (sampling_server/hot.py).
+#: Rules a server may order its nodes by for trainers' feature caches
+#: (sampling_server/hot_order.py), and the default one.
 HOT_ORDERS: tuple[str, ...] = ("visits_v1", "in_degree_v1")
-#: The rule of a typed graph's per-type hot orders, whatever ``hot_order`` says (the
-#: visit estimate follows one homogeneous fanout list).
-TYPED_HOT_ORDER = "in_degree_v1"
+HOT_ORDER = HOT_ORDERS[0]
 
 
 class ConfigError(ValueError):
@@ -114,7 +113,7 @@ class ServerConfig:
     mmap: bool = True
     #: The rule ordering this partition's nodes for trainers' feature caches (one of
     #: :data:`HOT_ORDERS`, ``ClusterInfo.hot_order``).
-    hot_order: str = HOT_ORDERS[0]
+    hot_order: str = HOT_ORDER
     #: Trainer streams served at once; more get RESOURCE_EXHAUSTED (keeps gRPC threads
     #: free for peer calls, so servers never starve each other).
     max_streams: int = 32

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from partitioner.hetero import EdgeType, edge_type_name, parse_edge_type
+from partitioner.graph import EdgeType, edge_type_name, parse_edge_type
 from protos import codec, compact
 from protos import sampling_pb2 as pb
 from protos.plan import BatchRef

@@ -22,7 +22,7 @@ import torch
 
 from partitioner.format import Verify
 from partitioner.graph import SPLITS
-from partitioner.hetero import EdgeType, GraphDataError, parse_edge_type
+from partitioner.graph import EdgeType, GraphDataError, parse_edge_type
 from partitioner.hetero_format import (
     HeteroManifest,
     HeteroPartition,

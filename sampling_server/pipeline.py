@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from google.protobuf.message import Message
 
-from partitioner.hetero import EdgeType
+from partitioner.graph import EdgeType
 from protos import codec, compact, fastwire
 from protos import sampling_pb2 as pb
 from protos.plan import BatchRef, EpochPlan, GlobalPlan

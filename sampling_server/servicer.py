@@ -14,7 +14,7 @@ import grpc
 import numpy as np
 
 from partitioner.graph import SPLITS
-from partitioner.hetero import EdgeType
+from partitioner.graph import EdgeType
 from protos import sampling_pb2 as pb
 from protos.codec import encode_tensor
 from protos.plan import BatchRef, EpochPlan, GlobalPlan, plan_epoch, plan_global_epoch, shuffled_seeds

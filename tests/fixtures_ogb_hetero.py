@@ -11,13 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
-from partitioner.hetero import EdgeType, HeteroGraphData
+from partitioner.graph import EdgeType
+from partitioner.typed import TypedGraphData
 from tests.fixtures_ogb import _finish, _random_graph, _write_csv, _write_splits
 
 MAG_COUNTS = {"author": 9, "field_of_study": 5, "institution": 3, "paper": 14}
 
 
-def write_mag_typed_dataset(root: Path, seed: int = 5) -> HeteroGraphData:
+def write_mag_typed_dataset(root: Path, seed: int = 5) -> TypedGraphData:
     """ogbn-mag with authors, papers, fields of study and institutions, four relations."""
     fixture = _finish(_random_graph(seed, MAG_COUNTS["paper"], 25, 349), "ogbn-mag", root)
     rng = np.random.default_rng(seed)
@@ -50,7 +51,7 @@ def write_mag_typed_dataset(root: Path, seed: int = 5) -> HeteroGraphData:
     _write_csv(split_dir / "nodetype-has-split.csv.gz", has, header=list(counts))
     _write_splits(split_dir / "paper", fixture.splits)
     ours = {"train": "train", "valid": "val", "test": "test"}
-    return HeteroGraphData(
+    return TypedGraphData(
         name="ogbn-mag", num_nodes=dict(counts),
         edge_index={k: v.astype(np.int64) for k, v in relations.items()},
         x={"paper": fixture.x}, target_type="paper", y=fixture.y, num_classes=349,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from partitioner.hetero import HeteroGraphData
+from partitioner.typed import TypedGraphData as TypedGraphData
 
 
-def tiny_hetero(seed: int = 0) -> HeteroGraphData:
+def tiny_hetero(seed: int = 0) -> TypedGraphData:
     """Papers (features, labels), authors and topics (no features), three relations."""
     rng = np.random.default_rng(seed)
     counts = {"paper": 30, "author": 20, "topic": 6}
@@ -25,5 +25,5 @@ def tiny_hetero(seed: int = 0) -> HeteroGraphData:
     splits = {"train": np.sort(order[:14]), "val": np.sort(order[14:20]),
               "test": np.sort(order[20:28])}
     x = {"paper": rng.standard_normal((30, 4)).astype(np.float32)}
-    return HeteroGraphData(name="tiny-hetero", num_nodes=counts, edge_index=edges, x=x,
+    return TypedGraphData(name="tiny-hetero", num_nodes=counts, edge_index=edges, x=x,
                            target_type="paper", y=y, num_classes=3, splits=splits)

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from partitioner.hetero import EdgeType, HeteroGraphData
+from partitioner.graph import EdgeType
+from partitioner.typed import TypedGraphData
 from partitioner.hetero_format import load_hetero_node_map, load_hetero_partition, read_hetero_manifest
 from sampling_server.sampler.hetero_base import HeteroNeighborSampler
 from sampling_server.sampler.hetero_types import HeteroMinibatch
@@ -51,7 +52,7 @@ class LocalHeteroPeers:
                 for p, nodes in nodes_by_partition.items()}
 
 
-def node_maps(root: Path, graph: HeteroGraphData) -> dict[str, np.ndarray]:
+def node_maps(root: Path, graph: TypedGraphData) -> dict[str, np.ndarray]:
     """Original ID -> global ID, per node type, of the partitioning at ``root``."""
     return {t: np.asarray(load_hetero_node_map(root, t)) for t in graph.node_types}
 
@@ -61,16 +62,16 @@ def load_all(root: Path) -> list:  # type: ignore[type-arg]
     return [load_hetero_partition(root, p) for p in range(m.num_partitions)]
 
 
-def _in_degree(graph: HeteroGraphData, et: EdgeType) -> np.ndarray:
+def _in_degree(graph: TypedGraphData, et: EdgeType) -> np.ndarray:
     return np.bincount(graph.edge_index[et][1], minlength=graph.num_nodes[et[2]])
 
 
-def _pair_codes(graph: HeteroGraphData, et: EdgeType, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+def _pair_codes(graph: TypedGraphData, et: EdgeType, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     return src.astype(np.int64) * graph.num_nodes[et[2]] + dst.astype(np.int64)
 
 
 def check_hetero_batch(
-    graph: HeteroGraphData, maps: Mapping[str, np.ndarray], batch: HeteroMinibatch,
+    graph: TypedGraphData, maps: Mapping[str, np.ndarray], batch: HeteroMinibatch,
     seed_type: str, seeds_orig: np.ndarray, fanouts: Mapping[EdgeType, list[int]],
 ) -> None:
     """Every property a typed batch must have, checked through original IDs."""
@@ -93,7 +94,7 @@ def check_hetero_batch(
     _check_data(graph, batch, orig)
 
 
-def _check_edges(graph: HeteroGraphData, batch: HeteroMinibatch, et: EdgeType, fanout: list[int],
+def _check_edges(graph: TypedGraphData, batch: HeteroMinibatch, et: EdgeType, fanout: list[int],
                  orig: Mapping[str, np.ndarray]) -> None:
     s = batch.structure
     src_t, _, dst_t = et
@@ -121,7 +122,7 @@ def _check_edges(graph: HeteroGraphData, batch: HeteroMinibatch, et: EdgeType, f
         e0 = e1
 
 
-def _check_first_seen(graph: HeteroGraphData, batch: HeteroMinibatch) -> None:
+def _check_first_seen(graph: TypedGraphData, batch: HeteroMinibatch) -> None:
     """Each hop's new nodes of a type are its edges' sources not seen before, in order
     of first appearance, relation after relation in the graph's edge-type order."""
     s = batch.structure
@@ -138,7 +139,7 @@ def _check_first_seen(graph: HeteroGraphData, batch: HeteroMinibatch) -> None:
             np.testing.assert_array_equal(fresh[np.sort(first)], np.arange(lo, hi))
 
 
-def _check_data(graph: HeteroGraphData, batch: HeteroMinibatch, orig: Mapping[str, np.ndarray]) -> None:
+def _check_data(graph: TypedGraphData, batch: HeteroMinibatch, orig: Mapping[str, np.ndarray]) -> None:
     assert set(batch.x) == set(graph.x)  # featureless types get no features
     for t, x in batch.x.items():
         np.testing.assert_array_equal(x.cpu().numpy(), graph.x[t][orig[t]])

@@ -30,8 +30,8 @@ from test_loader import TIMEOUTS
 from torch import nn
 from torch_geometric.data import HeteroData
 
-from partitioner.hetero import HeteroGraphData
-from partitioner.hetero_synthetic import HETERO_PRESETS, generate_hetero
+from partitioner.typed import TypedGraphData
+from partitioner.synthetic import TYPED_PRESETS, generate
 from partitioner.hetero_writer import partition_hetero_graph
 from partitioner.readers.pyg_hetero import to_pyg_hetero
 from trainer_client.hetero_models import RGCN, HeteroMeta, hetero_batch_inputs
@@ -45,7 +45,7 @@ HIDDEN = 32
 LR = 0.01
 
 #: ``mag-small`` with 1,600 / 400 / 2,000 train / val / test papers.
-PRESET = dataclasses.replace(HETERO_PRESETS["mag-small"], split_sizes=(1600, 400, 2000))
+PRESET = dataclasses.replace(TYPED_PRESETS["mag-small"], split_sizes=(1600, 400, 2000))
 
 
 def _pyg_sampling_available() -> bool:
@@ -58,7 +58,7 @@ pytestmark = [pytest.mark.skipif(not _pyg_sampling_available(),
               pytest.mark.usefixtures("one_thread")]
 
 
-def _meta(graph: HeteroGraphData) -> HeteroMeta:
+def _meta(graph: TypedGraphData) -> HeteroMeta:
     return HeteroMeta(node_types=graph.node_types, edge_types=graph.edge_types,
                       num_nodes=dict(graph.num_nodes),
                       feature_dims={t: graph.feature_dim(t) for t in graph.node_types},
@@ -74,7 +74,7 @@ def _full_graph_accuracy(model: RGCN, data: HeteroData, split: torch.Tensor) -> 
     return float((out[split].argmax(-1) == data["paper"].y[split]).float().mean())
 
 
-def _train_rgcn(graph: HeteroGraphData, data: HeteroData, seed: int,
+def _train_rgcn(graph: TypedGraphData, data: HeteroData, seed: int,
                 epochs: Iterable[Iterable[HeteroData]]) -> float:
     torch.manual_seed(seed)
     model = RGCN(_meta(graph), hidden_channels=HIDDEN, num_layers=len(FANOUTS), dropout=0.5)
@@ -90,7 +90,7 @@ def _train_rgcn(graph: HeteroGraphData, data: HeteroData, seed: int,
     return _full_graph_accuracy(model, data, torch.from_numpy(graph.splits["test"]))
 
 
-def _train_mlp(graph: HeteroGraphData, data: HeteroData, seed: int) -> float:
+def _train_mlp(graph: TypedGraphData, data: HeteroData, seed: int) -> float:
     """An MLP on the paper features alone, trained full batch to convergence."""
     torch.manual_seed(seed)
     x, y = data["paper"].x, data["paper"].y
@@ -109,15 +109,15 @@ def _train_mlp(graph: HeteroGraphData, data: HeteroData, seed: int) -> float:
 
 
 @pytest.fixture(scope="module")
-def typed_graph(tmp_path_factory: pytest.TempPathFactory) -> tuple[HeteroGraphData, Path]:
-    graph = generate_hetero(PRESET, seed=0, progress=False).add_reverse()
+def typed_graph(tmp_path_factory: pytest.TempPathFactory) -> tuple[TypedGraphData, Path]:
+    graph = generate(PRESET, seed=0, progress=False).add_reverse()
     root = tmp_path_factory.mktemp("typed") / "metis-2"
     partition_hetero_graph(graph, 2, root, method="metis", progress=False)
     return graph, root
 
 
 def test_rgcn_on_graphfeed_batches_matches_pyg_hetero_neighbor_loader(
-        typed_graph: tuple[HeteroGraphData, Path]) -> None:
+        typed_graph: tuple[TypedGraphData, Path]) -> None:
     from torch_geometric.loader import NeighborLoader
 
     graph, root = typed_graph

@@ -9,14 +9,15 @@ import numpy as np
 import pytest
 
 from partitioner.format import PartitionFormatError, load_partition
-from partitioner.hetero import HeteroGraphData, edge_type_name
+from partitioner.graph import edge_type_name
+from partitioner.typed import TypedGraphData
 from partitioner.hetero_format import (
     load_hetero_node_map,
     load_hetero_partition,
     read_format_version,
     read_hetero_manifest,
 )
-from partitioner.hetero_synthetic import generate_hetero
+from partitioner.synthetic import generate
 from partitioner.hetero_writer import partition_hetero_graph, write_hetero_partitions
 from partitioner.partition import partition_graph
 from partitioner.synthetic import generate
@@ -24,18 +25,18 @@ from tests.hetero_fixtures import tiny_hetero
 
 
 @pytest.fixture(scope="module")
-def small() -> HeteroGraphData:
-    return generate_hetero("mag-small", seed=1, progress=False).add_reverse()
+def small() -> TypedGraphData:
+    return generate("mag-small", seed=1, progress=False).add_reverse()
 
 
 @pytest.fixture(scope="module")
-def small_parts(small: HeteroGraphData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def small_parts(small: TypedGraphData, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("mag-small-2")
     partition_hetero_graph(small, 2, out, method="metis", seed=0, progress=False)
     return out
 
 
-def _check_round_trip(graph: HeteroGraphData, root: Path) -> None:
+def _check_round_trip(graph: TypedGraphData, root: Path) -> None:
     """Every edge, feature row, label and split member comes back under its new IDs."""
     m = read_hetero_manifest(root)
     parts = [load_hetero_partition(root, p) for p in range(m.num_partitions)]
@@ -69,7 +70,7 @@ def _check_round_trip(graph: HeteroGraphData, root: Path) -> None:
         np.testing.assert_array_equal(np.sort(back), np.sort(maps[tgt][ids]))
 
 
-def test_mag_small_round_trips_through_v2(small: HeteroGraphData, small_parts: Path) -> None:
+def test_mag_small_round_trips_through_v2(small: TypedGraphData, small_parts: Path) -> None:
     assert read_format_version(small_parts) == 2
     _check_round_trip(small, small_parts)
     m = read_hetero_manifest(small_parts)

@@ -1,4 +1,4 @@
-"""HeteroGraphData: validation naming the field, reverse relations, homogeneous view."""
+"""TypedGraphData: validation naming the field, reverse relations, homogeneous view."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from partitioner.graph import GraphDataError
-from partitioner.hetero import HeteroGraphData, edge_type_name, parse_edge_type
+from partitioner.graph import edge_type_name, parse_edge_type
+from partitioner.typed import TypedGraphData
 from tests.hetero_fixtures import tiny_hetero
 
 
@@ -52,7 +53,7 @@ def test_valid_graph_passes_and_reports_sizes() -> None:
     ],
 )
 def test_validate_names_the_bad_field(
-    mutate: Callable[[HeteroGraphData], object], needle: str
+    mutate: Callable[[TypedGraphData], object], needle: str
 ) -> None:
     g = tiny_hetero()
     mutate(g)

@@ -10,7 +10,7 @@ import torch
 from torch_geometric.data import Data
 
 from partitioner.graph import GraphDataError
-from partitioner.hetero import HeteroGraphData
+from partitioner.typed import TypedGraphData
 from partitioner.readers.npz import write_npz
 from partitioner.readers.npz_hetero import is_hetero_npz, read_npz_hetero, write_npz_hetero
 from partitioner.readers.ogb import DatasetNotFoundError
@@ -22,7 +22,7 @@ from tests.fixtures_ogb_hetero import write_mag_typed_dataset
 from tests.hetero_fixtures import tiny_hetero
 
 
-def assert_same_graph(a: HeteroGraphData, b: HeteroGraphData, *, order: bool = True) -> None:
+def assert_same_graph(a: TypedGraphData, b: TypedGraphData, *, order: bool = True) -> None:
     assert a.num_nodes == b.num_nodes
     if order:
         assert list(a.num_nodes) == list(b.num_nodes)

@@ -10,8 +10,9 @@ import pytest
 import torch
 from scipy import stats
 
-from partitioner.hetero import EdgeType, HeteroGraphData
-from partitioner.hetero_synthetic import generate_hetero
+from partitioner.graph import EdgeType
+from partitioner.typed import TypedGraphData
+from partitioner.synthetic import generate
 from partitioner.hetero_writer import partition_hetero_graph
 from sampling_server.sampler import create_hetero_sampler, normalize_num_neighbors, to_hetero_data
 from sampling_server.sampler.cpu_fused import UNSEEN
@@ -32,22 +33,22 @@ CITES: EdgeType = ("paper", "cites", "paper")
 
 
 @pytest.fixture(scope="module")
-def small() -> HeteroGraphData:
-    return generate_hetero("mag-small", seed=1, progress=False).add_reverse()
+def small() -> TypedGraphData:
+    return generate("mag-small", seed=1, progress=False).add_reverse()
 
 
-def _partitioned(graph: HeteroGraphData, parts: int, method: str, root: Path) -> Path:
+def _partitioned(graph: TypedGraphData, parts: int, method: str, root: Path) -> Path:
     partition_hetero_graph(graph, parts, root, method=method, seed=0, progress=False)
     return root
 
 
 @pytest.fixture(scope="module")
-def small_one(small: HeteroGraphData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def small_one(small: TypedGraphData, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _partitioned(small, 1, "random", tmp_path_factory.mktemp("mag-small-1"))
 
 
 @pytest.fixture(scope="module")
-def small_two(small: HeteroGraphData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def small_two(small: TypedGraphData, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _partitioned(small, 2, "metis", tmp_path_factory.mktemp("mag-small-2"))
 
 
@@ -56,7 +57,7 @@ def one_sampler(small_one: Path) -> CpuHeteroSampler:
     return CpuHeteroSampler(load_all(small_one)[0])
 
 
-def _train_seeds(graph: HeteroGraphData, n: int, offset: int = 0) -> np.ndarray:
+def _train_seeds(graph: TypedGraphData, n: int, offset: int = 0) -> np.ndarray:
     return np.asarray(graph.splits["train"][offset:offset + n], dtype=np.int64)
 
 
@@ -66,7 +67,7 @@ def _train_seeds(graph: HeteroGraphData, n: int, offset: int = 0) -> np.ndarray:
     {"author__writes__paper": [4, 0], "paper__cites__paper": [3, 2],
      "paper__rev_writes__author": [0, 6], "field_of_study__rev_has_topic__paper": [-1, 1]},
 ])
-def test_single_partition_properties(small: HeteroGraphData, small_one: Path,
+def test_single_partition_properties(small: TypedGraphData, small_one: Path,
                                      one_sampler: CpuHeteroSampler, num_neighbors: object) -> None:
     seeds = _train_seeds(small, 48)
     maps = node_maps(small_one, small)
@@ -76,7 +77,7 @@ def test_single_partition_properties(small: HeteroGraphData, small_one: Path,
     assert sum(sum(v) for v in batch.structure.num_sampled_edges.values()) > 0
 
 
-def test_dict_leaves_out_edge_types(small: HeteroGraphData, small_one: Path,
+def test_dict_leaves_out_edge_types(small: TypedGraphData, small_one: Path,
                                     one_sampler: CpuHeteroSampler) -> None:
     maps = node_maps(small_one, small)
     out = one_sampler.sample(maps["paper"][_train_seeds(small, 16)], "paper",
@@ -86,7 +87,7 @@ def test_dict_leaves_out_edge_types(small: HeteroGraphData, small_one: Path,
     assert out.num_sampled_nodes["author"] == [0, 0, 0]
 
 
-def test_same_key_same_batch_other_key_differs(small: HeteroGraphData, small_one: Path,
+def test_same_key_same_batch_other_key_differs(small: TypedGraphData, small_one: Path,
                                               one_sampler: CpuHeteroSampler) -> None:
     seeds = node_maps(small_one, small)["paper"][_train_seeds(small, 32)]
     a = one_sampler.minibatch(seeds, "paper", [6, 4], key=5)
@@ -101,7 +102,7 @@ def test_relations_into_one_type_draw_independently() -> None:
     assert len(keys) == 3 and relation_key(7, WRITES) != relation_key(8, WRITES)
 
 
-def test_uniform_draws_of_one_node(small: HeteroGraphData, small_one: Path,
+def test_uniform_draws_of_one_node(small: TypedGraphData, small_one: Path,
                                    one_sampler: CpuHeteroSampler) -> None:
     """Chi-square: every in-edge of one paper along ``writes`` is drawn k/d of the time."""
     src, dst = small.edge_index[WRITES]
@@ -120,7 +121,7 @@ def test_uniform_draws_of_one_node(small: HeteroGraphData, small_one: Path,
     assert stats.chisquare(counts, expected).pvalue > 1e-4
 
 
-def test_two_partitions_equal_one(small: HeteroGraphData, small_one: Path, small_two: Path) -> None:
+def test_two_partitions_equal_one(small: TypedGraphData, small_one: Path, small_two: Path) -> None:
     """Peers answered in process: the 2-partition batch equals the 1-partition one, in
     original IDs, with seeds owned by both partitions."""
     one = CpuHeteroSampler(load_all(small_one)[0])
@@ -141,7 +142,7 @@ def test_two_partitions_equal_one(small: HeteroGraphData, small_one: Path, small
 
 
 @pytest.mark.parametrize("replace", [False, True], ids=["uniform", "replace"])
-def test_fused_path_equals_the_generic_path(small: HeteroGraphData, small_one: Path,
+def test_fused_path_equals_the_generic_path(small: TypedGraphData, small_one: Path,
                                             small_two: Path, replace: bool) -> None:
     """The fused draw-and-relabel hops (the CPU default) give exactly the batch of the
     shared per-relation path (draw, then relabel), on one partition and on two (where
@@ -169,7 +170,7 @@ def test_fused_path_equals_the_generic_path(small: HeteroGraphData, small_one: P
                 assert all(bool((m == UNSEEN).all()) for m in pool._free)
 
 
-def test_remote_nodes_need_a_remote(small: HeteroGraphData, small_two: Path) -> None:
+def test_remote_nodes_need_a_remote(small: TypedGraphData, small_two: Path) -> None:
     sampler = CpuHeteroSampler(load_all(small_two)[0])
     start, stop = sampler.node_range("paper")
     with pytest.raises(ValueError, match="seeds"):
@@ -199,7 +200,7 @@ def test_bad_input_names_the_field(one_sampler: CpuHeteroSampler) -> None:
         create_hetero_sampler(one_sampler.partition, "tpu")
 
 
-def test_to_hetero_data_shapes(small: HeteroGraphData, one_sampler: CpuHeteroSampler) -> None:
+def test_to_hetero_data_shapes(small: TypedGraphData, one_sampler: CpuHeteroSampler) -> None:
     batch = one_sampler.minibatch(torch.arange(20), "paper", [4, 3], key=2)
     data = to_hetero_data(batch)
     s = batch.structure
@@ -219,14 +220,14 @@ def test_to_hetero_data_shapes(small: HeteroGraphData, one_sampler: CpuHeteroSam
 
 
 @pytest.fixture(scope="module")
-def tiny_parts(tmp_path_factory: pytest.TempPathFactory) -> tuple[HeteroGraphData, Path]:
+def tiny_parts(tmp_path_factory: pytest.TempPathFactory) -> tuple[TypedGraphData, Path]:
     g = tiny_hetero()
     return g, _partitioned(g, 2, "hash", tmp_path_factory.mktemp("tiny-2"))
 
 
 @pytest.mark.parametrize(("replace", "topology"), [(False, "device"), (True, "device"),
                                                    (False, "uva")])
-def test_cuda_equals_cpu(tiny_parts: tuple[HeteroGraphData, Path], replace: bool,
+def test_cuda_equals_cpu(tiny_parts: tuple[TypedGraphData, Path], replace: bool,
                          topology: str) -> None:
     """The CUDA sampler (the simulator here) draws exactly the CPU sampler's batch, also
     across partitions."""
@@ -254,7 +255,7 @@ def _pyg_neighbor_backend() -> bool:
 
 @pytest.mark.skipif(not _pyg_neighbor_backend(), reason="PyG's hetero NeighborLoader needs "
                     "pyg-lib or torch-sparse (make bench-peers)")
-def test_structure_matches_pyg_neighbor_loader(small: HeteroGraphData, small_one: Path,
+def test_structure_matches_pyg_neighbor_loader(small: TypedGraphData, small_one: Path,
                                                one_sampler: CpuHeteroSampler) -> None:
     """Same seeds and fanouts: nodes per type and edges per edge type agree with PyG's
     hetero ``NeighborLoader`` on average (both are uniform without replacement)."""
@@ -287,7 +288,7 @@ def test_structure_matches_pyg_neighbor_loader(small: HeteroGraphData, small_one
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("topology", ["device", "uva"])
-def test_real_gpu_equals_cpu_on_mag_small(small: HeteroGraphData, small_two: Path,
+def test_real_gpu_equals_cpu_on_mag_small(small: TypedGraphData, small_two: Path,
                                           topology: str) -> None:
     """On a real GPU: the 2-partition CUDA batch equals the CPU batch and has every property."""
     parts = load_all(small_two)

@@ -21,7 +21,8 @@ from test_limits import METHODS, _structured, call_raw, mutated
 from test_loader import TIMEOUTS
 from torch_geometric.data import HeteroData
 
-from partitioner.hetero import EdgeType, HeteroGraphData
+from partitioner.graph import EdgeType
+from partitioner.typed import TypedGraphData
 from partitioner.hetero_writer import partition_hetero_graph
 from protos import codec
 from protos import sampling_pb2 as pb
@@ -43,19 +44,19 @@ DICT_FANOUTS: dict[EdgeType | str, list[int]] = {
 
 
 @pytest.fixture(scope="module")
-def graph() -> HeteroGraphData:
+def graph() -> TypedGraphData:
     return tiny_hetero().add_reverse()
 
 
 @pytest.fixture(scope="module")
-def one(graph: HeteroGraphData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def one(graph: TypedGraphData, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("typed-1")
     partition_hetero_graph(graph, 1, root, method="random", seed=0, progress=False)
     return root
 
 
 @pytest.fixture(scope="module")
-def two(graph: HeteroGraphData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def two(graph: TypedGraphData, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("typed-2")
     partition_hetero_graph(graph, 2, root, method="hash", seed=0, progress=False)
     return root
@@ -92,12 +93,12 @@ def cluster(two: Path) -> Iterator[list[str]]:
         yield addresses
 
 
-def _edges(graph: HeteroGraphData) -> dict[EdgeType, set[tuple[int, int]]]:
+def _edges(graph: TypedGraphData) -> dict[EdgeType, set[tuple[int, int]]]:
     return {et: set(zip(ei[0].tolist(), ei[1].tolist(), strict=True))
             for et, ei in graph.edge_index.items()}
 
 
-def check_batch(graph: HeteroGraphData, data: HeteroData, seed_type: str,
+def check_batch(graph: TypedGraphData, data: HeteroData, seed_type: str,
                 input_nodes: torch.Tensor) -> None:
     """Fields, types and shapes of a typed batch, every edge in the original graph with
     its type and direction, features and labels equal to the original rows."""
@@ -130,7 +131,7 @@ def check_batch(graph: HeteroGraphData, data: HeteroData, seed_type: str,
 
 
 # -- cluster facts and bad requests -----------------------------------------------------
-def test_cluster_info_advertises_the_typed_graph(cluster: list[str], graph: HeteroGraphData) -> None:
+def test_cluster_info_advertises_the_typed_graph(cluster: list[str], graph: TypedGraphData) -> None:
     with create_channel(cluster[1]) as channel:
         info = pb_grpc.SamplingServiceStub(channel).GetClusterInfo(pb.ClusterInfoRequest(), timeout=30)
     typed = info.typed
@@ -148,7 +149,7 @@ def test_cluster_info_advertises_the_typed_graph(cluster: list[str], graph: Hete
 
 
 def test_owned_ranges_of_every_node_type_give_original_ids_and_labels(
-    cluster: list[str], graph: HeteroGraphData
+    cluster: list[str], graph: TypedGraphData
 ) -> None:
     """LookupNodes(owned_range, node_type): the type's original IDs in global ID order, the
     target type's labels, -1 for the other types; a range past the type's is refused."""
@@ -356,7 +357,7 @@ def test_bad_typed_loader_arguments_are_refused(cluster: list[str]) -> None:
 # -- batches ------------------------------------------------------------------------------
 @pytest.mark.parametrize("input_nodes", ["train", ("author", None)])
 def test_loader_yields_hetero_data_of_the_original_graph(
-        cluster: list[str], graph: HeteroGraphData, input_nodes: object) -> None:
+        cluster: list[str], graph: TypedGraphData, input_nodes: object) -> None:
     num_neighbors = FANOUTS if input_nodes == "train" else DICT_FANOUTS
     seed_type = "paper" if input_nodes == "train" else "author"
     with RemoteNeighborLoader(cluster, input_nodes=input_nodes, num_neighbors=num_neighbors,  # type: ignore[arg-type]
@@ -374,7 +375,7 @@ def test_loader_yields_hetero_data_of_the_original_graph(
 
 @pytest.mark.parametrize("replace", [False, True])
 def test_two_partitions_equal_the_whole_graph_sampler(
-        cluster: list[str], graph: HeteroGraphData, one: Path, replace: bool) -> None:
+        cluster: list[str], graph: TypedGraphData, one: Path, replace: bool) -> None:
     """Global batches across two partitions (typed peers over gRPC) are exactly what the
     whole-graph in-process sampler draws for the same seeds and keys."""
     whole = CpuHeteroSampler(load_all(one)[0], replace=replace)
@@ -463,7 +464,7 @@ def test_compact_typed_batches_are_narrow_on_the_wire_and_the_same_decoded(
 @pytest.mark.parametrize(("input_nodes", "batches"), [(("author", None), "global"),
                                                       ("train", "partition")])
 def test_every_rank_gets_the_same_number_of_batches(
-        cluster: list[str], graph: HeteroGraphData, input_nodes: object, batches: str) -> None:
+        cluster: list[str], graph: TypedGraphData, input_nodes: object, batches: str) -> None:
     world = 3
     seed_type = "author" if isinstance(input_nodes, tuple) else "paper"
     loaders = [RemoteNeighborLoader(cluster, input_nodes=input_nodes, num_neighbors=[2],  # type: ignore[arg-type]
@@ -486,7 +487,7 @@ def test_every_rank_gets_the_same_number_of_batches(
 
 @pytest.mark.gpu
 def test_cuda_servers_send_the_cpu_sampler_batches(two: Path, one: Path,
-                                                   graph: HeteroGraphData) -> None:
+                                                   graph: TypedGraphData) -> None:
     """On a real GPU: servers sampling with the typed CUDA sampler send the batches the
     whole-graph CPU sampler draws (the simulator serves one thread only, so not in CI)."""
     whole = CpuHeteroSampler(load_all(one)[0])
@@ -504,7 +505,7 @@ def test_cuda_servers_send_the_cpu_sampler_batches(two: Path, one: Path,
                 assert torch.equal(data[et].edge_index, want.structure.edge_index(et)), (i, et)
 
 
-def test_features_travel_in_the_requested_dtype(cluster: list[str], graph: HeteroGraphData) -> None:
+def test_features_travel_in_the_requested_dtype(cluster: list[str], graph: TypedGraphData) -> None:
     with RemoteNeighborLoader(cluster, input_nodes="train", num_neighbors=FANOUTS, batch_size=8,
                               feature_dtype="bfloat16", return_internal_ids=True,
                               **TIMEOUTS) as loader:
@@ -590,7 +591,7 @@ def test_typed_arguments_on_a_homogeneous_graph_are_refused(tmp_path: Path) -> N
 
 # -- real processes, with a token ---------------------------------------------------------
 def test_server_processes_serve_typed_batches_with_a_token(
-        two: Path, graph: HeteroGraphData, one: Path, tmp_path: Path) -> None:
+        two: Path, graph: TypedGraphData, one: Path, tmp_path: Path) -> None:
     """Two server processes guarded by a bearer token: the typed peer calls carry it, a
     peer call without it is refused, and the batches equal the whole-graph sampler's."""
     token = tmp_path / "token"

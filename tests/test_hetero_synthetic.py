@@ -5,17 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from partitioner.hetero import HeteroGraphData
-from partitioner.hetero_synthetic import HETERO_PRESETS, generate_hetero
+from partitioner.typed import TypedGraphData
+from partitioner.synthetic import TYPED_PRESETS, generate
 
 
 @pytest.fixture(scope="module")
-def small() -> HeteroGraphData:
-    return generate_hetero("mag-small", seed=3, progress=False)
+def small() -> TypedGraphData:
+    return generate("mag-small", seed=3, progress=False)
 
 
-def test_mag_small_matches_its_preset(small: HeteroGraphData) -> None:
-    preset = HETERO_PRESETS["mag-small"]
+def test_mag_small_matches_its_preset(small: TypedGraphData) -> None:
+    preset = TYPED_PRESETS["mag-small"]
     small.validate()
     assert small.num_nodes == preset.num_nodes
     assert small.target_type == "paper" and small.num_classes == preset.num_classes
@@ -36,15 +36,15 @@ def test_mag_small_matches_its_preset(small: HeteroGraphData) -> None:
     assert small.y.min() >= 0 and small.y.max() < small.num_classes
 
 
-def test_time_split_sizes_and_disjointness(small: HeteroGraphData) -> None:
-    sizes = HETERO_PRESETS["mag-small"].split_sizes
+def test_time_split_sizes_and_disjointness(small: TypedGraphData) -> None:
+    sizes = TYPED_PRESETS["mag-small"].split_sizes
     assert tuple(small.splits[s].size for s in ("train", "val", "test")) == sizes
     joined = np.concatenate(list(small.splits.values()))
     assert np.unique(joined).size == joined.size
 
 
 def test_mag_like_preset_has_ogbn_mag_shape() -> None:
-    p = HETERO_PRESETS["mag-like"]
+    p = TYPED_PRESETS["mag-like"]
     assert p.num_nodes == {"paper": 736_389, "author": 1_134_649, "institution": 8_740,
                            "field_of_study": 59_965}
     assert p.feature_dim == 128 and p.num_classes == 349
@@ -54,9 +54,9 @@ def test_mag_like_preset_has_ogbn_mag_shape() -> None:
                      "affiliated_with": 1_043_998}
 
 
-def test_same_seed_same_graph_other_seed_other_graph(small: HeteroGraphData) -> None:
-    again = generate_hetero("mag-small", seed=3, progress=False)
-    other = generate_hetero("mag-small", seed=4, progress=False)
+def test_same_seed_same_graph_other_seed_other_graph(small: TypedGraphData) -> None:
+    again = generate("mag-small", seed=3, progress=False)
+    other = generate("mag-small", seed=4, progress=False)
     for et, ei in small.edge_index.items():
         np.testing.assert_array_equal(ei, again.edge_index[et])
     np.testing.assert_array_equal(small.x["paper"], again.x["paper"])
@@ -64,7 +64,7 @@ def test_same_seed_same_graph_other_seed_other_graph(small: HeteroGraphData) -> 
     assert not np.array_equal(small.y, other.y)
 
 
-def _neighbour_vote(g: HeteroGraphData) -> np.ndarray:
+def _neighbour_vote(g: TypedGraphData) -> np.ndarray:
     """Predict each paper's class from its authors' and topics' majority training labels."""
     y, c = g.y, g.num_classes
     known = np.full(y.size, -1)
@@ -84,7 +84,7 @@ def _neighbour_vote(g: HeteroGraphData) -> np.ndarray:
     return score.argmax(1)
 
 
-def test_labels_follow_typed_structure_more_than_features(small: HeteroGraphData) -> None:
+def test_labels_follow_typed_structure_more_than_features(small: TypedGraphData) -> None:
     y, test = small.y, small.splits["test"]
     majority = np.bincount(y[test]).max() / test.size
     structure = float((_neighbour_vote(small)[test] == y[test]).mean())
@@ -103,4 +103,4 @@ def test_labels_follow_typed_structure_more_than_features(small: HeteroGraphData
 
 def test_unknown_preset_is_refused() -> None:
     with pytest.raises(ValueError, match="preset: expected one of"):
-        generate_hetero("mag-huge")
+        generate("mag-huge")

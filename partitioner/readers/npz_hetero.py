@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from partitioner.graph import SPLITS, GraphDataError
-from partitioner.hetero import EdgeType, HeteroGraphData, edge_type_name, parse_edge_type
+from partitioner.graph import SPLITS, EdgeType, GraphDataError, edge_type_name, parse_edge_type
 from partitioner.readers.npz import _edge_index, _features, _labels, _load_all, _scalar, _splits
+from partitioner.typed import TypedGraphData
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def is_hetero_npz(path: str | Path) -> bool:
         return False
 
 
-def read_npz_hetero(path: str | Path, *, name: str | None = None) -> HeteroGraphData:
+def read_npz_hetero(path: str | Path, *, name: str | None = None) -> TypedGraphData:
     """Read a typed graph from the ``.npz`` at ``path``; ``name`` defaults to the file stem.
 
     Raises :class:`GraphDataError` naming the file and the key when one is missing or
@@ -73,7 +73,7 @@ def read_npz_hetero(path: str | Path, *, name: str | None = None) -> HeteroGraph
         raise GraphDataError(f"{path}: y__{target}: expected a node type among {list(num_nodes)}")
     y = _labels(arrays[f"y__{target}"], path)
     default_classes = max(int(y.max()) + 1, 1) if y.size else 1
-    graph = HeteroGraphData(
+    graph = TypedGraphData(
         name=name if name is not None else path.stem, num_nodes=num_nodes, edge_index=edges,
         x=x, target_type=target, y=y,
         num_classes=_scalar(arrays, "num_classes", path, default=default_classes),
@@ -85,7 +85,7 @@ def read_npz_hetero(path: str | Path, *, name: str | None = None) -> HeteroGraph
     return graph
 
 
-def write_npz_hetero(graph: HeteroGraphData, path: str | Path, *, compress: bool = False) -> None:
+def write_npz_hetero(graph: TypedGraphData, path: str | Path, *, compress: bool = False) -> None:
     """Write ``graph`` to ``path`` (exactly that name) in the layout :func:`read_npz_hetero`
     reads; splits are written as ``<split>_idx``, the name is not stored."""
     graph.validate()

@@ -24,8 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from partitioner.graph import GraphDataError
-from partitioner.hetero import EdgeType, HeteroGraphData
+from partitioner.graph import EdgeType, GraphDataError
 from partitioner.readers.ogb import (
     MAG_NODE_TYPE,
     _check_local_copy,
@@ -37,11 +36,12 @@ from partitioner.readers.ogb import (
     _read_splits,
     ogb_metadata,
 )
+from partitioner.typed import TypedGraphData
 
 log = logging.getLogger(__name__)
 
 
-def read_ogb_hetero(name: str, root: str | Path) -> HeteroGraphData:
+def read_ogb_hetero(name: str, root: str | Path) -> TypedGraphData:
     """Read the local copy of the heterogeneous OGB dataset ``name`` (ogbn-mag) under
     ``root`` with every node type and relation; papers carry features, labels and the
     ``time`` split (OGB's ``valid`` is graphfeed's ``val``).
@@ -81,7 +81,7 @@ def read_ogb_hetero(name: str, root: str | Path) -> HeteroGraphData:
             f"{MAG_NODE_TYPE!r}, got them for {sorted(labels)}"
         )
     label_file = raw_dir / "node-label" / MAG_NODE_TYPE / "node-label.csv.gz"
-    graph = HeteroGraphData(
+    graph = TypedGraphData(
         name=meta.name, num_nodes=num_nodes, edge_index=edges, x=x, target_type=MAG_NODE_TYPE,
         y=_labels_to_int64(labels[MAG_NODE_TYPE], num_nodes[MAG_NODE_TYPE], label_file),
         num_classes=meta.num_classes, splits=splits,

@@ -1,4 +1,4 @@
-"""Convert between PyG's ``HeteroData`` and :class:`~partitioner.hetero.HeteroGraphData`."""
+"""Convert between PyG's ``HeteroData`` and :class:`~partitioner.hetero.TypedGraphData`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import torch
 from torch_geometric.data import HeteroData
 
-from partitioner.graph import SPLITS, GraphDataError
-from partitioner.hetero import EdgeType, HeteroGraphData
+from partitioner.graph import SPLITS, EdgeType, GraphDataError
 from partitioner.readers.pyg import _labels, _to_numpy, _to_tensor
+from partitioner.typed import TypedGraphData
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ _FLOAT_DTYPES = (torch.float16, torch.float32, torch.float64)
 def from_pyg_hetero(
     data: HeteroData, *, name: str = "pyg-hetero", target_type: str | None = None,
     num_classes: int | None = None,
-) -> HeteroGraphData:
+) -> TypedGraphData:
     """Convert a PyG ``HeteroData`` (copying tensors to host memory).
 
     Reads every node type's ``num_nodes`` and ``x`` (when present), every edge type's
@@ -51,7 +51,7 @@ def from_pyg_hetero(
     store = data[target_type]
     y_np = _labels(store.y, f"data[{target_type!r}].y")
     stored = getattr(data, "num_classes", None) if "num_classes" in data else None
-    graph = HeteroGraphData(
+    graph = TypedGraphData(
         name=name, num_nodes=num_nodes, edge_index=edges, x=x, target_type=target_type,
         y=y_np,
         num_classes=int(num_classes or stored or (max(int(y_np.max()) + 1, 1) if y_np.size else 1)),
@@ -63,7 +63,7 @@ def from_pyg_hetero(
     return graph
 
 
-def to_pyg_hetero(graph: HeteroGraphData) -> HeteroData:
+def to_pyg_hetero(graph: TypedGraphData) -> HeteroData:
     """Convert ``graph`` to a PyG ``HeteroData`` with masks on the target type."""
     graph.validate(check_values=False)
     data = HeteroData()

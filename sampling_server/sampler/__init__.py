@@ -1,5 +1,6 @@
 """Multi-hop neighbor samplers over one partition: Numba CPU and Numba CUDA kernels
-behind one :class:`NeighborSampler` interface (see ``docs/sampling.md``).
+behind one :class:`NeighborSampler` interface, for plain and typed graphs alike (see
+``docs/sampling.md``).
 
 :func:`create_sampler` picks the implementation. The CUDA sampler is imported only when
 it is chosen, and :func:`~sampling_server.sampler.convert.to_pyg_data` (which imports
@@ -14,30 +15,14 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from partitioner.format import NodeData, Partition, Structure
-from sampling_server.sampler.base import (
-    NeighborSampler,
-    Relabeler,
-    RemoteNeighbors,
-    RemoteNodeData,
-    RemoteOrigIds,
-    check_fanouts,
-)
+from sampling_server.sampler.base import InProcessPeers, NeighborSampler, Relabeler, Remote
 from sampling_server.sampler.cpu_sampler import CpuNeighborSampler, CpuRelabeler
-from sampling_server.sampler.hetero_base import (
-    HeteroNeighborSampler,
-    HeteroRemote,
-    NumNeighbors,
-    normalize_num_neighbors,
-)
-from sampling_server.sampler.hetero_cpu import CpuHeteroSampler
-from sampling_server.sampler.hetero_types import HeteroMinibatch, HeteroSamplerOutput
+from sampling_server.sampler.fanouts import NumNeighbors, check_fanouts, normalize_num_neighbors, relation_key
 from sampling_server.sampler.rng import batch_key
 from sampling_server.sampler.types import HopSample, Minibatch, SamplerOutput
 
 if TYPE_CHECKING:
-    from partitioner.hetero_format import HeteroPartition
     from sampling_server.sampler.convert import to_pyg_data
-    from sampling_server.sampler.hetero_convert import to_hetero_data
 
 Device = Literal["auto", "cpu", "cuda"]
 Topology = Literal["device", "uva"]
@@ -55,25 +40,30 @@ def cuda_usable() -> bool:
     return bool(cuda.is_available())
 
 
+def uses_cuda(device: Device | str) -> bool:
+    """Whether :func:`create_sampler` makes a CUDA sampler for ``device``."""
+    return device == "cuda" or (device == "auto" and cuda_usable())
+
+
 def create_sampler(
     partition: Partition, device: Device | str = "auto", *, replace: bool = False,
     weighted: bool = False, topology: Topology | str = "device",
     gpu_cache_size: str | float | None = None, share_features_of: NeighborSampler | None = None,
     structure: Structure | None = None, node_data: NodeData | None = None,
 ) -> NeighborSampler:
-    """The sampler of ``partition`` on ``device``.
+    """The sampler of ``partition`` (plain or typed) on ``device``.
 
     ``device='auto'`` picks CUDA when :func:`cuda_usable`, else the CPU. ``topology``
     places the CUDA sampler's graph: ``'device'`` copies it to GPU memory, ``'uva'``
     keeps it in pinned host memory read over UVA (for graphs bigger than the GPU).
     ``gpu_cache_size`` places its features on their own (``'auto'`` when None; see
     :mod:`sampling_server.feature_placement`), unless ``share_features_of`` names a CUDA
-    sampler of the same partition whose feature table to share. The CPU sampler reads the
-    partition where it is and ignores all three. ``structure``: the in-edges to draw from
-    (default: the partition's own; the whole graph's from
+    sampler of the same partition whose feature tables to share. The CPU sampler reads
+    the partition where it is and ignores all three. ``structure``: the in-edges to draw
+    from (default: the partition's own; the whole graph's from
     :func:`partitioner.format.load_structure` draws every hop here, no peer asked).
     ``node_data``: the features and labels to gather from, likewise (the CUDA sampler's
-    feature table then holds them all, its hottest rows by in-degree in GPU memory; it
+    feature tables then hold them all, their hottest rows by in-degree in GPU memory; it
     needs ``structure`` over the same nodes for that order).
     """
     if device not in DEVICES:
@@ -83,35 +73,13 @@ def create_sampler(
     if uses_cuda(device):
         from sampling_server.sampler.cuda_sampler import CudaNeighborSampler
 
-        table = share_features_of.feature_table \
+        tables = share_features_of.feature_tables \
             if isinstance(share_features_of, CudaNeighborSampler) else None
-        return CudaNeighborSampler(partition, replace=replace, weighted=weighted,
-                                   topology=topology,
-                                   gpu_cache_size=None if table is not None else gpu_cache_size,
-                                   feature_table=table, structure=structure, node_data=node_data)
+        return CudaNeighborSampler(partition, replace=replace, weighted=weighted, topology=topology,
+                                   gpu_cache_size=None if tables is not None else gpu_cache_size,
+                                   feature_tables=tables, structure=structure, node_data=node_data)
     return CpuNeighborSampler(partition, replace=replace, weighted=weighted, structure=structure,
                               node_data=node_data)
-
-
-def uses_cuda(device: Device | str) -> bool:
-    """Whether :func:`create_sampler` makes a CUDA sampler for ``device``."""
-    return device == "cuda" or (device == "auto" and cuda_usable())
-
-
-def create_hetero_sampler(
-    partition: HeteroPartition, device: Device | str = "auto", *, replace: bool = False,
-    topology: Topology | str = "device",
-) -> HeteroNeighborSampler:
-    """The typed sampler of the v2 ``partition`` on ``device`` (as :func:`create_sampler`)."""
-    if device not in DEVICES:
-        raise ValueError(f"device: expected one of {list(DEVICES)}, got {device!r}")
-    if topology not in TOPOLOGIES:
-        raise ValueError(f"topology: expected one of {list(TOPOLOGIES)}, got {topology!r}")
-    if device == "cuda" or (device == "auto" and cuda_usable()):
-        from sampling_server.sampler.hetero_cuda import CudaHeteroSampler
-
-        return CudaHeteroSampler(partition, replace=replace, topology=topology)
-    return CpuHeteroSampler(partition, replace=replace)
 
 
 def __getattr__(name: str) -> Any:
@@ -119,39 +87,28 @@ def __getattr__(name: str) -> Any:
         from sampling_server.sampler.convert import to_pyg_data
 
         return to_pyg_data
-    if name == "to_hetero_data":
-        from sampling_server.sampler.hetero_convert import to_hetero_data
-
-        return to_hetero_data
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
     "DEVICES",
     "TOPOLOGIES",
-    "CpuHeteroSampler",
     "CpuNeighborSampler",
     "CpuRelabeler",
-    "HeteroMinibatch",
-    "HeteroNeighborSampler",
-    "HeteroRemote",
-    "HeteroSamplerOutput",
     "HopSample",
+    "InProcessPeers",
     "Minibatch",
     "NeighborSampler",
     "NumNeighbors",
     "Relabeler",
-    "RemoteNeighbors",
-    "RemoteNodeData",
-    "RemoteOrigIds",
+    "Remote",
     "SamplerOutput",
     "batch_key",
     "check_fanouts",
-    "create_hetero_sampler",
     "create_sampler",
     "cuda_usable",
     "normalize_num_neighbors",
-    "to_hetero_data",
+    "relation_key",
     "to_pyg_data",
     "uses_cuda",
 ]

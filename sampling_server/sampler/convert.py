@@ -1,23 +1,48 @@
-"""Minibatch -> PyG ``Data``, laid out as PyG's ``NeighborLoader`` lays out its batches."""
+"""Minibatch -> PyG ``Data`` or ``HeteroData``, laid out as PyG's (hetero)
+``NeighborLoader`` lays out its batches."""
 
 from __future__ import annotations
 
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
 
 from sampling_server.sampler.types import Minibatch
 
 
-def to_pyg_data(batch: Minibatch) -> Data:
-    """A PyG ``Data`` of ``batch``, sharing its tensors (no copies).
+def to_pyg_data(batch: Minibatch, plain: bool = False) -> Data | HeteroData:
+    """A PyG batch of ``batch``, sharing its tensors (no copies): a ``HeteroData``, or
+    (``plain``: a plain graph's batch, one node and edge type) a ``Data``.
 
-    Fields as ``NeighborLoader`` sets them: ``x``, ``edge_index`` (``[source; target]``,
-    local IDs), ``y``, ``n_id`` (global IDs), ``batch_size`` (the seeds are nodes
-    ``0 .. batch_size-1``, so a model's loss uses ``out[:batch_size]``), and
-    ``num_sampled_nodes`` / ``num_sampled_edges`` per hop (for ``trim_to_layer``).
+    Per node type: ``n_id`` (original IDs when the batch has them, else global IDs),
+    ``num_nodes``, ``x`` for types with features, ``y`` on the target type, and
+    ``batch_size`` on the seed type (its first ``batch_size`` nodes are the seeds). Per
+    edge type: ``edge_index`` (``[source; target]``, local IDs of each end's type).
+    ``num_sampled_nodes`` / ``num_sampled_edges``: per-hop counts (for ``trim_to_layer``),
+    set per type as PyG sets them (``data.num_sampled_nodes_dict``) and as dicts on the
+    batch itself; a ``Data`` has the lists of its one type.
     """
     s = batch.structure
-    data = Data(x=batch.x, edge_index=s.edge_index, y=batch.y, n_id=s.n_id,
-                batch_size=s.batch_size, num_sampled_nodes=list(s.num_sampled_nodes),
-                num_sampled_edges=list(s.num_sampled_edges))
-    data.num_nodes = int(s.n_id.numel())
-    return data
+    if plain:
+        (t, n_id), = s.node.items()
+        (et,) = s.row
+        data = Data(x=batch.x.get(t), edge_index=s.edge_index(et), y=batch.y,
+                    n_id=batch.orig_id.get(t, n_id), batch_size=s.batch_size,
+                    num_sampled_nodes=list(s.num_sampled_nodes[t]),
+                    num_sampled_edges=list(s.num_sampled_edges[et]))
+        data.num_nodes = int(n_id.numel())
+        return data
+    hetero = HeteroData()
+    for t, n_id in s.node.items():
+        hetero[t].n_id = batch.orig_id.get(t, n_id)
+        hetero[t].num_nodes = int(n_id.numel())
+        if t in batch.x:
+            hetero[t].x = batch.x[t]
+    if batch.y is not None:
+        hetero[batch.target_type].y = batch.y
+    hetero[s.input_type].batch_size = s.batch_size
+    for et in s.row:
+        hetero[et].edge_index = s.edge_index(et)
+    hetero.num_sampled_nodes = {t: list(v) for t, v in s.num_sampled_nodes.items()}
+    hetero.num_sampled_edges = {et: list(v) for et, v in s.num_sampled_edges.items()}
+    hetero.set_value_dict("num_sampled_nodes", hetero.num_sampled_nodes)  # per type, as PyG
+    hetero.set_value_dict("num_sampled_edges", hetero.num_sampled_edges)
+    return hetero

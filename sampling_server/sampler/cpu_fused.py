@@ -28,7 +28,7 @@ import numba
 import numpy as np
 
 from protos.prefetch import prefetch
-from sampling_server.sampler.base import is_identity
+from sampling_server.sampler.rows import is_identity
 from sampling_server.sampler.cpu_kernels import (
     floyd_positions,
     node_stream,

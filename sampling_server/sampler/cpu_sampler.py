@@ -1,36 +1,40 @@
-"""The CPU sampler: :class:`NeighborSampler` over Numba ``@njit`` kernels.
+"""The CPU sampler: :class:`NeighborSampler` over Numba ``@njit`` kernels, run per relation.
 
 Tensors are torch CPU tensors; they cross to the kernels as NumPy views
-(``Tensor.numpy()``) and come back with ``torch.from_numpy``, without copies. The
-partition's arrays stay as loaded (read-only memory maps by default): nothing is copied
-at start-up except, for weighted sampling, the float64 per-node prefix sums of the edge
-weights (8 bytes per edge).
+(``Tensor.numpy()``) and come back with ``torch.from_numpy``, without copies. Each
+relation's CSC (over the destination type's nodes whose in-edges are here, sources as
+global IDs of the source type) is drawn with the destination type's original IDs and
+first ID, so a relation is sampled exactly as a plain graph is: by :mod:`cpu_fused`'s
+hops straight into the batch's arrays (one dense relabel map per node type), or by
+:func:`cpu_kernels.sample_uniform` / :func:`~cpu_kernels.sample_weighted` for peers and
+the generic path. The partition's arrays stay as loaded (read-only memory maps by
+default): nothing is copied at start-up except, for weighted sampling, the float64
+per-node prefix sums of the edge weights (8 bytes per edge).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 
 from partitioner.format import NodeData, Partition, Structure
+from partitioner.graph import EdgeType
 from sampling_server.sampler import cpu_fused as F
 from sampling_server.sampler import cpu_gather as G
 from sampling_server.sampler import cpu_kernels as K
-from sampling_server.sampler.base import (
-    NeighborSampler,
-    Relabeler,
-    RemoteNeighbors,
-    check_fanouts,
-    int64_array,
-    numpy_words,
-    torch_dtype,
-)
+from sampling_server.sampler.base import Blocks, NeighborSampler, NodeRows, Relabeler, Remote
+from sampling_server.sampler.fanouts import NumNeighbors, normalize_num_neighbors, num_hops
+from sampling_server.sampler.rows import int64_array, is_identity, numpy_words, torch_dtype
 from sampling_server.sampler.types import HopSample, SamplerOutput
 
-_MASK64 = (1 << 64) - 1
+#: Initial relabel table size, in expected nodes per seed (the table grows as needed).
+NODES_PER_SEED_HINT = 16
+#: Graphs with at most this many nodes of a type relabel through dense maps (4 bytes a
+#: node per batch in flight); larger ones through per-batch hash tables.
+DENSE_RELABEL_MAX_NODES = 1 << 28
 
 
 def _gathers_into(src_x: np.ndarray, dtype: torch.dtype) -> bool:
@@ -38,11 +42,9 @@ def _gathers_into(src_x: np.ndarray, dtype: torch.dtype) -> bool:
     rows, as stored or float32 narrowed to bfloat16."""
     return src_x.ndim == 2 and src_x.flags.c_contiguous and (
         dtype == torch_dtype(src_x.dtype) or (dtype == torch.bfloat16 and src_x.dtype == np.float32))
-#: Initial relabel table size, in expected nodes per seed (the table grows as needed).
-NODES_PER_SEED_HINT = 16
 
 
-def _as_ids(nodes: torch.Tensor | np.ndarray, field: str) -> np.ndarray:
+def as_ids(nodes: torch.Tensor | np.ndarray, field: str) -> np.ndarray:
     """A C-contiguous int64 NumPy view (or copy, if needed) of a 1-D ID tensor."""
     if isinstance(nodes, torch.Tensor):
         if nodes.device.type != "cpu":
@@ -60,8 +62,8 @@ def _as_ids(nodes: torch.Tensor | np.ndarray, field: str) -> np.ndarray:
 
 
 class CpuRelabeler(Relabeler):
-    """Dedup and relabel of one batch: an open-addressing hash table (global ID ->
-    local ID) of power-of-two size, at most half full, doubled as it fills."""
+    """Dedup and relabel of one batch's nodes of one type: an open-addressing hash table
+    (global ID -> local ID) of power-of-two size, at most half full, doubled as it fills."""
 
     def __init__(self, seeds: np.ndarray, expected_nodes: int | None = None):
         expected = max(int(expected_nodes or seeds.size * NODES_PER_SEED_HINT), seeds.size, 16)
@@ -78,7 +80,7 @@ class CpuRelabeler(Relabeler):
         return self._count
 
     def add(self, neighbors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = _as_ids(neighbors, "neighbors")
+        ids = as_ids(neighbors, "neighbors")
         new_ids = np.empty(ids.size, dtype=np.int64)
         local = np.empty(ids.size, dtype=np.int64)
         first_new, done = self._count, 0
@@ -124,14 +126,9 @@ class _DenseMapPool:
             self._free.append(table)
 
 
-#: Graphs with at most this many nodes relabel through dense maps (4 bytes a node per
-#: batch in flight); larger ones through per-batch hash tables.
-DENSE_RELABEL_MAX_NODES = 1 << 28
-
-
 class CpuNeighborSampler(NeighborSampler):
     """Neighbor sampling of one partition on the CPU (Numba ``@njit`` kernels, parallel
-    over frontier nodes)."""
+    over frontier nodes within each relation)."""
 
     device = torch.device("cpu")
 
@@ -140,148 +137,176 @@ class CpuNeighborSampler(NeighborSampler):
         super().__init__(partition, replace=replace, weighted=weighted, structure=structure,
                          node_data=node_data)
         csc = self.structure
-        self._indptr = np.asarray(csc.indptr)
-        self._indices = np.asarray(csc.indices)
-        #: int64 original ID of each node of the structure: draws are keyed by it, so they
-        #: do not depend on how the graph was partitioned.
-        self._orig_ids = np.ascontiguousarray(csc.orig_ids, dtype=np.int64)
-        self._csc = F.CscView(self._indptr, self._indices, self._orig_ids, self.draw_start)
-        if self.structure.node_range == (self.node_start, self.node_stop):
-            self._orig_identity = self._csc.orig_is_global  # for orig_ids_of: known already
-        num_nodes = partition.manifest.num_nodes
-        self._dense_maps = (_DenseMapPool(num_nodes) if num_nodes <= DENSE_RELABEL_MAX_NODES
-                            else None)
-        self._weight: np.ndarray | None = None
-        self._cum_weight: np.ndarray | None = None
+        self._indptr = {et: np.asarray(csc.indptr[et]) for et in self.edge_types}
+        self._indices = {et: np.asarray(csc.indices[et]) for et in self.edge_types}
+        #: int64 original IDs of the nodes whose in-edges are here, per type: the keys of
+        #: their draws, so that draws do not depend on how the graph was partitioned.
+        self._orig_ids = {t: np.ascontiguousarray(csc.orig_ids[t], dtype=np.int64) for t in self.node_types}
+        # one pass per node type (not per relation), shared with orig_ids_local
+        self._identity = {t: is_identity(self._orig_ids[t], self.draw[t][0]) for t in self.node_types}
+        self._csc = {et: F.CscView(self._indptr[et], self._indices[et], self._orig_ids[et[2]],
+                                   self.draw[et[2]][0], self._identity[et[2]]) for et in self.edge_types}
+        counts = {t: i.num_nodes for t, i in partition.manifest.node_types.items()}
+        self._dense_maps = {t: _DenseMapPool(n) for t, n in counts.items() if n <= DENSE_RELABEL_MAX_NODES}
+        #: Per weighted relation: the weights and their float64 per-node prefix sums.
+        self._weights: dict[EdgeType, tuple[np.ndarray, np.ndarray]] = {}
         if weighted:
-            assert csc.edge_weight is not None  # checked by NeighborSampler
-            self._weight = np.asarray(csc.edge_weight)
             with K.parallel_guard():
-                self._cum_weight = K.segmented_cumsum(self._indptr, self._weight)
+                for et in self.edge_types:
+                    weight = np.asarray(csc.edge_weight[et])
+                    self._weights[et] = (weight, K.segmented_cumsum(self._indptr[et], weight))
 
-    def sample_neighbors(self, nodes: torch.Tensor, fanout: int, key: int, hop: int) -> HopSample:
+    def sample_relation(self, edge_type: EdgeType, nodes: torch.Tensor, fanout: int, key: int,
+                        hop: int) -> HopSample:
+        et = self.check_edge_type(edge_type, "edge_type")
+        ids = as_ids(nodes, "nodes")
+        self.check_drawable(et[2], torch.from_numpy(ids), "nodes")
+        return self._draw(et, ids, fanout, key, hop)
+
+    def sample_owned(self, edge_type: EdgeType, nodes: torch.Tensor, fanout: int, key: int,
+                     hop: int) -> HopSample:
+        return self._draw(edge_type, as_ids(nodes, "nodes"), fanout, key, hop)
+
+    def _draw(self, et: EdgeType, ids: np.ndarray, fanout: int, key: int, hop: int) -> HopSample:
         if int(fanout) < -1:
             raise ValueError(f"fanout: expected an integer >= 0, or -1 for all; got {fanout}")
-        ids = _as_ids(nodes, "nodes")
-        self.check_drawable(torch.from_numpy(ids), "nodes")
-        args = (self._orig_ids, self.draw_start, ids, int(fanout), np.uint64(int(key) & _MASK64), int(hop),
-                self.replace)
-        if self._weight is not None and self._cum_weight is not None:
-            offsets, out = K.sample_weighted(self._indptr, self._indices, self._weight,
-                                             self._cum_weight, *args)
+        args = (self._orig_ids[et[2]], self.draw[et[2]][0], ids, int(fanout),
+                np.uint64(self.draw_key(key, et)), int(hop), self.replace)
+        weights = self._weights.get(et)
+        if weights is not None:
+            offsets, out = K.sample_weighted(self._indptr[et], self._indices[et], *weights, *args)
         else:
-            offsets, out = K.sample_uniform(self._indptr, self._indices, *args)
+            offsets, out = K.sample_uniform(self._indptr[et], self._indices[et], *args)
         return HopSample(counts=torch.from_numpy(np.diff(offsets)), neighbors=torch.from_numpy(out))
 
-    def sample(
-        self, seeds: torch.Tensor | np.ndarray, fanouts: Sequence[int], key: int,
-        remote: RemoteNeighbors | None = None,
-    ) -> SamplerOutput:
-        """As :meth:`NeighborSampler.sample`. With a dense relabel map, every hop is
-        relabelled by :mod:`cpu_fused`'s passes straight into the batch's arrays, and a
-        hop whose frontier is all owned here (uniform draws, fanout up to
-        :data:`~cpu_kernels.STRIDE_MAX_FANOUT`) is drawn in the same passes."""
-        if self._dense_maps is None:
-            return super().sample(seeds, fanouts, key, remote)
-        hops = check_fanouts(fanouts)
-        seeds_t = self._seed_ids(seeds, remote)
-        ids = seeds_t.numpy()
-        n_cap, e_cap = F.capacity(ids.size, hops, self._dense_maps.num_nodes)
-        local_of = self._dense_maps.take()
+    def sample(self, seeds: torch.Tensor | np.ndarray, seed_type: str, num_neighbors: NumNeighbors,
+               key: int, remote: Remote | None = None) -> SamplerOutput:
+        """As :meth:`NeighborSampler.sample`. With dense relabel maps for every node type,
+        each relation's hop is relabelled by :mod:`cpu_fused`'s passes straight into the
+        batch's arrays, and drawn in the same passes when its frontier is all here
+        (uniform draws, fanout up to :data:`~cpu_kernels.STRIDE_MAX_FANOUT`)."""
+        if len(self._dense_maps) != len(self.node_types):
+            return super().sample(seeds, seed_type, num_neighbors, key, remote)
+        fanouts = normalize_num_neighbors(num_neighbors, self.edge_types)
+        hops = num_hops(fanouts)
+        seeds_np = as_ids(self._seed_tensor(seeds, seed_type, remote), "seeds")
+        nodes: dict[str, F.NodeList] = {}
         try:
-            nodes = F.NodeList(local_of, ids, n_cap)
-        except ValueError:
-            self._dense_maps.give_back(local_of)
-            raise
-        edges = F.EdgeList(e_cap)
-        per_hop, lo = [nodes.count], 0
-        try:
-            for hop, fanout in enumerate(hops):
-                hi = nodes.count
-                self._sample_hop(nodes, edges, lo, hi, fanout, key, hop, remote)
-                per_hop.append(nodes.count - hi)
+            node_cap, edge_cap = self._capacities(seeds_np.size, seed_type, fanouts, hops)
+            for t in self.node_types:
+                first = seeds_np if t == seed_type else np.empty(0, dtype=np.int64)
+                local_of = self._dense_maps[t].take()
+                try:
+                    nodes[t] = F.NodeList(local_of, first, node_cap[t])
+                except ValueError:
+                    self._dense_maps[t].give_back(local_of)
+                    raise
+            edges = {et: F.EdgeList(edge_cap[et]) for et in self.edge_types}
+            per_hop = {t: [n.count] for t, n in nodes.items()}
+            lo = dict.fromkeys(self.node_types, 0)
+            for hop in range(hops):
+                hi = {t: n.count for t, n in nodes.items()}
+                for et in self.edge_types:
+                    self._relation_hop(et, nodes, edges[et], lo[et[2]], hi[et[2]], fanouts[et][hop],
+                                       key, hop, remote)
+                for t, n in nodes.items():
+                    per_hop[t].append(n.count - hi[t])
                 lo = hi
         finally:
-            nodes.close()
-            self._dense_maps.give_back(local_of)
-        return SamplerOutput(n_id=torch.from_numpy(nodes.ids()),
-                             row=torch.from_numpy(edges.row[:edges.size]),
-                             col=torch.from_numpy(edges.col[:edges.size]),
-                             num_sampled_nodes=per_hop, num_sampled_edges=edges.per_hop)
+            for t, n in nodes.items():
+                n.close()
+                self._dense_maps[t].give_back(n.local_of)
+        return SamplerOutput(
+            input_type=seed_type, node={t: torch.from_numpy(n.ids()) for t, n in nodes.items()},
+            row={et: torch.from_numpy(e.row[:e.size]) for et, e in edges.items()},
+            col={et: torch.from_numpy(e.col[:e.size]) for et, e in edges.items()},
+            num_sampled_nodes=per_hop, num_sampled_edges={et: e.per_hop for et, e in edges.items()})
 
-    def _seed_ids(self, seeds: torch.Tensor | np.ndarray, remote: RemoteNeighbors | None) -> torch.Tensor:
-        """Seeds as a CPU int64 tensor, checked as :meth:`NeighborSampler.sample` checks them."""
-        if isinstance(seeds, np.ndarray):  # copies: split arrays are read-only memmaps
-            seeds = torch.from_numpy(np.array(seeds, dtype=np.int64))
-        if seeds.device.type != "cpu" or seeds.dtype != torch.int64:
-            seeds = seeds.to(device="cpu", dtype=torch.int64)
-        seeds_t = torch.from_numpy(_as_ids(seeds, "seeds"))
-        if remote is None:
-            self.check_drawable(seeds_t, "seeds")
-        else:
-            self.check_in_graph(seeds_t, "seeds")
-        return seeds_t
+    def _capacities(self, seeds: int, seed_type: str, fanouts: Mapping[EdgeType, list[int]],
+                    hops: int) -> tuple[dict[str, int], dict[EdgeType, int]]:
+        """First buffer sizes per node type and relation, when every draw is full (``-1``
+        counted as 16) and no frontier outgrows its type; they grow if short."""
+        frontier = {t: seeds if t == seed_type else 0 for t in self.node_types}
+        node_cap, edge_cap = dict(frontier), dict.fromkeys(self.edge_types, 0)
+        for hop in range(hops):
+            added = dict.fromkeys(self.node_types, 0)
+            for et in self.edge_types:
+                f = fanouts[et][hop]
+                drawn = frontier[et[2]] * (f if f >= 0 else 16)
+                edge_cap[et] += drawn
+                added[et[0]] += drawn
+            for t in self.node_types:
+                frontier[t] = min(added[t], self._dense_maps[t].num_nodes)
+                node_cap[t] += frontier[t]
+        return ({t: min(n, self._dense_maps[t].num_nodes, F.START_CAPACITY_MAX) for t, n in node_cap.items()},
+                {et: min(n, F.START_CAPACITY_MAX) for et, n in edge_cap.items()})
 
-    def _sample_hop(self, nodes: F.NodeList, edges: F.EdgeList, lo: int, hi: int, fanout: int,
-                    key: int, hop: int, remote: RemoteNeighbors | None) -> None:
-        """Draw and relabel the hop of frontier ``n_id[lo:hi]`` into ``nodes`` and ``edges``."""
-        frontier = nodes.ids(lo, hi)
-        frontier_t = torch.from_numpy(frontier)
-        if self.draws_all(frontier_t) and not self.weighted and 0 <= fanout <= K.STRIDE_MAX_FANOUT:
-            F.draw_hop(nodes, edges, lo, self._csc, frontier, fanout,
-                       np.uint64(int(key) & _MASK64), hop, self.replace)
+    def _relation_hop(self, et: EdgeType, nodes: dict[str, F.NodeList], edges: F.EdgeList, lo: int,
+                      hi: int, fanout: int, key: int, hop: int, remote: Remote | None) -> None:
+        """Draw and relabel one relation's hop from the ``dst`` frontier ``n_id[lo:hi]``."""
+        src, _, dst = et
+        frontier = nodes[dst].ids(lo, hi)
+        if fanout == 0 or frontier.size == 0:
+            edges.per_hop.append(0)
             return
-        drawn = self.sample_frontier(frontier_t, fanout, key, hop, remote)
-        F.relabel_hop(nodes, edges, lo, _as_ids(drawn.neighbors, "neighbors"),
-                      _as_ids(drawn.counts, "counts"), hop)
+        frontier_t = torch.from_numpy(frontier)
+        if 0 <= fanout <= K.STRIDE_MAX_FANOUT and et not in self._weights \
+                and self.draws_all(dst, frontier_t):
+            F.draw_hop(nodes[src], edges, lo, self._csc[et], frontier, fanout,
+                       np.uint64(self.draw_key(key, et)), hop, self.replace)
+            return
+        drawn = self.sample_frontier(et, frontier_t, fanout, key, hop, remote)
+        F.relabel_hop(nodes[src], edges, lo, as_ids(drawn.neighbors, "neighbors"),
+                      as_ids(drawn.counts, "counts"), hop)
 
-    def new_relabeler(self, seeds: torch.Tensor) -> Relabeler:
-        """A hash-table relabeler: the generic path's, used when the graph is too large
-        for dense maps (:meth:`sample` numbers through a dense map otherwise)."""
-        return CpuRelabeler(_as_ids(seeds, "seeds"))
+    def new_relabeler(self, node_type: str, seeds: torch.Tensor) -> Relabeler:
+        """A hash-table relabeler: the generic path's, used when a node type is too large
+        for dense maps (:meth:`sample` numbers through dense maps otherwise)."""
+        return CpuRelabeler(as_ids(seeds, "seeds"))
 
-    def gather_local(
-        self, nodes: torch.Tensor, features: bool, labels: bool
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        ids = _as_ids(nodes, "nodes")
-        self.check_held(torch.from_numpy(ids), "nodes")
-        rows = self.node_data
-        if features and labels:
-            xs, ys = G.gather_with_labels(rows.x, rows.y, ids, self.hold_start)
+    def gather_local(self, node_type: str, nodes: torch.Tensor, features: bool, labels: bool) -> NodeRows:
+        self.check_node_type(node_type, "node_type")
+        ids = as_ids(nodes, "nodes")
+        self.check_held(node_type, torch.from_numpy(ids), "nodes")
+        start = self.hold[node_type][0]
+        src_x = self.node_data.x.get(node_type) if features else None
+        src_y = self.node_data.y if labels and node_type == self.target_type else None
+        if src_x is not None and src_y is not None:
+            xs, ys = G.gather_with_labels(src_x, src_y, ids, start)
             return torch.from_numpy(xs), torch.from_numpy(ys)
-        x = torch.from_numpy(G.gather(rows.x, ids, self.hold_start)) if features else None
-        y = torch.from_numpy(G.gather(rows.y, ids, self.hold_start)) if labels else None
+        x = None if src_x is None else torch.from_numpy(G.gather(src_x, ids, start))
+        y = None if src_y is None else torch.from_numpy(G.gather(src_y, ids, start))
         return x, y
 
-    def gather_local_into_blocks(self, nodes: torch.Tensor, positions: torch.Tensor,
-                                 blocks: Sequence[tuple[int, int, torch.Tensor]],
-                                 layout: G.RowBlocks | None) -> None:
+    def gather_local_into_blocks(self, node_type: str, nodes: torch.Tensor, positions: torch.Tensor,
+                                 blocks: Blocks, layout: G.RowBlocks | None) -> None:
         """One parallel pass over every block (:func:`cpu_gather.gather_into_blocks`),
         float32 features narrowed to bfloat16 blocks on the way."""
-        src_x = np.asarray(self.node_data.x)
+        src_x = np.asarray(self.node_data.x[node_type])
         if layout is None or not blocks or not _gathers_into(src_x, blocks[0][2].dtype):
-            super().gather_local_into_blocks(nodes, positions, blocks, layout)
+            super().gather_local_into_blocks(node_type, nodes, positions, blocks, layout)
             return
-        ids = _as_ids(nodes, "nodes")
-        self.check_held(torch.from_numpy(ids), "nodes")
-        pos = int64_array(positions)
-        G.gather_into_blocks(src_x, ids, self.hold_start, pos, layout)
+        ids = as_ids(nodes, "nodes")
+        self.check_held(node_type, torch.from_numpy(ids), "nodes")
+        G.gather_into_blocks(src_x, ids, self.hold[node_type][0], int64_array(positions), layout)
 
-    def gather_local_into(self, nodes: torch.Tensor, positions: torch.Tensor,
+    def gather_local_into(self, node_type: str, nodes: torch.Tensor, positions: torch.Tensor,
                           x: torch.Tensor | None, y: torch.Tensor | None) -> None:
         """One parallel pass per tensor: each row read from :attr:`node_data` and written
         to its place (float32 features narrowed to a bfloat16 ``x`` on the way)."""
-        ids = _as_ids(nodes, "nodes")
-        self.check_held(torch.from_numpy(ids), "nodes")
-        pos = int64_array(positions)
-        src_x, src_y = np.asarray(self.node_data.x), np.asarray(self.node_data.y)
-        direct_x = x is None or (x.is_contiguous() and _gathers_into(src_x, x.dtype))
-        direct_y = y is None or (y.is_contiguous() and y.dtype == torch.int64
+        ids = as_ids(nodes, "nodes")
+        self.check_held(node_type, torch.from_numpy(ids), "nodes")
+        src_x = np.asarray(self.node_data.x[node_type]) if x is not None else None
+        src_y = np.asarray(self.node_data.y) if y is not None else None
+        direct_x = x is None or (src_x is not None and x.is_contiguous() and _gathers_into(src_x, x.dtype))
+        direct_y = y is None or (src_y is not None and y.is_contiguous() and y.dtype == torch.int64
                                  and src_y.dtype == np.int64 and src_y.flags.c_contiguous)
         if not (direct_x and direct_y):
-            super().gather_local_into(nodes, positions, x, y)
+            super().gather_local_into(node_type, nodes, positions, x, y)
             return
-        if x is not None:
-            G.gather_into(src_x, ids, self.hold_start, pos, numpy_words(x))
-        if y is not None:
-            G.gather_into(src_y, ids, self.hold_start, pos, y.numpy())
+        pos = int64_array(positions)
+        start = self.hold[node_type][0]
+        if x is not None and src_x is not None:
+            G.gather_into(src_x, ids, start, pos, numpy_words(x))
+        if y is not None and src_y is not None:
+            G.gather_into(src_y, ids, start, pos, y.numpy())

@@ -1,8 +1,8 @@
 """The CUDA sampler's feature table: hot rows in GPU memory, the rest in pinned host
 memory read over UVA (see :mod:`sampling_server.feature_placement`).
 
-Both tables hold their rows in the partition's in-degree order
-(:func:`sampling_server.hot.in_degree_order`, as GLT ranks its cache): the device table
+Both tables hold their rows in the in-degree order of their nodes
+(:func:`sampling_server.hot_order.in_degree_order`, as GLT ranks its cache): the device table
 the first ``cached`` nodes, the mapped host table the others. Two int32
 maps on the GPU give each owned node its row in one of them (-1 in the other), and
 :func:`gather_split_rows_kernel` reads a batch's rows from either table in one launch
@@ -27,9 +27,8 @@ from sampling_server.feature_placement import (
     rows_on_device,
     slot_maps,
 )
-from sampling_server.hot import in_degree_order
 from sampling_server.sampler import cuda_kernels as K
-from sampling_server.sampler.base import torch_dtype
+from sampling_server.sampler.rows import torch_dtype
 
 log = logging.getLogger(__name__)
 
@@ -87,14 +86,16 @@ def _mapped_empty(shape: tuple[int, int], dtype: np.dtype[Any]) -> Any:
 
 
 class FeatureTable:
-    """A partition's features split between GPU memory and mapped host memory.
+    """One node type's features split between GPU memory and mapped host memory.
 
     Shared by every sampler of one partition (the samplers for other sampling options
-    take the first one's table), so the rows are placed once.
+    take the first one's tables), so the rows are placed once.
     """
 
-    def __init__(self, x: np.ndarray, indptr: np.ndarray, node_start: int, device: torch.device,
+    def __init__(self, x: np.ndarray, order: np.ndarray, node_start: int, device: torch.device,
                  size: GpuCacheSize | str | float = "auto"):
+        """``x``: the rows of the nodes ``node_start ..`` (one per node); ``order``: their
+        global IDs, hottest first (the tables' row order)."""
         if not isinstance(size, GpuCacheSize):
             size = parse_gpu_cache_size(size)
         if x.ndim != 2:
@@ -105,8 +106,8 @@ class FeatureTable:
         self.dtype = torch_dtype(x.dtype)
         self.num_rows, self.width = int(x.shape[0]), int(x.shape[1])
         self.row_bytes = self.width * np.dtype(x.dtype).itemsize
-        #: Global IDs of the owned nodes, hottest first (the tables' row order).
-        self.order = in_degree_order(indptr, node_start)
+        #: Global IDs of the nodes, hottest first (the tables' row order).
+        self.order = np.asarray(order, dtype=np.int64)
         #: Rows in GPU memory: the first ``cached`` nodes of :attr:`order`.
         self.cached = rows_on_device(size, self.num_rows, self.row_bytes, device_free_bytes(device))
         slot, host_slot = slot_maps(self.order, node_start, self.cached)

@@ -1,52 +1,13 @@
-"""Typed hand-offs between the sampling stages."""
+"""Typed hand-offs between the sampling stages (one model for plain and typed graphs: a
+plain graph's batch has one node type and one edge type)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-
-@dataclass
-class SamplerOutput:
-    """The structure of one minibatch, numbered as PyG's ``NeighborLoader`` numbers it.
-
-    All tensors live on the sampler's device.
-    """
-
-    #: int64 ``[N]`` global IDs: the seeds first, then each hop's new nodes in the order
-    #: they were first sampled.
-    n_id: torch.Tensor
-    #: int64 ``[E]`` local source (an index into ``n_id``) of each sampled edge.
-    row: torch.Tensor
-    #: int64 ``[E]`` local target of each sampled edge.
-    col: torch.Tensor
-    #: Nodes added per hop; entry 0 is the number of seeds. ``sum == N``.
-    num_sampled_nodes: list[int]
-    #: Edges sampled per hop (``len == number of hops``). ``sum == E``.
-    num_sampled_edges: list[int]
-
-    @property
-    def batch_size(self) -> int:
-        """Number of seed nodes (the first ``batch_size`` entries of ``n_id``)."""
-        return self.num_sampled_nodes[0]
-
-    @property
-    def edge_index(self) -> torch.Tensor:
-        """int64 ``[2, E]``: row 0 the local source, row 1 the local target."""
-        return torch.stack([self.row, self.col])
-
-
-@dataclass
-class Minibatch:
-    """A sampled structure with the node data gathered for it."""
-
-    #: The sampled structure.
-    structure: SamplerOutput
-    #: ``[N, F]`` features of ``n_id``'s nodes, in ``n_id`` order (None if not gathered).
-    x: torch.Tensor | None
-    #: int64 ``[N]`` labels of ``n_id``'s nodes, ``-1`` = unlabeled (None if not gathered).
-    y: torch.Tensor | None
+from partitioner.graph import EdgeType
 
 
 @dataclass
@@ -56,5 +17,55 @@ class HopSample:
 
     #: int64 ``[F]`` neighbors drawn per frontier node.
     counts: torch.Tensor
-    #: int64 ``[sum(counts)]`` global IDs of the drawn in-neighbors.
+    #: int64 ``[sum(counts)]`` global IDs of the drawn in-neighbors (of the source type).
     neighbors: torch.Tensor
+
+
+@dataclass
+class SamplerOutput:
+    """The structure of one minibatch, numbered as PyG's ``NeighborLoader`` numbers it:
+    nodes per type, each type's seeds first, then each hop's new nodes in the order they
+    were first drawn (relation after relation in the graph's edge-type order).
+
+    Every node type and edge type of the graph has an entry (possibly empty). Tensors
+    live on the sampler's device.
+    """
+
+    #: The node type of the seeds.
+    input_type: str
+    #: Node type to int64 ``[N_t]`` global IDs of that type, in local-ID order.
+    node: dict[str, torch.Tensor]
+    #: Edge type ``(src, rel, dst)`` to int64 ``[E_r]`` local source IDs (into ``node[src]``).
+    row: dict[EdgeType, torch.Tensor]
+    #: Edge type to int64 ``[E_r]`` local destination IDs (into ``node[dst]``).
+    col: dict[EdgeType, torch.Tensor]
+    #: Node type to the nodes added per hop (``len == hops + 1``; entry 0: the seeds).
+    num_sampled_nodes: dict[str, list[int]]
+    #: Edge type to the edges sampled per hop (``len == hops``).
+    num_sampled_edges: dict[EdgeType, list[int]]
+
+    @property
+    def batch_size(self) -> int:
+        """Number of seeds: the first ``batch_size`` nodes of ``node[input_type]``."""
+        return self.num_sampled_nodes[self.input_type][0]
+
+    def edge_index(self, edge_type: EdgeType) -> torch.Tensor:
+        """int64 ``[2, E_r]`` of one edge type: row 0 local sources, row 1 local targets."""
+        return torch.stack([self.row[edge_type], self.col[edge_type]])
+
+
+@dataclass
+class Minibatch:
+    """A sampled structure with its node data: original IDs, features and labels."""
+
+    #: The sampled structure.
+    structure: SamplerOutput
+    #: The labelled node type (the key ``y`` belongs to).
+    target_type: str
+    #: Node type to ``[N_t, F_t]`` features, for types with features (empty if not gathered).
+    x: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: int64 ``[N_target]`` labels of the target type's sampled nodes, ``-1`` = unlabeled
+    #: (None if not gathered).
+    y: torch.Tensor | None = None
+    #: Node type to int64 ``[N_t]`` original IDs (the input graph's IDs of that type).
+    orig_id: dict[str, torch.Tensor] = field(default_factory=dict)

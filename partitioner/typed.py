@@ -1,12 +1,15 @@
-"""Typed (heterogeneous) node-classification graphs: typed nodes, typed relations.
+"""Typed node-classification graphs: typed nodes, typed relations; the one graph model
+the partition writer takes.
 
-A :class:`HeteroGraphData` is the typed counterpart of :class:`~partitioner.graph.GraphData`:
-node types with per-type counts, relations ``(src_type, relation, dst_type)`` whose edges
-use per-type **local** IDs, features per node type (some types may have none, as in
-ogbn-mag where only papers do), and labels and splits on one target node type.
+A :class:`TypedGraphData` has node types with per-type counts, relations
+``(src_type, relation, dst_type)`` whose edges use per-type **local** IDs, features per
+node type (some types may have none, as in ogbn-mag where only papers do), optional edge
+weights per relation, and labels and splits on one target node type. A plain
+:class:`~partitioner.graph.GraphData` is the typed graph of one node type and one edge
+type (:meth:`GraphData.as_typed <partitioner.graph.GraphData.as_typed>`, ``typed=False``).
 
 Its homogeneous view numbers nodes type after type (global ID = the type's offset + local
-ID, types in :attr:`HeteroGraphData.node_types` order); METIS partitions that view.
+ID, types in :attr:`TypedGraphData.node_types` order); METIS partitions that view.
 """
 
 from __future__ import annotations
@@ -16,32 +19,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from partitioner.graph import GraphData, GraphDataError, check_classes_and_splits, sorted_unique
+from partitioner.graph import (
+    EdgeType,
+    GraphData,
+    GraphDataError,
+    check_classes_and_splits,
+    edge_type_name,
+    parse_edge_type,
+    sorted_unique,
+)
+
+__all__ = ["REVERSE_PREFIX", "EdgeType", "TypedGraphData", "edge_type_name", "parse_edge_type"]
 
 log = logging.getLogger(__name__)
 
-#: A relation: ``(source node type, relation name, destination node type)``.
-EdgeType = tuple[str, str, str]
-
-#: Prefix of the relations :meth:`HeteroGraphData.add_reverse` adds (as PyG's ``ToUndirected``).
+#: Prefix of the relations :meth:`TypedGraphData.add_reverse` adds (as PyG's ``ToUndirected``).
 REVERSE_PREFIX = "rev_"
 
 _FLOAT_DTYPES = (np.float16, np.float32, np.float64)
-
-
-def edge_type_name(edge_type: EdgeType) -> str:
-    """``src__rel__dst``: the edge type as one string (file names, manifest keys)."""
-    return "__".join(edge_type)
-
-
-def parse_edge_type(name: str) -> EdgeType:
-    """Inverse of :func:`edge_type_name`."""
-    parts = name.split("__")
-    if len(parts) != 3 or not all(parts):
-        raise GraphDataError(
-            f"edge type: expected 'src__relation__dst' (three non-empty names), got {name!r}"
-        )
-    return parts[0], parts[1], parts[2]
 
 
 def _check_type_name(what: str, name: str) -> None:
@@ -53,7 +48,7 @@ def _check_type_name(what: str, name: str) -> None:
 
 
 @dataclass
-class HeteroGraphData:
+class TypedGraphData:
     """A typed node-classification graph before partitioning.
 
     Arrays may be ``np.memmap`` views; nothing here copies them.
@@ -77,6 +72,11 @@ class HeteroGraphData:
     num_classes: int
     #: Split name (``train``/``val``/``test``) to int64 local IDs of target-type nodes.
     splits: dict[str, np.ndarray] = field(default_factory=dict)
+    #: Edge type to ``[E_r]`` float32 positive weights, for the weighted relations.
+    edge_weight: dict[EdgeType, np.ndarray] = field(default_factory=dict)
+    #: Whether users see the graph typed (``HeteroData``, partition format v2); False for a
+    #: plain graph's one-type view (``Data``, format v1).
+    typed: bool = True
 
     @property
     def node_types(self) -> tuple[str, ...]:
@@ -152,6 +152,13 @@ class HeteroGraphData:
                 )
             if ei.dtype != np.int64:
                 raise GraphDataError(f"edge_index[{et!r}]: expected dtype int64, got {ei.dtype}")
+        for et, w in self.edge_weight.items():
+            if et not in self.edge_index:
+                raise GraphDataError(f"edge_weight: expected edge types among "
+                                     f"{list(self.edge_index)}, got {et!r}")
+            if w.shape != (self.num_edges(et),) or w.dtype != np.float32:
+                raise GraphDataError(f"edge_weight[{et!r}]: expected float32 of shape "
+                                     f"[{self.num_edges(et)}], got {w.dtype} of shape {list(w.shape)}")
 
     def _validate_features(self) -> None:
         for t, feats in self.x.items():
@@ -202,34 +209,46 @@ class HeteroGraphData:
                 )
             if sorted_unique(idx).size != idx.size:
                 raise GraphDataError(f"splits[{name!r}]: node IDs repeat")
+        for et, w in self.edge_weight.items():
+            if w.size and not bool((w > 0).all()):
+                raise GraphDataError(f"edge_weight[{et!r}]: expected positive weights")
 
-    def add_reverse(self) -> HeteroGraphData:
+    def add_reverse(self) -> TypedGraphData:
         """A copy with reverse edges, as PyG's ``ToUndirected`` does for ogbn-mag.
 
         A relation between two types ``(s, r, d)`` gains ``(d, rev_r, s)``; a relation
         within one type (``paper cites paper``) gets every edge's reverse added to it and
         repeated edges dropped. Relations whose reverse is already present are kept as
-        they are. Arrays of the input are shared, not copied, where unchanged.
+        they are. Arrays of the input are shared, not copied, where unchanged. Edge weights
+        follow their edges (a repeated edge keeps its first weight).
         """
         edges: dict[EdgeType, np.ndarray] = {}
+        weights: dict[EdgeType, np.ndarray] = {}
         for (s, r, d), ei in self.edge_index.items():
+            w = self.edge_weight.get((s, r, d))
             if s == d:
-                edges[(s, r, d)] = _symmetric(ei, self.num_nodes[s])
+                edges[(s, r, d)], kept = _symmetric(ei, self.num_nodes[s], w is not None)
+                if w is not None and kept is not None:
+                    weights[(s, r, d)] = np.concatenate([w, w])[kept]
             else:
                 edges[(s, r, d)] = ei
+                if w is not None:
+                    weights[(s, r, d)] = w
         for (s, r, d), ei in self.edge_index.items():
             rev = (d, REVERSE_PREFIX + r, s)
             has_reverse = r.startswith(REVERSE_PREFIX) and (d, r[len(REVERSE_PREFIX):], s) in edges
             if s == d or rev in edges or has_reverse:
                 continue
             edges[rev] = np.ascontiguousarray(ei[::-1])
+            if (s, r, d) in self.edge_weight:
+                weights[rev] = self.edge_weight[(s, r, d)]
         log.info("added reverse relations: %d -> %d edge types, %d -> %d edges",
                  len(self.edge_index), len(edges), self.num_edges(),
                  sum(e.shape[1] for e in edges.values()))
-        return HeteroGraphData(
+        return TypedGraphData(
             name=self.name, num_nodes=dict(self.num_nodes), edge_index=edges, x=dict(self.x),
             target_type=self.target_type, y=self.y, num_classes=self.num_classes,
-            splits=dict(self.splits),
+            splits=dict(self.splits), edge_weight=weights,
         )
 
     def to_homogeneous(self) -> GraphData:
@@ -268,8 +287,16 @@ class HeteroGraphData:
         return "\n".join(lines)
 
 
-def _symmetric(edge_index: np.ndarray, num_nodes: int) -> np.ndarray:
-    """Edges plus their reverses, repeats dropped, sorted by (source, target)."""
+def _symmetric(edge_index: np.ndarray, num_nodes: int,
+               positions: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    """Edges plus their reverses, repeats dropped, sorted by (source, target); with
+    ``positions``, also the position of each kept edge among the edges followed by their
+    reverses (its first occurrence; for carrying edge weights along)."""
     both = np.concatenate([edge_index, edge_index[::-1]], axis=1)
-    keys = sorted_unique(both[0] * np.int64(num_nodes) + both[1])
-    return np.stack([keys // num_nodes, keys % num_nodes])
+    all_keys = both[0] * np.int64(num_nodes) + both[1]
+    first = None
+    if positions:
+        keys, first = np.unique(all_keys, return_index=True)
+    else:
+        keys = sorted_unique(all_keys)
+    return np.stack([keys // num_nodes, keys % num_nodes]), first

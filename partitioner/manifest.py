@@ -1,0 +1,329 @@
+"""The manifest of a partitioned graph, one model for both formats.
+
+A partitioned graph is a typed graph: node types, edge types ``(src, rel, dst)``, one
+labelled target type. A plain graph is the typed graph of one node type
+(:data:`~partitioner.graph.PLAIN_NODE_TYPE`) and one edge type
+(:data:`~partitioner.graph.PLAIN_EDGE_TYPE`); it is written in format v1, whose layout
+names no type, and a typed graph in format v2, whose file roles and paths carry the type
+(``docs/partition-format.md``)::
+
+    v1 (plain)                             v2 (typed)
+    partition_book.npy                     partition_book/<type>.npy
+    node_map.npy                           node_map/<type>.npy
+    part-<p>/indptr.npy                    part-<p>/<src>__<rel>__<dst>/indptr.npy
+    part-<p>/indices.npy                   part-<p>/<src>__<rel>__<dst>/indices.npy
+    part-<p>/edge_weight.npy               part-<p>/<src>__<rel>__<dst>/edge_weight.npy
+    part-<p>/x.npy, orig_ids.npy           part-<p>/<type>/x.npy, orig_ids.npy
+    part-<p>/y.npy, <split>_idx.npy        part-<p>/<target>/y.npy, <split>_idx.npy
+
+:func:`role` names a file the way its manifest does. Both JSON layouts are read into
+:class:`Manifest` and written back byte for byte as they were (the graph's fingerprint
+is the hash of that JSON).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, EdgeType, edge_type_name, parse_edge_type
+from partitioner.npyio import FileRecord
+
+FORMAT_NAME = "graphfeed-partition"
+#: Format of a plain graph's partitions.
+FORMAT_VERSION = 1
+#: Format of a typed graph's partitions.
+TYPED_FORMAT_VERSION = 2
+MANIFEST_FILE = "manifest.json"
+
+
+class PartitionFormatError(ValueError):
+    """A partition on disk does not match its manifest; the message names the file."""
+
+
+def role(kind: str, key: str | EdgeType | None) -> str:
+    """A file's role in a manifest: ``kind`` (``indptr``, ``x``, ``train_idx`` ...) of the
+    node or edge type ``key``, or of a plain graph's one type (``key`` None)."""
+    if key is None:
+        return kind
+    return f"{edge_type_name(key) if isinstance(key, tuple) else key}/{kind}"
+
+
+@dataclass(frozen=True)
+class NodeTypeInfo:
+    """What the manifest records of one node type."""
+
+    #: Number of nodes of the type.
+    num_nodes: int
+    #: Feature dimension (0: the type has no features and no ``x.npy``).
+    feature_dim: int
+    #: numpy dtype name of the features (``""`` without features).
+    feature_dtype: str
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """The manifest's entry for one partition."""
+
+    #: Partition ID ``p``.
+    id: int
+    #: Node type to the number of owned nodes of that type.
+    num_nodes: dict[str, int]
+    #: Edge type to the number of in-edges of the owned destination nodes.
+    num_edges: dict[EdgeType, int]
+    #: Edge type to those in-edges whose source another partition owns.
+    num_remote_edges: dict[EdgeType, int]
+    #: Split name to the number of owned target-type nodes in it.
+    split_sizes: dict[str, int]
+    #: File role (:func:`role`) to its record.
+    files: dict[str, FileRecord]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything recorded about a partitioned graph (plain or typed)."""
+
+    #: Name of the source graph.
+    graph_name: str
+    #: Node type to its facts, in the graph's node-type order.
+    node_types: dict[str, NodeTypeInfo]
+    #: Edge type to its number of edges, in the graph's edge-type order.
+    edge_types: dict[EdgeType, int]
+    #: The labelled node type.
+    target_type: str
+    #: Number of classes.
+    num_classes: int
+    #: Node type to its ``P+1`` offsets: partition p owns IDs ``[book[p], book[p+1])``.
+    partition_book: dict[str, tuple[int, ...]]
+    #: One entry per partition, in ID order.
+    partitions: tuple[PartitionInfo, ...]
+    #: Shared files (partition books and node maps).
+    files: dict[str, FileRecord]
+    #: Edge types stored with edge weights (``edge_weight.npy``).
+    weighted: frozenset[EdgeType] = frozenset()
+    #: How the graph was partitioned (method, parameters, seed, elapsed seconds).
+    algorithm: dict[str, Any] = field(default_factory=dict)
+    #: Format version: 1 for a plain graph, 2 for a typed one.
+    format_version: int = TYPED_FORMAT_VERSION
+
+    @property
+    def typed(self) -> bool:
+        """Whether the graph is typed (users see ``HeteroData``), not plain (``Data``)."""
+        return self.format_version >= TYPED_FORMAT_VERSION
+
+    def key(self, t: str | EdgeType) -> str | EdgeType | None:
+        """``t`` as :func:`role` takes it: None for a plain graph's one type."""
+        return t if self.typed else None
+
+    def role(self, kind: str, t: str | EdgeType) -> str:
+        """The role of file ``kind`` of node or edge type ``t`` in this manifest."""
+        return role(kind, self.key(t))
+
+    @property
+    def num_partitions(self) -> int:
+        return len(self.partitions)
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes of every type."""
+        return sum(t.num_nodes for t in self.node_types.values())
+
+    @property
+    def num_edges(self) -> int:
+        """Edges of every type."""
+        return sum(self.edge_types.values())
+
+    @property
+    def target(self) -> NodeTypeInfo:
+        """The target type's facts."""
+        return self.node_types[self.target_type]
+
+    @property
+    def feature_dtypes(self) -> dict[str, str]:
+        """Node type to its features' numpy dtype name, for the types with features."""
+        return {t: i.feature_dtype for t, i in self.node_types.items() if i.feature_dim}
+
+    def edge_cut(self, edge_type: EdgeType | None = None) -> int:
+        """Directed edges (of one type, or all) whose endpoints lie in different partitions."""
+        return sum(n for p in self.partitions for et, n in p.num_remote_edges.items()
+                   if edge_type is None or et == edge_type)
+
+    def split_counts(self, split: str) -> list[int]:
+        """Seeds of ``split`` owned by each partition."""
+        return [int(p.split_sizes.get(split, 0)) for p in self.partitions]
+
+    def records(self) -> list[FileRecord]:
+        """Every file the manifest lists."""
+        out = list(self.files.values())
+        for p in self.partitions:
+            out.extend(p.files.values())
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return _v2_json(self) if self.typed else _v1_json(self)
+
+    @staticmethod
+    def from_json(obj: dict[str, Any]) -> Manifest:
+        if obj.get("format") != FORMAT_NAME:
+            raise PartitionFormatError(
+                f"{MANIFEST_FILE}: expected format {FORMAT_NAME!r}, got {obj.get('format')!r}")
+        version = obj.get("format_version")
+        if version == FORMAT_VERSION:
+            return _from_v1(obj)
+        if version == TYPED_FORMAT_VERSION:
+            return _from_v2(obj)
+        raise PartitionFormatError(f"{MANIFEST_FILE}: expected format_version {FORMAT_VERSION} or "
+                                   f"{TYPED_FORMAT_VERSION}, got {version!r}")
+
+    def write(self, root: Path) -> None:
+        """Write ``manifest.json`` atomically (last, so a partial output never loads)."""
+        tmp = root / (MANIFEST_FILE + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        tmp.replace(root / MANIFEST_FILE)
+
+
+def _files_json(files: dict[str, FileRecord]) -> dict[str, Any]:
+    return {k: v.to_json() for k, v in files.items()}
+
+
+def _files(obj: dict[str, Any]) -> dict[str, FileRecord]:
+    return {str(k): FileRecord.from_json(v) for k, v in obj.items()}
+
+
+def _v1_json(m: Manifest) -> dict[str, Any]:
+    (t, info), = m.node_types.items()
+    (et,) = m.edge_types
+    return {
+        "format": FORMAT_NAME, "format_version": m.format_version,
+        "graph": {"name": m.graph_name, "num_nodes": info.num_nodes, "num_edges": m.num_edges,
+                  "feature_dim": info.feature_dim, "feature_dtype": info.feature_dtype,
+                  "num_classes": m.num_classes, "has_edge_weight": et in m.weighted},
+        "num_partitions": m.num_partitions,
+        "partition_book": list(m.partition_book[t]),
+        "algorithm": m.algorithm,
+        "files": _files_json(m.files),
+        "partitions": [{"id": p.id, "num_nodes": p.num_nodes[t], "num_edges": p.num_edges[et],
+                        "num_remote_edges": p.num_remote_edges[et], "split_sizes": p.split_sizes,
+                        "files": _files_json(p.files)} for p in m.partitions],
+    }
+
+
+def _from_v1(obj: dict[str, Any]) -> Manifest:
+    g = obj["graph"]
+    t, et = PLAIN_NODE_TYPE, PLAIN_EDGE_TYPE
+    return Manifest(
+        graph_name=str(g["name"]),
+        node_types={t: NodeTypeInfo(int(g["num_nodes"]), int(g["feature_dim"]), str(g["feature_dtype"]))},
+        edge_types={et: int(g["num_edges"])}, target_type=t, num_classes=int(g["num_classes"]),
+        partition_book={t: tuple(int(b) for b in obj["partition_book"])},
+        partitions=tuple(PartitionInfo(
+            id=int(p["id"]), num_nodes={t: int(p["num_nodes"])}, num_edges={et: int(p["num_edges"])},
+            num_remote_edges={et: int(p["num_remote_edges"])},
+            split_sizes={str(k): int(v) for k, v in p["split_sizes"].items()}, files=_files(p["files"]))
+            for p in obj["partitions"]),
+        files=_files(obj["files"]), weighted=frozenset([et] if g["has_edge_weight"] else []),
+        algorithm=dict(obj.get("algorithm", {})), format_version=FORMAT_VERSION)
+
+
+def _v2_json(m: Manifest) -> dict[str, Any]:
+    def edge(et: EdgeType) -> dict[str, Any]:  # the flag only where set: older manifests' JSON
+        return {"num_edges": m.edge_types[et], **({"has_edge_weight": True} if et in m.weighted else {})}
+
+    by_name = edge_type_name
+    return {
+        "format": FORMAT_NAME, "format_version": m.format_version,
+        "graph": {
+            "name": m.graph_name, "target_type": m.target_type, "num_classes": m.num_classes,
+            "node_types": {t: {"num_nodes": i.num_nodes, "feature_dim": i.feature_dim,
+                               "feature_dtype": i.feature_dtype} for t, i in m.node_types.items()},
+            "edge_types": {by_name(et): edge(et) for et in m.edge_types},
+        },
+        "num_partitions": m.num_partitions,
+        "partition_book": {t: list(b) for t, b in m.partition_book.items()},
+        "algorithm": m.algorithm,
+        "files": _files_json(m.files),
+        "partitions": [{"id": p.id, "num_nodes": p.num_nodes,
+                        "num_edges": {by_name(k): v for k, v in p.num_edges.items()},
+                        "num_remote_edges": {by_name(k): v for k, v in p.num_remote_edges.items()},
+                        "split_sizes": p.split_sizes, "files": _files_json(p.files)}
+                       for p in m.partitions],
+    }
+
+
+def _from_v2(obj: dict[str, Any]) -> Manifest:
+    g = obj["graph"]
+    edges = {parse_edge_type(k): v for k, v in g["edge_types"].items()}
+    return Manifest(
+        graph_name=str(g["name"]), target_type=str(g["target_type"]), num_classes=int(g["num_classes"]),
+        node_types={str(t): NodeTypeInfo(int(i["num_nodes"]), int(i["feature_dim"]), str(i["feature_dtype"]))
+                    for t, i in g["node_types"].items()},
+        edge_types={et: int(v["num_edges"]) for et, v in edges.items()},
+        weighted=frozenset(et for et, v in edges.items() if v.get("has_edge_weight")),
+        partition_book={str(t): tuple(int(x) for x in b) for t, b in obj["partition_book"].items()},
+        partitions=tuple(PartitionInfo(
+            id=int(p["id"]), num_nodes={str(k): int(v) for k, v in p["num_nodes"].items()},
+            num_edges={parse_edge_type(k): int(v) for k, v in p["num_edges"].items()},
+            num_remote_edges={parse_edge_type(k): int(v) for k, v in p["num_remote_edges"].items()},
+            split_sizes={str(k): int(v) for k, v in p["split_sizes"].items()}, files=_files(p["files"]))
+            for p in obj["partitions"]),
+        files=_files(obj["files"]), algorithm=dict(obj.get("algorithm", {})),
+        format_version=TYPED_FORMAT_VERSION)
+
+
+M = TypeVar("M")
+
+
+def parse_manifest_file(root: str | Path, from_json: Callable[[dict[str, Any]], M]) -> tuple[Path, M]:
+    """``root/manifest.json`` parsed by ``from_json``; every failure a PartitionFormatError naming it."""
+    path = Path(root) / MANIFEST_FILE
+    if not path.is_file():
+        raise PartitionFormatError(f"{path}: manifest not found; is {root} a partition directory?")
+    try:
+        return path, from_json(json.loads(path.read_text()))
+    except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, PartitionFormatError):
+            raise
+        raise PartitionFormatError(f"{path}: malformed manifest ({type(exc).__name__}: {exc})") from exc
+
+
+def read_manifest(root: str | Path) -> Manifest:
+    """Read and check ``root/manifest.json`` (format v1 or v2)."""
+    path, manifest = parse_manifest_file(root, Manifest.from_json)
+    check_manifest(path, manifest)
+    return manifest
+
+
+def read_format_version(root: str | Path) -> int:
+    """The ``format_version`` of the partition directory ``root`` (1 or 2)."""
+    return read_manifest(root).format_version
+
+
+def check_manifest(path: Path, m: Manifest) -> None:
+    """The manifest's facts agree with each other: types, books, per-partition counts."""
+    if m.target_type not in m.node_types:
+        raise PartitionFormatError(
+            f"{path}: target_type: expected one of {list(m.node_types)}, got {m.target_type!r}")
+    for et in m.edge_types:
+        if et[0] not in m.node_types or et[2] not in m.node_types:
+            raise PartitionFormatError(f"{path}: edge type {et}: unknown node type")
+    for t, info in m.node_types.items():
+        book = m.partition_book.get(t)
+        name = f"partition_book[{t!r}]" if m.typed else "partition_book"
+        if (book is None or len(book) != m.num_partitions + 1 or book[0] != 0
+                or book[-1] != info.num_nodes):
+            raise PartitionFormatError(
+                f"{path}: {name}: expected {m.num_partitions + 1} offsets from 0 to "
+                f"{info.num_nodes}, got {None if book is None else list(book)[:8]}")
+        for p in m.partitions:
+            if book[p.id + 1] - book[p.id] != p.num_nodes.get(t):
+                where = f"num_nodes[{t!r}]" if m.typed else "num_nodes"
+                raise PartitionFormatError(
+                    f"{path}: partitions[{p.id}].{where}: expected {book[p.id + 1] - book[p.id]} "
+                    f"(from partition_book), got {p.num_nodes.get(t)}")
+    for et, total in m.edge_types.items():
+        if sum(p.num_edges.get(et, 0) for p in m.partitions) != total:
+            what = f"edge_types[{edge_type_name(et)!r}]" if m.typed else "num_edges"
+            raise PartitionFormatError(f"{path}: {what}: partitions' edges do not add up to {total}")
