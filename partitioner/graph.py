@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from partitioner.typed import TypedGraphData
 
 #: The split names every part of graphfeed uses, in this order.
 SPLITS: tuple[str, ...] = ("train", "val", "test")
@@ -117,19 +113,6 @@ class GraphData:
     @property
     def feature_dim(self) -> int:
         return int(self.x.shape[1])
-
-    def as_typed(self) -> TypedGraphData:
-        """This graph as the typed graph of one node type and one edge type
-        (:data:`PLAIN_NODE_TYPE`, :data:`PLAIN_EDGE_TYPE`; ``typed=False``), sharing its
-        arrays (memory maps stay memory maps)."""
-        from partitioner.typed import TypedGraphData
-
-        t, et = PLAIN_NODE_TYPE, PLAIN_EDGE_TYPE
-        return TypedGraphData(
-            name=self.name, num_nodes={t: self.num_nodes}, edge_index={et: self.edge_index},
-            x={t: self.x}, target_type=t, y=self.y, num_classes=self.num_classes,
-            splits=dict(self.splits),
-            edge_weight={} if self.edge_weight is None else {et: self.edge_weight}, typed=False)
 
     def validate(self, check_values: bool = True) -> None:
         """Raise :class:`GraphDataError` naming the first malformed field.

@@ -6,7 +6,7 @@ A :class:`TypedGraphData` has node types with per-type counts, relations
 node type (some types may have none, as in ogbn-mag where only papers do), optional edge
 weights per relation, and labels and splits on one target node type. A plain
 :class:`~partitioner.graph.GraphData` is the typed graph of one node type and one edge
-type (:meth:`GraphData.as_typed <partitioner.graph.GraphData.as_typed>`, ``typed=False``).
+type (:func:`plain_view`, ``typed=False``).
 
 Its homogeneous view numbers nodes type after type (global ID = the type's offset + local
 ID, types in :attr:`TypedGraphData.node_types` order); METIS partitions that view.
@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from partitioner.graph import (
+    PLAIN_EDGE_TYPE,
+    PLAIN_NODE_TYPE,
     EdgeType,
     GraphData,
     GraphDataError,
@@ -29,7 +31,7 @@ from partitioner.graph import (
     sorted_unique,
 )
 
-__all__ = ["REVERSE_PREFIX", "EdgeType", "TypedGraphData", "edge_type_name", "parse_edge_type"]
+__all__ = ["REVERSE_PREFIX", "EdgeType", "TypedGraphData", "edge_type_name", "parse_edge_type", "plain_view"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,18 @@ log = logging.getLogger(__name__)
 REVERSE_PREFIX = "rev_"
 
 _FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+
+
+def plain_view(graph: GraphData) -> TypedGraphData:
+    """A plain graph as the typed graph of one node type and one edge type
+    (:data:`~partitioner.graph.PLAIN_NODE_TYPE`, :data:`~partitioner.graph.PLAIN_EDGE_TYPE`;
+    ``typed=False``), sharing its arrays (memory maps stay memory maps)."""
+    t, et = PLAIN_NODE_TYPE, PLAIN_EDGE_TYPE
+    return TypedGraphData(
+        name=graph.name, num_nodes={t: graph.num_nodes}, edge_index={et: graph.edge_index},
+        x={t: graph.x}, target_type=t, y=graph.y, num_classes=graph.num_classes,
+        splits=dict(graph.splits),
+        edge_weight={} if graph.edge_weight is None else {et: graph.edge_weight}, typed=False)
 
 
 def _check_type_name(what: str, name: str) -> None:

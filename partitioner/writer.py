@@ -34,7 +34,7 @@ from partitioner.manifest import (
     role,
 )
 from partitioner.npyio import FileRecord, NpyWriter, iter_edge_chunks, iter_row_chunks, read_flat, save_npy
-from partitioner.typed import TypedGraphData
+from partitioner.typed import TypedGraphData, plain_view
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def partition_graph(
     warn_empty_splits(graph)
     started = time.perf_counter()
     if isinstance(graph, GraphData):
-        typed = graph.as_typed()
+        typed = plain_view(graph)
         part_of = {typed.target_type: assign(graph, num_parts, method, seed=seed, edge_chunk=edge_chunk,
                                              progress=progress)}
     else:
@@ -157,7 +157,7 @@ def write_partitions(
     value; default: now)."""
     started = time.perf_counter() if started is None else started
     if isinstance(graph, GraphData):
-        graph = graph.as_typed()
+        graph = plain_view(graph)
     if not isinstance(part_of, Mapping):
         part_of = {graph.target_type: part_of}
     out = _prepare_out_dir(Path(out_dir), overwrite)

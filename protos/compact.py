@@ -197,6 +197,13 @@ def split_typed_sources(rows: Mapping[str, torch.Tensor], num_edges: Mapping[str
     ``num_seeds`` seeds, ``num_nodes`` in all. Per relation: its other edges' sources and
     its bits (as :func:`_sources`); {} unless the numbering is exactly that."""
     names = list(rows)
+    if len(names) == 1:  # one relation (a plain graph's): one pass that keeps the interpreter lock
+        (name,) = names
+        row = rows[name].cpu()
+        if row.numel() != sum(num_edges[name]):
+            return {}
+        split = _sources(row, num_seeds, num_nodes)
+        return {name: (split["edge_src"], split["edge_new"])} if "edge_new" in split else {}
     segments = _segments(num_edges, names)
     src = {r: np.ascontiguousarray(rows[r].cpu().numpy(), dtype=np.int64) for r in names}
     if any(src[r].size != sum(num_edges[r]) for r in names):

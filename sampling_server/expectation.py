@@ -10,8 +10,8 @@ from __future__ import annotations
 import grpc
 
 from protos import sampling_pb2 as pb
-from sampling_server.limits import printable
-from sampling_server.store import PartitionStore, RequestError
+from sampling_server.errors import RequestError, printable
+from sampling_server.store import PartitionStore
 
 #: The requests that carry a ``ServerExpectation``.
 ExpectingRequest = (pb.EpochRequest | pb.HotNodesRequest | pb.SampleNeighborsRequest

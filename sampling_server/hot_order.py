@@ -47,7 +47,7 @@ def in_degree(indptrs: Sequence[np.ndarray], num_nodes: int) -> np.ndarray:
     ``indptrs`` (one per relation ending at the nodes' type, each over the same nodes)."""
     degree = np.zeros(num_nodes, dtype=np.int64)
     for indptr in indptrs:
-        degree += np.diff(np.asarray(indptr, dtype=np.int64))
+        degree += np.diff(np.asarray(indptr, dtype=np.int64)).astype(np.int64)
     return degree
 
 

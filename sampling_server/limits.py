@@ -13,20 +13,9 @@ from __future__ import annotations
 import grpc
 
 from sampling_server.config import ServerConfig
-from sampling_server.store import MAX_DETAILS_CHARS, RequestError, bounded
-
-#: Longest client string (client_id, names) a log line quotes.
-MAX_LOGGED_CHARS = 100
+from sampling_server.errors import MAX_DETAILS_CHARS, RequestError, bounded, printable
 
 _OVER_LIMIT = grpc.StatusCode.INVALID_ARGUMENT
-
-
-def printable(text: str, limit: int = MAX_LOGGED_CHARS) -> str:
-    """A client string safe for one log line: control characters and non-ASCII escaped
-    (a newline cannot forge a line), cut to ``limit`` characters."""
-    escaped = text.encode("unicode_escape", "backslashreplace").decode("ascii")
-    return bounded(escaped, limit) if escaped else "-"
-
 
 __all__ = ["MAX_DETAILS_CHARS", "bounded", "check_epoch_limits", "check_peer_limits",
            "printable", "worst_case_edges"]

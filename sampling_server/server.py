@@ -31,20 +31,20 @@ import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from partitioner.hetero_format import HETERO_FORMAT_VERSION, read_format_version
 from protos import fastwire
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import GraphfeedError, rpc_errors, server_options
 from protos.security import Security, SecurityError, read_token
 from sampling_server.config import ConfigError, ServerConfig
-from sampling_server.hetero_store import HeteroPartitionStore
+from sampling_server.errors import bounded
 from sampling_server.metrics import ServerMetrics
-from sampling_server.peer import PeerClient, PeerServicer
+from sampling_server.peer_client import PeerClient
+from sampling_server.peer_service import PeerServicer
 from sampling_server.pipeline import SamplingPipeline
 from sampling_server.sampler import cpu_kernels
 from sampling_server.servicer import SamplingServicer
-from sampling_server.store import PartitionStore, bounded
+from sampling_server.store import PartitionStore
 from sampling_server.threads import kernel_threads, limit_kernel_threads
 
 log = logging.getLogger(__name__)
@@ -366,11 +366,8 @@ class SamplingServer(grpc.Server):
                           self.store.partition_id)
         self._report_threading_layer()
         try:  # before SERVING: a peer reading this order must not wait past its deadline
-            if isinstance(self.store, HeteroPartitionStore):  # one order per featured type
-                for node_type in self.store.feature_dtypes:
-                    self.pipeline.hot_of(node_type).own_order()
-            else:
-                self.pipeline.hot.own_order()
+            for node_type in self.store.feature_dtypes:  # one order per featured type
+                self.pipeline.hot_of(node_type).own_order()
         except Exception:  # the cache is an optimization: serve without it, say why
             log.exception("partition=%d: no hot order for trainers' feature caches",
                           self.store.partition_id)
@@ -470,9 +467,8 @@ def server_security(config: ServerConfig) -> Security:
 
 
 def open_store(config: ServerConfig) -> PartitionStore:
-    """The store of ``config``'s partition: typed (format v2) or homogeneous (v1)."""
-    version = read_format_version(config.partition_dir)
-    return HeteroPartitionStore(config) if version == HETERO_FORMAT_VERSION else PartitionStore(config)
+    """The store of ``config``'s partition (plain or typed)."""
+    return PartitionStore(config)
 
 
 def create_server(config: ServerConfig) -> tuple[SamplingServer, int]:

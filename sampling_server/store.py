@@ -1,5 +1,12 @@
-"""The partition a server holds: manifest facts (read at once), the validated partition
-and its samplers (loaded once the port is bound, see :meth:`PartitionStore.load`)."""
+"""The partition a server holds, plain or typed: manifest facts (read at once), the
+validated partition and its samplers (loaded once the port is bound, see
+:meth:`PartitionStore.load`).
+
+A plain graph is the typed graph of one node type and one edge type; requests that name
+no type (a plain graph's) resolve to them (:meth:`PartitionStore.node_type_of`,
+:meth:`~PartitionStore.edge_type_of`), and the plain ``ClusterInfo`` fields describe the
+target type of a typed graph.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +15,14 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any, TypeVar, cast
 
-import grpc
 import numpy as np
 import torch
 
 from partitioner.format import (
-    Manifest,
     NodeData,
     Partition,
     PartitionFormatError,
@@ -32,11 +36,11 @@ from partitioner.format import (
     read_manifest,
     structure_records,
 )
-from partitioner.graph import SPLITS
-from protos import codec, halfcast
+from partitioner.graph import SPLITS, EdgeType, GraphDataError, edge_type_name, parse_edge_type
+from protos import codec
 from protos import sampling_pb2 as pb
-from protos.channel import PeerError
-from sampling_server.config import HOT_ORDERS, ConfigError, ServerConfig
+from sampling_server.config import ConfigError, ServerConfig
+from sampling_server.errors import NotLoaded, RequestError
 from sampling_server.sampler import NeighborSampler, create_sampler, cuda_usable, uses_cuda
 from sampling_server.structure import (
     StructureChoice,
@@ -49,9 +53,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Feature dtypes a request may ask for on the wire (UNSPECIFIED: the stored one).
-FEATURE_WIRE_DTYPES: tuple[codec.WireDType, ...] = (pb.DTYPE_UNSPECIFIED, pb.FLOAT32, pb.FLOAT16, pb.BFLOAT16)
-
 
 def server_version() -> str:
     """The installed graphfeed version (``0+unknown`` when not installed)."""
@@ -59,20 +60,6 @@ def server_version() -> str:
         return metadata.version("graphfeed")
     except metadata.PackageNotFoundError:
         return "0+unknown"
-
-
-#: The default rule ordering each partition's nodes for trainers' feature caches
-#: (sampling_server/hot.py; ``--hot-order``).
-HOT_ORDER = HOT_ORDERS[0]
-
-
-class NotLoaded(RuntimeError):
-    """The partition is not loaded (yet, or its load failed)."""
-
-
-class Stopping(RuntimeError):
-    """The server is stopping: its worker pools are closed, so a call still running
-    cannot finish here (the client retries on the restarted server)."""
 
 
 def check_partition_count(config: ServerConfig, num_partitions: int) -> None:
@@ -105,17 +92,26 @@ def share_arrays(part: Partition, structure: Structure | None, node_data: NodeDa
     ``node_data`` (where loaded: they hold the same values), so that a partition loaded
     into memory (``mmap: false``) is not held twice; its ``indptr`` stays its own (the
     joined offsets are shifted)."""
-    start, stop = part.node_range
-    if node_data is not None:
-        part.x = node_data.x[start - node_data.node_start:stop - node_data.node_start]
-        part.y = node_data.y[start - node_data.node_start:stop - node_data.node_start]
-    if structure is not None:
-        first = int(structure.indptr[start - structure.node_start])
-        last = int(structure.indptr[stop - structure.node_start])
-        part.indices = structure.indices[first:last]
-        part.orig_ids = structure.orig_ids[start - structure.node_start:stop - structure.node_start]
-        if part.edge_weight is not None and structure.edge_weight is not None:
-            part.edge_weight = structure.edge_weight[first:last]
+    for t in part.node_types:
+        start, stop = part.node_range(t)
+        if node_data is not None:
+            s0 = node_data.node_start[t]
+            if t in part.x:
+                part.x[t] = node_data.x[t][start - s0:stop - s0]
+            if t == part.target_type:
+                part.y = node_data.y[start - s0:stop - s0]
+        if structure is not None:
+            s0 = structure.node_start[t]
+            part.orig_ids[t] = structure.orig_ids[t][start - s0:stop - s0]
+    if structure is None:
+        return
+    for et in part.edge_types:
+        start, stop = part.node_range(et[2])
+        s0 = structure.node_start[et[2]]
+        first, last = int(structure.indptr[et][start - s0]), int(structure.indptr[et][stop - s0])
+        part.indices[et] = structure.indices[et][first:last]
+        if et in part.edge_weight and et in structure.edge_weight:
+            part.edge_weight[et] = structure.edge_weight[et][first:last]
 
 
 class PartitionStore:
@@ -127,27 +123,24 @@ class PartitionStore:
     options (with replacement, weighted) are created on first use.
     """
 
-    #: The whole graph's in-edges when the server samples from them (None: the
-    #: partition's own; always on a typed graph's store).
-    _structure: Structure | None = None
-    #: Every node's features and labels when the server gathers them all (None: the
-    #: partition's own; always on a typed graph's store).
-    _node_data: NodeData | None = None
-
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         #: The partitioned graph's manifest.
-        self.manifest: Manifest = read_manifest(config.partition_dir)
-        m = self.manifest
+        self.manifest = m = read_manifest(config.partition_dir)
         check_partition_count(config, m.num_partitions)
         self.partition_id = config.partition
-        #: int64 ``[P+1]`` partition book.
-        self.partition_book = np.asarray(m.partition_book, dtype=np.int64)
-        #: ``[start, stop)`` of the owned global IDs.
-        self.node_range = (int(m.partition_book[self.partition_id]),
-                           int(m.partition_book[self.partition_id + 1]))
-        #: Stored feature dtype on the wire.
-        self.feature_dtype = codec.numpy_to_dtype(np.dtype(m.feature_dtype))
+        #: Whether the graph is typed (``ClusterInfo.typed``), not plain.
+        self.typed = m.typed
+        #: Node type to its int64 ``[P+1]`` partition book.
+        self.books = {t: np.asarray(b, dtype=np.int64) for t, b in m.partition_book.items()}
+        #: The target type's book and owned range (a plain graph's only ones).
+        self.partition_book = self.books[m.target_type]
+        self.node_range = self.type_range(m.target_type)
+        #: Node type to its stored feature dtype on the wire (types with features only).
+        self.feature_dtypes: dict[str, codec.WireDType] = {
+            t: codec.numpy_to_dtype(np.dtype(d)) for t, d in m.feature_dtypes.items()}
+        #: The target type's (FLOAT32 when it has no features).
+        self.feature_dtype = self.feature_dtypes.get(m.target_type, pb.FLOAT32)
         #: Hex SHA-256 of the manifest's canonical JSON: equal on every server of the graph.
         self.graph_fingerprint = manifest_fingerprint(m.to_json())
         if config.structure == "full":  # every partition's files here (sizes and headers)
@@ -156,9 +149,13 @@ class PartitionStore:
             if config.structure == "partition":  # not on a GPU then
                 self._choose_features()
             check_files(config.partition_dir, node_data_records(m), "size")
+        #: The whole graph's in-edges / features and labels when the server holds them
+        #: (None: the partition's own).
+        self._structure: Structure | None = None
+        self._node_data: NodeData | None = None
         self._partition: Partition | None = None
         self._samplers: dict[tuple[bool, bool], NeighborSampler] = {}
-        self._orig_order: np.ndarray | None = None
+        self._orig_orders: dict[str, np.ndarray] = {}
         self._lock = threading.Lock()
         self._loaded = threading.Event()
         #: Why the load failed (None while loading or once loaded).
@@ -169,11 +166,10 @@ class PartitionStore:
         """Load and validate the partition and create the default sampler. Records the
         error (and re-raises) when it fails."""
         started = time.perf_counter()
+        verify = cast(Verify, self.config.verify)
         try:
-            part = load_partition(self.config.partition_dir, self.partition_id,
-                                  mmap=self.config.mmap,
-                                  verify=cast(Verify, self.config.verify))
-            verify = cast(Verify, self.config.verify)
+            part = load_partition(self.config.partition_dir, self.partition_id, mmap=self.config.mmap,
+                                  verify=verify)
             self._structure = self._load_whole(
                 "structure", self.config.structure, self._choose_structure,
                 lambda: load_structure(self.config.partition_dir, verify=verify))
@@ -191,13 +187,15 @@ class PartitionStore:
             self._partition = part
             self._samplers[(False, False)] = sampler
         self._loaded.set()
-        log.info("partition=%d: loaded in %.2f s: %d nodes, %d in-edges, sampling on %s%s",
-                 self.partition_id, time.perf_counter() - started, part.num_nodes,
-                 part.num_edges, self.device,
+        nodes = {t: part.num_nodes(t) for t in part.node_types}
+        edges = {edge_type_name(et): part.num_edges(et) for et in part.edge_types}
+        log.info("partition=%d: loaded in %.2f s: %s nodes, %s in-edges, sampling on %s%s",
+                 self.partition_id, time.perf_counter() - started,
+                 nodes if self.typed else sum(nodes.values()),
+                 edges if self.typed else sum(edges.values()), self.device,
                  ("" if self._structure is None else
-                  f" from the full graph's structure ({self._structure.num_nodes} nodes, "
-                  f"{self._structure.indices.size} in-edges, "
-                  f"{self._structure.nbytes / 2**20:.1f} MiB)")
+                  f" from the full graph's structure ({self.manifest.num_nodes} nodes, "
+                  f"{self.manifest.num_edges} in-edges, {self._structure.nbytes / 2**20:.1f} MiB)")
                  + ("" if self._node_data is None else
                     f", gathering every node's features and labels "
                     f"({self._node_data.nbytes / 2**20:.1f} MiB)"))
@@ -230,8 +228,8 @@ class PartitionStore:
                 and config.topology == "device" and config.device != "cpu" and cuda_usable()):
             gpu_free = int(torch.cuda.mem_get_info()[0])  # (not under Numba's simulator)
         return choose_structure(config.structure, self.manifest, config.partition_dir,
-                                host_free=self._host_share() if config.structure == "auto"
-                                else None, gpu_free=gpu_free)
+                                host_free=self._host_share() if config.structure == "auto" else None,
+                                gpu_free=gpu_free)
 
     def _host_share(self) -> int | None:
         """The available host memory this server may weigh ``auto``'s choices against:
@@ -305,7 +303,7 @@ class PartitionStore:
         if found is not None:
             return found
         part = self.partition
-        if weighted and part.edge_weight is None:
+        if weighted and not self.weighted:
             raise ValueError("weighted: the partition has no edge weights")
         with self._lock:
             if key not in self._samplers:
@@ -317,6 +315,11 @@ class PartitionStore:
             return self._samplers[key]
 
     # -- facts -----------------------------------------------------------------------
+    @property
+    def weighted(self) -> bool:
+        """Whether every relation has edge weights (``ClusterInfo.has_edge_weights``)."""
+        return set(self.manifest.edge_types) <= self.manifest.weighted
+
     @property
     def device(self) -> str:
         """The sampling device, e.g. ``cpu`` or ``cuda:0``."""
@@ -333,9 +336,14 @@ class PartitionStore:
                               "give every server's address (--peers or --cluster)")
         return self.config.peers
 
+    @property
+    def hot_order(self) -> str:
+        """The rule of this partition's hot orders (``ClusterInfo.hot_order``)."""
+        return self.config.hot_order
+
     def split_counts(self, split: str) -> list[int]:
         """Seeds of ``split`` owned by each partition (the manifest's split sizes)."""
-        return [int(p.split_sizes.get(split, 0)) for p in self.manifest.partitions]
+        return self.manifest.split_counts(split)
 
     def has_split(self, split: str) -> bool:
         return any(split in p.split_sizes for p in self.manifest.partitions)
@@ -345,61 +353,30 @@ class PartitionStore:
         ids = self.partition.splits.get(split)
         return np.asarray(ids, dtype=np.int64) if ids is not None else np.empty(0, np.int64)
 
-    def global_ids_of(self, original: np.ndarray) -> np.ndarray:
-        """Global ID of each original node ID this partition owns, -1 for the others."""
-        with self._lock:
-            if self._orig_order is None:
-                self._orig_order = np.argsort(np.asarray(self.partition.orig_ids), kind="stable")
-            order = self._orig_order
-        orig = np.asarray(self.partition.orig_ids)
-        out = np.full(original.size, -1, dtype=np.int64)
-        if order.size == 0:
-            return out
-        pos = np.minimum(np.searchsorted(orig[order], original), order.size - 1)
-        found = orig[order[pos]] == original
-        out[found] = order[pos[found]] + self.node_range[0]
-        return out
-
-    def original_ids_of(self, nodes: np.ndarray) -> np.ndarray:
-        """Original IDs of owned global node IDs."""
-        return np.asarray(self.partition.orig_ids[nodes - self.node_range[0]], dtype=np.int64)
-
-    def owner_of(self, nodes: np.ndarray, node_type: str | None = None) -> np.ndarray:
-        """Partition ID of each global node ID (``node_type``: typed graphs only)."""
-        return np.searchsorted(self.partition_book, nodes, side="right") - 1
-
-    def num_nodes_of(self, node_type: str | None = None) -> int:
-        """Nodes of the graph (of ``node_type`` on a typed graph)."""
-        return self.manifest.num_nodes
-
     def cluster_info(self) -> pb.ClusterInfo:
-        """The facts every trainer and peer share (see ``ClusterInfo``)."""
+        """The facts every trainer and peer share (see ``ClusterInfo``): the plain fields
+        describe the target type of a typed graph, whose types are in ``typed``."""
         m = self.manifest
-        sizes = [pb.SplitSizes(**{s: int(p.split_sizes.get(s, 0)) for s in SPLITS})
-                 for p in m.partitions]
-        return pb.ClusterInfo(
-            format_version=m.format_version, graph_name=m.graph_name, num_nodes=m.num_nodes,
-            num_edges=m.num_edges, partition_book=list(m.partition_book),
+        target = m.target
+        sizes = [pb.SplitSizes(**{s: int(p.split_sizes.get(s, 0)) for s in SPLITS}) for p in m.partitions]
+        info = pb.ClusterInfo(
+            format_version=m.format_version, graph_name=m.graph_name, num_nodes=target.num_nodes,
+            num_edges=m.num_edges, partition_book=[int(v) for v in self.partition_book],
             partition_id=self.partition_id, num_partitions=m.num_partitions,
-            feature_dim=m.feature_dim, feature_dtype=self.feature_dtype,
-            num_classes=m.num_classes, split_sizes=sizes,
-            peer_addresses=list(self.peer_addresses), has_edge_weights=m.has_edge_weight,
-            server_version=server_version(), device=self.device, label_dtype=pb.INT64,
-            graph_fingerprint=self.graph_fingerprint, hot_order=self.hot_order,
-        )
-
-    @property
-    def hot_order(self) -> str:
-        """The rule of this partition's hot order (``ClusterInfo.hot_order``)."""
-        return self.config.hot_order
-
-    def check_owned(self, nodes: np.ndarray, field: str) -> None:
-        """Raise :class:`RequestError` naming ``field`` unless every ID is owned here."""
-        start, stop = self.node_range
-        if nodes.size and (int(nodes.min()) < start or int(nodes.max()) >= stop):
-            raise RequestError(
-                f"{field}: expected global node IDs owned by partition {self.partition_id}, in "
-                f"[{start}, {stop}); got values in [{int(nodes.min())}, {int(nodes.max())}]")
+            feature_dim=target.feature_dim, feature_dtype=self.feature_dtype,
+            num_classes=m.num_classes, split_sizes=sizes, peer_addresses=list(self.peer_addresses),
+            has_edge_weights=self.weighted, server_version=server_version(), device=self.device,
+            label_dtype=pb.INT64, graph_fingerprint=self.graph_fingerprint, hot_order=self.hot_order)
+        if self.typed:
+            info.typed.CopyFrom(pb.TypedGraphInfo(
+                node_types=[pb.NodeTypeInfo(name=t, num_nodes=i.num_nodes, feature_dim=i.feature_dim,
+                                            feature_dtype=self.feature_dtypes.get(t, pb.DTYPE_UNSPECIFIED),
+                                            partition_book=[int(v) for v in self.books[t]])
+                            for t, i in m.node_types.items()],
+                edge_types=[pb.EdgeTypeInfo(src=s, rel=r, dst=d, num_edges=n)
+                            for (s, r, d), n in m.edge_types.items()],
+                target_type=m.target_type))
+        return info
 
     def set_peers(self, peers: tuple[str, ...]) -> None:
         """Set every partition's server address (before the server starts)."""
@@ -408,94 +385,86 @@ class PartitionStore:
                               f"partition, this server's own included), got {len(peers)}")
         self.config = self.config.replace(peers=tuple(peers))
 
+    # -- types -----------------------------------------------------------------------
+    def node_type_of(self, name: str, field: str) -> str:
+        """The node type a request names: on a typed graph ``name`` checked (empty: the
+        target type); on a plain graph its one type, which a request names by no name."""
+        m = self.manifest
+        if not name:
+            return m.target_type
+        if not self.typed:
+            raise RequestError(f"{field}: expected none, the graph is homogeneous (ClusterInfo.typed "
+                               f"is absent), got {name[:100]!r}")
+        if name not in m.node_types:
+            raise RequestError(f"{field}: expected one of {list(m.node_types)} (or empty for the "
+                               f"target type {m.target_type!r}), got {name[:100]!r}")
+        return name
 
-# -- requests ---------------------------------------------------------------------------
-class RequestError(Exception):
-    """A request cannot be served; ``code`` is the gRPC status to answer with and the
-    message names the field, what was expected and what was received."""
+    def edge_type_of(self, name: str, field: str) -> EdgeType:
+        """The edge type a request names (``src__rel__dst``); a plain graph's one relation,
+        which a request names by no name."""
+        m = self.manifest
+        if not self.typed:
+            if name:
+                raise RequestError(f"{field}: expected none, the graph is homogeneous, got {name[:100]!r}")
+            return next(iter(m.edge_types))
+        known = [edge_type_name(et) for et in m.edge_types]
+        try:
+            et = parse_edge_type(name)
+        except GraphDataError:
+            et = None
+        if et is None or et not in m.edge_types:
+            raise RequestError(f"{field}: expected one of {known}, got {name[:100]!r}")
+        return et
 
-    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT):
-        super().__init__(message)
-        self.code = code
+    def ids_of(self, node_type: str) -> str:
+        """How errors name IDs of ``node_type``."""
+        return f"global {node_type!r} IDs" if self.typed else "global node IDs"
 
+    def type_range(self, node_type: str) -> tuple[int, int]:
+        """``[start, stop)`` of the owned global IDs of ``node_type``."""
+        book = self.books[node_type]
+        return int(book[self.partition_id]), int(book[self.partition_id + 1])
 
-def decode_node_ids(msg: pb.Tensor, field: str) -> np.ndarray:
-    """A request's 1-d INT64 node-ID tensor as an owned int64 array."""
-    try:
-        ids = codec.decode_tensor(msg, writable=True)
-    except codec.CodecError as exc:
-        raise RequestError(f"{field}: {exc}") from exc
-    if msg.dtype != pb.INT64 or ids.ndim != 1:
-        raise RequestError(f"{field}: expected a 1-d int64 tensor of node IDs, got "
-                           f"{codec.dtype_name(msg.dtype)} of shape {list(ids.shape)}")
-    return ids
+    def num_nodes_of(self, node_type: str | None = None) -> int:
+        """Nodes of ``node_type`` (the target type when None)."""
+        return self.manifest.node_types[node_type or self.manifest.target_type].num_nodes
 
+    def owner_of(self, nodes: np.ndarray, node_type: str | None = None) -> np.ndarray:
+        """Partition ID of each global ID of ``node_type`` (the target type when None)."""
+        return np.searchsorted(self.books[node_type or self.manifest.target_type], nodes, side="right") - 1
 
-def wire_feature_dtype(
-    requested: int, stored: codec.WireDType, field: str
-) -> codec.WireDType:
-    """The dtype features travel in: ``requested``, or ``stored`` when unspecified. The
-    stored dtype may also be named (float64 features: a server resolves "as stored" to it
-    in the requests it makes of its peers)."""
-    if requested not in FEATURE_WIRE_DTYPES and requested != stored:
-        names = [codec.dtype_name(d) for d in FEATURE_WIRE_DTYPES[1:]]
-        raise RequestError(f"{field}: expected one of {names}, the stored dtype "
-                           f"({codec.dtype_name(stored)}) or dtype_unspecified, got "
-                           f"{codec.dtype_name(requested)}")
-    return stored if requested == pb.DTYPE_UNSPECIFIED else cast(codec.WireDType, requested)
+    def check_owned(self, nodes: np.ndarray, field: str, node_type: str | None = None) -> None:
+        """Raise :class:`RequestError` naming ``field`` unless every ID is owned here."""
+        node_type = node_type or self.manifest.target_type
+        start, stop = self.type_range(node_type)
+        if nodes.size and (int(nodes.min()) < start or int(nodes.max()) >= stop):
+            raise RequestError(
+                f"{field}: expected {self.ids_of(node_type)} owned by partition {self.partition_id}, in "
+                f"[{start}, {stop}); got values in [{int(nodes.min())}, {int(nodes.max())}]")
 
+    def global_ids_of(self, original: np.ndarray, node_type: str | None = None) -> np.ndarray:
+        """Global ID of each original ID of ``node_type`` owned here, -1 for the others."""
+        node_type = node_type or self.manifest.target_type
+        orig = np.asarray(self.partition.orig_ids[node_type])
+        with self._lock:
+            if node_type not in self._orig_orders:
+                self._orig_orders[node_type] = np.argsort(orig, kind="stable")
+            order = self._orig_orders[node_type]
+        out = np.full(original.size, -1, dtype=np.int64)
+        if order.size == 0:
+            return out
+        pos = np.minimum(np.searchsorted(orig[order], original), order.size - 1)
+        found = orig[order[pos]] == original
+        out[found] = order[pos[found]] + self.type_range(node_type)[0]
+        return out
 
-def cast_features(x: torch.Tensor, dtype: int) -> torch.Tensor:
-    """Features in the wire ``dtype`` (no copy when they already are; float32 ->
-    bfloat16 on the CPU in one parallel Numba pass, :mod:`protos.halfcast`)."""
-    return halfcast.cast(x, codec.dtype_to_torch(dtype))
-
-
-@contextmanager
-def abort_on_error(context: grpc.ServicerContext, what: str, partition: int,
-                   rejected: Callable[[str], None] | None = None) -> Iterator[None]:
-    """Answer a failure inside the block with the right status, naming the problem:
-    a bad request its own code, a partition not loaded or a server stopping UNAVAILABLE,
-    a lost peer UNAVAILABLE, a peer refusing for want of a precondition (e.g. serving
-    another graph) FAILED_PRECONDITION, anything else INTERNAL (logged with its traceback). The
-    server goes on serving other calls."""
-    try:
-        yield
-    except RequestError as exc:
-        if rejected is not None:
-            rejected(exc.code.name)
-        log.info("%s rejected: %s: %s", what, exc.code.name, bounded(repr(str(exc)), 300))
-        context.abort(exc.code, bounded(str(exc)))
-    except NotLoaded as exc:
-        context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-    except Stopping as exc:
-        log.info("%s on partition %d: %s", what, partition, exc)
-        context.abort(grpc.StatusCode.UNAVAILABLE, f"{what} on partition {partition}: {exc}")
-    except PeerError as exc:
-        log.warning("%s failed on partition %d: %s", what, partition, exc)
-        lost = exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                            grpc.StatusCode.CANCELLED)
-        code = grpc.StatusCode.UNAVAILABLE if lost else \
-            grpc.StatusCode.FAILED_PRECONDITION if exc.code == grpc.StatusCode.FAILED_PRECONDITION \
-            else grpc.StatusCode.INTERNAL  # e.g. a peer on another graph: not until fixed
-        context.abort(code, bounded(f"{what} on partition {partition}: {exc}"))
-    except MemoryError:
-        log.warning("%s on partition %d: out of memory", what, partition)
-        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                      f"{what} on partition {partition}: the server ran out of memory for this "
-                      "request; ask for smaller batches or fewer neighbors")
-    except Exception as exc:
-        log.exception("%s failed on partition %d", what, partition)
-        context.abort(grpc.StatusCode.INTERNAL, bounded(
-            f"{what} on partition {partition} failed: {type(exc).__name__}: {exc}"))
-
-
-#: Longest status details a server sends (the rest is cut, saying how much).
-MAX_DETAILS_CHARS = 1000
+    def original_ids_of(self, nodes: np.ndarray, node_type: str | None = None) -> np.ndarray:
+        """Original IDs of owned global IDs of ``node_type``."""
+        node_type = node_type or self.manifest.target_type
+        start = self.type_range(node_type)[0]
+        return np.asarray(self.partition.orig_ids[node_type][nodes - start], dtype=np.int64)
 
 
-def bounded(text: str, limit: int = MAX_DETAILS_CHARS) -> str:
-    """``text`` cut to ``limit`` characters, saying how many were left out."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+__all__ = ["PartitionStore", "RequestError", "check_partition_count", "colocated_servers",
+           "manifest_fingerprint", "server_version", "share_arrays"]

@@ -15,7 +15,8 @@ memory too). Otherwise ``partition``. The choice and its reason are logged.
 (:func:`partitioner.format.load_node_data`): every row of a batch is then gathered on the
 server, no peer asked for any; ``auto`` takes it by the same rule, measured after the
 structure is loaded; a CUDA server takes it only with the whole structure (its feature
-table, every row then, hottest by in-degree in GPU memory, needs that order).
+tables, every row then, hottest by in-degree in GPU memory, need that order). Plain and
+typed graphs alike: every node type's and relation's files.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from partitioner.format import (
     check_files,
     node_data_bytes,
     node_data_records,
+    structure_bytes,
     structure_records,
 )
 from partitioner.npyio import FileRecord
@@ -54,15 +56,6 @@ class StructureChoice:
     mode: str
     #: One sentence for the log.
     reason: str
-
-
-def structure_bytes(manifest: Manifest) -> int:
-    """Bytes of the whole graph's joined structure: ``indptr`` and original IDs (8 bytes
-    a node each), ``indices`` (8 bytes an edge) and edge weights (4 bytes an edge) where
-    every partition has them."""
-    n, e = manifest.num_nodes, manifest.num_edges
-    weights = all("edge_weight" in info.files for info in manifest.partitions)
-    return 8 * (n + 1) + 8 * n + 8 * e + (4 * e if weights else 0)
 
 
 def available_host_memory() -> int | None:

@@ -41,9 +41,10 @@ def warm_up() -> dict[str, float]:
     import torch
 
     from partitioner import load_partition, partition_graph
-    from partitioner.synthetic import generate
+    from partitioner.synthetic import generate_plain
     from protos import compact, halfcast
-    from sampling_server.hot import hot_order, plan_bitset, plan_flags
+    from sampling_server.hot_order import hot_order, plan_bitset, plan_flags
+    from sampling_server.produce import structure_tensors
     from sampling_server.sampler import create_sampler
     from sampling_server.sampler.cpu_fused import UNSEEN, look_up_drawn
     from sampling_server.sampler.rng import batch_key
@@ -51,7 +52,7 @@ def warm_up() -> dict[str, float]:
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="graphfeed-warmup-") as tmp:
         started = time.perf_counter()
-        graph = generate("small", progress=False)
+        graph = generate_plain("small", progress=False)
         seconds["generate"] = time.perf_counter() - started
         for method in METHODS:
             started = time.perf_counter()
@@ -61,30 +62,32 @@ def warm_up() -> dict[str, float]:
         started = time.perf_counter()
         partition_graph(graph, 1, Path(tmp) / "whole", method="range", progress=False)
         part = load_partition(Path(tmp) / "whole", 0, verify="size")
+        t, (et,) = part.target_type, part.edge_types
         seeds = np.asarray(part.splits["train"])[:64]
         for replace in (False, True):
             sampler = create_sampler(part, device="cpu", replace=replace)
-            batch = sampler.minibatch(seeds, [10, 5], batch_key(0, 0, 0, 0))
+            batch = sampler.minibatch(seeds, t, [10, 5], batch_key(0, 0, 0, 0))
             # what a server draws for its peers, and relabels of hops drawn by peers
-            drawn = sampler.sample_neighbors(batch.structure.n_id, 5, batch_key(0, 0, 0, 0), 1)
-            look_up_drawn(np.full(part.num_nodes, UNSEEN, dtype=np.int32),
+            drawn = sampler.sample_relation(et, batch.structure.node[t], 5, batch_key(0, 0, 0, 0), 1)
+            look_up_drawn(np.full(part.num_nodes(t), UNSEEN, dtype=np.int32),
                           drawn.neighbors.numpy(), drawn.counts.numpy())
-        if batch.x is not None:  # bfloat16 on the wire: the server narrows, a trainer widens
-            halfcast.cast(halfcast.cast(batch.x.float(), torch.bfloat16), torch.float32)
+        if t in batch.x:  # bfloat16 on the wire: the server narrows, a trainer widens
+            halfcast.cast(halfcast.cast(batch.x[t].float(), torch.bfloat16), torch.float32)
         warm_mixed_gathers(part)
         warm_glue()
         # a batch's compact structure, and its nodes looked up in a trainer's cache plan
         out = batch.structure
-        named = compact.compact_batch(out.n_id, out.row, out.col, out.num_sampled_nodes)
+        named = structure_tensors(out, lambda kind, _key: kind, compact_form=True)
         if "edge_new" in named:  # and a trainer expands it again, for each index dtype
+            src, new = torch.as_tensor(named["edge_src"]), torch.as_tensor(named["edge_new"])
             for dtype in compact.INDEX_DTYPES:
-                compact.expand_sources(named["edge_src"].to(dtype), named["edge_new"],
-                                       out.row.numel(), out.batch_size)
-        plan_flags(plan_bitset(part.num_nodes, [out.n_id.numpy()[:8]]), out.n_id.numpy(), part.num_nodes)
-        warm_node_table(out.n_id)
+                compact.expand_sources(src.to(dtype), new, out.row[et].numel(), out.batch_size)
+        n_id = out.node[t]
+        plan_flags(plan_bitset(part.num_nodes(t), [n_id.numpy()[:8]]), n_id.numpy(), part.num_nodes(t))
+        warm_node_table(n_id)
         seconds["sample and gather"] = time.perf_counter() - started
         started = time.perf_counter()
-        hot_order(part, "visits_v1")
+        hot_order(part, t, "visits_v1")
         seconds["hot order"] = time.perf_counter() - started
     from sampling_server.sampler import cpu_kernels
 
@@ -134,10 +137,11 @@ def warm_mixed_gathers(part: Partition) -> None:
     compiles a kernel apart for arrays whose items are not aligned)."""
     from sampling_server.sampler import cpu_gather
 
-    start = part.node_range[0]
-    n = min(8, part.num_nodes)
+    t = part.target_type
+    start = part.node_range(t)[0]
+    n = min(8, part.num_nodes(t))
     owned, places = np.arange(start, start + n, dtype=np.int64), np.arange(n, dtype=np.int64)[::-1].copy()
-    x, y = np.asarray(part.x), np.asarray(part.y)
+    x, y = np.asarray(part.x[t]), np.asarray(part.y)
     outs = [np.empty((n, x.shape[1]), x.dtype)]
     if x.dtype == np.float32:
         outs.append(np.empty((n, x.shape[1]), np.uint16))  # bfloat16 words

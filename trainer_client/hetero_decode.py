@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch_geometric.data import HeteroData
 
-from partitioner.hetero import EdgeType, edge_type_name
+from partitioner.graph import EdgeType, edge_type_name
 from protos import sampling_pb2 as pb
 from protos.compact import COUNT_DTYPES, INDEX_DTYPES, expand_edges, expand_typed_sources, widen
 from trainer_client.decode import FEATURE_DTYPES, BatchDecodeError, BatchSpec, cached_mask

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch_geometric.data import HeteroData
 
-from partitioner.hetero import EdgeType, GraphDataError, edge_type_name, parse_edge_type
+from partitioner.graph import EdgeType, GraphDataError, edge_type_name, parse_edge_type
 from protos import sampling_pb2 as pb
 from protos.channel import ProtocolError
 from trainer_client.cache import CacheError, FeatureCache

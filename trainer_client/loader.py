@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data, HeteroData
 
-from partitioner.hetero import EdgeType
+from partitioner.graph import EdgeType
 from protos import halfcast
 from protos import sampling_pb2 as pb
 from protos.channel import ProtocolError

@@ -162,8 +162,9 @@ class NeighborSampler(abc.ABC):
         for t, x in partition.x.items():
             held = node_data.x.get(t)
             if held is None or held.shape[1:] != x.shape[1:] or held.dtype != x.dtype:
+                got = None if held is None else (held.dtype, list(held.shape[1:]))
                 raise ValueError(f"node_data: expected {x.dtype} rows of {list(x.shape[1:])} for "
-                                 f"{self.what(t)}, got {None if held is None else (held.dtype, list(held.shape[1:]))}")
+                                 f"{self.what(t)}, got {got}")
         #: Per node type, whether original ID = global ID for every node of the structure
         #: (filled on first use).
         self._identity: dict[str, bool] = {}
@@ -322,7 +323,7 @@ class NeighborSampler(abc.ABC):
         et = tuple(edge_type)
         if et not in self.edge_types:
             raise ValueError(f"{field}: expected one of {list(self.edge_types)}, got {edge_type!r}")
-        return et  # type: ignore[return-value]
+        return et
 
     # -- original IDs --------------------------------------------------------------------
     def orig_ids_local(self, node_type: str, nodes: torch.Tensor) -> torch.Tensor:
@@ -485,8 +486,8 @@ class NeighborSampler(abc.ABC):
             return (halfcast.cast(lx, dtype) if lx is not None and dtype is not None else lx), ly
         if remote is None:
             raise RuntimeError("gather: nodes of other partitions but no remote fetcher was given")
-        x = self.empty_rows(node_type, n_id.numel(), dtype or torch_dtype(self.node_data.x[node_type].dtype)) \
-            if features else None
+        x = self.empty_rows(node_type, n_id.numel(),
+                            dtype or torch_dtype(self.node_data.x[node_type].dtype)) if features else None
         y = self.empty((n_id.numel(),), torch.int64) if labels else None
         groups = owner_groups(self.owner_of(node_type, n_id), num_parts=self.num_partitions)
         local_pos = groups.pop(self.partition_id, None)

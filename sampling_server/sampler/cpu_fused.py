@@ -28,7 +28,6 @@ import numba
 import numpy as np
 
 from protos.prefetch import prefetch
-from sampling_server.sampler.rows import is_identity
 from sampling_server.sampler.cpu_kernels import (
     floyd_positions,
     node_stream,
@@ -38,6 +37,7 @@ from sampling_server.sampler.cpu_kernels import (
     total,
     uniform_below,
 )
+from sampling_server.sampler.rows import is_identity
 
 #: Entry of a dense relabel map for a node the batch has not numbered (local IDs are >= 0).
 UNSEEN = -1

@@ -170,13 +170,14 @@ class CpuNeighborSampler(NeighborSampler):
     def _draw(self, et: EdgeType, ids: np.ndarray, fanout: int, key: int, hop: int) -> HopSample:
         if int(fanout) < -1:
             raise ValueError(f"fanout: expected an integer >= 0, or -1 for all; got {fanout}")
-        args = (self._orig_ids[et[2]], self.draw[et[2]][0], ids, int(fanout),
-                np.uint64(self.draw_key(key, et)), int(hop), self.replace)
+        orig, start, stream = self._orig_ids[et[2]], self.draw[et[2]][0], np.uint64(self.draw_key(key, et))
         weights = self._weights.get(et)
         if weights is not None:
-            offsets, out = K.sample_weighted(self._indptr[et], self._indices[et], *weights, *args)
+            offsets, out = K.sample_weighted(self._indptr[et], self._indices[et], weights[0], weights[1],
+                                             orig, start, ids, int(fanout), stream, int(hop), self.replace)
         else:
-            offsets, out = K.sample_uniform(self._indptr[et], self._indices[et], *args)
+            offsets, out = K.sample_uniform(self._indptr[et], self._indices[et], orig, start, ids,
+                                            int(fanout), stream, int(hop), self.replace)
         return HopSample(counts=torch.from_numpy(np.diff(offsets)), neighbors=torch.from_numpy(out))
 
     def sample(self, seeds: torch.Tensor | np.ndarray, seed_type: str, num_neighbors: NumNeighbors,

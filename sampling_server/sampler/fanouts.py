@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from partitioner.graph import EdgeType, GraphDataError, edge_type_name, parse_edge_type
 
@@ -12,7 +13,7 @@ _MASK64 = (1 << 64) - 1
 
 #: PyG's ``num_neighbors``: one fanout list for every edge type, or a dict from edge type
 #: (a ``(src, rel, dst)`` tuple or ``"src__rel__dst"``) to its fanout list.
-NumNeighbors = Sequence[int] | Mapping[EdgeType | str, Sequence[int]]
+NumNeighbors = Sequence[int] | Mapping[Any, Sequence[int]]
 
 
 def check_fanouts(fanouts: Sequence[int]) -> list[int]:

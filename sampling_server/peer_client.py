@@ -1,19 +1,13 @@
-"""Cross-partition work between sampling servers.
-
-* :class:`PeerServicer` answers ``PeerService``: one hop of neighbor sampling
-  (``SampleNeighbors`` -> ``NeighborSampler.sample_neighbors``) and feature/label rows
-  (``FetchNodeData`` -> ``NeighborSampler.gather_local``) for nodes this server owns,
-  streamed as chunks.
-* :class:`PeerClient` is the calling side: its :meth:`~PeerClient.neighbors` and
-  :meth:`~PeerClient.node_data` are the sampler's ``RemoteNeighbors`` and
-  ``RemoteNodeData`` callbacks. One batched call per peer per hop, peers called
-  concurrently, every call with a deadline; any failure raises
-  :class:`~protos.channel.PeerError` naming the peer.
+"""The calling side of cross-partition work: :class:`PeerClient` asks the other
+partitions' servers (``PeerService``) to draw one hop of a frontier, for feature and
+label rows and for original IDs; :class:`PeerRemote` is one stream's view of it, the
+sampler's :class:`~sampling_server.sampler.base.Remote`. One batched call per peer per
+relation and hop (per node type for node data), peers called concurrently, every call
+with a deadline; any failure raises :class:`~protos.channel.PeerError` naming the peer.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,25 +21,13 @@ import numpy as np
 import torch
 from google.protobuf.message import Message
 
+from partitioner.graph import EdgeType, edge_type_name
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
 from protos.channel import GraphfeedError, PeerError, ProtocolError, create_channel, rpc_errors
 from protos.security import Security
-from sampling_server.expectation import check_expectation
-from sampling_server.hetero_store import HeteroPartitionStore
-from sampling_server.limits import check_peer_limits
 from sampling_server.metrics import ServerMetrics
 from sampling_server.sampler import HopSample
-from sampling_server.store import (
-    PartitionStore,
-    RequestError,
-    abort_on_error,
-    cast_features,
-    decode_node_ids,
-    wire_feature_dtype,
-)
-
-log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -60,207 +42,6 @@ PEER_RETRY_BACKOFF_S = 0.05
 RESULT_GRACE_S = 5.0
 
 
-def chunk_messages(
-    make: Callable[..., Message], named: Mapping[str, codec.TensorLike], chunk_bytes: int
-) -> list[bytes]:
-    """The serialized stream messages (``make(chunk_index=, num_chunks=)`` plus their
-    tensors) carrying ``named`` in groups of at most ``chunk_bytes`` (see
-    :mod:`protos.fastwire`: each payload byte is copied once)."""
-    return fastwire.encode_chunks(lambda i, n: make(chunk_index=i, num_chunks=n), named,
-                                  chunk_bytes)
-
-
-# -- serving side ----------------------------------------------------------------------
-class PeerServicer:
-    """``PeerService``: what the other sampling servers ask of this partition."""
-
-    def __init__(self, store: PartitionStore, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES):
-        self.store = store
-        self.chunk_bytes = chunk_bytes
-        #: Where rejections are counted (None: nowhere).
-        self.metrics: ServerMetrics | None = None
-        #: ``time.monotonic()`` when the last peer call came in (a draining server waits
-        #: for its peers to fall quiet before it stops).
-        self.last_call = time.monotonic()
-
-    def wait_quiet(self, quiet: float, deadline: float) -> bool:
-        """Wait until no peer call has come in for ``quiet`` seconds; False when the
-        ``time.monotonic()`` deadline came first."""
-        while True:
-            now = time.monotonic()
-            if now - self.last_call >= quiet:
-                return True
-            if now >= deadline:
-                return False
-            time.sleep(min(0.2, deadline - now, quiet - (now - self.last_call)))
-
-    def _rejected(self, method: str) -> Callable[[str], None] | None:
-        metrics = self.metrics
-        return None if metrics is None else lambda code: metrics.rejected(method, code)
-
-    def SampleNeighbors(
-        self, request: pb.SampleNeighborsRequest, context: grpc.ServicerContext
-    ) -> Iterator[bytes]:
-        self.last_call = time.monotonic()
-        with abort_on_error(context, "SampleNeighbors", self.store.partition_id,
-                            self._rejected("SampleNeighbors")):
-            check_expectation(request, self.store, hot_order=False)
-            started = time.perf_counter()
-            messages = self._sample(request)
-            self._answered("answer_sample", time.perf_counter() - started)
-        yield from messages
-
-    def FetchNodeData(
-        self, request: pb.FetchNodeDataRequest, context: grpc.ServicerContext
-    ) -> Iterator[bytes]:
-        self.last_call = time.monotonic()
-        with abort_on_error(context, "FetchNodeData", self.store.partition_id,
-                            self._rejected("FetchNodeData")):
-            check_expectation(request, self.store, hot_order=False)
-            nodes, dtype, rows = self._check_fetch(request)
-            messages = self._fetch(request, nodes, dtype, rows)
-            working = 0.0  # gathering and encoding, not waiting for gRPC to take a message
-            while True:
-                started = time.perf_counter()
-                message = next(messages, None)
-                working += time.perf_counter() - started
-                if message is None:
-                    break
-                if not context.is_active():  # the caller went away: stop gathering
-                    return
-                yield message
-            self._answered("answer_fetch", working)
-
-    def _answered(self, stage: str, seconds: float) -> None:
-        """Count the work of one peer answer (its reading, sampling or gathering, and
-        encoding; not its wait in gRPC's queues or on the network)."""
-        if self.metrics is not None:
-            self.metrics.observe(stage, seconds)
-
-    def _sample(self, request: pb.SampleNeighborsRequest) -> list[bytes]:
-        field = "SampleNeighborsRequest"
-        self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
-        nodes = decode_node_ids(request.nodes, f"{field}.nodes")
-        store = self.store
-        if isinstance(store, HeteroPartitionStore):
-            et = store.edge_type_of(request.edge_type, f"{field}.edge_type")
-            check_peer_limits(store.config, nodes.size, request.fanout, store.manifest.edge_types[et],
-                              field, request.replace)
-            store.check_owned(nodes, f"{field}.nodes", et[2])
-        elif request.edge_type:
-            raise RequestError(f"{field}.edge_type: expected none, the graph is homogeneous, got "
-                               f"{request.edge_type[:100]!r}")
-        else:
-            check_peer_limits(store.config, nodes.size, request.fanout, store.manifest.num_edges,
-                              field, request.replace)
-            store.check_owned(nodes, f"{field}.nodes")
-        if request.fanout < -1:
-            raise RequestError(f"{field}.fanout: expected an integer >= 0, or -1 for all "
-                               f"neighbors; got {request.fanout}")
-        if request.hop < 0:
-            raise RequestError(f"{field}.hop: expected an integer >= 0, got {request.hop}")
-        if request.weighted and (isinstance(store, HeteroPartitionStore)
-                                 or not store.manifest.has_edge_weight):
-            raise RequestError(f"{field}.weighted: expected false, the graph has no edge weights",
-                               grpc.StatusCode.FAILED_PRECONDITION)
-        if isinstance(store, HeteroPartitionStore):
-            typed = store.typed_sampler(replace=request.replace)
-            drawn = typed.sample_relation(et, torch.from_numpy(nodes).to(typed.device),
-                                          request.fanout, request.random_seed, request.hop)
-        else:
-            sampler = store.sampler(replace=request.replace, weighted=request.weighted)
-            drawn = sampler.sample_neighbors(torch.from_numpy(nodes).to(sampler.device),
-                                             request.fanout, request.random_seed, request.hop)
-        named = {"counts": drawn.counts, "neighbors": drawn.neighbors}
-        return chunk_messages(pb.SampleNeighborsChunk, named, self.chunk_bytes)
-
-    def _check_fetch(self, request: pb.FetchNodeDataRequest
-                     ) -> tuple[np.ndarray, codec.WireDType, NodeRows]:
-        """The request's nodes, the features' wire dtype and what reads their rows."""
-        field = "FetchNodeDataRequest"
-        self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
-        nodes = decode_node_ids(request.nodes, f"{field}.nodes")
-        check_peer_limits(self.store.config, nodes.size, None, 0, field)
-        store = self.store
-        if isinstance(store, HeteroPartitionStore):
-            return (nodes, *typed_node_rows(store, request, nodes, field))
-        if request.node_type:
-            raise RequestError(f"{field}.node_type: expected none, the graph is homogeneous, got "
-                               f"{request.node_type[:100]!r}")
-        store.check_owned(nodes, f"{field}.nodes")
-        dtype = wire_feature_dtype(request.feature_dtype, store.feature_dtype,
-                                   f"{field}.feature_dtype")
-        sampler = store.sampler()
-        return nodes, dtype, NodeRows(
-            store.manifest.feature_dim,
-            # cast on the way where the sampler can (a CPU gather into bfloat16)
-            lambda ids, wire: sampler.gather(ids.to(sampler.device),
-                                             features=request.want_features,
-                                             labels=request.want_labels,
-                                             dtype=codec.dtype_to_torch(wire)),
-            sampler.orig_ids_of)
-
-    def _fetch(self, request: pb.FetchNodeDataRequest, nodes: np.ndarray,
-               dtype: codec.WireDType, reader: NodeRows) -> Iterator[bytes]:
-        """The answer's messages, gathered and encoded slice by slice of the nodes (at
-        most about ``chunk_bytes`` of rows each), so the whole answer is never built."""
-        row_bytes = (reader.feature_dim * codec.dtype_to_numpy(dtype).itemsize
-                     if request.want_features else 0) + (8 if request.want_labels else 0) \
-            + (8 if request.want_original_ids else 0)
-        rows = max(1, self.chunk_bytes // max(row_bytes, 1))
-        slices = [(i, min(i + rows, nodes.size)) for i in range(0, max(nodes.size, 1), rows)]
-        for k, (a, b) in enumerate(slices):
-            x, y = reader.gather(torch.from_numpy(nodes[a:b]), dtype)
-            orig = (reader.orig_ids(torch.from_numpy(nodes[a:b]))
-                    if request.want_original_ids else None)
-            pieces = [codec.row_piece(name, cast_features(part, dtype) if name == "x" else part,
-                                      a, nodes.size)
-                      for name, part in (("x", x), ("y", y), ("orig_id", orig)) if part is not None]
-            # the rows' bytes copied once, into the message (protos.fastwire)
-            yield fastwire.encode_message(pb.NodeDataChunk(chunk_index=k, num_chunks=len(slices)),
-                                          pieces)
-
-
-@dataclass(frozen=True)
-class NodeRows:
-    """How a FetchNodeData answer reads its rows (homogeneous or of one node type)."""
-
-    #: Feature columns of the nodes (0: none).
-    feature_dim: int
-    #: Owned global IDs (CPU int64) and the features' wire dtype -> features (in that
-    #: dtype, or as stored: the caller casts) and labels, as asked.
-    gather: Callable[[torch.Tensor, codec.WireDType], NodeData]
-    #: Owned global IDs -> original IDs.
-    orig_ids: Callable[[torch.Tensor], torch.Tensor]
-
-
-def typed_node_rows(store: HeteroPartitionStore, request: pb.FetchNodeDataRequest,
-                    nodes: np.ndarray, field: str) -> tuple[codec.WireDType, NodeRows]:
-    """Check a typed FetchNodeData request; its wire dtype and row reader."""
-    if not request.node_type:
-        raise RequestError(f"{field}.node_type: expected one of "
-                           f"{list(store.manifest.node_types)} (the graph is typed), got none")
-    node_type = store.node_type_of(request.node_type, f"{field}.node_type")
-    store.check_owned(nodes, f"{field}.nodes", node_type)
-    info = store.manifest.node_types[node_type]
-    if request.want_features and not info.feature_dim:
-        raise RequestError(f"{field}.want_features: expected false, node type {node_type!r} has "
-                           "no features")
-    if request.want_labels and node_type != store.manifest.target_type:
-        raise RequestError(f"{field}.want_labels: expected false, only the target type "
-                           f"{store.manifest.target_type!r} has labels, got node type {node_type!r}")
-    dtype = wire_feature_dtype(request.feature_dtype,
-                               store.feature_dtypes.get(node_type, pb.FLOAT32),
-                               f"{field}.feature_dtype")
-    sampler = store.typed_sampler()
-    return dtype, NodeRows(
-        info.feature_dim,
-        lambda ids, _wire: sampler.gather_local(node_type, ids.to(sampler.device),
-                                                request.want_features, request.want_labels),
-        lambda ids: sampler.orig_ids_local(node_type, ids))
-
-
-# -- calling side ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class PeerCallOptions:
     """Per-stream options of the peer calls."""
@@ -323,17 +104,18 @@ class PeerClient:
         for ch in self._channels.values():
             ch.close()
 
-    def bind(self, options: PeerCallOptions) -> BoundPeers:
-        """The callbacks of one stream, with its options."""
-        return BoundPeers(self, options)
+    def bind(self, options: PeerCallOptions, typed: bool, feature_types: frozenset[str]) -> PeerRemote:
+        """One stream's :class:`PeerRemote`, with its options; ``typed``: the graph is
+        typed; ``feature_types``: its node types with features."""
+        return PeerRemote(self, options, typed, feature_types)
 
     # -- the two calls -----------------------------------------------------------------
     def neighbors(
         self, nodes_by_partition: Mapping[int, torch.Tensor], fanout: int, key: int, hop: int,
         options: PeerCallOptions = PeerCallOptions(), edge_type: str = "",
     ) -> dict[int, HopSample]:
-        """One hop of sampling on each partition's nodes (``RemoteNeighbors``); on a typed
-        graph along ``edge_type`` (``src__rel__dst``)."""
+        """One hop of sampling on each partition's nodes; on a typed graph along
+        ``edge_type`` (``src__rel__dst``)."""
         def call(p: int, nodes: np.ndarray) -> HopSample:
             request = pb.SampleNeighborsRequest(
                 nodes=codec.encode_tensor(nodes), fanout=fanout, random_seed=key & _MASK64,
@@ -357,8 +139,7 @@ class PeerClient:
         self, nodes_by_partition: Mapping[int, torch.Tensor], features: bool, labels: bool,
         options: PeerCallOptions = PeerCallOptions(), node_type: str = "",
     ) -> dict[int, NodeData]:
-        """Features and/or labels of each partition's nodes (``RemoteNodeData``), of
-        ``node_type`` on a typed graph."""
+        """Features and/or labels of each partition's nodes, of ``node_type`` on a typed graph."""
         if not features and not labels:
             return {p: (None, None) for p in nodes_by_partition}
 
@@ -384,8 +165,7 @@ class PeerClient:
 
     def orig_ids(self, nodes_by_partition: Mapping[int, torch.Tensor],
                  node_type: str = "") -> dict[int, torch.Tensor]:
-        """Original IDs of each partition's nodes (``RemoteOrigIds``), of ``node_type`` on
-        a typed graph."""
+        """Original IDs of each partition's nodes, of ``node_type`` on a typed graph."""
         def call(p: int, nodes: np.ndarray) -> torch.Tensor:
             request = pb.FetchNodeDataRequest(nodes=codec.encode_tensor(nodes),
                                               want_original_ids=True, client_id=self.client_id,
@@ -478,24 +258,32 @@ class PeerClient:
                             details=exc.details, what=what) from exc
 
 
-class BoundPeers:
-    """A :class:`PeerClient` with one stream's options: :attr:`neighbors` is the
-    sampler's ``remote`` callback and :attr:`node_data` its ``remote_data``."""
+class PeerRemote:
+    """One stream's :class:`~sampling_server.sampler.base.Remote`: a :class:`PeerClient`
+    with the stream's options. On a plain graph the calls name no type (the wire's plain
+    form); on a typed one they name the relation or node type."""
 
-    def __init__(self, client: PeerClient, options: PeerCallOptions):
+    def __init__(self, client: PeerClient, options: PeerCallOptions, typed: bool,
+                 feature_types: frozenset[str]) -> None:
         self.client = client
         self.options = options
+        self.typed = typed
+        #: Node types with features (only they are asked for "x").
+        self.feature_types = feature_types
 
-    def neighbors(self, nodes_by_partition: Mapping[int, torch.Tensor], fanout: int, key: int,
-                  hop: int) -> dict[int, HopSample]:
-        return self.client.neighbors(nodes_by_partition, fanout, key, hop, self.options)
+    def sample(self, edge_type: EdgeType, nodes_by_partition: Mapping[int, torch.Tensor], fanout: int,
+               key: int, hop: int) -> dict[int, HopSample]:
+        return self.client.neighbors(nodes_by_partition, fanout, key, hop, self.options,
+                                     edge_type=edge_type_name(edge_type) if self.typed else "")
 
-    def node_data(self, nodes_by_partition: Mapping[int, torch.Tensor], features: bool,
-                  labels: bool) -> dict[int, NodeData]:
-        return self.client.node_data(nodes_by_partition, features, labels, self.options)
+    def node_data(self, node_type: str, nodes_by_partition: Mapping[int, torch.Tensor],
+                  features: bool, labels: bool) -> dict[int, NodeData]:
+        return self.client.node_data(nodes_by_partition, features and node_type in self.feature_types,
+                                     labels, self.options, node_type=node_type if self.typed else "")
 
-    def orig_ids(self, nodes_by_partition: Mapping[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-        return self.client.orig_ids(nodes_by_partition)
+    def orig_ids(self, node_type: str, nodes_by_partition: Mapping[int, torch.Tensor]
+                 ) -> dict[int, torch.Tensor]:
+        return self.client.orig_ids(nodes_by_partition, node_type=node_type if self.typed else "")
 
 
 _MASK64 = (1 << 64) - 1

@@ -1,0 +1,187 @@
+"""``PeerService``: what the other sampling servers ask of this partition, plain or typed.
+
+``SampleNeighbors`` draws one hop of a relation for nodes whose in-edges are here
+(:meth:`NeighborSampler.sample_relation`), ``FetchNodeData`` reads their feature and
+label rows and original IDs; both answer in stream chunks. A plain graph's requests name
+no type; a typed graph's name the relation (``edge_type``) or the node type.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import torch
+from google.protobuf.message import Message
+
+from protos import codec, fastwire
+from protos import sampling_pb2 as pb
+from sampling_server.errors import RequestError, abort_on_error
+from sampling_server.expectation import check_expectation
+from sampling_server.fields import cast_features, decode_node_ids, wire_feature_dtype
+from sampling_server.limits import check_peer_limits
+from sampling_server.metrics import ServerMetrics
+from sampling_server.store import PartitionStore
+
+NodeData = tuple[torch.Tensor | None, torch.Tensor | None]
+
+
+def chunk_messages(make: Callable[..., Message], named: Mapping[str, codec.TensorLike],
+                   chunk_bytes: int) -> list[bytes]:
+    """The serialized stream messages (``make(chunk_index=, num_chunks=)`` plus their
+    tensors) carrying ``named`` in groups of at most ``chunk_bytes`` (see
+    :mod:`protos.fastwire`: each payload byte is copied once)."""
+    return fastwire.encode_chunks(lambda i, n: make(chunk_index=i, num_chunks=n), named, chunk_bytes)
+
+
+@dataclass(frozen=True)
+class NodeRows:
+    """How a FetchNodeData answer reads its rows (of one node type)."""
+
+    #: Feature columns of the nodes (0: none).
+    feature_dim: int
+    #: Owned global IDs (CPU int64) and the features' wire dtype -> features (in that
+    #: dtype, or as stored: the caller casts) and labels, as asked.
+    gather: Callable[[torch.Tensor, codec.WireDType], NodeData]
+    #: Owned global IDs -> original IDs.
+    orig_ids: Callable[[torch.Tensor], torch.Tensor]
+
+
+class PeerServicer:
+    """``PeerService``: what the other sampling servers ask of this partition."""
+
+    def __init__(self, store: PartitionStore, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES):
+        self.store = store
+        self.chunk_bytes = chunk_bytes
+        #: Where rejections are counted (None: nowhere).
+        self.metrics: ServerMetrics | None = None
+        #: ``time.monotonic()`` when the last peer call came in (a draining server waits
+        #: for its peers to fall quiet before it stops).
+        self.last_call = time.monotonic()
+
+    def wait_quiet(self, quiet: float, deadline: float) -> bool:
+        """Wait until no peer call has come in for ``quiet`` seconds; False when the
+        ``time.monotonic()`` deadline came first."""
+        while True:
+            now = time.monotonic()
+            if now - self.last_call >= quiet:
+                return True
+            if now >= deadline:
+                return False
+            time.sleep(min(0.2, deadline - now, quiet - (now - self.last_call)))
+
+    def _rejected(self, method: str) -> Callable[[str], None] | None:
+        metrics = self.metrics
+        return None if metrics is None else lambda code: metrics.rejected(method, code)
+
+    def SampleNeighbors(self, request: pb.SampleNeighborsRequest, context: grpc.ServicerContext
+                        ) -> Iterator[bytes]:
+        self.last_call = time.monotonic()
+        with abort_on_error(context, "SampleNeighbors", self.store.partition_id,
+                            self._rejected("SampleNeighbors")):
+            check_expectation(request, self.store, hot_order=False)
+            started = time.perf_counter()
+            messages = self._sample(request)
+            self._answered("answer_sample", time.perf_counter() - started)
+        yield from messages
+
+    def FetchNodeData(self, request: pb.FetchNodeDataRequest, context: grpc.ServicerContext
+                      ) -> Iterator[bytes]:
+        self.last_call = time.monotonic()
+        with abort_on_error(context, "FetchNodeData", self.store.partition_id,
+                            self._rejected("FetchNodeData")):
+            check_expectation(request, self.store, hot_order=False)
+            nodes, dtype, rows = self._check_fetch(request)
+            messages = self._fetch(request, nodes, dtype, rows)
+            working = 0.0  # gathering and encoding, not waiting for gRPC to take a message
+            while True:
+                started = time.perf_counter()
+                message = next(messages, None)
+                working += time.perf_counter() - started
+                if message is None:
+                    break
+                if not context.is_active():  # the caller went away: stop gathering
+                    return
+                yield message
+            self._answered("answer_fetch", working)
+
+    def _answered(self, stage: str, seconds: float) -> None:
+        """Count the work of one peer answer (its reading, sampling or gathering, and
+        encoding; not its wait in gRPC's queues or on the network)."""
+        if self.metrics is not None:
+            self.metrics.observe(stage, seconds)
+
+    def _sample(self, request: pb.SampleNeighborsRequest) -> list[bytes]:
+        field = "SampleNeighborsRequest"
+        store = self.store
+        store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
+        nodes = decode_node_ids(request.nodes, f"{field}.nodes")
+        et = store.edge_type_of(request.edge_type, f"{field}.edge_type")
+        check_peer_limits(store.config, nodes.size, request.fanout, store.manifest.edge_types[et], field,
+                          request.replace)
+        store.check_owned(nodes, f"{field}.nodes", et[2])
+        if request.fanout < -1:
+            raise RequestError(f"{field}.fanout: expected an integer >= 0, or -1 for all "
+                               f"neighbors; got {request.fanout}")
+        if request.hop < 0:
+            raise RequestError(f"{field}.hop: expected an integer >= 0, got {request.hop}")
+        if request.weighted and not store.weighted:
+            raise RequestError(f"{field}.weighted: expected false, the graph has no edge weights",
+                               grpc.StatusCode.FAILED_PRECONDITION)
+        sampler = store.sampler(replace=request.replace, weighted=request.weighted)
+        drawn = sampler.sample_relation(et, torch.from_numpy(nodes).to(sampler.device), request.fanout,
+                                        request.random_seed, request.hop)
+        named = {"counts": drawn.counts, "neighbors": drawn.neighbors}
+        return chunk_messages(pb.SampleNeighborsChunk, named, self.chunk_bytes)
+
+    def _check_fetch(self, request: pb.FetchNodeDataRequest) -> tuple[np.ndarray, codec.WireDType, NodeRows]:
+        """The request's nodes, the features' wire dtype and what reads their rows."""
+        field = "FetchNodeDataRequest"
+        store = self.store
+        store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
+        nodes = decode_node_ids(request.nodes, f"{field}.nodes")
+        check_peer_limits(store.config, nodes.size, None, 0, field)
+        m = store.manifest
+        if store.typed and not request.node_type:
+            raise RequestError(f"{field}.node_type: expected one of {list(m.node_types)} (the graph "
+                               "is typed), got none")
+        node_type = store.node_type_of(request.node_type, f"{field}.node_type")
+        store.check_owned(nodes, f"{field}.nodes", node_type)
+        info = m.node_types[node_type]
+        if request.want_features and not info.feature_dim:
+            raise RequestError(f"{field}.want_features: expected false, node type {node_type!r} has "
+                               "no features")
+        if request.want_labels and node_type != m.target_type:
+            raise RequestError(f"{field}.want_labels: expected false, only the target type "
+                               f"{m.target_type!r} has labels, got node type {node_type!r}")
+        dtype = wire_feature_dtype(request.feature_dtype, store.feature_dtypes.get(node_type, pb.FLOAT32),
+                                   f"{field}.feature_dtype")
+        sampler = store.sampler()
+        return nodes, dtype, NodeRows(
+            info.feature_dim,
+            # cast on the way where the sampler can (a CPU gather into bfloat16)
+            lambda ids, wire: sampler.gather(node_type, ids.to(sampler.device),
+                                             features=request.want_features, labels=request.want_labels,
+                                             dtype=codec.dtype_to_torch(wire)),
+            lambda ids: sampler.orig_ids_local(node_type, ids))
+
+    def _fetch(self, request: pb.FetchNodeDataRequest, nodes: np.ndarray, dtype: codec.WireDType,
+               reader: NodeRows) -> Iterator[bytes]:
+        """The answer's messages, gathered and encoded slice by slice of the nodes (at
+        most about ``chunk_bytes`` of rows each), so the whole answer is never built."""
+        row_bytes = (reader.feature_dim * codec.dtype_to_numpy(dtype).itemsize
+                     if request.want_features else 0) + (8 if request.want_labels else 0) \
+            + (8 if request.want_original_ids else 0)
+        rows = max(1, self.chunk_bytes // max(row_bytes, 1))
+        slices = [(i, min(i + rows, nodes.size)) for i in range(0, max(nodes.size, 1), rows)]
+        for k, (a, b) in enumerate(slices):
+            x, y = reader.gather(torch.from_numpy(nodes[a:b]), dtype)
+            orig = reader.orig_ids(torch.from_numpy(nodes[a:b])) if request.want_original_ids else None
+            pieces = [codec.row_piece(name, cast_features(part, dtype) if name == "x" else part,
+                                      a, nodes.size)
+                      for name, part in (("x", x), ("y", y), ("orig_id", orig)) if part is not None]
+            # the rows' bytes copied once, into the message (protos.fastwire)
+            yield fastwire.encode_message(pb.NodeDataChunk(chunk_index=k, num_chunks=len(slices)), pieces)
