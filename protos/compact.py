@@ -4,7 +4,7 @@ A trainer that sets ``compact_indices`` receives a batch's index and label tenso
 narrowest integer dtype that holds their values, and ``edge_index`` as its sources plus
 the number of edges sampled per target node (the targets of a batch are its frontier
 nodes in ``n_id`` order, so row 1 of ``edge_index`` is determined by those counts).
-:func:`compact_batch` builds the tensors on the server; :func:`expand_edges`,
+the server builds the tensors (:func:`sampling_server.produce.structure_tensors`); :func:`expand_edges`,
 :func:`widen` and :func:`unpack_mask` give the trainer back exactly the tensors of the
 non-compact form (int64 ``edge_index``, ``n_id``, ``orig_id`` and ``y``, a bool mask).
 The layout is documented in ``docs/wire.md`` ("Compact structure").
@@ -27,7 +27,6 @@ __all__ = [
     "COUNT_DTYPES",
     "INDEX_DTYPES",
     "LABEL_DTYPES",
-    "compact_batch",
     "edges_per_target",
     "expand_edges",
     "expand_sources",
@@ -77,23 +76,6 @@ def unpack_mask(bits: torch.Tensor, num: int) -> torch.Tensor:
     _check_bits(bits, num)
     mask = np.unpackbits(bits.numpy(), count=num, bitorder="little").view(np.bool_)
     return torch.from_numpy(mask)
-
-
-def compact_batch(n_id: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
-                  num_sampled_nodes: Sequence[int]) -> dict[str, torch.Tensor]:
-    """The compact structure tensors of one batch: "n_id", and "edge_src" (+ "edge_new") +
-    "edge_count" when ``col`` lists the targets in order (as the samplers produce it),
-    else "edge_index" (int32 when it fits). All on the CPU."""
-    num_targets = int(n_id.numel()) - int(num_sampled_nodes[-1])
-    named: dict[str, torch.Tensor] = {"n_id": narrowest(n_id.cpu(), INDEX_DTYPES)}
-    row, col = row.cpu(), col.cpu()
-    counts = edges_per_target(col, num_targets)
-    if counts is None:
-        named["edge_index"] = narrowest(torch.stack([row, col]), INDEX_DTYPES)
-        return named
-    named.update(_sources(row, int(num_sampled_nodes[0]), int(n_id.numel())))
-    named["edge_count"] = counts
-    return named
 
 
 def edges_per_target(col: torch.Tensor, num_targets: int) -> torch.Tensor | None:

@@ -143,16 +143,16 @@ class PartitionStore:
         self.feature_dtype = self.feature_dtypes.get(m.target_type, pb.FLOAT32)
         #: Hex SHA-256 of the manifest's canonical JSON: equal on every server of the graph.
         self.graph_fingerprint = manifest_fingerprint(m.to_json())
+        #: The whole graph's in-edges / features and labels when the server holds them
+        #: (None: the partition's own).
+        self._structure: Structure | None = None
+        self._node_data: NodeData | None = None
         if config.structure == "full":  # every partition's files here (sizes and headers)
             check_files(config.partition_dir, structure_records(m), "size")
         if config.features == "full":
             if config.structure == "partition":  # not on a GPU then
                 self._choose_features()
             check_files(config.partition_dir, node_data_records(m), "size")
-        #: The whole graph's in-edges / features and labels when the server holds them
-        #: (None: the partition's own).
-        self._structure: Structure | None = None
-        self._node_data: NodeData | None = None
         self._partition: Partition | None = None
         self._samplers: dict[tuple[bool, bool], NeighborSampler] = {}
         self._orig_orders: dict[str, np.ndarray] = {}

@@ -16,20 +16,32 @@ from graph_fixtures import _node_data, mixed_graph, write_and_load
 from test_loader import TIMEOUTS, real_servers
 
 from partitioner.format import load_partition
-from partitioner.graph import GraphData
+from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, GraphData
 from protos import compact
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import GraphfeedError, create_channel
 from protos.codec import TensorAssembler, dtype_to_torch
 from sampling_server.config import HOT_ORDERS, ConfigError, ServerConfig
-from sampling_server.hot import HotNodes, hot_order, in_degree_order, visit_scores
-from sampling_server.sampler import batch_key, create_sampler
+from sampling_server.hot import HotNodes
+from sampling_server.hot_order import hot_order, in_degree_order, visit_scores
+from sampling_server.produce import structure_tensors
+from sampling_server.sampler import SamplerOutput, batch_key, create_sampler
 from sampling_server.store import PartitionStore
 from trainer_client.decode import BatchAssembler, BatchDecodeError, BatchSpec, DecodedBatch
 from trainer_client.loader import Cluster, RemoteNeighborLoader
 
 FANOUTS = [5, 3]
+N, E = PLAIN_NODE_TYPE, PLAIN_EDGE_TYPE
+
+
+def plain_compact(n_id: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
+                  num_sampled_nodes: list[int]) -> dict[str, torch.Tensor]:
+    """The compact structure tensors of a plain batch, as a server names them."""
+    out = SamplerOutput(input_type=N, node={N: n_id}, row={E: row}, col={E: col},
+                        num_sampled_nodes={N: num_sampled_nodes},
+                        num_sampled_edges={E: [int(row.numel())] + [0] * (len(num_sampled_nodes) - 2)})
+    return {k: torch.as_tensor(v) for k, v in structure_tensors(out, lambda kind, _: kind, True).items()}
 
 
 @pytest.fixture(scope="module")
@@ -72,28 +84,28 @@ def test_sampled_edges_round_trip_through_sources_and_counts(tmp_path: Path) -> 
     sampler = create_sampler(part, device="cpu")
     seeds = np.asarray(part.splits["train"])[:16]
     for i in range(3):
-        out = sampler.sample(seeds, [4, 3, 2], batch_key(1, 0, 0, i))
-        named = compact.compact_batch(out.n_id, out.row, out.col, out.num_sampled_nodes)
+        out = sampler.sample(seeds, N, [4, 3, 2], batch_key(1, 0, 0, i))
+        named = {k: torch.as_tensor(v) for k, v in structure_tensors(out, lambda kind, _: kind, True).items()}
+        n_id, row = out.node[N], out.row[E]
         assert set(named) == {"n_id", "edge_src", "edge_new", "edge_count"}
         assert named["n_id"].dtype == named["edge_src"].dtype == torch.int32
         assert named["edge_count"].dtype == named["edge_new"].dtype == torch.uint8
-        assert named["edge_count"].numel() == out.n_id.numel() - out.num_sampled_nodes[-1]
-        num_new = out.n_id.numel() - out.batch_size
-        assert named["edge_src"].numel() == out.row.numel() - num_new  # only the repeats
-        src = compact.expand_sources(named["edge_src"], named["edge_new"], out.row.numel(),
-                                     out.batch_size)
+        assert named["edge_count"].numel() == n_id.numel() - out.num_sampled_nodes[N][-1]
+        num_new = n_id.numel() - out.batch_size
+        assert named["edge_src"].numel() == row.numel() - num_new  # only the repeats
+        src = compact.expand_sources(named["edge_src"], named["edge_new"], row.numel(), out.batch_size)
         edge_index = compact.expand_edges(src, named["edge_count"])
-        assert edge_index.dtype == torch.int64 and torch.equal(edge_index, out.edge_index)
-        assert torch.equal(compact.widen(named["n_id"]), out.n_id)
+        assert edge_index.dtype == torch.int64 and torch.equal(edge_index, out.edge_index(E))
+        assert torch.equal(compact.widen(named["n_id"]), n_id)
 
 
 def test_sources_not_numbered_by_first_reach_travel_whole() -> None:
     # node 3 is reached before node 2: no "edge_new", every source in "edge_src"
-    named = compact.compact_batch(torch.arange(4), torch.tensor([3, 2, 0]), torch.tensor([0, 1, 1]),
+    named = plain_compact(torch.arange(4), torch.tensor([3, 2, 0]), torch.tensor([0, 1, 1]),
                                   [2, 2])
     assert set(named) == {"n_id", "edge_src", "edge_count"}
     assert named["edge_src"].tolist() == [3, 2, 0]
-    named = compact.compact_batch(torch.arange(4), torch.tensor([2, 0, 3, 2]), torch.tensor([0, 0, 1, 1]),
+    named = plain_compact(torch.arange(4), torch.tensor([2, 0, 3, 2]), torch.tensor([0, 0, 1, 1]),
                                   [2, 2])
     assert named["edge_src"].tolist() == [0, 2]
     src = compact.expand_sources(named["edge_src"], named["edge_new"], 4, 2)
@@ -176,7 +188,7 @@ def test_expanding_sources_names_what_does_not_fit() -> None:
 
 def test_edges_out_of_target_order_travel_as_an_edge_index() -> None:
     n_id = torch.arange(4)
-    named = compact.compact_batch(n_id, torch.tensor([2, 3]), torch.tensor([1, 0]), [2, 2])
+    named = plain_compact(n_id, torch.tensor([2, 3]), torch.tensor([1, 0]), [2, 2])
     assert set(named) == {"n_id", "edge_index"} and named["edge_index"].dtype == torch.int32
     assert named["edge_index"].tolist() == [[2, 3], [1, 0]]
     with pytest.raises(ValueError, match="summing to the 3 entries of edge_src, got a sum of 2"):
@@ -306,8 +318,8 @@ def test_owned_ranges_outside_the_partition_are_refused(servers: tuple[Path, lis
     _, addresses = servers
     with Cluster(addresses, connect_timeout=30) as cluster:
         start, stop = (int(v) for v in cluster.partition_book[1:3])
-        for first, count, pattern in [(start, stop - start + 1, "owned_range: expected global IDs owned"),
-                                      (0, 1, "owned_range: expected global IDs owned by partition 1"),
+        for first, count, pattern in [(start, stop - start + 1, "owned_range: expected global node IDs owned"),
+                                      (0, 1, "owned_range: expected global node IDs owned by partition 1"),
                                       (start, 1 << 22, r"owned_range.count: expected 0 \.\. 2097152")]:
             request = pb.LookupNodesRequest(owned_range=pb.NodeRange(first=first, count=count))
             with pytest.raises(GraphfeedError, match=pattern) as info:
@@ -321,14 +333,15 @@ def test_owned_ranges_outside_the_partition_are_refused(servers: tuple[Path, lis
 def test_the_hot_order_is_deterministic(servers: tuple[Path, list[str]]) -> None:
     out, _ = servers
     for p in range(2):
-        a, b = hot_order(load_partition(out, p)), hot_order(load_partition(out, p, mmap=False))
+        a, b = hot_order(load_partition(out, p), N), hot_order(load_partition(out, p, mmap=False), N)
         part = load_partition(out, p)
-        start, stop = part.node_range
+        start, stop = part.node_range(N)
         assert a.dtype == np.int64 and np.array_equal(a, b)
         assert np.array_equal(np.sort(a), np.arange(start, stop))  # a permutation of the owned nodes
-        assert np.array_equal(hot_order(part, "in_degree_v1"), in_degree_order(part.indptr, start))
+        assert np.array_equal(hot_order(part, N, "in_degree_v1"),
+                              in_degree_order([part.indptr[E]], start, stop - start))
     with pytest.raises(ValueError, match="rule: expected one of"):
-        hot_order(part, "pagerank")
+        hot_order(part, N, "pagerank")
 
 
 def test_nodes_no_training_node_reaches_come_after_those_it_does(tmp_path: Path) -> None:
@@ -339,22 +352,22 @@ def test_nodes_no_training_node_reaches_come_after_those_it_does(tmp_path: Path)
     graph = GraphData(name="hub", num_nodes=31, edge_index=np.stack([src, dst]), num_classes=2,
                       splits={"train": np.array([0], dtype=np.int64)}, **_node_data(31, 3, 2))
     part = write_and_load(graph, tmp_path / "hub", 1)[0]
-    assert in_degree_order(part.indptr, 0)[0] == 10
-    order = hot_order(part)
+    assert in_degree_order([part.indptr[E]], 0, 31)[0] == 10
+    order = hot_order(part, N)
     assert order[:5].tolist() == [0, 1, 2, 3, 10]  # reached (by score), then by in-degree
 
 
 def test_every_node_a_batch_holds_has_a_positive_score(tmp_path: Path) -> None:
     part = write_and_load(mixed_graph(300, seed=2), tmp_path / "g", 1)[0]
     sampler = create_sampler(part, device="cpu")
-    train = np.asarray(part.splits["train"])[:5]
-    score = visit_scores(part.indptr, part.indices, 0, train, fanouts=(2, 2), batch=2)
-    assert np.array_equal(score, visit_scores(part.indptr, part.indices, 0, train, (2, 2), 2))
-    assert 0 < int((score > 0).sum()) < part.num_nodes
-    seen = np.zeros(part.num_nodes, dtype=bool)
+    train = np.asarray(part.splits["train"])
+    score = visit_scores(part, fanouts=(2, 2), batch=2)[N]
+    assert np.array_equal(score, visit_scores(part, (2, 2), 2)[N])
+    assert 0 < int((score > 0).sum()) < part.num_nodes(N)
+    seen = np.zeros(part.num_nodes(N), dtype=bool)
     for i in range(40):
         seeds = np.random.default_rng(i).choice(train, size=2, replace=False)
-        seen[sampler.sample(seeds, [2, 2], batch_key(0, 0, 0, i)).n_id.numpy()] = True
+        seen[sampler.sample(seeds, N, [2, 2], batch_key(0, 0, 0, i)).node[N].numpy()] = True
     assert (score[seen] > 0).all()
     assert (score[train] >= 2 / train.size).all()
 
@@ -369,6 +382,6 @@ def test_a_server_ranks_by_the_rule_its_config_names(servers: tuple[Path, list[s
         store.load()
         assert store.cluster_info().hot_order == rule
         order = HotNodes(store, lambda: None).own_order()
-        assert np.array_equal(order, hot_order(load_partition(out, 1), rule))
-    assert not np.array_equal(hot_order(load_partition(out, 1), "visits_v1"),
-                              hot_order(load_partition(out, 1), "in_degree_v1"))
+        assert np.array_equal(order, hot_order(load_partition(out, 1), N, rule))
+    assert not np.array_equal(hot_order(load_partition(out, 1), N, "visits_v1"),
+                              hot_order(load_partition(out, 1), N, "in_degree_v1"))

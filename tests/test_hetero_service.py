@@ -21,23 +21,31 @@ from test_limits import METHODS, _structured, call_raw, mutated
 from test_loader import TIMEOUTS
 from torch_geometric.data import HeteroData
 
+from partitioner.format import load_node_map, load_partition, read_manifest
 from partitioner.graph import EdgeType
 from partitioner.typed import TypedGraphData
-from partitioner.hetero_writer import partition_hetero_graph
+from partitioner.writer import partition_graph
 from protos import codec
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import create_channel
-from sampling_server.config import ConfigError, ServerConfig
-from sampling_server.sampler import batch_key, to_hetero_data
-from sampling_server.sampler.hetero_cpu import CpuHeteroSampler
+from sampling_server.config import ServerConfig
+from sampling_server.sampler import CpuNeighborSampler, batch_key, to_pyg_data
 from sampling_server.server import create_server
 from tests.hetero_fixtures import tiny_hetero
-from tests.hetero_sampler_checks import load_all, node_maps
 from tests.server_procs import ServerProcs
 from trainer_client.loader import RemoteNeighborLoader
 
 FANOUTS = [3, 2]
+def load_all(root: Path) -> list:  # type: ignore[type-arg]
+    return [load_partition(root, p) for p in range(read_manifest(root).num_partitions)]
+
+
+def node_maps(root: Path, graph: TypedGraphData) -> dict[str, np.ndarray]:
+    """Original ID -> global ID, per node type, of the partitioning at ``root``."""
+    return {t: np.asarray(load_node_map(root, t)) for t in graph.node_types}
+
+
 DICT_FANOUTS: dict[EdgeType | str, list[int]] = {
     ("author", "writes", "paper"): [2, 2], "paper__rev_writes__author": [3, 1],
     "paper__cites__paper": [2, 0]}
@@ -51,14 +59,14 @@ def graph() -> TypedGraphData:
 @pytest.fixture(scope="module")
 def one(graph: TypedGraphData, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("typed-1")
-    partition_hetero_graph(graph, 1, root, method="random", seed=0, progress=False)
+    partition_graph(graph, 1, root, method="random", seed=0, progress=False)
     return root
 
 
 @pytest.fixture(scope="module")
 def two(graph: TypedGraphData, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("typed-2")
-    partition_hetero_graph(graph, 2, root, method="hash", seed=0, progress=False)
+    partition_graph(graph, 2, root, method="hash", seed=0, progress=False)
     return root
 
 
@@ -144,7 +152,7 @@ def test_cluster_info_advertises_the_typed_graph(cluster: list[str], graph: Type
         assert n.feature_dtype == (pb.FLOAT32 if n.name == "paper" else pb.DTYPE_UNSPECIFIED)
         assert len(n.partition_book) == 3 and n.partition_book[-1] == n.num_nodes
     assert [e.num_edges for e in typed.edge_types] == [graph.num_edges(et) for et in graph.edge_types]
-    assert info.num_nodes == 30 and info.feature_dim == 4 and info.hot_order == "in_degree_v1"
+    assert info.num_nodes == 30 and info.feature_dim == 4 and info.hot_order == "visits_v1"
     assert sum(s.train for s in info.split_sizes) == len(graph.splits["train"])
 
 
@@ -322,16 +330,30 @@ def test_bad_typed_requests_get_clear_errors(cluster: list[str]) -> None:
         assert info[0] == grpc.StatusCode.OK
 
 
-def test_a_typed_server_refuses_the_full_structure_and_every_feature(two: Path) -> None:
-    with pytest.raises(ConfigError, match="structure: expected 'partition' or 'auto' for a typed"):
-        create_server(_config(two, 0, structure="full"))
-    with pytest.raises(ConfigError, match="features: expected 'partition' or 'auto' for a typed"):
-        create_server(_config(two, 0, features="full"))
-    server, _ = create_server(_config(two, 0, structure="auto", features="auto"))
-    try:
-        assert server.store.structure_mode == server.store.features_mode == "partition"
-    finally:
-        server.stop(None).wait(10)
+def test_typed_servers_holding_the_whole_graph_send_the_same_batches(two: Path) -> None:
+    """Typed graphs as plain ones: servers holding every partition's structure and
+    features (``full``, and ``auto`` on this small graph) draw and gather every batch
+    themselves, and send what servers asking their peers send (uniform and with
+    replacement, float32 and bfloat16 with a cache plan)."""
+    def epoch(addresses: list[str], **kw: object) -> list[HeteroData]:
+        with RemoteNeighborLoader(addresses, input_nodes="train", num_neighbors=DICT_FANOUTS,
+                                  batch_size=6, shuffle=True, **kw, **TIMEOUTS) as loader:  # type: ignore[arg-type]
+            return list(loader)
+
+    cases: list[dict[str, object]] = [{}, {"replace": True}, {"feature_dtype": "bfloat16", "cache_size": 0.4}]
+    with served(two, 2, structure="partition", features="partition") as asking:
+        wanted = [epoch(asking, **kw) for kw in cases]
+    for setting in ("full", "auto"):
+        with served(two, 2, structure=setting, features=setting) as holding:
+            for kw, want in zip(cases, wanted, strict=True):
+                got = epoch(holding, **kw)
+                assert len(got) == len(want) > 0
+                for a, b in zip(got, want, strict=True):
+                    for key in [*a.node_types, *a.edge_types]:
+                        for name, value in b[key].items():
+                            same = torch.equal(a[key][name], value) if isinstance(value, torch.Tensor) \
+                                else a[key][name] == value
+                            assert same, (setting, kw, key, name)
 
 
 def test_bad_typed_loader_arguments_are_refused(cluster: list[str]) -> None:
@@ -378,7 +400,7 @@ def test_two_partitions_equal_the_whole_graph_sampler(
         cluster: list[str], graph: TypedGraphData, one: Path, replace: bool) -> None:
     """Global batches across two partitions (typed peers over gRPC) are exactly what the
     whole-graph in-process sampler draws for the same seeds and keys."""
-    whole = CpuHeteroSampler(load_all(one)[0], replace=replace)
+    whole = CpuNeighborSampler(load_all(one)[0], replace=replace)
     maps = node_maps(one, graph)
     for seed_type, num_neighbors in (("paper", FANOUTS), ("author", DICT_FANOUTS)):
         input_nodes = "train" if seed_type == "paper" else (seed_type, None)
@@ -397,8 +419,8 @@ def test_two_partitions_equal_the_whole_graph_sampler(
                 assert torch.equal(data["paper"].y, want.y)
                 for et in graph.edge_types:
                     assert torch.equal(data[et].edge_index, want.structure.edge_index(et)), (i, et)
-                # laid out as the in-process to_hetero_data lays it out
-                ref = to_hetero_data(want)
+                # laid out as the in-process to_pyg_data lays it out
+                ref = to_pyg_data(want)
                 for key in [*graph.node_types, *graph.edge_types]:
                     assert set(data[key].keys()) - {"input_id"} == set(ref[key].keys()), key
                 assert data.num_sampled_nodes == ref.num_sampled_nodes
@@ -490,7 +512,7 @@ def test_cuda_servers_send_the_cpu_sampler_batches(two: Path, one: Path,
                                                    graph: TypedGraphData) -> None:
     """On a real GPU: servers sampling with the typed CUDA sampler send the batches the
     whole-graph CPU sampler draws (the simulator serves one thread only, so not in CI)."""
-    whole = CpuHeteroSampler(load_all(one)[0])
+    whole = CpuNeighborSampler(load_all(one)[0])
     maps = node_maps(one, graph)
     with served(two, 2, device="cuda") as addresses, RemoteNeighborLoader(
             addresses, input_nodes="train", num_neighbors=FANOUTS, batch_size=7,
@@ -525,7 +547,7 @@ def test_a_partition_without_nodes_of_a_featured_type_serves(tmp_path: Path) -> 
     graph.x["topic"] = np.random.default_rng(1).standard_normal((6, 2)).astype(np.float64)
     graph = graph.add_reverse()
     root = tmp_path / "range-3"
-    partition_hetero_graph(graph, 3, root, method="range", seed=0, progress=False)
+    partition_graph(graph, 3, root, method="range", seed=0, progress=False)
     books = [part.node_range("topic") for part in load_all(root)]
     assert any(stop == start for start, stop in books)  # a partition without topics
     with served(root, 3) as addresses, RemoteNeighborLoader(
@@ -560,7 +582,7 @@ def test_peers_listed_in_the_wrong_order_are_refused(two: Path) -> None:
 
 
 def test_typed_arguments_on_a_homogeneous_graph_are_refused(tmp_path: Path) -> None:
-    from partitioner.partition import partition_graph
+    from partitioner import partition_graph
     from partitioner.synthetic import generate
 
     partition_graph(generate("small", progress=False), 1, tmp_path, method="range", progress=False)
@@ -606,7 +628,7 @@ def test_server_processes_serve_typed_batches_with_a_token(
                 pb.SampleNeighborsRequest(nodes=codec.encode_tensor(np.zeros(1, np.int64)),
                                           fanout=2, edge_type="author__writes__paper"), timeout=30))
             assert code == grpc.StatusCode.UNAUTHENTICATED
-        whole = CpuHeteroSampler(load_all(one)[0])
+        whole = CpuNeighborSampler(load_all(one)[0])
         maps = node_maps(one, graph)
         request = _typed_request(split="", fanouts=FANOUTS, batch_size=6, global_batches=True,
                                  include_features=True, include_labels=True,
@@ -683,7 +705,8 @@ def test_fuzzed_typed_requests_never_get_internal_or_unknown(cluster: list[str])
 
 def test_compact_typed_edges_fall_back_when_not_grouped_by_target() -> None:
     from protos.compact import expand_typed_sources
-    from sampling_server.hetero_pipeline import compact_typed
+    from sampling_server.produce import structure_tensors
+    from sampling_server.sampler.types import SamplerOutput
     from trainer_client.decode import BatchDecodeError
     from trainer_client.hetero_decode import _expanded
 
@@ -691,12 +714,16 @@ def test_compact_typed_edges_fall_back_when_not_grouped_by_target() -> None:
     # order and a again; b->a's edges are not grouped by target
     grouped = torch.tensor([[0, 1, 0, 2], [0, 0, 1, 1]])
     scattered = torch.tensor([[1, 0, 1], [1, 0, 1]])
-    nodes = {"a": [0, 3], "b": [2, 0]}
     edges = {"a__r__b": [4], "b__s__a": [3]}
-    out = compact_typed({"edge_index/a__r__b": grouped, "edge_index/b__s__a": scattered},
-                        nodes, edges)
-    assert sorted(out) == ["edge_count/a__r__b", "edge_index/b__s__a", "edge_new/a__r__b",
-                           "edge_src/a__r__b"]
+    ab, ba = ("a", "r", "b"), ("b", "s", "a")
+    sampled = SamplerOutput(input_type="b", node={"a": torch.arange(3), "b": torch.arange(2)},
+                            row={ab: grouped[0], ba: scattered[0]}, col={ab: grouped[1], ba: scattered[1]},
+                            num_sampled_nodes={"a": [0, 3], "b": [2, 0]},
+                            num_sampled_edges={ab: [4], ba: [3]})
+    out = structure_tensors(sampled, lambda kind, key: f"{kind}/{key if isinstance(key, str) else '__'.join(key)}",
+                            compact_form=True)
+    assert sorted(k for k in out if not k.startswith("n_id")) == [
+        "edge_count/a__r__b", "edge_index/b__s__a", "edge_new/a__r__b", "edge_src/a__r__b"]
     tensors = {k: torch.as_tensor(v) for k, v in out.items()}
     assert tensors["edge_count/a__r__b"].tolist() == [2, 2]
     assert tensors["edge_src/a__r__b"].tolist() == [0]  # the one edge that reaches a again
@@ -713,11 +740,17 @@ def test_compact_typed_edges_fall_back_when_not_grouped_by_target() -> None:
     with pytest.raises(BatchDecodeError, match="edge_count/a__r__b"):
         _expanded(tensors, ("a", "r", "b"), 4, 2, "batch 0", sources["a__r__b"])
     # sources not numbered as a sampler numbers them: every source travels
-    renumbered = compact_typed({"edge_index/a__r__b": torch.tensor([[2, 1, 0, 0], [0, 0, 1, 1]])},
-                               nodes, {"a__r__b": [4]})
+    def one_relation(row: list[int], col: list[int], a: list[int], b: list[int]) -> dict[str, object]:
+        sampled = SamplerOutput(input_type="b", node={"a": torch.arange(sum(a)), "b": torch.arange(sum(b))},
+                                row={ab: torch.tensor(row)}, col={ab: torch.tensor(col)},
+                                num_sampled_nodes={"a": a, "b": b}, num_sampled_edges={ab: [len(row)]})
+        named = structure_tensors(sampled, lambda kind, key: f"{kind}/{key if isinstance(key, str) else '__'.join(key)}",
+                                  compact_form=True)
+        return {k: v for k, v in named.items() if not k.startswith("n_id")}
+
+    renumbered = one_relation([2, 1, 0, 0], [0, 0, 1, 1], [0, 3], [2, 0])
     assert "edge_new/a__r__b" not in renumbered
-    assert renumbered["edge_src/a__r__b"].tolist() == [2, 1, 0, 0]  # type: ignore[union-attr]
+    assert renumbered["edge_src/a__r__b"].tolist() == [2, 1, 0, 0]  # type: ignore[attr-defined]
     # a target past the frontier: not grouped as the samplers group them
-    late = compact_typed({"edge_index/a__r__b": torch.tensor([[0], [5]])}, {"a": [0, 1], "b": [3, 0]},
-                         {"a__r__b": [1]})
+    late = one_relation([0], [5], [0, 1], [3, 0])
     assert list(late) == ["edge_index/a__r__b"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from partitioner.partition import partition_graph
+from partitioner import partition_graph
 from partitioner.synthetic import generate
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc

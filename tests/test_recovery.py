@@ -25,12 +25,12 @@ import torch
 from server_procs import ENV, REPO, ServerProcs, free_ports, health_status
 
 from partitioner import partition_graph
-from partitioner.synthetic import generate
+from partitioner.synthetic import generate_plain as generate
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import GraphfeedError, PeerError, ServerUnavailable, wait_ready
 from protos.codec import encode_tensor
-from sampling_server.peer import PeerClient
+from sampling_server.peer_client import PeerClient
 from trainer_client.loader import RemoteNeighborLoader
 
 #: A stand-in PeerService: each call touches a file, then either hangs (``slow``) or

@@ -25,19 +25,20 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from partitioner import load_node_data, load_structure, partition_graph
 from partitioner.format import PartitionFormatError, load_node_map, load_partition, read_manifest
-from partitioner.graph import GraphData
-from partitioner.synthetic import generate
+from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, GraphData
+from partitioner.synthetic import generate_plain as generate
 from protos import codec
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import PeerError, create_channel, server_options
 from sampling_server import cli
 from sampling_server.config import ConfigError, ServerConfig, config_from_cluster
-from sampling_server.peer import PeerClient
+from sampling_server.errors import Stopping, abort_on_error
+from sampling_server.jobs import epoch_job
+from sampling_server.peer_client import PeerClient
 from sampling_server.pipeline import SamplingPipeline
 from sampling_server.server import PEER_SERVICE, SamplingServer, create_server
-from sampling_server.servicer import epoch_job
-from sampling_server.store import PartitionStore, Stopping, abort_on_error, colocated_servers
+from sampling_server.store import PartitionStore, colocated_servers
 
 FANOUTS = [5, 3]
 TIMEOUT = 30.0
@@ -95,7 +96,7 @@ def truth(graph: GraphData, parts2: Path) -> Truth:
     orig[node_map] = np.arange(node_map.size)
     src, dst = graph.edge_index
     return Truth(graph=graph, orig_of=orig, edges=set((src * graph.num_nodes + dst).tolist()),
-                 book=np.asarray(read_manifest(parts2).partition_book))
+                 book=np.asarray(read_manifest(parts2).partition_book[PLAIN_NODE_TYPE]))
 
 
 @dataclass
@@ -231,8 +232,8 @@ def test_cluster_info(cluster: list[str], parts2: Path) -> None:
         assert info.partition_id == p
         assert info.num_partitions == 2 and info.num_nodes == manifest.num_nodes
         assert info.num_edges == manifest.num_edges
-        assert list(info.partition_book) == list(manifest.partition_book)
-        assert info.feature_dim == manifest.feature_dim and info.feature_dtype == pb.FLOAT32
+        assert list(info.partition_book) == list(manifest.partition_book[PLAIN_NODE_TYPE])
+        assert info.feature_dim == manifest.target.feature_dim and info.feature_dtype == pb.FLOAT32
         assert info.label_dtype == pb.INT64 and info.num_classes == manifest.num_classes
         assert [s.train for s in info.split_sizes] == \
             [q.split_sizes["train"] for q in manifest.partitions]
@@ -486,7 +487,7 @@ def test_a_peer_on_another_graph_or_partition_refuses_the_peer_calls(
 
 
 def test_a_peer_refusing_ends_the_stream_failed_precondition() -> None:
-    from sampling_server.store import abort_on_error
+    from sampling_server.errors import abort_on_error
 
     class Context:
         def abort(self, code: grpc.StatusCode, details: str) -> None:
@@ -857,13 +858,15 @@ def test_every_feature_needs_every_partition_s_files(parts2: Path, tmp_path: Pat
     store = PartitionStore(_config(parts2, 1, features="auto", structure="auto", mmap=False))
     store.load()
     assert store.features_mode == "full"
-    assert (store.sampler().hold_start, store.sampler().hold_stop) == (0, store.manifest.num_nodes)
+    t, et = PLAIN_NODE_TYPE, PLAIN_EDGE_TYPE
+    assert store.sampler().hold[t] == (0, store.manifest.num_nodes)
     # the partition's own arrays are its rows of the whole graph's, not a second copy
     part, alone = store.partition, load_partition(parts2, 1)
-    for name in ("x", "y", "indices", "orig_ids"):
-        assert np.array_equal(getattr(part, name), getattr(alone, name)), name
-    assert np.shares_memory(part.x, store.sampler().node_data.x)
-    assert np.shares_memory(part.indices, store.sampler().structure.indices)
+    assert np.array_equal(part.x[t], alone.x[t]) and np.array_equal(part.y, alone.y)
+    assert np.array_equal(part.indices[et], alone.indices[et])
+    assert np.array_equal(part.orig_ids[t], alone.orig_ids[t])
+    assert np.shares_memory(part.x[t], store.sampler().node_data.x[t])
+    assert np.shares_memory(part.indices[et], store.sampler().structure.indices[et])
 
 
 def test_servers_on_one_host_share_its_memory_for_auto() -> None:
@@ -902,7 +905,7 @@ def test_auto_takes_the_whole_structure_only_where_every_partition_s_files_are(
     store = PartitionStore(_config(parts2, 1, structure="auto"))
     store.load()
     assert store.structure_mode == "full"
-    assert store.sampler().draw_start == 0
+    assert store.sampler().draw[PLAIN_NODE_TYPE][0] == 0
     _auto_keeps_to_the_partition_where_a_file_is_bad(parts2, tmp_path / "bad", "structure",
                                                      "indices")
 
@@ -927,7 +930,7 @@ def _auto_keeps_to_the_partition_where_a_file_is_bad(parts2: Path, root: Path, f
         store.load()
         assert getattr(store, f"{field}_mode") == "partition", fault
         sampler = store.sampler()
-        start = sampler.draw_start if field == "structure" else sampler.hold_start
+        start = (sampler.draw if field == "structure" else sampler.hold)[PLAIN_NODE_TYPE][0]
         assert start == store.node_range[0] > 0, fault
     with pytest.raises(PartitionFormatError, match=rf"part-0/{role}\.npy: SHA-256 mismatch"):
         PartitionStore(_config(root, 1, **{field: "full"})).load()

@@ -25,7 +25,7 @@ def test_warmup_fills_the_kernel_cache(tmp_path: Path) -> None:
     # assigners, a trainer's node-table look-up.
     for kernel in ("cpu_kernels.sample_uniform_parallel", "cpu_gather.gather_rows_and_labels",
                    "cpu_fused.draw_and_look_up", "cpu_fused.number_seeds", "writer._scatter_in_edges",
-                   "algorithms._hash_parts", "hot._spread", "node_table._look_up",
+                   "algorithms._hash_parts", "hot_order._spread", "node_table._look_up",
                    "cpu_kernels._owners_released", "cpu_kernels._group_positions",
                    "cpu_kernels.id_min_max"):
         assert any(c.startswith(kernel) for c in cached), (kernel, sorted(cached))
