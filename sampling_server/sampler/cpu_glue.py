@@ -1,0 +1,160 @@
+"""Numba CPU helpers of a batch's glue that keep the interpreter lock (small inputs) or
+release it (large ones): ID ranges, owners by partition book, each owner's positions,
+takes, merged offsets, sums.
+
+A call that releases the interpreter lock (a ``nogil`` kernel, nearly every torch op,
+NumPy's loops over 500+ items) must take it back on return, and in a server whose other
+threads run Python that wait is up to the switch interval (5 ms) each time: a batch's
+many tiny torch calls (``aminmax``, ``stack``, ``detach``) each cost a wait. These
+helpers take microseconds, so they keep the lock and cost none.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+@numba.njit(cache=True)
+def id_min_max(ids: np.ndarray) -> tuple[int, int]:
+    """``(min, max)`` of a non-empty integer array, keeping the interpreter lock."""
+    lo = hi = ids[0]
+    for i in range(1, ids.size):  # branch-free: the compiler vectorizes it
+        lo = min(lo, ids[i])
+        hi = max(hi, ids[i])
+    return lo, hi
+
+
+@numba.njit(cache=True)
+def positions(n: int) -> np.ndarray:
+    """``0 .. n-1`` as int64, keeping the interpreter lock (NumPy's ``arange`` of many
+    items releases it)."""
+    return np.arange(n)
+
+
+#: Inputs of at least this many items are read with the interpreter lock released: their
+#: work (a few hundred microseconds and up) outweighs the wait to take it back, and other
+#: threads need the lock meanwhile.
+RELEASE_MIN_ITEMS = 65_536
+
+
+@numba.njit(cache=True)
+def _owners(book: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    if book.size > 65:  # many partitions: a binary search per ID
+        return np.searchsorted(book, ids, side="right") - 1
+    out = np.zeros(ids.size, dtype=np.int64)  # few: one vectorized compare per boundary
+    for j in range(1, book.size - 1):
+        bound = book[j]
+        for i in range(ids.size):
+            out[i] += ids[i] >= bound
+    return out
+
+
+@numba.njit(nogil=True, cache=True)
+def _owners_released(book: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    return _owners(book, ids)
+
+
+def owners(book: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Partition of each global ID (``book``: the partition book, the first ID of each
+    partition and the node count last; IDs in ``[0, book[-1])``), keeping the interpreter
+    lock for fewer than :data:`RELEASE_MIN_ITEMS` IDs."""
+    return (_owners_released if ids.size >= RELEASE_MIN_ITEMS else _owners)(book, ids)
+
+
+@numba.njit(cache=True)
+def _group_positions(owner: np.ndarray, num_parts: int) -> tuple[np.ndarray, np.ndarray]:
+    starts = np.zeros(num_parts + 1, dtype=np.int64)
+    for i in range(owner.size):
+        if owner[i] < 0 or owner[i] >= num_parts:
+            raise ValueError("group_positions: an owner outside [0, num_parts)")
+        starts[owner[i] + 1] += 1
+    for p in range(num_parts):
+        starts[p + 1] += starts[p]
+    fill = starts[:-1].copy()
+    order = np.empty(owner.size, dtype=np.int64)
+    for i in range(owner.size):
+        p = owner[i]
+        order[fill[p]] = i
+        fill[p] += 1
+    return order, starts
+
+
+@numba.njit(nogil=True, cache=True)
+def _group_positions_released(owner: np.ndarray, num_parts: int) -> tuple[np.ndarray, np.ndarray]:
+    return _group_positions(owner, num_parts)
+
+
+def group_positions(owner: np.ndarray, num_parts: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, starts)``: the positions of partition ``p``'s entries of ``owner`` are
+    ``order[starts[p]:starts[p + 1]]``, in order (a counting sort; an owner outside
+    ``[0, num_parts)`` raises ``ValueError``), keeping the interpreter lock for fewer
+    than :data:`RELEASE_MIN_ITEMS` entries."""
+    fn = _group_positions_released if owner.size >= RELEASE_MIN_ITEMS else _group_positions
+    return fn(owner, num_parts)
+
+
+@numba.njit(cache=True)
+def _take(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    out = np.empty(positions.size, dtype=values.dtype)
+    for i in range(positions.size):
+        out[i] = values[positions[i]]
+    return out
+
+
+@numba.njit(nogil=True, cache=True)
+def _take_released(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    return _take(values, positions)
+
+
+def take(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """``values[positions]`` (1-D), keeping the interpreter lock for fewer than
+    :data:`RELEASE_MIN_ITEMS` positions."""
+    return (_take_released if positions.size >= RELEASE_MIN_ITEMS else _take)(values, positions)
+
+
+@numba.njit(cache=True)
+def _run_offsets(frontier_size: int, positions: np.ndarray, counts: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    full = np.zeros(frontier_size, dtype=np.int64)
+    for i in range(positions.size):
+        full[positions[i]] = counts[i]
+    offsets = np.empty(frontier_size, dtype=np.int64)
+    acc = 0
+    for i in range(frontier_size):
+        offsets[i] = acc
+        acc += full[i]
+    return full, offsets
+
+
+@numba.njit(nogil=True, cache=True)
+def _run_offsets_released(frontier_size: int, positions: np.ndarray, counts: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    return _run_offsets(frontier_size, positions, counts)
+
+
+def run_offsets(frontier_size: int, positions: np.ndarray, counts: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """``(counts, offsets)`` of a frontier whose entries ``positions[i]`` drew
+    ``counts[i]`` neighbors (every entry once): per entry, in frontier order, and the
+    exclusive prefix sum, keeping the interpreter lock for frontiers under
+    :data:`RELEASE_MIN_ITEMS`."""
+    fn = _run_offsets_released if frontier_size >= RELEASE_MIN_ITEMS else _run_offsets
+    return fn(frontier_size, positions, counts)
+
+
+@numba.njit(cache=True)
+def total(counts: np.ndarray) -> int:
+    """The sum of an integer array, keeping the interpreter lock."""
+    acc = 0
+    for i in range(counts.size):
+        acc += counts[i]
+    return acc
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _parallel_sum(n: int) -> int:
+    total = 0
+    for i in numba.prange(n):
+        total += i
+    return total
