@@ -23,7 +23,7 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from partitioner import load_node_data, load_structure, partition_graph
+from partitioner import partition_graph
 from partitioner.format import PartitionFormatError, load_node_map, load_partition, read_manifest
 from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, GraphData
 from partitioner.synthetic import generate_plain as generate
@@ -798,17 +798,6 @@ def test_servers_holding_every_feature_but_their_own_structure_ask_their_peers_f
         assert [_stage_calls(s, "peer_fetch") for s in servers] == fetched
     finally:
         _stop(servers)
-
-
-def test_servers_holding_the_whole_graph_count_its_bytes_in_their_metrics(
-        parts2: Path, full_graph: list[SamplingServer]) -> None:
-    whole = [load_structure(parts2).nbytes, load_node_data(parts2).nbytes]
-    for s in full_graph:
-        held = [s.metrics.registry.get_sample_value(
-            "graphfeed_held_bytes",
-            {"partition": str(s.store.partition_id), "what": what, "extent": "full"})
-            for what in ("structure", "features")]
-        assert held == whole
 
 
 def test_servers_holding_the_whole_graph_match_on_relabelled_float16_partitions(

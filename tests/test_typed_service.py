@@ -1,7 +1,7 @@
-"""Typed graphs through the service: servers on format v2 partitions (in process and as
-processes), typed peers across partitions, the typed wire and RemoteNeighborLoader
-yielding PyG HeteroData, checked against the original graph and the whole-graph
-in-process typed sampler."""
+"""What only typed graphs have through the service: the typed ClusterInfo, typed
+requests and their refusals, PyG's typed ``input_nodes`` and ``num_neighbors`` forms,
+node types without features or without nodes in a partition, servers as processes.
+What both kinds share is tested on both in test_service.py."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import create_channel
 from sampling_server.config import ServerConfig
-from sampling_server.sampler import CpuNeighborSampler, batch_key, to_pyg_data
+from sampling_server.sampler import CpuNeighborSampler, batch_key
 from sampling_server.server import create_server
 from tests.hetero_fixtures import tiny_hetero
 from tests.server_procs import ServerProcs
@@ -196,24 +196,6 @@ def test_typed_servers_start_without_errors(two: Path, caplog: pytest.LogCapture
     assert errors == []
 
 
-def test_a_typed_server_counts_the_bytes_it_holds_in_its_metrics(one: Path) -> None:
-    """Every type's in-edges and original IDs, its features and the labels: the
-    partition's own."""
-    server, _ = create_server(_config(one, 0))
-    server.start()
-    try:
-        assert server.wait_until_serving(60)
-        part = server.store.partition
-        held = {what: server.metrics.registry.get_sample_value(
-            "graphfeed_held_bytes", {"partition": "0", "what": what, "extent": "partition"})
-            for what in ("structure", "features")}
-    finally:
-        server.stop(None).wait(10)
-    edges = sum(part.indptr[et].nbytes + part.indices[et].nbytes for et in part.indices)
-    assert held["structure"] == edges + sum(a.nbytes for a in part.orig_ids.values())
-    assert held["features"] == sum(a.nbytes for a in part.x.values()) + part.y.nbytes > 0
-
-
 def _typed_request(**kw: object) -> pb.EpochRequest:
     settings: dict[str, object] = {"split": "train", "fanouts": [2], "batch_size": 4,
                                    "world_size": 1}
@@ -330,32 +312,6 @@ def test_bad_typed_requests_get_clear_errors(cluster: list[str]) -> None:
         assert info[0] == grpc.StatusCode.OK
 
 
-def test_typed_servers_holding_the_whole_graph_send_the_same_batches(two: Path) -> None:
-    """Typed graphs as plain ones: servers holding every partition's structure and
-    features (``full``, and ``auto`` on this small graph) draw and gather every batch
-    themselves, and send what servers asking their peers send (uniform and with
-    replacement, float32 and bfloat16 with a cache plan)."""
-    def epoch(addresses: list[str], **kw: object) -> list[HeteroData]:
-        with RemoteNeighborLoader(addresses, input_nodes="train", num_neighbors=DICT_FANOUTS,
-                                  batch_size=6, shuffle=True, **kw, **TIMEOUTS) as loader:  # type: ignore[arg-type]
-            return list(loader)
-
-    cases: list[dict[str, object]] = [{}, {"replace": True}, {"feature_dtype": "bfloat16", "cache_size": 0.4}]
-    with served(two, 2, structure="partition", features="partition") as asking:
-        wanted = [epoch(asking, **kw) for kw in cases]
-    for setting in ("full", "auto"):
-        with served(two, 2, structure=setting, features=setting) as holding:
-            for kw, want in zip(cases, wanted, strict=True):
-                got = epoch(holding, **kw)
-                assert len(got) == len(want) > 0
-                for a, b in zip(got, want, strict=True):
-                    for key in [*a.node_types, *a.edge_types]:
-                        for name, value in b[key].items():
-                            same = torch.equal(a[key][name], value) if isinstance(value, torch.Tensor) \
-                                else a[key][name] == value
-                            assert same, (setting, kw, key, name)
-
-
 def test_bad_typed_loader_arguments_are_refused(cluster: list[str]) -> None:
     cases: list[tuple[dict[str, object], str]] = [
         ({"input_nodes": ("venue", [0])}, "input_nodes"),
@@ -395,63 +351,12 @@ def test_loader_yields_hetero_data_of_the_original_graph(
         assert sorted(torch.cat(seen).tolist()) == sorted(want.tolist())
 
 
-@pytest.mark.parametrize("replace", [False, True])
-def test_two_partitions_equal_the_whole_graph_sampler(
-        cluster: list[str], graph: TypedGraphData, one: Path, replace: bool) -> None:
-    """Global batches across two partitions (typed peers over gRPC) are exactly what the
-    whole-graph in-process sampler draws for the same seeds and keys."""
-    whole = CpuNeighborSampler(load_all(one)[0], replace=replace)
-    maps = node_maps(one, graph)
-    for seed_type, num_neighbors in (("paper", FANOUTS), ("author", DICT_FANOUTS)):
-        input_nodes = "train" if seed_type == "paper" else (seed_type, None)
-        with RemoteNeighborLoader(cluster, input_nodes=input_nodes, num_neighbors=num_neighbors,  # type: ignore[arg-type]
-                                  batch_size=5, shuffle=True, seed=7, replace=replace,
-                                  **TIMEOUTS) as loader:
-            loader.set_epoch(3)
-            for i, data in enumerate(loader):
-                seeds = data[seed_type].n_id[: data[seed_type].batch_size].numpy()
-                want = whole.minibatch(maps[seed_type][seeds], seed_type, num_neighbors,
-                                       batch_key(7, 3, 0, i))
-                for t in graph.node_types:
-                    assert torch.equal(data[t].n_id, want.orig_id[t]), (i, t)
-                    assert data[t].num_sampled_nodes == want.structure.num_sampled_nodes[t]
-                assert torch.equal(data["paper"].x, want.x["paper"])
-                assert torch.equal(data["paper"].y, want.y)
-                for et in graph.edge_types:
-                    assert torch.equal(data[et].edge_index, want.structure.edge_index(et)), (i, et)
-                # laid out as the in-process to_pyg_data lays it out
-                ref = to_pyg_data(want)
-                for key in [*graph.node_types, *graph.edge_types]:
-                    assert set(data[key].keys()) - {"input_id"} == set(ref[key].keys()), key
-                assert data.num_sampled_nodes == ref.num_sampled_nodes
-                assert data.num_sampled_edges == ref.num_sampled_edges
-
-
-def test_batches_split_over_many_messages_are_the_same(two: Path, cluster: list[str]) -> None:
-    """Servers whose messages hold 256 bytes of tensor data (typed batches and peer answers
-    spread over many chunks) send the same batches."""
-    def epoch(addresses: list[str]) -> list[HeteroData]:
-        with RemoteNeighborLoader(addresses, input_nodes="train", num_neighbors=DICT_FANOUTS,
-                                  batch_size=7, shuffle=True, **TIMEOUTS) as loader:
-            return list(loader)
-
-    with served(two, 2, chunk_bytes=256) as small:
-        got = epoch(small)
-    want = epoch(cluster)
-    assert len(got) == len(want) > 1
-    for a, b in zip(got, want, strict=True):
-        for key in [*a.node_types, *a.edge_types]:
-            for name, value in b[key].items():
-                assert torch.equal(a[key][name], value) if isinstance(value, torch.Tensor) \
-                    else a[key][name] == value, (key, name)
-
-
 def test_compact_typed_batches_are_narrow_on_the_wire_and_the_same_decoded(
         cluster: list[str]) -> None:
     """compact_indices on a typed request: IDs travel as INT32, each relation's edges as
     INT32 sources (less those marked as first reaching a node) plus narrow per-target
-    counts, labels as INT8 and cache masks as bits, and the loader's batches are the
-    int64 batches."""
+    counts, labels as INT8 and cache masks as bits (test_service.py: the loader's batches
+    are the int64 batches)."""
     request = _typed_request(include_labels=True, include_original_ids=True, compact_indices=True,
                              include_features=True, fanouts=[3, 2])
     request.typed_cache_counts.add(name="paper", counts=[3, 3])
@@ -466,45 +371,6 @@ def test_compact_typed_batches_are_narrow_on_the_wire_and_the_same_decoded(
         assert dtype == want, (name, dtype)
     assert any(name.startswith("edge_new/") for name in dtypes)
 
-    def epoch(compact: bool) -> list[HeteroData]:
-        with RemoteNeighborLoader(cluster, input_nodes="train", num_neighbors=DICT_FANOUTS,
-                                  batch_size=5, shuffle=True, compact_indices=compact,
-                                  cache_size=0.3, **TIMEOUTS) as loader:
-            return list(loader)
-
-    got, want = epoch(True), epoch(False)
-    assert len(got) == len(want) > 1
-    for a, b in zip(got, want, strict=True):
-        for key in [*a.node_types, *a.edge_types]:
-            assert set(a[key].keys()) == set(b[key].keys()), key
-            for name, value in b[key].items():
-                if isinstance(value, torch.Tensor):
-                    assert a[key][name].dtype == value.dtype and torch.equal(a[key][name], value), \
-                        (key, name)
-
-
-@pytest.mark.parametrize(("input_nodes", "batches"), [(("author", None), "global"),
-                                                      ("train", "partition")])
-def test_every_rank_gets_the_same_number_of_batches(
-        cluster: list[str], graph: TypedGraphData, input_nodes: object, batches: str) -> None:
-    world = 3
-    seed_type = "author" if isinstance(input_nodes, tuple) else "paper"
-    loaders = [RemoteNeighborLoader(cluster, input_nodes=input_nodes, num_neighbors=[2],  # type: ignore[arg-type]
-                                    batch_size=3, rank=r, world_size=world, shuffle=True,
-                                    batches=batches, **TIMEOUTS) for r in range(world)]
-    try:
-        counts = {len(loader) for loader in loaders}
-        assert len(counts) == 1
-        seen = []
-        for loader in loaders:
-            batches_ = list(loader)
-            assert len(batches_) == len(loader)
-            seen.extend(b[seed_type].n_id[: b[seed_type].batch_size].tolist() for b in batches_)
-        want = range(20) if seed_type == "author" else graph.splits["train"].tolist()
-        assert sorted(x for s in seen for x in s) == sorted(want)
-    finally:
-        for loader in loaders:
-            loader.close()
 
 
 @pytest.mark.gpu
@@ -525,19 +391,6 @@ def test_cuda_servers_send_the_cpu_sampler_batches(two: Path, one: Path,
                 assert torch.equal(data[t].n_id, want.orig_id[t]), (i, t)
             for et in graph.edge_types:
                 assert torch.equal(data[et].edge_index, want.structure.edge_index(et)), (i, et)
-
-
-def test_features_travel_in_the_requested_dtype(cluster: list[str], graph: TypedGraphData) -> None:
-    with RemoteNeighborLoader(cluster, input_nodes="train", num_neighbors=FANOUTS, batch_size=8,
-                              feature_dtype="bfloat16", return_internal_ids=True,
-                              **TIMEOUTS) as loader:
-        for data in loader:
-            x = data["paper"].x
-            assert x.dtype == torch.float32  # cast back on the device
-            want = torch.from_numpy(graph.x["paper"][data["paper"].n_id.numpy()])
-            assert torch.equal(x, want.to(torch.bfloat16).float())
-            for t in graph.node_types:  # graphfeed's own IDs on request
-                assert data[t].internal_n_id.shape == data[t].n_id.shape
 
 
 def test_a_partition_without_nodes_of_a_featured_type_serves(tmp_path: Path) -> None:
@@ -703,6 +556,10 @@ def test_fuzzed_typed_requests_never_get_internal_or_unknown(cluster: list[str])
             pb.ClusterInfoRequest(), timeout=30).HasField("typed")
 
 
+def _typed_name(kind: str, key: str | tuple[str, str, str]) -> str:
+    return f"{kind}/{key if isinstance(key, str) else '__'.join(key)}"
+
+
 def test_compact_typed_edges_fall_back_when_not_grouped_by_target() -> None:
     from protos.compact import expand_typed_sources
     from sampling_server.produce import structure_tensors
@@ -720,8 +577,7 @@ def test_compact_typed_edges_fall_back_when_not_grouped_by_target() -> None:
                             row={ab: grouped[0], ba: scattered[0]}, col={ab: grouped[1], ba: scattered[1]},
                             num_sampled_nodes={"a": [0, 3], "b": [2, 0]},
                             num_sampled_edges={ab: [4], ba: [3]})
-    out = structure_tensors(sampled, lambda kind, key: f"{kind}/{key if isinstance(key, str) else '__'.join(key)}",
-                            compact_form=True)
+    out = structure_tensors(sampled, _typed_name, compact_form=True)
     assert sorted(k for k in out if not k.startswith("n_id")) == [
         "edge_count/a__r__b", "edge_index/b__s__a", "edge_new/a__r__b", "edge_src/a__r__b"]
     tensors = {k: torch.as_tensor(v) for k, v in out.items()}
@@ -744,8 +600,7 @@ def test_compact_typed_edges_fall_back_when_not_grouped_by_target() -> None:
         sampled = SamplerOutput(input_type="b", node={"a": torch.arange(sum(a)), "b": torch.arange(sum(b))},
                                 row={ab: torch.tensor(row)}, col={ab: torch.tensor(col)},
                                 num_sampled_nodes={"a": a, "b": b}, num_sampled_edges={ab: [len(row)]})
-        named = structure_tensors(sampled, lambda kind, key: f"{kind}/{key if isinstance(key, str) else '__'.join(key)}",
-                                  compact_form=True)
+        named = structure_tensors(sampled, _typed_name, compact_form=True)
         return {k: v for k, v in named.items() if not k.startswith("n_id")}
 
     renumbered = one_relation([2, 1, 0, 0], [0, 0, 1, 1], [0, 3], [2, 0])
