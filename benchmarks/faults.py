@@ -36,7 +36,7 @@ from server_procs import ServerProcs, health_status
 from test_limits import METHODS, call_raw, fuzzed_request
 
 from partitioner import partition_graph
-from partitioner.synthetic import generate
+from partitioner.synthetic import generate_plain as generate
 from protos.channel import GraphfeedError
 from trainer_client.loader import RemoteNeighborLoader
 

@@ -124,13 +124,13 @@ def measure(addresses: list[str], cache: float, dtype: str, num_batches: int,
 def typed_partition(data: Path, preset: str, parts: int = 2) -> Path:
     """The typed ``preset`` with reverse relations in ``parts`` partitions under ``data``
     (written once; METIS for several, one range for one, as ``benchmarks/hetero.py``)."""
-    from partitioner.synthetic import generate
+    from partitioner.synthetic import generate_typed
     from partitioner.hetero_writer import partition_hetero_graph
 
     root = data / f"{preset}-hetero-{parts}"
     if not (root / "manifest.json").is_file():
         started = time.perf_counter()
-        graph = generate(preset, seed=0, progress=False).add_reverse()
+        graph = generate_typed(preset, seed=0, progress=False).add_reverse()
         partition_hetero_graph(graph, parts, root, method="metis" if parts > 1 else "range",
                                overwrite=True, progress=False)
         log.info("%s: generated and partitioned in %.1f s", root, time.perf_counter() - started)

@@ -42,7 +42,7 @@ from common import load_average, machine, spread, summarize_passes, time_batches
 
 from partitioner.typed import TypedGraphData
 from partitioner.hetero_format import load_hetero_node_map, load_hetero_partition
-from partitioner.synthetic import generate
+from partitioner.synthetic import generate_typed
 from partitioner.hetero_writer import partition_hetero_graph
 from sampling_server.sampler.hetero_cpu import CpuHeteroSampler
 
@@ -155,7 +155,7 @@ def main() -> int:
 
     keep_freed_memory()  # as the server does at start-up; applies to every row alike
     started = time.perf_counter()
-    graph = generate(args.preset, seed=0, progress=False).add_reverse()
+    graph = generate_typed(args.preset, seed=0, progress=False).add_reverse()
     root = args.data / f"{args.preset}-hetero-1"
     if not (root / "manifest.json").is_file():
         partition_hetero_graph(graph, 1, root, method="range", overwrite=True, progress=False)

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import machine, write_json
 
-from partitioner.synthetic import generate
+from partitioner.synthetic import generate_typed
 from partitioner.readers.pyg_hetero import to_pyg_hetero
 
 log = logging.getLogger("bench.hetero_learnability")
@@ -96,7 +96,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     rows = []
     for seed in args.seeds:
-        graph = generate(args.preset, seed=seed, progress=False).add_reverse()
+        graph = generate_typed(args.preset, seed=seed, progress=False).add_reverse()
         data = to_pyg_hetero(graph)
         torch.manual_seed(seed)
         x = data["paper"].x

@@ -205,7 +205,7 @@ def ensure_partitions(data: Path, preset: str, num_parts: int) -> Path:
     graph directory is the one ``benchmarks/sampler.py`` writes)."""
     from partitioner import partition_graph
     from partitioner.readers.graphdir import read_graph_dir, save_graph_dir
-    from partitioner.synthetic import generate
+    from partitioner.synthetic import generate_plain as generate
 
     graph_dir, part_dir = data / preset, data / f"{preset}-{num_parts}"
     if (part_dir / "manifest.json").is_file():

@@ -54,7 +54,7 @@ IN_FLIGHT = 2
 def ensure_partition(data: Path, preset: str) -> Path:
     """One-partition copy of ``preset`` under ``data`` (generated once)."""
     from partitioner.readers.graphdir import read_graph_dir, save_graph_dir
-    from partitioner.synthetic import generate
+    from partitioner.synthetic import generate_plain as generate
 
     graph_dir, part_dir = data / preset, data / f"{preset}-1"
     if (part_dir / "manifest.json").is_file():
@@ -79,23 +79,25 @@ def graphfeed_rows(part: Partition, device: str, n: int, topology: str = "device
                    gpu_cache_size: str | None = None) -> list[dict[str, Any]]:
     """Structure and + features rows; with ``gpu_cache_size`` (CUDA) the + features row
     alone, with that share of the feature rows in GPU memory and the rest host-mapped."""
+    from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE
     from sampling_server.sampler import create_sampler
     from sampling_server.sampler.rng import batch_key
 
+    t, et = PLAIN_NODE_TYPE, PLAIN_EDGE_TYPE
     sampler = create_sampler(part, device=device, topology=topology, gpu_cache_size=gpu_cache_size)
     name = device if device != "cuda" else f"cuda/{topology}"
     if gpu_cache_size is not None:
         name += f" gpu-cache {gpu_cache_size}"
 
     def structure(seeds: np.ndarray, i: int) -> int:
-        out = sampler.sample(seeds, FANOUTS, batch_key(0, 0, 0, i))
-        return int(out.row.numel())
+        out = sampler.sample(seeds, t, FANOUTS, batch_key(0, 0, 0, i))
+        return int(out.row[et].numel())
 
     def with_features(seeds: np.ndarray, i: int) -> int:
-        out = sampler.sample(seeds, FANOUTS, batch_key(0, 0, 0, i))
-        x, y = sampler.gather(out.n_id)
+        out = sampler.sample(seeds, t, FANOUTS, batch_key(0, 0, 0, i))
+        x, y = sampler.gather(t, out.node[t])
         assert x is not None and y is not None
-        return int(out.row.numel())
+        return int(out.row[et].numel())
 
     def sync(fn: Callable[[np.ndarray, int], int]) -> Callable[[np.ndarray, int], int]:
         if device != "cuda":

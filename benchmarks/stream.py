@@ -17,7 +17,7 @@ Rows (servers in their own processes, the client in this one):
   (``protos.fastwire.RowMessages``; written once per batch before the timed rows, as
   the replay starts from gathered batches), the batch's other tensors encoded per send
   by ``protos.fastwire``, each message just before it is sent, as the server does
-  (``sampling_server.pipeline.encode_ahead``);
+  (``sampling_server.messages.encode_ahead``);
 - five diagnostic rows at the default message size, to say where the replay's gap to
   the bare stream goes: ``graphfeed-replay, x encoded per send``: ``x`` encoded like the
   other tensors, a copy per send (the server's way until its gather wrote into the
@@ -144,35 +144,38 @@ def _sample_batches(part_dir: str, num_batches: int) -> list[tuple[dict[str, Any
 
     part = load_partition(part_dir, 0, verify="size", mmap=False)
     sampler = create_sampler(part, device="cpu")
+    t, (et,) = part.target_type, part.edge_types
     train = np.asarray(part.splits["train"])
     rng = np.random.default_rng(0)
     batches = []
     for i in range(num_batches):
-        mb = sampler.minibatch(rng.choice(train, BATCH, replace=False), FANOUTS, batch_key(0, 0, 0, i))
-        assert mb.x is not None and mb.y is not None
-        batches.append(({"n_id": mb.structure.n_id, "edge_index": mb.structure.edge_index,
-                         "x": mb.x, "y": mb.y}, mb.structure))
+        mb = sampler.minibatch(rng.choice(train, BATCH, replace=False), t, FANOUTS, batch_key(0, 0, 0, i),
+                               original_ids=False)
+        assert t in mb.x and mb.y is not None
+        batches.append(({"n_id": mb.structure.node[t], "edge_index": mb.structure.edge_index(et),
+                         "x": mb.x[t], "y": mb.y}, mb.structure))
     return batches
 
 
 def batch_head(out: Any, index: int, total: int) -> Any:
     """The message heads of batch ``index`` of ``total`` (its sampler output ``out``), as
-    the server's pipeline makes them (``sampling_server.pipeline.chunk_head``)."""
+    the server's pipeline makes them (``sampling_server.messages.chunk_head``)."""
     from protos import sampling_pb2 as pb
-    from sampling_server.pipeline import chunk_head
+    from sampling_server.messages import chunk_head
 
+    (nodes,), (edges,) = out.num_sampled_nodes.values(), out.num_sampled_edges.values()
     return chunk_head(index, pb.MinibatchHeader(
-        num_batches=total, num_seed_nodes=out.batch_size, num_sampled_nodes=out.num_sampled_nodes,
-        num_sampled_edges=out.num_sampled_edges))
+        num_batches=total, num_seed_nodes=out.batch_size, num_sampled_nodes=nodes,
+        num_sampled_edges=edges))
 
 
 def prepare_batch(named: dict[str, Any], out: Any, index: int, total: int, size: int) -> Any:
     """Batch ``index`` of ``total`` (its tensors ``named``, its sampler output ``out``) as
     the server's pipeline prepared it before its gather wrote ``x`` into the stream
-    messages (``sampling_server.pipeline.Prepared``): ``MinibatchChunk`` messages of
+    messages (``sampling_server.messages.Prepared``): ``MinibatchChunk`` messages of
     ``size`` bytes of tensor data, the first with the batch's header, each encoded by
     ``protos.fastwire`` when asked for."""
-    from sampling_server.pipeline import Prepared
+    from sampling_server.messages import Prepared
 
     return Prepared.of(batch_head(out, index, total), named, size)
 
@@ -237,7 +240,7 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
     """
     from protos import codec, fastwire
     from protos.allocator import keep_freed_memory
-    from sampling_server.pipeline import encode_ahead, taken_in_order
+    from sampling_server.messages import encode_ahead, taken_in_order
 
     keep_freed_memory()  # as the server's CLI does at start-up
     batches = _sample_batches(part_dir, num_batches)
@@ -261,7 +264,7 @@ def _bench_server(part_dir: str, num_batches: int, port: int, ready: Any) -> Non
 
     def prepare(index: int, total: int, size: int) -> Any:
         """The server's way: x in the messages its gather wrote, the rest encoded late."""
-        from sampling_server.pipeline import Prepared
+        from sampling_server.messages import Prepared
 
         b = index % len(batches)
         named, out = batches[b]

@@ -106,6 +106,14 @@ def generate_plain(preset: str | SyntheticPreset, seed: int = 0, progress: bool 
     return graph
 
 
+def generate_typed(preset: str | TypedPreset, seed: int = 0, progress: bool = True) -> TypedGraphData:
+    """:func:`generate` of a typed preset (refuses a plain one)."""
+    graph = generate(preset, seed, progress)
+    if not isinstance(graph, TypedGraphData):
+        raise ValueError(f"preset: expected a typed preset {sorted(TYPED_PRESETS)}, got {preset!r}")
+    return graph
+
+
 def _generate_plain(name: str, params: SyntheticPreset, seed: int, progress: bool) -> GraphData:
     if sum(params.split_sizes) > params.num_nodes:
         raise ValueError(f"split_sizes: expected at most {params.num_nodes} nodes in all")
