@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import machine, write_json
 
+from partitioner.readers.pyg import to_pyg
 from partitioner.synthetic import generate
-from partitioner.readers.pyg_hetero import to_pyg_hetero
 
 log = logging.getLogger("bench.hetero_learnability")
 
@@ -97,7 +97,7 @@ def main() -> int:
     rows = []
     for seed in args.seeds:
         graph = generate(args.preset, seed=seed, progress=False).add_reverse()
-        data = to_pyg_hetero(graph)
+        data = to_pyg(graph)
         torch.manual_seed(seed)
         x = data["paper"].x
         mlp = nn.Sequential(nn.Linear(x.shape[1], args.hidden), nn.ReLU(), nn.Dropout(0.5),
