@@ -114,19 +114,13 @@ def test_flipped_byte_fails_the_checksum_but_passes_a_size_check(root: Path) -> 
     assert int(part.indices[relation(m)][k]) == int(indices[k]) ^ 1
 
 
-def test_truncated_file_is_refused(root: Path) -> None:
-    path = file_path(root, 0, "x")
-    path.write_bytes(path.read_bytes()[:-3])
-    message = refused(root, verify="size")
-    assert str(path) in message and "truncated" in message
-
-
-def test_file_with_appended_bytes_is_refused(root: Path) -> None:
-    path = file_path(root, 1, "orig_ids")
-    with open(path, "ab") as f:
-        f.write(b"\0" * 8)
+@pytest.mark.parametrize(("damage", "needle"), [(lambda b: b[:-3], "truncated"),
+                                               (lambda b: b + b"\0" * 8, "larger than recorded")])
+def test_a_file_of_another_size_is_refused(root: Path, damage: Callable[[bytes], bytes], needle: str) -> None:
+    path = file_path(root, 1, "x")
+    path.write_bytes(damage(path.read_bytes()))
     message = refused(root, 1, verify="size")
-    assert str(path) in message and "larger than recorded" in message
+    assert str(path) in message and needle in message
 
 
 @pytest.mark.parametrize(
@@ -245,56 +239,53 @@ def test_partition_id_out_of_range_is_refused(root: Path, partition: int) -> Non
     assert f"got {partition}" in message and "[0, 2)" in message
 
 
-def _rewrite(root: Path, partition: int, kind: str, change: Callable[[np.ndarray, Manifest], None]) -> Path:
-    """Change partition ``partition``'s file ``kind`` in place and re-record it."""
+def _rewrite(root: Path, partition: int, kind: str, change: Callable[[np.ndarray, Manifest], np.ndarray],
+             rerecorded: bool = True) -> Path:
+    """Rewrite partition ``partition``'s file ``kind`` as ``change`` makes it (its manifest
+    record made to match where ``rerecorded``, so that only structural checks can catch it)."""
     path = file_path(root, partition, kind)
-    values = np.load(path)
-    change(values, read_manifest(root))
-    np.save(path, values)
-    rerecord(root, partition, kind)
+    np.save(path, change(np.load(path), read_manifest(root)))
+    if rerecorded:
+        rerecord(root, partition, kind)
     return path
 
 
-def _decrease(indptr: np.ndarray, m: Manifest) -> None:
+def _set(values: np.ndarray, index: int, value: int) -> np.ndarray:
+    values[index] = value
+    return values
+
+
+def _decrease(indptr: np.ndarray, m: Manifest) -> np.ndarray:
     i = int(np.flatnonzero(np.diff(indptr[:-1]) > 0)[0]) + 1  # 0 < i < n_p
-    indptr[i] = indptr[i + 1] + 1
+    return _set(indptr, i, indptr[i + 1] + 1)
 
 
-def _past_the_source_type(indices: np.ndarray, m: Manifest) -> None:
+def _past_the_source_type(indices: np.ndarray, m: Manifest) -> np.ndarray:
     """A source ID one past its type's count (in the typed graph, a valid paper ID but no
     author's)."""
-    indices[indices.size // 2] = m.node_types[relation(m)[0]].num_nodes
+    return _set(indices, indices.size // 2, m.node_types[relation(m)[0]].num_nodes)
 
 
-@pytest.mark.parametrize(("kind", "change", "needle"), [
-    ("indptr", _decrease, "decrease"),
-    ("indptr", lambda a, m: a.__setitem__(-1, a[-1] - 1), "offsets from 0 to"),
-    ("indices", _past_the_source_type, "source IDs in [0, "),
-    ("indices", lambda a, m: a.__setitem__(a.size // 2, -1), "source IDs in [0, "),
-], ids=["decreasing", "short-of-the-edges", "source-past-its-type", "negative-source"])
-def test_structure_beyond_the_checksums_is_checked(root: Path, kind: str,
-                                                   change: Callable[[np.ndarray, Manifest], None],
-                                                   needle: str) -> None:
+#: Rewrites of one file that pass every record check (file, kind, rewrite, the message).
+STRUCTURAL = {
+    "decreasing": ("indptr", _decrease, "offsets decrease"),
+    "short-of-the-edges": ("indptr", lambda a, m: _set(a, -1, a[-1] - 1), "expected offsets from 0 to"),
+    "source-past-its-type": ("indices", _past_the_source_type, "source IDs in [0, "),
+    "negative-source": ("indices", lambda a, m: _set(a, a.size // 2, -1), "source IDs in [0, "),
+    "weights-not-aligned": ("edge_weight", lambda a, m: a[:-1], "one per in-edge"),
+    "split-of-another-partition": ("train_idx", lambda a, m: _set(a, -1, m.partition_book[m.target_type][1]),
+                                   "owned by partition 0"),
+    "labels-short": ("y", lambda a, m: a[:-1], "one per owned node"),
+    "rows-short": ("x", lambda a, m: a[:-1], "rows of"),
+}
+
+
+@pytest.mark.parametrize("fault", STRUCTURAL)
+def test_structure_beyond_the_checksums_is_checked(root: Path, fault: str) -> None:
+    kind, change, needle = STRUCTURAL[fault]
     path = _rewrite(root, 0, kind, change)
     message = refused(root)
     assert str(path) in message and needle in message
-
-
-def test_split_ids_owned_by_another_partition_are_refused(root: Path) -> None:
-    def other(train: np.ndarray, m: Manifest) -> None:
-        train[-1] = m.partition_book[m.target_type][1]  # partition 1's first node
-
-    path = _rewrite(root, 0, "train_idx", other)
-    message = refused(root)
-    assert str(path) in message and "owned by partition 0" in message
-
-
-def test_weights_not_aligned_with_the_edges_are_refused(root: Path) -> None:
-    path = file_path(root, 1, "edge_weight")
-    np.save(path, np.load(path)[:-1])
-    rerecord(root, 1, "edge_weight")
-    message = refused(root, 1)
-    assert str(path) in message and "one per in-edge" in message
 
 
 def test_partition_book_file_disagreeing_with_manifest_is_refused(root: Path) -> None:
@@ -372,32 +363,32 @@ def test_the_whole_structure_joins_every_partition_s_in_edges(root: Path) -> Non
     assert load_structure(root, weights=False).edge_weight == {}
 
 
-@pytest.mark.parametrize("fault", ["checksum", "decreasing", "source"])
-def test_the_whole_structure_refuses_a_faulty_partition_naming_its_file(root: Path, fault: str) -> None:
-    kind = "indptr" if fault == "decreasing" else "indices"
-    path = file_path(root, 1, kind)
-    values = np.load(path)
-    m = read_manifest(root)
-    n_src = m.node_types[relation(m)[0]].num_nodes
-    if fault == "decreasing":
-        _decrease(values, m)
+def _bump_first(values: np.ndarray, m: Manifest) -> np.ndarray:
+    values.reshape(-1)[0] += 1  # a valid value still: only the checksum can tell
+    return values
+
+
+@pytest.mark.parametrize(("load", "fault", "needle"), [
+    (load_structure, "decreasing", "offsets decrease"),
+    (load_structure, "source-past-its-type", "source IDs in [0, "),
+    (load_structure, "indices", "SHA-256"),
+    (load_node_data, "rows-short", "expected shape"),
+    (load_node_data, "labels-short", "expected shape"),
+    (load_node_data, "x", "SHA-256"),
+])
+def test_the_whole_graph_refuses_a_faulty_partition_naming_its_file(
+    root: Path, load: Callable[[Path], object], fault: str, needle: str
+) -> None:
+    """``load_structure`` and ``load_node_data`` check each partition's files as
+    ``load_partition`` does: a changed value (fault: the file's kind) or a structural fault."""
+    if fault in STRUCTURAL:
+        kind, change, _ = STRUCTURAL[fault]
+        path = _rewrite(root, 1, kind, change)
     else:
-        values[len(values) // 2] = n_src if fault == "source" else (values[len(values) // 2] + 1) % n_src
-    want = {"checksum": "SHA-256", "decreasing": "decrease", "source": "source IDs"}[fault]
-    _refused_naming(root, kind, values, fault != "checksum", load_structure, want)
-
-
-def _refused_naming(root: Path, kind: str, values: np.ndarray, rerecorded: bool,
-                    load: Callable[[Path], object], want: str) -> None:
-    """With ``values`` written to partition 1's file ``kind`` (its manifest record made to
-    match where ``rerecorded``), ``load(root)`` is refused naming the file and ``want``."""
-    path = file_path(root, 1, kind)
-    np.save(path, values)
-    if rerecorded:
-        rerecord(root, 1, kind)
+        path = _rewrite(root, 1, fault, _bump_first, rerecorded=False)
     with pytest.raises(PartitionFormatError) as info:
         load(root)
-    assert str(path) in str(info.value) and want in str(info.value)
+    assert str(path) in str(info.value) and needle in str(info.value)
 
 
 def test_every_node_s_rows_join_every_partition_s_features_and_labels(root: Path) -> None:
@@ -420,15 +411,3 @@ def test_every_node_s_rows_join_every_partition_s_features_and_labels(root: Path
             assert part.node_data.node_range(t) == (start, stop)
         start, stop = part.node_range(m.target_type)
         np.testing.assert_array_equal(full.y[start:stop], part.y)
-
-
-@pytest.mark.parametrize("fault", ["checksum", "rows", "labels"])
-def test_every_node_s_rows_refuse_a_faulty_partition_naming_its_file(root: Path, fault: str) -> None:
-    kind = "y" if fault == "labels" else "x"
-    values = np.load(file_path(root, 1, kind))
-    if fault == "checksum":
-        values[0] += 1
-    else:
-        values = values[:-1]  # one row short, the record rewritten to match
-    want = "SHA-256" if fault == "checksum" else "expected shape"
-    _refused_naming(root, kind, values, fault != "checksum", load_node_data, want)
