@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, write_json
 
 from partitioner.readers.pyg import to_pyg
-from partitioner.synthetic import generate
+from partitioner.synthetic import TYPED_PRESETS, generate
+from partitioner.typed import TypedGraphData
 
 log = logging.getLogger("bench.hetero_learnability")
 
@@ -88,7 +89,7 @@ def _bind(model: nn.Module, x: torch.Tensor) -> Callable[[], torch.Tensor]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="mag-small")
+    parser.add_argument("--preset", default="mag-small", choices=sorted(TYPED_PRESETS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--hidden", type=int, default=64)
@@ -96,7 +97,9 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     rows = []
     for seed in args.seeds:
-        graph = generate(args.preset, seed=seed, progress=False).add_reverse()
+        typed = generate(args.preset, seed=seed, progress=False)
+        assert isinstance(typed, TypedGraphData)  # a typed preset (the choices)
+        graph = typed.add_reverse()
         data = to_pyg(graph)
         torch.manual_seed(seed)
         x = data["paper"].x
