@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import machine, write_json
 
-from partitioner.synthetic import generate_typed
-from partitioner.readers.pyg_hetero import to_pyg_hetero
+from partitioner.readers.pyg import to_pyg
+from partitioner.synthetic import TYPED_PRESETS, generate_typed
 
 log = logging.getLogger("bench.hetero_learnability")
 
@@ -88,7 +88,7 @@ def _bind(model: nn.Module, x: torch.Tensor) -> Callable[[], torch.Tensor]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="mag-small")
+    parser.add_argument("--preset", default="mag-small", choices=sorted(TYPED_PRESETS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--hidden", type=int, default=64)
@@ -97,7 +97,7 @@ def main() -> int:
     rows = []
     for seed in args.seeds:
         graph = generate_typed(args.preset, seed=seed, progress=False).add_reverse()
-        data = to_pyg_hetero(graph)
+        data = to_pyg(graph)
         torch.manual_seed(seed)
         x = data["paper"].x
         mlp = nn.Sequential(nn.Linear(x.shape[1], args.hidden), nn.ReLU(), nn.Dropout(0.5),

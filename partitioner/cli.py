@@ -107,12 +107,17 @@ def _add_partition(sub: argparse._SubParsersAction) -> None:
 
 
 def _read_source(args: argparse.Namespace) -> GraphData | TypedGraphData:
-    graph = _read_typed_source(args)
-    if graph is not None:
+    graph = _read_graph(args)
+    if isinstance(graph, TypedGraphData):
         return graph.add_reverse() if args.add_reverse else graph
     if args.add_reverse:
         raise ValueError("--add-reverse: only for typed graphs; use --to-undirected for "
                          "homogeneous OGB graphs")
+    return graph
+
+
+def _read_graph(args: argparse.Namespace) -> GraphData | TypedGraphData:
+    """The graph the arguments name, plain or typed as the source is."""
     if args.synthetic:
         from partitioner.synthetic import generate
 
@@ -120,7 +125,8 @@ def _read_source(args: argparse.Namespace) -> GraphData | TypedGraphData:
     if args.ogb:
         from partitioner.readers.ogb import read_ogb
 
-        return read_ogb(args.ogb, args.ogb_root, to_undirected=args.to_undirected)
+        return read_ogb(args.ogb, args.ogb_root, to_undirected=args.to_undirected,
+                        papers_only=args.mag_papers_only)
     if args.npz:
         from partitioner.readers.npz import read_npz
 
@@ -128,29 +134,6 @@ def _read_source(args: argparse.Namespace) -> GraphData | TypedGraphData:
     from partitioner.readers.graphdir import read_graph_dir
 
     return read_graph_dir(args.graph_dir)
-
-
-def _read_typed_source(args: argparse.Namespace) -> TypedGraphData | None:
-    """The typed graph the arguments name, or None for a homogeneous source."""
-    if args.synthetic in TYPED_PRESETS:
-        from partitioner.synthetic import generate
-
-        graph = generate(args.synthetic, seed=args.seed, progress=not args.no_progress)
-        assert isinstance(graph, TypedGraphData)  # a typed preset
-        return graph
-    if args.ogb and not args.mag_papers_only:
-        from partitioner.readers.ogb import ogb_metadata
-
-        if ogb_metadata(args.ogb).is_hetero:
-            from partitioner.readers.ogb_hetero import read_ogb_hetero
-
-            return read_ogb_hetero(args.ogb, args.ogb_root)
-    if args.npz:
-        from partitioner.readers.npz_hetero import is_hetero_npz, read_npz_hetero
-
-        if is_hetero_npz(args.npz):
-            return read_npz_hetero(args.npz)
-    return None
 
 
 def _existing_differs(args: argparse.Namespace) -> str | None:

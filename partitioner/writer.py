@@ -66,13 +66,13 @@ def partition_graph(
     seed, time and ``extra``)."""
     warn_empty_splits(graph)
     started = time.perf_counter()
+    graph.validate()  # ID ranges too: a bad ID would otherwise fail deep in METIS or the writer
     if isinstance(graph, GraphData):
         typed = plain_view(graph)
         part_of = {typed.target_type: assign(graph, num_parts, method, seed=seed, edge_chunk=edge_chunk,
                                              progress=progress)}
     else:
         typed = graph
-        graph.validate()  # ID ranges too: a bad ID would otherwise fail deep in the writer
         view = graph.to_homogeneous()
         whole = assign(view, num_parts, method, seed=seed, edge_chunk=edge_chunk, progress=progress)
         del view
@@ -80,9 +80,9 @@ def partition_graph(
         part_of = {t: whole[offsets[t]:offsets[t] + n] for t, n in graph.num_nodes.items()}
     algorithm = {"method": method, "num_parts": num_parts, "seed": seed,
                  "assign_seconds": round(time.perf_counter() - started, 3), **(extra or {})}
-    return write_partitions(typed, part_of, out_dir, num_parts=num_parts, algorithm=algorithm,
-                            overwrite=overwrite, edge_chunk=edge_chunk, progress=progress,
-                            started=started)
+    return _write_partitions(typed, part_of, out_dir, num_parts=num_parts, algorithm=algorithm,
+                             overwrite=overwrite, edge_chunk=edge_chunk, progress=progress,
+                             started=started)
 
 
 @numba.njit(cache=True)
@@ -154,10 +154,20 @@ def write_partitions(
     """Write ``graph`` split by ``part_of`` (node type to ``[N_t]`` partition IDs; one
     array for a plain graph) into ``out_dir`` and return the manifest (written last). The
     manifest's ``algorithm["seconds"]`` counts from ``started`` (a ``time.perf_counter()``
-    value; default: now)."""
+    value; default: now). The graph is validated first, ID ranges included."""
+    graph.validate()
+    return _write_partitions(plain_view(graph) if isinstance(graph, GraphData) else graph, part_of, out_dir,
+                             num_parts=num_parts, algorithm=algorithm, overwrite=overwrite,
+                             edge_chunk=edge_chunk, progress=progress, started=started)
+
+
+def _write_partitions(
+    graph: TypedGraphData, part_of: Mapping[str, np.ndarray] | np.ndarray, out_dir: str | Path, *,
+    num_parts: int | None, algorithm: dict[str, Any] | None, overwrite: bool, edge_chunk: int,
+    progress: bool, started: float | None,
+) -> Manifest:
+    """:func:`write_partitions` of a validated graph."""
     started = time.perf_counter() if started is None else started
-    if isinstance(graph, GraphData):
-        graph = plain_view(graph)
     if not isinstance(part_of, Mapping):
         part_of = {graph.target_type: part_of}
     out = _prepare_out_dir(Path(out_dir), overwrite)

@@ -7,7 +7,7 @@ The layout follows ``ogb/io/read_graph_raw.py`` and ``ogb/nodeproppred/dataset.p
 - binary (ogbn-papers100M): ``raw/data.npz`` (``edge_index``, ``node_feat``, ``node_year``,
   ``num_nodes_list``, ``num_edges_list``) and ``raw/node-label.npz`` (``node_label``,
   float ``[N, 1]`` with NaN for unlabeled papers);
-- heterograph (ogbn-mag): ``raw/num-node-dict.csv.gz`` (a header of node types and one
+- heterograph (ogbn-mag, typed): ``raw/num-node-dict.csv.gz`` (a header of node types and one
   row of counts), ``raw/triplet-type-list.csv.gz``, ``raw/relations/<h>___<r>___<t>/
   {edge,num-edge-list}.csv.gz``, ``raw/node-feat/<type>/node-feat.csv.gz``,
   ``raw/nodetype-has-label.csv.gz``, ``raw/node-label/<type>/node-label.csv.gz``, and
@@ -27,6 +27,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from partitioner.graph import EdgeType
+from partitioner.typed import TypedGraphData
+
+#: OGB's split names to graphfeed's.
+OGB_TO_OURS = {"train": "train", "valid": "val", "test": "test"}
 #: Per dataset: folder name, split folder name, number of classes, release version.
 _LAYOUT: dict[str, tuple[str, str, int, int]] = {
     "ogbn-products": ("ogbn_products", "sales_ranking", 47, 1),
@@ -54,6 +59,8 @@ class OgbFixture:
     y: np.ndarray
     #: OGB split names (``train``/``valid``/``test``) to node IDs.
     splits: dict[str, np.ndarray] = field(default_factory=dict)
+    #: ogbn-mag: the whole typed graph (papers first), as a typed read gives it back.
+    typed: TypedGraphData | None = None
 
 
 def _write_csv(
@@ -126,19 +133,31 @@ def write_binary_dataset(root: Path, name: str = "ogbn-papers100M", seed: int = 
     return fixture
 
 
-def write_mag_dataset(root: Path, seed: int = 2) -> OgbFixture:
-    """ogbn-mag: a heterograph whose paper→paper ``cites`` part the reader keeps."""
+#: ogbn-mag fixture's node types and counts, in the order of ``num-node-dict.csv.gz``.
+MAG_COUNTS = {"author": 9, "field_of_study": 5, "institution": 3, "paper": 14}
+
+
+def write_mag_dataset(root: Path, seed: int = 5) -> OgbFixture:
+    """ogbn-mag: a heterograph of four node types and four relations. The fixture's
+    plain fields are its papers and ``paper cites paper``; ``typed`` is the whole graph a
+    typed read must give back (OGB's ``valid`` split as ``val``)."""
     name = "ogbn-mag"
     _, split, num_classes, _ = _LAYOUT[name]
-    fixture = _finish(_random_graph(seed, 14, 25, num_classes), name, root)
+    counts = MAG_COUNTS
+    fixture = _finish(_random_graph(seed, counts["paper"], 25, num_classes), name, root)
+    rng = np.random.default_rng(seed)
     raw = fixture.path / "raw"
-    num_authors = 5
-    counts = {"author": num_authors, "field_of_study": 3, "institution": 2}
-    counts["paper"] = fixture.num_nodes
     _write_csv(raw / "num-node-dict.csv.gz", [list(counts.values())], header=list(counts))
-    writes = np.stack([np.arange(num_authors), np.arange(num_authors) % fixture.num_nodes])
-    relations = {("paper", "cites", "paper"): fixture.edge_index}
-    relations[("author", "writes", "paper")] = writes
+
+    def pairs(s: str, d: str, e: int) -> np.ndarray:
+        return np.stack([rng.integers(0, counts[s], e), rng.integers(0, counts[d], e)]).astype(np.int64)
+
+    relations: dict[EdgeType, np.ndarray] = {
+        ("author", "affiliated_with", "institution"): pairs("author", "institution", 8),
+        ("author", "writes", "paper"): pairs("author", "paper", 30),
+        ("paper", "cites", "paper"): fixture.edge_index,
+        ("paper", "has_topic", "field_of_study"): pairs("paper", "field_of_study", 20),
+    }
     _write_csv(raw / "triplet-type-list.csv.gz", [list(t) for t in relations])
     for triplet, edges in relations.items():
         rel_dir = raw / "relations" / "___".join(triplet)
@@ -146,14 +165,19 @@ def write_mag_dataset(root: Path, seed: int = 2) -> OgbFixture:
         _write_csv(rel_dir / "num-edge-list.csv.gz", [[edges.shape[1]]])
         _write_csv(rel_dir / "edge_reltype.csv.gz", np.zeros((edges.shape[1], 1), dtype=np.int64))
     _write_csv(raw / "node-feat" / "paper" / "node-feat.csv.gz", fixture.x)
-    years = np.full((fixture.num_nodes, 1), 2010)
-    _write_csv(raw / "node-feat" / "paper" / "node_year.csv.gz", years)
+    _write_csv(raw / "node-feat" / "paper" / "node_year.csv.gz", np.full((counts["paper"], 1), 2010))
     has = [[t == "paper" for t in counts]]
     _write_csv(raw / "nodetype-has-label.csv.gz", has, header=list(counts))
     _write_csv(raw / "node-label" / "paper" / "node-label.csv.gz", fixture.y[:, None])
     split_dir = fixture.path / "split" / split
     _write_csv(split_dir / "nodetype-has-split.csv.gz", has, header=list(counts))
     _write_splits(split_dir / "paper", fixture.splits)
+    fixture.typed = TypedGraphData(
+        name=name, num_nodes={"paper": counts["paper"], **{t: n for t, n in counts.items() if t != "paper"}},
+        edge_index=relations, x={"paper": fixture.x}, target_type="paper", y=fixture.y,
+        num_classes=num_classes,
+        splits={OGB_TO_OURS[k]: np.asarray(v, dtype=np.int64) for k, v in fixture.splits.items()},
+    )
     return fixture
 
 

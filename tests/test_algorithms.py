@@ -16,42 +16,54 @@ from partitioner.algorithms import (
     range_partition,
     undirected_csr,
 )
-from partitioner.format import Manifest
 from partitioner.graph import GraphData
-from partitioner.partition import partition_graph
+from partitioner.manifest import Manifest, NodeTypeInfo, PartitionInfo
 from partitioner.summary import Balance, balance
-from partitioner.synthetic import generate
+from partitioner.synthetic import generate, generate_plain
+from partitioner.writer import partition_graph
 
-# Balance bounds on the `small` preset (4,000 nodes), as max part / mean part
-# (summary.balance); P = 2 and 4.
+# Balance bounds as max part / mean part (summary.balance, every type summed) on the
+# `small` preset (4,000 nodes) and on `mag-small` with reverse relations (10,460 nodes of
+# 4 types; a typed graph is assigned on its homogeneous view); P = 2 and 4.
 #: random deals a permutation round-robin: node counts differ by at most one.
 RANDOM_MAX_NODE_RATIO = 1.001
-#: hash is a fixed function of the ID; 4,000 draws over 4 parts stay within 10%.
+#: hash is a fixed function of the ID; thousands of draws over 4 parts stay within 10%.
 HASH_MAX_NODE_RATIO = 1.10
 #: range balances the *sum* of node, edge and train costs over contiguous ID ranges, so
 #: each quantity alone may drift; each stays within 25% of the mean.
 RANGE_MAX_RATIO = 1.25
 #: METIS balances a combined node + edge + train weight with its own 0.1-3% tolerance
-#: per bisection; each quantity stays within 10% of the mean.
-METIS_MAX_RATIO = 1.10
-#: METIS must cut well under half the edges random assignment cuts.
-METIS_MAX_CUT_FRACTION_OF_RANDOM = 0.5
+#: per bisection; each quantity stays within 10% of the mean (15% on the typed graph,
+#: whose combined weight mixes four node types).
+METIS_MAX_RATIO = {"small": 1.10, "mag-small": 1.15}
+#: METIS must cut well under the edges random assignment cuts: under half on `small`,
+#: under 70% on `mag-small`, whose relations are only weakly homophilous (0.4 by design).
+METIS_MAX_CUT_FRACTION_OF_RANDOM = {"small": 0.5, "mag-small": 0.7}
+#: The graph of each kind the balance tests partition.
+PRESETS = ("small", "mag-small")
 
 
 @pytest.fixture(scope="module")
 def small() -> GraphData:
-    return generate("small", seed=0, progress=False)
+    return generate_plain("small", seed=0, progress=False)
+
+
+@pytest.fixture(scope="module", params=PRESETS)
+def preset(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def manifests(small: GraphData, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Manifest]:
-    """The `small` preset partitioned by every method into 2 and 4 parts."""
+def manifests(preset: str, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Manifest]:
+    """The preset partitioned by every method into 2 and 4 parts."""
+    graph = generate(preset, seed=0, progress=False)
+    if preset == "mag-small":
+        graph = graph.add_reverse()  # type: ignore[union-attr]
     out: dict[tuple[str, int], Manifest] = {}
     for method in METHODS:
         for num_parts in (2, 4):
-            root = tmp_path_factory.mktemp(f"{method}-{num_parts}")
-            out[method, num_parts] = partition_graph(small, num_parts, root, method=method,
-                                                     progress=False)
+            root = tmp_path_factory.mktemp(f"{preset}-{method}-{num_parts}")
+            out[method, num_parts] = partition_graph(graph, num_parts, root, method=method, progress=False)
     return out
 
 
@@ -62,7 +74,7 @@ def _ratios(b: Balance) -> dict[str, float]:
 @pytest.mark.parametrize("num_parts", [2, 4])
 def test_random_balances_node_counts_exactly(manifests: dict, num_parts: int) -> None:
     m = manifests["random", num_parts]
-    counts = [p.num_nodes for p in m.partitions]
+    counts = [sum(p.num_nodes.values()) for p in m.partitions]
     assert max(counts) - min(counts) <= 1
     assert balance(m).nodes <= RANDOM_MAX_NODE_RATIO
 
@@ -72,37 +84,49 @@ def test_hash_balances_nodes(manifests: dict, num_parts: int) -> None:
     assert balance(manifests["hash", num_parts]).nodes <= HASH_MAX_NODE_RATIO
 
 
+#: Why range does not balance a typed graph (a known limit, checked to hold: strict).
+RANGE_ON_TYPED = pytest.mark.xfail(
+    strict=True, reason="range cuts a typed graph's homogeneous view, where each node type is one "
+    "block of IDs: the first parts get the papers and every training node, the last ones the "
+    "authors, institutions and fields of study")
+
+
 @pytest.mark.parametrize("num_parts", [2, 4])
-def test_range_balances_nodes_edges_and_train(manifests: dict, num_parts: int) -> None:
+def test_range_balances_nodes_edges_and_train(request: pytest.FixtureRequest, manifests: dict, preset: str,
+                                              num_parts: int) -> None:
+    if preset == "mag-small":
+        request.applymarker(RANGE_ON_TYPED)
     ratios = _ratios(balance(manifests["range", num_parts]))
     assert all(r <= RANGE_MAX_RATIO for r in ratios.values()), ratios
 
 
 @pytest.mark.parametrize("num_parts", [2, 4])
-def test_metis_balances_nodes_edges_and_train(manifests: dict, num_parts: int) -> None:
+def test_metis_balances_nodes_edges_and_train(manifests: dict, preset: str, num_parts: int) -> None:
     ratios = _ratios(balance(manifests["metis", num_parts]))
-    assert all(r <= METIS_MAX_RATIO for r in ratios.values()), ratios
+    assert all(r <= METIS_MAX_RATIO[preset] for r in ratios.values()), ratios
 
 
 @pytest.mark.parametrize("num_parts", [2, 4])
-def test_metis_cuts_far_fewer_edges_than_random(manifests: dict, num_parts: int) -> None:
+def test_metis_cuts_far_fewer_edges_than_random(manifests: dict, preset: str, num_parts: int) -> None:
     metis, random = manifests["metis", num_parts], manifests["random", num_parts]
-    assert metis.edge_cut < METIS_MAX_CUT_FRACTION_OF_RANDOM * random.edge_cut, (
-        metis.edge_cut, random.edge_cut)
+    assert metis.edge_cut() < METIS_MAX_CUT_FRACTION_OF_RANDOM[preset] * random.edge_cut(), (
+        metis.edge_cut(), random.edge_cut())
+    for et in metis.edge_types:  # every relation, not only the sum
+        assert metis.edge_cut(et) < random.edge_cut(et), et
 
 
 def test_balance_reports_max_over_mean() -> None:
-    """summary.balance itself, on hand-set sizes."""
-    from partitioner.format import PartitionInfo
+    """summary.balance itself, on hand-set sizes (every type summed)."""
+    et = ("a", "r", "b")
 
-    def info(pid: int, nodes: int, edges: int, train: int) -> PartitionInfo:
-        return PartitionInfo(id=pid, num_nodes=nodes, num_edges=edges, num_remote_edges=0,
-                             split_sizes={"train": train}, files={})
+    def info(pid: int, nodes: tuple[int, int], edges: int, train: int) -> PartitionInfo:
+        return PartitionInfo(id=pid, num_nodes={"a": nodes[0], "b": nodes[1]}, num_edges={et: edges},
+                             num_remote_edges={et: 0}, split_sizes={"train": train}, files={})
 
-    m = Manifest(graph_name="g", num_nodes=40, num_edges=30, feature_dim=1,
-                 feature_dtype="float32", num_classes=2, has_edge_weight=False,
-                 partition_book=(0, 10, 40), partitions=(info(0, 10, 10, 3), info(1, 30, 20, 1)),
-                 files={})
+    types = {"a": NodeTypeInfo(20, 1, "float32"), "b": NodeTypeInfo(20, 0, "")}
+    m = Manifest(graph_name="g", node_types=types, edge_types={et: 30}, target_type="a", num_classes=2,
+                 partition_book={"a": (0, 5, 20), "b": (0, 5, 20)},
+                 partitions=(info(0, (5, 5), 10, 3), info(1, (15, 15), 20, 1)), files={})
     b = balance(m)
     assert b.nodes == pytest.approx(1.5) and b.edges == pytest.approx(20 / 15)
     assert b.train == pytest.approx(1.5)

@@ -1,25 +1,30 @@
-"""The `graphfeed-partition` command line, called in-process (plus one real subprocess):
-summaries, verification, and clear errors with exit code 2."""
+"""The `graphfeed-partition` command line, called in-process (plus one real subprocess),
+on plain and typed graphs: summaries, verification, idempotent jobs, every source, and
+clear errors with exit code 2."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from partitioner.cli import main
-from partitioner.format import load_partition, read_manifest
-from partitioner.graph import GraphData
+from partitioner.format import Manifest, load_partition, read_manifest
+from partitioner.readers.graphdir import save_graph_dir
 from partitioner.readers.npz import write_npz
 from partitioner.summary import balance
+from tests.fixtures_ogb import write_mag_dataset
+from tests.graph_fixtures import KINDS, mixed, typed_view
 
 REPO = Path(__file__).resolve().parents[1]
 #: One row of the per-partition table: part, nodes, edges, train, val, test, remote.
 ROW = re.compile(r"^\s*(\d+)" + r"\s+([\d,]+)" * 6 + r"\s*$")
+#: The synthetic preset of each kind.
+PRESET = {"plain": "small", "typed": "mag-small"}
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
@@ -37,24 +42,29 @@ def table_rows(out: str) -> list[list[int]]:
     return rows
 
 
-@pytest.fixture(scope="module")
-def parts_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`small` partitioned into 3 by METIS through the CLI (shared, read-only)."""
-    out = tmp_path_factory.mktemp("cli") / "small-3"
-    assert main(["partition", "--synthetic", "small", "--num-parts", "3", "--out", str(out),
+def num_files(m: Manifest) -> int:
+    """The files a manifest lists: a book and a node map per node type; per partition two
+    CSC files per relation (and the weights of weighted ones), features per type that has
+    them, labels, original IDs per type and three splits."""
+    per_part = (2 * len(m.edge_types) + len(m.weighted) + len(m.feature_dtypes) + 1 + len(m.node_types)
+                + 3)
+    return 2 * len(m.node_types) + m.num_partitions * per_part
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def parts_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Each kind's preset partitioned into 3 by METIS through the CLI (shared, read-only)."""
+    out = tmp_path_factory.mktemp("cli") / f"{request.param}-3"
+    assert main(["partition", "--synthetic", PRESET[request.param], "--num-parts", "3", "--out", str(out),
                  "--no-progress"]) == 0
     return out
 
 
-@pytest.fixture
-def tiny_npz(tmp_path: Path) -> Path:
-    """A 5-node graph as an .npz file."""
-    path = tmp_path / "tiny.npz"
-    edge_index = np.array([[0, 1, 2, 3, 4], [1, 2, 3, 4, 0]], dtype=np.int64)
-    graph = GraphData(name="tiny", num_nodes=5, edge_index=edge_index,
-                      x=np.ones((5, 3), np.float32), y=np.array([0, 1, 0, 1, 0]), num_classes=2,
-                      splits={"train": np.array([0, 1], dtype=np.int64)})
-    write_npz(graph, path)
+@pytest.fixture(params=KINDS)
+def graph_npz(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """The mixed graph of each kind as an .npz file (typed: edge_index__* keys)."""
+    path = tmp_path / f"{request.param}.npz"
+    write_npz(mixed(request.param), path)
     return path
 
 
@@ -66,26 +76,34 @@ def test_help_runs_as_a_module() -> None:
         assert word in result.stdout
 
 
+@pytest.mark.parametrize("kind", KINDS)
 def test_partition_prints_a_summary_matching_the_manifest(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, kind: str
 ) -> None:
     out_dir = tmp_path / "out"
-    code, out, _ = run(capsys, "partition", "--synthetic", "small", "--num-parts", "2",
+    reverse = ["--add-reverse"] if kind == "typed" else []
+    code, out, _ = run(capsys, "partition", "--synthetic", PRESET[kind], *reverse, "--num-parts", "2",
                        "--method", "range", "--out", out_dir, "--no-progress")
     assert code == 0
     manifest = read_manifest(out_dir)
     rows = table_rows(out)
     assert [r[0] for r in rows] == [0, 1]
     for row, info in zip(rows, manifest.partitions, strict=True):
-        assert row[1:] == [info.num_nodes, info.num_edges, info.split_sizes["train"],
-                           info.split_sizes["val"], info.split_sizes["test"],
-                           info.num_remote_edges]
-    assert f"edge cut: {manifest.edge_cut:,} of 40,000 edges" in out
+        assert row[1:] == [sum(info.num_nodes.values()), sum(info.num_edges.values()),
+                           info.split_sizes["train"], info.split_sizes["val"], info.split_sizes["test"],
+                           sum(info.num_remote_edges.values())]
+    assert f"edge cut: {manifest.edge_cut():,} of {manifest.num_edges:,} edges" in out
     b = balance(manifest)
     assert f"balance (max/mean): nodes {b.nodes:.3f}, edges {b.edges:.3f}, train {b.train:.3f}" in out
     assert re.search(r"method range into 2 partitions in \d+\.\d s", out)
     assert re.search(rf"total time \d+\.\d s; written to {re.escape(str(out_dir))}", out)
-    assert "4,000 nodes" in out
+    if kind == "plain":
+        assert "graph small: 4,000 nodes, 40,000 edges" in out and "typed" not in out
+    else:
+        assert "graph mag-small (typed, format v2)" in out and "paper/rev_writes/author" in out
+        assert manifest.algorithm["add_reverse"] is True and len(manifest.edge_types) == 7
+        author = next(line for line in out.splitlines() if line.startswith("author "))
+        assert author.split()[1:3] == ["6,000", "none"]  # nodes, features
     load_partition(out_dir, 1)
 
 
@@ -93,18 +111,17 @@ def test_info_verify_prints_the_summary(capsys: pytest.CaptureFixture[str], part
     code, out, err = run(capsys, "info", parts_dir, "--verify")
     assert code == 0, err
     assert len(table_rows(out)) == 3 and "edge cut:" in out and "balance (max/mean)" in out
-    # 2 shared files + 3 partitions x 8 files (indptr, indices, x, y, orig_ids, 3 splits).
-    assert "26 files verified (SHA-256)" in out
+    m = read_manifest(parts_dir)
+    assert num_files(m) == len(m.records()) == (26 if not m.typed else 59)
+    assert f"{num_files(m)} files verified (SHA-256)" in out
 
 
-def test_info_verify_refuses_a_corrupted_file(
-    capsys: pytest.CaptureFixture[str], parts_dir: Path, tmp_path: Path
-) -> None:
-    import shutil
-
-    copy = tmp_path / "copy"
-    shutil.copytree(parts_dir, copy)
-    x_path = copy / "part-2" / "x.npy"
+def test_info_verify_refuses_a_corrupted_file(capsys: pytest.CaptureFixture[str], parts_dir: Path,
+                                              tmp_path: Path) -> None:
+    copy = Path(shutil.copytree(parts_dir, tmp_path / "copy"))
+    m = read_manifest(copy)
+    x_path = copy / m.partitions[2].files[m.role("x", m.target_type)].path
+    assert x_path.relative_to(copy).as_posix() == ("part-2/paper/x.npy" if m.typed else "part-2/x.npy")
     data = bytearray(x_path.read_bytes())
     data[-1] ^= 0xFF
     x_path.write_bytes(bytes(data))
@@ -124,32 +141,42 @@ def test_info_on_a_directory_without_manifest_fails_clearly(
     assert code == 2 and "manifest not found" in err
 
 
+def test_an_npz_is_read_as_its_kind(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                    graph_npz: Path) -> None:
+    code, out, err = run(capsys, "partition", "--npz", graph_npz, "--num-parts", "2", "--method", "random",
+                         "--out", tmp_path / "p", "--no-progress")
+    assert code == 0, err
+    m = read_manifest(tmp_path / "p")
+    typed = graph_npz.stem == "typed"
+    assert m.typed == typed and m.weighted == frozenset(typed_view(mixed(graph_npz.stem)).edge_weight)
+    assert f"graph {graph_npz.stem}{' (typed, format v2)' if typed else ':'}" in out
+
+
 @pytest.mark.parametrize("num_parts", ["0", "-1"])
 def test_num_parts_below_one_fails(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_npz: Path, num_parts: str
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, graph_npz: Path, num_parts: str
 ) -> None:
-    code, _, err = run(capsys, "partition", "--npz", tiny_npz, "--num-parts", num_parts,
+    code, _, err = run(capsys, "partition", "--npz", graph_npz, "--num-parts", num_parts,
                        "--out", tmp_path / "out")
     assert code == 2
     assert f"--num-parts: expected an integer >= 1, got {num_parts}" in err
     assert not (tmp_path / "out").exists()
 
 
-def test_more_parts_than_nodes_fails(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_npz: Path
-) -> None:
-    code, _, err = run(capsys, "partition", "--npz", tiny_npz, "--num-parts", "6",
+def test_more_parts_than_nodes_fails(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                     graph_npz: Path) -> None:
+    n = typed_view(mixed(graph_npz.stem)).total_nodes
+    code, _, err = run(capsys, "partition", "--npz", graph_npz, "--num-parts", str(n + 1),
                        "--out", tmp_path / "out", "--no-progress")
-    assert code == 2 and "num_parts: expected at most num_nodes (5), got 6" in err
+    assert code == 2 and f"num_parts: expected at most num_nodes ({n}), got {n + 1}" in err
 
 
-def test_non_empty_out_needs_overwrite(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_npz: Path
-) -> None:
+def test_non_empty_out_needs_overwrite(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                       graph_npz: Path) -> None:
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     (out_dir / "keep.txt").write_text("user data")
-    argv = ["partition", "--npz", tiny_npz, "--num-parts", "2", "--method", "random",
+    argv = ["partition", "--npz", graph_npz, "--num-parts", "2", "--method", "random",
             "--out", out_dir, "--no-progress"]
     code, _, err = run(capsys, *argv)
     assert code == 2 and str(out_dir) in err and "--overwrite" in err
@@ -162,10 +189,10 @@ def test_non_empty_out_needs_overwrite(
 
 
 def test_skip_existing_makes_the_job_idempotent(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_npz: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, graph_npz: Path
 ) -> None:
     out_dir = tmp_path / "out"
-    argv = ["partition", "--npz", tiny_npz, "--num-parts", "2", "--method", "random",
+    argv = ["partition", "--npz", graph_npz, "--num-parts", "2", "--method", "random",
             "--out", out_dir, "--no-progress", "--skip-existing"]
     code, out, _ = run(capsys, *argv)
     assert code == 0 and "edge cut:" in out  # nothing there yet: partitions
@@ -187,12 +214,24 @@ def test_skip_existing_makes_the_job_idempotent(
     assert code == 0 and "edge cut:" in out and read_manifest(out_dir).num_partitions == 3
 
     # A damaged partition is never taken as done.
-    next(out_dir.glob("part-0/*.npy")).unlink()
+    next(out_dir.glob("part-0/**/*.npy")).unlink()
     code, _, err = run(capsys, *changed)
     assert code == 2 and "part-0" in err
     code, out, _ = run(capsys, *changed, "--overwrite")
     assert code == 0 and "edge cut:" in out
-    assert load_partition(out_dir, 0).num_nodes > 0
+    load_partition(out_dir, 0)
+
+
+def test_skip_existing_tells_a_typed_partition_by_its_reverse_relations(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = ["partition", "--synthetic", "mag-small", "--num-parts", "2", "--method", "random",
+            "--out", tmp_path / "ms", "--no-progress", "--skip-existing"]
+    assert run(capsys, *argv, "--add-reverse")[0] == 0
+    code, out, _ = run(capsys, *argv, "--add-reverse")
+    assert code == 0 and "nothing to do" in out
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and "--add-reverse True there, False asked" in err
 
 
 def test_missing_npz_fails_naming_it(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -238,9 +277,7 @@ def test_usage_errors_exit_2(
     assert not (tmp_path / "o").exists()
 
 
-def test_generate_then_partition_the_graph_dir(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_generate_then_partition_the_graph_dir(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     graph_dir = tmp_path / "graph"
     code, out, _ = run(capsys, "generate", "--preset", "small", "--seed", "4", "--out", graph_dir)
     assert code == 0 and "small: 4,000 nodes, 40,000 edges" in out
@@ -253,6 +290,47 @@ def test_generate_then_partition_the_graph_dir(
     manifest = read_manifest(out_dir)
     assert manifest.graph_name == "small" and manifest.num_nodes == 4000
     assert manifest.num_edges == 40000 and manifest.algorithm["method"] == "hash"
-    assert [r[1] for r in table_rows(out)] == [p.num_nodes for p in manifest.partitions]
+    assert [r[1] for r in table_rows(out)] == [sum(p.num_nodes.values()) for p in manifest.partitions]
     code, _, err = run(capsys, "info", out_dir, "--verify")
     assert code == 0, err
+
+
+def test_a_typed_graph_dir_streams_with_reverse_relations(capsys: pytest.CaptureFixture[str],
+                                                          tmp_path: Path) -> None:
+    graph = mixed("typed")
+    save_graph_dir(graph, tmp_path / "graph")
+    code, _, err = run(capsys, "partition", "--graph-dir", tmp_path / "graph", "--add-reverse",
+                         "--num-parts", "2", "--method", "range", "--out", tmp_path / "p", "--no-progress")
+    assert code == 0, err
+    m = read_manifest(tmp_path / "p")
+    assert m.typed and set(m.edge_types) == set(graph.add_reverse().edge_types)
+    assert m.weighted == set(m.edge_types)
+
+
+def test_ogbn_mag_is_read_typed_unless_papers_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fixture = write_mag_dataset(tmp_path / "ogb")
+    assert fixture.typed is not None
+    common = ["--ogb", "ogbn-mag", "--ogb-root", tmp_path / "ogb", "--num-parts", "2", "--method", "random",
+              "--no-progress"]
+    code, out, err = run(capsys, "partition", *common, "--out", tmp_path / "typed")
+    assert code == 0, err
+    m = read_manifest(tmp_path / "typed")
+    assert {t: i.num_nodes for t, i in m.node_types.items()} == fixture.typed.num_nodes
+    assert m.num_edges == fixture.typed.num_edges() and "format v2" in out
+    code, out, err = run(capsys, "partition", *common, "--mag-papers-only", "--to-undirected",
+                         "--out", tmp_path / "papers")
+    assert code == 0, err
+    assert "format v2" not in out and "graph ogbn-mag: 14 nodes" in out
+    assert not read_manifest(tmp_path / "papers").typed
+    code, _, err = run(capsys, "partition", *common, "--to-undirected", "--out", tmp_path / "undirected")
+    assert code == 2 and "to_undirected: for plain graphs; ogbn-mag is typed" in err
+
+
+def test_add_reverse_is_refused_for_plain_sources(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "partition", "--synthetic", "small", "--add-reverse",
+                       "--num-parts", "2", "--out", tmp_path / "x", "--no-progress")
+    assert code == 2 and "--add-reverse: only for typed graphs" in err
+    assert not (tmp_path / "x" / "manifest.json").exists()
+

@@ -1,8 +1,12 @@
 """A graph as a directory of ``.npy`` files, read memory-mapped for out-of-core work.
 
-Layout: ``graph.json`` (name, num_nodes, num_classes), ``edge_index.npy`` ([2, E] int64),
-``x.npy`` ([N, F]), ``y.npy`` ([N] int64), optional ``edge_weight.npy`` ([E] float32) and
-``<split>_idx.npy`` (int64) for the splits present (``valid_idx.npy`` is read as ``val``).
+Layout of a plain graph: ``graph.json`` (name, num_nodes, num_classes), ``edge_index.npy``
+([2, E] int64), ``x.npy`` ([N, F]), ``y.npy`` ([N] int64), optional ``edge_weight.npy``
+([E] float32) and ``<split>_idx.npy`` (int64) for the splits present (``valid_idx.npy`` is
+read as ``val``). A typed graph's ``graph.json`` also names its ``target_type`` and its
+``edge_types`` (``src__rel__dst``, in order) and gives ``num_nodes`` per node type; its
+arrays are ``edge_index/<src>__<rel>__<dst>.npy``, optional ``edge_weight/<src>__<rel>__<dst>.npy``,
+``x/<type>.npy`` for the types with features, and the target type's ``y.npy`` and splits.
 See docs/datasets.md.
 """
 
@@ -10,33 +14,42 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from partitioner.graph import SPLITS, GraphData, GraphDataError
+from partitioner.graph import SPLITS, GraphData, GraphDataError, edge_type_name, parse_edge_type
 from partitioner.npyio import load_npy, save_npy
+from partitioner.typed import TypedGraphData
 
 GRAPH_FILE = "graph.json"
 
 
-def save_graph_dir(graph: GraphData, out_dir: str | Path) -> Path:
+def save_graph_dir(graph: GraphData | TypedGraphData, out_dir: str | Path) -> Path:
     """Write ``graph`` as a graph directory (arrays written in chunks)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_npy(out, "edge_index.npy", graph.edge_index)
-    save_npy(out, "x.npy", graph.x)
-    save_npy(out, "y.npy", graph.y)
-    if graph.edge_weight is not None:
-        save_npy(out, "edge_weight.npy", graph.edge_weight)
-    for split, ids in graph.splits.items():
-        save_npy(out, f"{split}_idx.npy", ids)
-    meta = {"name": graph.name, "num_nodes": graph.num_nodes, "num_classes": graph.num_classes}
+    meta: dict[str, Any] = {"name": graph.name, "num_nodes": graph.num_nodes,
+                            "num_classes": graph.num_classes}
+    if isinstance(graph, TypedGraphData):
+        meta.update(target_type=graph.target_type, edge_types=[edge_type_name(et) for et in graph.edge_types])
+        arrays = {**{f"edge_index/{edge_type_name(et)}": ei for et, ei in graph.edge_index.items()},
+                  **{f"edge_weight/{edge_type_name(et)}": w for et, w in graph.edge_weight.items()},
+                  **{f"x/{t}": x for t, x in graph.x.items()}}
+    else:
+        arrays = {"edge_index": graph.edge_index, "x": graph.x,
+                  **({"edge_weight": graph.edge_weight} if graph.edge_weight is not None else {})}
+    arrays.update({"y": graph.y, **{f"{split}_idx": ids for split, ids in graph.splits.items()}})
+    for name, array in arrays.items():
+        save_npy(out, f"{name}.npy", array)
     (out / GRAPH_FILE).write_text(json.dumps(meta, indent=1) + "\n")
     return out
 
 
-def read_graph_dir(path: str | Path, *, mmap: bool = True) -> GraphData:
-    """Read a graph directory; arrays are read-only memory maps when ``mmap``."""
+def read_graph_dir(path: str | Path, *, mmap: bool = True) -> GraphData | TypedGraphData:
+    """Read a graph directory: a :class:`GraphData`, or a :class:`TypedGraphData` when its
+    ``graph.json`` gives ``num_nodes`` per node type; arrays are read-only memory maps
+    when ``mmap``."""
     root = Path(path)
     meta_path = root / GRAPH_FILE
     if not meta_path.is_file():
@@ -44,24 +57,50 @@ def read_graph_dir(path: str | Path, *, mmap: bool = True) -> GraphData:
             f"{meta_path}: not found; a graph directory holds {GRAPH_FILE}, edge_index.npy, "
             "x.npy, y.npy (write one with `graphfeed-partition generate`)"
         )
-    meta = json.loads(meta_path.read_text())
+    meta = _read_meta(meta_path)
 
     def load(name: str) -> np.ndarray:
-        file = root / name
+        file = root / f"{name}.npy"
         if not file.is_file():
             raise GraphDataError(f"{file}: missing from the graph directory")
         return load_npy(file, mmap)
 
-    weight = root / "edge_weight.npy"
-    split_files = {s: f"{s}_idx.npy" for s in SPLITS}
-    if not (root / "val_idx.npy").is_file() and (root / "valid_idx.npy").is_file():
-        split_files["val"] = "valid_idx.npy"  # OGB's name for the split
-    graph = GraphData(
-        name=str(meta.get("name", root.name)), num_nodes=int(meta["num_nodes"]),
-        edge_index=load("edge_index.npy"), x=load("x.npy"), y=load("y.npy"),
-        num_classes=int(meta["num_classes"]),
-        splits={s: load(f) for s, f in split_files.items() if (root / f).is_file()},
-        edge_weight=load(weight.name) if weight.is_file() else None,
-    )
+    def present(name: str) -> bool:
+        return (root / f"{name}.npy").is_file()
+
+    split_files = {s: f"{s}_idx" for s in SPLITS}
+    if not present("val_idx") and present("valid_idx"):
+        split_files["val"] = "valid_idx"  # OGB's name for the split
+    splits = {s: load(f) for s, f in split_files.items() if present(f)}
+    name, num_classes = str(meta.get("name", root.name)), int(meta["num_classes"])
+    graph: GraphData | TypedGraphData
+    if isinstance(meta["num_nodes"], dict):
+        edge_types = {parse_edge_type(et): et for et in meta["edge_types"]}
+        graph = TypedGraphData(
+            name=name, num_nodes={str(t): int(n) for t, n in meta["num_nodes"].items()},
+            edge_index={et: load(f"edge_index/{n}") for et, n in edge_types.items()},
+            x={t: load(f"x/{t}") for t in meta["num_nodes"] if present(f"x/{t}")},
+            target_type=str(meta["target_type"]), y=load("y"), num_classes=num_classes, splits=splits,
+            edge_weight={et: load(f"edge_weight/{n}") for et, n in edge_types.items()
+                         if present(f"edge_weight/{n}")})
+    else:
+        graph = GraphData(
+            name=name, num_nodes=int(meta["num_nodes"]), edge_index=load("edge_index"), x=load("x"),
+            y=load("y"), num_classes=num_classes, splits=splits,
+            edge_weight=load("edge_weight") if present("edge_weight") else None)
     graph.validate(check_values=False)
     return graph
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    """``graph.json``, refused naming the file and the key when malformed."""
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise GraphDataError(f"{path}: expected JSON, got {err}") from None
+    typed = isinstance(meta, dict) and isinstance(meta.get("num_nodes"), dict)
+    for key in ("num_nodes", "num_classes", *(("target_type", "edge_types") if typed else ())):
+        if not isinstance(meta, dict) or key not in meta:
+            raise GraphDataError(f"{path}: expected the key {key!r}, got "
+                                 f"{sorted(meta) if isinstance(meta, dict) else type(meta).__name__}")
+    return meta

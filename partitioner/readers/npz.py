@@ -1,13 +1,26 @@
-"""Read and write a graph as one ``.npz`` archive of plain arrays (never pickled).
+"""Read and write a graph as one ``.npz`` archive of plain arrays (never pickled), plain or
+typed.
 
-Keys (``docs/datasets.md`` has the full table):
+Keys of a plain graph (``docs/datasets.md`` has the full tables):
 
 - required: ``edge_index`` (``[2, E]`` or ``[E, 2]`` integers), ``x`` (``[N, F]`` floats),
   ``y`` (``[N]`` or ``[N, 1]`` integers, ``-1`` for unlabeled nodes, or floats with NaN
   for unlabeled nodes, as OGB stores papers100M's);
-- optional: ``num_nodes`` (default ``x.shape[0]``), ``num_classes`` (default
-  ``y.max() + 1``), ``train_idx``/``val_idx``/``test_idx`` (node IDs) or
-  ``train_mask``/``val_mask``/``test_mask`` (``[N]`` booleans), ``edge_weight`` (``[E]``).
+- optional: ``num_nodes`` (default ``x.shape[0]``), ``edge_weight`` (``[E]``).
+
+Keys of a typed graph, which name the types:
+
+- ``num_nodes__<type>``: one integer per node type (the archive's order is the graph's
+  node-type order);
+- ``edge_index__<src>__<rel>__<dst>``: ``[2, E]`` or ``[E, 2]`` integers, local IDs;
+- ``edge_weight__<src>__<rel>__<dst>``: optional ``[E]`` positive weights of a relation;
+- ``x__<type>``: ``[N_t, F_t]`` floats, for the types that have features;
+- ``y__<type>``: labels as above; exactly one such key, which names the target type.
+
+Both: optional ``num_classes`` (default ``y.max() + 1``), ``train_idx``/``val_idx``/
+``test_idx`` (node IDs; of the target type in a typed graph) or ``train_mask``/
+``val_mask``/``test_mask`` (booleans), OGB's ``valid_*`` for ``val``. An archive with any
+``edge_index__`` key is typed (:func:`is_typed_npz`).
 """
 
 from __future__ import annotations
@@ -18,13 +31,22 @@ from pathlib import Path
 
 import numpy as np
 
-from partitioner.graph import SPLITS, GraphData, GraphDataError, labels_to_int64
+from partitioner.graph import (
+    SPLITS,
+    EdgeType,
+    GraphData,
+    GraphDataError,
+    edge_type_name,
+    labels_to_int64,
+    parse_edge_type,
+)
+from partitioner.typed import TypedGraphData
 
 log = logging.getLogger(__name__)
 
-#: Keys :func:`read_npz` requires.
+#: Keys of a plain archive :func:`read_npz` requires.
 REQUIRED_KEYS: tuple[str, ...] = ("edge_index", "x", "y")
-#: Keys :func:`read_npz` understands besides the required ones.
+#: Keys of a plain archive :func:`read_npz` understands besides the required ones.
 OPTIONAL_KEYS: tuple[str, ...] = (
     "num_nodes",
     "num_classes",
@@ -32,68 +54,146 @@ OPTIONAL_KEYS: tuple[str, ...] = (
     *(f"{split}_{kind}" for split in SPLITS for kind in ("idx", "mask")),
     "valid_idx", "valid_mask",
 )
+#: Key prefixes of a typed archive, each followed by ``__`` and a node or edge type name.
+TYPED_PREFIXES: tuple[str, ...] = ("num_nodes", "edge_index", "edge_weight", "x", "y")
+#: Keys of either kind that name no type.
+_SHARED_KEYS = frozenset(OPTIONAL_KEYS) - {"num_nodes", "edge_weight"}
 
 
-def read_npz(path: str | Path, *, name: str | None = None) -> GraphData:
-    """Read a graph from the ``.npz`` at ``path``; ``name`` defaults to the file's stem.
+def is_typed_npz(path: str | Path) -> bool:
+    """Whether the ``.npz`` at ``path`` holds a typed graph (reads the key names only)."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return _is_typed(npz.files)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _is_typed(keys: list[str] | dict[str, np.ndarray]) -> bool:
+    return any(k.startswith("edge_index__") for k in keys)
+
+
+def read_npz(path: str | Path, *, name: str | None = None) -> GraphData | TypedGraphData:
+    """Read the graph in the ``.npz`` at ``path``: a :class:`GraphData`, or a
+    :class:`TypedGraphData` when the archive has ``edge_index__*`` keys. ``name`` defaults
+    to the file's stem.
 
     An ``edge_index`` of shape ``[2, 2]`` is taken as ``[2, E]``. Raises
     :class:`GraphDataError` naming the file and the key when a key is missing or malformed.
     """
     path = Path(path)
     arrays = _load_all(path)
+    name = name if name is not None else path.stem
+    graph = _read_typed(arrays, path, name) if _is_typed(arrays) else _read_plain(arrays, path, name)
+    graph.validate()
+    log.info("read %s from %s: %s", graph.name, path, _sizes(graph))
+    return graph
+
+
+def _sizes(graph: GraphData | TypedGraphData) -> str:
+    if isinstance(graph, TypedGraphData):
+        return (f"{graph.total_nodes} nodes of {len(graph.num_nodes)} types, {graph.num_edges()} edges "
+                f"of {len(graph.edge_index)} types")
+    return f"{graph.num_nodes} nodes, {graph.num_edges} edges, {graph.feature_dim} features"
+
+
+def _read_plain(arrays: dict[str, np.ndarray], path: Path, name: str) -> GraphData:
     missing = [key for key in REQUIRED_KEYS if key not in arrays]
     if missing:
         raise GraphDataError(
             f"{path}: missing required key {missing[0]!r}; keys present: {sorted(arrays)}"
         )
-    ignored = sorted(set(arrays) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))
-    if ignored:
-        log.warning("%s: ignoring keys graphfeed does not read: %s", path, ignored)
-    x = _features(arrays["x"], path)
+    _warn_ignored(path, [k for k in arrays if k not in REQUIRED_KEYS and k not in OPTIONAL_KEYS])
+    x = _features(arrays["x"], path, "x")
     num_nodes = _scalar(arrays, "num_nodes", path, default=int(x.shape[0]))
-    y = _labels(arrays["y"], path)
-    default_classes = max(int(y.max()) + 1, 1) if y.size else 1
-    edge_index = _edge_index(arrays["edge_index"], path)
-    graph = GraphData(
-        name=name if name is not None else path.stem,
-        num_nodes=num_nodes,
-        edge_index=edge_index,
-        x=x,
-        y=y,
-        num_classes=_scalar(arrays, "num_classes", path, default=default_classes),
-        splits=_splits(arrays, num_nodes, path),
-        edge_weight=_edge_weight(arrays.get("edge_weight"), edge_index.shape[1], path),
+    y = _labels(arrays["y"], path, "y")
+    edge_index = _edge_index(arrays["edge_index"], path, "edge_index")
+    return GraphData(
+        name=name, num_nodes=num_nodes, edge_index=edge_index, x=x, y=y,
+        num_classes=_num_classes(arrays, y, path), splits=_splits(arrays, num_nodes, path),
+        edge_weight=None if "edge_weight" not in arrays else
+        _edge_weight(arrays["edge_weight"], path, "edge_weight", edge_index.shape[1]),
     )
-    graph.validate()
-    log.info(
-        "read %s from %s: %d nodes, %d edges, %d features",
-        graph.name, path, graph.num_nodes, graph.num_edges, graph.feature_dim,
+
+
+def _read_typed(arrays: dict[str, np.ndarray], path: Path, name: str) -> TypedGraphData:
+    by_kind: dict[str, dict[str, str]] = {kind: {} for kind in TYPED_PREFIXES}
+    ignored = []
+    for key in arrays:
+        kind, _, rest = key.partition("__")
+        if kind in by_kind and rest:
+            by_kind[kind][rest] = key
+        elif key not in _SHARED_KEYS:
+            ignored.append(key)
+    _warn_ignored(path, ignored)
+    num_nodes = {t: _scalar(arrays, k, path, default=0) for t, k in by_kind["num_nodes"].items()}
+    if not num_nodes:
+        raise GraphDataError(f"{path}: expected num_nodes__<type> keys, got keys {sorted(arrays)}")
+    targets = list(by_kind["y"])
+    if len(targets) != 1:
+        raise GraphDataError(
+            f"{path}: expected exactly one y__<type> key (the labelled type), got {targets}")
+    target = targets[0]
+    if target not in num_nodes:
+        raise GraphDataError(f"{path}: y__{target}: expected a node type among {list(num_nodes)}")
+    edges = {_edge_type(rest, path, k): _edge_index(arrays[k], path, k)
+             for rest, k in by_kind["edge_index"].items()}
+    weights: dict[EdgeType, np.ndarray] = {}
+    for rest, key in by_kind["edge_weight"].items():
+        et = _edge_type(rest, path, key)
+        if et not in edges:
+            raise GraphDataError(f"{path}: {key}: expected a relation with an edge_index__{rest} key, "
+                                 f"got none; relations: {[edge_type_name(e) for e in edges]}")
+        weights[et] = _edge_weight(arrays[key], path, key, edges[et].shape[1])
+    y = _labels(arrays[f"y__{target}"], path, f"y__{target}")
+    return TypedGraphData(
+        name=name, num_nodes=num_nodes, edge_index=edges,
+        x={t: _features(arrays[k], path, k) for t, k in by_kind["x"].items()}, target_type=target,
+        y=y, num_classes=_num_classes(arrays, y, path), splits=_splits(arrays, num_nodes[target], path),
+        edge_weight=weights,
     )
-    return graph
 
 
-def write_npz(graph: GraphData, path: str | Path, *, compress: bool = False) -> None:
-    """Write ``graph`` to ``path`` (exactly that name) in the layout :func:`read_npz` reads.
-
-    Splits are written as ``<split>_idx``; the graph's name is not stored.
-    """
+def write_npz(graph: GraphData | TypedGraphData, path: str | Path, *, compress: bool = False) -> None:
+    """Write ``graph`` to ``path`` (exactly that name) in the layout :func:`read_npz` reads
+    back (a typed graph with its types in the keys). Splits are written as
+    ``<split>_idx``; the graph's name is not stored."""
     graph.validate()
-    arrays: dict[str, np.ndarray] = {
-        "edge_index": np.asarray(graph.edge_index),
-        "x": np.asarray(graph.x),
-        "y": np.asarray(graph.y),
-        "num_nodes": np.asarray(graph.num_nodes, dtype=np.int64),
-        "num_classes": np.asarray(graph.num_classes, dtype=np.int64),
-    }
+    arrays: dict[str, np.ndarray] = {}
+    if isinstance(graph, TypedGraphData):
+        for t, n in graph.num_nodes.items():
+            arrays[f"num_nodes__{t}"] = np.asarray(n, dtype=np.int64)
+        for et, ei in graph.edge_index.items():
+            arrays[f"edge_index__{edge_type_name(et)}"] = np.asarray(ei)
+        for et, w in graph.edge_weight.items():
+            arrays[f"edge_weight__{edge_type_name(et)}"] = np.asarray(w)
+        for t, feats in graph.x.items():
+            arrays[f"x__{t}"] = np.asarray(feats)
+        arrays[f"y__{graph.target_type}"] = np.asarray(graph.y)
+    else:
+        arrays.update(edge_index=np.asarray(graph.edge_index), x=np.asarray(graph.x), y=np.asarray(graph.y),
+                      num_nodes=np.asarray(graph.num_nodes, dtype=np.int64))
+        if graph.edge_weight is not None:
+            arrays["edge_weight"] = np.asarray(graph.edge_weight)
+    arrays["num_classes"] = np.asarray(graph.num_classes, dtype=np.int64)
     for split, ids in graph.splits.items():
         arrays[f"{split}_idx"] = np.asarray(ids)
-    if graph.edge_weight is not None:
-        arrays["edge_weight"] = np.asarray(graph.edge_weight)
     save: Callable[..., None] = np.savez_compressed if compress else np.savez
     with open(path, "wb") as file:  # a file object: np.savez would append ".npz" to a name
         save(file, **arrays)
-    log.info("wrote %s to %s", graph.name, path)
+    log.info("wrote %s to %s: %s", graph.name, path, _sizes(graph))
+
+
+def _edge_type(name: str, path: Path, key: str) -> EdgeType:
+    try:
+        return parse_edge_type(name)
+    except GraphDataError as err:
+        raise GraphDataError(f"{path}: {key}: {err}") from None
+
+
+def _warn_ignored(path: Path, keys: list[str]) -> None:
+    if keys:
+        log.warning("%s: ignoring keys graphfeed does not read: %s", path, sorted(keys))
 
 
 def _load_all(path: Path) -> dict[str, np.ndarray]:
@@ -118,30 +218,30 @@ def _load_all(path: Path) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _edge_index(raw: np.ndarray, path: Path) -> np.ndarray:
+def _edge_index(raw: np.ndarray, path: Path, key: str) -> np.ndarray:
     if raw.ndim != 2 or 2 not in raw.shape:
         raise GraphDataError(
-            f"{path}: edge_index: expected shape [2, E] or [E, 2], got {list(raw.shape)}"
+            f"{path}: {key}: expected shape [2, E] or [E, 2], got {list(raw.shape)}"
         )
     if not np.issubdtype(raw.dtype, np.integer):
-        raise GraphDataError(f"{path}: edge_index: expected an integer dtype, got {raw.dtype}")
+        raise GraphDataError(f"{path}: {key}: expected an integer dtype, got {raw.dtype}")
     oriented = raw if raw.shape[0] == 2 else raw.T
     return np.ascontiguousarray(oriented, dtype=np.int64)
 
 
-def _features(raw: np.ndarray, path: Path) -> np.ndarray:
+def _features(raw: np.ndarray, path: Path, key: str) -> np.ndarray:
     if raw.ndim != 2:
-        raise GraphDataError(f"{path}: x: expected shape [N, F], got {list(raw.shape)}")
+        raise GraphDataError(f"{path}: {key}: expected shape [N, F], got {list(raw.shape)}")
     if raw.dtype not in (np.float16, np.float32, np.float64):
-        raise GraphDataError(f"{path}: x: expected float16, float32 or float64, got {raw.dtype}")
+        raise GraphDataError(f"{path}: {key}: expected float16, float32 or float64, got {raw.dtype}")
     return raw
 
 
-def _labels(raw: np.ndarray, path: Path) -> np.ndarray:
+def _labels(raw: np.ndarray, path: Path, key: str) -> np.ndarray:
     y = raw[:, 0] if raw.ndim == 2 and raw.shape[1] == 1 else raw
     if y.ndim != 1:
-        raise GraphDataError(f"{path}: y: expected shape [N] or [N, 1], got {list(raw.shape)}")
-    return labels_to_int64(y, f"{path}: y")
+        raise GraphDataError(f"{path}: {key}: expected shape [N] or [N, 1], got {list(raw.shape)}")
+    return labels_to_int64(y, f"{path}: {key}")
 
 
 def _scalar(arrays: dict[str, np.ndarray], key: str, path: Path, *, default: int) -> int:
@@ -155,7 +255,13 @@ def _scalar(arrays: dict[str, np.ndarray], key: str, path: Path, *, default: int
     return int(value.reshape(()))
 
 
+def _num_classes(arrays: dict[str, np.ndarray], y: np.ndarray, path: Path) -> int:
+    return _scalar(arrays, "num_classes", path, default=max(int(y.max()) + 1, 1) if y.size else 1)
+
+
 def _splits(arrays: dict[str, np.ndarray], num_nodes: int, path: Path) -> dict[str, np.ndarray]:
+    """The splits of ``<split>_idx`` or ``<split>_mask`` keys (OGB's ``valid_*`` for val)
+    over ``num_nodes`` nodes (the target type's in a typed graph)."""
     splits: dict[str, np.ndarray] = {}
     if "val_idx" not in arrays and "val_mask" not in arrays:  # OGB's name for the split
         for kind in ("idx", "mask"):
@@ -184,13 +290,11 @@ def _splits(arrays: dict[str, np.ndarray], num_nodes: int, path: Path) -> dict[s
     return splits
 
 
-def _edge_weight(raw: np.ndarray | None, num_edges: int, path: Path) -> np.ndarray | None:
-    if raw is None:
-        return None
+def _edge_weight(raw: np.ndarray, path: Path, key: str, num_edges: int) -> np.ndarray:
     weight = raw.reshape(-1) if raw.ndim == 2 and raw.shape[1] == 1 else raw
     if weight.shape != (num_edges,) or not np.issubdtype(weight.dtype, np.number):
         raise GraphDataError(
-            f"{path}: edge_weight: expected [{num_edges}] numbers, "
+            f"{path}: {key}: expected [{num_edges}] numbers, "
             f"got {weight.dtype} of shape {list(raw.shape)}"
         )
     return weight.astype(np.float32, copy=False)

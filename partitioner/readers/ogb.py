@@ -6,9 +6,22 @@ parts of the ``ogb`` package: its metadata table (``ogb/nodeproppred/master.csv`
 raw-file readers (``ogb.io.read_graph_raw``), pointed at ``<root>/<dir_name>/raw/``.
 It writes nothing under ``root``.
 
-``ogbn-mag`` is heterogeneous; graphfeed takes its homogeneous paper→paper ``cites``
-subgraph, with the papers' features, labels and splits (authors, institutions and fields
-of study are dropped).
+products, arxiv and papers100M are plain graphs (:class:`GraphData`). ogbn-mag is typed
+(:class:`TypedGraphData`); its raw layout (``read_csv_heterograph_raw``) is::
+
+    raw/num-node-dict.csv.gz                       header of node types, one row of counts
+    raw/triplet-type-list.csv.gz                   one (src, relation, dst) per row
+    raw/relations/<src>___<rel>___<dst>/edge.csv.gz  one local (src, dst) pair per row
+    raw/relations/<src>___<rel>___<dst>/num-edge-list.csv.gz
+    raw/node-feat/paper/node-feat.csv.gz           128 floats per paper
+    raw/nodetype-has-label.csv.gz, raw/node-label/paper/node-label.csv.gz
+    split/time/nodetype-has-split.csv.gz, split/time/paper/{train,valid,test}.csv.gz
+
+Every relation listed in ``triplet-type-list.csv.gz`` is read (ogbn-mag has four:
+``author writes paper``, ``paper cites paper``, ``paper has_topic field_of_study``,
+``author affiliated_with institution``); papers are the target type. With
+``papers_only``, graphfeed takes its plain paper→paper ``cites`` subgraph instead, with the
+papers' features, labels and splits.
 """
 
 from __future__ import annotations
@@ -29,7 +42,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from partitioner.graph import SPLITS, GraphData, GraphDataError, labels_to_int64, sorted_unique
+from partitioner.graph import SPLITS, EdgeType, GraphData, GraphDataError, labels_to_int64, sorted_unique
+from partitioner.typed import TypedGraphData
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +57,7 @@ _UNSUPPORTED: dict[str, str] = {
     ),
 }
 
-#: ogbn-mag: the node type and relation graphfeed keeps.
+#: ogbn-mag: its target node type, and the relation of its plain papers-only view.
 MAG_NODE_TYPE = "paper"
 MAG_RELATION: tuple[str, str, str] = ("paper", "cites", "paper")
 
@@ -77,8 +91,8 @@ class OgbMeta:
     add_inverse_edge: bool
     #: Whether the raw files are ``.npz`` (True) or ``.csv.gz`` (False).
     binary: bool
-    #: Whether the raw graph is heterogeneous (ogbn-mag).
-    is_hetero: bool
+    #: Whether the raw graph is typed (ogbn-mag).
+    typed: bool
 
 
 @dataclass
@@ -97,28 +111,43 @@ class _RawGraph:
     label_file: Path
 
 
-def read_ogb(name: str, root: str | Path, *, to_undirected: bool = False) -> GraphData:
-    """Read the local copy of OGB node-property dataset ``name`` under ``root``.
+def read_ogb(name: str, root: str | Path, *, to_undirected: bool = False,
+             papers_only: bool = False) -> GraphData | TypedGraphData:
+    """Read the local copy of OGB node-property dataset ``name`` under ``root``: a
+    :class:`GraphData`, or a :class:`TypedGraphData` for ogbn-mag (with every node type
+    and relation; its plain paper→paper ``cites`` subgraph with ``papers_only``).
 
     ``root`` holds the unpacked dataset folder: ``<root>/<dir_name>/raw/`` in ogb's layout
     (``ogbn_products``), or the folder the zip unpacks to (``products``). Labels become
-    ``[N]`` int64 with ``-1`` for unlabeled nodes; features are float32; OGB's ``valid``
-    split is graphfeed's ``val``. ``to_undirected`` adds every edge's reverse and drops
-    duplicate edges (arxiv, mag and papers100M store citations one way); the edges then
-    come sorted by (source, target).
+    int64 with ``-1`` for unlabeled nodes; features are float32; OGB's ``valid`` split is
+    graphfeed's ``val``. ``to_undirected`` (plain graphs) adds every edge's reverse and
+    drops duplicate edges (arxiv, mag and papers100M store citations one way); the edges
+    then come sorted by (source, target). A typed graph gets reverse relations from
+    :meth:`TypedGraphData.add_reverse` instead.
 
     Raises :class:`DatasetNotFoundError` at once, naming the missing files and the URL,
     when the local copy is missing or incomplete, and :class:`GraphDataError` for names
     graphfeed does not read.
     """
     meta = ogb_metadata(name)
+    if meta.typed and to_undirected and not papers_only:
+        raise GraphDataError(f"to_undirected: for plain graphs; {meta.name} is typed (add reverse "
+                             "relations with TypedGraphData.add_reverse(), or pass papers_only=True)")
     root = Path(root)
     ds_dir = _locate_dataset_dir(meta, root)
     _check_local_copy(meta, root, ds_dir)
     start = time.perf_counter()
     with _ogb_output_to_log():
-        raw = _read_mag_papers(meta, ds_dir) if meta.is_hetero else _read_homogeneous(meta, ds_dir)
         splits = _read_splits(meta, ds_dir)
+        if not meta.typed:
+            raw = _read_homogeneous(meta, ds_dir)
+        else:
+            mag = _read_typed(meta, ds_dir, splits)
+            if not papers_only:
+                log.info("read %s (typed) from %s in %.1fs:\n%s", meta.name, ds_dir,
+                         time.perf_counter() - start, mag.summary())
+                return mag
+            raw = _papers_of(mag, ds_dir / "raw")
     edge_index = np.ascontiguousarray(raw.edge_index, dtype=np.int64)
     if to_undirected:
         edge_index = make_undirected(edge_index, raw.num_nodes)
@@ -168,7 +197,7 @@ def ogb_metadata(name: str) -> OgbMeta:
         split=str(row["split"]),
         add_inverse_edge=row["add_inverse_edge"] == "True",
         binary=row["binary"] == "True",
-        is_hetero=row["is hetero"] == "True",
+        typed=row["is hetero"] == "True",
     )
 
 
@@ -243,7 +272,7 @@ def _locate_dataset_dir(meta: OgbMeta, root: Path) -> Path:
 def _required_files(meta: OgbMeta) -> list[str]:
     """Files :func:`read_ogb` reads, relative to the dataset folder."""
     split = f"split/{meta.split}"
-    if meta.is_hetero:
+    if meta.typed:
         relation = "___".join(MAG_RELATION)
         return [
             "raw/num-node-dict.csv.gz",
@@ -321,34 +350,52 @@ def _read_homogeneous(meta: OgbMeta, ds_dir: Path) -> _RawGraph:
     )
 
 
-def _read_mag_papers(meta: OgbMeta, ds_dir: Path) -> _RawGraph:
-    """ogbn-mag's paper→paper ``cites`` subgraph with the papers' features and labels."""
-    readers = _raw_readers()
+def _read_typed(meta: OgbMeta, ds_dir: Path, splits: dict[str, np.ndarray]) -> TypedGraphData:
+    """ogbn-mag with every node type and relation, papers first (the target type comes
+    first in the homogeneous view and in summaries), then OGB's order."""
     raw_dir = ds_dir / "raw"
-    graph = readers.read_csv_heterograph_raw(str(raw_dir), meta.add_inverse_edge)[0]
-    edges = graph["edge_index_dict"]
-    if MAG_RELATION not in edges:
-        raise GraphDataError(
-            f"{raw_dir / 'triplet-type-list.csv.gz'}: expected the relation {MAG_RELATION}, "
-            f"got {sorted(edges)}"
-        )
-    features = graph["node_feat_dict"] or {}
-    if MAG_NODE_TYPE not in features:
-        raise GraphDataError(
-            f"{raw_dir / 'node-feat'}: expected features for node type {MAG_NODE_TYPE!r}, "
-            f"got them for {sorted(features)}"
-        )
+    _check_relation_files(raw_dir)
+    readers = _raw_readers()
+    raw = readers.read_csv_heterograph_raw(str(raw_dir), meta.add_inverse_edge)[0]
     labels = readers.read_node_label_hetero(str(raw_dir))
-    if MAG_NODE_TYPE not in labels:
+    counts = {str(t): int(n) for t, n in raw["num_nodes_dict"].items()}
+    if MAG_NODE_TYPE not in counts or MAG_NODE_TYPE not in labels:
         raise GraphDataError(
             f"{raw_dir / 'nodetype-has-label.csv.gz'}: expected labels for node type "
             f"{MAG_NODE_TYPE!r}, got them for {sorted(labels)}"
         )
+    num_nodes = {MAG_NODE_TYPE: counts.pop(MAG_NODE_TYPE), **counts}
+    edges: dict[EdgeType, np.ndarray] = {
+        (str(s), str(r), str(d)): np.ascontiguousarray(ei, dtype=np.int64)
+        for (s, r, d), ei in raw["edge_index_dict"].items()
+    }
+    x = {str(t): _features_to_float32(f, raw_dir / "node-feat" / str(t))
+         for t, f in (raw["node_feat_dict"] or {}).items() if f is not None}
+    label_file = raw_dir / "node-label" / MAG_NODE_TYPE / "node-label.csv.gz"
+    graph = TypedGraphData(
+        name=meta.name, num_nodes=num_nodes, edge_index=edges, x=x, target_type=MAG_NODE_TYPE,
+        y=_labels_to_int64(labels[MAG_NODE_TYPE], num_nodes[MAG_NODE_TYPE], label_file),
+        num_classes=meta.num_classes, splits=splits,
+    )
+    graph.validate()
+    return graph
+
+
+def _papers_of(mag: TypedGraphData, raw_dir: Path) -> _RawGraph:
+    """ogbn-mag's paper→paper ``cites`` subgraph with the papers' features and labels."""
+    if MAG_RELATION not in mag.edge_index:
+        raise GraphDataError(
+            f"{raw_dir / 'triplet-type-list.csv.gz'}: expected the relation {MAG_RELATION}, "
+            f"got {sorted(mag.edge_index)}"
+        )
+    if MAG_NODE_TYPE not in mag.x:
+        raise GraphDataError(
+            f"{raw_dir / 'node-feat'}: expected features for node type {MAG_NODE_TYPE!r}, "
+            f"got them for {sorted(mag.x)}"
+        )
     return _RawGraph(
-        edge_index=edges[MAG_RELATION],
-        x=features[MAG_NODE_TYPE],
-        labels=labels[MAG_NODE_TYPE],
-        num_nodes=int(graph["num_nodes_dict"][MAG_NODE_TYPE]),
+        edge_index=mag.edge_index[MAG_RELATION], x=mag.x[MAG_NODE_TYPE], labels=mag.y,
+        num_nodes=mag.num_nodes[MAG_NODE_TYPE],
         label_file=raw_dir / "node-label" / MAG_NODE_TYPE / "node-label.csv.gz",
     )
 
@@ -356,7 +403,7 @@ def _read_mag_papers(meta: OgbMeta, ds_dir: Path) -> _RawGraph:
 def _read_splits(meta: OgbMeta, ds_dir: Path) -> dict[str, np.ndarray]:
     """``split/<split>/{train,valid,test}.csv.gz`` as graphfeed's train/val/test."""
     split_dir = ds_dir / "split" / meta.split
-    if meta.is_hetero:
+    if meta.typed:
         per_type = _raw_readers().read_nodesplitidx_split_hetero(str(split_dir))
         if MAG_NODE_TYPE not in per_type[0]:
             raise GraphDataError(
@@ -407,3 +454,20 @@ def _labels_to_int64(raw: np.ndarray, num_nodes: int, source: Path) -> np.ndarra
             f"got {list(np.shape(raw))}"
         )
     return labels_to_int64(labels, str(source))
+
+
+def _check_relation_files(raw_dir: Path) -> None:
+    """Every relation the triplet list names must have its edge files (ogb would fail
+    deep inside pandas otherwise)."""
+    triplets = pd.read_csv(raw_dir / "triplet-type-list.csv.gz", header=None).values
+    missing = [
+        raw_dir / "relations" / "___".join(map(str, t)) / stem
+        for t in triplets for stem in ("edge.csv.gz", "num-edge-list.csv.gz")
+        if not (raw_dir / "relations" / "___".join(map(str, t)) / stem).is_file()
+    ]
+    if missing:
+        listing = "\n  ".join(str(p) for p in missing)
+        raise GraphDataError(
+            f"{raw_dir / 'triplet-type-list.csv.gz'} lists relations whose files are "
+            f"missing:\n  {listing}"
+        )

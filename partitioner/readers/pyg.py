@@ -1,115 +1,172 @@
-"""Convert between a PyG ``Data`` object and :class:`GraphData`.
+"""Convert between PyG graphs and graphfeed's: a ``Data`` is a :class:`GraphData`, a
+``HeteroData`` a :class:`TypedGraphData`.
 
-``from_pyg`` takes any homogeneous graph the user already has in memory (a PyG dataset's
-``dataset[0]``, or their own ``Data``); ``to_pyg`` gives a :class:`GraphData` back to PyG.
+:func:`from_pyg` takes any graph the user already has in memory (a PyG dataset's
+``dataset[0]``, or their own); :func:`to_pyg` gives one back to PyG.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any, overload
 
 import numpy as np
 import torch
 from torch_geometric.data import Data, HeteroData
 
-from partitioner.graph import SPLITS, GraphData, GraphDataError, labels_to_int64
+from partitioner.graph import SPLITS, EdgeType, GraphData, GraphDataError, labels_to_int64
+from partitioner.typed import TypedGraphData
 
 log = logging.getLogger(__name__)
 
 _FLOAT_DTYPES = (torch.float16, torch.float32, torch.float64)
 
 
-def from_pyg(data: Data, *, name: str = "pyg", num_classes: int | None = None) -> GraphData:
-    """Convert a PyG ``Data`` to :class:`GraphData` (copying tensors to host memory).
+def from_pyg(data: Data | HeteroData, *, name: str = "pyg", num_classes: int | None = None,
+             target_type: str | None = None) -> GraphData | TypedGraphData:
+    """Convert a PyG ``Data`` to a :class:`GraphData`, or a ``HeteroData`` to a
+    :class:`TypedGraphData` (copying tensors to host memory).
 
-    Reads ``edge_index``, ``x``, ``y`` (``[N]`` or ``[N, 1]``), the splits from
-    ``train_mask``/``val_mask``/``test_mask`` or ``train_idx``/``val_idx``/``test_idx``,
-    and edge weights from ``edge_weight``, else from a 1-D ``edge_attr``. Features keep
-    their float16/32/64 dtype (bfloat16 becomes float32); integers become int64.
+    Reads ``x`` (required in a ``Data``; per node type where present in a ``HeteroData``),
+    ``edge_index`` (per edge type), ``y`` (``[N]`` or ``[N, 1]``) and the splits from
+    ``train_mask``/``val_mask``/``test_mask`` or ``train_idx``/``val_idx``/``test_idx``
+    (of the target type: ``target_type``, else the one node type with ``y``), and edge
+    weights (per edge type) from ``edge_weight``, else from a 1-D ``edge_attr``. Features
+    keep their float16/32/64 dtype (bfloat16 becomes float32); integers become int64.
     ``num_classes`` defaults to ``data.num_classes`` when set, else ``y.max() + 1``.
     """
     if isinstance(data, HeteroData):
-        raise GraphDataError(
-            "data: expected a homogeneous torch_geometric.data.Data, got HeteroData; "
-            "convert it first, e.g. with data.to_homogeneous() or by building a Data "
-            "from one node type and one edge type"
-        )
-    edge_index = _to_numpy(_required(data, "edge_index"), "edge_index")
-    if edge_index.ndim != 2 or edge_index.shape[0] != 2:
-        raise GraphDataError(
-            f"data.edge_index: expected shape [2, E], got {list(edge_index.shape)}"
-        )
-    if not np.issubdtype(edge_index.dtype, np.integer):
-        raise GraphDataError(f"data.edge_index: expected an integer dtype, got {edge_index.dtype}")
-    x = _features(_required(data, "x"))
-    y = _labels(_required(data, "y"))
-    num_nodes = int(data.num_nodes) if data.num_nodes is not None else int(x.shape[0])
-    graph = GraphData(
-        name=name,
-        num_nodes=num_nodes,
-        edge_index=np.ascontiguousarray(edge_index, dtype=np.int64),
-        x=x,
-        y=y,
-        num_classes=_num_classes(data, y, num_classes),
-        splits=_splits(data, num_nodes),
-        edge_weight=_edge_weight(data, edge_index.shape[1]),
-    )
+        graph: GraphData | TypedGraphData = _from_hetero_data(data, name, num_classes, target_type)
+    elif isinstance(data, Data):
+        if target_type is not None:
+            raise GraphDataError(f"target_type: only for a HeteroData (a Data has one node type), "
+                                 f"got {target_type!r}")
+        graph = _from_data(data, name, num_classes)
+    else:
+        raise GraphDataError(f"data: expected a torch_geometric.data.Data or HeteroData, got "
+                             f"{type(data).__name__}")
     graph.validate()
-    log.info("converted %s from PyG: %d nodes, %d edges", name, graph.num_nodes, graph.num_edges)
+    log.info("converted %s from PyG %s", name, type(data).__name__)
     return graph
 
 
-def to_pyg(graph: GraphData) -> Data:
-    """Convert ``graph`` to a PyG ``Data`` with ``train_mask``/``val_mask``/``test_mask``.
+def _from_data(data: Data, name: str, num_classes: int | None) -> GraphData:
+    edge_index = _edge_index(_required(data, "edge_index", "data"), "data.edge_index")
+    x = _features(_required(data, "x", "data"), "data.x")
+    y = _labels(_required(data, "y", "data"), "data.y")
+    num_nodes = int(data.num_nodes) if data.num_nodes is not None else int(x.shape[0])
+    return GraphData(
+        name=name, num_nodes=num_nodes, edge_index=edge_index, x=x, y=y,
+        num_classes=_num_classes(data, y, num_classes), splits=_splits(data, num_nodes, "data"),
+        edge_weight=_edge_weight(data, edge_index.shape[1], "data"),
+    )
 
-    The masks do not keep the order of a split's node IDs; ``num_classes`` is set on the
-    ``Data`` so that :func:`from_pyg` finds it again.
+
+def _from_hetero_data(data: HeteroData, name: str, num_classes: int | None,
+                      target_type: str | None) -> TypedGraphData:
+    with_y = [t for t in data.node_types if "y" in data[t]]
+    if target_type is None:
+        if len(with_y) != 1:
+            raise GraphDataError(
+                f"target_type: expected one node type with y, got {with_y}; pass target_type")
+        target_type = with_y[0]
+    if target_type not in with_y:
+        raise GraphDataError(f"data[{target_type!r}].y: expected labels, got none")
+    num_nodes = {t: int(data[t].num_nodes) for t in data.node_types}
+    edges: dict[EdgeType, np.ndarray] = {}
+    weights: dict[EdgeType, np.ndarray] = {}
+    for s, r, d in data.edge_types:
+        et, field = (str(s), str(r), str(d)), f"data[{(s, r, d)!r}]"
+        edges[et] = _edge_index(_required(data[s, r, d], "edge_index", field), f"{field}.edge_index")
+        weight = _edge_weight(data[s, r, d], edges[et].shape[1], field)
+        if weight is not None:
+            weights[et] = weight
+    x = {t: _features(data[t].x, f"data[{t!r}].x") for t in data.node_types if "x" in data[t]}
+    store = data[target_type]
+    y = _labels(store.y, f"data[{target_type!r}].y")
+    return TypedGraphData(
+        name=name, num_nodes=num_nodes, edge_index=edges, x=x, target_type=target_type, y=y,
+        num_classes=_num_classes(data, y, num_classes),
+        splits=_splits(store, num_nodes[target_type], f"data[{target_type!r}]"), edge_weight=weights,
+    )
+
+
+@overload
+def to_pyg(graph: TypedGraphData) -> HeteroData: ...
+@overload
+def to_pyg(graph: GraphData) -> Data: ...
+def to_pyg(graph: GraphData | TypedGraphData) -> Data | HeteroData:
+    """Convert ``graph`` to a PyG ``Data`` (a :class:`TypedGraphData`: a ``HeteroData``)
+    with ``train_mask``/``val_mask``/``test_mask`` (on the target type) and edge weights
+    as ``edge_weight`` (per edge type).
+
+    The masks do not keep the order of a split's node IDs; ``num_classes`` is set as a
+    graph attribute so that :func:`from_pyg` finds it again.
     """
     graph.validate(check_values=False)
-    data = Data(
-        x=_to_tensor(graph.x),
-        edge_index=_to_tensor(graph.edge_index),
-        y=_to_tensor(graph.y),
-        num_nodes=graph.num_nodes,
-    )
+    data: Data | HeteroData
+    if isinstance(graph, TypedGraphData):
+        data = HeteroData()
+        for t, n in graph.num_nodes.items():
+            data[t].num_nodes = n
+            if t in graph.x:
+                data[t].x = _to_tensor(graph.x[t])
+        for et, ei in graph.edge_index.items():
+            data[et].edge_index = _to_tensor(ei)
+            if et in graph.edge_weight:
+                data[et].edge_weight = _to_tensor(graph.edge_weight[et])
+        target, n_target = data[graph.target_type], graph.num_nodes[graph.target_type]
+    else:
+        data = Data(x=_to_tensor(graph.x), edge_index=_to_tensor(graph.edge_index), num_nodes=graph.num_nodes)
+        if graph.edge_weight is not None:
+            data.edge_weight = _to_tensor(graph.edge_weight)
+        target, n_target = data, graph.num_nodes
+    target.y = _to_tensor(graph.y)
     for split, ids in graph.splits.items():
-        mask = torch.zeros(graph.num_nodes, dtype=torch.bool)
+        mask = torch.zeros(n_target, dtype=torch.bool)
         mask[_to_tensor(ids)] = True
-        data[f"{split}_mask"] = mask
-    if graph.edge_weight is not None:
-        data.edge_weight = _to_tensor(graph.edge_weight)
+        target[f"{split}_mask"] = mask
     data.num_classes = graph.num_classes
     return data
 
 
-def _required(data: Data, key: str) -> torch.Tensor:
-    value = data.get(key, None)
+def _required(store: Any, key: str, field: str) -> torch.Tensor:
+    value = store.get(key, None)
     if not isinstance(value, torch.Tensor):
         raise GraphDataError(
-            f"data.{key}: expected a tensor, got {type(value).__name__}; "
-            f"keys present: {sorted(data.keys())}"
+            f"{field}.{key}: expected a tensor, got {type(value).__name__}; "
+            f"keys present: {sorted(store.keys())}"
         )
     return value
 
 
-def _to_numpy(tensor: torch.Tensor, key: str) -> np.ndarray:
+def _to_numpy(tensor: torch.Tensor, field: str) -> np.ndarray:
     if tensor.is_sparse or tensor.layout != torch.strided:
-        raise GraphDataError(f"data.{key}: expected a dense tensor, got layout {tensor.layout}")
+        raise GraphDataError(f"{field}: expected a dense tensor, got layout {tensor.layout}")
     return tensor.detach().cpu().numpy()
 
 
-def _features(tensor: torch.Tensor) -> np.ndarray:
+def _edge_index(tensor: torch.Tensor, field: str) -> np.ndarray:
+    edge_index = _to_numpy(tensor, field)
+    if edge_index.ndim != 2 or edge_index.shape[0] != 2:
+        raise GraphDataError(f"{field}: expected shape [2, E], got {list(edge_index.shape)}")
+    if not np.issubdtype(edge_index.dtype, np.integer):
+        raise GraphDataError(f"{field}: expected an integer dtype, got {edge_index.dtype}")
+    return np.ascontiguousarray(edge_index, dtype=np.int64)
+
+
+def _features(tensor: torch.Tensor, field: str) -> np.ndarray:
     if tensor.dim() != 2:
-        raise GraphDataError(f"data.x: expected shape [N, F], got {list(tensor.shape)}")
+        raise GraphDataError(f"{field}: expected shape [N, F], got {list(tensor.shape)}")
     if tensor.dtype == torch.bfloat16:
-        log.info("data.x is bfloat16, which numpy lacks; converting to float32")
+        log.info("%s is bfloat16, which numpy lacks; converting to float32", field)
         tensor = tensor.float()
     if tensor.dtype not in _FLOAT_DTYPES:
-        raise GraphDataError(f"data.x: expected float16, float32 or float64, got {tensor.dtype}")
-    return _to_numpy(tensor, "x")
+        raise GraphDataError(f"{field}: expected float16, float32 or float64, got {tensor.dtype}")
+    return _to_numpy(tensor, field)
 
 
-def _labels(tensor: torch.Tensor, field: str = "data.y") -> np.ndarray:
+def _labels(tensor: torch.Tensor, field: str) -> np.ndarray:
     """``[N]`` or ``[N, 1]`` labels as int64 ``[N]`` (:func:`labels_to_int64`)."""
     y = tensor[:, 0] if tensor.dim() == 2 and tensor.shape[1] == 1 else tensor
     if y.dim() != 1:
@@ -119,10 +176,10 @@ def _labels(tensor: torch.Tensor, field: str = "data.y") -> np.ndarray:
                              f"labels (NaN for unlabeled), got {y.dtype}")
     if y.dtype == torch.bfloat16:  # NumPy has no bfloat16
         y = y.float()
-    return labels_to_int64(_to_numpy(y, "y"), field)
+    return labels_to_int64(_to_numpy(y, field), field)
 
 
-def _num_classes(data: Data, y: np.ndarray, given: int | None) -> int:
+def _num_classes(data: Data | HeteroData, y: np.ndarray, given: int | None) -> int:
     if given is not None:
         return int(given)
     stored = data.get("num_classes", None)
@@ -131,47 +188,50 @@ def _num_classes(data: Data, y: np.ndarray, given: int | None) -> int:
     return max(int(y.max()) + 1, 1) if y.size else 1
 
 
-def _splits(data: Data, num_nodes: int) -> dict[str, np.ndarray]:
+def _splits(store: Any, num_nodes: int, field: str) -> dict[str, np.ndarray]:
+    """The splits of a ``Data`` or of the target type's node store, from masks or IDs."""
     splits: dict[str, np.ndarray] = {}
     for split in SPLITS:
-        mask = data.get(f"{split}_mask", None)
-        idx = data.get(f"{split}_idx", None)
+        mask = store.get(f"{split}_mask", None)
+        idx = store.get(f"{split}_idx", None)
         if mask is not None and idx is not None:
-            raise GraphDataError(f"data: expected {split}_mask or {split}_idx, got both")
+            raise GraphDataError(f"{field}: expected {split}_mask or {split}_idx, got both")
         if mask is not None:
             if mask.dtype != torch.bool or tuple(mask.shape) != (num_nodes,):
                 raise GraphDataError(
-                    f"data.{split}_mask: expected bool of shape [{num_nodes}], "
+                    f"{field}.{split}_mask: expected bool of shape [{num_nodes}], "
                     f"got {mask.dtype} of shape {list(mask.shape)}"
                 )
-            splits[split] = _to_numpy(mask.nonzero().view(-1), f"{split}_mask").astype(np.int64)
+            splits[split] = _to_numpy(mask.nonzero().view(-1), f"{field}.{split}_mask").astype(np.int64)
         elif idx is not None:
             if idx.dtype.is_floating_point or idx.dtype == torch.bool or idx.dim() != 1:
                 raise GraphDataError(
-                    f"data.{split}_idx: expected 1-D integer node IDs, "
+                    f"{field}.{split}_idx: expected 1-D integer node IDs, "
                     f"got {idx.dtype} of shape {list(idx.shape)}"
                 )
-            splits[split] = _to_numpy(idx, f"{split}_idx").astype(np.int64, copy=False)
+            splits[split] = _to_numpy(idx, f"{field}.{split}_idx").astype(np.int64, copy=False)
     return splits
 
 
-def _edge_weight(data: Data, num_edges: int) -> np.ndarray | None:
-    edge_attr = data.get("edge_attr", None)
-    if data.get("edge_weight", None) is not None:
-        key, weight = "edge_weight", data.edge_weight
+def _edge_weight(store: Any, num_edges: int, field: str) -> np.ndarray | None:
+    """``edge_weight``, else a 1-D ``edge_attr``, of a ``Data`` or an edge type's store."""
+    edge_attr = store.get("edge_attr", None)
+    if store.get("edge_weight", None) is not None:
+        key, weight = "edge_weight", store.edge_weight
     elif isinstance(edge_attr, torch.Tensor) and edge_attr.dim() == 1:
         key, weight = "edge_attr", edge_attr
     else:
         return None
     if tuple(weight.shape) != (num_edges,):
         raise GraphDataError(
-            f"data.{key}: expected [{num_edges}] edge weights, got shape {list(weight.shape)}"
+            f"{field}.{key}: expected [{num_edges}] edge weights, got shape {list(weight.shape)}"
         )
-    return _to_numpy(weight.float(), key).astype(np.float32, copy=False)
+    return _to_numpy(weight.float(), f"{field}.{key}").astype(np.float32, copy=False)
 
 
 def _to_tensor(array: np.ndarray) -> torch.Tensor:
     """A tensor sharing ``array``'s memory where torch can (writable and C-contiguous)."""
+    array = np.asarray(array)
     if not array.flags.writeable or not array.flags.c_contiguous:
         array = np.array(array, order="C")
     return torch.from_numpy(array)
