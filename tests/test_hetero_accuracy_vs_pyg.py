@@ -25,15 +25,15 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_hetero_service import served
 from test_loader import TIMEOUTS
+from test_typed_service import served
 from torch import nn
 from torch_geometric.data import HeteroData
 
+from partitioner.readers.pyg import to_pyg
+from partitioner.synthetic import TYPED_PRESETS, generate_typed
 from partitioner.typed import TypedGraphData
-from partitioner.synthetic import TYPED_PRESETS, generate
-from partitioner.hetero_writer import partition_hetero_graph
-from partitioner.readers.pyg_hetero import to_pyg_hetero
+from partitioner.writer import partition_graph
 from trainer_client.hetero_models import RGCN, HeteroMeta, hetero_batch_inputs
 from trainer_client.loader import RemoteNeighborLoader
 
@@ -110,9 +110,9 @@ def _train_mlp(graph: TypedGraphData, data: HeteroData, seed: int) -> float:
 
 @pytest.fixture(scope="module")
 def typed_graph(tmp_path_factory: pytest.TempPathFactory) -> tuple[TypedGraphData, Path]:
-    graph = generate(PRESET, seed=0, progress=False).add_reverse()
+    graph = generate_typed(PRESET, seed=0, progress=False).add_reverse()
     root = tmp_path_factory.mktemp("typed") / "metis-2"
-    partition_hetero_graph(graph, 2, root, method="metis", progress=False)
+    partition_graph(graph, 2, root, method="metis", progress=False)
     return graph, root
 
 
@@ -121,7 +121,7 @@ def test_rgcn_on_graphfeed_batches_matches_pyg_hetero_neighbor_loader(
     from torch_geometric.loader import NeighborLoader
 
     graph, root = typed_graph
-    data = to_pyg_hetero(graph)
+    data = to_pyg(graph)
     ours, pyg, mlp = [], [], []
     with served(root, 2) as addresses:
         for seed in SEEDS:
