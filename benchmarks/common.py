@@ -3,6 +3,7 @@ RSS, machine description, JSON output."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -59,6 +60,18 @@ def run_measured(
     code = os.waitstatus_to_exitcode(status)
     return RunResult(label, command, code, round(wall, 2), round(usage.ru_maxrss / (1 << 20), 3),
                      "".join(output[-15:]))
+
+
+_HELD_PORTS = contextlib.ExitStack()
+
+
+def held_port(host: str = "127.0.0.1") -> int:
+    """A port of ``host`` held bound by this process until it exits
+    (:func:`protos.ports.reserved_ports`): a server it starts binds it, no other process
+    can take it first."""
+    from protos.ports import reserved_ports
+
+    return int(_HELD_PORTS.enter_context(reserved_ports(1, host))[0])
 
 
 def wait_for(path: Path, timeout: float, what: str) -> None:

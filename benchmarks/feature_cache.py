@@ -34,7 +34,6 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,7 +44,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import machine, write_json
+from common import held_port, machine, write_json
 
 log = logging.getLogger("bench.feature_cache")
 
@@ -53,12 +52,6 @@ FANOUTS = [15, 10, 5]
 BATCH = 1024
 CACHE_SIZES = [0.0, 0.05, 0.1, 0.2]
 DTYPES = ["float32", "bfloat16"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_servers(part_dir: Path, num_parts: int, ports: list[int]) -> list[subprocess.Popen[bytes]]:
@@ -345,7 +338,7 @@ def main() -> int:
         part_dir = args.partition_dir
         manifest = read_manifest(part_dir)
     fanouts = args.typed_fanouts if args.typed else FANOUTS
-    ports = [free_port() for _ in range(manifest.num_partitions)]
+    ports = [held_port() for _ in range(manifest.num_partitions)]
     procs = start_servers(part_dir, manifest.num_partitions, ports)
     addresses = [f"127.0.0.1:{p}" for p in ports]
     try:  # the baseline first: float32, no cache, int64 structure (a client from before)

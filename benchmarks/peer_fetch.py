@@ -31,9 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 import torch
-from common import machine, write_json
+from common import held_port, machine, write_json
 from netns_link import ensure_partitions
-from stream import free_port
 
 log = logging.getLogger("bench.peer_fetch")
 
@@ -64,7 +63,7 @@ def main() -> int:
 
     part_dir = ensure_partitions(args.data, args.preset, 2)
     book = np.asarray(read_manifest(part_dir).partition_book, dtype=np.int64)
-    addresses = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    addresses = [f"127.0.0.1:{held_port()}" for _ in range(2)]
     logdir = Path(tempfile.mkdtemp(prefix="peer-fetch-"))
     logs = [logdir / f"server{p}.log" for p in range(2)]
     procs = [subprocess.Popen(

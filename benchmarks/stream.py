@@ -73,7 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc
-from common import RESULTS, machine, write_json
+from common import RESULTS, held_port, machine, write_json
 
 log = logging.getLogger("bench.stream")
 
@@ -82,12 +82,6 @@ BATCH = 1024
 PREFETCH = 2  # batches prepared ahead of the one being sent (the server's default is 4)
 SIZES = [256 << 10, 1 << 20, 4 << 20, 16 << 20, 32 << 20]
 _METHOD = "/bench.Bytes/Stream"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- raw TCP ------------------------------------------------------------------------------
@@ -423,7 +417,7 @@ def stream_passes(part_dir: Path, sizes: list[int], passes: int, rounds: int,
     ratio: to that pass's bare stream)."""
     from protos.channel import create_channel
 
-    port, ctx = free_port(), mp.get_context("spawn")
+    port, ctx = held_port(), mp.get_context("spawn")
     ready = ctx.Event()
     proc = ctx.Process(target=_bench_server, args=(str(part_dir), num_batches, port, ready),
                        daemon=True)
@@ -494,7 +488,7 @@ def server_rows(part_dir: Path, num_batches: int, steps: list[float], server_dev
     from trainer_client.loader import RemoteNeighborLoader
     from trainer_client.local import wait_serving
 
-    address = f"127.0.0.1:{free_port()}"
+    address = f"127.0.0.1:{held_port()}"
     cmd = [sys.executable, "-m", "sampling_server", "--partition-dir", str(part_dir),
            "--partition", "0", "--listen", address, "--verify", "size", "--no-mmap",
            "--device", server_device, "--log-level", "WARNING"]
