@@ -112,7 +112,8 @@ def test_the_example_training_loop_runs_under_graphfeed_local(parts: Path, tmp_p
                  "--trainer-script", str(REPO / "examples" / "train_ddp.py"), "--", "--epochs", "1",
                  cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "epoch 0: val acc" in done.stdout and "best val acc" in done.stdout
+    assert "epoch 0: val acc" in done.stdout
+    assert re.search(r"best val acc 0\.\d{4}, test acc 0\.\d{4}\n$", done.stdout), done.stdout[-2000:]
 
 
 def test_local_servers_share_the_machines_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
