@@ -30,16 +30,15 @@ from torch import nn
 from torch_geometric.data import HeteroData
 from torch_geometric.nn import HeteroConv, SAGEConv
 
-from trainer_client import Cluster, RemoteNeighborLoader
+from trainer_client import Cluster, RemoteNeighborLoader, TypedGraph
 
 
 class TypedSAGE(nn.Module):
     """Per node type an input layer, then ``num_layers`` HeteroConv layers of one SAGEConv
     per relation (summed per type), then a classifier for the target type."""
 
-    def __init__(self, loader: RemoteNeighborLoader, hidden: int, num_layers: int) -> None:
+    def __init__(self, graph: TypedGraph, hidden: int, num_layers: int) -> None:
         super().__init__()
-        graph = loader.typed_graph
         self.target = graph.target_type
         self.inputs = nn.ModuleDict({
             t: nn.Linear(graph.feature_dims[t], hidden) if graph.feature_dims[t] > 0
@@ -92,10 +91,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     val_loader, test_loader = (RemoteNeighborLoader(cluster, split, num_neighbors=fanouts,
                                                     batch_size=1024, device=device)
                                for split in ("val", "test"))
-    if train_loader.typed_graph is None:
+    graph = train_loader.typed_graph  # node and edge types, feature widths, classes
+    if graph is None:
         parser.error("--servers: these servers hold a plain graph; see examples/node_classification.py")
 
-    model = TypedSAGE(train_loader, args.hidden, num_layers=len(fanouts)).to(device)
+    model = TypedSAGE(graph, args.hidden, num_layers=len(fanouts)).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     best = {"val_acc": -1.0, "epoch": -1}
     best_state = None
