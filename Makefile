@@ -49,7 +49,7 @@ $(RUNTIME_STAMP): pyproject.toml
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/mypy deploy/*.py benchmarks/*.py examples/*.py
+	$(VENV)/bin/mypy deploy/*.py benchmarks/*.py benchmarks/experiments/*.py benchmarks/netns/*.py examples/*.py
 
 # PyG's CPU NeighborLoader (torch-sparse/torch-scatter, wheels in $(WHEELS) when present)
 # only for the test that compares accuracy with it; graphfeed itself never imports them.

@@ -15,7 +15,7 @@ steps, each a child process with its own deadline (the whole run fits in ``--bud
 3. ``benchmarks/stream.py``: a CUDA sampling server streaming to a trainer whose loader
    puts batches on the GPU, with no trainer cache (every feature row on the stream) and
    with the default ``auto`` cache on the GPU, beside bare gRPC and TCP in the same run;
-4. ``benchmarks/model_step.py``: one training step of the default model (GraphSAGE) on a
+4. ``benchmarks/experiments/model_step.py``: one training step of the default model (GraphSAGE) on a
    real sampled batch of ``--preset``, in float32 and bfloat16 autocast: what a stream
    must deliver a batch within to keep this GPU busy;
 5. ``deploy/demo.py --trainers 1 --device auto``: a 1-GPU NCCL DDP run of the demo with
@@ -97,7 +97,7 @@ def gpu_info() -> dict[str, Any] | None:
     return info
 
 
-#: What every step imports; a GPU image may lack some (see docs/benchmarks.md).
+#: What every step imports; a GPU image may lack some (see docs/performance.md, "GPU check").
 PREFLIGHT_MODULES = ("grpc", "grpc_health.v1.health", "google.protobuf", "yaml", "tqdm",
                      "torch_geometric", "protos.sampling_pb2", "sampling_server.server",
                      "trainer_client.loader", "partitioner")
@@ -210,7 +210,7 @@ def steps_for(args: argparse.Namespace) -> list[tuple[Step, float]]:
                          "--sizes-kib", "4096", "--server-device", "cuda", "--trainer-device", "cuda",
                          "--cache-size", "0", "auto",
                          "--results-name", "gpu-check-stream"]), 0.22),
-        (Step("model step", [py, "benchmarks/model_step.py", *bench, "--device", "cuda",
+        (Step("model step", [py, "benchmarks/experiments/model_step.py", *bench, "--device", "cuda",
                              "--results-name", "gpu-check-model-step"]), 0.06),
         (Step("demo (1 GPU, NCCL)", [py, "deploy/demo.py", "--data", str(args.data / "demo"),
                                      "--trainers", "1", "--device", "auto", "--server-device", "cuda",

@@ -18,6 +18,9 @@ flight on 2 threads (as ``sampling_server``'s two sampling workers do; PyG's
 OpenMP's wait policy (read once, when the OpenMP runtime loads) matters on a shared,
 oversubscribed machine: with the default spinning wait, every parallel kernel's barrier
 can cost a scheduler time slice; the JSON records the policy in force.
+
+Takes about a minute a pass on a 2-core machine, plus 1-2 minutes the first time to
+generate ``mag-like`` and write it under ``--data``.
 """
 
 from __future__ import annotations

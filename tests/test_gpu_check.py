@@ -118,7 +118,7 @@ def test_the_plan_shares_the_budget_and_reads_the_model_step(gpu_check: Any, tmp
     assert [s.name for s, _ in plan] == ["gpu tests", "sampler", "stream", "model step", "demo (1 GPU, NCCL)"]
     assert sum(share for _, share in plan) == pytest.approx(1.0)
     step = next(s for s, _ in plan if s.name == "model step")
-    assert "benchmarks/model_step.py" in step.command and "gpu-check-model-step" in step.command
+    assert "benchmarks/experiments/model_step.py" in step.command and "gpu-check-model-step" in step.command
     results = gpu_check.RESULTS
     results.mkdir(parents=True)
     (results / "gpu-check-model-step.json").write_text(json.dumps({

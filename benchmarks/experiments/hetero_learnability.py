@@ -6,7 +6,7 @@ for featureless types) on ``mag-small`` with reverse relations, for several seed
 reports the test accuracy at the best validation epoch. Writes
 ``benchmarks/results/hetero_learnability.json``.
 
-    python benchmarks/hetero_learnability.py --seeds 0 1 2
+    python benchmarks/experiments/hetero_learnability.py --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from torch import nn
 from torch_geometric.data import HeteroData
 from torch_geometric.nn import HeteroConv, SAGEConv
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common import machine, write_json
 

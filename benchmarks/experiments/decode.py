@@ -14,7 +14,7 @@ threads' included) and the wall seconds per GiB, medians over the rounds. The tr
 picks the mode from the CPUs it may use (``decode.BACKGROUND_COPIES_MIN_CPUS``); this
 says what each costs on the machine at hand. Writes ``benchmarks/results/decode.json``.
 
-    python benchmarks/decode.py --data data/bench
+    python benchmarks/experiments/decode.py --data data/bench
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, sampler
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common import machine, write_json
 

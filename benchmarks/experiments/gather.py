@@ -22,7 +22,7 @@ All rows give the same bits (checked on the first batch: the messages' ``x`` dec
 Rows alternate within each of ``--passes`` passes; a ratio is the median of the per-pass
 ratios. Writes ``benchmarks/results/gather.json``.
 
-    python benchmarks/gather.py --data data/bench
+    python benchmarks/experiments/gather.py --data data/bench
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, sampler
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np
 import torch
-from common import machine, write_json
+from common import ensure_partitions, machine, write_json
 
 log = logging.getLogger("bench.gather")
 
@@ -92,7 +92,6 @@ def main() -> int:
     parser.add_argument("--passes", type=int, default=3)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    from netns_link import ensure_partitions
 
     from partitioner import load_partition
     from protos import codec, fastwire

@@ -8,7 +8,7 @@ synthetic graph on 127.0.0.1):
 * kill -9 of server 1 for good: seconds until the trainer's error, and whether it names it;
 * rolling restart with SIGTERM (--grace 30): longest wait between batches over 3 epochs.
 
-Writes ``benchmarks/results/faults.json``. Usage: ``python benchmarks/faults.py``.
+Writes ``benchmarks/results/faults.json``. Usage: ``python benchmarks/experiments/faults.py``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ import grpc
 import numpy as np
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the fault tests' harness
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from common import machine, write_json
 from server_procs import ServerProcs, health_status
 from test_limits import METHODS, call_raw, fuzzed_request

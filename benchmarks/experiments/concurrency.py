@@ -24,7 +24,7 @@ gathering and encoding, and the cores used; the processes-over-threads ratio for
 ``K`` says what a server would gain from running its workers as processes on this
 machine.
 
-    python benchmarks/concurrency.py --data data/bench --workers 1 2 4 6
+    python benchmarks/experiments/concurrency.py --data data/bench --workers 1 2 4 6
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, sampler
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common import load_average, machine, seed_batches, wait_for, write_json
 

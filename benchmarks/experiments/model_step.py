@@ -10,7 +10,7 @@ cross-entropy on the seeds, backward and an Adam update of the trainer's default
 step on a GPU. Rows: float32, and (on a GPU) bfloat16 autocast. Writes
 ``benchmarks/results/model_step.json``.
 
-    .venv/bin/python benchmarks/model_step.py --data data/bench --device cuda
+    .venv/bin/python benchmarks/experiments/model_step.py --data data/bench --device cuda
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, sampler
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common import machine, seed_batches, write_json
 from sampler import BATCH, FANOUTS, ensure_partition

@@ -1,4 +1,4 @@
-"""The processes that ``benchmarks/netns_link.py`` runs inside the namespaces; each prints
+"""The processes that ``benchmarks/netns/netns_link.py`` runs inside the namespaces; each prints
 one JSON object on its last line of stdout (or writes it to ``--out``).
 
 - ``tcp-sink`` / ``tcp-source``: a raw TCP transfer (the link's own throughput);
@@ -6,7 +6,7 @@ one JSON object on its last line of stdout (or writes it to ``--out``).
 - ``trainer``: one trainer rank reading with ``RemoteNeighborLoader``, a fixed sleep
   standing for the model step, timed after a start barrier shared with the other rank.
 
-    python benchmarks/netns_roles.py trainer --servers 10.231.78.1:50051,... --rank 0 ...
+    python benchmarks/netns/netns_roles.py trainer --servers 10.231.78.1:50051,... --rank 0 ...
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common import wait_for
 

@@ -25,7 +25,7 @@ Target: bfloat16 + 20 % cache >= 3x the batches/s per trainer of float32 without
 over the same 10 Gbit/s link. Needs root (namespaces, tc). Writes
 ``benchmarks/results/netns_link.json`` and ``netns_link.png``.
 
-    sudo .venv/bin/python benchmarks/netns_link.py --data data/bench
+    sudo .venv/bin/python benchmarks/netns/netns_link.py --data data/bench
 """
 
 from __future__ import annotations
@@ -46,9 +46,10 @@ from types import FrameType
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from common import RESULTS, machine, write_json
+from common import RESULTS, ensure_partitions, machine, write_json
 from netns_report import plot, print_table, summarize
 from netns_topology import (
     LinkShape,
@@ -69,7 +70,7 @@ TRAINERS = ("trainer0", "trainer1")
 PORT, METRICS_PORT, PROBE_PORT = 50051, 9100, 5201
 TAG_PREFIX = "gfl"
 ROLES = Path(__file__).resolve().parent / "netns_roles.py"
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_ROWS = "float32:0,bfloat16:0,float32:0.2,bfloat16:0.2"
 STAGES = ("sample", "gather", "encode", "peer_sample", "peer_fetch", "answer_sample", "answer_fetch")
 
@@ -198,24 +199,6 @@ def server_command(args: argparse.Namespace, part_dir: Path, partition: int,
     if args.server_features is not None:
         cmd += ["--features", args.server_features]
     return cmd
-
-
-def ensure_partitions(data: Path, preset: str, num_parts: int) -> Path:
-    """``num_parts`` range partitions of ``preset`` under ``data`` (generated once; the
-    graph directory is the one ``benchmarks/sampler.py`` writes)."""
-    from partitioner import partition_graph
-    from partitioner.readers.graphdir import read_graph_dir, save_graph_dir
-    from partitioner.synthetic import generate
-
-    graph_dir, part_dir = data / preset, data / f"{preset}-{num_parts}"
-    if (part_dir / "manifest.json").is_file():
-        return part_dir
-    if not (graph_dir / "graph.json").is_file():
-        log.info("generating %s in %s (minutes for products-like)", preset, graph_dir)
-        save_graph_dir(generate(preset), graph_dir)
-    log.info("partitioning %s into %d (range) in %s", preset, num_parts, part_dir)
-    partition_graph(read_graph_dir(graph_dir), num_parts, part_dir, method="range", overwrite=True)
-    return part_dir
 
 
 def _die_with_parent() -> None:

@@ -1,4 +1,4 @@
-"""Ratios, the target check, the table and the plot of ``benchmarks/netns_link.py``."""
+"""Ratios, the target check, the table and the plot of ``benchmarks/netns/netns_link.py``."""
 
 from __future__ import annotations
 

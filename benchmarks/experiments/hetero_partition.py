@@ -6,7 +6,7 @@ optionally add reverse relations, assign, write), measured for wall time and pea
 the manifest adds the assignment and write times. Writes
 ``benchmarks/results/hetero_partition.json``.
 
-    python benchmarks/hetero_partition.py --data data/bench
+    python benchmarks/experiments/hetero_partition.py --data data/bench
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common import RunResult, machine, run_measured, write_json
 

@@ -10,7 +10,7 @@ Rows alternate within each of ``--passes`` passes; each pass times ``--calls`` c
 row and keeps their median. Reports ms per call and MB/s of rows received, with the CPU
 seconds the serving process spent per call. Writes ``benchmarks/results/peer_fetch.json``.
 
-    python benchmarks/peer_fetch.py --data data/bench
+    python benchmarks/experiments/peer_fetch.py --data data/bench
 """
 
 from __future__ import annotations
@@ -26,13 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, sampler
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np
 import torch
-from common import held_port, machine, write_json
-from netns_link import ensure_partitions
+from common import ensure_partitions, held_port, machine, write_json
 
 log = logging.getLogger("bench.peer_fetch")
 
