@@ -372,11 +372,11 @@ def main() -> int:
     parser.add_argument("--typed-fanouts", type=int, nargs="+", default=[10, 5],
                         help="fanouts of every edge type with --typed")
     parser.add_argument("--plot-only", type=Path, metavar="JSON",
-                        help="draw <results-name>.png from these results instead of measuring")
+                        help="draw <results-name>.png beside these results instead of measuring")
     args = parser.parse_args()
     if args.plot_only:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
-        plot(read_results(args.plot_only), RESULTS / f"{args.results_name}.png")
+        plot(read_results(args.plot_only), args.plot_only.parent / f"{args.results_name}.png")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from partitioner.format import read_manifest

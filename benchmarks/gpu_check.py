@@ -22,8 +22,9 @@ steps, each a child process with its own deadline (the whole run fits in ``--bud
    CUDA sampling servers.
 
 Writes ``benchmarks/results/gpu-check.json`` and ``gpu-check.md`` (the device name, every
-step's verdict and time, and every figure). Exits 1 when a step fails. Without a usable
-CUDA GPU it says so and exits 0, writing nothing.
+step's verdict and time, and every figure), and redraws the plots docs/performance.md
+shows from it (``sampler.png``, ``gpu-check-stream.png``). Exits 1 when a step fails.
+Without a usable CUDA GPU it says so and exits 0, writing nothing.
 """
 
 from __future__ import annotations
@@ -249,6 +250,26 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The plots docs/performance.md shows from this report, redrawn beside it once it is
+#: written: the sampler against PyG (the CPU results beside this GPU's), and the stream
+#: against the model's step. (script, the results it reads, the plot's name)
+PLOTS = (("benchmarks/sampler.py", ("sampler.json", "gpu-check.json"), "sampler"),
+         ("benchmarks/stream.py", ("gpu-check.json",), "gpu-check-stream"))
+
+
+def redraw_plots(env: dict[str, str]) -> None:
+    """Redraw :data:`PLOTS` from the results in :data:`RESULTS` (seconds, no GPU); one
+    whose results are not all there is left out, one that fails is logged."""
+    for script, names, name in PLOTS:
+        paths = [RESULTS / n for n in names]
+        if not all(p.is_file() for p in paths):
+            continue
+        command = [sys.executable, script, "--plot-only", *map(str, paths), "--results-name", name]
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            log.warning("plot %s failed: %s", name, done.stderr[-500:])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, default=Path("data/gpu-check"))
@@ -290,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "gpu-check.json").write_text(json.dumps(report, indent=1) + "\n")
     (RESULTS / "gpu-check.md").write_text(markdown(report))
+    redraw_plots(env)
     failed = [s.name for s in steps if s.status != "passed"]
     print(markdown(report))
     print(f"gpu-check: {len(steps) - len(failed)} of {len(steps)} steps passed; report in "

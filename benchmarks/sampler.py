@@ -251,7 +251,8 @@ def main() -> int:
     parser.add_argument("--results-name", default="sampler",
                         help="benchmarks/results/<name>.json and .png (default: sampler)")
     parser.add_argument("--plot-only", type=Path, nargs="+", metavar="JSON",
-                        help="draw <results-name>.png from these results instead of measuring")
+                        help="draw <results-name>.png beside the first of these results instead "
+                        "of measuring")
     parser.add_argument("--pyg-only", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plot_only:
@@ -408,14 +409,14 @@ def plot(sources: list[tuple[str, list[dict[str, Any]]]], path: Path) -> None:
 
 def plot_only(paths: list[Path], name: str) -> int:
     """The plot of results already written: sampler JSONs, and ``make gpu-check``
-    reports (their sampler step's rows)."""
+    reports (their sampler step's rows); ``<name>.png`` beside the first."""
     sources = []
     for path in paths:
         payload = read_results(path)
         step = report_step(payload, "sampler")
         rows = step["rows"] if step is not None else payload.get("rows", [])
         sources.append((describe_machine(payload), rows))
-    plot(sources, RESULTS / f"{name}.png")
+    plot(sources, paths[0].parent / f"{name}.png")
     return 0
 
 

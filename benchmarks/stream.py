@@ -630,7 +630,7 @@ def main() -> int:
     parser.add_argument("--results-name", default="stream",
                         help="benchmarks/results/<name>.json and .png (default: stream)")
     parser.add_argument("--plot-only", type=Path, metavar="JSON",
-                        help="draw <results-name>.png from these results instead of measuring")
+                        help="draw <results-name>.png beside these results instead of measuring")
     args = parser.parse_args()
     if args.plot_only:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -737,12 +737,13 @@ def _plot_server_rows(ax: Any, served: list[dict[str, Any]], model_step_ms: floa
 
 def plot_only(path: Path, name: str) -> int:
     """The plot of results already written: a stream JSON, or a ``make gpu-check``
-    report (its stream step's rows, and its model step's float32 time)."""
+    report (its stream step's rows, and its model step's float32 time); ``<name>.png``
+    beside it."""
     payload = read_results(path)
     stream, model = report_step(payload, "stream"), report_step(payload, "model step")
     rows = stream["rows"] if stream is not None else payload.get("rows", [])
     step_ms = model.get("float32 ms per step") if model is not None else None
-    plot(rows, RESULTS / f"{name}.png", describe_machine(payload), step_ms)
+    plot(rows, path.parent / f"{name}.png", describe_machine(payload), step_ms)
     return 0
 
 
