@@ -12,8 +12,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-#: Words that name a run or how a machine was had, not the machine: "run G4", "S9", "the
-#: lease", "a GPU lent", "the device tool".
+#: Words that name a run (a letter and its number) or how a machine was obtained, where
+#: the machine and the command should be named instead.
 DEVELOPMENT_WORDS = re.compile(r"\b(leases?|leased|lent|device tool|[GS]\d{1,2})\b", re.IGNORECASE)
 
 
