@@ -24,23 +24,32 @@ help:
 install: $(STAMP)
 
 # Re-run only when the project's metadata changes; torch is pinned to the CPU wheel on disk.
+# pip's own output shows the progress: a line per package it collects, a bar per download
+# (on a terminal), then one "Installing collected packages" step that unpacks them all.
+PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check --progress-bar on
+INSTALL_NOTE := torch $(shell sed -n 's/.*"torch==\([^"]*\)".*/\1/p' pyproject.toml) (CPU build, the largest), torch_geometric, numba, grpcio, ogb, pymetis
+
 $(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@echo "installing graphfeed with its development tools into $(VENV) (a few minutes the first time)..."
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@test -x $(PY) || { echo "== creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo "== installing graphfeed with its development tools into $(VENV) (a few minutes the first time):"
+	@echo "   $(INSTALL_NOTE), and ruff, mypy, pytest; the last step, unpacking, takes a minute"
+	$(PIP_INSTALL) -e '.[dev]'
 	@touch $(STAMP) $(RUNTIME_STAMP)
+	@echo "== installed into $(VENV)"
 
 # What running graphfeed needs, without the development tools (the demo's install).
 $(RUNTIME_STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@echo "installing graphfeed and what it needs to run into $(VENV) (about 2 minutes the first time)..."
-	$(PY) -m pip install --quiet --disable-pip-version-check -e .
+	@test -x $(PY) || { echo "== creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo "== installing graphfeed and what it needs to run into $(VENV) (about 2 minutes the first time):"
+	@echo "   $(INSTALL_NOTE); the last step, unpacking, takes a minute"
+	$(PIP_INSTALL) -e .
 	@touch $(RUNTIME_STAMP)
+	@echo "== installed into $(VENV)"
 
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/mypy deploy/*.py benchmarks/*.py examples/*.py
+	$(VENV)/bin/mypy deploy/*.py benchmarks/*.py benchmarks/experiments/*.py benchmarks/netns/*.py examples/*.py
 
 # PyG's CPU NeighborLoader (torch-sparse/torch-scatter, wheels in $(WHEELS) when present)
 # only for the test that compares accuracy with it; graphfeed itself never imports them.

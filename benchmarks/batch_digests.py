@@ -284,7 +284,7 @@ def _digest_parts(nodes: dict[str, tuple[Any, ...]], edges: dict[Any, tuple[Any,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " Takes about a minute.")
     parser.add_argument("--out", type=Path, required=True, help="JSON file of the digests")
     parser.add_argument("--devices", default="cpu,cuda",
                         help="sampler devices driven directly (default cpu,cuda; the services "

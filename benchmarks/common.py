@@ -3,7 +3,9 @@ RSS, machine description, JSON output."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import platform
 import resource
@@ -19,6 +21,7 @@ from typing import Any
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
+log = logging.getLogger("bench")
 
 
 @dataclass
@@ -59,6 +62,18 @@ def run_measured(
     code = os.waitstatus_to_exitcode(status)
     return RunResult(label, command, code, round(wall, 2), round(usage.ru_maxrss / (1 << 20), 3),
                      "".join(output[-15:]))
+
+
+_HELD_PORTS = contextlib.ExitStack()
+
+
+def held_port(host: str = "127.0.0.1") -> int:
+    """A port of ``host`` held bound by this process until it exits
+    (:func:`protos.ports.reserved_ports`): a server it starts binds it, no other process
+    can take it first."""
+    from protos.ports import reserved_ports
+
+    return int(_HELD_PORTS.enter_context(reserved_ports(1, host))[0])
 
 
 def wait_for(path: Path, timeout: float, what: str) -> None:
@@ -176,3 +191,63 @@ def summarize_passes(passes: list[list[dict[str, Any]]]) -> list[dict[str, Any]]
 def load_average() -> list[float]:
     """The 1-, 5- and 15-minute load averages."""
     return [round(v, 2) for v in os.getloadavg()]
+
+
+def ensure_partitions(data: Path, preset: str, num_parts: int) -> Path:
+    """``num_parts`` range partitions of ``preset`` under ``data`` (generated once; the
+    graph directory is the one ``benchmarks/sampler.py`` writes)."""
+    from partitioner import partition_graph
+    from partitioner.readers.graphdir import read_graph_dir, save_graph_dir
+    from partitioner.synthetic import generate_plain as generate
+
+    graph_dir, part_dir = data / preset, data / f"{preset}-{num_parts}"
+    if (part_dir / "manifest.json").is_file():
+        return part_dir
+    if not (graph_dir / "graph.json").is_file():
+        log.info("generating %s in %s (minutes for products-like)", preset, graph_dir)
+        save_graph_dir(generate(preset), graph_dir)
+    log.info("partitioning %s into %d (range) in %s", preset, num_parts, part_dir)
+    partition_graph(read_graph_dir(graph_dir), num_parts, part_dir, method="range", overwrite=True)
+    return part_dir
+
+
+# -- plots: each benchmark draws its own from its JSON (also with --plot-only) ----------------
+def read_results(path: Path) -> dict[str, Any]:
+    """A results JSON (``write_json``'s, or ``make gpu-check``'s report)."""
+    payload: dict[str, Any] = json.loads(Path(path).read_text())
+    return payload
+
+
+def report_step(payload: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """What the step ``name`` of a ``make gpu-check`` report measured (None when the
+    payload is no such report, or the step did not pass)."""
+    for step in payload.get("steps", []):
+        if step.get("name") == name and step.get("status") == "passed":
+            figures: dict[str, Any] = step.get("figures", {})
+            return figures
+    return None
+
+
+def describe_machine(payload: dict[str, Any]) -> str:
+    """The machine of a results JSON in a few words: ``NVIDIA H200, 16 cores`` or
+    ``2 cores, Intel Xeon``."""
+    info = payload.get("machine", {})
+    cpu = str(info.get("cpu", "")).replace("(R)", "").replace(" Processor", "").strip()
+    gpu = payload.get("gpu")
+    gpu_name = gpu.get("name") if isinstance(gpu, dict) else gpu
+    cores = f"{info.get('cores')} cores" if info.get("cores") else ""
+    return ", ".join(p for p in (gpu_name, cores, None if gpu_name else cpu) if p)
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only backend, or None (with a warning) when
+    matplotlib is not installed (it is a development dependency)."""
+    try:
+        import matplotlib
+    except ImportError:
+        log.warning("no plot: matplotlib is not installed (make install)")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

@@ -26,6 +26,11 @@ rules are compared per node type on a one-partition copy.
 
     python benchmarks/feature_cache.py --data data/bench
     python benchmarks/feature_cache.py --data data/bench --typed mag-like --results-name feature_cache_typed
+
+Takes about 3 minutes on a 2-core machine once ``products-like`` is written (the first run
+writes it, as ``benchmarks/sampler.py`` does); ``--typed mag-like`` about 2 minutes more
+the first time. Also writes ``<results-name>.png``: bytes per batch by cache size and
+dtype; ``--plot-only JSON`` redraws it from results already written.
 """
 
 from __future__ import annotations
@@ -34,7 +39,6 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,7 +49,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import machine, write_json
+from common import RESULTS, describe_machine, held_port, machine, pyplot, read_results, write_json
 
 log = logging.getLogger("bench.feature_cache")
 
@@ -53,12 +57,6 @@ FANOUTS = [15, 10, 5]
 BATCH = 1024
 CACHE_SIZES = [0.0, 0.05, 0.1, 0.2]
 DTYPES = ["float32", "bfloat16"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_servers(part_dir: Path, num_parts: int, ports: list[int]) -> list[subprocess.Popen[bytes]]:
@@ -124,8 +122,9 @@ def measure(addresses: list[str], cache: float, dtype: str, num_batches: int,
 def typed_partition(data: Path, preset: str, parts: int = 2) -> Path:
     """The typed ``preset`` with reverse relations in ``parts`` partitions under ``data``
     (written once; METIS for several, one range for one, as ``benchmarks/hetero.py``)."""
-    from partitioner.synthetic import generate_typed
     from partitioner.hetero_writer import partition_hetero_graph
+
+    from partitioner.synthetic import generate_typed
 
     root = data / f"{preset}-hetero-{parts}"
     if not (root / "manifest.json").is_file():
@@ -146,11 +145,11 @@ def compare_typed_plans(part_dir: Path, warm: int, test: int, fractions: list[fl
     and node counts of ``warm`` pre-sampled batches, measured on ``test`` other batches."""
     import numpy as np
     import torch
-
     from partitioner.hetero_format import load_hetero_partition
+    from sampling_server.sampler.hetero_cpu import CpuHeteroSampler
+
     from sampling_server.hot import typed_in_degree_order, typed_visit_scores
     from sampling_server.sampler import batch_key
-    from sampling_server.sampler.hetero_cpu import CpuHeteroSampler
 
     part = load_hetero_partition(part_dir, 0, mmap=True, verify="size")
     sampler = CpuHeteroSampler(part)
@@ -305,6 +304,50 @@ def print_table(rows: list[dict[str, Any]], plans: list[dict[str, Any]]) -> None
         print(f"{what}cache {p['cache']:.0%}: hit rate {rates}")
 
 
+def plot(payload: dict[str, Any], path: Path) -> None:
+    """Bytes per batch by cache size and wire dtype (feature rows and structure stacked),
+    against float32 without cache as a client without the compact structure receives it,
+    and a quarter of that (the target)."""
+    plt = pyplot()
+    if plt is None:
+        return
+    rows = [r for r in payload["rows"] if r.get("compact_indices", True)]
+    base = next((r for r in payload["rows"] if not r.get("compact_indices", True)), None)
+    caches = sorted({r["cache"] for r in rows})
+    fig, ax = plt.subplots(figsize=(9, 5))
+    width = 0.38
+    for k, dtype in enumerate(DTYPES):
+        mine = {r["cache"]: r for r in rows if r["dtype"] == dtype}
+        xs = [i + (k - 0.5) * width for i, c in enumerate(caches) if c in mine]
+        feats = [mine[c]["feature_bytes_per_batch"] / 1e6 for c in caches if c in mine]
+        structure = [mine[c]["structure_bytes_per_batch"] / 1e6 for c in caches if c in mine]
+        ax.bar(xs, feats, width=width, label=f"{dtype} feature rows", color=f"C{k}")
+        ax.bar(xs, structure, width=width, bottom=feats, color="0.6",
+               label="structure (IDs, edges, labels)" if k == 0 else None)
+        for x, f, st in zip(xs, feats, structure, strict=True):
+            total = f + st
+            note = f"{total:.1f}" + (f" ({base['bytes_per_batch'] / 1e6 / total:.2f}x)" if base else "")
+            ax.text(x, total + 2, note, ha="center", va="bottom", fontsize=7)
+    if base is not None:
+        mb = base["bytes_per_batch"] / 1e6
+        ax.axhline(mb, color="black", linestyle=":",
+                   label=f"float32, no cache, without the compact structure: {mb:.1f} MB")
+        ax.axhline(mb / 4, color="tab:red", linestyle="--",
+                   label=f"a quarter of that (the target): {mb / 4:.1f} MB")
+    hits = {r["cache"]: r["hit_rate"] for r in rows}
+    ax.set_xticks(range(len(caches)), ["no cache" if c == 0 else
+                                       f"{c:.0%} of the nodes\n{hits[c]:.1%} of rows hit" for c in caches])
+    ax.set_ylabel("MB per batch")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.25)
+    ax.legend(fontsize=8, loc="upper right")
+    graph = payload.get("graph", "")
+    ax.set_title(f"{graph}, fanouts {payload.get('fanouts')}, batch {payload.get('batch_size')}: "
+                 f"bytes a trainer receives per batch ({describe_machine(payload)})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    log.info("wrote %s", path)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -329,10 +372,17 @@ def main() -> int:
                         help="a typed graph preset (e.g. mag-like) instead of --preset")
     parser.add_argument("--typed-fanouts", type=int, nargs="+", default=[10, 5],
                         help="fanouts of every edge type with --typed")
+    parser.add_argument("--plot-only", type=Path, metavar="JSON",
+                        help="draw <results-name>.png beside these results instead of measuring")
     args = parser.parse_args()
+    if args.plot_only:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        plot(read_results(args.plot_only), args.plot_only.parent / f"{args.results_name}.png")
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    from partitioner.format import read_manifest
     from partitioner.hetero_format import read_hetero_manifest
+
+    from partitioner.format import read_manifest
 
     if args.typed:
         part_dir = typed_partition(args.data, args.typed)
@@ -345,7 +395,7 @@ def main() -> int:
         part_dir = args.partition_dir
         manifest = read_manifest(part_dir)
     fanouts = args.typed_fanouts if args.typed else FANOUTS
-    ports = [free_port() for _ in range(manifest.num_partitions)]
+    ports = [held_port() for _ in range(manifest.num_partitions)]
     procs = start_servers(part_dir, manifest.num_partitions, ports)
     addresses = [f"127.0.0.1:{p}" for p in ports]
     try:  # the baseline first: float32, no cache, int64 structure (a client from before)
@@ -382,6 +432,8 @@ def main() -> int:
         payload["fill_speedup_all_at_once"] = round(
             statistics.median(by[1]) / statistics.median(by[max(by)]), 3)
     path = write_json(args.results_name, payload)
+    if rows:
+        plot(payload, RESULTS / f"{args.results_name}.png")
     print_table(rows, plans)
     for r in fills:
         print(f"fill, {r['streams']} stream(s) at a time: {r['seconds']:.2f} s ({r['mb_per_s']:.0f} MB/s)")

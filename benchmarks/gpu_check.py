@@ -15,15 +15,16 @@ steps, each a child process with its own deadline (the whole run fits in ``--bud
 3. ``benchmarks/stream.py``: a CUDA sampling server streaming to a trainer whose loader
    puts batches on the GPU, with no trainer cache (every feature row on the stream) and
    with the default ``auto`` cache on the GPU, beside bare gRPC and TCP in the same run;
-4. ``benchmarks/model_step.py``: one training step of the default model (GraphSAGE) on a
+4. ``benchmarks/experiments/model_step.py``: one training step of the default model (GraphSAGE) on a
    real sampled batch of ``--preset``, in float32 and bfloat16 autocast: what a stream
    must deliver a batch within to keep this GPU busy;
 5. ``deploy/demo.py --trainers 1 --device auto``: a 1-GPU NCCL DDP run of the demo with
    CUDA sampling servers.
 
 Writes ``benchmarks/results/gpu-check.json`` and ``gpu-check.md`` (the device name, every
-step's verdict and time, and every figure). Exits 1 when a step fails. Without a usable
-CUDA GPU it says so and exits 0, writing nothing.
+step's verdict and time, and every figure), and redraws the plots docs/performance.md
+shows from it (``sampler.png``, ``gpu-check-stream.png``). Exits 1 when a step fails.
+Without a usable CUDA GPU it says so and exits 0, writing nothing.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def gpu_info() -> dict[str, Any] | None:
     return info
 
 
-#: What every step imports; a GPU image may lack some (see docs/benchmarks.md).
+#: What every step imports; a GPU image may lack some (see docs/performance.md, "GPU check").
 PREFLIGHT_MODULES = ("grpc", "grpc_health.v1.health", "google.protobuf", "yaml", "tqdm",
                      "torch_geometric", "protos.sampling_pb2", "sampling_server.server",
                      "trainer_client.loader", "partitioner")
@@ -210,7 +211,7 @@ def steps_for(args: argparse.Namespace) -> list[tuple[Step, float]]:
                          "--sizes-kib", "4096", "--server-device", "cuda", "--trainer-device", "cuda",
                          "--cache-size", "0", "auto",
                          "--results-name", "gpu-check-stream"]), 0.22),
-        (Step("model step", [py, "benchmarks/model_step.py", *bench, "--device", "cuda",
+        (Step("model step", [py, "benchmarks/experiments/model_step.py", *bench, "--device", "cuda",
                              "--results-name", "gpu-check-model-step"]), 0.06),
         (Step("demo (1 GPU, NCCL)", [py, "deploy/demo.py", "--data", str(args.data / "demo"),
                                      "--trainers", "1", "--device", "auto", "--server-device", "cuda",
@@ -247,6 +248,26 @@ def markdown(report: dict[str, Any]) -> str:
         if s["status"] != "passed":
             lines += ["", f"### {s['name']}: last lines", "", "```", s["tail"], "```"]
     return "\n".join(lines) + "\n"
+
+
+#: The plots docs/performance.md shows from this report, redrawn beside it once it is
+#: written: the sampler against PyG (the CPU results beside this GPU's), and the stream
+#: against the model's step. (script, the results it reads, the plot's name)
+PLOTS = (("benchmarks/sampler.py", ("sampler.json", "gpu-check.json"), "sampler"),
+         ("benchmarks/stream.py", ("gpu-check.json",), "gpu-check-stream"))
+
+
+def redraw_plots(env: dict[str, str]) -> None:
+    """Redraw :data:`PLOTS` from the results in :data:`RESULTS` (seconds, no GPU); one
+    whose results are not all there is left out, one that fails is logged."""
+    for script, names, name in PLOTS:
+        paths = [RESULTS / n for n in names]
+        if not all(p.is_file() for p in paths):
+            continue
+        command = [sys.executable, script, "--plot-only", *map(str, paths), "--results-name", name]
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            log.warning("plot %s failed: %s", name, done.stderr[-500:])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "gpu-check.json").write_text(json.dumps(report, indent=1) + "\n")
     (RESULTS / "gpu-check.md").write_text(markdown(report))
+    redraw_plots(env)
     failed = [s.name for s in steps if s.status != "passed"]
     print(markdown(report))
     print(f"gpu-check: {len(steps) - len(failed)} of {len(steps)} steps passed; report in "

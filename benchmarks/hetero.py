@@ -18,6 +18,9 @@ flight on 2 threads (as ``sampling_server``'s two sampling workers do; PyG's
 OpenMP's wait policy (read once, when the OpenMP runtime loads) matters on a shared,
 oversubscribed machine: with the default spinning wait, every parallel kernel's barrier
 can cost a scheduler time slice; the JSON records the policy in force.
+
+Takes about a minute a pass on a 2-core machine, plus 1-2 minutes the first time to
+generate ``mag-like`` and write it under ``--data``.
 """
 
 from __future__ import annotations
@@ -39,12 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import load_average, machine, spread, summarize_passes, time_batches, write_json
-
-from partitioner.typed import TypedGraphData
 from partitioner.hetero_format import load_hetero_node_map, load_hetero_partition
-from partitioner.synthetic import generate_typed
 from partitioner.hetero_writer import partition_hetero_graph
 from sampling_server.sampler.hetero_cpu import CpuHeteroSampler
+
+from partitioner.synthetic import generate_typed
+from partitioner.typed import TypedGraphData
 
 log = logging.getLogger("bench.hetero")
 

@@ -16,6 +16,11 @@ graphfeed's best configuration against PyG's best.
 
     make bench-peers            # PyG's torch-sparse/torch-scatter (else that row is skipped)
     python benchmarks/sampler.py --data data/bench
+
+Takes about 2 minutes a pass on a 2-core machine with the defaults, plus about a minute
+the first time, to generate ``products-like`` and write it as one partition under
+``--data`` (3 GB). ``--plot-only JSON...`` redraws the plot from results already written
+(a sampler JSON, and ``gpu-check.json`` for the CUDA rows of ``make gpu-check``).
 """
 
 from __future__ import annotations
@@ -37,7 +42,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import RESULTS, load_average, machine, spread, summarize_passes, time_batches, write_json
+from common import (
+    RESULTS,
+    describe_machine,
+    load_average,
+    machine,
+    pyplot,
+    read_results,
+    report_step,
+    spread,
+    summarize_passes,
+    time_batches,
+    write_json,
+)
 
 from partitioner import load_partition, partition_graph
 from partitioner.format import Partition
@@ -235,8 +252,14 @@ def main() -> int:
                         help="graphfeed's rows only (no PyTorch floor, no PyG)")
     parser.add_argument("--results-name", default="sampler",
                         help="benchmarks/results/<name>.json and .png (default: sampler)")
+    parser.add_argument("--plot-only", type=Path, nargs="+", metavar="JSON",
+                        help="draw <results-name>.png beside the first of these results instead "
+                        "of measuring")
     parser.add_argument("--pyg-only", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.plot_only:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        return plot_only(args.plot_only, args.results_name)
     if args.pyg_only is not None:  # child process: PyG's rows alone, memory of its own
         part = load_partition(args.data / f"{args.preset}-1", 0, verify="size")
         args.pyg_only.write_text(json.dumps(pyg_rows(part, args.pyg_batches, args.pyg_workers)))
@@ -261,7 +284,7 @@ def main() -> int:
                "load_average_after_each_pass": load, "rows": rows,
                "ratios": {k: spread(v) for k, v in ratios(passes).items()}, "passes": passes}
     path = write_json(args.results_name, payload)
-    plot(rows, RESULTS / f"{args.results_name}.png")
+    plot([(describe_machine(payload), rows)], RESULTS / f"{args.results_name}.png")
     for r in rows:
         if "seeds_per_s" not in r:
             print(f"{r['label']:<48} skipped: {r.get('skipped')}")
@@ -332,25 +355,71 @@ def ratios(passes: list[list[dict[str, Any]]]) -> dict[str, list[float]]:
     return out
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        log.warning("no plot: matplotlib is not installed")
+#: The plot's rows: (label, how each row of a results file is picked for it).
+PLOT_ROWS = (("graphfeed CUDA, graph in GPU memory", "graphfeed cuda/device: "),
+             ("graphfeed CPU, best of 1 and 2 batches in flight", "graphfeed cpu"),
+             ("vectorized-PyTorch floor, CPU", "pytorch floor: "),
+             ("PyG NeighborLoader, CPU, best num_workers", "pyg NeighborLoader"))
+
+
+def plot_rows(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """{plot row: {"structure" | "+ features": seeds/s}}, the best matching row of each."""
+    out: dict[str, dict[str, float]] = {}
+    for name, prefix in PLOT_ROWS:
+        for kind in ("structure", "+ features"):
+            rates = [r["seeds_per_s"] for r in rows if "seeds_per_s" in r
+                     and r["label"].startswith(prefix) and r["label"].endswith(f": {kind}")
+                     and "gpu-cache" not in r["label"]]
+            if rates:
+                out.setdefault(name, {})[kind] = max(rates)
+    return out
+
+
+def plot(sources: list[tuple[str, list[dict[str, Any]]]], path: Path) -> None:
+    """Seeds/s of graphfeed beside PyG and the PyTorch floor, structure alone and with
+    features, from one or more results (``sources``: (machine, rows) each)."""
+    plt = pyplot()
+    if plt is None:
         return
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in rows if "seeds_per_s" in r]
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.5))
-    ax.barh([r["label"] for r in rows], [r["seeds_per_s"] for r in rows], color="tab:blue")
+    bars = []  # (label, {kind: seeds/s}, {kind: PyG's seeds/s on the same machine})
+    for where, rows in sources:
+        picked = plot_rows(rows)
+        pyg = picked.get(PLOT_ROWS[-1][0], {})
+        bars += [(f"{name}\n({where})", kinds, pyg) for name, kinds in picked.items()]
+    fig, ax = plt.subplots(figsize=(9.5, 1.0 * len(bars) + 1.8))
+    height = 0.38
+    for k, (kind, color) in enumerate((("structure", "tab:blue"), ("+ features", "tab:orange"))):
+        ys = [i + (k - 0.5) * height for i in range(len(bars))]
+        values = [kinds.get(kind, 0.0) for _, kinds, _ in bars]
+        ax.barh(ys, values, height=height, color=color, label=kind)
+        for y, v, (_, _, pyg) in zip(ys, values, bars, strict=True):
+            ratio = f"  ({v / pyg[kind]:.1f}x PyG)" if kind in pyg and v != pyg[kind] else ""
+            if v:
+                ax.text(v * 1.05, y, f"{v:,.0f}{ratio}", va="center", fontsize=8)
+    ax.set_yticks(range(len(bars)), [label for label, _, _ in bars], fontsize=8)
     ax.set_xscale("log")
-    ax.set_xlabel("seeds/s (log scale)")
+    ax.set_xlim(right=ax.get_xlim()[1] * 8)
+    ax.set_xlabel("seeds/s, median of the passes (log scale); x PyG: against PyG's best row on "
+                  "the same machine", fontsize=9)
     ax.invert_yaxis()
-    ax.set_title(f"products-like, fanouts {FANOUTS}, batch {BATCH}")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(f"products-like, fanouts {FANOUTS}, batch {BATCH}: seeds sampled per second")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    log.info("wrote %s", path)
+
+
+def plot_only(paths: list[Path], name: str) -> int:
+    """The plot of results already written: sampler JSONs, and ``make gpu-check``
+    reports (their sampler step's rows); ``<name>.png`` beside the first."""
+    sources = []
+    for path in paths:
+        payload = read_results(path)
+        step = report_step(payload, "sampler")
+        rows = step["rows"] if step is not None else payload.get("rows", [])
+        sources.append((describe_machine(payload), rows))
+    plot(sources, paths[0].parent / f"{name}.png")
+    return 0
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ Rows (servers in their own processes, the client in this one):
   messages); ``graphfeed-replay, encoded once``: the server sends each batch's messages as encoded
   the first time (no per-send copy of the tensors into the messages; the trainer decodes
   as usual), ``graphfeed-replay, encoded per batch``: each batch's messages all encoded
-  by the sampling worker, batches ahead of the one being sent (the server's way until
-  2026-11-27: the messages have left the CPU's cache when gRPC copies them), and
+  by the sampling worker, batches ahead of the one being sent (the server's earlier way:
+  the messages have left the CPU's cache when gRPC copies them), and
   ``graphfeed-replay, not decoded``: the trainer parses every message
   (fastwire) but assembles no tensor (no copy out of the messages); and
   ``graphfeed-replay, copies inline`` or ``graphfeed-replay, decode threads``: the
@@ -44,9 +44,15 @@ threads, gRPC's included), which says where the time goes on a machine whose cor
 shared.
 
 Target: graphfeed-replay reaches >= 90 % of grpc-bytes at the default message size
-(``codec.DEFAULT_CHUNK_BYTES``). Writes ``benchmarks/results/stream.json`` and ``stream.png``.
+(``codec.DEFAULT_CHUNK_BYTES``). Writes ``benchmarks/results/stream.json`` and ``stream.png``:
+the real server's delivered batches/s against what each model step time allows.
 
     python benchmarks/stream.py --data data/bench
+
+Takes 5-10 minutes on a 2-core machine with the defaults (every message size, the
+diagnostic rows, the real server at three step times); ``--sizes-kib 4096
+--no-diagnostics`` a few. ``--plot-only JSON`` redraws the plot from results already
+written (a stream JSON, or ``gpu-check.json``, whose model step it marks).
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import re
 import signal
 import socket
 import statistics
@@ -73,7 +80,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc
-from common import RESULTS, machine, write_json
+from common import (
+    RESULTS,
+    describe_machine,
+    held_port,
+    machine,
+    pyplot,
+    read_results,
+    report_step,
+    write_json,
+)
 
 log = logging.getLogger("bench.stream")
 
@@ -82,12 +98,6 @@ BATCH = 1024
 PREFETCH = 2  # batches prepared ahead of the one being sent (the server's default is 4)
 SIZES = [256 << 10, 1 << 20, 4 << 20, 16 << 20, 32 << 20]
 _METHOD = "/bench.Bytes/Stream"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- raw TCP ------------------------------------------------------------------------------
@@ -426,7 +436,7 @@ def stream_passes(part_dir: Path, sizes: list[int], passes: int, rounds: int,
     ratio: to that pass's bare stream)."""
     from protos.channel import create_channel
 
-    port, ctx = free_port(), mp.get_context("spawn")
+    port, ctx = held_port(), mp.get_context("spawn")
     ready = ctx.Event()
     proc = ctx.Process(target=_bench_server, args=(str(part_dir), num_batches, port, ready),
                        daemon=True)
@@ -497,7 +507,7 @@ def server_rows(part_dir: Path, num_batches: int, steps: list[float], server_dev
     from trainer_client.loader import RemoteNeighborLoader
     from trainer_client.local import wait_serving
 
-    address = f"127.0.0.1:{free_port()}"
+    address = f"127.0.0.1:{held_port()}"
     cmd = [sys.executable, "-m", "sampling_server", "--partition-dir", str(part_dir),
            "--partition", "0", "--listen", address, "--verify", "size", "--no-mmap",
            "--device", server_device, "--log-level", "WARNING"]
@@ -622,7 +632,12 @@ def main() -> int:
                         help="where the trainer's loader puts batches (cpu, cuda, cuda:i)")
     parser.add_argument("--results-name", default="stream",
                         help="benchmarks/results/<name>.json and .png (default: stream)")
+    parser.add_argument("--plot-only", type=Path, metavar="JSON",
+                        help="draw <results-name>.png beside these results instead of measuring")
     args = parser.parse_args()
+    if args.plot_only:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        return plot_only(args.plot_only, args.results_name)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from sampler import ensure_partition
 
@@ -650,7 +665,7 @@ def main() -> int:
                "target_met": target is not None and target >= 0.9,
                "rows": rows, "ratios": ratios, "pass_rows": passes}
     path = write_json(args.results_name, payload)
-    plot(rows, RESULTS / f"{args.results_name}.png")
+    plot(rows, RESULTS / f"{args.results_name}.png", describe_machine(payload))
     for r in rows:
         extra = f"  wait {r['wait_fraction']:.0%}" if "wait_fraction" in r else ""
         cpu = "".join(f"  {k.split('_')[0]} {r[k]:.3f}" for k in
@@ -665,23 +680,74 @@ def main() -> int:
     return 0
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        log.warning("no plot: matplotlib is not installed")
+def plot(rows: list[dict[str, Any]], path: Path, where: str, model_step_ms: float | None = None) -> None:
+    """The real server's delivered batches/s at each model step time, a bar per trainer
+    cache, against the rate each step allows (1000 / step ms) and, where it is known
+    (``make gpu-check`` measures it), the rate of the model's own step. Without
+    real-server rows: the stream rows' MiB/s."""
+    plt = pyplot()
+    if plt is None:
         return
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 0.42 * len(rows) + 1.5))
-    ax.barh([r["label"] for r in rows], [r["mib_per_s"] for r in rows], color="tab:green")
-    ax.set_xlabel("MiB/s (loopback, 2 cores)")
-    ax.invert_yaxis()
-    ax.set_title("minibatch stream vs bare gRPC and raw TCP")
+    served = [r for r in rows if r["label"].startswith("graphfeed-server")]
+    if not served:
+        fig, ax = plt.subplots(figsize=(9, 0.42 * len(rows) + 1.5))
+        ax.barh([r["label"] for r in rows], [r["mib_per_s"] for r in rows], color="tab:green")
+        ax.set_xlabel(f"MiB/s (loopback; {where})")
+        ax.invert_yaxis()
+        ax.set_title("minibatch stream vs bare gRPC and raw TCP")
+    else:
+        fig, ax = plt.subplots(figsize=(9, 5))
+        _plot_server_rows(ax, served, model_step_ms)
+        devices = (f"a {served[0]['server_device'].upper()} server to a "
+                   f"{str(served[0]['trainer_device']).split(':')[0].upper()} trainer"
+                   if "server_device" in served[0] else "one server to a trainer")
+        ax.set_title(f"products-like batches from {devices} ({where})", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    log.info("wrote %s", path)
+
+
+def _plot_server_rows(ax: Any, served: list[dict[str, Any]], model_step_ms: float | None) -> None:
+    step_of = {id(r): float(re.search(r"step ([\d.]+) ms", r["label"]).group(1))  # type: ignore[union-attr]
+               for r in served}
+    steps = sorted(set(step_of.values()))
+    caches = list(dict.fromkeys(str(r.get("cache_size", "0")) for r in served))
+    width = 0.8 / len(caches)
+    for k, cache in enumerate(caches):
+        mine = {step_of[id(r)]: r for r in served if str(r.get("cache_size", "0")) == cache}
+        mb = statistics.median(r["bytes"] / r["items"] / 1e6 for r in mine.values())
+        xs = [i + (k - (len(caches) - 1) / 2) * width for i, st in enumerate(steps) if st in mine]
+        values = [mine[st]["items_per_s"] for st in steps if st in mine]
+        what = "no trainer cache" if cache == "0" else f"trainer cache {cache}"
+        ax.bar(xs, values, width=width, label=f"{what}: {mb:,.1f} MB a batch")
+        for x, v in zip(xs, values, strict=True):
+            ax.text(x, v * 0.92, f"{v:.1f}", ha="center", va="top", fontsize=8, color="white")
+    for i, st in enumerate(steps):
+        if st > 0:
+            ax.hlines(1000 / st, i - 0.45, i + 0.45, colors="black", linewidth=1.5,
+                      label="what a step of that length allows" if i == 1 else None)
+    if model_step_ms:
+        ax.axhline(1000 / model_step_ms, color="tab:red", linestyle="--",
+                   label=f"the model's own step on this GPU: {model_step_ms:g} ms, "
+                         f"{1000 / model_step_ms:.0f} batches/s")
+    ax.set_xticks(range(len(steps)), ["no model step" if st == 0 else f"{st:g} ms model step"
+                                      for st in steps])
+    ax.set_yscale("log")
+    ax.set_ylim(1, ax.get_ylim()[1] * 6)  # room for the legend above the bars and lines
+    ax.set_ylabel("batches/s delivered (log scale)")
+    ax.legend(fontsize=8, loc="upper right")
+
+
+def plot_only(path: Path, name: str) -> int:
+    """The plot of results already written: a stream JSON, or a ``make gpu-check``
+    report (its stream step's rows, and its model step's float32 time); ``<name>.png``
+    beside it."""
+    payload = read_results(path)
+    stream, model = report_step(payload, "stream"), report_step(payload, "model step")
+    rows = stream["rows"] if stream is not None else payload.get("rows", [])
+    step_ms = model.get("float32 ms per step") if model is not None else None
+    plot(rows, path.parent / f"{name}.png", describe_machine(payload), step_ms)
+    return 0
 
 
 if __name__ == "__main__":

@@ -103,7 +103,14 @@ def _add_partition(sub: argparse._SubParsersAction) -> None:
                    "--num-parts, --method, --seed (and --synthetic preset): for jobs that may run "
                    "more than once, e.g. compose or Kubernetes; a different partition there is an "
                    "error unless --overwrite is given too")
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument("--no-progress", action="store_true",
+                   help="hide progress bars (shown only when stderr is a terminal)")
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    """Progress bars only on a terminal: into a file or a pipe they would write a line
+    per update."""
+    return not getattr(args, "no_progress", False) and sys.stderr.isatty()
 
 
 def _read_source(args: argparse.Namespace) -> GraphData | TypedGraphData:
@@ -121,7 +128,7 @@ def _read_graph(args: argparse.Namespace) -> GraphData | TypedGraphData:
     if args.synthetic:
         from partitioner.synthetic import generate
 
-        return generate(args.synthetic, seed=args.seed, progress=not args.no_progress)
+        return generate(args.synthetic, seed=args.seed, progress=_progress(args))
     if args.ogb:
         from partitioner.readers.ogb import read_ogb
 
@@ -180,7 +187,7 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     log.info("read %s in %.1f s", graph.name, time.perf_counter() - started)
     extra = {"add_reverse": bool(args.add_reverse)} if isinstance(graph, TypedGraphData) else None
     manifest = partition_graph(graph, args.num_parts, args.out, method=args.method, seed=args.seed,
-                               overwrite=args.overwrite, progress=not args.no_progress, extra=extra)
+                               overwrite=args.overwrite, progress=_progress(args), extra=extra)
     print(format_summary(manifest))
     print(f"total time {time.perf_counter() - started:.1f} s; written to {args.out}")
     return 0
@@ -191,7 +198,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from partitioner.synthetic import generate_plain
 
     started = time.perf_counter()
-    graph = generate_plain(args.preset, seed=args.seed)
+    graph = generate_plain(args.preset, seed=args.seed, progress=_progress(args))
     save_graph_dir(graph, args.out)
     print(f"{args.preset}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
           f"{graph.feature_dim} features, {graph.num_classes} classes -> {args.out} "

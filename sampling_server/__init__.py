@@ -6,8 +6,9 @@ barrier under the default policy; on a machine whose cores are also busy with ot
 work (trainers, gRPC threads, other jobs) a spinning thread waits for a partner that is
 not scheduled, and a batch took 2x (one competing process on 2 cores) to 60x (a typed
 batch on a loaded machine) longer. With passive waiting an idle machine is as fast
-(docs/benchmarks.md). OpenMP reads the variable once, when its runtime loads, which is
-why it is set here, before Numba or torch start it.
+(``benchmarks/hetero.py``; the runs: ``git show 62cafe7:docs/benchmarks.md``). OpenMP
+reads the variable once, when its runtime loads, which is why it is set here, before
+Numba or torch start it.
 """
 
 import os

@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--listen", metavar="HOST:PORT",
                        help=f"address to bind (default 0.0.0.0:{DEFAULT_PORT}, or the port of "
                        "this server's --cluster address); port 0 picks a free port")
+    where.add_argument("--port-file", type=Path, metavar="PATH",
+                       help="write the port this server listens on to PATH (atomically) once it "
+                       "accepts calls (health says when it serves): how whoever started it with "
+                       "port 0 learns the port")
     peers = where.add_mutually_exclusive_group()
     peers.add_argument("--peers", metavar="ADDR0,ADDR1,...",
                        help="every partition's server address, in partition order (this "
@@ -273,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = config_from_args(args)
         check_device(config)
-        code = serve(config)
+        code = serve(config, port_file=args.port_file)
         # Interpreter exit joins the worker threads; should one still be stuck, dump
         # every thread's stack to stderr and exit instead of hanging.
         faulthandler.dump_traceback_later(EXIT_TIMEOUT_S, exit=True)

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -35,6 +36,7 @@ from protos import fastwire
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import GraphfeedError, rpc_errors, server_options
+from protos.ports import write_port_file
 from protos.security import Security, SecurityError, read_token
 from sampling_server.config import ConfigError, ServerConfig
 from sampling_server.errors import bounded
@@ -504,10 +506,11 @@ def wait_in_main_thread(event: threading.Event) -> None:
         pass
 
 
-def serve(config: ServerConfig) -> int:
+def serve(config: ServerConfig, port_file: Path | None = None) -> int:
     """Run a server until SIGTERM/SIGINT; returns the exit code (0 after a clean drain,
-    1 when the partition failed to load). A second signal cancels running streams."""
-    server, _ = create_server(config)
+    1 when the partition failed to load). A second signal cancels running streams.
+    ``port_file``: where to write the bound port once the server has started."""
+    server, port = create_server(config)
     # This process is the server's own: its torch ops (relabel, gathers) keep to the limit
     # too (torch's own default, physical cores, stays when no limit is lower).
     torch.set_num_threads(config.threads or min(torch.get_num_threads(), server.pipeline.threads))
@@ -529,6 +532,8 @@ def serve(config: ServerConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     server.start()
+    if port_file is not None:
+        write_port_file(port_file, port)
     wait_in_main_thread(server.shutdown_requested)
     failed = server.store.load_error is not None
     wait_in_main_thread(server.stop(0) if failed else server.drain(config.grace))

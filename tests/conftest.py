@@ -6,8 +6,9 @@ on it unless a real GPU is usable (then the ``gpu``-marked tests run too).
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,15 @@ def one_thread() -> Iterator[None]:
     yield
     torch.set_num_threads(torch_threads)
     numba.set_num_threads(numba_threads)
+
+
+
+@pytest.fixture
+def reserve_ports() -> Iterator[Callable[[int], list[int]]]:
+    """``reserve_ports(n)``: ``n`` loopback ports held bound until the test ends
+    (:func:`protos.ports.reserved_ports`): nothing listens there until a server the test
+    starts binds one, and no other process can take them in between."""
+    from protos.ports import reserved_ports
+
+    with contextlib.ExitStack() as stack:
+        yield lambda count: stack.enter_context(reserved_ports(count))

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -128,8 +127,8 @@ def test_the_channel_never_retries_by_itself(probe: ProbeServer, channel: grpc.C
     assert attempts == Counter({"UNAVAILABLE": 1, "INVALID_ARGUMENT": 1, "INTERNAL": 1})
 
 
-def test_a_call_to_a_server_that_is_down_fails_at_once() -> None:
-    address = f"127.0.0.1:{_unused_port()}"
+def test_a_call_to_a_server_that_is_down_fails_at_once(reserve_ports: Callable[[int], list[int]]) -> None:
+    address = f"127.0.0.1:{reserve_ports(1)[0]}"  # held: nothing listens there
     ch = create_channel(address)
     started = time.monotonic()
     with pytest.raises(ServerUnavailable, match=r"Connection refused|failed to connect"), \
@@ -137,12 +136,6 @@ def test_a_call_to_a_server_that_is_down_fails_at_once() -> None:
         _call(ch, "Echo", b"x", timeout=10)
     assert time.monotonic() - started < 5  # not the whole deadline
     ch.close()
-
-
-def _unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_deadline_is_exceeded_quickly(probe: ProbeServer, channel: grpc.Channel) -> None:

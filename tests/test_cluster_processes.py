@@ -3,6 +3,7 @@ partition and `python -m trainer_client.train` per DDP rank (gloo), as a user ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -12,10 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from server_procs import ENV, REPO, free_ports
+from server_procs import ENV, REPO
 
 from partitioner import partition_graph
 from partitioner.synthetic import generate
+from protos.ports import reserved_ports
 
 
 @pytest.fixture(scope="module")
@@ -26,11 +28,14 @@ def part_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class Cluster:
-    """Sampling-server processes, one per partition, on fixed free ports."""
+    """Sampling-server processes, one per partition, on ports reserved (with the DDP
+    master's) until :meth:`stop`."""
 
     def __init__(self, part_dir: Path, num_parts: int = 2):
         self.part_dir = part_dir
-        self.addresses = [f"127.0.0.1:{p}" for p in free_ports(num_parts)]
+        self._held = contextlib.ExitStack()
+        *ports, self.master_port = self._held.enter_context(reserved_ports(num_parts + 1))
+        self.addresses = [f"127.0.0.1:{p}" for p in ports]
         self.procs: list[subprocess.Popen[str]] = []
 
     def start(self) -> None:
@@ -51,6 +56,7 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 codes.append(proc.wait(timeout=10))
+        self._held.close()
         return codes
 
 
@@ -65,11 +71,10 @@ def cluster(part_dir: Path) -> Iterator[Cluster]:
 
 def _trainers(cluster: Cluster, tmp_path: Path, *extra: str, world: int = 2,
               timeout: float = 30) -> list[subprocess.Popen[str]]:
-    port = free_ports(1)[0]
     procs = []
     for rank in range(world):
         env = {**ENV, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(cluster.master_port)}
         cmd = [sys.executable, "-m", "trainer_client.train", "--servers", ",".join(cluster.addresses),
                "--fanouts", "5,3", "--batch-size", "100", "--hidden", "32", "--device", "cpu",
                "--timeout", str(timeout), "--no-progress", "--metrics-json",

@@ -1,4 +1,4 @@
-"""benchmarks/concurrency.py (sampling workers as threads against processes): its
+"""benchmarks/experiments/concurrency.py (sampling workers as threads against processes): its
 arguments and ratios, and one real run of both modes on the `small` graph."""
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """benchmarks/concurrency.py, imported as it runs (its folder on the path)."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    """benchmarks/experiments/concurrency.py, imported as it runs (its folder and benchmarks/ on the path)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # common
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "experiments"))
     import concurrency
 
     return concurrency

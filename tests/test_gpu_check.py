@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,7 @@ def test_the_plan_shares_the_budget_and_reads_the_model_step(gpu_check: Any, tmp
     assert [s.name for s, _ in plan] == ["gpu tests", "sampler", "stream", "model step", "demo (1 GPU, NCCL)"]
     assert sum(share for _, share in plan) == pytest.approx(1.0)
     step = next(s for s, _ in plan if s.name == "model step")
-    assert "benchmarks/model_step.py" in step.command and "gpu-check-model-step" in step.command
+    assert "benchmarks/experiments/model_step.py" in step.command and "gpu-check-model-step" in step.command
     results = gpu_check.RESULTS
     results.mkdir(parents=True)
     (results / "gpu-check-model-step.json").write_text(json.dumps({
@@ -128,3 +129,19 @@ def test_the_plan_shares_the_budget_and_reads_the_model_step(gpu_check: Any, tmp
     gpu_check.collect_figures(step, tmp_path / "data")
     assert step.figures == {"nodes_per_batch_median": 428513, "edges_per_batch_median": 694104,
                             "float32 ms per step": 9.13, "bfloat16 autocast ms per step": 5.73}
+
+
+def test_the_plots_are_redrawn_beside_the_report(gpu_check: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[list[str]] = []
+    monkeypatch.setattr(gpu_check.subprocess, "run", lambda cmd, **kw: ran.append(cmd) or
+                        subprocess.CompletedProcess(cmd, 0, "", ""))
+    gpu_check.redraw_plots({})
+    assert ran == []  # no results yet: nothing to draw
+    gpu_check.RESULTS.mkdir(parents=True)
+    for name in ("sampler.json", "gpu-check.json"):
+        (gpu_check.RESULTS / name).write_text("{}")
+    gpu_check.redraw_plots({})
+    results = str(gpu_check.RESULTS)
+    assert [(cmd[1], cmd[-1]) for cmd in ran] == [("benchmarks/sampler.py", "sampler"),
+                                                  ("benchmarks/stream.py", "gpu-check-stream")]
+    assert all((ROOT / cmd[1]).is_file() and cmd[3].startswith(results) for cmd in ran)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
-from server_procs import free_ports
 from test_launch import launch, use_stand_in_ssh
 
 from partitioner import partition_graph
@@ -48,14 +48,15 @@ def _wait_for(cluster: Path, capsys: pytest.CaptureFixture[str], names: list[str
 
 @pytest.mark.slow
 def test_launcher_runs_a_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                 capsys: pytest.CaptureFixture[str]) -> None:
+                                 capsys: pytest.CaptureFixture[str],
+                                 reserve_ports: Callable[[int], list[int]]) -> None:
     use_stand_in_ssh(tmp_path, monkeypatch)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("PYTHONPATH", str(REPO))
 
     parts = tmp_path / "small-2"
     partition_graph(generate("small", progress=False), 2, parts, method="metis", progress=False)
-    p0, p1, master = free_ports(3)
+    p0, p1, master = reserve_ports(3)
     metrics = tmp_path / "metrics.json"
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump({

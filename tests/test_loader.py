@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from protos.channel import (
 )
 from protos.codec import decode_tensor, encode_tensor
 from protos.plan import plan_epoch, plan_global_epoch, shuffled_seeds
+from protos.ports import reserved_ports
 from trainer_client.loader import Cluster, RemoteNeighborLoader
 
 FEATURE_DIM = 4
@@ -174,12 +174,6 @@ class FakeSampling(pb_grpc.SamplingServiceServicer):
             yield messages[0]
             context.abort(grpc.StatusCode.UNAVAILABLE, "injected: connection dropped")
         yield from messages
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class FakeCluster:
@@ -371,8 +365,10 @@ def test_a_stalled_stream_is_cancelled_and_resumed() -> None:
         loader.close()
 
 
-def test_a_trainer_started_before_its_servers_connects_when_they_come_up() -> None:
-    ports = [free_port(), free_port()]
+def test_a_trainer_started_before_its_servers_connects_when_they_come_up(
+    reserve_ports: Callable[[int], list[int]]
+) -> None:
+    ports = reserve_ports(2)  # refused until the servers bind them
     addresses = [f"127.0.0.1:{p}" for p in ports]
     result: dict[str, object] = {}
 
@@ -396,8 +392,10 @@ def test_a_trainer_started_before_its_servers_connects_when_they_come_up() -> No
         loader.close()
 
 
-def test_an_unreachable_server_fails_within_connect_timeout() -> None:
-    address = f"127.0.0.1:{free_port()}"
+def test_an_unreachable_server_fails_within_connect_timeout(
+    reserve_ports: Callable[[int], list[int]]
+) -> None:
+    address = f"127.0.0.1:{reserve_ports(1)[0]}"  # held: nothing listens there
     started = time.monotonic()
     pattern = rf"server {address}: no ClusterInfo within connect_timeout=1 s"
     with pytest.raises(ServerUnavailable, match=pattern):
@@ -532,7 +530,9 @@ class RealServers:
         if not (out / "manifest.json").exists():
             partition_graph(generate("small", progress=False), num_parts, out, method="range", progress=False)
         self.out = out
-        self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(num_parts)]
+        # held until stop(): a server restarted on its address finds it free
+        self._held = contextlib.ExitStack()
+        self.addresses = [f"127.0.0.1:{p}" for p in self._held.enter_context(reserved_ports(num_parts))]
         self.servers = [self._start(p) for p in range(num_parts)]
 
     def _start(self, partition: int, out: Path | None = None) -> object:
@@ -555,13 +555,18 @@ class RealServers:
 
     def restart_all(self, down_seconds: float, out: Path | None = None) -> None:
         """Kill every server, then start them all again (on ``out`` when given)."""
-        self.stop()
+        self._stop_servers()
         time.sleep(down_seconds)
         self.servers = [self._start(p, out) for p in range(len(self.servers))]
 
-    def stop(self) -> None:
+    def _stop_servers(self) -> None:
         for server in self.servers:
             server.stop(0).wait(10)  # type: ignore[attr-defined]
+
+    def stop(self) -> None:
+        """Stop every server and free their ports."""
+        self._stop_servers()
+        self._held.close()
 
 
 @contextlib.contextmanager

@@ -3,10 +3,13 @@ them, the servers stopped, the trainer's exit code returned."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,8 +28,9 @@ def parts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def local(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainer_client.local", *argv], cwd=REPO, text=True,
+def local(*argv: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``graphfeed-local argv`` run in ``cwd`` (where its run directories go)."""
+    return subprocess.run([sys.executable, "-m", "trainer_client.local", *argv], cwd=cwd, text=True,
                           capture_output=True, timeout=timeout)
 
 
@@ -40,17 +44,23 @@ def test_trains_on_own_partitions_and_stops_the_servers(parts: Path, tmp_path: P
     metrics = tmp_path / "metrics.json"
     done = local("--partition-dir", str(parts), "--server-device", "cpu", "--",
                  "--epochs", "1", "--fanouts", "5,3", "--batch-size", "300", "--hidden", "16",
-                 "--device", "cpu", "--timeout", "60", "--metrics-json", str(metrics))
+                 "--device", "cpu", "--timeout", "60", "--metrics-json", str(metrics), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(metrics.read_text())
     assert result["selected_epoch"] == 0 and result["test_acc"] > 1 / 6
     assert "sampling servers stopped (exit codes [0, 0])" in done.stderr
     assert not any(serving(a, timeout=0.5) for a in _addresses(done.stderr))
-    assert (parts / "logs" / "server-0.log").exists()
+    # the servers' logs in a run directory of their own, none in the user's partitions
+    runs = list((tmp_path / "graphfeed-local-runs").iterdir())
+    assert len(runs) == 1 and re.fullmatch(r"\d{8}-\d{6}", runs[0].name), runs
+    assert {p.name for p in runs[0].glob("server-*.log")} == {"server-0.log", "server-1.log"}
+    assert f"logs in {runs[0]}" in done.stderr
+    assert not (parts / "logs").exists()
 
 
-def test_returns_the_trainers_exit_code(parts: Path) -> None:
-    done = local("--partition-dir", str(parts), "--server-device", "cpu", "--", "--epochs", "-1")
+def test_returns_the_trainers_exit_code(parts: Path, tmp_path: Path) -> None:
+    done = local("--partition-dir", str(parts), "--server-device", "cpu", "--log-dir", str(tmp_path),
+                 "--", "--epochs", "-1", cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-3000:]
     assert "--epochs: expected >= 0, got -1" in done.stderr
     assert "sampling servers stopped" in done.stderr
@@ -60,17 +70,50 @@ def test_returns_the_trainers_exit_code(parts: Path) -> None:
     (["--partition-dir", "/nonexistent/parts"], "graphfeed-local: error: --partition-dir:"),
     (["--partition-dir", "x", "--", "--servers", "a:1"], "--servers: graphfeed-local passes the servers"),
     (["--partition-dir", "x", "--nproc-per-node", "0"], "--nproc-per-node: expected an integer >= 1"),
+    # trainer flags without '--': the message names the command that works
+    (["--partition-dir", "parts", "--epochs", "1", "--", "--fanouts", "5,3"],
+     "unrecognized arguments: --epochs 1; graphfeed-train's arguments go after '--': "
+     "graphfeed-local --partition-dir parts -- --epochs 1 --fanouts 5,3"),
 ])
-def test_bad_flags_exit_2(argv: list[str], message: str) -> None:
-    done = local(*argv, timeout=60)
+def test_bad_flags_exit_2(argv: list[str], message: str, tmp_path: Path) -> None:
+    done = local(*argv, cwd=tmp_path, timeout=60)
     assert done.returncode == 2 and message in done.stderr
+    assert not (tmp_path / "graphfeed-local-runs").exists()
 
 
-def test_the_example_training_loop_runs_under_graphfeed_local(parts: Path) -> None:
-    done = local("--partition-dir", str(parts), "--server-device", "cpu",
-                 "--trainer-script", str(REPO / "examples" / "train_ddp.py"), "--", "--epochs", "1")
+def test_servers_that_cannot_bind_their_ports_start_again_on_others(
+    parts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where a reserved port cannot be bound (it was not reserved for sharing here), the
+    servers start again on new ports instead of failing the run."""
+    from trainer_client import local as local_module
+
+    taken = socket.socket()  # bound without SO_REUSEADDR: no server can bind it
+    taken.bind(("127.0.0.1", 0))
+    real, calls = local_module.reserved_ports, []
+
+    @contextlib.contextmanager
+    def first_port_taken(count: int, host: str) -> Iterator[list[int]]:
+        calls.append(count)
+        with real(count, host) as ports:
+            yield [taken.getsockname()[1], *ports[1:]] if len(calls) == 1 else ports
+
+    monkeypatch.setattr(local_module, "reserved_ports", first_port_taken)
+    args, _ = local_module.parse_args(["--partition-dir", str(parts), "--server-device", "cpu",
+                                       "--log-dir", str(tmp_path), "--grace", "10"])
+    with taken, local_module.local_servers(args, 2) as addresses:
+        assert all(serving(a, timeout=5) for a in addresses)
+    assert calls == [2, 2]
+    assert "could not bind its port (attempt 1 of 3)" in caplog.text
+
+
+def test_the_example_training_loop_runs_under_graphfeed_local(parts: Path, tmp_path: Path) -> None:
+    done = local("--partition-dir", str(parts), "--server-device", "cpu", "--log-dir", str(tmp_path),
+                 "--trainer-script", str(REPO / "examples" / "train_ddp.py"), "--", "--epochs", "1",
+                 cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "epoch 0: val acc" in done.stdout and "best val acc" in done.stdout
+    assert "epoch 0: val acc" in done.stdout
+    assert re.search(r"best val acc 0\.\d{4}, test acc 0\.\d{4}\n$", done.stdout), done.stdout[-2000:]
 
 
 def test_local_servers_share_the_machines_cpus(monkeypatch: pytest.MonkeyPatch) -> None:

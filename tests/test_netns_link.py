@@ -1,4 +1,4 @@
-"""benchmarks/netns_link.py (links shaped by tc): its argument parsing, topology and
+"""benchmarks/netns/netns_link.py (links shaped by tc): its argument parsing, topology and
 shaping plans, metrics parsing and report, without root; and, as root where `ip` and `tc`
 work, a shaped link between two namespaces that carries no more than its rate."""
 
@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """benchmarks/netns_link.py, imported as it runs (its folder on the path)."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    """benchmarks/netns/netns_link.py, imported as it runs (its folder and benchmarks/ on the path)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # common
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "netns"))
     import netns_link
 
     return netns_link
@@ -27,7 +28,7 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 @pytest.fixture
 def nt(bench: Any) -> Any:
-    """benchmarks/netns_topology.py, the module netns_link uses."""
+    """benchmarks/netns/netns_topology.py, the module netns_link uses."""
     return sys.modules["netns_topology"]
 
 
@@ -251,7 +252,7 @@ def test_a_shaped_link_carries_no_more_than_its_rate(nt: Any) -> None:
     reason = _why_not_here(nt)
     if reason:
         pytest.skip(reason)
-    roles = str(ROOT / "benchmarks" / "netns_roles.py")
+    roles = str(ROOT / "benchmarks" / "netns" / "netns_roles.py")
     topo = nt.plan_topology(["server0", "trainer0"], f"gflt{os.getpid()}", "10.231.80")
     shape = nt.LinkShape(200e6)  # far below what any machine's veth carries
     with nt.Network(topo) as net:

@@ -334,3 +334,25 @@ def test_add_reverse_is_refused_for_plain_sources(tmp_path: Path, capsys: pytest
     assert code == 2 and "--add-reverse: only for typed graphs" in err
     assert not (tmp_path / "x" / "manifest.json").exists()
 
+
+
+def test_no_progress_bar_lines_into_a_pipe(tmp_path: Path) -> None:
+    """Into a file or a pipe the partitioner writes log lines, not bar updates ('\r')."""
+    cmd = [sys.executable, "-m", "partitioner", "partition", "--synthetic", "small",
+           "--num-parts", "2", "--out", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert b"\r" not in proc.stderr and b"wrote 2 partitions" in proc.stderr
+
+
+@pytest.mark.parametrize(("terminal", "flag", "shown"),
+                         [(True, False, True), (True, True, False), (False, False, False)])
+def test_progress_bars_show_on_a_terminal_unless_hidden(
+    monkeypatch: pytest.MonkeyPatch, terminal: bool, flag: bool, shown: bool
+) -> None:
+    from partitioner import cli
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal)
+    args = cli.build_parser().parse_args(["partition", "--synthetic", "small", "--num-parts", "2",
+                                          "--out", "x", *(["--no-progress"] if flag else [])])
+    assert cli._progress(args) is shown

@@ -1,18 +1,21 @@
-"""The README's loader snippet runs as written (against real servers, one epoch)."""
+"""The README as a new user reads it: the loader snippet runs as written (against real
+servers, one epoch), the two commands are the two commands, and every link of the README
+and the documentation leads to a file that exists (and to a heading that exists)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pytest
 from test_loader import real_servers
 
 REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
 
 
 def test_the_readme_loader_snippet_runs(tmp_path: Path) -> None:
-    text = (REPO / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
     snippet = next(b for b in blocks if "RemoteNeighborLoader(servers" in b)
     with real_servers(tmp_path / "small-2") as addresses:
         code = snippet.replace('["127.0.0.1:50051", "127.0.0.1:50052"]', repr(addresses))
@@ -21,3 +24,44 @@ def test_the_readme_loader_snippet_runs(tmp_path: Path) -> None:
         scope: dict[str, object] = {}
         exec(compile(code, "README.md", "exec"), scope)
         assert scope["epoch"] == 0
+
+
+def test_the_two_commands_are_make_demo_and_make_test() -> None:
+    section = README.split("## Two commands", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, flags=re.S)
+    assert block is not None
+    assert [line.split("#")[0].strip() for line in block.group(1).splitlines()] == ["make demo", "make test"]
+
+
+def test_the_first_screen_says_what_it_is_and_shows_the_commands_and_the_loader() -> None:
+    first_screen = "\n".join(README.splitlines()[:80])
+    assert "sampling service" in first_screen
+    assert "make demo" in first_screen and "make test" in first_screen
+    assert "RemoteNeighborLoader(servers" in first_screen
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+MARKDOWN = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+            *sorted((REPO / "benchmarks").rglob("README.md")), REPO / "examples" / "README.md"]
+
+
+@pytest.mark.parametrize("doc", MARKDOWN, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_leads_somewhere(doc: Path) -> None:
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+        if re.match(r"[a-z]+://", target) or target.startswith("mailto:"):
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (doc.parent / path).resolve() if path else doc
+        if not dest.exists():
+            broken.append(target)
+        elif anchor and dest.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", dest.read_text(), flags=re.M)
+            if anchor not in {_slug(h) for h in headings}:
+                broken.append(target)
+    assert not broken, f"{doc.relative_to(REPO)}: links to nothing: {broken}"

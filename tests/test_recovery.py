@@ -15,14 +15,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
 import torch
-from server_procs import ENV, REPO, ServerProcs, free_ports, health_status
+from server_procs import ENV, REPO, ServerProcs, health_status
 
 from partitioner import partition_graph
 from partitioner.synthetic import generate_plain as generate
@@ -75,9 +75,9 @@ def _stand_in(address: str, mode: str, mark: Path) -> subprocess.Popen[bytes]:
 
 @pytest.mark.parametrize("round_", range(3))
 def test_a_peer_call_in_flight_ends_at_once_when_its_server_is_killed_and_restarted(
-    tmp_path: Path, round_: int
+    tmp_path: Path, round_: int, reserve_ports: Callable[[int], list[int]]
 ) -> None:
-    address = f"127.0.0.1:{free_ports(1)[0]}"
+    address = f"127.0.0.1:{reserve_ports(1)[0]}"
     timeout = 20.0
     client = PeerClient(["127.0.0.1:1", address], own_partition=0, timeout=timeout)
     first, second = tmp_path / "first", tmp_path / "second"
@@ -223,9 +223,9 @@ def _local_batches(address: str) -> int:
 
 
 def test_ddp_training_survives_a_server_killed_and_restarted(
-    servers: ServerProcs, tmp_path: Path
+    servers: ServerProcs, tmp_path: Path, reserve_ports: Callable[[int], list[int]]
 ) -> None:
-    port = free_ports(1)[0]
+    port = reserve_ports(1)[0]  # rank 0's TCPStore binds it
     trainers = []
     for rank in range(2):
         env = {**ENV, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),

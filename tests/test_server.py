@@ -8,12 +8,11 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -1002,7 +1001,7 @@ class _HangingPeer(pb_grpc.PeerServiceServicer):
         return iter(())
 
 
-def test_peer_client_raises_peer_error_within_its_timeout() -> None:
+def test_peer_client_raises_peer_error_within_its_timeout(reserve_ports: Callable[[int], list[int]]) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     hanging = _HangingPeer()
@@ -1010,9 +1009,7 @@ def test_peer_client_raises_peer_error_within_its_timeout() -> None:
     pb_grpc.add_PeerServiceServicer_to_server(hanging, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        dead_port = sock.getsockname()[1]
+    dead_port = reserve_ports(1)[0]  # held: nothing listens on it
     addresses = ["127.0.0.1:1", f"127.0.0.1:{port}", f"127.0.0.1:{dead_port}"]
     client = PeerClient(addresses, 0, timeout=0.5)
     try:

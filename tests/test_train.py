@@ -10,14 +10,14 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from test_decode import encode_batch, fake_batch
-from test_loader import free_port, real_servers
+from test_loader import real_servers
 
 from protos.security import Security, default_security, set_default_security
 from trainer_client.decode import decode_batch
@@ -245,9 +245,9 @@ def test_resuming_a_different_model_is_refused(
 
 
 def test_unreachable_servers_end_the_run_with_a_clear_error(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, reserve_ports: Callable[[int], list[int]]
 ) -> None:
-    address = f"127.0.0.1:{free_port()}"
+    address = f"127.0.0.1:{reserve_ports(1)[0]}"  # held: nothing listens there
     assert main(["--servers", address, "--timeout", "1", "--device", "cpu"]) == 1
     assert f"server {address}: no ClusterInfo within connect_timeout=1 s" in caplog.text
 
@@ -269,8 +269,9 @@ def test_bad_flags_are_refused(argv: list[str], message: str, capsys: pytest.Cap
     assert message in capsys.readouterr().err
 
 
-def test_two_ranks_train_with_ddp_over_gloo(servers: list[str], tmp_path: Path) -> None:
-    port = free_port()
+def test_two_ranks_train_with_ddp_over_gloo(servers: list[str], tmp_path: Path,
+                                           reserve_ports: Callable[[int], list[int]]) -> None:
+    port = reserve_ports(1)[0]  # rank 0's TCPStore binds it
     procs = []
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),

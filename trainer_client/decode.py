@@ -48,9 +48,9 @@ _INT64 = (torch.int64,)
 #: With fewer, the copies compete with gRPC's threads and the reader for the same cores,
 #: and one made on another thread costs more CPU than one made where the piece arrived
 #: (the piece is still in this core's cache): on 2 cores each GiB decoded cost 0.143
-#: CPU-seconds on the decode threads against 0.097 inline (``benchmarks/decode.py``),
+#: CPU-seconds on the decode threads against 0.097 inline (``benchmarks/experiments/decode.py``),
 #: for the same stream rate within the noise; on 16 cores the threads made the replay
-#: stream 13 % faster (docs/benchmarks.md).
+#: stream 13 % faster (docs/performance.md, "Minibatch stream").
 BACKGROUND_COPIES_MIN_CPUS = 4
 
 

@@ -5,14 +5,16 @@
     graphfeed-local --partition-dir parts/ -- --epochs 10 --fanouts 10,5 --metrics-json m.json
     graphfeed-local --partition-dir parts/ --nproc-per-node 2 -- --epochs 10
 
-Starts one sampling server per partition of ``--partition-dir`` on free loopback
-ports, waits until every one answers SERVING on the gRPC health service, runs
-``trainer_client.train --servers <those addresses>`` (or your ``--trainer-script``) with
-the trainer arguments given after ``--`` (under ``torchrun --standalone`` when
-``--nproc-per-node`` > 1), stops the servers (SIGTERM, then SIGKILL after ``--grace``),
-and exits with the trainer's exit code (torchrun's with several processes: 1 for any
-failed rank). Servers that fail to come up end the run with exit 1 and their log named;
-bad flags exit 2.
+Starts one sampling server per partition of ``--partition-dir`` on loopback ports held
+for them (:func:`protos.ports.reserved_ports`; each server reports the port it bound
+with ``--port-file``), waits until every one answers SERVING on the gRPC health
+service, runs ``trainer_client.train --servers <those addresses>`` (or your
+``--trainer-script``) with the trainer arguments given after ``--`` (under ``torchrun
+--standalone`` when ``--nproc-per-node`` > 1), stops the servers (SIGTERM, then SIGKILL
+after ``--grace``), and exits with the trainer's exit code (torchrun's with several
+processes: 1 for any failed rank). The servers' logs go to a run directory of their own,
+``./graphfeed-local-runs/<date>-<time>/server-<p>.log`` (or ``--log-dir``). Servers that
+fail to come up end the run with exit 1 and their log named; bad flags exit 2.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,23 +37,23 @@ from partitioner.format import PartitionFormatError, read_manifest
 from partitioner.hetero_format import HETERO_FORMAT_VERSION, read_format_version, read_hetero_manifest
 from protos.channel import create_channel
 from protos.cpus import usable_cpus
+from protos.ports import reserved_ports, wait_port_file
 
 log = logging.getLogger("graphfeed-local")
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
+#: Where the servers' logs go by default: a new directory under this one, per run.
+RUNS_DIR = "graphfeed-local-runs"
+#: Times the servers are started on new ports when one cannot bind its own.
+BIND_ATTEMPTS = 3
+#: What a server that could not bind its port logs (``sampling_server.server.create_server``).
+BIND_FAILED = "cannot bind"
+
+
 class LocalError(RuntimeError):
     """A server of the local cluster did not come up."""
-
-
-def free_ports(count: int, host: str) -> list[int]:
-    """``count`` distinct ports that are free now (bound together, then released)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for s in socks:
-            s.bind((host, 0))
-        return [int(s.getsockname()[1]) for s in socks]
 
 
 def serving(address: str, timeout: float) -> bool:
@@ -106,25 +107,68 @@ def stop(procs: Sequence[subprocess.Popen[bytes]], grace: float) -> list[int]:
 
 @contextlib.contextmanager
 def local_servers(args: argparse.Namespace, num_parts: int) -> Iterator[list[str]]:
-    """One started sampling server per partition; stopped on the way out."""
-    addresses = [f"{args.host}:{port}" for port in free_ports(num_parts, args.host)]
+    """One sampling server per partition, SERVING; stopped on the way out. Their ports
+    stay reserved while they run; should a server still fail to bind its port (where a
+    reservation does not hold), all of them start again on other ports."""
     args.log_dir.mkdir(parents=True, exist_ok=True)
     logs = [args.log_dir / f"server-{p}.log" for p in range(num_parts)]
+    for attempt in range(1, BIND_ATTEMPTS + 1):
+        with reserved_ports(num_parts, args.host) as ports:
+            addresses = [f"{args.host}:{port}" for port in ports]
+            procs = start_servers(args, addresses, logs)
+            try:
+                if all_bound(procs, logs, args.ready_timeout):
+                    log.info("started %d sampling servers on %s (logs in %s); waiting for SERVING",
+                             num_parts, ",".join(addresses), args.log_dir)
+                    wait_serving(addresses, procs, logs, args.ready_timeout)
+                    yield addresses
+                    return
+            finally:
+                codes = stop(procs, args.grace)
+                log.info("sampling servers stopped (exit codes %s)", codes)
+        log.warning("a sampling server could not bind its port (attempt %d of %d); starting "
+                    "them all again on other ports", attempt, BIND_ATTEMPTS)
+    raise LocalError(f"sampling servers could not bind ports on {args.host} in {BIND_ATTEMPTS} "
+                     f"attempts; see {[str(p) for p in logs]}")
+
+
+def start_servers(args: argparse.Namespace, addresses: Sequence[str],
+                  logs: Sequence[Path]) -> list[subprocess.Popen[bytes]]:
+    """A ``graphfeed-server`` process per address (partition ``p`` on ``addresses[p]``),
+    each writing its bound port to ``<log>.port``."""
     procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for p, address in enumerate(addresses):
-            cmd = [sys.executable, "-m", "sampling_server", "--partition-dir", str(args.partition_dir),
-                   "--partition", str(p), "--listen", address, "--peers", ",".join(addresses),
-                   "--device", args.server_device, *shared_cpus(args.server_args, num_parts)]
-            with logs[p].open("wb") as out:
-                procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT))
-        log.info("started %d sampling servers on %s (logs in %s); waiting for SERVING",
-                 num_parts, ",".join(addresses), args.log_dir)
-        wait_serving(addresses, procs, logs, args.ready_timeout)
-        yield addresses
-    finally:
-        codes = stop(procs, args.grace)
-        log.info("sampling servers stopped (exit codes %s)", codes)
+    for p, address in enumerate(addresses):
+        port_file(logs[p]).unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "sampling_server", "--partition-dir", str(args.partition_dir),
+               "--partition", str(p), "--listen", address, "--peers", ",".join(addresses),
+               "--port-file", str(port_file(logs[p])), "--device", args.server_device,
+               *shared_cpus(args.server_args, len(addresses))]
+        with logs[p].open("wb") as out:
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT))
+    return procs
+
+
+def port_file(server_log: Path) -> Path:
+    """Where the server logging to ``server_log`` writes the port it bound."""
+    return server_log.with_suffix(".port")
+
+
+def all_bound(procs: Sequence[subprocess.Popen[bytes]], logs: Sequence[Path], timeout: float) -> bool:
+    """Wait until every server has bound its port: True; False when one could not bind
+    it (exited, its log saying so); :class:`LocalError` when one exits for another reason
+    or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    for p, (proc, server_log) in enumerate(zip(procs, logs, strict=True)):
+        try:
+            wait_port_file(port_file(server_log), max(deadline - time.monotonic(), 0.0), proc,
+                           what=f"sampling server {p}")
+        except RuntimeError as exc:
+            if BIND_FAILED in server_log.read_text(errors="replace"):
+                return False
+            raise LocalError(f"{exc}; see {server_log}") from None
+        except TimeoutError as exc:
+            raise LocalError(f"{exc}; see {server_log}") from None
+    return True
 
 
 def shared_cpus(server_args: Sequence[str], num_servers: int) -> list[str]:
@@ -155,7 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ready-timeout", type=float, default=300.0,
                    help="seconds to wait for every server to load its partition and serve")
     p.add_argument("--grace", type=float, default=30.0, help="seconds servers get to stop")
-    p.add_argument("--log-dir", type=Path, default=None, help="server logs (default: <partition-dir>/logs)")
+    p.add_argument("--log-dir", type=Path, default=None,
+                   help=f"directory for the servers' logs (default: a new {RUNS_DIR}/<date>-<time>/ "
+                   "under the current directory)")
     return p
 
 
@@ -163,15 +209,41 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     parser = build_parser()
-    args = parser.parse_args(argv[:cut])
+    args, unknown = parser.parse_known_args(argv[:cut])
     trainer_args = argv[cut + 1:]
+    if unknown:
+        own = _without(argv[:cut], unknown)
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}; graphfeed-train's arguments go "
+                     f"after '--': graphfeed-local {' '.join(own)} -- {' '.join([*unknown, *trainer_args])}")
     if args.nproc_per_node < 1:
         parser.error(f"--nproc-per-node: expected an integer >= 1, got {args.nproc_per_node}")
     if any(a == "--servers" or a.startswith("--servers=") for a in trainer_args):
         parser.error("--servers: graphfeed-local passes the servers it starts; drop it from the trainer "
                      "arguments")
-    args.log_dir = args.log_dir or args.partition_dir / "logs"
+    args.log_dir = args.log_dir or new_run_dir(Path.cwd() / RUNS_DIR)
     return args, trainer_args
+
+
+def _without(argv: Sequence[str], unknown: Sequence[str]) -> list[str]:
+    """``argv`` less the ``unknown`` arguments (each taken out once, in order)."""
+    rest, pending = [], list(unknown)
+    for arg in argv:
+        if pending and arg == pending[0]:
+            pending.pop(0)
+        else:
+            rest.append(arg)
+    return rest
+
+
+def new_run_dir(root: Path) -> Path:
+    """A directory under ``root`` named for this moment (``<date>-<time>``, then ``-2``,
+    ``-3``... when taken) that does not exist yet."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path, n = root / stamp, 1
+    while path.exists():
+        n += 1
+        path = root / f"{stamp}-{n}"
+    return path
 
 
 def num_partitions(partition_dir: Path) -> int:
