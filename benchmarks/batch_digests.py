@@ -211,7 +211,7 @@ def _samplers(kind: str, root: Path, device: str) -> tuple[Any, list[np.ndarray]
                                  {e: (s.edge_index(e), s.num_sampled_edges[e]) for e in s.row})
         return draw, [part.splits["train"] for part in parts], typed_digest
     if kind == "typed":
-        from partitioner.hetero_format import load_hetero_partition
+        from partitioner.hetero_format import load_hetero_partition  # type: ignore[import-not-found]
 
         hparts = [load_hetero_partition(root, p) for p in range(2)]
         hsamplers = [S.create_hetero_sampler(part, device) for part in hparts]

@@ -122,78 +122,17 @@ def measure(addresses: list[str], cache: float, dtype: str, num_batches: int,
 def typed_partition(data: Path, preset: str, parts: int = 2) -> Path:
     """The typed ``preset`` with reverse relations in ``parts`` partitions under ``data``
     (written once; METIS for several, one range for one, as ``benchmarks/hetero.py``)."""
-    from partitioner.hetero_writer import partition_hetero_graph
-
     from partitioner.synthetic import generate_typed
+    from partitioner.writer import partition_graph
 
     root = data / f"{preset}-hetero-{parts}"
     if not (root / "manifest.json").is_file():
         started = time.perf_counter()
         graph = generate_typed(preset, seed=0, progress=False).add_reverse()
-        partition_hetero_graph(graph, parts, root, method="metis" if parts > 1 else "range",
-                               overwrite=True, progress=False)
+        partition_graph(graph, parts, root, method="metis" if parts > 1 else "range",
+                        overwrite=True, progress=False)
         log.info("%s: generated and partitioned in %.1f s", root, time.perf_counter() - started)
     return root
-
-
-def compare_typed_plans(part_dir: Path, warm: int, test: int, fractions: list[float],
-                        fanouts: list[int]) -> list[dict[str, Any]]:
-    """:func:`compare_plans` on one typed partition, per node type with features and for
-    authors (featureless in ``mag-like``, the largest type): in-degree over the relations
-    ending at the type (the servers' rule), the typed visit estimate
-    (``sampling_server.hot.typed_visit_scores``, with these fanouts and with [15, 10, 5]),
-    and node counts of ``warm`` pre-sampled batches, measured on ``test`` other batches."""
-    import numpy as np
-    import torch
-    from partitioner.hetero_format import load_hetero_partition
-    from sampling_server.sampler.hetero_cpu import CpuHeteroSampler
-
-    from sampling_server.hot import typed_in_degree_order, typed_visit_scores
-    from sampling_server.sampler import batch_key
-
-    part = load_hetero_partition(part_dir, 0, mmap=True, verify="size")
-    sampler = CpuHeteroSampler(part)
-    train = np.asarray(part.splits["train"])
-    rng = np.random.default_rng(1)
-    types = list(part.manifest.node_types)
-
-    def counts(first: int, num: int) -> dict[str, np.ndarray]:
-        out = {t: np.zeros(part.num_nodes(t), dtype=np.int64) for t in types}
-        for i in range(first, first + num):
-            seeds = torch.from_numpy(rng.choice(train, size=min(BATCH, train.size), replace=False))
-            batch = sampler.sample(seeds, part.target_type, fanouts, batch_key(0, 0, 0, i), None)
-            for t, ids in batch.node.items():
-                out[t] += np.bincount(ids.numpy() - part.node_range(t)[0], minlength=out[t].size)
-        return out
-
-    warm_counts, test_counts = counts(0, warm), counts(warm, test)
-    visits = typed_visit_scores(part, tuple(fanouts))
-    visits_default = typed_visit_scores(part)
-    featured = [t for t, i in part.manifest.node_types.items() if i.feature_dim > 0]
-    rows = []
-    for t in dict.fromkeys([*featured, "author"]):
-        if t not in part.manifest.node_types:
-            continue
-        start, n = part.node_range(t)[0], part.num_nodes(t)
-        ids = np.arange(n)
-        degree = np.zeros(n, dtype=np.int64)
-        for (_, _, dst), indptr in part.indptr.items():
-            if dst == t:
-                degree += np.diff(np.asarray(indptr, dtype=np.int64)).astype(np.int64)
-        orders = {"in_degree": typed_in_degree_order(part, t) - start,
-                  "visits": np.lexsort((ids, -degree, -visits[t])),
-                  "visits_15_10_5": np.lexsort((ids, -degree, -visits_default[t])),
-                  "presampled": np.lexsort((ids, -warm_counts[t]))}
-        total = int(test_counts[t].sum())
-        for f in fractions:
-            k = int(f * n)
-            row: dict[str, Any] = {"node_type": t, "cache": f, "presample_batches": warm,
-                                   "test_batches": test}
-            for name, order in orders.items():
-                row[f"{name}_hit_rate"] = round(float(test_counts[t][order[:k]].sum()) / max(total, 1), 4)
-            rows.append(row)
-            log.info("%s", row)
-    return rows
 
 
 def compare_fills(addresses: list[str], fraction: float, dtype: str, passes: int) -> list[dict[str, Any]]:
@@ -239,51 +178,65 @@ def compare_fills(addresses: list[str], fraction: float, dtype: str, passes: int
     return rows
 
 
-def compare_plans(part_dir: Path, warm: int, test: int, fractions: list[float]) -> list[dict[str, Any]]:
+def compare_plans(part_dir: Path, warm: int, test: int, fractions: list[float],
+                  fanouts: list[int]) -> list[dict[str, Any]]:
     """Hit rates of hot-node rules at equal size, on one partition with the server's own
-    sampler, all measured on the same ``test`` batches: expected visits (``visits_v1``),
-    in-degree (``in_degree_v1``), in-degree among the nodes the training nodes reach
-    within the hops (the rest after), and node counts of ``warm`` other pre-sampled
-    batches."""
+    sampler, all measured on the same ``test`` batches, per node type with features (and,
+    on a typed graph, for ``author``, featureless in ``mag-like`` and its largest type):
+    expected visits (``visits_v1``, the servers' default, for [15, 10, 5]; and the same
+    estimate for these ``fanouts``), in-degree over the relations ending at the type
+    (``in_degree_v1``), in-degree among the nodes the training nodes reach within the
+    hops (the rest after), and node counts of ``warm`` other pre-sampled batches."""
     import numpy as np
+    import torch
 
     from partitioner import load_partition
-    from sampling_server.hot import hot_order, visit_scores
+    from sampling_server.hot_order import hot_order, in_degree, visit_scores
     from sampling_server.sampler import batch_key, create_sampler
+    from sampling_server.sampler.fanouts import normalize_num_neighbors
 
     part = load_partition(part_dir, 0, verify="size", mmap=True)
     sampler = create_sampler(part, device="cpu")
     train = np.asarray(part.splits["train"])
     rng = np.random.default_rng(1)
-    start, n = part.node_range[0], part.num_nodes
+    types = list(part.node_types)
+    num_neighbors = normalize_num_neighbors(fanouts, part.edge_types)
 
-    def counts(first: int, num: int) -> tuple[np.ndarray, int]:
-        hits = np.zeros(n, dtype=np.int64)
+    def counts(first: int, num: int) -> dict[str, np.ndarray]:
+        out = {t: np.zeros(part.num_nodes(t), dtype=np.int64) for t in types}
         for i in range(first, first + num):
-            seeds = rng.choice(train, size=min(BATCH, train.size), replace=False)
-            ids = sampler.sample(seeds, FANOUTS, batch_key(0, 0, 0, i)).n_id.numpy() - start
-            hits += np.bincount(ids, minlength=n)
-        return hits, int(hits.sum())
+            seeds = torch.from_numpy(rng.choice(train, size=min(BATCH, train.size), replace=False))
+            batch = sampler.sample(seeds, part.target_type, num_neighbors, batch_key(0, 0, 0, i))
+            for t, ids in batch.node.items():
+                out[t] += np.bincount(ids.numpy() - part.node_range(t)[0], minlength=out[t].size)
+        return out
 
-    warm_counts, _ = counts(0, warm)
-    test_counts, total = counts(warm, test)
-    ids = np.arange(n)
-    degree = np.diff(np.asarray(part.indptr, dtype=np.int64))
-    started = time.perf_counter()
-    reached = visit_scores(part.indptr, part.indices, start, train) > 0
-    orders = {"visits": hot_order(part, "visits_v1") - start}
-    log.info("visits_v1 order of %d nodes in %.1f s", n, time.perf_counter() - started)
-    orders["in_degree"] = hot_order(part, "in_degree_v1") - start
-    orders["reachable_in_degree"] = np.lexsort((ids, -degree, ~reached))
-    orders["presampled"] = np.lexsort((ids, -warm_counts))
+    warm_counts, test_counts = counts(0, warm), counts(warm, test)
+    visits = visit_scores(part, tuple(fanouts))
+    featured = [t for t, i in part.manifest.node_types.items() if i.feature_dim > 0]
     rows = []
-    for f in fractions:
-        k = int(f * n)
-        row: dict[str, Any] = {"cache": f, "presample_batches": warm, "test_batches": test}
-        for name, order in orders.items():
-            row[f"{name}_hit_rate"] = round(float(test_counts[order[:k]].sum()) / total, 4)
-        rows.append(row)
-        log.info("%s", row)
+    for t in dict.fromkeys([*featured, "author"] if part.manifest.typed else featured):
+        if t not in types:
+            continue
+        start, n = part.node_range(t)[0], part.num_nodes(t)
+        ids = np.arange(n)
+        degree = in_degree([ip for et, ip in part.indptr.items() if et[2] == t], n)
+        started = time.perf_counter()
+        orders = {"visits": hot_order(part, t, "visits_v1") - start}
+        log.info("%s: visits_v1 order of %d nodes in %.1f s", t, n, time.perf_counter() - started)
+        orders["visits_these_fanouts"] = np.lexsort((ids, -degree, -visits[t]))
+        orders["in_degree"] = hot_order(part, t, "in_degree_v1") - start
+        orders["reachable_in_degree"] = np.lexsort((ids, -degree, ~(visits[t] > 0)))
+        orders["presampled"] = np.lexsort((ids, -warm_counts[t]))
+        total = int(test_counts[t].sum())
+        for f in fractions:
+            k = int(f * n)
+            row: dict[str, Any] = {"node_type": t} if part.manifest.typed else {}  # a plain graph's: none
+            row.update(cache=f, presample_batches=warm, test_batches=test)
+            for name, order in orders.items():
+                row[f"{name}_hit_rate"] = round(float(test_counts[t][order[:k]].sum()) / max(total, 1), 4)
+            rows.append(row)
+            log.info("%s", row)
     return rows
 
 
@@ -380,13 +333,11 @@ def main() -> int:
         plot(read_results(args.plot_only), args.plot_only.parent / f"{args.results_name}.png")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    from partitioner.hetero_format import read_hetero_manifest
-
-    from partitioner.format import read_manifest
+    from partitioner.manifest import read_manifest
 
     if args.typed:
         part_dir = typed_partition(args.data, args.typed)
-        manifest: Any = read_hetero_manifest(part_dir)
+        manifest = read_manifest(part_dir)
     elif args.partition_dir is None:
         from sampler import ensure_partition
         part_dir = ensure_partition(args.data, args.preset)
@@ -413,9 +364,9 @@ def main() -> int:
             proc.wait(60)
     warm, test = args.compare_batches
     plans = [] if min(args.compare_batches) <= 0 else \
-        compare_typed_plans(typed_partition(args.data, args.typed, 1), warm, test, CACHE_SIZES[1:],
-                            fanouts) if args.typed else \
-        compare_plans(part_dir, warm, test, CACHE_SIZES[1:]) if manifest.num_partitions == 1 else []
+        compare_plans(typed_partition(args.data, args.typed, 1), warm, test, CACHE_SIZES[1:],
+                      fanouts) if args.typed else \
+        compare_plans(part_dir, warm, test, CACHE_SIZES[1:], fanouts) if manifest.num_partitions == 1 else []
     base, compact_base = (rows[0], rows[1]) if rows else ({}, {})
     for r in rows:
         r["bytes_vs_float32_no_cache"] = round(r["bytes_per_batch"] / base["bytes_per_batch"], 3)

@@ -42,12 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import load_average, machine, spread, summarize_passes, time_batches, write_json
-from partitioner.hetero_format import load_hetero_node_map, load_hetero_partition
-from partitioner.hetero_writer import partition_hetero_graph
-from sampling_server.sampler.hetero_cpu import CpuHeteroSampler
 
+from partitioner.format import load_node_map, load_partition
 from partitioner.synthetic import generate_typed
 from partitioner.typed import TypedGraphData
+from partitioner.writer import partition_graph
+from sampling_server.sampler import create_sampler
 
 log = logging.getLogger("bench.hetero")
 
@@ -72,8 +72,8 @@ def graphfeed_rows(root: Path, graph: TypedGraphData, fanouts: list[int],
 
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
     torch.set_num_threads(threads)
-    sampler = CpuHeteroSampler(load_hetero_partition(root, 0, verify="size"))
-    to_global = np.asarray(load_hetero_node_map(root, graph.target_type, verify="size"))
+    sampler = create_sampler(load_partition(root, 0, verify="size"), device="cpu")
+    to_global = np.asarray(load_node_map(root, graph.target_type, verify="size"))
     train = np.asarray(graph.splits["train"])
     t = graph.target_type
 
@@ -161,7 +161,7 @@ def main() -> int:
     graph = generate_typed(args.preset, seed=0, progress=False).add_reverse()
     root = args.data / f"{args.preset}-hetero-1"
     if not (root / "manifest.json").is_file():
-        partition_hetero_graph(graph, 1, root, method="range", overwrite=True, progress=False)
+        partition_graph(graph, 1, root, method="range", overwrite=True, progress=False)
     log.info("graph ready in %.1f s", time.perf_counter() - started)
     passes: list[list[dict[str, Any]]] = []
     load: list[list[float]] = []

@@ -100,7 +100,8 @@ def mixed_typed(*, weighted: bool = True, seed: int = 0) -> TypedGraphData:
         ("paper", "cites", "paper"): _edges(gen, 40, 40, None),
         ("paper", "has_topic", "topic"): _edges(gen, 40, 12, None),
     }
-    edges[("topic", "rev_has_topic", "paper")] = np.ascontiguousarray(edges[("paper", "has_topic", "topic")][::-1])
+    has_topic = edges[("paper", "has_topic", "topic")]
+    edges[("topic", "rev_has_topic", "paper")] = np.ascontiguousarray(has_topic[::-1])
     weights = {et: np.asarray(gen.uniform(0.1, 5.0, ei.shape[1]), np.float32) for et, ei in edges.items()} \
         if weighted else {}
     papers = _node_data(40, 6, 4)
@@ -115,7 +116,9 @@ def mixed_typed(*, weighted: bool = True, seed: int = 0) -> TypedGraphData:
 
 def mixed(kind: str, *, weighted: bool = True, seed: int = 0) -> AnyGraph:
     """The mixed graph of ``kind`` (one of :data:`KINDS`)."""
-    return mixed_graph(weighted=weighted, seed=seed) if kind == "plain" else mixed_typed(weighted=weighted, seed=seed)
+    if kind == "plain":
+        return mixed_graph(weighted=weighted, seed=seed)
+    return mixed_typed(weighted=weighted, seed=seed)
 
 
 def typed_view(graph: AnyGraph) -> TypedGraphData:
@@ -210,8 +213,10 @@ class LocalPeers:
             out[p] = (None if x is None else x.cpu(), None if y is None else y.cpu())
         return out
 
-    def orig_ids(self, node_type: str, nodes_by_partition: Mapping[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-        return {p: self.samplers[p].orig_ids_local(node_type, nodes) for p, nodes in nodes_by_partition.items()}
+    def orig_ids(self, node_type: str,
+                 nodes_by_partition: Mapping[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        return {p: self.samplers[p].orig_ids_local(node_type, nodes)
+                for p, nodes in nodes_by_partition.items()}
 
 
 def check_sampler_output(out: SamplerOutput, seeds: np.ndarray, seed_type: str,

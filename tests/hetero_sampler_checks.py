@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from partitioner.graph import EdgeType
-from partitioner.typed import TypedGraphData
 from partitioner.hetero_format import load_hetero_node_map, load_hetero_partition, read_hetero_manifest
+from partitioner.typed import TypedGraphData
 from sampling_server.sampler.hetero_base import HeteroNeighborSampler
 from sampling_server.sampler.hetero_types import HeteroMinibatch
 from sampling_server.sampler.types import HopSample

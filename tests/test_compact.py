@@ -318,7 +318,8 @@ def test_owned_ranges_outside_the_partition_are_refused(servers: tuple[Path, lis
     _, addresses = servers
     with Cluster(addresses, connect_timeout=30) as cluster:
         start, stop = (int(v) for v in cluster.partition_book[1:3])
-        for first, count, pattern in [(start, stop - start + 1, "owned_range: expected global node IDs owned"),
+        owned = "owned_range: expected global node IDs owned"
+        for first, count, pattern in [(start, stop - start + 1, owned),
                                       (0, 1, "owned_range: expected global node IDs owned by partition 1"),
                                       (start, 1 << 22, r"owned_range.count: expected 0 \.\. 2097152")]:
             request = pb.LookupNodesRequest(owned_range=pb.NodeRange(first=first, count=count))

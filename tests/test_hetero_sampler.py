@@ -11,9 +11,9 @@ import torch
 from scipy import stats
 
 from partitioner.graph import EdgeType
-from partitioner.typed import TypedGraphData
-from partitioner.synthetic import generate
 from partitioner.hetero_writer import partition_hetero_graph
+from partitioner.synthetic import generate
+from partitioner.typed import TypedGraphData
 from sampling_server.sampler import create_hetero_sampler, normalize_num_neighbors, to_hetero_data
 from sampling_server.sampler.cpu_fused import UNSEEN
 from sampling_server.sampler.hetero_base import HeteroNeighborSampler, relation_key

@@ -135,10 +135,11 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     set_allocator(args.allocator)
     import torch
 
+    from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE
     from protos import codec, fastwire
     from protos import sampling_pb2 as pb
     from sampling_server.config import ServerConfig
-    from sampling_server.pipeline import Prepared
+    from sampling_server.messages import Prepared
     from sampling_server.store import PartitionStore
     from sampling_server.threads import kernel_threads, limit_kernel_threads
 
@@ -155,7 +156,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     errors: list[BaseException] = []
     lock = threading.Lock()
 
-    row = tuple(np.asarray(store.partition.x).shape[1:])
+    nt, et = PLAIN_NODE_TYPE, PLAIN_EDGE_TYPE  # a plain graph: one node and one edge type
+    row = tuple(np.asarray(store.partition.x[nt]).shape[1:])
     chunk = codec.DEFAULT_CHUNK_BYTES
 
     def one(seeds: np.ndarray, key: int) -> tuple[float, float, float, int]:
@@ -163,21 +165,22 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             return pb.MinibatchChunk(batch_index=key, chunk_index=i, num_chunks=n)
 
         started = time.perf_counter()
-        out = sampler.sample(seeds, args.fanouts, key)
+        out = sampler.sample(seeds, nt, args.fanouts, key)
+        n_id = out.node[nt]
         sampled = time.perf_counter()
-        rows = None
-        if args.child_x_into == "messages" and fastwire.RowMessages.worth_it(wire, row, out.n_id.numel(),
+        rows: list[fastwire.RowMessages] = []
+        if args.child_x_into == "messages" and fastwire.RowMessages.worth_it(wire, row, n_id.numel(),
                                                                              chunk):
-            rows = fastwire.RowMessages(head, "x", wire, out.n_id.numel(), row, chunk)
-            x, y = None, sampler.gather_to(out.n_id, rows.blocks, labels=True)
+            rows.append(fastwire.RowMessages(head, "x", wire, n_id.numel(), row, chunk))
+            x, y = None, sampler.gather_to(nt, n_id, rows[0].blocks, labels=True)
         else:
-            x, y = sampler.gather(out.n_id, features=True, labels=True, dtype=wire)
+            x, y = sampler.gather(nt, n_id, features=True, labels=True, dtype=wire)
         gathered = time.perf_counter()
-        named: dict[str, codec.TensorLike] = {"n_id": out.n_id, "edge_index": out.edge_index}
+        named: dict[str, codec.TensorLike] = {"n_id": n_id, "edge_index": out.edge_index(et)}
         named.update({k: v for k, v in (("x", x), ("y", y)) if v is not None})
         Prepared.of(head, named, chunk, 0, rows).messages()
         return (sampled - started, gathered - sampled, time.perf_counter() - gathered,
-                int(out.row.numel()))
+                int(out.row[et].numel()))
 
     def work(index: int, until: float | None, warm: int) -> None:
         try:

@@ -42,26 +42,36 @@ import numpy as np
 import torch
 from common import ensure_partitions, machine, write_json
 
+from partitioner.graph import PLAIN_NODE_TYPE
+
 log = logging.getLogger("bench.gather")
 
 WIRE = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class _Answers:
-    """A stand-in peer (``RemoteNodeData``) that answers with rows computed beforehand."""
+    """A stand-in peer (a ``Remote`` of the sampler) that answers node data with rows
+    computed beforehand."""
 
     def __init__(self, answers: dict[int, Any]) -> None:
         self.answers = answers
 
-    def __call__(self, nodes_by_partition: Any, features: bool, labels: bool) -> dict[int, Any]:
+    def node_data(self, node_type: str, nodes_by_partition: Any, features: bool,
+                  labels: bool) -> dict[int, Any]:
         return self.answers
+
+    def sample(self, *args: Any) -> Any:
+        raise AssertionError("the gather benchmark samples nothing")
+
+    def orig_ids(self, *args: Any) -> Any:
+        raise AssertionError("the gather benchmark asks for no original IDs")
 
 
 def peer_answers(peer: Any, peer_start: int, n_id: torch.Tensor, remote_pos: torch.Tensor,
                  wire: torch.dtype) -> dict[int, Any]:
     """Partition 1's answer for the nodes of ``n_id`` at ``remote_pos``: rows in ``wire``."""
     rows = n_id[remote_pos].numpy() - peer_start
-    return {1: (torch.from_numpy(np.asarray(peer.x)[rows]).to(wire),
+    return {1: (torch.from_numpy(np.asarray(peer.x[PLAIN_NODE_TYPE])[rows]).to(wire),
                 torch.from_numpy(np.asarray(peer.y)[rows]))}
 
 
@@ -99,20 +109,22 @@ def main() -> int:
     from protos.allocator import keep_freed_memory
     from sampling_server.sampler import create_sampler
 
+    T = PLAIN_NODE_TYPE  # a plain graph: one node type
+
     def head(i: int, n: int) -> pb.MinibatchChunk:
         return pb.MinibatchChunk(batch_index=0, chunk_index=i, num_chunks=n)
 
     chunk = codec.DEFAULT_CHUNK_BYTES
 
     def encoded(n_id: torch.Tensor, remote: Any, wire: torch.dtype) -> list[bytes]:
-        x, _ = sampler.gather(n_id, remote=remote, dtype=wire)
+        x, _ = sampler.gather(T, n_id, remote=remote, dtype=wire)
         assert x is not None
         return fastwire.encode_chunks(head, {"x": x}, chunk)
 
     def into_messages(n_id: torch.Tensor, remote: Any, wire: torch.dtype) -> list[bytes]:
-        width = tuple(np.asarray(mine_part.x).shape[1:])
+        width = tuple(np.asarray(mine_part.x[T]).shape[1:])
         out = fastwire.RowMessages(head, "x", wire, n_id.numel(), width, chunk)
-        sampler.gather_to(n_id, out.blocks, remote=remote)
+        sampler.gather_to(T, n_id, out.blocks, remote=remote)
         return out.finish(0, len(out))
 
     def decoded_x(messages: list[bytes]) -> torch.Tensor:
@@ -126,17 +138,18 @@ def main() -> int:
     mine_part = load_partition(part_dir, 0, verify="size", mmap=False)
     peer_part = load_partition(part_dir, 1, verify="size", mmap=False)
     sampler = create_sampler(mine_part, device="cpu")
-    start, peer_start = mine_part.node_range[0], peer_part.node_range[0]
-    x_stored, y_stored = torch.from_numpy(np.asarray(mine_part.x)), torch.from_numpy(np.asarray(mine_part.y))
-    num_nodes = int(sampler.partition_book[-1])
+    start, peer_start = mine_part.node_range(T)[0], peer_part.node_range(T)[0]
+    x_stored = torch.from_numpy(np.asarray(mine_part.x[T]))
+    y_stored = torch.from_numpy(np.asarray(mine_part.y))
+    num_nodes = int(sampler.books[T][-1])
     rng = np.random.default_rng(0)
     # untimed: compile the kernels and grow the heap to a full batch's size, both rows
     warm = torch.from_numpy(rng.choice(num_nodes, args.nodes, replace=False))
-    warm_mine = sampler.owner_of(warm) == 0
+    warm_mine = sampler.owner_of(T, warm) == 0
     warm_groups = {1: torch.nonzero(~warm_mine).flatten()}
     for wire in WIRE.values():
         warm_answers = peer_answers(peer_part, peer_start, warm, warm_groups[1], wire)
-        sampler.gather(warm, remote=_Answers(warm_answers), dtype=wire)
+        sampler.gather(T, warm, remote=_Answers(warm_answers), dtype=wire)
         torch_gather(x_stored, y_stored, start, warm, warm_mine, warm_answers, warm_groups, wire)
         encoded(warm, _Answers(warm_answers), wire)
         into_messages(warm, _Answers(warm_answers), wire)
@@ -149,7 +162,7 @@ def main() -> int:
             times: dict[str, list[float]] = {label: [] for label in labels}
             for b in range(args.batches):
                 n_id = torch.from_numpy(rng.choice(num_nodes, args.nodes, replace=False))
-                mine = sampler.owner_of(n_id) == 0
+                mine = sampler.owner_of(T, n_id) == 0
                 groups = {1: torch.nonzero(~mine).flatten()}
                 answers = peer_answers(peer_part, peer_start, n_id, groups[1], wire)
                 remote = _Answers(answers)
@@ -159,7 +172,7 @@ def main() -> int:
                 for label in order:
                     began = time.perf_counter()
                     if label == "graphfeed":
-                        x, y = sampler.gather(n_id, remote=remote, dtype=wire)
+                        x, y = sampler.gather(T, n_id, remote=remote, dtype=wire)
                         assert x is not None and y is not None
                         out[label] = (x, y)
                     elif label == "torch":

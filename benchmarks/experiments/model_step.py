@@ -35,6 +35,7 @@ from sampler import BATCH, FANOUTS, ensure_partition
 
 from partitioner import load_partition
 from partitioner.format import Partition
+from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE
 from sampling_server.sampler import create_sampler
 from sampling_server.sampler.rng import batch_key
 from trainer_client.models import build_model
@@ -46,18 +47,19 @@ def sampled_batches(part: Partition, device: torch.device, count: int) -> list[d
     """``count`` sampled batches of ``part`` with ``x`` and ``y``, already on ``device``."""
     sampler = create_sampler(part, device="cuda" if device.type == "cuda" else "cpu")
     seeds = seed_batches(np.asarray(part.splits["train"]), 0, BATCH)
-    start = int(part.partition_book[0])
+    t, et = PLAIN_NODE_TYPE, PLAIN_EDGE_TYPE  # a plain graph: one node and one edge type
+    start = part.node_range(t)[0]
     labels = torch.from_numpy(np.clip(np.asarray(part.y), 0, None))
     batches = []
     for i in range(count):
-        out = sampler.sample(next(seeds), FANOUTS, batch_key(0, 0, 0, i))
-        local = (out.n_id.cpu() - start).numpy()
+        out = sampler.sample(next(seeds), t, FANOUTS, batch_key(0, 0, 0, i))
+        local = (out.node[t].cpu() - start).numpy()
         batches.append({
-            "x": torch.from_numpy(np.asarray(part.x[local])).to(device),
+            "x": torch.from_numpy(np.asarray(part.x[t])[local]).to(device),
             "y": labels[torch.from_numpy(local[:BATCH])].to(device),
-            "edge_index": out.edge_index.to(device),
-            "num_sampled_nodes": list(out.num_sampled_nodes),
-            "num_sampled_edges": list(out.num_sampled_edges),
+            "edge_index": out.edge_index(et).to(device),
+            "num_sampled_nodes": list(out.num_sampled_nodes[t]),
+            "num_sampled_edges": list(out.num_sampled_edges[et]),
         })
     return batches
 

@@ -55,14 +55,14 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
-    from sampling_server.peer import PeerCallOptions, PeerClient
-
-    from partitioner.format import read_manifest
+    from partitioner.graph import PLAIN_NODE_TYPE
+    from partitioner.manifest import read_manifest
     from protos import sampling_pb2 as pb
+    from sampling_server.peer_client import PeerCallOptions, PeerClient
     from trainer_client.local import wait_serving
 
     part_dir = ensure_partitions(args.data, args.preset, 2)
-    book = np.asarray(read_manifest(part_dir).partition_book, dtype=np.int64)
+    book = np.asarray(read_manifest(part_dir).partition_book[PLAIN_NODE_TYPE], dtype=np.int64)
     addresses = [f"127.0.0.1:{held_port()}" for _ in range(2)]
     logdir = Path(tempfile.mkdtemp(prefix="peer-fetch-"))
     logs = [logdir / f"server{p}.log" for p in range(2)]
