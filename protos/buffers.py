@@ -1,7 +1,7 @@
 """Reusable receive buffers for tensors assembled from several chunks.
 
 A tensor spread over several stream messages is copied once, from the received
-messages into one buffer (:class:`protos.codec.TensorAssembler`). A products-sized
+messages into one buffer (:class:`protos.assembler.TensorAssembler`). A products-sized
 batch needs ~170 MB of such buffers; allocated afresh per batch, every batch pays the
 allocator and, unless glibc was told to keep freed memory
 (:func:`protos.allocator.keep_freed_memory`), the kernel's page faults and zeroing

@@ -24,6 +24,7 @@ from google.protobuf.message import Message
 from partitioner.graph import EdgeType, edge_type_name
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
+from protos.assembler import TensorAssembler
 from protos.channel import GraphfeedError, PeerError, ProtocolError, create_channel, rpc_errors
 from protos.security import Security
 from sampling_server.metrics import ServerMetrics
@@ -308,7 +309,7 @@ def _receive(
     responses: Iterable[fastwire.WireMessage], expected: set[str]
 ) -> dict[str, torch.Tensor]:
     """Assemble one chunked answer; raises CodecError / ProtocolError when malformed."""
-    assembler = codec.TensorAssembler()
+    assembler = TensorAssembler()
     count, total = 0, None
     for msg in responses:
         if msg.chunk_index != count or msg.num_chunks < 1 or (total not in (None, msg.num_chunks)):

@@ -14,6 +14,7 @@ from torch_geometric.data import Data
 
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
+from protos.assembler import TensorAssembler
 from protos.buffers import BufferPool
 from trainer_client.decode import BatchAssembler
 
@@ -37,7 +38,7 @@ def _wire_messages(named: dict[str, codec.TensorLike], chunk_bytes: int) -> list
 
 
 def _assemble(raw: list[bytes], pool: BufferPool | None) -> dict[str, torch.Tensor]:
-    assembler = codec.TensorAssembler(pool=pool)
+    assembler = TensorAssembler(pool=pool)
     for r in raw:
         assembler.add_all(fastwire.minibatch_chunk_deserializer(r).tensors)
     return assembler.finish_torch()

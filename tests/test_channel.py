@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from protos import codec
+from protos.assembler import TensorAssembler
 from protos.channel import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -183,7 +184,7 @@ def test_messages_above_the_wire_limit_are_refused(channel: grpc.Channel) -> Non
 def test_codec_errors_become_protocol_errors() -> None:
     with pytest.raises(ProtocolError, match=r"malformed reply.*TensorChunk\.name"), \
             rpc_errors("Peer.Fetch", "h:1"):
-        codec.TensorAssembler().add(codec.pb.TensorChunk())
+        TensorAssembler().add(codec.pb.TensorChunk())
 
 
 def test_options() -> None:

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from protos import assembler as assembler_module
 from protos import codec
 from protos import sampling_pb2 as pb
-from protos.codec import CodecError, TensorAssembler, decode_tensor, encode_tensor
+from protos.assembler import TensorAssembler
+from protos.codec import CodecError, decode_tensor, encode_tensor
 
 NUMPY_DTYPES = [
     np.bool_,
@@ -618,7 +620,7 @@ def test_finish_and_reset_wait_for_every_background_copy(monkeypatch: pytest.Mon
         def submit(fn: object, dest: np.ndarray, src: np.ndarray) -> object:
             return slow.submit(late_copy, dest, src)
 
-    monkeypatch.setattr(codec, "_decode_threads", lambda: Slow)
+    monkeypatch.setattr(assembler_module, "_decode_threads", lambda: Slow)
     named, groups = _spread()
     out = _assemble(groups, background_copies=True).finish_torch()  # only once the slow copies are done
     assert len(started) > 4 and torch.equal(out["x"], named["x"])
@@ -642,7 +644,7 @@ def test_a_failed_background_copy_is_a_codec_error(monkeypatch: pytest.MonkeyPat
             future.set_exception(MemoryError("no room"))
             return future
 
-    monkeypatch.setattr(codec, "_decode_threads", lambda: Failing)
+    monkeypatch.setattr(assembler_module, "_decode_threads", lambda: Failing)
     _, groups = _spread()
     assembler = _assemble(groups, background_copies=True)
     with pytest.raises(CodecError, match="copying a received piece failed: MemoryError: no room"):
@@ -652,11 +654,11 @@ def test_a_failed_background_copy_is_a_codec_error(monkeypatch: pytest.MonkeyPat
 
 def test_a_forked_child_starts_its_own_decode_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     # what os.register_at_fork runs in a child: the parent's threads are not there
-    parents = codec._decode_threads()
-    assert codec._decode_threads() is parents
-    monkeypatch.setattr(codec, "_copier", parents)  # given back as it was after the test
-    codec._forget_decode_threads()
-    childs = codec._decode_threads()
+    parents = assembler_module._decode_threads()
+    assert assembler_module._decode_threads() is parents
+    monkeypatch.setattr(assembler_module, "_copier", parents)  # given back as it was after the test
+    assembler_module._forget_decode_threads()
+    childs = assembler_module._decode_threads()
     assert childs is not parents
     named, groups = _spread()
     assert torch.equal(_assemble(groups, background_copies=True).finish_torch()["x"], named["x"])

@@ -20,8 +20,9 @@ from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, GraphData
 from protos import compact
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
+from protos.assembler import TensorAssembler
 from protos.channel import GraphfeedError, create_channel
-from protos.codec import TensorAssembler, dtype_to_torch
+from protos.codec import dtype_to_torch
 from sampling_server.config import HOT_ORDERS, ConfigError, ServerConfig
 from sampling_server.hot import HotNodes
 from sampling_server.hot_order import hot_order, in_degree_order, visit_scores

@@ -10,6 +10,7 @@ import torch
 
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
+from protos.assembler import TensorAssembler
 
 HEADER = pb.MinibatchHeader(num_batches=3, num_seed_nodes=4, num_sampled_nodes=[4, 6, 9],
                             num_sampled_edges=[10, 20])
@@ -57,7 +58,7 @@ def test_parsed_messages_decode_to_the_tensors_without_copies(chunk_bytes: int) 
     assert [p.chunk_index for p in parsed] == list(range(len(raw)))
     assert all(p.batch_index == 7 and p.num_chunks == len(raw) for p in parsed)
     assert [p.ByteSize() for p in parsed] == [len(r) for r in raw]
-    assembler = codec.TensorAssembler()
+    assembler = TensorAssembler()
     for p in parsed:
         assembler.add_all(p.tensors)
     out = assembler.finish_torch()
@@ -76,7 +77,7 @@ def test_peer_chunks_round_trip() -> None:
     assert len(raw) == 6
     parsed = [fastwire.parse_chunk(pb.SampleNeighborsChunk, r) for r in raw]
     assert [pb.SampleNeighborsChunk.FromString(r).chunk_index for r in raw] == list(range(6))
-    assembler = codec.TensorAssembler()
+    assembler = TensorAssembler()
     for p in parsed:
         assembler.add_all(p.tensors)
     out = assembler.finish_torch()
@@ -177,7 +178,7 @@ def test_rows_gathered_into_messages_are_the_bytes_encode_message_makes(dtype: t
     assert messages == [fastwire.encode_message(_head(first + k, total),
                                                 [codec.row_piece("x", rows[a:b], a, 301)])
                         for k, (a, b) in enumerate(blocks)]
-    assembler = codec.TensorAssembler()
+    assembler = TensorAssembler()
     for m in messages:
         assembler.add_all(fastwire.parse_chunk(pb.MinibatchChunk, m).tensors)
     assert torch.equal(assembler.finish_torch()["x"].view(torch.uint8), rows.view(torch.uint8))

@@ -12,6 +12,7 @@ import torch
 from test_feature_cache import ARGS, _raw
 from test_loader import real_servers
 
+from protos.assembler import TensorAssembler
 from trainer_client.loader import Cluster, RemoteNeighborLoader
 
 pytestmark = pytest.mark.gpu
@@ -86,7 +87,7 @@ def test_pieces_are_decoded_straight_into_pinned_memory() -> None:
     from protos import codec
 
     x = torch.randn(4000, 300)
-    assembler = codec.TensorAssembler(background_copies=True, pinned=True)
+    assembler = TensorAssembler(background_copies=True, pinned=True)
     for group in codec.split_tensors({"x": x}, 1 << 20):
         assembler.add_all(group)
     out = assembler.finish_torch()["x"]

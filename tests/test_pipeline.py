@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from protos import codec, fastwire
+from protos import fastwire
 from protos import sampling_pb2 as pb
+from protos.assembler import TensorAssembler
 from sampling_server.pipeline import Prepared, encode_ahead
 
 
@@ -159,7 +160,7 @@ def test_encode_ahead_passes_on_a_failed_batch_and_cancels_what_it_queued() -> N
 def test_messages_carry_the_tensors_exactly() -> None:
     named = _named(5, 2000)
     prepared = Prepared.of(_head(5), named, chunk_bytes=8192)
-    assembler = codec.TensorAssembler()
+    assembler = TensorAssembler()
     for message in prepared.messages():
         for chunk in fastwire.minibatch_chunk_deserializer(message).tensors:
             assembler.add(chunk)

@@ -29,6 +29,7 @@ from partitioner.synthetic import generate_plain as generate
 from protos import codec
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
+from protos.assembler import TensorAssembler
 from protos.channel import PeerError, create_channel, server_options
 from sampling_server import cli
 from sampling_server.config import ConfigError, ServerConfig, config_from_cluster
@@ -137,7 +138,7 @@ def stream(address: str, req: pb.EpochRequest) -> list[Batch]:
     """One stream, reassembled; checks the chunk sequence of every batch."""
     channel = create_channel(address)
     batches: list[Batch] = []
-    assembler = codec.TensorAssembler()
+    assembler = TensorAssembler()
     header, expect = None, 0
     try:
         for msg in pb_grpc.SamplingServiceStub(channel).StreamMinibatches(req, timeout=TIMEOUT):
@@ -546,7 +547,7 @@ def test_peer_service_checks_ownership_and_fanout(cluster: list[str], truth: Tru
         assert field in info.value.details()
     chunks = list(stub.SampleNeighbors(pb.SampleNeighborsRequest(nodes=own, fanout=3), timeout=5))
     channel.close()
-    assembler = codec.TensorAssembler()
+    assembler = TensorAssembler()
     for c in chunks:
         assembler.add_all(c.tensors)
     got = assembler.finish(expected={"counts", "neighbors"})
@@ -574,7 +575,7 @@ def test_fetch_node_data_answers_read_as_plain_protobuf(parts2: Path, truth: Tru
     finally:
         _stop(servers)
     assert len(chunks) > 2 and [c.chunk_index for c in chunks] == list(range(len(chunks)))
-    assembler = codec.TensorAssembler()
+    assembler = TensorAssembler()
     for c in chunks:
         assert c.num_chunks == len(chunks)
         assembler.add_all(c.tensors)
@@ -596,7 +597,7 @@ def _raw_epoch(address: str, req: pb.EpochRequest) -> list[tuple[list[bytes], di
                                 response_deserializer=None)
     out: list[tuple[list[bytes], dict[str, np.ndarray]]] = []
     raw: list[bytes] = []
-    assembler = codec.TensorAssembler()
+    assembler = TensorAssembler()
     try:
         for message in call(req, timeout=TIMEOUT):
             msg = pb.MinibatchChunk.FromString(message)

@@ -1,7 +1,7 @@
 """Turn the ``MinibatchChunk`` messages of one batch into a PyG ``Data``.
 
 Decoding does not copy: every tensor that arrived in one chunk is a read-only view of
-the message's bytes (:class:`protos.codec.TensorAssembler`), and one spread over several
+the message's bytes (:class:`protos.assembler.TensorAssembler`), and one spread over several
 chunks is copied once, from the messages straight into its final buffer; those buffers
 come from a :class:`protos.buffers.BufferPool` that hands a buffer out again once no
 tensor of an earlier batch refers to it. The result mirrors what PyG's ``NeighborLoader``
@@ -31,8 +31,9 @@ from torch_geometric.data import Data, HeteroData
 
 from protos import compact, halfcast
 from protos import sampling_pb2 as pb
+from protos.assembler import TensorAssembler
 from protos.buffers import BufferPool
-from protos.codec import CodecError, TensorAssembler
+from protos.codec import CodecError
 from protos.cpus import usable_cpus
 from protos.fastwire import WireMessage
 
@@ -126,7 +127,7 @@ class BatchAssembler:
         ``background_copies``: copy those tensors' pieces on the decode threads while
         the next message is read (default None: :func:`default_background_copies`);
         ``pinned``: into page-locked memory instead of the pool, for a batch bound for a
-        GPU (see :class:`~protos.codec.TensorAssembler`)."""
+        GPU (see :class:`~protos.assembler.TensorAssembler`)."""
         self.spec = spec or BatchSpec()
         self.pool = pool if pool is not None else BufferPool()
         if background_copies is None:

@@ -107,6 +107,7 @@ def main() -> int:
     from protos import codec, fastwire
     from protos import sampling_pb2 as pb
     from protos.allocator import keep_freed_memory
+    from protos.assembler import TensorAssembler
     from sampling_server.sampler import create_sampler
 
     T = PLAIN_NODE_TYPE  # a plain graph: one node type
@@ -128,7 +129,7 @@ def main() -> int:
         return out.finish(0, len(out))
 
     def decoded_x(messages: list[bytes]) -> torch.Tensor:
-        assembler = codec.TensorAssembler()
+        assembler = TensorAssembler()
         for m in messages:
             assembler.add_all(fastwire.parse_chunk(pb.MinibatchChunk, m).tensors)
         return assembler.finish_torch()["x"]
