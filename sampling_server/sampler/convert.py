@@ -30,19 +30,19 @@ def to_pyg_data(batch: Minibatch, plain: bool = False) -> Data | HeteroData:
                     num_sampled_edges=list(s.num_sampled_edges[et]))
         data.num_nodes = int(n_id.numel())
         return data
-    hetero = HeteroData()
+    typed = HeteroData()
     for t, n_id in s.node.items():
-        hetero[t].n_id = batch.orig_id.get(t, n_id)
-        hetero[t].num_nodes = int(n_id.numel())
+        typed[t].n_id = batch.orig_id.get(t, n_id)
+        typed[t].num_nodes = int(n_id.numel())
         if t in batch.x:
-            hetero[t].x = batch.x[t]
+            typed[t].x = batch.x[t]
     if batch.y is not None:
-        hetero[batch.target_type].y = batch.y
-    hetero[s.input_type].batch_size = s.batch_size
+        typed[batch.target_type].y = batch.y
+    typed[s.input_type].batch_size = s.batch_size
     for et in s.row:
-        hetero[et].edge_index = s.edge_index(et)
-    hetero.num_sampled_nodes = {t: list(v) for t, v in s.num_sampled_nodes.items()}
-    hetero.num_sampled_edges = {et: list(v) for et, v in s.num_sampled_edges.items()}
-    hetero.set_value_dict("num_sampled_nodes", hetero.num_sampled_nodes)  # per type, as PyG
-    hetero.set_value_dict("num_sampled_edges", hetero.num_sampled_edges)
-    return hetero
+        typed[et].edge_index = s.edge_index(et)
+    typed.num_sampled_nodes = {t: list(v) for t, v in s.num_sampled_nodes.items()}
+    typed.num_sampled_edges = {et: list(v) for et, v in s.num_sampled_edges.items()}
+    typed.set_value_dict("num_sampled_nodes", typed.num_sampled_nodes)  # per type, as PyG
+    typed.set_value_dict("num_sampled_edges", typed.num_sampled_edges)
+    return typed
