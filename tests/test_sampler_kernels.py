@@ -19,7 +19,7 @@ import numba
 import numpy as np
 import pytest
 import torch
-from graph_fixtures import KINDS, PLAIN_EDGE_TYPE, mixed, star_graph, write_and_load
+from graph_fixtures import HUB, KINDS, PLAIN_EDGE_TYPE, mixed, star_graph, write_and_load
 from scipy import stats
 
 from partitioner.format import Partition
@@ -41,7 +41,7 @@ P_MIN = 1e-4
 
 @pytest.fixture(scope="module", params=KINDS)
 def whole(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Partition:
-    """The mixed graph of each kind, as one partition."""
+    """The mixed graph of each kind, as one partition (global IDs are original IDs)."""
     return write_and_load(mixed(request.param), tmp_path_factory.mktemp("mixed-p1"), 1)[0]
 
 
@@ -225,6 +225,23 @@ def test_weighted_without_replacement_favors_heavy_neighbors(tmp_path: Path) -> 
     sigma = math.sqrt(len(STAT_KEYS) / 4)  # a Bernoulli's variance is at most 1/4
     assert np.all(np.diff(counts) > -3 * sigma), counts
     assert counts[-1] > 4 * counts[0]
+
+
+def test_uniform_draws_of_one_node_along_a_relation(whole: Partition) -> None:
+    """Chi-square: each in-edge of the hub along its relation (a typed graph's ``writes``)
+    is drawn k/d of the time, repeated edges in proportion to their count."""
+    sampler = CpuNeighborSampler(whole)
+    et = sampler.edge_types[0]  # a typed graph's first: author writes paper (the hub's)
+    indptr = np.asarray(whole.indptr[et])
+    sources, mult = np.unique(np.asarray(whole.indices[et])[indptr[HUB]:indptr[HUB + 1]], return_counts=True)
+    d, k, trials = int(mult.sum()), 4, 3000
+    assert d >= 20
+    counts = np.zeros(sources.size)
+    for key in range(trials):
+        drawn = sampler.sample_relation(et, torch.tensor([HUB]), k, key, 0).neighbors.numpy()
+        assert drawn.size == k
+        counts += np.bincount(np.searchsorted(sources, drawn), minlength=sources.size)
+    assert stats.chisquare(counts, trials * k * mult / d).pvalue > P_MIN
 
 
 # -- relabel ---------------------------------------------------------------------------
