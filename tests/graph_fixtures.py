@@ -19,6 +19,7 @@ import torch
 
 from partitioner.format import Partition, load_node_map, load_partition, read_manifest
 from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, EdgeType, GraphData
+from partitioner.synthetic import generate
 from partitioner.typed import TypedGraphData, plain_view
 from partitioner.writer import partition_graph
 from sampling_server.sampler.base import NeighborSampler
@@ -317,7 +318,23 @@ def target(graph: AnyGraph) -> str:
     return typed_view(graph).target_type
 
 
+def large(kind: str, *, seed: int = 3) -> AnyGraph:
+    """A graph of ``kind`` with thousands of nodes of each type and weights on every
+    relation, for the real-GPU tests: :func:`mixed_graph` of 20,000 nodes, or
+    ``mag-small`` with its reverse relations."""
+    if kind == "plain":
+        return mixed_graph(20_000, seed=seed)
+    graph = generate("mag-small", seed=seed, progress=False)
+    assert isinstance(graph, TypedGraphData)
+    gen = np.random.default_rng(seed)
+    graph.edge_weight = {et: np.asarray(gen.uniform(0.1, 5.0, ei.shape[1]), np.float32)
+                         for et, ei in graph.edge_index.items()}
+    typed = graph.add_reverse()
+    typed.validate()
+    return typed
+
+
 __all__ = ["HUB", "KINDS", "NUM_ISOLATED", "PLAIN_EDGE_TYPE", "PLAIN_NODE_TYPE", "REPEATED_EDGES", "AnyGraph",
            "LocalPeers", "assert_same_batch", "check_node_maps", "check_rows", "check_sampler_output",
-           "global_adjacency", "mixed", "mixed_graph", "mixed_typed", "node_maps_of", "star_graph", "target",
-           "typed_view", "write_and_load"]
+           "global_adjacency", "large", "mixed", "mixed_graph", "mixed_typed", "node_maps_of", "star_graph",
+           "target", "typed_view", "write_and_load"]

@@ -1,5 +1,6 @@
-"""The server-side GPU feature cache of the CUDA sampler: hot rows in GPU memory, the rest
-in mapped host memory, one gather kernel over both.
+"""The server-side GPU feature cache of the CUDA sampler: per node type with features,
+hot rows in GPU memory, the rest in mapped host memory, one gather kernel over both; on
+both kinds of graph.
 
 Without a GPU the tables live in CPU tensors and numpy arrays and the kernel runs on
 Numba's CUDA simulator (``conftest.py``); the ``gpu``-marked tests check the real
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from graph_fixtures import LocalPeers, mixed_graph, write_and_load
+from graph_fixtures import KINDS, LocalPeers, assert_same_batch, large, mixed, write_and_load
 
 from partitioner.format import Partition
 from protos import sampling_pb2 as pb
@@ -26,33 +27,49 @@ from sampling_server.feature_placement import (
     rows_on_device,
     slot_maps,
 )
-from sampling_server.hot import in_degree_order as hot_order
+from sampling_server.fields import cast_features
+from sampling_server.hot_order import in_degree, in_degree_order
 from sampling_server.sampler import cuda_features
 from sampling_server.sampler import cuda_kernels as K
 from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
 from sampling_server.sampler.cuda_features import FeatureTable
 from sampling_server.sampler.cuda_sampler import CudaNeighborSampler
-from sampling_server.store import PartitionStore, cast_features
+from sampling_server.store import PartitionStore
 
 FRACTIONS = [0.0, 0.3, 1.0]
 
 
-@pytest.fixture(scope="module")
-def one_part(tmp_path_factory: pytest.TempPathFactory) -> Partition:
-    return write_and_load(mixed_graph(), tmp_path_factory.mktemp("gpucache1"), 1)[0]
+@pytest.fixture(scope="module", params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def two_parts(tmp_path_factory: pytest.TempPathFactory) -> list[Partition]:
-    return write_and_load(mixed_graph(), tmp_path_factory.mktemp("gpucache2"), 2)
+def one_part(kind: str, tmp_path_factory: pytest.TempPathFactory) -> Partition:
+    return write_and_load(mixed(kind), tmp_path_factory.mktemp("gpucache1"), 1)[0]
 
 
-def _all_nodes(part: Partition) -> torch.Tensor:
-    """Every owned node, in a shuffled order with repeats (as a batch's n_id never is, but
-    the gather must not care)."""
-    start, stop = part.node_range
+@pytest.fixture(scope="module")
+def two_parts(kind: str, tmp_path_factory: pytest.TempPathFactory) -> list[Partition]:
+    return write_and_load(mixed(kind), tmp_path_factory.mktemp("gpucache2"), 2)
+
+
+def _all_nodes(part: Partition, t: str) -> torch.Tensor:
+    """Every owned node of type ``t``, in a shuffled order with repeats (as a batch's n_id
+    never is, but the gather must not care)."""
+    start, stop = part.node_range(t)
     ids = np.random.default_rng(0).permutation(np.arange(start, stop, dtype=np.int64))
     return torch.from_numpy(np.concatenate([ids, ids[:5]]))
+
+
+def _indptrs(part: Partition, t: str) -> list[np.ndarray]:
+    """The CSC offsets of every relation ending at ``t``."""
+    return [np.asarray(part.indptr[et]) for et in part.edge_types if et[2] == t]
+
+
+def _hot_order(part: Partition, t: str) -> np.ndarray:
+    start, stop = part.node_range(t)
+    return in_degree_order(_indptrs(part, t), start, stop - start)
 
 
 # -- sizes -------------------------------------------------------------------------------
@@ -94,38 +111,52 @@ def test_rows_on_device() -> None:
 
 
 def test_slot_maps_follow_the_hot_order(one_part: Partition) -> None:
-    start = one_part.node_range[0]
-    order = hot_order(one_part.indptr, start)
-    degree = np.diff(np.asarray(one_part.indptr))
-    for k in (0, 7, order.size):
-        slot, host_slot = slot_maps(order, start, k)
-        assert slot.dtype == np.int32 and host_slot.dtype == np.int32
-        assert np.array_equal(slot[order[:k] - start], np.arange(k))
-        assert np.array_equal(host_slot[order[k:] - start], np.arange(order.size - k))
-        assert np.all((slot >= 0) != (host_slot >= 0)), "every node in exactly one table"
-        if 0 < k < order.size:  # every cached node at least as hot as every other one
-            assert degree[slot >= 0].min() >= degree[slot < 0].max()
-    with pytest.raises(ValueError, match=r"^cached: expected 0 \.\. 48 .*, got 49$"):
-        slot_maps(order, start, 49)
+    for t in one_part.node_types:
+        start, stop = one_part.node_range(t)
+        order = _hot_order(one_part, t)
+        degree = in_degree(_indptrs(one_part, t), stop - start)
+        for k in (0, 7, order.size):
+            slot, host_slot = slot_maps(order, start, k)
+            assert slot.dtype == np.int32 and host_slot.dtype == np.int32
+            assert np.array_equal(slot[order[:k] - start], np.arange(k))
+            assert np.array_equal(host_slot[order[k:] - start], np.arange(order.size - k))
+            assert np.all((slot >= 0) != (host_slot >= 0)), "every node in exactly one table"
+            if 0 < k < order.size:  # every cached node at least as hot as every other one
+                assert degree[slot >= 0].min() >= degree[slot < 0].max()
+        n = order.size
+        with pytest.raises(ValueError, match=rf"^cached: expected 0 \.\. {n} .*, got {n + 1}$"):
+            slot_maps(order, start, n + 1)
 
 
 @pytest.mark.parametrize("fraction", FRACTIONS)
 def test_table_slots_and_rows_match_the_hot_order(one_part: Partition, fraction: float) -> None:
-    start = one_part.node_range[0]
-    table = FeatureTable(one_part.x, one_part.indptr, start, K.torch_device(), fraction)
-    k = int(fraction * one_part.num_nodes)
-    order = hot_order(one_part.indptr, start)
-    assert table.cached == k and np.array_equal(table.order, order)
-    assert table.slot.dtype == torch.int32 and table.host_slot.dtype == torch.int32
-    slot = table.slot.cpu().numpy()
-    assert np.array_equal(slot[order[:k] - start], np.arange(k))
-    assert np.all(np.delete(slot, order[:k] - start) == -1)
-    x = np.asarray(one_part.x)
-    assert np.array_equal(table.device_rows.cpu().numpy()[:k], x[order[:k] - start])
-    assert np.array_equal(np.asarray(table.host_rows)[:one_part.num_nodes - k], x[order[k:] - start])
-    row = x.shape[1] * 4
-    assert table.device_bytes == k * row + 8 * one_part.num_nodes
-    assert table.host_bytes == (one_part.num_nodes - k) * row
+    for t, x_t in one_part.x.items():
+        start, stop = one_part.node_range(t)
+        n = stop - start
+        order = _hot_order(one_part, t)
+        table = FeatureTable(x_t, order, start, K.torch_device(), fraction)
+        k = int(fraction * n)
+        assert table.cached == k and np.array_equal(table.order, order)
+        assert table.slot.dtype == torch.int32 and table.host_slot.dtype == torch.int32
+        slot = table.slot.cpu().numpy()
+        assert np.array_equal(slot[order[:k] - start], np.arange(k))
+        assert np.all(np.delete(slot, order[:k] - start) == -1)
+        x = np.asarray(x_t)
+        assert np.array_equal(table.device_rows.cpu().numpy()[:k], x[order[:k] - start])
+        assert np.array_equal(np.asarray(table.host_rows)[:n - k], x[order[k:] - start])
+        row = x.shape[1] * 4
+        assert table.device_bytes == k * row + 8 * n
+        assert table.host_bytes == (n - k) * row
+
+
+def test_the_sampler_s_tables_follow_the_in_degree_over_every_relation(one_part: Partition) -> None:
+    """A CUDA sampler's table of a type is ordered by in-degree summed over the relations
+    ending at the type (on a typed graph, papers are cited and written: both count)."""
+    sampler = CudaNeighborSampler(one_part, gpu_cache_size=0.5)
+    assert set(sampler.feature_tables) == set(one_part.x)
+    for t, table in sampler.feature_tables.items():
+        assert np.array_equal(table.order, _hot_order(one_part, t))
+        assert table.cached == one_part.num_nodes(t) // 2
 
 
 # -- gathers -----------------------------------------------------------------------------
@@ -134,75 +165,84 @@ def test_table_slots_and_rows_match_the_hot_order(one_part: Partition, fraction:
 def test_gathered_rows_are_the_original_rows(one_part: Partition, topology: str,
                                              size: float | str) -> None:
     sampler = CudaNeighborSampler(one_part, topology=topology, gpu_cache_size=size)
-    nodes = _all_nodes(one_part)
-    x, y = sampler.gather_local(nodes, True, True)
-    assert x is not None and y is not None and x.dtype == torch.float32
-    local = nodes.numpy() - one_part.node_range[0]
-    expected = np.asarray(one_part.x)[local]
-    assert x.cpu().numpy().tobytes() == expected.tobytes()  # bit for bit
-    assert np.array_equal(y.cpu().numpy(), np.asarray(one_part.y)[local])
-    empty, _ = sampler.gather_local(torch.empty(0, dtype=torch.int64), True, False)
-    assert empty is not None and empty.shape == (0, one_part.x.shape[1])
+    for t, x_t in one_part.x.items():
+        nodes = _all_nodes(one_part, t)
+        x, y = sampler.gather_local(t, nodes, True, True)
+        assert x is not None and x.dtype == torch.float32
+        local = nodes.numpy() - one_part.node_range(t)[0]
+        assert x.cpu().numpy().tobytes() == np.asarray(x_t)[local].tobytes()  # bit for bit
+        assert (y is None) == (t != one_part.target_type)
+        assert y is None or np.array_equal(y.cpu().numpy(), np.asarray(one_part.y)[local])
+        empty, _ = sampler.gather_local(t, torch.empty(0, dtype=torch.int64), True, False)
+        assert empty is not None and empty.shape == (0, x_t.shape[1])
 
 
 @pytest.mark.parametrize("fraction", FRACTIONS)
 def test_minibatches_equal_the_cpu_samplers_in_every_wire_dtype(
         two_parts: list[Partition], fraction: float) -> None:
-    """Two partitions answering each other: the batch and its features (cast to each wire
-    dtype as the server does, bfloat16 included) are bit-identical to the CPU's."""
+    """Two partitions answering each other: the batch and its features of every type (cast
+    to each wire dtype as the server does, bfloat16 included) are bit-identical to the CPU's."""
     gpus = [CudaNeighborSampler(p, gpu_cache_size=fraction) for p in two_parts]
     cpus = [CpuNeighborSampler(p) for p in two_parts]
-    seeds = np.arange(two_parts[0].node_range[0], two_parts[0].node_range[1], 5)
-    a = gpus[0].minibatch(seeds, [3, 2], 17, remote=LocalPeers(gpus).neighbors,
-                          remote_data=LocalPeers(gpus).node_data)
-    b = cpus[0].minibatch(seeds, [3, 2], 17, remote=LocalPeers(cpus).neighbors,
-                          remote_data=LocalPeers(cpus).node_data)
-    assert torch.equal(a.structure.n_id.cpu(), b.structure.n_id)
-    assert a.x is not None and b.x is not None
-    for dtype in (pb.FLOAT32, pb.FLOAT16, pb.BFLOAT16):
-        ga, gb = cast_features(a.x, dtype).cpu(), cast_features(b.x, dtype)
-        assert ga.dtype == gb.dtype
-        assert ga.view(torch.uint8).numpy().tobytes() == gb.view(torch.uint8).numpy().tobytes()
+    t = two_parts[0].target_type
+    seeds = np.arange(*two_parts[0].node_range(t), 5)
+    a = gpus[0].minibatch(seeds, t, [3, 2], 17, remote=LocalPeers(gpus))
+    b = cpus[0].minibatch(seeds, t, [3, 2], 17, remote=LocalPeers(cpus))
+    assert_same_batch(a, b)
+    assert set(a.x) == set(b.x) == set(two_parts[0].x)
+    for u in a.x:
+        for dtype in (pb.FLOAT32, pb.FLOAT16, pb.BFLOAT16):
+            ga, gb = cast_features(a.x[u], dtype).cpu(), cast_features(b.x[u], dtype)
+            assert ga.dtype == gb.dtype
+            assert ga.view(torch.uint8).numpy().tobytes() == gb.view(torch.uint8).numpy().tobytes()
 
 
-def test_float16_features(tmp_path: Path) -> None:
-    graph = mixed_graph(40)
-    graph.x = (graph.x / 7).astype(np.float16)
+def test_float16_features(kind: str, tmp_path: Path) -> None:
+    graph = mixed(kind)
+    if isinstance(graph.x, dict):
+        graph.x = {t: (x / 7).astype(np.float16) for t, x in graph.x.items()}
+    else:
+        graph.x = (graph.x / 7).astype(np.float16)
     (part,) = write_and_load(graph, tmp_path / "f16", 1)
     sampler = CudaNeighborSampler(part, gpu_cache_size="40%")
-    nodes = _all_nodes(part)
-    x, _ = sampler.gather_local(nodes, True, False)
-    assert x is not None and x.dtype == torch.float16
-    assert x.cpu().numpy().tobytes() == np.asarray(part.x)[nodes.numpy()].tobytes()
+    for t, x_t in part.x.items():
+        nodes = _all_nodes(part, t)
+        x, _ = sampler.gather_local(t, nodes, True, False)
+        assert x is not None and x.dtype == torch.float16
+        assert x.cpu().numpy().tobytes() == np.asarray(x_t)[nodes.numpy() - part.node_range(t)[0]].tobytes()
 
 
-def test_samplers_of_one_store_share_one_table(tmp_path: Path) -> None:
-    write_and_load(mixed_graph(), tmp_path / "p", 1)
+def test_samplers_of_one_store_share_its_tables(kind: str, tmp_path: Path) -> None:
+    write_and_load(mixed(kind), tmp_path / "p", 1)
     store = PartitionStore(ServerConfig(partition_dir=tmp_path / "p", partition=0, device="cuda",
                                         gpu_cache_size="50%"))
     store.load()
     first = store.sampler()
     assert isinstance(first, CudaNeighborSampler)
-    assert first.feature_table.cached == store.partition.num_nodes // 2
+    assert set(first.feature_tables) == set(store.partition.x)
+    for t, table in first.feature_tables.items():
+        assert table.cached == store.partition.num_nodes(t) // 2
     for replace, weighted in [(True, False), (False, True)]:
         other = store.sampler(replace=replace, weighted=weighted)
         assert isinstance(other, CudaNeighborSampler)
-        assert other.feature_table is first.feature_table
+        assert other.feature_tables is first.feature_tables
 
 
-def test_a_cuda_server_holding_the_whole_graph_tables_every_row(tmp_path: Path) -> None:
+def test_a_cuda_server_holding_the_whole_graph_tables_every_row(kind: str, tmp_path: Path) -> None:
     """With the whole structure (``auto``'s choice on this graph), a CUDA server's
-    ``features: auto`` takes every node's rows: one table over the whole graph, shared by
-    its samplers; with its partition's own structure it keeps its own rows."""
-    write_and_load(mixed_graph(), tmp_path / "p", 2)
+    ``features: auto`` takes every node's rows: one table per type over the whole graph,
+    shared by its samplers; with its partition's own structure it keeps its own rows."""
+    write_and_load(mixed(kind), tmp_path / "p", 2)
     store = PartitionStore(ServerConfig(partition_dir=tmp_path / "p", partition=1, device="cuda",
                                         gpu_cache_size="50%"))
     store.load()
     assert (store.structure_mode, store.features_mode) == ("full", "full")
     first = store.sampler()
     assert isinstance(first, CudaNeighborSampler)
-    assert first.feature_table.num_rows == store.manifest.num_nodes
-    assert store.sampler(replace=True).feature_table is first.feature_table  # type: ignore[attr-defined]
+    for t, table in first.feature_tables.items():
+        assert table.num_rows == store.manifest.node_types[t].num_nodes
+    again = store.sampler(replace=True)
+    assert isinstance(again, CudaNeighborSampler) and again.feature_tables is first.feature_tables
     own = PartitionStore(ServerConfig(partition_dir=tmp_path / "p", partition=1, device="cuda",
                                       structure="partition"))
     own.load()
@@ -211,11 +251,12 @@ def test_a_cuda_server_holding_the_whole_graph_tables_every_row(tmp_path: Path) 
 
 def test_conflicting_or_foreign_tables_are_refused(two_parts: list[Partition]) -> None:
     p0, p1 = two_parts
-    table = CudaNeighborSampler(p0, gpu_cache_size=0.5).feature_table
-    with pytest.raises(ValueError, match=r"^gpu_cache_size, feature_table: expected one or neither"):
-        CudaNeighborSampler(p0, gpu_cache_size=0.5, feature_table=table)
-    with pytest.raises(ValueError, match=r"^feature_table: expected the table of the rows held here"):
-        CudaNeighborSampler(p1, feature_table=table)
+    t = p0.target_type
+    tables = CudaNeighborSampler(p0, gpu_cache_size=0.5).feature_tables
+    with pytest.raises(ValueError, match=r"^gpu_cache_size, feature_tables: expected one or neither"):
+        CudaNeighborSampler(p0, gpu_cache_size=0.5, feature_tables=tables)
+    with pytest.raises(ValueError, match=rf"^feature_tables\['{t}'\]: expected the table of the rows held"):
+        CudaNeighborSampler(p1, feature_tables=tables)
     with pytest.raises(ValueError, match=r"^gpu_cache_size: expected 'auto'.*got '1\.5'$"):
         CudaNeighborSampler(p0, gpu_cache_size="1.5")
 
@@ -266,27 +307,28 @@ def test_every_feature_dtype_has_a_declared_signature() -> None:
 # -- real GPU only -------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("fraction", FRACTIONS)
-def test_rows_live_on_the_gpu_and_in_mapped_host_memory(tmp_path: Path, fraction: float) -> None:
+def test_rows_live_on_the_gpu_and_in_mapped_host_memory(kind: str, tmp_path: Path, fraction: float) -> None:
     from numba.cuda.cudadrv.devicearray import MappedNDArray
 
-    (part,) = write_and_load(mixed_graph(20_000, seed=3), tmp_path / "big", 1)
+    (part,) = write_and_load(large(kind), tmp_path / "big", 1)
     sampler = CudaNeighborSampler(part, topology="uva", gpu_cache_size=fraction)
-    table = sampler.feature_table
-    assert table.device_rows.is_cuda and table.slot.is_cuda and table.host_slot.is_cuda
-    if table.cached < part.num_nodes:
-        assert isinstance(table.host_rows, MappedNDArray)
-    nodes = torch.from_numpy(np.random.default_rng(2).integers(0, part.num_nodes, 50_000)).cuda()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        x, _ = sampler.gather_local(nodes, True, False)
-    stream.synchronize()
-    assert x is not None and x.is_cuda
-    expected = np.asarray(part.x)[nodes.cpu().numpy()]
-    assert x.cpu().numpy().tobytes() == expected.tobytes()
+    for t, table in sampler.feature_tables.items():
+        assert table.device_rows.is_cuda and table.slot.is_cuda and table.host_slot.is_cuda
+        if table.cached < part.num_nodes(t):
+            assert isinstance(table.host_rows, MappedNDArray)
+        start, stop = part.node_range(t)
+        nodes = torch.from_numpy(np.random.default_rng(2).integers(start, stop, 50_000)).cuda()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            x, _ = sampler.gather_local(t, nodes, True, False)
+        stream.synchronize()
+        assert x is not None and x.is_cuda
+        expected = np.asarray(part.x[t])[nodes.cpu().numpy() - start]
+        assert x.cpu().numpy().tobytes() == expected.tobytes()
 
 
 @pytest.mark.gpu
 def test_auto_caches_a_small_partition_whole(one_part: Partition) -> None:
     sampler = CudaNeighborSampler(one_part)
-    assert sampler.feature_table.cached == one_part.num_nodes
-    assert sampler.feature_table.device_rows.is_cuda
+    for t, table in sampler.feature_tables.items():
+        assert table.cached == one_part.num_nodes(t) and table.device_rows.is_cuda

@@ -1,4 +1,6 @@
-"""The CUDA sampler: structural properties, equality with the CPU sampler, dedup, gathers.
+"""The CUDA sampler on both kinds of graph: structural properties, equality with the CPU
+sampler (one partition, across partitions, over the whole graph's structure and rows),
+dedup, bad input, host reads, gathers, and the kernels' launch types.
 
 Without a GPU these run on Numba's CUDA simulator (``conftest.py``), so the graphs are
 tiny; on a real GPU the same tests run on the device, and the ``gpu``-marked ones add
@@ -7,7 +9,6 @@ zero-copy, stream and larger-graph checks.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,54 +19,62 @@ import pytest
 import torch
 from graph_fixtures import (
     HUB,
+    KINDS,
+    NUM_ISOLATED,
+    PLAIN_EDGE_TYPE,
+    AnyGraph,
     LocalPeers,
+    assert_same_batch,
+    check_rows,
+    check_sampler_output,
     global_adjacency,
-    mixed_graph,
+    large,
+    mixed,
     star_graph,
+    typed_view,
     write_and_load,
 )
 from numba import cuda
-from sampler_checks import check_sampler_output
 
 from partitioner.format import Partition, load_node_data, load_structure
+from sampling_server.sampler import Minibatch, normalize_num_neighbors
 from sampling_server.sampler import cuda_kernels as K
+from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
 from sampling_server.sampler.cuda_sampler import CudaNeighborSampler
 from sampling_server.sampler.ptx_check import kernel_signatures
 from sampling_server.sampler.rng import batch_key
+from sampling_server.sampler.types import SamplerOutput
 
-VARIANTS = [(False, False), (True, False), (False, True), (True, True)]
+VARIANTS = [(False, False), (True, False), (False, True), (True, True)]  # (replace, weighted)
 VARIANT_IDS = ["uniform", "replace", "weighted", "weighted-replace"]
-HAS_CPU_SAMPLER = importlib.util.find_spec("sampling_server.sampler.cpu_sampler") is not None
-needs_cpu = pytest.mark.skipif(not HAS_CPU_SAMPLER,
-                               reason="sampling_server.sampler.cpu_sampler is not written yet")
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def graph(request: pytest.FixtureRequest) -> AnyGraph:
+    return mixed(request.param)
 
 
 @pytest.fixture(scope="module")
-def one_part(tmp_path_factory: pytest.TempPathFactory) -> list[Partition]:
-    return write_and_load(mixed_graph(), tmp_path_factory.mktemp("mixed1"), 1)
+def one_part(graph: AnyGraph, tmp_path_factory: pytest.TempPathFactory) -> list[Partition]:
+    return write_and_load(graph, tmp_path_factory.mktemp("mixed1"), 1)
 
 
 @pytest.fixture(scope="module")
-def two_parts(tmp_path_factory: pytest.TempPathFactory) -> list[Partition]:
-    return write_and_load(mixed_graph(), tmp_path_factory.mktemp("mixed2"), 2)
+def two_parts(graph: AnyGraph, tmp_path_factory: pytest.TempPathFactory) -> list[Partition]:
+    return write_and_load(graph, tmp_path_factory.mktemp("mixed2"), 2)
 
 
 def _seeds(part: Partition, count: int = 4) -> np.ndarray:
-    """``count`` owned nodes, the hub first when this partition owns it."""
-    start, stop = part.node_range
-    owned = np.arange(start, stop, dtype=np.int64)
-    hub = np.nonzero(np.asarray(part.orig_ids) == HUB)[0]
-    first = owned[hub] if hub.size else owned[:0]
+    """``count`` owned nodes of the target type, the hub first when this partition owns it."""
+    t = part.target_type
+    owned = np.arange(*part.node_range(t), dtype=np.int64)
+    first = owned[np.asarray(part.orig_ids[t]) == HUB]
     rest = owned[np.isin(owned, first, invert=True)][:: max(1, owned.size // count)]
     return np.concatenate([first, rest])[:count]
 
 
-def _equal_outputs(a: Any, b: Any) -> None:
-    assert torch.equal(a.n_id.cpu(), b.n_id.cpu())
-    assert torch.equal(a.row.cpu(), b.row.cpu())
-    assert torch.equal(a.col.cpu(), b.col.cpu())
-    assert a.num_sampled_nodes == b.num_sampled_nodes
-    assert a.num_sampled_edges == b.num_sampled_edges
+def _same(a: SamplerOutput, b: SamplerOutput) -> None:
+    assert_same_batch(Minibatch(a, ""), Minibatch(b, ""))
 
 
 # -- structure -----------------------------------------------------------------------
@@ -74,119 +83,116 @@ def _equal_outputs(a: Any, b: Any) -> None:
 def test_output_properties(one_part: list[Partition], replace: bool, weighted: bool,
                            fanouts: list[int]) -> None:
     sampler = CudaNeighborSampler(one_part[0], replace=replace, weighted=weighted)
-    seeds = _seeds(one_part[0])
-    out = sampler.sample(seeds, fanouts, batch_key(0, 1, 0, 3))
-    assert out.n_id.device == sampler.device == K.torch_device()
-    check_sampler_output(out, seeds, fanouts, global_adjacency(one_part), replace=replace)
+    seeds, t = _seeds(one_part[0]), sampler.target_type
+    out = sampler.sample(seeds, t, fanouts, batch_key(0, 1, 0, 3))
+    assert all(n.device == sampler.device == K.torch_device() for n in out.node.values())
+    check_sampler_output(out, seeds, t, normalize_num_neighbors(fanouts, sampler.edge_types),
+                         global_adjacency(one_part), replace=replace)
 
 
 def test_isolated_and_empty_frontiers(one_part: list[Partition]) -> None:
     """Nodes without in-edges draw nothing; an empty frontier stays empty."""
     part = one_part[0]
-    degree = np.diff(np.asarray(part.indptr))
-    isolated = np.nonzero(degree == 0)[0][:2] + part.node_range[0]
+    t = part.target_type
+    isolated = np.arange(*part.node_range(t))[-NUM_ISOLATED:]
     for replace, weighted in VARIANTS:
         sampler = CudaNeighborSampler(part, replace=replace, weighted=weighted)
-        out = sampler.sample(isolated, [4, 4], key=7)
-        assert out.num_sampled_nodes == [isolated.size, 0, 0]
-        assert out.num_sampled_edges == [0, 0]
-        empty = sampler.sample_neighbors(torch.empty(0, dtype=torch.int64), 3, key=7, hop=0)
-        assert empty.counts.numel() == 0 and empty.neighbors.numel() == 0
+        out = sampler.sample(isolated, t, [4, 4], key=7)
+        assert out.num_sampled_nodes == {u: [isolated.size * (u == t), 0, 0] for u in sampler.node_types}
+        assert out.num_sampled_edges == {et: [0, 0] for et in sampler.edge_types}
+        for et in sampler.edge_types:
+            empty = sampler.sample_relation(et, torch.empty(0, dtype=torch.int64), 3, key=7, hop=0)
+            assert empty.counts.numel() == 0 and empty.neighbors.numel() == 0
 
 
 def test_same_key_same_batch(one_part: list[Partition]) -> None:
     sampler = CudaNeighborSampler(one_part[0])
-    seeds = _seeds(one_part[0])
-    a = sampler.sample(seeds, [3, 2], batch_key(1, 2, 0, 5))
-    _equal_outputs(a, sampler.sample(seeds, [3, 2], batch_key(1, 2, 0, 5)))
-    other = [sampler.sample(seeds, [3, 2], batch_key(1, 2, 0, b)).n_id for b in range(6, 9)]
-    assert any(not torch.equal(a.n_id, o) for o in other), "the key must change the draws"
+    seeds, t = _seeds(one_part[0]), sampler.target_type
+    a = sampler.sample(seeds, t, [3, 2], batch_key(1, 2, 0, 5))
+    _same(a, sampler.sample(seeds, t, [3, 2], batch_key(1, 2, 0, 5)))
+    other = [sampler.sample(seeds, t, [3, 2], batch_key(1, 2, 0, b)).node for b in range(6, 9)]
+    assert any(not all(torch.equal(a.node[u], o[u]) for u in o) for o in other), \
+        "the key must change the draws"
 
 
 # -- the same batches as the CPU sampler ---------------------------------------------
-@needs_cpu
 @pytest.mark.parametrize(("replace", "weighted"), VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("topology", ["device", "uva"])
 def test_matches_cpu_sampler(one_part: list[Partition], replace: bool, weighted: bool,
                              topology: str) -> None:
-    from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
-
     part = one_part[0]
     gpu = CudaNeighborSampler(part, replace=replace, weighted=weighted, topology=topology)
     cpu = CpuNeighborSampler(part, replace=replace, weighted=weighted)
-    seeds = _seeds(part, 5)
+    seeds, t = _seeds(part, 5), part.target_type
     for key in (batch_key(3, 0, 0, 0), batch_key(3, 0, 1, 9)):
-        _equal_outputs(gpu.sample(seeds, [4, 3], key), cpu.sample(seeds, [4, 3], key))
+        _same(gpu.sample(seeds, t, [4, 3], key), cpu.sample(seeds, t, [4, 3], key))
     hub = torch.as_tensor(seeds[:1])  # the hub, with in-degree ~ the graph size
-    for fanout in (1, 7, 30, -1):
-        a = gpu.sample_neighbors(hub, fanout, key=11, hop=2)
-        b = cpu.sample_neighbors(hub, fanout, key=11, hop=2)
-        assert torch.equal(a.counts.cpu(), b.counts) and torch.equal(a.neighbors.cpu(), b.neighbors)
+    for et in (e for e in part.edge_types if e[2] == t):  # every relation into the hub
+        for fanout in (1, 7, 30, -1):
+            a = gpu.sample_relation(et, hub, fanout, key=11, hop=2)
+            b = cpu.sample_relation(et, hub, fanout, key=11, hop=2)
+            assert torch.equal(a.counts.cpu(), b.counts) and torch.equal(a.neighbors.cpu(), b.neighbors)
 
 
-@needs_cpu
 @pytest.mark.parametrize(("replace", "weighted"), [(False, False), (True, True)],
                          ids=["uniform", "weighted-replace"])
-def test_matches_cpu_across_partitions(two_parts: list[Partition], replace: bool,
+def test_matches_cpu_across_partitions(graph: AnyGraph, two_parts: list[Partition], replace: bool,
                                        weighted: bool) -> None:
-    """Two CUDA partitions answering each other draw what two CPU partitions draw."""
-    from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
-
+    """Two CUDA partitions answering each other draw (and gather) what two CPU partitions do."""
     gpus = [CudaNeighborSampler(p, replace=replace, weighted=weighted) for p in two_parts]
     cpus = [CpuNeighborSampler(p, replace=replace, weighted=weighted) for p in two_parts]
-    seeds = _seeds(two_parts[0], 3)
-    a = gpus[0].minibatch(seeds, [3, 2], 99, remote=LocalPeers(gpus).neighbors,
-                          remote_data=LocalPeers(gpus).node_data)
-    b = cpus[0].minibatch(seeds, [3, 2], 99, remote=LocalPeers(cpus).neighbors,
-                          remote_data=LocalPeers(cpus).node_data)
-    _equal_outputs(a.structure, b.structure)
-    assert a.x is not None and b.x is not None and a.y is not None and b.y is not None
-    assert torch.equal(a.x.cpu(), b.x) and torch.equal(a.y.cpu(), b.y)
+    seeds, t = _seeds(two_parts[0], 3), two_parts[0].target_type
+    a = gpus[0].minibatch(seeds, t, [3, 2], 99, remote=LocalPeers(gpus))
+    b = cpus[0].minibatch(seeds, t, [3, 2], 99, remote=LocalPeers(cpus))
+    assert_same_batch(a, b)
+    check_rows(graph, a)
 
 
-@needs_cpu
+def _reaching_seeds(part: Partition, count: int) -> np.ndarray:
+    """Owned nodes of the target type with in-neighbors (along any relation) owned by
+    another partition."""
+    t = part.target_type
+    start, _ = part.node_range(t)
+    found: set[int] = set()
+    for et in (e for e in part.edge_types if e[2] == t):
+        indptr, indices = np.asarray(part.indptr[et]), np.asarray(part.indices[et])
+        lo, hi = part.node_range(et[0])
+        for v in range(part.num_nodes(t)):
+            nbrs = indices[indptr[v]:indptr[v + 1]]
+            if ((nbrs < lo) | (nbrs >= hi)).any():
+                found.add(start + v)
+    return np.asarray(sorted(found)[:count], dtype=np.int64)
+
+
 @pytest.mark.parametrize(("replace", "weighted"), [(False, False), (True, True)],
                          ids=["uniform", "weighted-replace"])
 def test_the_whole_graph_s_structure_draws_what_the_owners_draw(
-        tmp_path: Path, replace: bool, weighted: bool) -> None:
+        graph: AnyGraph, tmp_path: Path, replace: bool, weighted: bool) -> None:
     """Partition 1's CUDA sampler over the whole graph's structure draws every hop itself
     (no peer asked) and makes the batch two CPU partitions answering each other make."""
-    from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
-
-    parts = write_and_load(mixed_graph(), tmp_path, 2)
+    parts = write_and_load(graph, tmp_path, 2)
     gpu = CudaNeighborSampler(parts[1], replace=replace, weighted=weighted,
                               structure=load_structure(tmp_path))
     cpus = [CpuNeighborSampler(p, replace=replace, weighted=weighted) for p in parts]
-    start = parts[1].node_range[0]
-    indptr, indices = np.asarray(parts[1].indptr), np.asarray(parts[1].indices)
-    remote_in = [v for v in range(parts[1].num_nodes)  # seeds with only partition 0's in-edges
-                 if indptr[v + 1] > indptr[v] and (indices[indptr[v]:indptr[v + 1]] < start).all()]
-    seeds = np.asarray(remote_in[:3], dtype=np.int64) + start
+    seeds, t = _reaching_seeds(parts[1], 3), parts[1].target_type
     assert seeds.size == 3
     gpu_peers, cpu_peers = LocalPeers(cpus), LocalPeers(cpus)
-    a = gpu.minibatch(seeds, [3, 2], 99, remote=gpu_peers.neighbors,
-                      remote_data=gpu_peers.node_data)
-    b = cpus[1].minibatch(seeds, [3, 2], 99, remote=cpu_peers.neighbors,
-                          remote_data=cpu_peers.node_data)
-    _equal_outputs(a.structure, b.structure)
-    hop1 = a.structure.n_id.cpu()[3:3 + a.structure.num_sampled_nodes[1]]
-    assert bool((hop1 < parts[1].node_range[0]).any())  # partition 0's nodes drawn from
-    assert not gpu_peers.asked
-    assert a.x is not None and b.x is not None and torch.equal(a.x.cpu(), b.x)
-    # and with every node's rows: its feature table holds them all (half on the device,
+    a = gpu.minibatch(seeds, t, [3, 2], 99, remote=gpu_peers)
+    b = cpus[1].minibatch(seeds, t, [3, 2], 99, remote=cpu_peers)
+    assert_same_batch(a, b)
+    assert cpu_peers.asked and not gpu_peers.asked
+    assert any(not gpu.owns_all(u, n.cpu()) for u, n in a.structure.node.items()), \
+        "nodes of partition 0 should have been drawn"
+    # and with every node's rows: its feature tables hold them all (half on the device,
     # hottest by in-degree), the labels too; no peer asked for any
     rows = load_node_data(tmp_path)
     whole = CudaNeighborSampler(parts[1], replace=replace, weighted=weighted,
-                                structure=load_structure(tmp_path), node_data=rows,
-                                gpu_cache_size=0.5)
-    assert whole.feature_table.num_rows == rows.num_nodes
-    assert 0 < whole.feature_table.cached < rows.num_nodes
+                                structure=load_structure(tmp_path), node_data=rows, gpu_cache_size=0.5)
+    assert set(whole.feature_tables) == set(typed_view(graph).x)
+    for u, table in whole.feature_tables.items():
+        assert table.num_rows == rows.num_nodes[u] and 0 < table.cached < table.num_rows
     whole_peers = LocalPeers(cpus)
-    c = whole.minibatch(seeds, [3, 2], 99, remote=whole_peers.neighbors,
-                        remote_data=whole_peers.node_data)
-    _equal_outputs(c.structure, b.structure)
-    assert c.x is not None and c.y is not None and b.y is not None
-    assert torch.equal(c.x.cpu(), b.x) and torch.equal(c.y.cpu(), b.y)
+    assert_same_batch(whole.minibatch(seeds, t, [3, 2], 99, remote=whole_peers), b)
     assert not whole_peers.asked and not whole_peers.fetched
     assert gpu_peers.fetched  # the sampler with its partition's own rows did ask
     with pytest.raises(ValueError, match="node_data: the CUDA sampler orders its feature table"):
@@ -201,7 +207,7 @@ def test_uniform_draws_are_uniform(tmp_path: Path) -> None:
     counts = np.zeros(11)
     trials = 100
     for hop in range(trials):
-        drawn = sampler.sample_neighbors(torch.tensor([0]), 3, key=5, hop=hop).neighbors.cpu()
+        drawn = sampler.sample_relation(PLAIN_EDGE_TYPE, torch.tensor([0]), 3, key=5, hop=hop).neighbors.cpu()
         assert drawn.unique().numel() == 3
         counts[drawn.numpy()] += 1
     freq = counts[1:] / trials
@@ -213,7 +219,7 @@ def test_weighted_draws_follow_weights(tmp_path: Path) -> None:
     weights = [1.0, 2.0, 3.0, 4.0]
     (part,) = write_and_load(star_graph(weights=weights), tmp_path / "star", 1)
     sampler = CudaNeighborSampler(part, replace=True, weighted=True)
-    drawn = torch.cat([sampler.sample_neighbors(torch.tensor([0]), 50, key=8, hop=h).neighbors
+    drawn = torch.cat([sampler.sample_relation(PLAIN_EDGE_TYPE, torch.tensor([0]), 50, key=8, hop=h).neighbors
                        for h in range(8)]).cpu().numpy()
     freq = np.bincount(drawn, minlength=5)[1:] / drawn.size
     expect = np.array(weights) / sum(weights)
@@ -258,26 +264,34 @@ def test_dedup_kernels_with_many_repeats() -> None:
 def test_relabeler_rejects_repeated_seeds(one_part: list[Partition]) -> None:
     sampler = CudaNeighborSampler(one_part[0])
     with pytest.raises(ValueError, match="seeds: expected unique node IDs; 3 repeats"):
-        sampler.new_relabeler(torch.tensor([1, 3, 2, 3, 1], device=sampler.device))
+        sampler.new_relabeler(sampler.target_type, torch.tensor([1, 3, 2, 3, 1], device=sampler.device))
 
 
 def test_bad_input_is_named(one_part: list[Partition]) -> None:
     sampler = CudaNeighborSampler(one_part[0])
-    with pytest.raises(ValueError, match="nodes: expected global node IDs owned"):
-        sampler.sample_neighbors(torch.tensor([10_000]), 2, key=1, hop=0)
-    with pytest.raises(ValueError, match="nodes: expected a 1-D int64 tensor"):
-        sampler.sample_neighbors(torch.tensor([1.0]), 2, key=1, hop=0)
-    with pytest.raises(ValueError, match="fanout"):
-        sampler.sample_neighbors(torch.tensor([1]), -2, key=1, hop=0)
-    with pytest.raises(ValueError, match="topology"):
+    t, et = sampler.target_type, sampler.edge_types[0]
+    with pytest.raises(ValueError, match=r"^nodes: expected global (node|'\w+') IDs owned"):
+        sampler.sample_relation(et, torch.tensor([10_000]), 2, key=1, hop=0)
+    with pytest.raises(ValueError, match=r"^nodes: expected a 1-D int64 tensor"):
+        sampler.sample_relation(et, torch.tensor([1.0]), 2, key=1, hop=0)
+    with pytest.raises(ValueError, match=r"^fanout: expected"):
+        sampler.sample_relation(et, torch.tensor([1]), -2, key=1, hop=0)
+    with pytest.raises(ValueError, match=r"^edge_type: expected"):
+        sampler.sample_relation(("paper", "sells", "paper"), torch.tensor([1]), 2, key=1, hop=0)
+    with pytest.raises(ValueError, match=r"^seed_type: expected"):
+        sampler.sample(torch.tensor([1]), "venue", [2], key=1)
+    with pytest.raises(ValueError, match=r"^node_type: expected"):
+        sampler.gather_local("venue", torch.tensor([1]), True, True)
+    with pytest.raises(ValueError, match=r"^topology: expected"):
         CudaNeighborSampler(one_part[0], topology="host")
+    with pytest.raises(ValueError, match=r"^seeds: expected"):
+        sampler.sample(torch.tensor([one_part[0].num_nodes(t)]), t, [2], key=1)
 
 
-def test_ownership_is_read_once_per_hop(one_part: list[Partition],
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ownership_is_read_once_per_hop(one_part: list[Partition], monkeypatch: pytest.MonkeyPatch) -> None:
     """Each ID range read is a synchronisation on a GPU: a batch reads its seeds' range,
-    each hop's frontier's and the gathered nodes', and no more (the frontier's own check
-    is not repeated inside the hop, nor the gather's)."""
+    each relation's frontier's at each hop and each type's gathered nodes', and no more
+    (the frontier's own check is not repeated inside the hop, nor the gather's)."""
     part = one_part[0]
     sampler = CudaNeighborSampler(part)
     reads: list[int] = []
@@ -288,42 +302,45 @@ def test_ownership_is_read_once_per_hop(one_part: list[Partition],
         return real(nodes)
 
     monkeypatch.setattr(CudaNeighborSampler, "id_range", staticmethod(counted))
-    batch = sampler.minibatch(_seeds(part), [3, 2], key=8)
-    hops_with_frontier = sum(1 for n in batch.structure.num_sampled_nodes[:2] if n)
-    assert len(reads) == 1 + hops_with_frontier + 1
+    t = sampler.target_type
+    batch = sampler.minibatch(_seeds(part), t, [3, 2], key=8, original_ids=False)
+    s = batch.structure
+    frontiers = sum(1 for et in sampler.edge_types for hop in range(2) if s.num_sampled_nodes[et[2]][hop])
+    gathered = sum(1 for u, n in s.node.items() if n.numel() and (sampler.has_features(u) or u == t))
+    assert len(reads) == 1 + frontiers + gathered
     reads.clear()  # the public entry points still check what they are given
-    with pytest.raises(ValueError, match="nodes: expected global node IDs owned"):
-        sampler.gather_local(torch.tensor([part.node_range[1]]), True, True)
+    with pytest.raises(ValueError, match=r"^nodes: expected global (node|'\w+') IDs owned"):
+        sampler.gather_local(t, torch.tensor([part.node_range(t)[1]]), True, True)
     assert reads == [1]
 
 
 def test_id_range_and_owns_all(two_parts: list[Partition]) -> None:
     sampler = CudaNeighborSampler(two_parts[1])
-    start, stop = two_parts[1].node_range
+    t = sampler.target_type
+    start, stop = two_parts[1].node_range(t)
     assert sampler.id_range(torch.tensor([7, -3, 12, 5])) == (-3, 12)
-    assert sampler.owns_all(torch.empty(0, dtype=torch.int64))
-    assert sampler.owns_all(torch.tensor([stop - 1, start]))
-    assert not sampler.owns_all(torch.tensor([start, stop]))
-    assert not sampler.owns_all(torch.tensor([start - 1, start]))
-    with pytest.raises(ValueError, match=r"seeds: expected global node IDs in \[0, \d+\); "
+    assert sampler.owns_all(t, torch.empty(0, dtype=torch.int64))
+    assert sampler.owns_all(t, torch.tensor([stop - 1, start]))
+    assert not sampler.owns_all(t, torch.tensor([start, stop]))
+    assert not sampler.owns_all(t, torch.tensor([start - 1, start]))
+    with pytest.raises(ValueError, match=r"^seeds: expected global (node|'\w+') IDs in \[0, \d+\); "
                                          r"got values in \[-1, 0\]"):
-        sampler.check_in_graph(torch.tensor([0, -1]), "seeds")
+        sampler.check_in_graph(t, torch.tensor([0, -1]), "seeds")
 
 
 # -- gathers ---------------------------------------------------------------------------
 @pytest.mark.parametrize("topology", ["device", "uva"])
-def test_features_and_labels_are_rows_of_n_id(one_part: list[Partition], topology: str) -> None:
+def test_features_and_labels_are_rows_of_n_id(graph: AnyGraph, one_part: list[Partition],
+                                              topology: str) -> None:
     part = one_part[0]
     sampler = CudaNeighborSampler(part, topology=topology)
-    seeds = _seeds(part)
-    batch = sampler.minibatch(seeds, [3, 2], key=21)
-    assert batch.x is not None and batch.y is not None
-    local = batch.structure.n_id.cpu().numpy() - part.node_range[0]
-    assert batch.x.dtype == torch.float32 and batch.x.device == sampler.device
-    assert np.array_equal(batch.x.cpu().numpy(), np.asarray(part.x)[local])
-    assert np.array_equal(batch.y.cpu().numpy(), np.asarray(part.y)[local])
-    x, y = sampler.gather_local(torch.empty(0, dtype=torch.int64), True, True)
-    assert x is not None and y is not None and x.shape == (0, part.x.shape[1]) and y.numel() == 0
+    batch = sampler.minibatch(_seeds(part), part.target_type, [3, 2], key=21)
+    check_rows(graph, batch)
+    assert all(x.dtype == torch.float32 and x.device == sampler.device for x in batch.x.values())
+    for t, x_t in part.x.items():
+        x, y = sampler.gather_local(t, torch.empty(0, dtype=torch.int64), True, True)
+        assert x is not None and x.shape == (0, x_t.shape[1])
+        assert (y is None) == (t != part.target_type) and (y is None or y.numel() == 0)
 
 
 # -- the launchers pass exactly the types ptx_check compiles ----------------------------
@@ -340,15 +357,15 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, tuple[
     yield seen
 
 
-def test_launch_signatures_are_declared(one_part: list[Partition],
-                                        launches: list[tuple[str, tuple[Any, ...]]]) -> None:
-    part = one_part[0]
-    for replace, weighted in VARIANTS:
-        sampler = CudaNeighborSampler(part, replace=replace, weighted=weighted, gpu_cache_size=0.5)
-        sampler.minibatch(_seeds(part), [3, 2], key=4)
+def test_launch_signatures_are_declared(tmp_path: Path, launches: list[tuple[str, tuple[Any, ...]]]) -> None:
+    for kind in KINDS:
+        part = write_and_load(mixed(kind), tmp_path / kind, 1)[0]
+        for replace, weighted in VARIANTS:
+            sampler = CudaNeighborSampler(part, replace=replace, weighted=weighted, gpu_cache_size=0.5)
+            sampler.minibatch(_seeds(part), part.target_type, [3, 2], key=4)
     table = K.NodeTable(64, K.torch_device())
     K.table_grow(table, 128)
-    # the typed sampler's feature gather
+    # gather_rows: no sampler launches it (feature tables gather with their own kernel)
     device = K.torch_device()
     K.gather_rows(torch.tensor([1], device=device), 0,
                   K.kernel_arg(torch.zeros((2, 3), device=device)), torch.float32)
@@ -367,13 +384,13 @@ def test_zero_copy_and_current_stream(one_part: list[Partition]) -> None:
     assert K.kernel_arg(t).__cuda_array_interface__["data"][0] == t.data_ptr()
     sampler = CudaNeighborSampler(part)
     seeds = _seeds(part)
-    expected = sampler.sample(seeds, [3, 2], key=5)
-    assert expected.n_id.is_cuda and expected.row.is_cuda
+    expected = sampler.sample(seeds, part.target_type, [3, 2], key=5)
+    assert all(n.is_cuda for n in expected.node.values()) and all(r.is_cuda for r in expected.row.values())
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        got = sampler.sample(seeds, [3, 2], key=5)
+        got = sampler.sample(seeds, part.target_type, [3, 2], key=5)
     stream.synchronize()
-    _equal_outputs(got, expected)
+    _same(got, expected)
 
 
 @pytest.mark.gpu
@@ -404,54 +421,78 @@ def test_uva_reads_mapped_host_memory(one_part: list[Partition]) -> None:
     from numba.cuda.cudadrv.devicearray import MappedNDArray
 
     sampler = CudaNeighborSampler(one_part[0], topology="uva")
-    assert isinstance(sampler.csc.indices, MappedNDArray)
-    out = sampler.sample(_seeds(one_part[0]), [3, 2], key=6)
-    assert out.n_id.is_cuda
+    assert all(isinstance(csc.indices, MappedNDArray) for csc in sampler.csc.values())
+    out = sampler.sample(_seeds(one_part[0]), sampler.target_type, [3, 2], key=6)
+    assert all(n.is_cuda for n in out.node.values())
+
+
+def _larger_seeds(part: Partition, count: int) -> np.ndarray:
+    """``count`` owned training nodes of ``part``."""
+    t = part.target_type
+    start, stop = part.node_range(t)
+    owned = np.asarray(part.splits["train"], dtype=np.int64)
+    return np.random.default_rng(1).permutation(owned[(owned >= start) & (owned < stop)])[:count]
 
 
 @pytest.mark.gpu
-@needs_cpu
 @pytest.mark.parametrize(("replace", "weighted"), VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("topology", ["device", "uva"])
-def test_larger_graph_matches_cpu(tmp_path: Path, replace: bool, weighted: bool,
+@pytest.mark.parametrize("kind", KINDS)
+def test_larger_graph_matches_cpu(kind: str, tmp_path: Path, replace: bool, weighted: bool,
                                   topology: str) -> None:
-    """Thousands of threads racing on the hash table still give the CPU's batch."""
-    from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
-
-    (part,) = write_and_load(mixed_graph(20_000, seed=3), tmp_path / "big", 1)
+    """Thousands of threads racing on the hash tables still give the CPU's batch."""
+    graph = large(kind)
+    (part,) = write_and_load(graph, tmp_path / "big", 1)
     gpu = CudaNeighborSampler(part, replace=replace, weighted=weighted, topology=topology)
     cpu = CpuNeighborSampler(part, replace=replace, weighted=weighted)
-    seeds = np.random.default_rng(1).choice(20_000 - 3, 512, replace=False)
+    seeds, t = _larger_seeds(part, 512), part.target_type
     for key in range(3):
-        a = gpu.sample(seeds, [15, 10, 5], key)
-        _equal_outputs(a, cpu.sample(seeds, [15, 10, 5], key))
-    check_sampler_output(a, seeds, [15, 10, 5], global_adjacency([part]), replace=replace)
+        a = gpu.sample(seeds, t, [15, 10, 5], key)
+        _same(a, cpu.sample(seeds, t, [15, 10, 5], key))
+    check_sampler_output(a, seeds, t, normalize_num_neighbors([15, 10, 5], part.edge_types),
+                         global_adjacency([part]), replace=replace)
 
 
 @pytest.mark.gpu
-@needs_cpu
 @pytest.mark.parametrize("topology", ["device", "uva"])
-def test_every_node_s_rows_on_a_gpu_match_the_owners(tmp_path: Path, topology: str) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_larger_graph_across_partitions_matches_cpu(kind: str, tmp_path: Path, topology: str) -> None:
+    """Two CUDA partitions answering each other make the batches, features and labels of
+    two CPU partitions, and every batch has every property."""
+    graph = large(kind)
+    parts = write_and_load(graph, tmp_path / "big2", 2)
+    gpus = [CudaNeighborSampler(p, topology=topology) for p in parts]
+    cpus = [CpuNeighborSampler(p) for p in parts]
+    seeds, t = _larger_seeds(parts[0], 512), parts[0].target_type
+    a = gpus[0].minibatch(seeds, t, [25, 20], 5, remote=LocalPeers(gpus))
+    b = cpus[0].minibatch(seeds, t, [25, 20], 5, remote=LocalPeers(cpus))
+    assert all(n.device.type == "cuda" for n in a.structure.node.values())
+    assert_same_batch(a, b)
+    check_sampler_output(a.structure, seeds, t, normalize_num_neighbors([25, 20], parts[0].edge_types),
+                         global_adjacency(parts))
+    check_rows(graph, a)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("topology", ["device", "uva"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_node_s_rows_on_a_gpu_match_the_owners(kind: str, tmp_path: Path, topology: str) -> None:
     """A CUDA sampler over the whole graph's structure and rows (a third of them in GPU
     memory, the rest pinned over UVA) makes the batches, features and labels of two CPU
     partitions answering each other, asking no peer."""
-    from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
-
+    graph = large(kind)
     root = tmp_path / "big2"
-    parts = write_and_load(mixed_graph(20_000, seed=3), root, 2)
+    parts = write_and_load(graph, root, 2)
     gpu = CudaNeighborSampler(parts[0], topology=topology, structure=load_structure(root),
                               node_data=load_node_data(root), gpu_cache_size=0.33)
     cpus = [CpuNeighborSampler(p) for p in parts]
     asked, answered = LocalPeers(cpus), LocalPeers(cpus)
-    seeds = _seeds(parts[0], 256)
+    seeds, t = _larger_seeds(parts[0], 256), parts[0].target_type
     for key in range(2):
-        a = gpu.minibatch(seeds, [15, 10, 5], key, remote=asked.neighbors,
-                          remote_data=asked.node_data)
-        b = cpus[0].minibatch(seeds, [15, 10, 5], key, remote=answered.neighbors,
-                              remote_data=answered.node_data)
-        _equal_outputs(a.structure, b.structure)
-        assert a.x is not None and b.x is not None and a.y is not None and b.y is not None
-        assert torch.equal(a.x.cpu(), b.x) and torch.equal(a.y.cpu(), b.y)
+        a = gpu.minibatch(seeds, t, [15, 10, 5], key, remote=asked)
+        b = cpus[0].minibatch(seeds, t, [15, 10, 5], key, remote=answered)
+        assert_same_batch(a, b)
+        check_rows(graph, a)
     assert not asked.asked and not asked.fetched and answered.fetched
 
 
