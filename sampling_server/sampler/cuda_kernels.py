@@ -521,18 +521,6 @@ def table_add(table: NodeTable, nodes: torch.Tensor) -> tuple[torch.Tensor, torc
 
 # -- feature and label gathering ---------------------------------------------------------
 @cuda.jit
-def gather_rows_kernel(nodes, node_start, x, out):  # type: ignore[no-untyped-def]
-    """out[r, c] = x[nodes[r] - node_start, c], one thread per element."""
-    i = cuda.grid(1)
-    width = x.shape[1]
-    if i >= nodes.size * width:
-        return
-    r = i // width
-    c = i - r * width
-    out[r, c] = x[nodes[r] - node_start, c]
-
-
-@cuda.jit
 def gather_labels_kernel(nodes, node_start, y, out):  # type: ignore[no-untyped-def]
     """out[r] = y[nodes[r] - node_start]."""
     r = cuda.grid(1)
@@ -540,18 +528,7 @@ def gather_labels_kernel(nodes, node_start, y, out):  # type: ignore[no-untyped-
         out[r] = y[nodes[r] - node_start]
 
 
-_register(gather_rows_kernel, *[(_I64, _S64, dt[:, ::1], dt[:, ::1]) for dt in FEATURE_DTYPES])
 _register(gather_labels_kernel, (_I64, _S64, _I64, _I64))
-
-
-def gather_rows(nodes: torch.Tensor, node_start: int, x: Any, dtype: torch.dtype) -> torch.Tensor:
-    """``[len(nodes), F]`` rows of the owned features ``x`` (a kernel argument)."""
-    width = int(x.shape[1])
-    out = torch.empty((nodes.numel(), width), dtype=dtype, device=nodes.device)
-    if out.numel():
-        launch(gather_rows_kernel, out.numel(), kernel_arg(nodes), np.int64(node_start), x,
-               kernel_arg(out))
-    return out
 
 
 def gather_labels(nodes: torch.Tensor, node_start: int, y: Any) -> torch.Tensor:
