@@ -1,26 +1,16 @@
-"""Typed minibatch sources for the trainer: what it needs of an iterable of ``HeteroData``
-batches, and one that samples in this process from a partitioned typed graph.
+"""Typed minibatches sampled in the trainer's own process, from a partitioned typed graph
+on this machine (``graphfeed-train --partition-dir``, no servers).
 
-The typed trainer (:mod:`trainer_client.hetero_train`) consumes any
-:class:`HeteroBatchSource`: ``len()`` batches per epoch (equal on every rank),
-``set_epoch``, iteration yielding ``HeteroData`` laid out as PyG's hetero
-``NeighborLoader`` lays out its batches (per-type ``x`` for types with features, ``n_id``
-per type in the graph's own IDs, ``edge_index`` per edge type, ``y`` and ``batch_size``
-on the target type, ``input_id``, ``num_sampled_nodes`` / ``num_sampled_edges`` dicts),
-and :attr:`~HeteroBatchSource.meta`, the graph facts a typed model is built from.
-
-:class:`ServiceHeteroLoader` is the sampling servers' source: a
-:class:`~trainer_client.loader.RemoteNeighborLoader` on a typed cluster (its
-``typed_graph`` gives the facts).
-
-:class:`LocalHeteroGraph` loads every partition of a format-v2 directory with the typed
+:class:`LocalTypedGraph` loads every partition of a format-v2 directory with the typed
 sampler (:func:`~sampling_server.sampler.create_hetero_sampler`), the partitions
-answering each other's remote nodes in process; :class:`InProcessHeteroLoader` plans its
+answering each other's remote nodes in process; :class:`InProcessTypedLoader` plans its
 epochs exactly as the sampling servers plan global batches
 (:func:`~protos.plan.plan_global_epoch`, keys from
 :func:`~sampling_server.sampler.batch_key`), so its batches are those a typed service
-would stream for the same arguments. It needs the partition files on this machine (no
-servers): ``graphfeed-train --partition-dir``.
+would stream for the same arguments. It is a batch source of the trainer's loop
+(:class:`trainer_client.loop.BatchSource`): ``len()`` batches per epoch (equal on every
+rank), ``set_epoch``, iteration yielding ``HeteroData`` laid out as PyG's hetero
+``NeighborLoader`` lays out its batches, and ``meta``, the graph's facts.
 """
 
 from __future__ import annotations
@@ -28,12 +18,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import torch
 from torch_geometric.data import HeteroData
 
+from partitioner.hetero import EdgeType
 from partitioner.hetero_format import (
     HETERO_FORMAT_VERSION,
     HeteroManifest,
@@ -44,75 +34,20 @@ from partitioner.hetero_format import (
 from protos.plan import plan_global_epoch
 from sampling_server.sampler import HeteroNeighborSampler, HopSample, batch_key, create_hetero_sampler
 from sampling_server.sampler.hetero_convert import to_hetero_data
-from trainer_client.hetero_loader import TypedGraph
-from trainer_client.hetero_models import EdgeType, HeteroMeta
-from trainer_client.loader import RemoteNeighborLoader
+from sampling_server.store import manifest_fingerprint
+from trainer_client.graph import TypedGraph
 
 log = logging.getLogger(__name__)
 
 
-class HeteroBatchSource(Protocol):
-    """What the typed trainer needs of a loader of ``HeteroData`` batches."""
-
-    @property
-    def meta(self) -> HeteroMeta: ...
-
-    def set_epoch(self, epoch: int) -> None: ...
-
-    def __len__(self) -> int: ...
-
-    def __iter__(self) -> Iterator[HeteroData]: ...
-
-
-def meta_of_manifest(m: HeteroManifest) -> HeteroMeta:
-    """The graph facts of a format-v2 manifest."""
-    return HeteroMeta(
+def graph_of_manifest(m: HeteroManifest) -> TypedGraph:
+    """The graph facts of a format-v2 manifest (its fingerprint is the servers')."""
+    return TypedGraph(
         node_types=tuple(m.node_types), edge_types=tuple(m.edge_types),
         num_nodes={t: i.num_nodes for t, i in m.node_types.items()},
         feature_dims={t: i.feature_dim for t, i in m.node_types.items()},
-        target_type=m.target_type, num_classes=m.num_classes)
-
-
-def meta_of_typed_graph(graph: TypedGraph) -> HeteroMeta:
-    """The graph facts of a typed cluster (``ClusterInfo.typed``)."""
-    return HeteroMeta(node_types=graph.node_types, edge_types=graph.edge_types,
-                      num_nodes=dict(graph.num_nodes), feature_dims=dict(graph.feature_dims),
-                      target_type=graph.target_type, num_classes=graph.num_classes)
-
-
-class ServiceHeteroLoader:
-    """A :class:`~trainer_client.loader.RemoteNeighborLoader` on a typed cluster, as a
-    :class:`HeteroBatchSource`."""
-
-    def __init__(self, loader: RemoteNeighborLoader) -> None:
-        if loader.typed_graph is None:
-            raise ValueError("loader: expected a loader of a typed cluster (ClusterInfo.typed), but the "
-                             "servers serve a homogeneous graph")
-        self.loader = loader
-        self._meta = meta_of_typed_graph(loader.typed_graph)
-
-    @property
-    def meta(self) -> HeteroMeta:
-        return self._meta
-
-    @property
-    def input_nodes(self) -> torch.Tensor:
-        return self.loader.input_nodes
-
-    def set_epoch(self, epoch: int) -> None:
-        self.loader.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> Iterator[HeteroData]:
-        for batch in self.loader:
-            if not isinstance(batch, HeteroData):
-                raise TypeError(f"loader: expected HeteroData batches, got {type(batch).__name__}")
-            yield batch
-
-    def close(self) -> None:
-        self.loader.close()
+        target_type=m.target_type, num_classes=m.num_classes, name=m.graph_name,
+        fingerprint=manifest_fingerprint(m.to_json()))
 
 
 class _Peers:
@@ -138,7 +73,7 @@ class _Peers:
                 for p, nodes in nodes_by_partition.items()}
 
 
-class LocalHeteroGraph:
+class LocalTypedGraph:
     """Every partition of a format-v2 directory, each with its CPU typed sampler."""
 
     def __init__(self, partition_dir: str | Path, *, verify: str = "size") -> None:
@@ -152,7 +87,7 @@ class LocalHeteroGraph:
                  for p in range(self.manifest.num_partitions)]
         self.samplers = [create_hetero_sampler(part, "cpu") for part in parts]
         self.peers = _Peers(self.samplers)
-        self.meta = meta_of_manifest(self.manifest)
+        self.meta = graph_of_manifest(self.manifest)
         target = self.manifest.target_type
         self._orig_target = [np.asarray(part.orig_ids[target], dtype=np.int64) for part in parts]
         self._starts = [part.node_range(target)[0] for part in parts]
@@ -179,14 +114,14 @@ class LocalHeteroGraph:
         return o_all[order], g_all[order]
 
 
-class InProcessHeteroLoader:
+class InProcessTypedLoader:
     """Typed minibatches of one rank's epoch, sampled in this process (see the module doc)."""
 
-    def __init__(self, graph: LocalHeteroGraph | str | Path, split: str = "train", *,
+    def __init__(self, graph: LocalTypedGraph | str | Path, split: str = "train", *,
                  num_neighbors: Sequence[int], batch_size: int, shuffle: bool = False,
                  drop_last: bool = False, rank: int = 0, world_size: int = 1,
                  device: str | torch.device = "cpu", seed: int = 0) -> None:
-        self.graph = graph if isinstance(graph, LocalHeteroGraph) else LocalHeteroGraph(graph)
+        self.graph = graph if isinstance(graph, LocalTypedGraph) else LocalTypedGraph(graph)
         if split == "valid":
             split = "val"
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -202,7 +137,8 @@ class InProcessHeteroLoader:
         self._plan = self._make_plan(0)
 
     @property
-    def meta(self) -> HeteroMeta:
+    def meta(self) -> TypedGraph:
+        """The graph's facts."""
         return self.graph.meta
 
     @property
@@ -237,6 +173,6 @@ class InProcessHeteroLoader:
             yield data.to(self.device) if self.device.type != "cpu" else data
 
     def __repr__(self) -> str:
-        return (f"InProcessHeteroLoader({str(self.graph.root)!r}, {self.split!r}, "
+        return (f"InProcessTypedLoader({str(self.graph.root)!r}, {self.split!r}, "
                 f"num_neighbors={self.num_neighbors}, batch_size={self.batch_size}, "
                 f"rank={self.rank}/{self.world_size}, batches={len(self)})")
