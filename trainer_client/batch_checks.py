@@ -3,9 +3,9 @@ one path for both kinds of graph (docs/wire.md): a typed batch's tensors and cou
 their type (``n_id/<type>``, ``edge_index/<src__rel__dst>`` ..., ``typed_sampled_*``), a
 plain batch's do not (``n_id``, ``edge_index`` ..., ``num_sampled_*``) and are read as a
 graph of one node type and one edge type. The batch is laid out as PyG's hetero
-``NeighborLoader`` lays out its batches; a plain batch's one node and edge type fill one
-``Data`` (what :func:`~trainer_client.graph.to_plain_data` makes of the one-type
-``HeteroData`` that ``BatchSpec.as_typed`` asks for).
+``NeighborLoader`` lays out its batches; a plain batch's one node type and one edge type
+share one store, a ``Data`` (what :func:`~trainer_client.graph.to_plain_data` makes of a
+one-type ``HeteroData``, built in place).
 
 Anything malformed raises :class:`BatchDecodeError` (a :class:`protos.codec.CodecError`,
 itself a ``ValueError``) naming the tensor or field, what was expected and what was
@@ -112,11 +112,6 @@ class BatchSpec:
     #: The request set ``compact_indices``: accept the compact forms (protos/compact.py)
     #: beside the int64 ones; the batch is the same either way.
     compact_indices: bool = False
-    #: Build a plain batch as the ``HeteroData`` of one node type and one edge type
-    #: (:data:`~trainer_client.graph.PLAIN_NODE_TYPE`), not as a ``Data``: for a caller
-    #: that completes it as it completes a typed batch and makes the ``Data`` last
-    #: (:func:`~trainer_client.graph.to_plain_data`).
-    as_typed: bool = False
 
     @cached_property
     def layout(self) -> TypedSpec:
@@ -153,7 +148,7 @@ class BatchSpec:
 def build_data(header: pb.MinibatchHeader, tensors: dict[str, torch.Tensor], spec: BatchSpec,
                index: int = 0) -> Data | HeteroData:
     """Check a batch's header and tensors against each other and ``spec``; build the
-    batch: a ``HeteroData`` (a ``Data`` for a plain graph unless ``spec.as_typed``).
+    batch: a ``HeteroData`` (a ``Data`` for a plain graph).
 
     Per node type: ``n_id`` (original IDs when the batch carries them; graphfeed's own
     then in ``internal_n_id``), ``num_nodes``, ``x`` (types with features; with
@@ -173,9 +168,8 @@ def build_data(header: pb.MinibatchHeader, tensors: dict[str, torch.Tensor], spe
         raise BatchDecodeError(f"{where}: MinibatchHeader.num_batches: expected {spec.num_batches} (this "
                                f"rank's batches by the epoch plan), got {header.num_batches}")
     nodes, edges = _counts(header, spec, where)
-    # A plain batch's one node type and one edge type share one store: a Data (what
-    # to_plain_data makes of the one-type HeteroData, built in place).
-    data: Data | HeteroData = HeteroData() if t.named or spec.as_typed else Data()
+    # a plain batch's one node type and one edge type share one store: a Data
+    data: Data | HeteroData = HeteroData() if t.named else Data()
     totals = {n: sum(nodes[n]) for n in t.node_types}
     for n in t.node_types:
         store = data[n] if isinstance(data, HeteroData) else data

@@ -59,8 +59,8 @@ class DecodedBatch:
 
     #: Index of the batch within the rank's epoch (``MinibatchChunk.batch_index``).
     index: int
-    #: The batch as PyG gives it (tensors share the messages' bytes: read-only): a
-    #: ``HeteroData`` on a typed graph (and on a plain one with ``BatchSpec.as_typed``).
+    #: The batch as PyG gives it (tensors share the messages' bytes: read-only); a
+    #: ``HeteroData`` on a typed graph.
     data: Data | HeteroData
     #: Bytes received for the batch (serialized messages).
     nbytes: int

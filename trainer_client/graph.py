@@ -6,8 +6,9 @@ typed graph of one node type and one edge type, :data:`PLAIN_NODE_TYPE` and
 written once for that one kind: decoding a batch, the loader's last steps, the feature
 caches and node tables, a model's inputs. A plain graph differs only in its wire names
 (``n_id`` rather than ``n_id/<type>``, ``ClusterInfo``'s untyped fields) and in what the
-user gets: :func:`to_plain_data` turns its one-type ``HeteroData`` batch into the
-``torch_geometric.data.Data`` PyG's ``NeighborLoader`` yields, at the very end.
+user gets: the ``torch_geometric.data.Data`` PyG's ``NeighborLoader`` yields, whose one
+store is its node type's and its edge type's (:func:`to_plain_data` makes it of a
+one-type ``HeteroData``, such as an in-process sampler's).
 """
 
 from __future__ import annotations

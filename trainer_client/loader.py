@@ -44,7 +44,7 @@ from trainer_client.batch_checks import TypedSpec
 from trainer_client.cache import KNOWN_HOT_ORDERS, CacheError, FeatureCache, parse_cache_size, plan_caches
 from trainer_client.cluster import Cluster
 from trainer_client.decode import BatchSpec, DecodedBatch, to_device
-from trainer_client.graph import TypedGraph, to_plain_data
+from trainer_client.graph import TypedGraph
 from trainer_client.inputs import (
     BATCH_LAYOUTS,
     MAX_SEEDS,
@@ -449,11 +449,9 @@ class RemoteNeighborLoader:
                 request.cache_counts.extend(cache.counts)
         return request
 
-    def stream(self, finish: Callable[[DecodedBatch], DecodedBatch] | None = None, *,
-               as_typed: bool = False) -> EpochStream:
+    def stream(self, finish: Callable[[DecodedBatch], DecodedBatch] | None = None) -> EpochStream:
         """The current epoch's stream of decoded CPU batches (use it as a context manager);
-        ``finish`` runs on each batch in the reader threads (see :class:`EpochStream`);
-        ``as_typed``: a plain graph's batches as one-type ``HeteroData`` (``Data`` else)."""
+        ``finish`` runs on each batch in the reader threads (see :class:`EpochStream`)."""
         num_batches = len(self)
         request = self._request()
         servers = []
@@ -468,7 +466,6 @@ class RemoteNeighborLoader:
             num_hops=len(fanout_lists(self.num_neighbors)[0]), feature_dim=self.num_features,
             include_features=True, include_labels=self._labels_on_wire, num_batches=num_batches,
             typed=self._layout if self.graph.typed else None, compact_indices=self.compact_indices,
-            as_typed=as_typed,
         )
         return EpochStream(servers, num_batches, spec, prefetch=self.prefetch, timeouts=self.timeouts,
                            pin_memory=self.pin_memory, finish=finish)
@@ -489,7 +486,7 @@ class RemoteNeighborLoader:
             return self._finish(batch, self.input_ids(refs[batch.index]))
 
         in_readers = self.device.type == "cpu"
-        stream = self.stream(finish if in_readers else None, as_typed=True)
+        stream = self.stream(finish if in_readers else None)
         with stream:
             self.last_stats = stream.stats
             for batch in stream:
@@ -499,33 +496,29 @@ class RemoteNeighborLoader:
                 yield batch.data
 
     def _finish(self, batch: DecodedBatch, input_id: np.ndarray) -> DecodedBatch:
-        """A decoded batch (typed form) as the loader yields it, on ``device`` (a ``Data``
-        on a plain graph), with its feature rows and how many came from the caches: IDs
-        and labels from the node tables, ``input_id`` on the seed type, the cached rows of
-        ``x`` from the caches, features cast there (they cross the bus in their wire
-        dtype), ``internal_n_id`` dropped unless kept."""
+        """A decoded batch as the loader yields it, on ``device``, with its feature rows
+        and how many came from the caches. Per node type (a plain batch's ``Data`` is its
+        one node type's store): IDs and labels from the node tables, ``input_id`` on the
+        seed type, the cached rows of ``x`` from the caches, features cast there (they
+        cross the bus in their wire dtype), ``internal_n_id`` dropped unless kept."""
         data = batch.data
-        assert isinstance(data, HeteroData)
+        stores = {t: data[t] for t in data.node_types} if isinstance(data, HeteroData) else \
+            {self._seeds_of: data}
         for t, table in self.node_tables.items():
-            table.complete(data[t], self.include_labels and t == self.graph.target_type)
-        data[self._seeds_of].input_id = torch.from_numpy(input_id)
+            table.complete(stores[t], self.include_labels and t == self.graph.target_type)
+        stores[self._seeds_of].input_id = torch.from_numpy(input_id)
         to_device(data, self.device, feature_dtype=None, non_blocking=self.pin_memory)
         dtype = torch.float32 if self.cast_features else None
         rows = cached_rows = 0
-        for t in data.node_types:
-            store = data[t]
-            if "x" not in store:
-                continue
-            rows += int(store.num_nodes)
-            cached_rows += self._complete_features(store, t, dtype)
-            if dtype is not None and store.x.dtype != dtype:
-                store.x = halfcast.cast(store.x, dtype)
-        if not self.return_internal_ids:
-            for store in data.node_stores:
-                if "internal_n_id" in store:
-                    del store.internal_n_id
-        out = data if self.graph.typed else to_plain_data(data)
-        return dataclasses.replace(batch, data=out, rows=rows, cached_rows=cached_rows)
+        for t, store in stores.items():
+            if "x" in store:
+                rows += int(store.num_nodes)
+                cached_rows += self._complete_features(store, t, dtype)
+                if dtype is not None and store.x.dtype != dtype:
+                    store.x = halfcast.cast(store.x, dtype)
+            if not self.return_internal_ids and "internal_n_id" in store:
+                del store.internal_n_id
+        return dataclasses.replace(batch, rows=rows, cached_rows=cached_rows)
 
     def _complete_features(self, store: NodeStorage, node_type: str, dtype: torch.dtype | None) -> int:
         """Fill the cached rows of a node type's ``x`` from its feature cache (on the
