@@ -111,13 +111,18 @@ class Run:
 
 @pytest.fixture(params=["plain", "typed", "typed-dir"])
 def run(request: pytest.FixtureRequest) -> Run:
-    if request.param == "plain":
-        addresses = request.getfixturevalue("servers")
-        return Run("plain", ["--servers", ",".join(addresses), "--model", "sage"], 1200, 1 / 6)
-    _, root = request.getfixturevalue("mini")
-    if request.param == "typed":
+    return _run_of(request.param, request)
+
+
+def _run_of(kind: str, request: pytest.FixtureRequest) -> Run:
+    """How to train on ``kind`` ("plain", "typed" or "typed-dir"), its graph served."""
+    if kind == "plain":
+        return Run("plain", ["--servers", ",".join(request.getfixturevalue("servers")), "--model", "sage"],
+                   1200, 1 / 6)
+    if kind == "typed":
         addresses = request.getfixturevalue("typed_servers")
         return Run("typed", ["--servers", ",".join(addresses), "--model", "rgcn"], 160, 1 / 4)
+    _, root = request.getfixturevalue("mini")
     return Run("typed-dir", ["--partition-dir", str(root), "--model", "rgcn"], 160, 1 / 4)
 
 
@@ -351,14 +356,6 @@ def test_an_epoch_reports_its_cache_hits_and_bytes_and_trains_the_same_weights(
                      r"cache hits \d+\.\d%\)", caplog.text)
 
 
-def _run_of(kind: str, request: pytest.FixtureRequest) -> Run:
-    if kind == "plain":
-        return Run("plain", ["--servers", ",".join(request.getfixturevalue("servers")), "--model", "sage"],
-                   1200, 1 / 6)
-    addresses = request.getfixturevalue("typed_servers")
-    return Run("typed", ["--servers", ",".join(addresses), "--model", "rgcn"], 160, 1 / 4)
-
-
 @pytest.mark.parametrize("kind", ["plain", "typed"])
 def test_evaluation_samples_with_eval_fanouts(kind: str, request: pytest.FixtureRequest,
                                               tmp_path: Path) -> None:
@@ -458,11 +455,7 @@ def test_two_ddp_ranks_train_every_seed_once_and_stay_identical(
         kind: str, model: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """torchrun with 2 gloo ranks: equal batch counts, every training seed once per epoch,
     one set of weights."""
-    if kind == "plain":
-        run = _run_of("plain", request)
-    else:
-        _, root = request.getfixturevalue("mini")
-        run = Run("typed-dir", ["--partition-dir", str(root)], 160, 1 / 4)
+    run = _run_of(kind, request)
     args = [*run.args(tmp_path, "--epochs", "1"), "--model", model]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            "-m", "trainer_client.train", *args]
