@@ -49,8 +49,8 @@ log = logging.getLogger("gpu-check")
 #: Every test file with ``gpu``-marked tests (``pytest -m gpu`` on these alone: the other
 #: files import packages a GPU image may lack).
 GPU_TEST_FILES = ("tests/test_sampler_cuda.py", "tests/test_gpu_feature_cache.py",
-                  "tests/test_gpu_trainer.py", "tests/test_hetero_sampler.py",
-                  "tests/test_hetero_service.py", "tests/test_hetero_cache.py")
+                  "tests/test_gpu_trainer.py", "tests/test_feature_cache.py",
+                  "tests/test_typed_service.py")
 
 PYTEST_SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?)")
 

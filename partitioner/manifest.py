@@ -23,6 +23,7 @@ is the hash of that JSON).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -164,6 +165,13 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         return _v2_json(self) if self.typed else _v1_json(self)
+
+    @property
+    def fingerprint(self) -> str:
+        """Hex SHA-256 of the manifest's canonical JSON: what tells this partitioning from
+        any other (every server of the graph reports it; a checkpoint records it)."""
+        canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
 
     @staticmethod
     def from_json(obj: dict[str, Any]) -> Manifest:

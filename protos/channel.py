@@ -9,7 +9,9 @@ turns ``grpc.RpcError`` into graphfeed's own exceptions.
 * :func:`rpc_errors`: a context manager around a call (and the iteration of its
   stream) that raises a :class:`GraphfeedError` subclass naming the method, address,
   status and details;
-* :func:`wait_ready`: wait (bounded) until a channel connects.
+* :func:`wait_ready`: wait (bounded) until a channel connects;
+* :func:`retry`: try something again after the failures worth another try, with growing
+  pauses, within a deadline (the one retry loop of every caller that retries).
 
 Every call site passes a deadline (``timeout=``): graphfeed never waits unbounded.
 
@@ -17,17 +19,21 @@ Why the channel never retries by itself: with gRPC's retry policy enabled, a str
 call that is in flight when its server is killed and restarted on the same address can
 stay blocked far past its deadline (and ``cancel()`` does not free it); with retries
 off, such a call fails with ``UNAVAILABLE`` as soon as the connection drops. Callers
-that want another attempt make it themselves (the trainer resumes a broken stream from
-its next batch; a peer call is retried a few times within its deadline), and no call
+that want another attempt make it themselves, through :func:`retry` (the trainer resumes
+a broken stream from its next batch; a peer call is retried a few times within its
+deadline), and no call
 waits for a channel to become ready unless it asks to (``wait_for_ready``), so a call
 to a server that is down fails at once instead of sitting out its deadline.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import grpc
 
@@ -234,8 +240,127 @@ def wait_ready(channel: grpc.Channel, timeout: float, *, address: str | None = N
         ) from None
 
 
+# ---- retrying ------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """The pauses between tries: ``first``, then each ``growth`` times the one before, at
+    most ``cap`` seconds."""
+
+    #: Seconds before the second try.
+    first: float
+    #: Factor from one pause to the next (1: always ``first``).
+    growth: float = 2.0
+    #: Longest pause.
+    cap: float = math.inf
+
+    def __post_init__(self) -> None:
+        if not self.first > 0:
+            raise ValueError(f"Backoff.first: expected seconds > 0, got {self.first}")
+        if not self.growth >= 1:
+            raise ValueError(f"Backoff.growth: expected a factor >= 1, got {self.growth}")
+        if not self.cap >= self.first:
+            raise ValueError(f"Backoff.cap: expected seconds >= first ({self.first}), got {self.cap}")
+
+
+@dataclass(frozen=True)
+class RetryFailure:
+    """One failed try, as :func:`retry`'s callbacks see it."""
+
+    #: What the try raised.
+    error: BaseException
+    #: Failed tries so far in this run of failures (1 at the first).
+    attempts: int
+    #: Seconds since the run's first failure.
+    elapsed: float
+    #: Seconds before the next try (0.0 when retrying ends here).
+    pause: float
+    #: Seconds left before retrying ends (``math.inf`` without a bound).
+    left: float
+
+
+def status_in(*codes: grpc.StatusCode) -> Callable[[BaseException], bool]:
+    """A ``retryable`` for :func:`retry`: a failed gRPC call (``grpc.RpcError``, or a
+    :class:`GraphfeedError` made of one) whose status is one of ``codes``."""
+    wanted = frozenset(codes)
+
+    def retryable(error: BaseException) -> bool:
+        if isinstance(error, GraphfeedError):
+            return error.code in wanted
+        return isinstance(error, grpc.Call) and error.code() in wanted
+
+    return retryable
+
+
+def retry(
+    attempt: Callable[[float], T],
+    *,
+    backoff: Backoff,
+    retryable: Callable[[BaseException], bool],
+    deadline: float | None = None,
+    window: float | None = None,
+    max_attempts: int | None = None,
+    progressed: Callable[[], bool] | None = None,
+    on_failure: Callable[[RetryFailure], None] | None = None,
+    on_give_up: Callable[[RetryFailure], BaseException] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], object] = time.sleep,
+) -> T:
+    """``attempt(seconds left)`` until it returns; its result.
+
+    A failure that ``retryable`` accepts (e.g. :func:`status_in`) is tried again after a
+    pause (``backoff``), any other is raised at once. Retrying ends, raising the last
+    failure (or what ``on_give_up`` makes of it, chained to it), once
+
+    * ``deadline`` (a ``clock()`` time) has come: each try is given the seconds left
+      until it (``math.inf`` without one; at least a millisecond), and the last pause
+      ends at it;
+    * ``window`` seconds have passed since the first failure of the current run of
+      failures (a run starts again, pauses from ``backoff.first``, when ``progressed()``
+      says the failed try got further than the one before it: a stream that broke after
+      some messages);
+    * or ``max_attempts`` tries of the run have failed.
+
+    ``on_failure`` sees each failure that is tried again, before its pause (to log it);
+    ``sleep`` waits the pause: a true result (``threading.Event.wait`` of an event that
+    was set) ends the retries at once, raising the last failure. ``clock`` and ``sleep``
+    are there for tests.
+    """
+    pause = backoff.first
+    run_start: float | None = None
+    failed = 0
+    while True:
+        left = math.inf if deadline is None else deadline - clock()
+        try:
+            return attempt(max(left, 1e-3))
+        except BaseException as error:
+            if not retryable(error):
+                raise
+            now = clock()
+            if run_start is None or (progressed is not None and progressed()):
+                run_start, pause, failed = now, backoff.first, 0
+            failed += 1
+            end = min(math.inf if deadline is None else deadline,
+                      math.inf if window is None else run_start + window)
+            if now >= end or (max_attempts is not None and failed >= max_attempts):
+                gave_up = RetryFailure(error, failed, now - run_start, 0.0, max(end - now, 0.0))
+                if on_give_up is None:
+                    raise
+                raise on_give_up(gave_up) from error
+            wait = min(pause, end - now)
+            if on_failure is not None:
+                on_failure(RetryFailure(error, failed, now - run_start, wait, end - now))
+            if sleep(wait):
+                raise
+            pause = min(pause * backoff.growth, backoff.cap)
+
+
 __all__ = [
     "RETRIES_DISABLED",
+    "Backoff",
     "Cancelled",
     "DeadlineExceeded",
     "FailedPrecondition",
@@ -244,12 +369,15 @@ __all__ = [
     "PeerError",
     "ProtocolError",
     "ResourceExhausted",
+    "RetryFailure",
     "ServerError",
     "ServerUnavailable",
     "channel_options",
     "create_channel",
     "error_from_rpc",
+    "retry",
     "rpc_errors",
     "server_options",
+    "status_in",
     "wait_ready",
 ]

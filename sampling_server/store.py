@@ -10,14 +10,12 @@ target type of a typed graph.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from importlib import metadata
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
 import numpy as np
 import torch
@@ -70,12 +68,6 @@ def check_partition_count(config: ServerConfig, num_partitions: int) -> None:
     if config.peers and len(config.peers) != num_partitions:
         raise ConfigError(f"peers: expected {num_partitions} addresses (one per partition, "
                           f"this server's own included), got {len(config.peers)}")
-
-
-def manifest_fingerprint(manifest_json: dict[str, Any]) -> str:
-    """Hex SHA-256 of a manifest's canonical JSON: equal on every server of the graph."""
-    canonical = json.dumps(manifest_json, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def colocated_servers(peers: tuple[str, ...], partition: int) -> int:
@@ -142,7 +134,7 @@ class PartitionStore:
         #: The target type's (FLOAT32 when it has no features).
         self.feature_dtype = self.feature_dtypes.get(m.target_type, pb.FLOAT32)
         #: Hex SHA-256 of the manifest's canonical JSON: equal on every server of the graph.
-        self.graph_fingerprint = manifest_fingerprint(m.to_json())
+        self.graph_fingerprint = m.fingerprint
         #: The whole graph's in-edges / features and labels when the server holds them
         #: (None: the partition's own).
         self._structure: Structure | None = None
@@ -467,4 +459,4 @@ class PartitionStore:
 
 
 __all__ = ["PartitionStore", "RequestError", "check_partition_count", "colocated_servers",
-           "manifest_fingerprint", "server_version", "share_arrays"]
+           "server_version", "share_arrays"]

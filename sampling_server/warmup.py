@@ -26,8 +26,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    import torch
-
     from partitioner.format import Partition
 
 log = logging.getLogger("sampling_server.warmup")
@@ -84,7 +82,6 @@ def warm_up() -> dict[str, float]:
                 compact.expand_sources(src.to(dtype), new, out.row[et].numel(), out.batch_size)
         n_id = out.node[t]
         plan_flags(plan_bitset(part.num_nodes(t), [n_id.numpy()[:8]]), n_id.numpy(), part.num_nodes(t))
-        warm_node_table(n_id)
         seconds["sample and gather"] = time.perf_counter() - started
         started = time.perf_counter()
         hot_order(part, t, "visits_v1")
@@ -93,22 +90,6 @@ def warm_up() -> dict[str, float]:
 
     cpu_kernels.log_threading_layer(log)  # (its probe kernel compiled and cached too)
     return seconds
-
-
-def warm_node_table(n_id: torch.Tensor) -> None:
-    """A trainer's node-table look-up of a batch's nodes, for int32 and int64 original IDs
-    and node IDs (labels as int8, as most graphs' are)."""
-    import torch
-    from torch_geometric.data import Data
-
-    from protos import compact
-    from trainer_client.node_table import NodeTable
-
-    num = int(n_id.max()) + 1
-    for table_dtype in compact.INDEX_DTYPES:
-        table = NodeTable(torch.zeros(num, dtype=table_dtype), torch.zeros(num, dtype=torch.int8))
-        for dtype in compact.INDEX_DTYPES:
-            table.complete(Data(n_id=n_id.to(dtype)), labels=True)
 
 
 def warm_glue() -> None:

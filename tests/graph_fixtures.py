@@ -333,8 +333,39 @@ def large(kind: str, *, seed: int = 3) -> AnyGraph:
     typed.validate()
     return typed
 
+def load_all(root: Path) -> list[Partition]:
+    """Every partition written under ``root``."""
+    return [load_partition(root, p) for p in range(read_manifest(root).num_partitions)]
+
+
+def node_maps(root: Path, graph: TypedGraphData) -> dict[str, np.ndarray]:
+    """Original ID -> global ID, per node type, of the partitioning at ``root``."""
+    return {t: np.asarray(load_node_map(root, t)) for t in graph.node_types}
+
+
+def tiny_typed(seed: int = 0) -> TypedGraphData:
+    """Papers (features, labels), authors and topics (no features), three relations."""
+    rng = np.random.default_rng(seed)
+    counts = {"paper": 30, "author": 20, "topic": 6}
+    edges = {
+        ("author", "writes", "paper"): np.stack(
+            [rng.integers(0, 20, 60), rng.integers(0, 30, 60)]).astype(np.int64),
+        ("paper", "cites", "paper"): np.stack(
+            [rng.integers(0, 30, 50), rng.integers(0, 30, 50)]).astype(np.int64),
+        ("paper", "has_topic", "topic"): np.stack(
+            [rng.integers(0, 30, 40), rng.integers(0, 6, 40)]).astype(np.int64),
+    }
+    y = rng.integers(0, 3, 30).astype(np.int64)
+    y[[3, 7]] = -1
+    order = rng.permutation(np.setdiff1d(np.arange(30), [3, 7]))
+    splits = {"train": np.sort(order[:14]), "val": np.sort(order[14:20]),
+              "test": np.sort(order[20:28])}
+    x = {"paper": rng.standard_normal((30, 4)).astype(np.float32)}
+    return TypedGraphData(name="tiny-typed", num_nodes=counts, edge_index=edges, x=x,
+                          target_type="paper", y=y, num_classes=3, splits=splits)
+
 
 __all__ = ["HUB", "KINDS", "NUM_ISOLATED", "PLAIN_EDGE_TYPE", "PLAIN_NODE_TYPE", "REPEATED_EDGES", "AnyGraph",
            "LocalPeers", "assert_same_batch", "check_node_maps", "check_rows", "check_sampler_output",
-           "global_adjacency", "large", "mixed", "mixed_graph", "mixed_typed", "node_maps_of", "star_graph",
-           "target", "typed_view", "write_and_load"]
+           "global_adjacency", "large", "load_all", "mixed", "mixed_graph", "mixed_typed", "node_maps",
+           "node_maps_of", "star_graph", "target", "tiny_typed", "typed_view", "write_and_load"]

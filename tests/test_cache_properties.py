@@ -19,13 +19,12 @@ import numpy as np
 import pytest
 import torch
 from test_feature_cache import _raw
-from test_hetero_service import served
 from test_loader import TIMEOUTS, RealServers
+from test_typed_service import served
 
 from partitioner import partition_graph
 from partitioner.graph import GraphData
-from partitioner.hetero import HeteroGraphData
-from partitioner.hetero_writer import partition_hetero_graph
+from partitioner.typed import TypedGraphData
 from trainer_client.loader import RemoteNeighborLoader
 
 SEEDS = range(6)
@@ -59,7 +58,7 @@ def random_graph(seed: int) -> GraphData:
     return graph
 
 
-def random_typed_graph(seed: int) -> HeteroGraphData:
+def random_typed_graph(seed: int) -> TypedGraphData:
     rng = np.random.default_rng(seed)
     types = ["a", "b", "c", "d"][: int(rng.integers(2, 5))]
     n = {t: int(rng.integers(1, 40)) for t in types}
@@ -74,7 +73,7 @@ def random_typed_graph(seed: int) -> HeteroGraphData:
                 [rng.integers(0, n[s], m), rng.integers(0, n[d], m)]).astype(np.int64)
     x = {t: rng.standard_normal((n[t], int(rng.integers(1, 7)))).astype(rng.choice([np.float32, np.float16]))
          for t in types if t == "a" or rng.random() < 0.5}
-    return HeteroGraphData(name=f"random-typed-{seed}", num_nodes=n, edge_index=relations, x=x,
+    return TypedGraphData(name=f"random-typed-{seed}", num_nodes=n, edge_index=relations, x=x,
                            target_type="a", y=rng.integers(0, 3, n["a"]).astype(np.int64), num_classes=3,
                            splits=_splits(rng, n["a"]))
 
@@ -118,7 +117,7 @@ def test_homogeneous_batches_equal_without_the_cache(seed: int, tmp_path: Path) 
 def test_typed_batches_equal_without_the_cache(seed: int, tmp_path: Path) -> None:
     graph = random_typed_graph(seed)
     parts = 1 + seed % 3
-    partition_hetero_graph(graph, parts, tmp_path, method="hash", seed=seed, progress=False)
+    partition_graph(graph, parts, tmp_path, method="hash", seed=seed, progress=False)
     with served(tmp_path, parts) as addresses:
         for dtype, cache, layout in SETTINGS:
             seeds = "train" if layout == "partition" else ("a", None)

@@ -14,18 +14,22 @@ import pytest
 from protos import codec
 from protos.assembler import TensorAssembler
 from protos.channel import (
+    Backoff,
     DeadlineExceeded,
     FailedPrecondition,
     GraphfeedError,
     InvalidRequest,
     ProtocolError,
     ResourceExhausted,
+    RetryFailure,
     ServerError,
     ServerUnavailable,
     channel_options,
     create_channel,
+    retry,
     rpc_errors,
     server_options,
+    status_in,
     wait_ready,
 )
 
@@ -200,3 +204,137 @@ def test_options() -> None:
     assert server["grpc.so_reuseport"] == 0
     with pytest.raises(ValueError, match="host:port"):
         create_channel("no-port")
+
+
+# ---- retry ------------------------------------------------------------------------------
+
+
+class _Clock:
+    """A clock that only moves when told: by a pause, or by a try's own duration."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.pauses: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        self.now += seconds
+
+
+class _Status(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._code.name.lower()
+
+
+def _failing(clock: _Clock, errors: list[BaseException], cost: float = 0.0,
+             seen: list[float] | None = None) -> object:
+    """A try that raises ``errors`` one after the other (each ``cost`` seconds), then
+    returns "done"; ``seen`` gets the seconds left it was given."""
+    def attempt(left: float) -> str:
+        if seen is not None:
+            seen.append(left)
+        clock.now += cost
+        if errors:
+            raise errors.pop(0)
+        return "done"
+    return attempt
+
+
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+
+
+def test_retry_pauses_grow_up_to_the_cap_and_the_callback_sees_every_failure() -> None:
+    clock = _Clock()
+    failures: list[RetryFailure] = []
+    errors: list[BaseException] = [_Status(UNAVAILABLE) for _ in range(6)]
+    got = retry(_failing(clock, errors), backoff=Backoff(0.1, 3.0, cap=2.0),  # type: ignore[arg-type]
+                retryable=status_in(UNAVAILABLE), on_failure=failures.append,
+                clock=clock, sleep=clock.sleep)
+    assert got == "done"
+    assert clock.pauses == pytest.approx([0.1, 0.3, 0.9, 2.0, 2.0, 2.0])
+    assert [f.attempts for f in failures] == [1, 2, 3, 4, 5, 6]
+    assert [f.pause for f in failures] == clock.pauses
+    assert failures[-1].elapsed == pytest.approx(sum(clock.pauses[:-1]))
+    assert all(f.left == float("inf") for f in failures)
+
+
+def test_retry_raises_what_it_may_not_retry_at_once() -> None:
+    clock = _Clock()
+    errors: list[BaseException] = [_Status(UNAVAILABLE), _Status(grpc.StatusCode.INVALID_ARGUMENT)]
+    with pytest.raises(grpc.RpcError) as info:
+        retry(_failing(clock, errors), backoff=Backoff(0.5), retryable=status_in(UNAVAILABLE),
+              clock=clock, sleep=clock.sleep)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert clock.pauses == [0.5]
+    with pytest.raises(KeyError):  # not a gRPC failure at all
+        retry(_failing(clock, [KeyError("x")]), backoff=Backoff(0.5),
+              retryable=status_in(UNAVAILABLE), clock=clock, sleep=clock.sleep)
+
+
+def test_retry_gives_each_try_the_time_left_and_stops_at_the_deadline() -> None:
+    clock = _Clock()
+    seen: list[float] = []
+    gave_up: list[RetryFailure] = []
+
+    def give_up(failure: RetryFailure) -> BaseException:
+        gave_up.append(failure)
+        return ServerUnavailable(f"gave up after {failure.attempts} tries")
+
+    errors: list[BaseException] = [_Status(UNAVAILABLE) for _ in range(50)]
+    with pytest.raises(ServerUnavailable, match="gave up after 4 tries") as info:
+        retry(_failing(clock, errors, cost=0.25, seen=seen), backoff=Backoff(0.5, 2.0),
+              retryable=status_in(UNAVAILABLE), deadline=clock.now + 3.0, on_give_up=give_up,
+              clock=clock, sleep=clock.sleep)
+    assert isinstance(info.value.__cause__, grpc.RpcError)
+    # tries at 0, 0.75, 2.0 and 3.0 (the last pause cut short at the deadline)
+    assert seen == pytest.approx([3.0, 2.25, 1.0, 1e-3])
+    assert clock.pauses == pytest.approx([0.5, 1.0, 0.75])
+    assert gave_up[0].pause == 0.0 and gave_up[0].left == 0.0
+
+
+def test_retry_window_starts_at_the_first_failure_and_again_after_progress() -> None:
+    clock = _Clock()
+    clock.now += 50  # a try that ran long before it failed: the window counts from there
+    got_further = [False, True, False, False, False]  # asked from the second failure on
+    errors: list[BaseException] = [ServerUnavailable("down", code=UNAVAILABLE) for _ in range(20)]
+    failures: list[RetryFailure] = []
+    with pytest.raises(ServerUnavailable, match="down"):
+        retry(_failing(clock, errors, cost=0.1), backoff=Backoff(0.2), retryable=status_in(UNAVAILABLE),
+              window=1.0, progressed=lambda: got_further.pop(0), on_failure=failures.append,
+              clock=clock, sleep=clock.sleep)
+    assert [f.attempts for f in failures] == [1, 2, 1, 2, 3]  # the third try got further
+    assert clock.pauses == pytest.approx([0.2, 0.4, 0.2, 0.4, 0.2])  # the last cut short
+
+
+def test_retry_stops_after_max_attempts_or_when_its_sleep_is_interrupted() -> None:
+    clock = _Clock()
+    errors: list[BaseException] = [_Status(UNAVAILABLE) for _ in range(10)]
+    with pytest.raises(grpc.RpcError):
+        retry(_failing(clock, errors), backoff=Backoff(0.1), retryable=status_in(UNAVAILABLE),
+              max_attempts=3, clock=clock, sleep=clock.sleep)
+    assert len(clock.pauses) == 2 and len(errors) == 7
+    stop = threading.Event()
+    stop.set()
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError):
+        retry(_failing(clock, errors), backoff=Backoff(30.0), retryable=status_in(UNAVAILABLE),
+              sleep=stop.wait)
+    assert time.monotonic() - started < 5 and len(errors) == 6
+
+
+def test_backoff_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"Backoff.first: expected seconds > 0, got 0"):
+        Backoff(0)
+    with pytest.raises(ValueError, match=r"Backoff.growth: expected a factor >= 1, got 0.5"):
+        Backoff(1.0, 0.5)
+    with pytest.raises(ValueError, match=r"Backoff.cap: expected seconds >= first \(1.0\), got 0.5"):
+        Backoff(1.0, cap=0.5)

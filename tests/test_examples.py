@@ -26,12 +26,12 @@ def example(name: str) -> ModuleType:
 
 @pytest.fixture(scope="module")
 def typed_parts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from partitioner.hetero_synthetic import generate_hetero
-    from partitioner.hetero_writer import partition_hetero_graph
+    from partitioner.synthetic import generate_typed
+    from partitioner.writer import partition_graph
 
     out = tmp_path_factory.mktemp("typed") / "mag-small-2"
-    graph = generate_hetero("mag-small", progress=False).add_reverse()
-    partition_hetero_graph(graph, 2, out, progress=False)
+    graph = generate_typed("mag-small", progress=False).add_reverse()
+    partition_graph(graph, 2, out, progress=False)
     return out
 
 

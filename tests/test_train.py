@@ -1,6 +1,10 @@
-"""Tests for trainer_client/models.py and train.py: models on sampled batches, and the
-trainer end to end against real sampling servers in this process (world size 1), plus
-a two-rank DDP run over Gloo in subprocesses."""
+"""The models (plain and typed), the in-process typed batch source, and ``graphfeed-train``
+end to end on both kinds of graph: the same loop, checkpoints, resume and metrics on a
+plain graph's servers, a typed graph's servers and a typed partition directory (in
+this process, world size 1), and DDP over Gloo in subprocesses.
+
+A plain graph is the ``small`` synthetic graph in two partitions (GraphSAGE); a typed one
+an ogbn-mag-shaped graph of a few hundred papers in two partitions (R-GCN)."""
 
 from __future__ import annotations
 
@@ -10,26 +14,134 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from graph_fixtures import KINDS
 from test_decode import encode_batch, fake_batch
-from test_loader import real_servers
+from test_loader import TIMEOUTS, real_servers
+from test_typed_service import served
+from torch_geometric.data import Data, HeteroData
 
-from protos.security import Security, default_security, set_default_security
+from partitioner.synthetic import TypedPreset, _mag_relations, generate, generate_typed
+from partitioner.typed import TypedGraphData
+from partitioner.writer import partition_graph
+from trainer_client import train
+from trainer_client.ddp import BEST_NAME, CHECKPOINT_NAME
 from trainer_client.decode import decode_batch
 from trainer_client.evaluate import layerwise_logits
+from trainer_client.graph import TypedGraph
+from trainer_client.in_process import InProcessLoader, LocalGraph
 from trainer_client.loader import RemoteNeighborLoader
 from trainer_client.models import MODELS, batch_inputs, build_model
-from trainer_client.train import BEST_NAME, CHECKPOINT_NAME, main
+from trainer_client.typed_models import RGCN, TypedSAGE, build_typed_model, layer_plan, typed_batch_inputs
 
 REPO = Path(__file__).resolve().parents[1]
+main = train.main
+
+#: An ogbn-mag-shaped graph of a few hundred papers (all four relations, reverses added).
+MINI = TypedPreset(
+    num_nodes={"paper": 300, "author": 400, "institution": 12, "field_of_study": 40},
+    relations=_mag_relations(2_400, 1_800, 2_400, 380, homophily=0.5),
+    target_type="paper", feature_dim=8, num_classes=4, feature_signal=0.6,
+    split_sizes=(160, 60, 60), max_weight_ratio=20.0,
+)
 
 
-# ---- models ----------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _single_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="module")
+def servers(parts2: Path) -> Iterator[list[str]]:
+    """The plain graph's servers."""
+    with real_servers(parts2) as addresses:
+        yield addresses
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory: pytest.TempPathFactory) -> tuple[TypedGraphData, Path]:
+    """The typed graph, and its two partitions."""
+    graph = generate_typed(MINI, seed=0, progress=False).add_reverse()
+    root = tmp_path_factory.mktemp("mini") / "parts-2"
+    partition_graph(graph, 2, root, method="metis", progress=False)
+    return graph, root
+
+
+@pytest.fixture(scope="module")
+def typed_servers(mini: tuple[TypedGraphData, Path]) -> Iterator[list[str]]:
+    with served(mini[1], 2) as addresses:
+        yield addresses
+
+
+@pytest.fixture(scope="module")
+def local(mini: tuple[TypedGraphData, Path]) -> LocalGraph:
+    return LocalGraph(mini[1])
+
+
+@dataclass
+class Run:
+    """How ``graphfeed-train`` runs on one kind of graph, and what its runs must show."""
+
+    #: "plain", "typed" (servers), "plain-dir" or "typed-dir" (``--partition-dir``, in
+    #: this process).
+    kind: str
+    #: The flags naming the graph (``--servers`` or ``--partition-dir``) and its model.
+    source: list[str]
+    #: Training seeds of an epoch over all ranks.
+    seeds: int
+    #: Accuracy of guessing.
+    chance: float
+
+    def args(self, out: Path, *extra: str) -> list[str]:
+        return [*self.source, "--fanouts", "5,3", "--batch-size", "40" if self.typed else "200", "--hidden",
+                "16" if self.typed else "32", "--lr", "0.02" if self.typed else "0.01", "--dropout", "0.2",
+                "--device", "cpu", "--timeout", "30", "--no-progress", "--checkpoint-dir", str(out / "ckpt"),
+                "--metrics-json", str(out / "metrics.json"), *extra]
+
+    @property
+    def typed(self) -> bool:
+        return self.kind.startswith("typed")
+
+    @property
+    def in_process(self) -> bool:
+        return self.kind.endswith("-dir")
+
+
+@pytest.fixture(params=["plain", "typed", "plain-dir", "typed-dir"])
+def run(request: pytest.FixtureRequest) -> Run:
+    return _run_of(request.param, request)
+
+
+def _run_of(kind: str, request: pytest.FixtureRequest) -> Run:
+    """How to train on ``kind`` (see :class:`Run`)."""
+    if kind == "plain":
+        return Run("plain", ["--servers", ",".join(request.getfixturevalue("servers")), "--model", "sage"],
+                   1200, 1 / 6)
+    if kind == "plain-dir":
+        root = request.getfixturevalue("parts2")
+        return Run("plain-dir", ["--partition-dir", str(root), "--model", "sage"], 1200, 1 / 6)
+    if kind == "typed":
+        addresses = request.getfixturevalue("typed_servers")
+        return Run("typed", ["--servers", ",".join(addresses), "--model", "rgcn"], 160, 1 / 4)
+    _, root = request.getfixturevalue("mini")
+    return Run("typed-dir", ["--partition-dir", str(root), "--model", "rgcn"], 160, 1 / 4)
+
+
+def _metrics(out: Path) -> dict[str, object]:
+    result: dict[str, object] = json.loads((out / "metrics.json").read_text())
+    return result
+
+
+# ---- plain models ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -65,75 +177,339 @@ def test_bad_model_settings_name_the_field(kwargs: dict[str, object], pattern: s
         build_model(**args)  # type: ignore[arg-type]
 
 
-# ---- the trainer -----------------------------------------------------------------------
+# ---- typed models ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    pytest.importorskip("sampling_server.server")
-    with real_servers(tmp_path_factory.mktemp("graph") / "small-2") as addresses:
-        yield addresses
+def test_layer_plan_computes_only_what_reaches_the_target(local: LocalGraph) -> None:
+    plan = layer_plan(local.meta, 2)
+    last_relations, last_outputs = plan[1]
+    assert last_outputs == ["paper"]
+    assert {et[2] for et in last_relations} == {"paper"}
+    first_relations, first_outputs = plan[0]
+    # institution -> author -> paper: institutions feed layer 0, but no layer outputs them
+    assert "institution" not in first_outputs
+    assert ("author", "affiliated_with", "institution") not in first_relations
+    assert ("institution", "rev_affiliated_with", "author") in first_relations
 
 
-@pytest.fixture(autouse=True)
-def _single_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
+@pytest.mark.parametrize("name", ["rgcn", "hetero-sage"])
+def test_every_rgcn_parameter_gets_a_gradient(name: str, local: LocalGraph) -> None:
+    """R-GCN needs no unused-parameter search under DDP; to_hetero's stack does."""
+    loader = InProcessLoader(local, "train", num_neighbors=[5, 3], batch_size=64, shuffle=True)
+    batch = next(iter(loader))
+    torch.manual_seed(0)
+    model = build_typed_model(name, local.meta, hidden_channels=16, num_layers=2, dropout=0.0)
+    out = model(*typed_batch_inputs(batch))
+    assert out.shape == (batch["paper"].batch_size, local.meta.num_classes)
+    F.cross_entropy(out, batch["paper"].y[: batch["paper"].batch_size]).backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    if name == "rgcn":
+        assert missing == []
+    else:
+        # exactly the convolutions whose outputs never reach the target type's logits
+        plan = layer_plan(local.meta, 2)
+        unused = {f"gnn.convs.{i}.{'__'.join(et)}" for i, (relations, _) in enumerate(plan)
+                  for et in local.meta.edge_types if et not in relations}
+        assert unused and {n.rsplit(".", 2)[0] for n in missing} == unused
 
 
-def _args(servers: list[str], tmp_path: Path, *extra: str) -> list[str]:
-    return ["--servers", ",".join(servers), "--fanouts", "5,3", "--batch-size", "200", "--hidden", "32",
-            "--lr", "0.01", "--dropout", "0.2", "--device", "cpu", "--timeout", "30", "--no-progress",
-            "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics-json", str(tmp_path / "metrics.json"),
-            *extra]
+def test_featureless_types_are_embedded_by_n_id(local: LocalGraph) -> None:
+    model = RGCN(local.meta, hidden_channels=8, num_layers=2)
+    assert set(model.input.lins) == {"paper"}
+    assert set(model.input.embs) == {"author", "institution", "field_of_study"}
+    assert model.input.embs["author"].num_embeddings == local.meta.num_nodes["author"]
+    n_id = {"author": torch.tensor([5, 0, 5]), "institution": torch.tensor([1]),
+            "field_of_study": torch.tensor([3]), "paper": torch.tensor([0])}
+    h = model.input({"paper": torch.zeros(1, 8)}, n_id)
+    assert torch.equal(h["author"], model.input.embs["author"].weight[[5, 0, 5]])
+    with pytest.raises(ValueError, match=r"batch\['paper'\].x"):
+        model.input({}, n_id)
 
 
-def test_training_writes_metrics_and_checkpoints_then_resumes(servers: list[str], tmp_path: Path) -> None:
-    assert main(_args(servers, tmp_path, "--epochs", "2")) == 0
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
+def test_trimming_does_not_change_the_seeds_logits(local: LocalGraph) -> None:
+    loader = InProcessLoader(local, "val", num_neighbors=[5, 3], batch_size=32)
+    batch = next(iter(loader))
+    inputs = typed_batch_inputs(batch)
+    assert inputs[4] is not None and inputs[5] is not None  # the counts trim_to_layer reads
+    torch.manual_seed(0)
+    model = RGCN(local.meta, hidden_channels=16, num_layers=2).eval()
+    with torch.no_grad():
+        trimmed = model(*inputs)
+        full = model(*inputs[:4])
+    torch.testing.assert_close(trimmed, full)
+
+
+def test_typed_sage_dropout_follows_train_and_eval(local: LocalGraph) -> None:
+    """to_hetero traces the module: a training flag read at trace time would stick."""
+    batch = next(iter(InProcessLoader(local, "val", num_neighbors=[5, 3], batch_size=32)))
+    torch.manual_seed(0)
+    model = TypedSAGE(local.meta, hidden_channels=16, num_layers=2, dropout=0.5)
+    inputs = typed_batch_inputs(batch)
+    with torch.no_grad():
+        model.eval()
+        assert torch.equal(model(*inputs), model(*inputs))
+        model.train()
+        assert not torch.equal(model(*inputs), model(*inputs))
+
+
+def test_bad_typed_graphs_and_loader_arguments_name_the_field(local: LocalGraph) -> None:
+    with pytest.raises(ValueError, match="split"):
+        InProcessLoader(local, "nope", num_neighbors=[2], batch_size=4)
+    with pytest.raises(ValueError, match="batch_size"):
+        InProcessLoader(local, "train", num_neighbors=[2], batch_size=0)
+    with pytest.raises(ValueError, match="target_type"):
+        TypedGraph(node_types=("a",), edge_types=(), num_nodes={"a": 1}, feature_dims={"a": 1},
+                   target_type="b", num_classes=2)
+    featureless = TypedGraph(node_types=("a",), edge_types=(), num_nodes={"a": 0}, feature_dims={"a": 0},
+                             target_type="a", num_classes=2)
+    with pytest.raises(ValueError, match=r"num_nodes\['a'\]: a node type without features needs its node"):
+        RGCN(featureless)
+
+
+# ---- the in-process loader, both kinds --------------------------------------------------
+
+
+def _in_process(kind: str, request: pytest.FixtureRequest) -> tuple[LocalGraph, np.ndarray]:
+    """The graph of ``kind`` sampled in this process, and its labels by original ID."""
+    if kind == "plain":
+        return LocalGraph(request.getfixturevalue("parts2")), np.asarray(generate("small", progress=False).y)
+    graph, _ = request.getfixturevalue("mini")
+    return request.getfixturevalue("local"), np.asarray(graph.y)
+
+
+def _seed_store(batch: Any) -> Any:
+    """The store of a batch's seeds: a ``Data`` itself, a ``HeteroData``'s papers."""
+    return batch["paper"] if isinstance(batch, HeteroData) else batch
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_in_process_loader_covers_each_seed_once_over_ranks(kind: str,
+                                                            request: pytest.FixtureRequest) -> None:
+    local, y = _in_process(kind, request)
+    loaders = [InProcessLoader(local, "train", num_neighbors=[4, 2], batch_size=24, shuffle=True,
+                               rank=r, world_size=2, seed=3) for r in range(2)]
+    assert len(loaders[0]) == len(loaders[1]) > 0
+    seen = []
+    for loader in loaders:
+        loader.set_epoch(1)
+        for batch in loader:
+            assert isinstance(batch, HeteroData if kind == "typed" else Data)
+            store = _seed_store(batch)
+            ids = store.n_id[: store.batch_size]
+            assert torch.equal(ids, loader.input_nodes[store.input_id])
+            assert torch.equal(store.y[: store.batch_size], torch.from_numpy(y)[ids])
+            if kind == "typed":
+                authors = batch["author"]
+                assert "x" not in authors and authors.n_id.numel() == authors.num_nodes
+            seen.append(ids)
+    train = np.sort(np.asarray(local.split_nodes("train")[0]))
+    assert torch.equal(torch.sort(torch.cat(seen)).values, torch.from_numpy(train))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_in_process_batches_are_the_servers_batches(kind: str, request: pytest.FixtureRequest) -> None:
+    """Same plan, same keys, same sampler: --partition-dir trains on exactly the batches
+    the servers would stream, in the same layout."""
+    local, _ = _in_process(kind, request)
+    addresses = request.getfixturevalue("typed_servers" if kind == "typed" else "servers")
+    for rank in range(2):
+        ours = InProcessLoader(local, "train", num_neighbors=[4, 2], batch_size=30, shuffle=True,
+                               rank=rank, world_size=2, seed=5)
+        with RemoteNeighborLoader(addresses, "train", num_neighbors=[4, 2], batch_size=30, shuffle=True,
+                                  rank=rank, world_size=2, seed=5, **TIMEOUTS) as theirs:
+            assert theirs.graph.fingerprint == local.meta.fingerprint  # the same graph, either way
+            for epoch in (0, 1):
+                ours.set_epoch(epoch)
+                theirs.set_epoch(epoch)
+                pairs = list(zip(ours, theirs, strict=True))
+                assert len(pairs) == len(theirs) > 0
+                for a, b in pairs:
+                    assert type(a) is type(b)
+                    stores = [(a, b)] if kind == "plain" else \
+                        [(a[t], b[t]) for t in a.node_types] + [(a[e], b[e]) for e in a.edge_types]
+                    for sa, sb in stores:
+                        assert sorted(sa.keys()) == sorted(sb.keys())
+                        for key, value in sa.items():
+                            if isinstance(value, torch.Tensor):
+                                assert value.dtype == sb[key].dtype and torch.equal(value, sb[key]), key
+                            else:
+                                assert value == sb[key], key
+
+
+# ---- the trainer on both kinds ---------------------------------------------------------
+
+
+def test_training_writes_metrics_and_checkpoints_then_resumes(run: Run, tmp_path: Path) -> None:
+    assert main(run.args(tmp_path, "--epochs", "2")) == 0
+    metrics = _metrics(tmp_path)
     assert metrics["world_size"] == 1 and metrics["start_epoch"] == 0
-    assert [e["epoch"] for e in metrics["epochs"]] == [0, 1]
-    for e in metrics["epochs"]:
-        assert e["seeds"] == 1200 and e["batches"] >= 6 and e["seeds_per_second"] > 0
+    assert ("typed" in metrics) == run.typed
+    assert metrics["model"]["model"] == ("rgcn" if run.typed else "sage")
+    epochs = metrics["epochs"]
+    assert [e["epoch"] for e in epochs] == [0, 1]
+    for e in epochs:
+        assert e["seeds"] == run.seeds and e["batches"] == -(-run.seeds // (40 if run.typed else 200))
+        assert e["seeds_per_second"] > 0
         assert 0 <= e["train_acc"] <= 1 and 0 <= e["val_acc"] <= 1 and e["loss"] > 0
-        assert e["received_mb"] > 0 and e["cache_hit_rate"] is None  # no cache on the CPU by default
-    assert metrics["epochs"][1]["loss"] < metrics["epochs"][0]["loss"]
-    assert metrics["test_acc"] > 1 / 6  # better than chance on 6 classes
+        assert (e["received_mb"] > 0) == (not run.in_process) and e["cache_hit_rate"] is None
+    assert epochs[1]["loss"] < epochs[0]["loss"]
+    assert metrics["test_acc"] > run.chance  # better than guessing
     state = torch.load(tmp_path / "ckpt" / CHECKPOINT_NAME, weights_only=True)
-    assert state["epoch"] == 1 and set(state) >= {"model", "optimizer", "history"}
-    vals = [e["val_acc"] for e in metrics["epochs"]]
+    assert state["epoch"] == 1 and set(state) >= {"model", "optimizer", "history", "config", "graph"}
+    vals = [e["val_acc"] for e in epochs]
     assert metrics["selected_epoch"] == int(np.argmax(vals)) and metrics["selected_val_acc"] == max(vals)
-    assert metrics["eval_fanouts"] == "full" and metrics["batch_size_per_step"] == 200
+    # a plain graph's "full": layer-wise inference through servers, every neighbor sampled in process
+    assert metrics["eval_fanouts"] == ([5, 3] if run.typed else [-1, -1] if run.in_process else "full")
+    assert metrics["batch_size_per_step"] == (40 if run.typed else 200)
     best = torch.load(tmp_path / "ckpt" / BEST_NAME, weights_only=True)
     assert best["epoch"] == metrics["selected_epoch"]
 
-    assert main(_args(servers, tmp_path, "--epochs", "3", "--resume")) == 0
-    resumed = json.loads((tmp_path / "metrics.json").read_text())
+    assert main(run.args(tmp_path, "--epochs", "3", "--resume")) == 0
+    resumed = _metrics(tmp_path)
     assert resumed["start_epoch"] == 2
     assert [e["epoch"] for e in resumed["epochs"]] == [0, 1, 2]
-    assert resumed["epochs"][:2] == metrics["epochs"]
+    assert resumed["epochs"][:2] == epochs
     vals = [e["val_acc"] for e in resumed["epochs"]]
     assert resumed["selected_epoch"] == int(np.argmax(vals))  # the earliest best, across the resume
 
 
-def test_an_epoch_reports_its_cache_hits_and_bytes(servers: list[str], tmp_path: Path,
-                                                   caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("kind", ["plain", "typed"])
+def test_an_epoch_reports_its_cache_hits_and_bytes_and_trains_the_same_weights(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    run = _run_of(kind, request)
     with caplog.at_level(logging.INFO, "trainer_client.train"):
-        assert main(_args(servers, tmp_path, "--epochs", "1", "--cache-size", "0.3")) == 0
-    cached = json.loads((tmp_path / "metrics.json").read_text())["epochs"][0]
-    assert 0.3 < cached["cache_hit_rate"] <= 1  # the hot 30 % of nodes: more than their share
-    assert main(_args(servers, tmp_path, "--epochs", "1", "--cache-size", "0")) == 0
-    plain = json.loads((tmp_path / "metrics.json").read_text())["epochs"][0]
-    assert plain["cache_hit_rate"] is None and 0 < cached["received_mb"] < plain["received_mb"]
+        assert main(run.args(tmp_path / "cached", "--epochs", "1", "--cache-size", "0.3")) == 0
+    cached = _metrics(tmp_path / "cached")
+    assert main(run.args(tmp_path / "plain", "--epochs", "1", "--cache-size", "0")) == 0
+    uncached = _metrics(tmp_path / "plain")
+    hit_rate, received = cached["epochs"][0]["cache_hit_rate"], cached["epochs"][0]["received_mb"]
+    assert 0.3 < hit_rate <= 1 if kind == "plain" else 0 < hit_rate <= 1  # the hottest: above their share
+    assert uncached["epochs"][0]["cache_hit_rate"] is None
+    assert 0 < received < uncached["epochs"][0]["received_mb"]
+    assert cached["param_fingerprints"] == uncached["param_fingerprints"]  # the same batches
     assert re.search(r"epoch 0: .*\(rank 0: waited \d+\.\d s for data, received \d+\.\d MB, "
                      r"cache hits \d+\.\d%\)", caplog.text)
+
+
+@pytest.mark.parametrize("kind", ["plain", "typed"])
+def test_evaluation_samples_with_eval_fanouts(kind: str, request: pytest.FixtureRequest,
+                                              tmp_path: Path) -> None:
+    """--eval-fanouts 4,2: sampled evaluation on both kinds; a typed graph's "full"
+    samples every neighbor at every hop."""
+    run = _run_of(kind, request)
+    assert main(run.args(tmp_path, "--epochs", "1", "--eval-fanouts", "4,2")) == 0
+    metrics = _metrics(tmp_path)
+    assert metrics["eval_fanouts"] == [4, 2] and metrics["selected_epoch"] == 0
+    assert metrics["test_acc"] > run.chance
+    if run.typed:
+        assert main(run.args(tmp_path, "--epochs", "1", "--eval-fanouts", "full")) == 0
+        assert _metrics(tmp_path)["eval_fanouts"] == [-1, -1]
+
+
+def test_resuming_another_model_or_graph_is_refused_in_one_line(
+        run: Run, request: pytest.FixtureRequest, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    assert main(run.args(tmp_path, "--epochs", "1")) == 0
+    caplog.clear()
+    assert main(run.args(tmp_path, "--epochs", "2", "--resume", "--hidden", "8")) == 1
+    assert "--resume: checkpoint" in caplog.text and f"'hidden': {16 if run.typed else 32}" in caplog.text
+    # the checkpoint of another graph: one line naming both graphs, whatever the shapes
+    path = tmp_path / "ckpt" / CHECKPOINT_NAME
+    state = torch.load(path, weights_only=True)
+    ours = state["graph"]
+    assert ours["name"] and len(ours["fingerprint"]) == 64
+    state["graph"] = {"name": "other", "fingerprint": "f" * 64}
+    torch.save(state, path)
+    caplog.clear()
+    assert main(run.args(tmp_path, "--epochs", "2", "--resume")) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "\n" not in errors[0], errors
+    assert re.search(rf"trained on graph 'other' \(fingerprint ffffffffffff\), not on the .*graph "
+                     rf"'{ours['name']}' \(fingerprint {ours['fingerprint'][:12]}\)", errors[0])
+    # a checkpoint from before the graph was recorded (a typed one kept the graph's types
+    # in its config): it loads where the graph's types and the shapes fit
+    del state["graph"]
+    if run.typed:
+        facts = request.getfixturevalue("local").meta.to_json()
+        state["config"]["graph"] = dict(facts, num_classes=99)
+        torch.save(state, path)
+        caplog.clear()
+        assert main(run.args(tmp_path, "--epochs", "2", "--resume")) == 1
+        assert "trained on a graph it does not record" in caplog.text
+        state["config"]["graph"] = facts
+    torch.save(state, path)
+    assert main(run.args(tmp_path, "--epochs", "2", "--resume")) == 0
+    assert _metrics(tmp_path)["start_epoch"] == 1
+
+
+def test_an_unrecorded_checkpoint_of_other_shapes_is_refused_in_one_line(
+        servers: list[str], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    plain = _args_plain(servers, tmp_path)
+    assert main([*plain, "--epochs", "1"]) == 0
+    path = tmp_path / "ckpt" / CHECKPOINT_NAME
+    state = torch.load(path, weights_only=True)
+    del state["graph"]  # as written before checkpoints recorded their graph
+    state["model"] = {k: torch.cat([v, v]) if v.dim() else v for k, v in state["model"].items()}
+    torch.save(state, path)
+    caplog.clear()
+    assert main([*plain, "--epochs", "2", "--resume"]) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "\n" not in errors[0], errors
+    assert "trained on a graph it does not record, not on the servers' graph 'small'" in errors[0]
+    assert "size mismatch for" in errors[0] and "'model': 'sage'" in errors[0]
+
+
+def _args_plain(servers: list[str], out: Path) -> list[str]:
+    return Run("plain", ["--servers", ",".join(servers), "--model", "sage"], 1200, 1 / 6).args(out)
+
+
+def test_a_model_of_the_other_kind_is_refused_at_start(servers: list[str], typed_servers: list[str],
+                                                       mini: tuple[TypedGraphData, Path], parts2: Path,
+                                                       tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--servers", ",".join(typed_servers), "--model", "sage", "--epochs", "1", "--no-progress",
+                 "--timeout", "30"]) == 1
+    assert "expected a typed model" in caplog.text
+    caplog.clear()
+    assert main(["--servers", ",".join(servers), "--model", "rgcn", "--epochs", "1", "--no-progress",
+                 "--timeout", "30"]) == 1
+    assert "expected a typed graph (format v2)" in caplog.text
+    caplog.clear()
+    assert main(["--partition-dir", str(parts2), "--model", "rgcn", "--no-progress"]) == 1
+    assert "expected a typed graph (format v2)" in caplog.text
+    caplog.clear()
+    assert main(["--partition-dir", str(mini[1]), "--model", "sage", "--no-progress"]) == 1
+    assert "expected a typed model" in caplog.text
+    with pytest.raises(SystemExit):
+        train.parse_args(["--model", "rgcn"])
+    assert "--servers or --partition-dir" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("kind", "model"), [("plain", "sage"), ("plain-dir", "sage"), ("typed-dir", "rgcn"),
+                                            ("typed-dir", "hetero-sage")])
+def test_two_ddp_ranks_train_every_seed_once_and_stay_identical(
+        kind: str, model: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """torchrun with 2 gloo ranks: equal batch counts, every training seed once per epoch,
+    one set of weights."""
+    run = _run_of(kind, request)
+    args = [*run.args(tmp_path, "--epochs", "1"), "--model", model]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "-m", "trainer_client.train", *args]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    metrics = _metrics(tmp_path)
+    assert metrics["world_size"] == 2 and metrics["model"]["model"] == model
+    assert len(set(metrics["param_fingerprints"])) == 1
+    assert metrics["epochs"][0]["seeds"] == run.seeds  # every training seed once, over both ranks
+
+
+# ---- the plain graph's evaluation and a graph without training nodes ---------------------
 
 
 @pytest.mark.parametrize("name", ["sage", "gat"])
 def test_layerwise_inference_through_the_service_equals_the_full_graph_forward(
     servers: list[str], name: str
 ) -> None:
-    from partitioner.synthetic import generate
 
     graph = generate("small", progress=False)
     torch.manual_seed(0)
@@ -151,74 +527,9 @@ def test_layerwise_inference_through_the_service_equals_the_full_graph_forward(
 def test_no_progress_bar_when_stderr_is_not_a_terminal(
     servers: list[str], tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    argv = [a for a in _args(servers, tmp_path, "--epochs", "1") if a != "--no-progress"]
+    argv = [a for a in [*_args_plain(servers, tmp_path), "--epochs", "1"] if a != "--no-progress"]
     assert main(argv) == 0
     assert "\r" not in capfd.readouterr().err
-
-
-def test_sampled_evaluation_with_eval_fanouts(servers: list[str], tmp_path: Path) -> None:
-    assert main(_args(servers, tmp_path, "--epochs", "1", "--eval-fanouts", "4,2")) == 0
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["eval_fanouts"] == [4, 2] and metrics["selected_epoch"] == 0
-    assert metrics["test_acc"] > 1 / 6
-
-
-@pytest.mark.parametrize(("device", "message"), [
-    ("cuda", "--device cuda: CUDA is not available here"),
-    ("cuda:3", "--device cuda:3: CUDA is not available here"),
-    ("tpu", "--device: expected auto, cpu, cuda or cuda:N, got 'tpu'"),
-])
-def test_a_device_this_machine_lacks_is_a_plain_error(
-    device: str, message: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    if torch.cuda.is_available() and device.startswith("cuda"):
-        pytest.skip("this machine has CUDA")
-    assert main(["--servers", "127.0.0.1:1", "--device", device, "--timeout", "1"]) == 1
-    assert message in caplog.text
-
-
-def test_main_leaves_the_callers_default_security_as_it_found_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """main() sets the channels' default security for its run and restores it after, so
-    that later loaders in the same process read theirs (the environment, or their own)."""
-    for name in ("GRAPHFEED_TLS_CA", "GRAPHFEED_TOKEN", "GRAPHFEED_TOKEN_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    assert main(["--servers", "127.0.0.1:1", "--timeout", "0.5", "--device", "cpu"]) == 1
-    monkeypatch.setenv("GRAPHFEED_TOKEN", "from-the-environment")
-    assert default_security().token == "from-the-environment"
-    own = Security(token="own")
-    set_default_security(own)
-    try:
-        assert main(["--servers", "127.0.0.1:1", "--timeout", "0.5", "--device", "cpu"]) == 1
-        assert default_security() is own
-    finally:
-        set_default_security(None)
-
-
-@pytest.mark.parametrize(("args", "message"), [
-    (["--dist-backend", "mpi"], "--dist-backend: invalid choice: 'mpi'"),
-    (["--device", "cpu", "--dist-backend", "nccl"],
-     "--dist-backend nccl: expected a CUDA --device, got 'cpu'; use gloo on the CPU"),
-])
-def test_a_bad_dist_backend_is_a_plain_error(args: list[str], message: str,
-                                            caplog: pytest.LogCaptureFixture,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
-    try:
-        code = main(["--servers", "127.0.0.1:1", "--timeout", "1", *args])
-    except SystemExit as exc:  # argparse's own refusal
-        code = exc.code
-    assert code not in (0, None)
-    assert message in caplog.text + capsys.readouterr().err
-
-
-def test_gloo_on_the_cpu_is_what_auto_picks() -> None:
-    from trainer_client.train import setup_distributed
-
-    env = setup_distributed("cpu", 1.0, "auto")  # one rank: no process group is started
-    assert env.backend == "" and env.comm_device == torch.device("cpu")
-    with pytest.raises(ValueError, match="--dist-backend: expected one of auto, nccl, gloo, got 'x'"):
-        setup_distributed("cpu", 1.0, "x")
 
 
 def test_a_graph_without_training_nodes_is_refused_with_the_fix(
@@ -232,57 +543,5 @@ def test_a_graph_without_training_nodes_is_refused_with_the_fix(
     graph.splits = {"val": graph.splits["val"], "test": graph.splits["test"]}
     partition_graph(graph, 1, tmp_path / "no-train", method="range", progress=False)
     with real_servers(tmp_path / "no-train", 1) as addresses:
-        assert main(_args(addresses, tmp_path, "--epochs", "1")) == 1
+        assert main([*_args_plain(addresses, tmp_path), "--epochs", "1"]) == 1
     assert "split: the graph has no 'train' nodes on any partition (nothing to iterate)" in caplog.text
-
-
-def test_resuming_a_different_model_is_refused(
-    servers: list[str], tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    assert main(_args(servers, tmp_path, "--epochs", "1", "--model", "gcn")) == 0
-    assert main(_args(servers, tmp_path, "--epochs", "2", "--resume", "--model", "sage")) == 1
-    assert "--resume: checkpoint" in caplog.text and "'model': 'gcn'" in caplog.text
-
-
-def test_unreachable_servers_end_the_run_with_a_clear_error(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, reserve_ports: Callable[[int], list[int]]
-) -> None:
-    address = f"127.0.0.1:{reserve_ports(1)[0]}"  # held: nothing listens there
-    assert main(["--servers", address, "--timeout", "1", "--device", "cpu"]) == 1
-    assert f"server {address}: no ClusterInfo within connect_timeout=1 s" in caplog.text
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--fanouts", "5,x"], "expected comma-separated integers"),
-        (["--fanouts", "5,-3"], "--fanouts: expected fanouts >= -1"),
-        (["--batch-size", "0"], "expected a value > 0"),
-        (["--resume"], "--resume: expected --checkpoint-dir too"),
-        (["--model", "mlp"], "invalid choice: 'mlp'"),
-    ],
-)
-def test_bad_flags_are_refused(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["--servers", "127.0.0.1:1", *argv])
-    assert exc.value.code == 2
-    assert message in capsys.readouterr().err
-
-
-def test_two_ranks_train_with_ddp_over_gloo(servers: list[str], tmp_path: Path,
-                                           reserve_ports: Callable[[int], list[int]]) -> None:
-    port = reserve_ports(1)[0]  # rank 0's TCPStore binds it
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        argv = _args(servers, tmp_path, "--epochs", "1")
-        cmd = [sys.executable, "-m", "trainer_client.train", *argv]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    outputs = [p.communicate(timeout=120)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outputs
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["world_size"] == 2
-    assert metrics["epochs"][0]["seeds"] == 1200  # every train seed once over both ranks
-    assert metrics["epochs"][0]["batches"] >= 3  # per rank: 6 or more batches in all, over 2 ranks

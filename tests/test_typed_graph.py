@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from graph_fixtures import tiny_typed
 
 from partitioner.graph import (
     PLAIN_EDGE_TYPE,
@@ -22,13 +23,12 @@ from partitioner.graph import (
 from partitioner.npyio import load_npy
 from partitioner.typed import plain_view
 from tests.graph_fixtures import AnyGraph, mixed, mixed_graph, mixed_typed
-from tests.hetero_fixtures import tiny_hetero
 
 WRITES = ("author", "writes", "paper")
 
 
 def test_valid_graph_passes_and_reports_sizes() -> None:
-    g = tiny_hetero()
+    g = tiny_typed()
     g.validate()
     assert g.node_types == ("paper", "author", "topic") and g.typed
     assert g.total_nodes == 56
@@ -133,7 +133,7 @@ def test_a_plain_graph_is_the_typed_graph_of_one_type_sharing_its_arrays(tmp_pat
 
 
 def test_add_reverse_mirrors_cross_type_and_symmetrizes_same_type() -> None:
-    g = tiny_hetero()
+    g = tiny_typed()
     r = g.add_reverse()
     r.validate()
     assert set(r.edge_types) == {
@@ -180,7 +180,7 @@ def test_add_reverse_carries_edge_weights() -> None:
 
 
 def test_homogeneous_view_offsets_every_edge() -> None:
-    g = tiny_hetero()
+    g = tiny_typed()
     h = g.to_homogeneous()
     h.validate()
     assert isinstance(h, GraphData)

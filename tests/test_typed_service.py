@@ -17,11 +17,11 @@ import grpc
 import numpy as np
 import pytest
 import torch
+from graph_fixtures import load_all, node_maps, tiny_typed
 from test_limits import METHODS, _structured, call_raw, mutated
 from test_loader import TIMEOUTS
 from torch_geometric.data import HeteroData
 
-from partitioner.format import load_node_map, load_partition, read_manifest
 from partitioner.graph import EdgeType
 from partitioner.typed import TypedGraphData
 from partitioner.writer import partition_graph
@@ -32,20 +32,10 @@ from protos.channel import create_channel
 from sampling_server.config import ServerConfig
 from sampling_server.sampler import CpuNeighborSampler, batch_key
 from sampling_server.server import create_server
-from tests.hetero_fixtures import tiny_hetero
 from tests.server_procs import ServerProcs
 from trainer_client.loader import RemoteNeighborLoader
 
 FANOUTS = [3, 2]
-def load_all(root: Path) -> list:  # type: ignore[type-arg]
-    return [load_partition(root, p) for p in range(read_manifest(root).num_partitions)]
-
-
-def node_maps(root: Path, graph: TypedGraphData) -> dict[str, np.ndarray]:
-    """Original ID -> global ID, per node type, of the partitioning at ``root``."""
-    return {t: np.asarray(load_node_map(root, t)) for t in graph.node_types}
-
-
 DICT_FANOUTS: dict[EdgeType | str, list[int]] = {
     ("author", "writes", "paper"): [2, 2], "paper__rev_writes__author": [3, 1],
     "paper__cites__paper": [2, 0]}
@@ -53,7 +43,7 @@ DICT_FANOUTS: dict[EdgeType | str, list[int]] = {
 
 @pytest.fixture(scope="module")
 def graph() -> TypedGraphData:
-    return tiny_hetero().add_reverse()
+    return tiny_typed().add_reverse()
 
 
 @pytest.fixture(scope="module")
@@ -396,7 +386,7 @@ def test_cuda_servers_send_the_cpu_sampler_batches(two: Path, one: Path,
 def test_a_partition_without_nodes_of_a_featured_type_serves(tmp_path: Path) -> None:
     """Topics with features, all of them in one range partition: the other partitions'
     servers hold a [0, F] table for them and still serve (and answer their peers)."""
-    graph = tiny_hetero()
+    graph = tiny_typed()
     graph.x["topic"] = np.random.default_rng(1).standard_normal((6, 2)).astype(np.float64)
     graph = graph.add_reverse()
     root = tmp_path / "range-3"
@@ -564,8 +554,8 @@ def test_compact_typed_edges_fall_back_when_not_grouped_by_target() -> None:
     from protos.compact import expand_typed_sources
     from sampling_server.produce import structure_tensors
     from sampling_server.sampler.types import SamplerOutput
+    from trainer_client.batch_checks import TypedSpec, _expanded
     from trainer_client.decode import BatchDecodeError
-    from trainer_client.hetero_decode import _expanded
 
     # one hop from 2 seeds of type b: relation a->b reaches 3 new a nodes (0, 1, 2) in edge
     # order and a again; b->a's edges are not grouped by target
@@ -573,6 +563,7 @@ def test_compact_typed_edges_fall_back_when_not_grouped_by_target() -> None:
     scattered = torch.tensor([[1, 0, 1], [1, 0, 1]])
     edges = {"a__r__b": [4], "b__s__a": [3]}
     ab, ba = ("a", "r", "b"), ("b", "s", "a")
+    spec = TypedSpec(("a", "b"), (ab, ba), {}, "b", "b")
     sampled = SamplerOutput(input_type="b", node={"a": torch.arange(3), "b": torch.arange(2)},
                             row={ab: grouped[0], ba: scattered[0]}, col={ab: grouped[1], ba: scattered[1]},
                             num_sampled_nodes={"a": [0, 3], "b": [2, 0]},
@@ -587,14 +578,14 @@ def test_compact_typed_edges_fall_back_when_not_grouped_by_target() -> None:
     assert tensors["edge_index/b__s__a"].dtype == torch.int32
     sources = expand_typed_sources({"a__r__b": tensors["edge_src/a__r__b"]},
                                    {"a__r__b": tensors["edge_new/a__r__b"]}, edges, 0, 3)
-    assert torch.equal(_expanded(tensors, ("a", "r", "b"), 4, 2, "batch 0", sources["a__r__b"]),
+    assert torch.equal(_expanded(tensors, spec, ab, 4, 2, "batch 0", sources["a__r__b"]),
                        grouped)
     with pytest.raises(ValueError, match="edge_new"):  # marks one new node too few
         expand_typed_sources({"a__r__b": torch.tensor([0, 2])},
                              {"a__r__b": torch.tensor([0b0011], dtype=torch.uint8)}, edges, 0, 3)
     tensors["edge_count/a__r__b"] = torch.tensor([2, 1], dtype=torch.uint8)
     with pytest.raises(BatchDecodeError, match="edge_count/a__r__b"):
-        _expanded(tensors, ("a", "r", "b"), 4, 2, "batch 0", sources["a__r__b"])
+        _expanded(tensors, spec, ab, 4, 2, "batch 0", sources["a__r__b"])
     # sources not numbered as a sampler numbers them: every source travels
     def one_relation(row: list[int], col: list[int], a: list[int], b: list[int]) -> dict[str, object]:
         sampled = SamplerOutput(input_type="b", node={"a": torch.arange(sum(a)), "b": torch.arange(sum(b))},

@@ -1,6 +1,9 @@
 """``Cluster``: channels to every sampling server of one partitioned graph, with their
-ClusterInfo checked against each other (same graph, each partition served once), and
-the node lookups a loader needs (a split's nodes, original IDs to graphfeed's own)."""
+ClusterInfo checked against each other (same graph, each partition served once), the
+graph's facts (:class:`~trainer_client.graph.TypedGraph`, for both kinds), the node
+lookups a loader needs (a split's nodes, original IDs to graphfeed's own), and the
+tables it fills from every server once per job and shares: the feature caches and the
+node tables (:mod:`trainer_client.fills`)."""
 
 from __future__ import annotations
 
@@ -20,9 +23,12 @@ import torch
 from protos import fastwire
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
-from protos.channel import ServerUnavailable, create_channel, error_from_rpc
+from protos.channel import create_channel, error_from_rpc
 from protos.codec import decode_tensor, encode_tensor
 from trainer_client.cache import FeatureCache, auto_cache_bytes
+from trainer_client.connect import REFUSED_GRACE, fetch_infos
+from trainer_client.fills import HotRowsCall, fill_feature_cache, read_node_table
+from trainer_client.graph import TypedGraph
 from trainer_client.node_table import NodeTable
 
 log = logging.getLogger(__name__)
@@ -60,7 +66,10 @@ class Cluster:
     ``servers`` may list the servers in any order (their ClusterInfo says which
     partition each holds); when fewer addresses than partitions are given, the others
     are taken from ``ClusterInfo.peer_addresses``. Servers that are not up yet are
-    waited for, up to ``connect_timeout`` seconds in all.
+    waited for, up to ``connect_timeout`` seconds in all, saying every few seconds what
+    for; when every server has refused connections for ``refused_grace`` seconds
+    (nothing listens at those addresses), it stops waiting at once, naming the fix
+    (:mod:`trainer_client.connect`).
     """
 
     def __init__(
@@ -70,9 +79,11 @@ class Cluster:
         connect_timeout: float = 60.0,
         rpc_timeout: float = 30.0,
         client_id: str | None = None,
+        refused_grace: float = REFUSED_GRACE,
     ) -> None:
         addresses = _parse_servers(servers)
-        for name, value in (("connect_timeout", connect_timeout), ("rpc_timeout", rpc_timeout)):
+        for name, value in (("connect_timeout", connect_timeout), ("rpc_timeout", rpc_timeout),
+                            ("refused_grace", refused_grace)):
             if not value > 0:
                 raise ValueError(f"{name}: expected seconds > 0, got {value}")
         self.client_id = client_id or _default_client_id()
@@ -83,15 +94,22 @@ class Cluster:
         self._auto_budgets: dict[str, int] = {}
         self._node_tables: dict[str, NodeTable | None] = {}
         deadline = time.monotonic() + connect_timeout
+
+        def fetch(wanted: list[str]) -> dict[str, pb.ClusterInfo]:
+            for address in wanted:
+                self._channels.setdefault(address, create_channel(address))
+            return fetch_infos({a: self._channels[a] for a in wanted}, self.client_id, deadline,
+                               connect_timeout, rpc_timeout, refused_grace)
+
         try:
-            infos = self._fetch_all(addresses, deadline, connect_timeout)
+            infos = fetch(addresses)
             first = infos[addresses[0]]
             served = {int(i.partition_id) for i in infos.values()}
             missing = {p: a for p, a in enumerate(first.peer_addresses) if p not in served and a not in infos}
             if len(infos) < first.num_partitions and missing:
                 log.info("partitions %s: no address given; using their peer addresses %s",
                          sorted(missing), sorted(missing.values()))
-                infos.update(self._fetch_all(list(missing.values()), deadline, connect_timeout))
+                infos.update(fetch(list(missing.values())))
             #: Addresses of the servers, indexed by partition ID.
             self.addresses: list[str] = check_cluster(infos)
         except BaseException:
@@ -104,8 +122,11 @@ class Cluster:
         #: Per partition: the epoch stream whose tensors stay views of the received bytes.
         self.stream_stubs = [fastwire.MinibatchStreamStub(self._channels[a])
                              for a in self.addresses]
-        #: Partition book: partition ``p`` owns global IDs ``book[p] .. book[p+1]-1``.
+        #: Partition book: partition ``p`` owns global IDs ``book[p] .. book[p+1]-1``
+        #: (a plain graph's; each node type's in :attr:`graph`).
         self.partition_book = np.asarray(self.info.partition_book, dtype=np.int64)
+        #: The graph's facts (a plain graph as one node type and one edge type).
+        self.graph = TypedGraph.from_info(self.info)
 
     @property
     def info(self) -> pb.ClusterInfo:
@@ -123,60 +144,6 @@ class Cluster:
     @property
     def num_partitions(self) -> int:
         return int(self.info.num_partitions)
-
-    def _fetch_all(
-        self, addresses: list[str], deadline: float, connect_timeout: float
-    ) -> dict[str, pb.ClusterInfo]:
-        """ClusterInfo of every address, fetched in parallel; ServerUnavailable names
-        every server that did not answer in time."""
-        for address in addresses:
-            self._channels.setdefault(address, create_channel(address))
-        with ThreadPoolExecutor(max_workers=min(32, len(addresses))) as pool:
-            futures = {a: pool.submit(self._fetch_info, a, deadline, connect_timeout) for a in addresses}
-        infos: dict[str, pb.ClusterInfo] = {}
-        down: list[ServerUnavailable] = []
-        for address, future in futures.items():
-            try:
-                infos[address] = future.result()
-            except ServerUnavailable as exc:
-                down.append(exc)
-        if len(down) == 1:
-            raise down[0]
-        if down:
-            raise ServerUnavailable(
-                f"{len(down)} servers unavailable: " + "; ".join(str(e) for e in down),
-                what="GetClusterInfo", code=grpc.StatusCode.UNAVAILABLE,
-            )
-        return infos
-
-    def _fetch_info(self, address: str, deadline: float, connect_timeout: float) -> pb.ClusterInfo:
-        """GetClusterInfo from ``address``, retrying until ``deadline`` while it is down."""
-        stub = pb_grpc.SamplingServiceStub(self._channels[address])
-        request = pb.ClusterInfoRequest(client_id=self.client_id)
-        backoff, last = 0.05, "no answer"
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ServerUnavailable(
-                    f"server {address}: no ClusterInfo within connect_timeout={connect_timeout:g} s "
-                    f"(last error: {last})",
-                    what="GetClusterInfo", address=address, code=grpc.StatusCode.UNAVAILABLE,
-                )
-            try:
-                # no wait_for_ready: a server that is down answers at once with the
-                # connect error (e.g. connection refused), which is logged below
-                return stub.GetClusterInfo(request, timeout=min(remaining, self._rpc_timeout))
-            except grpc.RpcError as err:
-                code = err.code()
-                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    raise error_from_rpc(err, "GetClusterInfo", address) from err
-                error = f"{code.name}: {err.details()}"
-                if error != last:  # the first failure, and every change of reason
-                    log.warning("waiting up to %.0f s more for server %s: %s", remaining,
-                                address, error)
-                last = error
-                time.sleep(max(0.0, min(backoff, deadline - time.monotonic())))
-                backoff = min(backoff * 2, 1.0)
 
     def lookup(self, partition: int, request: pb.LookupNodesRequest) -> pb.LookupNodesReply:
         """LookupNodes on ``partition``'s server (with a deadline)."""
@@ -198,12 +165,15 @@ class Cluster:
         order = np.argsort(orig, kind="stable")
         return orig[order], glob[order]
 
-    def global_ids(self, original: np.ndarray, node_type: str = "") -> np.ndarray:
-        """Global IDs of original node IDs (of ``node_type`` on a typed graph; every one
-        must be in the graph)."""
+    def global_ids(self, original: np.ndarray, node_type: str | None = None) -> np.ndarray:
+        """Global IDs of original node IDs (integers, of ``node_type``: by default the
+        plain graph's, or the typed graph's target type); every one must be in the graph."""
+        original = np.asarray(original)
+        if original.dtype == np.bool_ or not np.issubdtype(original.dtype, np.integer):
+            raise ValueError(f"original: expected integer node IDs, got dtype {original.dtype}")
         tensor = encode_tensor(np.ascontiguousarray(original, dtype=np.int64))
-        replies = self._lookup_all(lambda: pb.LookupNodesRequest(original_ids=tensor,
-                                                                 node_type=node_type))
+        wire_type = self.graph.wire_type(node_type or self.graph.target_type)
+        replies = self._lookup_all(lambda: pb.LookupNodesRequest(original_ids=tensor, node_type=wire_type))
         found = np.stack([decode_tensor(r.global_ids) for r in replies]).max(axis=0)
         missing = original[found < 0]
         if missing.size:
@@ -215,51 +185,77 @@ class Cluster:
         """Seeds of ``split`` owned by each partition."""
         return [int(getattr(s, split)) for s in self.info.split_sizes]
 
-    def partition_of(self, nodes: np.ndarray, node_type: str = "") -> np.ndarray:
-        """Partition owning each global node ID (of ``node_type`` on a typed graph)."""
-        book = self.partition_book
-        if node_type:
-            found = [t for t in self.info.typed.node_types if t.name == node_type]
-            if not found:
-                raise ValueError(f"node_type: expected one of "
-                                 f"{[t.name for t in self.info.typed.node_types]}, got {node_type!r}")
-            book = np.asarray(found[0].partition_book, dtype=np.int64)
-        return np.searchsorted(book, nodes, side="right") - 1
+    def partition_of(self, nodes: np.ndarray, node_type: str | None = None) -> np.ndarray:
+        """Partition owning each global node ID (of ``node_type``, by default the plain
+        graph's or the typed graph's target type)."""
+        t = node_type or self.graph.target_type
+        if t not in self.graph.books:
+            raise ValueError(f"node_type: expected one of {list(self.graph.node_types)}, got {node_type!r}")
+        return np.searchsorted(self.graph.books[t], nodes, side="right") - 1
 
     def feature_cache(self, counts: list[int], wire_dtype: int, device: torch.device, *,
                       progress: bool | None = None, reconnect: float = 15.0,
                       node_type: str | None = None) -> FeatureCache:
-        """The feature cache of this plan, dtype and device (of ``node_type`` on a typed
-        graph): filled on first use, then shared (so it fills once per job, not per loader
-        or epoch). ``reconnect``: seconds a partition's broken fill stream is retried
-        (:meth:`FeatureCache.fill`)."""
-        key = (tuple(counts), int(wire_dtype), str(device), node_type or "")
+        """The feature cache of this plan, dtype and device (of ``node_type``, by default
+        the plain graph's or the typed graph's target type): filled on first use, then
+        shared (so it fills once per job, not per loader or epoch). ``reconnect``: seconds
+        a partition's broken fill stream is retried (:meth:`fill_feature_cache`)."""
+        t = node_type or self.graph.target_type
+        key = (tuple(counts), int(wire_dtype), str(device), t)
         with self._cache_lock:
             if key not in self._caches:
-                self._caches[key] = FeatureCache.fill(self, counts, wire_dtype, device,
-                                                      progress=progress, reconnect=reconnect,
-                                                      node_type=node_type)
+                self._caches[key] = self.fill_feature_cache(counts, wire_dtype, device, progress=progress,
+                                                            reconnect=reconnect, node_type=t)
             return self._caches[key]
 
+    def fill_feature_cache(self, counts: Sequence[int], wire_dtype: int, device: torch.device, *,
+                           progress: bool | None = None, timeout: float = 600.0, reconnect: float = 15.0,
+                           node_type: str | None = None) -> FeatureCache:
+        """A new feature cache of the plan ``counts`` (the hottest ``counts[p]`` nodes of
+        partition ``p``, of ``node_type``), streamed from every server at once
+        (:func:`trainer_client.fills.fill_feature_cache`: a partition whose stream breaks
+        is filled again for up to ``reconnect`` seconds; ``timeout``: each stream's
+        deadline)."""
+        graph = self.graph
+        t = node_type or graph.target_type
+        if t not in graph.books:
+            raise ValueError(f"node_type: expected one of {list(graph.node_types)}, got {node_type!r}")
+        # the stored dtype is asked for as such (servers before it could be named refuse
+        # float64 by name)
+        asked = pb.DTYPE_UNSPECIFIED if wire_dtype == graph.feature_dtypes[t] else wire_dtype
+
+        def open_stream(p: int, count: int, timeout: float) -> HotRowsCall:
+            request = pb.HotNodesRequest(count=count, include_features=True, client_id=self.client_id,
+                                         feature_dtype=asked,  # type: ignore[arg-type]
+                                         expect=self.expectation(p), node_type=graph.wire_type(t))
+            call: HotRowsCall = self.stubs[p].StreamHotNodes(request, timeout=timeout)
+            return call
+
+        return fill_feature_cache(open_stream, self.addresses, counts, graph.books[t], graph.feature_dims[t],
+                                  wire_dtype, device, node_type=t, of_type=graph.of_type(t),
+                                  progress=progress, timeout=timeout, reconnect=reconnect)
+
     def auto_cache_budget(self, device: torch.device) -> int:
-        """Bytes of ``cache_size="auto"`` on ``device`` (:func:`auto_cache_bytes`),
-        measured when the first loader asks and then kept, so that every loader of this
-        cluster on that device plans the same cache (and shares it)."""
+        """Bytes of ``cache_size="auto"`` on ``device`` (:func:`auto_cache_bytes`, after
+        an index entry per node of every type with features), measured when the first
+        loader asks and then kept, so that every loader of this cluster on that device
+        plans the same cache (and shares it)."""
         with self._cache_lock:
             key = str(device)
             if key not in self._auto_budgets:
-                self._auto_budgets[key] = auto_cache_bytes(device, int(self.partition_book[-1]))
+                self._auto_budgets[key] = auto_cache_bytes(device, self.graph.featured_nodes)
             return self._auto_budgets[key]
 
     def node_table(self, node_type: str | None = None) -> NodeTable | None:
         """Every node's original ID and label (:mod:`trainer_client.node_table`; of
-        ``node_type``'s nodes on a typed graph), read on first use, then shared; None when
-        the servers cannot answer it."""
+        ``node_type``'s nodes, by default the plain graph's or the typed graph's target
+        type), read on first use, then shared; None when the servers cannot answer it."""
+        t = node_type or self.graph.target_type
         with self._cache_lock:
-            key = node_type or ""
-            if key not in self._node_tables:
-                self._node_tables[key] = NodeTable.read(self, node_type)
-            return self._node_tables[key]
+            if t not in self._node_tables:
+                self._node_tables[t] = read_node_table(self.lookup, self.addresses, self.graph.books[t],
+                                                       self.graph.wire_type(t), self.graph.of_type(t))
+            return self._node_tables[t]
 
     def close(self) -> None:
         """Close every channel."""

@@ -1,5 +1,5 @@
-"""Evaluation for the trainer: accuracy on a split, from sampled neighborhoods or by
-full-neighbor layer-wise inference.
+"""Evaluation for the trainer: full-neighbor layer-wise inference, and accuracy on a
+split's nodes (on sampled neighborhoods: :func:`trainer_client.loop.one_pass`).
 
 Layer-wise inference is PyG's ``BasicGNN.inference`` through the service: layer ``i``
 runs once over every node of the graph with *all* its in-neighbors (one hop, fanout -1),
@@ -13,44 +13,21 @@ rows (every node lies in exactly one batch across ranks). Each rank holds one
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 
 from trainer_client.loader import RemoteNeighborLoader
-from trainer_client.models import NodeClassifier, batch_inputs
+from trainer_client.models import NodeClassifier
 
 log = logging.getLogger(__name__)
 
 
-def _sum_over_ranks(values: Sequence[float], distributed: bool, device: torch.device) -> list[float]:
-    if not distributed:
-        return [float(v) for v in values]
-    t = torch.tensor(list(values), dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
-    dist.all_reduce(t)
-    return [float(v) for v in t.tolist()]
-
-
-def _labeled(out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def labeled(out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits and labels of the labelled nodes (label >= 0)."""
     mask = y >= 0
     return out[mask], y[mask]
-
-
-@torch.no_grad()
-def sampled_accuracy(model: torch.nn.Module, loader: RemoteNeighborLoader, *, distributed: bool,
-                     device: torch.device) -> float:
-    """Accuracy on the loader's seeds with its sampled neighborhoods; each rank its share."""
-    model.eval()
-    loader.set_epoch(0)  # the same draws at every evaluation
-    correct = count = 0.0
-    for batch in loader:
-        out, y = _labeled(model(*batch_inputs(batch)), batch.y[: batch.batch_size])
-        correct += int((out.argmax(dim=-1) == y).sum())
-        count += y.numel()
-    correct, count = _sum_over_ranks([correct, count], distributed, device)
-    return correct / max(count, 1.0)
 
 
 @torch.no_grad()
@@ -101,5 +78,5 @@ def layerwise_logits(model: NodeClassifier, loader: RemoteNeighborLoader, *, dis
 def accuracy_of(logits: torch.Tensor, y: torch.Tensor, nodes: torch.Tensor) -> float:
     """Accuracy of ``logits`` on the labeled ``nodes`` (original IDs)."""
     ids = nodes.to(logits.device)
-    out, labels = _labeled(logits[ids], y[ids])
+    out, labels = labeled(logits[ids], y[ids])
     return float((out.argmax(dim=-1) == labels).sum()) / max(int(labels.numel()), 1)

@@ -28,70 +28,44 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import cast
 
 import numpy as np
 import torch
 from torch_geometric.data import Data, HeteroData
+from torch_geometric.data.storage import NodeStorage
 
 from partitioner.graph import EdgeType
 from protos import halfcast
 from protos import sampling_pb2 as pb
 from protos.channel import ProtocolError
-from protos.codec import MAX_CHUNK_BYTES, dtype_to_torch, encode_tensor
+from protos.codec import encode_tensor
 from protos.plan import BatchRef, EpochPlan, GlobalPlan, plan_epoch, plan_global_epoch, shuffled_seeds
-from trainer_client.cache import (
-    KNOWN_HOT_ORDERS,
-    CacheError,
-    FeatureCache,
-    parse_cache_size,
-    plan_counts,
-    plan_typed_counts,
-)
+from trainer_client.batch_checks import TypedSpec
+from trainer_client.cache import KNOWN_HOT_ORDERS, CacheError, FeatureCache, parse_cache_size, plan_caches
 from trainer_client.cluster import Cluster
 from trainer_client.decode import BatchSpec, DecodedBatch, to_device
-from trainer_client.hetero_loader import (
+from trainer_client.graph import TypedGraph
+from trainer_client.inputs import (
+    BATCH_LAYOUTS,
+    MAX_SEEDS,
+    WIRE_FEATURE_DTYPES,
+    GivenInput,
+    InputNodes,
     NumNeighbors,
-    TypedGraph,
-    TypedInput,
+    check_int,
+    check_keywords,
+    check_settings,
     edge_fanouts,
     fanout_lists,
-    finish_typed,
-    sort_input,
-    typed_options,
-    typed_spec,
+    input_array,
+    original_ids,
+    request_fanouts,
+    seeds_source,
 )
-from trainer_client.inputs import InputNodes, check_keywords, input_array, original_ids, split_name
 from trainer_client.node_table import NodeTable
 from trainer_client.stream import EpochStream, ServerStream, StreamStats, StreamTimeouts
 
 log = logging.getLogger(__name__)
-
-#: Batch layouts: one ordering of all seeds across partitions, or per partition.
-BATCH_LAYOUTS = ("global", "partition")
-#: Feature dtypes on the wire, by name; "stored" keeps the partition's own dtype.
-WIRE_FEATURE_DTYPES: dict[str, int] = {
-    "float32": pb.FLOAT32,
-    "float16": pb.FLOAT16,
-    "bfloat16": pb.BFLOAT16,
-    "stored": pb.DTYPE_UNSPECIFIED,
-}
-#: Most explicit seeds one loader may have (they travel in one message of the request).
-MAX_SEEDS = MAX_CHUNK_BYTES // 8
-
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool)
-
-
-def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
-    """``value`` as an int in ``low .. high``; raises naming the field otherwise."""
-    if not _is_int(value) or int(value) < low or (high is not None and int(value) > high):  # type: ignore[call-overload]
-        bound = f"an integer >= {low}" if high is None else f"an integer in {low} .. {high}"
-        raise ValueError(f"{name}: expected {bound}, got {value!r}")
-    return int(value)  # type: ignore[call-overload]
-
 
 class RemoteNeighborLoader:
     """Yields PyG ``Data`` minibatches of one rank's epoch, sampled by graphfeed servers.
@@ -176,25 +150,16 @@ class RemoteNeighborLoader:
         edge type or a dict per edge type (``(src, rel, dst)`` or ``"src__rel__dst"``;
         types left out draw nothing). ``cache_size`` caches every node type with features
         alike: a fraction caches that share of each type's nodes, a size the same share of
-        every type, as many as fit (:func:`~trainer_client.cache.plan_typed_counts`).
+        every type, as many as fit (:func:`~trainer_client.cache.plan_caches`).
         ``compact_indices``: ask for the batches' structure in compact form (narrow
         integer dtypes, ``EpochRequest.compact_indices``); the batches are the same.
         """
         check_keywords(unsupported)
-        if input_nodes is not None and seeds is not None:
-            raise ValueError("input_nodes, seeds: expected one of them (seeds is another name for "
-                             "input_nodes), got both")
-        given = sort_input(input_nodes if input_nodes is not None else seeds) \
-            if input_nodes is not None or seeds is not None else TypedInput()
+        split, given = seeds_source(split, input_nodes, seeds)
         nodes = given.nodes
-        if split is not None and (nodes is not None or given.node_type or given.split):
-            raise ValueError(f"split, input_nodes: expected one of them, got split={split!r} and nodes")
-        split = split if split is not None else given.split
-        split = split_name(split) if split is not None else \
-            ("train" if nodes is None and given.node_type is None else None)
         if batches not in BATCH_LAYOUTS:
             raise ValueError(f"batches: expected one of {list(BATCH_LAYOUTS)}, got {batches!r}")
-        self._validate(num_neighbors, batch_size, rank, world_size, prefetch, seed, feature_dtype)
+        check_settings(num_neighbors, batch_size, rank, world_size, prefetch, seed, feature_dtype)
         try:
             self.device = torch.device(device)
         except (RuntimeError, TypeError) as exc:
@@ -231,48 +196,76 @@ class RemoteNeighborLoader:
                          client_id=client_id)
         )
         self.client_id = client_id or f"{self.cluster.client_id}-rank{self.rank}"
-        #: The typed graph's facts (None: a homogeneous graph; batches are then Data).
-        self.typed_graph = TypedGraph.from_info(self.cluster.info) \
-            if self.cluster.info.HasField("typed") else None
+        #: The graph's facts (a plain graph as one node type and one edge type).
+        self.graph: TypedGraph = self.cluster.graph
         try:
-            #: Node type of the seeds (typed graphs; "" on a homogeneous one).
-            self.seed_type = self._seed_type(given.node_type)
-            self._resolve_seeds(node_array, all_of_type=given.node_type is not None and nodes is None)
-            #: The feature cache this loader's batches use (None: every batch carries all
-            #: of x; on a typed graph see :attr:`typed_caches`).
-            self.cache: FeatureCache | None = self._open_cache(size, cache_progress)
-            #: Typed graphs: the feature cache of each cached node type (empty: none).
-            self.typed_caches: dict[str, FeatureCache] = self._open_typed_caches(size, cache_progress)
-            #: Every node's original ID and label, when batches leave them out (compact
-            #: batches with a feature cache: trainer_client/node_table.py); else None.
-            self.node_table: NodeTable | None = self.cluster.node_table() \
-                if self.compact_indices and self.cache is not None else None
-            #: The same per node type of a typed graph (compact batches with a typed
-            #: feature cache); empty: batches carry their "orig_id/T" and "y/T".
-            self.typed_node_tables: dict[str, NodeTable] = self._typed_node_tables()
-            if self.weighted and not self.cluster.info.has_edge_weights:
-                raise ValueError("weighted: expected a graph with edge weights, but the servers have none")
-            self.epoch = 0
-            self._iterated = False
-            self._plan = self.plan(0)
-            self._warn_if_empty()
+            self._open(given, node_array, size, cache_progress)
         except BaseException:
             self.close()
             raise
         #: Counters of the last epoch streamed.
         self.last_stats = StreamStats()
 
+    def _open(self, given: GivenInput, nodes: np.ndarray | None, size: tuple[str, float],
+              progress: bool | None) -> None:
+        """What needs the cluster: the seeds, the caches and node tables, epoch 0's plan."""
+        self._seeds_of = self._seed_type(given.node_type)
+        self._layout = TypedSpec.of(self.graph, self._seeds_of)
+        self._resolve_seeds(nodes, all_of_type=given.node_type is not None and nodes is None)
+        #: The feature cache of each cached node type (empty: every batch carries all of x).
+        self.caches: dict[str, FeatureCache] = self._open_caches(size, progress)
+        #: Every node's original ID and label per node type, when batches leave them out
+        #: (compact batches with a feature cache: trainer_client/node_table.py); empty:
+        #: batches carry their "orig_id" and "y".
+        self.node_tables: dict[str, NodeTable] = self._open_node_tables()
+        if self.weighted and not self.cluster.info.has_edge_weights:
+            raise ValueError("weighted: expected a graph with edge weights, but the servers have none")
+        self.epoch = 0
+        self._iterated = False
+        self._plan = self.plan(0)
+        self._warn_if_empty()
+
+    # ---- the graph's facts, as each kind of graph names them ---------------------------
+
+    @property
+    def typed_graph(self) -> TypedGraph | None:
+        """The typed graph's facts (None on a plain graph, whose batches are ``Data``)."""
+        return self.graph if self.graph.typed else None
+
+    @property
+    def seed_type(self) -> str:
+        """Node type of the seeds (typed graphs; "" on a plain one)."""
+        return self._seeds_of if self.graph.typed else ""
+
+    @property
+    def cache(self) -> FeatureCache | None:
+        """A plain graph's feature cache (None: none; a typed graph's: :attr:`typed_caches`)."""
+        return None if self.graph.typed else self.caches.get(self._seeds_of)
+
+    @property
+    def typed_caches(self) -> dict[str, FeatureCache]:
+        return self.caches if self.graph.typed else {}
+
+    @property
+    def node_table(self) -> NodeTable | None:
+        """A plain graph's node table (None: none; a typed graph's: :attr:`typed_node_tables`)."""
+        return None if self.graph.typed else self.node_tables.get(self._seeds_of)
+
+    @property
+    def typed_node_tables(self) -> dict[str, NodeTable]:
+        return self.node_tables if self.graph.typed else {}
+
     def _seed_type(self, node_type: str | None) -> str:
-        """The seeds' node type on a typed graph ("" on a homogeneous one); refuses typed
-        arguments on a homogeneous graph."""
-        graph = self.typed_graph
-        if graph is None:
+        """The seeds' node type (a plain graph's one); refuses typed arguments on a plain
+        graph."""
+        graph = self.graph
+        if not graph.typed:
             if node_type is not None or isinstance(self.num_neighbors, dict):
                 what = "input_nodes names a node type" if node_type is not None \
                     else "num_neighbors is a dict"
-                raise ValueError(f"{what}, but the graph is homogeneous (ClusterInfo.typed is "
+                raise ValueError(f"{what}, but the graph is homogeneous (plain: ClusterInfo.typed is "
                                  "absent): pass node IDs and a list of fanouts")
-            return ""
+            return graph.target_type
         seed_type = node_type or graph.target_type
         if seed_type not in graph.node_types:
             raise ValueError(f"input_nodes: expected a node type of the graph "
@@ -286,16 +279,14 @@ class RemoteNeighborLoader:
 
     def _resolve_seeds(self, nodes: np.ndarray | None, all_of_type: bool = False) -> None:
         """The epoch's seeds: original IDs (:attr:`input_nodes`) and their global IDs, and
-        each partition's seed count and input positions (of :attr:`seed_type` on a typed
-        graph; ``all_of_type``: every node of it)."""
-        graph = self.typed_graph
-        num_nodes = int(self.cluster.info.num_nodes) if graph is None \
-            else graph.num_nodes[self.seed_type]
+        each partition's seed count and input positions (of the seeds' node type;
+        ``all_of_type``: every node of it)."""
+        num_nodes = self.graph.num_nodes[self._seeds_of]
         if all_of_type:
             nodes = np.arange(num_nodes, dtype=np.int64)
         if nodes is not None:
             original = original_ids(nodes, num_nodes, "input_nodes", MAX_SEEDS)
-            internal = self.cluster.global_ids(original, self.seed_type)
+            internal = self.cluster.global_ids(original, self._seeds_of)
         else:
             assert self.split is not None
             original, internal = self.cluster.split_nodes(self.split)
@@ -309,44 +300,31 @@ class RemoteNeighborLoader:
         self._input_nodes = original
         self._seeds = internal
         self._seeds_tensor = encode_tensor(internal)
-        owner = self.cluster.partition_of(internal, self.seed_type)
+        owner = self.cluster.partition_of(internal, self._seeds_of)
         self._positions = [np.flatnonzero(owner == p) for p in range(self.cluster.num_partitions)]
         self._seed_counts = [int(p.size) for p in self._positions]
 
-    def _open_typed_caches(self, size: tuple[str, float], progress: bool | None
-                           ) -> dict[str, FeatureCache]:
-        """A typed graph's caches by node type, each filled on first use per cluster;
-        {} when the plan is empty (or the graph is homogeneous: :meth:`_open_cache`)."""
-        if self.typed_graph is None:
-            return {}
-        info = self.cluster.info
+    def _open_caches(self, size: tuple[str, float], progress: bool | None) -> dict[str, FeatureCache]:
+        """The plan's cache of each node type with features, each filled on first use per
+        cluster; {} when the plan is empty."""
         if size[0] == "auto":  # after a 4-byte index per node of each type with features
-            featured = sum(n for t, n in self.typed_graph.num_nodes.items()
-                           if self.typed_graph.feature_dims[t])
-            budget = self.cluster.auto_cache_budget(self.device)  # less the target type's index
-            size = ("bytes", max(0, budget - 4 * (featured - int(info.num_nodes))) if budget else 0)
-        plan = plan_typed_counts(size, info, WIRE_FEATURE_DTYPES[self.feature_dtype])
+            size = ("bytes", self.cluster.auto_cache_budget(self.device))
+        plan = plan_caches(size, self.graph, WIRE_FEATURE_DTYPES[self.feature_dtype])
         if not any(sum(counts) for counts, _ in plan.values()) or not self._servers_order_alike():
             return {}
         return {t: self.cluster.feature_cache(counts, wire, self.device, progress=progress,
                                               reconnect=self.timeouts.reconnect, node_type=t)
                 for t, (counts, wire) in plan.items() if sum(counts)}
 
-    def _open_cache(self, size: tuple[str, float], progress: bool | None) -> FeatureCache | None:
-        """The plan's cache, filled on first use per cluster; None when the plan is empty
-        (or the graph is typed: :meth:`_open_typed_caches`)."""
-        if self.typed_graph is not None:
-            return None
-        info = self.cluster.info
-        if size[0] == "auto":  # after a 4-byte index per node of the graph
-            size = ("bytes", self.cluster.auto_cache_budget(self.device))
-        wire = WIRE_FEATURE_DTYPES[self.feature_dtype] or int(info.feature_dtype)
-        itemsize = dtype_to_torch(wire).itemsize
-        counts = plan_counts(size, self.cluster.partition_book.tolist(), int(info.feature_dim) * itemsize)
-        if not sum(counts) or not self._servers_order_alike():
-            return None
-        return self.cluster.feature_cache(counts, wire, self.device, progress=progress,
-                                          reconnect=self.timeouts.reconnect)
+    def _open_node_tables(self) -> dict[str, NodeTable]:
+        """Every node type's table, when batches leave original IDs and labels out
+        (compact batches with a feature cache); all types or none ({} when a server cannot
+        answer)."""
+        if not (self.compact_indices and self.caches):
+            return {}
+        tables = {t: self.cluster.node_table(t) for t in self.graph.node_types}
+        return {t: table for t, table in tables.items() if table is not None} \
+            if all(table is not None for table in tables.values()) else {}
 
     def _servers_order_alike(self) -> bool:
         """Whether every server follows one hot order this trainer knows (else, e.g. with
@@ -365,28 +343,6 @@ class RemoteNeighborLoader:
                         "x world_size=%d; use a smaller batch_size or drop_last=False",
                         self.num_seeds, self.batch_size, self.world_size)
 
-    @staticmethod
-    def _validate(
-        num_neighbors: NumNeighbors, batch_size: int, rank: int, world_size: int, prefetch: int,
-        seed: int, feature_dtype: str,
-    ) -> None:
-        """Check the plain arguments; errors name the field."""
-        for fanouts in fanout_lists(num_neighbors):
-            if not fanouts or not all(_is_int(f) for f in fanouts):
-                raise ValueError(f"num_neighbors: expected a non-empty list of integers (or a dict of "
-                                 f"them per edge type), got {num_neighbors!r}")
-            if any(f < -1 for f in fanouts):
-                raise ValueError(f"num_neighbors: expected fanouts >= -1 (-1 = all neighbors), got {fanouts}")
-        _check_int("batch_size", batch_size, 1, 2**31 - 1)
-        _check_int("world_size", world_size, 1)
-        _check_int("rank", rank, 0, int(world_size) - 1)
-        _check_int("prefetch", prefetch, 1)
-        _check_int("seed", seed, 0, 2**64 - 1)
-        if feature_dtype not in WIRE_FEATURE_DTYPES:
-            raise ValueError(
-                f"feature_dtype: expected one of {list(WIRE_FEATURE_DTYPES)}, got {feature_dtype!r}"
-            )
-
     # ---- facts -----------------------------------------------------------------------
 
     @property
@@ -397,9 +353,9 @@ class RemoteNeighborLoader:
 
     def metadata(self) -> tuple[list[str], list[EdgeType]]:
         """A typed graph's ``(node_types, edge_types)``, as ``HeteroData.metadata()``."""
-        if self.typed_graph is None:
-            raise ValueError("metadata: the graph is homogeneous (ClusterInfo.typed is absent)")
-        return self.typed_graph.metadata()
+        if not self.graph.typed:
+            raise ValueError("metadata: the graph is homogeneous (plain: ClusterInfo.typed is absent)")
+        return self.graph.metadata()
 
     @property
     def num_classes(self) -> int:
@@ -442,7 +398,7 @@ class RemoteNeighborLoader:
         """Select the epoch the next iteration streams (shuffling and sampling draws).
         Without it, each new iteration streams the epoch after the last one, so every
         pass is shuffled anew (as PyG reshuffles)."""
-        self.epoch = _check_int("epoch", epoch, 0)
+        self.epoch = check_int("epoch", epoch, 0)
         self._plan = self.plan(self.epoch)
         self._iterated = False
 
@@ -461,19 +417,10 @@ class RemoteNeighborLoader:
 
     # ---- streaming -------------------------------------------------------------------
 
-    def _typed_node_tables(self) -> dict[str, NodeTable]:
-        """Every node type's table, when batches leave original IDs and labels out (all
-        types or none: {} when a server cannot answer)."""
-        if self.typed_graph is None or not (self.compact_indices and self.typed_caches):
-            return {}
-        tables = {t: self.cluster.node_table(t) for t in self.typed_graph.node_types}
-        return {t: table for t, table in tables.items() if table is not None} \
-            if all(table is not None for table in tables.values()) else {}
-
     @property
     def _ids_on_wire(self) -> bool:
         """Whether batches carry original IDs (not when node tables have them)."""
-        return self.node_table is None and not self.typed_node_tables
+        return not self.node_tables
 
     @property
     def _labels_on_wire(self) -> bool:
@@ -481,8 +428,7 @@ class RemoteNeighborLoader:
         return self.include_labels and self._ids_on_wire
 
     def _request(self) -> pb.EpochRequest:
-        fanouts, typed = (cast(list[int], self.num_neighbors), None) if self.typed_graph is None else \
-            typed_options(self.seed_type, self.num_neighbors, self.typed_graph)
+        fanouts, typed = request_fanouts(self._seeds_of, self.num_neighbors, self.graph)
         request = pb.EpochRequest(
             fanouts=fanouts, batch_size=self.batch_size, shuffle=self.shuffle,
             drop_last=self.drop_last, seed=self.seed, epoch=self.epoch, rank=self.rank,
@@ -496,10 +442,11 @@ class RemoteNeighborLoader:
         request.seeds.CopyFrom(self._seeds_tensor)
         if typed is not None:
             request.typed.CopyFrom(typed)
-        if self.cache is not None:
-            request.cache_counts.extend(self.cache.counts)
-        for t, cache in self.typed_caches.items():
-            request.typed_cache_counts.add(name=t, counts=cache.counts)
+        for t, cache in self.caches.items():
+            if self.graph.typed:
+                request.typed_cache_counts.add(name=t, counts=cache.counts)
+            else:
+                request.cache_counts.extend(cache.counts)
         return request
 
     def stream(self, finish: Callable[[DecodedBatch], DecodedBatch] | None = None) -> EpochStream:
@@ -518,8 +465,7 @@ class RemoteNeighborLoader:
         spec = BatchSpec(
             num_hops=len(fanout_lists(self.num_neighbors)[0]), feature_dim=self.num_features,
             include_features=True, include_labels=self._labels_on_wire, num_batches=num_batches,
-            typed=None if self.typed_graph is None else typed_spec(self.typed_graph, self.seed_type),
-            compact_indices=self.compact_indices,
+            typed=self._layout if self.graph.typed else None, compact_indices=self.compact_indices,
         )
         return EpochStream(servers, num_batches, spec, prefetch=self.prefetch, timeouts=self.timeouts,
                            pin_memory=self.pin_memory, finish=finish)
@@ -534,22 +480,10 @@ class RemoteNeighborLoader:
         if self._iterated:
             self.set_epoch(self.epoch + 1)
         self._iterated = True
-        dtype = torch.float32 if self.cast_features else None
         refs = self._plan.rank_batches(self.rank)
 
         def finish(batch: DecodedBatch) -> DecodedBatch:  # in a reader thread on the CPU
-            input_id = self.input_ids(refs[batch.index])
-            if isinstance(batch.data, HeteroData):
-                assert self.typed_graph is not None
-                for t, table in self.typed_node_tables.items():
-                    table.complete(batch.data[t], self.include_labels and t == self.typed_graph.target_type)
-                data, rows, cached = finish_typed(
-                    batch.data, self.seed_type, input_id, self.device, feature_dtype=dtype,
-                    non_blocking=self.pin_memory, keep_internal_ids=self.return_internal_ids,
-                    caches=self.typed_caches)
-            else:
-                data, rows, cached = self._complete(batch.data, input_id, dtype)
-            return dataclasses.replace(batch, data=data, rows=rows, cached_rows=cached)
+            return self._finish(batch, self.input_ids(refs[batch.index]))
 
         in_readers = self.device.type == "cpu"
         stream = self.stream(finish if in_readers else None)
@@ -561,37 +495,52 @@ class RemoteNeighborLoader:
                 stream.stats.count_rows(batch.rows, batch.cached_rows)
                 yield batch.data
 
-    def _complete(self, data: Data, input_id: np.ndarray,
-                  dtype: torch.dtype | None) -> tuple[Data, int, int]:
-        """A decoded homogeneous batch as the loader yields it, on ``device``, with its
-        feature rows and how many of them came from the feature cache."""
-        if self.node_table is not None:
-            self.node_table.complete(data, self.include_labels)
-        data.input_id = torch.from_numpy(input_id)
-        data = to_device(data, self.device, feature_dtype=None, non_blocking=self.pin_memory)
-        cached = self._complete_features(data, dtype)
-        if dtype is not None and data.x.dtype != dtype:
-            data.x = halfcast.cast(data.x, dtype)
-        if not self.return_internal_ids and "internal_n_id" in data:
-            del data.internal_n_id
-        return data, int(data.num_nodes), cached
+    def _finish(self, batch: DecodedBatch, input_id: np.ndarray) -> DecodedBatch:
+        """A decoded batch as the loader yields it, on ``device``, with its feature rows
+        and how many came from the caches. Per node type (a plain batch's ``Data`` is its
+        one node type's store): IDs and labels from the node tables, ``input_id`` on the
+        seed type, the cached rows of ``x`` from the caches, features cast there (they
+        cross the bus in their wire dtype), ``internal_n_id`` dropped unless kept."""
+        data = batch.data
+        stores = {t: data[t] for t in data.node_types} if isinstance(data, HeteroData) else \
+            {self._seeds_of: data}
+        for t, table in self.node_tables.items():
+            table.complete(stores[t], self.include_labels and t == self.graph.target_type)
+        stores[self._seeds_of].input_id = torch.from_numpy(input_id)
+        to_device(data, self.device, feature_dtype=None, non_blocking=self.pin_memory)
+        dtype = torch.float32 if self.cast_features else None
+        rows = cached_rows = 0
+        for t, store in stores.items():
+            if "x" in store:
+                rows += int(store.num_nodes)
+                cached_rows += self._complete_features(store, t, dtype)
+                if dtype is not None and store.x.dtype != dtype:
+                    store.x = halfcast.cast(store.x, dtype)
+            if not self.return_internal_ids and "internal_n_id" in store:
+                del store.internal_n_id
+        return dataclasses.replace(batch, rows=rows, cached_rows=cached_rows)
 
-    def _complete_features(self, data: Data, dtype: torch.dtype | None = None) -> int:
-        """Fill a batch's cached rows of ``x`` from the feature cache (on the device),
-        casting to ``dtype`` on the way where the cache can (else the caller casts);
-        returns how many rows came from the cache."""
-        if "x_cached" not in data:
+    def _complete_features(self, store: NodeStorage, node_type: str, dtype: torch.dtype | None) -> int:
+        """Fill the cached rows of a node type's ``x`` from its feature cache (on the
+        device), casting to ``dtype`` on the way where the cache can (else the caller
+        casts); returns how many rows came from the cache."""
+        if "x_cached" not in store:
             return 0
-        if self.cache is None:
-            raise ProtocolError("StreamMinibatches: tensor 'x_cached': expected none (this loader "
-                                "sent no cache plan), got one", what="StreamMinibatches")
-        cached = data.x_cached
-        del data.x_cached
+        cache = self.caches.get(node_type)
+        name = self._layout.name("x_cached", node_type)
+        if cache is None:
+            plan = f"cache plan{self.graph.of_type(node_type)}"
+            raise ProtocolError(f"StreamMinibatches: tensor {name!r}: expected none (this loader sent no "
+                                f"{plan}), got one", what="StreamMinibatches")
+        cached = store.x_cached
+        del store.x_cached
         hits = int(cached.sum()) if cached.is_cuda else int(np.count_nonzero(cached.numpy()))
+        ids = store.internal_n_id if "internal_n_id" in store else store.n_id
         try:
-            data.x = self.cache.assemble(data.x, cached, data.internal_n_id, dtype)
+            store.x = cache.assemble(store.x, cached, ids, dtype)
         except CacheError as exc:
-            raise ProtocolError(f"StreamMinibatches: {exc}", what="StreamMinibatches") from exc
+            where = f"node type {node_type!r}: " if self.graph.typed else ""
+            raise ProtocolError(f"StreamMinibatches: {where}{exc}", what="StreamMinibatches") from exc
         return hits
 
     def close(self) -> None:

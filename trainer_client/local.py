@@ -34,7 +34,6 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from partitioner.format import PartitionFormatError, read_manifest
-from partitioner.hetero_format import HETERO_FORMAT_VERSION, read_format_version, read_hetero_manifest
 from protos.channel import create_channel
 from protos.cpus import usable_cpus
 from protos.ports import reserved_ports, wait_port_file
@@ -248,8 +247,6 @@ def new_run_dir(root: Path) -> Path:
 
 def num_partitions(partition_dir: Path) -> int:
     """The partition count of a format v1 (homogeneous) or v2 (typed) directory."""
-    if read_format_version(partition_dir) == HETERO_FORMAT_VERSION:
-        return read_hetero_manifest(partition_dir).num_partitions
     return read_manifest(partition_dir).num_partitions
 
 

@@ -11,7 +11,8 @@ output holds the logits of the first ``batch_size`` nodes (the seeds).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -93,6 +94,25 @@ def batch_inputs(data: Data) -> tuple[Tensor, Tensor, int, list[int] | None, lis
         data.num_sampled_nodes if "num_sampled_nodes" in data else None,
         data.num_sampled_edges if "num_sampled_edges" in data else None,
     )
+
+
+def seed_labels(data: Data) -> Tensor:
+    """The labels of a loader batch's seeds (its first ``batch_size`` nodes)."""
+    y: Tensor = data.y[: int(data.batch_size)]
+    return y
+
+
+class BatchReader(NamedTuple):
+    """How a training loop reads a batch: the positional inputs of the model's ``forward``,
+    and the labels of the batch's seeds (-1: unlabeled). A typed model's:
+    :func:`trainer_client.typed_models.typed_reader`."""
+
+    inputs: Callable[[Any], tuple[Any, ...]]
+    labels: Callable[[Any], Tensor]
+
+
+#: How a :class:`NodeClassifier` reads a plain graph's ``Data`` batch.
+PLAIN_READER = BatchReader(batch_inputs, seed_labels)
 
 
 def build_model(

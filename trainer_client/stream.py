@@ -41,11 +41,14 @@ import grpc
 from protos import fastwire
 from protos import sampling_pb2 as pb
 from protos.channel import (
+    Backoff,
     DeadlineExceeded,
     GraphfeedError,
     ProtocolError,
+    RetryFailure,
     ServerUnavailable,
     error_from_rpc,
+    retry,
 )
 from protos.codec import CodecError
 from trainer_client.decode import BatchAssembler, BatchSpec, DecodedBatch, pin_batch
@@ -344,58 +347,57 @@ class EpochStream:
                 r.call = None
 
     def _read_all(self, r: _Reader) -> None:
-        """Call the server until every batch it owns arrived, resuming after breaks."""
+        """Call the server until every batch it owns arrived, resuming after breaks
+        (:func:`protos.channel.retry`: pauses from ``backoff_initial`` doubling to
+        ``backoff_max``, for up to ``reconnect`` seconds after a break; a stream that
+        delivered batches before it broke starts that count again)."""
         t = self._timeouts
         assembler = BatchAssembler(self._spec, pinned=self._pin)
-        failed_since: float | None = None
-        backoff = t.backoff_initial
-        attempts = 0
-        while not r.finished and not self._stop.is_set():
-            request = pb.EpochRequest()
-            request.CopyFrom(r.server.request)
-            if r.server.expect is not None:
-                request.expect.CopyFrom(r.server.expect)
+        request = pb.EpochRequest()
+        request.CopyFrom(r.server.request)
+        if r.server.expect is not None:
+            request.expect.CopyFrom(r.server.expect)
+        start = [r.position]  # where the current call began
+
+        def attempt(_: float) -> None:
             # The first call asks from 0 (the same thing: the server sends only its own
             # batches), so that resume_from > 0 in the server's log means a resume.
-            request.resume_from = r.next_index if r.position else 0
-            received_before = r.position
-            try:
-                self._read_call(r, request, assembler)
-                if not r.finished and not self._stop.is_set():
-                    raise ProtocolError(
-                        f"StreamMinibatches at {r.server.address}: stream ended before batch "
-                        f"{r.next_index} (expected batches {list(r.server.indices[r.position:])})",
-                        what="StreamMinibatches", address=r.server.address,
-                    )
-                return
-            except grpc.RpcError as err:
-                if self._stop.is_set() or r.finished:
-                    return
-                if not (r.stalled or err.code() in RESUMABLE_CODES):
-                    raise error_from_rpc(err, "StreamMinibatches", r.server.address) from err
-                assembler.reset()
-                now = time.monotonic()
-                if r.position > received_before or failed_since is None:
-                    failed_since, backoff, attempts = now, t.backoff_initial, 0
-                attempts += 1
-                reason = f"stalled for {t.stall:g} s" if r.stalled else f"{err.code().name}: {err.details()}"
-                if now - failed_since + backoff > t.reconnect:
-                    raise ServerUnavailable(
-                        f"{r.describe()}: stream of rank {request.rank}, epoch {request.epoch} "
-                        f"broke at batch {r.next_index} and could not be resumed within "
-                        f"{t.reconnect:g} s ({attempts} attempts); last error: {reason}",
-                        what="StreamMinibatches", address=r.server.address, code=err.code(),
-                        details=reason,
-                    ) from err
-                log.warning("%s: stream broke at batch %d (%s); resuming in %.2f s",
-                            r.describe(), r.next_index, reason, backoff)
-                r.last_activity = now
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, t.backoff_max)
-                self.stats.resumes += 1
+            request.resume_from, start[0] = (r.next_index if r.position else 0), r.position
+            self._read_call(r, request, assembler)
+
+        def broke(f: RetryFailure) -> None:
+            log.warning("%s: stream broke at batch %d (%s); resuming in %.2f s", r.describe(), r.next_index,
+                        self._reason(r, f.error), f.pause)
+            r.last_activity = time.monotonic()
+            self.stats.resumes += 1
+
+        try:
+            retry(attempt, backoff=Backoff(t.backoff_initial, 2.0, t.backoff_max), window=t.reconnect,
+                  retryable=lambda err: not (self._stop.is_set() or r.finished) and (
+                      r.stalled or (isinstance(err, grpc.Call) and err.code() in RESUMABLE_CODES)),
+                  progressed=lambda: r.position > start[0], on_failure=broke,
+                  on_give_up=lambda f: self._gone(r, request, f), sleep=self._stop.wait)
+        except grpc.RpcError as err:
+            if not (self._stop.is_set() or r.finished):
+                raise error_from_rpc(err, "StreamMinibatches", r.server.address) from err
+
+    def _reason(self, r: _Reader, err: BaseException) -> str:
+        """Why a stream broke, for messages."""
+        return f"stalled for {self._timeouts.stall:g} s" if r.stalled else \
+            f"{err.code().name}: {err.details()}"  # type: ignore[attr-defined]
+
+    def _gone(self, r: _Reader, request: pb.EpochRequest, f: RetryFailure) -> ServerUnavailable:
+        """The error of a stream that could not be resumed in time."""
+        why = self._reason(r, f.error)
+        return ServerUnavailable(
+            f"{r.describe()}: stream of rank {request.rank}, epoch {request.epoch} broke at batch "
+            f"{r.next_index} and could not be resumed within {self._timeouts.reconnect:g} s "
+            f"({f.attempts} attempts); last error: {why}", what="StreamMinibatches", address=r.server.address,
+            code=f.error.code(), details=why)  # type: ignore[attr-defined]
 
     def _read_call(self, r: _Reader, request: pb.EpochRequest, assembler: BatchAssembler) -> None:
-        """One StreamMinibatches call: receive, check and hand over batches until it ends."""
+        """One StreamMinibatches call: receive, check and hand over batches until it ends
+        (a half-received batch is dropped when it breaks)."""
         call = r.server.stub.StreamMinibatches(request, timeout=self._timeouts.call_deadline)
         with self._cond:
             if self._stop.is_set():
@@ -415,10 +417,17 @@ class EpochStream:
                     ) from exc
                 if batch is not None:
                     self._hand_over(r, batch)
+        except grpc.RpcError:
+            assembler.reset()
+            raise
         finally:
             with self._cond:
                 r.call, r.state = None, _State.IDLE
             call.cancel()  # no-op once the call ended
+        if not r.finished and not self._stop.is_set():
+            raise ProtocolError(f"StreamMinibatches at {r.server.address}: stream ended before batch "
+                                f"{r.next_index} (expected batches {list(r.server.indices[r.position:])})",
+                                what="StreamMinibatches", address=r.server.address)
 
     def _hand_over(self, r: _Reader, batch: DecodedBatch) -> None:
         """Check a batch's index, then wait (bounded steps) for room in the window."""

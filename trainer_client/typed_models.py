@@ -1,8 +1,9 @@
-"""Node classifiers for typed (heterogeneous) minibatches: R-GCN and GraphSAGE made
-typed with PyG's ``to_hetero``.
+"""Node classifiers for typed minibatches (``HeteroData``): R-GCN and GraphSAGE made
+typed with PyG's ``to_hetero``, built from the graph's facts
+(:class:`~trainer_client.graph.TypedGraph`).
 
 Both read a ``HeteroData`` batch as PyG's hetero ``NeighborLoader`` lays it out
-(:func:`hetero_batch_inputs`) and return the logits of the target type's seeds (its
+(:func:`typed_batch_inputs`) and return the logits of the target type's seeds (its
 first ``batch_size`` nodes). Every node type first becomes a ``hidden``-wide vector
 (:class:`TypedInput`): types with features through a ``Linear`` of their own, types
 without features (ogbn-mag's authors, institutions, fields of study) through a learnable
@@ -24,9 +25,9 @@ and so on. So every parameter takes part in every step (DDP needs no
 ``num_sampled_nodes`` / ``num_sampled_edges`` the layers trim the outer hops as PyG's
 ``trim_to_layer`` does.
 
-**Hetero GraphSAGE** (:class:`HeteroSAGE`): PyG's ``GraphSAGE`` layer stack turned typed
-by ``torch_geometric.nn.to_hetero`` (one ``SAGEConv`` per relation, summed per
-destination type). ``to_hetero`` computes every type at every layer, so the last layer's
+**Typed GraphSAGE** (:class:`TypedSAGE`, ``--model hetero-sage``): PyG's ``GraphSAGE``
+layer stack turned typed by ``torch_geometric.nn.to_hetero`` (one ``SAGEConv`` per
+relation, summed per destination type). ``to_hetero`` computes every type at every layer, so the last layer's
 convolutions into non-target types get no gradient: under DDP it needs
 ``find_unused_parameters=True`` (:data:`NEEDS_UNUSED_PARAMETER_SEARCH`). Channel counts
 are explicit (no lazy ``-1`` sizes), so the parameters exist before DDP wraps the model.
@@ -35,7 +36,6 @@ are explicit (no lazy ``-1`` sizes), so the parameters exist before DDP wraps th
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -43,85 +43,61 @@ from torch_geometric.data import HeteroData
 from torch_geometric.nn import SAGEConv, to_hetero
 from torch_geometric.utils import trim_to_layer
 
-EdgeType = tuple[str, str, str]
+from partitioner.graph import EdgeType
+from trainer_client.graph import TypedGraph
+from trainer_client.models import BatchReader
 
 #: Typed model names and whether DDP must search for unused parameters.
 NEEDS_UNUSED_PARAMETER_SEARCH: dict[str, bool] = {"rgcn": False, "hetero-sage": True}
-HETERO_MODELS: tuple[str, ...] = tuple(NEEDS_UNUSED_PARAMETER_SEARCH)
+TYPED_MODELS: tuple[str, ...] = tuple(NEEDS_UNUSED_PARAMETER_SEARCH)
 
 #: What a typed model reads of a batch: features, edges and ``n_id`` per type, the
 #: number of seeds, and the per-hop counts (None when the batch has none).
-HeteroInputs = tuple[dict[str, Tensor], dict[EdgeType, Tensor], dict[str, Tensor], int,
-                     dict[str, list[int]] | None, dict[EdgeType, list[int]] | None]
+TypedBatchInputs = tuple[dict[str, Tensor], dict[EdgeType, Tensor], dict[str, Tensor], int,
+                         dict[str, list[int]] | None, dict[EdgeType, list[int]] | None]
 
 
-@dataclass(frozen=True)
-class HeteroMeta:
-    """What a typed model needs to know of the whole graph."""
-
-    #: Node types, in the graph's order.
-    node_types: tuple[str, ...]
-    #: Edge types ``(src, rel, dst)``, in the graph's order.
-    edge_types: tuple[EdgeType, ...]
-    #: Node type to its number of nodes (rows of its embedding when it has no features).
-    num_nodes: dict[str, int]
-    #: Node type to its feature dimension (0: no features).
-    feature_dims: dict[str, int]
-    #: The labelled node type whose seeds are classified.
-    target_type: str
-    #: Number of classes.
-    num_classes: int
-
-    def __post_init__(self) -> None:
-        if self.target_type not in self.node_types:
-            raise ValueError(f"target_type: expected one of {list(self.node_types)}, got "
-                             f"{self.target_type!r}")
-        for et in self.edge_types:
-            if et[0] not in self.node_types or et[2] not in self.node_types:
-                raise ValueError(f"edge_types: {et!r} joins node types not among {list(self.node_types)}")
-        for t in self.node_types:
-            if self.feature_dims.get(t, 0) <= 0 and self.num_nodes.get(t, 0) <= 0:
-                raise ValueError(f"num_nodes[{t!r}]: a node type without features needs its node "
-                                 f"count (> 0) for its embedding, got {self.num_nodes.get(t)}")
-        if self.num_classes < 1:
-            raise ValueError(f"num_classes: expected an integer >= 1, got {self.num_classes}")
-
-    def to_json(self) -> dict[str, object]:
-        """Plain values (a checkpoint's config)."""
-        return {"node_types": list(self.node_types), "edge_types": ["__".join(et) for et in self.edge_types],
-                "num_nodes": dict(self.num_nodes), "feature_dims": dict(self.feature_dims),
-                "target_type": self.target_type, "num_classes": self.num_classes}
+def check_graph(graph: TypedGraph) -> None:
+    """Refuse a graph a typed model cannot be built for: a featureless type without its
+    node count (its embedding's rows), or no classes."""
+    for t in graph.node_types:
+        if graph.feature_dims.get(t, 0) <= 0 and graph.num_nodes.get(t, 0) <= 0:
+            raise ValueError(f"num_nodes[{t!r}]: a node type without features needs its node "
+                             f"count (> 0) for its embedding, got {graph.num_nodes.get(t)}")
+    if graph.num_classes < 1:
+        raise ValueError(f"num_classes: expected an integer >= 1, got {graph.num_classes}")
 
 
-def layer_plan(meta: HeteroMeta, num_layers: int) -> list[tuple[list[EdgeType], list[str]]]:
+def layer_plan(graph: TypedGraph, num_layers: int) -> list[tuple[list[EdgeType], list[str]]]:
     """Per layer, the relations it computes and the node types it outputs, so that only
     what reaches the target type's last-layer output is computed (see the module doc)."""
     plan: list[tuple[list[EdgeType], list[str]]] = []
-    wanted = {meta.target_type}
+    wanted = {graph.target_type}
     for _ in range(num_layers):
-        relations = [et for et in meta.edge_types if et[2] in wanted]
-        plan.append((relations, [t for t in meta.node_types if t in wanted]))
+        relations = [et for et in graph.edge_types if et[2] in wanted]
+        plan.append((relations, [t for t in graph.node_types if t in wanted]))
         wanted = wanted | {et[0] for et in relations}
     plan.reverse()
     return plan
 
 
-def _input_types(meta: HeteroMeta, plan: Sequence[tuple[list[EdgeType], list[str]]]) -> list[str]:
+def _input_types(graph: TypedGraph, plan: Sequence[tuple[list[EdgeType], list[str]]]) -> list[str]:
     relations, outputs = plan[0]
     used = set(outputs) | {et[0] for et in relations}
-    return [t for t in meta.node_types if t in used]
+    return [t for t in graph.node_types if t in used]
 
 
 class TypedInput(nn.Module):
     """Every node type to ``hidden`` channels: a ``Linear`` for types with features, an
     ``nn.Embedding`` (indexed by ``n_id``) for types without."""
 
-    def __init__(self, meta: HeteroMeta, hidden: int, types: Sequence[str] | None = None) -> None:
+    def __init__(self, graph: TypedGraph, hidden: int, types: Sequence[str] | None = None) -> None:
         super().__init__()
-        types = list(meta.node_types if types is None else types)
-        self.lins = nn.ModuleDict({t: nn.Linear(meta.feature_dims[t], hidden)
-                                   for t in types if meta.feature_dims.get(t, 0) > 0})
-        embs = {t: nn.Embedding(meta.num_nodes[t], hidden) for t in types if meta.feature_dims.get(t, 0) <= 0}
+        types = list(graph.node_types if types is None else types)
+        self.lins = nn.ModuleDict({t: nn.Linear(graph.feature_dims[t], hidden)
+                                   for t in types if graph.feature_dims.get(t, 0) > 0})
+        embs = {t: nn.Embedding(graph.num_nodes[t], hidden)
+                for t in types if graph.feature_dims.get(t, 0) <= 0}
         for emb in embs.values():
             nn.init.xavier_uniform_(emb.weight)
         self.embs = nn.ModuleDict(embs)
@@ -167,14 +143,15 @@ class RGCNLayer(nn.Module):
 class RGCN(nn.Module):
     """R-GCN node classifier for typed minibatches (see the module doc)."""
 
-    def __init__(self, meta: HeteroMeta, *, hidden_channels: int = 64, num_layers: int = 2,
+    def __init__(self, graph: TypedGraph, *, hidden_channels: int = 64, num_layers: int = 2,
                  dropout: float = 0.5) -> None:
         super().__init__()
         _check_sizes(hidden_channels, num_layers, dropout)
-        self.target_type, self.dropout, self.num_layers = meta.target_type, dropout, num_layers
-        plan = layer_plan(meta, num_layers)
-        self.input = TypedInput(meta, hidden_channels, _input_types(meta, plan))
-        widths = [hidden_channels] * num_layers + [meta.num_classes]
+        check_graph(graph)
+        self.target_type, self.dropout, self.num_layers = graph.target_type, dropout, num_layers
+        plan = layer_plan(graph, num_layers)
+        self.input = TypedInput(graph, hidden_channels, _input_types(graph, plan))
+        widths = [hidden_channels] * num_layers + [graph.num_classes]
         self.layers = nn.ModuleList([RGCNLayer(rels, outs, widths[i], widths[i + 1])
                                      for i, (rels, outs) in enumerate(plan)])
 
@@ -215,17 +192,18 @@ class _SAGEStack(nn.Module):
         return x
 
 
-class HeteroSAGE(nn.Module):
+class TypedSAGE(nn.Module):
     """GraphSAGE made typed by ``to_hetero`` (aggregation ``sum`` over relations)."""
 
-    def __init__(self, meta: HeteroMeta, *, hidden_channels: int = 64, num_layers: int = 2,
+    def __init__(self, graph: TypedGraph, *, hidden_channels: int = 64, num_layers: int = 2,
                  dropout: float = 0.5) -> None:
         super().__init__()
         _check_sizes(hidden_channels, num_layers, dropout)
-        self.target_type = meta.target_type
-        self.input = TypedInput(meta, hidden_channels)
-        stack = _SAGEStack(hidden_channels, meta.num_classes, num_layers, dropout)
-        self.gnn = to_hetero(stack, (list(meta.node_types), list(meta.edge_types)), aggr="sum")
+        check_graph(graph)
+        self.target_type = graph.target_type
+        self.input = TypedInput(graph, hidden_channels)
+        stack = _SAGEStack(hidden_channels, graph.num_classes, num_layers, dropout)
+        self.gnn = to_hetero(stack, (list(graph.node_types), list(graph.edge_types)), aggr="sum")
 
     def forward(self, x_dict: dict[str, Tensor], edge_index_dict: dict[EdgeType, Tensor],
                 n_id_dict: dict[str, Tensor], batch_size: int,
@@ -250,7 +228,7 @@ def _can_trim(nodes: Mapping[str, list[int]] | None, edges: Mapping[EdgeType, li
     return bool(nodes) and bool(edges) and all(len(v) >= num_layers for v in edges.values())  # type: ignore[union-attr]
 
 
-def hetero_batch_inputs(batch: HeteroData) -> HeteroInputs:
+def typed_batch_inputs(batch: HeteroData) -> TypedBatchInputs:
     """The inputs of a typed model's ``forward`` for a batch laid out as PyG's hetero
     ``NeighborLoader`` lays it out (``batch_size`` on the target type)."""
     x_dict = {t: batch[t].x for t in batch.node_types if "x" in batch[t]}
@@ -267,11 +245,22 @@ def hetero_batch_inputs(batch: HeteroData) -> HeteroInputs:
             {tuple(k): v for k, v in sampled.items()} if isinstance(sampled, dict) else None)
 
 
-def build_hetero_model(name: str, meta: HeteroMeta, *, hidden_channels: int = 64, num_layers: int = 2,
-                       dropout: float = 0.5) -> RGCN | HeteroSAGE:
+def typed_reader(target_type: str) -> BatchReader:
+    """How a typed model reads a batch: :func:`typed_batch_inputs`, and the labels of the
+    seeds (``target_type``'s first ``batch_size`` nodes)."""
+    def labels(batch: HeteroData) -> Tensor:
+        store = batch[target_type]
+        y: Tensor = store.y[: int(store.batch_size)]
+        return y
+
+    return BatchReader(typed_batch_inputs, labels)
+
+
+def build_typed_model(name: str, graph: TypedGraph, *, hidden_channels: int = 64, num_layers: int = 2,
+                      dropout: float = 0.5) -> RGCN | TypedSAGE:
     """A typed node classifier by name (``rgcn`` or ``hetero-sage``)."""
     if name == "rgcn":
-        return RGCN(meta, hidden_channels=hidden_channels, num_layers=num_layers, dropout=dropout)
+        return RGCN(graph, hidden_channels=hidden_channels, num_layers=num_layers, dropout=dropout)
     if name == "hetero-sage":
-        return HeteroSAGE(meta, hidden_channels=hidden_channels, num_layers=num_layers, dropout=dropout)
-    raise ValueError(f"model: expected one of {list(HETERO_MODELS)}, got {name!r}")
+        return TypedSAGE(graph, hidden_channels=hidden_channels, num_layers=num_layers, dropout=dropout)
+    raise ValueError(f"model: expected one of {list(TYPED_MODELS)}, got {name!r}")

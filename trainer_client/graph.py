@@ -1,0 +1,129 @@
+"""The facts of the graph a trainer works on, one class for both kinds of graph.
+
+A typed graph has node types and edge types ``(src, rel, dst)``; a plain graph is a
+typed graph of one node type and one edge type, :data:`PLAIN_NODE_TYPE` and
+:data:`PLAIN_EDGE_TYPE` (DGL's names for them). Below the user's API every step is
+written once for that one kind: decoding a batch, the loader's last steps, the feature
+caches and node tables, a model's inputs. A plain graph differs only in its wire names
+(``n_id`` rather than ``n_id/<type>``, ``ClusterInfo``'s untyped fields) and in what the
+user gets: the ``torch_geometric.data.Data`` PyG's ``NeighborLoader`` yields, whose one
+store is its node type's and its edge type's (:func:`to_plain_data` makes it of a
+one-type ``HeteroData``, such as an in-process sampler's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from torch_geometric.data import Data, HeteroData
+
+from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, EdgeType, edge_type_name
+from protos import sampling_pb2 as pb
+
+
+@dataclass(frozen=True)
+class TypedGraph:
+    """The facts of a graph: its types, sizes and partition books (a plain graph as one
+    node type and one edge type, ``typed`` False)."""
+
+    #: Node types, in the graph's order.
+    node_types: tuple[str, ...]
+    #: Edge types ``(src, rel, dst)``, in the graph's order.
+    edge_types: tuple[EdgeType, ...]
+    #: The labelled node type (its splits are the loader's ``"train"``, ...).
+    target_type: str
+    #: Nodes per type (``n_id`` of a type lies in ``0 .. num_nodes[t]-1``).
+    num_nodes: dict[str, int]
+    #: Feature columns per type; 0 for featureless types (their batches carry ``n_id``
+    #: only: index a learnable embedding with it).
+    feature_dims: dict[str, int]
+    #: Number of classes of the target type's labels.
+    num_classes: int
+    #: Node type to its partition book (partition ``p`` owns global IDs ``book[p] ..
+    #: book[p+1]-1`` of the type); empty where the graph is not partitioned for this job.
+    books: dict[str, np.ndarray] = field(default_factory=dict, compare=False)
+    #: Node type to the stored feature dtype (a ``DType`` value).
+    feature_dtypes: dict[str, int] = field(default_factory=dict)
+    #: Whether the graph is typed; False for a plain graph (one node and one edge type,
+    #: whose tensors and fields on the wire carry no type).
+    typed: bool = True
+    #: The graph's name.
+    name: str = ""
+    #: What tells this graph from any other: the SHA-256 of its partitioning's manifest
+    #: (``ClusterInfo.graph_fingerprint``); "" when unknown.
+    fingerprint: str = ""
+
+    def __post_init__(self) -> None:
+        if self.target_type not in self.node_types:
+            raise ValueError(f"target_type: expected one of {list(self.node_types)}, got "
+                             f"{self.target_type!r}")
+        for et in self.edge_types:
+            if et[0] not in self.node_types or et[2] not in self.node_types:
+                raise ValueError(f"edge_types: {et!r} joins node types not among {list(self.node_types)}")
+
+    @staticmethod
+    def from_info(info: pb.ClusterInfo) -> TypedGraph:
+        """The graph the servers serve (``ClusterInfo``; ``typed`` absent: a plain graph)."""
+        common = dict(num_classes=int(info.num_classes), name=info.graph_name,
+                      fingerprint=info.graph_fingerprint)
+        if not info.HasField("typed"):
+            t = PLAIN_NODE_TYPE
+            return TypedGraph(
+                node_types=(t,), edge_types=(PLAIN_EDGE_TYPE,), target_type=t,
+                num_nodes={t: int(info.num_nodes)}, feature_dims={t: int(info.feature_dim)},
+                books={t: np.asarray(info.partition_book, dtype=np.int64)},
+                feature_dtypes={t: int(info.feature_dtype)}, typed=False, **common)  # type: ignore[arg-type]
+        types = info.typed.node_types
+        return TypedGraph(
+            node_types=tuple(n.name for n in types),
+            edge_types=tuple((e.src, e.rel, e.dst) for e in info.typed.edge_types),
+            target_type=info.typed.target_type,
+            num_nodes={n.name: int(n.num_nodes) for n in types},
+            feature_dims={n.name: int(n.feature_dim) for n in types},
+            books={n.name: np.asarray(n.partition_book, dtype=np.int64) for n in types},
+            feature_dtypes={n.name: int(n.feature_dtype) for n in types}, **common)  # type: ignore[arg-type]
+
+    def metadata(self) -> tuple[list[str], list[EdgeType]]:
+        """``(node_types, edge_types)``, as PyG's ``HeteroData.metadata()`` (for ``to_hetero``)."""
+        return list(self.node_types), list(self.edge_types)
+
+    def to_json(self) -> dict[str, object]:
+        """The types and sizes as plain values (what a typed model is built from)."""
+        return {"node_types": list(self.node_types),
+                "edge_types": [edge_type_name(et) for et in self.edge_types],
+                "num_nodes": dict(self.num_nodes), "feature_dims": dict(self.feature_dims),
+                "target_type": self.target_type, "num_classes": self.num_classes}
+
+    def identity(self) -> dict[str, str]:
+        """Which graph this is, as plain values (a checkpoint records it)."""
+        return {"name": self.name, "fingerprint": self.fingerprint}
+
+    def wire_type(self, node_type: str) -> str:
+        """``node_type`` as requests name it ("": a plain graph's untyped fields)."""
+        return node_type if self.typed else ""
+
+    def of_type(self, node_type: str) -> str:
+        """" of 'paper'" in messages ("" on a plain graph)."""
+        return f" of {node_type!r}" if self.typed else ""
+
+    @property
+    def featured_nodes(self) -> int:
+        """Nodes of the types with features (each needs a slot in a feature cache's index)."""
+        return sum(n for t, n in self.num_nodes.items() if self.feature_dims.get(t, 0) > 0)
+
+
+def to_plain_data(batch: HeteroData) -> Data:
+    """A batch of a graph of one node type and one edge type (a plain graph's, as every
+    step below the loader builds it) as the ``Data`` PyG's ``NeighborLoader`` yields: the
+    node type's attributes (``x``, ``y``, ``n_id``, ``num_nodes``, ``batch_size``,
+    ``input_id``, ``num_sampled_nodes`` ...) and the edge type's (``edge_index``,
+    ``num_sampled_edges`` ...) become the ``Data``'s own; the tensors are not copied."""
+    if len(batch.node_types) != 1 or len(batch.edge_types) != 1:
+        raise ValueError(f"batch: expected one node type and one edge type (a plain graph's), got "
+                         f"{batch.node_types} and {batch.edge_types}")
+    data = Data()
+    for store in (batch[batch.node_types[0]], batch[batch.edge_types[0]]):
+        for key, value in store.items():
+            data[key] = value
+    return data
