@@ -30,14 +30,16 @@ from test_typed_service import served
 from torch_geometric.data import Data, HeteroData
 
 from partitioner.format import load_partition
+from partitioner.graph import PLAIN_NODE_TYPE
 from partitioner.typed import TypedGraphData
 from partitioner.writer import partition_graph
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import ProtocolError, ServerUnavailable, create_channel
-from protos.codec import decode_tensor, encode_tensor
-from sampling_server.hot import HOT_ORDER, hot_order, typed_visit_scores, visit_scores
+from protos.codec import encode_tensor
+from sampling_server.config import HOT_ORDER
+from sampling_server.hot_order import hot_order, visit_scores
 from trainer_client import cluster as cluster_module
 from trainer_client import fills
 from trainer_client.cache import plan_caches, plan_counts
@@ -249,7 +251,7 @@ def test_the_partitions_fill_at_once(plain: tuple[Path, list[str]], monkeypatch:
         counts = plan_counts(("fraction", 0.3), book.tolist(), 4)
         cache = cluster.fill_feature_cache(counts, pb.FLOAT32, torch.device("cpu"))
         assert most[0] == 3 and cache.num_rows == sum(counts)
-        x = load_partition(root, 1).x
+        x = load_partition(root, 1).x.get(PLAIN_NODE_TYPE)
         assert x is not None
         held = torch.nonzero(cache.slot >= 0).flatten()
         own = held[(held >= int(book[1])) & (held < int(book[2]))]
@@ -370,21 +372,21 @@ def test_a_server_restarted_mid_epoch_rejoins_a_cached_stream(kind: Kind, tmp_pa
 # ---- hot orders and plans on the servers ---------------------------------------------------
 
 
-def test_a_plain_graphs_hot_order_is_the_same_on_every_party(plain: tuple[Path, list[str]]) -> None:
-    out, addresses = plain
-    with Cluster(addresses, connect_timeout=30) as cluster:
+def test_a_graphs_hot_order_is_the_same_on_every_party(kind: Kind) -> None:
+    """Each server ranks each type's nodes by the servers' rule, exactly as
+    ``hot_order`` computes it from the partition alone (what a trainer's plan and the
+    servers' plan bitsets rely on): the expected visits, hottest first."""
+    with Cluster(kind.addresses, connect_timeout=30) as cluster:
         assert {i.hot_order for i in cluster.infos} == {HOT_ORDER} == {"visits_v1"}
         for p, address in enumerate(cluster.addresses):
-            part = load_partition(out, p)
-            start = int(part.partition_book[p])
-            expected = hot_order(part)
-            score = visit_scores(part.indptr, part.indices, start, part.splits["train"])
-            assert (np.diff(score[expected - start]) <= 0).all()  # hottest first
-            with create_channel(address) as channel:
-                stub = pb_grpc.SamplingServiceStub(channel)
-                blocks = list(stub.StreamHotNodes(pb.HotNodesRequest(count=expected.size), timeout=30))
-            got = np.concatenate([decode_tensor(m.n_id) for m in blocks])
-            np.testing.assert_array_equal(got, expected)
+            part = load_partition(kind.root, p)
+            scores = visit_scores(part)
+            for t in kind.node_types:
+                start = part.node_range(t)[0]
+                expected = hot_order(part, t)
+                assert (np.diff(scores[t][expected - start]) <= 0).all()  # hottest first
+                ids, _ = _hot_nodes(address, t if kind.name == "typed" else "", expected.size)
+                np.testing.assert_array_equal(ids, expected)
 
 
 def _hot_nodes(address: str, node_type: str, count: int, features: bool = False,
@@ -398,34 +400,36 @@ def _hot_nodes(address: str, node_type: str, count: int, features: bool = False,
     return ids, x
 
 
-def test_each_type_is_ordered_by_its_in_degree_over_every_relation(
-        typed: tuple[Path, list[str]], typed_graph: TypedGraphData) -> None:
-    """The served order of each type and partition: every owned node once, the in-degree
-    summed over the relations ending at the type (counted on the original graph) never
-    rising, ties by lower global ID."""
-    (root, cluster), graph = typed, typed_graph
+def test_in_degree_ranks_each_type_by_its_in_degree_over_every_relation(
+        typed_parts: Path, typed_graph: TypedGraphData) -> None:
+    """``--hot-order in_degree_v1``: the served order of each type and partition has
+    every owned node once, the in-degree summed over the relations ending at the type
+    (counted on the original graph) never rising, ties by lower global ID."""
+    root, graph = typed_parts, typed_graph
     maps = node_maps(root, graph)
-    for t in graph.node_types:
-        degree = np.zeros(graph.num_nodes[t], dtype=np.int64)
-        for et, edges in graph.edge_index.items():
-            if et[2] == t:
-                degree += np.bincount(edges[1], minlength=graph.num_nodes[t])
-        global_degree = np.empty_like(degree)
-        global_degree[maps[t]] = degree  # original -> global
-        seen = []
-        for p, address in enumerate(cluster):
-            with create_channel(address) as channel:
-                info = pb_grpc.SamplingServiceStub(channel).GetClusterInfo(pb.ClusterInfoRequest(),
-                                                                            timeout=30)
-            book = next(n.partition_book for n in info.typed.node_types if n.name == t)
-            ids, _ = _hot_nodes(address, t, book[p + 1] - book[p])
-            assert sorted(ids.tolist()) == list(range(book[p], book[p + 1]))
-            d = global_degree[ids]
-            assert (np.diff(d) <= 0).all(), (t, p, d)
-            ties = np.diff(d) == 0
-            assert (np.diff(ids)[ties] > 0).all(), (t, p)
-            seen.append(ids)
-        assert sum(s.size for s in seen) == graph.num_nodes[t]
+    with served(root, 2, hot_order="in_degree_v1") as cluster:
+        for t in graph.node_types:
+            degree = np.zeros(graph.num_nodes[t], dtype=np.int64)
+            for et, edges in graph.edge_index.items():
+                if et[2] == t:
+                    degree += np.bincount(edges[1], minlength=graph.num_nodes[t])
+            global_degree = np.empty_like(degree)
+            global_degree[maps[t]] = degree  # original -> global
+            seen = []
+            for p, address in enumerate(cluster):
+                with create_channel(address) as channel:
+                    info = pb_grpc.SamplingServiceStub(channel).GetClusterInfo(pb.ClusterInfoRequest(),
+                                                                                timeout=30)
+                assert info.hot_order == "in_degree_v1"
+                book = next(n.partition_book for n in info.typed.node_types if n.name == t)
+                ids, _ = _hot_nodes(address, t, book[p + 1] - book[p])
+                assert sorted(ids.tolist()) == list(range(book[p], book[p + 1]))
+                d = global_degree[ids]
+                assert (np.diff(d) <= 0).all(), (t, p, d)
+                ties = np.diff(d) == 0
+                assert (np.diff(ids)[ties] > 0).all(), (t, p)
+                seen.append(ids)
+            assert sum(s.size for s in seen) == graph.num_nodes[t]
 
 
 def test_hot_rows_are_the_types_features(typed: tuple[Path, list[str]], typed_graph: TypedGraphData) -> None:
@@ -445,12 +449,12 @@ def test_hot_rows_are_the_types_features(typed: tuple[Path, list[str]], typed_gr
             assert torch.equal(got, want), (t, dtype)
 
 
-def test_typed_visit_scores_follow_their_model(typed_parts: Path) -> None:
+def test_visit_scores_follow_their_model(typed_parts: Path) -> None:
     """The typed visit estimate (the rule compared with in-degree in the benchmark) against
     a plain loop over the same model, on a partition whose ID ranges do not start at 0."""
     part = load_all(typed_parts)[1]
     fanouts = (2, 1)
-    got = typed_visit_scores(part, fanouts, batch=4)
+    got = visit_scores(part, fanouts, batch=4)
     ranges = {t: part.node_range(t) for t in part.manifest.node_types}
     size = {t: b - a for t, (a, b) in ranges.items()}
     frontier = {t: np.zeros(n) for t, n in size.items()}
