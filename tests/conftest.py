@@ -17,6 +17,8 @@ import torch
 REAL_GPU = torch.cuda.is_available() and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1"
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0" if REAL_GPU else "1")
 
+from graph_fixtures import KINDS, AnyGraph, mixed  # noqa: E402  (after the simulator is chosen)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if REAL_GPU:
@@ -73,3 +75,15 @@ def reserve_ports() -> Iterator[Callable[[int], list[int]]]:
 
     with contextlib.ExitStack() as stack:
         yield lambda count: stack.enter_context(reserved_ports(count))
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    """Each kind of graph in turn (a test module's own ``kind`` fixture takes precedence)."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def graph(kind: str) -> AnyGraph:
+    """The mixed test graph of ``kind`` (``graph_fixtures.mixed``)."""
+    return mixed(kind)

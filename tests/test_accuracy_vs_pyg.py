@@ -32,8 +32,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from graph_fixtures import KINDS
+from in_process_servers import served
 from test_loader import TIMEOUTS
-from test_typed_service import served
 from torch import nn
 from torch_geometric.data import Data, HeteroData
 from torch_geometric.nn import GraphSAGE

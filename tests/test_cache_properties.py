@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from in_process_servers import served
 from test_feature_cache import _raw
 from test_loader import TIMEOUTS, RealServers
-from test_typed_service import served
 
 from partitioner import partition_graph
 from partitioner.graph import GraphData

@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 import torch
 from graph_fixtures import load_all, node_maps, tiny_typed
+from in_process_servers import served
 from server_procs import ServerProcs
 from test_loader import TIMEOUTS, real_servers
-from test_typed_service import served
 from torch_geometric.data import Data, HeteroData
 
 from partitioner.format import load_partition

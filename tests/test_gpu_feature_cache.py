@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from graph_fixtures import KINDS, LocalPeers, assert_same_batch, large, mixed, write_and_load
+from graph_fixtures import LocalPeers, assert_same_batch, large, mixed, write_and_load
 
 from partitioner.format import Partition
 from protos import sampling_pb2 as pb
@@ -37,11 +37,6 @@ from sampling_server.sampler.cuda_sampler import CudaNeighborSampler
 from sampling_server.store import PartitionStore
 
 FRACTIONS = [0.0, 0.3, 1.0]
-
-
-@pytest.fixture(scope="module", params=KINDS)
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 @pytest.fixture(scope="module")

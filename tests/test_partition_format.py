@@ -27,12 +27,7 @@ from partitioner.readers.graphdir import read_graph_dir, save_graph_dir
 from partitioner.synthetic import generate
 from partitioner.typed import TypedGraphData
 from partitioner.writer import partition_graph, write_partitions
-from tests.graph_fixtures import HUB, KINDS, NUM_ISOLATED, AnyGraph, check_node_maps, mixed, typed_view
-
-
-@pytest.fixture(params=KINDS)
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+from tests.graph_fixtures import HUB, NUM_ISOLATED, AnyGraph, check_node_maps, mixed, typed_view
 
 
 def sorted_rows(*columns: np.ndarray) -> np.ndarray:

@@ -22,7 +22,6 @@ import pytest
 import torch
 from graph_fixtures import (
     HUB,
-    KINDS,
     NUM_ISOLATED,
     AnyGraph,
     LocalPeers,
@@ -70,16 +69,6 @@ class Parted(NamedTuple):
     def orig_of(self, node_type: str) -> np.ndarray:
         """Global ID -> original ID of ``node_type``."""
         return np.argsort(self.maps[node_type])
-
-
-@pytest.fixture(scope="module", params=KINDS)
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture(scope="module")
-def graph(kind: str) -> AnyGraph:
-    return mixed(kind)
 
 
 def _parted(graph: AnyGraph, root: Path, parts: int, method: str) -> Parted:

@@ -13,50 +13,25 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from graph_fixtures import KINDS, AnyGraph, mixed, target, typed_view
+from graph_fixtures import AnyGraph, target, typed_view
+from in_process_servers import serving
 from test_loader import TIMEOUTS
 from torch_geometric.data import Data, HeteroData
 
 from partitioner import load_node_data, load_node_map, load_partition, load_structure, partition_graph
 from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE
-from sampling_server.config import ServerConfig
 from sampling_server.sampler import CpuNeighborSampler, batch_key, to_pyg_data
-from sampling_server.server import SamplingServer, create_server
+from sampling_server.server import SamplingServer
 from trainer_client.loader import RemoteNeighborLoader
 
 Batch = Data | HeteroData
 
 
-@contextlib.contextmanager
-def served(root: Path, parts: int, **kw: object) -> Iterator[tuple[list[str], list[SamplingServer]]]:
-    """In-process servers, one per partition of ``root``, each the others' peer (asking
-    their peers by default: ``structure`` and ``features`` ``partition``)."""
-    settings: dict[str, Any] = {"listen": "127.0.0.1:0", "device": "cpu", "peer_timeout": 20.0,
-                                "health_interval": 0.5, "grace": 1.0, "structure": "partition",
-                                "features": "partition", **kw}
-    built = [create_server(ServerConfig(partition_dir=root, partition=p, **settings)) for p in range(parts)]
-    addresses = [f"127.0.0.1:{port}" for _, port in built]
-    servers = [s for s, _ in built]
-    try:
-        for s in servers:
-            if parts > 1:
-                s.set_peers(addresses)
-            s.start()
-        assert all(s.wait_until_serving(60) for s in servers)
-        yield addresses, servers
-    finally:
-        for s in servers:
-            s.stop(None).wait(10)
-
-
-@pytest.fixture(scope="module", params=KINDS)
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture(scope="module")
-def graph(kind: str) -> AnyGraph:
-    return mixed(kind)
+def served(root: Path, parts: int, **kw: object) -> contextlib.AbstractContextManager[
+        tuple[list[str], list[SamplingServer]]]:
+    """In-process servers asking their peers by default (``structure`` and ``features``
+    ``partition``)."""
+    return serving(root, parts, **{"structure": "partition", "features": "partition", **kw})
 
 
 @pytest.fixture(scope="module")

@@ -24,9 +24,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from graph_fixtures import KINDS
+from in_process_servers import served
 from test_decode import encode_batch, fake_batch
 from test_loader import TIMEOUTS, real_servers
-from test_typed_service import served
 from torch_geometric.data import Data, HeteroData
 
 from partitioner.synthetic import TypedPreset, _mag_relations, generate, generate_typed

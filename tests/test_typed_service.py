@@ -5,7 +5,6 @@ What both kinds share is tested on both in test_service.py."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import time
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from graph_fixtures import load_all, node_maps, tiny_typed
+from in_process_servers import served, server_config
 from test_limits import METHODS, _structured, call_raw, mutated
 from test_loader import TIMEOUTS
 from torch_geometric.data import HeteroData
@@ -29,7 +29,6 @@ from protos import codec
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import create_channel
-from sampling_server.config import ServerConfig
 from sampling_server.sampler import CpuNeighborSampler, batch_key
 from sampling_server.server import create_server
 from tests.server_procs import ServerProcs
@@ -58,31 +57,6 @@ def two(graph: TypedGraphData, tmp_path_factory: pytest.TempPathFactory) -> Path
     root = tmp_path_factory.mktemp("typed-2")
     partition_graph(graph, 2, root, method="hash", seed=0, progress=False)
     return root
-
-
-def _config(root: Path, partition: int, **kw: object) -> ServerConfig:
-    settings: dict[str, object] = {"listen": "127.0.0.1:0", "device": "cpu", "peer_timeout": 20.0,
-                                   "health_interval": 0.5, "grace": 1.0}
-    settings.update(kw)
-    return ServerConfig(partition_dir=root, partition=partition, **settings)  # type: ignore[arg-type]
-
-
-@contextlib.contextmanager
-def served(root: Path, parts: int, **kw: object) -> Iterator[list[str]]:
-    """In-process servers, one per partition of ``root``, each the others' peer."""
-    built = [create_server(_config(root, p, **kw)) for p in range(parts)]
-    addresses = [f"127.0.0.1:{port}" for _, port in built]
-    servers = [s for s, _ in built]
-    try:
-        for s in servers:
-            if parts > 1:
-                s.set_peers(addresses)
-            s.start()
-        assert all(s.wait_until_serving(60) for s in servers)
-        yield addresses
-    finally:
-        for s in servers:
-            s.stop(None).wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -405,7 +379,7 @@ def test_a_partition_without_nodes_of_a_featured_type_serves(tmp_path: Path) -> 
 
 def test_peers_listed_in_the_wrong_order_are_refused(two: Path) -> None:
     """The typed servers check their peers' identity as the homogeneous ones do."""
-    built = [create_server(_config(two, p)) for p in range(2)]
+    built = [create_server(server_config(two, p)) for p in range(2)]
     addresses = [f"127.0.0.1:{port}" for _, port in built]
     servers = [s for s, _ in built]
     try:
