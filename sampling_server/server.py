@@ -38,6 +38,7 @@ from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import GraphfeedError, rpc_errors, server_options
 from protos.security import Security, SecurityError, read_token
 from sampling_server.config import ConfigError, ServerConfig
+from sampling_server.fair_share import SlotCollector
 from sampling_server.hetero_store import HeteroPartitionStore
 from sampling_server.metrics import ServerMetrics
 from sampling_server.peer import PeerClient, PeerServicer
@@ -303,12 +304,13 @@ class SamplingServer(grpc.Server):
         self.pipeline = SamplingPipeline(store, None, workers=config.workers,
                                          prefetch=config.prefetch, chunk_bytes=config.chunk_bytes,
                                          threads=threads or config.threads)
-        self.sampling = SamplingServicer(store, self.pipeline, config.max_streams)
+        self.sampling = SamplingServicer(store, self.pipeline)
         self.peer_servicer = peer_servicer = PeerServicer(store, config.chunk_bytes)
         _add_services(server, self.sampling, peer_servicer)
         #: Counters and latencies (served over HTTP when ``metrics_port`` is set).
         self.metrics = metrics or ServerMetrics(store.partition_id)
         self.pipeline.metrics = self.sampling.metrics = peer_servicer.metrics = self.metrics
+        self.metrics.watch(SlotCollector(self.sampling.slots, store.partition_id))
         #: The bound metrics port (None: no endpoint).
         self.metrics_port: int | None = None
         self.monitor: HealthMonitor | None = None
@@ -431,7 +433,7 @@ class SamplingServer(grpc.Server):
             if self.peers is not None:
                 self.peers.close()
             self.metrics.close()
-            self.sampling.idle.close()
+            self.sampling.slots.close()
             done.set()
 
         threading.Thread(target=release, name="server-release", daemon=True).start()
