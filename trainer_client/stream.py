@@ -48,15 +48,18 @@ from protos.channel import (
     error_from_rpc,
 )
 from protos.codec import CodecError
+from protos.slots import retryable_exhaustion
 from trainer_client.decode import BatchAssembler, BatchSpec, DecodedBatch, pin_batch
 
 log = logging.getLogger(__name__)
 
 #: Status codes after which a stream is called again from its next batch. The stream's
-#: own deadline passing, a server going away (CANCELLED, ABORTED) and a server at its
-#: stream limit (RESOURCE_EXHAUSTED, e.g. while it still counts the broken stream) are
-#: resumable too: the batches are pure functions of the request, so resuming loses
-#: nothing, and ``reconnect`` bounds the retries.
+#: own deadline passing, a server going away (CANCELLED, ABORTED) and a server without
+#: a stream slot for this rank (RESOURCE_EXHAUSTED: at its stream limit, e.g. while it
+#: still counts the broken stream, or ending this stream to serve a client below its
+#: fair share while this one was not read) are resumable too: the batches are pure
+#: functions of the request, so resuming loses nothing, and ``reconnect`` bounds the
+#: retries.
 RESUMABLE_CODES = frozenset({
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -64,6 +67,16 @@ RESUMABLE_CODES = frozenset({
     grpc.StatusCode.ABORTED,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
 })
+
+
+def resumable(code: grpc.StatusCode | None, details: str | None) -> bool:
+    """Whether a stream that failed with ``code`` is called again from its next batch:
+    a code of :data:`RESUMABLE_CODES`, except a ``RESOURCE_EXHAUSTED`` that no free slot
+    cures (a message over the size limit, a server out of memory for this request:
+    the same call would fail again), which is raised at once."""
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return retryable_exhaustion(details)
+    return code in RESUMABLE_CODES
 
 
 @dataclass(frozen=True)
@@ -371,7 +384,7 @@ class EpochStream:
             except grpc.RpcError as err:
                 if self._stop.is_set() or r.finished:
                     return
-                if not (r.stalled or err.code() in RESUMABLE_CODES):
+                if not (r.stalled or resumable(err.code(), err.details())):
                     raise error_from_rpc(err, "StreamMinibatches", r.server.address) from err
                 assembler.reset()
                 now = time.monotonic()
