@@ -33,14 +33,17 @@ EXIT_TIMEOUT_S = 20.0
 
 EXAMPLES = f"""\
 examples:
-  # one server per partition; every server lists all addresses, in partition order
+  # one server per partition; every server lists all addresses, in partition order;
+  # beyond loopback a server needs a token (or TLS), read from a file, or --insecure
   graphfeed-server --partition-dir data/small-2 --partition 0 --listen 0.0.0.0:{DEFAULT_PORT} \\
-      --peers node0:{DEFAULT_PORT},node1:{DEFAULT_PORT}
+      --peers node0:{DEFAULT_PORT},node1:{DEFAULT_PORT} --token-file /etc/graphfeed/token
   # the same from a cluster file naming every server (see docs/operations.md)
   graphfeed-server --cluster cluster.yaml --partition 1
   # a graph of one partition needs no peers
   graphfeed-server --partition-dir data/small-1 --partition 0 --listen 127.0.0.1:{DEFAULT_PORT}
 
+Secure by default: a server listening beyond loopback (0.0.0.0, a host's address) with
+neither --tls-cert/--tls-key nor --token-file refuses to start unless given --insecure.
 Health: grpc.health.v1 on the same port; NOT_SERVING until the partition is loaded and
 every peer answers. SIGTERM/SIGINT: NOT_SERVING, running streams get --grace seconds,
 exit 0. SIGUSR1: every thread's stack to stderr (the server keeps running).
@@ -192,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     sec.add_argument("--token-file", type=Path, metavar="FILE",
                      help="file holding the bearer token every caller must send (or set "
                      "GRAPHFEED_TOKEN_FILE / GRAPHFEED_TOKEN)")
+    sec.add_argument("--insecure", action="store_const", const=True,
+                     help="serve beyond loopback without TLS or a token (a network you trust); "
+                     "without it such a server refuses to start")
     logs_early = parser.add_argument_group("metrics")
     logs_early.add_argument("--metrics-port", type=int, metavar="PORT",
                             help="serve Prometheus metrics on http://<listen host>:PORT/metrics (off)")
@@ -252,6 +258,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         "stream_evict_after": args.stream_evict_after, "admit_wait": args.admit_wait,
         "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca,
         "token_file": args.token_file, "metrics_port": args.metrics_port,
+        "insecure": args.insecure,
     }
     if args.cluster is not None:
         return ServerConfig.from_cluster_yaml(args.cluster, args.partition, **overrides)

@@ -165,6 +165,9 @@ class ServerConfig:
     #: File holding the bearer token every caller must send (also read from
     #: $GRAPHFEED_TOKEN_FILE or $GRAPHFEED_TOKEN; never a command-line value).
     token_file: Path | None = None
+    #: Serve beyond loopback without TLS or a token. Off: such a server refuses to start
+    #: (secure by default); on loopback a server starts either way.
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "partition_dir", Path(self.partition_dir))
@@ -216,6 +219,7 @@ class ServerConfig:
         _check(self.stream_evict_after > 0, "stream_evict_after", "seconds > 0",
                self.stream_evict_after)
         _check(self.admit_wait > 0, "admit_wait", "seconds > 0", self.admit_wait)
+        _check(isinstance(self.insecure, bool), "insecure", "true or false", self.insecure)
         _check(self.grace >= 0, "grace", "seconds >= 0", self.grace)
         _check(self.health_interval > 0, "health_interval", "seconds > 0", self.health_interval)
         for name in ("max_hops", "max_fanout", "max_batch_size", "max_batch_edges",

@@ -36,7 +36,7 @@ from protos import fastwire
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import GraphfeedError, rpc_errors, server_options
-from protos.security import Security, SecurityError, read_token
+from protos.security import Security, SecurityError, read_token, require_credentials
 from sampling_server.config import ConfigError, ServerConfig
 from sampling_server.fair_share import SlotCollector
 from sampling_server.hetero_store import HeteroPartitionStore
@@ -471,6 +471,20 @@ def server_security(config: ServerConfig) -> Security:
         raise ConfigError(str(exc)) from exc
 
 
+def listening_security(config: ServerConfig) -> Security:
+    """:func:`server_security`, refused (ConfigError) for a server that would listen
+    beyond loopback without TLS or a token unless ``config.insecure`` says so."""
+    security = server_security(config)
+    try:
+        require_credentials(config.listen, security, config.insecure)
+    except SecurityError as exc:
+        raise ConfigError(str(exc)) from exc
+    if config.insecure and not (security.tls or security.token):
+        log.warning("partition=%d: --insecure: serving %s without TLS or a token; anyone who "
+                    "reaches it can read the whole graph", config.partition, config.listen)
+    return security
+
+
 def open_store(config: ServerConfig) -> PartitionStore:
     """The store of ``config``'s partition: typed (format v2) or homogeneous (v1)."""
     version = read_format_version(config.partition_dir)
@@ -481,8 +495,8 @@ def create_server(config: ServerConfig) -> tuple[SamplingServer, int]:
     """Build and bind the server of ``config`` (not started). Returns it and the bound
     port (``listen`` may say port 0). Reads the manifest at once, so a wrong directory,
     partition ID or peer list fails here, before anything listens."""
+    security = listening_security(config)
     store = open_store(config)
-    security = server_security(config)
     metrics = ServerMetrics(config.partition)
     handlers = config.max_streams + EXTRA_HANDLER_THREADS
     threads = kernel_threads(config.threads)  # resolved once, for the pipeline too
