@@ -38,15 +38,12 @@ import logging
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import urllib.request
-from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,11 +56,12 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from common import machine, write_json
 from soak_report import analyse, plot
-from test_limits import METHODS, call_raw, fuzzed_request
+from test_limits import fuzz as fuzz_calls
 
 from protos import sampling_pb2 as pb
 from protos.channel import create_channel
 from protos.security import Security, make_token_file, read_token
+from trainer_client.local import free_ports
 
 log = logging.getLogger("soak")
 REPO = Path(__file__).resolve().parents[1]
@@ -80,16 +78,6 @@ SCRAPE_S = 5.0
 def _die_with_parent() -> None:
     """Children get SIGKILL when this process dies, even by SIGKILL (Linux prctl)."""
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [int(s.getsockname()[1]) for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def health(address: str, timeout: float = 2.0) -> str:
@@ -201,17 +189,41 @@ class Trainer:
 
 
 class Monitor(threading.Thread):
-    """Every :data:`SCRAPE_S` seconds: each server's RSS and its metrics."""
+    """Every :data:`SCRAPE_S` seconds: each server's RSS and its metrics, and the CPU time
+    the machine spent, this soak's processes apart (other work on a shared machine)."""
 
     def __init__(self, clusters: list[Cluster]) -> None:
         super().__init__(name="soak-monitor", daemon=True)
         self.clusters = clusters
         self.samples: list[dict[str, Any]] = []
+        self.cpu: list[dict[str, float]] = []
+        self._own: dict[int, float] = {}
         self.stopped = threading.Event()
+
+    def _cpu(self, now: float) -> None:
+        """Busy and stolen CPU seconds of the machine so far, and the CPU seconds this
+        soak's processes spent since the last sample (a process started since then
+        counts whole; a killed one's last seconds are lost)."""
+        total = psutil.cpu_times()
+        busy = total.user + total.system + total.nice + getattr(total, "irq", 0.0) + \
+            getattr(total, "softirq", 0.0)
+        spent, seen = 0.0, {}
+        me = psutil.Process()
+        for proc in [me, *me.children(recursive=True)]:
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            seen[proc.pid] = times.user + times.system
+            spent += seen[proc.pid] - self._own.get(proc.pid, 0.0)
+        self._own = seen
+        self.cpu.append({"t": now, "busy": busy, "steal": getattr(total, "steal", 0.0),
+                         "soak": spent})
 
     def run(self) -> None:
         while not self.stopped.wait(SCRAPE_S):
             now = time.time()
+            self._cpu(now)
             for c in self.clusters:
                 for p, proc in enumerate(c.procs):
                     if proc is None or proc.poll() is not None:
@@ -305,11 +317,14 @@ class Faults:
         every 1.5 s on the same cluster."""
         c = self.clusters[cluster]
         window = min(48.0, 0.08 * self.args.cycle_s)
-        slow = Trainer("slow", "plain", 99, 0, ",".join(c.addresses), self.run_dir / "slow.jsonl",
-                       self.run_dir / "slow.stop", ("--step-ms", "1500", "--stop-mid-epoch"))
+        name = f"slow-{len(self.extra_trainers)}"  # one per cycle
+        slow = Trainer(name, "plain", 99, 0, ",".join(c.addresses), self.run_dir / f"{name}.jsonl",
+                       self.run_dir / f"{name}.stop", ("--step-ms", "1500", "--stop-mid-epoch"))
         slow.start(self.token_file)
         self.extra_trainers.append(slow)
         ends = time.monotonic() + window
+        evicted = "graphfeed_streams_evicted_total{reason=fair_share}"
+        evicted_before = scrape(c.metrics_ports[p]).get(evicted, 0.0)
         with create_channel(c.addresses[p], security=self.security) as channel:
             stream = channel.unary_stream("/graphfeed.v1.SamplingService/StreamMinibatches",
                                           request_serializer=pb.EpochRequest.SerializeToString,
@@ -337,51 +352,25 @@ class Faults:
                 except grpc.RpcError as exc:
                     probes.append(f"{exc.code().name} after {time.monotonic() - asked:.1f} s")
                 call.cancel()
-            ended = Counter(_ended_as(call) for call in held)
+            taken_back = scrape(c.metrics_ports[p]).get(evicted, 0.0) - evicted_before
+            for call in held:
+                call.cancel()
         slow.stop_file.touch()
         return {"idle_streams": len(held), "idle_client_refused_with": refused,
-                "idle_streams_ended": dict(ended), "newcomer_first_batch_s": probes}
+                "streams_taken_back": int(taken_back), "newcomer_first_batch_s": probes}
 
     def fuzz(self, *_: None) -> dict[str, Any]:
         """``--fuzz-calls`` mutated and random requests to every method of every server,
         nine in ten with the token."""
         addresses = [a for c in self.clusters.values() for a in c.addresses]
-        codes: Counter[str] = Counter()
-        lock = threading.Lock()
-        threads = 4
-
-        def worker(seed: int) -> None:
-            rng = random.Random(seed)
-            channels = {(a, tokened): create_channel(a, security=self.security if tokened
-                                                     else Security())
-                        for a in addresses for tokened in (True, False)}
-            try:
-                for _ in range(self.args.fuzz_calls // threads):
-                    channel = channels[rng.choice(addresses), rng.random() < 0.9]
-                    method = rng.choice(list(METHODS))
-                    try:
-                        code = call_raw(channel, method, fuzzed_request(rng, method)).name
-                    except AssertionError as exc:  # INTERNAL / UNKNOWN or oversized details
-                        code = f"FAILED: {exc}"[:200]
-                    with lock:
-                        codes[code] += 1
-            finally:
-                for channel in channels.values():
-                    channel.close()
-
-        with ThreadPoolExecutor(threads) as pool:
-            for f in [pool.submit(worker, self.args.seed * 100 + s) for s in range(threads)]:
-                f.result(timeout=1800)
+        channels = [create_channel(a, security=self.security if k < 9 else Security())
+                    for a in addresses for k in range(10)]
+        try:
+            codes = fuzz_calls(channels, self.args.fuzz_calls, seed=self.args.seed)
+        finally:
+            for channel in channels:
+                channel.close()
         return {"calls": sum(codes.values()), "codes": dict(codes)}
-
-
-def _ended_as(call: Any) -> str:
-    """How a stream the idle client held ended: its status name, or ``held to the end``
-    (then it is cancelled now)."""
-    if not call.done():
-        call.cancel()
-        return "held to the end"
-    return str(call.code().name)
 
 
 def make_graphs(data: Path, partitions: int) -> dict[str, Path]:
@@ -480,7 +469,7 @@ def soak(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     graphs = make_graphs(args.data, args.partitions)
     token_file = run_dir / "token"
     make_token_file(token_file)
-    ports = free_ports(4 * args.partitions)
+    ports = free_ports(4 * args.partitions, "127.0.0.1")  # fixed: restarts keep their address
     clusters = {name: Cluster(name, graphs[name], run_dir, token_file,
                               ports[2 * i * args.partitions:(2 * i + 1) * args.partitions],
                               ports[(2 * i + 1) * args.partitions:(2 * i + 2) * args.partitions])
@@ -515,8 +504,8 @@ def soak(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
                 if proc is not None and proc.poll() is None:
                     proc.kill()
     return analyse(run_dir, t0=t0, t_end=t_end, trainers=[(t.name, t.preset, t.log) for t in trainers],
-                   samples=monitor.samples, faults=faults.events, trainer_exits=exits,
-                   server_exits=server_exits, cycle_s=args.cycle_s)
+                   samples=monitor.samples, cpu=monitor.cpu, faults=faults.events,
+                   trainer_exits=exits, server_exits=server_exits, cycle_s=args.cycle_s)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -236,13 +236,34 @@ def targets(rows: list[dict[str, Any]], seed_check: dict[str, Any], bad_codes: i
     }
 
 
+def cpu_minutes(cpu: list[dict[str, float]], t0: float, minutes: int) -> dict[int, dict[str, float]]:
+    """Per minute: cores busy with this soak's processes (``soak``: CPU seconds spent
+    since the sample before), with anything else on the machine, and stolen by the
+    hypervisor (a shared machine's other work shows here)."""
+    out: dict[int, dict[str, float]] = {}
+    for m in range(minutes):
+        inside = [c for c in cpu if t0 + 60 * m <= c["t"] < t0 + 60 * (m + 1)]
+        if len(inside) < 2:
+            continue
+        first, last = inside[0], inside[-1]
+        seconds = last["t"] - first["t"]
+        soak = sum(c["soak"] for c in inside[1:]) / seconds
+        busy = (last["busy"] - first["busy"]) / seconds
+        out[m] = {"soak_cores": round(soak, 2), "other_cores": round(max(0.0, busy - soak), 2),
+                  "stolen_cores": round((last["steal"] - first["steal"]) / seconds, 2)}
+    return out
+
+
 def analyse(run_dir: Path, *, t0: float, t_end: float, trainers: list[tuple[str, str, Path]],
-            samples: list[dict[str, Any]], faults: list[dict[str, Any]],
+            samples: list[dict[str, Any]], cpu: list[dict[str, float]], faults: list[dict[str, Any]],
             trainer_exits: dict[str, list[int | None]], server_exits: dict[str, list[int | None]],
             cycle_s: float) -> dict[str, Any]:
     """The soak's results (JSON-ready) from its logs, samples and faults."""
     loaded = [(name, preset, read_events(path)) for name, preset, path in trainers]
     rows = per_minute(loaded, samples, faults, t0, t_end)
+    machine_cpu = cpu_minutes(cpu, t0, len(rows))
+    for row in rows:
+        row["cpu"] = machine_cpu.get(row["minute"])
     seed_check = seeds(loaded)
     errors = server_log_errors(run_dir)
     bad = sum(v for r in rows for k, v in r["status_codes"].items()
@@ -262,7 +283,8 @@ def analyse(run_dir: Path, *, t0: float, t_end: float, trainers: list[tuple[str,
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    """Batches/s, fairness, server RSS and time to next batch per minute, faults shaded."""
+    """Batches/s, fairness, server RSS, time to next batch and the machine's busy cores
+    per minute, faults shaded."""
     try:
         import matplotlib
     except ImportError:
@@ -273,7 +295,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
     rows = results["minutes"]
     x = [r["minute"] + 0.5 for r in rows]
-    fig, axes = plt.subplots(4, 1, figsize=(9, 11), sharex=True)
+    fig, axes = plt.subplots(5, 1, figsize=(9, 13), sharex=True)
     axes[0].plot(x, [r["batches_per_s"] for r in rows], marker="o")
     axes[0].set_ylabel("batches/s (all trainers)")
     shares = [r["fairness"] or {} for r in rows]
@@ -293,7 +315,13 @@ def plot(results: dict[str, Any], path: Path) -> None:
     axes[3].set_yscale("log")
     axes[3].set_ylabel("time to next batch (s)")
     axes[3].legend(loc="upper left")
-    axes[3].set_xlabel("minute of the soak (faults shaded)")
+    cpu = [r.get("cpu") or {} for r in rows]
+    for key, label in (("soak_cores", "this soak"), ("other_cores", "other work"),
+                       ("stolen_cores", "stolen")):
+        axes[4].plot(x, [c.get(key) for c in cpu], marker=".", label=label)
+    axes[4].set_ylabel("busy cores")
+    axes[4].legend(loc="center left", fontsize="small")
+    axes[4].set_xlabel("minute of the soak (faults shaded)")
     for ax in axes:
         for f in results["faults"]:
             ax.axvspan(f["start_s"] / 60, f["end_s"] / 60, color="tab:red", alpha=0.12)
