@@ -316,13 +316,12 @@ class Faults:
         newcomers are timed to their first batch meanwhile; a slow client reads one batch
         every 1.5 s on the same cluster."""
         c = self.clusters[cluster]
-        window = min(48.0, 0.08 * self.args.cycle_s)
+        window = min(40.0, 0.07 * self.args.cycle_s)  # newcomers, once it holds its slots
         name = f"slow-{len(self.extra_trainers)}"  # one per cycle
         slow = Trainer(name, "plain", 99, 0, ",".join(c.addresses), self.run_dir / f"{name}.jsonl",
                        self.run_dir / f"{name}.stop", ("--step-ms", "1500", "--stop-mid-epoch"))
         slow.start(self.token_file)
         self.extra_trainers.append(slow)
-        ends = time.monotonic() + window
         evicted = "graphfeed_streams_evicted_total{reason=fair_share}"
         evicted_before = scrape(c.metrics_ports[p]).get(evicted, 0.0)
         with create_channel(c.addresses[p], security=self.security) as channel:
@@ -331,7 +330,7 @@ class Faults:
                                           response_deserializer=lambda b: b)
             held = []
             for _ in range(256):  # until refused: every slot it can get
-                call = stream(_hog_request("idle-client"), timeout=window + 60)
+                call = stream(_hog_request("idle-client"), timeout=window + 600)
                 try:
                     next(call)
                 except grpc.RpcError as exc:
@@ -341,8 +340,9 @@ class Faults:
             else:
                 refused = "never"
             probes: list[float | str] = []
-            while time.monotonic() < ends - 5:
-                time.sleep(min(8.0, max(0.0, ends - 5 - time.monotonic())))
+            ends = time.monotonic() + window
+            while time.monotonic() < ends:
+                time.sleep(min(8.0, max(0.0, ends - time.monotonic())))
                 asked = time.monotonic()
                 call = stream(_hog_request(f"newcomer-{len(probes)}", fanouts=[5], batch_size=32),
                               timeout=60)

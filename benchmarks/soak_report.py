@@ -215,6 +215,9 @@ def targets(rows: list[dict[str, Any]], seed_check: dict[str, Any], bad_codes: i
     if len(full) >= 3 and not full[1]["faults"] and not full[-1]["faults"]:
         second, last = full[1]["batches_per_s"], full[-1]["batches_per_s"]
         rate = {"value": round(abs(last - second) / second, 3), "second": second, "last": last}
+        per_core = (full[1]["batches_per_soak_core_s"], full[-1]["batches_per_soak_core_s"])
+        if all(per_core):  # the same, for the cores the soak got (a shared machine's others vary)
+            rate["per_soak_core"] = round(abs(per_core[1] - per_core[0]) / per_core[0], 3)
     probes = [p for f in faults for p in f.get("newcomer_first_batch_s", [])]
     served = [p for p in probes if isinstance(p, int | float)]
     newcomer_ok = (len(served) == len(probes) and max(served) <= NEWCOMER_S) if probes else None
@@ -264,6 +267,8 @@ def analyse(run_dir: Path, *, t0: float, t_end: float, trainers: list[tuple[str,
     machine_cpu = cpu_minutes(cpu, t0, len(rows))
     for row in rows:
         row["cpu"] = machine_cpu.get(row["minute"])
+        cores = (row["cpu"] or {}).get("soak_cores")
+        row["batches_per_soak_core_s"] = round(row["batches_per_s"] / cores, 2) if cores else None
     seed_check = seeds(loaded)
     errors = server_log_errors(run_dir)
     bad = sum(v for r in rows for k, v in r["status_codes"].items()
