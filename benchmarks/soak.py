@@ -16,7 +16,7 @@ SIGTERM restart of the typed servers; 0.36 a trainer killed and started again (i
 redoes the epoch it was in, as from a checkpoint); 0.42 an idle client that opens every
 stream slot it can get and reads none, newcomers timed to their first batch meanwhile,
 and a slow client; 0.52 a burst of fuzzed calls; 0.60 kill -9 of a typed server and its
-restart; 0.68 a rolling restart of the plain servers. The first 20 % and the last 30 %
+restart; 0.68 a rolling restart of the plain servers. The first fifth and the last fifth
 of each cycle are free of faults. Then the trainers finish their epoch and exit.
 
 Recorded per minute (``benchmarks/soak_report.py``): delivered batches/s in all and per
