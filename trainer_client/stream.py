@@ -21,7 +21,8 @@ Failures never hang the trainer:
   reader fails with :class:`~protos.channel.ServerUnavailable` naming the server, and
   the consumer raises it;
 * a malformed batch (:class:`~protos.channel.ProtocolError`) or a rejected request
-  (e.g. :class:`~protos.channel.InvalidRequest`) is raised at once;
+  (e.g. :class:`~protos.channel.InvalidRequest`, or a ``RESOURCE_EXHAUSTED`` that no free
+  stream slot cures: :func:`resumable`) is raised at once;
 * every wait of the consumer is bounded, with a safety net beyond the readers' own
   deadlines.
 """
