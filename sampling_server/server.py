@@ -495,8 +495,8 @@ def create_server(config: ServerConfig) -> tuple[SamplingServer, int]:
     """Build and bind the server of ``config`` (not started). Returns it and the bound
     port (``listen`` may say port 0). Reads the manifest at once, so a wrong directory,
     partition ID or peer list fails here, before anything listens."""
-    security = listening_security(config)
     store = open_store(config)
+    security = listening_security(config)
     metrics = ServerMetrics(config.partition)
     handlers = config.max_streams + EXTRA_HANDLER_THREADS
     threads = kernel_threads(config.threads)  # resolved once, for the pipeline too
