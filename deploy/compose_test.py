@@ -21,6 +21,9 @@ image registry. Every step is checked, and the script exits non-zero at the firs
    servers' compose health checks are run by hand until both report SERVING (podman < 4.6
    runs health checks only under systemd, and podman-compose then starts the trainers
    without waiting for health: they wait for the servers themselves).
+   Secure by default: a call without the cluster's token (which the compose `token` job
+   made) gets UNAUTHENTICATED from each server, and the token file is the servers' user's
+   alone (mode 600).
 6. wait for the trainers; check every exit code, the test accuracy in the logs, the
    metrics in the `data` volume (world size 2, every seed once per epoch, identical
    parameters on both ranks), that both servers served both ranks and ran their kernels
@@ -403,6 +406,37 @@ def wait_healthy(service: str, deadline: float) -> float:
     raise ComposeTestError(f"{service} not healthy (SERVING) in time:\n{logs(service)[-3000:]}")
 
 
+# What a stranger inside the compose network gets: the status of a call without the token.
+STRANGER_CALL = """
+import grpc, sys
+from protos import sampling_pb2 as pb, sampling_pb2_grpc as pb_grpc
+with grpc.insecure_channel(sys.argv[1]) as channel:
+    try:
+        pb_grpc.SamplingServiceStub(channel).GetClusterInfo(pb.ClusterInfoRequest(), timeout=10)
+        print("OK")
+    except grpc.RpcError as exc:
+        print(exc.code().name)
+"""
+
+
+def check_credentials_required() -> None:
+    """Secure by default: each server refuses a call without the cluster's token, and the
+    token file the `token` job made is readable by its owner only."""
+    step("servers refuse a caller without the cluster's token")
+    for service in SERVERS:
+        other = SERVERS[1 - SERVERS.index(service)]
+        got = podman("exec", container_name(other), "python", "-c", STRANGER_CALL, f"{service}:50051",
+                     capture=True, timeout=60, quiet=True).stdout.strip()
+        if got != "UNAUTHENTICATED":
+            raise ComposeTestError(f"a call to {service} without the token got {got or 'nothing'}, "
+                                   "expected UNAUTHENTICATED")
+        print(f"{service}: a call without the token gets UNAUTHENTICATED", flush=True)
+    mode = podman("exec", container_name(SERVERS[0]), "stat", "-c", "%a %U", "/var/lib/graphfeed/token",
+                  capture=True, quiet=True).stdout.strip()
+    if mode != "600 graphfeed":
+        raise ComposeTestError(f"the token file is {mode!r} (mode, owner), expected '600 graphfeed'")
+
+
 def wait_exited(service: str, deadline: float) -> int:
     name = container_name(service)
     remaining = max(1.0, deadline - time.monotonic())
@@ -438,6 +472,8 @@ def check_cluster(timeout: float) -> dict[str, object]:
     for service in SERVERS:
         took = wait_healthy(service, deadline)
         print(f"{service}: SERVING (health check passed after {took:.1f} s of polling)", flush=True)
+
+    check_credentials_required()
 
     step("trainers: one DDP job across two containers")
     codes = {service: wait_exited(service, deadline) for service in TRAINERS}

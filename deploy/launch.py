@@ -12,6 +12,14 @@ Every process is started under ``nohup`` with its log and pid file in ``log_dir`
 workers); ``status`` checks the pid and prints the tail of the log; ``logs`` copies every
 process's whole log to ``--out`` on this machine (``<name>.log``, e.g. ``server-0.log``).
 
+Secure by default: the servers require the cluster's bearer token, and the trainers send
+it. The launcher makes it once (random, mode 600) in ``security.token_file`` on this
+machine (default: beside the cluster file, ``<name>.token``) and, with every ``start``,
+writes it to ``<log_dir>/graphfeed.token`` (mode 600) on each node through ssh's standard
+input: the token is never on a command line, local or remote. ``security`` also takes
+mutual TLS files already on the nodes (``tls_ca``, ``tls_cert``, ``tls_key``; ``{host}``
+is replaced by each node's host), or ``insecure: true`` (no token: a network you trust).
+
 ssh always runs with ``BatchMode=yes``: keys or an agent only, it never prompts, and a
 ``password`` anywhere in the file is refused. Remote commands are built with
 ``shlex.quote`` and run by the remote user's login shell (POSIX sh assumed).
@@ -31,7 +39,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -44,16 +52,20 @@ SSH_TIMEOUT_S = 60.0
 #: Log lines ``status`` shows per process.
 TAIL_LINES = 5
 _TOP_KEYS = frozenset({"ssh", "python", "workdir", "log_dir", "partition_dir", "servers",
-                       "server_args", "trainers"})
+                       "server_args", "trainers", "security"})
+#: Keys of ``security:``, and the flags the launcher sets from them.
+_SECURITY_KEYS = frozenset({"token_file", "tls_ca", "tls_cert", "tls_key", "insecure"})
+#: The token's file on every node, under ``log_dir``.
+REMOTE_TOKEN = "graphfeed.token"
 _SSH_KEYS = frozenset({"user", "port", "identity_file", "options"})
 _SERVER_KEYS = frozenset({"host", "port", "partition", "device"})
 _TRAINER_KEYS = frozenset({"hosts", "gpus_per_host", "master_port", "args"})
 _DEVICES = ("auto", "cpu", "cuda")
 #: Trainer flags the launcher sets itself.
-_RESERVED_TRAINER_ARGS = frozenset({"servers"})
+_RESERVED_TRAINER_ARGS = frozenset({"servers"}) | _SECURITY_KEYS
 #: Server flags the launcher sets itself (``device``: per server, ``servers[].device``).
 _RESERVED_SERVER_ARGS = frozenset({"partition", "partition_dir", "listen", "peers", "cluster",
-                                   "device"})
+                                   "device"}) | _SECURITY_KEYS
 
 
 class ClusterError(ValueError):
@@ -89,6 +101,30 @@ class TrainerSpec:
 
 
 @dataclass(frozen=True)
+class SecuritySpec:
+    """How the cluster's servers and trainers authenticate (``security:``)."""
+
+    #: This machine's file holding the cluster's bearer token (made at the first start
+    #: when missing); None: no token.
+    token_file: Path | None
+    #: Mutual TLS: the files on the nodes (``{host}``: the node's host name); None: no TLS.
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    #: Serve without TLS or a token (servers get ``--insecure``).
+    insecure: bool = False
+
+    def files(self, host: str) -> list[str]:
+        """The TLS flags of a process on ``host``."""
+        out: list[str] = []
+        for flag, value in (("--tls-ca", self.tls_ca), ("--tls-cert", self.tls_cert),
+                            ("--tls-key", self.tls_key)):
+            if value is not None:
+                out += [flag, value.replace("{host}", host)]
+        return out
+
+
+@dataclass(frozen=True)
 class Cluster:
     ssh: SshConfig
     python: str
@@ -99,6 +135,14 @@ class Cluster:
     trainers: TrainerSpec | None
     #: ``sampling_server`` flags every server gets (``structure: full`` -> ``--structure full``).
     server_args: tuple[tuple[str, Any], ...] = ()
+    #: Token and TLS of the servers and trainers.
+    security: SecuritySpec = SecuritySpec(token_file=Path("graphfeed.token"))
+
+    @property
+    def remote_token(self) -> str | None:
+        """The token's file on every node (None: no token)."""
+        return None if self.security.token_file is None else \
+            posixpath.join(self.log_path, REMOTE_TOKEN)
 
     @property
     def log_path(self) -> str:
@@ -119,6 +163,8 @@ class Step:
     argv: tuple[str, ...]
     #: The process it concerns, e.g. ``server-0`` (names its gathered log).
     name: str = ""
+    #: Bytes for the remote command's standard input (the token; never printed).
+    stdin: bytes | None = field(default=None, repr=False)
 
 
 # --------------------------------------------------------------------------- validation
@@ -248,7 +294,7 @@ def _parse_flag_args(obj: object, field: str, reserved: frozenset[str],
 
 def _parse_trainer_args(obj: object) -> tuple[tuple[str, Any], ...]:
     return _parse_flag_args(obj, "trainers.args", _RESERVED_TRAINER_ARGS,
-                            "set by the launcher from 'servers'")
+                            "set by the launcher from 'servers' and 'security'")
 
 
 def _parse_trainers(obj: object) -> TrainerSpec | None:
@@ -275,10 +321,32 @@ def _parse_trainers(obj: object) -> TrainerSpec | None:
     )
 
 
-def parse_cluster(obj: object) -> Cluster:
-    """Validate a loaded cluster file; raises :class:`ClusterError` naming the field."""
+def _parse_security(obj: object, default_token: Path) -> SecuritySpec:
+    sec = _check_keys({} if obj is None else obj, _SECURITY_KEYS, "security")
+    insecure = sec.get("insecure", False)
+    if not isinstance(insecure, bool):
+        _fail("security.insecure", f"expected true or false, got {insecure!r}")
+    token: Path | None = default_token
+    if "token_file" in sec:
+        given = _str(sec, "token_file", "security.token_file", required=False)
+        token = None if given is None else default_token.parent / Path(given).expanduser()
+    if insecure:
+        token = None
+    tls = {key: _str(sec, key, f"security.{key}", required=False)
+           for key in ("tls_ca", "tls_cert", "tls_key")}
+    if (tls["tls_cert"] is None) != (tls["tls_key"] is None):
+        _fail("security.tls_cert", "expected tls_cert and tls_key together")
+    if tls["tls_cert"] is not None and tls["tls_ca"] is None:
+        _fail("security.tls_ca", "expected the cluster's CA with tls_cert (mutual TLS)")
+    return SecuritySpec(token_file=token, insecure=insecure, **tls)
+
+
+def parse_cluster(obj: object, path: Path | None = None) -> Cluster:
+    """Validate a loaded cluster file (read from ``path``, which places the default token
+    file beside it); raises :class:`ClusterError` naming the field."""
     top = _check_keys(obj, _TOP_KEYS, "cluster file")
     _find_passwords(top, "")
+    default_token = path.with_suffix(".token") if path is not None else Path("graphfeed.token")
     return Cluster(
         ssh=_parse_ssh(top.get("ssh")),
         python=str(_str(top, "python", "python")),
@@ -289,7 +357,9 @@ def parse_cluster(obj: object) -> Cluster:
         trainers=_parse_trainers(top.get("trainers")),
         server_args=_parse_flag_args(
             top.get("server_args"), "server_args", _RESERVED_SERVER_ARGS,
-            "set by the launcher from 'partition_dir' and 'servers' (device: per server)"),
+            "set by the launcher from 'partition_dir', 'servers' (device: per server) and "
+            "'security'"),
+        security=_parse_security(top.get("security"), default_token),
     )
 
 
@@ -303,7 +373,7 @@ def load_cluster(path: str | Path) -> Cluster:
     except yaml.YAMLError as exc:
         raise ClusterError(f"{p}: not valid YAML ({exc})") from exc
     try:
-        return parse_cluster(obj)
+        return parse_cluster(obj, p)
     except ClusterError as exc:
         raise ClusterError(f"{p}: {exc}") from exc
 
@@ -333,11 +403,29 @@ def _files(cluster: Cluster, name: str) -> tuple[str, str]:
 
 
 def _background(cluster: Cluster, name: str, command: Sequence[object]) -> str:
-    """Shell line starting ``command`` in ``workdir`` under nohup, logging to ``name``."""
+    """Shell line starting ``command`` in ``workdir`` under nohup, logging to ``name``;
+    first, with a token, the token from standard input into its file (mode 600, replaced
+    at once, so that processes starting on the same node never read half of it)."""
     logfile, pidfile = _files(cluster, name)
-    return (f"mkdir -p {shlex.quote(cluster.log_path)} && cd {shlex.quote(cluster.workdir)} && "
+    token = ""
+    if cluster.remote_token is not None:
+        partial = shlex.quote(cluster.remote_token) + ".$$"
+        token = (f"(umask 077 && cat > {partial} && mv -f {partial} "
+                 f"{shlex.quote(cluster.remote_token)}) && ")
+    return (f"mkdir -p {shlex.quote(cluster.log_path)} && {token}cd {shlex.quote(cluster.workdir)} && "
             f"{{ nohup {_q(command)} > {shlex.quote(logfile)} 2>&1 < /dev/null & "
             f"echo $! > {shlex.quote(pidfile)}; }}")
+
+
+def _credentials(cluster: Cluster, host: str, server: bool) -> list[str]:
+    """The token, TLS and insecure flags of a server or trainer on ``host``."""
+    sec = cluster.security
+    flags = sec.files(host)
+    if cluster.remote_token is not None:
+        flags += ["--token-file", cluster.remote_token]
+    if sec.insecure and server:
+        flags.append("--insecure")
+    return flags
 
 
 def server_command(cluster: Cluster, server: ServerSpec) -> list[str]:
@@ -347,7 +435,7 @@ def server_command(cluster: Cluster, server: ServerSpec) -> list[str]:
         command += ["--peers", cluster.peers]
     if server.device:
         command += ["--device", server.device]
-    return command + _flag_args(cluster.server_args)
+    return command + _credentials(cluster, server.host, True) + _flag_args(cluster.server_args)
 
 
 def _flag_args(args: Sequence[tuple[str, Any]]) -> list[str]:
@@ -371,7 +459,7 @@ def trainer_command(cluster: Cluster, trainers: TrainerSpec, rank: int) -> list[
             "--nproc-per-node", str(trainers.gpus_per_host),
             "--master-addr", trainers.hosts[0], "--master-port", str(trainers.master_port),
             "-m", "trainer_client.train", "--servers", cluster.peers,
-            *_flag_args(trainers.args)]
+            *_credentials(cluster, trainers.hosts[rank], False), *_flag_args(trainers.args)]
 
 
 def stop_command(cluster: Cluster, name: str) -> str:
@@ -409,8 +497,10 @@ def _processes(cluster: Cluster, only: str | None) -> list[tuple[str, str, int |
     return procs
 
 
-def plan(cluster: Cluster, action: str, only: str | None = None) -> list[Step]:
-    """Every ssh command ``action`` (start, stop, status) runs, in order."""
+def plan(cluster: Cluster, action: str, only: str | None = None,
+         token: bytes | None = None) -> list[Step]:
+    """Every ssh command ``action`` (start, stop, status) runs, in order; ``token``: the
+    bytes each start writes to the node's token file (None: a dry run's plan)."""
     steps: list[Step] = []
     for name, host, index in _processes(cluster, only):
         if action == "start":
@@ -429,8 +519,22 @@ def plan(cluster: Cluster, action: str, only: str | None = None) -> list[Step]:
         else:
             raise ValueError(f"unknown action {action!r}")
         steps.append(Step(label=f"{name} on {host}", host=host,
-                          argv=ssh_argv(cluster.ssh, host, remote), name=name))
+                          argv=ssh_argv(cluster.ssh, host, remote), name=name,
+                          stdin=token if action == "start" else None))
     return steps
+
+
+def cluster_token(cluster: Cluster) -> bytes | None:
+    """The cluster's token, from ``security.token_file`` (made there, mode 600, when
+    missing); None without a token."""
+    path = cluster.security.token_file
+    if path is None:
+        return None
+    from protos.security import make_token_file  # graphfeed's own, installed with it
+
+    if make_token_file(path):
+        log.info("made the cluster's token in %s (mode 600); keep it: every start sends it", path)
+    return path.read_bytes()
 
 
 # --------------------------------------------------------------------------- running
@@ -441,10 +545,11 @@ def run_step(step: Step, timeout: float = SSH_TIMEOUT_S,
     """Run one step; (succeeded, its output). With ``stdout``, the remote command's
     standard output goes there and only its standard error comes back."""
     log.debug("running %s", shlex.join(step.argv))
+    feed: dict[str, Any] = ({"stdin": subprocess.DEVNULL} if step.stdin is None
+                            else {"input": step.stdin})
     try:
         done = subprocess.run(step.argv, stdout=subprocess.PIPE if stdout is None else stdout,
-                              stderr=subprocess.PIPE, timeout=timeout,
-                              stdin=subprocess.DEVNULL, check=False)
+                              stderr=subprocess.PIPE, timeout=timeout, check=False, **feed)
     except subprocess.TimeoutExpired:
         return False, f"timed out after {timeout:.0f} s"
     except OSError as exc:
@@ -500,9 +605,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
-        steps = plan(load_cluster(args.cluster), args.action, args.only)
+        cluster = load_cluster(args.cluster)
+        token = cluster_token(cluster) if args.action == "start" and not args.dry_run else None
+        steps = plan(cluster, args.action, args.only, token)
     except ClusterError as exc:
         print(f"launch.py: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"launch.py: error: security.token_file: {exc}", file=sys.stderr)
         return 2
     if args.dry_run:
         for step in steps:

@@ -15,12 +15,18 @@ servers.
   is given) and :class:`TokenInterceptor`, which answers every call without the right
   token ``UNAUTHENTICATED`` and nothing else (the health service stays open, so
   orchestrators can probe it; it tells only whether the server is ready).
+* Secure by default: :func:`require_credentials` refuses a server that would listen
+  beyond loopback with neither TLS nor a token, unless it was told ``insecure``.
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import os
+import secrets
+import socket
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,6 +54,31 @@ def _read(path: Path | None, what: str) -> bytes | None:
         return Path(path).read_bytes()
     except OSError as exc:
         raise SecurityError(f"{what}: cannot read {path} ({exc.strerror})") from exc
+
+
+#: Random bytes of a token made by :func:`make_token_file` (256 bits).
+TOKEN_BYTES = 32
+
+
+def make_token_file(path: str | Path) -> bool:
+    """Write a new random bearer token to ``path`` (mode 600, its directory made) unless
+    the file exists; whether one was written. One token per cluster: every server and
+    trainer of the cluster reads this file (never a command-line value)."""
+    target = Path(path)
+    if target.exists():
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_urlsafe(TOKEN_BYTES) + "\n")
+    try:  # another maker may have won meanwhile: keep its token, drop this one
+        os.link(partial, target)
+    except FileExistsError:
+        return False
+    finally:
+        partial.unlink()
+    return True
 
 
 def read_token(token_file: Path | None = None) -> str | None:
@@ -119,6 +150,39 @@ class Security:
         """The server interceptors (the token check when a token is set); ``on_deny``
         is called with the method and ``"UNAUTHENTICATED"`` for every refused call."""
         return [TokenInterceptor(self.token, on_deny)] if self.token else []
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address, IPv6 with or without brackets) names this
+    machine's loopback interface only: every address it resolves to is a loopback one.
+    The wildcard (``0.0.0.0``, ``::``, empty) and names that do not resolve are not."""
+    host = host.strip().removeprefix("[").removesuffix("]")
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        found = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
+    except (OSError, UnicodeError):
+        return False
+    return bool(found) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in found)
+
+
+def require_credentials(listen: str, security: Security, insecure: bool) -> None:
+    """Raise :class:`SecurityError` when a server would listen on ``listen`` (host:port)
+    beyond loopback with neither TLS nor a bearer token and was not told ``insecure``:
+    anyone reaching the port could read every node's features, labels and edges."""
+    host = listen.rsplit(":", 1)[0]
+    if security.tls or security.token or insecure or is_loopback(host):
+        return
+    raise SecurityError(
+        f"listen: {listen} is reachable from other machines, and the server has neither TLS nor "
+        "a token: anyone who reaches the port could read every node's features, labels and "
+        "edges. Expected credentials: --tls-cert and --tls-key (with --tls-ca for mutual TLS), "
+        "or --token-file FILE (or GRAPHFEED_TOKEN_FILE); or listen on 127.0.0.1; or pass "
+        "--insecure (cluster.yaml: insecure: true) to serve a network you trust without them")
 
 
 _lock = threading.Lock()
@@ -212,6 +276,29 @@ __all__ = [
     "TokenClientInterceptor",
     "TokenInterceptor",
     "default_security",
+    "is_loopback",
+    "make_token_file",
     "read_token",
+    "require_credentials",
     "set_default_security",
 ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m protos.security new-token FILE``: make the cluster's token file (mode
+    600) unless it exists; says which, never the token."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "new-token":
+        sys.stderr.write("usage: python -m protos.security new-token FILE\n")
+        return 2
+    try:
+        made = make_token_file(args[1])
+    except OSError as exc:
+        sys.stderr.write(f"new-token: cannot write {args[1]} ({exc.strerror})\n")
+        return 1
+    sys.stdout.write(f"{'made a new token in' if made else 'kept the token in'} {args[1]}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

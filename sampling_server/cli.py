@@ -33,14 +33,17 @@ EXIT_TIMEOUT_S = 20.0
 
 EXAMPLES = f"""\
 examples:
-  # one server per partition; every server lists all addresses, in partition order
+  # one server per partition; every server lists all addresses, in partition order;
+  # beyond loopback a server needs a token (or TLS), read from a file, or --insecure
   graphfeed-server --partition-dir data/small-2 --partition 0 --listen 0.0.0.0:{DEFAULT_PORT} \\
-      --peers node0:{DEFAULT_PORT},node1:{DEFAULT_PORT}
+      --peers node0:{DEFAULT_PORT},node1:{DEFAULT_PORT} --token-file /etc/graphfeed/token
   # the same from a cluster file naming every server (see docs/operations.md)
   graphfeed-server --cluster cluster.yaml --partition 1
   # a graph of one partition needs no peers
   graphfeed-server --partition-dir data/small-1 --partition 0 --listen 127.0.0.1:{DEFAULT_PORT}
 
+Secure by default: a server listening beyond loopback (0.0.0.0, a host's address) with
+neither --tls-cert/--tls-key nor --token-file refuses to start unless given --insecure.
 Health: grpc.health.v1 on the same port; NOT_SERVING until the partition is loaded and
 every peer answers. SIGTERM/SIGINT: NOT_SERVING, running streams get --grace seconds,
 exit 0. SIGUSR1: every thread's stack to stderr (the server keeps running).
@@ -69,17 +72,27 @@ def _gpu_cache_size(text: str) -> str:
     return text
 
 
-def _byte_size(text: str) -> int:
-    """``4194304``, ``512K``, ``4M``, ``4MiB``."""
+def _bytes(text: str, high: int) -> int:
+    """``4194304``, ``512K``, ``4M``, ``4MiB``, ``1G``, at most ``high``."""
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     t = text.strip().lower().removesuffix("ib").removesuffix("b")
     try:
         value = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a byte size such as 4M, got {text!r}") from None
-    if not 1 <= value <= codec.MAX_CHUNK_BYTES:
-        raise argparse.ArgumentTypeError(f"expected 1 .. {codec.MAX_CHUNK_BYTES} bytes, got {value}")
+    if not 1 <= value <= high:
+        raise argparse.ArgumentTypeError(f"expected 1 .. {high} bytes, got {value}")
     return value
+
+
+def _byte_size(text: str) -> int:
+    """A message's tensor bytes: at most :data:`codec.MAX_CHUNK_BYTES`."""
+    return _bytes(text, codec.MAX_CHUNK_BYTES)
+
+
+def _memory_size(text: str) -> int:
+    """Bytes of memory, up to 1 TiB."""
+    return _bytes(text, 1 << 40)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="deadline of every peer call; a dead peer fails a stream within it (30)")
     tune.add_argument("--hot-order", choices=HOT_ORDERS,
                       help="rule ordering the nodes for trainers' feature caches (visits_v1)")
-    tune.add_argument("--max-streams", type=_positive_int, help="trainer streams served at once (32)")
+    tune.add_argument("--max-streams", type=_positive_int,
+                      help="trainer streams served at once, shared fairly among clients (32)")
     tune.add_argument("--grace", type=_seconds, metavar="S",
                       help="seconds running streams get to finish after SIGTERM (30)")
     tune.add_argument("--health-interval", type=_seconds, metavar="S",
@@ -162,6 +176,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="node IDs per peer request (4194304)")
     limits.add_argument("--stream-idle-timeout", type=_seconds, metavar="S",
                         help="seconds a stream may wait on a trainer that does not read (120)")
+    share = parser.add_argument_group(
+        "fair share of the streams (a client: its TLS identity or host, and its client ID)")
+    share.add_argument("--max-client-streams", type=_positive_int, metavar="N",
+                       help="streams one client may hold (--max-streams)")
+    share.add_argument("--max-client-inflight-bytes", type=_memory_size, metavar="SIZE",
+                       help="bytes sent to one client and not yet read by it above which its "
+                       "new streams are refused, e.g. 512M (1G)")
+    share.add_argument("--stream-evict-after", type=_seconds, metavar="S",
+                       help="while a client below its fair share waits for a slot, a client "
+                       "over its share loses its oldest stream left unread this long; the "
+                       "trainer resumes it when it reads again (3)")
+    share.add_argument("--admit-wait", type=_seconds, metavar="S",
+                       help="seconds a new stream of a client below its fair share waits for "
+                       "a slot before RESOURCE_EXHAUSTED (5)")
     sec = parser.add_argument_group("security (see docs/operations.md)")
     sec.add_argument("--tls-cert", type=Path, metavar="PEM", help="this server's certificate chain")
     sec.add_argument("--tls-key", type=Path, metavar="PEM", help="this server's private key")
@@ -171,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     sec.add_argument("--token-file", type=Path, metavar="FILE",
                      help="file holding the bearer token every caller must send (or set "
                      "GRAPHFEED_TOKEN_FILE / GRAPHFEED_TOKEN)")
+    sec.add_argument("--insecure", action="store_const", const=True,
+                     help="serve beyond loopback without TLS or a token (a network you trust); "
+                     "without it such a server refuses to start")
     logs_early = parser.add_argument_group("metrics")
     logs_early.add_argument("--metrics-port", type=int, metavar="PORT",
                             help="serve Prometheus metrics on http://<listen host>:PORT/metrics (off)")
@@ -226,8 +257,12 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         "max_hops": args.max_hops, "max_fanout": args.max_fanout,
         "max_batch_size": args.max_batch_size, "max_batch_edges": args.max_batch_edges,
         "max_peer_nodes": args.max_peer_nodes, "stream_idle_timeout": args.stream_idle_timeout,
+        "max_client_streams": args.max_client_streams,
+        "max_client_inflight_bytes": args.max_client_inflight_bytes,
+        "stream_evict_after": args.stream_evict_after, "admit_wait": args.admit_wait,
         "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca,
         "token_file": args.token_file, "metrics_port": args.metrics_port,
+        "insecure": args.insecure,
     }
     if args.cluster is not None:
         return ServerConfig.from_cluster_yaml(args.cluster, args.partition, **overrides)

@@ -115,8 +115,22 @@ class ServerConfig:
     #: :data:`HOT_ORDERS`, ``ClusterInfo.hot_order``).
     hot_order: str = HOT_ORDER
     #: Trainer streams served at once; more get RESOURCE_EXHAUSTED (keeps gRPC threads
-    #: free for peer calls, so servers never starve each other).
+    #: free for peer calls, so servers never starve each other). They are shared fairly
+    #: among clients (sampling_server/fair_share.py).
     max_streams: int = 32
+    #: Streams one client (a trainer rank: its authenticated identity or host, and its
+    #: client ID) may hold; more get RESOURCE_EXHAUSTED. None: max_streams.
+    max_client_streams: int | None = None
+    #: Bytes of stream messages handed to gRPC for one client and not yet taken by it
+    #: (it reads slower than the server sends) above which its new streams are refused.
+    max_client_inflight_bytes: int = 1 << 30
+    #: Seconds a stream may wait on a client that does not read before, while another
+    #: client waits for a slot and this one holds more than its fair share, its slot is
+    #: taken back (RESOURCE_EXHAUSTED; the trainer resumes it when it reads again).
+    stream_evict_after: float = 3.0
+    #: Seconds a new stream of a client below its fair share waits for a slot (freed, or
+    #: taken back from a client over its share) before RESOURCE_EXHAUSTED.
+    admit_wait: float = 5.0
     #: Seconds SIGTERM/SIGINT give running streams to finish before they are cancelled.
     grace: float = 30.0
     #: Seconds between peer health probes while every peer is up (probes back off from
@@ -150,6 +164,9 @@ class ServerConfig:
     #: File holding the bearer token every caller must send (also read from
     #: $GRAPHFEED_TOKEN_FILE or $GRAPHFEED_TOKEN; never a command-line value).
     token_file: Path | None = None
+    #: Serve beyond loopback without TLS or a token. Off: such a server refuses to start
+    #: (secure by default); on loopback a server starts either way.
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "partition_dir", Path(self.partition_dir))
@@ -193,6 +210,15 @@ class ServerConfig:
         _check(self.verify in VERIFY_MODES, "verify", f"one of {list(VERIFY_MODES)}", self.verify)
         _check(self.hot_order in HOT_ORDERS, "hot_order", f"one of {list(HOT_ORDERS)}", self.hot_order)
         _check(self.max_streams >= 1, "max_streams", "an integer >= 1", self.max_streams)
+        _check(self.max_client_streams is None or self.max_client_streams >= 1,
+               "max_client_streams", "an integer >= 1 or None (max_streams)",
+               self.max_client_streams)
+        _check(self.max_client_inflight_bytes >= 1, "max_client_inflight_bytes", "bytes >= 1",
+               self.max_client_inflight_bytes)
+        _check(self.stream_evict_after > 0, "stream_evict_after", "seconds > 0",
+               self.stream_evict_after)
+        _check(self.admit_wait > 0, "admit_wait", "seconds > 0", self.admit_wait)
+        _check(isinstance(self.insecure, bool), "insecure", "true or false", self.insecure)
         _check(self.grace >= 0, "grace", "seconds >= 0", self.grace)
         _check(self.health_interval > 0, "health_interval", "seconds > 0", self.health_interval)
         for name in ("max_hops", "max_fanout", "max_batch_size", "max_batch_edges",

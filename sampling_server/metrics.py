@@ -4,7 +4,9 @@ Each server has its own registry (several servers may share a process in tests):
 streams open, batches/bytes/seeds sent, per-stage latency histograms (sample, gather,
 encode, and the peer calls), peer call errors, rejected requests by reason, how long
 a waking thread waits for the interpreter lock (:class:`GilProbe`), the Numba
-threading layer of the CPU kernels, and the bytes of the graph the server holds.
+threading layer of the CPU kernels, the bytes of the graph the server holds, streams
+ended to free their slots, and (:meth:`ServerMetrics.watch`) each client's streams,
+in-flight bytes and fair share with the per-client limits.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +107,10 @@ class ServerMetrics:
                            "files count their size): what (structure, features) and whose "
                            "(extent: the partition's own, or the full graph's)",
                            ["partition", "what", "extent"], registry=r)
+        self._evicted = Counter("graphfeed_streams_evicted",
+                                "Streams a server ended to free their slot, by reason: fair_share "
+                                "(a client over its share left it unread while another waited), "
+                                "idle (--stream-idle-timeout)", ["partition", "reason"], registry=r)
         self._partition = str(partition)
         self._http: Any = None
         self._probe: GilProbe | None = None
@@ -125,6 +132,14 @@ class ServerMetrics:
 
     def rejected(self, method: str, code: str) -> None:
         self._rejected.labels(self._partition, method, code).inc()
+
+    def evicted(self, reason: str) -> None:
+        """A stream was ended to free its slot (``fair_share`` or ``idle``)."""
+        self._evicted.labels(self._partition, reason).inc()
+
+    def watch(self, collector: Collector) -> None:
+        """Export what ``collector`` reports at every scrape (e.g. per-client usage)."""
+        self.registry.register(collector)
 
     def threading_layer(self, layer: str) -> None:
         """The parallel CPU kernels run on Numba's threading layer ``layer``."""

@@ -37,9 +37,10 @@ from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import GraphfeedError, rpc_errors, server_options
 from protos.ports import write_port_file
-from protos.security import Security, SecurityError, read_token
+from protos.security import Security, SecurityError, read_token, require_credentials
 from sampling_server.config import ConfigError, ServerConfig
 from sampling_server.errors import bounded
+from sampling_server.fair_share import SlotCollector
 from sampling_server.metrics import ServerMetrics
 from sampling_server.peer_client import PeerClient
 from sampling_server.peer_service import PeerServicer
@@ -305,12 +306,13 @@ class SamplingServer(grpc.Server):
         self.pipeline = SamplingPipeline(store, None, workers=config.workers,
                                          prefetch=config.prefetch, chunk_bytes=config.chunk_bytes,
                                          threads=threads or config.threads)
-        self.sampling = SamplingServicer(store, self.pipeline, config.max_streams)
+        self.sampling = SamplingServicer(store, self.pipeline)
         self.peer_servicer = peer_servicer = PeerServicer(store, config.chunk_bytes)
         _add_services(server, self.sampling, peer_servicer)
         #: Counters and latencies (served over HTTP when ``metrics_port`` is set).
         self.metrics = metrics or ServerMetrics(store.partition_id)
         self.pipeline.metrics = self.sampling.metrics = peer_servicer.metrics = self.metrics
+        self.metrics.watch(SlotCollector(self.sampling.slots, store.partition_id))
         #: The bound metrics port (None: no endpoint).
         self.metrics_port: int | None = None
         self.monitor: HealthMonitor | None = None
@@ -430,7 +432,7 @@ class SamplingServer(grpc.Server):
             if self.peers is not None:
                 self.peers.close()
             self.metrics.close()
-            self.sampling.idle.close()
+            self.sampling.slots.close()
             done.set()
 
         threading.Thread(target=release, name="server-release", daemon=True).start()
@@ -468,6 +470,20 @@ def server_security(config: ServerConfig) -> Security:
         raise ConfigError(str(exc)) from exc
 
 
+def listening_security(config: ServerConfig) -> Security:
+    """:func:`server_security`, refused (ConfigError) for a server that would listen
+    beyond loopback without TLS or a token unless ``config.insecure`` says so."""
+    security = server_security(config)
+    try:
+        require_credentials(config.listen, security, config.insecure)
+    except SecurityError as exc:
+        raise ConfigError(str(exc)) from exc
+    if config.insecure and not (security.tls or security.token):
+        log.warning("partition=%d: --insecure: serving %s without TLS or a token; anyone who "
+                    "reaches it can read the whole graph", config.partition, config.listen)
+    return security
+
+
 def open_store(config: ServerConfig) -> PartitionStore:
     """The store of ``config``'s partition (plain or typed)."""
     return PartitionStore(config)
@@ -478,7 +494,7 @@ def create_server(config: ServerConfig) -> tuple[SamplingServer, int]:
     port (``listen`` may say port 0). Reads the manifest at once, so a wrong directory,
     partition ID or peer list fails here, before anything listens."""
     store = open_store(config)
-    security = server_security(config)
+    security = listening_security(config)
     metrics = ServerMetrics(config.partition)
     handlers = config.max_streams + EXTRA_HANDLER_THREADS
     threads = kernel_threads(config.threads)  # resolved once, for the pipeline too

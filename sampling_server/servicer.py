@@ -15,6 +15,7 @@ import grpc
 from protos import sampling_pb2 as pb
 from sampling_server.errors import RequestError, abort_on_error, printable
 from sampling_server.expectation import check_expectation
+from sampling_server.fair_share import SlotLimits, StreamSlots, client_of, slot_limits
 from sampling_server.fields import wire_feature_dtype
 from sampling_server.jobs import epoch_job, hot_node_type, lookup_nodes
 from sampling_server.metrics import ServerMetrics
@@ -29,12 +30,12 @@ _PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 class SamplingServicer:
     """``SamplingService``: cluster facts and epoch streams."""
 
-    def __init__(self, store: PartitionStore, pipeline: SamplingPipeline, max_streams: int = 32):
+    def __init__(self, store: PartitionStore, pipeline: SamplingPipeline,
+                 limits: SlotLimits | None = None):
         self.store = store
         self.pipeline = pipeline
-        self.max_streams = max_streams
-        self._slots = threading.BoundedSemaphore(max_streams)
-        self.idle = IdleStreams(store.config.stream_idle_timeout)
+        #: The stream slots, shared fairly among clients (sampling_server/fair_share.py).
+        self.slots = StreamSlots(limits or slot_limits(store.config), self._evicted)
         #: Streams running now.
         self.active = 0
         self._active_lock = threading.Condition()
@@ -49,6 +50,16 @@ class SamplingServicer:
     def _rejected(self, method: str) -> Callable[[str], None] | None:
         metrics = self.metrics
         return None if metrics is None else lambda code: metrics.rejected(method, code)
+
+    def _evicted(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.evicted(reason)
+
+    def _draining(self) -> str | None:
+        if self.draining.is_set():
+            return (f"StreamMinibatches: partition {self.store.partition_id}'s server is shutting "
+                    "down; retry on its restarted server")
+        return None
 
     def wait_streams_done(self, timeout: float, poll: float | None = None) -> bool:
         """Wait until no stream runs; False when ``timeout`` passed first. ``poll``: wake
@@ -101,9 +112,9 @@ class SamplingServicer:
         p = self.store.partition_id
         with abort_on_error(context, "StreamMinibatches", p, self._rejected("StreamMinibatches")):
             self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
-            if self.draining.is_set():
-                raise RequestError(f"StreamMinibatches: partition {p}'s server is shutting down; "
-                                   "retry on its restarted server", grpc.StatusCode.UNAVAILABLE)
+            draining = self._draining()
+            if draining:
+                raise RequestError(draining, grpc.StatusCode.UNAVAILABLE)
             # before the peers: it is about this server
             check_expectation(request, self.store,
                               hot_order=bool(request.cache_counts or request.typed_cache_counts))
@@ -112,18 +123,16 @@ class SamplingServicer:
                 raise RequestError(f"StreamMinibatches: partition {p}'s server is NOT_SERVING: "
                                    f"{problem}", _PRECONDITION)
             job = epoch_job(request, self.store)
-            if not self._slots.acquire(blocking=False):
-                raise RequestError(f"StreamMinibatches: this server already serves {self.max_streams} "
-                                   "streams (--max-streams); retry later",
-                                   grpc.StatusCode.RESOURCE_EXHAUSTED)
-        fields = (f"partition={p} client={printable(job.client_id)} rank={job.rank}/{request.world_size} "
-                  f"epoch={job.epoch}")
+            client = client_of(context, job.client_id)
+            fields = (f"partition={p} client={printable(job.client_id)} "
+                      f"peer={printable(client.principal)} rank={job.rank}/{request.world_size} "
+                      f"epoch={job.epoch}")
+            slot = self.slots.admit(client, context, fields, self._draining)
         started, sent = time.perf_counter(), 0
         with self._active_lock:
             self.active += 1
         if self.metrics is not None:
             self.metrics.streams_open.inc()
-        touch = self.idle.track(context, fields)
         try:
             stop = threading.Event()
             if not context.add_callback(stop.set):  # the call has ended already
@@ -136,12 +145,12 @@ class SamplingServicer:
             context.send_initial_metadata(())
             with abort_on_error(context, f"StreamMinibatches ({fields})", p):
                 for message, done in self.pipeline.stream(job, stop):
+                    slot.handing(len(message))
                     yield message
-                    touch()
+                    slot.taken()
                     sent += done is not None
         finally:
-            self.idle.forget(context)
-            self._slots.release()
+            self.slots.release(slot)
             with self._active_lock:
                 self.active -= 1
                 self._active_lock.notify_all()
@@ -150,47 +159,3 @@ class SamplingServicer:
             state = "done" if sent == len(job.batches) else "ended early"
             log.info("%s: stream %s: %d batches sent in %.2f s", fields, state, sent,
                      time.perf_counter() - started)
-
-
-class IdleStreams:
-    """Cancels streams that handed gRPC no message for ``timeout`` seconds (a trainer
-    that stopped reading), so that idle callers cannot hold every stream slot."""
-
-    def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
-        self._last: dict[grpc.ServicerContext, tuple[float, str]] = {}
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._closed = threading.Event()
-
-    def close(self) -> None:
-        """Stop watching (the server stops)."""
-        self._closed.set()
-
-    def track(self, context: grpc.ServicerContext, fields: str) -> Callable[[], None]:
-        """Watch ``context``'s stream; call the returned function after every message."""
-        with self._lock:
-            self._last[context] = (time.monotonic(), fields)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="idle-streams", daemon=True)
-                self._thread.start()
-
-        def touch() -> None:
-            self._last[context] = (time.monotonic(), fields)
-        return touch
-
-    def forget(self, context: grpc.ServicerContext) -> None:
-        with self._lock:
-            self._last.pop(context, None)
-
-    def _run(self) -> None:
-        while not self._closed.wait(min(1.0, self.timeout / 4)):
-            now = time.monotonic()
-            with self._lock:
-                idle = [(c, f) for c, (t, f) in self._last.items() if now - t > self.timeout]
-                for context, _ in idle:
-                    self._last.pop(context, None)
-            for context, fields in idle:
-                log.warning("%s: no message taken for %g s (--stream-idle-timeout); cancelling "
-                            "the stream", fields, self.timeout)
-                context.cancel()

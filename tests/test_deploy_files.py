@@ -83,20 +83,24 @@ def compose() -> dict[str, Any]:
     return docs[0]
 
 
+TOKEN_FILE = "/var/lib/graphfeed/token"
+
+
 def test_compose_services_and_order(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == {"partition", "server0", "server1", "trainer0", "trainer1"}
-    assert "data" in compose["volumes"]
+    assert set(services) == {"partition", "token", "server0", "server1", "trainer0", "trainer1"}
+    assert {"data", "secrets"} <= set(compose["volumes"])
     for name, svc in services.items():
         assert svc["restart"] == "no", name
-        assert "data:/data" in svc["volumes"], name
+        assert ("data:/data" in svc["volumes"]) == (name != "token"), name
         assert svc["image"] == "graphfeed:latest"
         assert svc["build"]["dockerfile"] == "deploy/Dockerfile"
         assert (COMPOSE.parent / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
     for name in ("server0", "server1"):
         svc = services[name]
         assert svc["hostname"] == name
-        assert svc["depends_on"] == {"partition": {"condition": "service_completed_successfully"}}
+        assert svc["depends_on"] == {"partition": {"condition": "service_completed_successfully"},
+                                     "token": {"condition": "service_completed_successfully"}}
     for name in ("trainer0", "trainer1"):
         svc = services[name]
         assert svc["hostname"] == name
@@ -116,8 +120,26 @@ def test_compose_healthcheck_is_grpc_health_one_liner(compose: dict[str, Any]) -
         assert "grpc_health_probe" not in code
 
 
-def test_compose_commands(compose: dict[str, Any]) -> None:
+def test_compose_makes_a_token_and_every_call_carries_it(compose: dict[str, Any]) -> None:
+    """Secure by default: one token per cluster, made by the `token` job in a volume of its
+    own that servers and trainers mount read-only (and the partition job not at all); the
+    servers require it, the trainers send it, nobody runs --insecure."""
     services = compose["services"]
+    token = services["token"]
+    assert token["command"] == ["python", "-m", "protos.security", "new-token", TOKEN_FILE]
+    assert token["volumes"] == ["secrets:/var/lib/graphfeed"]
+    assert "secrets:/var/lib/graphfeed:ro" not in services["partition"]["volumes"]
+    for name in ("server0", "server1", "trainer0", "trainer1"):
+        command = [str(t) for t in services[name]["command"]]
+        assert command[command.index("--token-file") + 1] == TOKEN_FILE, name
+        assert "--insecure" not in command
+        assert "secrets:/var/lib/graphfeed:ro" in services[name]["volumes"], name
+    listen = [str(t) for t in services["server0"]["command"]]
+    assert listen[listen.index("--listen") + 1] == "0.0.0.0:50051"  # beyond loopback: needs it
+
+
+def test_compose_commands(compose: dict[str, Any]) -> None:
+    services = {k: v for k, v in compose["services"].items() if k != "token"}
     kinds = {name: _check_command([str(t) for t in svc["command"]]) for name, svc in services.items()}
     assert kinds == {
         "partition": "partition",
@@ -143,6 +165,8 @@ def test_compose_tls_variant_adds_tls_and_token_to_every_command(compose: dict[s
     for name, svc in services.items():
         command = [str(t) for t in svc["command"]]
         base = [str(t) for t in compose["services"][name]["command"]]
+        token = base.index("--token-file")
+        base = base[:token] + base[token + 2:]  # the TLS variant's token is make-certs.sh's
         assert command[: len(base)] == base, name  # the same command, plus security flags
         assert _check_command(command) in ("server", "trainer")
         assert "./certs:/certs:ro" in svc["volumes"] and "data:/data" in svc["volumes"]
@@ -266,6 +290,7 @@ def test_k8s_servers() -> None:
     claim = objs["PersistentVolumeClaim"]["metadata"]["name"]
     assert {"name": "data", "persistentVolumeClaim": {"claimName": claim}} in pod["volumes"]
     part_dir = tokens[tokens.index("--partition-dir") + 1]
+    _check_k8s_token(pod, server, tokens)
 
     job = objs["Job"]["spec"]["template"]["spec"]
     (part,) = job["containers"]
@@ -294,6 +319,21 @@ def test_k8s_trainers() -> None:
     assert tokens[tokens.index("--master-addr") + 1] == f"{name}-0.{sub}"
     servers = tokens[tokens.index("--servers") + 1].split(",")
     assert servers == [f"graphfeed-server-{i}.graphfeed-server:50051" for i in range(2)]
+    _check_k8s_token(pod, trainer, tokens)
+
+
+def _check_k8s_token(pod: dict[str, Any], container: dict[str, Any], tokens: list[str]) -> None:
+    """The pod reads the cluster's token from the Secret graphfeed-token, as a file (it
+    waits for the Secret: not optional), and passes the file, never the token."""
+    (volume,) = [v for v in pod["volumes"] if "secret" in v]
+    assert volume["secret"]["secretName"] == "graphfeed-token"
+    assert not volume["secret"].get("optional", False)
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    assert tokens[tokens.index("--token-file") + 1] == mount["mountPath"] + "/token"
+    assert "--insecure" not in tokens
+    header = "".join(K8S_SERVERS.read_text().split("---")[0])
+    assert "kubectl create secret generic graphfeed-token --from-file=token=/dev/stdin" in header
 
 
 # --- SLURM --------------------------------------------------------------------------------
@@ -348,19 +388,42 @@ def _run_sbatch(
 
 def test_servers_sbatch_commands(tmp_path: Path) -> None:
     calls = _run_sbatch(tmp_path, SBATCH_SERVERS, ["/shared/parts", "--workers", "4"], {})
-    assert len(calls) == 2
-    for i, argv in enumerate(calls):
+    token_file = str(tmp_path / "graphfeed-token-42")
+    # first the job makes the cluster's token (once: the maker keeps an existing file)
+    assert calls[0] == ["-m", "protos.security", "new-token", token_file]
+    servers = calls[1:]
+    assert len(servers) == 2
+    for i, argv in enumerate(servers):
         tokens = ["python", *argv]
         assert _check_command(tokens) == "server"
         assert argv[argv.index("--partition") + 1] == str(i)
         assert argv[argv.index("--partition-dir") + 1] == "/shared/parts"
         assert argv[argv.index("--peers") + 1] == "nodeA:50051,nodeB:50051"
+        assert argv[argv.index("--token-file") + 1] == token_file
+        assert "--insecure" not in argv and "--tls-cert" not in argv
         assert argv[-2:] == ["--workers", "4"]
     assert (tmp_path / "graphfeed-servers-42.txt").read_text().strip() == "nodeA:50051,nodeB:50051"
 
 
+def test_servers_sbatch_mutual_tls_and_insecure(tmp_path: Path) -> None:
+    host = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
+    (tmp_path / "tls").mkdir()
+    calls = _run_sbatch(tmp_path / "tls", SBATCH_SERVERS, ["/shared/parts"],
+                        {"TLS_DIR": "/shared/certs", "GRAPHFEED_TOKEN_FILE": "/shared/token"})
+    for argv in calls[1:]:
+        assert argv[argv.index("--tls-cert") + 1] == f"/shared/certs/{host}.crt"
+        assert argv[argv.index("--tls-ca") + 1] == "/shared/certs/ca.crt"
+        assert argv[argv.index("--token-file") + 1] == "/shared/token"
+    (tmp_path / "open").mkdir()
+    calls = _run_sbatch(tmp_path / "open", SBATCH_SERVERS, ["/shared/parts"], {"INSECURE": "1"})
+    assert len(calls) == 2 and all("--insecure" in a and "--token-file" not in a for a in calls)
+
+
 def test_trainers_sbatch_commands(tmp_path: Path) -> None:
-    calls = _run_sbatch(tmp_path, SBATCH_TRAINERS, [], {"SERVERS": "nodeA:50051,nodeB:50051"})
+    token = tmp_path / "graphfeed-token-41"
+    token.write_text("t\n")
+    calls = _run_sbatch(tmp_path, SBATCH_TRAINERS, [], {"SERVERS": "nodeA:50051,nodeB:50051",
+                                                        "GRAPHFEED_TOKEN_FILE": str(token)})
     assert len(calls) == 2
     for i, argv in enumerate(calls):
         tokens = ["python", *argv]
@@ -371,20 +434,28 @@ def test_trainers_sbatch_commands(tmp_path: Path) -> None:
         assert argv[-2:] == ["--epochs", "5"]
 
 
+def test_trainers_sbatch_needs_the_token_file(tmp_path: Path) -> None:
+    with pytest.raises(subprocess.CalledProcessError) as info:
+        _run_sbatch(tmp_path, SBATCH_TRAINERS, [], {"SERVERS": "nodeA:50051",
+                                                    "GRAPHFEED_TOKEN_FILE": ""})
+    assert info.value.returncode == 2 and b"GRAPHFEED_TOKEN_FILE" in info.value.stderr
+
+
 def test_trainers_sbatch_long_node_list(tmp_path: Path) -> None:
     """The first host of a long list is read without a pipe that can die of SIGPIPE.
 
     `scontrol ... | head -n 1` under pipefail killed the job (exit 141) whenever scontrol
     still had lines to write when head exited: always, with a node list this long."""
     many = 'test "$1 $2" = "show hostnames" && printf "%s\\n" nodeA nodeB; seq -f "node%g" 1 200000\n'
-    calls = _run_sbatch(tmp_path, SBATCH_TRAINERS, [], {"SERVERS": "nodeA:50051"}, scontrol=many)
+    calls = _run_sbatch(tmp_path, SBATCH_TRAINERS, [], {"SERVERS": "nodeA:50051", "INSECURE": "1"},
+                        scontrol=many)
     assert [argv[argv.index("--master-addr") + 1] for argv in calls] == ["nodeA", "nodeA"]
 
 
 @pytest.mark.parametrize("script", [SBATCH_SERVERS, SBATCH_TRAINERS], ids=lambda p: p.name)
 def test_sbatch_stops_when_scontrol_fails(tmp_path: Path, script: Path) -> None:
     with pytest.raises(subprocess.CalledProcessError) as info:
-        _run_sbatch(tmp_path, script, ["/shared/parts"], {"SERVERS": "nodeA:50051"},
+        _run_sbatch(tmp_path, script, ["/shared/parts"], {"SERVERS": "nodeA:50051", "INSECURE": "1"},
                     scontrol='echo "scontrol: error: invalid node list" >&2; exit 1\n')
     assert info.value.returncode == 1
     assert not (tmp_path / "argv.txt").exists()  # nothing started

@@ -39,6 +39,11 @@ def _after(tokens: list[str], flag: str) -> str:
     return tokens[tokens.index(flag) + 1]
 
 
+def _started(remote: list[str]) -> list[str]:
+    """The tokens of the remote start line from ``nohup`` on (the process and its log)."""
+    return remote[remote.index("nohup"):]
+
+
 def _example() -> dict[str, Any]:
     return yaml.safe_load(EXAMPLE.read_text())
 
@@ -71,7 +76,7 @@ def test_start_plan_servers(capsys: pytest.CaptureFixture[str]) -> None:
         assert _after(remote, "--peers") == PEERS
         # paths with spaces stay one word
         assert _after(remote, "cd") == "/opt/graphfeed/my repo"
-        assert _after(remote, ">") == f"/opt/graphfeed/my repo/logs/server-{partition}.log"
+        assert _after(_started(remote), ">") == f"/opt/graphfeed/my repo/logs/server-{partition}.log"
         assert remote[-2] == f"/opt/graphfeed/my repo/logs/server-{partition}.pid;"
         assert ("--device" in remote) == (partition == 2)
 
@@ -91,13 +96,13 @@ def test_server_args_reach_every_server_as_flags_it_knows(
     for argv in cmds:
         remote = shlex.split(argv[-1])
         start = remote.index("sampling_server") + 1
-        server_argv = remote[start:remote.index(">")]
+        server_argv = remote[start:remote.index(">", start)]
         assert _after(server_argv, "--structure") == "full" and "--no-mmap" in server_argv
         assert "--metrics-port" not in server_argv
         config = cli.config_from_args(parser.parse_args(server_argv))
         assert (config.structure, config.workers, config.mmap, config.verify) == \
             ("full", 6, False, "size")
-    for key in ("listen", "partition_dir", "device", "peers"):
+    for key in ("listen", "partition_dir", "device", "peers", "token_file", "insecure"):
         bad = _example()
         bad["server_args"] = {key: "x"}
         with pytest.raises(launch.ClusterError, match=rf"^server_args\.{key}: set by the launcher"):
@@ -129,7 +134,70 @@ def test_start_plan_trainers(capsys: pytest.CaptureFixture[str]) -> None:
         assert _after(remote, "--batch-size") == "1024"
         assert _after(remote, "--epochs") == "10"
         assert _after(remote, "--checkpoint-dir") == "/shared/ckpt/products"
-        assert _after(remote, ">") == f"/opt/graphfeed/my repo/logs/trainer-{rank}.log"
+        assert _after(_started(remote), ">") == f"/opt/graphfeed/my repo/logs/trainer-{rank}.log"
+
+
+TOKEN_ON_NODES = "/opt/graphfeed/my repo/logs/graphfeed.token"
+
+
+def test_every_process_gets_the_token_from_a_file_it_never_sees_on_a_command_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    cmds = _dry_run(capsys, "start")
+    assert len(cmds) == 6
+    for argv in cmds:
+        remote = shlex.split(argv[-1])
+        started = _started(remote)
+        assert _after(started, "--token-file") == TOKEN_ON_NODES and "--insecure" not in started
+        # the token is written from ssh's standard input before the process starts
+        assert remote.index("cat") < remote.index("nohup") and "077" in remote
+    token = b"not-a-real-token\n"
+    steps = launch.plan(launch.load_cluster(EXAMPLE), "start", token=token)
+    assert [s.stdin for s in steps] == [token] * 6
+    assert not any(b"not-a-real-token" in " ".join(s.argv).encode() for s in steps)
+    assert "not-a-real-token" not in repr(steps[0])
+    assert all(s.stdin is None for s in launch.plan(launch.load_cluster(EXAMPLE), "stop"))
+
+
+def test_the_cluster_token_is_made_once_beside_the_cluster_file(tmp_path: Path) -> None:
+    cluster = launch.load_cluster(_write(tmp_path, _example()))
+    # the example names its file; by default it is the cluster file's name, .token
+    assert cluster.security.token_file == tmp_path / "cluster.example.token"
+    obj = _example()
+    del obj["security"]
+    cluster = launch.load_cluster(_write(tmp_path, obj))
+    assert cluster.security.token_file == tmp_path / "cluster.token"
+    token = launch.cluster_token(cluster)
+    assert token and len(token.strip()) >= 40
+    assert (tmp_path / "cluster.token").stat().st_mode & 0o777 == 0o600
+    assert launch.cluster_token(cluster) == token  # kept across starts
+
+
+def test_security_settings_become_each_process_flags(capsys: pytest.CaptureFixture[str],
+                                                     tmp_path: Path) -> None:
+    obj = _example()
+    obj["security"] = {"tls_ca": "/etc/gf/ca.crt", "tls_cert": "/etc/gf/{host}.crt",
+                       "tls_key": "/etc/gf/{host}.key"}
+    cmds = _dry_run(capsys, "start", path=_write(tmp_path, obj))
+    hosts = ["storage0", "storage1", "storage2", "storage2", "gpu0", "gpu1"]
+    for host, argv in zip(hosts, cmds, strict=True):
+        started = _started(shlex.split(argv[-1]))
+        assert _after(started, "--tls-ca") == "/etc/gf/ca.crt"
+        assert _after(started, "--tls-cert") == f"/etc/gf/{host}.crt"
+        assert _after(started, "--tls-key") == f"/etc/gf/{host}.key"
+        assert "--token-file" in started  # mutual TLS and the token, both
+    obj["security"] = {"insecure": True}
+    cmds = _dry_run(capsys, "start", path=_write(tmp_path, obj))
+    for argv in cmds:
+        started = _started(shlex.split(argv[-1]))
+        assert "--token-file" not in started and "cat" not in argv[-1]
+        assert ("--insecure" in started) == ("sampling_server" in started)
+    for bad, field in (({"tls_cert": "c"}, "security.tls_cert"),
+                       ({"tls_cert": "c", "tls_key": "k"}, "security.tls_ca"),
+                       ({"insecure": "yes"}, "security.insecure"),
+                       ({"token": "s3cret"}, "security")):
+        obj["security"] = bad
+        with pytest.raises(launch.ClusterError, match=rf"^{field}"):
+            launch.parse_cluster(obj)
 
 
 def test_start_plan_all(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,12 +12,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 import yaml
 from test_launch import launch, use_stand_in_ssh
 
 from partitioner import partition_graph
 from partitioner.synthetic import generate
+from protos import sampling_pb2 as pb
+from protos import sampling_pb2_grpc as pb_grpc
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = ["server-0", "server-1", "trainer-0", "trainer-1"]
@@ -44,6 +47,23 @@ def _wait_for(cluster: Path, capsys: pytest.CaptureFixture[str], names: list[str
         if all(states.get(n) == state for n in names) or time.monotonic() > deadline:
             return states
         time.sleep(1)
+
+
+def _unauthenticated(address: str, timeout: float = 60.0) -> bool:
+    """Whether a caller without the token gets UNAUTHENTICATED (waits for the server)."""
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.SamplingServiceStub(channel)
+        while True:
+            try:
+                stub.GetClusterInfo(pb.ClusterInfoRequest(), timeout=5)
+                return False
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    return True
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
 
 @pytest.mark.slow
@@ -73,6 +93,11 @@ def test_launcher_runs_a_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     try:
         assert launch.main(["start", str(cluster)]) == 0
         capsys.readouterr()
+        # secure by default: the launcher made the cluster's token and handed it over a file
+        on_node = tmp_path / "logs" / "graphfeed.token"
+        assert on_node.read_bytes() == (tmp_path / "cluster.token").read_bytes()
+        assert on_node.stat().st_mode & 0o777 == 0o600
+        assert _unauthenticated(f"127.0.0.1:{p0}"), "a caller without the token was served"
         states = _wait_for(cluster, capsys, ["trainer-0", "trainer-1"], "not running", 240)
         assert states == {"server-0": "running", "server-1": "running",
                           "trainer-0": "not running", "trainer-1": "not running"}, states

@@ -568,11 +568,18 @@ def test_real_servers_give_every_train_seed_once_per_epoch_on_two_ranks(tmp_path
 
 @pytest.mark.parametrize("cache_size", [0, 0.3])
 def test_real_server_restart_mid_epoch_resumes_with_identical_batches(
-    tmp_path: Path, cache_size: float
+    tmp_path: Path, cache_size: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Also with the trainer's feature cache: the restarted server's batches mark the same
     cached rows, and x is bit-identical."""
     pytest.importorskip("sampling_server.server")
+    from protos import channel as channel_module
+
+    # A small receive window (no window growth): a server cannot send all its (small)
+    # batches ahead of the reader, so its stream is still running when it is restarted.
+    options = channel_module.channel_options
+    monkeypatch.setattr(channel_module, "channel_options", lambda *a: [
+        *options(*a), ("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 16384)])
     cluster = RealServers(tmp_path / "small-2", 2)
     try:
         loader = RemoteNeighborLoader(cluster.addresses, "train", num_neighbors=[5, 3], batch_size=100,

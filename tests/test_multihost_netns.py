@@ -1,6 +1,7 @@
 """Multi-host run in network namespaces: two sampling servers and two DDP trainers, each
 in its own namespace with its own address on a private bridge (all inside namespaces this
-test creates and removes), started with the very commands of deploy/docker-compose.yml.
+test creates and removes), started with the very commands of deploy/docker-compose.yml
+(the cluster's token job's too).
 
 Each namespace gets an /etc/netns/<ns>/hosts that names the others as compose does
 (server0, server1, trainer0, trainer1), so the compose commands run unchanged but for the
@@ -91,15 +92,19 @@ def _in(ns: str, *cmd: str, env: dict[str, str] | None = None, **kw: object) -> 
 
 
 def _compose_commands(data: Path) -> dict[str, list[str]]:
-    """Each compose service's command, with this python and `data` in place of /data."""
+    """Each compose service's command, with this python, `data` in place of /data and
+    `data`/secrets in place of the token volume (/var/lib/graphfeed)."""
+    volumes = {"/data": data, "/var/lib/graphfeed": data / "secrets"}
     services = yaml.safe_load(COMPOSE.read_text())["services"]
     commands = {}
     for name, svc in services.items():
         cmd = [str(c) for c in svc["command"]]
         assert cmd[0] == "python", (name, cmd)
-        commands[name] = [sys.executable] + [
-            str(data) + c[len("/data"):] if c.startswith("/data") else c for c in cmd[1:]
-        ]
+        for i, c in enumerate(cmd):
+            for mount, local in volumes.items():
+                if c.startswith(mount + "/"):
+                    cmd[i] = str(local) + c[len(mount):]
+        commands[name] = [sys.executable, *cmd[1:]]
     return commands
 
 
@@ -107,8 +112,9 @@ def test_servers_and_trainers_on_separate_hosts_train_to_completion(
     hosts: dict[str, str], tmp_path: Path
 ) -> None:
     commands = _compose_commands(tmp_path)
-    assert set(commands) == {"partition", *HOSTS}
-    subprocess.run(commands["partition"], check=True, cwd=REPO, timeout=300, capture_output=True)
+    assert set(commands) == {"partition", "token", *HOSTS}
+    for job in ("partition", "token"):  # the token: servers on the bridge refuse to start without
+        subprocess.run(commands[job], check=True, cwd=REPO, timeout=300, capture_output=True)
     procs = [_in(hosts[name], *commands[name]) for name in ("server0", "server1")]
     trainers = []
     try:

@@ -85,6 +85,7 @@ def test_server_commands_pass_the_server_settings_and_set_the_switch_interval(
     assert plain[plain.index("--listen") + 1] == addresses[1]
     assert plain[plain.index("--peers") + 1] == ",".join(addresses)
     assert "--workers" not in plain and "--threads" not in plain
+    assert "--insecure" in plain  # beyond loopback, on the run's own bridge, explicitly
     args = bench.parse_args(["--server-workers", "3", "--server-threads", "2",
                              "--server-switch-interval-ms", "0.5"])
     tuned = bench.server_command(args, tmp_path, 0, addresses)

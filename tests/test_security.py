@@ -25,8 +25,9 @@ from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import create_channel
 from protos.codec import encode_tensor
-from protos.security import Security
-from sampling_server.config import ServerConfig
+from protos.security import Security, is_loopback
+from sampling_server import cli
+from sampling_server.config import ConfigError, ServerConfig
 from sampling_server.server import SamplingServer, create_server
 
 TOKEN = "s3cret-token-for-tests"
@@ -101,7 +102,8 @@ def _servers(parts: Path, **kw: object) -> tuple[list[SamplingServer], list[str]
 
 
 @pytest.fixture(scope="module")
-def mtls(parts2: Path, certs: Certs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+def mtls_servers(parts2: Path, certs: Certs, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[tuple[list[SamplingServer], list[str]]]:
     token_file = tmp_path_factory.mktemp("token") / "token"
     token_file.write_text(TOKEN + "\n")
     servers, addresses = _servers(parts2, tls_cert=certs.server[0], tls_key=certs.server[1],
@@ -109,10 +111,16 @@ def mtls(parts2: Path, certs: Certs, tmp_path_factory: pytest.TempPathFactory) -
     try:
         # the servers reach each other over mutual TLS with the token
         assert all(s.wait_until_serving(30) for s in servers)
-        yield addresses
+        yield servers, addresses
     finally:
         for s in servers:
             s.stop(None).wait(10)
+
+
+@pytest.fixture(scope="module")
+def mtls(mtls_servers: tuple[list[SamplingServer], list[str]]) -> list[str]:
+    """The addresses of two servers with mutual TLS and a token."""
+    return mtls_servers[1]
 
 
 def _calls(channel: grpc.Channel) -> list[grpc.StatusCode]:
@@ -234,3 +242,73 @@ def test_the_certificates_of_make_certs_sh_secure_a_cluster(parts2: Path, tmp_pa
     finally:
         for s in servers:
             s.stop(None).wait(10)
+
+
+# -- secure by default -------------------------------------------------------------------------
+def test_loopback_is_told_from_every_other_address() -> None:
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.1.1", "::1", "[::1]", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "[::]", "", "10.1.2.3",
+                                            "host.invalid"))
+
+
+def test_a_server_beyond_loopback_without_credentials_refuses_to_start(
+    parts2: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("GRAPHFEED_TOKEN", "GRAPHFEED_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError) as refused:
+        create_server(ServerConfig(partition_dir=parts2, partition=0, listen="0.0.0.0:0",
+                                   device="cpu"))
+    for flag in ("--tls-cert", "--token-file", "--insecure", "0.0.0.0:0"):
+        assert flag in str(refused.value)
+    code = cli.main(["--partition-dir", str(parts2), "--partition", "0", "--listen", "0.0.0.0:0",
+                     "--device", "cpu"])
+    assert code == 2 and "--insecure" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("credentials", ["token", "mutual TLS", "insecure"])
+def test_a_server_beyond_loopback_starts_with_credentials_or_when_told_insecure(
+    parts2: Path, certs: Certs, tmp_path: Path, credentials: str
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    settings: dict[str, object] = {
+        "token": {"token_file": token_file},
+        "mutual TLS": {"tls_cert": certs.server[0], "tls_key": certs.server[1], "tls_ca": certs.ca},
+        "insecure": {"insecure": True},
+    }[credentials]
+    server, port = create_server(ServerConfig(partition_dir=parts2, partition=0, device="cpu",
+                                              listen="0.0.0.0:0", **settings))  # type: ignore[arg-type]
+    server.stop(None).wait(10)
+    assert port > 0
+
+
+def test_a_stranger_gets_unauthenticated_from_a_server_on_every_interface(
+    parts1: Path, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    server, port = create_server(ServerConfig(partition_dir=parts1, partition=0, device="cpu",
+                                              listen="0.0.0.0:0", token_file=token_file))
+    server.start()
+    try:
+        assert server.wait_until_serving(30)
+        with create_channel(f"127.0.0.1:{port}", security=Security()) as channel:
+            assert _calls(channel) == [UNAUTHENTICATED] * 6
+    finally:
+        server.stop(None).wait(10)
+
+
+def test_fair_shares_count_a_mutual_tls_caller_by_its_certificate(
+    mtls_servers: tuple[list[SamplingServer], list[str]], certs: Certs
+) -> None:
+    servers, addresses = mtls_servers
+    security = Security(ca=certs.ca, cert=certs.client[0], key=certs.client[1], token=TOKEN)
+    with create_channel(addresses[0], security=security) as channel:
+        held = pb_grpc.SamplingServiceStub(channel).StreamMinibatches(pb.EpochRequest(
+            split="test", fanouts=[-1, -1], batch_size=1, world_size=1, include_features=True,
+            client_id="rank-0"), timeout=30)
+        next(held)
+        page = generate_latest(servers[0].metrics.registry).decode()
+        held.cancel()
+    assert 'graphfeed_client_streams{client="tls:client/rank-0",partition="0"} 1.0' in page

@@ -21,7 +21,8 @@ Failures never hang the trainer:
   reader fails with :class:`~protos.channel.ServerUnavailable` naming the server, and
   the consumer raises it;
 * a malformed batch (:class:`~protos.channel.ProtocolError`) or a rejected request
-  (e.g. :class:`~protos.channel.InvalidRequest`) is raised at once;
+  (e.g. :class:`~protos.channel.InvalidRequest`, or a ``RESOURCE_EXHAUSTED`` that no free
+  stream slot cures: :func:`resumable`) is raised at once;
 * every wait of the consumer is bounded, with a safety net beyond the readers' own
   deadlines.
 """
@@ -51,15 +52,18 @@ from protos.channel import (
     retry,
 )
 from protos.codec import CodecError
+from protos.slots import retryable_exhaustion
 from trainer_client.decode import BatchAssembler, BatchSpec, DecodedBatch, pin_batch
 
 log = logging.getLogger(__name__)
 
 #: Status codes after which a stream is called again from its next batch. The stream's
-#: own deadline passing, a server going away (CANCELLED, ABORTED) and a server at its
-#: stream limit (RESOURCE_EXHAUSTED, e.g. while it still counts the broken stream) are
-#: resumable too: the batches are pure functions of the request, so resuming loses
-#: nothing, and ``reconnect`` bounds the retries.
+#: own deadline passing, a server going away (CANCELLED, ABORTED) and a server without
+#: a stream slot for this rank (RESOURCE_EXHAUSTED: at its stream limit, e.g. while it
+#: still counts the broken stream, or ending this stream to serve a client below its
+#: fair share while this one was not read) are resumable too: the batches are pure
+#: functions of the request, so resuming loses nothing, and ``reconnect`` bounds the
+#: retries.
 RESUMABLE_CODES = frozenset({
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -67,6 +71,16 @@ RESUMABLE_CODES = frozenset({
     grpc.StatusCode.ABORTED,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
 })
+
+
+def resumable(code: grpc.StatusCode | None, details: str | None) -> bool:
+    """Whether a stream that failed with ``code`` is called again from its next batch:
+    a code of :data:`RESUMABLE_CODES`, except a ``RESOURCE_EXHAUSTED`` that no free slot
+    cures (a message over the size limit, a server out of memory for this request:
+    the same call would fail again), which is raised at once."""
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return retryable_exhaustion(details)
+    return code in RESUMABLE_CODES
 
 
 @dataclass(frozen=True)
@@ -374,7 +388,7 @@ class EpochStream:
         try:
             retry(attempt, backoff=Backoff(t.backoff_initial, 2.0, t.backoff_max), window=t.reconnect,
                   retryable=lambda err: not (self._stop.is_set() or r.finished) and (
-                      r.stalled or (isinstance(err, grpc.Call) and err.code() in RESUMABLE_CODES)),
+                      r.stalled or (isinstance(err, grpc.Call) and resumable(err.code(), err.details()))),
                   progressed=lambda: r.position > start[0], on_failure=broke,
                   on_give_up=lambda f: self._gone(r, request, f), sleep=self._stop.wait)
         except grpc.RpcError as err:

@@ -16,13 +16,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import itertools
-import random
 import sys
 import tempfile
 import threading
 import time
-from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the fa
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from common import machine, write_json
 from server_procs import ServerProcs, health_status
-from test_limits import METHODS, call_raw, fuzzed_request
+from test_limits import fuzz as fuzz_calls
 
 from partitioner import partition_graph
 from partitioner.synthetic import generate_plain as generate
@@ -77,27 +74,15 @@ def fuzz(servers: ServerProcs, calls: int, threads: int) -> dict[str, Any]:
             for i, p in enumerate(procs):
                 peak[i] = max(peak[i], p.memory_info().rss)
 
-    codes: Counter[str] = Counter()
-    lock = threading.Lock()
-
-    def worker(seed: int) -> None:
-        rng = random.Random(seed)
-        with grpc.insecure_channel(servers.addresses[seed % 2]) as channel:
-            for _ in range(calls // threads):
-                method = rng.choice(list(METHODS))
-                try:
-                    code = call_raw(channel, method, fuzzed_request(rng, method)).name
-                except AssertionError as exc:  # INTERNAL / UNKNOWN or oversized details
-                    code = f"FAILED: {exc}"[:200]
-                with lock:
-                    codes[code] += 1
-
     sampler = threading.Thread(target=sample_rss, daemon=True)
     sampler.start()
     started = time.monotonic()
-    with ThreadPoolExecutor(threads) as pool:
-        for f in [pool.submit(worker, s) for s in range(threads)]:
-            f.result(timeout=900)
+    channels = [grpc.insecure_channel(address) for address in servers.addresses]
+    try:
+        codes = fuzz_calls(channels, calls, threads, timeout=900)
+    finally:
+        for channel in channels:
+            channel.close()
     seconds = time.monotonic() - started
     done.set()
     sampler.join(1)

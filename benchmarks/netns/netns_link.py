@@ -189,7 +189,8 @@ def server_command(args: argparse.Namespace, part_dir: Path, partition: int,
     cmd = [*launch, "--partition-dir", str(part_dir.resolve()), "--partition", str(partition),
            "--listen", addresses[partition], "--peers", ",".join(addresses),
            "--verify", "size", "--no-mmap", "--device", "cpu",
-           "--metrics-port", str(METRICS_PORT), "--log-level", "WARNING"]
+           "--metrics-port", str(METRICS_PORT), "--log-level", "WARNING",
+           "--insecure"]  # namespaces of this run's own, on a bridge nothing else reaches
     if args.server_workers is not None:
         cmd += ["--workers", str(args.server_workers)]
     if args.server_threads is not None:
