@@ -2,7 +2,8 @@
 
 A validated :class:`~sampling_server.jobs.EpochJob` lists this server's batches of one
 rank. The :class:`SamplingPipeline` produces them (:func:`~sampling_server.produce.produce`)
-on a thread pool shared by every stream, at most ``prefetch`` batches ahead of the one
+on a thread pool shared by every stream and served fairly among clients
+(:class:`~sampling_server.fair_pool.FairPool`), at most ``prefetch`` batches ahead of the one
 being sent: the generator submits the next batch only when the client takes the current
 one, so a slow client holds back its own stream (gRPC flow control) and nothing queues
 without bound. A produced batch waits as tensors (:class:`~sampling_server.messages.Prepared`),
@@ -14,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
@@ -22,6 +23,7 @@ from protos import codec
 from protos import sampling_pb2 as pb
 from protos.plan import BatchRef
 from sampling_server.errors import Stopping
+from sampling_server.fair_pool import FairPool
 from sampling_server.hot import HotNodes
 from sampling_server.jobs import EpochJob
 from sampling_server.messages import Prepared, encode_ahead, taken_in_order
@@ -54,8 +56,8 @@ class SamplingPipeline:
         self.threads = kernel_threads(threads)
         #: Sampling threads (None given: chosen from the CPUs, :func:`sampling_workers`).
         self.workers = workers = sampling_workers(workers)
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sample",
-                                        initializer=limit_kernel_threads, initargs=(self.threads,))
+        self._pool = FairPool(workers, thread_name_prefix="sample", initializer=limit_kernel_threads,
+                              initargs=(self.threads,))
         #: Original-ID lookups, and the labels of a batch whose features are partly
         #: cached, run beside the feature gather (all wait on peers); their own threads
         #: (two per sampling thread), so a lookup never waits for a sampling thread.
@@ -108,19 +110,21 @@ class SamplingPipeline:
                                f"{type(exc).__name__}: {exc})") from exc
             raise
 
-    def stream(self, job: EpochJob, stop: threading.Event | None = None
+    def stream(self, job: EpochJob, stop: threading.Event | None = None, client: Hashable | None = None
                ) -> Iterator[tuple[bytes, Prepared | None]]:
         """The serialized messages of ``job``'s batches, in order, each with its batch when
-        it is the batch's last (:func:`encode_ahead`). Setting ``stop`` (the client went
-        away) skips batches not started yet; closing the generator drops them."""
+        it is the batch's last (:func:`encode_ahead`), sampled in turn with other
+        ``client``s' batches (default: the job's ``client_id``). Setting ``stop`` (the
+        client went away) skips batches not started yet; closing the generator drops them."""
         stop = stop or threading.Event()
+        key = job.client_id if client is None else client
         refs = iter(job.batches)
         pending: deque[Future[Prepared]] = deque()
 
         def submit_next() -> None:
             ref = next(refs, None)
             if ref is not None:
-                pending.append(self._pool.submit(self._produce_unless, stop, job, ref))
+                pending.append(self._pool.submit(key, self._produce_unless, stop, job, ref))
 
         try:
             with self._open():

@@ -144,7 +144,7 @@ class SamplingServicer:
             # from the next batch it lacks.
             context.send_initial_metadata(())
             with abort_on_error(context, f"StreamMinibatches ({fields})", p):
-                for message, done in self.pipeline.stream(job, stop):
+                for message, done in self.pipeline.stream(job, stop, client):
                     slot.handing(len(message))
                     yield message
                     slot.taken()

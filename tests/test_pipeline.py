@@ -167,3 +167,56 @@ def test_messages_carry_the_tensors_exactly() -> None:
     out = assembler.finish()
     assert np.array_equal(out["x"], named["x"].numpy())
     assert np.array_equal(out["n_id"], named["n_id"].numpy())
+
+
+# ---- the sampling threads' fair queue -------------------------------------------------
+
+
+def test_the_sampling_queue_takes_each_clients_next_task_in_turn() -> None:
+    """One thread, blocked while three clients queue: a client with many tasks queued
+    first does not make a newcomer wait behind all of them; each client's own tasks run in
+    the order submitted."""
+    from sampling_server.fair_pool import FairPool
+
+    pool = FairPool(1)
+    gate, started, ran = threading.Event(), threading.Event(), []
+
+    def block() -> bool:
+        started.set()
+        return gate.wait(30)
+
+    try:
+        blocker = pool.submit("hog", block)
+        assert started.wait(30)
+        hog = [pool.submit("hog", ran.append, f"hog{i}") for i in range(5)]
+        late = [pool.submit("late", ran.append, f"late{i}") for i in range(2)]
+        new = pool.submit("new", ran.append, "new")
+        assert pool.queued() == {"hog": 5, "late": 2, "new": 1}
+        gate.set()
+        for f in [blocker, *hog, *late, new]:
+            f.result(timeout=30)
+        assert ran == ["hog0", "late0", "new", "hog1", "late1", "hog2", "hog3", "hog4"]
+        failing = pool.submit("x", lambda: 1 // 0)
+        with pytest.raises(ZeroDivisionError):
+            failing.result(timeout=30)
+        assert pool.submit("x", lambda: 7).result(timeout=30) == 7  # a failed task leaves the thread
+    finally:
+        pool.shutdown(wait=True)
+
+
+def test_a_shut_down_sampling_queue_cancels_what_waits_and_takes_nothing_new() -> None:
+    from sampling_server.fair_pool import FairPool
+
+    pool = FairPool(1)
+    gate, started = threading.Event(), threading.Event()
+    running = pool.submit("a", lambda: (started.set(), gate.wait(30))[1])
+    assert started.wait(30)
+    queued = pool.submit("b", lambda: 1)
+    pool.shutdown(wait=False, cancel_futures=True)
+    assert queued.cancelled()
+    gate.set()
+    assert running.result(timeout=30) is True
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit("a", lambda: 1)
+    with pytest.raises(ValueError, match="workers: expected an integer >= 1, got 0"):
+        FairPool(0)

@@ -1093,7 +1093,7 @@ def test_sampling_threads_run_kernels_on_the_usable_cpus(
         pipeline = SamplingPipeline(store, None, workers=2, threads=given)
         try:
             assert pipeline.threads == (given or cpus)
-            seen = {pipeline._pool.submit(numba.get_num_threads).result(timeout=30),
+            seen = {pipeline._pool.submit("test", numba.get_num_threads).result(timeout=30),
                     pipeline.lookups.submit(numba.get_num_threads).result(timeout=30)}
             assert seen == {min(expected, pool_size)}
         finally:

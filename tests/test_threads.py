@@ -84,7 +84,7 @@ def test_the_pipeline_resolves_automatic_workers(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(threads, "usable_cpus", lambda: 10)
     pipeline = SamplingPipeline(None, None)  # type: ignore[arg-type]  # the store is not used here
     try:
-        assert pipeline.workers == 5 and pipeline._pool._max_workers == 5
+        assert pipeline.workers == 5 and pipeline._pool.workers == 5
         assert pipeline.lookups._max_workers == 10
     finally:
         pipeline.close()
