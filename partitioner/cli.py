@@ -10,10 +10,9 @@ from pathlib import Path
 
 from partitioner.algorithms import METHODS
 from partitioner.format import MANIFEST_FILE, PartitionFormatError, check_files, read_manifest
-from partitioner.graph import GraphData, GraphDataError
+from partitioner.graph import GraphData, GraphDataError, TypedGraphData
 from partitioner.summary import format_summary
 from partitioner.synthetic import PLAIN_PRESETS, TYPED_PRESETS
-from partitioner.typed import TypedGraphData
 
 log = logging.getLogger("partitioner")
 

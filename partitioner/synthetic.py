@@ -28,8 +28,7 @@ import numba
 import numpy as np
 from tqdm import tqdm
 
-from partitioner.graph import EdgeType, GraphData, sorted_unique
-from partitioner.typed import TypedGraphData
+from partitioner.graph import EdgeType, GraphData, TypedGraphData, sorted_unique
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Partition a graph and write it to disk, out of core: one writer for plain and typed graphs.
 
-A graph reaches the writer as a :class:`~partitioner.typed.TypedGraphData` (a plain
+A graph reaches the writer as a :class:`~partitioner.graph.TypedGraphData` (a plain
 :class:`~partitioner.graph.GraphData` as its one-type view). Nodes are relabelled per
 type so that each partition owns one contiguous ID range of every type, in original-ID
 order within the partition. Each relation's edges are stored once, as CSC in-edges in
@@ -24,7 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from partitioner.algorithms import assign
-from partitioner.graph import SPLITS, EdgeType, GraphData, edge_type_name
+from partitioner.graph import SPLITS, EdgeType, GraphData, TypedGraphData, edge_type_name, plain_view
 from partitioner.manifest import (
     FORMAT_VERSION,
     TYPED_FORMAT_VERSION,
@@ -34,7 +34,6 @@ from partitioner.manifest import (
     role,
 )
 from partitioner.npyio import FileRecord, NpyWriter, iter_edge_chunks, iter_row_chunks, read_flat, save_npy
-from partitioner.typed import TypedGraphData, plain_view
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,7 @@ from test_loader import TIMEOUTS, RealServers
 from test_typed_service import served
 
 from partitioner import partition_graph
-from partitioner.graph import GraphData
-from partitioner.typed import TypedGraphData
+from partitioner.graph import GraphData, TypedGraphData
 from trainer_client.loader import RemoteNeighborLoader
 
 SEEDS = range(6)

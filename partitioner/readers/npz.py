@@ -36,11 +36,11 @@ from partitioner.graph import (
     EdgeType,
     GraphData,
     GraphDataError,
+    TypedGraphData,
     edge_type_name,
     labels_to_int64,
     parse_edge_type,
 )
-from partitioner.typed import TypedGraphData
 
 log = logging.getLogger(__name__)
 

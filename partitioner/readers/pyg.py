@@ -14,8 +14,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data, HeteroData
 
-from partitioner.graph import SPLITS, EdgeType, GraphData, GraphDataError, labels_to_int64
-from partitioner.typed import TypedGraphData
+from partitioner.graph import SPLITS, EdgeType, GraphData, GraphDataError, TypedGraphData, labels_to_int64
 
 log = logging.getLogger(__name__)
 
