@@ -69,32 +69,22 @@ class CodecError(ValueError):
 
 # ---- dtype mapping -------------------------------------------------------------------
 
-_NUMPY_OF: dict[WireDType, np.dtype] = {
-    pb.BOOL: np.dtype(np.bool_),
-    pb.UINT8: np.dtype(np.uint8),
-    pb.INT8: np.dtype(np.int8),
-    pb.INT16: np.dtype("<i2"),
-    pb.INT32: np.dtype("<i4"),
-    pb.INT64: np.dtype("<i8"),
-    pb.FLOAT16: np.dtype("<f2"),
-    pb.BFLOAT16: np.dtype("<u2"),  # raw bits: NumPy has no bfloat16
-    pb.FLOAT32: np.dtype("<f4"),
-    pb.FLOAT64: np.dtype("<f8"),
+#: Each wire dtype's little-endian NumPy dtype (BFLOAT16: its raw bits, as NumPy has no
+#: bfloat16) and PyTorch dtype.
+_DTYPES: dict[WireDType, tuple[np.dtype, torch.dtype]] = {
+    pb.BOOL: (np.dtype(np.bool_), torch.bool),
+    pb.UINT8: (np.dtype(np.uint8), torch.uint8),
+    pb.INT8: (np.dtype(np.int8), torch.int8),
+    pb.INT16: (np.dtype("<i2"), torch.int16),
+    pb.INT32: (np.dtype("<i4"), torch.int32),
+    pb.INT64: (np.dtype("<i8"), torch.int64),
+    pb.FLOAT16: (np.dtype("<f2"), torch.float16),
+    pb.BFLOAT16: (np.dtype("<u2"), torch.bfloat16),
+    pb.FLOAT32: (np.dtype("<f4"), torch.float32),
+    pb.FLOAT64: (np.dtype("<f8"), torch.float64),
 }
-
-_TORCH_OF: dict[WireDType, torch.dtype] = {
-    pb.BOOL: torch.bool,
-    pb.UINT8: torch.uint8,
-    pb.INT8: torch.int8,
-    pb.INT16: torch.int16,
-    pb.INT32: torch.int32,
-    pb.INT64: torch.int64,
-    pb.FLOAT16: torch.float16,
-    pb.BFLOAT16: torch.bfloat16,
-    pb.FLOAT32: torch.float32,
-    pb.FLOAT64: torch.float64,
-}
-
+_NUMPY_OF = {k: numpy for k, (numpy, _) in _DTYPES.items()}
+_TORCH_OF = {k: torch_dtype for k, (_, torch_dtype) in _DTYPES.items()}
 _DTYPE_OF_NUMPY: dict[np.dtype, WireDType] = {
     np.dtype(d).newbyteorder("="): k for k, d in _NUMPY_OF.items() if k != pb.BFLOAT16
 }
