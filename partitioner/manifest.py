@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, EdgeType, edge_type_name, parse_edge_type
 from partitioner.npyio import FileRecord
@@ -281,25 +280,18 @@ def _from_v2(obj: dict[str, Any]) -> Manifest:
         format_version=TYPED_FORMAT_VERSION)
 
 
-M = TypeVar("M")
-
-
-def parse_manifest_file(root: str | Path, from_json: Callable[[dict[str, Any]], M]) -> tuple[Path, M]:
-    """``root/manifest.json`` parsed by ``from_json``; every failure a PartitionFormatError naming it."""
+def read_manifest(root: str | Path) -> Manifest:
+    """Read and check ``root/manifest.json`` (format v1 or v2); every failure a
+    :class:`PartitionFormatError` naming it."""
     path = Path(root) / MANIFEST_FILE
     if not path.is_file():
         raise PartitionFormatError(f"{path}: manifest not found; is {root} a partition directory?")
     try:
-        return path, from_json(json.loads(path.read_text()))
+        manifest = Manifest.from_json(json.loads(path.read_text()))
     except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, PartitionFormatError):
             raise
         raise PartitionFormatError(f"{path}: malformed manifest ({type(exc).__name__}: {exc})") from exc
-
-
-def read_manifest(root: str | Path) -> Manifest:
-    """Read and check ``root/manifest.json`` (format v1 or v2)."""
-    path, manifest = parse_manifest_file(root, Manifest.from_json)
     check_manifest(path, manifest)
     return manifest
 
