@@ -206,31 +206,6 @@ def _alias_draw(accept: np.ndarray, alias: np.ndarray, lo: int, size: int,
     return pos if u2 < accept[pos] else alias[pos]
 
 
-@numba.njit(parallel=True, cache=True)
-def _edge_keys(
-    seed: np.uint64, first: int, count: int, y: np.ndarray, homophily: float,
-    g_accept: np.ndarray, g_alias: np.ndarray, members: np.ndarray, c_ptr: np.ndarray,
-    c_accept: np.ndarray, c_alias: np.ndarray,
-) -> np.ndarray:
-    """Candidate edges ``first .. first+count-1`` as keys ``min*n + max``; a self-loop
-    gets key -1."""
-    n = y.size
-    keys = np.empty(count, dtype=np.int64)
-    for i in numba.prange(count):
-        e = first + i
-        u = _alias_draw(g_accept, g_alias, 0, n, _uniform(seed, e, 0), _uniform(seed, e, 1))
-        if _uniform(seed, e, 2) < homophily:
-            k = y[u]
-            lo = c_ptr[k]
-            pos = _alias_draw(c_accept, c_alias, lo, c_ptr[k + 1] - lo,
-                              _uniform(seed, e, 3), _uniform(seed, e, 4))
-            v = members[pos]
-        else:
-            v = _alias_draw(g_accept, g_alias, 0, n, _uniform(seed, e, 3), _uniform(seed, e, 4))
-        keys[i] = -1 if u == v else min(u, v) * n + max(u, v)
-    return keys
-
-
 def _class_alias_tables(
     w: np.ndarray, y: np.ndarray, num_classes: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -260,9 +235,9 @@ def _draw_edges(
     target = params.num_undirected_edges
     with tqdm(total=target, desc="edges", unit="edge", unit_scale=True,
               disable=not progress) as bar:
-        keys = _distinct_keys(rng, target, 1.05, lambda seed, first, count: _edge_keys(
-            seed, first, count, y, params.homophily, g_accept, g_alias, members, c_ptr, c_accept,
-            c_alias), bar)
+        keys = _distinct_keys(rng, target, 1.05, lambda seed, first, count: _relation_keys(
+            seed, first, count, y, params.homophily, g_accept, g_alias, g_accept, g_alias, members,
+            c_ptr, c_accept, c_alias, n, True, True, True), bar)
     return keys // n, keys % n
 
 
@@ -436,10 +411,11 @@ def _relation_keys(
     seed: np.uint64, first: int, count: int, anchor_comm: np.ndarray, homophily: float,
     a_accept: np.ndarray, a_alias: np.ndarray, o_accept: np.ndarray, o_alias: np.ndarray,
     members: np.ndarray, c_ptr: np.ndarray, c_accept: np.ndarray, c_alias: np.ndarray,
-    n_other: int, anchor_is_src: bool, no_self_loops: bool,
+    n_other: int, anchor_is_src: bool, no_self_loops: bool, undirected: bool = False,
 ) -> np.ndarray:
-    """Candidate edges ``first .. first+count-1`` as keys ``src * n_dst + dst``; a
-    refused self-loop gets key -1."""
+    """Candidate edges ``first .. first+count-1`` as keys ``src * n_dst + dst`` (of an
+    ``undirected`` relation within one type: ``min * n + max``); a refused self-loop gets
+    key -1."""
     n_anchor = anchor_comm.size
     keys = np.empty(count, dtype=np.int64)
     for i in numba.prange(count):
@@ -456,6 +432,8 @@ def _relation_keys(
                             _uniform(seed, e, 4))
         if no_self_loops and u == v:
             keys[i] = -1
+        elif undirected:
+            keys[i] = min(u, v) * n_other + max(u, v)
         elif anchor_is_src:
             keys[i] = u * n_other + v
         else:
