@@ -67,10 +67,13 @@ class GraphDataError(ValueError):
     """A source graph is malformed; the message names the field."""
 
 
-def labels_to_int64(raw: np.ndarray, field: str) -> np.ndarray:
-    """1-D labels as int64: integers as they are; floats (as OGB stores papers100M's, and
-    PyG's ``Data.y`` then holds them) NaN for unlabeled, which becomes ``-1``, and whole
-    numbers otherwise. ``field`` names the array in errors."""
+def labels_to_int64(labels: np.ndarray, field: str) -> np.ndarray:
+    """``[N]`` or ``[N, 1]`` labels as ``[N]`` int64: integers as they are; floats (as OGB
+    stores papers100M's, and PyG's ``Data.y`` then holds them) NaN for unlabeled, which
+    becomes ``-1``, and whole numbers otherwise. ``field`` names the array in errors."""
+    raw = labels[:, 0] if labels.ndim == 2 and labels.shape[1] == 1 else labels
+    if raw.ndim != 1:
+        raise GraphDataError(f"{field}: expected shape [N] or [N, 1], got {list(labels.shape)}")
     if np.issubdtype(raw.dtype, np.integer):
         return raw.astype(np.int64, copy=False)
     if not np.issubdtype(raw.dtype, np.floating):

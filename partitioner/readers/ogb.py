@@ -411,12 +411,10 @@ def _features_to_float32(x: np.ndarray, ds_dir: Path) -> np.ndarray:
 def _labels_to_int64(raw: np.ndarray, num_nodes: int, source: Path) -> np.ndarray:
     """``[N]`` or ``[N, 1]`` labels to ``[N]`` int64; NaN (unlabeled) becomes ``-1``."""
     labels = np.asarray(raw)
-    if labels.ndim == 2 and labels.shape[1] == 1:
-        labels = labels[:, 0]
-    if labels.shape != (num_nodes,):
+    if labels.shape not in ((num_nodes,), (num_nodes, 1)):
         raise GraphDataError(
             f"{source}: expected one label per node, shape [{num_nodes}] or [{num_nodes}, 1], "
-            f"got {list(np.shape(raw))}"
+            f"got {list(labels.shape)}"
         )
     return labels_to_int64(labels, str(source))
 
