@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -219,20 +219,16 @@ def _v1_json(m: Manifest) -> dict[str, Any]:
 
 
 def _from_v1(obj: dict[str, Any]) -> Manifest:
-    g = obj["graph"]
-    t, et = PLAIN_NODE_TYPE, PLAIN_EDGE_TYPE
-    return Manifest(
-        graph_name=str(g["name"]),
-        node_types={t: NodeTypeInfo(int(g["num_nodes"]), int(g["feature_dim"]), str(g["feature_dtype"]))},
-        edge_types={et: int(g["num_edges"])}, target_type=t, num_classes=int(g["num_classes"]),
-        partition_book={t: tuple(int(b) for b in obj["partition_book"])},
-        partitions=tuple(PartitionInfo(
-            id=int(p["id"]), num_nodes={t: int(p["num_nodes"])}, num_edges={et: int(p["num_edges"])},
-            num_remote_edges={et: int(p["num_remote_edges"])},
-            split_sizes={str(k): int(v) for k, v in p["split_sizes"].items()}, files=_files(p["files"]))
-            for p in obj["partitions"]),
-        files=_files(obj["files"]), weighted=frozenset([et] if g["has_edge_weight"] else []),
-        algorithm=dict(obj.get("algorithm", {})), format_version=FORMAT_VERSION)
+    """A v1 manifest: its JSON read as v2's of its one node type and one edge type."""
+    g, t, et = obj["graph"], PLAIN_NODE_TYPE, edge_type_name(PLAIN_EDGE_TYPE)
+    edge = {"num_edges": g["num_edges"], "has_edge_weight": g["has_edge_weight"]}
+    typed = {"graph": {"name": g["name"], "target_type": t, "num_classes": g["num_classes"],
+                       "node_types": {t: {k: g[k] for k in ("num_nodes", "feature_dim", "feature_dtype")}},
+                       "edge_types": {et: edge}},
+             "partition_book": {t: obj["partition_book"]},
+             "partitions": [{**p, "num_nodes": {t: p["num_nodes"]}, "num_edges": {et: p["num_edges"]},
+                             "num_remote_edges": {et: p["num_remote_edges"]}} for p in obj["partitions"]]}
+    return replace(_from_v2({**obj, **typed}), format_version=FORMAT_VERSION)
 
 
 def _v2_json(m: Manifest) -> dict[str, Any]:
