@@ -261,16 +261,6 @@ def _numpy_view(
     return array
 
 
-def _frombuffer(buffer: bytes | memoryview, dtype: torch.dtype) -> torch.Tensor:
-    """``torch.frombuffer`` on immutable bytes, without PyTorch's non-writable warning.
-
-    The tensors made here are documented as read-only; the warning would only repeat it.
-    """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        return torch.frombuffer(buffer, dtype=dtype)
-
-
 def _torch_view(
     buffer: bytes | memoryview | np.ndarray, dtype: WireDType, shape: tuple[int, ...], writable: bool
 ) -> torch.Tensor:
@@ -280,7 +270,10 @@ def _torch_view(
     buffer is always shared.
     """
     if isinstance(buffer, bytes | memoryview) and len(buffer) and _LITTLE_ENDIAN_HOST:
-        tensor = _frombuffer(buffer, _TORCH_OF[dtype]).reshape(shape)
+        # the tensors made here are documented as read-only: PyTorch's warning would repeat it
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            tensor = torch.frombuffer(buffer, dtype=_TORCH_OF[dtype]).reshape(shape)
         return tensor.clone() if writable else tensor
     numpy_dtype = pb.INT16 if dtype == pb.BFLOAT16 else dtype
     array = _numpy_view(buffer, numpy_dtype, shape, writable=False)
@@ -340,12 +333,6 @@ class _Slice:
     stop: int
 
 
-def _check_chunk_bytes(chunk_bytes: int) -> None:
-    """Raise unless ``1 <= chunk_bytes <= MAX_CHUNK_BYTES``."""
-    if not 1 <= chunk_bytes <= MAX_CHUNK_BYTES:
-        raise CodecError(f"chunk_bytes: expected 1 .. {MAX_CHUNK_BYTES}, got {chunk_bytes}")
-
-
 def _plan(sizes: Sequence[int], chunk_bytes: int) -> list[list[_Slice]]:
     """Group tensor byte ranges into messages carrying at most ``chunk_bytes`` each.
 
@@ -353,7 +340,8 @@ def _plan(sizes: Sequence[int], chunk_bytes: int) -> list[list[_Slice]]:
     current one lacks room); bigger tensors fill the current group and span the next
     ones. Empty tensors take one slice and no room. There is always at least one group.
     """
-    _check_chunk_bytes(chunk_bytes)
+    if not 1 <= chunk_bytes <= MAX_CHUNK_BYTES:
+        raise CodecError(f"chunk_bytes: expected 1 .. {MAX_CHUNK_BYTES}, got {chunk_bytes}")
     groups: list[list[_Slice]] = [[]]
     room = chunk_bytes
     for index, size in enumerate(sizes):
