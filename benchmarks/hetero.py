@@ -44,8 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import load_average, machine, spread, summarize_passes, time_batches, write_json
 
 from partitioner.format import load_node_map, load_partition
+from partitioner.graph import TypedGraphData
 from partitioner.synthetic import generate_typed
-from partitioner.typed import TypedGraphData
 from partitioner.writer import partition_graph
 from sampling_server.sampler import create_sampler
 

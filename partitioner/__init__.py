@@ -16,8 +16,15 @@ from partitioner.format import (
     read_format_version,
     read_manifest,
 )
-from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, SPLITS, EdgeType, GraphData, GraphDataError
-from partitioner.typed import TypedGraphData
+from partitioner.graph import (
+    PLAIN_EDGE_TYPE,
+    PLAIN_NODE_TYPE,
+    SPLITS,
+    EdgeType,
+    GraphData,
+    GraphDataError,
+    TypedGraphData,
+)
 from partitioner.writer import partition_graph, write_partitions
 
 __all__ = [

@@ -19,8 +19,6 @@ from partitioner.npyio import iter_edge_chunks
 
 log = logging.getLogger(__name__)
 
-#: Methods whose memory stays O(N) whatever the number of edges.
-STREAMING_METHODS = ("range", "hash")
 METHODS = ("random", "hash", "range", "metis")
 #: Mean integer METIS node weight (resolution of the combined node/edge/train cost).
 _METIS_MEAN_WEIGHT = 1000

@@ -10,10 +10,9 @@ from pathlib import Path
 
 from partitioner.algorithms import METHODS
 from partitioner.format import MANIFEST_FILE, PartitionFormatError, check_files, read_manifest
-from partitioner.graph import GraphData, GraphDataError
+from partitioner.graph import GraphData, GraphDataError, TypedGraphData
 from partitioner.summary import format_summary
 from partitioner.synthetic import PLAIN_PRESETS, TYPED_PRESETS
-from partitioner.typed import TypedGraphData
 
 log = logging.getLogger("partitioner")
 
@@ -115,12 +114,10 @@ def _progress(args: argparse.Namespace) -> bool:
 
 def _read_source(args: argparse.Namespace) -> GraphData | TypedGraphData:
     graph = _read_graph(args)
-    if isinstance(graph, TypedGraphData):
-        return graph.add_reverse() if args.add_reverse else graph
-    if args.add_reverse:
+    if args.add_reverse and not isinstance(graph, TypedGraphData):
         raise ValueError("--add-reverse: only for typed graphs; use --to-undirected for "
                          "homogeneous OGB graphs")
-    return graph
+    return graph.add_reverse() if args.add_reverse and isinstance(graph, TypedGraphData) else graph
 
 
 def _read_graph(args: argparse.Namespace) -> GraphData | TypedGraphData:

@@ -206,10 +206,6 @@ def check_files(root: str | Path, records: list[FileRecord], verify: Verify = "f
             fut.result()
 
 
-def _load(root: Path, rec: FileRecord, mmap: bool) -> np.ndarray:
-    return load_npy(root / rec.path, mmap)
-
-
 def _fail(base: Path, rel: str, what: str) -> PartitionFormatError:
     return PartitionFormatError(f"{base / rel}: {what}")
 
@@ -243,7 +239,7 @@ def load_partition(root: str | Path, partition_id: int, *, mmap: bool = True,
     check_files(base, [*books.values(), *info.files.values()], verify)
 
     def load(kind: str, t: str | EdgeType) -> np.ndarray:
-        return _load(base, _record(base, m, info, kind, t), mmap)
+        return load_npy(base / _record(base, m, info, kind, t).path, mmap)
 
     def present(kind: str, t: str | EdgeType) -> bool:
         return m.role(kind, t) in info.files
@@ -251,7 +247,7 @@ def load_partition(root: str | Path, partition_id: int, *, mmap: bool = True,
     target = m.target_type
     part = Partition(
         manifest=m, partition_id=partition_id,
-        partition_book={t: _load(base, r, mmap=False) for t, r in books.items()},
+        partition_book={t: load_npy(base / r.path, mmap=False) for t, r in books.items()},
         indptr={et: load("indptr", et) for et in m.edge_types},
         indices={et: load("indices", et) for et in m.edge_types},
         edge_weight={et: load("edge_weight", et) for et in m.edge_types if present("edge_weight", et)},
@@ -385,7 +381,7 @@ def _joined(base: Path, m: Manifest, kind: str, t: str | EdgeType, sizes: list[i
     row = 0
     for info, n in zip(m.partitions, sizes, strict=True):
         rec = _record(base, m, info, kind, t)
-        part = _load(base, rec, mmap=True)
+        part = load_npy(base / rec.path)
         if part.shape != (n, *shape):
             raise _fail(base, rec.path, f"expected shape {[n, *shape]} (the manifest's partition "
                         f"{info.id}), got {list(part.shape)}")
@@ -416,8 +412,8 @@ def load_structure(root: str | Path, *, verify: Verify = "full", weights: bool =
         node = edge = 0
         for info in m.partitions:
             n, e = info.num_nodes[et[2]], info.num_edges[et]
-            part_ptr = _load(base, _record(base, m, info, "indptr", et), mmap=True)
-            part_src = _load(base, _record(base, m, info, "indices", et), mmap=True)
+            part_ptr = load_npy(base / _record(base, m, info, "indptr", et).path)
+            part_src = load_npy(base / _record(base, m, info, "indices", et).path)
             _check_csc(base, m, info, et, part_ptr, part_src, n)
             if part_src.shape != (e,):
                 raise _fail(base, _record(base, m, info, "indices", et).path,
@@ -472,4 +468,4 @@ def load_node_map(root: str | Path, node_type: str | None = None, *, verify: Ver
     if rec is None:
         raise PartitionFormatError(f"node_type: expected one of {list(m.node_types)}, got {node_type!r}")
     check_files(root, [rec], verify)
-    return _load(Path(root), rec, mmap=True)
+    return load_npy(Path(root) / rec.path, mmap=True)

@@ -1,10 +1,28 @@
-"""The in-memory (or memory-mapped) graph that readers produce and partitioners consume."""
+"""The graph model that readers produce and the partition writer consumes: one model for
+plain and typed graphs.
+
+A :class:`TypedGraphData` has node types with per-type counts, relations
+``(src_type, relation, dst_type)`` whose edges use per-type **local** IDs, features per
+node type (some types may have none, as in ogbn-mag where only papers do), optional edge
+weights per relation, and labels and splits on one target node type. A plain
+:class:`GraphData` is the typed graph of one node type and one edge type
+(:func:`plain_view`, ``typed=False``). Arrays may be ``np.memmap`` views of ``.npy``
+files, so graphs larger than memory pass through the streaming partitioner without being
+loaded; nothing here copies them.
+
+The homogeneous view of a typed graph numbers nodes type after type (global ID = the
+type's offset + local ID, types in :attr:`TypedGraphData.node_types` order); METIS
+partitions that view.
+"""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 #: The split names every part of graphfeed uses, in this order.
 SPLITS: tuple[str, ...] = ("train", "val", "test")
@@ -49,24 +67,13 @@ class GraphDataError(ValueError):
     """A source graph is malformed; the message names the field."""
 
 
-def check_classes_and_splits(num_classes: int, splits: dict[str, np.ndarray]) -> None:
-    """Raise :class:`GraphDataError` unless ``num_classes`` is positive and every split is
-    a known name with a 1-D int64 ID array (typed and homogeneous graphs alike)."""
-    if num_classes <= 0:
-        raise GraphDataError(f"num_classes: expected a positive integer, got {num_classes}")
-    for name, idx in splits.items():
-        if name not in SPLITS:
-            raise GraphDataError(f"splits: expected names among {SPLITS}, got {name!r}")
-        if idx.ndim != 1 or idx.dtype != np.int64:
-            raise GraphDataError(
-                f"splits[{name!r}]: expected 1-D int64, got {idx.dtype} of shape {list(idx.shape)}"
-            )
-
-
-def labels_to_int64(raw: np.ndarray, field: str) -> np.ndarray:
-    """1-D labels as int64: integers as they are; floats (as OGB stores papers100M's, and
-    PyG's ``Data.y`` then holds them) NaN for unlabeled, which becomes ``-1``, and whole
-    numbers otherwise. ``field`` names the array in errors."""
+def labels_to_int64(labels: np.ndarray, field: str) -> np.ndarray:
+    """``[N]`` or ``[N, 1]`` labels as ``[N]`` int64: integers as they are; floats (as OGB
+    stores papers100M's, and PyG's ``Data.y`` then holds them) NaN for unlabeled, which
+    becomes ``-1``, and whole numbers otherwise. ``field`` names the array in errors."""
+    raw = labels[:, 0] if labels.ndim == 2 and labels.shape[1] == 1 else labels
+    if raw.ndim != 1:
+        raise GraphDataError(f"{field}: expected shape [N] or [N, 1], got {list(labels.shape)}")
     if np.issubdtype(raw.dtype, np.integer):
         return raw.astype(np.int64, copy=False)
     if not np.issubdtype(raw.dtype, np.floating):
@@ -83,11 +90,8 @@ def labels_to_int64(raw: np.ndarray, field: str) -> np.ndarray:
 
 @dataclass
 class GraphData:
-    """A homogeneous node-classification graph before partitioning.
-
-    Arrays may be ``np.memmap`` views of ``.npy`` files, so graphs larger than memory
-    pass through the streaming partitioner without being loaded.
-    """
+    """A homogeneous node-classification graph before partitioning: below the user's API,
+    the typed graph of one node type and one edge type (:func:`plain_view`)."""
 
     #: Name of the graph (dataset name or preset), recorded in the partition manifest.
     name: str
@@ -115,55 +119,295 @@ class GraphData:
         return int(self.x.shape[1])
 
     def validate(self, check_values: bool = True) -> None:
+        """:meth:`TypedGraphData.validate` of its one-type view."""
+        plain_view(self).validate(check_values)
+
+
+#: Prefix of the relations :meth:`TypedGraphData.add_reverse` adds (as PyG's ``ToUndirected``).
+REVERSE_PREFIX = "rev_"
+
+_FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+
+
+def plain_view(graph: GraphData) -> TypedGraphData:
+    """A plain graph as the typed graph of one node type and one edge type
+    (:data:`PLAIN_NODE_TYPE`, :data:`PLAIN_EDGE_TYPE`; ``typed=False``), sharing its
+    arrays (memory maps stay memory maps)."""
+    t, et = PLAIN_NODE_TYPE, PLAIN_EDGE_TYPE
+    return TypedGraphData(
+        name=graph.name, num_nodes={t: graph.num_nodes}, edge_index={et: graph.edge_index},
+        x={t: graph.x}, target_type=t, y=graph.y, num_classes=graph.num_classes,
+        splits=dict(graph.splits),
+        edge_weight={} if graph.edge_weight is None else {et: graph.edge_weight}, typed=False)
+
+
+def _check_type_name(what: str, name: str) -> None:
+    if not name or "__" in name or "/" in name or name != name.strip():
+        raise GraphDataError(
+            f"{what}: expected a non-empty name without '__', '/' or surrounding spaces, "
+            f"got {name!r}"
+        )
+
+
+@dataclass
+class TypedGraphData:
+    """A typed node-classification graph before partitioning (see the module doc)."""
+
+    #: Name of the graph (dataset name or preset), recorded in the partition manifest.
+    name: str
+    #: Node type to its number of nodes ``N_t`` (local IDs ``0 .. N_t-1``); the dict's
+    #: order is the node-type order of the homogeneous view and of partition files.
+    num_nodes: dict[str, int]
+    #: Edge type ``(src, rel, dst)`` to ``[2, E_r]`` int64: row 0 local source IDs of type
+    #: ``src``, row 1 local destination IDs of type ``dst``.
+    edge_index: dict[EdgeType, np.ndarray]
+    #: Node type to ``[N_t, F_t]`` float features; types without features are absent.
+    x: dict[str, np.ndarray]
+    #: The node type that carries labels and splits (``paper`` in ogbn-mag).
+    target_type: str
+    #: ``[N_target]`` int64 class labels of the target type; ``-1`` marks unlabeled nodes.
+    y: np.ndarray
+    #: Number of classes (labels lie in ``0 .. num_classes-1``).
+    num_classes: int
+    #: Split name (``train``/``val``/``test``) to int64 local IDs of target-type nodes.
+    splits: dict[str, np.ndarray] = field(default_factory=dict)
+    #: Edge type to ``[E_r]`` float32 positive weights, for the weighted relations.
+    edge_weight: dict[EdgeType, np.ndarray] = field(default_factory=dict)
+    #: Whether users see the graph typed (``HeteroData``, partition format v2); False for a
+    #: plain graph's one-type view (``Data``, format v1).
+    typed: bool = True
+
+    @property
+    def node_types(self) -> tuple[str, ...]:
+        return tuple(self.num_nodes)
+
+    @property
+    def edge_types(self) -> tuple[EdgeType, ...]:
+        return tuple(self.edge_index)
+
+    @property
+    def total_nodes(self) -> int:
+        return int(sum(self.num_nodes.values()))
+
+    def num_edges(self, edge_type: EdgeType | None = None) -> int:
+        """Edges of one type, or of all types when ``edge_type`` is None."""
+        if edge_type is not None:
+            return int(self.edge_index[edge_type].shape[1])
+        return int(sum(ei.shape[1] for ei in self.edge_index.values()))
+
+    def feature_dim(self, node_type: str) -> int:
+        """``F_t`` of a node type; 0 for a type without features."""
+        feats = self.x.get(node_type)
+        return 0 if feats is None else int(feats.shape[1])
+
+    def node_offsets(self) -> dict[str, int]:
+        """Node type to the first ID of its block in the homogeneous view."""
+        offsets, start = {}, 0
+        for t, n in self.num_nodes.items():
+            offsets[t] = start
+            start += n
+        return offsets
+
+    def _name(self, what: str, key: object) -> str:
+        """A field as errors name it: with its type in a typed graph (``x['paper']``)."""
+        return f"{what}[{key!r}]" if self.typed else what
+
+    def validate(self, check_values: bool = True) -> None:
         """Raise :class:`GraphDataError` naming the first malformed field.
 
-        ``check_values`` also scans the arrays' values (ID ranges, labels), which reads
-        every edge once.
+        ``check_values`` also scans the arrays' values (ID ranges, labels, splits), which
+        reads every edge once.
         """
-        n = self.num_nodes
-        if n <= 0:
-            raise GraphDataError(f"num_nodes: expected a positive integer, got {n}")
-        ei = self.edge_index
-        if ei.ndim != 2 or ei.shape[0] != 2:
-            raise GraphDataError(f"edge_index: expected shape [2, E], got {list(ei.shape)}")
-        if ei.dtype != np.int64:
-            raise GraphDataError(f"edge_index: expected dtype int64, got {ei.dtype}")
-        if self.x.ndim != 2 or self.x.shape[0] != n:
-            raise GraphDataError(f"x: expected shape [{n}, F], got {list(self.x.shape)}")
-        if self.x.dtype not in (np.float16, np.float32, np.float64):
-            raise GraphDataError(f"x: expected a float dtype, got {self.x.dtype}")
-        if self.y.shape != (n,) or self.y.dtype != np.int64:
+        if not self.num_nodes:
+            raise GraphDataError("num_nodes: expected at least one node type, got none")
+        for t, n in self.num_nodes.items():
+            _check_type_name("num_nodes", t)
+            if not isinstance(n, int | np.integer) or n <= 0:
+                raise GraphDataError(f"{self._name('num_nodes', t)}: expected a positive integer, got {n!r}")
+        if self.target_type not in self.num_nodes:
             raise GraphDataError(
-                f"y: expected int64 of shape [{n}], got {self.y.dtype} of shape {list(self.y.shape)}"
+                f"target_type: expected one of the node types {list(self.num_nodes)}, "
+                f"got {self.target_type!r}"
             )
-        check_classes_and_splits(self.num_classes, self.splits)
-        if self.edge_weight is not None:
-            w = self.edge_weight
-            if w.shape != (self.num_edges,) or w.dtype != np.float32:
-                raise GraphDataError(
-                    f"edge_weight: expected float32 of shape [{self.num_edges}], "
-                    f"got {w.dtype} of shape {list(w.shape)}"
-                )
+        self._validate_edges()
+        self._validate_features()
+        self._validate_labels()
         if check_values:
             self._validate_values()
 
-    def _validate_values(self) -> None:
-        n = self.num_nodes
-        if self.num_edges:
-            lo, hi = int(self.edge_index.min()), int(self.edge_index.max())
-            if lo < 0 or hi >= n:
+    def _validate_edges(self) -> None:
+        if not self.edge_index:
+            raise GraphDataError("edge_index: expected at least one edge type, got none")
+        for et, ei in self.edge_index.items():
+            if not isinstance(et, tuple) or len(et) != 3:
                 raise GraphDataError(
-                    f"edge_index: expected node IDs in [0, {n}), got values in [{lo}, {hi}]"
+                    f"edge_index: expected keys (src_type, relation, dst_type), got {et!r}"
                 )
-        if n and (int(self.y.min()) < -1 or int(self.y.max()) >= self.num_classes):
+            _check_type_name(f"edge_index[{et!r}] relation", et[1])
+            name = self._name("edge_index", et)
+            for end in (et[0], et[2]):
+                if end not in self.num_nodes:
+                    raise GraphDataError(
+                        f"{name}: expected node types among {list(self.num_nodes)}, got {end!r}"
+                    )
+            if ei.ndim != 2 or ei.shape[0] != 2:
+                raise GraphDataError(f"{name}: expected shape [2, E], got {list(ei.shape)}")
+            if ei.dtype != np.int64:
+                raise GraphDataError(f"{name}: expected dtype int64, got {ei.dtype}")
+        for et, w in self.edge_weight.items():
+            if et not in self.edge_index:
+                raise GraphDataError(f"edge_weight: expected edge types among "
+                                     f"{list(self.edge_index)}, got {et!r}")
+            if w.shape != (self.num_edges(et),) or w.dtype != np.float32:
+                raise GraphDataError(f"{self._name('edge_weight', et)}: expected float32 of shape "
+                                     f"[{self.num_edges(et)}], got {w.dtype} of shape {list(w.shape)}")
+
+    def _validate_features(self) -> None:
+        for t, feats in self.x.items():
+            if t not in self.num_nodes:
+                raise GraphDataError(
+                    f"x: expected node types among {list(self.num_nodes)}, got {t!r}"
+                )
+            n = self.num_nodes[t]
+            if feats.ndim != 2 or feats.shape[0] != n:
+                raise GraphDataError(
+                    f"{self._name('x', t)}: expected shape [{n}, F], got {list(feats.shape)}"
+                )
+            if feats.dtype not in _FLOAT_DTYPES:
+                raise GraphDataError(f"{self._name('x', t)}: expected a float dtype, got {feats.dtype}")
+
+    def _validate_labels(self) -> None:
+        n = self.num_nodes[self.target_type]
+        if self.y.shape != (n,) or self.y.dtype != np.int64:
+            per = f" (one label per {self.target_type!r} node)" if self.typed else ""
+            raise GraphDataError(f"y: expected int64 of shape [{n}]{per}, got {self.y.dtype} of "
+                                 f"shape {list(self.y.shape)}")
+        if self.num_classes <= 0:
+            raise GraphDataError(f"num_classes: expected a positive integer, got {self.num_classes}")
+        for name, idx in self.splits.items():
+            if name not in SPLITS:
+                raise GraphDataError(f"splits: expected names among {SPLITS}, got {name!r}")
+            if idx.ndim != 1 or idx.dtype != np.int64:
+                raise GraphDataError(
+                    f"splits[{name!r}]: expected 1-D int64, got {idx.dtype} of shape {list(idx.shape)}"
+                )
+
+    def _validate_values(self) -> None:
+        for et, ei in self.edge_index.items():
+            if not ei.shape[1]:
+                continue
+            for row, t in ((0, et[0]), (1, et[2])):
+                lo, hi, n = int(ei[row].min()), int(ei[row].max()), self.num_nodes[t]
+                if lo < 0 or hi >= n:
+                    what = f"{('source', 'destination')[row]} IDs of {t!r}" if self.typed else "node IDs"
+                    raise GraphDataError(f"{self._name('edge_index', et)}: expected {what} in "
+                                         f"[0, {n}), got values in [{lo}, {hi}]")
+        y, n = self.y, self.num_nodes[self.target_type]
+        if y.size and (int(y.min()) < -1 or int(y.max()) >= self.num_classes):
             raise GraphDataError(
                 f"y: expected labels in [-1, {self.num_classes}), "
-                f"got values in [{int(self.y.min())}, {int(self.y.max())}]"
+                f"got values in [{int(y.min())}, {int(y.max())}]"
             )
         for name, idx in self.splits.items():
             if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
-                raise GraphDataError(f"splits[{name!r}]: expected node IDs in [0, {n})")
+                what = f"{self.target_type!r} IDs" if self.typed else "node IDs"
+                raise GraphDataError(f"splits[{name!r}]: expected {what} in [0, {n}), got "
+                                     f"values in [{int(idx.min())}, {int(idx.max())}]")
             if sorted_unique(idx).size != idx.size:
                 raise GraphDataError(f"splits[{name!r}]: node IDs repeat")
-        if self.edge_weight is not None and self.num_edges and not bool((self.edge_weight > 0).all()):
-            raise GraphDataError("edge_weight: expected positive weights")
+        for et, w in self.edge_weight.items():
+            if w.size and not bool((w > 0).all()):
+                raise GraphDataError(f"{self._name('edge_weight', et)}: expected positive weights")
+
+    def add_reverse(self) -> TypedGraphData:
+        """A copy with reverse edges, as PyG's ``ToUndirected`` does for ogbn-mag.
+
+        A relation between two types ``(s, r, d)`` gains ``(d, rev_r, s)``; a relation
+        within one type (``paper cites paper``) gets every edge's reverse added to it and
+        repeated edges dropped. Relations whose reverse is already present are kept as
+        they are. Arrays of the input are shared, not copied, where unchanged. Edge weights
+        follow their edges (a repeated edge keeps its first weight).
+        """
+        edges: dict[EdgeType, np.ndarray] = {}
+        weights: dict[EdgeType, np.ndarray] = {}
+        for (s, r, d), ei in self.edge_index.items():
+            w = self.edge_weight.get((s, r, d))
+            if s == d:
+                edges[(s, r, d)], kept = make_undirected(ei, self.num_nodes[s], w)
+                if kept is not None:
+                    weights[(s, r, d)] = kept
+            else:
+                edges[(s, r, d)] = ei
+                if w is not None:
+                    weights[(s, r, d)] = w
+        for (s, r, d), ei in self.edge_index.items():
+            rev = (d, REVERSE_PREFIX + r, s)
+            has_reverse = r.startswith(REVERSE_PREFIX) and (d, r[len(REVERSE_PREFIX):], s) in edges
+            if s == d or rev in edges or has_reverse:
+                continue
+            edges[rev] = np.ascontiguousarray(ei[::-1])
+            if (s, r, d) in self.edge_weight:
+                weights[rev] = self.edge_weight[(s, r, d)]
+        log.info("added reverse relations: %d -> %d edge types, %d -> %d edges",
+                 len(self.edge_index), len(edges), self.num_edges(),
+                 sum(e.shape[1] for e in edges.values()))
+        return TypedGraphData(
+            name=self.name, num_nodes=dict(self.num_nodes), edge_index=edges, x=dict(self.x),
+            target_type=self.target_type, y=self.y, num_classes=self.num_classes,
+            splits=dict(self.splits), edge_weight=weights,
+        )
+
+    def to_homogeneous(self) -> GraphData:
+        """The homogeneous view METIS partitions: global ID = type offset + local ID.
+
+        Edges of all types are concatenated in :attr:`edge_types` order; ``x`` has zero
+        columns (features stay typed); ``y`` and the splits are those of the target type
+        shifted by its offset, ``-1`` elsewhere.
+        """
+        offsets = self.node_offsets()
+        total = self.total_nodes
+        edge_index = np.empty((2, self.num_edges()), dtype=np.int64)
+        pos = 0
+        for (s, _r, d), ei in self.edge_index.items():
+            e = int(ei.shape[1])
+            np.add(ei[0], offsets[s], out=edge_index[0, pos:pos + e])
+            np.add(ei[1], offsets[d], out=edge_index[1, pos:pos + e])
+            pos += e
+        y = np.full(total, -1, dtype=np.int64)
+        off = offsets[self.target_type]
+        y[off:off + self.num_nodes[self.target_type]] = self.y
+        return GraphData(
+            name=self.name, num_nodes=total, edge_index=edge_index,
+            x=np.zeros((total, 0), dtype=np.float32), y=y, num_classes=self.num_classes,
+            splits={k: np.asarray(v, dtype=np.int64) + off for k, v in self.splits.items()},
+        )
+
+    def summary(self) -> str:
+        """One line per node type and per edge type."""
+        lines = [f"{self.name}: {len(self.num_nodes)} node types, {len(self.edge_index)} "
+                 f"edge types, target {self.target_type!r} ({self.num_classes} classes)"]
+        for t, n in self.num_nodes.items():
+            lines.append(f"  node {t}: {n:,} nodes, {self.feature_dim(t)} features")
+        for et in self.edge_index:
+            lines.append(f"  edge {'/'.join(et)}: {self.num_edges(et):,} edges")
+        return "\n".join(lines)
+
+
+def make_undirected(edge_index: np.ndarray, num_nodes: int, weight: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray | None]:
+    """``edge_index`` with every edge's reverse added and repeats dropped, as ``[2, E']``
+    int64 sorted by (source, target) (self-loops kept once); with ``weight`` (``[E]``),
+    also the weight of each kept edge (its first occurrence's, a reverse taking its edge's)."""
+    both = np.concatenate([edge_index, edge_index[::-1]], axis=1).astype(np.int64, copy=False)
+    first: np.ndarray | None = None
+    if num_nodes > 3_037_000_499:  # num_nodes**2 overflows int64: unique columns instead of keys
+        edges, first = np.unique(both, axis=1, return_index=True)
+        edges = np.ascontiguousarray(edges)
+    else:
+        keys = both[0] * np.int64(num_nodes) + both[1]
+        if weight is None:
+            keys = sorted_unique(keys)
+        else:
+            keys, first = np.unique(keys, return_index=True)
+        edges = np.stack([keys // num_nodes, keys % num_nodes])
+    return edges, None if weight is None else np.concatenate([weight, weight])[first]

@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, EdgeType, edge_type_name, parse_edge_type
 from partitioner.npyio import FileRecord
@@ -220,20 +219,16 @@ def _v1_json(m: Manifest) -> dict[str, Any]:
 
 
 def _from_v1(obj: dict[str, Any]) -> Manifest:
-    g = obj["graph"]
-    t, et = PLAIN_NODE_TYPE, PLAIN_EDGE_TYPE
-    return Manifest(
-        graph_name=str(g["name"]),
-        node_types={t: NodeTypeInfo(int(g["num_nodes"]), int(g["feature_dim"]), str(g["feature_dtype"]))},
-        edge_types={et: int(g["num_edges"])}, target_type=t, num_classes=int(g["num_classes"]),
-        partition_book={t: tuple(int(b) for b in obj["partition_book"])},
-        partitions=tuple(PartitionInfo(
-            id=int(p["id"]), num_nodes={t: int(p["num_nodes"])}, num_edges={et: int(p["num_edges"])},
-            num_remote_edges={et: int(p["num_remote_edges"])},
-            split_sizes={str(k): int(v) for k, v in p["split_sizes"].items()}, files=_files(p["files"]))
-            for p in obj["partitions"]),
-        files=_files(obj["files"]), weighted=frozenset([et] if g["has_edge_weight"] else []),
-        algorithm=dict(obj.get("algorithm", {})), format_version=FORMAT_VERSION)
+    """A v1 manifest: its JSON read as v2's of its one node type and one edge type."""
+    g, t, et = obj["graph"], PLAIN_NODE_TYPE, edge_type_name(PLAIN_EDGE_TYPE)
+    edge = {"num_edges": g["num_edges"], "has_edge_weight": g["has_edge_weight"]}
+    typed = {"graph": {"name": g["name"], "target_type": t, "num_classes": g["num_classes"],
+                       "node_types": {t: {k: g[k] for k in ("num_nodes", "feature_dim", "feature_dtype")}},
+                       "edge_types": {et: edge}},
+             "partition_book": {t: obj["partition_book"]},
+             "partitions": [{**p, "num_nodes": {t: p["num_nodes"]}, "num_edges": {et: p["num_edges"]},
+                             "num_remote_edges": {et: p["num_remote_edges"]}} for p in obj["partitions"]]}
+    return replace(_from_v2({**obj, **typed}), format_version=FORMAT_VERSION)
 
 
 def _v2_json(m: Manifest) -> dict[str, Any]:
@@ -281,25 +276,18 @@ def _from_v2(obj: dict[str, Any]) -> Manifest:
         format_version=TYPED_FORMAT_VERSION)
 
 
-M = TypeVar("M")
-
-
-def parse_manifest_file(root: str | Path, from_json: Callable[[dict[str, Any]], M]) -> tuple[Path, M]:
-    """``root/manifest.json`` parsed by ``from_json``; every failure a PartitionFormatError naming it."""
+def read_manifest(root: str | Path) -> Manifest:
+    """Read and check ``root/manifest.json`` (format v1 or v2); every failure a
+    :class:`PartitionFormatError` naming it."""
     path = Path(root) / MANIFEST_FILE
     if not path.is_file():
         raise PartitionFormatError(f"{path}: manifest not found; is {root} a partition directory?")
     try:
-        return path, from_json(json.loads(path.read_text()))
+        manifest = Manifest.from_json(json.loads(path.read_text()))
     except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, PartitionFormatError):
             raise
         raise PartitionFormatError(f"{path}: malformed manifest ({type(exc).__name__}: {exc})") from exc
-
-
-def read_manifest(root: str | Path) -> Manifest:
-    """Read and check ``root/manifest.json`` (format v1 or v2)."""
-    path, manifest = parse_manifest_file(root, Manifest.from_json)
     check_manifest(path, manifest)
     return manifest
 

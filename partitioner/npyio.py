@@ -4,11 +4,12 @@ page-cache-friendly chunk readers for memory-mapped arrays."""
 from __future__ import annotations
 
 import hashlib
+import io
 import math
 import os
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
@@ -34,23 +35,13 @@ class FileRecord:
     sha256: str
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "dtype": self.dtype,
-            "shape": list(self.shape),
-            "size_bytes": self.size_bytes,
-            "sha256": self.sha256,
-        }
+        return {**asdict(self), "shape": list(self.shape)}
 
     @staticmethod
     def from_json(obj: dict[str, Any]) -> FileRecord:
-        return FileRecord(
-            path=str(obj["path"]),
-            dtype=str(obj["dtype"]),
-            shape=tuple(int(s) for s in obj["shape"]),
-            size_bytes=int(obj["size_bytes"]),
-            sha256=str(obj["sha256"]),
-        )
+        return FileRecord(path=str(obj["path"]), dtype=str(obj["dtype"]),
+                          shape=tuple(int(s) for s in obj["shape"]), size_bytes=int(obj["size_bytes"]),
+                          sha256=str(obj["sha256"]))
 
 
 class NpyWriter:
@@ -75,9 +66,10 @@ class NpyWriter:
         path = root / relpath
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in close()
-        header = {"descr": np.lib.format.dtype_to_descr(self._dtype),
-                  "fortran_order": False, "shape": self._shape}
-        np.lib.format.write_array_header_1_0(_HashingFile(self), header)
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, {"descr": np.lib.format.dtype_to_descr(self._dtype),
+                                                      "fortran_order": False, "shape": self._shape})
+        self._write(header.getvalue())
 
     def _write(self, data: bytes | memoryview) -> None:
         self._file.write(data)
@@ -110,16 +102,6 @@ class NpyWriter:
             )
         return FileRecord(self._relpath, self._dtype.name, self._shape, self._size,
                           self._hash.hexdigest())
-
-
-class _HashingFile:
-    """File-like adapter so numpy's header writer goes through :class:`NpyWriter`."""
-
-    def __init__(self, writer: NpyWriter) -> None:
-        self._writer = writer
-
-    def write(self, data: bytes) -> None:
-        self._writer._write(data)
 
 
 def save_npy(root: Path, relpath: str, array: np.ndarray, chunk_rows: int = 1 << 22) -> FileRecord:

@@ -22,20 +22,16 @@ year as ogbn-mag's ``time`` split (train up to 2017, validation 2018, test 2019)
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numba
 import numpy as np
 from tqdm import tqdm
 
-from partitioner.graph import EdgeType, GraphData, sorted_unique
-from partitioner.typed import TypedGraphData
+from partitioner.graph import EdgeType, GraphData, TypedGraphData, sorted_unique
 
 log = logging.getLogger(__name__)
-
-#: Edges drawn per vectorized step (bounds the generator's working memory).
-_EDGE_CHUNK = 1 << 22
-
 
 @dataclass(frozen=True)
 class SyntheticPreset:
@@ -120,7 +116,8 @@ def _generate_plain(name: str, params: SyntheticPreset, seed: int, progress: boo
     rng = np.random.default_rng(seed)
     n = params.num_nodes
     y = _draw_classes(rng, n, params.num_classes, params.class_skew)
-    weights = _power_law_weights(rng, n, params)
+    weights = _power_law_weights(rng, n, params.gamma,
+                                 params.max_degree_fraction * n / (2.0 * params.num_undirected_edges))
     src, dst = _draw_edges(rng, y, weights, params, progress)
     edge_index = np.empty((2, 2 * src.size), dtype=np.int64)
     edge_index[0, : src.size], edge_index[0, src.size :] = src, dst
@@ -146,12 +143,11 @@ def _draw_classes(rng: np.random.Generator, n: int, num_classes: int, skew: floa
     return rng.choice(num_classes, size=n, p=sizes / sizes.sum()).astype(np.int64)
 
 
-def _power_law_weights(rng: np.random.Generator, n: int, params: SyntheticPreset) -> np.ndarray:
-    """Expected-degree weights ``w_i ~ rank^(-1/(gamma-1))``, in a random node order."""
+def _power_law_weights(rng: np.random.Generator, n: int, gamma: float, cap: float) -> np.ndarray:
+    """Expected-degree weights ``w_i ~ rank^(-1/(gamma-1))`` summing to 1, in a random node
+    order, none above ``cap`` (with 2M edges, a node's expected degree is 2M w_i)."""
     ranks = rng.permutation(n).astype(np.float64) + 1.0
-    w = ranks ** (-1.0 / (params.gamma - 1.0))
-    # Cap the largest expected degree; with 2M edges a node's expected degree is 2M w_i.
-    cap = params.max_degree_fraction * n / (2.0 * params.num_undirected_edges)
+    w = ranks ** (-1.0 / (gamma - 1.0))
     w /= w.sum()
     for _ in range(10):
         w = np.minimum(w, cap)
@@ -210,31 +206,6 @@ def _alias_draw(accept: np.ndarray, alias: np.ndarray, lo: int, size: int,
     return pos if u2 < accept[pos] else alias[pos]
 
 
-@numba.njit(parallel=True, cache=True)
-def _edge_keys(
-    seed: np.uint64, first: int, count: int, y: np.ndarray, homophily: float,
-    g_accept: np.ndarray, g_alias: np.ndarray, members: np.ndarray, c_ptr: np.ndarray,
-    c_accept: np.ndarray, c_alias: np.ndarray,
-) -> np.ndarray:
-    """Candidate edges ``first .. first+count-1`` as keys ``min*n + max``; a self-loop
-    gets key -1."""
-    n = y.size
-    keys = np.empty(count, dtype=np.int64)
-    for i in numba.prange(count):
-        e = first + i
-        u = _alias_draw(g_accept, g_alias, 0, n, _uniform(seed, e, 0), _uniform(seed, e, 1))
-        if _uniform(seed, e, 2) < homophily:
-            k = y[u]
-            lo = c_ptr[k]
-            pos = _alias_draw(c_accept, c_alias, lo, c_ptr[k + 1] - lo,
-                              _uniform(seed, e, 3), _uniform(seed, e, 4))
-            v = members[pos]
-        else:
-            v = _alias_draw(g_accept, g_alias, 0, n, _uniform(seed, e, 3), _uniform(seed, e, 4))
-        keys[i] = -1 if u == v else min(u, v) * n + max(u, v)
-    return keys
-
-
 def _class_alias_tables(
     w: np.ndarray, y: np.ndarray, num_classes: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -261,25 +232,37 @@ def _draw_edges(
     n = y.size
     g_accept, g_alias = _alias_table(w)
     members, c_ptr, c_accept, c_alias = _class_alias_tables(w, y, params.num_classes)
-    seed = np.uint64(rng.integers(0, 2**63))
     target = params.num_undirected_edges
-    keys = np.empty(0, dtype=np.int64)
-    drawn = 0
     with tqdm(total=target, desc="edges", unit="edge", unit_scale=True,
               disable=not progress) as bar:
-        for _ in range(8):  # top up what self-loops and repeats removed
-            missing = target - keys.size
-            if missing <= 0:
-                break
-            count = int(missing * 1.05) + 16
-            new = _edge_keys(seed, drawn, count, y, params.homophily, g_accept, g_alias,
-                             members, c_ptr, c_accept, c_alias)
-            drawn += count
-            keys = sorted_unique(np.concatenate([keys, new[new >= 0]]))
+        keys = _distinct_keys(rng, target, 1.05, lambda seed, first, count: _relation_keys(
+            seed, first, count, y, params.homophily, g_accept, g_alias, g_accept, g_alias, members,
+            c_ptr, c_accept, c_alias, n, True, True, True), bar)
+    return keys // n, keys % n
+
+
+def _distinct_keys(rng: np.random.Generator, target: int, overdraw: float,
+                   draw: Callable[[np.uint64, int, int], np.ndarray], bar: tqdm | None = None) -> np.ndarray:
+    """``target`` distinct edge keys, sorted: ``draw(seed, first, count)`` gives candidates
+    ``first .. first+count-1`` (-1 for a refused one), drawn ``overdraw`` times what is
+    missing until none is (what refusals and repeats removed is topped up), then a random
+    subset of ``target`` when more came."""
+    seed = np.uint64(rng.integers(0, 2**63))
+    keys = np.empty(0, dtype=np.int64)
+    drawn = 0
+    for _ in range(8):
+        missing = target - keys.size
+        if missing <= 0:
+            break
+        count = int(missing * overdraw) + 16
+        new = draw(seed, drawn, count)
+        drawn += count
+        keys = sorted_unique(np.concatenate([keys, new[new >= 0]]))
+        if bar is not None:
             bar.update(min(keys.size, target) - bar.n)
     if keys.size > target:
         keys = np.sort(rng.choice(keys, size=target, replace=False))
-    return keys // n, keys % n
+    return keys
 
 
 def _features(rng: np.random.Generator, y: np.ndarray, params: SyntheticPreset) -> np.ndarray:
@@ -377,11 +360,11 @@ def _generate_typed(name: str, params: TypedPreset, seed: int, progress: bool) -
     if sum(params.split_sizes) > n_target:
         raise ValueError(f"split_sizes: expected at most {n_target} {params.target_type} nodes")
     rng = np.random.default_rng(seed)
-    class_p = (np.arange(1, params.num_classes + 1, dtype=np.float64)) ** -params.class_skew
-    class_p /= class_p.sum()
-    community = {t: rng.choice(params.num_classes, size=n, p=class_p).astype(np.int64)
+    community = {t: _draw_classes(rng, n, params.num_classes, params.class_skew)
                  for t, n in params.num_nodes.items()}
-    weights = {t: _typed_weights(rng, n, params) for t, n in params.num_nodes.items()}
+    # the largest weight of a type capped at max_weight_ratio times the mean
+    weights = {t: _power_law_weights(rng, n, params.gamma, params.max_weight_ratio / n)
+               for t, n in params.num_nodes.items()}
     edges: dict[EdgeType, np.ndarray] = {}
     for spec in tqdm(params.relations, desc="relations", unit="rel", disable=not progress):
         edges[spec.edge_type] = _draw_relation(rng, spec, community, weights, params)
@@ -423,28 +406,16 @@ def _time_splits(
     }
 
 
-def _typed_weights(rng: np.random.Generator, n: int, params: TypedPreset) -> np.ndarray:
-    """Power-law expected-degree weights in a random node order, the largest capped at
-    ``max_weight_ratio`` times the mean."""
-    ranks = rng.permutation(n).astype(np.float64) + 1.0
-    w = ranks ** (-1.0 / (params.gamma - 1.0))
-    w /= w.sum()
-    cap = params.max_weight_ratio / n
-    for _ in range(10):
-        w = np.minimum(w, cap)
-        w /= w.sum()
-    return w
-
-
 @numba.njit(parallel=True, cache=True)
 def _relation_keys(
     seed: np.uint64, first: int, count: int, anchor_comm: np.ndarray, homophily: float,
     a_accept: np.ndarray, a_alias: np.ndarray, o_accept: np.ndarray, o_alias: np.ndarray,
     members: np.ndarray, c_ptr: np.ndarray, c_accept: np.ndarray, c_alias: np.ndarray,
-    n_other: int, anchor_is_src: bool, no_self_loops: bool,
+    n_other: int, anchor_is_src: bool, no_self_loops: bool, undirected: bool = False,
 ) -> np.ndarray:
-    """Candidate edges ``first .. first+count-1`` as keys ``src * n_dst + dst``; a
-    refused self-loop gets key -1."""
+    """Candidate edges ``first .. first+count-1`` as keys ``src * n_dst + dst`` (of an
+    ``undirected`` relation within one type: ``min * n + max``); a refused self-loop gets
+    key -1."""
     n_anchor = anchor_comm.size
     keys = np.empty(count, dtype=np.int64)
     for i in numba.prange(count):
@@ -461,6 +432,8 @@ def _relation_keys(
                             _uniform(seed, e, 4))
         if no_self_loops and u == v:
             keys[i] = -1
+        elif undirected:
+            keys[i] = min(u, v) * n_other + max(u, v)
         elif anchor_is_src:
             keys[i] = u * n_other + v
         else:
@@ -482,23 +455,10 @@ def _draw_relation(
     o_accept, o_alias = _alias_table(weights[other_t])
     members, c_ptr, c_accept, c_alias = _class_alias_tables(
         weights[other_t], community[other_t], params.num_classes)
-    seed = np.uint64(rng.integers(0, 2**63))
-    target = spec.num_edges
-    keys = np.empty(0, dtype=np.int64)
-    drawn = 0
-    for _ in range(8):  # top up what self-loops and repeats removed
-        missing = target - keys.size
-        if missing <= 0:
-            break
-        count = int(missing * 1.1) + 16
-        new = _relation_keys(seed, drawn, count, community[anchor_t], spec.homophily,
-                             a_accept, a_alias, o_accept, o_alias, members, c_ptr, c_accept,
-                             c_alias, params.num_nodes[other_t], spec.anchor == "src",
-                             src_t == dst_t)
-        drawn += count
-        keys = sorted_unique(np.concatenate([keys, new[new >= 0]]))
-    if keys.size > target:
-        keys = np.sort(rng.choice(keys, size=target, replace=False))
+    keys = _distinct_keys(rng, spec.num_edges, 1.1, lambda seed, first, count: _relation_keys(
+        seed, first, count, community[anchor_t], spec.homophily, a_accept, a_alias, o_accept,
+        o_alias, members, c_ptr, c_accept, c_alias, params.num_nodes[other_t], spec.anchor == "src",
+        src_t == dst_t))
     return np.stack([keys // n_dst, keys % n_dst])
 
 

@@ -1,6 +1,6 @@
 """Partition a graph and write it to disk, out of core: one writer for plain and typed graphs.
 
-A graph reaches the writer as a :class:`~partitioner.typed.TypedGraphData` (a plain
+A graph reaches the writer as a :class:`~partitioner.graph.TypedGraphData` (a plain
 :class:`~partitioner.graph.GraphData` as its one-type view). Nodes are relabelled per
 type so that each partition owns one contiguous ID range of every type, in original-ID
 order within the partition. Each relation's edges are stored once, as CSC in-edges in
@@ -24,7 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from partitioner.algorithms import assign
-from partitioner.graph import SPLITS, EdgeType, GraphData, edge_type_name
+from partitioner.graph import SPLITS, EdgeType, GraphData, TypedGraphData, edge_type_name, plain_view
 from partitioner.manifest import (
     FORMAT_VERSION,
     TYPED_FORMAT_VERSION,
@@ -34,7 +34,6 @@ from partitioner.manifest import (
     role,
 )
 from partitioner.npyio import FileRecord, NpyWriter, iter_edge_chunks, iter_row_chunks, read_flat, save_npy
-from partitioner.typed import TypedGraphData, plain_view
 
 log = logging.getLogger(__name__)
 
@@ -44,15 +43,12 @@ DEFAULT_EDGE_CHUNK = 1 << 24
 DEFAULT_ROW_CHUNK = 1 << 18
 
 
-def warn_empty_splits(graph: GraphData | TypedGraphData) -> list[str]:
-    """Warn about every split the graph lacks or has empty (a trainer refuses to iterate
-    it); returns their names."""
-    empty = [s for s in SPLITS if graph.splits.get(s) is None or len(graph.splits[s]) == 0]
-    for split in empty:
+def warn_empty_splits(graph: GraphData | TypedGraphData) -> None:
+    """Warn about every split the graph lacks or has empty (a trainer refuses to iterate it)."""
+    for split in [s for s in SPLITS if graph.splits.get(s) is None or len(graph.splits[s]) == 0]:
         log.warning("%s: the %r split is empty; graphfeed-train needs train and val nodes and a "
                     "loader refuses an empty split (give %s_idx or %s_mask, or OGB's valid_idx for val)",
                     graph.name, split, split, split)
-    return empty
 
 
 def partition_graph(
@@ -67,17 +63,13 @@ def partition_graph(
     warn_empty_splits(graph)
     started = time.perf_counter()
     graph.validate()  # ID ranges too: a bad ID would otherwise fail deep in METIS or the writer
-    if isinstance(graph, GraphData):
-        typed = plain_view(graph)
-        part_of = {typed.target_type: assign(graph, num_parts, method, seed=seed, edge_chunk=edge_chunk,
-                                             progress=progress)}
-    else:
-        typed = graph
-        view = graph.to_homogeneous()
-        whole = assign(view, num_parts, method, seed=seed, edge_chunk=edge_chunk, progress=progress)
-        del view
-        offsets = graph.node_offsets()
-        part_of = {t: whole[offsets[t]:offsets[t] + n] for t, n in graph.num_nodes.items()}
+    typed = plain_view(graph) if isinstance(graph, GraphData) else graph
+    # the homogeneous view (a plain graph is its own: its edges are not copied)
+    view = graph if isinstance(graph, GraphData) else graph.to_homogeneous()
+    whole = assign(view, num_parts, method, seed=seed, edge_chunk=edge_chunk, progress=progress)
+    del view
+    offsets = typed.node_offsets()
+    part_of = {t: whole[offsets[t]:offsets[t] + n] for t, n in typed.num_nodes.items()}
     algorithm = {"method": method, "num_parts": num_parts, "seed": seed,
                  "assign_seconds": round(time.perf_counter() - started, 3), **(extra or {})}
     return _write_partitions(typed, part_of, out_dir, num_parts=num_parts, algorithm=algorithm,
@@ -132,16 +124,13 @@ class _Layout:
     def __init__(self, typed: bool) -> None:
         self.typed = typed
 
-    def key(self, t: str | EdgeType) -> str | EdgeType | None:
-        return t if self.typed else None
-
     def shared(self, kind: str, t: str) -> tuple[str, str]:
         """(role, path) of a file shared by every partition (book, node map)."""
-        return role(kind, self.key(t)), f"{kind}/{t}.npy" if self.typed else f"{kind}.npy"
+        return role(kind, t if self.typed else None), f"{kind}/{t}.npy" if self.typed else f"{kind}.npy"
 
     def own(self, p: int, kind: str, t: str | EdgeType) -> tuple[str, str]:
         """(role, path) of a file of partition ``p``."""
-        name = role(kind, self.key(t))
+        name = role(kind, t if self.typed else None)
         return name, f"part-{p}/{name}.npy"
 
 
@@ -171,9 +160,7 @@ def _write_partitions(
     if not isinstance(part_of, Mapping):
         part_of = {graph.target_type: part_of}
     out = _prepare_out_dir(Path(out_dir), overwrite)
-    parts = _check_assignment(graph, part_of, num_parts)
-    num_parts = 1 + max((int(a.max()) for a in parts.values() if a.size), default=0) \
-        if num_parts is None else num_parts
+    parts, num_parts = _check_assignment(graph, part_of, num_parts)
     layout = _Layout(graph.typed)
     books, node_maps, shared = {}, {}, {}
     for t, owner in parts.items():
@@ -196,8 +183,7 @@ def _write_partitions(
         for t in graph.node_types:
             _write_node_type(graph, t, out, layout, parts[t], books[t], files, bar)
     target = graph.target_type
-    split_sizes = write_splits(graph.splits, out, parts[target], node_maps[target], files,
-                               prefix=f"{target}/" if graph.typed else "")
+    split_sizes = _write_splits(graph.splits, out, layout, target, parts[target], node_maps[target], files)
     infos = tuple(PartitionInfo(
         id=p, num_nodes={t: int(b[p + 1] - b[p]) for t, b in books.items()},
         num_edges={et: int(edges[et][p]) for et in graph.edge_types},
@@ -240,7 +226,8 @@ def _warn_without_training(manifest: Manifest) -> None:
 
 
 def _check_assignment(graph: TypedGraphData, part_of: Mapping[str, np.ndarray],
-                      num_parts: int | None) -> dict[str, np.ndarray]:
+                      num_parts: int | None) -> tuple[dict[str, np.ndarray], int]:
+    """The checked assignment (int32 per node type) and its number of partitions."""
     if num_parts is not None and num_parts < 1:
         raise ValueError(f"num_parts: expected an integer >= 1, got {num_parts}")
     if set(part_of) != set(graph.num_nodes):
@@ -263,7 +250,7 @@ def _check_assignment(graph: TypedGraphData, part_of: Mapping[str, np.ndarray],
     used = sum((np.bincount(a, minlength=parts) for a in checked.values()), np.zeros(parts, np.int64))
     if bool((used == 0).any()):
         raise ValueError("part_of: every partition 0..P-1 must own at least one node")
-    return checked
+    return checked, parts
 
 
 def _write_relation(graph: TypedGraphData, et: EdgeType, out: Path, layout: _Layout,
@@ -334,13 +321,12 @@ def _write_node_type(graph: TypedGraphData, t: str, out: Path, layout: _Layout, 
         files[p].update({name: w.close() for name, w in ws.items()})
 
 
-def write_splits(
-    splits: Mapping[str, np.ndarray], out: Path, part_of: np.ndarray, node_map: np.ndarray,
-    files: list[dict[str, FileRecord]], prefix: str = "",
+def _write_splits(
+    splits: Mapping[str, np.ndarray], out: Path, layout: _Layout, target: str, part_of: np.ndarray,
+    node_map: np.ndarray, files: list[dict[str, FileRecord]],
 ) -> list[dict[str, int]]:
-    """Each partition's share of every split, as ``part-<p>/<prefix><split>_idx.npy`` in
-    new IDs (sorted); returns the shares' sizes per partition. ``prefix`` is the target
-    type's folder (``"paper/"``) in a typed partition."""
+    """Each partition's share of every split of the ``target`` type, as its
+    ``<split>_idx.npy`` in new IDs (sorted); returns the shares' sizes per partition."""
     sizes: list[dict[str, int]] = [{} for _ in files]
     for split in SPLITS:
         if split not in splits:
@@ -349,6 +335,7 @@ def write_splits(
         owner, new_ids = part_of[ids], node_map[ids]
         for p in range(len(files)):
             mine = np.sort(new_ids[owner == p])
-            files[p][f"{prefix}{split}_idx"] = save_npy(out, f"part-{p}/{prefix}{split}_idx.npy", mine)
+            name, path = layout.own(p, f"{split}_idx", target)
+            files[p][name] = save_npy(out, path, mine)
             sizes[p][split] = int(mine.size)
     return sizes

@@ -174,11 +174,6 @@ class TensorAssembler:
         """Names of the tensors started so far, in arrival order."""
         return list(self._partials)
 
-    @property
-    def complete(self) -> bool:
-        """Whether every tensor started so far has all its bytes."""
-        return all(p.received == p.total for p in self._partials.values())
-
     def add_all(self, chunks: Iterable[ChunkLike]) -> None:
         """Add several chunks in order (e.g. the ``tensors`` field of one message)."""
         for chunk in chunks:
@@ -243,21 +238,12 @@ class TensorAssembler:
                 f"TensorChunk.offset of {name!r}: expected no more chunks (all "
                 f"{partial.total} bytes received), got one at offset {chunk.offset}"
             )
-        if chunk.dtype != partial.dtype:
-            raise CodecError(
-                f"TensorChunk.dtype of {name!r}: expected {dtype_name(partial.dtype)} as in "
-                f"its first chunk, got {dtype_name(chunk.dtype)}"
-            )
-        if tuple(chunk.shape) != partial.shape:
-            raise CodecError(
-                f"TensorChunk.shape of {name!r}: expected {list(partial.shape)} as in its "
-                f"first chunk, got {list(chunk.shape)}"
-            )
-        if chunk.total_bytes != partial.total:
-            raise CodecError(
-                f"TensorChunk.total_bytes of {name!r}: expected {partial.total} as in its "
-                f"first chunk, got {chunk.total_bytes}"
-            )
+        for field, want, got in (("dtype", dtype_name(partial.dtype), dtype_name(chunk.dtype)),
+                                 ("shape", list(partial.shape), list(chunk.shape)),
+                                 ("total_bytes", partial.total, chunk.total_bytes)):
+            if got != want:
+                raise CodecError(f"TensorChunk.{field} of {name!r}: expected {want} as in its "
+                                 f"first chunk, got {got}")
 
     @staticmethod
     def _check_slice(name: str, partial: _Partial, offset: int, size: int) -> None:

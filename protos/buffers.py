@@ -72,7 +72,3 @@ class BufferPool:
         elif len(self._buffers) < self.max_buffers:
             self._buffers.append(buffer)
         return buffer[:nbytes]
-
-    def clear(self) -> None:
-        """Drop every pooled buffer (tensors made from them stay valid)."""
-        self._buffers.clear()

@@ -69,32 +69,22 @@ class CodecError(ValueError):
 
 # ---- dtype mapping -------------------------------------------------------------------
 
-_NUMPY_OF: dict[WireDType, np.dtype] = {
-    pb.BOOL: np.dtype(np.bool_),
-    pb.UINT8: np.dtype(np.uint8),
-    pb.INT8: np.dtype(np.int8),
-    pb.INT16: np.dtype("<i2"),
-    pb.INT32: np.dtype("<i4"),
-    pb.INT64: np.dtype("<i8"),
-    pb.FLOAT16: np.dtype("<f2"),
-    pb.BFLOAT16: np.dtype("<u2"),  # raw bits: NumPy has no bfloat16
-    pb.FLOAT32: np.dtype("<f4"),
-    pb.FLOAT64: np.dtype("<f8"),
+#: Each wire dtype's little-endian NumPy dtype (BFLOAT16: its raw bits, as NumPy has no
+#: bfloat16) and PyTorch dtype.
+_DTYPES: dict[WireDType, tuple[np.dtype, torch.dtype]] = {
+    pb.BOOL: (np.dtype(np.bool_), torch.bool),
+    pb.UINT8: (np.dtype(np.uint8), torch.uint8),
+    pb.INT8: (np.dtype(np.int8), torch.int8),
+    pb.INT16: (np.dtype("<i2"), torch.int16),
+    pb.INT32: (np.dtype("<i4"), torch.int32),
+    pb.INT64: (np.dtype("<i8"), torch.int64),
+    pb.FLOAT16: (np.dtype("<f2"), torch.float16),
+    pb.BFLOAT16: (np.dtype("<u2"), torch.bfloat16),
+    pb.FLOAT32: (np.dtype("<f4"), torch.float32),
+    pb.FLOAT64: (np.dtype("<f8"), torch.float64),
 }
-
-_TORCH_OF: dict[WireDType, torch.dtype] = {
-    pb.BOOL: torch.bool,
-    pb.UINT8: torch.uint8,
-    pb.INT8: torch.int8,
-    pb.INT16: torch.int16,
-    pb.INT32: torch.int32,
-    pb.INT64: torch.int64,
-    pb.FLOAT16: torch.float16,
-    pb.BFLOAT16: torch.bfloat16,
-    pb.FLOAT32: torch.float32,
-    pb.FLOAT64: torch.float64,
-}
-
+_NUMPY_OF = {k: numpy for k, (numpy, _) in _DTYPES.items()}
+_TORCH_OF = {k: torch_dtype for k, (_, torch_dtype) in _DTYPES.items()}
 _DTYPE_OF_NUMPY: dict[np.dtype, WireDType] = {
     np.dtype(d).newbyteorder("="): k for k, d in _NUMPY_OF.items() if k != pb.BFLOAT16
 }
@@ -271,16 +261,6 @@ def _numpy_view(
     return array
 
 
-def _frombuffer(buffer: bytes | memoryview, dtype: torch.dtype) -> torch.Tensor:
-    """``torch.frombuffer`` on immutable bytes, without PyTorch's non-writable warning.
-
-    The tensors made here are documented as read-only; the warning would only repeat it.
-    """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        return torch.frombuffer(buffer, dtype=dtype)
-
-
 def _torch_view(
     buffer: bytes | memoryview | np.ndarray, dtype: WireDType, shape: tuple[int, ...], writable: bool
 ) -> torch.Tensor:
@@ -290,7 +270,10 @@ def _torch_view(
     buffer is always shared.
     """
     if isinstance(buffer, bytes | memoryview) and len(buffer) and _LITTLE_ENDIAN_HOST:
-        tensor = _frombuffer(buffer, _TORCH_OF[dtype]).reshape(shape)
+        # the tensors made here are documented as read-only: PyTorch's warning would repeat it
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            tensor = torch.frombuffer(buffer, dtype=_TORCH_OF[dtype]).reshape(shape)
         return tensor.clone() if writable else tensor
     numpy_dtype = pb.INT16 if dtype == pb.BFLOAT16 else dtype
     array = _numpy_view(buffer, numpy_dtype, shape, writable=False)
@@ -350,12 +333,6 @@ class _Slice:
     stop: int
 
 
-def _check_chunk_bytes(chunk_bytes: int) -> None:
-    """Raise unless ``1 <= chunk_bytes <= MAX_CHUNK_BYTES``."""
-    if not 1 <= chunk_bytes <= MAX_CHUNK_BYTES:
-        raise CodecError(f"chunk_bytes: expected 1 .. {MAX_CHUNK_BYTES}, got {chunk_bytes}")
-
-
 def _plan(sizes: Sequence[int], chunk_bytes: int) -> list[list[_Slice]]:
     """Group tensor byte ranges into messages carrying at most ``chunk_bytes`` each.
 
@@ -363,7 +340,8 @@ def _plan(sizes: Sequence[int], chunk_bytes: int) -> list[list[_Slice]]:
     current one lacks room); bigger tensors fill the current group and span the next
     ones. Empty tensors take one slice and no room. There is always at least one group.
     """
-    _check_chunk_bytes(chunk_bytes)
+    if not 1 <= chunk_bytes <= MAX_CHUNK_BYTES:
+        raise CodecError(f"chunk_bytes: expected 1 .. {MAX_CHUNK_BYTES}, got {chunk_bytes}")
     groups: list[list[_Slice]] = [[]]
     room = chunk_bytes
     for index, size in enumerate(sizes):

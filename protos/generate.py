@@ -59,12 +59,15 @@ def _plugin(name: str) -> str:
     return found
 
 
-def _protoc_args(out_root: Path) -> list[str]:
-    """Build the ``protoc`` command line writing every stub under ``out_root/protos``."""
+def _run_protoc(out_root: Path) -> None:
+    """Run ``protoc`` with the repository root as include path, writing every stub under
+    ``out_root/protos``."""
     from importlib import resources
 
+    from grpc_tools import protoc
+
     well_known = resources.files("grpc_tools") / "_proto"
-    return [
+    status = protoc.main([
         "grpc_tools.protoc",
         f"-I{REPO_ROOT}",
         f"-I{well_known}",
@@ -75,14 +78,7 @@ def _protoc_args(out_root: Path) -> list[str]:
         f"--mypy_out={out_root}",
         f"--mypy_grpc_out={out_root}",
         str(REPO_ROOT / PROTO_FILE),
-    ]
-
-
-def _run_protoc(out_root: Path) -> None:
-    """Run ``protoc`` with the repository root as include path, writing under ``out_root``."""
-    from grpc_tools import protoc
-
-    status = protoc.main(_protoc_args(out_root))
+    ])
     if status != 0:
         raise GenerateError(f"protoc exit status: expected 0, got {status} for {PROTO_FILE}")
 

@@ -6,14 +6,13 @@ is one Numba pass over the 32-bit words here, instead of a kernel on torch's int
 thread pool, whose workers spin at their barriers on the cores a process shares (a
 trainer with its model, a server with its sampling threads and gRPC):
 
-* :func:`narrow_bfloat16`: round to nearest, ties to even, as torch does (and every NaN
-  becomes ``0xFFFF``, as in torch's CPU cast); parallel, for servers. A products-sized batch's ``x``
+* narrowing: round to nearest, ties to even, as torch does (and every NaN becomes
+  ``0xFFFF``, as in torch's CPU cast); parallel, for servers. A products-sized batch's ``x``
   (43 M values) takes 7-8 ms on 2 threads, as long as torch's own cast once the
   allocator keeps freed blocks (:mod:`protos.allocator`);
-* :func:`widen_bfloat16`: exact (the 16 bits move to the top); on the calling thread, for
-  trainers.
+* widening: exact (the 16 bits move to the top); on the calling thread, for trainers.
 
-:func:`cast` picks either, or ``Tensor.to`` for every other case (other dtypes, other
+:func:`cast` runs either, or ``Tensor.to`` for every other case (other dtypes, other
 devices).
 """
 
@@ -76,24 +75,14 @@ def _convert(kernel: Any, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
-def narrow_bfloat16(x: torch.Tensor) -> torch.Tensor:
-    """``x.to(torch.bfloat16)`` of a CPU float32 tensor, bit for bit (NaN included)."""
-    return _convert(_narrow, x, torch.bfloat16)
-
-
-def widen_bfloat16(x: torch.Tensor) -> torch.Tensor:
-    """``x.to(torch.float32)`` of a CPU bfloat16 tensor (exact), on the calling thread."""
-    return _convert(_widen, x, torch.float32)
-
-
 def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``x.to(dtype)`` (``x`` itself when it already has ``dtype``); the float32 <->
-    bfloat16 casts of CPU tensors run in Numba."""
+    """``x.to(dtype)``, bit for bit (``x`` itself when it already has ``dtype``); the
+    float32 <-> bfloat16 casts of CPU tensors run in Numba."""
     if x.dtype == dtype:
         return x
     if x.device.type == "cpu":
         if x.dtype == torch.float32 and dtype == torch.bfloat16:
-            return narrow_bfloat16(x)
+            return _convert(_narrow, x, dtype)
         if x.dtype == torch.bfloat16 and dtype == torch.float32:
-            return widen_bfloat16(x)
+            return _convert(_widen, x, dtype)
     return x.to(dtype)

@@ -85,10 +85,7 @@ def plan_epoch(
     seed: int, epoch: int, drop_last: bool = False,
 ) -> EpochPlan:
     """Plan an epoch over ``seeds_per_partition[p]`` seeds owned by each partition."""
-    if batch_size <= 0:
-        raise ValueError(f"batch_size: expected an integer > 0, got {batch_size}")
-    if world_size <= 0:
-        raise ValueError(f"world_size: expected an integer > 0, got {world_size}")
+    _check_positive(batch_size=batch_size, world_size=world_size)
     counts = [int(c) for c in seeds_per_partition]
     if drop_last:
         per_part = [c // batch_size for c in counts]
@@ -98,17 +95,26 @@ def plan_epoch(
     else:
         per_part = [-(-c // batch_size) for c in counts]
         total = -(-sum(per_part) // world_size) * world_size
-        if total > sum(counts):
-            raise ValueError(
-                f"world_size: giving {world_size} ranks equal batch counts needs {total} "
-                f"batches of at most {batch_size} seeds each, but there are only "
-                f"{sum(counts)} seeds; use a larger batch_size, fewer ranks or drop_last"
-            )
+        _check_enough(total, sum(counts), batch_size, world_size)
         per_part = _grow(per_part, counts, total)
         sizes = [_even_sizes(c, k) for c, k in zip(counts, per_part, strict=True)]
     order = [(p, k) for p, n in enumerate(per_part) for k in range(n)]
     order = _interleave(order, per_part, shuffle, seed, epoch)
     return EpochPlan(sizes=tuple(sizes), order=tuple(order), world_size=world_size)
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if value <= 0:
+            raise ValueError(f"{name}: expected an integer > 0, got {value}")
+
+
+def _check_enough(total: int, seeds: int, batch_size: int, world_size: int) -> None:
+    """Raise unless ``seeds`` fill ``total`` batches (equal counts per rank) of at most ``batch_size``."""
+    if total > seeds:
+        raise ValueError(f"world_size: giving {world_size} ranks equal batch counts needs {total} batches "
+                         f"of at most {batch_size} seeds each, but there are only {seeds} seeds; use a "
+                         "larger batch_size, fewer ranks or drop_last")
 
 
 def _grow(per_part: list[int], counts: list[int], total: int) -> list[int]:
@@ -197,12 +203,7 @@ def plan_global_epoch(
     seed: int, epoch: int, drop_last: bool = False,
 ) -> GlobalPlan:
     """Plan an epoch of global batches over ``num_seeds`` seeds (see the module doc)."""
-    if batch_size <= 0:
-        raise ValueError(f"batch_size: expected an integer > 0, got {batch_size}")
-    if world_size <= 0:
-        raise ValueError(f"world_size: expected an integer > 0, got {world_size}")
-    if num_servers <= 0:
-        raise ValueError(f"num_servers: expected an integer > 0, got {num_servers}")
+    _check_positive(batch_size=batch_size, world_size=world_size, num_servers=num_servers)
     n = int(num_seeds)
     if drop_last:
         total = n // batch_size // world_size * world_size
@@ -210,12 +211,7 @@ def plan_global_epoch(
     else:
         needed = -(-n // batch_size)
         total = -(-needed // world_size) * world_size
-        if total > n:
-            raise ValueError(
-                f"world_size: giving {world_size} ranks equal batch counts needs {total} "
-                f"batches of at most {batch_size} seeds each, but there are only "
-                f"{n} seeds; use a larger batch_size, fewer ranks or drop_last"
-            )
+        _check_enough(total, n, batch_size, world_size)
         if total == needed:  # as PyG cuts: full batches, then the rest
             sizes = (batch_size,) * (total - 1) + ((n - batch_size * (total - 1),) if total else ())
         else:

@@ -41,15 +41,12 @@ def reserved_ports(count: int, host: str = "127.0.0.1") -> Iterator[list[int]]:
     with contextlib.ExitStack() as stack:
         ports = []
         for _ in range(count):
-            sock = stack.enter_context(socket.socket(_family(host), socket.SOCK_STREAM))
+            family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+            sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((host, 0))
             ports.append(int(sock.getsockname()[1]))
         yield ports
-
-
-def _family(host: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
 
 
 def write_port_file(path: Path | str, port: int) -> None:

@@ -27,8 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from partitioner.graph import EdgeType
-from partitioner.typed import TypedGraphData
+from partitioner.graph import EdgeType, TypedGraphData
 
 #: OGB's split names to graphfeed's.
 OGB_TO_OURS = {"train": "train", "valid": "val", "test": "test"}

@@ -18,9 +18,15 @@ import numpy as np
 import torch
 
 from partitioner.format import Partition, load_node_map, load_partition, read_manifest
-from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, EdgeType, GraphData
+from partitioner.graph import (
+    PLAIN_EDGE_TYPE,
+    PLAIN_NODE_TYPE,
+    EdgeType,
+    GraphData,
+    TypedGraphData,
+    plain_view,
+)
 from partitioner.synthetic import generate
-from partitioner.typed import TypedGraphData, plain_view
 from partitioner.writer import partition_graph
 from sampling_server.sampler.base import NeighborSampler
 from sampling_server.sampler.types import HopSample, Minibatch, SamplerOutput

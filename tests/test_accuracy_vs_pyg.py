@@ -38,9 +38,9 @@ from torch import nn
 from torch_geometric.data import Data, HeteroData
 from torch_geometric.nn import GraphSAGE
 
+from partitioner.graph import TypedGraphData
 from partitioner.readers.pyg import to_pyg
 from partitioner.synthetic import TYPED_PRESETS, generate_plain, generate_typed
-from partitioner.typed import TypedGraphData
 from partitioner.writer import partition_graph
 from trainer_client.graph import TypedGraph
 from trainer_client.loader import RemoteNeighborLoader

@@ -23,8 +23,7 @@ from test_feature_cache import _raw
 from test_loader import TIMEOUTS, RealServers
 
 from partitioner import partition_graph
-from partitioner.graph import GraphData
-from partitioner.typed import TypedGraphData
+from partitioner.graph import GraphData, TypedGraphData
 from trainer_client.loader import RemoteNeighborLoader
 
 SEEDS = range(6)

@@ -418,7 +418,7 @@ def test_split_rejects_bad_names_and_dtypes_before_yielding() -> None:
 def test_assembler_is_reset_by_finish() -> None:
     assembler = TensorAssembler()
     assembler.add(_chunk())
-    assert assembler.complete and assembler.names == ["x"]
+    assert assembler.names == ["x"]
     assert list(assembler.finish()) == ["x"]
     assert assembler.names == [] and assembler.finish() == {}
 
@@ -464,7 +464,6 @@ def test_missing_chunks() -> None:
     first, _ = _two_halves()
     assembler = TensorAssembler()
     assembler.add(first)
-    assert not assembler.complete
     with pytest.raises(
         CodecError,
         match=r"^TensorChunk\.data of 'x': expected 16 bytes in all, got 8 \(missing chunks\)",

@@ -30,8 +30,7 @@ from test_loader import TIMEOUTS, real_servers
 from torch_geometric.data import Data, HeteroData
 
 from partitioner.format import load_partition
-from partitioner.graph import PLAIN_NODE_TYPE
-from partitioner.typed import TypedGraphData
+from partitioner.graph import PLAIN_NODE_TYPE, TypedGraphData
 from partitioner.writer import partition_graph
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb

@@ -21,11 +21,10 @@ from partitioner.format import (
     read_format_version,
     read_manifest,
 )
-from partitioner.graph import SPLITS, GraphData, GraphDataError
+from partitioner.graph import SPLITS, GraphData, GraphDataError, TypedGraphData
 from partitioner.npyio import _memmap_source
 from partitioner.readers.graphdir import read_graph_dir, save_graph_dir
 from partitioner.synthetic import generate
-from partitioner.typed import TypedGraphData
 from partitioner.writer import partition_graph, write_partitions
 from tests.graph_fixtures import HUB, NUM_ISOLATED, AnyGraph, check_node_maps, mixed, typed_view
 

@@ -21,13 +21,12 @@ import pytest
 import torch
 from torch_geometric.data import Data, HeteroData
 
-from partitioner.graph import GraphData, GraphDataError
+from partitioner.graph import GraphData, GraphDataError, TypedGraphData, make_undirected
 from partitioner.npyio import _memmap_source
 from partitioner.readers.graphdir import read_graph_dir, save_graph_dir
 from partitioner.readers.npz import is_typed_npz, read_npz, write_npz
-from partitioner.readers.ogb import SUPPORTED, DatasetNotFoundError, make_undirected, ogb_metadata, read_ogb
+from partitioner.readers.ogb import SUPPORTED, DatasetNotFoundError, ogb_metadata, read_ogb
 from partitioner.readers.pyg import from_pyg, to_pyg
-from partitioner.typed import TypedGraphData
 from partitioner.writer import partition_graph
 from tests.fixtures_ogb import (
     OGB_TO_OURS,
@@ -255,9 +254,12 @@ def test_unknown_and_unsupported_names(tmp_path: Path) -> None:
 
 def test_make_undirected() -> None:
     edges = np.array([[0, 1, 1, 2, 3], [1, 0, 0, 2, 1]], dtype=np.int64)
-    out = make_undirected(edges, 4)
+    out, kept = make_undirected(edges, 4)
     np.testing.assert_array_equal(out, [[0, 1, 1, 2, 3], [1, 0, 3, 2, 1]])
-    assert out.dtype == np.int64
+    assert out.dtype == np.int64 and kept is None
+    # with weights: each kept edge its first occurrence's weight, a reverse its edge's
+    _, kept = make_undirected(edges, 4, np.array([1, 2, 3, 4, 5], dtype=np.float32))
+    np.testing.assert_array_equal(kept, [1, 2, 5, 4, 5])
 
 
 def test_fixture_copies_are_independent(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 import scipy.sparse as sp
 from sklearn.linear_model import LogisticRegression
 
-from partitioner.graph import SPLITS, GraphData
+from partitioner.graph import SPLITS, GraphData, TypedGraphData
 from partitioner.synthetic import (
     PLAIN_PRESETS,
     PRESETS,
@@ -21,7 +21,6 @@ from partitioner.synthetic import (
     generate,
     generate_plain,
 )
-from partitioner.typed import TypedGraphData
 from tests.graph_fixtures import AnyGraph, typed_view
 
 #: The preset generated for each kind.

@@ -29,8 +29,8 @@ from test_decode import encode_batch, fake_batch
 from test_loader import TIMEOUTS, real_servers
 from torch_geometric.data import Data, HeteroData
 
+from partitioner.graph import TypedGraphData
 from partitioner.synthetic import TypedPreset, _mag_relations, generate, generate_typed
-from partitioner.typed import TypedGraphData
 from partitioner.writer import partition_graph
 from trainer_client import train
 from trainer_client.ddp import BEST_NAME, CHECKPOINT_NAME

@@ -19,9 +19,9 @@ from partitioner.graph import (
     GraphDataError,
     edge_type_name,
     parse_edge_type,
+    plain_view,
 )
 from partitioner.npyio import load_npy
-from partitioner.typed import plain_view
 from tests.graph_fixtures import AnyGraph, mixed, mixed_graph, mixed_typed
 
 WRITES = ("author", "writes", "paper")

@@ -22,8 +22,7 @@ from test_limits import METHODS, _structured, call_raw, mutated
 from test_loader import TIMEOUTS
 from torch_geometric.data import HeteroData
 
-from partitioner.graph import EdgeType
-from partitioner.typed import TypedGraphData
+from partitioner.graph import EdgeType, TypedGraphData
 from partitioner.writer import partition_graph
 from protos import codec
 from protos import sampling_pb2 as pb

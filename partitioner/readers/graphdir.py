@@ -18,9 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from partitioner.graph import SPLITS, GraphData, GraphDataError, edge_type_name, parse_edge_type
+from partitioner.graph import (
+    SPLITS,
+    GraphData,
+    GraphDataError,
+    TypedGraphData,
+    edge_type_name,
+    parse_edge_type,
+)
 from partitioner.npyio import load_npy, save_npy
-from partitioner.typed import TypedGraphData
 
 GRAPH_FILE = "graph.json"
 

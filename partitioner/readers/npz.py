@@ -36,11 +36,11 @@ from partitioner.graph import (
     EdgeType,
     GraphData,
     GraphDataError,
+    TypedGraphData,
     edge_type_name,
     labels_to_int64,
     parse_edge_type,
 )
-from partitioner.typed import TypedGraphData
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def _read_plain(arrays: dict[str, np.ndarray], path: Path, name: str) -> GraphDa
     _warn_ignored(path, [k for k in arrays if k not in REQUIRED_KEYS and k not in OPTIONAL_KEYS])
     x = _features(arrays["x"], path, "x")
     num_nodes = _scalar(arrays, "num_nodes", path, default=int(x.shape[0]))
-    y = _labels(arrays["y"], path, "y")
+    y = labels_to_int64(arrays["y"], f"{path}: y")
     edge_index = _edge_index(arrays["edge_index"], path, "edge_index")
     return GraphData(
         name=name, num_nodes=num_nodes, edge_index=edge_index, x=x, y=y,
@@ -145,7 +145,7 @@ def _read_typed(arrays: dict[str, np.ndarray], path: Path, name: str) -> TypedGr
             raise GraphDataError(f"{path}: {key}: expected a relation with an edge_index__{rest} key, "
                                  f"got none; relations: {[edge_type_name(e) for e in edges]}")
         weights[et] = _edge_weight(arrays[key], path, key, edges[et].shape[1])
-    y = _labels(arrays[f"y__{target}"], path, f"y__{target}")
+    y = labels_to_int64(arrays[f"y__{target}"], f"{path}: y__{target}")
     return TypedGraphData(
         name=name, num_nodes=num_nodes, edge_index=edges,
         x={t: _features(arrays[k], path, k) for t, k in by_kind["x"].items()}, target_type=target,
@@ -235,13 +235,6 @@ def _features(raw: np.ndarray, path: Path, key: str) -> np.ndarray:
     if raw.dtype not in (np.float16, np.float32, np.float64):
         raise GraphDataError(f"{path}: {key}: expected float16, float32 or float64, got {raw.dtype}")
     return raw
-
-
-def _labels(raw: np.ndarray, path: Path, key: str) -> np.ndarray:
-    y = raw[:, 0] if raw.ndim == 2 and raw.shape[1] == 1 else raw
-    if y.ndim != 1:
-        raise GraphDataError(f"{path}: {key}: expected shape [N] or [N, 1], got {list(raw.shape)}")
-    return labels_to_int64(y, f"{path}: {key}")
 
 
 def _scalar(arrays: dict[str, np.ndarray], key: str, path: Path, *, default: int) -> int:

@@ -42,8 +42,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from partitioner.graph import SPLITS, EdgeType, GraphData, GraphDataError, labels_to_int64, sorted_unique
-from partitioner.typed import TypedGraphData
+from partitioner.graph import (
+    SPLITS,
+    EdgeType,
+    GraphData,
+    GraphDataError,
+    TypedGraphData,
+    labels_to_int64,
+    make_undirected,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,22 +102,6 @@ class OgbMeta:
     typed: bool
 
 
-@dataclass
-class _RawGraph:
-    """What the raw readers hand to :func:`read_ogb` before checks and conversions."""
-
-    #: ``[2, E]`` int64 edges.
-    edge_index: np.ndarray
-    #: ``[N, F]`` features as ogb returned them.
-    x: np.ndarray
-    #: ``[N]`` or ``[N, 1]`` labels as stored (float with NaN for papers100M).
-    labels: np.ndarray
-    #: Number of nodes ``N``.
-    num_nodes: int
-    #: The file the labels came from, for error messages.
-    label_file: Path
-
-
 def read_ogb(name: str, root: str | Path, *, to_undirected: bool = False,
              papers_only: bool = False) -> GraphData | TypedGraphData:
     """Read the local copy of OGB node-property dataset ``name`` under ``root``: a
@@ -140,26 +131,16 @@ def read_ogb(name: str, root: str | Path, *, to_undirected: bool = False,
     with _ogb_output_to_log():
         splits = _read_splits(meta, ds_dir)
         if not meta.typed:
-            raw = _read_homogeneous(meta, ds_dir)
+            graph = _read_homogeneous(meta, ds_dir, splits)
         else:
             mag = _read_typed(meta, ds_dir, splits)
             if not papers_only:
                 log.info("read %s (typed) from %s in %.1fs:\n%s", meta.name, ds_dir,
                          time.perf_counter() - start, mag.summary())
                 return mag
-            raw = _papers_of(mag, ds_dir / "raw")
-    edge_index = np.ascontiguousarray(raw.edge_index, dtype=np.int64)
+            graph = _papers_of(mag, ds_dir / "raw")
     if to_undirected:
-        edge_index = make_undirected(edge_index, raw.num_nodes)
-    graph = GraphData(
-        name=meta.name,
-        num_nodes=raw.num_nodes,
-        edge_index=edge_index,
-        x=_features_to_float32(raw.x, ds_dir),
-        y=_labels_to_int64(raw.labels, raw.num_nodes, raw.label_file),
-        num_classes=meta.num_classes,
-        splits=splits,
-    )
+        graph.edge_index = make_undirected(graph.edge_index, graph.num_nodes)[0]
     graph.validate()
     log.info(
         "read %s from %s: %d nodes, %d edges, %d features, %s in %.1fs",
@@ -199,18 +180,6 @@ def ogb_metadata(name: str) -> OgbMeta:
         binary=row["binary"] == "True",
         typed=row["is hetero"] == "True",
     )
-
-
-def make_undirected(edge_index: np.ndarray, num_nodes: int) -> np.ndarray:
-    """Return ``edge_index`` with every edge's reverse added and duplicates removed.
-
-    The result is ``[2, E']`` int64 sorted by (source, target); self-loops are kept once.
-    """
-    both = np.concatenate([edge_index, edge_index[::-1]], axis=1).astype(np.int64, copy=False)
-    if num_nodes <= 3_037_000_499:  # num_nodes**2 fits in int64: sort one key per edge
-        keys = sorted_unique(both[0] * num_nodes + both[1])
-        return np.stack([keys // num_nodes, keys % num_nodes])
-    return np.ascontiguousarray(np.unique(both, axis=1))
 
 
 def _name_key(name: str) -> str:
@@ -327,7 +296,7 @@ def _check_local_copy(meta: OgbMeta, root: Path, ds_dir: Path) -> None:
     raise DatasetNotFoundError(message)
 
 
-def _read_homogeneous(meta: OgbMeta, ds_dir: Path) -> _RawGraph:
+def _read_homogeneous(meta: OgbMeta, ds_dir: Path, splits: dict[str, np.ndarray]) -> GraphData:
     """products and arxiv (csv.gz) or papers100M (npz), through ogb's raw readers."""
     readers = _raw_readers()
     raw_dir = ds_dir / "raw"
@@ -341,13 +310,11 @@ def _read_homogeneous(meta: OgbMeta, ds_dir: Path) -> _RawGraph:
         labels = pd.read_csv(label_file, compression="gzip", header=None).values
     if graph["node_feat"] is None:
         raise GraphDataError(f"{raw_dir}: expected node features (node_feat), found none")
-    return _RawGraph(
-        edge_index=graph["edge_index"],
-        x=graph["node_feat"],
-        labels=labels,
-        num_nodes=int(graph["num_nodes"]),
-        label_file=label_file,
-    )
+    n = int(graph["num_nodes"])
+    return GraphData(
+        name=meta.name, num_nodes=n, edge_index=np.ascontiguousarray(graph["edge_index"], dtype=np.int64),
+        x=_features_to_float32(graph["node_feat"], ds_dir), y=_labels_to_int64(labels, n, label_file),
+        num_classes=meta.num_classes, splits=splits)
 
 
 def _read_typed(meta: OgbMeta, ds_dir: Path, splits: dict[str, np.ndarray]) -> TypedGraphData:
@@ -381,7 +348,7 @@ def _read_typed(meta: OgbMeta, ds_dir: Path, splits: dict[str, np.ndarray]) -> T
     return graph
 
 
-def _papers_of(mag: TypedGraphData, raw_dir: Path) -> _RawGraph:
+def _papers_of(mag: TypedGraphData, raw_dir: Path) -> GraphData:
     """ogbn-mag's paper→paper ``cites`` subgraph with the papers' features and labels."""
     if MAG_RELATION not in mag.edge_index:
         raise GraphDataError(
@@ -393,11 +360,9 @@ def _papers_of(mag: TypedGraphData, raw_dir: Path) -> _RawGraph:
             f"{raw_dir / 'node-feat'}: expected features for node type {MAG_NODE_TYPE!r}, "
             f"got them for {sorted(mag.x)}"
         )
-    return _RawGraph(
-        edge_index=mag.edge_index[MAG_RELATION], x=mag.x[MAG_NODE_TYPE], labels=mag.y,
-        num_nodes=mag.num_nodes[MAG_NODE_TYPE],
-        label_file=raw_dir / "node-label" / MAG_NODE_TYPE / "node-label.csv.gz",
-    )
+    return GraphData(name=mag.name, num_nodes=mag.num_nodes[MAG_NODE_TYPE],
+                     edge_index=mag.edge_index[MAG_RELATION], x=mag.x[MAG_NODE_TYPE], y=mag.y,
+                     num_classes=mag.num_classes, splits=mag.splits)
 
 
 def _read_splits(meta: OgbMeta, ds_dir: Path) -> dict[str, np.ndarray]:
@@ -446,12 +411,10 @@ def _features_to_float32(x: np.ndarray, ds_dir: Path) -> np.ndarray:
 def _labels_to_int64(raw: np.ndarray, num_nodes: int, source: Path) -> np.ndarray:
     """``[N]`` or ``[N, 1]`` labels to ``[N]`` int64; NaN (unlabeled) becomes ``-1``."""
     labels = np.asarray(raw)
-    if labels.ndim == 2 and labels.shape[1] == 1:
-        labels = labels[:, 0]
-    if labels.shape != (num_nodes,):
+    if labels.shape not in ((num_nodes,), (num_nodes, 1)):
         raise GraphDataError(
             f"{source}: expected one label per node, shape [{num_nodes}] or [{num_nodes}, 1], "
-            f"got {list(np.shape(raw))}"
+            f"got {list(labels.shape)}"
         )
     return labels_to_int64(labels, str(source))
 

@@ -14,8 +14,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data, HeteroData
 
-from partitioner.graph import SPLITS, EdgeType, GraphData, GraphDataError, labels_to_int64
-from partitioner.typed import TypedGraphData
+from partitioner.graph import SPLITS, EdgeType, GraphData, GraphDataError, TypedGraphData, labels_to_int64
 
 log = logging.getLogger(__name__)
 
@@ -168,15 +167,9 @@ def _features(tensor: torch.Tensor, field: str) -> np.ndarray:
 
 def _labels(tensor: torch.Tensor, field: str) -> np.ndarray:
     """``[N]`` or ``[N, 1]`` labels as int64 ``[N]`` (:func:`labels_to_int64`)."""
-    y = tensor[:, 0] if tensor.dim() == 2 and tensor.shape[1] == 1 else tensor
-    if y.dim() != 1:
-        raise GraphDataError(f"{field}: expected shape [N] or [N, 1], got {list(tensor.shape)}")
-    if y.dtype.is_complex or y.dtype == torch.bool:
-        raise GraphDataError(f"{field}: expected integer labels (-1 for unlabeled) or float "
-                             f"labels (NaN for unlabeled), got {y.dtype}")
-    if y.dtype == torch.bfloat16:  # NumPy has no bfloat16
-        y = y.float()
-    return labels_to_int64(_to_numpy(y, field), field)
+    if tensor.dtype == torch.bfloat16:  # NumPy has no bfloat16
+        tensor = tensor.float()
+    return labels_to_int64(_to_numpy(tensor, field), field)
 
 
 def _num_classes(data: Data | HeteroData, y: np.ndarray, given: int | None) -> int:
