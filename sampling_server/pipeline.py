@@ -78,11 +78,6 @@ class SamplingPipeline:
                                                         node_type)
             return found
 
-    @property
-    def hot(self) -> HotNodes:
-        """The target type's hot orders (a plain graph's only ones)."""
-        return self.hot_of()
-
     def stage(self, name: str) -> AbstractContextManager[None]:
         return self.metrics.stage(name) if self.metrics is not None else nullcontext()
 

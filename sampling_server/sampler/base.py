@@ -283,11 +283,6 @@ class NeighborSampler(abc.ABC):
                         f"{ids} in {where}")
             raise ValueError(f"{field}: expected {expected}; got values in [{lo}, {hi}]")
 
-    def owns_all(self, node_type: str, nodes: torch.Tensor) -> bool:
-        """Whether every ID of ``nodes`` is owned here (a partition owns one contiguous
-        range of global IDs per type)."""
-        return self._within(nodes, self.own[node_type])
-
     def check_owned(self, node_type: str, nodes: torch.Tensor, field: str) -> None:
         self._check_within(node_type, nodes, field, self.own[node_type], owner=True)
 

@@ -37,7 +37,6 @@ from sampling_server.sampler.cpu_kernels import (
     total,
     uniform_below,
 )
-from sampling_server.sampler.rows import is_identity
 
 #: Entry of a dense relabel map for a node the batch has not numbered (local IDs are >= 0).
 UNSEEN = -1
@@ -217,13 +216,12 @@ class CscView:
     (the first owned, ``node_start``), and their original IDs."""
 
     def __init__(self, indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray,
-                 node_start: int, orig_is_global: bool | None = None):
+                 node_start: int, orig_is_global: bool):
         self.indptr, self.indices, self.orig_ids = indptr, indices, orig_ids
         self.node_start = node_start
-        #: Whether every original ID is the global ID (then draws need not read them);
-        #: computed here unless the caller already knows (:func:`base.is_identity`).
-        self.orig_is_global = is_identity(orig_ids, node_start) if orig_is_global is None \
-            else orig_is_global
+        #: Whether every original ID is the global ID (then draws need not read them;
+        #: :func:`rows.is_identity`).
+        self.orig_is_global = orig_is_global
 
 
 def _grown(buf: np.ndarray, used: int, need: int) -> np.ndarray:
@@ -272,9 +270,9 @@ class EdgeList:
 
 
 def add_hop(nodes: NodeList, edges: EdgeList, first_target: int, slots: np.ndarray,
-            lid: np.ndarray, base: np.ndarray, counts: np.ndarray) -> int:
+            lid: np.ndarray, base: np.ndarray, counts: np.ndarray) -> None:
     """Passes 2 and 3 of a hop (after :func:`draw_and_look_up` or :func:`look_up_drawn`)
-    into ``nodes`` and ``edges``, growing them as needed; returns the hop's new-node count."""
+    into ``nodes`` and ``edges``, growing them as needed."""
     drawn = int(total(counts))
     nodes.n_id = _grown(nodes.n_id, nodes.count, min(nodes.count + drawn, nodes.local_of.size))
     edges.row = _grown(edges.row, edges.size, edges.size + drawn)
@@ -285,22 +283,10 @@ def add_hop(nodes: NodeList, edges: EdgeList, first_target: int, slots: np.ndarr
                                     nodes.n_id, edges.row))
     edges.size += drawn
     edges.per_hop.append(drawn)
-    return nodes.count - before
 
 
 #: Most entries the buffers start with (they grow past it when a batch needs more).
 START_CAPACITY_MAX = 1 << 23
-
-
-def capacity(seeds: int, fanouts: list[int], num_nodes: int) -> tuple[int, int]:
-    """``(nodes, edges)`` of a batch of ``seeds`` seeds when every draw is full (``-1``
-    counted as 16): a first size for the buffers, which grow if it is short."""
-    nodes, edges, frontier = seeds, 0, seeds
-    for f in fanouts:
-        frontier *= f if f >= 0 else 16
-        edges += frontier
-        nodes += frontier
-    return min(nodes, num_nodes, START_CAPACITY_MAX), min(edges, START_CAPACITY_MAX)
 
 
 def draw_hop(nodes: NodeList, edges: EdgeList, first_target: int, csc: CscView,

@@ -138,16 +138,6 @@ class FeatureTable:
             hi = min(lo + step, self.num_rows)
             host[lo - self.cached:hi - self.cached] = x[local[lo:hi]]
 
-    @property
-    def device_bytes(self) -> int:
-        """GPU memory the table takes (cached rows and both maps)."""
-        return self.cached * self.row_bytes + 8 * self.num_rows
-
-    @property
-    def host_bytes(self) -> int:
-        """Pinned host memory the table takes (the rows not cached)."""
-        return (self.num_rows - self.cached) * self.row_bytes
-
     def gather(self, nodes: torch.Tensor) -> torch.Tensor:
         """``[len(nodes), F]`` rows of owned nodes (int64 global IDs on the device, checked
         by the caller), in the stored dtype."""
