@@ -93,10 +93,10 @@ def warm_up() -> dict[str, float]:
 
 
 def warm_glue() -> None:
-    """The small helpers of a batch's glue (:mod:`cpu_kernels`: ID ranges, owners, each
+    """The small helpers of a batch's glue (:mod:`cpu_glue`: ID ranges, owners, each
     owner's positions, takes, merged offsets), in the variants that keep the interpreter
     lock and, from ``RELEASE_MIN_ITEMS`` items, those that release it."""
-    from sampling_server.sampler import cpu_kernels as k
+    from sampling_server.sampler import cpu_glue as k
 
     book = np.array([0, 1 << 20, 1 << 21], dtype=np.int64)
     for n in (8, k.RELEASE_MIN_ITEMS):

@@ -37,8 +37,9 @@ from graph_fixtures import (
 from numba import cuda
 
 from partitioner.format import Partition, load_node_data, load_structure
-from sampling_server.sampler import Minibatch, normalize_num_neighbors
+from sampling_server.sampler import Minibatch, cuda_features, normalize_num_neighbors
 from sampling_server.sampler import cuda_kernels as K
+from sampling_server.sampler import cuda_launch as L
 from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
 from sampling_server.sampler.cuda_sampler import CudaNeighborSampler
 from sampling_server.sampler.ptx_check import kernel_signatures
@@ -85,7 +86,7 @@ def test_output_properties(one_part: list[Partition], replace: bool, weighted: b
     sampler = CudaNeighborSampler(one_part[0], replace=replace, weighted=weighted)
     seeds, t = _seeds(one_part[0]), sampler.target_type
     out = sampler.sample(seeds, t, fanouts, batch_key(0, 1, 0, 3))
-    assert all(n.device == sampler.device == K.torch_device() for n in out.node.values())
+    assert all(n.device == sampler.device == L.torch_device() for n in out.node.values())
     check_sampler_output(out, seeds, t, normalize_num_neighbors(fanouts, sampler.edge_types),
                          global_adjacency(one_part), replace=replace)
 
@@ -243,7 +244,7 @@ def _first_seen(seeds: list[int], chunks: list[list[int]]) -> list[tuple[list[in
 
 def test_dedup_kernels_with_many_repeats() -> None:
     """The hash-table kernels number new nodes in first-seen order, through a rehash."""
-    device = K.torch_device()
+    device = L.torch_device()
     gen = np.random.default_rng(0)
     seeds = [50, 3, 1000, 7]
     chunks = [gen.integers(0, 40, 120).tolist(), [3, 3, 3, 50], [],
@@ -355,6 +356,7 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, tuple[
         real(kernel, n, *args)
 
     monkeypatch.setattr(K, "launch", record)
+    monkeypatch.setattr(cuda_features, "launch", record)
     yield seen
 
 
@@ -364,7 +366,7 @@ def test_launch_signatures_are_declared(tmp_path: Path, launches: list[tuple[str
         for replace, weighted in VARIANTS:
             sampler = CudaNeighborSampler(part, replace=replace, weighted=weighted, gpu_cache_size=0.5)
             sampler.minibatch(_seeds(part), part.target_type, [3, 2], key=4)
-    table = K.NodeTable(64, K.torch_device())
+    table = K.NodeTable(64, L.torch_device())
     K.table_grow(table, 128)
     declared = {name: [tuple(s) for s in sigs] for name, _, sigs in kernel_signatures()}
     for name, types in launches:
@@ -378,7 +380,7 @@ def test_launch_signatures_are_declared(tmp_path: Path, launches: list[tuple[str
 def test_zero_copy_and_current_stream(one_part: list[Partition]) -> None:
     part = one_part[0]
     t = torch.arange(10, device="cuda")
-    assert K.kernel_arg(t).__cuda_array_interface__["data"][0] == t.data_ptr()
+    assert L.kernel_arg(t).__cuda_array_interface__["data"][0] == t.data_ptr()
     sampler = CudaNeighborSampler(part)
     seeds = _seeds(part)
     expected = sampler.sample(seeds, part.target_type, [3, 2], key=5)
@@ -404,7 +406,7 @@ def test_kernel_args_match_numbas_own_view(dtype: torch.dtype) -> None:
              zeros(4, 1).as_strided((4, 1), (1, 5))]
     for t in cases:
         assert t.is_contiguous()
-        got, want = K.kernel_arg(t), cuda.as_cuda_array(t)
+        got, want = L.kernel_arg(t), cuda.as_cuda_array(t)
         assert got.shape == want.shape and got.strides == want.strides
         assert got.dtype == want.dtype
         assert numba.typeof(got) == numba.typeof(want)
@@ -502,8 +504,8 @@ def test_numbas_per_allocation_log_lines_stay_out_of_an_info_log() -> None:
     import sys
 
     code = ("import logging; logging.basicConfig(level=logging.INFO)\n"
-            "from sampling_server.sampler import cuda_kernels as K\n"
-            "print(logging.getLogger(K.NUMBA_DRIVER_LOGGER).isEnabledFor(logging.INFO))\n")
+            "from sampling_server.sampler import cuda_kernels as K, cuda_launch as L\n"
+            "print(logging.getLogger(L.NUMBA_DRIVER_LOGGER).isEnabledFor(logging.INFO))\n")
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CUDA_LOG_LEVEL"}
     quiet = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
@@ -512,4 +514,4 @@ def test_numbas_per_allocation_log_lines_stay_out_of_an_info_log() -> None:
                            env={**env, "NUMBA_CUDA_LOG_LEVEL": "INFO"}, capture_output=True,
                            text=True, timeout=120, check=True)
     assert quiet.stdout.split() == ["False"] and asked.stdout.split() == ["True"]
-    assert not logging.getLogger(K.NUMBA_DRIVER_LOGGER).isEnabledFor(logging.INFO)
+    assert not logging.getLogger(L.NUMBA_DRIVER_LOGGER).isEnabledFor(logging.INFO)

@@ -31,8 +31,8 @@ def test_the_servers_warmup_fills_the_kernel_cache(tmp_path: Path) -> None:
     # assigners; nothing of the trainer's.
     for kernel in ("cpu_kernels.sample_uniform_parallel", "cpu_gather.gather_rows_and_labels",
                    "cpu_fused.draw_and_look_up", "cpu_fused.number_seeds", "writer._scatter_in_edges",
-                   "algorithms._hash_parts", "hot_order._spread", "cpu_kernels._owners_released",
-                   "cpu_kernels._group_positions", "cpu_kernels.id_min_max"):
+                   "algorithms._hash_parts", "hot_order._spread", "cpu_glue._owners_released",
+                   "cpu_glue._group_positions", "cpu_glue.id_min_max"):
         assert any(c.startswith(kernel) for c in cached), (kernel, sorted(cached))
     assert not any(c.startswith(("node_table.", "cache.")) for c in cached), sorted(cached)
 

@@ -26,7 +26,7 @@ import torch
 from partitioner.format import NodeData, Partition, Structure
 from partitioner.graph import EdgeType, edge_type_name
 from protos import allocator, halfcast
-from sampling_server.sampler import cpu_gather, cpu_kernels
+from sampling_server.sampler import cpu_gather, cpu_glue
 from sampling_server.sampler.fanouts import NumNeighbors, normalize_num_neighbors, num_hops, relation_key
 from sampling_server.sampler.rows import (
     assign_rows,
@@ -246,7 +246,7 @@ class NeighborSampler(abc.ABC):
         """Partition ID of each global ID of ``node_type`` (a binary search of its book)."""
         book = self.books[node_type]
         if nodes.device.type == "cpu":  # one call that keeps the interpreter lock
-            return torch.from_numpy(cpu_kernels.owners(book.numpy(), nodes.numpy()))
+            return torch.from_numpy(cpu_glue.owners(book.numpy(), nodes.numpy()))
         return torch.searchsorted(book.to(nodes.device), nodes, right=True) - 1
 
     @staticmethod
@@ -254,7 +254,7 @@ class NeighborSampler(abc.ABC):
         """``(min, max)`` of a non-empty ID tensor, read back in one transfer (one
         synchronisation on a GPU); on the CPU in one call that keeps the interpreter lock."""
         if nodes.device.type == "cpu":
-            lo_cpu, hi_cpu = cpu_kernels.id_min_max(nodes.numpy())
+            lo_cpu, hi_cpu = cpu_glue.id_min_max(nodes.numpy())
             return int(lo_cpu), int(hi_cpu)
         lo, hi = torch.aminmax(nodes)
         first, last = torch.stack((lo, hi)).tolist()
@@ -475,7 +475,7 @@ class NeighborSampler(abc.ABC):
                 rows = self.empty_rows(node_type, n_id.numel(), dtype)
                 ys = self.empty((n_id.numel(),), torch.int64) if labels else None
                 self.gather_local_into(node_type, n_id,
-                                       torch.from_numpy(cpu_kernels.positions(n_id.numel())), rows, ys)
+                                       torch.from_numpy(cpu_glue.positions(n_id.numel())), rows, ys)
                 return rows, ys
             lx, ly = self.gather_owned(node_type, n_id, features, labels)
             return (halfcast.cast(lx, dtype) if lx is not None and dtype is not None else lx), ly
@@ -517,7 +517,7 @@ class NeighborSampler(abc.ABC):
         y = self.empty((n_id.numel(),), torch.int64) if labels else None
         layout = layout_of(blocks)
         if self.holds_all(node_type, n_id):
-            everywhere = torch.from_numpy(cpu_kernels.positions(n_id.numel()))
+            everywhere = torch.from_numpy(cpu_glue.positions(n_id.numel()))
             if y is not None:  # the labels in one pass, the rows in another
                 self.gather_local_into(node_type, n_id, everywhere, None, y)
             self.gather_local_into_blocks(node_type, n_id, everywhere, blocks, layout)

@@ -28,13 +28,13 @@ import numba
 import numpy as np
 
 from protos.prefetch import prefetch
+from sampling_server.sampler.cpu_glue import total
 from sampling_server.sampler.cpu_kernels import (
     floyd_positions,
     node_stream,
     num_draws,
     parallel_guard,
     takes_all,
-    total,
     uniform_below,
 )
 

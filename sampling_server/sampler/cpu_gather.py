@@ -21,6 +21,7 @@ from numba.extending import intrinsic
 from protos.halfcast import narrow_word
 from protos.prefetch import LINE, prefetch
 from sampling_server.sampler.cpu_kernels import PARALLEL_MIN_ROWS, parallel_guard
+from sampling_server.sampler.rng import clone
 
 #: Rows ahead of the copied one whose cache lines are requested.
 PREFETCH_DISTANCE = 8
@@ -66,11 +67,9 @@ def gather_rows(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_start
         _copy_rows(src, flat, nodes, node_start, out, b * ROW_BLOCK, min(n, (b + 1) * ROW_BLOCK))
 
 
-@numba.njit(nogil=True, cache=True)
-def gather_rows_serial(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_start: int,
-                       out: np.ndarray) -> None:
-    """:func:`gather_rows` on one thread (few rows)."""
-    _copy_rows(src, flat, nodes, node_start, out, 0, nodes.size)
+#: :func:`gather_rows` on one thread (few rows): its ``prange`` is a plain loop without
+#: ``parallel``.
+gather_rows_serial = numba.njit(nogil=True, cache=True)(clone(gather_rows.py_func, "gather_rows_serial"))
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import types
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -25,17 +23,7 @@ import numpy as np
 
 from protos.prefetch import LINE, prefetch
 from sampling_server.sampler import rng
-from sampling_server.sampler.cpu_glue import (  # noqa: F401 - the sampler's glue, used through this module
-    RELEASE_MIN_ITEMS,
-    _parallel_sum,
-    group_positions,
-    id_min_max,
-    owners,
-    positions,
-    run_offsets,
-    take,
-    total,
-)
+from sampling_server.sampler.rng import clone
 
 #: Floyd's algorithm checks earlier picks by a linear scan up to this fanout, and with
 #: a small hash set above it.
@@ -59,19 +47,10 @@ NODE_PREFETCH_DISTANCE = 32
 LIST_PREFETCH_ENTRIES = 64
 
 
-def _njit_rng(fn: Callable[..., Any], **deps: Any) -> Any:
-    """Compile one of :mod:`rng`'s plain functions, its calls to other rng functions
-    bound to their compiled versions ``deps``."""
-    env = dict(fn.__globals__)
-    env.update(deps)
-    clone = types.FunctionType(fn.__code__, env, fn.__name__, fn.__defaults__, fn.__closure__)
-    return numba.njit(nogil=True)(clone)
-
-
-mix64 = _njit_rng(rng.mix64)
-node_stream = _njit_rng(rng.node_stream, mix64=mix64)
-uniform = _njit_rng(rng.uniform, mix64=mix64)
-uniform_below = _njit_rng(rng.uniform_below, uniform=uniform)
+mix64 = numba.njit(nogil=True)(clone(rng.mix64))
+node_stream = numba.njit(nogil=True)(clone(rng.node_stream, mix64=mix64))
+uniform = numba.njit(nogil=True)(clone(rng.uniform, mix64=mix64))
+uniform_below = numba.njit(nogil=True)(clone(rng.uniform_below, uniform=uniform))
 
 _WORKQUEUE_LOCK = threading.Lock()
 
@@ -119,6 +98,14 @@ def threading_layer() -> str:
     except ValueError:  # not chosen yet
         _parallel_sum(2)
         return str(numba.threading_layer())
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _parallel_sum(n: int) -> int:
+    total = 0
+    for i in numba.prange(n):
+        total += i
+    return total
 
 
 # -- draw counts ---------------------------------------------------------------------
@@ -479,22 +466,10 @@ def sample_weighted_parallel(
     return offsets, out
 
 
-@numba.njit(nogil=True, cache=True)
-def sample_weighted_serial(
-    indptr: np.ndarray, indices: np.ndarray, weight: np.ndarray, cum: np.ndarray,
-    orig_ids: np.ndarray, node_start: int, nodes: np.ndarray, fanout: int, key: np.uint64, hop: int,
-    replace: bool,
-) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`sample_weighted_parallel` on one thread (small frontiers)."""
-    counts = np.empty(nodes.size, dtype=np.int64)
-    for i in range(nodes.size):
-        counts[i] = _node_draws(indptr, nodes, node_start, fanout, replace, i)
-    offsets = _exclusive_offsets(counts)
-    out = np.empty(offsets[nodes.size], dtype=np.int64)
-    for i in range(nodes.size):
-        _fill_weighted(indptr, indices, weight, cum, orig_ids, node_start, nodes, fanout, key, hop,
-                       replace, offsets, out, i)
-    return offsets, out
+#: :func:`sample_weighted_parallel` on one thread (small frontiers): its ``prange`` loops
+#: are plain loops without ``parallel``.
+sample_weighted_serial = numba.njit(nogil=True, cache=True)(
+    clone(sample_weighted_parallel.py_func, "sample_weighted_serial"))
 
 
 def sample_weighted(

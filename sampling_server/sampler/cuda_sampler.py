@@ -33,6 +33,7 @@ from sampling_server.sampler import cpu_kernels
 from sampling_server.sampler import cuda_kernels as K
 from sampling_server.sampler.base import NeighborSampler, NodeRows, Relabeler
 from sampling_server.sampler.cuda_features import FeatureTable
+from sampling_server.sampler.cuda_launch import SIMULATOR, host_mapped, kernel_arg, torch_device
 from sampling_server.sampler.types import HopSample
 
 TOPOLOGIES: tuple[str, ...] = ("device", "uva")
@@ -75,7 +76,7 @@ class CudaNeighborSampler(NeighborSampler):
 
     #: Peer requests overlap this sampler's kernels, except under the CUDA simulator,
     #: whose launches are not thread-safe (each swaps module globals while it runs).
-    overlap_peers = not K.SIMULATOR
+    overlap_peers = not SIMULATOR
 
     def __init__(self, partition: Partition, *, replace: bool = False, weighted: bool = False,
                  topology: str = "device", gpu_cache_size: str | float | None = None,
@@ -96,7 +97,7 @@ class CudaNeighborSampler(NeighborSampler):
                                  f"a structure over [{self.hold[t][0]}, {self.hold[t][1]}), got one "
                                  f"over [{self.draw[t][0]}, {self.draw[t][1]})")
         self.topology = topology
-        self.device = K.torch_device()
+        self.device = torch_device()
         self._keep: list[torch.Tensor] = []  # device tensors behind kernel arguments
         csc = self.structure
         orig = {t: self._place(csc.orig_ids[t], np.int64) for t in self.node_types}
@@ -143,10 +144,10 @@ class CudaNeighborSampler(NeighborSampler):
         """``a`` as a kernel argument in device memory, or mapped host memory for UVA."""
         host = np.ascontiguousarray(a, dtype=dtype)
         if self.topology == "uva":
-            return K.host_mapped(host)
+            return host_mapped(host)
         t = torch.from_numpy(host if host.flags.writeable else host.copy()).to(self.device)
         self._keep.append(t)
-        return K.kernel_arg(t)
+        return kernel_arg(t)
 
     def _ids(self, nodes: torch.Tensor, field: str) -> torch.Tensor:
         if not isinstance(nodes, torch.Tensor) or nodes.dtype != torch.int64 or nodes.dim() != 1:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from protos import allocator, halfcast
-from sampling_server.sampler import cpu_gather, cpu_kernels
+from sampling_server.sampler import cpu_gather, cpu_glue
 from sampling_server.sampler.types import HopSample
 
 T = TypeVar("T")
@@ -78,7 +78,7 @@ def owner_groups(owner: torch.Tensor, skip: int | None = None,
     if owner.numel() == 0:
         return {}
     if owner.device.type == "cpu" and num_parts is not None:
-        order, starts = cpu_kernels.group_positions(owner.numpy(), num_parts)
+        order, starts = cpu_glue.group_positions(owner.numpy(), num_parts)
         return {p: torch.from_numpy(order[starts[p]:starts[p + 1]]) for p in range(num_parts)
                 if starts[p + 1] > starts[p] and p != skip}
     present = torch.bincount(owner).nonzero().flatten().tolist()
@@ -127,7 +127,7 @@ def by_block(positions: torch.Tensor, blocks: Sequence[tuple[int, int, torch.Ten
 def take(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """``values[positions]`` (1-D); on the CPU in a call that keeps the interpreter lock."""
     if values.device.type == "cpu" and positions.device.type == "cpu":
-        return torch.from_numpy(cpu_kernels.take(values.numpy(), positions.numpy()))
+        return torch.from_numpy(cpu_glue.take(values.numpy(), positions.numpy()))
     return values[positions]
 
 
@@ -178,10 +178,10 @@ def merge_hop_samples(
     if device.type == "cpu":  # calls that keep the interpreter lock, and one kernel a part
         none = np.zeros(0, np.int64)
         part_counts = {g: int64_array(parts[g].counts) for g in positions}
-        full, offsets_np = cpu_kernels.run_offsets(
+        full, offsets_np = cpu_glue.run_offsets(
             frontier_size, np.concatenate([pos.numpy() for pos in positions.values()] or [none]),
             np.concatenate(list(part_counts.values()) or [none]))
-        neighbors_np = np.empty(cpu_kernels.total(full), dtype=np.int64)
+        neighbors_np = np.empty(cpu_glue.total(full), dtype=np.int64)
         for g, pos in positions.items():
             cpu_gather.place_runs(pos.numpy(), part_counts[g], int64_array(parts[g].neighbors),
                                   offsets_np, neighbors_np)
