@@ -457,9 +457,9 @@ def test_gather_into_and_scatter_into_match_numpy_and_name_bad_shapes() -> None:
         G.gather_into(src, nodes, 100, places[:10], out)
     # the same into blocks of 64 rows, each an array of its own, in one pass
     blocks = [np.zeros((min(64, 300 - a), 7), np.float32) for a in range(0, 300, 64)]
-    G.gather_into_blocks(src, nodes, 100, places, G.RowBlocks(blocks))
+    G.gather_into(src, nodes, 100, places, G.RowBlocks(blocks))
     assert np.array_equal(np.concatenate(blocks), want)
-    G.scatter_into_blocks(src[:300], places, G.RowBlocks(blocks))
+    G.scatter_into(src[:300], places, G.RowBlocks(blocks))
     assert np.array_equal(np.concatenate(blocks)[places], src[:300])
     bad_layouts: list[list[np.ndarray]] = [
         [], [np.zeros((64, 7), np.float32), np.zeros((65, 7), np.float32)],
@@ -469,7 +469,7 @@ def test_gather_into_and_scatter_into_match_numpy_and_name_bad_shapes() -> None:
     for bad in bad_layouts:
         with pytest.raises(ValueError, match="RowBlocks: expected"):
             G.RowBlocks(bad)
-    with pytest.raises(ValueError, match="gather_into_blocks: expected"):
-        G.gather_into_blocks(src.astype(np.float64), nodes, 100, places, G.RowBlocks(blocks))
-    with pytest.raises(ValueError, match="scatter_into_blocks: expected"):
-        G.scatter_into_blocks(src[:300, :6], places, G.RowBlocks(blocks))
+    with pytest.raises(ValueError, match="gather_into: expected"):
+        G.gather_into(src.astype(np.float64), nodes, 100, places, G.RowBlocks(blocks))
+    with pytest.raises(ValueError, match="scatter_into: expected"):
+        G.scatter_into(src[:300, :6], places, G.RowBlocks(blocks))

@@ -281,7 +281,7 @@ class CpuNeighborSampler(NeighborSampler):
 
     def gather_local_into_blocks(self, node_type: str, nodes: torch.Tensor, positions: torch.Tensor,
                                  blocks: Blocks, layout: G.RowBlocks | None) -> None:
-        """One parallel pass over every block (:func:`cpu_gather.gather_into_blocks`),
+        """One parallel pass over every block (:func:`cpu_gather.gather_into`),
         float32 features narrowed to bfloat16 blocks on the way."""
         src_x = np.asarray(self.node_data.x[node_type])
         if layout is None or not blocks or not _gathers_into(src_x, blocks[0][2].dtype):
@@ -289,7 +289,7 @@ class CpuNeighborSampler(NeighborSampler):
             return
         ids = as_ids(nodes, "nodes")
         self.check_held(node_type, torch.from_numpy(ids), "nodes")
-        G.gather_into_blocks(src_x, ids, self.hold[node_type][0], int64_array(positions), layout)
+        G.gather_into(src_x, ids, self.hold[node_type][0], int64_array(positions), layout)
 
     def gather_local_into(self, node_type: str, nodes: torch.Tensor, positions: torch.Tensor,
                           x: torch.Tensor | None, y: torch.Tensor | None) -> None:

@@ -107,9 +107,7 @@ def assign_rows_to_blocks(blocks: Sequence[tuple[int, int, torch.Tensor]],
     value = on_device(value, torch.device("cpu"))
     if layout is not None and value.dtype == blocks[0][2].dtype and value.dim() == 2 \
             and value.is_contiguous():
-        cpu_gather.scatter_into_blocks(numpy_words(value),
-                                       int64_array(pos),
-                                       layout)
+        cpu_gather.scatter_into(numpy_words(value), int64_array(pos), layout)
         return
     for a, _, rows, s, e in by_block(pos, blocks):
         assign_rows(rows, pos[s:e] - a, value[s:e])
