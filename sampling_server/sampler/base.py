@@ -17,8 +17,9 @@ a multi-partition batch equals the batch one sampler holding the whole graph wou
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -44,6 +45,7 @@ from sampling_server.sampler.rows import (
 )
 from sampling_server.sampler.types import HopSample, Minibatch, SamplerOutput
 
+T = TypeVar("T")
 #: Per owner partition ID: the tensors asked of (or answered by) that partition.
 ByPartition = Mapping[int, torch.Tensor]
 NodeRows = tuple[torch.Tensor | None, torch.Tensor | None]
@@ -249,6 +251,17 @@ class NeighborSampler(abc.ABC):
             return torch.from_numpy(cpu_glue.owners(book.numpy(), nodes.numpy()))
         return torch.searchsorted(book.to(nodes.device), nodes, right=True) - 1
 
+    def _ask_owners(self, node_type: str, ids: torch.Tensor, ask: Callable[[ByPartition], T]
+                    ) -> tuple[dict[int, torch.Tensor], torch.Tensor | None, Future[T]]:
+        """Start ``ask`` (a call to the partitions owning the IDs of ``ids`` that are not
+        this partition's: their CPU IDs per partition) and return at once, so that this
+        partition does its share meanwhile: each such partition's positions in ``ids``,
+        this partition's (None: none), and the pending answer."""
+        groups = owner_groups(self.owner_of(node_type, ids), self.num_partitions)
+        local_pos = groups.pop(self.partition_id, None)
+        asked = {p: take(ids, pos).cpu() for p, pos in groups.items()}
+        return groups, local_pos, begin(lambda: ask(asked), self.overlap_peers)
+
     @staticmethod
     def id_range(nodes: torch.Tensor) -> tuple[int, int]:
         """``(min, max)`` of a non-empty ID tensor, read back in one transfer (one
@@ -344,13 +357,11 @@ class NeighborSampler(abc.ABC):
             return self._orig_ids_here(node_type, nodes)
         if remote is None:
             raise RuntimeError("orig_ids_of: nodes of other partitions but no remote was given")
-        owner = self.owner_of(node_type, nodes)
-        groups = owner_groups(owner, self.partition_id)
-        asked = {p: nodes[pos] for p, pos in groups.items()}
-        pending = begin(lambda: remote.orig_ids(node_type, asked), self.overlap_peers)
+        groups, local_pos, pending = self._ask_owners(node_type, nodes,
+                                                      lambda asked: remote.orig_ids(node_type, asked))
         out = torch.empty(nodes.numel(), dtype=torch.int64)
-        local = torch.nonzero(owner == self.partition_id).flatten()
-        out[local] = self._orig_ids_here(node_type, nodes[local])
+        if local_pos is not None:
+            out[local_pos] = self._orig_ids_here(node_type, take(nodes, local_pos))
         answers = pending.result()  # bounded: peer calls carry deadlines
         for p, pos in groups.items():
             out[pos] = answers[p].to(torch.int64)
@@ -433,11 +444,8 @@ class NeighborSampler(abc.ABC):
         if remote is None:
             raise RuntimeError(f"frontier of hop {hop} reaches other partitions but no remote sampler "
                                f"was given")
-        groups = owner_groups(self.owner_of(dst, frontier), num_parts=self.num_partitions)
-        local_pos = groups.pop(self.partition_id, None)
-        asked = {p: take(frontier, pos).cpu() for p, pos in groups.items()}
-        # the owners draw while this partition draws its own share
-        pending = begin(lambda: remote.sample(edge_type, asked, fanout, key, hop), self.overlap_peers)
+        groups, local_pos, pending = self._ask_owners(
+            dst, frontier, lambda asked: remote.sample(edge_type, asked, fanout, key, hop))
         parts: dict[int, HopSample] = {}
         if local_pos is not None:
             parts[-1] = self.sample_relation(edge_type, take(frontier, local_pos), fanout, key, hop)
@@ -468,34 +476,15 @@ class NeighborSampler(abc.ABC):
         labels = labels and node_type == self.target_type
         if not (features or labels):
             return None, None
-        if self.holds_all(node_type, n_id):
-            stored = torch_dtype(self.node_data.x[node_type].dtype) if features else None
-            if features and dtype is not None and dtype != stored and self.device.type == "cpu":
-                # cast on the way (one pass over the rows) rather than gather, then cast
-                rows = self.empty_rows(node_type, n_id.numel(), dtype)
-                ys = self.empty((n_id.numel(),), torch.int64) if labels else None
-                self.gather_local_into(node_type, n_id,
-                                       torch.from_numpy(cpu_glue.positions(n_id.numel())), rows, ys)
-                return rows, ys
+        held = self.holds_all(node_type, n_id)
+        stored = torch_dtype(self.node_data.x[node_type].dtype) if features else None
+        # on the CPU, cast on the way (one pass over the rows) rather than gather, then cast
+        if held and not (features and dtype not in (None, stored) and self.device.type == "cpu"):
             lx, ly = self.gather_owned(node_type, n_id, features, labels)
             return (halfcast.cast(lx, dtype) if lx is not None and dtype is not None else lx), ly
-        if remote is None:
-            raise RuntimeError("gather: nodes of other partitions but no remote fetcher was given")
-        x = self.empty_rows(node_type, n_id.numel(),
-                            dtype or torch_dtype(self.node_data.x[node_type].dtype)) if features else None
+        x = self.empty_rows(node_type, n_id.numel(), dtype or stored) if stored is not None else None
         y = self.empty((n_id.numel(),), torch.int64) if labels else None
-        groups = owner_groups(self.owner_of(node_type, n_id), num_parts=self.num_partitions)
-        local_pos = groups.pop(self.partition_id, None)
-        asked = {p: take(n_id, pos).cpu() for p, pos in groups.items()}
-        # the owners gather while this partition gathers its own rows
-        pending = begin(lambda: remote.node_data(node_type, asked, features, labels), self.overlap_peers)
-        if local_pos is not None:
-            self.gather_local_into(node_type, take(n_id, local_pos), local_pos, x, y)
-        answers = pending.result()  # bounded: peer calls carry deadlines
-        for p, pos in groups.items():
-            rx, ry = answers[p]
-            assign_rows(x, pos, rx)
-            assign_rows(y, pos, ry)
+        self._gather_split(node_type, n_id, held, x, y, (), None, remote)
         return x, y
 
     def gather_to(self, node_type: str, n_id: torch.Tensor, blocks: Blocks, *, labels: bool = True,
@@ -515,32 +504,41 @@ class NeighborSampler(abc.ABC):
                 rows.copy_(x[a:b])  # type: ignore[index]
             return y
         y = self.empty((n_id.numel(),), torch.int64) if labels else None
-        layout = layout_of(blocks)
-        if self.holds_all(node_type, n_id):
-            everywhere = torch.from_numpy(cpu_glue.positions(n_id.numel()))
-            if y is not None:  # the labels in one pass, the rows in another
-                self.gather_local_into(node_type, n_id, everywhere, None, y)
-            self.gather_local_into_blocks(node_type, n_id, everywhere, blocks, layout)
-            return y
-        if remote is None:
+        self._gather_split(node_type, n_id, self.holds_all(node_type, n_id), None, y, blocks,
+                           layout_of(blocks), remote)
+        return y
+
+    def _gather_split(self, node_type: str, n_id: torch.Tensor, held: bool, x: torch.Tensor | None,
+                      y: torch.Tensor | None, blocks: Blocks, layout: cpu_gather.RowBlocks | None,
+                      remote: Remote | None) -> None:
+        """``x`` (or ``blocks``, with their ``layout``) and ``y`` (each None or empty:
+        not asked for) = the rows of ``n_id`` (``held``: all here, :meth:`holds_all`), in
+        place: those held here gathered straight into their places while the owners of the
+        others gather theirs (asked for first), which are scattered in once they arrive."""
+        groups: dict[int, torch.Tensor] = {}
+        pending: Future[Mapping[int, NodeRows]] | None = None
+        if held:
+            local_pos: torch.Tensor | None = torch.from_numpy(cpu_glue.positions(n_id.numel()))
+        elif remote is None:
             raise RuntimeError("gather: nodes of other partitions but no remote fetcher was given")
-        groups = owner_groups(self.owner_of(node_type, n_id), num_parts=self.num_partitions)
-        local_pos = groups.pop(self.partition_id, None)
-        asked = {p: take(n_id, pos).cpu() for p, pos in groups.items()}
-        pending = begin(lambda: remote.node_data(node_type, asked, True, labels), self.overlap_peers)
+        else:
+            groups, local_pos, pending = self._ask_owners(node_type, n_id, lambda asked: remote.node_data(
+                node_type, asked, x is not None or bool(blocks), y is not None))
         if local_pos is not None:
-            nodes = take(n_id, local_pos)
-            if y is not None:
-                self.gather_local_into(node_type, nodes, local_pos, None, y)
-            self.gather_local_into_blocks(node_type, nodes, local_pos, blocks, layout)
-        answers = pending.result()  # bounded: peer calls carry deadlines
+            nodes = take(n_id, local_pos) if groups else n_id
+            if x is not None or y is not None:
+                self.gather_local_into(node_type, nodes, local_pos, x, y)
+            if blocks:
+                self.gather_local_into_blocks(node_type, nodes, local_pos, blocks, layout)
+        answers = pending.result() if pending is not None else {}  # bounded: peer calls carry deadlines
         for p, pos in groups.items():
             rx, ry = answers[p]
+            assign_rows(x, pos, rx)
             assign_rows(y, pos, ry)
-            if rx is None:
-                raise RuntimeError(f"gather: partition {p} answered without the features asked for")
-            assign_rows_to_blocks(blocks, layout, pos, rx)
-        return y
+            if blocks:
+                if rx is None:
+                    raise RuntimeError(f"gather: partition {p} answered without the features asked for")
+                assign_rows_to_blocks(blocks, layout, pos, rx)
 
     def minibatch(self, seeds: torch.Tensor | np.ndarray, seed_type: str, num_neighbors: NumNeighbors,
                   key: int, *, features: bool = True, labels: bool = True, original_ids: bool = True,

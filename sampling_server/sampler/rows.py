@@ -69,20 +69,19 @@ def original_ids(orig_ids: np.ndarray, nodes: np.ndarray, start: int, identity: 
                              start).astype(np.int64, copy=False)
 
 
-def owner_groups(owner: torch.Tensor, skip: int | None = None,
-                 num_parts: int | None = None) -> dict[int, torch.Tensor]:
-    """Per partition present in ``owner`` (partition IDs, one per node; ``skip`` left
-    out), the positions of its nodes, in order. The partitions present come from a count
-    per partition (one pass), not from sorting ``owner``; on the CPU, with ``num_parts``
-    (more than any ID in ``owner``), one counting sort that keeps the interpreter lock."""
+def owner_groups(owner: torch.Tensor, num_parts: int) -> dict[int, torch.Tensor]:
+    """Per partition present in ``owner`` (partition IDs below ``num_parts``, one per
+    node), the positions of its nodes, in order: on the CPU one counting sort that keeps
+    the interpreter lock; on a GPU the partitions present come from a count per partition
+    (one pass), not from sorting ``owner``."""
     if owner.numel() == 0:
         return {}
-    if owner.device.type == "cpu" and num_parts is not None:
+    if owner.device.type == "cpu":
         order, starts = cpu_glue.group_positions(owner.numpy(), num_parts)
         return {p: torch.from_numpy(order[starts[p]:starts[p + 1]]) for p in range(num_parts)
-                if starts[p + 1] > starts[p] and p != skip}
+                if starts[p + 1] > starts[p]}
     present = torch.bincount(owner).nonzero().flatten().tolist()
-    return {p: torch.nonzero(owner == p).flatten() for p in present if p != skip}
+    return {p: torch.nonzero(owner == p).flatten() for p in present}
 
 
 def layout_of(blocks: Sequence[tuple[int, int, torch.Tensor]]) -> cpu_gather.RowBlocks | None:
