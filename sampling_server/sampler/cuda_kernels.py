@@ -125,17 +125,22 @@ def _copy_all(indices, lo, d, out, off):  # type: ignore[no-untyped-def]
         out[off + t] = indices[lo + t]
 
 
+@cuda.jit(device=True, inline="always")
+def _frontier_node(nodes, indptr, node_start, offsets, i):  # type: ignore[no-untyped-def]
+    """Frontier node i's row among the owned nodes, its first in-edge, its in-degree and
+    where its draws go in the output."""
+    v = nodes[i] - node_start
+    lo = indptr[v]
+    return v, lo, indptr[v + 1] - lo, offsets[i]
+
+
 @cuda.jit
 def fill_uniform_kernel(nodes, indptr, indices, orig_ids, node_start, fanout, key, hop, offsets, out):  # type: ignore[no-untyped-def]
     """Uniform draws without replacement (Robert Floyd's algorithm) of frontier node i."""
     i = cuda.grid(1)
     if i >= nodes.size:
         return
-    node = nodes[i]
-    v = node - node_start
-    lo = indptr[v]
-    d = indptr[v + 1] - lo
-    off = offsets[i]
+    v, lo, d, off = _frontier_node(nodes, indptr, node_start, offsets, i)
     if fanout < 0 or d <= fanout:
         _copy_all(indices, lo, d, out, off)
         return
@@ -160,11 +165,7 @@ def fill_uniform_replace_kernel(nodes, indptr, indices, orig_ids, node_start, fa
     i = cuda.grid(1)
     if i >= nodes.size:
         return
-    node = nodes[i]
-    v = node - node_start
-    lo = indptr[v]
-    d = indptr[v + 1] - lo
-    off = offsets[i]
+    v, lo, d, off = _frontier_node(nodes, indptr, node_start, offsets, i)
     if d == 0:
         return
     if fanout < 0:
@@ -235,11 +236,7 @@ def fill_weighted_kernel(nodes, indptr, indices, orig_ids, weight, node_start, f
     i = cuda.grid(1)
     if i >= nodes.size:
         return
-    node = nodes[i]
-    v = node - node_start
-    lo = indptr[v]
-    d = indptr[v + 1] - lo
-    off = offsets[i]
+    v, lo, d, off = _frontier_node(nodes, indptr, node_start, offsets, i)
     if fanout < 0 or d <= fanout:
         _copy_all(indices, lo, d, out, off)
         return
@@ -280,11 +277,7 @@ def fill_weighted_replace_kernel(nodes, indptr, indices, orig_ids, cumweight, no
     i = cuda.grid(1)
     if i >= nodes.size:
         return
-    node = nodes[i]
-    v = node - node_start
-    lo = indptr[v]
-    d = indptr[v + 1] - lo
-    off = offsets[i]
+    v, lo, d, off = _frontier_node(nodes, indptr, node_start, offsets, i)
     if d == 0:
         return
     if fanout < 0:
