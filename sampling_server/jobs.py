@@ -224,7 +224,7 @@ def _cache_plan(request: pb.EpochRequest, store: PartitionStore) -> dict[str, tu
 def explicit_seeds(request: pb.EpochRequest, store: PartitionStore, node_type: str) -> np.ndarray:
     """The request's explicit seeds, checked: global IDs of ``node_type``, each once."""
     seeds = decode_node_ids(request.seeds, f"{_FIELD}.seeds")
-    n = store.num_nodes_of(node_type)
+    n = store.manifest.node_types[node_type].num_nodes
     _require(seeds.size > 0, "seeds", "at least one node ID", "an empty tensor")
     lo, hi = int(seeds.min()), int(seeds.max())
     _require(lo >= 0 and hi < n, "seeds", f"global node IDs in [0, {n})", f"values in [{lo}, {hi}]")
@@ -249,11 +249,11 @@ def seeds_by_partition(request: pb.EpochRequest, store: PartitionStore, node_typ
     if source == "split":
         split = request.split
         _require(split in SPLITS, "split", f"one of {list(SPLITS)}", repr(split))
-        if not store.has_split(split):
+        if not any(split in p.split_sizes for p in store.manifest.partitions):
             raise RequestError(f"{_FIELD}.split: the graph has no {split!r} split", _PRECONDITION)
-        return store.split_counts(split), store.split_seeds(split)
+        return store.manifest.split_counts(split), store.split_seeds(split)
     seeds = explicit_seeds(request, store, node_type)
-    owner = store.owner_of(seeds, node_type)
+    owner = np.searchsorted(store.books[node_type], seeds, side="right") - 1
     per_part = np.bincount(owner, minlength=store.manifest.num_partitions)
     return [int(c) for c in per_part], seeds[owner == store.partition_id]
 
@@ -311,15 +311,15 @@ def lookup_nodes(request: pb.LookupNodesRequest, store: PartitionStore) -> pb.Lo
     if query == "split":
         if request.split not in SPLITS:
             raise RequestError(f"{field}.split: expected one of {list(SPLITS)}, got {request.split!r}")
-        nodes = store.split_seeds(request.split)
-        return pb.LookupNodesReply(global_ids=encode_tensor(nodes),
-                                   original_ids=encode_tensor(store.original_ids_of(nodes)))
+        nodes = store.split_seeds(request.split)  # (of the target type)
+        orig = store.original_ids_of(nodes, store.manifest.target_type)
+        return pb.LookupNodesReply(global_ids=encode_tensor(nodes), original_ids=encode_tensor(orig))
     if query == "owned_range":
         return _owned_range(request.owned_range, store, f"{field}.owned_range", node_type)
     if query != "original_ids":
         raise RequestError(f"{field}.query: expected a split name, original_ids or owned_range, got none")
     original = decode_node_ids(request.original_ids, f"{field}.original_ids")
-    n = store.num_nodes_of(node_type)
+    n = store.manifest.node_types[node_type].num_nodes
     if original.size and (int(original.min()) < 0 or int(original.max()) >= n):
         raise RequestError(f"{field}.original_ids: expected original node IDs in [0, {n}), got "
                            f"values in [{int(original.min())}, {int(original.max())}]")
