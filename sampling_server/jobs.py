@@ -87,14 +87,8 @@ def _require(ok: bool, field: str, expected: str, got: object) -> None:
         raise RequestError(f"{_FIELD}.{field}: expected {expected}, got {got}")
 
 
-def check_epoch_request(request: pb.EpochRequest, fanouts_field: str = "fanouts") -> None:
-    """Field checks that need no partition: fanouts, sizes, rank, epoch, resume.
-    ``fanouts_field``: the empty string skips the fanouts (typed per-edge-type ones)."""
-    fanouts = list(request.fanouts)
-    if fanouts_field:
-        _require(bool(fanouts), fanouts_field, "at least one hop", "[]")
-        _require(all(f >= -1 for f in fanouts), fanouts_field, "integers >= 0, or -1 for all neighbors",
-                 fanouts)
+def check_epoch_request(request: pb.EpochRequest) -> None:
+    """Field checks that need no partition: sizes, rank, epoch, resume."""
     _require(request.batch_size > 0, "batch_size", "> 0", request.batch_size)
     _require(request.world_size > 0, "world_size", "> 0", request.world_size)
     _require(0 <= request.rank < request.world_size, "rank", f"an integer in [0, {request.world_size})",
@@ -111,7 +105,7 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
     hops = max([len(request.fanouts), *(len(e.fanouts) for e in request.typed.edge_fanouts)])
     check_epoch_limits(store.config, hops, None, request.batch_size, m.num_nodes, m.num_edges)
     fanouts = _fanouts(request, store)
-    check_epoch_request(request, fanouts_field="")
+    check_epoch_request(request)
     check_epoch_limits(store.config, len(next(iter(fanouts.values()))), summed_fanouts(fanouts),
                        request.batch_size, m.num_nodes, m.num_edges, request.sampling.replace)
     wire_feature_dtype(request.feature_dtype, store.feature_dtype, f"{_FIELD}.feature_dtype")
@@ -154,8 +148,10 @@ def _fanouts(request: pb.EpochRequest, store: PartitionStore) -> dict[EdgeType, 
     edge_types = tuple(store.manifest.edge_types)
     given = request.typed.edge_fanouts
     if not given:
-        check_epoch_request(request)
-        return normalize_num_neighbors(list(request.fanouts), edge_types)
+        fanouts = list(request.fanouts)
+        _require(bool(fanouts), "fanouts", "at least one hop", "[]")
+        _require(all(f >= -1 for f in fanouts), "fanouts", "integers >= 0, or -1 for all neighbors", fanouts)
+        return normalize_num_neighbors(fanouts, edge_types)
     _require(not request.fanouts, "fanouts", "none when typed.edge_fanouts is set",
              list(request.fanouts)[:10])
     field = f"{_FIELD}.typed.edge_fanouts"
