@@ -187,32 +187,43 @@ class NeighborSampler(abc.ABC):
         the batch key itself on a plain graph)."""
         return int(key) & ((1 << 64) - 1) if self.plain else relation_key(key, edge_type)
 
-    # -- what each device implements -------------------------------------------------
-    @abc.abstractmethod
     def sample_relation(self, edge_type: EdgeType, nodes: torch.Tensor, fanout: int, key: int,
                         hop: int) -> HopSample:
         """Draw in-neighbors along ``edge_type`` of ``nodes`` (global IDs of its destination
         type whose in-edges are here, :attr:`draw`) for batch ``key``; ``neighbors`` are
         global IDs of the source type. This is also what a peer serves for a remote frontier."""
+        et = self.check_edge_type(edge_type, "edge_type")
+        ids = self.node_ids(nodes, "nodes")
+        self.check_drawable(et[2], ids, "nodes")
+        return self.sample_owned(et, ids, fanout, key, hop)
 
-    @abc.abstractmethod
-    def new_relabeler(self, node_type: str, seeds: torch.Tensor) -> Relabeler:
-        """A relabeler of ``node_type``'s nodes for one batch, ``seeds`` (may be empty) first."""
-
-    @abc.abstractmethod
     def gather_local(self, node_type: str, nodes: torch.Tensor, features: bool,
                      labels: bool) -> NodeRows:
         """Features ``[len(nodes), F_t]`` (None for featureless types) and labels (None
         unless ``node_type`` is the target type) of nodes whose rows are here (:attr:`hold`)."""
+        self.check_node_type(node_type, "node_type")
+        ids = self.node_ids(nodes, "nodes")
+        self.check_held(node_type, ids, "nodes")
+        return self.gather_owned(node_type, ids, features, labels)
 
+    # -- what each device implements -------------------------------------------------
+    @abc.abstractmethod
+    def node_ids(self, nodes: torch.Tensor, field: str) -> torch.Tensor:
+        """``nodes`` as a 1-D int64 tensor on :attr:`device` (a ``ValueError`` naming
+        ``field`` if they are not node IDs)."""
+
+    @abc.abstractmethod
     def sample_owned(self, edge_type: EdgeType, nodes: torch.Tensor, fanout: int, key: int,
                      hop: int) -> HopSample:
         """:meth:`sample_relation` of nodes already known to have their in-edges here."""
-        return self.sample_relation(edge_type, nodes, fanout, key, hop)
 
+    @abc.abstractmethod
     def gather_owned(self, node_type: str, nodes: torch.Tensor, features: bool, labels: bool) -> NodeRows:
         """:meth:`gather_local` of nodes already known to have their rows here."""
-        return self.gather_local(node_type, nodes, features, labels)
+
+    @abc.abstractmethod
+    def new_relabeler(self, node_type: str, seeds: torch.Tensor) -> Relabeler:
+        """A relabeler of ``node_type``'s nodes for one batch, ``seeds`` (may be empty) first."""
 
     def gather_local_into(self, node_type: str, nodes: torch.Tensor, positions: torch.Tensor,
                           x: torch.Tensor | None, y: torch.Tensor | None) -> None:

@@ -156,18 +156,12 @@ class CpuNeighborSampler(NeighborSampler):
                     weight = np.asarray(csc.edge_weight[et])
                     self._weights[et] = (weight, K.segmented_cumsum(self._indptr[et], weight))
 
-    def sample_relation(self, edge_type: EdgeType, nodes: torch.Tensor, fanout: int, key: int,
-                        hop: int) -> HopSample:
-        et = self.check_edge_type(edge_type, "edge_type")
-        ids = as_ids(nodes, "nodes")
-        self.check_drawable(et[2], torch.from_numpy(ids), "nodes")
-        return self._draw(et, ids, fanout, key, hop)
+    def node_ids(self, nodes: torch.Tensor, field: str) -> torch.Tensor:
+        return torch.from_numpy(as_ids(nodes, field))
 
     def sample_owned(self, edge_type: EdgeType, nodes: torch.Tensor, fanout: int, key: int,
                      hop: int) -> HopSample:
-        return self._draw(edge_type, as_ids(nodes, "nodes"), fanout, key, hop)
-
-    def _draw(self, et: EdgeType, ids: np.ndarray, fanout: int, key: int, hop: int) -> HopSample:
+        ids, et = as_ids(nodes, "nodes"), edge_type
         if int(fanout) < -1:
             raise ValueError(f"fanout: expected an integer >= 0, or -1 for all; got {fanout}")
         orig, start, stream = self._orig_ids[et[2]], self.draw[et[2]][0], np.uint64(self.draw_key(key, et))
@@ -265,10 +259,8 @@ class CpuNeighborSampler(NeighborSampler):
         for dense maps (:meth:`sample` numbers through dense maps otherwise)."""
         return CpuRelabeler(as_ids(seeds, "seeds"))
 
-    def gather_local(self, node_type: str, nodes: torch.Tensor, features: bool, labels: bool) -> NodeRows:
-        self.check_node_type(node_type, "node_type")
+    def gather_owned(self, node_type: str, nodes: torch.Tensor, features: bool, labels: bool) -> NodeRows:
         ids = as_ids(nodes, "nodes")
-        self.check_held(node_type, torch.from_numpy(ids), "nodes")
         start = self.hold[node_type][0]
         src_x = self.node_data.x.get(node_type) if features else None
         src_y = self.node_data.y if labels and node_type == self.target_type else None

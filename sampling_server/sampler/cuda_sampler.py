@@ -149,25 +149,18 @@ class CudaNeighborSampler(NeighborSampler):
         self._keep.append(t)
         return kernel_arg(t)
 
-    def _ids(self, nodes: torch.Tensor, field: str) -> torch.Tensor:
+    def node_ids(self, nodes: torch.Tensor, field: str) -> torch.Tensor:
         if not isinstance(nodes, torch.Tensor) or nodes.dtype != torch.int64 or nodes.dim() != 1:
             got = (f"{nodes.dtype} of shape {list(nodes.shape)}"
                    if isinstance(nodes, torch.Tensor) else type(nodes).__name__)
             raise ValueError(f"{field}: expected a 1-D int64 tensor of node IDs, got {got}")
         return nodes.to(self.device).contiguous()
 
-    def sample_relation(self, edge_type: EdgeType, nodes: torch.Tensor, fanout: int, key: int,
-                        hop: int) -> HopSample:
-        et = self.check_edge_type(edge_type, "edge_type")
-        ids = self._ids(nodes, "nodes")
-        self.check_drawable(et[2], ids, "nodes")
-        return self.sample_owned(et, ids, fanout, key, hop)
-
     def sample_owned(self, edge_type: EdgeType, nodes: torch.Tensor, fanout: int, key: int,
                      hop: int) -> HopSample:
         if int(fanout) < -1:
             raise ValueError(f"fanout: expected an integer >= 0, or -1 for all; got {fanout}")
-        ids = self._ids(nodes, "nodes")
+        ids = self.node_ids(nodes, "nodes")
         csc = self.csc[edge_type]
         counts = K.count_draws(ids, csc.indptr, csc.node_start, int(fanout), self.replace)
         neighbors = K.fill_draws(ids, counts, csc, int(fanout), self.draw_key(key, edge_type), int(hop),
@@ -175,16 +168,10 @@ class CudaNeighborSampler(NeighborSampler):
         return HopSample(counts=counts, neighbors=neighbors)
 
     def new_relabeler(self, node_type: str, seeds: torch.Tensor) -> Relabeler:
-        return CudaRelabeler(self._ids(seeds, "seeds"))
-
-    def gather_local(self, node_type: str, nodes: torch.Tensor, features: bool, labels: bool) -> NodeRows:
-        self.check_node_type(node_type, "node_type")
-        ids = self._ids(nodes, "nodes")
-        self.check_held(node_type, ids, "nodes")
-        return self.gather_owned(node_type, ids, features, labels)
+        return CudaRelabeler(self.node_ids(seeds, "seeds"))
 
     def gather_owned(self, node_type: str, nodes: torch.Tensor, features: bool, labels: bool) -> NodeRows:
-        ids = self._ids(nodes, "nodes")
+        ids = self.node_ids(nodes, "nodes")
         table = self.feature_tables.get(node_type) if features else None
         x = table.gather(ids) if table is not None else None
         y = K.gather_labels(ids, self.hold[node_type][0], self._y) \
