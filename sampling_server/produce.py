@@ -61,8 +61,8 @@ def produce(ctx: Producer, job: EpochJob, ref: BatchRef) -> Prepared:
     seeds = job.seeds_of(ref, store.partition_id)
     key = batch_key(job.seed, job.epoch, job.rank, ref.index)
     sampler = store.sampler(replace=job.replace, weighted=job.weighted)
-    remote = ctx.peers.bind(PeerCallOptions(job.replace, job.weighted, job.feature_dtype), store.typed,
-                            frozenset(store.feature_dtypes)) if ctx.peers is not None else None
+    remote = PeerRemote(ctx.peers, PeerCallOptions(job.replace, job.weighted, job.feature_dtype), store.typed,
+                        frozenset(store.feature_dtypes)) if ctx.peers is not None else None
     with ctx.stage("sample"):
         out = sampler.sample(seeds, job.seed_type, job.fanouts, key, remote)
 

@@ -292,43 +292,35 @@ class NeighborSampler(abc.ABC):
         return lo >= bounds[0] and hi < bounds[1]
 
     def _check_within(self, node_type: str, nodes: torch.Tensor, field: str, bounds: tuple[int, int],
-                      owner: bool = False, holds: str = "") -> None:
-        """Raise ``ValueError`` naming ``field`` unless every ID is in ``bounds``: the
-        owned range (``owner``), the nodes whose ``holds`` this sampler holds, or (neither)
-        the graph's."""
+                      holds: str = "") -> None:
+        """Raise ``ValueError`` naming ``field`` unless every ID is in ``bounds``: the nodes
+        whose ``holds`` this sampler holds (said to be the owned ones when they are), or
+        (no ``holds``) the graph's."""
         if nodes.numel() == 0:
             return
         lo, hi = self.id_range(nodes)
         if lo < bounds[0] or hi >= bounds[1]:
             ids = "global node IDs" if self.plain else f"global {node_type!r} IDs"
             where = f"[{bounds[0]}, {bounds[1]})"
-            expected = (f"{ids} owned by partition {self.partition_id}, in {where}" if owner else
-                        f"{ids} in {where} (the nodes whose {holds} this sampler holds)" if holds else
-                        f"{ids} in {where}")
+            owned = bounds == self.own[node_type]
+            expected = (f"{ids} in {where}" if not holds else
+                        f"{ids} owned by partition {self.partition_id}, in {where}" if owned else
+                        f"{ids} in {where} (the nodes whose {holds} this sampler holds)")
             raise ValueError(f"{field}: expected {expected}; got values in [{lo}, {hi}]")
-
-    def check_owned(self, node_type: str, nodes: torch.Tensor, field: str) -> None:
-        self._check_within(node_type, nodes, field, self.own[node_type], owner=True)
 
     def holds_all(self, node_type: str, nodes: torch.Tensor) -> bool:
         """Whether every ID of ``nodes`` has its features and labels here (:attr:`hold`)."""
         return self._within(nodes, self.hold[node_type])
 
     def check_held(self, node_type: str, nodes: torch.Tensor, field: str) -> None:
-        if self.hold[node_type] == self.own[node_type]:
-            self.check_owned(node_type, nodes, field)
-        else:
-            self._check_within(node_type, nodes, field, self.hold[node_type], holds="features")
+        self._check_within(node_type, nodes, field, self.hold[node_type], holds="features")
 
     def draws_all(self, node_type: str, nodes: torch.Tensor) -> bool:
         """Whether every ID of ``nodes`` has its in-edges here (:attr:`draw`)."""
         return self._within(nodes, self.draw[node_type])
 
     def check_drawable(self, node_type: str, nodes: torch.Tensor, field: str) -> None:
-        if self.draw[node_type] == self.own[node_type]:
-            self.check_owned(node_type, nodes, field)
-        else:
-            self._check_within(node_type, nodes, field, self.draw[node_type], holds="in-edges")
+        self._check_within(node_type, nodes, field, self.draw[node_type], holds="in-edges")
 
     def check_in_graph(self, node_type: str, nodes: torch.Tensor, field: str) -> None:
         n = int(self.books[node_type][-1])

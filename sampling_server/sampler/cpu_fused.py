@@ -28,7 +28,7 @@ import numba
 import numpy as np
 
 from protos.prefetch import prefetch
-from sampling_server.sampler.cpu_glue import total
+from sampling_server.sampler.cpu_glue import exclusive_offsets, total
 from sampling_server.sampler.cpu_kernels import (
     floyd_positions,
     node_stream,
@@ -132,12 +132,7 @@ def look_up_drawn(local_of: np.ndarray, neighbors: np.ndarray, counts: np.ndarra
                   ) -> tuple[np.ndarray, np.ndarray]:
     """Pass 1 of a hop drawn elsewhere (``neighbors`` grouped by frontier node, ``counts``
     per node). Returns ``(lid, base)`` as :func:`draw_and_look_up`."""
-    n = counts.size
-    base = np.empty(n, dtype=np.int64)
-    acc = 0
-    for i in range(n):
-        base[i] = acc
-        acc += counts[i]
+    base = exclusive_offsets(counts)
     lid = np.empty(neighbors.size, dtype=local_of.dtype)
     for p in numba.prange(neighbors.size):
         lid[p] = local_of[neighbors[p]]
@@ -149,12 +144,8 @@ def write_edges(lid: np.ndarray, base: np.ndarray, counts: np.ndarray, first_tar
                 row: np.ndarray, col: np.ndarray, e_start: int) -> np.ndarray:
     """Pass 2: node ``i``'s edges at ``e_start + offsets[i]`` (sources as in ``lid``,
     negative while unseen). Returns the offsets (``[n + 1]``, from ``e_start``)."""
-    n = counts.size
-    offsets = np.empty(n + 1, dtype=np.int64)
-    offsets[0] = e_start
-    for i in range(n):
-        offsets[i + 1] = offsets[i] + counts[i]
-    for i in numba.prange(n):
+    offsets = exclusive_offsets(counts, e_start)
+    for i in numba.prange(counts.size):
         o, b, target = offsets[i], base[i], first_target + i
         for t in range(counts[i]):
             row[o + t] = lid[b + t]

@@ -1,6 +1,7 @@
 """Numba CPU helpers of a batch's glue that keep the interpreter lock (small inputs) or
 release it (large ones, :data:`RELEASE_MIN_ITEMS` items and up): ID ranges, owners by
-partition book, each owner's positions, takes, merged offsets, sums.
+partition book, each owner's positions, takes, merged offsets, sums; and the offsets of
+runs laid back to back (:func:`exclusive_offsets`), which the kernels use too.
 
 A call that releases the interpreter lock (a ``nogil`` kernel, nearly every torch op,
 NumPy's loops over 500+ items) must take it back on return, and in a server whose other
@@ -28,6 +29,17 @@ def id_min_max(ids: np.ndarray) -> tuple[int, int]:
         lo = min(lo, ids[i])
         hi = max(hi, ids[i])
     return lo, hi
+
+
+@numba.njit(nogil=True, cache=True)
+def exclusive_offsets(counts: np.ndarray, start: int = 0) -> np.ndarray:
+    """int64 ``[n + 1]``: ``start``, then ``start`` plus the running sums of ``counts``
+    (where each of ``n`` runs of ``counts[i]`` items begins, back to back)."""
+    offsets = np.empty(counts.size + 1, dtype=np.int64)
+    offsets[0] = start
+    for i in range(counts.size):
+        offsets[i + 1] = offsets[i] + counts[i]
+    return offsets
 
 
 @numba.njit(cache=True)
@@ -118,12 +130,7 @@ def _run_offsets(frontier_size: int, positions: np.ndarray, counts: np.ndarray
     full = np.zeros(frontier_size, dtype=np.int64)
     for i in range(positions.size):
         full[positions[i]] = counts[i]
-    offsets = np.empty(frontier_size, dtype=np.int64)
-    acc = 0
-    for i in range(frontier_size):
-        offsets[i] = acc
-        acc += full[i]
-    return full, offsets
+    return full, exclusive_offsets(full)[:-1]
 
 
 run_offsets = _by_size(_run_offsets, lambda frontier_size, positions, counts: frontier_size)

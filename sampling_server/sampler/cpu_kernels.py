@@ -23,6 +23,7 @@ import numpy as np
 
 from protos.prefetch import LINE, prefetch
 from sampling_server.sampler import rng
+from sampling_server.sampler.cpu_glue import exclusive_offsets
 from sampling_server.sampler.rng import clone
 
 #: Floyd's algorithm checks earlier picks by a linear scan up to this fanout, and with
@@ -132,14 +133,6 @@ def _node_draws(indptr: np.ndarray, nodes: np.ndarray, node_start: int, fanout: 
                 replace: bool, i: int) -> int:
     lv = nodes[i] - node_start
     return num_draws(indptr[lv + 1] - indptr[lv], fanout, replace)
-
-
-@numba.njit(nogil=True, cache=True)
-def _exclusive_offsets(counts: np.ndarray) -> np.ndarray:
-    offsets = np.zeros(counts.size + 1, dtype=np.int64)
-    for i in range(counts.size):
-        offsets[i + 1] = offsets[i] + counts[i]
-    return offsets
 
 
 # -- without replacement, unweighted: Floyd's algorithm -------------------------------
@@ -264,7 +257,7 @@ def sample_uniform_parallel(
             _prefetch_nodes(indptr, indices, orig_ids, node_start, nodes, i)
             counts[i] = _draw_uniform(indptr, indices, orig_ids, node_start, nodes[i], fanout, key, hop,
                                       replace, slots, i * fanout)
-        offsets = _exclusive_offsets(counts)
+        offsets = exclusive_offsets(counts)
         out = np.empty(offsets[n], dtype=np.int64)
         for i in numba.prange(n):
             for t in range(counts[i]):
@@ -272,7 +265,7 @@ def sample_uniform_parallel(
         return offsets, out
     for i in numba.prange(n):
         counts[i] = _node_draws(indptr, nodes, node_start, fanout, replace, i)
-    offsets = _exclusive_offsets(counts)
+    offsets = exclusive_offsets(counts)
     out = np.empty(offsets[n], dtype=np.int64)
     for i in numba.prange(n):
         _prefetch_nodes(indptr, indices, orig_ids, node_start, nodes, i)
@@ -292,8 +285,7 @@ def sample_uniform_serial(
     cap = max(16, nodes.size * (fanout if fanout > 0 else 8))
     out = np.empty(cap, dtype=np.int64)
     for i in range(nodes.size):
-        lv = nodes[i] - node_start
-        need = offsets[i] + num_draws(indptr[lv + 1] - indptr[lv], fanout, replace)
+        need = offsets[i] + _node_draws(indptr, nodes, node_start, fanout, replace, i)
         if need > out.size:
             grown = np.empty(max(need, 2 * out.size), dtype=np.int64)
             for t in range(offsets[i]):
@@ -458,7 +450,7 @@ def sample_weighted_parallel(
     counts = np.empty(nodes.size, dtype=np.int64)
     for i in numba.prange(nodes.size):
         counts[i] = _node_draws(indptr, nodes, node_start, fanout, replace, i)
-    offsets = _exclusive_offsets(counts)
+    offsets = exclusive_offsets(counts)
     out = np.empty(offsets[nodes.size], dtype=np.int64)
     for i in numba.prange(nodes.size):
         _fill_weighted(indptr, indices, weight, cum, orig_ids, node_start, nodes, fanout, key, hop,
