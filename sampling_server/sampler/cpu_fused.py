@@ -19,10 +19,12 @@ the batch's preallocated ``n_id``, ``row`` and ``col`` in three passes:
    order): first-seen order, as the generic relabeler numbers them; the map entries of
    the node :data:`NUMBER_LOOKAHEAD` places ahead are prefetched.
 
-The draws are :func:`cpu_kernels.sample_uniform`'s, position for position.
+The draws are :func:`cpu_kernels.sample_neighbors`', position for position.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numba
 import numpy as np
@@ -224,16 +226,40 @@ def _grown(buf: np.ndarray, used: int, need: int) -> np.ndarray:
     return out
 
 
+class DenseMaps:
+    """Dense relabel maps (global ID -> local ID) of ``num_nodes`` entries, all
+    :data:`UNSEEN`, one per batch being sampled at once; a batch resets the entries it
+    set before it gives its map back (:meth:`NodeList.close`)."""
+
+    def __init__(self, num_nodes: int):
+        self.num_nodes = num_nodes
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> np.ndarray:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        dtype = np.int32 if self.num_nodes < 2**31 else np.int64
+        return np.full(self.num_nodes, UNSEEN, dtype=dtype)
+
+    def give_back(self, table: np.ndarray) -> None:
+        with self._lock:
+            self._free.append(table)
+
+
 class NodeList:
     """One batch's nodes of one type: ``n_id`` (numbered in first-seen order) and the
-    dense map (global ID -> local ID) numbering them, borrowed until :meth:`close`."""
+    dense map (global ID -> local ID) numbering them, taken from ``maps`` until
+    :meth:`close`."""
 
-    def __init__(self, local_of: np.ndarray, seeds: np.ndarray, capacity: int):
-        self.local_of = local_of
+    def __init__(self, maps: DenseMaps, seeds: np.ndarray, capacity: int):
+        self.maps, self.local_of = maps, maps.take()
         self.n_id = np.empty(max(capacity, seeds.size, 1), dtype=np.int64)
         self.count = 0
-        dup = number_seeds(local_of, seeds, self.n_id)
-        if dup >= 0:
+        dup = number_seeds(self.local_of, seeds, self.n_id)
+        if dup >= 0:  # (its inserts undone: the map is all UNSEEN again)
+            maps.give_back(self.local_of)
             raise ValueError(f"seeds: expected unique node IDs; {int(seeds[dup])} repeats")
         self.count = int(seeds.size)
         self.closed = False
@@ -243,10 +269,12 @@ class NodeList:
         return self.n_id[lo:self.count if hi is None else hi]
 
     def close(self) -> None:
-        """Reset the map's entries of this batch (the map is all :data:`UNSEEN` again)."""
+        """Reset the map's entries of this batch (the map is all :data:`UNSEEN` again)
+        and give it back."""
         if not self.closed:
             with parallel_guard():  # a parallel kernel: one at a time under workqueue
                 forget(self.local_of, self.n_id[:self.count])
+            self.maps.give_back(self.local_of)
             self.closed = True
 
 

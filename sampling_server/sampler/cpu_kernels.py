@@ -296,20 +296,6 @@ def sample_uniform_serial(
     return offsets, out[: offsets[nodes.size]]
 
 
-def sample_uniform(
-    indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int,
-    nodes: np.ndarray, fanout: int, key: np.uint64, hop: int, replace: bool,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Host launcher: unweighted draws of ``nodes`` (global IDs; ``fanout`` -1 = all),
-    ``(offsets [F+1], neighbors)``; parallel over nodes for large frontiers."""
-    if nodes.size < PARALLEL_MIN_NODES:
-        return sample_uniform_serial(indptr, indices, orig_ids, node_start, nodes, fanout, key, hop,
-                                     replace)
-    with parallel_guard():
-        return sample_uniform_parallel(indptr, indices, orig_ids, node_start, nodes, fanout, key, hop,
-                                       replace)
-
-
 # -- weighted ------------------------------------------------------------------------
 @numba.njit(parallel=True, nogil=True, cache=True)
 def segmented_cumsum(indptr: np.ndarray, weight: np.ndarray) -> np.ndarray:
@@ -464,18 +450,23 @@ sample_weighted_serial = numba.njit(nogil=True, cache=True)(
     clone(sample_weighted_parallel.py_func, "sample_weighted_serial"))
 
 
-def sample_weighted(
-    indptr: np.ndarray, indices: np.ndarray, weight: np.ndarray, cum: np.ndarray,
-    orig_ids: np.ndarray, node_start: int, nodes: np.ndarray, fanout: int, key: np.uint64, hop: int,
-    replace: bool,
+def sample_neighbors(
+    indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int, nodes: np.ndarray,
+    fanout: int, key: np.uint64, hop: int, replace: bool,
+    weights: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Host launcher: edge-weighted draws of ``nodes``, ``(offsets [F+1], neighbors)``;
-    ``cum`` is :func:`segmented_cumsum` of ``weight``."""
-    args = (indptr, indices, weight, cum, orig_ids, node_start, nodes, fanout, key, hop, replace)
+    """Host launcher: the draws of ``nodes`` (global IDs; ``fanout`` -1 = all), ``(offsets
+    [F+1], neighbors)``, unweighted or in proportion to ``weights`` (the edge weights and
+    their :func:`segmented_cumsum`); parallel over nodes for large frontiers."""
+    args: tuple[Any, ...] = (indptr, indices, orig_ids, node_start, nodes, fanout, key, hop, replace)
+    kernels: tuple[Any, Any] = (sample_uniform_serial, sample_uniform_parallel)
+    if weights is not None:
+        args = (indptr, indices, *weights, *args[2:])
+        kernels = (sample_weighted_serial, sample_weighted_parallel)
     if nodes.size < PARALLEL_MIN_NODES:
-        return sample_weighted_serial(*args)
+        return kernels[0](*args)
     with parallel_guard():
-        return sample_weighted_parallel(*args)
+        return kernels[1](*args)
 
 
 # -- dedup / relabel ------------------------------------------------------------------

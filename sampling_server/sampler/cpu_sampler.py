@@ -6,7 +6,7 @@ relation's CSC (over the destination type's nodes whose in-edges are here, sourc
 global IDs of the source type) is drawn with the destination type's original IDs and
 first ID, so a relation is sampled exactly as a plain graph is: by :mod:`cpu_fused`'s
 hops straight into the batch's arrays (one dense relabel map per node type), or by
-:func:`cpu_kernels.sample_uniform` / :func:`~cpu_kernels.sample_weighted` for peers and
+:func:`cpu_kernels.sample_neighbors` (uniform or weighted) for peers and
 the generic path. The partition's arrays stay as loaded (read-only memory maps by
 default): nothing is copied at start-up except, for weighted sampling, the float64
 per-node prefix sums of the edge weights (8 bytes per edge).
@@ -14,7 +14,6 @@ per-node prefix sums of the edge weights (8 bytes per edge).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 
 import numpy as np
@@ -104,28 +103,6 @@ class CpuRelabeler(Relabeler):
             self._keys, self._values = K.table_rehash(self._keys, self._values, size)
 
 
-class _DenseMapPool:
-    """Dense relabel maps (global ID -> local ID) of ``num_nodes`` entries, all
-    :data:`~cpu_fused.UNSEEN`, one per batch being sampled at once; a batch resets the
-    entries it set before it gives its map back."""
-
-    def __init__(self, num_nodes: int):
-        self.num_nodes = num_nodes
-        self._free: list[np.ndarray] = []
-        self._lock = threading.Lock()
-
-    def take(self) -> np.ndarray:
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        dtype = np.int32 if self.num_nodes < 2**31 else np.int64
-        return np.full(self.num_nodes, F.UNSEEN, dtype=dtype)
-
-    def give_back(self, table: np.ndarray) -> None:
-        with self._lock:
-            self._free.append(table)
-
-
 class CpuNeighborSampler(NeighborSampler):
     """Neighbor sampling of one partition on the CPU (Numba ``@njit`` kernels, parallel
     over frontier nodes within each relation)."""
@@ -147,7 +124,7 @@ class CpuNeighborSampler(NeighborSampler):
         self._csc = {et: F.CscView(self._indptr[et], self._indices[et], self._orig_ids[et[2]],
                                    self.draw[et[2]][0], self._identity[et[2]]) for et in self.edge_types}
         counts = {t: i.num_nodes for t, i in partition.manifest.node_types.items()}
-        self._dense_maps = {t: _DenseMapPool(n) for t, n in counts.items() if n <= DENSE_RELABEL_MAX_NODES}
+        self._dense_maps = {t: F.DenseMaps(n) for t, n in counts.items() if n <= DENSE_RELABEL_MAX_NODES}
         #: Per weighted relation: the weights and their float64 per-node prefix sums.
         self._weights: dict[EdgeType, tuple[np.ndarray, np.ndarray]] = {}
         if weighted:
@@ -164,14 +141,10 @@ class CpuNeighborSampler(NeighborSampler):
         ids, et = as_ids(nodes, "nodes"), edge_type
         if int(fanout) < -1:
             raise ValueError(f"fanout: expected an integer >= 0, or -1 for all; got {fanout}")
-        orig, start, stream = self._orig_ids[et[2]], self.draw[et[2]][0], np.uint64(self.draw_key(key, et))
-        weights = self._weights.get(et)
-        if weights is not None:
-            offsets, out = K.sample_weighted(self._indptr[et], self._indices[et], weights[0], weights[1],
-                                             orig, start, ids, int(fanout), stream, int(hop), self.replace)
-        else:
-            offsets, out = K.sample_uniform(self._indptr[et], self._indices[et], orig, start, ids,
-                                            int(fanout), stream, int(hop), self.replace)
+        stream = np.uint64(self.draw_key(key, et))
+        offsets, out = K.sample_neighbors(self._indptr[et], self._indices[et], self._orig_ids[et[2]],
+                                          self.draw[et[2]][0], ids, int(fanout), stream, int(hop),
+                                          self.replace, self._weights.get(et))
         return HopSample(counts=torch.from_numpy(np.diff(offsets)), neighbors=torch.from_numpy(out))
 
     def sample(self, seeds: torch.Tensor | np.ndarray, seed_type: str, num_neighbors: NumNeighbors,
@@ -190,12 +163,7 @@ class CpuNeighborSampler(NeighborSampler):
             node_cap, edge_cap = self._capacities(seeds_np.size, seed_type, fanouts, hops)
             for t in self.node_types:
                 first = seeds_np if t == seed_type else np.empty(0, dtype=np.int64)
-                local_of = self._dense_maps[t].take()
-                try:
-                    nodes[t] = F.NodeList(local_of, first, node_cap[t])
-                except ValueError:
-                    self._dense_maps[t].give_back(local_of)
-                    raise
+                nodes[t] = F.NodeList(self._dense_maps[t], first, node_cap[t])
             edges = {et: F.EdgeList(edge_cap[et]) for et in self.edge_types}
             per_hop = {t: [n.count] for t, n in nodes.items()}
             lo = dict.fromkeys(self.node_types, 0)
@@ -208,9 +176,8 @@ class CpuNeighborSampler(NeighborSampler):
                     per_hop[t].append(n.count - hi[t])
                 lo = hi
         finally:
-            for t, n in nodes.items():
+            for n in nodes.values():
                 n.close()
-                self._dense_maps[t].give_back(n.local_of)
         return SamplerOutput(
             input_type=seed_type, node={t: torch.from_numpy(n.ids()) for t, n in nodes.items()},
             row={et: torch.from_numpy(e.row[:e.size]) for et, e in edges.items()},
