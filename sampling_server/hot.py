@@ -47,6 +47,7 @@ class HotNodes:
         """``peers`` gives the peer client when needed (servers set it when they start)."""
         self.store = store
         self.node_type = node_type
+        self._what = f"{node_type!r} nodes" if store.typed else "nodes"  # (in logs)
         self.peers = peers
         self.chunk_bytes = chunk_bytes
         self._orders: dict[int, np.ndarray] = {}
@@ -69,10 +70,6 @@ class HotNodes:
     def book(self) -> np.ndarray:
         """The partition book of the ordered nodes."""
         return self.store.books[self.node_type]
-
-    @property
-    def _what(self) -> str:
-        return f"{self.node_type!r} nodes" if self.store.typed else "nodes"
 
     def order(self, partition: int) -> np.ndarray:
         """``partition``'s hot order (global IDs, hottest first; another partition's is

@@ -184,11 +184,10 @@ def check_counts(counts: Sequence[int], book: np.ndarray, field: str) -> tuple[i
     if len(counts) != sizes.size:
         raise RequestError(f"{field}: expected {sizes.size} entries (one per partition) or none, "
                            f"got {len(counts)}")
-    bad = [p for p, c in enumerate(counts) if not 0 <= c <= sizes[p]]
-    if bad:
-        p = bad[0]
-        raise RequestError(f"{field}[{p}]: expected 0 .. {int(sizes[p])} (the partition's nodes), "
-                           f"got {counts[p]}")
+    for p, c in enumerate(counts):
+        if not 0 <= c <= sizes[p]:
+            raise RequestError(f"{field}[{p}]: expected 0 .. {int(sizes[p])} (the partition's nodes), "
+                               f"got {c}")
     return counts
 
 
@@ -204,16 +203,14 @@ def _cache_plan(request: pb.EpochRequest, store: PartitionStore) -> dict[str, tu
                            f"is {_FIELD}.typed_cache_counts, per node type)")
     plan: dict[str, tuple[int, ...]] = {}
     for i, entry in enumerate(request.typed_cache_counts):
-        field = f"{_FIELD}.typed_cache_counts[{i}]"
-        if entry.name not in store.feature_dtypes:
-            raise RequestError(f"{field}.name: expected a node type with features "
-                               f"{sorted(store.feature_dtypes)}, got {printable(entry.name, 100)!r}")
-        _require(entry.name not in plan, f"typed_cache_counts[{i}].name", "each node type once",
-                 repr(entry.name))
-        if not entry.counts:
-            raise RequestError(f"{field}.counts: expected {store.manifest.num_partitions} entries "
-                               "(one per partition), got none")
-        plan[entry.name] = check_counts(entry.counts, store.books[entry.name], f"{field}.counts")
+        field = f"typed_cache_counts[{i}]"
+        _require(entry.name in store.feature_dtypes, f"{field}.name",
+                 f"a node type with features {sorted(store.feature_dtypes)}",
+                 repr(printable(entry.name, 100)))
+        _require(entry.name not in plan, f"{field}.name", "each node type once", repr(entry.name))
+        _require(bool(entry.counts), f"{field}.counts",
+                 f"{store.manifest.num_partitions} entries (one per partition)", "none")
+        plan[entry.name] = check_counts(entry.counts, store.books[entry.name], f"{_FIELD}.{field}.counts")
     return plan
 
 

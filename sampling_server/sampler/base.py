@@ -105,9 +105,6 @@ class Relabeler(abc.ABC):
         before, in first-seen order (they get the next local IDs), and the local ID of
         every entry of ``neighbors``."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
-        """Release what the relabeler holds (called once the batch is done)."""
-
 
 class NeighborSampler(abc.ABC):
     """Multi-hop neighbor sampling over one partition, with PyG ``NeighborLoader``
@@ -401,32 +398,26 @@ class NeighborSampler(abc.ABC):
         rows: dict[EdgeType, list[torch.Tensor]] = {et: [] for et in self.edge_types}
         cols: dict[EdgeType, list[torch.Tensor]] = {et: [] for et in self.edge_types}
         first_local = dict.fromkeys(self.node_types, 0)
-        relabelers: dict[str, Relabeler] = {}
-        try:
-            for t, f in frontier.items():
-                relabelers[t] = self.new_relabeler(t, f)
-            for hop in range(hops):
-                added: dict[str, list[torch.Tensor]] = {t: [] for t in self.node_types}
-                for et in self.edge_types:
-                    src, _, dst = et
-                    drawn = self.sample_frontier(et, frontier[dst], fanouts[et][hop], key, hop, remote)
-                    new, local = (relabelers[src].add(drawn.neighbors) if drawn.neighbors.numel()
-                                  else (empty, empty))
-                    added[src].append(new)
-                    targets = torch.arange(first_local[dst], first_local[dst] + frontier[dst].numel(),
-                                           device=self.device)
-                    rows[et].append(local)
-                    # output_size: known here, so a GPU need not read the sum back
-                    cols[et].append(torch.repeat_interleave(targets, drawn.counts,
-                                                            output_size=int(local.numel())))
-                for t in self.node_types:
-                    first_local[t] += int(frontier[t].numel())
-                    frontier[t] = added[t][0] if len(added[t]) == 1 else \
-                        torch.cat(added[t]) if added[t] else empty
-                    nodes[t].append(frontier[t])
-        finally:
-            for r in relabelers.values():
-                r.close()
+        relabelers = {t: self.new_relabeler(t, f) for t, f in frontier.items()}
+        for hop in range(hops):
+            added: dict[str, list[torch.Tensor]] = {t: [] for t in self.node_types}
+            for et in self.edge_types:
+                src, _, dst = et
+                drawn = self.sample_frontier(et, frontier[dst], fanouts[et][hop], key, hop, remote)
+                new, local = (relabelers[src].add(drawn.neighbors) if drawn.neighbors.numel()
+                              else (empty, empty))
+                added[src].append(new)
+                targets = torch.arange(first_local[dst], first_local[dst] + frontier[dst].numel(),
+                                       device=self.device)
+                rows[et].append(local)
+                # output_size: known here, so a GPU need not read the sum back
+                cols[et].append(torch.repeat_interleave(targets, drawn.counts,
+                                                        output_size=int(local.numel())))
+            for t in self.node_types:
+                first_local[t] += int(frontier[t].numel())
+                frontier[t] = added[t][0] if len(added[t]) == 1 else \
+                    torch.cat(added[t]) if added[t] else empty
+                nodes[t].append(frontier[t])
         return SamplerOutput(
             input_type=seed_type, node={t: torch.cat(v) for t, v in nodes.items()},
             row={et: torch.cat(v) if v else empty for et, v in rows.items()},

@@ -86,14 +86,13 @@ def gather_rows_and_labels(
         _copy_rows(src, flat, nodes, node_start, out, lo, hi)
 
 
-def _words(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """A C-contiguous 2-D ``arr`` as unsigned words of its item size, 2-D and 1-D (None
-    if it is neither)."""
+def _as_words(arr: np.ndarray, ndims: tuple[int, ...] = (1, 2)) -> np.ndarray | None:
+    """A C-contiguous array of ``ndims`` dimensions as 2-D unsigned words of its item
+    size, a row per entry along its first axis (None if it is not one)."""
     word = _UINT_OF_SIZE.get(arr.dtype.itemsize)
-    if word is None or arr.ndim != 2 or not arr.flags.c_contiguous:
+    if word is None or arr.ndim not in ndims or not arr.flags.c_contiguous:
         return None
-    words = arr.view(word)
-    return words, words.reshape(-1)
+    return arr.reshape(arr.shape[0], math.prod(arr.shape[1:])).view(word)  # (not -1: 0 rows)
 
 
 def gather_with_labels(
@@ -101,29 +100,29 @@ def gather_with_labels(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rows of ``src`` and entries of ``labels`` for ``nodes`` (as :func:`gather` each)."""
     arr, lab = np.asarray(src), np.asarray(labels)
-    words = _words(arr)
+    words = _as_words(arr, (2,))
     if nodes.size < PARALLEL_MIN_ROWS or words is None or lab.ndim != 1 or not lab.flags.c_contiguous:
         return gather(arr, nodes, node_start), gather(lab, nodes, node_start)
-    out = np.empty((nodes.size, arr.shape[1]), dtype=words[0].dtype)
+    out = np.empty((nodes.size, arr.shape[1]), dtype=words.dtype)
     out_labels = np.empty(nodes.size, dtype=lab.dtype)
     with parallel_guard():
-        gather_rows_and_labels(words[0], words[1], lab, nodes, node_start, out, out_labels)
+        gather_rows_and_labels(words, words.reshape(-1), lab, nodes, node_start, out, out_labels)
     return out.view(arr.dtype), out_labels
 
 
 def gather(src: np.ndarray, nodes: np.ndarray, node_start: int) -> np.ndarray:
-    """Rows ``nodes - node_start`` of ``src`` (1-D or 2-D, C-contiguous, possibly a
-    read-only memmap), read in place."""
+    """Rows ``nodes - node_start`` of ``src`` (C-contiguous, possibly a read-only memmap),
+    read in place."""
     arr = np.asarray(src)
-    words = _words(arr.reshape(arr.shape[0], math.prod(arr.shape[1:])))  # (not -1: 0 rows)
+    words = _as_words(arr, (max(arr.ndim, 1),))  # (any number of dimensions)
     if words is None:
         return arr[nodes - node_start]
-    out = np.empty((nodes.size, words[0].shape[1]), dtype=words[0].dtype)
+    out = np.empty((nodes.size, words.shape[1]), dtype=words.dtype)
     if nodes.size >= PARALLEL_MIN_ROWS:
         with parallel_guard():
-            gather_rows(words[0], words[1], nodes, node_start, out)
+            gather_rows(words, words.reshape(-1), nodes, node_start, out)
     elif nodes.size:
-        gather_rows_serial(words[0], words[1], nodes, node_start, out)
+        gather_rows_serial(words, words.reshape(-1), nodes, node_start, out)
     return out.view(arr.dtype).reshape((nodes.size, *arr.shape[1:]))
 
 
@@ -202,7 +201,7 @@ class RowBlocks:
         if not arrays:
             raise ValueError("RowBlocks: expected at least one block, got none")
         first = arrays[0]
-        words = [_rows_as_words(a) for a in arrays]
+        words = [_as_words(a) for a in arrays]
         if any(w is None for w in words) or any(a.dtype != first.dtype or a.shape[1:] != first.shape[1:]
                                                 for a in arrays) \
                 or any(a.shape[0] != first.shape[0] for a in arrays[:-1]) \
@@ -218,20 +217,11 @@ class RowBlocks:
         self.addresses = np.array([a.ctypes.data for a in self.arrays], dtype=np.int64)
 
 
-def _rows_as_words(arr: np.ndarray) -> np.ndarray | None:
-    """A C-contiguous 1-D or 2-D array as 2-D unsigned words of its item size (None if it
-    is neither)."""
-    if arr.ndim not in (1, 2):
-        return None
-    words = _words(arr.reshape(arr.shape[0], arr.shape[1] if arr.ndim == 2 else 1))
-    return words[0] if words is not None else None
-
-
 def _row_words(out: np.ndarray | RowBlocks) -> tuple[int, np.dtype[Any]] | None:
     """Words per row and their dtype of ``out`` (None: not C-contiguous 1-D or 2-D)."""
     if isinstance(out, RowBlocks):
         return out.width, out.like.dtype
-    words = _rows_as_words(out)
+    words = _as_words(out)
     return None if words is None else (int(words.shape[1]), words.dtype)
 
 
@@ -248,7 +238,7 @@ def gather_into(src: np.ndarray, nodes: np.ndarray, node_start: int, positions: 
     ``Tensor.to`` rounds. Other dtype pairs are a ``ValueError``. The rows and positions
     are not range-checked: callers pass owned nodes (checked) and positions they computed."""
     arr = np.asarray(src)
-    src_words, dest = _rows_as_words(arr), _row_words(out)
+    src_words, dest = _as_words(arr), _row_words(out)
     if src_words is None or dest is None or src_words.shape[1] != dest[0] or nodes.size != positions.size:
         raise ValueError(f"gather_into: expected C-contiguous rows of one width and as many "
                          f"positions as nodes, got {arr.shape} -> {_shown(out)}, "
@@ -268,7 +258,7 @@ def scatter_into(rows: np.ndarray, positions: np.ndarray, out: np.ndarray | RowB
     """``out[positions] = rows`` (1-D or 2-D, the same item size; ``out`` an array or
     :class:`RowBlocks`), in parallel; the positions are not range-checked (callers pass
     positions they computed)."""
-    words, dest = _rows_as_words(np.asarray(rows)), _row_words(out)
+    words, dest = _as_words(np.asarray(rows)), _row_words(out)
     if words is None or dest is None or (int(words.shape[1]), words.dtype) != dest \
             or rows.shape[0] != positions.size:
         raise ValueError(f"scatter_into: expected C-contiguous rows of out's width and item "

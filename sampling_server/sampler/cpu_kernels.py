@@ -236,13 +236,6 @@ def _prefetch_nodes(indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarra
             prefetch(indices, e)  # type: ignore[call-arg]
 
 
-@numba.njit(nogil=True, cache=True)
-def _strided(fanout: int, num_nodes: int) -> bool:
-    """Whether to draw in one pass into ``fanout`` slots per node (then compact), which
-    reads each node's offsets once instead of twice."""
-    return 0 <= fanout <= STRIDE_MAX_FANOUT
-
-
 @numba.njit(parallel=True, nogil=True, cache=True)
 def sample_uniform_parallel(
     indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int,
@@ -251,7 +244,7 @@ def sample_uniform_parallel(
     """Unweighted draws for ``nodes``: ``(offsets [F+1], neighbors)`` in global IDs."""
     n = nodes.size
     counts = np.empty(n, dtype=np.int64)
-    if _strided(fanout, n):
+    if 0 <= fanout <= STRIDE_MAX_FANOUT:  # then compact: each node's offsets read once, not twice
         slots = np.empty(n * fanout, dtype=np.int64)
         for i in numba.prange(n):
             _prefetch_nodes(indptr, indices, orig_ids, node_start, nodes, i)

@@ -47,10 +47,6 @@ class CudaRelabeler(Relabeler):
         self.table = K.NodeTable(K.table_capacity(int(seeds.numel())), seeds.device)
         K.table_insert_seeds(self.table, seeds)
 
-    def __len__(self) -> int:
-        """Nodes numbered so far."""
-        return self.table.size
-
     def add(self, neighbors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if neighbors.dtype != torch.int64:
             raise ValueError(f"neighbors: expected int64 node IDs, got {neighbors.dtype}")
