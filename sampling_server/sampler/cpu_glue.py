@@ -12,6 +12,7 @@ helpers take microseconds, so they keep the lock and cost none.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -65,7 +66,7 @@ def _by_size(kernel: Any, items: Callable[..., int]) -> Callable[..., Any]:
     def call(*args: Any) -> Any:
         return (released if items(*args) >= RELEASE_MIN_ITEMS else kernel)(*args)
 
-    return call
+    return functools.wraps(kernel.py_func)(call)  # (its docstring and signature)
 
 
 @numba.njit(cache=True)
