@@ -39,17 +39,17 @@ log = logging.getLogger(__name__)
 
 
 class HotNodes:
-    """This server's view of every partition's hot order (thread-safe, lazily built), of
-    one node type on a typed graph."""
+    """This server's view of every partition's hot order of one node type (thread-safe,
+    lazily built)."""
 
-    def __init__(self, store: PartitionStore, peers: Callable[[], PeerClient | None],
-                 chunk_bytes: int = 4 * 1024 * 1024, node_type: str | None = None) -> None:
-        """``peers`` gives the peer client when needed (servers set it when they start);
-        ``node_type``: whose order this is (None: the target type, a plain graph's one)."""
+    def __init__(self, store: PartitionStore, node_type: str, peers: Callable[[], PeerClient | None],
+                 chunk_bytes: int = 4 * 1024 * 1024) -> None:
+        """``peers`` gives the peer client when needed (servers set it when they start)."""
         self.store = store
+        self.node_type = node_type
+        self._what = f"{node_type!r} nodes" if store.typed else "nodes"  # (in logs)
         self.peers = peers
         self.chunk_bytes = chunk_bytes
-        self.node_type = node_type or store.manifest.target_type
         self._orders: dict[int, np.ndarray] = {}
         self._own_order: np.ndarray | None = None
         self._plans: OrderedDict[tuple[int, ...], np.ndarray] = OrderedDict()
@@ -70,10 +70,6 @@ class HotNodes:
     def book(self) -> np.ndarray:
         """The partition book of the ordered nodes."""
         return self.store.books[self.node_type]
-
-    @property
-    def _what(self) -> str:
-        return f"{self.node_type!r} nodes" if self.store.typed else "nodes"
 
     def order(self, partition: int) -> np.ndarray:
         """``partition``'s hot order (global IDs, hottest first; another partition's is

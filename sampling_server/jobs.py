@@ -87,14 +87,8 @@ def _require(ok: bool, field: str, expected: str, got: object) -> None:
         raise RequestError(f"{_FIELD}.{field}: expected {expected}, got {got}")
 
 
-def check_epoch_request(request: pb.EpochRequest, fanouts_field: str = "fanouts") -> None:
-    """Field checks that need no partition: fanouts, sizes, rank, epoch, resume.
-    ``fanouts_field``: the empty string skips the fanouts (typed per-edge-type ones)."""
-    fanouts = list(request.fanouts)
-    if fanouts_field:
-        _require(bool(fanouts), fanouts_field, "at least one hop", "[]")
-        _require(all(f >= -1 for f in fanouts), fanouts_field, "integers >= 0, or -1 for all neighbors",
-                 fanouts)
+def check_epoch_request(request: pb.EpochRequest) -> None:
+    """Field checks that need no partition: sizes, rank, epoch, resume."""
     _require(request.batch_size > 0, "batch_size", "> 0", request.batch_size)
     _require(request.world_size > 0, "world_size", "> 0", request.world_size)
     _require(0 <= request.rank < request.world_size, "rank", f"an integer in [0, {request.world_size})",
@@ -111,7 +105,7 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
     hops = max([len(request.fanouts), *(len(e.fanouts) for e in request.typed.edge_fanouts)])
     check_epoch_limits(store.config, hops, None, request.batch_size, m.num_nodes, m.num_edges)
     fanouts = _fanouts(request, store)
-    check_epoch_request(request, fanouts_field="")
+    check_epoch_request(request)
     check_epoch_limits(store.config, len(next(iter(fanouts.values()))), summed_fanouts(fanouts),
                        request.batch_size, m.num_nodes, m.num_edges, request.sampling.replace)
     wire_feature_dtype(request.feature_dtype, store.feature_dtype, f"{_FIELD}.feature_dtype")
@@ -154,8 +148,10 @@ def _fanouts(request: pb.EpochRequest, store: PartitionStore) -> dict[EdgeType, 
     edge_types = tuple(store.manifest.edge_types)
     given = request.typed.edge_fanouts
     if not given:
-        check_epoch_request(request)
-        return normalize_num_neighbors(list(request.fanouts), edge_types)
+        fanouts = list(request.fanouts)
+        _require(bool(fanouts), "fanouts", "at least one hop", "[]")
+        _require(all(f >= -1 for f in fanouts), "fanouts", "integers >= 0, or -1 for all neighbors", fanouts)
+        return normalize_num_neighbors(fanouts, edge_types)
     _require(not request.fanouts, "fanouts", "none when typed.edge_fanouts is set",
              list(request.fanouts)[:10])
     field = f"{_FIELD}.typed.edge_fanouts"
@@ -188,11 +184,10 @@ def check_counts(counts: Sequence[int], book: np.ndarray, field: str) -> tuple[i
     if len(counts) != sizes.size:
         raise RequestError(f"{field}: expected {sizes.size} entries (one per partition) or none, "
                            f"got {len(counts)}")
-    bad = [p for p, c in enumerate(counts) if not 0 <= c <= sizes[p]]
-    if bad:
-        p = bad[0]
-        raise RequestError(f"{field}[{p}]: expected 0 .. {int(sizes[p])} (the partition's nodes), "
-                           f"got {counts[p]}")
+    for p, c in enumerate(counts):
+        if not 0 <= c <= sizes[p]:
+            raise RequestError(f"{field}[{p}]: expected 0 .. {int(sizes[p])} (the partition's nodes), "
+                               f"got {c}")
     return counts
 
 
@@ -208,23 +203,21 @@ def _cache_plan(request: pb.EpochRequest, store: PartitionStore) -> dict[str, tu
                            f"is {_FIELD}.typed_cache_counts, per node type)")
     plan: dict[str, tuple[int, ...]] = {}
     for i, entry in enumerate(request.typed_cache_counts):
-        field = f"{_FIELD}.typed_cache_counts[{i}]"
-        if entry.name not in store.feature_dtypes:
-            raise RequestError(f"{field}.name: expected a node type with features "
-                               f"{sorted(store.feature_dtypes)}, got {printable(entry.name, 100)!r}")
-        _require(entry.name not in plan, f"typed_cache_counts[{i}].name", "each node type once",
-                 repr(entry.name))
-        if not entry.counts:
-            raise RequestError(f"{field}.counts: expected {store.manifest.num_partitions} entries "
-                               "(one per partition), got none")
-        plan[entry.name] = check_counts(entry.counts, store.books[entry.name], f"{field}.counts")
+        field = f"typed_cache_counts[{i}]"
+        _require(entry.name in store.feature_dtypes, f"{field}.name",
+                 f"a node type with features {sorted(store.feature_dtypes)}",
+                 repr(printable(entry.name, 100)))
+        _require(entry.name not in plan, f"{field}.name", "each node type once", repr(entry.name))
+        _require(bool(entry.counts), f"{field}.counts",
+                 f"{store.manifest.num_partitions} entries (one per partition)", "none")
+        plan[entry.name] = check_counts(entry.counts, store.books[entry.name], f"{_FIELD}.{field}.counts")
     return plan
 
 
 def explicit_seeds(request: pb.EpochRequest, store: PartitionStore, node_type: str) -> np.ndarray:
     """The request's explicit seeds, checked: global IDs of ``node_type``, each once."""
     seeds = decode_node_ids(request.seeds, f"{_FIELD}.seeds")
-    n = store.num_nodes_of(node_type)
+    n = store.manifest.node_types[node_type].num_nodes
     _require(seeds.size > 0, "seeds", "at least one node ID", "an empty tensor")
     lo, hi = int(seeds.min()), int(seeds.max())
     _require(lo >= 0 and hi < n, "seeds", f"global node IDs in [0, {n})", f"values in [{lo}, {hi}]")
@@ -249,11 +242,11 @@ def seeds_by_partition(request: pb.EpochRequest, store: PartitionStore, node_typ
     if source == "split":
         split = request.split
         _require(split in SPLITS, "split", f"one of {list(SPLITS)}", repr(split))
-        if not store.has_split(split):
+        if not any(split in p.split_sizes for p in store.manifest.partitions):
             raise RequestError(f"{_FIELD}.split: the graph has no {split!r} split", _PRECONDITION)
-        return store.split_counts(split), store.split_seeds(split)
+        return store.manifest.split_counts(split), store.split_seeds(split)
     seeds = explicit_seeds(request, store, node_type)
-    owner = store.owner_of(seeds, node_type)
+    owner = np.searchsorted(store.books[node_type], seeds, side="right") - 1
     per_part = np.bincount(owner, minlength=store.manifest.num_partitions)
     return [int(c) for c in per_part], seeds[owner == store.partition_id]
 
@@ -311,15 +304,15 @@ def lookup_nodes(request: pb.LookupNodesRequest, store: PartitionStore) -> pb.Lo
     if query == "split":
         if request.split not in SPLITS:
             raise RequestError(f"{field}.split: expected one of {list(SPLITS)}, got {request.split!r}")
-        nodes = store.split_seeds(request.split)
-        return pb.LookupNodesReply(global_ids=encode_tensor(nodes),
-                                   original_ids=encode_tensor(store.original_ids_of(nodes)))
+        nodes = store.split_seeds(request.split)  # (of the target type)
+        orig = store.original_ids_of(nodes, store.manifest.target_type)
+        return pb.LookupNodesReply(global_ids=encode_tensor(nodes), original_ids=encode_tensor(orig))
     if query == "owned_range":
         return _owned_range(request.owned_range, store, f"{field}.owned_range", node_type)
     if query != "original_ids":
         raise RequestError(f"{field}.query: expected a split name, original_ids or owned_range, got none")
     original = decode_node_ids(request.original_ids, f"{field}.original_ids")
-    n = store.num_nodes_of(node_type)
+    n = store.manifest.node_types[node_type].num_nodes
     if original.size and (int(original.min()) < 0 or int(original.max()) >= n):
         raise RequestError(f"{field}.original_ids: expected original node IDs in [0, {n}), got "
                            f"values in [{int(original.min())}, {int(original.max())}]")

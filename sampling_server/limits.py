@@ -1,5 +1,6 @@
 """Request limits: every request's cost is checked against the server's limits before
-anything is allocated for it, and client text is bounded in replies and escaped in logs.
+anything is allocated for it (client text is bounded in replies and escaped in logs by
+:mod:`sampling_server.errors`).
 
 A request over a limit gets ``INVALID_ARGUMENT`` with a message naming the limit and
 the flag that raises it (not ``RESOURCE_EXHAUSTED``, which trainers retry: a server at
@@ -13,12 +14,11 @@ from __future__ import annotations
 import grpc
 
 from sampling_server.config import ServerConfig
-from sampling_server.errors import MAX_DETAILS_CHARS, RequestError, bounded, printable
+from sampling_server.errors import RequestError
 
 _OVER_LIMIT = grpc.StatusCode.INVALID_ARGUMENT
 
-__all__ = ["MAX_DETAILS_CHARS", "bounded", "check_epoch_limits", "check_peer_limits",
-           "printable", "worst_case_edges"]
+__all__ = ["check_epoch_limits", "check_peer_limits", "worst_case_edges"]
 
 
 def _over(what: str, got: int, limit: int, flag: str) -> RequestError:

@@ -59,8 +59,8 @@ class PeerClient:
     """Calls the other partitions' servers for remote frontiers and remote rows.
 
     ``addresses[p]`` is partition ``p``'s server; this server's own entry is never
-    called. Thread-safe: every stream's sampling threads share one client. Use
-    :meth:`bind` for the ``remote``/``remote_data`` callbacks of one stream.
+    called. Thread-safe: every stream's sampling threads share one client, each through
+    a :class:`PeerRemote` with its options.
     """
 
     def __init__(
@@ -104,11 +104,6 @@ class PeerClient:
         self._pool.shutdown(wait=False, cancel_futures=True)
         for ch in self._channels.values():
             ch.close()
-
-    def bind(self, options: PeerCallOptions, typed: bool, feature_types: frozenset[str]) -> PeerRemote:
-        """One stream's :class:`PeerRemote`, with its options; ``typed``: the graph is
-        typed; ``feature_types``: its node types with features."""
-        return PeerRemote(self, options, typed, feature_types)
 
     # -- the two calls -----------------------------------------------------------------
     def neighbors(
@@ -261,8 +256,9 @@ class PeerClient:
 
 class PeerRemote:
     """One stream's :class:`~sampling_server.sampler.base.Remote`: a :class:`PeerClient`
-    with the stream's options. On a plain graph the calls name no type (the wire's plain
-    form); on a typed one they name the relation or node type."""
+    with the stream's options. On a plain graph (not ``typed``) the calls name no type
+    (the wire's plain form); on a typed one they name the relation or node type.
+    ``feature_types``: the node types with features."""
 
     def __init__(self, client: PeerClient, options: PeerCallOptions, typed: bool,
                  feature_types: frozenset[str]) -> None:

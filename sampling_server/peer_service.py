@@ -9,13 +9,11 @@ no type; a typed graph's name the relation (``edge_type``) or the node type.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 
 import grpc
 import numpy as np
 import torch
-from google.protobuf.message import Message
 
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
@@ -25,29 +23,6 @@ from sampling_server.fields import cast_features, decode_node_ids, wire_feature_
 from sampling_server.limits import check_peer_limits
 from sampling_server.metrics import ServerMetrics
 from sampling_server.store import PartitionStore
-
-NodeData = tuple[torch.Tensor | None, torch.Tensor | None]
-
-
-def chunk_messages(make: Callable[..., Message], named: Mapping[str, codec.TensorLike],
-                   chunk_bytes: int) -> list[bytes]:
-    """The serialized stream messages (``make(chunk_index=, num_chunks=)`` plus their
-    tensors) carrying ``named`` in groups of at most ``chunk_bytes`` (see
-    :mod:`protos.fastwire`: each payload byte is copied once)."""
-    return fastwire.encode_chunks(lambda i, n: make(chunk_index=i, num_chunks=n), named, chunk_bytes)
-
-
-@dataclass(frozen=True)
-class NodeRows:
-    """How a FetchNodeData answer reads its rows (of one node type)."""
-
-    #: Feature columns of the nodes (0: none).
-    feature_dim: int
-    #: Owned global IDs (CPU int64) and the features' wire dtype -> features (in that
-    #: dtype, or as stored: the caller casts) and labels, as asked.
-    gather: Callable[[torch.Tensor, codec.WireDType], NodeData]
-    #: Owned global IDs -> original IDs.
-    orig_ids: Callable[[torch.Tensor], torch.Tensor]
 
 
 class PeerServicer:
@@ -94,8 +69,8 @@ class PeerServicer:
         with abort_on_error(context, "FetchNodeData", self.store.partition_id,
                             self._rejected("FetchNodeData")):
             check_expectation(request, self.store, hot_order=False)
-            nodes, dtype, rows = self._check_fetch(request)
-            messages = self._fetch(request, nodes, dtype, rows)
+            nodes, dtype, node_type = self._check_fetch(request)
+            messages = self._fetch(request, nodes, dtype, node_type)
             working = 0.0  # gathering and encoding, not waiting for gRPC to take a message
             while True:
                 started = time.perf_counter()
@@ -135,10 +110,12 @@ class PeerServicer:
         drawn = sampler.sample_relation(et, torch.from_numpy(nodes).to(sampler.device), request.fanout,
                                         request.random_seed, request.hop)
         named = {"counts": drawn.counts, "neighbors": drawn.neighbors}
-        return chunk_messages(pb.SampleNeighborsChunk, named, self.chunk_bytes)
+        # each payload byte copied once, into its message (protos.fastwire)
+        return fastwire.encode_chunks(lambda i, n: pb.SampleNeighborsChunk(chunk_index=i, num_chunks=n),
+                                      named, self.chunk_bytes)
 
-    def _check_fetch(self, request: pb.FetchNodeDataRequest) -> tuple[np.ndarray, codec.WireDType, NodeRows]:
-        """The request's nodes, the features' wire dtype and what reads their rows."""
+    def _check_fetch(self, request: pb.FetchNodeDataRequest) -> tuple[np.ndarray, codec.WireDType, str]:
+        """The request's nodes, the features' wire dtype and the nodes' type."""
         field = "FetchNodeDataRequest"
         store = self.store
         store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
@@ -159,27 +136,23 @@ class PeerServicer:
                                f"{m.target_type!r} has labels, got node type {node_type!r}")
         dtype = wire_feature_dtype(request.feature_dtype, store.feature_dtypes.get(node_type, pb.FLOAT32),
                                    f"{field}.feature_dtype")
-        sampler = store.sampler()
-        return nodes, dtype, NodeRows(
-            info.feature_dim,
-            # cast on the way where the sampler can (a CPU gather into bfloat16)
-            lambda ids, wire: sampler.gather(node_type, ids.to(sampler.device),
-                                             features=request.want_features, labels=request.want_labels,
-                                             dtype=codec.dtype_to_torch(wire)),
-            lambda ids: sampler.orig_ids_local(node_type, ids))
+        return nodes, dtype, node_type
 
     def _fetch(self, request: pb.FetchNodeDataRequest, nodes: np.ndarray, dtype: codec.WireDType,
-               reader: NodeRows) -> Iterator[bytes]:
+               node_type: str) -> Iterator[bytes]:
         """The answer's messages, gathered and encoded slice by slice of the nodes (at
         most about ``chunk_bytes`` of rows each), so the whole answer is never built."""
-        row_bytes = (reader.feature_dim * codec.dtype_to_numpy(dtype).itemsize
-                     if request.want_features else 0) + (8 if request.want_labels else 0) \
-            + (8 if request.want_original_ids else 0)
+        sampler, width = self.store.sampler(), self.store.manifest.node_types[node_type].feature_dim
+        row_bytes = (width * codec.dtype_to_numpy(dtype).itemsize if request.want_features else 0) \
+            + (8 if request.want_labels else 0) + (8 if request.want_original_ids else 0)
         rows = max(1, self.chunk_bytes // max(row_bytes, 1))
         slices = [(i, min(i + rows, nodes.size)) for i in range(0, max(nodes.size, 1), rows)]
         for k, (a, b) in enumerate(slices):
-            x, y = reader.gather(torch.from_numpy(nodes[a:b]), dtype)
-            orig = reader.orig_ids(torch.from_numpy(nodes[a:b])) if request.want_original_ids else None
+            ids = torch.from_numpy(nodes[a:b])
+            # cast on the way where the sampler can (a CPU gather into bfloat16)
+            x, y = sampler.gather(node_type, ids.to(sampler.device), features=request.want_features,
+                                  labels=request.want_labels, dtype=codec.dtype_to_torch(dtype))
+            orig = sampler.orig_ids_local(node_type, ids) if request.want_original_ids else None
             pieces = [codec.row_piece(name, cast_features(part, dtype) if name == "x" else part,
                                       a, nodes.size)
                       for name, part in (("x", x), ("y", y), ("orig_id", orig)) if part is not None]

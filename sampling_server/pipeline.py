@@ -69,21 +69,15 @@ class SamplingPipeline:
         self._hot: dict[str, HotNodes] = {}
         self._hot_lock = threading.Lock()
 
-    def hot_of(self, node_type: str | None = None) -> HotNodes:
-        """Every partition's hot orders of ``node_type`` (the target type when None, a
-        plain graph's one), for trainers' feature caches; made on first use."""
-        node_type = node_type or self.store.manifest.target_type
+    def hot_of(self, node_type: str) -> HotNodes:
+        """Every partition's hot orders of ``node_type``, for trainers' feature caches;
+        made on first use."""
         with self._hot_lock:
             found = self._hot.get(node_type)
             if found is None:
-                found = self._hot[node_type] = HotNodes(self.store, lambda: self.peers, self.chunk_bytes,
-                                                        node_type)
+                found = self._hot[node_type] = HotNodes(self.store, node_type, lambda: self.peers,
+                                                        self.chunk_bytes)
             return found
-
-    @property
-    def hot(self) -> HotNodes:
-        """The target type's hot orders (a plain graph's only ones)."""
-        return self.hot_of()
 
     def stage(self, name: str) -> AbstractContextManager[None]:
         return self.metrics.stage(name) if self.metrics is not None else nullcontext()

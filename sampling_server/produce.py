@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
@@ -61,8 +61,8 @@ def produce(ctx: Producer, job: EpochJob, ref: BatchRef) -> Prepared:
     seeds = job.seeds_of(ref, store.partition_id)
     key = batch_key(job.seed, job.epoch, job.rank, ref.index)
     sampler = store.sampler(replace=job.replace, weighted=job.weighted)
-    remote = ctx.peers.bind(PeerCallOptions(job.replace, job.weighted, job.feature_dtype), store.typed,
-                            frozenset(store.feature_dtypes)) if ctx.peers is not None else None
+    remote = PeerRemote(ctx.peers, PeerCallOptions(job.replace, job.weighted, job.feature_dtype), store.typed,
+                        frozenset(store.feature_dtypes)) if ctx.peers is not None else None
     with ctx.stage("sample"):
         out = sampler.sample(seeds, job.seed_type, job.fanouts, key, remote)
 
@@ -179,29 +179,23 @@ def _gather(ctx: Producer, job: EpochJob, sampler: NeighborSampler, t: str, n_id
     stored = ctx.store.feature_dtypes.get(t, pb.FLOAT32)
     wire = codec.dtype_to_torch(wire_feature_dtype(job.feature_dtype, stored, "EpochRequest.feature_dtype"))
     counts = (job.cache_counts or {}).get(t) if want_x else None
-    x: torch.Tensor | None = None
-    y: torch.Tensor | None = None
-    rows = None
+    nodes, labels = n_id, None
     if counts:  # every node's label but only the missing rows: two gathers, side by side
-        labels: Future[tuple[torch.Tensor | None, torch.Tensor | None]] | None = None
         if want_y:
             labels = begin(partial(sampler.gather, t, n_id, features=False, labels=True, remote=remote),
                            sampler.overlap_peers, pool=ctx.lookups)
         cached = ctx.hot_of(t).cached_mask(n_id, counts)
-        missing = torch.nonzero(~cached.to(n_id.device)).flatten()
-        rows = _row_messages(ctx, sampler, t, name("x", t), head, missing.numel(), wire)
-        if rows is not None:
-            sampler.gather_to(t, n_id[missing], rows.blocks, labels=False, remote=remote)
-        else:
-            x, _ = sampler.gather(t, n_id[missing], features=True, labels=False, remote=remote, dtype=wire)
+        nodes = n_id[torch.nonzero(~cached.to(n_id.device)).flatten()]
         named[name("x_cached", t)] = compact.pack_mask(cached) if job.compact else cached
-        y = labels.result()[1] if labels is not None else None  # bounded: peer deadlines
+    rows = _row_messages(ctx, sampler, t, name("x", t), head, nodes.numel(), wire) if want_x else None
+    own_y = want_y and labels is None  # the labels in this gather (not beside it)
+    x: torch.Tensor | None = None
+    if rows is not None:
+        y = sampler.gather_to(t, nodes, rows.blocks, labels=own_y, remote=remote)
     else:
-        rows = _row_messages(ctx, sampler, t, name("x", t), head, n_id.numel(), wire) if want_x else None
-        if rows is not None:
-            y = sampler.gather_to(t, n_id, rows.blocks, labels=want_y, remote=remote)
-        else:
-            x, y = sampler.gather(t, n_id, features=want_x, labels=want_y, remote=remote, dtype=wire)
+        x, y = sampler.gather(t, nodes, features=want_x, labels=own_y, remote=remote, dtype=wire)
+    if labels is not None:
+        y = labels.result()[1]  # bounded: peer calls carry deadlines
     if x is not None:
         named[name("x", t)] = x  # already in the wire dtype
     if y is not None:

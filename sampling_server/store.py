@@ -125,9 +125,6 @@ class PartitionStore:
         self.typed = m.typed
         #: Node type to its int64 ``[P+1]`` partition book.
         self.books = {t: np.asarray(b, dtype=np.int64) for t, b in m.partition_book.items()}
-        #: The target type's book and owned range (a plain graph's only ones).
-        self.partition_book = self.books[m.target_type]
-        self.node_range = self.type_range(m.target_type)
         #: Node type to its stored feature dtype on the wire (types with features only).
         self.feature_dtypes: dict[str, codec.WireDType] = {
             t: codec.numpy_to_dtype(np.dtype(d)) for t, d in m.feature_dtypes.items()}
@@ -333,13 +330,6 @@ class PartitionStore:
         """The rule of this partition's hot orders (``ClusterInfo.hot_order``)."""
         return self.config.hot_order
 
-    def split_counts(self, split: str) -> list[int]:
-        """Seeds of ``split`` owned by each partition (the manifest's split sizes)."""
-        return self.manifest.split_counts(split)
-
-    def has_split(self, split: str) -> bool:
-        return any(split in p.split_sizes for p in self.manifest.partitions)
-
     def split_seeds(self, split: str) -> np.ndarray:
         """Global IDs of this partition's seeds of ``split`` (empty when absent)."""
         ids = self.partition.splits.get(split)
@@ -353,7 +343,7 @@ class PartitionStore:
         sizes = [pb.SplitSizes(**{s: int(p.split_sizes.get(s, 0)) for s in SPLITS}) for p in m.partitions]
         info = pb.ClusterInfo(
             format_version=m.format_version, graph_name=m.graph_name, num_nodes=target.num_nodes,
-            num_edges=m.num_edges, partition_book=[int(v) for v in self.partition_book],
+            num_edges=m.num_edges, partition_book=[int(v) for v in self.books[m.target_type]],
             partition_id=self.partition_id, num_partitions=m.num_partitions,
             feature_dim=target.feature_dim, feature_dtype=self.feature_dtype,
             num_classes=m.num_classes, split_sizes=sizes, peer_addresses=list(self.peer_addresses),
@@ -418,26 +408,16 @@ class PartitionStore:
         book = self.books[node_type]
         return int(book[self.partition_id]), int(book[self.partition_id + 1])
 
-    def num_nodes_of(self, node_type: str | None = None) -> int:
-        """Nodes of ``node_type`` (the target type when None)."""
-        return self.manifest.node_types[node_type or self.manifest.target_type].num_nodes
-
-    def owner_of(self, nodes: np.ndarray, node_type: str | None = None) -> np.ndarray:
-        """Partition ID of each global ID of ``node_type`` (the target type when None)."""
-        return np.searchsorted(self.books[node_type or self.manifest.target_type], nodes, side="right") - 1
-
-    def check_owned(self, nodes: np.ndarray, field: str, node_type: str | None = None) -> None:
+    def check_owned(self, nodes: np.ndarray, field: str, node_type: str) -> None:
         """Raise :class:`RequestError` naming ``field`` unless every ID is owned here."""
-        node_type = node_type or self.manifest.target_type
         start, stop = self.type_range(node_type)
         if nodes.size and (int(nodes.min()) < start or int(nodes.max()) >= stop):
             raise RequestError(
                 f"{field}: expected {self.ids_of(node_type)} owned by partition {self.partition_id}, in "
                 f"[{start}, {stop}); got values in [{int(nodes.min())}, {int(nodes.max())}]")
 
-    def global_ids_of(self, original: np.ndarray, node_type: str | None = None) -> np.ndarray:
+    def global_ids_of(self, original: np.ndarray, node_type: str) -> np.ndarray:
         """Global ID of each original ID of ``node_type`` owned here, -1 for the others."""
-        node_type = node_type or self.manifest.target_type
         orig = np.asarray(self.partition.orig_ids[node_type])
         with self._lock:
             if node_type not in self._orig_orders:
@@ -451,12 +431,10 @@ class PartitionStore:
         out[found] = order[pos[found]] + self.type_range(node_type)[0]
         return out
 
-    def original_ids_of(self, nodes: np.ndarray, node_type: str | None = None) -> np.ndarray:
+    def original_ids_of(self, nodes: np.ndarray, node_type: str) -> np.ndarray:
         """Original IDs of owned global IDs of ``node_type``."""
-        node_type = node_type or self.manifest.target_type
         start = self.type_range(node_type)[0]
         return np.asarray(self.partition.orig_ids[node_type][nodes - start], dtype=np.int64)
 
 
-__all__ = ["PartitionStore", "RequestError", "check_partition_count", "colocated_servers",
-           "server_version", "share_arrays"]
+__all__ = ["PartitionStore", "check_partition_count", "colocated_servers", "server_version", "share_arrays"]

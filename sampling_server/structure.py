@@ -92,11 +92,8 @@ def choose_structure(setting: str, manifest: Manifest, root: Path | str, *,
     in ``root``. ``host_free``: the host memory available (None: unknown, not limiting);
     ``gpu_free``: the GPU's free memory where the structure would be placed in it (None:
     it goes to host memory)."""
-    _check_setting("structure", setting)
-    if setting == "partition":
-        return StructureChoice(setting, "as configured")
-    if manifest.num_partitions == 1:
-        return StructureChoice("partition", f"{setting}: one partition holds the whole graph")
+    if (settled := _settled("structure", setting, manifest)) is not None:
+        return settled
     if setting == "full":
         return StructureChoice(setting, "as configured")
     return _auto("structure", "structure files", structure_records(manifest),
@@ -113,11 +110,8 @@ def choose_features(setting: str, manifest: Manifest, root: Path | str, *,
     partition's structure; its feature table is ordered by the in-degree of the nodes it
     holds, which it then knows for its own only (``auto`` means ``partition`` there;
     ``full`` is refused)."""
-    _check_setting("features", setting)
-    if setting == "partition":
-        return StructureChoice(setting, "as configured")
-    if manifest.num_partitions == 1:
-        return StructureChoice("partition", f"{setting}: one partition holds the whole graph")
+    if (settled := _settled("features", setting, manifest)) is not None:
+        return settled
     if cuda_partition_structure:
         if setting == "full":
             raise ValueError("features: 'full' on a CUDA server needs the whole graph's "
@@ -132,9 +126,16 @@ def choose_features(setting: str, manifest: Manifest, root: Path | str, *,
                  node_data_bytes(manifest), root, host_free=host_free, gpu_free=None)
 
 
-def _check_setting(field: str, setting: str) -> None:
+def _settled(field: str, setting: str, manifest: Manifest) -> StructureChoice | None:
+    """The choice a ``setting`` of ``field`` makes whatever the memory: ``partition`` as
+    configured or for a graph of one partition (None: not settled yet)."""
     if setting not in SETTINGS:
         raise ValueError(f"{field}: expected one of {list(SETTINGS)}, got {setting!r}")
+    if setting == "partition":
+        return StructureChoice(setting, "as configured")
+    if manifest.num_partitions == 1:
+        return StructureChoice("partition", f"{setting}: one partition holds the whole graph")
+    return None
 
 
 def _auto(what: str, files: str, records: list[FileRecord], need: int, root: Path | str, *,

@@ -93,10 +93,10 @@ def warm_up() -> dict[str, float]:
 
 
 def warm_glue() -> None:
-    """The small helpers of a batch's glue (:mod:`cpu_kernels`: ID ranges, owners, each
+    """The small helpers of a batch's glue (:mod:`cpu_glue`: ID ranges, owners, each
     owner's positions, takes, merged offsets), in the variants that keep the interpreter
     lock and, from ``RELEASE_MIN_ITEMS`` items, those that release it."""
-    from sampling_server.sampler import cpu_kernels as k
+    from sampling_server.sampler import cpu_glue as k
 
     book = np.array([0, 1 << 20, 1 << 21], dtype=np.int64)
     for n in (8, k.RELEASE_MIN_ITEMS):
@@ -112,10 +112,10 @@ def warm_glue() -> None:
 
 def warm_mixed_gathers(part: Partition) -> None:
     """The kernels of a batch that mixes owned and remote nodes: owned rows gathered into
-    place (as stored, and narrowed to bfloat16), remote rows and labels scattered in, and
-    a hop's answers merged; the rows also into unaligned memory, as in the stream
-    messages features are gathered into (:class:`protos.fastwire.RowMessages`: Numba
-    compiles a kernel apart for arrays whose items are not aligned)."""
+    place (as stored, and narrowed to bfloat16; into one array or into the stream
+    messages that carry them, by the same kernel), remote rows and labels scattered in,
+    also from unaligned memory, as a peer's rows arrive (Numba compiles a kernel apart
+    for arrays whose items are not aligned), and a hop's answers merged."""
     from sampling_server.sampler import cpu_gather
 
     t = part.target_type
@@ -126,17 +126,10 @@ def warm_mixed_gathers(part: Partition) -> None:
     outs = [np.empty((n, x.shape[1]), x.dtype)]
     if x.dtype == np.float32:
         outs.append(np.empty((n, x.shape[1]), np.uint16))  # bfloat16 words
-    outs += [_unaligned(out) for out in outs]
     for out in outs:
         cpu_gather.gather_into(x, owned, start, places, out)
-        into = np.empty_like(out) if out.flags.aligned else _unaligned(out)
-        cpu_gather.scatter_into(np.ascontiguousarray(out), places, into)
-        # and into blocks of rows, as a server gathers into its stream messages
-        half = n // 2
-        blocks = cpu_gather.RowBlocks([into[:half], into[half : 2 * half]])
-        order = np.arange(2 * half, dtype=np.int64)[::-1].copy()
-        cpu_gather.gather_into_blocks(x, owned[: 2 * half], start, order, blocks)
-        cpu_gather.scatter_into_blocks(np.ascontiguousarray(out[: 2 * half]), order, blocks)
+        for rows in (out, _unaligned(out)):  # a peer's rows: a view of the bytes received
+            cpu_gather.scatter_into(rows, places, np.empty_like(out))
     labels = np.empty(n, y.dtype)
     cpu_gather.gather_into(y, owned, start, places, labels)
     cpu_gather.scatter_into(labels, places, np.empty_like(labels))

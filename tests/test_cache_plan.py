@@ -232,7 +232,7 @@ def test_the_servers_plan_mask_equals_the_rank_rule() -> None:
     orders = {p: rng.permutation(np.arange(book[p], book[p + 1])) for p in range(book.size - 1)}
     # what HotNodes reads of its store (a plain graph's one type)
     store = SimpleNamespace(books={"_N": book}, partition_id=0, typed=False)
-    hot = HotNodes(store, lambda: None, node_type="_N")  # type: ignore[arg-type]
+    hot = HotNodes(store, "_N", lambda: None)  # type: ignore[arg-type]
     hot._own_order = orders[0]
     hot._orders = {p: o for p, o in orders.items() if p}
     rank = np.empty(int(book[-1]), dtype=np.int64)

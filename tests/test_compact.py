@@ -383,7 +383,7 @@ def test_a_server_ranks_by_the_rule_its_config_names(servers: tuple[Path, list[s
                                             peers=tuple(addresses)))
         store.load()
         assert store.cluster_info().hot_order == rule
-        order = HotNodes(store, lambda: None).own_order()
+        order = HotNodes(store, N, lambda: None).own_order()
         assert np.array_equal(order, hot_order(load_partition(out, 1), N, rule))
     assert not np.array_equal(hot_order(load_partition(out, 1), N, "visits_v1"),
                               hot_order(load_partition(out, 1), N, "in_degree_v1"))

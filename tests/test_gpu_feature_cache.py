@@ -29,10 +29,10 @@ from sampling_server.feature_placement import (
 )
 from sampling_server.fields import cast_features
 from sampling_server.hot_order import in_degree, in_degree_order
-from sampling_server.sampler import cuda_features
-from sampling_server.sampler import cuda_kernels as K
+from sampling_server.sampler import cuda_kernels
 from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
 from sampling_server.sampler.cuda_features import FeatureTable
+from sampling_server.sampler.cuda_launch import torch_device
 from sampling_server.sampler.cuda_sampler import CudaNeighborSampler
 from sampling_server.store import PartitionStore
 
@@ -129,7 +129,7 @@ def test_table_slots_and_rows_match_the_hot_order(one_part: Partition, fraction:
         start, stop = one_part.node_range(t)
         n = stop - start
         order = _hot_order(one_part, t)
-        table = FeatureTable(x_t, order, start, K.torch_device(), fraction)
+        table = FeatureTable(x_t, order, start, torch_device(), fraction)
         k = int(fraction * n)
         assert table.cached == k and np.array_equal(table.order, order)
         assert table.slot.dtype == torch.int32 and table.host_slot.dtype == torch.int32
@@ -139,9 +139,6 @@ def test_table_slots_and_rows_match_the_hot_order(one_part: Partition, fraction:
         x = np.asarray(x_t)
         assert np.array_equal(table.device_rows.cpu().numpy()[:k], x[order[:k] - start])
         assert np.array_equal(np.asarray(table.host_rows)[:n - k], x[order[k:] - start])
-        row = x.shape[1] * 4
-        assert table.device_bytes == k * row + 8 * n
-        assert table.host_bytes == (n - k) * row
 
 
 def test_the_sampler_s_tables_follow_the_in_degree_over_every_relation(one_part: Partition) -> None:
@@ -294,9 +291,9 @@ def test_cli_flag(capsys: pytest.CaptureFixture[str], tmp_path: Path,
 
 # -- the launch matches what ptx_check compiles --------------------------------------------
 def test_every_feature_dtype_has_a_declared_signature() -> None:
-    sigs = cuda_features.SIGNATURES["gather_split_rows_kernel"]
-    assert len(sigs) == len(K.FEATURE_DTYPES)
-    assert {s[4].dtype for s in sigs} == set(K.FEATURE_DTYPES)
+    sigs = cuda_kernels.SIGNATURES["gather_split_rows_kernel"]
+    assert len(sigs) == len(cuda_kernels.FEATURE_DTYPES)
+    assert {s[4].dtype for s in sigs} == set(cuda_kernels.FEATURE_DTYPES)
 
 
 # -- real GPU only -------------------------------------------------------------------------

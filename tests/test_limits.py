@@ -22,7 +22,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from protos import sampling_pb2 as pb
 from protos.codec import encode_tensor
 from sampling_server.config import ServerConfig
-from sampling_server.limits import printable, worst_case_edges
+from sampling_server.errors import printable
+from sampling_server.limits import worst_case_edges
 from sampling_server.server import SamplingServer, create_server
 
 TIMEOUT = 10.0

@@ -37,8 +37,9 @@ from graph_fixtures import (
 from numba import cuda
 
 from partitioner.format import Partition, load_node_data, load_structure
-from sampling_server.sampler import Minibatch, normalize_num_neighbors
+from sampling_server.sampler import Minibatch, cuda_features, normalize_num_neighbors
 from sampling_server.sampler import cuda_kernels as K
+from sampling_server.sampler import cuda_launch as L
 from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
 from sampling_server.sampler.cuda_sampler import CudaNeighborSampler
 from sampling_server.sampler.ptx_check import kernel_signatures
@@ -85,7 +86,7 @@ def test_output_properties(one_part: list[Partition], replace: bool, weighted: b
     sampler = CudaNeighborSampler(one_part[0], replace=replace, weighted=weighted)
     seeds, t = _seeds(one_part[0]), sampler.target_type
     out = sampler.sample(seeds, t, fanouts, batch_key(0, 1, 0, 3))
-    assert all(n.device == sampler.device == K.torch_device() for n in out.node.values())
+    assert all(n.device == sampler.device == L.torch_device() for n in out.node.values())
     check_sampler_output(out, seeds, t, normalize_num_neighbors(fanouts, sampler.edge_types),
                          global_adjacency(one_part), replace=replace)
 
@@ -181,7 +182,8 @@ def test_the_whole_graph_s_structure_draws_what_the_owners_draw(
     b = cpus[1].minibatch(seeds, t, [3, 2], 99, remote=cpu_peers)
     assert_same_batch(a, b)
     assert cpu_peers.asked and not gpu_peers.asked
-    assert any(not gpu.owns_all(u, n.cpu()) for u, n in a.structure.node.items()), \
+    assert any(n.numel() and not gpu.own[u][0] <= int(n.min()) <= int(n.max()) < gpu.own[u][1]
+               for u, n in a.structure.node.items()), \
         "nodes of partition 0 should have been drawn"
     # and with every node's rows: its feature tables hold them all (half on the device,
     # hottest by in-degree), the labels too; no peer asked for any
@@ -242,7 +244,7 @@ def _first_seen(seeds: list[int], chunks: list[list[int]]) -> list[tuple[list[in
 
 def test_dedup_kernels_with_many_repeats() -> None:
     """The hash-table kernels number new nodes in first-seen order, through a rehash."""
-    device = K.torch_device()
+    device = L.torch_device()
     gen = np.random.default_rng(0)
     seeds = [50, 3, 1000, 7]
     chunks = [gen.integers(0, 40, 120).tolist(), [3, 3, 3, 50], [],
@@ -314,15 +316,15 @@ def test_ownership_is_read_once_per_hop(one_part: list[Partition], monkeypatch: 
     assert reads == [1]
 
 
-def test_id_range_and_owns_all(two_parts: list[Partition]) -> None:
-    sampler = CudaNeighborSampler(two_parts[1])
+def test_id_range_and_draws_all(two_parts: list[Partition]) -> None:
+    sampler = CudaNeighborSampler(two_parts[1])  # its partition's own in-edges: the owned range
     t = sampler.target_type
     start, stop = two_parts[1].node_range(t)
     assert sampler.id_range(torch.tensor([7, -3, 12, 5])) == (-3, 12)
-    assert sampler.owns_all(t, torch.empty(0, dtype=torch.int64))
-    assert sampler.owns_all(t, torch.tensor([stop - 1, start]))
-    assert not sampler.owns_all(t, torch.tensor([start, stop]))
-    assert not sampler.owns_all(t, torch.tensor([start - 1, start]))
+    assert sampler.draws_all(t, torch.empty(0, dtype=torch.int64))
+    assert sampler.draws_all(t, torch.tensor([stop - 1, start]))
+    assert not sampler.draws_all(t, torch.tensor([start, stop]))
+    assert not sampler.draws_all(t, torch.tensor([start - 1, start]))
     with pytest.raises(ValueError, match=r"^seeds: expected global (node|'\w+') IDs in \[0, \d+\); "
                                          r"got values in \[-1, 0\]"):
         sampler.check_in_graph(t, torch.tensor([0, -1]), "seeds")
@@ -354,6 +356,7 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, tuple[
         real(kernel, n, *args)
 
     monkeypatch.setattr(K, "launch", record)
+    monkeypatch.setattr(cuda_features, "launch", record)
     yield seen
 
 
@@ -363,7 +366,7 @@ def test_launch_signatures_are_declared(tmp_path: Path, launches: list[tuple[str
         for replace, weighted in VARIANTS:
             sampler = CudaNeighborSampler(part, replace=replace, weighted=weighted, gpu_cache_size=0.5)
             sampler.minibatch(_seeds(part), part.target_type, [3, 2], key=4)
-    table = K.NodeTable(64, K.torch_device())
+    table = K.NodeTable(64, L.torch_device())
     K.table_grow(table, 128)
     declared = {name: [tuple(s) for s in sigs] for name, _, sigs in kernel_signatures()}
     for name, types in launches:
@@ -377,7 +380,7 @@ def test_launch_signatures_are_declared(tmp_path: Path, launches: list[tuple[str
 def test_zero_copy_and_current_stream(one_part: list[Partition]) -> None:
     part = one_part[0]
     t = torch.arange(10, device="cuda")
-    assert K.kernel_arg(t).__cuda_array_interface__["data"][0] == t.data_ptr()
+    assert L.kernel_arg(t).__cuda_array_interface__["data"][0] == t.data_ptr()
     sampler = CudaNeighborSampler(part)
     seeds = _seeds(part)
     expected = sampler.sample(seeds, part.target_type, [3, 2], key=5)
@@ -403,7 +406,7 @@ def test_kernel_args_match_numbas_own_view(dtype: torch.dtype) -> None:
              zeros(4, 1).as_strided((4, 1), (1, 5))]
     for t in cases:
         assert t.is_contiguous()
-        got, want = K.kernel_arg(t), cuda.as_cuda_array(t)
+        got, want = L.kernel_arg(t), cuda.as_cuda_array(t)
         assert got.shape == want.shape and got.strides == want.strides
         assert got.dtype == want.dtype
         assert numba.typeof(got) == numba.typeof(want)
@@ -501,8 +504,8 @@ def test_numbas_per_allocation_log_lines_stay_out_of_an_info_log() -> None:
     import sys
 
     code = ("import logging; logging.basicConfig(level=logging.INFO)\n"
-            "from sampling_server.sampler import cuda_kernels as K\n"
-            "print(logging.getLogger(K.NUMBA_DRIVER_LOGGER).isEnabledFor(logging.INFO))\n")
+            "from sampling_server.sampler import cuda_kernels as K, cuda_launch as L\n"
+            "print(logging.getLogger(L.NUMBA_DRIVER_LOGGER).isEnabledFor(logging.INFO))\n")
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CUDA_LOG_LEVEL"}
     quiet = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
@@ -511,4 +514,4 @@ def test_numbas_per_allocation_log_lines_stay_out_of_an_info_log() -> None:
                            env={**env, "NUMBA_CUDA_LOG_LEVEL": "INFO"}, capture_output=True,
                            text=True, timeout=120, check=True)
     assert quiet.stdout.split() == ["False"] and asked.stdout.split() == ["True"]
-    assert not logging.getLogger(K.NUMBA_DRIVER_LOGGER).isEnabledFor(logging.INFO)
+    assert not logging.getLogger(L.NUMBA_DRIVER_LOGGER).isEnabledFor(logging.INFO)

@@ -27,6 +27,7 @@ from partitioner.graph import EdgeType
 from partitioner.synthetic import generate
 from sampling_server.sampler import CpuNeighborSampler, CpuRelabeler, batch_key, relation_key, rng
 from sampling_server.sampler import cpu_gather as G
+from sampling_server.sampler import cpu_glue as L
 from sampling_server.sampler import cpu_kernels as K
 from sampling_server.sampler.base import NeighborSampler
 from sampling_server.sampler.rows import begin, merge_hop_samples, owner_groups
@@ -364,35 +365,35 @@ def test_the_helpers_that_keep_the_interpreter_lock_agree_with_numpy() -> None:
     gen = np.random.default_rng(7)
     for ids in (gen.integers(-5, 10**12, 100_003), gen.integers(0, 1000, 17).astype(np.int32),
                 gen.integers(0, 10**9, 1000)[::3], np.array([42]), np.arange(10)[::-1]):
-        assert K.id_min_max(ids) == (ids.min(), ids.max())
-        assert K.total(ids) == ids.sum()
-    assert K.total(np.zeros(0, np.int64)) == 0
-    assert np.array_equal(K.positions(5), np.arange(5)) and K.positions(0).size == 0
-    assert K.positions(3).dtype == np.int64
+        assert L.id_min_max(ids) == (ids.min(), ids.max())
+        assert L.total(ids) == ids.sum()
+    assert L.total(np.zeros(0, np.int64)) == 0
+    assert np.array_equal(L.positions(5), np.arange(5)) and L.positions(0).size == 0
+    assert L.positions(3).dtype == np.int64
     book = np.array([0, 10, 10, 25, 40])  # partition 1 empty
     ids = gen.integers(0, 40, 500)
-    owner = K.owners(book, ids)
+    owner = L.owners(book, ids)
     assert np.array_equal(owner, np.searchsorted(book, ids, side="right") - 1)
     for parts, n in ((3, 70_000), (100, 1_000)):  # the lock released (large), many partitions
         many = np.sort(gen.integers(0, 10**6, parts + 1))
         many[0], many[-1] = 0, 10**6
         some = gen.integers(0, 10**6, n)
-        assert np.array_equal(K.owners(many, some), np.searchsorted(many, some, side="right") - 1)
-        order, starts = K.group_positions(K.owners(many, some), parts)
+        assert np.array_equal(L.owners(many, some), np.searchsorted(many, some, side="right") - 1)
+        order, starts = L.group_positions(L.owners(many, some), parts)
         assert np.array_equal(np.sort(order), np.arange(n)) and starts[-1] == n
-        assert np.array_equal(K.take(some, order), some[order])
-        full, offsets = K.run_offsets(n, order, np.ones(n, np.int64))
+        assert np.array_equal(L.take(some, order), some[order])
+        full, offsets = L.run_offsets(n, order, np.ones(n, np.int64))
         assert np.array_equal(full, np.ones(n)) and np.array_equal(offsets, np.arange(n))
-    order, starts = K.group_positions(owner, 4)
+    order, starts = L.group_positions(owner, 4)
     for p in range(4):
         assert np.array_equal(order[starts[p]:starts[p + 1]], np.flatnonzero(owner == p))
     with pytest.raises(ValueError, match="owner outside"):
-        K.group_positions(np.array([0, 4]), 4)
+        L.group_positions(np.array([0, 4]), 4)
     pos = gen.integers(0, ids.size, 50)
-    assert np.array_equal(K.take(ids, pos), ids[pos])
+    assert np.array_equal(L.take(ids, pos), ids[pos])
     perm = gen.permutation(30)
     counts = gen.integers(0, 5, 30)
-    full, offsets = K.run_offsets(30, perm, counts)
+    full, offsets = L.run_offsets(30, perm, counts)
     expect = np.zeros(30, np.int64)
     expect[perm] = counts
     assert np.array_equal(full, expect) and np.array_equal(offsets, np.cumsum(expect) - expect)
@@ -402,10 +403,9 @@ def test_owner_groups_on_the_cpu_match_the_torch_way() -> None:
     gen = np.random.default_rng(3)
     for n, parts in ((0, 3), (1, 3), (200, 3), (1000, 5)):
         owner = torch.from_numpy(gen.integers(0, parts, n))
-        for skip in (None, 1):
-            fast = owner_groups(owner, skip, num_parts=parts)
-            slow = owner_groups(owner, skip)
-            assert list(fast) == sorted(slow) and all(torch.equal(fast[p], slow[p]) for p in slow)
+        fast = owner_groups(owner, parts)
+        slow = {p: torch.nonzero(owner == p).flatten() for p in torch.unique(owner).tolist()}
+        assert list(fast) == sorted(slow) and all(torch.equal(fast[p], slow[p]) for p in slow)
 
 
 def test_begin_without_overlap_runs_the_call_in_place() -> None:
@@ -456,9 +456,9 @@ def test_gather_into_and_scatter_into_match_numpy_and_name_bad_shapes() -> None:
         G.gather_into(src, nodes, 100, places[:10], out)
     # the same into blocks of 64 rows, each an array of its own, in one pass
     blocks = [np.zeros((min(64, 300 - a), 7), np.float32) for a in range(0, 300, 64)]
-    G.gather_into_blocks(src, nodes, 100, places, G.RowBlocks(blocks))
+    G.gather_into(src, nodes, 100, places, G.RowBlocks(blocks))
     assert np.array_equal(np.concatenate(blocks), want)
-    G.scatter_into_blocks(src[:300], places, G.RowBlocks(blocks))
+    G.scatter_into(src[:300], places, G.RowBlocks(blocks))
     assert np.array_equal(np.concatenate(blocks)[places], src[:300])
     bad_layouts: list[list[np.ndarray]] = [
         [], [np.zeros((64, 7), np.float32), np.zeros((65, 7), np.float32)],
@@ -468,7 +468,7 @@ def test_gather_into_and_scatter_into_match_numpy_and_name_bad_shapes() -> None:
     for bad in bad_layouts:
         with pytest.raises(ValueError, match="RowBlocks: expected"):
             G.RowBlocks(bad)
-    with pytest.raises(ValueError, match="gather_into_blocks: expected"):
-        G.gather_into_blocks(src.astype(np.float64), nodes, 100, places, G.RowBlocks(blocks))
-    with pytest.raises(ValueError, match="scatter_into_blocks: expected"):
-        G.scatter_into_blocks(src[:300, :6], places, G.RowBlocks(blocks))
+    with pytest.raises(ValueError, match="gather_into: expected"):
+        G.gather_into(src.astype(np.float64), nodes, 100, places, G.RowBlocks(blocks))
+    with pytest.raises(ValueError, match="scatter_into: expected"):
+        G.scatter_into(src[:300, :6], places, G.RowBlocks(blocks))

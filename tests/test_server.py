@@ -920,7 +920,7 @@ def _auto_keeps_to_the_partition_where_a_file_is_bad(parts2: Path, root: Path, f
         assert getattr(store, f"{field}_mode") == "partition", fault
         sampler = store.sampler()
         start = (sampler.draw if field == "structure" else sampler.hold)[PLAIN_NODE_TYPE][0]
-        assert start == store.node_range[0] > 0, fault
+        assert start == store.type_range(PLAIN_NODE_TYPE)[0] > 0, fault
     with pytest.raises(PartitionFormatError, match=rf"part-0/{role}\.npy: SHA-256 mismatch"):
         PartitionStore(_config(root, 1, **{field: "full"})).load()
 

@@ -17,8 +17,9 @@ a multi-partition batch equals the batch one sampler holding the whole graph wou
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -26,7 +27,7 @@ import torch
 from partitioner.format import NodeData, Partition, Structure
 from partitioner.graph import EdgeType, edge_type_name
 from protos import allocator, halfcast
-from sampling_server.sampler import cpu_gather, cpu_kernels
+from sampling_server.sampler import cpu_gather, cpu_glue
 from sampling_server.sampler.fanouts import NumNeighbors, normalize_num_neighbors, num_hops, relation_key
 from sampling_server.sampler.rows import (
     assign_rows,
@@ -44,6 +45,7 @@ from sampling_server.sampler.rows import (
 )
 from sampling_server.sampler.types import HopSample, Minibatch, SamplerOutput
 
+T = TypeVar("T")
 #: Per owner partition ID: the tensors asked of (or answered by) that partition.
 ByPartition = Mapping[int, torch.Tensor]
 NodeRows = tuple[torch.Tensor | None, torch.Tensor | None]
@@ -102,9 +104,6 @@ class Relabeler(abc.ABC):
         """Return ``(new_nodes, local_ids)``: the global IDs in ``neighbors`` not seen
         before, in first-seen order (they get the next local IDs), and the local ID of
         every entry of ``neighbors``."""
-
-    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
-        """Release what the relabeler holds (called once the batch is done)."""
 
 
 class NeighborSampler(abc.ABC):
@@ -185,32 +184,43 @@ class NeighborSampler(abc.ABC):
         the batch key itself on a plain graph)."""
         return int(key) & ((1 << 64) - 1) if self.plain else relation_key(key, edge_type)
 
-    # -- what each device implements -------------------------------------------------
-    @abc.abstractmethod
     def sample_relation(self, edge_type: EdgeType, nodes: torch.Tensor, fanout: int, key: int,
                         hop: int) -> HopSample:
         """Draw in-neighbors along ``edge_type`` of ``nodes`` (global IDs of its destination
         type whose in-edges are here, :attr:`draw`) for batch ``key``; ``neighbors`` are
         global IDs of the source type. This is also what a peer serves for a remote frontier."""
+        et = self.check_edge_type(edge_type, "edge_type")
+        ids = self.node_ids(nodes, "nodes")
+        self.check_drawable(et[2], ids, "nodes")
+        return self.sample_owned(et, ids, fanout, key, hop)
 
-    @abc.abstractmethod
-    def new_relabeler(self, node_type: str, seeds: torch.Tensor) -> Relabeler:
-        """A relabeler of ``node_type``'s nodes for one batch, ``seeds`` (may be empty) first."""
-
-    @abc.abstractmethod
     def gather_local(self, node_type: str, nodes: torch.Tensor, features: bool,
                      labels: bool) -> NodeRows:
         """Features ``[len(nodes), F_t]`` (None for featureless types) and labels (None
         unless ``node_type`` is the target type) of nodes whose rows are here (:attr:`hold`)."""
+        self.check_node_type(node_type, "node_type")
+        ids = self.node_ids(nodes, "nodes")
+        self.check_held(node_type, ids, "nodes")
+        return self.gather_owned(node_type, ids, features, labels)
 
+    # -- what each device implements -------------------------------------------------
+    @abc.abstractmethod
+    def node_ids(self, nodes: torch.Tensor, field: str) -> torch.Tensor:
+        """``nodes`` as a 1-D int64 tensor on :attr:`device` (a ``ValueError`` naming
+        ``field`` if they are not node IDs)."""
+
+    @abc.abstractmethod
     def sample_owned(self, edge_type: EdgeType, nodes: torch.Tensor, fanout: int, key: int,
                      hop: int) -> HopSample:
         """:meth:`sample_relation` of nodes already known to have their in-edges here."""
-        return self.sample_relation(edge_type, nodes, fanout, key, hop)
 
+    @abc.abstractmethod
     def gather_owned(self, node_type: str, nodes: torch.Tensor, features: bool, labels: bool) -> NodeRows:
         """:meth:`gather_local` of nodes already known to have their rows here."""
-        return self.gather_local(node_type, nodes, features, labels)
+
+    @abc.abstractmethod
+    def new_relabeler(self, node_type: str, seeds: torch.Tensor) -> Relabeler:
+        """A relabeler of ``node_type``'s nodes for one batch, ``seeds`` (may be empty) first."""
 
     def gather_local_into(self, node_type: str, nodes: torch.Tensor, positions: torch.Tensor,
                           x: torch.Tensor | None, y: torch.Tensor | None) -> None:
@@ -246,15 +256,26 @@ class NeighborSampler(abc.ABC):
         """Partition ID of each global ID of ``node_type`` (a binary search of its book)."""
         book = self.books[node_type]
         if nodes.device.type == "cpu":  # one call that keeps the interpreter lock
-            return torch.from_numpy(cpu_kernels.owners(book.numpy(), nodes.numpy()))
+            return torch.from_numpy(cpu_glue.owners(book.numpy(), nodes.numpy()))
         return torch.searchsorted(book.to(nodes.device), nodes, right=True) - 1
+
+    def _ask_owners(self, node_type: str, ids: torch.Tensor, ask: Callable[[ByPartition], T]
+                    ) -> tuple[dict[int, torch.Tensor], torch.Tensor | None, Future[T]]:
+        """Start ``ask`` (a call to the partitions owning the IDs of ``ids`` that are not
+        this partition's: their CPU IDs per partition) and return at once, so that this
+        partition does its share meanwhile: each such partition's positions in ``ids``,
+        this partition's (None: none), and the pending answer."""
+        groups = owner_groups(self.owner_of(node_type, ids), self.num_partitions)
+        local_pos = groups.pop(self.partition_id, None)
+        asked = {p: take(ids, pos).cpu() for p, pos in groups.items()}
+        return groups, local_pos, begin(lambda: ask(asked), self.overlap_peers)
 
     @staticmethod
     def id_range(nodes: torch.Tensor) -> tuple[int, int]:
         """``(min, max)`` of a non-empty ID tensor, read back in one transfer (one
         synchronisation on a GPU); on the CPU in one call that keeps the interpreter lock."""
         if nodes.device.type == "cpu":
-            lo_cpu, hi_cpu = cpu_kernels.id_min_max(nodes.numpy())
+            lo_cpu, hi_cpu = cpu_glue.id_min_max(nodes.numpy())
             return int(lo_cpu), int(hi_cpu)
         lo, hi = torch.aminmax(nodes)
         first, last = torch.stack((lo, hi)).tolist()
@@ -268,48 +289,35 @@ class NeighborSampler(abc.ABC):
         return lo >= bounds[0] and hi < bounds[1]
 
     def _check_within(self, node_type: str, nodes: torch.Tensor, field: str, bounds: tuple[int, int],
-                      owner: bool = False, holds: str = "") -> None:
-        """Raise ``ValueError`` naming ``field`` unless every ID is in ``bounds``: the
-        owned range (``owner``), the nodes whose ``holds`` this sampler holds, or (neither)
-        the graph's."""
+                      holds: str = "") -> None:
+        """Raise ``ValueError`` naming ``field`` unless every ID is in ``bounds``: the nodes
+        whose ``holds`` this sampler holds (said to be the owned ones when they are), or
+        (no ``holds``) the graph's."""
         if nodes.numel() == 0:
             return
         lo, hi = self.id_range(nodes)
         if lo < bounds[0] or hi >= bounds[1]:
             ids = "global node IDs" if self.plain else f"global {node_type!r} IDs"
             where = f"[{bounds[0]}, {bounds[1]})"
-            expected = (f"{ids} owned by partition {self.partition_id}, in {where}" if owner else
-                        f"{ids} in {where} (the nodes whose {holds} this sampler holds)" if holds else
-                        f"{ids} in {where}")
+            owned = bounds == self.own[node_type]
+            expected = (f"{ids} in {where}" if not holds else
+                        f"{ids} owned by partition {self.partition_id}, in {where}" if owned else
+                        f"{ids} in {where} (the nodes whose {holds} this sampler holds)")
             raise ValueError(f"{field}: expected {expected}; got values in [{lo}, {hi}]")
-
-    def owns_all(self, node_type: str, nodes: torch.Tensor) -> bool:
-        """Whether every ID of ``nodes`` is owned here (a partition owns one contiguous
-        range of global IDs per type)."""
-        return self._within(nodes, self.own[node_type])
-
-    def check_owned(self, node_type: str, nodes: torch.Tensor, field: str) -> None:
-        self._check_within(node_type, nodes, field, self.own[node_type], owner=True)
 
     def holds_all(self, node_type: str, nodes: torch.Tensor) -> bool:
         """Whether every ID of ``nodes`` has its features and labels here (:attr:`hold`)."""
         return self._within(nodes, self.hold[node_type])
 
     def check_held(self, node_type: str, nodes: torch.Tensor, field: str) -> None:
-        if self.hold[node_type] == self.own[node_type]:
-            self.check_owned(node_type, nodes, field)
-        else:
-            self._check_within(node_type, nodes, field, self.hold[node_type], holds="features")
+        self._check_within(node_type, nodes, field, self.hold[node_type], holds="features")
 
     def draws_all(self, node_type: str, nodes: torch.Tensor) -> bool:
         """Whether every ID of ``nodes`` has its in-edges here (:attr:`draw`)."""
         return self._within(nodes, self.draw[node_type])
 
     def check_drawable(self, node_type: str, nodes: torch.Tensor, field: str) -> None:
-        if self.draw[node_type] == self.own[node_type]:
-            self.check_owned(node_type, nodes, field)
-        else:
-            self._check_within(node_type, nodes, field, self.draw[node_type], holds="in-edges")
+        self._check_within(node_type, nodes, field, self.draw[node_type], holds="in-edges")
 
     def check_in_graph(self, node_type: str, nodes: torch.Tensor, field: str) -> None:
         n = int(self.books[node_type][-1])
@@ -349,13 +357,11 @@ class NeighborSampler(abc.ABC):
             return self._orig_ids_here(node_type, nodes)
         if remote is None:
             raise RuntimeError("orig_ids_of: nodes of other partitions but no remote was given")
-        owner = self.owner_of(node_type, nodes)
-        groups = owner_groups(owner, self.partition_id)
-        asked = {p: nodes[pos] for p, pos in groups.items()}
-        pending = begin(lambda: remote.orig_ids(node_type, asked), self.overlap_peers)
+        groups, local_pos, pending = self._ask_owners(node_type, nodes,
+                                                      lambda asked: remote.orig_ids(node_type, asked))
         out = torch.empty(nodes.numel(), dtype=torch.int64)
-        local = torch.nonzero(owner == self.partition_id).flatten()
-        out[local] = self._orig_ids_here(node_type, nodes[local])
+        if local_pos is not None:
+            out[local_pos] = self._orig_ids_here(node_type, take(nodes, local_pos))
         answers = pending.result()  # bounded: peer calls carry deadlines
         for p, pos in groups.items():
             out[pos] = answers[p].to(torch.int64)
@@ -392,32 +398,26 @@ class NeighborSampler(abc.ABC):
         rows: dict[EdgeType, list[torch.Tensor]] = {et: [] for et in self.edge_types}
         cols: dict[EdgeType, list[torch.Tensor]] = {et: [] for et in self.edge_types}
         first_local = dict.fromkeys(self.node_types, 0)
-        relabelers: dict[str, Relabeler] = {}
-        try:
-            for t, f in frontier.items():
-                relabelers[t] = self.new_relabeler(t, f)
-            for hop in range(hops):
-                added: dict[str, list[torch.Tensor]] = {t: [] for t in self.node_types}
-                for et in self.edge_types:
-                    src, _, dst = et
-                    drawn = self.sample_frontier(et, frontier[dst], fanouts[et][hop], key, hop, remote)
-                    new, local = (relabelers[src].add(drawn.neighbors) if drawn.neighbors.numel()
-                                  else (empty, empty))
-                    added[src].append(new)
-                    targets = torch.arange(first_local[dst], first_local[dst] + frontier[dst].numel(),
-                                           device=self.device)
-                    rows[et].append(local)
-                    # output_size: known here, so a GPU need not read the sum back
-                    cols[et].append(torch.repeat_interleave(targets, drawn.counts,
-                                                            output_size=int(local.numel())))
-                for t in self.node_types:
-                    first_local[t] += int(frontier[t].numel())
-                    frontier[t] = added[t][0] if len(added[t]) == 1 else \
-                        torch.cat(added[t]) if added[t] else empty
-                    nodes[t].append(frontier[t])
-        finally:
-            for r in relabelers.values():
-                r.close()
+        relabelers = {t: self.new_relabeler(t, f) for t, f in frontier.items()}
+        for hop in range(hops):
+            added: dict[str, list[torch.Tensor]] = {t: [] for t in self.node_types}
+            for et in self.edge_types:
+                src, _, dst = et
+                drawn = self.sample_frontier(et, frontier[dst], fanouts[et][hop], key, hop, remote)
+                new, local = (relabelers[src].add(drawn.neighbors) if drawn.neighbors.numel()
+                              else (empty, empty))
+                added[src].append(new)
+                targets = torch.arange(first_local[dst], first_local[dst] + frontier[dst].numel(),
+                                       device=self.device)
+                rows[et].append(local)
+                # output_size: known here, so a GPU need not read the sum back
+                cols[et].append(torch.repeat_interleave(targets, drawn.counts,
+                                                        output_size=int(local.numel())))
+            for t in self.node_types:
+                first_local[t] += int(frontier[t].numel())
+                frontier[t] = added[t][0] if len(added[t]) == 1 else \
+                    torch.cat(added[t]) if added[t] else empty
+                nodes[t].append(frontier[t])
         return SamplerOutput(
             input_type=seed_type, node={t: torch.cat(v) for t, v in nodes.items()},
             row={et: torch.cat(v) if v else empty for et, v in rows.items()},
@@ -438,11 +438,8 @@ class NeighborSampler(abc.ABC):
         if remote is None:
             raise RuntimeError(f"frontier of hop {hop} reaches other partitions but no remote sampler "
                                f"was given")
-        groups = owner_groups(self.owner_of(dst, frontier), num_parts=self.num_partitions)
-        local_pos = groups.pop(self.partition_id, None)
-        asked = {p: take(frontier, pos).cpu() for p, pos in groups.items()}
-        # the owners draw while this partition draws its own share
-        pending = begin(lambda: remote.sample(edge_type, asked, fanout, key, hop), self.overlap_peers)
+        groups, local_pos, pending = self._ask_owners(
+            dst, frontier, lambda asked: remote.sample(edge_type, asked, fanout, key, hop))
         parts: dict[int, HopSample] = {}
         if local_pos is not None:
             parts[-1] = self.sample_relation(edge_type, take(frontier, local_pos), fanout, key, hop)
@@ -473,34 +470,15 @@ class NeighborSampler(abc.ABC):
         labels = labels and node_type == self.target_type
         if not (features or labels):
             return None, None
-        if self.holds_all(node_type, n_id):
-            stored = torch_dtype(self.node_data.x[node_type].dtype) if features else None
-            if features and dtype is not None and dtype != stored and self.device.type == "cpu":
-                # cast on the way (one pass over the rows) rather than gather, then cast
-                rows = self.empty_rows(node_type, n_id.numel(), dtype)
-                ys = self.empty((n_id.numel(),), torch.int64) if labels else None
-                self.gather_local_into(node_type, n_id,
-                                       torch.from_numpy(cpu_kernels.positions(n_id.numel())), rows, ys)
-                return rows, ys
+        held = self.holds_all(node_type, n_id)
+        stored = torch_dtype(self.node_data.x[node_type].dtype) if features else None
+        # on the CPU, cast on the way (one pass over the rows) rather than gather, then cast
+        if held and not (features and dtype not in (None, stored) and self.device.type == "cpu"):
             lx, ly = self.gather_owned(node_type, n_id, features, labels)
             return (halfcast.cast(lx, dtype) if lx is not None and dtype is not None else lx), ly
-        if remote is None:
-            raise RuntimeError("gather: nodes of other partitions but no remote fetcher was given")
-        x = self.empty_rows(node_type, n_id.numel(),
-                            dtype or torch_dtype(self.node_data.x[node_type].dtype)) if features else None
+        x = self.empty_rows(node_type, n_id.numel(), dtype or stored) if stored is not None else None
         y = self.empty((n_id.numel(),), torch.int64) if labels else None
-        groups = owner_groups(self.owner_of(node_type, n_id), num_parts=self.num_partitions)
-        local_pos = groups.pop(self.partition_id, None)
-        asked = {p: take(n_id, pos).cpu() for p, pos in groups.items()}
-        # the owners gather while this partition gathers its own rows
-        pending = begin(lambda: remote.node_data(node_type, asked, features, labels), self.overlap_peers)
-        if local_pos is not None:
-            self.gather_local_into(node_type, take(n_id, local_pos), local_pos, x, y)
-        answers = pending.result()  # bounded: peer calls carry deadlines
-        for p, pos in groups.items():
-            rx, ry = answers[p]
-            assign_rows(x, pos, rx)
-            assign_rows(y, pos, ry)
+        self._gather_split(node_type, n_id, held, x, y, (), None, remote)
         return x, y
 
     def gather_to(self, node_type: str, n_id: torch.Tensor, blocks: Blocks, *, labels: bool = True,
@@ -520,32 +498,41 @@ class NeighborSampler(abc.ABC):
                 rows.copy_(x[a:b])  # type: ignore[index]
             return y
         y = self.empty((n_id.numel(),), torch.int64) if labels else None
-        layout = layout_of(blocks)
-        if self.holds_all(node_type, n_id):
-            everywhere = torch.from_numpy(cpu_kernels.positions(n_id.numel()))
-            if y is not None:  # the labels in one pass, the rows in another
-                self.gather_local_into(node_type, n_id, everywhere, None, y)
-            self.gather_local_into_blocks(node_type, n_id, everywhere, blocks, layout)
-            return y
-        if remote is None:
+        self._gather_split(node_type, n_id, self.holds_all(node_type, n_id), None, y, blocks,
+                           layout_of(blocks), remote)
+        return y
+
+    def _gather_split(self, node_type: str, n_id: torch.Tensor, held: bool, x: torch.Tensor | None,
+                      y: torch.Tensor | None, blocks: Blocks, layout: cpu_gather.RowBlocks | None,
+                      remote: Remote | None) -> None:
+        """``x`` (or ``blocks``, with their ``layout``) and ``y`` (each None or empty:
+        not asked for) = the rows of ``n_id`` (``held``: all here, :meth:`holds_all`), in
+        place: those held here gathered straight into their places while the owners of the
+        others gather theirs (asked for first), which are scattered in once they arrive."""
+        groups: dict[int, torch.Tensor] = {}
+        pending: Future[Mapping[int, NodeRows]] | None = None
+        if held:
+            local_pos: torch.Tensor | None = torch.from_numpy(cpu_glue.positions(n_id.numel()))
+        elif remote is None:
             raise RuntimeError("gather: nodes of other partitions but no remote fetcher was given")
-        groups = owner_groups(self.owner_of(node_type, n_id), num_parts=self.num_partitions)
-        local_pos = groups.pop(self.partition_id, None)
-        asked = {p: take(n_id, pos).cpu() for p, pos in groups.items()}
-        pending = begin(lambda: remote.node_data(node_type, asked, True, labels), self.overlap_peers)
+        else:
+            groups, local_pos, pending = self._ask_owners(node_type, n_id, lambda asked: remote.node_data(
+                node_type, asked, x is not None or bool(blocks), y is not None))
         if local_pos is not None:
-            nodes = take(n_id, local_pos)
-            if y is not None:
-                self.gather_local_into(node_type, nodes, local_pos, None, y)
-            self.gather_local_into_blocks(node_type, nodes, local_pos, blocks, layout)
-        answers = pending.result()  # bounded: peer calls carry deadlines
+            nodes = take(n_id, local_pos) if groups else n_id
+            if x is not None or y is not None:
+                self.gather_local_into(node_type, nodes, local_pos, x, y)
+            if blocks:
+                self.gather_local_into_blocks(node_type, nodes, local_pos, blocks, layout)
+        answers = pending.result() if pending is not None else {}  # bounded: peer calls carry deadlines
         for p, pos in groups.items():
             rx, ry = answers[p]
+            assign_rows(x, pos, rx)
             assign_rows(y, pos, ry)
-            if rx is None:
-                raise RuntimeError(f"gather: partition {p} answered without the features asked for")
-            assign_rows_to_blocks(blocks, layout, pos, rx)
-        return y
+            if blocks:
+                if rx is None:
+                    raise RuntimeError(f"gather: partition {p} answered without the features asked for")
+                assign_rows_to_blocks(blocks, layout, pos, rx)
 
     def minibatch(self, seeds: torch.Tensor | np.ndarray, seed_type: str, num_neighbors: NumNeighbors,
                   key: int, *, features: bool = True, labels: bool = True, original_ids: bool = True,

@@ -19,25 +19,26 @@ the batch's preallocated ``n_id``, ``row`` and ``col`` in three passes:
    order): first-seen order, as the generic relabeler numbers them; the map entries of
    the node :data:`NUMBER_LOOKAHEAD` places ahead are prefetched.
 
-The draws are :func:`cpu_kernels.sample_uniform`'s, position for position.
+The draws are :func:`cpu_kernels.sample_neighbors`', position for position.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numba
 import numpy as np
 
 from protos.prefetch import prefetch
+from sampling_server.sampler.cpu_glue import exclusive_offsets, total
 from sampling_server.sampler.cpu_kernels import (
     floyd_positions,
     node_stream,
     num_draws,
     parallel_guard,
     takes_all,
-    total,
     uniform_below,
 )
-from sampling_server.sampler.rows import is_identity
 
 #: Entry of a dense relabel map for a node the batch has not numbered (local IDs are >= 0).
 UNSEEN = -1
@@ -133,12 +134,7 @@ def look_up_drawn(local_of: np.ndarray, neighbors: np.ndarray, counts: np.ndarra
                   ) -> tuple[np.ndarray, np.ndarray]:
     """Pass 1 of a hop drawn elsewhere (``neighbors`` grouped by frontier node, ``counts``
     per node). Returns ``(lid, base)`` as :func:`draw_and_look_up`."""
-    n = counts.size
-    base = np.empty(n, dtype=np.int64)
-    acc = 0
-    for i in range(n):
-        base[i] = acc
-        acc += counts[i]
+    base = exclusive_offsets(counts)
     lid = np.empty(neighbors.size, dtype=local_of.dtype)
     for p in numba.prange(neighbors.size):
         lid[p] = local_of[neighbors[p]]
@@ -150,12 +146,8 @@ def write_edges(lid: np.ndarray, base: np.ndarray, counts: np.ndarray, first_tar
                 row: np.ndarray, col: np.ndarray, e_start: int) -> np.ndarray:
     """Pass 2: node ``i``'s edges at ``e_start + offsets[i]`` (sources as in ``lid``,
     negative while unseen). Returns the offsets (``[n + 1]``, from ``e_start``)."""
-    n = counts.size
-    offsets = np.empty(n + 1, dtype=np.int64)
-    offsets[0] = e_start
-    for i in range(n):
-        offsets[i + 1] = offsets[i] + counts[i]
-    for i in numba.prange(n):
+    offsets = exclusive_offsets(counts, e_start)
+    for i in numba.prange(counts.size):
         o, b, target = offsets[i], base[i], first_target + i
         for t in range(counts[i]):
             row[o + t] = lid[b + t]
@@ -217,13 +209,12 @@ class CscView:
     (the first owned, ``node_start``), and their original IDs."""
 
     def __init__(self, indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray,
-                 node_start: int, orig_is_global: bool | None = None):
+                 node_start: int, orig_is_global: bool):
         self.indptr, self.indices, self.orig_ids = indptr, indices, orig_ids
         self.node_start = node_start
-        #: Whether every original ID is the global ID (then draws need not read them);
-        #: computed here unless the caller already knows (:func:`base.is_identity`).
-        self.orig_is_global = is_identity(orig_ids, node_start) if orig_is_global is None \
-            else orig_is_global
+        #: Whether every original ID is the global ID (then draws need not read them;
+        #: :func:`rows.is_identity`).
+        self.orig_is_global = orig_is_global
 
 
 def _grown(buf: np.ndarray, used: int, need: int) -> np.ndarray:
@@ -235,16 +226,40 @@ def _grown(buf: np.ndarray, used: int, need: int) -> np.ndarray:
     return out
 
 
+class DenseMaps:
+    """Dense relabel maps (global ID -> local ID) of ``num_nodes`` entries, all
+    :data:`UNSEEN`, one per batch being sampled at once; a batch resets the entries it
+    set before it gives its map back (:meth:`NodeList.close`)."""
+
+    def __init__(self, num_nodes: int):
+        self.num_nodes = num_nodes
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> np.ndarray:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        dtype = np.int32 if self.num_nodes < 2**31 else np.int64
+        return np.full(self.num_nodes, UNSEEN, dtype=dtype)
+
+    def give_back(self, table: np.ndarray) -> None:
+        with self._lock:
+            self._free.append(table)
+
+
 class NodeList:
     """One batch's nodes of one type: ``n_id`` (numbered in first-seen order) and the
-    dense map (global ID -> local ID) numbering them, borrowed until :meth:`close`."""
+    dense map (global ID -> local ID) numbering them, taken from ``maps`` until
+    :meth:`close`."""
 
-    def __init__(self, local_of: np.ndarray, seeds: np.ndarray, capacity: int):
-        self.local_of = local_of
+    def __init__(self, maps: DenseMaps, seeds: np.ndarray, capacity: int):
+        self.maps, self.local_of = maps, maps.take()
         self.n_id = np.empty(max(capacity, seeds.size, 1), dtype=np.int64)
         self.count = 0
-        dup = number_seeds(local_of, seeds, self.n_id)
-        if dup >= 0:
+        dup = number_seeds(self.local_of, seeds, self.n_id)
+        if dup >= 0:  # (its inserts undone: the map is all UNSEEN again)
+            maps.give_back(self.local_of)
             raise ValueError(f"seeds: expected unique node IDs; {int(seeds[dup])} repeats")
         self.count = int(seeds.size)
         self.closed = False
@@ -254,10 +269,12 @@ class NodeList:
         return self.n_id[lo:self.count if hi is None else hi]
 
     def close(self) -> None:
-        """Reset the map's entries of this batch (the map is all :data:`UNSEEN` again)."""
+        """Reset the map's entries of this batch (the map is all :data:`UNSEEN` again)
+        and give it back."""
         if not self.closed:
             with parallel_guard():  # a parallel kernel: one at a time under workqueue
                 forget(self.local_of, self.n_id[:self.count])
+            self.maps.give_back(self.local_of)
             self.closed = True
 
 
@@ -272,9 +289,9 @@ class EdgeList:
 
 
 def add_hop(nodes: NodeList, edges: EdgeList, first_target: int, slots: np.ndarray,
-            lid: np.ndarray, base: np.ndarray, counts: np.ndarray) -> int:
+            lid: np.ndarray, base: np.ndarray, counts: np.ndarray) -> None:
     """Passes 2 and 3 of a hop (after :func:`draw_and_look_up` or :func:`look_up_drawn`)
-    into ``nodes`` and ``edges``, growing them as needed; returns the hop's new-node count."""
+    into ``nodes`` and ``edges``, growing them as needed."""
     drawn = int(total(counts))
     nodes.n_id = _grown(nodes.n_id, nodes.count, min(nodes.count + drawn, nodes.local_of.size))
     edges.row = _grown(edges.row, edges.size, edges.size + drawn)
@@ -285,22 +302,10 @@ def add_hop(nodes: NodeList, edges: EdgeList, first_target: int, slots: np.ndarr
                                     nodes.n_id, edges.row))
     edges.size += drawn
     edges.per_hop.append(drawn)
-    return nodes.count - before
 
 
 #: Most entries the buffers start with (they grow past it when a batch needs more).
 START_CAPACITY_MAX = 1 << 23
-
-
-def capacity(seeds: int, fanouts: list[int], num_nodes: int) -> tuple[int, int]:
-    """``(nodes, edges)`` of a batch of ``seeds`` seeds when every draw is full (``-1``
-    counted as 16): a first size for the buffers, which grow if it is short."""
-    nodes, edges, frontier = seeds, 0, seeds
-    for f in fanouts:
-        frontier *= f if f >= 0 else 16
-        edges += frontier
-        nodes += frontier
-    return min(nodes, num_nodes, START_CAPACITY_MAX), min(edges, START_CAPACITY_MAX)
 
 
 def draw_hop(nodes: NodeList, edges: EdgeList, first_target: int, csc: CscView,

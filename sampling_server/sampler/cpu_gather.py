@@ -21,6 +21,7 @@ from numba.extending import intrinsic
 from protos.halfcast import narrow_word
 from protos.prefetch import LINE, prefetch
 from sampling_server.sampler.cpu_kernels import PARALLEL_MIN_ROWS, parallel_guard
+from sampling_server.sampler.rng import clone
 
 #: Rows ahead of the copied one whose cache lines are requested.
 PREFETCH_DISTANCE = 8
@@ -66,11 +67,9 @@ def gather_rows(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_start
         _copy_rows(src, flat, nodes, node_start, out, b * ROW_BLOCK, min(n, (b + 1) * ROW_BLOCK))
 
 
-@numba.njit(nogil=True, cache=True)
-def gather_rows_serial(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_start: int,
-                       out: np.ndarray) -> None:
-    """:func:`gather_rows` on one thread (few rows)."""
-    _copy_rows(src, flat, nodes, node_start, out, 0, nodes.size)
+#: :func:`gather_rows` on one thread (few rows): its ``prange`` is a plain loop without
+#: ``parallel``.
+gather_rows_serial = numba.njit(nogil=True, cache=True)(clone(gather_rows.py_func, "gather_rows_serial"))
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
@@ -87,14 +86,13 @@ def gather_rows_and_labels(
         _copy_rows(src, flat, nodes, node_start, out, lo, hi)
 
 
-def _words(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """A C-contiguous 2-D ``arr`` as unsigned words of its item size, 2-D and 1-D (None
-    if it is neither)."""
+def _as_words(arr: np.ndarray, ndims: tuple[int, ...] = (1, 2)) -> np.ndarray | None:
+    """A C-contiguous array of ``ndims`` dimensions as 2-D unsigned words of its item
+    size, a row per entry along its first axis (None if it is not one)."""
     word = _UINT_OF_SIZE.get(arr.dtype.itemsize)
-    if word is None or arr.ndim != 2 or not arr.flags.c_contiguous:
+    if word is None or arr.ndim not in ndims or not arr.flags.c_contiguous:
         return None
-    words = arr.view(word)
-    return words, words.reshape(-1)
+    return arr.reshape(arr.shape[0], math.prod(arr.shape[1:])).view(word)  # (not -1: 0 rows)
 
 
 def gather_with_labels(
@@ -102,74 +100,34 @@ def gather_with_labels(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rows of ``src`` and entries of ``labels`` for ``nodes`` (as :func:`gather` each)."""
     arr, lab = np.asarray(src), np.asarray(labels)
-    words = _words(arr)
+    words = _as_words(arr, (2,))
     if nodes.size < PARALLEL_MIN_ROWS or words is None or lab.ndim != 1 or not lab.flags.c_contiguous:
         return gather(arr, nodes, node_start), gather(lab, nodes, node_start)
-    out = np.empty((nodes.size, arr.shape[1]), dtype=words[0].dtype)
+    out = np.empty((nodes.size, arr.shape[1]), dtype=words.dtype)
     out_labels = np.empty(nodes.size, dtype=lab.dtype)
     with parallel_guard():
-        gather_rows_and_labels(words[0], words[1], lab, nodes, node_start, out, out_labels)
+        gather_rows_and_labels(words, words.reshape(-1), lab, nodes, node_start, out, out_labels)
     return out.view(arr.dtype), out_labels
 
 
 def gather(src: np.ndarray, nodes: np.ndarray, node_start: int) -> np.ndarray:
-    """Rows ``nodes - node_start`` of ``src`` (1-D or 2-D, C-contiguous, possibly a
-    read-only memmap), read in place."""
+    """Rows ``nodes - node_start`` of ``src`` (C-contiguous, possibly a read-only memmap),
+    read in place."""
     arr = np.asarray(src)
-    words = _words(arr.reshape(arr.shape[0], math.prod(arr.shape[1:])))  # (not -1: 0 rows)
+    words = _as_words(arr, (max(arr.ndim, 1),))  # (any number of dimensions)
     if words is None:
         return arr[nodes - node_start]
-    out = np.empty((nodes.size, words[0].shape[1]), dtype=words[0].dtype)
+    out = np.empty((nodes.size, words.shape[1]), dtype=words.dtype)
     if nodes.size >= PARALLEL_MIN_ROWS:
         with parallel_guard():
-            gather_rows(words[0], words[1], nodes, node_start, out)
+            gather_rows(words, words.reshape(-1), nodes, node_start, out)
     elif nodes.size:
-        gather_rows_serial(words[0], words[1], nodes, node_start, out)
+        gather_rows_serial(words, words.reshape(-1), nodes, node_start, out)
     return out.view(arr.dtype).reshape((nodes.size, *arr.shape[1:]))
 
 
-# -- into place: the rows of a batch that mixes owned and remote nodes ------------------
-@numba.njit(nogil=True, cache=True)
-def _copy_rows_to(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_start: int,
-                  positions: np.ndarray, out: np.ndarray, narrow: bool, lo: int, hi: int) -> None:
-    """``out[positions[i]] = src[nodes[i] - node_start]`` for ``i`` in ``lo:hi``,
-    prefetching ahead; ``narrow``: ``src`` holds float32 words and ``out`` takes their
-    bfloat16 words (:func:`protos.halfcast.narrow_word`)."""
-    width = src.shape[1]
-    step = max(1, LINE // src.itemsize)
-    for i in range(lo, hi):
-        _prefetch_ahead(flat, nodes, node_start, width, step, i, hi)
-        r, p = nodes[i] - node_start, positions[i]
-        if narrow:
-            for j in range(width):
-                out[p, j] = narrow_word(src[r, j])
-        else:
-            for j in range(width):
-                out[p, j] = src[r, j]
-
-
-@numba.njit(parallel=True, nogil=True, cache=True)
-def gather_rows_to(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_start: int,
-                   positions: np.ndarray, out: np.ndarray, narrow: bool) -> None:
-    """:func:`_copy_rows_to` over all of ``nodes``, blocks of rows in parallel."""
-    n = nodes.size
-    for b in numba.prange((n + ROW_BLOCK - 1) // ROW_BLOCK):
-        _copy_rows_to(src, flat, nodes, node_start, positions, out, narrow, b * ROW_BLOCK,
-                      min(n, (b + 1) * ROW_BLOCK))
-
-
-@numba.njit(parallel=True, nogil=True, cache=True)
-def scatter_rows(rows: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
-    """``out[positions[i]] = rows[i]`` (2-D, same word type), blocks of rows in parallel."""
-    n, width = rows.shape
-    for b in numba.prange((n + ROW_BLOCK - 1) // ROW_BLOCK):
-        for i in range(b * ROW_BLOCK, min(n, (b + 1) * ROW_BLOCK)):
-            p = positions[i]
-            for j in range(width):
-                out[p, j] = rows[i, j]
-
-
-# -- into blocks: rows written straight into the stream messages that carry them --------
+# -- into place: rows written where they go (a batch that mixes owned and remote nodes),
+# in one array or in blocks of rows (the stream messages that carry them) --------------
 @intrinsic
 def _pointer(typingctx: Any, address: Any, like: Any) -> Any:
     """``address`` (an integer) as a pointer to ``like``'s item type."""
@@ -187,16 +145,19 @@ def _pointer(typingctx: Any, address: Any, like: Any) -> Any:
 def _block_row(addresses: np.ndarray, per_block: int, like: np.ndarray, p: int, width: int) -> np.ndarray:
     """Row ``p`` of rows laid out in blocks of ``per_block`` rows of ``width`` words, block
     ``b`` at ``addresses[b]`` (``like``: an array of the words' type)."""
-    b = p // per_block
+    b = p // per_block if addresses.size > 1 else 0  # (one block, one array: no division)
     address = addresses[b] + (p - b * per_block) * width * like.itemsize
     return numba.carray(_pointer(address, like), (width,))  # type: ignore[call-arg]
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
-def gather_rows_to_blocks(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_start: int,
-                          positions: np.ndarray, addresses: np.ndarray, per_block: int,
-                          like: np.ndarray, narrow: bool) -> None:
-    """:func:`gather_rows_to` into rows laid out in blocks (:func:`_block_row`)."""
+def gather_rows_to(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_start: int,
+                   positions: np.ndarray, addresses: np.ndarray, per_block: int,
+                   like: np.ndarray, narrow: bool) -> None:
+    """Row ``positions[i]`` of rows laid out in blocks (:func:`_block_row`) = row
+    ``nodes[i] - node_start`` of ``src``, blocks of :data:`ROW_BLOCK` rows in parallel,
+    prefetching ahead; ``narrow``: ``src`` holds float32 words and the rows take their
+    bfloat16 words (:func:`protos.halfcast.narrow_word`)."""
     n = nodes.size
     width = src.shape[1]
     step = max(1, LINE // src.itemsize)
@@ -215,9 +176,10 @@ def gather_rows_to_blocks(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, 
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
-def scatter_rows_to_blocks(rows: np.ndarray, positions: np.ndarray, addresses: np.ndarray,
-                           per_block: int, like: np.ndarray) -> None:
-    """:func:`scatter_rows` into rows laid out in blocks (:func:`_block_row`)."""
+def scatter_rows_to(rows: np.ndarray, positions: np.ndarray, addresses: np.ndarray,
+                    per_block: int, like: np.ndarray) -> None:
+    """Row ``positions[i]`` of rows laid out in blocks (:func:`_block_row`) = ``rows[i]``
+    (the same word type), blocks of rows in parallel."""
     n, width = rows.shape
     for b in numba.prange((n + ROW_BLOCK - 1) // ROW_BLOCK):
         for i in range(b * ROW_BLOCK, min(n, (b + 1) * ROW_BLOCK)):
@@ -228,112 +190,84 @@ def scatter_rows_to_blocks(rows: np.ndarray, positions: np.ndarray, addresses: n
 
 class RowBlocks:
     """Rows ``0 .. n`` laid out in blocks of equal size (the last may be shorter), each a
-    C-contiguous 2-D array of its own (e.g. the rows of the stream messages that carry
-    them): what the ``*_to_blocks`` kernels write into in one call."""
+    C-contiguous 1-D or 2-D array of its own (e.g. the rows of the stream messages that
+    carry them): what :func:`gather_into` and :func:`scatter_into` write into in one call."""
 
     __slots__ = ("addresses", "arrays", "like", "num_rows", "per_block", "width")
 
     def __init__(self, arrays: list[np.ndarray]) -> None:
-        """``arrays``: the blocks in order, 2-D, one dtype and width, all but the last of
+        """``arrays``: the blocks in order, of one dtype and width, all but the last of
         the first's number of rows."""
         if not arrays:
             raise ValueError("RowBlocks: expected at least one block, got none")
         first = arrays[0]
-        words = [_rows_as_words(a) for a in arrays]
-        if any(w is None or a.ndim != 2 for w, a in zip(words, arrays, strict=True)) \
-                or any(a.dtype != first.dtype or a.shape[1] != first.shape[1] for a in arrays) \
+        words = [_as_words(a) for a in arrays]
+        if any(w is None for w in words) or any(a.dtype != first.dtype or a.shape[1:] != first.shape[1:]
+                                                for a in arrays) \
                 or any(a.shape[0] != first.shape[0] for a in arrays[:-1]) \
                 or arrays[-1].shape[0] > first.shape[0] or first.shape[0] == 0:
-            raise ValueError(f"RowBlocks: expected C-contiguous 2-D blocks of one dtype and width, "
-                             f"all but the last of the first's rows, got "
+            raise ValueError(f"RowBlocks: expected C-contiguous 1-D or 2-D blocks of one dtype and "
+                             f"width, all but the last of the first's rows, got "
                              f"{[(a.shape, str(a.dtype)) for a in arrays]}")
         self.arrays = [w for w in words if w is not None]  # (the words keep the blocks alive)
         self.per_block = int(first.shape[0])
-        self.width = int(first.shape[1])
+        self.width = int(self.arrays[0].shape[1])
         self.num_rows = sum(int(a.shape[0]) for a in arrays)
         self.like = _LIKE[self.arrays[0].dtype]  # (one Numba type per word type)
         self.addresses = np.array([a.ctypes.data for a in self.arrays], dtype=np.int64)
 
 
-def gather_into_blocks(src: np.ndarray, nodes: np.ndarray, node_start: int, positions: np.ndarray,
-                       out: RowBlocks) -> None:
-    """:func:`gather_into` with ``out`` laid out in blocks: one parallel pass over all of
-    them. Positions are not range-checked (callers pass positions below ``out.num_rows``
-    they computed)."""
-    arr = np.asarray(src)
-    src_words = _rows_as_words(arr)
-    if src_words is None or src_words.shape[1] != out.width or nodes.size != positions.size:
-        raise ValueError(f"gather_into_blocks: expected C-contiguous rows of the blocks' width "
-                         f"{out.width} and as many positions as nodes, got {arr.shape}, "
-                         f"{nodes.size} nodes, {positions.size} positions")
-    narrow = arr.dtype == np.float32 and out.like.dtype == np.uint16
-    if not narrow and src_words.dtype != out.like.dtype:
-        raise ValueError(f"gather_into_blocks: expected blocks of {arr.dtype}'s item size (or "
-                         f"bfloat16 words for float32 rows), got {out.like.dtype}")
-    if nodes.size:
-        with parallel_guard():
-            gather_rows_to_blocks(src_words, src_words.reshape(-1), nodes, node_start, positions,
-                                  out.addresses, out.per_block, out.like, narrow)
+def _row_words(out: np.ndarray | RowBlocks) -> tuple[int, np.dtype[Any]] | None:
+    """Words per row and their dtype of ``out`` (None: not C-contiguous 1-D or 2-D)."""
+    if isinstance(out, RowBlocks):
+        return out.width, out.like.dtype
+    words = _as_words(out)
+    return None if words is None else (int(words.shape[1]), words.dtype)
 
 
-def scatter_into_blocks(rows: np.ndarray, positions: np.ndarray, out: RowBlocks) -> None:
-    """:func:`scatter_into` with ``out`` laid out in blocks, in one parallel pass."""
-    words = _rows_as_words(np.asarray(rows))
-    if words is None or words.shape[1] != out.width or words.dtype != out.like.dtype \
-            or rows.shape[0] != positions.size:
-        raise ValueError(f"scatter_into_blocks: expected C-contiguous rows of the blocks' width "
-                         f"and word size, one per position, got {rows.shape} {rows.dtype} -> "
-                         f"width {out.width} of {out.like.dtype}, {positions.size} positions")
-    if positions.size:
-        with parallel_guard():
-            scatter_rows_to_blocks(words, positions, out.addresses, out.per_block, out.like)
-
-
-def _rows_as_words(arr: np.ndarray) -> np.ndarray | None:
-    """A C-contiguous 1-D or 2-D array as 2-D unsigned words of its item size (None if it
-    is neither)."""
-    if arr.ndim not in (1, 2):
-        return None
-    words = _words(arr.reshape(arr.shape[0], arr.shape[1] if arr.ndim == 2 else 1))
-    return words[0] if words is not None else None
+def _shown(out: np.ndarray | RowBlocks) -> str:
+    return f"{out.shape} {out.dtype}" if isinstance(out, np.ndarray) else \
+        f"blocks of {out.width} {out.like.dtype} words"
 
 
 def gather_into(src: np.ndarray, nodes: np.ndarray, node_start: int, positions: np.ndarray,
-                out: np.ndarray) -> None:
+                out: np.ndarray | RowBlocks) -> None:
     """``out[positions] = src[nodes - node_start]`` (1-D or 2-D, row for row), in one
-    pass; float32 ``src`` into a bfloat16 ``out`` (given as its uint16 words, NumPy has no
-    bfloat16) is narrowed on the way, as ``Tensor.to`` rounds. Other dtype pairs are a
-    ``ValueError``. The rows and positions are not range-checked: callers pass owned
-    nodes (checked) and positions they computed."""
+    parallel pass; ``out`` an array or :class:`RowBlocks`. float32 ``src`` into bfloat16
+    rows (given as their uint16 words, NumPy has no bfloat16) is narrowed on the way, as
+    ``Tensor.to`` rounds. Other dtype pairs are a ``ValueError``. The rows and positions
+    are not range-checked: callers pass owned nodes (checked) and positions they computed."""
     arr = np.asarray(src)
-    src_words, out_words = _rows_as_words(arr), _rows_as_words(out)
-    if src_words is None or out_words is None or src_words.shape[1] != out_words.shape[1] \
-            or nodes.size != positions.size:
+    src_words, dest = _as_words(arr), _row_words(out)
+    if src_words is None or dest is None or src_words.shape[1] != dest[0] or nodes.size != positions.size:
         raise ValueError(f"gather_into: expected C-contiguous rows of one width and as many "
-                         f"positions as nodes, got {arr.shape} -> {out.shape}, "
+                         f"positions as nodes, got {arr.shape} -> {_shown(out)}, "
                          f"{nodes.size} nodes, {positions.size} positions")
-    narrow = arr.dtype == np.float32 and out.dtype == np.uint16
-    if not narrow and src_words.dtype != out_words.dtype:
-        raise ValueError(f"gather_into: expected out of {arr.dtype}'s item size (or bfloat16 "
-                         f"words for float32 rows), got {out.dtype}")
+    narrow = arr.dtype == np.float32 and dest[1] == np.uint16
+    if not narrow and src_words.dtype != dest[1]:
+        raise ValueError(f"gather_into: expected rows of {arr.dtype}'s item size (or bfloat16 "
+                         f"words for float32 rows), got {_shown(out)}")
     if nodes.size:
+        blocks = out if isinstance(out, RowBlocks) else RowBlocks([out])
         with parallel_guard():
             gather_rows_to(src_words, src_words.reshape(-1), nodes, node_start, positions,
-                           out_words, narrow)
+                           blocks.addresses, blocks.per_block, blocks.like, narrow)
 
 
-def scatter_into(rows: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
-    """``out[positions] = rows`` (1-D or 2-D, the same item size), in parallel; the
-    positions are not range-checked (callers pass positions they computed)."""
-    rows_words, out_words = _rows_as_words(np.asarray(rows)), _rows_as_words(out)
-    if rows_words is None or out_words is None or rows_words.shape[1] != out_words.shape[1] \
-            or rows_words.dtype != out_words.dtype or rows.shape[0] != positions.size:
+def scatter_into(rows: np.ndarray, positions: np.ndarray, out: np.ndarray | RowBlocks) -> None:
+    """``out[positions] = rows`` (1-D or 2-D, the same item size; ``out`` an array or
+    :class:`RowBlocks`), in parallel; the positions are not range-checked (callers pass
+    positions they computed)."""
+    words, dest = _as_words(np.asarray(rows)), _row_words(out)
+    if words is None or dest is None or (int(words.shape[1]), words.dtype) != dest \
+            or rows.shape[0] != positions.size:
         raise ValueError(f"scatter_into: expected C-contiguous rows of out's width and item "
                          f"size, one per position, got {rows.shape} {rows.dtype} -> "
-                         f"{out.shape} {out.dtype}, {positions.size} positions")
+                         f"{_shown(out)}, {positions.size} positions")
     if positions.size:
+        blocks = out if isinstance(out, RowBlocks) else RowBlocks([out])
         with parallel_guard():
-            scatter_rows(rows_words, positions, out_words)
+            scatter_rows_to(words, positions, blocks.addresses, blocks.per_block, blocks.like)
 
 
 @numba.njit(nogil=True, cache=True)

@@ -1,6 +1,7 @@
 """Numba CPU helpers of a batch's glue that keep the interpreter lock (small inputs) or
-release it (large ones): ID ranges, owners by partition book, each owner's positions,
-takes, merged offsets, sums.
+release it (large ones, :data:`RELEASE_MIN_ITEMS` items and up): ID ranges, owners by
+partition book, each owner's positions, takes, merged offsets, sums; and the offsets of
+runs laid back to back (:func:`exclusive_offsets`), which the kernels use too.
 
 A call that releases the interpreter lock (a ``nogil`` kernel, nearly every torch op,
 NumPy's loops over 500+ items) must take it back on return, and in a server whose other
@@ -11,8 +12,14 @@ helpers take microseconds, so they keep the lock and cost none.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import numba
 import numpy as np
+
+from sampling_server.sampler.rng import clone
 
 
 @numba.njit(cache=True)
@@ -23,6 +30,17 @@ def id_min_max(ids: np.ndarray) -> tuple[int, int]:
         lo = min(lo, ids[i])
         hi = max(hi, ids[i])
     return lo, hi
+
+
+@numba.njit(nogil=True, cache=True)
+def exclusive_offsets(counts: np.ndarray, start: int = 0) -> np.ndarray:
+    """int64 ``[n + 1]``: ``start``, then ``start`` plus the running sums of ``counts``
+    (where each of ``n`` runs of ``counts[i]`` items begins, back to back)."""
+    offsets = np.empty(counts.size + 1, dtype=np.int64)
+    offsets[0] = start
+    for i in range(counts.size):
+        offsets[i + 1] = offsets[i] + counts[i]
+    return offsets
 
 
 @numba.njit(cache=True)
@@ -38,8 +56,23 @@ def positions(n: int) -> np.ndarray:
 RELEASE_MIN_ITEMS = 65_536
 
 
+def _by_size(kernel: Any, items: Callable[..., int]) -> Callable[..., Any]:
+    """``kernel`` (which keeps the interpreter lock), called as its version that releases
+    it (:func:`~sampling_server.sampler.rng.clone`, compiled with ``nogil``) when
+    ``items(*args)`` is at least :data:`RELEASE_MIN_ITEMS`."""
+    name = kernel.py_func.__name__ + "_released"
+    released = numba.njit(nogil=True, cache=True)(clone(kernel.py_func, name))
+
+    def call(*args: Any) -> Any:
+        return (released if items(*args) >= RELEASE_MIN_ITEMS else kernel)(*args)
+
+    return functools.wraps(kernel.py_func)(call)  # (its docstring and signature)
+
+
 @numba.njit(cache=True)
 def _owners(book: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Partition of each global ID (``book``: the partition book, the first ID of each
+    partition and the node count last; IDs in ``[0, book[-1])``)."""
     if book.size > 65:  # many partitions: a binary search per ID
         return np.searchsorted(book, ids, side="right") - 1
     out = np.zeros(ids.size, dtype=np.int64)  # few: one vectorized compare per boundary
@@ -50,20 +83,14 @@ def _owners(book: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return out
 
 
-@numba.njit(nogil=True, cache=True)
-def _owners_released(book: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    return _owners(book, ids)
-
-
-def owners(book: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Partition of each global ID (``book``: the partition book, the first ID of each
-    partition and the node count last; IDs in ``[0, book[-1])``), keeping the interpreter
-    lock for fewer than :data:`RELEASE_MIN_ITEMS` IDs."""
-    return (_owners_released if ids.size >= RELEASE_MIN_ITEMS else _owners)(book, ids)
+owners = _by_size(_owners, lambda book, ids: ids.size)
 
 
 @numba.njit(cache=True)
 def _group_positions(owner: np.ndarray, num_parts: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, starts)``: the positions of partition ``p``'s entries of ``owner`` are
+    ``order[starts[p]:starts[p + 1]]``, in order (a counting sort; an owner outside
+    ``[0, num_parts)`` raises ``ValueError``)."""
     starts = np.zeros(num_parts + 1, dtype=np.int64)
     for i in range(owner.size):
         if owner[i] < 0 or owner[i] >= num_parts:
@@ -80,67 +107,34 @@ def _group_positions(owner: np.ndarray, num_parts: int) -> tuple[np.ndarray, np.
     return order, starts
 
 
-@numba.njit(nogil=True, cache=True)
-def _group_positions_released(owner: np.ndarray, num_parts: int) -> tuple[np.ndarray, np.ndarray]:
-    return _group_positions(owner, num_parts)
-
-
-def group_positions(owner: np.ndarray, num_parts: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(order, starts)``: the positions of partition ``p``'s entries of ``owner`` are
-    ``order[starts[p]:starts[p + 1]]``, in order (a counting sort; an owner outside
-    ``[0, num_parts)`` raises ``ValueError``), keeping the interpreter lock for fewer
-    than :data:`RELEASE_MIN_ITEMS` entries."""
-    fn = _group_positions_released if owner.size >= RELEASE_MIN_ITEMS else _group_positions
-    return fn(owner, num_parts)
+group_positions = _by_size(_group_positions, lambda owner, num_parts: owner.size)
 
 
 @numba.njit(cache=True)
 def _take(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """``values[positions]`` (1-D)."""
     out = np.empty(positions.size, dtype=values.dtype)
     for i in range(positions.size):
         out[i] = values[positions[i]]
     return out
 
 
-@numba.njit(nogil=True, cache=True)
-def _take_released(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    return _take(values, positions)
-
-
-def take(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """``values[positions]`` (1-D), keeping the interpreter lock for fewer than
-    :data:`RELEASE_MIN_ITEMS` positions."""
-    return (_take_released if positions.size >= RELEASE_MIN_ITEMS else _take)(values, positions)
+take = _by_size(_take, lambda values, positions: positions.size)
 
 
 @numba.njit(cache=True)
 def _run_offsets(frontier_size: int, positions: np.ndarray, counts: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``(counts, offsets)`` of a frontier whose entries ``positions[i]`` drew
+    ``counts[i]`` neighbors (every entry once): per entry, in frontier order, and the
+    exclusive prefix sum."""
     full = np.zeros(frontier_size, dtype=np.int64)
     for i in range(positions.size):
         full[positions[i]] = counts[i]
-    offsets = np.empty(frontier_size, dtype=np.int64)
-    acc = 0
-    for i in range(frontier_size):
-        offsets[i] = acc
-        acc += full[i]
-    return full, offsets
+    return full, exclusive_offsets(full)[:-1]
 
 
-@numba.njit(nogil=True, cache=True)
-def _run_offsets_released(frontier_size: int, positions: np.ndarray, counts: np.ndarray
-                          ) -> tuple[np.ndarray, np.ndarray]:
-    return _run_offsets(frontier_size, positions, counts)
-
-
-def run_offsets(frontier_size: int, positions: np.ndarray, counts: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """``(counts, offsets)`` of a frontier whose entries ``positions[i]`` drew
-    ``counts[i]`` neighbors (every entry once): per entry, in frontier order, and the
-    exclusive prefix sum, keeping the interpreter lock for frontiers under
-    :data:`RELEASE_MIN_ITEMS`."""
-    fn = _run_offsets_released if frontier_size >= RELEASE_MIN_ITEMS else _run_offsets
-    return fn(frontier_size, positions, counts)
+run_offsets = _by_size(_run_offsets, lambda frontier_size, positions, counts: frontier_size)
 
 
 @numba.njit(cache=True)
@@ -150,11 +144,3 @@ def total(counts: np.ndarray) -> int:
     for i in range(counts.size):
         acc += counts[i]
     return acc
-
-
-@numba.njit(parallel=True, nogil=True, cache=True)
-def _parallel_sum(n: int) -> int:
-    total = 0
-    for i in numba.prange(n):
-        total += i
-    return total

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import types
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -25,17 +23,8 @@ import numpy as np
 
 from protos.prefetch import LINE, prefetch
 from sampling_server.sampler import rng
-from sampling_server.sampler.cpu_glue import (  # noqa: F401 - the sampler's glue, used through this module
-    RELEASE_MIN_ITEMS,
-    _parallel_sum,
-    group_positions,
-    id_min_max,
-    owners,
-    positions,
-    run_offsets,
-    take,
-    total,
-)
+from sampling_server.sampler.cpu_glue import exclusive_offsets
+from sampling_server.sampler.rng import clone
 
 #: Floyd's algorithm checks earlier picks by a linear scan up to this fanout, and with
 #: a small hash set above it.
@@ -59,19 +48,10 @@ NODE_PREFETCH_DISTANCE = 32
 LIST_PREFETCH_ENTRIES = 64
 
 
-def _njit_rng(fn: Callable[..., Any], **deps: Any) -> Any:
-    """Compile one of :mod:`rng`'s plain functions, its calls to other rng functions
-    bound to their compiled versions ``deps``."""
-    env = dict(fn.__globals__)
-    env.update(deps)
-    clone = types.FunctionType(fn.__code__, env, fn.__name__, fn.__defaults__, fn.__closure__)
-    return numba.njit(nogil=True)(clone)
-
-
-mix64 = _njit_rng(rng.mix64)
-node_stream = _njit_rng(rng.node_stream, mix64=mix64)
-uniform = _njit_rng(rng.uniform, mix64=mix64)
-uniform_below = _njit_rng(rng.uniform_below, uniform=uniform)
+mix64 = numba.njit(nogil=True)(clone(rng.mix64))
+node_stream = numba.njit(nogil=True)(clone(rng.node_stream, mix64=mix64))
+uniform = numba.njit(nogil=True)(clone(rng.uniform, mix64=mix64))
+uniform_below = numba.njit(nogil=True)(clone(rng.uniform_below, uniform=uniform))
 
 _WORKQUEUE_LOCK = threading.Lock()
 
@@ -121,6 +101,14 @@ def threading_layer() -> str:
         return str(numba.threading_layer())
 
 
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _parallel_sum(n: int) -> int:
+    total = 0
+    for i in numba.prange(n):
+        total += i
+    return total
+
+
 # -- draw counts ---------------------------------------------------------------------
 @numba.njit(nogil=True, cache=True)
 def num_draws(degree: int, fanout: int, replace: bool) -> int:
@@ -145,14 +133,6 @@ def _node_draws(indptr: np.ndarray, nodes: np.ndarray, node_start: int, fanout: 
                 replace: bool, i: int) -> int:
     lv = nodes[i] - node_start
     return num_draws(indptr[lv + 1] - indptr[lv], fanout, replace)
-
-
-@numba.njit(nogil=True, cache=True)
-def _exclusive_offsets(counts: np.ndarray) -> np.ndarray:
-    offsets = np.zeros(counts.size + 1, dtype=np.int64)
-    for i in range(counts.size):
-        offsets[i + 1] = offsets[i] + counts[i]
-    return offsets
 
 
 # -- without replacement, unweighted: Floyd's algorithm -------------------------------
@@ -256,13 +236,6 @@ def _prefetch_nodes(indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarra
             prefetch(indices, e)  # type: ignore[call-arg]
 
 
-@numba.njit(nogil=True, cache=True)
-def _strided(fanout: int, num_nodes: int) -> bool:
-    """Whether to draw in one pass into ``fanout`` slots per node (then compact), which
-    reads each node's offsets once instead of twice."""
-    return 0 <= fanout <= STRIDE_MAX_FANOUT
-
-
 @numba.njit(parallel=True, nogil=True, cache=True)
 def sample_uniform_parallel(
     indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int,
@@ -271,13 +244,13 @@ def sample_uniform_parallel(
     """Unweighted draws for ``nodes``: ``(offsets [F+1], neighbors)`` in global IDs."""
     n = nodes.size
     counts = np.empty(n, dtype=np.int64)
-    if _strided(fanout, n):
+    if 0 <= fanout <= STRIDE_MAX_FANOUT:  # then compact: each node's offsets read once, not twice
         slots = np.empty(n * fanout, dtype=np.int64)
         for i in numba.prange(n):
             _prefetch_nodes(indptr, indices, orig_ids, node_start, nodes, i)
             counts[i] = _draw_uniform(indptr, indices, orig_ids, node_start, nodes[i], fanout, key, hop,
                                       replace, slots, i * fanout)
-        offsets = _exclusive_offsets(counts)
+        offsets = exclusive_offsets(counts)
         out = np.empty(offsets[n], dtype=np.int64)
         for i in numba.prange(n):
             for t in range(counts[i]):
@@ -285,7 +258,7 @@ def sample_uniform_parallel(
         return offsets, out
     for i in numba.prange(n):
         counts[i] = _node_draws(indptr, nodes, node_start, fanout, replace, i)
-    offsets = _exclusive_offsets(counts)
+    offsets = exclusive_offsets(counts)
     out = np.empty(offsets[n], dtype=np.int64)
     for i in numba.prange(n):
         _prefetch_nodes(indptr, indices, orig_ids, node_start, nodes, i)
@@ -305,8 +278,7 @@ def sample_uniform_serial(
     cap = max(16, nodes.size * (fanout if fanout > 0 else 8))
     out = np.empty(cap, dtype=np.int64)
     for i in range(nodes.size):
-        lv = nodes[i] - node_start
-        need = offsets[i] + num_draws(indptr[lv + 1] - indptr[lv], fanout, replace)
+        need = offsets[i] + _node_draws(indptr, nodes, node_start, fanout, replace, i)
         if need > out.size:
             grown = np.empty(max(need, 2 * out.size), dtype=np.int64)
             for t in range(offsets[i]):
@@ -315,20 +287,6 @@ def sample_uniform_serial(
         offsets[i + 1] = offsets[i] + _draw_uniform(indptr, indices, orig_ids, node_start, nodes[i],
                                                     fanout, key, hop, replace, out, offsets[i])
     return offsets, out[: offsets[nodes.size]]
-
-
-def sample_uniform(
-    indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int,
-    nodes: np.ndarray, fanout: int, key: np.uint64, hop: int, replace: bool,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Host launcher: unweighted draws of ``nodes`` (global IDs; ``fanout`` -1 = all),
-    ``(offsets [F+1], neighbors)``; parallel over nodes for large frontiers."""
-    if nodes.size < PARALLEL_MIN_NODES:
-        return sample_uniform_serial(indptr, indices, orig_ids, node_start, nodes, fanout, key, hop,
-                                     replace)
-    with parallel_guard():
-        return sample_uniform_parallel(indptr, indices, orig_ids, node_start, nodes, fanout, key, hop,
-                                       replace)
 
 
 # -- weighted ------------------------------------------------------------------------
@@ -471,7 +429,7 @@ def sample_weighted_parallel(
     counts = np.empty(nodes.size, dtype=np.int64)
     for i in numba.prange(nodes.size):
         counts[i] = _node_draws(indptr, nodes, node_start, fanout, replace, i)
-    offsets = _exclusive_offsets(counts)
+    offsets = exclusive_offsets(counts)
     out = np.empty(offsets[nodes.size], dtype=np.int64)
     for i in numba.prange(nodes.size):
         _fill_weighted(indptr, indices, weight, cum, orig_ids, node_start, nodes, fanout, key, hop,
@@ -479,36 +437,29 @@ def sample_weighted_parallel(
     return offsets, out
 
 
-@numba.njit(nogil=True, cache=True)
-def sample_weighted_serial(
-    indptr: np.ndarray, indices: np.ndarray, weight: np.ndarray, cum: np.ndarray,
-    orig_ids: np.ndarray, node_start: int, nodes: np.ndarray, fanout: int, key: np.uint64, hop: int,
-    replace: bool,
-) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`sample_weighted_parallel` on one thread (small frontiers)."""
-    counts = np.empty(nodes.size, dtype=np.int64)
-    for i in range(nodes.size):
-        counts[i] = _node_draws(indptr, nodes, node_start, fanout, replace, i)
-    offsets = _exclusive_offsets(counts)
-    out = np.empty(offsets[nodes.size], dtype=np.int64)
-    for i in range(nodes.size):
-        _fill_weighted(indptr, indices, weight, cum, orig_ids, node_start, nodes, fanout, key, hop,
-                       replace, offsets, out, i)
-    return offsets, out
+#: :func:`sample_weighted_parallel` on one thread (small frontiers): its ``prange`` loops
+#: are plain loops without ``parallel``.
+sample_weighted_serial = numba.njit(nogil=True, cache=True)(
+    clone(sample_weighted_parallel.py_func, "sample_weighted_serial"))
 
 
-def sample_weighted(
-    indptr: np.ndarray, indices: np.ndarray, weight: np.ndarray, cum: np.ndarray,
-    orig_ids: np.ndarray, node_start: int, nodes: np.ndarray, fanout: int, key: np.uint64, hop: int,
-    replace: bool,
+def sample_neighbors(
+    indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int, nodes: np.ndarray,
+    fanout: int, key: np.uint64, hop: int, replace: bool,
+    weights: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Host launcher: edge-weighted draws of ``nodes``, ``(offsets [F+1], neighbors)``;
-    ``cum`` is :func:`segmented_cumsum` of ``weight``."""
-    args = (indptr, indices, weight, cum, orig_ids, node_start, nodes, fanout, key, hop, replace)
+    """Host launcher: the draws of ``nodes`` (global IDs; ``fanout`` -1 = all), ``(offsets
+    [F+1], neighbors)``, unweighted or in proportion to ``weights`` (the edge weights and
+    their :func:`segmented_cumsum`); parallel over nodes for large frontiers."""
+    args: tuple[Any, ...] = (indptr, indices, orig_ids, node_start, nodes, fanout, key, hop, replace)
+    kernels: tuple[Any, Any] = (sample_uniform_serial, sample_uniform_parallel)
+    if weights is not None:
+        args = (indptr, indices, *weights, *args[2:])
+        kernels = (sample_weighted_serial, sample_weighted_parallel)
     if nodes.size < PARALLEL_MIN_NODES:
-        return sample_weighted_serial(*args)
+        return kernels[0](*args)
     with parallel_guard():
-        return sample_weighted_parallel(*args)
+        return kernels[1](*args)
 
 
 # -- dedup / relabel ------------------------------------------------------------------

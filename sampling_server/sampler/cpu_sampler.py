@@ -6,7 +6,7 @@ relation's CSC (over the destination type's nodes whose in-edges are here, sourc
 global IDs of the source type) is drawn with the destination type's original IDs and
 first ID, so a relation is sampled exactly as a plain graph is: by :mod:`cpu_fused`'s
 hops straight into the batch's arrays (one dense relabel map per node type), or by
-:func:`cpu_kernels.sample_uniform` / :func:`~cpu_kernels.sample_weighted` for peers and
+:func:`cpu_kernels.sample_neighbors` (uniform or weighted) for peers and
 the generic path. The partition's arrays stay as loaded (read-only memory maps by
 default): nothing is copied at start-up except, for weighted sampling, the float64
 per-node prefix sums of the edge weights (8 bytes per edge).
@@ -14,7 +14,6 @@ per-node prefix sums of the edge weights (8 bytes per edge).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 
 import numpy as np
@@ -104,28 +103,6 @@ class CpuRelabeler(Relabeler):
             self._keys, self._values = K.table_rehash(self._keys, self._values, size)
 
 
-class _DenseMapPool:
-    """Dense relabel maps (global ID -> local ID) of ``num_nodes`` entries, all
-    :data:`~cpu_fused.UNSEEN`, one per batch being sampled at once; a batch resets the
-    entries it set before it gives its map back."""
-
-    def __init__(self, num_nodes: int):
-        self.num_nodes = num_nodes
-        self._free: list[np.ndarray] = []
-        self._lock = threading.Lock()
-
-    def take(self) -> np.ndarray:
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        dtype = np.int32 if self.num_nodes < 2**31 else np.int64
-        return np.full(self.num_nodes, F.UNSEEN, dtype=dtype)
-
-    def give_back(self, table: np.ndarray) -> None:
-        with self._lock:
-            self._free.append(table)
-
-
 class CpuNeighborSampler(NeighborSampler):
     """Neighbor sampling of one partition on the CPU (Numba ``@njit`` kernels, parallel
     over frontier nodes within each relation)."""
@@ -147,7 +124,7 @@ class CpuNeighborSampler(NeighborSampler):
         self._csc = {et: F.CscView(self._indptr[et], self._indices[et], self._orig_ids[et[2]],
                                    self.draw[et[2]][0], self._identity[et[2]]) for et in self.edge_types}
         counts = {t: i.num_nodes for t, i in partition.manifest.node_types.items()}
-        self._dense_maps = {t: _DenseMapPool(n) for t, n in counts.items() if n <= DENSE_RELABEL_MAX_NODES}
+        self._dense_maps = {t: F.DenseMaps(n) for t, n in counts.items() if n <= DENSE_RELABEL_MAX_NODES}
         #: Per weighted relation: the weights and their float64 per-node prefix sums.
         self._weights: dict[EdgeType, tuple[np.ndarray, np.ndarray]] = {}
         if weighted:
@@ -156,28 +133,18 @@ class CpuNeighborSampler(NeighborSampler):
                     weight = np.asarray(csc.edge_weight[et])
                     self._weights[et] = (weight, K.segmented_cumsum(self._indptr[et], weight))
 
-    def sample_relation(self, edge_type: EdgeType, nodes: torch.Tensor, fanout: int, key: int,
-                        hop: int) -> HopSample:
-        et = self.check_edge_type(edge_type, "edge_type")
-        ids = as_ids(nodes, "nodes")
-        self.check_drawable(et[2], torch.from_numpy(ids), "nodes")
-        return self._draw(et, ids, fanout, key, hop)
+    def node_ids(self, nodes: torch.Tensor, field: str) -> torch.Tensor:
+        return torch.from_numpy(as_ids(nodes, field))
 
     def sample_owned(self, edge_type: EdgeType, nodes: torch.Tensor, fanout: int, key: int,
                      hop: int) -> HopSample:
-        return self._draw(edge_type, as_ids(nodes, "nodes"), fanout, key, hop)
-
-    def _draw(self, et: EdgeType, ids: np.ndarray, fanout: int, key: int, hop: int) -> HopSample:
+        ids, et = as_ids(nodes, "nodes"), edge_type
         if int(fanout) < -1:
             raise ValueError(f"fanout: expected an integer >= 0, or -1 for all; got {fanout}")
-        orig, start, stream = self._orig_ids[et[2]], self.draw[et[2]][0], np.uint64(self.draw_key(key, et))
-        weights = self._weights.get(et)
-        if weights is not None:
-            offsets, out = K.sample_weighted(self._indptr[et], self._indices[et], weights[0], weights[1],
-                                             orig, start, ids, int(fanout), stream, int(hop), self.replace)
-        else:
-            offsets, out = K.sample_uniform(self._indptr[et], self._indices[et], orig, start, ids,
-                                            int(fanout), stream, int(hop), self.replace)
+        stream = np.uint64(self.draw_key(key, et))
+        offsets, out = K.sample_neighbors(self._indptr[et], self._indices[et], self._orig_ids[et[2]],
+                                          self.draw[et[2]][0], ids, int(fanout), stream, int(hop),
+                                          self.replace, self._weights.get(et))
         return HopSample(counts=torch.from_numpy(np.diff(offsets)), neighbors=torch.from_numpy(out))
 
     def sample(self, seeds: torch.Tensor | np.ndarray, seed_type: str, num_neighbors: NumNeighbors,
@@ -196,12 +163,7 @@ class CpuNeighborSampler(NeighborSampler):
             node_cap, edge_cap = self._capacities(seeds_np.size, seed_type, fanouts, hops)
             for t in self.node_types:
                 first = seeds_np if t == seed_type else np.empty(0, dtype=np.int64)
-                local_of = self._dense_maps[t].take()
-                try:
-                    nodes[t] = F.NodeList(local_of, first, node_cap[t])
-                except ValueError:
-                    self._dense_maps[t].give_back(local_of)
-                    raise
+                nodes[t] = F.NodeList(self._dense_maps[t], first, node_cap[t])
             edges = {et: F.EdgeList(edge_cap[et]) for et in self.edge_types}
             per_hop = {t: [n.count] for t, n in nodes.items()}
             lo = dict.fromkeys(self.node_types, 0)
@@ -214,9 +176,8 @@ class CpuNeighborSampler(NeighborSampler):
                     per_hop[t].append(n.count - hi[t])
                 lo = hi
         finally:
-            for t, n in nodes.items():
+            for n in nodes.values():
                 n.close()
-                self._dense_maps[t].give_back(n.local_of)
         return SamplerOutput(
             input_type=seed_type, node={t: torch.from_numpy(n.ids()) for t, n in nodes.items()},
             row={et: torch.from_numpy(e.row[:e.size]) for et, e in edges.items()},
@@ -265,10 +226,8 @@ class CpuNeighborSampler(NeighborSampler):
         for dense maps (:meth:`sample` numbers through dense maps otherwise)."""
         return CpuRelabeler(as_ids(seeds, "seeds"))
 
-    def gather_local(self, node_type: str, nodes: torch.Tensor, features: bool, labels: bool) -> NodeRows:
-        self.check_node_type(node_type, "node_type")
+    def gather_owned(self, node_type: str, nodes: torch.Tensor, features: bool, labels: bool) -> NodeRows:
         ids = as_ids(nodes, "nodes")
-        self.check_held(node_type, torch.from_numpy(ids), "nodes")
         start = self.hold[node_type][0]
         src_x = self.node_data.x.get(node_type) if features else None
         src_y = self.node_data.y if labels and node_type == self.target_type else None
@@ -281,7 +240,7 @@ class CpuNeighborSampler(NeighborSampler):
 
     def gather_local_into_blocks(self, node_type: str, nodes: torch.Tensor, positions: torch.Tensor,
                                  blocks: Blocks, layout: G.RowBlocks | None) -> None:
-        """One parallel pass over every block (:func:`cpu_gather.gather_into_blocks`),
+        """One parallel pass over every block (:func:`cpu_gather.gather_into`),
         float32 features narrowed to bfloat16 blocks on the way."""
         src_x = np.asarray(self.node_data.x[node_type])
         if layout is None or not blocks or not _gathers_into(src_x, blocks[0][2].dtype):
@@ -289,7 +248,7 @@ class CpuNeighborSampler(NeighborSampler):
             return
         ids = as_ids(nodes, "nodes")
         self.check_held(node_type, torch.from_numpy(ids), "nodes")
-        G.gather_into_blocks(src_x, ids, self.hold[node_type][0], int64_array(positions), layout)
+        G.gather_into(src_x, ids, self.hold[node_type][0], int64_array(positions), layout)
 
     def gather_local_into(self, node_type: str, nodes: torch.Tensor, positions: torch.Tensor,
                           x: torch.Tensor | None, y: torch.Tensor | None) -> None:

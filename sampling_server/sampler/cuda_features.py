@@ -13,7 +13,6 @@ simulator the same code runs on CPU tensors and numpy arrays.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import numpy as np
 import torch
@@ -28,21 +27,13 @@ from sampling_server.feature_placement import (
     slot_maps,
 )
 from sampling_server.sampler import cuda_kernels as K
+from sampling_server.sampler.cuda_launch import SIMULATOR, kernel_arg, launch, mapped_empty
 from sampling_server.sampler.rows import torch_dtype
 
 log = logging.getLogger(__name__)
 
 #: Rows copied per step while the tables fill (bounds the host memory the load takes).
 FILL_BYTES = 64 << 20
-
-_I64 = nbt.int64[::1]
-_I32 = nbt.int32[::1]
-_S64 = nbt.int64
-
-#: Kernel name -> the argument-type tuples its launcher uses (what ptx_check compiles).
-SIGNATURES: dict[str, list[tuple[Any, ...]]] = {}
-#: Kernel name -> kernel.
-KERNELS: dict[str, Any] = {}
 
 
 @cuda.jit
@@ -63,26 +54,17 @@ def gather_split_rows_kernel(nodes, node_start, slot, host_slot, cached, host, o
         out[r, c] = host[host_slot[v], c]
 
 
-KERNELS["gather_split_rows_kernel"] = gather_split_rows_kernel
-SIGNATURES["gather_split_rows_kernel"] = [
-    (_I64, _S64, _I32, _I32, dt[:, ::1], dt[:, ::1], dt[:, ::1]) for dt in K.FEATURE_DTYPES]
+_I32 = nbt.int32[::1]
+K.register(gather_split_rows_kernel, *[(K.I64, K.S64, _I32, _I32, dt[:, ::1], dt[:, ::1], dt[:, ::1])
+                                       for dt in K.FEATURE_DTYPES])
 
 
 def device_free_bytes(device: torch.device) -> int | None:
     """Free memory of ``device`` (None under the simulator, which has no GPU memory)."""
-    if K.SIMULATOR or device.type != "cuda":
+    if SIMULATOR or device.type != "cuda":
         return None
     free, _total = torch.cuda.mem_get_info(device)
     return int(free)
-
-
-def _mapped_empty(shape: tuple[int, int], dtype: np.dtype[Any]) -> Any:
-    """Uninitialised pinned, device-mapped host memory (numpy under the simulator)."""
-    if K.SIMULATOR:
-        return np.empty(shape, dtype)
-    if shape[0] * shape[1] == 0:  # nothing to map (kernels never read it)
-        return cuda.device_array(shape, dtype)
-    return cuda.mapped_array(shape, dtype)
 
 
 class FeatureTable:
@@ -119,7 +101,7 @@ class FeatureTable:
         # At least one row each, so no kernel argument is ever empty (the extra row is never read).
         self.device_rows = torch.empty((max(self.cached, 1), self.width), dtype=self.dtype,
                                        device=device)
-        self.host_rows = _mapped_empty((max(self.num_rows - self.cached, 1), self.width), x.dtype)
+        self.host_rows = mapped_empty((max(self.num_rows - self.cached, 1), self.width), x.dtype)
         self._fill(x, local)
         log.info("features: %s", describe(self.cached, self.num_rows, self.row_bytes))
 
@@ -138,23 +120,13 @@ class FeatureTable:
             hi = min(lo + step, self.num_rows)
             host[lo - self.cached:hi - self.cached] = x[local[lo:hi]]
 
-    @property
-    def device_bytes(self) -> int:
-        """GPU memory the table takes (cached rows and both maps)."""
-        return self.cached * self.row_bytes + 8 * self.num_rows
-
-    @property
-    def host_bytes(self) -> int:
-        """Pinned host memory the table takes (the rows not cached)."""
-        return (self.num_rows - self.cached) * self.row_bytes
-
     def gather(self, nodes: torch.Tensor) -> torch.Tensor:
         """``[len(nodes), F]`` rows of owned nodes (int64 global IDs on the device, checked
         by the caller), in the stored dtype."""
         out = torch.empty((nodes.numel(), self.width), dtype=self.dtype, device=nodes.device)
         if out.numel():
-            K.launch(gather_split_rows_kernel, out.numel(), K.kernel_arg(nodes),
-                     np.int64(self.node_start), K.kernel_arg(self.slot),
-                     K.kernel_arg(self.host_slot), K.kernel_arg(self.device_rows),
-                     self.host_rows, K.kernel_arg(out))
+            launch(gather_split_rows_kernel, out.numel(), kernel_arg(nodes),
+                     np.int64(self.node_start), kernel_arg(self.slot),
+                     kernel_arg(self.host_slot), kernel_arg(self.device_rows),
+                     self.host_rows, kernel_arg(out))
         return out

@@ -2,7 +2,7 @@
 
 Kernels are module-level ``@cuda.jit`` functions with one thread per item (frontier
 node, sampled neighbor, hash slot, feature element) and a bounds check first. Their
-launchers allocate outputs as torch tensors on :func:`torch_device`, return early on
+launchers allocate outputs as torch tensors on :func:`cuda_launch.torch_device`, return early on
 empty input, size the grid and launch on PyTorch's current stream, so kernels and torch
 ops stay ordered without a synchronisation. Tensors reach the kernels without a copy
 (:func:`kernel_arg`).
@@ -18,7 +18,6 @@ argument types every launcher passes; :mod:`ptx_check` compiles each kernel with
 from __future__ import annotations
 
 import math
-import types as pytypes
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,19 +28,8 @@ from numba import cuda
 from numba import types as nbt
 
 from sampling_server.sampler import rng
-from sampling_server.sampler.cuda_launch import (  # noqa: F401 - the launchers' plumbing, used through this module
-    BLOCK,
-    NUMBA_DRIVER_LOGGER,
-    SIM_BLOCK,
-    SIMULATOR,
-    _current_stream,
-    _device_view,
-    _simulated_wraparound,
-    host_mapped,
-    kernel_arg,
-    launch,
-    torch_device,
-)
+from sampling_server.sampler.cuda_launch import kernel_arg, launch
+from sampling_server.sampler.rng import clone
 
 #: Hash-table slot marker: no key.
 EMPTY = -1
@@ -52,11 +40,7 @@ NEVER = np.iinfo(np.int64).max
 def _device(fn: Callable[..., Any], **callees: Any) -> Any:
     """Compile the plain-Python helper ``fn`` as an inlined device function whose calls to
     ``callees`` (by global name) go to their device versions."""
-    env = dict(fn.__globals__)
-    env.update(callees)
-    clone = pytypes.FunctionType(fn.__code__, env, fn.__name__, fn.__defaults__, fn.__closure__)
-    clone.__qualname__, clone.__doc__ = fn.__qualname__, fn.__doc__
-    return cuda.jit(device=True, inline="always")(clone)
+    return cuda.jit(device=True, inline="always")(clone(fn, **callees))
 
 
 _mix64 = _device(rng.mix64)
@@ -65,10 +49,10 @@ _uniform = _device(rng.uniform, mix64=_mix64)
 _uniform_below = _device(rng.uniform_below, uniform=_uniform)
 
 # Argument types as the launchers pass them (C-contiguous arrays, int64/uint64 scalars).
-_I64 = nbt.int64[::1]
+I64 = nbt.int64[::1]
 _F32 = nbt.float32[::1]
 _F64 = nbt.float64[::1]
-_S64 = nbt.int64
+S64 = nbt.int64
 _KEY = nbt.uint64
 FEATURE_DTYPES = (nbt.float32, nbt.float16, nbt.float64)
 
@@ -78,7 +62,8 @@ SIGNATURES: dict[str, list[tuple[Any, ...]]] = {}
 KERNELS: dict[str, Any] = {}
 
 
-def _register(kernel: Any, *sigs: tuple[Any, ...]) -> None:
+def register(kernel: Any, *sigs: tuple[Any, ...]) -> None:
+    """Add ``kernel`` and its launchers' argument types to :data:`KERNELS` and :data:`SIGNATURES`."""
     name = kernel.__name__
     KERNELS[name] = kernel
     SIGNATURES[name] = list(sigs)
@@ -120,7 +105,7 @@ def count_kernel(nodes, indptr, node_start, fanout, replace, counts):  # type: i
         counts[i] = min(d, fanout)
 
 
-_register(count_kernel, (_I64, _I64, _S64, _S64, nbt.boolean, _I64))
+register(count_kernel, (I64, I64, S64, S64, nbt.boolean, I64))
 
 
 def count_draws(
@@ -140,17 +125,22 @@ def _copy_all(indices, lo, d, out, off):  # type: ignore[no-untyped-def]
         out[off + t] = indices[lo + t]
 
 
+@cuda.jit(device=True, inline="always")
+def _frontier_node(nodes, indptr, node_start, offsets, i):  # type: ignore[no-untyped-def]
+    """Frontier node i's row among the owned nodes, its first in-edge, its in-degree and
+    where its draws go in the output."""
+    v = nodes[i] - node_start
+    lo = indptr[v]
+    return v, lo, indptr[v + 1] - lo, offsets[i]
+
+
 @cuda.jit
 def fill_uniform_kernel(nodes, indptr, indices, orig_ids, node_start, fanout, key, hop, offsets, out):  # type: ignore[no-untyped-def]
     """Uniform draws without replacement (Robert Floyd's algorithm) of frontier node i."""
     i = cuda.grid(1)
     if i >= nodes.size:
         return
-    node = nodes[i]
-    v = node - node_start
-    lo = indptr[v]
-    d = indptr[v + 1] - lo
-    off = offsets[i]
+    v, lo, d, off = _frontier_node(nodes, indptr, node_start, offsets, i)
     if fanout < 0 or d <= fanout:
         _copy_all(indices, lo, d, out, off)
         return
@@ -175,11 +165,7 @@ def fill_uniform_replace_kernel(nodes, indptr, indices, orig_ids, node_start, fa
     i = cuda.grid(1)
     if i >= nodes.size:
         return
-    node = nodes[i]
-    v = node - node_start
-    lo = indptr[v]
-    d = indptr[v + 1] - lo
-    off = offsets[i]
+    v, lo, d, off = _frontier_node(nodes, indptr, node_start, offsets, i)
     if d == 0:
         return
     if fanout < 0:
@@ -190,9 +176,9 @@ def fill_uniform_replace_kernel(nodes, indptr, indices, orig_ids, node_start, fa
         out[off + t] = indices[lo + _uniform_below(stream, np.int64(t), d)]
 
 
-_FILL_SIG = (_I64, _I64, _I64, _I64, _S64, _S64, _KEY, _S64, _I64, _I64)
-_register(fill_uniform_kernel, _FILL_SIG)
-_register(fill_uniform_replace_kernel, _FILL_SIG)
+_FILL_SIG = (I64, I64, I64, I64, S64, S64, _KEY, S64, I64, I64)
+register(fill_uniform_kernel, _FILL_SIG)
+register(fill_uniform_replace_kernel, _FILL_SIG)
 
 
 @cuda.jit(device=True, inline="always")
@@ -250,11 +236,7 @@ def fill_weighted_kernel(nodes, indptr, indices, orig_ids, weight, node_start, f
     i = cuda.grid(1)
     if i >= nodes.size:
         return
-    node = nodes[i]
-    v = node - node_start
-    lo = indptr[v]
-    d = indptr[v + 1] - lo
-    off = offsets[i]
+    v, lo, d, off = _frontier_node(nodes, indptr, node_start, offsets, i)
     if fanout < 0 or d <= fanout:
         _copy_all(indices, lo, d, out, off)
         return
@@ -283,7 +265,7 @@ def fill_weighted_kernel(nodes, indptr, indices, orig_ids, weight, node_start, f
         out[off + t] = indices[lo + out[off + t]]
 
 
-_register(fill_weighted_kernel, (_I64, _I64, _I64, _I64, _F32, _S64, _S64, _KEY, _S64, _I64, _I64, _F64))
+register(fill_weighted_kernel, (I64, I64, I64, I64, _F32, S64, S64, _KEY, S64, I64, I64, _F64))
 
 
 @cuda.jit
@@ -295,11 +277,7 @@ def fill_weighted_replace_kernel(nodes, indptr, indices, orig_ids, cumweight, no
     i = cuda.grid(1)
     if i >= nodes.size:
         return
-    node = nodes[i]
-    v = node - node_start
-    lo = indptr[v]
-    d = indptr[v + 1] - lo
-    off = offsets[i]
+    v, lo, d, off = _frontier_node(nodes, indptr, node_start, offsets, i)
     if d == 0:
         return
     if fanout < 0:
@@ -321,7 +299,7 @@ def fill_weighted_replace_kernel(nodes, indptr, indices, orig_ids, cumweight, no
         out[off + t] = indices[a]
 
 
-_register(fill_weighted_replace_kernel, (_I64, _I64, _I64, _I64, _F64, _S64, _S64, _KEY, _S64, _I64, _I64))
+register(fill_weighted_replace_kernel, (I64, I64, I64, I64, _F64, S64, S64, _KEY, S64, I64, I64))
 
 
 def fill_draws(
@@ -440,12 +418,12 @@ def hash_lookup_kernel(nodes, keys, local, out):  # type: ignore[no-untyped-def]
         out[j] = local[_find(keys, nodes[j])]
 
 
-_register(hash_seed_kernel, (_I64, _I64, _I64, _I64))
-_register(hash_rehash_kernel, (_I64, _I64, _I64, _I64))
-_register(hash_first_kernel, (_I64, _I64, _I64))
-_register(hash_flag_new_kernel, (_I64, _I64, _I64, _I64, _I64))
-_register(hash_number_new_kernel, (_I64, _I64, _I64, _I64, _I64, _S64, _I64))
-_register(hash_lookup_kernel, (_I64, _I64, _I64, _I64))
+register(hash_seed_kernel, (I64, I64, I64, I64))
+register(hash_rehash_kernel, (I64, I64, I64, I64))
+register(hash_first_kernel, (I64, I64, I64))
+register(hash_flag_new_kernel, (I64, I64, I64, I64, I64))
+register(hash_number_new_kernel, (I64, I64, I64, I64, I64, S64, I64))
+register(hash_lookup_kernel, (I64, I64, I64, I64))
 
 
 class NodeTable:
@@ -528,7 +506,7 @@ def gather_labels_kernel(nodes, node_start, y, out):  # type: ignore[no-untyped-
         out[r] = y[nodes[r] - node_start]
 
 
-_register(gather_labels_kernel, (_I64, _S64, _I64, _I64))
+register(gather_labels_kernel, (I64, S64, I64, I64))
 
 
 def gather_labels(nodes: torch.Tensor, node_start: int, y: Any) -> torch.Tensor:

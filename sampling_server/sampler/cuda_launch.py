@@ -6,6 +6,7 @@ stream, so kernels and torch ops stay ordered without a synchronisation."""
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -88,15 +89,21 @@ def _device_view(t: torch.Tensor, dtype: np.dtype[Any]) -> Any:
     return DeviceNDArray(shape, tuple(reversed(strides)), dtype, gpu_data=pointer)
 
 
-def host_mapped(a: np.ndarray) -> Any:
-    """A copy of ``a`` in pinned, device-mapped host memory that kernels read over UVA
-    (a plain numpy copy under the simulator)."""
+def mapped_empty(shape: tuple[int, ...], dtype: Any) -> Any:
+    """Uninitialised pinned, device-mapped host memory that kernels read over UVA (numpy
+    under the simulator)."""
     if SIMULATOR:
-        return np.array(a, order="C")
-    if a.size == 0:  # nothing to map (kernels never read it)
-        return cuda.device_array(a.shape, a.dtype)
-    out = cuda.mapped_array(a.shape, a.dtype)
-    np.copyto(out, a)
+        return np.empty(shape, dtype)
+    if math.prod(shape) == 0:  # nothing to map (kernels never read it)
+        return cuda.device_array(shape, dtype)
+    return cuda.mapped_array(shape, dtype)
+
+
+def host_mapped(a: np.ndarray) -> Any:
+    """A copy of ``a`` in :func:`mapped_empty` memory."""
+    out = mapped_empty(a.shape, a.dtype)
+    if a.size:
+        np.copyto(out, a)
     return out
 
 

@@ -33,6 +33,7 @@ from sampling_server.sampler import cpu_kernels
 from sampling_server.sampler import cuda_kernels as K
 from sampling_server.sampler.base import NeighborSampler, NodeRows, Relabeler
 from sampling_server.sampler.cuda_features import FeatureTable
+from sampling_server.sampler.cuda_launch import SIMULATOR, host_mapped, kernel_arg, torch_device
 from sampling_server.sampler.types import HopSample
 
 TOPOLOGIES: tuple[str, ...] = ("device", "uva")
@@ -45,10 +46,6 @@ class CudaRelabeler(Relabeler):
     def __init__(self, seeds: torch.Tensor):
         self.table = K.NodeTable(K.table_capacity(int(seeds.numel())), seeds.device)
         K.table_insert_seeds(self.table, seeds)
-
-    def __len__(self) -> int:
-        """Nodes numbered so far."""
-        return self.table.size
 
     def add(self, neighbors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if neighbors.dtype != torch.int64:
@@ -75,7 +72,7 @@ class CudaNeighborSampler(NeighborSampler):
 
     #: Peer requests overlap this sampler's kernels, except under the CUDA simulator,
     #: whose launches are not thread-safe (each swaps module globals while it runs).
-    overlap_peers = not K.SIMULATOR
+    overlap_peers = not SIMULATOR
 
     def __init__(self, partition: Partition, *, replace: bool = False, weighted: bool = False,
                  topology: str = "device", gpu_cache_size: str | float | None = None,
@@ -96,7 +93,7 @@ class CudaNeighborSampler(NeighborSampler):
                                  f"a structure over [{self.hold[t][0]}, {self.hold[t][1]}), got one "
                                  f"over [{self.draw[t][0]}, {self.draw[t][1]})")
         self.topology = topology
-        self.device = K.torch_device()
+        self.device = torch_device()
         self._keep: list[torch.Tensor] = []  # device tensors behind kernel arguments
         csc = self.structure
         orig = {t: self._place(csc.orig_ids[t], np.int64) for t in self.node_types}
@@ -143,30 +140,23 @@ class CudaNeighborSampler(NeighborSampler):
         """``a`` as a kernel argument in device memory, or mapped host memory for UVA."""
         host = np.ascontiguousarray(a, dtype=dtype)
         if self.topology == "uva":
-            return K.host_mapped(host)
+            return host_mapped(host)
         t = torch.from_numpy(host if host.flags.writeable else host.copy()).to(self.device)
         self._keep.append(t)
-        return K.kernel_arg(t)
+        return kernel_arg(t)
 
-    def _ids(self, nodes: torch.Tensor, field: str) -> torch.Tensor:
+    def node_ids(self, nodes: torch.Tensor, field: str) -> torch.Tensor:
         if not isinstance(nodes, torch.Tensor) or nodes.dtype != torch.int64 or nodes.dim() != 1:
             got = (f"{nodes.dtype} of shape {list(nodes.shape)}"
                    if isinstance(nodes, torch.Tensor) else type(nodes).__name__)
             raise ValueError(f"{field}: expected a 1-D int64 tensor of node IDs, got {got}")
         return nodes.to(self.device).contiguous()
 
-    def sample_relation(self, edge_type: EdgeType, nodes: torch.Tensor, fanout: int, key: int,
-                        hop: int) -> HopSample:
-        et = self.check_edge_type(edge_type, "edge_type")
-        ids = self._ids(nodes, "nodes")
-        self.check_drawable(et[2], ids, "nodes")
-        return self.sample_owned(et, ids, fanout, key, hop)
-
     def sample_owned(self, edge_type: EdgeType, nodes: torch.Tensor, fanout: int, key: int,
                      hop: int) -> HopSample:
         if int(fanout) < -1:
             raise ValueError(f"fanout: expected an integer >= 0, or -1 for all; got {fanout}")
-        ids = self._ids(nodes, "nodes")
+        ids = self.node_ids(nodes, "nodes")
         csc = self.csc[edge_type]
         counts = K.count_draws(ids, csc.indptr, csc.node_start, int(fanout), self.replace)
         neighbors = K.fill_draws(ids, counts, csc, int(fanout), self.draw_key(key, edge_type), int(hop),
@@ -174,16 +164,10 @@ class CudaNeighborSampler(NeighborSampler):
         return HopSample(counts=counts, neighbors=neighbors)
 
     def new_relabeler(self, node_type: str, seeds: torch.Tensor) -> Relabeler:
-        return CudaRelabeler(self._ids(seeds, "seeds"))
-
-    def gather_local(self, node_type: str, nodes: torch.Tensor, features: bool, labels: bool) -> NodeRows:
-        self.check_node_type(node_type, "node_type")
-        ids = self._ids(nodes, "nodes")
-        self.check_held(node_type, ids, "nodes")
-        return self.gather_owned(node_type, ids, features, labels)
+        return CudaRelabeler(self.node_ids(seeds, "seeds"))
 
     def gather_owned(self, node_type: str, nodes: torch.Tensor, features: bool, labels: bool) -> NodeRows:
-        ids = self._ids(nodes, "nodes")
+        ids = self.node_ids(nodes, "nodes")
         table = self.feature_tables.get(node_type) if features else None
         x = table.gather(ids) if table is not None else None
         y = K.gather_labels(ids, self.hold[node_type][0], self._y) \

@@ -2,9 +2,9 @@
 
 The simulator accepts code that is not valid CUDA, so CI also compiles each kernel of
 :mod:`cuda_kernels` and :mod:`cuda_features` with the argument types its launcher passes
-(their ``SIGNATURES``, see :func:`kernel_signatures`) through ``numba.cuda.compile_ptx`` (libNVVM, no GPU or
-driver needed), then assembles the PTX with ``ptxas -v`` and reads back registers per
-thread, spills and stack use.
+(``cuda_kernels.SIGNATURES``, see :func:`kernel_signatures`) through
+``numba.cuda.compile_ptx`` (libNVVM, no GPU or driver needed), then assembles the PTX
+with ``ptxas -v`` and reads back registers per thread, spills and stack use.
 
 Run ``python -m sampling_server.sampler.ptx_check`` for a table (``--json`` for machine
 output). Exit status: 0 all kernels assembled, 1 a kernel failed (named), 2 the toolchain
@@ -109,10 +109,9 @@ def assemble(ptx: str, ptxas: str, cc: tuple[int, int], name: str) -> dict[str, 
 
 def kernel_signatures() -> list[tuple[str, Any, list[tuple[Any, ...]]]]:
     """``(name, kernel, argument-type tuples)`` of every CUDA kernel of the project."""
-    from sampling_server.sampler import cuda_features, cuda_kernels
+    from sampling_server.sampler import cuda_features, cuda_kernels  # noqa: F401 - registers its kernel
 
-    return [(name, module.KERNELS[name], sigs)
-            for module in (cuda_kernels, cuda_features) for name, sigs in module.SIGNATURES.items()]
+    return [(name, cuda_kernels.KERNELS[name], sigs) for name, sigs in cuda_kernels.SIGNATURES.items()]
 
 
 def check_kernels(cc: tuple[int, int] = DEFAULT_CC) -> list[KernelReport]:

@@ -4,10 +4,15 @@ Every draw is a pure function of ``(batch key, hop, node ID, draw index)``, so a
 reproducible after a failure, the CPU and CUDA samplers draw the same neighbors, and a
 peer that samples a remote frontier draws exactly what the owner of the whole graph
 would. The functions below are plain Python; :mod:`cpu_kernels` compiles them with
-``numba.njit`` and :mod:`cuda_kernels` with ``numba.cuda.jit(device=True)``.
+``numba.njit`` and :mod:`cuda_kernels` with ``numba.cuda.jit(device=True)``, each a
+:func:`clone` whose calls go to the compiled versions of its callees.
 """
 
 from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +55,17 @@ def batch_key(seed: int, epoch: int, rank: int, batch_index: int) -> int:
     for part in (epoch, rank, batch_index):
         z = _mix64_int((z ^ (part & _MASK)) * GOLDEN & _MASK)
     return z
+
+
+def clone(fn: Callable[..., Any], name: str = "", **names: Any) -> Callable[..., Any]:
+    """A copy of the plain function ``fn`` whose global ``names`` are rebound (an rng
+    function's calls, to their compiled versions), called ``name`` when given: a kernel's
+    code (``py_func``) compiled again with other options (``nogil``, no ``parallel``)
+    under a name of its own, which Numba's cache keeps apart from the first."""
+    env = {**fn.__globals__, **names} if names else fn.__globals__
+    out = types.FunctionType(fn.__code__, env, name or fn.__name__, fn.__defaults__, fn.__closure__)
+    out.__qualname__, out.__doc__ = name or fn.__qualname__, fn.__doc__
+    return out
 
 
 def _mix64_int(z: int) -> int:

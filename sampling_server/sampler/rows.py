@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from protos import allocator, halfcast
-from sampling_server.sampler import cpu_gather, cpu_kernels
+from sampling_server.sampler import cpu_gather, cpu_glue
 from sampling_server.sampler.types import HopSample
 
 T = TypeVar("T")
@@ -69,20 +69,19 @@ def original_ids(orig_ids: np.ndarray, nodes: np.ndarray, start: int, identity: 
                              start).astype(np.int64, copy=False)
 
 
-def owner_groups(owner: torch.Tensor, skip: int | None = None,
-                 num_parts: int | None = None) -> dict[int, torch.Tensor]:
-    """Per partition present in ``owner`` (partition IDs, one per node; ``skip`` left
-    out), the positions of its nodes, in order. The partitions present come from a count
-    per partition (one pass), not from sorting ``owner``; on the CPU, with ``num_parts``
-    (more than any ID in ``owner``), one counting sort that keeps the interpreter lock."""
+def owner_groups(owner: torch.Tensor, num_parts: int) -> dict[int, torch.Tensor]:
+    """Per partition present in ``owner`` (partition IDs below ``num_parts``, one per
+    node), the positions of its nodes, in order: on the CPU one counting sort that keeps
+    the interpreter lock; on a GPU the partitions present come from a count per partition
+    (one pass), not from sorting ``owner``."""
     if owner.numel() == 0:
         return {}
-    if owner.device.type == "cpu" and num_parts is not None:
-        order, starts = cpu_kernels.group_positions(owner.numpy(), num_parts)
+    if owner.device.type == "cpu":
+        order, starts = cpu_glue.group_positions(owner.numpy(), num_parts)
         return {p: torch.from_numpy(order[starts[p]:starts[p + 1]]) for p in range(num_parts)
-                if starts[p + 1] > starts[p] and p != skip}
+                if starts[p + 1] > starts[p]}
     present = torch.bincount(owner).nonzero().flatten().tolist()
-    return {p: torch.nonzero(owner == p).flatten() for p in present if p != skip}
+    return {p: torch.nonzero(owner == p).flatten() for p in present}
 
 
 def layout_of(blocks: Sequence[tuple[int, int, torch.Tensor]]) -> cpu_gather.RowBlocks | None:
@@ -107,9 +106,7 @@ def assign_rows_to_blocks(blocks: Sequence[tuple[int, int, torch.Tensor]],
     value = on_device(value, torch.device("cpu"))
     if layout is not None and value.dtype == blocks[0][2].dtype and value.dim() == 2 \
             and value.is_contiguous():
-        cpu_gather.scatter_into_blocks(numpy_words(value),
-                                       int64_array(pos),
-                                       layout)
+        cpu_gather.scatter_into(numpy_words(value), int64_array(pos), layout)
         return
     for a, _, rows, s, e in by_block(pos, blocks):
         assign_rows(rows, pos[s:e] - a, value[s:e])
@@ -127,7 +124,7 @@ def by_block(positions: torch.Tensor, blocks: Sequence[tuple[int, int, torch.Ten
 def take(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """``values[positions]`` (1-D); on the CPU in a call that keeps the interpreter lock."""
     if values.device.type == "cpu" and positions.device.type == "cpu":
-        return torch.from_numpy(cpu_kernels.take(values.numpy(), positions.numpy()))
+        return torch.from_numpy(cpu_glue.take(values.numpy(), positions.numpy()))
     return values[positions]
 
 
@@ -178,10 +175,10 @@ def merge_hop_samples(
     if device.type == "cpu":  # calls that keep the interpreter lock, and one kernel a part
         none = np.zeros(0, np.int64)
         part_counts = {g: int64_array(parts[g].counts) for g in positions}
-        full, offsets_np = cpu_kernels.run_offsets(
+        full, offsets_np = cpu_glue.run_offsets(
             frontier_size, np.concatenate([pos.numpy() for pos in positions.values()] or [none]),
             np.concatenate(list(part_counts.values()) or [none]))
-        neighbors_np = np.empty(cpu_kernels.total(full), dtype=np.int64)
+        neighbors_np = np.empty(cpu_glue.total(full), dtype=np.int64)
         for g, pos in positions.items():
             cpu_gather.place_runs(pos.numpy(), part_counts[g], int64_array(parts[g].neighbors),
                                   offsets_np, neighbors_np)
