@@ -47,8 +47,7 @@ from prometheus_client.registry import Collector
 
 from protos.slots import SLOT_REFUSAL
 from sampling_server.config import ServerConfig
-from sampling_server.limits import printable
-from sampling_server.store import RequestError
+from sampling_server.errors import RequestError, printable
 
 log = logging.getLogger(__name__)
 
