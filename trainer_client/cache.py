@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Protocol
 
 import numba
 import numpy as np
@@ -184,14 +183,6 @@ def plan_caches(size: tuple[str, float], graph: TypedGraph, wire_dtype: int | No
     return plan
 
 
-class CacheSource(Protocol):
-    """What fills a cache from the servers (a :class:`~trainer_client.cluster.Cluster`)."""
-
-    def fill_feature_cache(self, counts: Sequence[int], wire_dtype: int, device: torch.device, *,
-                           progress: bool | None = None, timeout: float = 600.0,
-                           reconnect: float = 15.0, node_type: str | None = None) -> FeatureCache: ...
-
-
 class FeatureCache:
     """Features of the hottest nodes of one node type on one device, by global node ID."""
 
@@ -218,17 +209,6 @@ class FeatureCache:
     def nbytes(self) -> int:
         """Device memory the cache takes (rows plus the slot index)."""
         return self.rows.numel() * self.rows.element_size() + self.slot.numel() * self.slot.element_size()
-
-    @classmethod
-    def fill(cls, source: CacheSource, counts: Sequence[int], wire_dtype: int, device: torch.device,
-             *, progress: bool | None = None, timeout: float = 600.0, reconnect: float = 15.0,
-             node_type: str | None = None) -> FeatureCache:
-        """A cache of ``counts`` filled from ``source``'s servers: a
-        :class:`~trainer_client.cluster.Cluster`'s :meth:`fill_feature_cache
-        <trainer_client.cluster.Cluster.fill_feature_cache>` (node type None: the plain
-        graph's, or a typed graph's target type)."""
-        return source.fill_feature_cache(counts, wire_dtype, device, progress=progress, timeout=timeout,
-                                         reconnect=reconnect, node_type=node_type)
 
     def assemble(self, x_missing: torch.Tensor, cached: torch.Tensor, n_id: torch.Tensor,
                  dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -163,9 +163,8 @@ class RemoteNeighborLoader:
         try:
             self.device = torch.device(device)
         except (RuntimeError, TypeError) as exc:
-            raise ValueError(
-                f"device: expected a torch device such as 'cpu' or 'cuda:0', got {device!r}"
-            ) from exc
+            raise ValueError(f"device: expected a torch device such as 'cpu' or 'cuda:0', got "
+                             f"{device!r}") from exc
         self.timeouts = StreamTimeouts(stall=stall_timeout, reconnect=reconnect_timeout)
         self.split = split
         #: Fanouts per hop: a list, or (typed graphs) a dict per edge type, as given.
@@ -190,11 +189,8 @@ class RemoteNeighborLoader:
         size = parse_cache_size("auto" if cache_size is None else cache_size)
         node_array = input_array(nodes, "input_nodes") if nodes is not None else None
         self._owns_cluster = not isinstance(servers, Cluster)
-        self.cluster = (
-            servers if isinstance(servers, Cluster)
-            else Cluster(servers, connect_timeout=connect_timeout, rpc_timeout=rpc_timeout,
-                         client_id=client_id)
-        )
+        self.cluster = servers if isinstance(servers, Cluster) else \
+            Cluster(servers, connect_timeout=connect_timeout, rpc_timeout=rpc_timeout, client_id=client_id)
         self.client_id = client_id or f"{self.cluster.client_id}-rank{self.rank}"
         #: The graph's facts (a plain graph as one node type and one edge type).
         self.graph: TypedGraph = self.cluster.graph
@@ -233,11 +229,6 @@ class RemoteNeighborLoader:
         return self.graph if self.graph.typed else None
 
     @property
-    def seed_type(self) -> str:
-        """Node type of the seeds (typed graphs; "" on a plain one)."""
-        return self._seeds_of if self.graph.typed else ""
-
-    @property
     def cache(self) -> FeatureCache | None:
         """A plain graph's feature cache (None: none; a typed graph's: :attr:`typed_caches`)."""
         return None if self.graph.typed else self.caches.get(self._seeds_of)
@@ -245,11 +236,6 @@ class RemoteNeighborLoader:
     @property
     def typed_caches(self) -> dict[str, FeatureCache]:
         return self.caches if self.graph.typed else {}
-
-    @property
-    def node_table(self) -> NodeTable | None:
-        """A plain graph's node table (None: none; a typed graph's: :attr:`typed_node_tables`)."""
-        return None if self.graph.typed else self.node_tables.get(self._seeds_of)
 
     @property
     def typed_node_tables(self) -> dict[str, NodeTable]:
@@ -389,10 +375,8 @@ class RemoteNeighborLoader:
             return plan_global_epoch(
                 self.num_seeds, self.batch_size, self.world_size, self.cluster.num_partitions,
                 shuffle=self.shuffle, seed=self.seed, epoch=epoch, drop_last=self.drop_last)
-        return plan_epoch(
-            self.seeds_per_partition, self.batch_size, self.world_size, shuffle=self.shuffle,
-            seed=self.seed, epoch=epoch, drop_last=self.drop_last,
-        )
+        return plan_epoch(self.seeds_per_partition, self.batch_size, self.world_size, shuffle=self.shuffle,
+                          seed=self.seed, epoch=epoch, drop_last=self.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration streams (shuffling and sampling draws).
