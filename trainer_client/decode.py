@@ -92,13 +92,8 @@ class BatchAssembler:
         self.pool = pool if pool is not None else BufferPool()
         if background_copies is None:
             background_copies = default_background_copies()
-        self._tensors = TensorAssembler(pool=self.pool, background_copies=background_copies,
-                                        pinned=pinned)
-        self._header: pb.MinibatchHeader | None = None
-        self._index = -1
-        self._next_chunk = 0
-        self._num_chunks = 0
-        self._nbytes = 0
+        self._tensors = TensorAssembler(pool=self.pool, background_copies=background_copies, pinned=pinned)
+        self.reset()
 
     @property
     def background_copies(self) -> bool:
@@ -113,11 +108,8 @@ class BatchAssembler:
     def reset(self) -> None:
         """Drop a partly received batch (e.g. after the stream broke)."""
         self._tensors.reset()
-        self._header = None
-        self._index = -1
-        self._next_chunk = 0
-        self._num_chunks = 0
-        self._nbytes = 0
+        self._header: pb.MinibatchHeader | None = None
+        self._index, self._next_chunk, self._num_chunks, self._nbytes = -1, 0, 0, 0
 
     def add(self, msg: pb.MinibatchChunk | WireMessage) -> DecodedBatch | None:
         """Add the next message; return the batch when it is complete."""
@@ -143,36 +135,28 @@ class BatchAssembler:
         """Check the first message of a batch and remember its header."""
         where = f"MinibatchChunk of batch {msg.batch_index}"
         if msg.chunk_index != 0:
-            raise BatchDecodeError(
-                f"{where}: chunk_index: expected 0 (first message of a batch), got {msg.chunk_index}"
-            )
+            raise BatchDecodeError(f"{where}: chunk_index: expected 0 (first message of a batch), got "
+                                   f"{msg.chunk_index}")
         if msg.num_chunks < 1:
             raise BatchDecodeError(f"{where}: num_chunks: expected >= 1, got {msg.num_chunks}")
         if msg.batch_index < 0:
             raise BatchDecodeError(f"MinibatchChunk.batch_index: expected >= 0, got {msg.batch_index}")
         if not msg.HasField("header"):
             raise BatchDecodeError(f"{where}: header: expected a MinibatchHeader on chunk 0, got none")
-        self._header = msg.header
-        self._index = msg.batch_index
-        self._num_chunks = msg.num_chunks
+        self._header, self._index, self._num_chunks = msg.header, msg.batch_index, msg.num_chunks
 
     def _check_next(self, msg: pb.MinibatchChunk | WireMessage) -> None:
         """Check that a later message continues the batch being received."""
         if msg.batch_index != self._index:
-            raise BatchDecodeError(
-                f"MinibatchChunk.batch_index: expected {self._index} (chunk {self._next_chunk} of "
-                f"{self._num_chunks}), got {msg.batch_index} (batch {self._index} is incomplete)"
-            )
+            raise BatchDecodeError(f"MinibatchChunk.batch_index: expected {self._index} (chunk "
+                                   f"{self._next_chunk} of {self._num_chunks}), got {msg.batch_index} (batch "
+                                   f"{self._index} is incomplete)")
         if msg.chunk_index != self._next_chunk:
-            raise BatchDecodeError(
-                f"MinibatchChunk of batch {self._index}: chunk_index: expected {self._next_chunk}, "
-                f"got {msg.chunk_index}"
-            )
+            raise BatchDecodeError(f"MinibatchChunk of batch {self._index}: chunk_index: expected "
+                                   f"{self._next_chunk}, got {msg.chunk_index}")
         if msg.num_chunks != self._num_chunks:
-            raise BatchDecodeError(
-                f"MinibatchChunk of batch {self._index}: num_chunks: expected {self._num_chunks} as "
-                f"in chunk 0, got {msg.num_chunks}"
-            )
+            raise BatchDecodeError(f"MinibatchChunk of batch {self._index}: num_chunks: expected "
+                                   f"{self._num_chunks} as in chunk 0, got {msg.num_chunks}")
 
 
 def decode_batch(messages: Iterable[pb.MinibatchChunk], spec: BatchSpec | None = None) -> DecodedBatch:
@@ -181,10 +165,8 @@ def decode_batch(messages: Iterable[pb.MinibatchChunk], spec: BatchSpec | None =
     batch: DecodedBatch | None = None
     for msg in messages:
         if batch is not None:
-            raise BatchDecodeError(
-                f"MinibatchChunk: expected the messages of one batch, got more after batch "
-                f"{batch.index} was complete (batch_index {msg.batch_index})"
-            )
+            raise BatchDecodeError(f"MinibatchChunk: expected the messages of one batch, got more after "
+                                   f"batch {batch.index} was complete (batch_index {msg.batch_index})")
         batch = assembler.add(msg)
     if batch is None:
         got = "only part of them" if assembler.pending else "none"
@@ -205,13 +187,9 @@ def pin_batch(data: Data | HeteroData) -> Data | HeteroData:
     return data
 
 
-def to_device(
-    data: Data | HeteroData,
-    device: torch.device | str,
-    *,
-    feature_dtype: torch.dtype | None = torch.float32,
-    non_blocking: bool = False,
-) -> Data | HeteroData:
+def to_device(data: Data | HeteroData, device: torch.device | str, *,
+              feature_dtype: torch.dtype | None = torch.float32,
+              non_blocking: bool = False) -> Data | HeteroData:
     """Move a batch to ``device`` and cast every ``x`` to ``feature_dtype`` there (keep:
     None).
 

@@ -56,14 +56,11 @@ def layerwise_logits(model: NodeClassifier, loader: RemoteNeighborLoader, *, dis
             h[seeds] = out
             if layer == 0:
                 y_all[seeds] = batch.y[: batch.batch_size]
-        if h is None:  # this rank had no batches: learn the width from the others
-            width = torch.zeros(1, dtype=torch.int64, device=device)
-            if distributed:
-                dist.all_reduce(width, op=dist.ReduceOp.MAX)
-            h = torch.zeros((num_nodes, int(width)), device=device)
-        elif distributed:
-            width = torch.tensor([h.shape[1]], dtype=torch.int64, device=device)
+        width = torch.tensor([0 if h is None else h.shape[1]], dtype=torch.int64, device=device)
+        if distributed:  # a rank without batches learns the width from the others
             dist.all_reduce(width, op=dist.ReduceOp.MAX)
+        if h is None:
+            h = torch.zeros((num_nodes, int(width)), device=device)
         if distributed:
             dist.all_reduce(h)
         h_prev = h

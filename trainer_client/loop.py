@@ -1,8 +1,9 @@
 """The training loop of ``graphfeed-train``, one for both kinds of graph.
 
 A :class:`Job` is what one run trains on: its batch sources (the servers' loaders, or the
-in-process loader of ``--partition-dir``), the graph's facts, how a model reads a
-batch (:class:`~trainer_client.models.BatchReader`) and how it is evaluated. :func:`run`
+in-process loader of ``--partition-dir``), the graph's facts and how it is evaluated
+(a model reads a batch of either kind through
+:func:`~trainer_client.typed_models.model_inputs`). :func:`run`
 trains it: each epoch trains on ``train``, evaluates ``val`` (each rank its share, counts
 summed over the ranks), keeps the best-validation weights, logs and checkpoints
 (:mod:`trainer_client.ddp`); the selected model is tested at the end.
@@ -19,8 +20,9 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import torch
@@ -42,12 +44,12 @@ from trainer_client.evaluate import accuracy_of, labeled, layerwise_logits
 from trainer_client.graph import PLAIN_NODE_TYPE, TypedGraph
 from trainer_client.in_process import InProcessLoader, LocalGraph
 from trainer_client.loader import MAX_SEEDS, RemoteNeighborLoader
-from trainer_client.models import MODELS, PLAIN_READER, BatchReader, NodeClassifier, build_model
+from trainer_client.models import MODELS, NodeClassifier, build_model, seed_labels
 from trainer_client.typed_models import (
     NEEDS_UNUSED_PARAMETER_SEARCH,
     TYPED_MODELS,
     build_typed_model,
-    typed_reader,
+    model_inputs,
 )
 
 log = logging.getLogger("trainer_client.train")
@@ -76,8 +78,6 @@ class Job:
     test: BatchSource
     #: The graph's facts.
     graph: TypedGraph
-    #: How a model reads a batch of this graph.
-    reader: BatchReader
     #: Fanouts of the sampled evaluation; None: full-neighbor layer-wise inference over
     #: :attr:`everything` (``val`` and ``test`` then only name their splits' nodes).
     eval_fanouts: list[int] | None
@@ -98,6 +98,15 @@ def evaluation_fanouts(args: argparse.Namespace, typed: bool) -> list[int] | Non
     return list(args.eval_fanouts) if args.eval_fanouts is not None else [-1] * len(args.fanouts)
 
 
+def _split_loaders(make: Callable[..., Any], args: argparse.Namespace, fanouts: list[int],
+                   **common: Any) -> list[Any]:
+    """The train, val and test loaders ``make(split, num_neighbors=, batch_size=, ...)``
+    builds: the training split shuffled, the others with ``fanouts``."""
+    return [make("train", num_neighbors=args.fanouts, batch_size=args.batch_size, shuffle=True, **common)] + \
+        [make(split, num_neighbors=fanouts, batch_size=args.eval_batch_size, shuffle=False, **common)
+         for split in ("val", "test")]
+
+
 def cluster_job(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> Job:
     """The loaders of this rank on the servers' graph, sharing the cluster's channels, with
     the trainer-side feature cache of ``--cache-size``."""
@@ -109,11 +118,8 @@ def cluster_job(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> Job
         reconnect_timeout=args.reconnect_timeout, cache_size=args.cache_size,
         cache_progress=None if env.rank == 0 and not args.no_progress else False)
     fanouts = evaluation_fanouts(args, graph.typed)
-    train, val, test = [RemoteNeighborLoader(cluster, split, num_neighbors=n, batch_size=b,
-                                             shuffle=split == "train", **common)
-               for split, n, b in (("train", args.fanouts, args.batch_size),
-                                   ("val", fanouts or [-1], args.eval_batch_size),
-                                   ("test", fanouts or [-1], args.eval_batch_size))]
+    train, val, test = _split_loaders(partial(RemoteNeighborLoader, cluster), args, fanouts or [-1],
+                                      **common)
     everything = None
     if fanouts is None:
         if cluster.info.num_nodes > MAX_SEEDS:
@@ -123,8 +129,7 @@ def cluster_job(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> Job
         all_nodes = torch.ones(int(cluster.info.num_nodes), dtype=torch.bool)
         everything = RemoteNeighborLoader(cluster, input_nodes=all_nodes, num_neighbors=[-1],
                                           batch_size=args.eval_batch_size, batches="partition", **common)
-    reader = typed_reader(graph.target_type) if graph.typed else PLAIN_READER
-    return Job(train, val, test, graph=graph, reader=reader, eval_fanouts=fanouts, everything=everything)
+    return Job(train, val, test, graph=graph, eval_fanouts=fanouts, everything=everything)
 
 
 def check_model_kind(model: str, graph: TypedGraph, where: str) -> None:
@@ -144,18 +149,10 @@ def partition_dir_job(args: argparse.Namespace, env: DistEnv) -> Job:
     every hop (the same logits as layer-wise inference, batch by batch)."""
     local = LocalGraph(args.partition_dir)
     check_model_kind(args.model, local.meta, "--partition-dir holds")
-    common: dict[str, Any] = dict(rank=env.rank, world_size=env.world_size, device=env.device, seed=args.seed)
-    fanouts = evaluation_fanouts(args, local.meta.typed)
-    if fanouts is None:
-        fanouts = [-1] * len(args.fanouts)
-    train, val, test = [InProcessLoader(local, split, num_neighbors=n, batch_size=b,
-                                        shuffle=split == "train", **common)
-                        for split, n, b in (("train", args.fanouts, args.batch_size),
-                                            ("val", fanouts, args.eval_batch_size),
-                                            ("test", fanouts, args.eval_batch_size))]
-    reader = typed_reader(local.meta.target_type) if local.meta.typed else PLAIN_READER
-    return Job(train, val, test, graph=local.meta, reader=reader, eval_fanouts=fanouts,
-               source="the partition directory's")
+    fanouts = evaluation_fanouts(args, local.meta.typed) or [-1] * len(args.fanouts)
+    train, val, test = _split_loaders(partial(InProcessLoader, local), args, fanouts, rank=env.rank,
+                                      world_size=env.world_size, device=env.device, seed=args.seed)
+    return Job(train, val, test, graph=local.meta, eval_fanouts=fanouts, source="the partition directory's")
 
 
 def build_job_model(args: argparse.Namespace, graph: TypedGraph) -> torch.nn.Module:
@@ -174,7 +171,7 @@ def model_config(args: argparse.Namespace, graph: TypedGraph) -> dict[str, Any]:
     return config if graph.typed else {**config, "heads": args.heads}
 
 
-def one_pass(model: torch.nn.Module, source: BatchSource, env: DistEnv, reader: BatchReader,
+def one_pass(model: torch.nn.Module, source: BatchSource, env: DistEnv,
              optimizer: torch.optim.Optimizer | None = None, *, progress: bool = False,
              epoch: int = 0) -> tuple[float, float, int, float, float]:
     """One pass over this rank's batches: a training step on each with ``optimizer``,
@@ -196,7 +193,7 @@ def one_pass(model: torch.nn.Module, source: BatchSource, env: DistEnv, reader: 
             waited += time.perf_counter() - asked
             if batch is None:
                 break
-            out, y = labeled(model(*reader.inputs(batch)), reader.labels(batch))
+            out, y = labeled(model(*model_inputs(batch)), seed_labels(batch))
             # Unlabeled seeds are masked out; an empty loss still takes part in DDP's sync.
             loss = F.cross_entropy(out, y, reduction="sum") / max(int(y.numel()), 1)
             if optimizer is not None:
@@ -220,8 +217,8 @@ def evaluate(model: torch.nn.Module, job: Job, env: DistEnv, *, test: bool) -> t
         logits, y = layerwise_logits(model, job.everything, distributed=env.distributed, device=env.device)
         val = accuracy_of(logits, y, job.val.input_nodes)
         return val, accuracy_of(logits, y, job.test.input_nodes) if test else -1.0
-    val = one_pass(model, job.val, env, job.reader)[1]
-    return val, one_pass(model, job.test, env, job.reader)[1] if test else -1.0
+    val = one_pass(model, job.val, env)[1]
+    return val, one_pass(model, job.test, env)[1] if test else -1.0
 
 
 def _traffic(source: BatchSource) -> tuple[float, float | None]:
@@ -261,7 +258,7 @@ def run(args: argparse.Namespace, env: DistEnv, job: Job) -> dict[str, Any]:
     started = time.perf_counter()
     for epoch in range(start, args.epochs):
         job.train.set_epoch(epoch)
-        loss, train_acc, seeds, train_s, waited = one_pass(ddp, job.train, env, job.reader, optimizer,
+        loss, train_acc, seeds, train_s, waited = one_pass(ddp, job.train, env, optimizer,
                                                            progress=progress, epoch=epoch)
         eval_started = time.perf_counter()
         val_acc, _ = evaluate(model, job, env, test=False)

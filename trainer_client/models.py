@@ -11,17 +11,25 @@ output holds the logits of the first ``batch_size`` nodes (the seeds).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
 from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 
 #: Model names, and the PyG class each builds.
 MODELS: dict[str, type[BasicGNN]] = {"sage": GraphSAGE, "gcn": GCN, "gat": GAT, "gin": GIN}
+
+
+def check_sizes(dropout: float, **sizes: int) -> None:
+    """Refuse a model's sizes that are not integers >= 1, or a dropout outside [0, 1)."""
+    for name, value in sizes.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout: expected 0 <= dropout < 1, got {dropout}")
 
 
 class NodeClassifier(torch.nn.Module):
@@ -44,12 +52,8 @@ class NodeClassifier(torch.nn.Module):
         super().__init__()
         if model not in MODELS:
             raise ValueError(f"model: expected one of {list(MODELS)}, got {model!r}")
-        for name, value in (("in_channels", in_channels), ("out_channels", out_channels),
-                            ("hidden_channels", hidden_channels), ("num_layers", num_layers)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout: expected 0 <= dropout < 1, got {dropout}")
+        check_sizes(dropout, in_channels=in_channels, out_channels=out_channels,
+                    hidden_channels=hidden_channels, num_layers=num_layers)
         kwargs: dict[str, int] = {}
         if model == "gat":
             if heads < 1 or hidden_channels % heads:
@@ -89,30 +93,18 @@ class NodeClassifier(torch.nn.Module):
 
 def batch_inputs(data: Data) -> tuple[Tensor, Tensor, int, list[int] | None, list[int] | None]:
     """The positional inputs of :meth:`NodeClassifier.forward` for a loader batch."""
-    return (
-        data.x, data.edge_index, int(data.batch_size),
-        data.num_sampled_nodes if "num_sampled_nodes" in data else None,
-        data.num_sampled_edges if "num_sampled_edges" in data else None,
-    )
+    return (data.x, data.edge_index, int(data.batch_size),
+            data.num_sampled_nodes if "num_sampled_nodes" in data else None,
+            data.num_sampled_edges if "num_sampled_edges" in data else None)
 
 
-def seed_labels(data: Data) -> Tensor:
-    """The labels of a loader batch's seeds (its first ``batch_size`` nodes)."""
-    y: Tensor = data.y[: int(data.batch_size)]
+def seed_labels(batch: Data | HeteroData) -> Tensor:
+    """The labels of a loader batch's seeds (-1: unlabeled), of either kind: the first
+    ``batch_size`` nodes of the store that has ``batch_size`` (a ``Data``'s own, a
+    ``HeteroData``'s seed type)."""
+    store = next(s for s in batch.node_stores if "batch_size" in s)
+    y: Tensor = store.y[: int(store.batch_size)]
     return y
-
-
-class BatchReader(NamedTuple):
-    """How a training loop reads a batch: the positional inputs of the model's ``forward``,
-    and the labels of the batch's seeds (-1: unlabeled). A typed model's:
-    :func:`trainer_client.typed_models.typed_reader`."""
-
-    inputs: Callable[[Any], tuple[Any, ...]]
-    labels: Callable[[Any], Tensor]
-
-
-#: How a :class:`NodeClassifier` reads a plain graph's ``Data`` batch.
-PLAIN_READER = BatchReader(batch_inputs, seed_labels)
 
 
 def build_model(
@@ -120,7 +112,5 @@ def build_model(
     dropout: float = 0.5, heads: int = 4, trim: bool = True,
 ) -> NodeClassifier:
     """A :class:`NodeClassifier` by model name (``sage``, ``gcn``, ``gat``, ``gin``)."""
-    return NodeClassifier(
-        name, in_channels, out_channels, hidden_channels=hidden_channels, num_layers=num_layers,
-        dropout=dropout, heads=heads, trim=trim,
-    )
+    return NodeClassifier(name, in_channels, out_channels, hidden_channels=hidden_channels,
+                          num_layers=num_layers, dropout=dropout, heads=heads, trim=trim)

@@ -36,16 +36,17 @@ are explicit (no lazy ``-1`` sizes), so the parameters exist before DDP wraps th
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch_geometric.data import HeteroData
+from torch_geometric.data import Data, HeteroData
 from torch_geometric.nn import SAGEConv, to_hetero
 from torch_geometric.utils import trim_to_layer
 
 from partitioner.graph import EdgeType
 from trainer_client.graph import TypedGraph
-from trainer_client.models import BatchReader
+from trainer_client.models import batch_inputs, check_sizes
 
 #: Typed model names and whether DDP must search for unused parameters.
 NEEDS_UNUSED_PARAMETER_SEARCH: dict[str, bool] = {"rgcn": False, "hetero-sage": True}
@@ -57,9 +58,10 @@ TypedBatchInputs = tuple[dict[str, Tensor], dict[EdgeType, Tensor], dict[str, Te
                          dict[str, list[int]] | None, dict[EdgeType, list[int]] | None]
 
 
-def check_graph(graph: TypedGraph) -> None:
-    """Refuse a graph a typed model cannot be built for: a featureless type without its
-    node count (its embedding's rows), or no classes."""
+def check_graph(graph: TypedGraph, hidden_channels: int, num_layers: int, dropout: float) -> None:
+    """Refuse sizes a typed model cannot take, or a graph it cannot be built for: a
+    featureless type without its node count (its embedding's rows), or no classes."""
+    check_sizes(dropout, hidden_channels=hidden_channels, num_layers=num_layers)
     for t in graph.node_types:
         if graph.feature_dims.get(t, 0) <= 0 and graph.num_nodes.get(t, 0) <= 0:
             raise ValueError(f"num_nodes[{t!r}]: a node type without features needs its node "
@@ -146,8 +148,7 @@ class RGCN(nn.Module):
     def __init__(self, graph: TypedGraph, *, hidden_channels: int = 64, num_layers: int = 2,
                  dropout: float = 0.5) -> None:
         super().__init__()
-        _check_sizes(hidden_channels, num_layers, dropout)
-        check_graph(graph)
+        check_graph(graph, hidden_channels, num_layers, dropout)
         self.target_type, self.dropout, self.num_layers = graph.target_type, dropout, num_layers
         plan = layer_plan(graph, num_layers)
         self.input = TypedInput(graph, hidden_channels, _input_types(graph, plan))
@@ -198,8 +199,7 @@ class TypedSAGE(nn.Module):
     def __init__(self, graph: TypedGraph, *, hidden_channels: int = 64, num_layers: int = 2,
                  dropout: float = 0.5) -> None:
         super().__init__()
-        _check_sizes(hidden_channels, num_layers, dropout)
-        check_graph(graph)
+        check_graph(graph, hidden_channels, num_layers, dropout)
         self.target_type = graph.target_type
         self.input = TypedInput(graph, hidden_channels)
         stack = _SAGEStack(hidden_channels, graph.num_classes, num_layers, dropout)
@@ -213,14 +213,6 @@ class TypedSAGE(nn.Module):
         h = self.input(x_dict, n_id_dict)
         out = self.gnn(h, dict(edge_index_dict))
         return out[self.target_type][:batch_size]
-
-
-def _check_sizes(hidden: int, num_layers: int, dropout: float) -> None:
-    for name, value in (("hidden_channels", hidden), ("num_layers", num_layers)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout: expected 0 <= dropout < 1, got {dropout}")
 
 
 def _can_trim(nodes: Mapping[str, list[int]] | None, edges: Mapping[EdgeType, list[int]] | None,
@@ -245,15 +237,11 @@ def typed_batch_inputs(batch: HeteroData) -> TypedBatchInputs:
             {tuple(k): v for k, v in sampled.items()} if isinstance(sampled, dict) else None)
 
 
-def typed_reader(target_type: str) -> BatchReader:
-    """How a typed model reads a batch: :func:`typed_batch_inputs`, and the labels of the
-    seeds (``target_type``'s first ``batch_size`` nodes)."""
-    def labels(batch: HeteroData) -> Tensor:
-        store = batch[target_type]
-        y: Tensor = store.y[: int(store.batch_size)]
-        return y
-
-    return BatchReader(typed_batch_inputs, labels)
+def model_inputs(batch: Data | HeteroData) -> tuple[Any, ...]:
+    """The positional inputs of a model's ``forward`` for a batch of either kind: a
+    plain graph's ``Data`` (:func:`~trainer_client.models.batch_inputs`) or a typed one
+    (:func:`typed_batch_inputs`)."""
+    return typed_batch_inputs(batch) if isinstance(batch, HeteroData) else batch_inputs(batch)
 
 
 def build_typed_model(name: str, graph: TypedGraph, *, hidden_channels: int = 64, num_layers: int = 2,
