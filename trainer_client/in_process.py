@@ -30,6 +30,7 @@ from partitioner.manifest import Manifest, read_manifest
 from protos.plan import plan_global_epoch
 from sampling_server.sampler import InProcessPeers, batch_key, create_sampler, to_pyg_data
 from trainer_client.graph import TypedGraph
+from trainer_client.inputs import check_int, split_name
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +95,9 @@ class InProcessLoader:
                  drop_last: bool = False, rank: int = 0, world_size: int = 1,
                  device: str | torch.device = "cpu", seed: int = 0) -> None:
         self.graph = graph if isinstance(graph, LocalGraph) else LocalGraph(graph)
-        if split == "valid":
-            split = "val"
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size!r}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank: expected 0 <= rank < world_size={world_size}, got {rank}")
+        split = split_name(split)
+        check_int("batch_size", batch_size, 1)
+        check_int("rank", rank, 0, world_size - 1)
         self.split, self.num_neighbors = split, [int(f) for f in num_neighbors]
         self.batch_size, self.shuffle, self.drop_last = batch_size, bool(shuffle), bool(drop_last)
         self.rank, self.world_size, self.seed = rank, world_size, int(seed)
@@ -125,9 +123,7 @@ class InProcessLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Plan epoch ``epoch`` (its shuffle and draws); the same on every rank."""
-        if not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch: expected an integer >= 0, got {epoch!r}")
-        self.epoch, self._plan = epoch, self._make_plan(epoch)
+        self.epoch, self._plan = check_int("epoch", epoch, 0), self._make_plan(epoch)
 
     def __len__(self) -> int:
         return int(self._plan.batches_per_rank)
@@ -141,11 +137,8 @@ class InProcessLoader:
                                       batch_key(self.seed, self.epoch, self.rank, ref.index),
                                       remote=self.graph.peers)
             data = to_pyg_data(batch, plain=plain)
-            input_id = torch.from_numpy(np.asarray(positions, dtype=np.int64))
-            if plain:
-                data.input_id = input_id
-            else:
-                data[target].input_id = input_id
+            seeds_store = data if plain else data[target]
+            seeds_store.input_id = torch.from_numpy(np.asarray(positions, dtype=np.int64))
             yield data.to(self.device) if self.device.type != "cpu" else data
 
     def __repr__(self) -> str:
