@@ -102,11 +102,11 @@ def resolve_device(device: str, local_rank: int) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
         raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {device!r}") from None
     if dev.type == "cpu":
         return dev
-    if dev.type != "cuda":
-        raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {device!r}")
     if not torch.cuda.is_available():
         raise ValueError(f"--device {device}: CUDA is not available here (torch.cuda.is_available() is "
                          "False); use --device cpu, or auto")
@@ -130,7 +130,6 @@ def all_reduce_sums(values: Sequence[float], env: DistEnv) -> list[float]:
     t = torch.tensor(list(values), dtype=torch.float64, device=env.comm_device)
     dist.all_reduce(t)
     return [float(v) for v in t.tolist()]
-
 
 
 # ---- figures of an epoch ---------------------------------------------------------------
@@ -292,11 +291,9 @@ class Selection:
         return cls(int(best["epoch"]), float(best["val_acc"]), state)
 
 
-
-def resume_state(
-    args: argparse.Namespace, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-    record: RunRecord, env: DistEnv,
-) -> tuple[Path | None, Path | None, int, list[dict[str, Any]], Selection]:
+def resume_state(args: argparse.Namespace, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 record: RunRecord, env: DistEnv
+                 ) -> tuple[Path | None, Path | None, int, list[dict[str, Any]], Selection]:
     """The checkpoint paths (None without ``--checkpoint-dir``), the first epoch, the history
     and the best-validation selection: from the checkpoint with ``--resume``, else fresh."""
     ckpt = args.checkpoint_dir / CHECKPOINT_NAME if args.checkpoint_dir else None

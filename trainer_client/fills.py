@@ -21,14 +21,7 @@ from tqdm import tqdm
 
 from protos import allocator, compact
 from protos import sampling_pb2 as pb
-from protos.channel import (
-    Backoff,
-    GraphfeedError,
-    RetryFailure,
-    ServerUnavailable,
-    error_from_rpc,
-    retry,
-)
+from protos.channel import Backoff, GraphfeedError, RetryFailure, ServerUnavailable, error_from_rpc, retry
 from protos.codec import decode_tensor, decode_tensor_torch, dtype_name, dtype_to_torch
 from trainer_client import cache
 from trainer_client.cache import CacheError, FeatureCache
