@@ -35,18 +35,8 @@ def check_sizes(dropout: float, **sizes: int) -> None:
 class NodeClassifier(torch.nn.Module):
     """A ``basic_gnn`` model that returns the seeds' logits of a sampled batch."""
 
-    def __init__(
-        self,
-        model: str,
-        in_channels: int,
-        out_channels: int,
-        *,
-        hidden_channels: int = 256,
-        num_layers: int = 2,
-        dropout: float = 0.5,
-        heads: int = 4,
-        trim: bool = True,
-    ) -> None:
+    def __init__(self, model: str, in_channels: int, out_channels: int, *, hidden_channels: int = 256,
+                 num_layers: int = 2, dropout: float = 0.5, heads: int = 4, trim: bool = True) -> None:
         """``model``: one of :data:`MODELS`; ``heads``: attention heads (GAT only;
         ``hidden_channels`` must be a multiple); ``trim``: use ``trim_to_layer``."""
         super().__init__()
@@ -57,37 +47,26 @@ class NodeClassifier(torch.nn.Module):
         kwargs: dict[str, int] = {}
         if model == "gat":
             if heads < 1 or hidden_channels % heads:
-                raise ValueError(
-                    f"heads: expected an integer >= 1 dividing hidden_channels={hidden_channels}, got {heads}"
-                )
+                raise ValueError(f"heads: expected an integer >= 1 dividing hidden_channels="
+                                 f"{hidden_channels}, got {heads}")
             kwargs["heads"] = heads
         self.model_name = model
         self.num_layers = num_layers
         #: Whether forward uses trim_to_layer (never for GCN, see the module docstring).
         self.trim = trim and model != "gcn"
-        self.gnn = MODELS[model](
-            in_channels, hidden_channels, num_layers, out_channels=out_channels, dropout=dropout, **kwargs
-        )
+        self.gnn = MODELS[model](in_channels, hidden_channels, num_layers, out_channels=out_channels,
+                                 dropout=dropout, **kwargs)
 
-    def forward(
-        self,
-        x: Tensor,
-        edge_index: Tensor,
-        batch_size: int | None = None,
-        num_sampled_nodes: Sequence[int] | None = None,
-        num_sampled_edges: Sequence[int] | None = None,
-    ) -> Tensor:
+    def forward(self, x: Tensor, edge_index: Tensor, batch_size: int | None = None,
+                num_sampled_nodes: Sequence[int] | None = None,
+                num_sampled_edges: Sequence[int] | None = None) -> Tensor:
         """Logits ``[batch_size, out_channels]`` of the first ``batch_size`` nodes (all
         nodes when ``batch_size`` is None)."""
-        trim = (
-            self.trim and num_sampled_nodes is not None and num_sampled_edges is not None
+        trim = self.trim and num_sampled_nodes is not None and num_sampled_edges is not None \
             and len(num_sampled_edges) >= self.num_layers
-        )
-        out = self.gnn(
-            x, edge_index,
-            num_sampled_nodes_per_hop=list(num_sampled_nodes) if trim and num_sampled_nodes else None,
-            num_sampled_edges_per_hop=list(num_sampled_edges) if trim and num_sampled_edges else None,
-        )
+        nodes = list(num_sampled_nodes) if trim and num_sampled_nodes else None
+        edges = list(num_sampled_edges) if trim and num_sampled_edges else None
+        out = self.gnn(x, edge_index, num_sampled_nodes_per_hop=nodes, num_sampled_edges_per_hop=edges)
         return out if batch_size is None else out[:batch_size]
 
 
@@ -107,10 +86,9 @@ def seed_labels(batch: Data | HeteroData) -> Tensor:
     return y
 
 
-def build_model(
-    name: str, in_channels: int, out_channels: int, *, hidden_channels: int = 256, num_layers: int = 2,
-    dropout: float = 0.5, heads: int = 4, trim: bool = True,
-) -> NodeClassifier:
+def build_model(name: str, in_channels: int, out_channels: int, *, hidden_channels: int = 256,
+                num_layers: int = 2, dropout: float = 0.5, heads: int = 4,
+                trim: bool = True) -> NodeClassifier:
     """A :class:`NodeClassifier` by model name (``sage``, ``gcn``, ``gat``, ``gin``)."""
     return NodeClassifier(name, in_channels, out_channels, hidden_channels=hidden_channels,
                           num_layers=num_layers, dropout=dropout, heads=heads, trim=trim)

@@ -83,12 +83,6 @@ def layer_plan(graph: TypedGraph, num_layers: int) -> list[tuple[list[EdgeType],
     return plan
 
 
-def _input_types(graph: TypedGraph, plan: Sequence[tuple[list[EdgeType], list[str]]]) -> list[str]:
-    relations, outputs = plan[0]
-    used = set(outputs) | {et[0] for et in relations}
-    return [t for t in graph.node_types if t in used]
-
-
 class TypedInput(nn.Module):
     """Every node type to ``hidden`` channels: a ``Linear`` for types with features, an
     ``nn.Embedding`` (indexed by ``n_id``) for types without."""
@@ -151,7 +145,8 @@ class RGCN(nn.Module):
         check_graph(graph, hidden_channels, num_layers, dropout)
         self.target_type, self.dropout, self.num_layers = graph.target_type, dropout, num_layers
         plan = layer_plan(graph, num_layers)
-        self.input = TypedInput(graph, hidden_channels, _input_types(graph, plan))
+        used = set(plan[0][1]) | {et[0] for et in plan[0][0]}  # the first layer's outputs and sources
+        self.input = TypedInput(graph, hidden_channels, [t for t in graph.node_types if t in used])
         widths = [hidden_channels] * num_layers + [graph.num_classes]
         self.layers = nn.ModuleList([RGCNLayer(rels, outs, widths[i], widths[i + 1])
                                      for i, (rels, outs) in enumerate(plan)])
@@ -163,10 +158,9 @@ class RGCN(nn.Module):
         """Logits ``[batch_size, num_classes]`` of the target type's seeds."""
         h = self.input(x_dict, n_id_dict)
         edges: dict[EdgeType, Tensor] = dict(edge_index_dict)
-        trim = _can_trim(num_sampled_nodes, num_sampled_edges, self.num_layers)
         for i, layer in enumerate(self.layers):
-            if trim and i > 0:
-                assert num_sampled_nodes is not None and num_sampled_edges is not None
+            if i > 0 and num_sampled_nodes and num_sampled_edges and \
+                    all(len(v) >= self.num_layers for v in num_sampled_edges.values()):
                 h, edges, _ = trim_to_layer(i, num_sampled_nodes, num_sampled_edges, h, edges)
             h = layer(h, edges)
             if i < self.num_layers - 1:
@@ -215,11 +209,6 @@ class TypedSAGE(nn.Module):
         return out[self.target_type][:batch_size]
 
 
-def _can_trim(nodes: Mapping[str, list[int]] | None, edges: Mapping[EdgeType, list[int]] | None,
-              num_layers: int) -> bool:
-    return bool(nodes) and bool(edges) and all(len(v) >= num_layers for v in edges.values())  # type: ignore[union-attr]
-
-
 def typed_batch_inputs(batch: HeteroData) -> TypedBatchInputs:
     """The inputs of a typed model's ``forward`` for a batch laid out as PyG's hetero
     ``NeighborLoader`` lays it out (``batch_size`` on the target type)."""
@@ -247,8 +236,7 @@ def model_inputs(batch: Data | HeteroData) -> tuple[Any, ...]:
 def build_typed_model(name: str, graph: TypedGraph, *, hidden_channels: int = 64, num_layers: int = 2,
                       dropout: float = 0.5) -> RGCN | TypedSAGE:
     """A typed node classifier by name (``rgcn`` or ``hetero-sage``)."""
-    if name == "rgcn":
-        return RGCN(graph, hidden_channels=hidden_channels, num_layers=num_layers, dropout=dropout)
-    if name == "hetero-sage":
-        return TypedSAGE(graph, hidden_channels=hidden_channels, num_layers=num_layers, dropout=dropout)
-    raise ValueError(f"model: expected one of {list(TYPED_MODELS)}, got {name!r}")
+    classes: dict[str, type[RGCN] | type[TypedSAGE]] = {"rgcn": RGCN, "hetero-sage": TypedSAGE}
+    if name not in classes:
+        raise ValueError(f"model: expected one of {list(TYPED_MODELS)}, got {name!r}")
+    return classes[name](graph, hidden_channels=hidden_channels, num_layers=num_layers, dropout=dropout)
