@@ -212,17 +212,13 @@ def edge_fanouts(num_neighbors: Mapping[EdgeType | str, Sequence[int]], graph: T
 def request_fanouts(seed_type: str, num_neighbors: NumNeighbors, graph: TypedGraph
                     ) -> tuple[list[int], pb.TypedEpochOptions | None]:
     """``EpochRequest.fanouts`` and ``EpochRequest.typed`` (None on a plain graph)."""
-    if not graph.typed:
-        return [int(f) for f in num_neighbors], None  # type: ignore[arg-type]
     if isinstance(num_neighbors, Mapping):
         return [], pb.TypedEpochOptions(seed_type=seed_type, edge_fanouts=edge_fanouts(num_neighbors, graph))
-    return [int(f) for f in num_neighbors], pb.TypedEpochOptions(seed_type=seed_type)
+    return [int(f) for f in num_neighbors], pb.TypedEpochOptions(seed_type=seed_type) if graph.typed else None
 
 
-def check_settings(
-    num_neighbors: NumNeighbors, batch_size: int, rank: int, world_size: int, prefetch: int,
-    seed: int, feature_dtype: str,
-) -> None:
+def check_settings(num_neighbors: NumNeighbors, batch_size: int, rank: int, world_size: int, prefetch: int,
+                   seed: int, feature_dtype: str) -> None:
     """Check the plain arguments; errors name the field."""
     for fanouts in fanout_lists(num_neighbors):
         if not fanouts or not all(is_int(f) for f in fanouts):
@@ -236,6 +232,4 @@ def check_settings(
     check_int("prefetch", prefetch, 1)
     check_int("seed", seed, 0, 2**64 - 1)
     if feature_dtype not in WIRE_FEATURE_DTYPES:
-        raise ValueError(
-            f"feature_dtype: expected one of {list(WIRE_FEATURE_DTYPES)}, got {feature_dtype!r}"
-        )
+        raise ValueError(f"feature_dtype: expected one of {list(WIRE_FEATURE_DTYPES)}, got {feature_dtype!r}")

@@ -67,6 +67,7 @@ from trainer_client.stream import EpochStream, ServerStream, StreamStats, Stream
 
 log = logging.getLogger(__name__)
 
+
 class RemoteNeighborLoader:
     """Yields PyG ``Data`` minibatches of one rank's epoch, sampled by graphfeed servers.
 
@@ -86,38 +87,17 @@ class RemoteNeighborLoader:
     """
 
     def __init__(
-        self,
-        servers: Sequence[str] | str | Cluster,
-        split: str | None = None,
-        *,
+        self, servers: Sequence[str] | str | Cluster, split: str | None = None, *,
         input_nodes: InputNodes | str | tuple[str, InputNodes | None] | None = None,
-        seeds: InputNodes | None = None,
-        num_neighbors: NumNeighbors,
-        batch_size: int,
-        shuffle: bool = False,
-        drop_last: bool = False,
-        batches: str = "global",
-        rank: int = 0,
-        world_size: int = 1,
-        device: str | torch.device = "cpu",
-        prefetch: int = 4,
-        seed: int = 0,
-        feature_dtype: str = "float32",
-        cast_features: bool = True,
-        include_labels: bool = True,
-        replace: bool = False,
-        weighted: bool = False,
-        pin_memory: bool | None = None,
-        return_internal_ids: bool = False,
-        connect_timeout: float = 60.0,
-        stall_timeout: float = 60.0,
-        reconnect_timeout: float = 15.0,
-        rpc_timeout: float = 30.0,
-        client_id: str | None = None,
-        cache_size: float | str | None = None,
-        cache_progress: bool | None = None,
-        compact_indices: bool = True,
-        **unsupported: object,
+        seeds: InputNodes | None = None, num_neighbors: NumNeighbors, batch_size: int,
+        shuffle: bool = False, drop_last: bool = False, batches: str = "global", rank: int = 0,
+        world_size: int = 1, device: str | torch.device = "cpu", prefetch: int = 4, seed: int = 0,
+        feature_dtype: str = "float32", cast_features: bool = True, include_labels: bool = True,
+        replace: bool = False, weighted: bool = False, pin_memory: bool | None = None,
+        return_internal_ids: bool = False, connect_timeout: float = 60.0, stall_timeout: float = 60.0,
+        reconnect_timeout: float = 15.0, rpc_timeout: float = 30.0, client_id: str | None = None,
+        cache_size: float | str | None = None, cache_progress: bool | None = None,
+        compact_indices: bool = True, **unsupported: object,
     ) -> None:
         """Check the arguments, connect to the servers and plan epoch 0.
 
@@ -171,16 +151,12 @@ class RemoteNeighborLoader:
         self.num_neighbors: list[int] | dict[EdgeType | str, list[int]] = (
             {k: [int(f) for f in v] for k, v in num_neighbors.items()}
             if isinstance(num_neighbors, Mapping) else [int(f) for f in num_neighbors])
-        self.batch_size = int(batch_size)
-        self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
-        self.batches = batches
-        self.rank, self.world_size = int(rank), int(world_size)
-        self.prefetch, self.seed = int(prefetch), int(seed)
-        self.feature_dtype = feature_dtype
+        self.batch_size, self.shuffle, self.drop_last = int(batch_size), bool(shuffle), bool(drop_last)
+        self.batches, self.rank, self.world_size = batches, int(rank), int(world_size)
+        self.prefetch, self.seed, self.feature_dtype = int(prefetch), int(seed), feature_dtype
         self.cast_features, self.include_labels = bool(cast_features), bool(include_labels)
         self.replace, self.weighted = bool(replace), bool(weighted)
-        self.return_internal_ids = bool(return_internal_ids)
-        self.compact_indices = bool(compact_indices)
+        self.return_internal_ids, self.compact_indices = bool(return_internal_ids), bool(compact_indices)
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else bool(pin_memory)
         if self.pin_memory and not torch.cuda.is_available():  # as torch's DataLoader does
             log.warning("pin_memory=True: no CUDA device here, so no pinned memory; batches "
@@ -219,7 +195,10 @@ class RemoteNeighborLoader:
         self.epoch = 0
         self._iterated = False
         self._plan = self.plan(0)
-        self._warn_if_empty()
+        if len(self) == 0:
+            log.warning("drop_last: the epoch has no batches: %d seeds are fewer than batch_size=%d "
+                        "x world_size=%d; use a smaller batch_size or drop_last=False",
+                        self.num_seeds, self.batch_size, self.world_size)
 
     # ---- the graph's facts, as each kind of graph names them ---------------------------
 
@@ -277,15 +256,13 @@ class RemoteNeighborLoader:
             assert self.split is not None
             original, internal = self.cluster.split_nodes(self.split)
             if original.size == 0:
-                raise ValueError(
-                    f"split: the graph has no {self.split!r} nodes on any partition (nothing to "
-                    f"iterate); pass input_nodes=, or partition the graph with a {self.split!r} split")
+                raise ValueError(f"split: the graph has no {self.split!r} nodes on any partition (nothing "
+                                 "to iterate); pass input_nodes=, or partition the graph with a "
+                                 f"{self.split!r} split")
             if original.size > MAX_SEEDS:
                 raise ValueError(f"split: expected at most {MAX_SEEDS} nodes (one message), got "
                                  f"{original.size}; pass input_nodes= slices")
-        self._input_nodes = original
-        self._seeds = internal
-        self._seeds_tensor = encode_tensor(internal)
+        self._input_nodes, self._seeds, self._seeds_tensor = original, internal, encode_tensor(internal)
         owner = self.cluster.partition_of(internal, self._seeds_of)
         self._positions = [np.flatnonzero(owner == p) for p in range(self.cluster.num_partitions)]
         self._seed_counts = [int(p.size) for p in self._positions]
@@ -322,12 +299,6 @@ class RemoteNeighborLoader:
                         list(KNOWN_HOT_ORDERS))
             return False
         return True
-
-    def _warn_if_empty(self) -> None:
-        if len(self) == 0:
-            log.warning("drop_last: the epoch has no batches: %d seeds are fewer than batch_size=%d "
-                        "x world_size=%d; use a smaller batch_size or drop_last=False",
-                        self.num_seeds, self.batch_size, self.world_size)
 
     # ---- facts -----------------------------------------------------------------------
 
@@ -372,9 +343,9 @@ class RemoteNeighborLoader:
     def plan(self, epoch: int) -> EpochPlan | GlobalPlan:
         """The plan of ``epoch`` (the same as every server and rank computes)."""
         if self.batches == "global":
-            return plan_global_epoch(
-                self.num_seeds, self.batch_size, self.world_size, self.cluster.num_partitions,
-                shuffle=self.shuffle, seed=self.seed, epoch=epoch, drop_last=self.drop_last)
+            return plan_global_epoch(self.num_seeds, self.batch_size, self.world_size,
+                                     self.cluster.num_partitions, shuffle=self.shuffle, seed=self.seed,
+                                     epoch=epoch, drop_last=self.drop_last)
         return plan_epoch(self.seeds_per_partition, self.batch_size, self.world_size, shuffle=self.shuffle,
                           seed=self.seed, epoch=epoch, drop_last=self.drop_last)
 
@@ -402,14 +373,10 @@ class RemoteNeighborLoader:
     # ---- streaming -------------------------------------------------------------------
 
     @property
-    def _ids_on_wire(self) -> bool:
-        """Whether batches carry original IDs (not when node tables have them)."""
-        return not self.node_tables
-
-    @property
     def _labels_on_wire(self) -> bool:
-        """Whether batches carry "y" (not when the node table has the labels)."""
-        return self.include_labels and self._ids_on_wire
+        """Whether batches carry "y" (not when node tables have the labels, and the
+        original IDs)."""
+        return self.include_labels and not self.node_tables
 
     def _request(self) -> pb.EpochRequest:
         fanouts, typed = request_fanouts(self._seeds_of, self.num_neighbors, self.graph)
@@ -420,9 +387,8 @@ class RemoteNeighborLoader:
             feature_dtype=WIRE_FEATURE_DTYPES[self.feature_dtype],  # type: ignore[arg-type]
             sampling=pb.SamplingOptions(replace=self.replace, weighted=self.weighted),
             include_features=True, include_labels=self._labels_on_wire, client_id=self.client_id,
-            global_batches=self.batches == "global", include_original_ids=self._ids_on_wire,
-            compact_indices=self.compact_indices,
-        )
+            global_batches=self.batches == "global", include_original_ids=not self.node_tables,
+            compact_indices=self.compact_indices)
         request.seeds.CopyFrom(self._seeds_tensor)
         if typed is not None:
             request.typed.CopyFrom(typed)
@@ -436,21 +402,15 @@ class RemoteNeighborLoader:
     def stream(self, finish: Callable[[DecodedBatch], DecodedBatch] | None = None) -> EpochStream:
         """The current epoch's stream of decoded CPU batches (use it as a context manager);
         ``finish`` runs on each batch in the reader threads (see :class:`EpochStream`)."""
-        num_batches = len(self)
-        request = self._request()
-        servers = []
-        for p, address in enumerate(self.cluster.addresses):
-            indices = tuple(b.index for b in self._plan.rank_batches(self.rank) if b.partition == p)
-            if indices:
-                servers.append(ServerStream(
-                    partition=p, address=address, stub=self.cluster.stream_stubs[p],
-                    request=request, indices=indices, expect=self.cluster.expectation(p),
-                ))
+        num_batches, request, refs = len(self), self._request(), self._plan.rank_batches(self.rank)
+        servers = [ServerStream(partition=p, address=address, stub=self.cluster.stream_stubs[p],
+                                request=request, indices=indices, expect=self.cluster.expectation(p))
+                   for p, address in enumerate(self.cluster.addresses)
+                   if (indices := tuple(b.index for b in refs if b.partition == p))]
         spec = BatchSpec(
             num_hops=len(fanout_lists(self.num_neighbors)[0]), feature_dim=self.num_features,
             include_features=True, include_labels=self._labels_on_wire, num_batches=num_batches,
-            typed=self._layout if self.graph.typed else None, compact_indices=self.compact_indices,
-        )
+            typed=self._layout if self.graph.typed else None, compact_indices=self.compact_indices)
         return EpochStream(servers, num_batches, spec, prefetch=self.prefetch, timeouts=self.timeouts,
                            pin_memory=self.pin_memory, finish=finish)
 
