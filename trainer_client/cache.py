@@ -109,13 +109,8 @@ def _assemble_rows(rows: np.ndarray, flat: np.ndarray, slot: np.ndarray, n_id: n
 #: (wire dtype, output dtype) -> the shift of the conversions :func:`_assemble_rows` does
 #: exactly on the dtypes' words (:func:`protos.halfcast.words`): a copy, or bfloat16 ->
 #: float32.
-_CPU_ASSEMBLY = {
-    (torch.float32, torch.float32): 0,
-    (torch.float64, torch.float64): 0,
-    (torch.float16, torch.float16): 0,
-    (torch.bfloat16, torch.bfloat16): 0,
-    (torch.bfloat16, torch.float32): 16,
-}
+_CPU_ASSEMBLY = {(t, t): 0 for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16)} | \
+    {(torch.bfloat16, torch.float32): 16}
 
 
 def parse_cache_size(value: object, field: str = "cache_size") -> tuple[str, float]:

@@ -5,9 +5,8 @@ Decoding does not copy: every tensor that arrived in one chunk is a read-only vi
 the message's bytes (:class:`protos.assembler.TensorAssembler`), and one spread over several
 chunks is copied once, from the messages straight into its final buffer; those buffers
 come from a :class:`protos.buffers.BufferPool` that hands a buffer out again once no
-tensor of an earlier batch refers to it. The result mirrors what PyG's ``NeighborLoader``
-yields: ``x``, ``edge_index``, ``y``, ``n_id``, ``batch_size``, ``num_sampled_nodes`` and
-``num_sampled_edges`` (for ``trim_to_layer``).
+tensor of an earlier batch refers to it. The result is laid out as PyG's
+``NeighborLoader`` lays out its batches (:func:`~trainer_client.batch_checks.build_data`).
 
 Two steps, so that the cheap one runs where it belongs:
 
@@ -16,9 +15,6 @@ Two steps, so that the cheap one runs where it belongs:
   :mod:`trainer_client.batch_checks`: one path for plain and typed batches);
 * :func:`to_device` (consumer): move the batch to the training device and cast the
   features (half-precision features travel at half size and are cast on the device).
-
-Anything malformed raises :class:`BatchDecodeError` (a :class:`protos.codec.CodecError`,
-itself a ``ValueError``) naming the field, what was expected and what was received.
 """
 
 from __future__ import annotations

@@ -79,9 +79,8 @@ def fill_feature_cache(open_stream: HotRows, addresses: Sequence[str], counts: S
         futures = [pool.submit(fill.partition, p) for p in parts]
         try:
             wait(futures, return_when=FIRST_EXCEPTION)  # bounded: the streams' deadline
-            for future in futures:
-                if future.done() and future.exception() is not None:
-                    future.result()  # raises the first failure
+            for future in (f for f in futures if f.done()):
+                future.result()  # raises the first failure
         except BaseException:  # a failure or an interrupt: end the other streams now
             fill.stop()
             for future in futures:
