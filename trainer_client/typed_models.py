@@ -1,36 +1,19 @@
-"""Node classifiers for typed minibatches (``HeteroData``): R-GCN and GraphSAGE made
-typed with PyG's ``to_hetero``, built from the graph's facts
-(:class:`~trainer_client.graph.TypedGraph`).
+"""Node classifiers for typed minibatches (``HeteroData``), built from the graph's facts
+(:class:`~trainer_client.graph.TypedGraph`); ``docs/training.md`` ("Typed graphs: R-GCN")
+describes them. Both read a batch as PyG's hetero ``NeighborLoader`` lays it out
+(:func:`typed_batch_inputs`), turn every node type into a ``hidden``-wide vector
+(:class:`TypedInput`: a ``Linear`` for types with features, a learnable ``nn.Embedding``
+indexed by ``n_id`` for types without, as PyG's and DGL's ogbn-mag examples do) and
+return the target type's seeds' logits.
 
-Both read a ``HeteroData`` batch as PyG's hetero ``NeighborLoader`` lays it out
-(:func:`typed_batch_inputs`) and return the logits of the target type's seeds (its
-first ``batch_size`` nodes). Every node type first becomes a ``hidden``-wide vector
-(:class:`TypedInput`): types with features through a ``Linear`` of their own, types
-without features (ogbn-mag's authors, institutions, fields of study) through a learnable
-``nn.Embedding`` of ``num_nodes[type]`` rows, looked up by the batch's ``n_id`` of that
-type (the graph's own per-type IDs, ``0 .. N_t-1``), as DGL's and PyG's ogbn-mag R-GCN
-examples do.
-
-**R-GCN** (:class:`RGCN`, Schlichtkrull et al.): layer ``l`` computes for every node
-``i`` of type ``t``
-
-    h_i' = W_root[t] h_i + sum over relations r into t of  W_r mean_{j in N_r(i)} h_j
-
-(a per-type self-loop weight, one weight per relation, mean normalization ``1/|N_r(i)|``;
-DGL's ``RelGraphConvLayer`` with ``norm='right'``), ReLU and dropout between layers. Each
-layer computes only what reaches the target type's output: the last layer only the
-relations into the target type, the one before only those into their source types,
-and so on. So every parameter takes part in every step (DDP needs no
-``find_unused_parameters``) and no work is spent on outputs nobody reads. With
-``num_sampled_nodes`` / ``num_sampled_edges`` the layers trim the outer hops as PyG's
-``trim_to_layer`` does.
-
-**Typed GraphSAGE** (:class:`TypedSAGE`, ``--model hetero-sage``): PyG's ``GraphSAGE``
-layer stack turned typed by ``torch_geometric.nn.to_hetero`` (one ``SAGEConv`` per
-relation, summed per destination type). ``to_hetero`` computes every type at every layer, so the last layer's
-convolutions into non-target types get no gradient: under DDP it needs
-``find_unused_parameters=True`` (:data:`NEEDS_UNUSED_PARAMETER_SEARCH`). Channel counts
-are explicit (no lazy ``-1`` sizes), so the parameters exist before DDP wraps the model.
+* :class:`RGCN`: ``h_i' = W_root[t] h_i + sum_r W_r mean_{j in N_r(i)} h_j`` per layer
+  (DGL's ``RelGraphConvLayer``, ``norm='right'``). Each layer computes only what reaches
+  the target type's output (:func:`layer_plan`), so every parameter takes part in every
+  step (DDP needs no ``find_unused_parameters``); ``trim_to_layer`` trims the outer hops.
+* :class:`TypedSAGE` (``--model hetero-sage``): PyG's GraphSAGE stack made typed by
+  ``to_hetero``, which computes every type at every layer, so it needs
+  ``find_unused_parameters=True`` (:data:`NEEDS_UNUSED_PARAMETER_SEARCH`); its channel
+  counts are explicit, so its parameters exist before DDP wraps it.
 """
 
 from __future__ import annotations
