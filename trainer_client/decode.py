@@ -13,19 +13,18 @@ Two steps, so that the cheap one runs where it belongs:
 * :class:`BatchAssembler` (reader thread): chunks in, a CPU :class:`DecodedBatch` out,
   every message checked here and every tensor against the request (:class:`BatchSpec`,
   :mod:`trainer_client.batch_checks`: one path for plain and typed batches);
-* :func:`to_device` (consumer): move the batch to the training device and cast the
-  features (half-precision features travel at half size and are cast on the device).
+* :func:`to_device` (consumer): move the batch to the training device (half-precision
+  features travel at half size; the loader casts them there).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 from torch_geometric.data import Data, HeteroData
 
-from protos import halfcast
 from protos import sampling_pb2 as pb
 from protos.assembler import TensorAssembler
 from protos.buffers import BufferPool
@@ -173,32 +172,25 @@ def decode_batch(messages: Iterable[pb.MinibatchChunk], spec: BatchSpec | None =
 # ---- to the training device ------------------------------------------------------------
 
 
-def pin_batch(data: Data | HeteroData) -> Data | HeteroData:
-    """Copy a CPU batch's tensors into pinned memory (for ``non_blocking`` transfers);
-    tensors already there (decoded into pinned buffers) are kept as they are."""
-    for store in data.stores:
-        for key, value in list(store.items()):
-            if isinstance(value, torch.Tensor) and not value.is_pinned():
-                store[key] = value.pin_memory()
-    return data
-
-
-def to_device(data: Data | HeteroData, device: torch.device | str, *,
-              feature_dtype: torch.dtype | None = torch.float32,
-              non_blocking: bool = False) -> Data | HeteroData:
-    """Move a batch to ``device`` and cast every ``x`` to ``feature_dtype`` there (keep:
-    None).
-
-    Features are moved first and cast on the device, so half-precision features cross
-    the bus at half size. ``non_blocking`` only helps for pinned tensors.
-    """
-    device = torch.device(device)
+def _each_tensor(data: Data | HeteroData, change: Callable[[torch.Tensor], torch.Tensor]
+                 ) -> Data | HeteroData:
     for store in data.stores:
         for key, value in list(store.items()):
             if isinstance(value, torch.Tensor):
-                store[key] = value.to(device, non_blocking=non_blocking)
-        x = store.get("x")
-        if isinstance(x, torch.Tensor) and feature_dtype is not None and x.dtype != feature_dtype:
-            store["x"] = halfcast.cast(x, feature_dtype)
+                store[key] = change(value)
     return data
 
+
+def pin_batch(data: Data | HeteroData) -> Data | HeteroData:
+    """Copy a CPU batch's tensors into pinned memory (for ``non_blocking`` transfers);
+    tensors already there (decoded into pinned buffers) are kept as they are."""
+    return _each_tensor(data, lambda t: t if t.is_pinned() else t.pin_memory())
+
+
+def to_device(data: Data | HeteroData, device: torch.device | str, *,
+              non_blocking: bool = False) -> Data | HeteroData:
+    """Move a batch to ``device``, features in their wire dtype (the loader casts them
+    there, so half-precision features cross the bus at half size). ``non_blocking`` only
+    helps for pinned tensors."""
+    device = torch.device(device)
+    return _each_tensor(data, lambda t: t.to(device, non_blocking=non_blocking))

@@ -451,7 +451,7 @@ class RemoteNeighborLoader:
         for t, table in self.node_tables.items():
             table.complete(stores[t], self.include_labels and t == self.graph.target_type)
         stores[self._seeds_of].input_id = torch.from_numpy(input_id)
-        to_device(data, self.device, feature_dtype=None, non_blocking=self.pin_memory)
+        to_device(data, self.device, non_blocking=self.pin_memory)
         dtype = torch.float32 if self.cast_features else None
         rows = cached_rows = 0
         for t, store in stores.items():
