@@ -105,8 +105,6 @@ class BatchSpec:
     include_labels: bool = True
     #: Batches of this rank's epoch (``MinibatchHeader.num_batches`` must match).
     num_batches: int | None = None
-    #: Check that every ``edge_index`` entry lies in ``0 .. N-1`` (one pass over E).
-    check_edges: bool = True
     #: A typed graph's batches (``EpochRequest.typed``); None: a plain graph's.
     typed: TypedSpec | None = None
     #: The request set ``compact_indices``: accept the compact forms (protos/compact.py)
@@ -379,7 +377,7 @@ def _edge_index(tensors: dict[str, torch.Tensor], spec: BatchSpec, e: EdgeType, 
         edge_index = _require(tensors, name, where, "every batch has it")
         _check_tensor(edge_index, name, [2, num_edges], INDEX_DTYPES if spec.narrow else _INT64, where)
         edge_index = widen(edge_index)
-    if spec.check_edges and edge_index.numel():
+    if edge_index.numel():  # every entry in 0 .. N-1: one pass over E
         # NumPy, single-threaded: torch's intra-op threads would wake for this one pass and
         # fight the trainer's own threads for the cores
         indices = edge_index.numpy()

@@ -36,26 +36,22 @@ class NodeClassifier(torch.nn.Module):
     """A ``basic_gnn`` model that returns the seeds' logits of a sampled batch."""
 
     def __init__(self, model: str, in_channels: int, out_channels: int, *, hidden_channels: int = 256,
-                 num_layers: int = 2, dropout: float = 0.5, heads: int = 4, trim: bool = True) -> None:
+                 num_layers: int = 2, dropout: float = 0.5, heads: int = 4) -> None:
         """``model``: one of :data:`MODELS`; ``heads``: attention heads (GAT only;
-        ``hidden_channels`` must be a multiple); ``trim``: use ``trim_to_layer``."""
+        ``hidden_channels`` must be a multiple)."""
         super().__init__()
         if model not in MODELS:
             raise ValueError(f"model: expected one of {list(MODELS)}, got {model!r}")
         check_sizes(dropout, in_channels=in_channels, out_channels=out_channels,
                     hidden_channels=hidden_channels, num_layers=num_layers)
-        kwargs: dict[str, int] = {}
-        if model == "gat":
-            if heads < 1 or hidden_channels % heads:
-                raise ValueError(f"heads: expected an integer >= 1 dividing hidden_channels="
-                                 f"{hidden_channels}, got {heads}")
-            kwargs["heads"] = heads
-        self.model_name = model
+        if model == "gat" and (heads < 1 or hidden_channels % heads):
+            raise ValueError(f"heads: expected an integer >= 1 dividing hidden_channels={hidden_channels}, "
+                             f"got {heads}")
         self.num_layers = num_layers
         #: Whether forward uses trim_to_layer (never for GCN, see the module docstring).
-        self.trim = trim and model != "gcn"
+        self.trim = model != "gcn"
         self.gnn = MODELS[model](in_channels, hidden_channels, num_layers, out_channels=out_channels,
-                                 dropout=dropout, **kwargs)
+                                 dropout=dropout, **({"heads": heads} if model == "gat" else {}))
 
     def forward(self, x: Tensor, edge_index: Tensor, batch_size: int | None = None,
                 num_sampled_nodes: Sequence[int] | None = None,
@@ -87,8 +83,7 @@ def seed_labels(batch: Data | HeteroData) -> Tensor:
 
 
 def build_model(name: str, in_channels: int, out_channels: int, *, hidden_channels: int = 256,
-                num_layers: int = 2, dropout: float = 0.5, heads: int = 4,
-                trim: bool = True) -> NodeClassifier:
+                num_layers: int = 2, dropout: float = 0.5, heads: int = 4) -> NodeClassifier:
     """A :class:`NodeClassifier` by model name (``sage``, ``gcn``, ``gat``, ``gin``)."""
     return NodeClassifier(name, in_channels, out_channels, hidden_channels=hidden_channels,
-                          num_layers=num_layers, dropout=dropout, heads=heads, trim=trim)
+                          num_layers=num_layers, dropout=dropout, heads=heads)
