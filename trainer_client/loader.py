@@ -40,28 +40,13 @@ from protos import sampling_pb2 as pb
 from protos.channel import ProtocolError
 from protos.codec import encode_tensor
 from protos.plan import BatchRef, EpochPlan, GlobalPlan, plan_epoch, plan_global_epoch, shuffled_seeds
+from trainer_client import inputs
 from trainer_client.batch_checks import TypedSpec
 from trainer_client.cache import KNOWN_HOT_ORDERS, CacheError, FeatureCache, parse_cache_size, plan_caches
 from trainer_client.cluster import Cluster
 from trainer_client.decode import BatchSpec, DecodedBatch, to_device
 from trainer_client.graph import TypedGraph
-from trainer_client.inputs import (
-    BATCH_LAYOUTS,
-    MAX_SEEDS,
-    WIRE_FEATURE_DTYPES,
-    GivenInput,
-    InputNodes,
-    NumNeighbors,
-    check_int,
-    check_keywords,
-    check_settings,
-    edge_fanouts,
-    fanout_lists,
-    input_array,
-    original_ids,
-    request_fanouts,
-    seeds_source,
-)
+from trainer_client.inputs import InputNodes, NumNeighbors
 from trainer_client.node_table import NodeTable
 from trainer_client.stream import EpochStream, ServerStream, StreamStats, StreamTimeouts
 
@@ -134,12 +119,12 @@ class RemoteNeighborLoader:
         ``compact_indices``: ask for the batches' structure in compact form (narrow
         integer dtypes, ``EpochRequest.compact_indices``); the batches are the same.
         """
-        check_keywords(unsupported)
-        split, given = seeds_source(split, input_nodes, seeds)
+        inputs.check_keywords(unsupported)
+        split, given = inputs.seeds_source(split, input_nodes, seeds)
         nodes = given.nodes
-        if batches not in BATCH_LAYOUTS:
-            raise ValueError(f"batches: expected one of {list(BATCH_LAYOUTS)}, got {batches!r}")
-        check_settings(num_neighbors, batch_size, rank, world_size, prefetch, seed, feature_dtype)
+        if batches not in inputs.BATCH_LAYOUTS:
+            raise ValueError(f"batches: expected one of {list(inputs.BATCH_LAYOUTS)}, got {batches!r}")
+        inputs.check_settings(num_neighbors, batch_size, rank, world_size, prefetch, seed, feature_dtype)
         try:
             self.device = torch.device(device)
         except (RuntimeError, TypeError) as exc:
@@ -163,7 +148,7 @@ class RemoteNeighborLoader:
                         "stay in pageable memory")
             self.pin_memory = False
         size = parse_cache_size("auto" if cache_size is None else cache_size)
-        node_array = input_array(nodes, "input_nodes") if nodes is not None else None
+        node_array = inputs.input_array(nodes, "input_nodes") if nodes is not None else None
         self._owns_cluster = not isinstance(servers, Cluster)
         self.cluster = servers if isinstance(servers, Cluster) else \
             Cluster(servers, connect_timeout=connect_timeout, rpc_timeout=rpc_timeout, client_id=client_id)
@@ -178,7 +163,7 @@ class RemoteNeighborLoader:
         #: Counters of the last epoch streamed.
         self.last_stats = StreamStats()
 
-    def _open(self, given: GivenInput, nodes: np.ndarray | None, size: tuple[str, float],
+    def _open(self, given: inputs.GivenInput, nodes: np.ndarray | None, size: tuple[str, float],
               progress: bool | None) -> None:
         """What needs the cluster: the seeds, the caches and node tables, epoch 0's plan."""
         self._seeds_of = self._seed_type(given.node_type)
@@ -236,7 +221,7 @@ class RemoteNeighborLoader:
             raise ValueError(f"input_nodes: expected a node type of the graph "
                              f"{list(graph.node_types)}, got {seed_type!r}")
         if isinstance(self.num_neighbors, dict):
-            edge_fanouts(self.num_neighbors, graph)  # checks the keys
+            inputs.edge_fanouts(self.num_neighbors, graph)  # checks the keys
         if self.split is not None and seed_type != graph.target_type:
             raise ValueError(f"input_nodes: splits are of the target type {graph.target_type!r}, "
                              f"got {seed_type!r}")
@@ -250,7 +235,7 @@ class RemoteNeighborLoader:
         if all_of_type:
             nodes = np.arange(num_nodes, dtype=np.int64)
         if nodes is not None:
-            original = original_ids(nodes, num_nodes, "input_nodes", MAX_SEEDS)
+            original = inputs.original_ids(nodes, num_nodes, "input_nodes", inputs.MAX_SEEDS)
             internal = self.cluster.global_ids(original, self._seeds_of)
         else:
             assert self.split is not None
@@ -259,8 +244,8 @@ class RemoteNeighborLoader:
                 raise ValueError(f"split: the graph has no {self.split!r} nodes on any partition (nothing "
                                  "to iterate); pass input_nodes=, or partition the graph with a "
                                  f"{self.split!r} split")
-            if original.size > MAX_SEEDS:
-                raise ValueError(f"split: expected at most {MAX_SEEDS} nodes (one message), got "
+            if original.size > inputs.MAX_SEEDS:
+                raise ValueError(f"split: expected at most {inputs.MAX_SEEDS} nodes (one message), got "
                                  f"{original.size}; pass input_nodes= slices")
         self._input_nodes, self._seeds, self._seeds_tensor = original, internal, encode_tensor(internal)
         owner = self.cluster.partition_of(internal, self._seeds_of)
@@ -272,7 +257,7 @@ class RemoteNeighborLoader:
         cluster; {} when the plan is empty."""
         if size[0] == "auto":  # after a 4-byte index per node of each type with features
             size = ("bytes", self.cluster.auto_cache_budget(self.device))
-        plan = plan_caches(size, self.graph, WIRE_FEATURE_DTYPES[self.feature_dtype])
+        plan = plan_caches(size, self.graph, inputs.WIRE_FEATURE_DTYPES[self.feature_dtype])
         if not any(sum(counts) for counts, _ in plan.values()) or not self._servers_order_alike():
             return {}
         return {t: self.cluster.feature_cache(counts, wire, self.device, progress=progress,
@@ -353,7 +338,7 @@ class RemoteNeighborLoader:
         """Select the epoch the next iteration streams (shuffling and sampling draws).
         Without it, each new iteration streams the epoch after the last one, so every
         pass is shuffled anew (as PyG reshuffles)."""
-        self.epoch = check_int("epoch", epoch, 0)
+        self.epoch = inputs.check_int("epoch", epoch, 0)
         self._plan = self.plan(self.epoch)
         self._iterated = False
 
@@ -379,12 +364,12 @@ class RemoteNeighborLoader:
         return self.include_labels and not self.node_tables
 
     def _request(self) -> pb.EpochRequest:
-        fanouts, typed = request_fanouts(self._seeds_of, self.num_neighbors, self.graph)
+        fanouts, typed = inputs.request_fanouts(self._seeds_of, self.num_neighbors, self.graph)
         request = pb.EpochRequest(
             fanouts=fanouts, batch_size=self.batch_size, shuffle=self.shuffle,
             drop_last=self.drop_last, seed=self.seed, epoch=self.epoch, rank=self.rank,
             world_size=self.world_size, resume_from=0,
-            feature_dtype=WIRE_FEATURE_DTYPES[self.feature_dtype],  # type: ignore[arg-type]
+            feature_dtype=inputs.WIRE_FEATURE_DTYPES[self.feature_dtype],  # type: ignore[arg-type]
             sampling=pb.SamplingOptions(replace=self.replace, weighted=self.weighted),
             include_features=True, include_labels=self._labels_on_wire, client_id=self.client_id,
             global_batches=self.batches == "global", include_original_ids=not self.node_tables,
@@ -408,7 +393,7 @@ class RemoteNeighborLoader:
                    for p, address in enumerate(self.cluster.addresses)
                    if (indices := tuple(b.index for b in refs if b.partition == p))]
         spec = BatchSpec(
-            num_hops=len(fanout_lists(self.num_neighbors)[0]), feature_dim=self.num_features,
+            num_hops=len(inputs.fanout_lists(self.num_neighbors)[0]), feature_dim=self.num_features,
             include_features=True, include_labels=self._labels_on_wire, num_batches=num_batches,
             typed=self._layout if self.graph.typed else None, compact_indices=self.compact_indices)
         return EpochStream(servers, num_batches, spec, prefetch=self.prefetch, timeouts=self.timeouts,

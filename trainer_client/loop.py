@@ -43,14 +43,10 @@ from trainer_client.ddp import (
 from trainer_client.evaluate import accuracy_of, labeled, layerwise_logits
 from trainer_client.graph import PLAIN_NODE_TYPE, TypedGraph
 from trainer_client.in_process import InProcessLoader, LocalGraph
-from trainer_client.loader import MAX_SEEDS, RemoteNeighborLoader
+from trainer_client.inputs import MAX_SEEDS
+from trainer_client.loader import RemoteNeighborLoader
 from trainer_client.models import MODELS, NodeClassifier, build_model, seed_labels
-from trainer_client.typed_models import (
-    NEEDS_UNUSED_PARAMETER_SEARCH,
-    TYPED_MODELS,
-    build_typed_model,
-    model_inputs,
-)
+from trainer_client.typed_models import FIND_UNUSED_PARAMETERS, TYPED_MODELS, build_typed_model, model_inputs
 
 log = logging.getLogger("trainer_client.train")
 
@@ -235,7 +231,7 @@ def _wrapped(model: torch.nn.Module, name: str, env: DistEnv) -> torch.nn.Module
         return model
     device_ids = [env.device.index] if env.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids,
-                                   find_unused_parameters=NEEDS_UNUSED_PARAMETER_SEARCH.get(name, False))
+                                   find_unused_parameters=FIND_UNUSED_PARAMETERS.get(name, False))
 
 
 def run(args: argparse.Namespace, env: DistEnv, job: Job) -> dict[str, Any]:

@@ -12,7 +12,7 @@ return the target type's seeds' logits.
   step (DDP needs no ``find_unused_parameters``); ``trim_to_layer`` trims the outer hops.
 * :class:`TypedSAGE` (``--model hetero-sage``): PyG's GraphSAGE stack made typed by
   ``to_hetero``, which computes every type at every layer, so it needs
-  ``find_unused_parameters=True`` (:data:`NEEDS_UNUSED_PARAMETER_SEARCH`); its channel
+  ``find_unused_parameters=True`` (:data:`FIND_UNUSED_PARAMETERS`); its channel
   counts are explicit, so its parameters exist before DDP wraps it.
 """
 
@@ -32,8 +32,8 @@ from trainer_client.graph import TypedGraph
 from trainer_client.models import batch_inputs, check_sizes
 
 #: Typed model names and whether DDP must search for unused parameters.
-NEEDS_UNUSED_PARAMETER_SEARCH: dict[str, bool] = {"rgcn": False, "hetero-sage": True}
-TYPED_MODELS: tuple[str, ...] = tuple(NEEDS_UNUSED_PARAMETER_SEARCH)
+FIND_UNUSED_PARAMETERS: dict[str, bool] = {"rgcn": False, "hetero-sage": True}
+TYPED_MODELS: tuple[str, ...] = tuple(FIND_UNUSED_PARAMETERS)
 
 #: What a typed model reads of a batch: features, edges and ``n_id`` per type, the
 #: number of seeds, and the per-hop counts (None when the batch has none).
