@@ -198,13 +198,12 @@ class Cluster:
             return self._caches[key]
 
     def fill_feature_cache(self, counts: Sequence[int], wire_dtype: int, device: torch.device, *,
-                           progress: bool | None = None, timeout: float = 600.0, reconnect: float = 15.0,
+                           progress: bool | None = None, reconnect: float = 15.0,
                            node_type: str | None = None) -> FeatureCache:
         """A new feature cache of the plan ``counts`` (the hottest ``counts[p]`` nodes of
         partition ``p``, of ``node_type``), streamed from every server at once
         (:func:`trainer_client.fills.fill_feature_cache`: a partition whose stream breaks
-        is filled again for up to ``reconnect`` seconds; ``timeout``: each stream's
-        deadline)."""
+        is filled again for up to ``reconnect`` seconds)."""
         graph, t = self.graph, self._type(node_type)
         # the stored dtype is asked for as such (servers before it could be named refuse
         # float64 by name)
@@ -219,7 +218,7 @@ class Cluster:
 
         return fill_feature_cache(open_stream, self.addresses, counts, graph.books[t], graph.feature_dims[t],
                                   wire_dtype, device, node_type=t, of_type=graph.of_type(t),
-                                  progress=progress, timeout=timeout, reconnect=reconnect)
+                                  progress=progress, reconnect=reconnect)
 
     def auto_cache_budget(self, device: torch.device) -> int:
         """Bytes of ``cache_size="auto"`` on ``device`` (:func:`auto_cache_bytes`, after

@@ -163,8 +163,7 @@ def seeds_source(split: str | None, input_nodes: object, seeds: object) -> tuple
     if input_nodes is not None and seeds is not None:
         raise ValueError("input_nodes, seeds: expected one of them (seeds is another name for "
                          "input_nodes), got both")
-    given = sort_input(input_nodes if input_nodes is not None else seeds) \
-        if input_nodes is not None or seeds is not None else GivenInput()
+    given = sort_input(input_nodes if input_nodes is not None else seeds)  # None: GivenInput()
     if split is not None and (given.nodes is not None or given.node_type or given.split):
         raise ValueError(f"split, input_nodes: expected one of them, got split={split!r} and nodes")
     split = split if split is not None else given.split

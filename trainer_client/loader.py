@@ -209,13 +209,10 @@ class RemoteNeighborLoader:
         """The seeds' node type (a plain graph's one); refuses typed arguments on a plain
         graph."""
         graph = self.graph
-        if not graph.typed:
-            if node_type is not None or isinstance(self.num_neighbors, dict):
-                what = "input_nodes names a node type" if node_type is not None \
-                    else "num_neighbors is a dict"
-                raise ValueError(f"{what}, but the graph is homogeneous (plain: ClusterInfo.typed is "
-                                 "absent): pass node IDs and a list of fanouts")
-            return graph.target_type
+        if not graph.typed and (node_type is not None or isinstance(self.num_neighbors, dict)):
+            what = "input_nodes names a node type" if node_type is not None else "num_neighbors is a dict"
+            raise ValueError(f"{what}, but the graph is homogeneous (plain: ClusterInfo.typed is absent): "
+                             "pass node IDs and a list of fanouts")
         seed_type = node_type or graph.target_type
         if seed_type not in graph.node_types:
             raise ValueError(f"input_nodes: expected a node type of the graph "
@@ -250,7 +247,6 @@ class RemoteNeighborLoader:
         self._input_nodes, self._seeds, self._seeds_tensor = original, internal, encode_tensor(internal)
         owner = self.cluster.partition_of(internal, self._seeds_of)
         self._positions = [np.flatnonzero(owner == p) for p in range(self.cluster.num_partitions)]
-        self._seed_counts = [int(p.size) for p in self._positions]
 
     def _open_caches(self, size: tuple[str, float], progress: bool | None) -> dict[str, FeatureCache]:
         """The plan's cache of each node type with features, each filled on first use per
@@ -312,7 +308,7 @@ class RemoteNeighborLoader:
     @property
     def seeds_per_partition(self) -> list[int]:
         """Seeds of the epoch owned by each partition."""
-        return list(self._seed_counts)
+        return [int(p.size) for p in self._positions]
 
     @property
     def num_seeds(self) -> int:

@@ -44,9 +44,6 @@ LIST_FLAGS = ("--fanouts", "--eval-fanouts")
 _LIST_VALUE = re.compile(r"^-\d+(\s*,\s*-?\d+)*\s*,?$")
 
 
-# ---- arguments -------------------------------------------------------------------------
-
-
 def _int_list(text: str) -> list[int]:
     try:
         return [int(v) for v in text.split(",") if v.strip()]
