@@ -2,13 +2,9 @@
 
 A typed graph has node types and edge types ``(src, rel, dst)``; a plain graph is a
 typed graph of one node type and one edge type, :data:`PLAIN_NODE_TYPE` and
-:data:`PLAIN_EDGE_TYPE` (DGL's names for them). Below the user's API every step is
-written once for that one kind: decoding a batch, the loader's last steps, the feature
-caches and node tables, a model's inputs. A plain graph differs only in its wire names
+:data:`PLAIN_EDGE_TYPE` (DGL's names for them), which differs only in its wire names
 (``n_id`` rather than ``n_id/<type>``, ``ClusterInfo``'s untyped fields) and in what the
-user gets: the ``torch_geometric.data.Data`` PyG's ``NeighborLoader`` yields, whose one
-store is its node type's and its edge type's (:func:`to_plain_data` makes it of a
-one-type ``HeteroData``, such as an in-process sampler's).
+user gets: the ``Data`` PyG's ``NeighborLoader`` yields (:func:`to_plain_data`).
 """
 
 from __future__ import annotations

@@ -75,13 +75,11 @@ class LocalGraph:
     def split_nodes(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """(original IDs, global IDs) of the target type's ``split`` nodes, in original-ID
         order (as ``RemoteNeighborLoader`` takes a split)."""
-        glob, orig = [], []
-        for part, start, ids in zip(self._parts, self._starts, self._orig_target, strict=True):
+        for part in self._parts:
             if split not in part.splits:
                 raise ValueError(f"split: expected one of {sorted(part.splits)}, got {split!r}")
-            g = np.asarray(part.splits[split], dtype=np.int64)
-            glob.append(g)
-            orig.append(ids[g - start])
+        glob = [np.asarray(part.splits[split], dtype=np.int64) for part in self._parts]
+        orig = [ids[g - start] for g, start, ids in zip(glob, self._starts, self._orig_target, strict=True)]
         g_all, o_all = np.concatenate(glob), np.concatenate(orig)
         order = np.argsort(o_all, kind="stable")
         return o_all[order], g_all[order]

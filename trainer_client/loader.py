@@ -454,9 +454,9 @@ class RemoteNeighborLoader:
         cache = self.caches.get(node_type)
         name = self._layout.name("x_cached", node_type)
         if cache is None:
-            plan = f"cache plan{self.graph.of_type(node_type)}"
-            raise ProtocolError(f"StreamMinibatches: tensor {name!r}: expected none (this loader sent no "
-                                f"{plan}), got one", what="StreamMinibatches")
+            raise ProtocolError(f"StreamMinibatches: tensor {name!r}: expected none (this loader sent "
+                                f"no cache plan{self.graph.of_type(node_type)}), got one",
+                                what="StreamMinibatches")
         cached = store.x_cached
         del store.x_cached
         hits = int(cached.sum()) if cached.is_cuda else int(np.count_nonzero(cached.numpy()))
@@ -476,15 +476,11 @@ class RemoteNeighborLoader:
     def __enter__(self) -> RemoteNeighborLoader:
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close()
 
     def __repr__(self) -> str:
         source = f"split={self.split!r}" if self.split else f"input_nodes={self.num_seeds}"
-        return (
-            f"{type(self).__name__}({source}, num_neighbors={self.num_neighbors}, "
-            f"batch_size={self.batch_size}, rank={self.rank}/{self.world_size}, "
-            f"servers={self.cluster.addresses})"
-        )
+        return (f"{type(self).__name__}({source}, num_neighbors={self.num_neighbors}, batch_size="
+                f"{self.batch_size}, rank={self.rank}/{self.world_size}, servers={self.cluster.addresses})")

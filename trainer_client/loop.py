@@ -2,16 +2,11 @@
 
 A :class:`Job` is what one run trains on: its batch sources (the servers' loaders, or the
 in-process loader of ``--partition-dir``), the graph's facts and how it is evaluated
-(a model reads a batch of either kind through
-:func:`~trainer_client.typed_models.model_inputs`). :func:`run`
-trains it: each epoch trains on ``train``, evaluates ``val`` (each rank its share, counts
-summed over the ranks), keeps the best-validation weights, logs and checkpoints
-(:mod:`trainer_client.ddp`); the selected model is tested at the end.
-
-Evaluation: on a plain graph by default exact full-neighbor layer-wise inference, or
-sampled with ``--eval-fanouts``; on a typed graph sampled, by default with the training
-fanouts (as PyG's and DGL's ogbn-mag examples evaluate; layer-wise inference would run
-every layer over every node of every type), ``full`` sampling every neighbor.
+(:func:`evaluation_fanouts`). :func:`run` trains it: each epoch trains on ``train``,
+evaluates ``val`` (each rank its share, counts summed over the ranks), keeps the
+best-validation weights, logs and checkpoints (:mod:`trainer_client.ddp`); the selected
+model is tested at the end. A model reads a batch of either kind through
+:func:`~trainer_client.typed_models.model_inputs`.
 """
 
 from __future__ import annotations
@@ -84,9 +79,10 @@ class Job:
 
 
 def evaluation_fanouts(args: argparse.Namespace, typed: bool) -> list[int] | None:
-    """The evaluation's fanouts (None: full-neighbor layer-wise inference). Typed graphs
-    are evaluated on samples: the training fanouts unless ``--eval-fanouts`` was given,
-    ``full`` being -1 at every hop."""
+    """The evaluation's fanouts (None: full-neighbor layer-wise inference, a plain graph's
+    default). Typed graphs are evaluated on samples, as PyG's and DGL's ogbn-mag examples
+    do (layer-wise inference would run every layer over every node of every type): the
+    training fanouts unless ``--eval-fanouts`` was given, ``full`` being -1 at every hop."""
     if not typed:
         return None if args.eval_fanouts is None else list(args.eval_fanouts)
     if not getattr(args, "eval_fanouts_given", False):

@@ -207,13 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous_security: list[Security | None] = []  # set once this run sets its own
     try:
         rank = env_int("RANK", 0)
-        logging.basicConfig(
-            level=args.log_level.upper() if rank == 0 else logging.WARNING,
-            format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
-        )
+        logging.basicConfig(level=args.log_level.upper() if rank == 0 else logging.WARNING,
+                            format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
         previous_security.append(set_default_security(Security(
-            ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key,
-            token=read_token(args.token_file))))
+            ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, token=read_token(args.token_file))))
         env = setup_distributed(args.device, args.timeout, args.dist_backend)
         if args.partition_dir is not None:
             job = partition_dir_job(args, env)
