@@ -154,7 +154,7 @@ def compare_fills(addresses: list[str], fraction: float, dtype: str, passes: int
     at_once = cache_module.MAX_FILL_STREAMS
     rows: list[dict[str, Any]] = []
     with Cluster(addresses, connect_timeout=600) as cluster:
-        book = cluster.partition_book.tolist()
+        book = cluster.graph.books[cluster.graph.target_type].tolist()
         counts = plan_counts(("fraction", fraction), book, 1)
         for p in range(2 * passes + 1):  # the first fill (unrecorded) warms the servers
             streams = at_once if p % 2 else 1

@@ -319,7 +319,7 @@ def test_the_node_table_looks_batches_up_as_take_does(table_dtype: torch.dtype, 
 def test_owned_ranges_outside_the_partition_are_refused(servers: tuple[Path, list[str]]) -> None:
     _, addresses = servers
     with Cluster(addresses, connect_timeout=30) as cluster:
-        start, stop = (int(v) for v in cluster.partition_book[1:3])
+        start, stop = (int(v) for v in cluster.graph.books[PLAIN_NODE_TYPE][1:3])
         owned = "owned_range: expected global node IDs owned"
         for first, count, pattern in [(start, stop - start + 1, owned),
                                       (0, 1, "owned_range: expected global node IDs owned by partition 1"),

@@ -75,15 +75,12 @@ class TypedSpec:
 
     def name(self, kind: str, key: str | EdgeType) -> str:
         """The wire name of tensor ``kind`` ("n_id", "edge_index" ...) of a node or edge type."""
-        if not self.named:
-            return kind
-        return f"{kind}/{key if isinstance(key, str) else edge_type_name(key)}"
+        return f"{kind}/{key if isinstance(key, str) else edge_type_name(key)}" if self.named else kind
 
     def count_field(self, kind: str, key: str | EdgeType) -> str:
         """The header field of a type's per-hop counts (``kind``: "nodes" or "edges")."""
-        if not self.named:
-            return f"num_sampled_{kind}"
-        return f"typed_sampled_{kind}[{key if isinstance(key, str) else edge_type_name(key)!r}]"
+        return f"typed_sampled_{kind}[{key if isinstance(key, str) else edge_type_name(key)!r}]" \
+            if self.named else f"num_sampled_{kind}"
 
     def featured(self, node_type: str) -> bool:
         dim = self.feature_dims.get(node_type, 0)
@@ -250,8 +247,8 @@ def _check_tensor(t: torch.Tensor, name: str, shape: Sequence[int | None], dtype
                   where: str) -> None:
     """Raise unless ``t`` has one of ``dtypes`` and ``shape`` (``None`` = any size)."""
     if t.dtype not in dtypes:
-        raise BatchDecodeError(
-            f"{where}: tensor {name!r}: expected dtype {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
+        raise BatchDecodeError(f"{where}: tensor {name!r}: expected dtype "
+                               f"{' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
     ok = t.dim() == len(shape) and all(s is None or s == d for s, d in zip(shape, t.shape, strict=False))
     if not ok:
         want = ["*" if s is None else s for s in shape]

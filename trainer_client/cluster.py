@@ -112,9 +112,6 @@ class Cluster:
         self.stubs = [pb_grpc.SamplingServiceStub(self._channels[a]) for a in self.addresses]
         #: Per partition: the epoch stream whose tensors stay views of the received bytes.
         self.stream_stubs = [fastwire.MinibatchStreamStub(self._channels[a]) for a in self.addresses]
-        #: Partition book: partition ``p`` owns global IDs ``book[p] .. book[p+1]-1``
-        #: (a plain graph's; each node type's in :attr:`graph`).
-        self.partition_book = np.asarray(self.info.partition_book, dtype=np.int64)
         #: The graph's facts (a plain graph as one node type and one edge type).
         self.graph = TypedGraph.from_info(self.info)
 
