@@ -11,8 +11,8 @@ epochs exactly as the sampling servers plan global batches
 stream for the same arguments. It is a batch source of the trainer's loop
 (:class:`trainer_client.loop.BatchSource`): ``len()`` batches per epoch (equal on every
 rank), ``set_epoch``, iteration yielding a ``Data`` (a plain graph) or ``HeteroData`` (a
-typed one) laid out as PyG's ``NeighborLoader`` lays out its batches, and ``meta``, the
-graph's facts.
+typed one) laid out as PyG's ``NeighborLoader`` lays out its batches; ``graph.meta``
+holds the graph's facts.
 """
 
 from __future__ import annotations
@@ -68,10 +68,6 @@ class LocalGraph:
                  "typed" if self.meta.typed else "plain", self.manifest.graph_name,
                  self.manifest.num_partitions)
 
-    @property
-    def num_partitions(self) -> int:
-        return self.manifest.num_partitions
-
     def split_nodes(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """(original IDs, global IDs) of the target type's ``split`` nodes, in original-ID
         order (as ``RemoteNeighborLoader`` takes a split)."""
@@ -101,13 +97,7 @@ class InProcessLoader:
         self.rank, self.world_size, self.seed = rank, world_size, int(seed)
         self.device = torch.device(device)
         self._orig, self._seeds = self.graph.split_nodes(split)
-        self.epoch = 0
-        self._plan = self._make_plan(0)
-
-    @property
-    def meta(self) -> TypedGraph:
-        """The graph's facts."""
-        return self.graph.meta
+        self.set_epoch(0)
 
     @property
     def input_nodes(self) -> torch.Tensor:
@@ -116,7 +106,7 @@ class InProcessLoader:
 
     def _make_plan(self, epoch: int):  # type: ignore[no-untyped-def]
         return plan_global_epoch(int(self._seeds.size), self.batch_size, self.world_size,
-                                 self.graph.num_partitions, shuffle=self.shuffle, seed=self.seed,
+                                 self.graph.manifest.num_partitions, shuffle=self.shuffle, seed=self.seed,
                                  epoch=epoch, drop_last=self.drop_last)
 
     def set_epoch(self, epoch: int) -> None:

@@ -177,9 +177,7 @@ class RemoteNeighborLoader:
         self.node_tables: dict[str, NodeTable] = self._open_node_tables()
         if self.weighted and not self.cluster.info.has_edge_weights:
             raise ValueError("weighted: expected a graph with edge weights, but the servers have none")
-        self.epoch = 0
-        self._iterated = False
-        self._plan = self.plan(0)
+        self.set_epoch(0)
         if len(self) == 0:
             log.warning("drop_last: the epoch has no batches: %d seeds are fewer than batch_size=%d "
                         "x world_size=%d; use a smaller batch_size or drop_last=False",
