@@ -109,7 +109,7 @@ def _assemble_rows(rows: np.ndarray, flat: np.ndarray, slot: np.ndarray, n_id: n
 #: (wire dtype, output dtype) -> the shift of the conversions :func:`_assemble_rows` does
 #: exactly on the dtypes' words (:func:`protos.halfcast.words`): a copy, or bfloat16 ->
 #: float32.
-_CPU_ASSEMBLY = {(t, t): 0 for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16)} | \
+CPU_ASSEMBLY = {(t, t): 0 for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16)} | \
     {(torch.bfloat16, torch.float32): 16}
 
 
@@ -218,7 +218,7 @@ class FeatureCache:
                              f"(the nodes not marked in 'x_cached'), got {x_missing.dtype} with "
                              f"{x_missing.shape[0]}")
         out_dtype = dtype or self.rows.dtype
-        shift = _CPU_ASSEMBLY.get((self.rows.dtype, out_dtype))
+        shift = CPU_ASSEMBLY.get((self.rows.dtype, out_dtype))
         if self.rows.device.type == "cpu" and shift is not None:
             return self._assemble_cpu(x_missing, cached, n_id, out_dtype, shift)
         cached_pos = torch.nonzero(cached).flatten()
