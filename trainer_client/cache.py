@@ -9,12 +9,9 @@ one count per partition (``EpochRequest.cache_counts``): the trainer holds the f
 ``counts[p]`` nodes of partition ``p``'s order. The budget (``cache_size``: a fraction
 of all nodes, or bytes) is split across partitions in proportion to their node counts.
 
-The cache fills once per job (:meth:`Cluster.feature_cache
-<trainer_client.cluster.Cluster.feature_cache>`: ``StreamHotNodes`` from every
-partition's server at once, streamed in blocks, with a progress bar on a terminal,
-:mod:`trainer_client.fills`) and is shared by every loader of one
-:class:`~trainer_client.cluster.Cluster` with the same plan, dtype and device. This
-module holds the plan and the table; it makes no calls.
+The cache fills once per job and is shared by the loaders of one
+:class:`~trainer_client.cluster.Cluster` (:meth:`~trainer_client.cluster.Cluster.feature_cache`,
+:mod:`trainer_client.fills`); this module holds the plan and the table and makes no calls.
 Per batch, :meth:`FeatureCache.assemble` rebuilds the full ``x`` on the device: cached
 rows by index, received rows scattered in; the result is bit-identical to the ``x`` a
 trainer without the cache receives.
@@ -115,12 +112,9 @@ CPU_ASSEMBLY = {(t, t): 0 for t in (torch.float32, torch.float64, torch.float16,
 
 def parse_cache_size(value: object, field: str = "cache_size") -> tuple[str, float]:
     """``("auto", 0)``, ``("fraction", f)`` with ``0 <= f <= 1`` or ``("bytes", b)``;
-    raises naming ``field``.
-
-    Numbers are fractions of all nodes (``0.2``); strings may be ``"auto"``, a fraction, a
-    percentage (``"20%"``) or a size with a unit (``"2GiB"``, ``"512MB"``, ``"1000B"``):
-    the syntax of the server's ``gpu_cache_size``.
-    """
+    raises naming ``field``. The syntax of the server's ``gpu_cache_size``
+    (:func:`protos.sizes.parse_cache_amount`): ``"auto"``, a fraction of all nodes
+    (``0.2``), a percentage (``"20%"``) or a size with a unit (``"2GiB"``)."""
     size = parse_cache_amount(value, field, _EXPECTED)
     return size.kind, size.amount
 

@@ -1,15 +1,11 @@
 """``RemoteNeighborLoader``: PyG ``NeighborLoader`` batches, sampled by graphfeed servers.
 
-One loader per DDP rank. It connects to every sampling server (:class:`Cluster`: the
-servers may start after the trainer; it waits up to ``connect_timeout``), checks that
-they serve the same graph and that each partition is served exactly once, translates
-the input nodes (original IDs, or a split's nodes) to graphfeed's own IDs, plans each
-epoch exactly as the servers do (:mod:`protos.plan`), and streams the epoch from every
-server at once (:class:`~trainer_client.stream.EpochStream`). ``len(loader)`` is the
-number of batches of this rank, equal on every rank by construction, so DDP never
-waits on a rank that ran out of batches. By default every batch is cut from one
-shuffle of all the seeds across partitions (``batches="global"``), so a batch's seeds
-are as i.i.d. as a single-process loader's whatever the partitioning.
+One loader per DDP rank. Through a :class:`Cluster` (every server, checked), it
+translates the input nodes (original IDs, or a split's nodes) to graphfeed's own IDs,
+plans each epoch exactly as the servers do (:mod:`protos.plan`), and streams the epoch
+from every server at once (:class:`~trainer_client.stream.EpochStream`).
+``len(loader)`` is the number of batches of this rank, equal on every rank by
+construction, so DDP never waits on a rank that ran out of batches.
 
 ::
 

@@ -195,16 +195,14 @@ class TypedSAGE(nn.Module):
 def typed_batch_inputs(batch: HeteroData) -> TypedBatchInputs:
     """The inputs of a typed model's ``forward`` for a batch laid out as PyG's hetero
     ``NeighborLoader`` lays it out (``batch_size`` on the target type)."""
-    x_dict = {t: batch[t].x for t in batch.node_types if "x" in batch[t]}
-    edges = {tuple(et): batch[et].edge_index for et in batch.edge_types}
-    n_id = {t: batch[t].n_id for t in batch.node_types if "n_id" in batch[t]}
-    sizes = [int(batch[t].batch_size) for t in batch.node_types if "batch_size" in batch[t]]
+    x_dict, edges, n_id, sizes = (batch.collect(key, allow_empty=True)
+                                  for key in ("x", "edge_index", "n_id", "batch_size"))
     if len(sizes) != 1:
         raise ValueError(f"batch: expected batch_size on exactly one node type (the seeds'), found it "
-                         f"on {[t for t in batch.node_types if 'batch_size' in batch[t]]}")
+                         f"on {list(sizes)}")
     nodes = batch.num_sampled_nodes if "num_sampled_nodes" in batch else None
     sampled = batch.num_sampled_edges if "num_sampled_edges" in batch else None
-    return (x_dict, edges, n_id, sizes[0],
+    return (x_dict, edges, n_id, int(next(iter(sizes.values()))),
             dict(nodes) if isinstance(nodes, dict) else None,
             {tuple(k): v for k, v in sampled.items()} if isinstance(sampled, dict) else None)
 
