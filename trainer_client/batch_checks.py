@@ -331,8 +331,14 @@ def _marked_sources(tensors: dict[str, torch.Tensor], spec: BatchSpec, nodes: di
             _check_tensor(rest[e], t.name("edge_src", e), [None], INDEX_DTYPES, where)
         seeds, num = nodes[s][0], sum(nodes[s])
         if len(rels) == 1:  # one relation numbers the new nodes: one pass (a plain graph's)
-            out.update(_one_relation(tensors, t, rels[0], rest[rels[0]], sum(edges[rels[0]]), seeds, num,
-                                     where))
+            e, name, num_edges = rels[0], t.name("edge_new", rels[0]), sum(edges[rels[0]])
+            try:  # every edge that reaches a new node is marked
+                out[e] = expand_sources(rest[e], tensors[name], num_edges, seeds)
+            except ValueError as exc:
+                raise BatchDecodeError(f"{where}: tensor {name!r}: {exc}") from None
+            if num_edges - rest[e].numel() != num - seeds:
+                raise BatchDecodeError(f"{where}: tensor {name!r}: expected {num - seeds} marked edges (the "
+                                       f"new nodes), got {num_edges - rest[e].numel()}")
             continue
         try:
             got = expand_typed_sources({edge_type_name(e): rest[e] for e in rels},
@@ -342,21 +348,6 @@ def _marked_sources(tensors: dict[str, torch.Tensor], spec: BatchSpec, nodes: di
             raise BatchDecodeError(f"{where}: tensor {exc}") from exc
         out.update({e: got[edge_type_name(e)] for e in rels})
     return out
-
-
-def _one_relation(tensors: dict[str, torch.Tensor], t: TypedSpec, e: EdgeType, rest: torch.Tensor,
-                  num_edges: int, seeds: int, num: int, where: str) -> dict[EdgeType, torch.Tensor]:
-    """The sources of the only relation from its source type, from ``edge_src`` (``rest``)
-    and ``edge_new``: every edge that reaches a new node is marked."""
-    name = t.name("edge_new", e)
-    try:
-        sources = expand_sources(rest, tensors[name], num_edges, seeds)
-    except ValueError as exc:
-        raise BatchDecodeError(f"{where}: tensor {name!r}: {exc}") from None
-    if num_edges - rest.numel() != num - seeds:
-        raise BatchDecodeError(f"{where}: tensor {name!r}: expected {num - seeds} marked edges (the new "
-                               f"nodes), got {num_edges - rest.numel()}")
-    return {e: sources}
 
 
 def _edge_index(tensors: dict[str, torch.Tensor], spec: BatchSpec, e: EdgeType, nodes: dict[str, list[int]],

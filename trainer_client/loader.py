@@ -244,11 +244,18 @@ class RemoteNeighborLoader:
 
     def _open_caches(self, size: tuple[str, float], progress: bool | None) -> dict[str, FeatureCache]:
         """The plan's cache of each node type with features, each filled on first use per
-        cluster; {} when the plan is empty."""
+        cluster; {} when the plan is empty, or when the servers do not all follow one hot
+        order this trainer knows (e.g. older servers: the loader says so)."""
         if size[0] == "auto":  # after a 4-byte index per node of each type with features
             size = ("bytes", self.cluster.auto_cache_budget(self.device))
         plan = plan_caches(size, self.graph, inputs.WIRE_FEATURE_DTYPES[self.feature_dtype])
-        if not any(sum(counts) for counts, _ in plan.values()) or not self._servers_order_alike():
+        if not any(sum(counts) for counts, _ in plan.values()):
+            return {}
+        orders = {i.hot_order for i in self.cluster.infos}
+        if len(orders) != 1 or not orders <= set(KNOWN_HOT_ORDERS):
+            log.warning("cache_size: the servers' hot orders %s are not all one of %s (older "
+                        "servers?); running without the feature cache", sorted(orders),
+                        list(KNOWN_HOT_ORDERS))
             return {}
         return {t: self.cluster.feature_cache(counts, wire, self.device, progress=progress,
                                               reconnect=self.timeouts.reconnect, node_type=t)
@@ -263,17 +270,6 @@ class RemoteNeighborLoader:
         tables = {t: self.cluster.node_table(t) for t in self.graph.node_types}
         return {t: table for t, table in tables.items() if table is not None} \
             if all(table is not None for table in tables.values()) else {}
-
-    def _servers_order_alike(self) -> bool:
-        """Whether every server follows one hot order this trainer knows (else, e.g. with
-        older servers, the loader runs without the feature cache, and says so)."""
-        orders = {i.hot_order for i in self.cluster.infos}
-        if len(orders) != 1 or not orders <= set(KNOWN_HOT_ORDERS):
-            log.warning("cache_size: the servers' hot orders %s are not all one of %s (older "
-                        "servers?); running without the feature cache", sorted(orders),
-                        list(KNOWN_HOT_ORDERS))
-            return False
-        return True
 
     # ---- facts -----------------------------------------------------------------------
 
