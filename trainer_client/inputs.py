@@ -145,25 +145,22 @@ class GivenInput:
     split: str | None = None
 
 
-def sort_input(nodes: object) -> GivenInput:
-    """PyG's ``input_nodes`` forms: IDs or a mask, a split name, a node type (every node
-    of it), or ``(node_type, IDs or mask or None)``."""
-    if isinstance(nodes, str):
-        if nodes in SPLITS or nodes in SPLIT_ALIASES:
-            return GivenInput(split=nodes)
-        return GivenInput(node_type=nodes)
-    if isinstance(nodes, tuple) and len(nodes) == 2 and isinstance(nodes[0], str):
-        return GivenInput(node_type=nodes[0], nodes=nodes[1])
-    return GivenInput(nodes=nodes)  # type: ignore[arg-type]
-
-
 def seeds_source(split: str | None, input_nodes: object, seeds: object) -> tuple[str | None, GivenInput]:
     """The split to iterate (None: the input nodes' own) and the input nodes, from a
-    loader's ``split``, ``input_nodes`` and ``seeds`` (another name for ``input_nodes``)."""
+    loader's ``split``, ``input_nodes`` and ``seeds`` (another name for ``input_nodes``) in
+    PyG's forms: IDs or a mask, a split name, a node type (every node of it), or
+    ``(node_type, IDs or mask or None)``."""
     if input_nodes is not None and seeds is not None:
         raise ValueError("input_nodes, seeds: expected one of them (seeds is another name for "
                          "input_nodes), got both")
-    given = sort_input(input_nodes if input_nodes is not None else seeds)  # None: GivenInput()
+    nodes = input_nodes if input_nodes is not None else seeds
+    if isinstance(nodes, str):
+        named = nodes in SPLITS or nodes in SPLIT_ALIASES
+        given = GivenInput(split=nodes) if named else GivenInput(node_type=nodes)
+    elif isinstance(nodes, tuple) and len(nodes) == 2 and isinstance(nodes[0], str):
+        given = GivenInput(node_type=nodes[0], nodes=nodes[1])
+    else:
+        given = GivenInput(nodes=nodes)  # type: ignore[arg-type]
     if split is not None and (given.nodes is not None or given.node_type or given.split):
         raise ValueError(f"split, input_nodes: expected one of them, got split={split!r} and nodes")
     split = split if split is not None else given.split

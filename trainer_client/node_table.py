@@ -3,10 +3,8 @@
 A trainer with a feature cache is one that counts bytes per batch. Each batch would
 otherwise carry the original IDs (``orig_id``) and labels (``y``) of its nodes: with
 int32 IDs and int8 labels, 5 bytes per node, every batch. The table holds them once per
-job instead (5 bytes per node of the graph for most graphs, one table per node type,
-read with ``LookupNodes(owned_range=...)`` in blocks by the
-:class:`~trainer_client.cluster.Cluster`, :func:`trainer_client.fills.read_node_table`),
-and the loader looks each batch's nodes up in it; the batch is the same, value for value.
+job instead (one per node type, :func:`trainer_client.fills.read_node_table`), and the
+loader looks each batch's nodes up in it; the batch is the same, value for value.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """``python -m trainer_client.warmup``: compile and cache a trainer's Numba CPU kernels
 ahead of use.
 
-A trainer runs a few Numba kernels of its own on every batch: the node table's look-up
-of original IDs and labels (:mod:`trainer_client.node_table`) and the feature cache's
-assembly of ``x`` (:mod:`trainer_client.cache`). Numba compiles each the first time it
-runs, into ``NUMBA_CACHE_DIR`` for ``cache=True`` kernels; running this once where
-graphfeed is installed (the container image does, after ``python -m
-sampling_server.warmup``) moves that work out of the first batches of every trainer
-started later. The kernels' argument types are those of every graph's batches (int32 and
-int64 IDs, int8 labels, the wire's feature dtypes), so the cache serves real jobs.
+Numba compiles a kernel the first time it runs (into ``NUMBA_CACHE_DIR`` for
+``cache=True`` kernels); running this once where graphfeed is installed (the container
+image does, after ``python -m sampling_server.warmup``) moves that work out of the first
+batches of every trainer started later. The kernels run on the argument types of every
+graph's batches (int32 and int64 IDs, int8 labels, the wire's feature dtypes), so the
+cache serves real jobs.
 """
 
 from __future__ import annotations
