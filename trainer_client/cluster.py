@@ -34,11 +34,10 @@ from trainer_client.node_table import NodeTable
 log = logging.getLogger(__name__)
 
 #: ClusterInfo fields every server of one cluster must agree on.
-SHARED_FIELDS = (
-    "format_version", "graph_name", "num_nodes", "num_edges", "partition_book",
-    "num_partitions", "feature_dim", "feature_dtype", "num_classes", "split_sizes",
-    "has_edge_weights", "label_dtype", "graph_fingerprint", "typed",
-)
+SHARED_FIELDS = ("format_version", "graph_name", "num_nodes", "num_edges", "partition_book",
+                 "num_partitions", "feature_dim", "feature_dtype", "num_classes", "split_sizes",
+                 "has_edge_weights", "label_dtype", "graph_fingerprint", "typed")
+
 
 def _parse_servers(servers: Sequence[str] | str) -> list[str]:
     """Addresses from a list or a comma-separated string; checks the form."""

@@ -1,18 +1,16 @@
 """Turn the ``MinibatchChunk`` messages of one batch into a PyG ``Data`` (a ``HeteroData``
-on a typed graph).
+on a typed graph), laid out as PyG's ``NeighborLoader`` lays out its batches.
 
 Decoding does not copy: every tensor that arrived in one chunk is a read-only view of
 the message's bytes (:class:`protos.assembler.TensorAssembler`), and one spread over several
 chunks is copied once, from the messages straight into its final buffer; those buffers
 come from a :class:`protos.buffers.BufferPool` that hands a buffer out again once no
-tensor of an earlier batch refers to it. The result is laid out as PyG's
-``NeighborLoader`` lays out its batches (:func:`~trainer_client.batch_checks.build_data`).
-
-Two steps, so that the cheap one runs where it belongs:
+tensor of an earlier batch refers to it. Two steps, so that the cheap one runs where it
+belongs:
 
 * :class:`BatchAssembler` (reader thread): chunks in, a CPU :class:`DecodedBatch` out,
-  every message checked here and every tensor against the request (:class:`BatchSpec`,
-  :mod:`trainer_client.batch_checks`: one path for plain and typed batches);
+  every message checked here and every tensor against the request
+  (:mod:`trainer_client.batch_checks`);
 * :func:`to_device` (consumer): move the batch to the training device (half-precision
   features travel at half size; the loader casts them there).
 """
