@@ -157,12 +157,6 @@ def build_job_model(args: argparse.Namespace, graph: TypedGraph) -> torch.nn.Mod
                        heads=args.heads)
 
 
-def model_config(args: argparse.Namespace, graph: TypedGraph) -> dict[str, Any]:
-    """What a checkpoint's weights are of (``--heads`` shapes only the plain GAT)."""
-    config = {"model": args.model, "hidden": args.hidden, "layers": args.layers}
-    return config if graph.typed else {**config, "heads": args.heads}
-
-
 def one_pass(model: torch.nn.Module, source: BatchSource, env: DistEnv,
              optimizer: torch.optim.Optimizer | None = None, *, progress: bool = False,
              epoch: int = 0) -> tuple[float, float, int, float, float]:
@@ -222,14 +216,6 @@ def _traffic(source: BatchSource) -> tuple[float, float | None]:
     return round(stats.bytes / 1e6, 3), round(stats.hit_rate, 4) if source.caches else None
 
 
-def _wrapped(model: torch.nn.Module, name: str, env: DistEnv) -> torch.nn.Module:
-    if not env.distributed:
-        return model
-    device_ids = [env.device.index] if env.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids,
-                                   find_unused_parameters=FIND_UNUSED_PARAMETERS.get(name, False))
-
-
 def run(args: argparse.Namespace, env: DistEnv, job: Job) -> dict[str, Any]:
     """Train; validate every epoch and keep the model of the best validation accuracy;
     test that model at the end; return the metrics."""
@@ -237,7 +223,9 @@ def run(args: argparse.Namespace, env: DistEnv, job: Job) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     model = build_job_model(args, graph).to(env.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    record = RunRecord(model_config(args, graph), graph.identity(), graph.to_json(), job.source)
+    config = {"model": args.model, "hidden": args.hidden, "layers": args.layers}  # what the weights are of
+    record = RunRecord(config if graph.typed else {**config, "heads": args.heads},  # --heads: the plain GAT's
+                       graph.identity(), graph.to_json(), job.source)
     ckpt, best_path, start, history, selection = resume_state(args, model, optimizer, record, env)
     kind = f"typed: {list(graph.node_types)}, target {graph.target_type!r}" if graph.typed else "plain"
     log.info("graph %s (%s, %d classes): model %s; batch size %d per rank: %d seeds per optimizer step over "
@@ -245,7 +233,9 @@ def run(args: argparse.Namespace, env: DistEnv, job: Job) -> dict[str, Any]:
              args.batch_size * env.world_size, env.world_size,
              "full neighbors, layer-wise" if job.eval_fanouts is None else
              f"sampled, fanouts {job.eval_fanouts}")
-    ddp = _wrapped(model, args.model, env)
+    ddp = model if not env.distributed else DistributedDataParallel(
+        model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
+        find_unused_parameters=FIND_UNUSED_PARAMETERS.get(args.model, False))
     progress = env.rank == 0 and not args.no_progress and sys.stderr.isatty()
     started = time.perf_counter()
     for epoch in range(start, args.epochs):
