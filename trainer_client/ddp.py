@@ -198,12 +198,6 @@ def _graph_named(graph: dict[str, str] | None) -> str:
     return f"graph {graph.get('name', '')!r}" + (f" (fingerprint {fingerprint[:12]})" if fingerprint else "")
 
 
-def _same_graph(a: dict[str, str], b: dict[str, str]) -> bool:
-    if a.get("fingerprint") and b.get("fingerprint"):
-        return a["fingerprint"] == b["fingerprint"]
-    return a.get("name") == b.get("name")
-
-
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, record: RunRecord,
                     device: torch.device) -> tuple[int, list[dict[str, Any]]]:
     """Load a checkpoint with ``weights_only=True`` into ``model`` and ``optimizer``;
@@ -220,7 +214,9 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
                           f"not on {record.source} {_graph_named(record.graph)}{why}; resume against the "
                           f"graph it was trained on, or start in another --checkpoint-dir")
 
-    if saved is not None and not _same_graph(saved, record.graph):
+    # the same graph: the same fingerprint where both record one, else the same name
+    same = "fingerprint" if saved and saved.get("fingerprint") and record.graph.get("fingerprint") else "name"
+    if saved is not None and saved.get(same) != record.graph.get(same):
         raise refused("")
     if config != record.config:
         raise ValueError(f"--resume: checkpoint {path} was written for {config}, not {record.config}")
