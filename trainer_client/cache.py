@@ -140,9 +140,8 @@ def plan_counts(size: tuple[str, float], partition_book: Sequence[int] | np.ndar
                          f"loader: auto_cache_bytes), got {kind!r}")
     book = np.asarray(partition_book, dtype=np.int64)
     total = int(book[-1])
-    budget = math.floor(amount * total) if kind == "fraction" else \
-        int(amount) // max(row_bytes, 1) if kind == "bytes" else int(amount)
-    budget = min(budget, total)
+    budget = min(total, math.floor(amount * total) if kind == "fraction" else
+                 int(amount) // max(row_bytes, 1) if kind == "bytes" else int(amount))
     if total == 0 or budget <= 0:
         return [0] * (book.size - 1)
     return [int(n) * budget // total for n in np.diff(book)]

@@ -83,9 +83,8 @@ class BatchAssembler:
         GPU (see :class:`~protos.assembler.TensorAssembler`)."""
         self.spec = spec or BatchSpec()
         self.pool = pool if pool is not None else BufferPool()
-        if background_copies is None:
-            background_copies = default_background_copies()
-        self._tensors = TensorAssembler(pool=self.pool, background_copies=background_copies, pinned=pinned)
+        copies = default_background_copies() if background_copies is None else background_copies
+        self._tensors = TensorAssembler(pool=self.pool, background_copies=copies, pinned=pinned)
         self.reset()
 
     @property

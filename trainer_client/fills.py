@@ -199,8 +199,7 @@ def read_node_table(lookup: Lookup, addresses: Sequence[str], book: np.ndarray, 
     requests name it: "" on a plain graph; labels -1 but for the target type) from every
     server; None when a server does not answer ``owned_range`` (a server from before it)."""
     bounds = [int(b) for b in book]
-    orig = np.empty(bounds[-1], dtype=np.int64)
-    labels = np.empty(bounds[-1], dtype=np.int64)
+    orig, labels = np.empty(bounds[-1], dtype=np.int64), np.empty(bounds[-1], dtype=np.int64)
     for p in range(len(bounds) - 1):
         for first in range(bounds[p], bounds[p + 1], BLOCK):
             count = min(BLOCK, bounds[p + 1] - first)
@@ -218,8 +217,7 @@ def read_node_table(lookup: Lookup, addresses: Sequence[str], book: np.ndarray, 
                 raise NodeTableError(
                     f"LookupNodes(owned_range) at {addresses[p]}: expected original_ids and labels of "
                     f"shape [{count}], got {list(o.shape)} and {list(y.shape)}")
-            orig[first:first + count] = o
-            labels[first:first + count] = y
+            orig[first:first + count], labels[first:first + count] = o, y
     table = NodeTable(compact.narrowest(torch.from_numpy(orig), compact.INDEX_DTYPES),
                       compact.narrowest(torch.from_numpy(labels), compact.LABEL_DTYPES))
     log.info("node table%s: original IDs and labels of %d nodes, %.1f MiB", of_type, bounds[-1],

@@ -9,10 +9,8 @@ epochs exactly as the sampling servers plan global batches
 (:func:`~protos.plan.plan_global_epoch`, keys from
 :func:`~sampling_server.sampler.batch_key`), so its batches are those the servers would
 stream for the same arguments. It is a batch source of the trainer's loop
-(:class:`trainer_client.loop.BatchSource`): ``len()`` batches per epoch (equal on every
-rank), ``set_epoch``, iteration yielding a ``Data`` (a plain graph) or ``HeteroData`` (a
-typed one) laid out as PyG's ``NeighborLoader`` lays out its batches; ``graph.meta``
-holds the graph's facts.
+(:class:`trainer_client.loop.BatchSource`) whose batches are a ``Data`` (a plain graph)
+or a ``HeteroData`` (a typed one) as PyG's ``NeighborLoader`` lays them out.
 """
 
 from __future__ import annotations
@@ -55,15 +53,14 @@ class LocalGraph:
             raise ValueError(f"verify: expected 'full' or 'size', got {verify!r}")
         self.root = Path(partition_dir)
         self.manifest = read_manifest(self.root)
-        parts = [load_partition(self.root, p, verify=verify)  # type: ignore[arg-type]
-                 for p in range(self.manifest.num_partitions)]
+        self._parts = parts = [load_partition(self.root, p, verify=verify)  # type: ignore[arg-type]
+                               for p in range(self.manifest.num_partitions)]
         self.samplers = [create_sampler(part, "cpu") for part in parts]
         self.peers = InProcessPeers(self.samplers)
         self.meta = graph_of_manifest(self.manifest)
         target = self.manifest.target_type
         self._orig_target = [np.asarray(part.orig_ids[target], dtype=np.int64) for part in parts]
         self._starts = [part.node_range(target)[0] for part in parts]
-        self._parts = parts
         log.info("%s graph %s: %d partitions sampled in this process",
                  "typed" if self.meta.typed else "plain", self.manifest.graph_name,
                  self.manifest.num_partitions)
@@ -120,10 +117,9 @@ class InProcessLoader:
         target, plain = self.graph.meta.target_type, not self.graph.meta.typed
         for ref in self._plan.rank_batches(self.rank):
             positions = self._plan.positions(ref.part_batch)
-            sampler = self.graph.samplers[ref.partition]
-            batch = sampler.minibatch(self._seeds[positions], target, self.num_neighbors,
-                                      batch_key(self.seed, self.epoch, self.rank, ref.index),
-                                      remote=self.graph.peers)
+            batch = self.graph.samplers[ref.partition].minibatch(
+                self._seeds[positions], target, self.num_neighbors,
+                batch_key(self.seed, self.epoch, self.rank, ref.index), remote=self.graph.peers)
             data = to_pyg_data(batch, plain=plain)
             seeds_store = data if plain else data[target]
             seeds_store.input_id = torch.from_numpy(np.asarray(positions, dtype=np.int64))

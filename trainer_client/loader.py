@@ -265,9 +265,8 @@ class RemoteNeighborLoader:
         """Every node type's table, when batches leave original IDs and labels out
         (compact batches with a feature cache); all types or none ({} when a server cannot
         answer)."""
-        if not (self.compact_indices and self.caches):
-            return {}
-        tables = {t: self.cluster.node_table(t) for t in self.graph.node_types}
+        tables = {t: self.cluster.node_table(t) for t in self.graph.node_types} \
+            if self.compact_indices and self.caches else {}
         return {t: table for t, table in tables.items() if table is not None} \
             if all(table is not None for table in tables.values()) else {}
 
@@ -401,8 +400,7 @@ class RemoteNeighborLoader:
             return self._finish(batch, self.input_ids(refs[batch.index]))
 
         in_readers = self.device.type == "cpu"
-        stream = self.stream(finish if in_readers else None)
-        with stream:
+        with self.stream(finish if in_readers else None) as stream:
             self.last_stats = stream.stats
             for batch in stream:
                 if not in_readers:

@@ -66,7 +66,6 @@ class NodeTable:
         if bad >= 0:
             raise NodeTableError(f"tensor 'n_id': expected node IDs in 0 .. {self.orig.numel() - 1} "
                                  f"(the graph's), got {int(ids[bad])} at position {bad}")
-        data.internal_n_id = internal
-        data.n_id = torch.from_numpy(orig)
+        data.internal_n_id, data.n_id = internal, torch.from_numpy(orig)
         if labels:
             data.y = torch.from_numpy(y)

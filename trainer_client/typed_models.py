@@ -187,9 +187,8 @@ class TypedSAGE(nn.Module):
                 num_sampled_nodes: dict[str, list[int]] | None = None,
                 num_sampled_edges: dict[EdgeType, list[int]] | None = None) -> Tensor:
         """Logits ``[batch_size, num_classes]`` of the target type's seeds (no trimming)."""
-        h = self.input(x_dict, n_id_dict)
-        out = self.gnn(h, dict(edge_index_dict))
-        return out[self.target_type][:batch_size]
+        out: Tensor = self.gnn(self.input(x_dict, n_id_dict), dict(edge_index_dict))[self.target_type]
+        return out[:batch_size]
 
 
 def typed_batch_inputs(batch: HeteroData) -> TypedBatchInputs:
