@@ -12,7 +12,7 @@ defaults (compact structure, the servers' hot order); one more row, the first, i
 float32 baseline as a client without ``compact_indices`` receives it.
 
 On a graph of several partitions the cache fill alone is also timed (``--fill-passes``):
-every partition's rows at once, as ``FeatureCache.fill`` streams them, against one
+every partition's rows at once, as ``Cluster.fill_feature_cache`` streams them, against one
 partition after the other, alternating.
 
 Target: bytes per batch / 4 or better at 20 % cache + bfloat16 vs float32 without cache.
@@ -84,9 +84,7 @@ def measure(addresses: list[str], cache: float, dtype: str, num_batches: int,
                                   cache_progress=False, connect_timeout=600, stall_timeout=300,
                                   compact_indices=compact_indices)
     typed = loader.typed_graph
-    caches = list(loader.typed_caches.values()) if typed else [loader.cache] if loader.cache else []
-    tables = list(loader.typed_node_tables.values()) if typed else \
-        [loader.node_table] if loader.node_table else []
+    caches, tables = list(loader.caches.values()), list(loader.node_tables.values())
     # one feature width for every row (a homogeneous graph, or one typed type with features)
     widths = {d for d in typed.feature_dims.values() if d} if typed else {loader.num_features}
     fill = time.perf_counter() - started
@@ -136,7 +134,7 @@ def typed_partition(data: Path, preset: str, parts: int = 2) -> Path:
 
 
 def compare_fills(addresses: list[str], fraction: float, dtype: str, passes: int) -> list[dict[str, Any]]:
-    """The cache fill alone (``FeatureCache.fill`` of ``fraction`` of every partition's
+    """The cache fill alone (``Cluster.fill_feature_cache`` of ``fraction`` of every partition's
     nodes), every partition at once (the trainer's way) against one partition after the
     other, alternating, ``passes`` times each; each fill's tables are freed after it."""
     import gc
@@ -146,7 +144,7 @@ def compare_fills(addresses: list[str], fraction: float, dtype: str, passes: int
     from protos import codec
     from protos.allocator import keep_freed_memory
     from trainer_client import cache as cache_module
-    from trainer_client.cache import FeatureCache, plan_counts
+    from trainer_client.cache import plan_counts
     from trainer_client.cluster import Cluster
 
     # as graphfeed-train does (after the rows above, which ran without it): each fill then
@@ -156,14 +154,14 @@ def compare_fills(addresses: list[str], fraction: float, dtype: str, passes: int
     at_once = cache_module.MAX_FILL_STREAMS
     rows: list[dict[str, Any]] = []
     with Cluster(addresses, connect_timeout=600) as cluster:
-        book = cluster.partition_book.tolist()
+        book = cluster.graph.books[cluster.graph.target_type].tolist()
         counts = plan_counts(("fraction", fraction), book, 1)
         for p in range(2 * passes + 1):  # the first fill (unrecorded) warms the servers
             streams = at_once if p % 2 else 1
             cache_module.MAX_FILL_STREAMS = streams
             try:
                 started = time.perf_counter()
-                cache = FeatureCache.fill(cluster, counts, wire, torch.device("cpu"), progress=False)
+                cache = cluster.fill_feature_cache(counts, wire, torch.device("cpu"), progress=False)
                 wall = time.perf_counter() - started
             finally:
                 cache_module.MAX_FILL_STREAMS = at_once

@@ -271,8 +271,9 @@ def test_the_loader_yields_the_same_batches_with_compact_batches_and_the_node_ta
         plain = RemoteNeighborLoader(cluster, "train", compact_indices=False, **args)
         request = lean._request()
         assert request.compact_indices and not request.include_original_ids and not request.include_labels
-        assert lean.node_table is not None and plain.node_table is None
-        assert lean.node_table.orig.dtype == torch.int32 and lean.node_table.labels.dtype == torch.int8
+        assert set(lean.node_tables) == {PLAIN_NODE_TYPE} and not plain.node_tables
+        table = lean.node_tables[PLAIN_NODE_TYPE]
+        assert table.orig.dtype == torch.int32 and table.labels.dtype == torch.int8
         count = 0
         for a, b in zip(lean, plain, strict=True):
             for key in ("n_id", "internal_n_id", "edge_index", "y", "x"):
@@ -282,7 +283,7 @@ def test_the_loader_yields_the_same_batches_with_compact_batches_and_the_node_ta
         assert count == len(lean) > 1
         assert lean.last_stats.bytes < 0.8 * plain.last_stats.bytes
         without_cache = RemoteNeighborLoader(cluster, "train", **{**args, "cache_size": 0})
-        assert without_cache.node_table is None and without_cache._request().include_original_ids
+        assert not without_cache.node_tables and without_cache._request().include_original_ids
 
 
 @pytest.mark.parametrize("table_dtype", [torch.int32, torch.int64])
@@ -318,7 +319,7 @@ def test_the_node_table_looks_batches_up_as_take_does(table_dtype: torch.dtype, 
 def test_owned_ranges_outside_the_partition_are_refused(servers: tuple[Path, list[str]]) -> None:
     _, addresses = servers
     with Cluster(addresses, connect_timeout=30) as cluster:
-        start, stop = (int(v) for v in cluster.partition_book[1:3])
+        start, stop = (int(v) for v in cluster.graph.books[PLAIN_NODE_TYPE][1:3])
         owned = "owned_range: expected global node IDs owned"
         for first, count, pattern in [(start, stop - start + 1, owned),
                                       (0, 1, "owned_range: expected global node IDs owned by partition 1"),

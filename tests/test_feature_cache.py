@@ -246,7 +246,7 @@ def test_the_partitions_fill_at_once(plain: tuple[Path, list[str]], monkeypatch:
 
     monkeypatch.setattr(fills, "_fill_partition", overlapping)
     with Cluster(addresses, connect_timeout=30) as cluster:
-        book = cluster.partition_book
+        book = cluster.graph.books[PLAIN_NODE_TYPE]
         counts = plan_counts(("fraction", 0.3), book.tolist(), 4)
         cache = cluster.fill_feature_cache(counts, pb.FLOAT32, torch.device("cpu"))
         assert most[0] == 3 and cache.num_rows == sum(counts)

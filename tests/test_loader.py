@@ -406,7 +406,7 @@ def test_a_rejected_request_is_raised_at_once_not_retried() -> None:
 def test_missing_servers_are_found_through_peer_addresses() -> None:
     with fake_cluster(UNEVEN) as cluster, Cluster(cluster.addresses[1], connect_timeout=5) as found:
         assert found.addresses == cluster.addresses
-        assert found.split_sizes("train") == [7, 3, 11]
+        assert [s.train for s in found.info.split_sizes] == [7, 3, 11]
 
 
 def test_servers_of_different_graphs_are_refused() -> None:

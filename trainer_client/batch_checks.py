@@ -75,15 +75,12 @@ class TypedSpec:
 
     def name(self, kind: str, key: str | EdgeType) -> str:
         """The wire name of tensor ``kind`` ("n_id", "edge_index" ...) of a node or edge type."""
-        if not self.named:
-            return kind
-        return f"{kind}/{key if isinstance(key, str) else edge_type_name(key)}"
+        return f"{kind}/{key if isinstance(key, str) else edge_type_name(key)}" if self.named else kind
 
     def count_field(self, kind: str, key: str | EdgeType) -> str:
         """The header field of a type's per-hop counts (``kind``: "nodes" or "edges")."""
-        if not self.named:
-            return f"num_sampled_{kind}"
-        return f"typed_sampled_{kind}[{key if isinstance(key, str) else edge_type_name(key)!r}]"
+        return f"typed_sampled_{kind}[{key if isinstance(key, str) else edge_type_name(key)!r}]" \
+            if self.named else f"num_sampled_{kind}"
 
     def featured(self, node_type: str) -> bool:
         dim = self.feature_dims.get(node_type, 0)
@@ -105,8 +102,6 @@ class BatchSpec:
     include_labels: bool = True
     #: Batches of this rank's epoch (``MinibatchHeader.num_batches`` must match).
     num_batches: int | None = None
-    #: Check that every ``edge_index`` entry lies in ``0 .. N-1`` (one pass over E).
-    check_edges: bool = True
     #: A typed graph's batches (``EpochRequest.typed``); None: a plain graph's.
     typed: TypedSpec | None = None
     #: The request set ``compact_indices``: accept the compact forms (protos/compact.py)
@@ -252,8 +247,8 @@ def _check_tensor(t: torch.Tensor, name: str, shape: Sequence[int | None], dtype
                   where: str) -> None:
     """Raise unless ``t`` has one of ``dtypes`` and ``shape`` (``None`` = any size)."""
     if t.dtype not in dtypes:
-        raise BatchDecodeError(
-            f"{where}: tensor {name!r}: expected dtype {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
+        raise BatchDecodeError(f"{where}: tensor {name!r}: expected dtype "
+                               f"{' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
     ok = t.dim() == len(shape) and all(s is None or s == d for s, d in zip(shape, t.shape, strict=False))
     if not ok:
         want = ["*" if s is None else s for s in shape]
@@ -336,8 +331,14 @@ def _marked_sources(tensors: dict[str, torch.Tensor], spec: BatchSpec, nodes: di
             _check_tensor(rest[e], t.name("edge_src", e), [None], INDEX_DTYPES, where)
         seeds, num = nodes[s][0], sum(nodes[s])
         if len(rels) == 1:  # one relation numbers the new nodes: one pass (a plain graph's)
-            out.update(_one_relation(tensors, t, rels[0], rest[rels[0]], sum(edges[rels[0]]), seeds, num,
-                                     where))
+            e, name, num_edges = rels[0], t.name("edge_new", rels[0]), sum(edges[rels[0]])
+            try:  # every edge that reaches a new node is marked
+                out[e] = expand_sources(rest[e], tensors[name], num_edges, seeds)
+            except ValueError as exc:
+                raise BatchDecodeError(f"{where}: tensor {name!r}: {exc}") from None
+            if num_edges - rest[e].numel() != num - seeds:
+                raise BatchDecodeError(f"{where}: tensor {name!r}: expected {num - seeds} marked edges (the "
+                                       f"new nodes), got {num_edges - rest[e].numel()}")
             continue
         try:
             got = expand_typed_sources({edge_type_name(e): rest[e] for e in rels},
@@ -347,21 +348,6 @@ def _marked_sources(tensors: dict[str, torch.Tensor], spec: BatchSpec, nodes: di
             raise BatchDecodeError(f"{where}: tensor {exc}") from exc
         out.update({e: got[edge_type_name(e)] for e in rels})
     return out
-
-
-def _one_relation(tensors: dict[str, torch.Tensor], t: TypedSpec, e: EdgeType, rest: torch.Tensor,
-                  num_edges: int, seeds: int, num: int, where: str) -> dict[EdgeType, torch.Tensor]:
-    """The sources of the only relation from its source type, from ``edge_src`` (``rest``)
-    and ``edge_new``: every edge that reaches a new node is marked."""
-    name = t.name("edge_new", e)
-    try:
-        sources = expand_sources(rest, tensors[name], num_edges, seeds)
-    except ValueError as exc:
-        raise BatchDecodeError(f"{where}: tensor {name!r}: {exc}") from None
-    if num_edges - rest.numel() != num - seeds:
-        raise BatchDecodeError(f"{where}: tensor {name!r}: expected {num - seeds} marked edges (the new "
-                               f"nodes), got {num_edges - rest.numel()}")
-    return {e: sources}
 
 
 def _edge_index(tensors: dict[str, torch.Tensor], spec: BatchSpec, e: EdgeType, nodes: dict[str, list[int]],
@@ -379,7 +365,7 @@ def _edge_index(tensors: dict[str, torch.Tensor], spec: BatchSpec, e: EdgeType, 
         edge_index = _require(tensors, name, where, "every batch has it")
         _check_tensor(edge_index, name, [2, num_edges], INDEX_DTYPES if spec.narrow else _INT64, where)
         edge_index = widen(edge_index)
-    if spec.check_edges and edge_index.numel():
+    if edge_index.numel():  # every entry in 0 .. N-1: one pass over E
         # NumPy, single-threaded: torch's intra-op threads would wake for this one pass and
         # fight the trainer's own threads for the cores
         indices = edge_index.numpy()

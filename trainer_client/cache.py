@@ -9,12 +9,9 @@ one count per partition (``EpochRequest.cache_counts``): the trainer holds the f
 ``counts[p]`` nodes of partition ``p``'s order. The budget (``cache_size``: a fraction
 of all nodes, or bytes) is split across partitions in proportion to their node counts.
 
-The cache fills once per job (:meth:`Cluster.feature_cache
-<trainer_client.cluster.Cluster.feature_cache>`: ``StreamHotNodes`` from every
-partition's server at once, streamed in blocks, with a progress bar on a terminal,
-:mod:`trainer_client.fills`) and is shared by every loader of one
-:class:`~trainer_client.cluster.Cluster` with the same plan, dtype and device. This
-module holds the plan and the table; it makes no calls.
+The cache fills once per job and is shared by the loaders of one
+:class:`~trainer_client.cluster.Cluster` (:meth:`~trainer_client.cluster.Cluster.feature_cache`,
+:mod:`trainer_client.fills`); this module holds the plan and the table and makes no calls.
 Per batch, :meth:`FeatureCache.assemble` rebuilds the full ``x`` on the device: cached
 rows by index, received rows scattered in; the result is bit-identical to the ``x`` a
 trainer without the cache receives.
@@ -29,7 +26,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Protocol
 
 import numba
 import numpy as np
@@ -110,23 +106,15 @@ def _assemble_rows(rows: np.ndarray, flat: np.ndarray, slot: np.ndarray, n_id: n
 #: (wire dtype, output dtype) -> the shift of the conversions :func:`_assemble_rows` does
 #: exactly on the dtypes' words (:func:`protos.halfcast.words`): a copy, or bfloat16 ->
 #: float32.
-_CPU_ASSEMBLY = {
-    (torch.float32, torch.float32): 0,
-    (torch.float64, torch.float64): 0,
-    (torch.float16, torch.float16): 0,
-    (torch.bfloat16, torch.bfloat16): 0,
-    (torch.bfloat16, torch.float32): 16,
-}
+CPU_ASSEMBLY = {(t, t): 0 for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16)} | \
+    {(torch.bfloat16, torch.float32): 16}
 
 
 def parse_cache_size(value: object, field: str = "cache_size") -> tuple[str, float]:
     """``("auto", 0)``, ``("fraction", f)`` with ``0 <= f <= 1`` or ``("bytes", b)``;
-    raises naming ``field``.
-
-    Numbers are fractions of all nodes (``0.2``); strings may be ``"auto"``, a fraction, a
-    percentage (``"20%"``) or a size with a unit (``"2GiB"``, ``"512MB"``, ``"1000B"``):
-    the syntax of the server's ``gpu_cache_size``.
-    """
+    raises naming ``field``. The syntax of the server's ``gpu_cache_size``
+    (:func:`protos.sizes.parse_cache_amount`): ``"auto"``, a fraction of all nodes
+    (``0.2``), a percentage (``"20%"``) or a size with a unit (``"2GiB"``)."""
     size = parse_cache_amount(value, field, _EXPECTED)
     return size.kind, size.amount
 
@@ -152,9 +140,8 @@ def plan_counts(size: tuple[str, float], partition_book: Sequence[int] | np.ndar
                          f"loader: auto_cache_bytes), got {kind!r}")
     book = np.asarray(partition_book, dtype=np.int64)
     total = int(book[-1])
-    budget = math.floor(amount * total) if kind == "fraction" else \
-        int(amount) // max(row_bytes, 1) if kind == "bytes" else int(amount)
-    budget = min(budget, total)
+    budget = min(total, math.floor(amount * total) if kind == "fraction" else
+                 int(amount) // max(row_bytes, 1) if kind == "bytes" else int(amount))
     if total == 0 or budget <= 0:
         return [0] * (book.size - 1)
     return [int(n) * budget // total for n in np.diff(book)]
@@ -184,14 +171,6 @@ def plan_caches(size: tuple[str, float], graph: TypedGraph, wire_dtype: int | No
     return plan
 
 
-class CacheSource(Protocol):
-    """What fills a cache from the servers (a :class:`~trainer_client.cluster.Cluster`)."""
-
-    def fill_feature_cache(self, counts: Sequence[int], wire_dtype: int, device: torch.device, *,
-                           progress: bool | None = None, timeout: float = 600.0,
-                           reconnect: float = 15.0, node_type: str | None = None) -> FeatureCache: ...
-
-
 class FeatureCache:
     """Features of the hottest nodes of one node type on one device, by global node ID."""
 
@@ -219,17 +198,6 @@ class FeatureCache:
         """Device memory the cache takes (rows plus the slot index)."""
         return self.rows.numel() * self.rows.element_size() + self.slot.numel() * self.slot.element_size()
 
-    @classmethod
-    def fill(cls, source: CacheSource, counts: Sequence[int], wire_dtype: int, device: torch.device,
-             *, progress: bool | None = None, timeout: float = 600.0, reconnect: float = 15.0,
-             node_type: str | None = None) -> FeatureCache:
-        """A cache of ``counts`` filled from ``source``'s servers: a
-        :class:`~trainer_client.cluster.Cluster`'s :meth:`fill_feature_cache
-        <trainer_client.cluster.Cluster.fill_feature_cache>` (node type None: the plain
-        graph's, or a typed graph's target type)."""
-        return source.fill_feature_cache(counts, wire_dtype, device, progress=progress, timeout=timeout,
-                                         reconnect=reconnect, node_type=node_type)
-
     def assemble(self, x_missing: torch.Tensor, cached: torch.Tensor, n_id: torch.Tensor,
                  dtype: torch.dtype | None = None) -> torch.Tensor:
         """The full ``x`` of a batch: rows marked in ``cached`` from the cache, the others
@@ -243,7 +211,7 @@ class FeatureCache:
                              f"(the nodes not marked in 'x_cached'), got {x_missing.dtype} with "
                              f"{x_missing.shape[0]}")
         out_dtype = dtype or self.rows.dtype
-        shift = _CPU_ASSEMBLY.get((self.rows.dtype, out_dtype))
+        shift = CPU_ASSEMBLY.get((self.rows.dtype, out_dtype))
         if self.rows.device.type == "cpu" and shift is not None:
             return self._assemble_cpu(x_missing, cached, n_id, out_dtype, shift)
         cached_pos = torch.nonzero(cached).flatten()

@@ -34,14 +34,9 @@ from trainer_client.node_table import NodeTable
 log = logging.getLogger(__name__)
 
 #: ClusterInfo fields every server of one cluster must agree on.
-SHARED_FIELDS = (
-    "format_version", "graph_name", "num_nodes", "num_edges", "partition_book",
-    "num_partitions", "feature_dim", "feature_dtype", "num_classes", "split_sizes",
-    "has_edge_weights", "label_dtype", "graph_fingerprint", "typed",
-)
-
-def _default_client_id() -> str:
-    return f"trainer-{socket.gethostname()}-{os.getpid()}"
+SHARED_FIELDS = ("format_version", "graph_name", "num_nodes", "num_edges", "partition_book",
+                 "num_partitions", "feature_dim", "feature_dtype", "num_classes", "split_sizes",
+                 "has_edge_weights", "label_dtype", "graph_fingerprint", "typed")
 
 
 def _parse_servers(servers: Sequence[str] | str) -> list[str]:
@@ -69,24 +64,19 @@ class Cluster:
     waited for, up to ``connect_timeout`` seconds in all, saying every few seconds what
     for; when every server has refused connections for ``refused_grace`` seconds
     (nothing listens at those addresses), it stops waiting at once, naming the fix
-    (:mod:`trainer_client.connect`).
+    (:mod:`trainer_client.connect`). Methods that take a ``node_type`` default to the
+    target type (a plain graph's one node type).
     """
 
-    def __init__(
-        self,
-        servers: Sequence[str] | str,
-        *,
-        connect_timeout: float = 60.0,
-        rpc_timeout: float = 30.0,
-        client_id: str | None = None,
-        refused_grace: float = REFUSED_GRACE,
-    ) -> None:
+    def __init__(self, servers: Sequence[str] | str, *, connect_timeout: float = 60.0,
+                 rpc_timeout: float = 30.0, client_id: str | None = None,
+                 refused_grace: float = REFUSED_GRACE) -> None:
         addresses = _parse_servers(servers)
         for name, value in (("connect_timeout", connect_timeout), ("rpc_timeout", rpc_timeout),
                             ("refused_grace", refused_grace)):
             if not value > 0:
                 raise ValueError(f"{name}: expected seconds > 0, got {value}")
-        self.client_id = client_id or _default_client_id()
+        self.client_id = client_id or f"trainer-{socket.gethostname()}-{os.getpid()}"
         self._rpc_timeout = rpc_timeout
         self._channels: dict[str, grpc.Channel] = {}
         self._caches: dict[tuple[tuple[int, ...], int, str, str], FeatureCache] = {}
@@ -120,11 +110,7 @@ class Cluster:
         #: Stubs of the servers, indexed by partition ID.
         self.stubs = [pb_grpc.SamplingServiceStub(self._channels[a]) for a in self.addresses]
         #: Per partition: the epoch stream whose tensors stay views of the received bytes.
-        self.stream_stubs = [fastwire.MinibatchStreamStub(self._channels[a])
-                             for a in self.addresses]
-        #: Partition book: partition ``p`` owns global IDs ``book[p] .. book[p+1]-1``
-        #: (a plain graph's; each node type's in :attr:`graph`).
-        self.partition_book = np.asarray(self.info.partition_book, dtype=np.int64)
+        self.stream_stubs = [fastwire.MinibatchStreamStub(self._channels[a]) for a in self.addresses]
         #: The graph's facts (a plain graph as one node type and one edge type).
         self.graph = TypedGraph.from_info(self.info)
 
@@ -165,14 +151,21 @@ class Cluster:
         order = np.argsort(orig, kind="stable")
         return orig[order], glob[order]
 
+    def _type(self, node_type: str | None) -> str:
+        """``node_type``, checked (None: the target type)."""
+        t = node_type or self.graph.target_type
+        if t not in self.graph.books:
+            raise ValueError(f"node_type: expected one of {list(self.graph.node_types)}, got {node_type!r}")
+        return t
+
     def global_ids(self, original: np.ndarray, node_type: str | None = None) -> np.ndarray:
-        """Global IDs of original node IDs (integers, of ``node_type``: by default the
-        plain graph's, or the typed graph's target type); every one must be in the graph."""
+        """Global IDs of original node IDs (integers, of ``node_type``); every one must be
+        in the graph."""
         original = np.asarray(original)
         if original.dtype == np.bool_ or not np.issubdtype(original.dtype, np.integer):
             raise ValueError(f"original: expected integer node IDs, got dtype {original.dtype}")
         tensor = encode_tensor(np.ascontiguousarray(original, dtype=np.int64))
-        wire_type = self.graph.wire_type(node_type or self.graph.target_type)
+        wire_type = self.graph.wire_type(self._type(node_type))
         replies = self._lookup_all(lambda: pb.LookupNodesRequest(original_ids=tensor, node_type=wire_type))
         found = np.stack([decode_tensor(r.global_ids) for r in replies]).max(axis=0)
         missing = original[found < 0]
@@ -181,26 +174,18 @@ class Cluster:
                              "that no server holds")
         return found.astype(np.int64)
 
-    def split_sizes(self, split: str) -> list[int]:
-        """Seeds of ``split`` owned by each partition."""
-        return [int(getattr(s, split)) for s in self.info.split_sizes]
-
     def partition_of(self, nodes: np.ndarray, node_type: str | None = None) -> np.ndarray:
-        """Partition owning each global node ID (of ``node_type``, by default the plain
-        graph's or the typed graph's target type)."""
-        t = node_type or self.graph.target_type
-        if t not in self.graph.books:
-            raise ValueError(f"node_type: expected one of {list(self.graph.node_types)}, got {node_type!r}")
-        return np.searchsorted(self.graph.books[t], nodes, side="right") - 1
+        """Partition owning each global node ID (of ``node_type``)."""
+        return np.searchsorted(self.graph.books[self._type(node_type)], nodes, side="right") - 1
 
     def feature_cache(self, counts: list[int], wire_dtype: int, device: torch.device, *,
                       progress: bool | None = None, reconnect: float = 15.0,
                       node_type: str | None = None) -> FeatureCache:
-        """The feature cache of this plan, dtype and device (of ``node_type``, by default
-        the plain graph's or the typed graph's target type): filled on first use, then
-        shared (so it fills once per job, not per loader or epoch). ``reconnect``: seconds
-        a partition's broken fill stream is retried (:meth:`fill_feature_cache`)."""
-        t = node_type or self.graph.target_type
+        """The feature cache of this plan, dtype and device (of ``node_type``): filled on
+        first use, then shared (so it fills once per job, not per loader or epoch).
+        ``reconnect``: seconds a partition's broken fill stream is retried
+        (:meth:`fill_feature_cache`)."""
+        t = self._type(node_type)
         key = (tuple(counts), int(wire_dtype), str(device), t)
         with self._cache_lock:
             if key not in self._caches:
@@ -209,17 +194,13 @@ class Cluster:
             return self._caches[key]
 
     def fill_feature_cache(self, counts: Sequence[int], wire_dtype: int, device: torch.device, *,
-                           progress: bool | None = None, timeout: float = 600.0, reconnect: float = 15.0,
+                           progress: bool | None = None, reconnect: float = 15.0,
                            node_type: str | None = None) -> FeatureCache:
         """A new feature cache of the plan ``counts`` (the hottest ``counts[p]`` nodes of
         partition ``p``, of ``node_type``), streamed from every server at once
         (:func:`trainer_client.fills.fill_feature_cache`: a partition whose stream breaks
-        is filled again for up to ``reconnect`` seconds; ``timeout``: each stream's
-        deadline)."""
-        graph = self.graph
-        t = node_type or graph.target_type
-        if t not in graph.books:
-            raise ValueError(f"node_type: expected one of {list(graph.node_types)}, got {node_type!r}")
+        is filled again for up to ``reconnect`` seconds)."""
+        graph, t = self.graph, self._type(node_type)
         # the stored dtype is asked for as such (servers before it could be named refuse
         # float64 by name)
         asked = pb.DTYPE_UNSPECIFIED if wire_dtype == graph.feature_dtypes[t] else wire_dtype
@@ -233,7 +214,7 @@ class Cluster:
 
         return fill_feature_cache(open_stream, self.addresses, counts, graph.books[t], graph.feature_dims[t],
                                   wire_dtype, device, node_type=t, of_type=graph.of_type(t),
-                                  progress=progress, timeout=timeout, reconnect=reconnect)
+                                  progress=progress, reconnect=reconnect)
 
     def auto_cache_budget(self, device: torch.device) -> int:
         """Bytes of ``cache_size="auto"`` on ``device`` (:func:`auto_cache_bytes`, after
@@ -248,9 +229,9 @@ class Cluster:
 
     def node_table(self, node_type: str | None = None) -> NodeTable | None:
         """Every node's original ID and label (:mod:`trainer_client.node_table`; of
-        ``node_type``'s nodes, by default the plain graph's or the typed graph's target
-        type), read on first use, then shared; None when the servers cannot answer it."""
-        t = node_type or self.graph.target_type
+        ``node_type``'s nodes), read on first use, then shared; None when the servers
+        cannot answer it."""
+        t = self._type(node_type)
         with self._cache_lock:
             if t not in self._node_tables:
                 self._node_tables[t] = read_node_table(self.lookup, self.addresses, self.graph.books[t],
@@ -266,9 +247,8 @@ class Cluster:
     def __enter__(self) -> Cluster:
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close()
 
 
@@ -282,21 +262,16 @@ def check_cluster(infos: dict[str, pb.ClusterInfo]) -> list[str]:
             if name in ("partition_book", "split_sizes"):
                 mine, theirs = list(mine), list(theirs)
             if mine != theirs:
-                raise ValueError(
-                    f"ClusterInfo.{name}: servers disagree: {first_address} says {mine!r}, "
-                    f"{address} says {theirs!r} (are they serving the same partitioning?)"
-                )
+                raise ValueError(f"ClusterInfo.{name}: servers disagree: {first_address} says {mine!r}, "
+                                 f"{address} says {theirs!r} (are they serving the same partitioning?)")
     num_parts = int(first.num_partitions)
     book = list(first.partition_book)
     if len(book) != num_parts + 1 or book[0] != 0 or book[-1] != first.num_nodes or book != sorted(book):
-        raise ValueError(
-            f"ClusterInfo.partition_book: expected {num_parts + 1} non-decreasing offsets from 0 to "
-            f"{first.num_nodes}, got {book}"
-        )
+        raise ValueError(f"ClusterInfo.partition_book: expected {num_parts + 1} non-decreasing offsets from "
+                         f"0 to {first.num_nodes}, got {book}")
     if len(first.split_sizes) != num_parts:
-        raise ValueError(
-            f"ClusterInfo.split_sizes: expected {num_parts} entries, got {len(first.split_sizes)}"
-        )
+        raise ValueError(f"ClusterInfo.split_sizes: expected {num_parts} entries, got "
+                         f"{len(first.split_sizes)}")
     by_partition: dict[int, str] = {}
     for address, info in infos.items():
         p = int(info.partition_id)
@@ -307,8 +282,6 @@ def check_cluster(infos: dict[str, pb.ClusterInfo]) -> list[str]:
         by_partition[p] = address
     missing = [p for p in range(num_parts) if p not in by_partition]
     if missing:
-        raise ValueError(
-            f"servers: expected one server per partition 0 .. {num_parts - 1}, missing {missing} "
-            f"(got {sorted(infos)})"
-        )
+        raise ValueError(f"servers: expected one server per partition 0 .. {num_parts - 1}, missing "
+                         f"{missing} (got {sorted(infos)})")
     return [by_partition[p] for p in range(num_parts)]

@@ -102,11 +102,11 @@ def resolve_device(device: str, local_rank: int) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
         raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {device!r}") from None
     if dev.type == "cpu":
         return dev
-    if dev.type != "cuda":
-        raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {device!r}")
     if not torch.cuda.is_available():
         raise ValueError(f"--device {device}: CUDA is not available here (torch.cuda.is_available() is "
                          "False); use --device cpu, or auto")
@@ -130,7 +130,6 @@ def all_reduce_sums(values: Sequence[float], env: DistEnv) -> list[float]:
     t = torch.tensor(list(values), dtype=torch.float64, device=env.comm_device)
     dist.all_reduce(t)
     return [float(v) for v in t.tolist()]
-
 
 
 # ---- figures of an epoch ---------------------------------------------------------------
@@ -199,12 +198,6 @@ def _graph_named(graph: dict[str, str] | None) -> str:
     return f"graph {graph.get('name', '')!r}" + (f" (fingerprint {fingerprint[:12]})" if fingerprint else "")
 
 
-def _same_graph(a: dict[str, str], b: dict[str, str]) -> bool:
-    if a.get("fingerprint") and b.get("fingerprint"):
-        return a["fingerprint"] == b["fingerprint"]
-    return a.get("name") == b.get("name")
-
-
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, record: RunRecord,
                     device: torch.device) -> tuple[int, list[dict[str, Any]]]:
     """Load a checkpoint with ``weights_only=True`` into ``model`` and ``optimizer``;
@@ -221,7 +214,9 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
                           f"not on {record.source} {_graph_named(record.graph)}{why}; resume against the "
                           f"graph it was trained on, or start in another --checkpoint-dir")
 
-    if saved is not None and not _same_graph(saved, record.graph):
+    # the same graph: the same fingerprint where both record one, else the same name
+    same = "fingerprint" if saved and saved.get("fingerprint") and record.graph.get("fingerprint") else "name"
+    if saved is not None and saved.get(same) != record.graph.get(same):
         raise refused("")
     if config != record.config:
         raise ValueError(f"--resume: checkpoint {path} was written for {config}, not {record.config}")
@@ -292,11 +287,9 @@ class Selection:
         return cls(int(best["epoch"]), float(best["val_acc"]), state)
 
 
-
-def resume_state(
-    args: argparse.Namespace, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-    record: RunRecord, env: DistEnv,
-) -> tuple[Path | None, Path | None, int, list[dict[str, Any]], Selection]:
+def resume_state(args: argparse.Namespace, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 record: RunRecord, env: DistEnv
+                 ) -> tuple[Path | None, Path | None, int, list[dict[str, Any]], Selection]:
     """The checkpoint paths (None without ``--checkpoint-dir``), the first epoch, the history
     and the best-validation selection: from the checkpoint with ``--resume``, else fresh."""
     ckpt = args.checkpoint_dir / CHECKPOINT_NAME if args.checkpoint_dir else None

@@ -1,35 +1,28 @@
 """Turn the ``MinibatchChunk`` messages of one batch into a PyG ``Data`` (a ``HeteroData``
-on a typed graph).
+on a typed graph), laid out as PyG's ``NeighborLoader`` lays out its batches.
 
 Decoding does not copy: every tensor that arrived in one chunk is a read-only view of
 the message's bytes (:class:`protos.assembler.TensorAssembler`), and one spread over several
 chunks is copied once, from the messages straight into its final buffer; those buffers
 come from a :class:`protos.buffers.BufferPool` that hands a buffer out again once no
-tensor of an earlier batch refers to it. The result mirrors what PyG's ``NeighborLoader``
-yields: ``x``, ``edge_index``, ``y``, ``n_id``, ``batch_size``, ``num_sampled_nodes`` and
-``num_sampled_edges`` (for ``trim_to_layer``).
-
-Two steps, so that the cheap one runs where it belongs:
+tensor of an earlier batch refers to it. Two steps, so that the cheap one runs where it
+belongs:
 
 * :class:`BatchAssembler` (reader thread): chunks in, a CPU :class:`DecodedBatch` out,
-  every message checked here and every tensor against the request (:class:`BatchSpec`,
-  :mod:`trainer_client.batch_checks`: one path for plain and typed batches);
-* :func:`to_device` (consumer): move the batch to the training device and cast the
-  features (half-precision features travel at half size and are cast on the device).
-
-Anything malformed raises :class:`BatchDecodeError` (a :class:`protos.codec.CodecError`,
-itself a ``ValueError``) naming the field, what was expected and what was received.
+  every message checked here and every tensor against the request
+  (:mod:`trainer_client.batch_checks`);
+* :func:`to_device` (consumer): move the batch to the training device (half-precision
+  features travel at half size; the loader casts them there).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 from torch_geometric.data import Data, HeteroData
 
-from protos import halfcast
 from protos import sampling_pb2 as pb
 from protos.assembler import TensorAssembler
 from protos.buffers import BufferPool
@@ -90,15 +83,9 @@ class BatchAssembler:
         GPU (see :class:`~protos.assembler.TensorAssembler`)."""
         self.spec = spec or BatchSpec()
         self.pool = pool if pool is not None else BufferPool()
-        if background_copies is None:
-            background_copies = default_background_copies()
-        self._tensors = TensorAssembler(pool=self.pool, background_copies=background_copies,
-                                        pinned=pinned)
-        self._header: pb.MinibatchHeader | None = None
-        self._index = -1
-        self._next_chunk = 0
-        self._num_chunks = 0
-        self._nbytes = 0
+        copies = default_background_copies() if background_copies is None else background_copies
+        self._tensors = TensorAssembler(pool=self.pool, background_copies=copies, pinned=pinned)
+        self.reset()
 
     @property
     def background_copies(self) -> bool:
@@ -113,11 +100,8 @@ class BatchAssembler:
     def reset(self) -> None:
         """Drop a partly received batch (e.g. after the stream broke)."""
         self._tensors.reset()
-        self._header = None
-        self._index = -1
-        self._next_chunk = 0
-        self._num_chunks = 0
-        self._nbytes = 0
+        self._header: pb.MinibatchHeader | None = None
+        self._index, self._next_chunk, self._num_chunks, self._nbytes = -1, 0, 0, 0
 
     def add(self, msg: pb.MinibatchChunk | WireMessage) -> DecodedBatch | None:
         """Add the next message; return the batch when it is complete."""
@@ -143,36 +127,28 @@ class BatchAssembler:
         """Check the first message of a batch and remember its header."""
         where = f"MinibatchChunk of batch {msg.batch_index}"
         if msg.chunk_index != 0:
-            raise BatchDecodeError(
-                f"{where}: chunk_index: expected 0 (first message of a batch), got {msg.chunk_index}"
-            )
+            raise BatchDecodeError(f"{where}: chunk_index: expected 0 (first message of a batch), got "
+                                   f"{msg.chunk_index}")
         if msg.num_chunks < 1:
             raise BatchDecodeError(f"{where}: num_chunks: expected >= 1, got {msg.num_chunks}")
         if msg.batch_index < 0:
             raise BatchDecodeError(f"MinibatchChunk.batch_index: expected >= 0, got {msg.batch_index}")
         if not msg.HasField("header"):
             raise BatchDecodeError(f"{where}: header: expected a MinibatchHeader on chunk 0, got none")
-        self._header = msg.header
-        self._index = msg.batch_index
-        self._num_chunks = msg.num_chunks
+        self._header, self._index, self._num_chunks = msg.header, msg.batch_index, msg.num_chunks
 
     def _check_next(self, msg: pb.MinibatchChunk | WireMessage) -> None:
         """Check that a later message continues the batch being received."""
         if msg.batch_index != self._index:
-            raise BatchDecodeError(
-                f"MinibatchChunk.batch_index: expected {self._index} (chunk {self._next_chunk} of "
-                f"{self._num_chunks}), got {msg.batch_index} (batch {self._index} is incomplete)"
-            )
+            raise BatchDecodeError(f"MinibatchChunk.batch_index: expected {self._index} (chunk "
+                                   f"{self._next_chunk} of {self._num_chunks}), got {msg.batch_index} (batch "
+                                   f"{self._index} is incomplete)")
         if msg.chunk_index != self._next_chunk:
-            raise BatchDecodeError(
-                f"MinibatchChunk of batch {self._index}: chunk_index: expected {self._next_chunk}, "
-                f"got {msg.chunk_index}"
-            )
+            raise BatchDecodeError(f"MinibatchChunk of batch {self._index}: chunk_index: expected "
+                                   f"{self._next_chunk}, got {msg.chunk_index}")
         if msg.num_chunks != self._num_chunks:
-            raise BatchDecodeError(
-                f"MinibatchChunk of batch {self._index}: num_chunks: expected {self._num_chunks} as "
-                f"in chunk 0, got {msg.num_chunks}"
-            )
+            raise BatchDecodeError(f"MinibatchChunk of batch {self._index}: num_chunks: expected "
+                                   f"{self._num_chunks} as in chunk 0, got {msg.num_chunks}")
 
 
 def decode_batch(messages: Iterable[pb.MinibatchChunk], spec: BatchSpec | None = None) -> DecodedBatch:
@@ -181,10 +157,8 @@ def decode_batch(messages: Iterable[pb.MinibatchChunk], spec: BatchSpec | None =
     batch: DecodedBatch | None = None
     for msg in messages:
         if batch is not None:
-            raise BatchDecodeError(
-                f"MinibatchChunk: expected the messages of one batch, got more after batch "
-                f"{batch.index} was complete (batch_index {msg.batch_index})"
-            )
+            raise BatchDecodeError(f"MinibatchChunk: expected the messages of one batch, got more after "
+                                   f"batch {batch.index} was complete (batch_index {msg.batch_index})")
         batch = assembler.add(msg)
     if batch is None:
         got = "only part of them" if assembler.pending else "none"
@@ -195,36 +169,25 @@ def decode_batch(messages: Iterable[pb.MinibatchChunk], spec: BatchSpec | None =
 # ---- to the training device ------------------------------------------------------------
 
 
-def pin_batch(data: Data | HeteroData) -> Data | HeteroData:
-    """Copy a CPU batch's tensors into pinned memory (for ``non_blocking`` transfers);
-    tensors already there (decoded into pinned buffers) are kept as they are."""
-    for store in data.stores:
-        for key, value in list(store.items()):
-            if isinstance(value, torch.Tensor) and not value.is_pinned():
-                store[key] = value.pin_memory()
-    return data
-
-
-def to_device(
-    data: Data | HeteroData,
-    device: torch.device | str,
-    *,
-    feature_dtype: torch.dtype | None = torch.float32,
-    non_blocking: bool = False,
-) -> Data | HeteroData:
-    """Move a batch to ``device`` and cast every ``x`` to ``feature_dtype`` there (keep:
-    None).
-
-    Features are moved first and cast on the device, so half-precision features cross
-    the bus at half size. ``non_blocking`` only helps for pinned tensors.
-    """
-    device = torch.device(device)
+def _each_tensor(data: Data | HeteroData, change: Callable[[torch.Tensor], torch.Tensor]
+                 ) -> Data | HeteroData:
     for store in data.stores:
         for key, value in list(store.items()):
             if isinstance(value, torch.Tensor):
-                store[key] = value.to(device, non_blocking=non_blocking)
-        x = store.get("x")
-        if isinstance(x, torch.Tensor) and feature_dtype is not None and x.dtype != feature_dtype:
-            store["x"] = halfcast.cast(x, feature_dtype)
+                store[key] = change(value)
     return data
 
+
+def pin_batch(data: Data | HeteroData) -> Data | HeteroData:
+    """Copy a CPU batch's tensors into pinned memory (for ``non_blocking`` transfers);
+    tensors already there (decoded into pinned buffers) are kept as they are."""
+    return _each_tensor(data, lambda t: t if t.is_pinned() else t.pin_memory())
+
+
+def to_device(data: Data | HeteroData, device: torch.device | str, *,
+              non_blocking: bool = False) -> Data | HeteroData:
+    """Move a batch to ``device``, features in their wire dtype (the loader casts them
+    there, so half-precision features cross the bus at half size). ``non_blocking`` only
+    helps for pinned tensors."""
+    device = torch.device(device)
+    return _each_tensor(data, lambda t: t.to(device, non_blocking=non_blocking))

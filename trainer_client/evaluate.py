@@ -1,13 +1,10 @@
-"""Evaluation for the trainer: full-neighbor layer-wise inference, and accuracy on a
-split's nodes (on sampled neighborhoods: :func:`trainer_client.loop.one_pass`).
-
-Layer-wise inference is PyG's ``BasicGNN.inference`` through the service: layer ``i``
-runs once over every node of the graph with *all* its in-neighbors (one hop, fanout -1),
-reading layer ``i-1``'s outputs of the neighbors, so each node's output is exact (no
-sampling noise) and each layer is computed once per node rather than once per seed's
-multi-hop tree. Each rank computes the batches of its share and the ranks sum their
-rows (every node lies in exactly one batch across ranks). Each rank holds one
-``[num_nodes, hidden]`` float32 table per layer, as PyG's ``inference`` does.
+"""Evaluation for the trainer: full-neighbor layer-wise inference (PyG's
+``BasicGNN.inference`` through the service: layer ``i`` runs once over every node with
+*all* its in-neighbors and layer ``i-1``'s outputs of them, so each node's output is
+exact and computed once; ``docs/training.md``, "Evaluation"), and accuracy on a split's
+nodes (on sampled neighborhoods: :func:`trainer_client.loop.one_pass`). Each rank
+computes the batches of its share and the ranks sum their rows (every node lies in
+exactly one batch across ranks); each holds one ``[num_nodes, hidden]`` table per layer.
 """
 
 from __future__ import annotations
@@ -56,14 +53,11 @@ def layerwise_logits(model: NodeClassifier, loader: RemoteNeighborLoader, *, dis
             h[seeds] = out
             if layer == 0:
                 y_all[seeds] = batch.y[: batch.batch_size]
-        if h is None:  # this rank had no batches: learn the width from the others
-            width = torch.zeros(1, dtype=torch.int64, device=device)
-            if distributed:
-                dist.all_reduce(width, op=dist.ReduceOp.MAX)
-            h = torch.zeros((num_nodes, int(width)), device=device)
-        elif distributed:
-            width = torch.tensor([h.shape[1]], dtype=torch.int64, device=device)
+        width = torch.tensor([0 if h is None else h.shape[1]], dtype=torch.int64, device=device)
+        if distributed:  # a rank without batches learns the width from the others
             dist.all_reduce(width, op=dist.ReduceOp.MAX)
+        if h is None:
+            h = torch.zeros((num_nodes, int(width)), device=device)
         if distributed:
             dist.all_reduce(h)
         h_prev = h

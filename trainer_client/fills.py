@@ -21,14 +21,7 @@ from tqdm import tqdm
 
 from protos import allocator, compact
 from protos import sampling_pb2 as pb
-from protos.channel import (
-    Backoff,
-    GraphfeedError,
-    RetryFailure,
-    ServerUnavailable,
-    error_from_rpc,
-    retry,
-)
+from protos.channel import Backoff, GraphfeedError, RetryFailure, ServerUnavailable, error_from_rpc, retry
 from protos.codec import decode_tensor, decode_tensor_torch, dtype_name, dtype_to_torch
 from trainer_client import cache
 from trainer_client.cache import CacheError, FeatureCache
@@ -52,12 +45,14 @@ HotRows = Callable[[int, int, float], HotRowsCall]
 Lookup = Callable[[int, pb.LookupNodesRequest], pb.LookupNodesReply]
 #: Nodes per LookupNodes call (the servers' limit, 16 bytes each in the reply).
 BLOCK = 1 << 21
+#: Seconds each partition's ``StreamHotNodes`` may take (its deadline).
+STREAM_DEADLINE = 600.0
 
 
 def fill_feature_cache(open_stream: HotRows, addresses: Sequence[str], counts: Sequence[int],
                        book: np.ndarray, dim: int, wire_dtype: int, device: torch.device, *,
                        node_type: str, of_type: str = "", progress: bool | None = None,
-                       timeout: float = 600.0, reconnect: float = 15.0) -> FeatureCache:
+                       reconnect: float = 15.0) -> FeatureCache:
     """Stream the plan's rows (``counts[p]`` hottest nodes of partition ``p``, ``dim``
     columns in ``wire_dtype``) from every server onto ``device``; ``book`` is the node
     type's partition book, ``of_type`` names it in messages (" of 'paper'").
@@ -65,7 +60,7 @@ def fill_feature_cache(open_stream: HotRows, addresses: Sequence[str], counts: S
     A partition whose stream breaks with ``UNAVAILABLE`` (its server restarting) is
     filled again from its first row, with growing pauses (:data:`cache.FILL_RETRY_PAUSE`),
     for up to ``reconnect`` seconds after the break, as the loader's streams resume; any
-    other failure ends the whole fill at once. ``timeout``: the deadline of each stream."""
+    other failure ends the whole fill at once."""
     counts = [int(c) for c in counts]
     # On the CPU both tables come from NumPy's allocator, which asks the kernel for
     # transparent huge pages: each batch reads rows at random, and with 4 KiB pages
@@ -82,13 +77,12 @@ def fill_feature_cache(open_stream: HotRows, addresses: Sequence[str], counts: S
               disable=not show) as bar, \
             ThreadPoolExecutor(min(len(parts), cache.MAX_FILL_STREAMS) or 1,
                                thread_name_prefix="cache-fill") as pool:
-        fill = _Fill(open_stream, addresses, counts, book, rows, slot, timeout, reconnect, bar)
+        fill = _Fill(open_stream, addresses, counts, book, rows, slot, reconnect, bar)
         futures = [pool.submit(fill.partition, p) for p in parts]
         try:
             wait(futures, return_when=FIRST_EXCEPTION)  # bounded: the streams' deadline
-            for future in futures:
-                if future.done() and future.exception() is not None:
-                    future.result()  # raises the first failure
+            for future in (f for f in futures if f.done()):
+                future.result()  # raises the first failure
         except BaseException:  # a failure or an interrupt: end the other streams now
             fill.stop()
             for future in futures:
@@ -104,9 +98,9 @@ class _Fill:
     """The partitions' streams of one fill, into one table's rows and slots."""
 
     def __init__(self, open_stream: HotRows, addresses: Sequence[str], counts: list[int], book: np.ndarray,
-                 rows: torch.Tensor, slot: torch.Tensor, timeout: float, reconnect: float, bar: tqdm) -> None:
+                 rows: torch.Tensor, slot: torch.Tensor, reconnect: float, bar: tqdm) -> None:
         self.open_stream, self.addresses, self.book = open_stream, addresses, book
-        self.rows, self.slot, self.timeout, self.reconnect, self.bar = rows, slot, timeout, reconnect, bar
+        self.rows, self.slot, self.reconnect, self.bar = rows, slot, reconnect, bar
         self.starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
         self.lock = threading.Lock()
         self.calls: list[HotRowsCall] = []
@@ -142,7 +136,7 @@ class _Fill:
         def attempt(_: float) -> torch.Tensor:
             received[0] = 0
             return _fill_partition(self.open_stream, self.addresses[p], p, hi - lo, self.rows[lo:hi],
-                                   self.timeout, self.started, counted)
+                                   STREAM_DEADLINE, self.started, counted)
 
         def broke(f: RetryFailure) -> None:
             log.warning("feature cache: partition %d's stream broke after %d of %d nodes (%s); filling it "
@@ -205,8 +199,7 @@ def read_node_table(lookup: Lookup, addresses: Sequence[str], book: np.ndarray, 
     requests name it: "" on a plain graph; labels -1 but for the target type) from every
     server; None when a server does not answer ``owned_range`` (a server from before it)."""
     bounds = [int(b) for b in book]
-    orig = np.empty(bounds[-1], dtype=np.int64)
-    labels = np.empty(bounds[-1], dtype=np.int64)
+    orig, labels = np.empty(bounds[-1], dtype=np.int64), np.empty(bounds[-1], dtype=np.int64)
     for p in range(len(bounds) - 1):
         for first in range(bounds[p], bounds[p + 1], BLOCK):
             count = min(BLOCK, bounds[p + 1] - first)
@@ -224,8 +217,7 @@ def read_node_table(lookup: Lookup, addresses: Sequence[str], book: np.ndarray, 
                 raise NodeTableError(
                     f"LookupNodes(owned_range) at {addresses[p]}: expected original_ids and labels of "
                     f"shape [{count}], got {list(o.shape)} and {list(y.shape)}")
-            orig[first:first + count] = o
-            labels[first:first + count] = y
+            orig[first:first + count], labels[first:first + count] = o, y
     table = NodeTable(compact.narrowest(torch.from_numpy(orig), compact.INDEX_DTYPES),
                       compact.narrowest(torch.from_numpy(labels), compact.LABEL_DTYPES))
     log.info("node table%s: original IDs and labels of %d nodes, %.1f MiB", of_type, bounds[-1],

@@ -2,13 +2,9 @@
 
 A typed graph has node types and edge types ``(src, rel, dst)``; a plain graph is a
 typed graph of one node type and one edge type, :data:`PLAIN_NODE_TYPE` and
-:data:`PLAIN_EDGE_TYPE` (DGL's names for them). Below the user's API every step is
-written once for that one kind: decoding a batch, the loader's last steps, the feature
-caches and node tables, a model's inputs. A plain graph differs only in its wire names
+:data:`PLAIN_EDGE_TYPE` (DGL's names for them), which differs only in its wire names
 (``n_id`` rather than ``n_id/<type>``, ``ClusterInfo``'s untyped fields) and in what the
-user gets: the ``torch_geometric.data.Data`` PyG's ``NeighborLoader`` yields, whose one
-store is its node type's and its edge type's (:func:`to_plain_data` makes it of a
-one-type ``HeteroData``, such as an in-process sampler's).
+user gets: the ``Data`` PyG's ``NeighborLoader`` yields (:func:`to_plain_data`).
 """
 
 from __future__ import annotations
@@ -65,24 +61,20 @@ class TypedGraph:
     @staticmethod
     def from_info(info: pb.ClusterInfo) -> TypedGraph:
         """The graph the servers serve (``ClusterInfo``; ``typed`` absent: a plain graph)."""
-        common = dict(num_classes=int(info.num_classes), name=info.graph_name,
-                      fingerprint=info.graph_fingerprint)
-        if not info.HasField("typed"):
-            t = PLAIN_NODE_TYPE
-            return TypedGraph(
-                node_types=(t,), edge_types=(PLAIN_EDGE_TYPE,), target_type=t,
-                num_nodes={t: int(info.num_nodes)}, feature_dims={t: int(info.feature_dim)},
-                books={t: np.asarray(info.partition_book, dtype=np.int64)},
-                feature_dtypes={t: int(info.feature_dtype)}, typed=False, **common)  # type: ignore[arg-type]
-        types = info.typed.node_types
+        typed = info.HasField("typed")
+        # a plain graph's one node type has ClusterInfo's own fields (num_nodes, feature_dim ...)
+        types: dict[str, pb.NodeTypeInfo | pb.ClusterInfo] = \
+            {n.name: n for n in info.typed.node_types} if typed else {PLAIN_NODE_TYPE: info}
         return TypedGraph(
-            node_types=tuple(n.name for n in types),
-            edge_types=tuple((e.src, e.rel, e.dst) for e in info.typed.edge_types),
-            target_type=info.typed.target_type,
-            num_nodes={n.name: int(n.num_nodes) for n in types},
-            feature_dims={n.name: int(n.feature_dim) for n in types},
-            books={n.name: np.asarray(n.partition_book, dtype=np.int64) for n in types},
-            feature_dtypes={n.name: int(n.feature_dtype) for n in types}, **common)  # type: ignore[arg-type]
+            node_types=tuple(types), target_type=info.typed.target_type if typed else PLAIN_NODE_TYPE,
+            edge_types=tuple((e.src, e.rel, e.dst) for e in info.typed.edge_types) if typed else
+            (PLAIN_EDGE_TYPE,),
+            num_nodes={t: int(n.num_nodes) for t, n in types.items()},
+            feature_dims={t: int(n.feature_dim) for t, n in types.items()},
+            books={t: np.asarray(n.partition_book, dtype=np.int64) for t, n in types.items()},
+            feature_dtypes={t: int(n.feature_dtype) for t, n in types.items()},
+            num_classes=int(info.num_classes), typed=typed, name=info.graph_name,
+            fingerprint=info.graph_fingerprint)
 
     def metadata(self) -> tuple[list[str], list[EdgeType]]:
         """``(node_types, edge_types)``, as PyG's ``HeteroData.metadata()`` (for ``to_hetero``)."""

@@ -9,10 +9,8 @@ epochs exactly as the sampling servers plan global batches
 (:func:`~protos.plan.plan_global_epoch`, keys from
 :func:`~sampling_server.sampler.batch_key`), so its batches are those the servers would
 stream for the same arguments. It is a batch source of the trainer's loop
-(:class:`trainer_client.loop.BatchSource`): ``len()`` batches per epoch (equal on every
-rank), ``set_epoch``, iteration yielding a ``Data`` (a plain graph) or ``HeteroData`` (a
-typed one) laid out as PyG's ``NeighborLoader`` lays out its batches, and ``meta``, the
-graph's facts.
+(:class:`trainer_client.loop.BatchSource`) whose batches are a ``Data`` (a plain graph)
+or a ``HeteroData`` (a typed one) as PyG's ``NeighborLoader`` lays them out.
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ from partitioner.manifest import Manifest, read_manifest
 from protos.plan import plan_global_epoch
 from sampling_server.sampler import InProcessPeers, batch_key, create_sampler, to_pyg_data
 from trainer_client.graph import TypedGraph
+from trainer_client.inputs import check_int, split_name
 
 log = logging.getLogger(__name__)
 
@@ -54,33 +53,26 @@ class LocalGraph:
             raise ValueError(f"verify: expected 'full' or 'size', got {verify!r}")
         self.root = Path(partition_dir)
         self.manifest = read_manifest(self.root)
-        parts = [load_partition(self.root, p, verify=verify)  # type: ignore[arg-type]
-                 for p in range(self.manifest.num_partitions)]
+        self._parts = parts = [load_partition(self.root, p, verify=verify)  # type: ignore[arg-type]
+                               for p in range(self.manifest.num_partitions)]
         self.samplers = [create_sampler(part, "cpu") for part in parts]
         self.peers = InProcessPeers(self.samplers)
         self.meta = graph_of_manifest(self.manifest)
         target = self.manifest.target_type
         self._orig_target = [np.asarray(part.orig_ids[target], dtype=np.int64) for part in parts]
         self._starts = [part.node_range(target)[0] for part in parts]
-        self._parts = parts
         log.info("%s graph %s: %d partitions sampled in this process",
                  "typed" if self.meta.typed else "plain", self.manifest.graph_name,
                  self.manifest.num_partitions)
 
-    @property
-    def num_partitions(self) -> int:
-        return self.manifest.num_partitions
-
     def split_nodes(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """(original IDs, global IDs) of the target type's ``split`` nodes, in original-ID
         order (as ``RemoteNeighborLoader`` takes a split)."""
-        glob, orig = [], []
-        for part, start, ids in zip(self._parts, self._starts, self._orig_target, strict=True):
+        for part in self._parts:
             if split not in part.splits:
                 raise ValueError(f"split: expected one of {sorted(part.splits)}, got {split!r}")
-            g = np.asarray(part.splits[split], dtype=np.int64)
-            glob.append(g)
-            orig.append(ids[g - start])
+        glob = [np.asarray(part.splits[split], dtype=np.int64) for part in self._parts]
+        orig = [ids[g - start] for g, start, ids in zip(glob, self._starts, self._orig_target, strict=True)]
         g_all, o_all = np.concatenate(glob), np.concatenate(orig)
         order = np.argsort(o_all, kind="stable")
         return o_all[order], g_all[order]
@@ -94,24 +86,15 @@ class InProcessLoader:
                  drop_last: bool = False, rank: int = 0, world_size: int = 1,
                  device: str | torch.device = "cpu", seed: int = 0) -> None:
         self.graph = graph if isinstance(graph, LocalGraph) else LocalGraph(graph)
-        if split == "valid":
-            split = "val"
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size!r}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank: expected 0 <= rank < world_size={world_size}, got {rank}")
+        split = split_name(split)
+        check_int("batch_size", batch_size, 1)
+        check_int("rank", rank, 0, world_size - 1)
         self.split, self.num_neighbors = split, [int(f) for f in num_neighbors]
         self.batch_size, self.shuffle, self.drop_last = batch_size, bool(shuffle), bool(drop_last)
         self.rank, self.world_size, self.seed = rank, world_size, int(seed)
         self.device = torch.device(device)
         self._orig, self._seeds = self.graph.split_nodes(split)
-        self.epoch = 0
-        self._plan = self._make_plan(0)
-
-    @property
-    def meta(self) -> TypedGraph:
-        """The graph's facts."""
-        return self.graph.meta
+        self.set_epoch(0)
 
     @property
     def input_nodes(self) -> torch.Tensor:
@@ -120,14 +103,12 @@ class InProcessLoader:
 
     def _make_plan(self, epoch: int):  # type: ignore[no-untyped-def]
         return plan_global_epoch(int(self._seeds.size), self.batch_size, self.world_size,
-                                 self.graph.num_partitions, shuffle=self.shuffle, seed=self.seed,
+                                 self.graph.manifest.num_partitions, shuffle=self.shuffle, seed=self.seed,
                                  epoch=epoch, drop_last=self.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """Plan epoch ``epoch`` (its shuffle and draws); the same on every rank."""
-        if not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch: expected an integer >= 0, got {epoch!r}")
-        self.epoch, self._plan = epoch, self._make_plan(epoch)
+        self.epoch, self._plan = check_int("epoch", epoch, 0), self._make_plan(epoch)
 
     def __len__(self) -> int:
         return int(self._plan.batches_per_rank)
@@ -136,16 +117,12 @@ class InProcessLoader:
         target, plain = self.graph.meta.target_type, not self.graph.meta.typed
         for ref in self._plan.rank_batches(self.rank):
             positions = self._plan.positions(ref.part_batch)
-            sampler = self.graph.samplers[ref.partition]
-            batch = sampler.minibatch(self._seeds[positions], target, self.num_neighbors,
-                                      batch_key(self.seed, self.epoch, self.rank, ref.index),
-                                      remote=self.graph.peers)
+            batch = self.graph.samplers[ref.partition].minibatch(
+                self._seeds[positions], target, self.num_neighbors,
+                batch_key(self.seed, self.epoch, self.rank, ref.index), remote=self.graph.peers)
             data = to_pyg_data(batch, plain=plain)
-            input_id = torch.from_numpy(np.asarray(positions, dtype=np.int64))
-            if plain:
-                data.input_id = input_id
-            else:
-                data[target].input_id = input_id
+            seeds_store = data if plain else data[target]
+            seeds_store.input_id = torch.from_numpy(np.asarray(positions, dtype=np.int64))
             yield data.to(self.device) if self.device.type != "cpu" else data
 
     def __repr__(self) -> str:

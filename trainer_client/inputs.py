@@ -145,26 +145,22 @@ class GivenInput:
     split: str | None = None
 
 
-def sort_input(nodes: object) -> GivenInput:
-    """PyG's ``input_nodes`` forms: IDs or a mask, a split name, a node type (every node
-    of it), or ``(node_type, IDs or mask or None)``."""
-    if isinstance(nodes, str):
-        if nodes in SPLITS or nodes in SPLIT_ALIASES:
-            return GivenInput(split=nodes)
-        return GivenInput(node_type=nodes)
-    if isinstance(nodes, tuple) and len(nodes) == 2 and isinstance(nodes[0], str):
-        return GivenInput(node_type=nodes[0], nodes=nodes[1])
-    return GivenInput(nodes=nodes)  # type: ignore[arg-type]
-
-
 def seeds_source(split: str | None, input_nodes: object, seeds: object) -> tuple[str | None, GivenInput]:
     """The split to iterate (None: the input nodes' own) and the input nodes, from a
-    loader's ``split``, ``input_nodes`` and ``seeds`` (another name for ``input_nodes``)."""
+    loader's ``split``, ``input_nodes`` and ``seeds`` (another name for ``input_nodes``) in
+    PyG's forms: IDs or a mask, a split name, a node type (every node of it), or
+    ``(node_type, IDs or mask or None)``."""
     if input_nodes is not None and seeds is not None:
         raise ValueError("input_nodes, seeds: expected one of them (seeds is another name for "
                          "input_nodes), got both")
-    given = sort_input(input_nodes if input_nodes is not None else seeds) \
-        if input_nodes is not None or seeds is not None else GivenInput()
+    nodes = input_nodes if input_nodes is not None else seeds
+    if isinstance(nodes, str):
+        named = nodes in SPLITS or nodes in SPLIT_ALIASES
+        given = GivenInput(split=nodes) if named else GivenInput(node_type=nodes)
+    elif isinstance(nodes, tuple) and len(nodes) == 2 and isinstance(nodes[0], str):
+        given = GivenInput(node_type=nodes[0], nodes=nodes[1])
+    else:
+        given = GivenInput(nodes=nodes)  # type: ignore[arg-type]
     if split is not None and (given.nodes is not None or given.node_type or given.split):
         raise ValueError(f"split, input_nodes: expected one of them, got split={split!r} and nodes")
     split = split if split is not None else given.split
@@ -212,17 +208,13 @@ def edge_fanouts(num_neighbors: Mapping[EdgeType | str, Sequence[int]], graph: T
 def request_fanouts(seed_type: str, num_neighbors: NumNeighbors, graph: TypedGraph
                     ) -> tuple[list[int], pb.TypedEpochOptions | None]:
     """``EpochRequest.fanouts`` and ``EpochRequest.typed`` (None on a plain graph)."""
-    if not graph.typed:
-        return [int(f) for f in num_neighbors], None  # type: ignore[arg-type]
     if isinstance(num_neighbors, Mapping):
         return [], pb.TypedEpochOptions(seed_type=seed_type, edge_fanouts=edge_fanouts(num_neighbors, graph))
-    return [int(f) for f in num_neighbors], pb.TypedEpochOptions(seed_type=seed_type)
+    return [int(f) for f in num_neighbors], pb.TypedEpochOptions(seed_type=seed_type) if graph.typed else None
 
 
-def check_settings(
-    num_neighbors: NumNeighbors, batch_size: int, rank: int, world_size: int, prefetch: int,
-    seed: int, feature_dtype: str,
-) -> None:
+def check_settings(num_neighbors: NumNeighbors, batch_size: int, rank: int, world_size: int, prefetch: int,
+                   seed: int, feature_dtype: str) -> None:
     """Check the plain arguments; errors name the field."""
     for fanouts in fanout_lists(num_neighbors):
         if not fanouts or not all(is_int(f) for f in fanouts):
@@ -236,6 +228,4 @@ def check_settings(
     check_int("prefetch", prefetch, 1)
     check_int("seed", seed, 0, 2**64 - 1)
     if feature_dtype not in WIRE_FEATURE_DTYPES:
-        raise ValueError(
-            f"feature_dtype: expected one of {list(WIRE_FEATURE_DTYPES)}, got {feature_dtype!r}"
-        )
+        raise ValueError(f"feature_dtype: expected one of {list(WIRE_FEATURE_DTYPES)}, got {feature_dtype!r}")

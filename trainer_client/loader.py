@@ -1,15 +1,11 @@
 """``RemoteNeighborLoader``: PyG ``NeighborLoader`` batches, sampled by graphfeed servers.
 
-One loader per DDP rank. It connects to every sampling server (:class:`Cluster`: the
-servers may start after the trainer; it waits up to ``connect_timeout``), checks that
-they serve the same graph and that each partition is served exactly once, translates
-the input nodes (original IDs, or a split's nodes) to graphfeed's own IDs, plans each
-epoch exactly as the servers do (:mod:`protos.plan`), and streams the epoch from every
-server at once (:class:`~trainer_client.stream.EpochStream`). ``len(loader)`` is the
-number of batches of this rank, equal on every rank by construction, so DDP never
-waits on a rank that ran out of batches. By default every batch is cut from one
-shuffle of all the seeds across partitions (``batches="global"``), so a batch's seeds
-are as i.i.d. as a single-process loader's whatever the partitioning.
+One loader per DDP rank. Through a :class:`Cluster` (every server, checked), it
+translates the input nodes (original IDs, or a split's nodes) to graphfeed's own IDs,
+plans each epoch exactly as the servers do (:mod:`protos.plan`), and streams the epoch
+from every server at once (:class:`~trainer_client.stream.EpochStream`).
+``len(loader)`` is the number of batches of this rank, equal on every rank by
+construction, so DDP never waits on a rank that ran out of batches.
 
 ::
 
@@ -40,32 +36,18 @@ from protos import sampling_pb2 as pb
 from protos.channel import ProtocolError
 from protos.codec import encode_tensor
 from protos.plan import BatchRef, EpochPlan, GlobalPlan, plan_epoch, plan_global_epoch, shuffled_seeds
+from trainer_client import inputs
 from trainer_client.batch_checks import TypedSpec
 from trainer_client.cache import KNOWN_HOT_ORDERS, CacheError, FeatureCache, parse_cache_size, plan_caches
 from trainer_client.cluster import Cluster
 from trainer_client.decode import BatchSpec, DecodedBatch, to_device
 from trainer_client.graph import TypedGraph
-from trainer_client.inputs import (
-    BATCH_LAYOUTS,
-    MAX_SEEDS,
-    WIRE_FEATURE_DTYPES,
-    GivenInput,
-    InputNodes,
-    NumNeighbors,
-    check_int,
-    check_keywords,
-    check_settings,
-    edge_fanouts,
-    fanout_lists,
-    input_array,
-    original_ids,
-    request_fanouts,
-    seeds_source,
-)
+from trainer_client.inputs import InputNodes, NumNeighbors
 from trainer_client.node_table import NodeTable
 from trainer_client.stream import EpochStream, ServerStream, StreamStats, StreamTimeouts
 
 log = logging.getLogger(__name__)
+
 
 class RemoteNeighborLoader:
     """Yields PyG ``Data`` minibatches of one rank's epoch, sampled by graphfeed servers.
@@ -86,38 +68,17 @@ class RemoteNeighborLoader:
     """
 
     def __init__(
-        self,
-        servers: Sequence[str] | str | Cluster,
-        split: str | None = None,
-        *,
+        self, servers: Sequence[str] | str | Cluster, split: str | None = None, *,
         input_nodes: InputNodes | str | tuple[str, InputNodes | None] | None = None,
-        seeds: InputNodes | None = None,
-        num_neighbors: NumNeighbors,
-        batch_size: int,
-        shuffle: bool = False,
-        drop_last: bool = False,
-        batches: str = "global",
-        rank: int = 0,
-        world_size: int = 1,
-        device: str | torch.device = "cpu",
-        prefetch: int = 4,
-        seed: int = 0,
-        feature_dtype: str = "float32",
-        cast_features: bool = True,
-        include_labels: bool = True,
-        replace: bool = False,
-        weighted: bool = False,
-        pin_memory: bool | None = None,
-        return_internal_ids: bool = False,
-        connect_timeout: float = 60.0,
-        stall_timeout: float = 60.0,
-        reconnect_timeout: float = 15.0,
-        rpc_timeout: float = 30.0,
-        client_id: str | None = None,
-        cache_size: float | str | None = None,
-        cache_progress: bool | None = None,
-        compact_indices: bool = True,
-        **unsupported: object,
+        seeds: InputNodes | None = None, num_neighbors: NumNeighbors, batch_size: int,
+        shuffle: bool = False, drop_last: bool = False, batches: str = "global", rank: int = 0,
+        world_size: int = 1, device: str | torch.device = "cpu", prefetch: int = 4, seed: int = 0,
+        feature_dtype: str = "float32", cast_features: bool = True, include_labels: bool = True,
+        replace: bool = False, weighted: bool = False, pin_memory: bool | None = None,
+        return_internal_ids: bool = False, connect_timeout: float = 60.0, stall_timeout: float = 60.0,
+        reconnect_timeout: float = 15.0, rpc_timeout: float = 30.0, client_id: str | None = None,
+        cache_size: float | str | None = None, cache_progress: bool | None = None,
+        compact_indices: bool = True, **unsupported: object,
     ) -> None:
         """Check the arguments, connect to the servers and plan epoch 0.
 
@@ -154,47 +115,39 @@ class RemoteNeighborLoader:
         ``compact_indices``: ask for the batches' structure in compact form (narrow
         integer dtypes, ``EpochRequest.compact_indices``); the batches are the same.
         """
-        check_keywords(unsupported)
-        split, given = seeds_source(split, input_nodes, seeds)
+        inputs.check_keywords(unsupported)
+        split, given = inputs.seeds_source(split, input_nodes, seeds)
         nodes = given.nodes
-        if batches not in BATCH_LAYOUTS:
-            raise ValueError(f"batches: expected one of {list(BATCH_LAYOUTS)}, got {batches!r}")
-        check_settings(num_neighbors, batch_size, rank, world_size, prefetch, seed, feature_dtype)
+        if batches not in inputs.BATCH_LAYOUTS:
+            raise ValueError(f"batches: expected one of {list(inputs.BATCH_LAYOUTS)}, got {batches!r}")
+        inputs.check_settings(num_neighbors, batch_size, rank, world_size, prefetch, seed, feature_dtype)
         try:
             self.device = torch.device(device)
         except (RuntimeError, TypeError) as exc:
-            raise ValueError(
-                f"device: expected a torch device such as 'cpu' or 'cuda:0', got {device!r}"
-            ) from exc
+            raise ValueError(f"device: expected a torch device such as 'cpu' or 'cuda:0', got "
+                             f"{device!r}") from exc
         self.timeouts = StreamTimeouts(stall=stall_timeout, reconnect=reconnect_timeout)
         self.split = split
         #: Fanouts per hop: a list, or (typed graphs) a dict per edge type, as given.
         self.num_neighbors: list[int] | dict[EdgeType | str, list[int]] = (
             {k: [int(f) for f in v] for k, v in num_neighbors.items()}
             if isinstance(num_neighbors, Mapping) else [int(f) for f in num_neighbors])
-        self.batch_size = int(batch_size)
-        self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
-        self.batches = batches
-        self.rank, self.world_size = int(rank), int(world_size)
-        self.prefetch, self.seed = int(prefetch), int(seed)
-        self.feature_dtype = feature_dtype
+        self.batch_size, self.shuffle, self.drop_last = int(batch_size), bool(shuffle), bool(drop_last)
+        self.batches, self.rank, self.world_size = batches, int(rank), int(world_size)
+        self.prefetch, self.seed, self.feature_dtype = int(prefetch), int(seed), feature_dtype
         self.cast_features, self.include_labels = bool(cast_features), bool(include_labels)
         self.replace, self.weighted = bool(replace), bool(weighted)
-        self.return_internal_ids = bool(return_internal_ids)
-        self.compact_indices = bool(compact_indices)
+        self.return_internal_ids, self.compact_indices = bool(return_internal_ids), bool(compact_indices)
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else bool(pin_memory)
         if self.pin_memory and not torch.cuda.is_available():  # as torch's DataLoader does
             log.warning("pin_memory=True: no CUDA device here, so no pinned memory; batches "
                         "stay in pageable memory")
             self.pin_memory = False
         size = parse_cache_size("auto" if cache_size is None else cache_size)
-        node_array = input_array(nodes, "input_nodes") if nodes is not None else None
+        node_array = inputs.input_array(nodes, "input_nodes") if nodes is not None else None
         self._owns_cluster = not isinstance(servers, Cluster)
-        self.cluster = (
-            servers if isinstance(servers, Cluster)
-            else Cluster(servers, connect_timeout=connect_timeout, rpc_timeout=rpc_timeout,
-                         client_id=client_id)
-        )
+        self.cluster = servers if isinstance(servers, Cluster) else \
+            Cluster(servers, connect_timeout=connect_timeout, rpc_timeout=rpc_timeout, client_id=client_id)
         self.client_id = client_id or f"{self.cluster.client_id}-rank{self.rank}"
         #: The graph's facts (a plain graph as one node type and one edge type).
         self.graph: TypedGraph = self.cluster.graph
@@ -206,7 +159,7 @@ class RemoteNeighborLoader:
         #: Counters of the last epoch streamed.
         self.last_stats = StreamStats()
 
-    def _open(self, given: GivenInput, nodes: np.ndarray | None, size: tuple[str, float],
+    def _open(self, given: inputs.GivenInput, nodes: np.ndarray | None, size: tuple[str, float],
               progress: bool | None) -> None:
         """What needs the cluster: the seeds, the caches and node tables, epoch 0's plan."""
         self._seeds_of = self._seed_type(given.node_type)
@@ -220,10 +173,11 @@ class RemoteNeighborLoader:
         self.node_tables: dict[str, NodeTable] = self._open_node_tables()
         if self.weighted and not self.cluster.info.has_edge_weights:
             raise ValueError("weighted: expected a graph with edge weights, but the servers have none")
-        self.epoch = 0
-        self._iterated = False
-        self._plan = self.plan(0)
-        self._warn_if_empty()
+        self.set_epoch(0)
+        if len(self) == 0:
+            log.warning("drop_last: the epoch has no batches: %d seeds are fewer than batch_size=%d "
+                        "x world_size=%d; use a smaller batch_size or drop_last=False",
+                        self.num_seeds, self.batch_size, self.world_size)
 
     # ---- the graph's facts, as each kind of graph names them ---------------------------
 
@@ -231,11 +185,6 @@ class RemoteNeighborLoader:
     def typed_graph(self) -> TypedGraph | None:
         """The typed graph's facts (None on a plain graph, whose batches are ``Data``)."""
         return self.graph if self.graph.typed else None
-
-    @property
-    def seed_type(self) -> str:
-        """Node type of the seeds (typed graphs; "" on a plain one)."""
-        return self._seeds_of if self.graph.typed else ""
 
     @property
     def cache(self) -> FeatureCache | None:
@@ -247,11 +196,6 @@ class RemoteNeighborLoader:
         return self.caches if self.graph.typed else {}
 
     @property
-    def node_table(self) -> NodeTable | None:
-        """A plain graph's node table (None: none; a typed graph's: :attr:`typed_node_tables`)."""
-        return None if self.graph.typed else self.node_tables.get(self._seeds_of)
-
-    @property
     def typed_node_tables(self) -> dict[str, NodeTable]:
         return self.node_tables if self.graph.typed else {}
 
@@ -259,19 +203,16 @@ class RemoteNeighborLoader:
         """The seeds' node type (a plain graph's one); refuses typed arguments on a plain
         graph."""
         graph = self.graph
-        if not graph.typed:
-            if node_type is not None or isinstance(self.num_neighbors, dict):
-                what = "input_nodes names a node type" if node_type is not None \
-                    else "num_neighbors is a dict"
-                raise ValueError(f"{what}, but the graph is homogeneous (plain: ClusterInfo.typed is "
-                                 "absent): pass node IDs and a list of fanouts")
-            return graph.target_type
+        if not graph.typed and (node_type is not None or isinstance(self.num_neighbors, dict)):
+            what = "input_nodes names a node type" if node_type is not None else "num_neighbors is a dict"
+            raise ValueError(f"{what}, but the graph is homogeneous (plain: ClusterInfo.typed is absent): "
+                             "pass node IDs and a list of fanouts")
         seed_type = node_type or graph.target_type
         if seed_type not in graph.node_types:
             raise ValueError(f"input_nodes: expected a node type of the graph "
                              f"{list(graph.node_types)}, got {seed_type!r}")
         if isinstance(self.num_neighbors, dict):
-            edge_fanouts(self.num_neighbors, graph)  # checks the keys
+            inputs.edge_fanouts(self.num_neighbors, graph)  # checks the keys
         if self.split is not None and seed_type != graph.target_type:
             raise ValueError(f"input_nodes: splits are of the target type {graph.target_type!r}, "
                              f"got {seed_type!r}")
@@ -285,32 +226,36 @@ class RemoteNeighborLoader:
         if all_of_type:
             nodes = np.arange(num_nodes, dtype=np.int64)
         if nodes is not None:
-            original = original_ids(nodes, num_nodes, "input_nodes", MAX_SEEDS)
+            original = inputs.original_ids(nodes, num_nodes, "input_nodes", inputs.MAX_SEEDS)
             internal = self.cluster.global_ids(original, self._seeds_of)
         else:
             assert self.split is not None
             original, internal = self.cluster.split_nodes(self.split)
             if original.size == 0:
-                raise ValueError(
-                    f"split: the graph has no {self.split!r} nodes on any partition (nothing to "
-                    f"iterate); pass input_nodes=, or partition the graph with a {self.split!r} split")
-            if original.size > MAX_SEEDS:
-                raise ValueError(f"split: expected at most {MAX_SEEDS} nodes (one message), got "
+                raise ValueError(f"split: the graph has no {self.split!r} nodes on any partition (nothing "
+                                 "to iterate); pass input_nodes=, or partition the graph with a "
+                                 f"{self.split!r} split")
+            if original.size > inputs.MAX_SEEDS:
+                raise ValueError(f"split: expected at most {inputs.MAX_SEEDS} nodes (one message), got "
                                  f"{original.size}; pass input_nodes= slices")
-        self._input_nodes = original
-        self._seeds = internal
-        self._seeds_tensor = encode_tensor(internal)
+        self._input_nodes, self._seeds, self._seeds_tensor = original, internal, encode_tensor(internal)
         owner = self.cluster.partition_of(internal, self._seeds_of)
         self._positions = [np.flatnonzero(owner == p) for p in range(self.cluster.num_partitions)]
-        self._seed_counts = [int(p.size) for p in self._positions]
 
     def _open_caches(self, size: tuple[str, float], progress: bool | None) -> dict[str, FeatureCache]:
         """The plan's cache of each node type with features, each filled on first use per
-        cluster; {} when the plan is empty."""
+        cluster; {} when the plan is empty, or when the servers do not all follow one hot
+        order this trainer knows (e.g. older servers: the loader says so)."""
         if size[0] == "auto":  # after a 4-byte index per node of each type with features
             size = ("bytes", self.cluster.auto_cache_budget(self.device))
-        plan = plan_caches(size, self.graph, WIRE_FEATURE_DTYPES[self.feature_dtype])
-        if not any(sum(counts) for counts, _ in plan.values()) or not self._servers_order_alike():
+        plan = plan_caches(size, self.graph, inputs.WIRE_FEATURE_DTYPES[self.feature_dtype])
+        if not any(sum(counts) for counts, _ in plan.values()):
+            return {}
+        orders = {i.hot_order for i in self.cluster.infos}
+        if len(orders) != 1 or not orders <= set(KNOWN_HOT_ORDERS):
+            log.warning("cache_size: the servers' hot orders %s are not all one of %s (older "
+                        "servers?); running without the feature cache", sorted(orders),
+                        list(KNOWN_HOT_ORDERS))
             return {}
         return {t: self.cluster.feature_cache(counts, wire, self.device, progress=progress,
                                               reconnect=self.timeouts.reconnect, node_type=t)
@@ -320,28 +265,10 @@ class RemoteNeighborLoader:
         """Every node type's table, when batches leave original IDs and labels out
         (compact batches with a feature cache); all types or none ({} when a server cannot
         answer)."""
-        if not (self.compact_indices and self.caches):
-            return {}
-        tables = {t: self.cluster.node_table(t) for t in self.graph.node_types}
+        tables = {t: self.cluster.node_table(t) for t in self.graph.node_types} \
+            if self.compact_indices and self.caches else {}
         return {t: table for t, table in tables.items() if table is not None} \
             if all(table is not None for table in tables.values()) else {}
-
-    def _servers_order_alike(self) -> bool:
-        """Whether every server follows one hot order this trainer knows (else, e.g. with
-        older servers, the loader runs without the feature cache, and says so)."""
-        orders = {i.hot_order for i in self.cluster.infos}
-        if len(orders) != 1 or not orders <= set(KNOWN_HOT_ORDERS):
-            log.warning("cache_size: the servers' hot orders %s are not all one of %s (older "
-                        "servers?); running without the feature cache", sorted(orders),
-                        list(KNOWN_HOT_ORDERS))
-            return False
-        return True
-
-    def _warn_if_empty(self) -> None:
-        if len(self) == 0:
-            log.warning("drop_last: the epoch has no batches: %d seeds are fewer than batch_size=%d "
-                        "x world_size=%d; use a smaller batch_size or drop_last=False",
-                        self.num_seeds, self.batch_size, self.world_size)
 
     # ---- facts -----------------------------------------------------------------------
 
@@ -370,7 +297,7 @@ class RemoteNeighborLoader:
     @property
     def seeds_per_partition(self) -> list[int]:
         """Seeds of the epoch owned by each partition."""
-        return list(self._seed_counts)
+        return [int(p.size) for p in self._positions]
 
     @property
     def num_seeds(self) -> int:
@@ -386,19 +313,17 @@ class RemoteNeighborLoader:
     def plan(self, epoch: int) -> EpochPlan | GlobalPlan:
         """The plan of ``epoch`` (the same as every server and rank computes)."""
         if self.batches == "global":
-            return plan_global_epoch(
-                self.num_seeds, self.batch_size, self.world_size, self.cluster.num_partitions,
-                shuffle=self.shuffle, seed=self.seed, epoch=epoch, drop_last=self.drop_last)
-        return plan_epoch(
-            self.seeds_per_partition, self.batch_size, self.world_size, shuffle=self.shuffle,
-            seed=self.seed, epoch=epoch, drop_last=self.drop_last,
-        )
+            return plan_global_epoch(self.num_seeds, self.batch_size, self.world_size,
+                                     self.cluster.num_partitions, shuffle=self.shuffle, seed=self.seed,
+                                     epoch=epoch, drop_last=self.drop_last)
+        return plan_epoch(self.seeds_per_partition, self.batch_size, self.world_size, shuffle=self.shuffle,
+                          seed=self.seed, epoch=epoch, drop_last=self.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration streams (shuffling and sampling draws).
         Without it, each new iteration streams the epoch after the last one, so every
         pass is shuffled anew (as PyG reshuffles)."""
-        self.epoch = check_int("epoch", epoch, 0)
+        self.epoch = inputs.check_int("epoch", epoch, 0)
         self._plan = self.plan(self.epoch)
         self._iterated = False
 
@@ -418,27 +343,22 @@ class RemoteNeighborLoader:
     # ---- streaming -------------------------------------------------------------------
 
     @property
-    def _ids_on_wire(self) -> bool:
-        """Whether batches carry original IDs (not when node tables have them)."""
-        return not self.node_tables
-
-    @property
     def _labels_on_wire(self) -> bool:
-        """Whether batches carry "y" (not when the node table has the labels)."""
-        return self.include_labels and self._ids_on_wire
+        """Whether batches carry "y" (not when node tables have the labels, and the
+        original IDs)."""
+        return self.include_labels and not self.node_tables
 
     def _request(self) -> pb.EpochRequest:
-        fanouts, typed = request_fanouts(self._seeds_of, self.num_neighbors, self.graph)
+        fanouts, typed = inputs.request_fanouts(self._seeds_of, self.num_neighbors, self.graph)
         request = pb.EpochRequest(
             fanouts=fanouts, batch_size=self.batch_size, shuffle=self.shuffle,
             drop_last=self.drop_last, seed=self.seed, epoch=self.epoch, rank=self.rank,
             world_size=self.world_size, resume_from=0,
-            feature_dtype=WIRE_FEATURE_DTYPES[self.feature_dtype],  # type: ignore[arg-type]
+            feature_dtype=inputs.WIRE_FEATURE_DTYPES[self.feature_dtype],  # type: ignore[arg-type]
             sampling=pb.SamplingOptions(replace=self.replace, weighted=self.weighted),
             include_features=True, include_labels=self._labels_on_wire, client_id=self.client_id,
-            global_batches=self.batches == "global", include_original_ids=self._ids_on_wire,
-            compact_indices=self.compact_indices,
-        )
+            global_batches=self.batches == "global", include_original_ids=not self.node_tables,
+            compact_indices=self.compact_indices)
         request.seeds.CopyFrom(self._seeds_tensor)
         if typed is not None:
             request.typed.CopyFrom(typed)
@@ -452,21 +372,15 @@ class RemoteNeighborLoader:
     def stream(self, finish: Callable[[DecodedBatch], DecodedBatch] | None = None) -> EpochStream:
         """The current epoch's stream of decoded CPU batches (use it as a context manager);
         ``finish`` runs on each batch in the reader threads (see :class:`EpochStream`)."""
-        num_batches = len(self)
-        request = self._request()
-        servers = []
-        for p, address in enumerate(self.cluster.addresses):
-            indices = tuple(b.index for b in self._plan.rank_batches(self.rank) if b.partition == p)
-            if indices:
-                servers.append(ServerStream(
-                    partition=p, address=address, stub=self.cluster.stream_stubs[p],
-                    request=request, indices=indices, expect=self.cluster.expectation(p),
-                ))
+        num_batches, request, refs = len(self), self._request(), self._plan.rank_batches(self.rank)
+        servers = [ServerStream(partition=p, address=address, stub=self.cluster.stream_stubs[p],
+                                request=request, indices=indices, expect=self.cluster.expectation(p))
+                   for p, address in enumerate(self.cluster.addresses)
+                   if (indices := tuple(b.index for b in refs if b.partition == p))]
         spec = BatchSpec(
-            num_hops=len(fanout_lists(self.num_neighbors)[0]), feature_dim=self.num_features,
+            num_hops=len(inputs.fanout_lists(self.num_neighbors)[0]), feature_dim=self.num_features,
             include_features=True, include_labels=self._labels_on_wire, num_batches=num_batches,
-            typed=self._layout if self.graph.typed else None, compact_indices=self.compact_indices,
-        )
+            typed=self._layout if self.graph.typed else None, compact_indices=self.compact_indices)
         return EpochStream(servers, num_batches, spec, prefetch=self.prefetch, timeouts=self.timeouts,
                            pin_memory=self.pin_memory, finish=finish)
 
@@ -486,8 +400,7 @@ class RemoteNeighborLoader:
             return self._finish(batch, self.input_ids(refs[batch.index]))
 
         in_readers = self.device.type == "cpu"
-        stream = self.stream(finish if in_readers else None)
-        with stream:
+        with self.stream(finish if in_readers else None) as stream:
             self.last_stats = stream.stats
             for batch in stream:
                 if not in_readers:
@@ -507,7 +420,7 @@ class RemoteNeighborLoader:
         for t, table in self.node_tables.items():
             table.complete(stores[t], self.include_labels and t == self.graph.target_type)
         stores[self._seeds_of].input_id = torch.from_numpy(input_id)
-        to_device(data, self.device, feature_dtype=None, non_blocking=self.pin_memory)
+        to_device(data, self.device, non_blocking=self.pin_memory)
         dtype = torch.float32 if self.cast_features else None
         rows = cached_rows = 0
         for t, store in stores.items():
@@ -529,9 +442,9 @@ class RemoteNeighborLoader:
         cache = self.caches.get(node_type)
         name = self._layout.name("x_cached", node_type)
         if cache is None:
-            plan = f"cache plan{self.graph.of_type(node_type)}"
-            raise ProtocolError(f"StreamMinibatches: tensor {name!r}: expected none (this loader sent no "
-                                f"{plan}), got one", what="StreamMinibatches")
+            raise ProtocolError(f"StreamMinibatches: tensor {name!r}: expected none (this loader sent "
+                                f"no cache plan{self.graph.of_type(node_type)}), got one",
+                                what="StreamMinibatches")
         cached = store.x_cached
         del store.x_cached
         hits = int(cached.sum()) if cached.is_cuda else int(np.count_nonzero(cached.numpy()))
@@ -551,15 +464,11 @@ class RemoteNeighborLoader:
     def __enter__(self) -> RemoteNeighborLoader:
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close()
 
     def __repr__(self) -> str:
         source = f"split={self.split!r}" if self.split else f"input_nodes={self.num_seeds}"
-        return (
-            f"{type(self).__name__}({source}, num_neighbors={self.num_neighbors}, "
-            f"batch_size={self.batch_size}, rank={self.rank}/{self.world_size}, "
-            f"servers={self.cluster.addresses})"
-        )
+        return (f"{type(self).__name__}({source}, num_neighbors={self.num_neighbors}, batch_size="
+                f"{self.batch_size}, rank={self.rank}/{self.world_size}, servers={self.cluster.addresses})")

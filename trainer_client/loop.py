@@ -1,16 +1,12 @@
 """The training loop of ``graphfeed-train``, one for both kinds of graph.
 
 A :class:`Job` is what one run trains on: its batch sources (the servers' loaders, or the
-in-process loader of ``--partition-dir``), the graph's facts, how a model reads a
-batch (:class:`~trainer_client.models.BatchReader`) and how it is evaluated. :func:`run`
-trains it: each epoch trains on ``train``, evaluates ``val`` (each rank its share, counts
-summed over the ranks), keeps the best-validation weights, logs and checkpoints
-(:mod:`trainer_client.ddp`); the selected model is tested at the end.
-
-Evaluation: on a plain graph by default exact full-neighbor layer-wise inference, or
-sampled with ``--eval-fanouts``; on a typed graph sampled, by default with the training
-fanouts (as PyG's and DGL's ogbn-mag examples evaluate; layer-wise inference would run
-every layer over every node of every type), ``full`` sampling every neighbor.
+in-process loader of ``--partition-dir``), the graph's facts and how it is evaluated
+(:func:`evaluation_fanouts`). :func:`run` trains it: each epoch trains on ``train``,
+evaluates ``val`` (each rank its share, counts summed over the ranks), keeps the
+best-validation weights, logs and checkpoints (:mod:`trainer_client.ddp`); the selected
+model is tested at the end. A model reads a batch of either kind through
+:func:`~trainer_client.typed_models.model_inputs`.
 """
 
 from __future__ import annotations
@@ -19,8 +15,9 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import torch
@@ -41,14 +38,10 @@ from trainer_client.ddp import (
 from trainer_client.evaluate import accuracy_of, labeled, layerwise_logits
 from trainer_client.graph import PLAIN_NODE_TYPE, TypedGraph
 from trainer_client.in_process import InProcessLoader, LocalGraph
-from trainer_client.loader import MAX_SEEDS, RemoteNeighborLoader
-from trainer_client.models import MODELS, PLAIN_READER, BatchReader, NodeClassifier, build_model
-from trainer_client.typed_models import (
-    NEEDS_UNUSED_PARAMETER_SEARCH,
-    TYPED_MODELS,
-    build_typed_model,
-    typed_reader,
-)
+from trainer_client.inputs import MAX_SEEDS
+from trainer_client.loader import RemoteNeighborLoader
+from trainer_client.models import MODELS, NodeClassifier, build_model, seed_labels
+from trainer_client.typed_models import FIND_UNUSED_PARAMETERS, TYPED_MODELS, build_typed_model, model_inputs
 
 log = logging.getLogger("trainer_client.train")
 
@@ -76,8 +69,6 @@ class Job:
     test: BatchSource
     #: The graph's facts.
     graph: TypedGraph
-    #: How a model reads a batch of this graph.
-    reader: BatchReader
     #: Fanouts of the sampled evaluation; None: full-neighbor layer-wise inference over
     #: :attr:`everything` (``val`` and ``test`` then only name their splits' nodes).
     eval_fanouts: list[int] | None
@@ -88,14 +79,24 @@ class Job:
 
 
 def evaluation_fanouts(args: argparse.Namespace, typed: bool) -> list[int] | None:
-    """The evaluation's fanouts (None: full-neighbor layer-wise inference). Typed graphs
-    are evaluated on samples: the training fanouts unless ``--eval-fanouts`` was given,
-    ``full`` being -1 at every hop."""
+    """The evaluation's fanouts (None: full-neighbor layer-wise inference, a plain graph's
+    default). Typed graphs are evaluated on samples, as PyG's and DGL's ogbn-mag examples
+    do (layer-wise inference would run every layer over every node of every type): the
+    training fanouts unless ``--eval-fanouts`` was given, ``full`` being -1 at every hop."""
     if not typed:
         return None if args.eval_fanouts is None else list(args.eval_fanouts)
     if not getattr(args, "eval_fanouts_given", False):
         return list(args.fanouts)
     return list(args.eval_fanouts) if args.eval_fanouts is not None else [-1] * len(args.fanouts)
+
+
+def _split_loaders(make: Callable[..., Any], args: argparse.Namespace, fanouts: list[int],
+                   **common: Any) -> list[Any]:
+    """The train, val and test loaders ``make(split, num_neighbors=, batch_size=, ...)``
+    builds: the training split shuffled, the others with ``fanouts``."""
+    return [make("train", num_neighbors=args.fanouts, batch_size=args.batch_size, shuffle=True, **common)] + \
+        [make(split, num_neighbors=fanouts, batch_size=args.eval_batch_size, shuffle=False, **common)
+         for split in ("val", "test")]
 
 
 def cluster_job(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> Job:
@@ -109,11 +110,8 @@ def cluster_job(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> Job
         reconnect_timeout=args.reconnect_timeout, cache_size=args.cache_size,
         cache_progress=None if env.rank == 0 and not args.no_progress else False)
     fanouts = evaluation_fanouts(args, graph.typed)
-    train, val, test = [RemoteNeighborLoader(cluster, split, num_neighbors=n, batch_size=b,
-                                             shuffle=split == "train", **common)
-               for split, n, b in (("train", args.fanouts, args.batch_size),
-                                   ("val", fanouts or [-1], args.eval_batch_size),
-                                   ("test", fanouts or [-1], args.eval_batch_size))]
+    train, val, test = _split_loaders(partial(RemoteNeighborLoader, cluster), args, fanouts or [-1],
+                                      **common)
     everything = None
     if fanouts is None:
         if cluster.info.num_nodes > MAX_SEEDS:
@@ -123,8 +121,7 @@ def cluster_job(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> Job
         all_nodes = torch.ones(int(cluster.info.num_nodes), dtype=torch.bool)
         everything = RemoteNeighborLoader(cluster, input_nodes=all_nodes, num_neighbors=[-1],
                                           batch_size=args.eval_batch_size, batches="partition", **common)
-    reader = typed_reader(graph.target_type) if graph.typed else PLAIN_READER
-    return Job(train, val, test, graph=graph, reader=reader, eval_fanouts=fanouts, everything=everything)
+    return Job(train, val, test, graph=graph, eval_fanouts=fanouts, everything=everything)
 
 
 def check_model_kind(model: str, graph: TypedGraph, where: str) -> None:
@@ -144,18 +141,10 @@ def partition_dir_job(args: argparse.Namespace, env: DistEnv) -> Job:
     every hop (the same logits as layer-wise inference, batch by batch)."""
     local = LocalGraph(args.partition_dir)
     check_model_kind(args.model, local.meta, "--partition-dir holds")
-    common: dict[str, Any] = dict(rank=env.rank, world_size=env.world_size, device=env.device, seed=args.seed)
-    fanouts = evaluation_fanouts(args, local.meta.typed)
-    if fanouts is None:
-        fanouts = [-1] * len(args.fanouts)
-    train, val, test = [InProcessLoader(local, split, num_neighbors=n, batch_size=b,
-                                        shuffle=split == "train", **common)
-                        for split, n, b in (("train", args.fanouts, args.batch_size),
-                                            ("val", fanouts, args.eval_batch_size),
-                                            ("test", fanouts, args.eval_batch_size))]
-    reader = typed_reader(local.meta.target_type) if local.meta.typed else PLAIN_READER
-    return Job(train, val, test, graph=local.meta, reader=reader, eval_fanouts=fanouts,
-               source="the partition directory's")
+    fanouts = evaluation_fanouts(args, local.meta.typed) or [-1] * len(args.fanouts)
+    train, val, test = _split_loaders(partial(InProcessLoader, local), args, fanouts, rank=env.rank,
+                                      world_size=env.world_size, device=env.device, seed=args.seed)
+    return Job(train, val, test, graph=local.meta, eval_fanouts=fanouts, source="the partition directory's")
 
 
 def build_job_model(args: argparse.Namespace, graph: TypedGraph) -> torch.nn.Module:
@@ -168,13 +157,7 @@ def build_job_model(args: argparse.Namespace, graph: TypedGraph) -> torch.nn.Mod
                        heads=args.heads)
 
 
-def model_config(args: argparse.Namespace, graph: TypedGraph) -> dict[str, Any]:
-    """What a checkpoint's weights are of (``--heads`` shapes only the plain GAT)."""
-    config = {"model": args.model, "hidden": args.hidden, "layers": args.layers}
-    return config if graph.typed else {**config, "heads": args.heads}
-
-
-def one_pass(model: torch.nn.Module, source: BatchSource, env: DistEnv, reader: BatchReader,
+def one_pass(model: torch.nn.Module, source: BatchSource, env: DistEnv,
              optimizer: torch.optim.Optimizer | None = None, *, progress: bool = False,
              epoch: int = 0) -> tuple[float, float, int, float, float]:
     """One pass over this rank's batches: a training step on each with ``optimizer``,
@@ -196,7 +179,7 @@ def one_pass(model: torch.nn.Module, source: BatchSource, env: DistEnv, reader: 
             waited += time.perf_counter() - asked
             if batch is None:
                 break
-            out, y = labeled(model(*reader.inputs(batch)), reader.labels(batch))
+            out, y = labeled(model(*model_inputs(batch)), seed_labels(batch))
             # Unlabeled seeds are masked out; an empty loss still takes part in DDP's sync.
             loss = F.cross_entropy(out, y, reduction="sum") / max(int(y.numel()), 1)
             if optimizer is not None:
@@ -220,8 +203,8 @@ def evaluate(model: torch.nn.Module, job: Job, env: DistEnv, *, test: bool) -> t
         logits, y = layerwise_logits(model, job.everything, distributed=env.distributed, device=env.device)
         val = accuracy_of(logits, y, job.val.input_nodes)
         return val, accuracy_of(logits, y, job.test.input_nodes) if test else -1.0
-    val = one_pass(model, job.val, env, job.reader)[1]
-    return val, one_pass(model, job.test, env, job.reader)[1] if test else -1.0
+    val = one_pass(model, job.val, env)[1]
+    return val, one_pass(model, job.test, env)[1] if test else -1.0
 
 
 def _traffic(source: BatchSource) -> tuple[float, float | None]:
@@ -233,14 +216,6 @@ def _traffic(source: BatchSource) -> tuple[float, float | None]:
     return round(stats.bytes / 1e6, 3), round(stats.hit_rate, 4) if source.caches else None
 
 
-def _wrapped(model: torch.nn.Module, name: str, env: DistEnv) -> torch.nn.Module:
-    if not env.distributed:
-        return model
-    device_ids = [env.device.index] if env.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids,
-                                   find_unused_parameters=NEEDS_UNUSED_PARAMETER_SEARCH.get(name, False))
-
-
 def run(args: argparse.Namespace, env: DistEnv, job: Job) -> dict[str, Any]:
     """Train; validate every epoch and keep the model of the best validation accuracy;
     test that model at the end; return the metrics."""
@@ -248,7 +223,9 @@ def run(args: argparse.Namespace, env: DistEnv, job: Job) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     model = build_job_model(args, graph).to(env.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    record = RunRecord(model_config(args, graph), graph.identity(), graph.to_json(), job.source)
+    config = {"model": args.model, "hidden": args.hidden, "layers": args.layers}  # what the weights are of
+    record = RunRecord(config if graph.typed else {**config, "heads": args.heads},  # --heads: the plain GAT's
+                       graph.identity(), graph.to_json(), job.source)
     ckpt, best_path, start, history, selection = resume_state(args, model, optimizer, record, env)
     kind = f"typed: {list(graph.node_types)}, target {graph.target_type!r}" if graph.typed else "plain"
     log.info("graph %s (%s, %d classes): model %s; batch size %d per rank: %d seeds per optimizer step over "
@@ -256,12 +233,14 @@ def run(args: argparse.Namespace, env: DistEnv, job: Job) -> dict[str, Any]:
              args.batch_size * env.world_size, env.world_size,
              "full neighbors, layer-wise" if job.eval_fanouts is None else
              f"sampled, fanouts {job.eval_fanouts}")
-    ddp = _wrapped(model, args.model, env)
+    ddp = model if not env.distributed else DistributedDataParallel(
+        model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
+        find_unused_parameters=FIND_UNUSED_PARAMETERS.get(args.model, False))
     progress = env.rank == 0 and not args.no_progress and sys.stderr.isatty()
     started = time.perf_counter()
     for epoch in range(start, args.epochs):
         job.train.set_epoch(epoch)
-        loss, train_acc, seeds, train_s, waited = one_pass(ddp, job.train, env, job.reader, optimizer,
+        loss, train_acc, seeds, train_s, waited = one_pass(ddp, job.train, env, optimizer,
                                                            progress=progress, epoch=epoch)
         eval_started = time.perf_counter()
         val_acc, _ = evaluate(model, job, env, test=False)

@@ -3,10 +3,8 @@
 A trainer with a feature cache is one that counts bytes per batch. Each batch would
 otherwise carry the original IDs (``orig_id``) and labels (``y``) of its nodes: with
 int32 IDs and int8 labels, 5 bytes per node, every batch. The table holds them once per
-job instead (5 bytes per node of the graph for most graphs, one table per node type,
-read with ``LookupNodes(owned_range=...)`` in blocks by the
-:class:`~trainer_client.cluster.Cluster`, :func:`trainer_client.fills.read_node_table`),
-and the loader looks each batch's nodes up in it; the batch is the same, value for value.
+job instead (one per node type, :func:`trainer_client.fills.read_node_table`), and the
+loader looks each batch's nodes up in it; the batch is the same, value for value.
 """
 
 from __future__ import annotations
@@ -68,7 +66,6 @@ class NodeTable:
         if bad >= 0:
             raise NodeTableError(f"tensor 'n_id': expected node IDs in 0 .. {self.orig.numel() - 1} "
                                  f"(the graph's), got {int(ids[bad])} at position {bad}")
-        data.internal_n_id = internal
-        data.n_id = torch.from_numpy(orig)
+        data.internal_n_id, data.n_id = internal, torch.from_numpy(orig)
         if labels:
             data.y = torch.from_numpy(y)

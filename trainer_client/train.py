@@ -44,9 +44,6 @@ LIST_FLAGS = ("--fanouts", "--eval-fanouts")
 _LIST_VALUE = re.compile(r"^-\d+(\s*,\s*-?\d+)*\s*,?$")
 
 
-# ---- arguments -------------------------------------------------------------------------
-
-
 def _int_list(text: str) -> list[int]:
     try:
         return [int(v) for v in text.split(",") if v.strip()]
@@ -57,19 +54,12 @@ def _int_list(text: str) -> list[int]:
 def joined_list_values(argv: Sequence[str]) -> list[str]:
     """``argv`` with ``--fanouts -1,-1`` as ``--fanouts=-1,-1`` (every :data:`LIST_FLAGS`
     flag): argparse takes a value that starts with "-" and is not one number for a flag."""
-    out: list[str] = []
-    args = list(argv)
-    i = 0
-    while i < len(args):
-        if args[i] == "--":
-            return out + args[i:]
-        if args[i] in LIST_FLAGS and i + 1 < len(args) and _LIST_VALUE.match(args[i + 1]):
-            out.append(f"{args[i]}={args[i + 1]}")
-            i += 2
-        else:
-            out.append(args[i])
-            i += 1
-    return out
+    args, out, i = list(argv), list[str](), 0
+    while i < len(args) and args[i] != "--":  # what follows "--" is left as it is
+        joined = args[i] in LIST_FLAGS and i + 1 < len(args) and _LIST_VALUE.match(args[i + 1])
+        out.append(f"{args[i]}={args[i + 1]}" if joined else args[i])
+        i += 2 if joined else 1
+    return out + args[i:]
 
 
 def _no_zero_hop(flag: str, fanouts: Sequence[int]) -> str | None:
@@ -180,8 +170,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(joined_list_values(sys.argv[1:] if argv is None else argv))
     args.eval_fanouts_given = hasattr(args, "eval_fanouts")
-    if not args.eval_fanouts_given:
-        args.eval_fanouts = None
+    args.eval_fanouts = getattr(args, "eval_fanouts", None)
     if (args.servers is None) == (args.partition_dir is None):
         parser.error("--servers or --partition-dir: expected exactly one of them")
     if args.epochs < 0:
@@ -189,8 +178,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if not args.fanouts or any(f < -1 for f in args.fanouts):
         parser.error(f"--fanouts: expected fanouts >= -1, got {args.fanouts}")
     for flag, fanouts in (("--fanouts", args.fanouts), ("--eval-fanouts", args.eval_fanouts or [])):
-        refused = _no_zero_hop(flag, fanouts)
-        if refused:
+        if refused := _no_zero_hop(flag, fanouts):
             parser.error(refused)
     if not 0.0 <= args.dropout < 1.0:
         parser.error(f"--dropout: expected 0 <= dropout < 1, got {args.dropout}")
@@ -210,13 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous_security: list[Security | None] = []  # set once this run sets its own
     try:
         rank = env_int("RANK", 0)
-        logging.basicConfig(
-            level=args.log_level.upper() if rank == 0 else logging.WARNING,
-            format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
-        )
+        logging.basicConfig(level=args.log_level.upper() if rank == 0 else logging.WARNING,
+                            format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
         previous_security.append(set_default_security(Security(
-            ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key,
-            token=read_token(args.token_file))))
+            ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, token=read_token(args.token_file))))
         env = setup_distributed(args.device, args.timeout, args.dist_backend)
         if args.partition_dir is not None:
             job = partition_dir_job(args, env)

@@ -1,55 +1,39 @@
-"""Node classifiers for typed minibatches (``HeteroData``): R-GCN and GraphSAGE made
-typed with PyG's ``to_hetero``, built from the graph's facts
-(:class:`~trainer_client.graph.TypedGraph`).
+"""Node classifiers for typed minibatches (``HeteroData``), built from the graph's facts
+(:class:`~trainer_client.graph.TypedGraph`); ``docs/training.md`` ("Typed graphs: R-GCN")
+describes them. Both read a batch as PyG's hetero ``NeighborLoader`` lays it out
+(:func:`typed_batch_inputs`), turn every node type into a ``hidden``-wide vector
+(:class:`TypedInput`: a ``Linear`` for types with features, a learnable ``nn.Embedding``
+indexed by ``n_id`` for types without, as PyG's and DGL's ogbn-mag examples do) and
+return the target type's seeds' logits.
 
-Both read a ``HeteroData`` batch as PyG's hetero ``NeighborLoader`` lays it out
-(:func:`typed_batch_inputs`) and return the logits of the target type's seeds (its
-first ``batch_size`` nodes). Every node type first becomes a ``hidden``-wide vector
-(:class:`TypedInput`): types with features through a ``Linear`` of their own, types
-without features (ogbn-mag's authors, institutions, fields of study) through a learnable
-``nn.Embedding`` of ``num_nodes[type]`` rows, looked up by the batch's ``n_id`` of that
-type (the graph's own per-type IDs, ``0 .. N_t-1``), as DGL's and PyG's ogbn-mag R-GCN
-examples do.
-
-**R-GCN** (:class:`RGCN`, Schlichtkrull et al.): layer ``l`` computes for every node
-``i`` of type ``t``
-
-    h_i' = W_root[t] h_i + sum over relations r into t of  W_r mean_{j in N_r(i)} h_j
-
-(a per-type self-loop weight, one weight per relation, mean normalization ``1/|N_r(i)|``;
-DGL's ``RelGraphConvLayer`` with ``norm='right'``), ReLU and dropout between layers. Each
-layer computes only what reaches the target type's output: the last layer only the
-relations into the target type, the one before only those into their source types,
-and so on. So every parameter takes part in every step (DDP needs no
-``find_unused_parameters``) and no work is spent on outputs nobody reads. With
-``num_sampled_nodes`` / ``num_sampled_edges`` the layers trim the outer hops as PyG's
-``trim_to_layer`` does.
-
-**Typed GraphSAGE** (:class:`TypedSAGE`, ``--model hetero-sage``): PyG's ``GraphSAGE``
-layer stack turned typed by ``torch_geometric.nn.to_hetero`` (one ``SAGEConv`` per
-relation, summed per destination type). ``to_hetero`` computes every type at every layer, so the last layer's
-convolutions into non-target types get no gradient: under DDP it needs
-``find_unused_parameters=True`` (:data:`NEEDS_UNUSED_PARAMETER_SEARCH`). Channel counts
-are explicit (no lazy ``-1`` sizes), so the parameters exist before DDP wraps the model.
+* :class:`RGCN`: ``h_i' = W_root[t] h_i + sum_r W_r mean_{j in N_r(i)} h_j`` per layer
+  (DGL's ``RelGraphConvLayer``, ``norm='right'``). Each layer computes only what reaches
+  the target type's output (:func:`layer_plan`), so every parameter takes part in every
+  step (DDP needs no ``find_unused_parameters``); ``trim_to_layer`` trims the outer hops.
+* :class:`TypedSAGE` (``--model hetero-sage``): PyG's GraphSAGE stack made typed by
+  ``to_hetero``, which computes every type at every layer, so it needs
+  ``find_unused_parameters=True`` (:data:`FIND_UNUSED_PARAMETERS`); its channel
+  counts are explicit, so its parameters exist before DDP wraps it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch_geometric.data import HeteroData
+from torch_geometric.data import Data, HeteroData
 from torch_geometric.nn import SAGEConv, to_hetero
 from torch_geometric.utils import trim_to_layer
 
 from partitioner.graph import EdgeType
 from trainer_client.graph import TypedGraph
-from trainer_client.models import BatchReader
+from trainer_client.models import batch_inputs, check_sizes
 
 #: Typed model names and whether DDP must search for unused parameters.
-NEEDS_UNUSED_PARAMETER_SEARCH: dict[str, bool] = {"rgcn": False, "hetero-sage": True}
-TYPED_MODELS: tuple[str, ...] = tuple(NEEDS_UNUSED_PARAMETER_SEARCH)
+FIND_UNUSED_PARAMETERS: dict[str, bool] = {"rgcn": False, "hetero-sage": True}
+TYPED_MODELS: tuple[str, ...] = tuple(FIND_UNUSED_PARAMETERS)
 
 #: What a typed model reads of a batch: features, edges and ``n_id`` per type, the
 #: number of seeds, and the per-hop counts (None when the batch has none).
@@ -57,9 +41,10 @@ TypedBatchInputs = tuple[dict[str, Tensor], dict[EdgeType, Tensor], dict[str, Te
                          dict[str, list[int]] | None, dict[EdgeType, list[int]] | None]
 
 
-def check_graph(graph: TypedGraph) -> None:
-    """Refuse a graph a typed model cannot be built for: a featureless type without its
-    node count (its embedding's rows), or no classes."""
+def check_graph(graph: TypedGraph, hidden_channels: int, num_layers: int, dropout: float) -> None:
+    """Refuse sizes a typed model cannot take, or a graph it cannot be built for: a
+    featureless type without its node count (its embedding's rows), or no classes."""
+    check_sizes(dropout, hidden_channels=hidden_channels, num_layers=num_layers)
     for t in graph.node_types:
         if graph.feature_dims.get(t, 0) <= 0 and graph.num_nodes.get(t, 0) <= 0:
             raise ValueError(f"num_nodes[{t!r}]: a node type without features needs its node "
@@ -79,12 +64,6 @@ def layer_plan(graph: TypedGraph, num_layers: int) -> list[tuple[list[EdgeType],
         wanted = wanted | {et[0] for et in relations}
     plan.reverse()
     return plan
-
-
-def _input_types(graph: TypedGraph, plan: Sequence[tuple[list[EdgeType], list[str]]]) -> list[str]:
-    relations, outputs = plan[0]
-    used = set(outputs) | {et[0] for et in relations}
-    return [t for t in graph.node_types if t in used]
 
 
 class TypedInput(nn.Module):
@@ -146,11 +125,11 @@ class RGCN(nn.Module):
     def __init__(self, graph: TypedGraph, *, hidden_channels: int = 64, num_layers: int = 2,
                  dropout: float = 0.5) -> None:
         super().__init__()
-        _check_sizes(hidden_channels, num_layers, dropout)
-        check_graph(graph)
+        check_graph(graph, hidden_channels, num_layers, dropout)
         self.target_type, self.dropout, self.num_layers = graph.target_type, dropout, num_layers
         plan = layer_plan(graph, num_layers)
-        self.input = TypedInput(graph, hidden_channels, _input_types(graph, plan))
+        used = set(plan[0][1]) | {et[0] for et in plan[0][0]}  # the first layer's outputs and sources
+        self.input = TypedInput(graph, hidden_channels, [t for t in graph.node_types if t in used])
         widths = [hidden_channels] * num_layers + [graph.num_classes]
         self.layers = nn.ModuleList([RGCNLayer(rels, outs, widths[i], widths[i + 1])
                                      for i, (rels, outs) in enumerate(plan)])
@@ -162,10 +141,9 @@ class RGCN(nn.Module):
         """Logits ``[batch_size, num_classes]`` of the target type's seeds."""
         h = self.input(x_dict, n_id_dict)
         edges: dict[EdgeType, Tensor] = dict(edge_index_dict)
-        trim = _can_trim(num_sampled_nodes, num_sampled_edges, self.num_layers)
         for i, layer in enumerate(self.layers):
-            if trim and i > 0:
-                assert num_sampled_nodes is not None and num_sampled_edges is not None
+            if i > 0 and num_sampled_nodes and num_sampled_edges and \
+                    all(len(v) >= self.num_layers for v in num_sampled_edges.values()):
                 h, edges, _ = trim_to_layer(i, num_sampled_nodes, num_sampled_edges, h, edges)
             h = layer(h, edges)
             if i < self.num_layers - 1:
@@ -198,8 +176,7 @@ class TypedSAGE(nn.Module):
     def __init__(self, graph: TypedGraph, *, hidden_channels: int = 64, num_layers: int = 2,
                  dropout: float = 0.5) -> None:
         super().__init__()
-        _check_sizes(hidden_channels, num_layers, dropout)
-        check_graph(graph)
+        check_graph(graph, hidden_channels, num_layers, dropout)
         self.target_type = graph.target_type
         self.input = TypedInput(graph, hidden_channels)
         stack = _SAGEStack(hidden_channels, graph.num_classes, num_layers, dropout)
@@ -210,57 +187,36 @@ class TypedSAGE(nn.Module):
                 num_sampled_nodes: dict[str, list[int]] | None = None,
                 num_sampled_edges: dict[EdgeType, list[int]] | None = None) -> Tensor:
         """Logits ``[batch_size, num_classes]`` of the target type's seeds (no trimming)."""
-        h = self.input(x_dict, n_id_dict)
-        out = self.gnn(h, dict(edge_index_dict))
-        return out[self.target_type][:batch_size]
-
-
-def _check_sizes(hidden: int, num_layers: int, dropout: float) -> None:
-    for name, value in (("hidden_channels", hidden), ("num_layers", num_layers)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout: expected 0 <= dropout < 1, got {dropout}")
-
-
-def _can_trim(nodes: Mapping[str, list[int]] | None, edges: Mapping[EdgeType, list[int]] | None,
-              num_layers: int) -> bool:
-    return bool(nodes) and bool(edges) and all(len(v) >= num_layers for v in edges.values())  # type: ignore[union-attr]
+        out: Tensor = self.gnn(self.input(x_dict, n_id_dict), dict(edge_index_dict))[self.target_type]
+        return out[:batch_size]
 
 
 def typed_batch_inputs(batch: HeteroData) -> TypedBatchInputs:
     """The inputs of a typed model's ``forward`` for a batch laid out as PyG's hetero
     ``NeighborLoader`` lays it out (``batch_size`` on the target type)."""
-    x_dict = {t: batch[t].x for t in batch.node_types if "x" in batch[t]}
-    edges = {tuple(et): batch[et].edge_index for et in batch.edge_types}
-    n_id = {t: batch[t].n_id for t in batch.node_types if "n_id" in batch[t]}
-    sizes = [int(batch[t].batch_size) for t in batch.node_types if "batch_size" in batch[t]]
+    x_dict, edges, n_id, sizes = (batch.collect(key, allow_empty=True)
+                                  for key in ("x", "edge_index", "n_id", "batch_size"))
     if len(sizes) != 1:
         raise ValueError(f"batch: expected batch_size on exactly one node type (the seeds'), found it "
-                         f"on {[t for t in batch.node_types if 'batch_size' in batch[t]]}")
+                         f"on {list(sizes)}")
     nodes = batch.num_sampled_nodes if "num_sampled_nodes" in batch else None
     sampled = batch.num_sampled_edges if "num_sampled_edges" in batch else None
-    return (x_dict, edges, n_id, sizes[0],
+    return (x_dict, edges, n_id, int(next(iter(sizes.values()))),
             dict(nodes) if isinstance(nodes, dict) else None,
             {tuple(k): v for k, v in sampled.items()} if isinstance(sampled, dict) else None)
 
 
-def typed_reader(target_type: str) -> BatchReader:
-    """How a typed model reads a batch: :func:`typed_batch_inputs`, and the labels of the
-    seeds (``target_type``'s first ``batch_size`` nodes)."""
-    def labels(batch: HeteroData) -> Tensor:
-        store = batch[target_type]
-        y: Tensor = store.y[: int(store.batch_size)]
-        return y
-
-    return BatchReader(typed_batch_inputs, labels)
+def model_inputs(batch: Data | HeteroData) -> tuple[Any, ...]:
+    """The positional inputs of a model's ``forward`` for a batch of either kind: a
+    plain graph's ``Data`` (:func:`~trainer_client.models.batch_inputs`) or a typed one
+    (:func:`typed_batch_inputs`)."""
+    return typed_batch_inputs(batch) if isinstance(batch, HeteroData) else batch_inputs(batch)
 
 
 def build_typed_model(name: str, graph: TypedGraph, *, hidden_channels: int = 64, num_layers: int = 2,
                       dropout: float = 0.5) -> RGCN | TypedSAGE:
     """A typed node classifier by name (``rgcn`` or ``hetero-sage``)."""
-    if name == "rgcn":
-        return RGCN(graph, hidden_channels=hidden_channels, num_layers=num_layers, dropout=dropout)
-    if name == "hetero-sage":
-        return TypedSAGE(graph, hidden_channels=hidden_channels, num_layers=num_layers, dropout=dropout)
-    raise ValueError(f"model: expected one of {list(TYPED_MODELS)}, got {name!r}")
+    classes: dict[str, type[RGCN] | type[TypedSAGE]] = {"rgcn": RGCN, "hetero-sage": TypedSAGE}
+    if name not in classes:
+        raise ValueError(f"model: expected one of {list(TYPED_MODELS)}, got {name!r}")
+    return classes[name](graph, hidden_channels=hidden_channels, num_layers=num_layers, dropout=dropout)

@@ -1,14 +1,12 @@
 """``python -m trainer_client.warmup``: compile and cache a trainer's Numba CPU kernels
 ahead of use.
 
-A trainer runs a few Numba kernels of its own on every batch: the node table's look-up
-of original IDs and labels (:mod:`trainer_client.node_table`) and the feature cache's
-assembly of ``x`` (:mod:`trainer_client.cache`). Numba compiles each the first time it
-runs, into ``NUMBA_CACHE_DIR`` for ``cache=True`` kernels; running this once where
-graphfeed is installed (the container image does, after ``python -m
-sampling_server.warmup``) moves that work out of the first batches of every trainer
-started later. The kernels' argument types are those of every graph's batches (int32 and
-int64 IDs, int8 labels, the wire's feature dtypes), so the cache serves real jobs.
+Numba compiles a kernel the first time it runs (into ``NUMBA_CACHE_DIR`` for
+``cache=True`` kernels); running this once where graphfeed is installed (the container
+image does, after ``python -m sampling_server.warmup``) moves that work out of the first
+batches of every trainer started later. The kernels run on the argument types of every
+graph's batches (int32 and int64 IDs, int8 labels, the wire's feature dtypes), so the
+cache serves real jobs.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from torch_geometric.data import Data
 
 from protos import compact
 from protos import sampling_pb2 as pb
-from trainer_client.cache import FeatureCache
+from trainer_client.cache import CPU_ASSEMBLY, FeatureCache
 from trainer_client.node_table import NodeTable
 
 log = logging.getLogger("trainer_client.warmup")
@@ -40,16 +38,15 @@ def warm_node_table(n_id: torch.Tensor) -> None:
 
 
 def warm_cache_assembly(n_id: torch.Tensor) -> None:
-    """The feature cache's rebuilding of a batch's ``x`` on the CPU, for every wire dtype
-    it copies as it is and for bfloat16 widened to float32, with int32 and int64 slots."""
+    """The feature cache's one-pass rebuilding of a batch's ``x`` on the CPU, for each of its
+    conversions (:data:`~trainer_client.cache.CPU_ASSEMBLY`), with int32 and int64 slots."""
     num = int(n_id.max()) + 1
     cached = n_id % 2 == 0
     for slot_dtype in (torch.int32, torch.int64):
         slot = torch.full((num,), -1, dtype=slot_dtype)
         held = torch.unique(n_id[cached])
         slot[held] = torch.arange(held.numel(), dtype=slot_dtype)
-        for wire, out in ((torch.float32, None), (torch.float16, None), (torch.float64, None),
-                          (torch.bfloat16, None), (torch.bfloat16, torch.float32)):
+        for wire, out in CPU_ASSEMBLY:
             cache = FeatureCache([held.numel()], torch.zeros((held.numel(), 4), dtype=wire), slot, pb.FLOAT32)
             cache.assemble(torch.zeros((int((~cached).sum()), 4), dtype=wire), cached, n_id, out)
 
