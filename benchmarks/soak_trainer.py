@@ -78,10 +78,10 @@ def next_epoch(log: Path) -> int:
     return last + 1
 
 
-def _seeds(batch: Any, seed_type: str) -> np.ndarray:
-    """The seeds (original IDs) of a batch: a ``Data``'s, or the seed type's of a
-    ``HeteroData`` (``seed_type`` empty: a plain graph)."""
-    store = batch[seed_type] if seed_type else batch
+def _seeds(batch: Any) -> np.ndarray:
+    """The seeds (original IDs) of a batch: a ``Data``'s, or those of the ``HeteroData``'s
+    node type that has ``batch_size`` (the seeds' type)."""
+    store = next(s for s in batch.node_stores if "batch_size" in s)
     return store.n_id[: store.batch_size].numpy()
 
 
@@ -102,7 +102,7 @@ def run_epoch(loader: RemoteNeighborLoader, events: _Events, step: float,
     asked = time.perf_counter()
     for index, batch in enumerate(loader):
         events.write("batch", epoch=loader.epoch, i=index, wait=round(time.perf_counter() - asked, 4))
-        got.append(_seeds(batch, loader.seed_type))
+        got.append(_seeds(batch))
         if step:
             time.sleep(step)
         if stop is not None and stop.exists():
