@@ -42,7 +42,8 @@ RUNS: dict[str, list[str]] = {
     "sampler": ["--data", "{data}", "--passes", "1", "--batches", "12", "--pyg-batches", "4",
                 "--pyg-workers", "0", "2", "--devices", "cpu"],
     "hetero": ["--data", "{data}", "--passes", "1"],
-    "stream": ["--data", "{data}", "--passes", "1", "--gib", "1", "--no-diagnostics", "--steps-ms"],
+    "stream": ["--data", "{data}", "--passes", "1", "--gib", "1", "--sizes-kib", "4096", "--no-diagnostics",
+               "--steps-ms"],
     "feature_cache": ["--data", "{data}", "--batches", "6", "--compare-batches", "0", "0"],
 }
 #: The per-row figures collected, where a row has them.
