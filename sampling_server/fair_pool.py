@@ -7,11 +7,21 @@ and reads none) keeps that queue full, and a newcomer's first batch waits behind
 it. :class:`FairPool` keeps one queue per client instead and hands its threads the next
 task of each client in turn (round robin), so a batch waits for at most one task of every
 other client with work queued; within one client, tasks run in the order submitted.
+
+Its threads are daemon threads, so a pool nobody shut down never keeps a process from
+exiting; but like ``ThreadPoolExecutor``'s, every live pool is shut down and its threads
+joined (for at most :data:`EXIT_JOIN_S`) when the interpreter starts to exit, before it
+finalizes. A daemon thread still running a kernel, or waking, at finalization is ended
+by the interpreter mid-frame, and a native frame that does not expect that aborts the
+process ("terminate called without an active exception") after a clean drain.
 """
 
 from __future__ import annotations
 
+import atexit
 import threading
+import time
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
@@ -20,6 +30,22 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _Task = tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]
+
+#: Seconds the interpreter's exit waits, in all, for every live pool's threads.
+EXIT_JOIN_S = 10.0
+
+_live: weakref.WeakSet[FairPool] = weakref.WeakSet()
+
+
+def _join_all_at_exit() -> None:
+    deadline = time.monotonic() + EXIT_JOIN_S
+    for pool in list(_live):
+        pool.shutdown(wait=True, cancel_futures=True, timeout=max(0.0, deadline - time.monotonic()))
+
+
+# Run where concurrent.futures runs its own: after the main thread ends, before the
+# interpreter finalizes (plain atexit handlers run after that, too late for threads).
+getattr(threading, "_register_atexit", atexit.register)(_join_all_at_exit)
 
 
 class FairPool:
@@ -37,6 +63,7 @@ class FairPool:
                                           name=f"{thread_name_prefix}_{i}") for i in range(workers)]
         for thread in self._threads:
             thread.start()
+        _live.add(self)
 
     @property
     def workers(self) -> int:
@@ -85,9 +112,10 @@ class FairPool:
             except BaseException as exc:  # the future carries it to whoever waits
                 future.set_exception(exc)
 
-    def shutdown(self, wait: bool = False, cancel_futures: bool = True) -> None:
+    def shutdown(self, wait: bool = False, cancel_futures: bool = True, timeout: float | None = None) -> None:
         """Take no more tasks; cancel the queued ones (``cancel_futures``) or let the
-        threads finish them; ``wait``: join the threads."""
+        threads finish them; ``wait``: join the threads, for at most ``timeout`` seconds
+        in all (None: until they end)."""
         with self._cond:
             self._shutdown = True
             if cancel_futures:
@@ -97,5 +125,6 @@ class FairPool:
                 self._queues.clear()
             self._cond.notify_all()
         if wait:
+            deadline = None if timeout is None else time.monotonic() + timeout
             for thread in self._threads:
-                thread.join()
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))

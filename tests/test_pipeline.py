@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +17,8 @@ from protos import fastwire
 from protos import sampling_pb2 as pb
 from protos.assembler import TensorAssembler
 from sampling_server.pipeline import Prepared, encode_ahead
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _head(batch: int):  # type: ignore[no-untyped-def]
@@ -220,3 +225,21 @@ def test_a_shut_down_sampling_queue_cancels_what_waits_and_takes_nothing_new() -
         pool.submit("a", lambda: 1)
     with pytest.raises(ValueError, match="workers: expected an integer >= 1, got 0"):
         FairPool(0)
+
+
+def test_the_interpreter_joins_a_sampling_queue_s_threads_before_it_exits(tmp_path: Path) -> None:
+    """A process that exits while a sampling thread still runs a task (nobody shut the
+    pool down) lets the task finish first, as a ThreadPoolExecutor's would; a daemon
+    thread ended mid-kernel at finalization aborted servers after a clean drain."""
+    done = tmp_path / "done"
+    script = (
+        "import sys, time\n"
+        "from sampling_server.fair_pool import FairPool\n"
+        "pool = FairPool(2)\n"
+        "pool.submit('a', lambda: (time.sleep(0.5), open(sys.argv[1], 'w').write('ok')))\n"
+        "pool.submit('b', lambda: None).result(timeout=30)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(done)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert done.read_text() == "ok"
