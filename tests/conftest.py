@@ -7,6 +7,7 @@ on it unless a real GPU is usable (then the ``gpu``-marked tests run too).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +28,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """A CLI's ``main`` run in process (``logging.basicConfig``) leaves the root logger a
+    handler on the test's captured stderr, closed once the test ends: every later log
+    line of a server thread then prints a "Logging error". Such handlers go after the
+    test, and the root level is restored."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers and not type(handler).__module__.startswith("_pytest"):
+            root.removeHandler(handler)
+            handler.close()
+    root.setLevel(level)
 
 
 def _small_range(tmp_path_factory: pytest.TempPathFactory, parts: int) -> Path:
