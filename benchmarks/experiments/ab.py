@@ -91,6 +91,18 @@ def run_once(checkout: Path, bench: str, data: Path, name: str, python: str) -> 
     return figures(result)
 
 
+def commit_of(checkout: Path) -> str:
+    """The checkout's commit (``+`` when its tree has changes), or ``?`` outside git."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True,
+                             text=True, timeout=30, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=checkout,
+                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return rev + ("+" if dirty else "")
+
+
 def summarize(per_round: dict[str, dict[str, list[dict[str, float]]]]) -> dict[str, Any]:
     """Per benchmark and figure: each checkout's values and median, and B over A."""
     out: dict[str, Any] = {}
@@ -131,8 +143,9 @@ def main() -> int:
                 per_round[bench][side].append(got)
     summary = summarize(per_round)
     path = write_json(args.results_name, {
-        "benchmark": "ab", "a": str(checkouts["a"]), "b": str(checkouts["b"]), "rounds": args.rounds,
-        "machine": machine(), "runs": {b: RUNS[b] for b in args.benchmarks}, "figures": summary})
+        "benchmark": "ab", "a": commit_of(checkouts["a"]), "b": commit_of(checkouts["b"]),
+        "rounds": args.rounds, "machine": machine(), "runs": {b: RUNS[b] for b in args.benchmarks},
+        "figures": summary})
     for bench, table in summary.items():
         print(f"== {bench}")
         for figure, row in table.items():
