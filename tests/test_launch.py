@@ -17,6 +17,9 @@ EXAMPLE = ROOT / "deploy" / "cluster.example.yaml"
 
 
 def _load_launch() -> ModuleType:
+    """deploy/launch.py as a script sees itself: its folder first on the import path."""
+    if str(ROOT / "deploy") not in sys.path:
+        sys.path.insert(0, str(ROOT / "deploy"))
     spec = importlib.util.spec_from_file_location("graphfeed_launch", ROOT / "deploy" / "launch.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -26,6 +29,7 @@ def _load_launch() -> ModuleType:
 
 
 launch = _load_launch()
+cluster_file = importlib.import_module("cluster_file")  # the cluster file's model and checks
 
 
 def _dry_run(capsys: pytest.CaptureFixture[str], *args: str, path: Path = EXAMPLE) -> list[list[str]]:
@@ -106,14 +110,14 @@ def test_server_args_reach_every_server_as_flags_it_knows(
         bad = _example()
         bad["server_args"] = {key: "x"}
         with pytest.raises(launch.ClusterError, match=rf"^server_args\.{key}: set by the launcher"):
-            launch.parse_cluster(bad)
+            cluster_file.parse_cluster(bad)
     bad = _example()
     bad["server_args"] = ["--workers", "6"]
     with pytest.raises(launch.ClusterError, match=r"^server_args: expected a mapping"):
-        launch.parse_cluster(bad)
+        cluster_file.parse_cluster(bad)
     bad["server_args"] = {"workers; rm -rf /": 1}
     with pytest.raises(launch.ClusterError, match=r"expected a flag name"):
-        launch.parse_cluster(bad)
+        cluster_file.parse_cluster(bad)
 
 
 def test_start_plan_trainers(capsys: pytest.CaptureFixture[str]) -> None:
@@ -151,20 +155,20 @@ def test_every_process_gets_the_token_from_a_file_it_never_sees_on_a_command_lin
         # the token is written from ssh's standard input before the process starts
         assert remote.index("cat") < remote.index("nohup") and "077" in remote
     token = b"not-a-real-token\n"
-    steps = launch.plan(launch.load_cluster(EXAMPLE), "start", token=token)
+    steps = launch.plan(cluster_file.load_cluster(EXAMPLE), "start", token=token)
     assert [s.stdin for s in steps] == [token] * 6
     assert not any(b"not-a-real-token" in " ".join(s.argv).encode() for s in steps)
     assert "not-a-real-token" not in repr(steps[0])
-    assert all(s.stdin is None for s in launch.plan(launch.load_cluster(EXAMPLE), "stop"))
+    assert all(s.stdin is None for s in launch.plan(cluster_file.load_cluster(EXAMPLE), "stop"))
 
 
 def test_the_cluster_token_is_made_once_beside_the_cluster_file(tmp_path: Path) -> None:
-    cluster = launch.load_cluster(_write(tmp_path, _example()))
+    cluster = cluster_file.load_cluster(_write(tmp_path, _example()))
     # the example names its file; by default it is the cluster file's name, .token
     assert cluster.security.token_file == tmp_path / "cluster.example.token"
     obj = _example()
     del obj["security"]
-    cluster = launch.load_cluster(_write(tmp_path, obj))
+    cluster = cluster_file.load_cluster(_write(tmp_path, obj))
     assert cluster.security.token_file == tmp_path / "cluster.token"
     token = launch.cluster_token(cluster)
     assert token and len(token.strip()) >= 40
@@ -197,7 +201,7 @@ def test_security_settings_become_each_process_flags(capsys: pytest.CaptureFixtu
                        ({"token": "s3cret"}, "security")):
         obj["security"] = bad
         with pytest.raises(launch.ClusterError, match=rf"^{field}"):
-            launch.parse_cluster(obj)
+            cluster_file.parse_cluster(obj)
 
 
 def test_start_plan_all(capsys: pytest.CaptureFixture[str]) -> None:
@@ -256,7 +260,7 @@ def test_password_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     obj = _example()
     obj["ssh"]["password"] = "hunter2"
     with pytest.raises(launch.ClusterError, match=r"ssh\.password.*not allowed"):
-        launch.parse_cluster(obj)
+        cluster_file.parse_cluster(obj)
     assert "ssh.password" in _error(tmp_path, capsys, obj)
 
 
@@ -264,14 +268,14 @@ def test_batchmode_option_refused() -> None:
     obj = _example()
     obj["ssh"]["options"].append("BatchMode=no")
     with pytest.raises(launch.ClusterError, match=r"ssh\.options\[2\]"):
-        launch.parse_cluster(obj)
+        cluster_file.parse_cluster(obj)
 
 
 def test_duplicate_partition(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     obj = _example()
     obj["servers"][3]["partition"] = 1
     with pytest.raises(launch.ClusterError, match=r"servers\[3\]\.partition: duplicate partition 1"):
-        launch.parse_cluster(obj)
+        cluster_file.parse_cluster(obj)
     assert "duplicate partition" in _error(tmp_path, capsys, obj)
 
 
@@ -279,7 +283,7 @@ def test_missing_partition() -> None:
     obj = _example()
     obj["servers"][3]["partition"] = 7
     with pytest.raises(launch.ClusterError, match=r"servers: partitions must be 0\.\.3.*missing \[3\]"):
-        launch.parse_cluster(obj)
+        cluster_file.parse_cluster(obj)
 
 
 @pytest.mark.parametrize("port", [0, 70000, "50051", True])
@@ -287,37 +291,37 @@ def test_bad_server_port(port: object) -> None:
     obj = _example()
     obj["servers"][1]["port"] = port
     with pytest.raises(launch.ClusterError, match=r"servers\[1\]\.port"):
-        launch.parse_cluster(obj)
+        cluster_file.parse_cluster(obj)
 
 
 def test_bad_master_port_and_empty_hosts() -> None:
     obj = _example()
     obj["trainers"]["master_port"] = -1
     with pytest.raises(launch.ClusterError, match=r"trainers\.master_port"):
-        launch.parse_cluster(obj)
+        cluster_file.parse_cluster(obj)
     obj = _example()
     obj["trainers"]["hosts"] = []
     with pytest.raises(launch.ClusterError, match=r"trainers\.hosts"):
-        launch.parse_cluster(obj)
+        cluster_file.parse_cluster(obj)
 
 
 def test_missing_and_unknown_fields() -> None:
     obj = _example()
     del obj["workdir"]
     with pytest.raises(launch.ClusterError, match=r"^workdir"):
-        launch.parse_cluster(obj)
+        cluster_file.parse_cluster(obj)
     obj = _example()
     del obj["servers"][0]["host"]
     with pytest.raises(launch.ClusterError, match=r"servers\[0\]\.host: missing"):
-        launch.parse_cluster(obj)
+        cluster_file.parse_cluster(obj)
     obj = _example()
     obj["servers"][0]["adress"] = "x"
     with pytest.raises(launch.ClusterError, match=r"servers\[0\].*adress"):
-        launch.parse_cluster(obj)
+        cluster_file.parse_cluster(obj)
     obj = _example()
     obj["trainers"]["args"]["servers"] = "a:1"
     with pytest.raises(launch.ClusterError, match=r"trainers\.args\.servers"):
-        launch.parse_cluster(obj)
+        cluster_file.parse_cluster(obj)
 
 
 def test_real_run_uses_timeout(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
