@@ -130,22 +130,25 @@ def main() -> int:
     parser.add_argument("--benchmarks", nargs="+", default=list(RUNS), choices=list(RUNS))
     parser.add_argument("--results-name", default="ab")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds: expected an integer >= 1, got {args.rounds}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     checkouts = {"a": args.a.resolve(), "b": args.b.resolve()}
     data = args.data.resolve()
     per_round: dict[str, dict[str, list[dict[str, float]]]] = {
         bench: {"a": [], "b": []} for bench in args.benchmarks}
+    commits = {side: commit_of(path) for side, path in checkouts.items()}
     for r in range(args.rounds):
         order = ["a", "b"] if r % 2 == 0 else ["b", "a"]
         for bench in args.benchmarks:
             for side in order:
                 got = run_once(checkouts[side], bench, data, f"ab-{side}-{bench}-{r}", sys.executable)
                 per_round[bench][side].append(got)
-    summary = summarize(per_round)
-    path = write_json(args.results_name, {
-        "benchmark": "ab", "a": commit_of(checkouts["a"]), "b": commit_of(checkouts["b"]),
-        "rounds": args.rounds, "machine": machine(), "runs": {b: RUNS[b] for b in args.benchmarks},
-        "figures": summary})
+        # written after every round: a run stopped early keeps the rounds it finished
+        summary = summarize(per_round)
+        path = write_json(args.results_name, {
+            "benchmark": "ab", **commits, "rounds": r + 1, "machine": machine(),
+            "runs": {b: RUNS[b] for b in args.benchmarks}, "figures": summary})
     for bench, table in summary.items():
         print(f"== {bench}")
         for figure, row in table.items():
