@@ -56,7 +56,7 @@ from common import (
     write_json,
 )
 
-from partitioner import load_partition, partition_graph
+from partitioner import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, load_partition, partition_graph
 from partitioner.format import Partition
 
 log = logging.getLogger("bench.sampler")
@@ -140,7 +140,9 @@ def graphfeed_rows(part: Partition, device: str, n: int, topology: str = "device
 
 def torch_floor_rows(part: Partition, n: int) -> list[dict[str, Any]]:
     """A plain vectorized-PyTorch sampler (with replacement, unique-based relabel)."""
-    indptr, indices, x = (torch.from_numpy(np.asarray(a)) for a in (part.indptr, part.indices, part.x))
+    t, et = PLAIN_NODE_TYPE, PLAIN_EDGE_TYPE
+    indptr, indices, x = (torch.from_numpy(np.asarray(a))
+                          for a in (part.indptr[et], part.indices[et], part.x[t]))
     gen = torch.Generator().manual_seed(0)
 
     def sample(seeds: np.ndarray, features: bool) -> int:
@@ -179,12 +181,12 @@ def pyg_rows(part: Partition, n: int, workers: list[int]) -> list[dict[str, Any]
     # (is_sorted): it then skips a sort and a permutation of every edge at start-up, and
     # samples exactly as it otherwise would. The arrays are built once, without copies of
     # the partition's own (read through memory maps), to fit beside a busy machine.
-    indptr = np.asarray(part.indptr)
+    indptr = np.asarray(part.indptr[PLAIN_EDGE_TYPE])
     edge_index = torch.empty((2, int(indptr[-1])), dtype=torch.int64)
-    edge_index[0] = torch.from_numpy(np.asarray(part.indices))
+    edge_index[0] = torch.from_numpy(np.asarray(part.indices[PLAIN_EDGE_TYPE]))
     edge_index[1] = torch.repeat_interleave(torch.arange(indptr.size - 1),
                                             torch.from_numpy(np.diff(indptr)))
-    data = Data(edge_index=edge_index, x=torch.from_numpy(np.array(part.x)),
+    data = Data(edge_index=edge_index, x=torch.from_numpy(np.array(part.x[PLAIN_NODE_TYPE])),
                 y=torch.from_numpy(np.array(part.y)), num_nodes=indptr.size - 1)
     train = torch.from_numpy(np.asarray(part.splits["train"]))
     structure_only = Data(edge_index=data.edge_index, num_nodes=data.num_nodes)
