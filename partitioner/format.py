@@ -235,7 +235,7 @@ def load_partition(root: str | Path, partition_id: int, *, mmap: bool = True,
         raise PartitionFormatError(f"partition: expected an ID in [0, {m.num_partitions}), "
                                    f"got {partition_id}")
     info = m.partitions[partition_id]
-    books = {t: m.files[role("partition_book", m.key(t))] for t in m.node_types}
+    books = {t: m.files[m.shared_role("partition_book", t)] for t in m.node_types}
     check_files(base, [*books.values(), *info.files.values()], verify)
 
     def load(kind: str, t: str | EdgeType) -> np.ndarray:
@@ -273,7 +273,7 @@ def _check_partition(base: Path, part: Partition) -> None:
     info = m.partitions[p]
     for t, book in part.partition_book.items():
         if book.tolist() != list(m.partition_book[t]):
-            raise _fail(base, m.files[role("partition_book", m.key(t))].path,
+            raise _fail(base, m.files[m.shared_role("partition_book", t)].path,
                         "does not match the manifest's partition_book")
     for et in m.edge_types:
         _check_csc(base, m, info, et, part.indptr[et], part.indices[et], part.num_nodes(et[2]))
@@ -464,7 +464,7 @@ def load_node_map(root: str | Path, node_type: str | None = None, *, verify: Ver
     type, a plain graph's one type) to its global IDs."""
     m = read_manifest(root)
     t = node_type or m.target_type
-    rec = m.files.get(role("node_map", m.key(t)) if t in m.node_types else "")
+    rec = m.files.get(m.shared_role("node_map", t) if t in m.node_types else "")
     if rec is None:
         raise PartitionFormatError(f"node_type: expected one of {list(m.node_types)}, got {node_type!r}")
     check_files(root, [rec], verify)

@@ -52,6 +52,12 @@ def role(kind: str, key: str | EdgeType | None) -> str:
     return f"{edge_type_name(key) if isinstance(key, tuple) else key}/{kind}"
 
 
+def shared_role(kind: str, node_type: str | None) -> str:
+    """The role of a file every partition shares (``partition_book``, ``node_map``) of
+    ``node_type`` (None: a plain graph's one type): the kind first, as its path."""
+    return kind if node_type is None else f"{kind}/{node_type}"
+
+
 @dataclass(frozen=True)
 class NodeTypeInfo:
     """What the manifest records of one node type."""
@@ -121,6 +127,10 @@ class Manifest:
     def role(self, kind: str, t: str | EdgeType) -> str:
         """The role of file ``kind`` of node or edge type ``t`` in this manifest."""
         return role(kind, self.key(t))
+
+    def shared_role(self, kind: str, t: str) -> str:
+        """The role of the shared file ``kind`` (book, node map) of node type ``t``."""
+        return shared_role(kind, t if self.typed else None)
 
     @property
     def num_partitions(self) -> int:
@@ -306,6 +316,10 @@ def check_manifest(path: Path, m: Manifest) -> None:
         if et[0] not in m.node_types or et[2] not in m.node_types:
             raise PartitionFormatError(f"{path}: edge type {et}: unknown node type")
     for t, info in m.node_types.items():
+        for kind in ("partition_book", "node_map"):
+            if m.shared_role(kind, t) not in m.files:
+                raise PartitionFormatError(f"{path}: files: expected {m.shared_role(kind, t)!r}, got "
+                                           f"{sorted(m.files)[:8]}")
         book = m.partition_book.get(t)
         name = f"partition_book[{t!r}]" if m.typed else "partition_book"
         if (book is None or len(book) != m.num_partitions + 1 or book[0] != 0

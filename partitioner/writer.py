@@ -32,6 +32,7 @@ from partitioner.manifest import (
     NodeTypeInfo,
     PartitionInfo,
     role,
+    shared_role,
 )
 from partitioner.npyio import FileRecord, NpyWriter, iter_edge_chunks, iter_row_chunks, read_flat, save_npy
 
@@ -126,7 +127,8 @@ class _Layout:
 
     def shared(self, kind: str, t: str) -> tuple[str, str]:
         """(role, path) of a file shared by every partition (book, node map)."""
-        return role(kind, t if self.typed else None), f"{kind}/{t}.npy" if self.typed else f"{kind}.npy"
+        name = shared_role(kind, t if self.typed else None)
+        return name, f"{name}.npy"
 
     def own(self, p: int, kind: str, t: str | EdgeType) -> tuple[str, str]:
         """(role, path) of a file of partition ``p``."""

@@ -335,3 +335,26 @@ def test_manifests_round_trip_byte_for_byte(tmp_path: Path, kind: str, weighted:
         assert flags == {k: weighted for k in obj["graph"]["edge_types"]}
     else:
         assert obj["graph"]["has_edge_weight"] is weighted and "_N" not in text
+
+
+def test_file_roles_and_paths_are_the_documented_layout(tmp_path: Path, kind: str) -> None:
+    """Every file's manifest role and path are those of docs/partition-format.md, so
+    that partitions written by earlier releases keep loading (format v1 names no type;
+    v2 puts the kind first for the shared files, the type first for a partition's)."""
+    graph = mixed(kind)
+    partition_graph(graph, 2, tmp_path / "p", method="range", progress=False)
+    obj = json.loads((tmp_path / "p" / MANIFEST_FILE).read_text())
+    for name, rec in obj["files"].items():
+        assert rec["path"] == f"{name}.npy"
+    for name, rec in obj["partitions"][0]["files"].items():
+        assert rec["path"] == f"part-0/{name}.npy"
+    own = set(obj["partitions"][0]["files"])
+    if kind == "plain":
+        assert set(obj["files"]) == {"partition_book", "node_map"}
+        assert {"indptr", "indices", "x", "orig_ids", "y", "train_idx"} <= own
+        return
+    types = list(obj["graph"]["node_types"])
+    assert set(obj["files"]) == {f"{k}/{t}" for k in ("partition_book", "node_map") for t in types}
+    target = obj["graph"]["target_type"]
+    assert {f"{t}/orig_ids" for t in types} | {f"{target}/y", f"{target}/train_idx"} <= own
+    assert {f"{et}/indptr" for et in obj["graph"]["edge_types"]} <= own

@@ -167,9 +167,18 @@ def test_manifest_without_a_file_record_is_refused(root: Path) -> None:
     assert f"expected a record for {name!r}" in refused(root)
 
 
+@pytest.mark.parametrize("kind", ["partition_book", "node_map"])
+def test_manifest_without_a_shared_file_record_is_refused_naming_it(root: Path, kind: str) -> None:
+    name = read_manifest(root).shared_role(kind, read_manifest(root).target_type)
+    obj = manifest_json(root)
+    del obj["files"][name]
+    write_manifest_json(root, obj)
+    assert f"files: expected {name!r}" in refused(root)
+
+
 def test_missing_node_map_is_refused(root: Path) -> None:
     m = read_manifest(root)
-    path = root / m.files[m.role("node_map", m.target_type)].path
+    path = root / m.files[m.shared_role("node_map", m.target_type)].path
     path.unlink()
     with pytest.raises(PartitionFormatError, match="node_map"):
         load_node_map(root)
@@ -290,7 +299,7 @@ def test_structure_beyond_the_checksums_is_checked(root: Path, fault: str) -> No
 
 def test_partition_book_file_disagreeing_with_manifest_is_refused(root: Path) -> None:
     m = read_manifest(root)
-    name = m.role("partition_book", m.target_type)
+    name = m.shared_role("partition_book", m.target_type)
     path = root / m.files[name].path
     book = np.load(path)
     book[1] += 1
