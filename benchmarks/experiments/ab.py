@@ -13,7 +13,7 @@ median per checkout and B's median over A's. Writes
     git worktree add /tmp/before <commit>
     python benchmarks/experiments/ab.py --a /tmp/before --b . --data data/bench --rounds 3
 
-The default benchmarks take about 12 minutes a round on a 2-core machine once the
+The default benchmarks take about 5 minutes a round on a 2-core machine once the
 graphs are written (``sampler``, ``hetero``, ``stream`` replay rows, ``feature_cache``
 bytes per batch); ``--benchmarks`` picks some, ``--rounds`` sets the rounds.
 """
