@@ -6,7 +6,10 @@ many streams whose gRPC windows are still filling (say one that opened every str
 and reads none) keeps that queue full, and a newcomer's first batch waits behind all of
 it. :class:`FairPool` keeps one queue per client instead and hands its threads the next
 task of each client in turn (round robin), so a batch waits for at most one task of every
-other client with work queued; within one client, tasks run in the order submitted.
+other client with work queued. Within one client it takes the next task of each of the
+client's streams in turn the same way, so a client's new stream does not wait behind its
+own older streams' prefetched batches either; within one stream, tasks run in the order
+submitted.
 
 Its threads are daemon threads, so a pool nobody shut down never keeps a process from
 exiting; but like ``ThreadPoolExecutor``'s, every live pool is shut down and its threads
@@ -30,6 +33,8 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _Task = tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]
+#: A client's queued tasks: one queue per stream, in the order the streams take turns.
+_Streams = OrderedDict[Hashable, deque[_Task]]
 
 #: Seconds the interpreter's exit waits, in all, for every live pool's threads.
 EXIT_JOIN_S = 10.0
@@ -50,13 +55,14 @@ getattr(threading, "_register_atexit", atexit.register)(_join_all_at_exit)
 
 class FairPool:
     """``workers`` threads running submitted tasks, one client's next task after
-    another's (see the module doc); ``submit`` returns a ``concurrent.futures.Future``."""
+    another's, and within a client one stream's after another's (see the module doc);
+    ``submit`` returns a ``concurrent.futures.Future``."""
 
     def __init__(self, workers: int, thread_name_prefix: str = "fair",
                  initializer: Callable[..., object] | None = None, initargs: tuple[Any, ...] = ()) -> None:
         if workers < 1:
             raise ValueError(f"workers: expected an integer >= 1, got {workers}")
-        self._queues: OrderedDict[Hashable, deque[_Task]] = OrderedDict()
+        self._queues: OrderedDict[Hashable, _Streams] = OrderedDict()
         self._cond = threading.Condition()
         self._shutdown = False
         self._threads = [threading.Thread(target=self._work, args=(initializer, initargs), daemon=True,
@@ -69,32 +75,40 @@ class FairPool:
     def workers(self) -> int:
         return len(self._threads)
 
-    def submit(self, client: Hashable, fn: Callable[..., T], *args: Any) -> Future[T]:
-        """Queue ``fn(*args)`` as ``client``'s next task."""
+    def submit(self, client: Hashable, fn: Callable[..., T], *args: Any,
+               stream: Hashable = None) -> Future[T]:
+        """Queue ``fn(*args)`` as the next task of ``client``'s ``stream``."""
         future: Future[T] = Future()
         with self._cond:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new tasks after shutdown")
-            self._queues.setdefault(client, deque()).append((future, fn, args))
+            streams = self._queues.setdefault(client, OrderedDict())
+            streams.setdefault(stream, deque()).append((future, fn, args))
             self._cond.notify()
         return future
 
     def queued(self) -> dict[Hashable, int]:
         """Tasks waiting per client."""
         with self._cond:
-            return {client: len(q) for client, q in self._queues.items()}
+            return {client: sum(map(len, streams.values())) for client, streams in self._queues.items()}
 
     def _next(self) -> _Task | None:
-        """The next task in turn (None once shut down): the first client's first task;
-        that client goes to the back of the line."""
+        """The next task in turn (None once shut down): the first client's first
+        stream's first task; that stream goes to the back of its client's line, and the
+        client to the back of the line of clients."""
         with self._cond:
             while not self._queues and not self._shutdown:
                 self._cond.wait()
             if not self._queues:
                 return None
-            client, queue = next(iter(self._queues.items()))
+            client, streams = next(iter(self._queues.items()))
+            stream, queue = next(iter(streams.items()))
             task = queue.popleft()
             if queue:
+                streams.move_to_end(stream)
+            else:
+                del streams[stream]
+            if streams:
                 self._queues.move_to_end(client)
             else:
                 del self._queues[client]
@@ -119,9 +133,10 @@ class FairPool:
         with self._cond:
             self._shutdown = True
             if cancel_futures:
-                for queue in self._queues.values():
-                    for future, _, _ in queue:
-                        future.cancel()
+                for streams in self._queues.values():
+                    for queue in streams.values():
+                        for future, _, _ in queue:
+                            future.cancel()
                 self._queues.clear()
             self._cond.notify_all()
         if wait:

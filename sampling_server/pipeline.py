@@ -108,17 +108,19 @@ class SamplingPipeline:
                ) -> Iterator[tuple[bytes, Prepared | None]]:
         """The serialized messages of ``job``'s batches, in order, each with its batch when
         it is the batch's last (:func:`encode_ahead`), sampled in turn with other
-        ``client``s' batches (default: the job's ``client_id``). Setting ``stop`` (the
+        ``client``s' batches (default: the job's ``client_id``) and with this client's
+        other streams'. Setting ``stop`` (the
         client went away) skips batches not started yet; closing the generator drops them."""
         stop = stop or threading.Event()
         key = job.client_id if client is None else client
         refs = iter(job.batches)
+        stream = object()  # this call's own turn among the client's streams
         pending: deque[Future[Prepared]] = deque()
 
         def submit_next() -> None:
             ref = next(refs, None)
             if ref is not None:
-                pending.append(self._pool.submit(key, self._produce_unless, stop, job, ref))
+                pending.append(self._pool.submit(key, self._produce_unless, stop, job, ref, stream=stream))
 
         try:
             with self._open():

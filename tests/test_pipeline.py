@@ -209,6 +209,35 @@ def test_the_sampling_queue_takes_each_clients_next_task_in_turn() -> None:
         pool.shutdown(wait=True)
 
 
+def test_a_clients_new_stream_does_not_wait_behind_its_own_older_streams() -> None:
+    """Within one client, streams take turns too: a client that opened many streams
+    (say one holding every slot, each with its batches prefetched) starting one more gets
+    that stream's first batch after one task of each of its other streams, not all."""
+    from sampling_server.fair_pool import FairPool
+
+    pool = FairPool(1)
+    gate, started, ran = threading.Event(), threading.Event(), []
+
+    def block() -> bool:
+        started.set()
+        return gate.wait(30)
+
+    try:
+        blocker = pool.submit("c", block, stream="s0")
+        assert started.wait(30)
+        futures = [pool.submit("c", ran.append, f"s{s}b{b}", stream=f"s{s}")
+                   for s in (1, 2) for b in range(3)]
+        futures.append(pool.submit("c", ran.append, "s3b0", stream="s3"))
+        futures.append(pool.submit("other", ran.append, "o0"))
+        assert pool.queued() == {"c": 7, "other": 1}
+        gate.set()
+        for f in [blocker, *futures]:
+            f.result(timeout=30)
+        assert ran == ["s1b0", "o0", "s2b0", "s3b0", "s1b1", "s2b1", "s1b2", "s2b2"]
+    finally:
+        pool.shutdown(wait=True)
+
+
 def test_a_shut_down_sampling_queue_cancels_what_waits_and_takes_nothing_new() -> None:
     from sampling_server.fair_pool import FairPool
 
