@@ -36,11 +36,30 @@ from partitioner.manifest import (
 from partitioner.npyio import FileRecord, load_npy, read_npy_header, sha256_file
 
 __all__ = [
-    "FORMAT_VERSION", "MANIFEST_FILE", "TYPED_FORMAT_VERSION", "Manifest", "NodeData",
-    "NodeTypeInfo", "Partition", "PartitionFormatError", "PartitionInfo", "Structure", "Verify",
-    "check_files", "load_node_data", "load_node_map", "load_partition", "load_structure",
-    "node_data_bytes", "node_data_records", "read_format_version", "read_manifest", "role",
-    "structure_bytes", "structure_records",
+    "FORMAT_VERSION",
+    "MANIFEST_FILE",
+    "TYPED_FORMAT_VERSION",
+    "EdgeData",
+    "Manifest",
+    "NodeData",
+    "NodeTypeInfo",
+    "Partition",
+    "PartitionFormatError",
+    "PartitionInfo",
+    "Structure",
+    "Verify",
+    "check_files",
+    "load_node_data",
+    "load_node_map",
+    "load_partition",
+    "load_structure",
+    "node_data_bytes",
+    "node_data_records",
+    "read_format_version",
+    "read_manifest",
+    "role",
+    "structure_bytes",
+    "structure_records",
 ]
 
 log = logging.getLogger(__name__)
@@ -65,6 +84,9 @@ class Structure:
     node_start: dict[str, int]
     #: Edge type to float32 ``[e]`` edge weights aligned with ``indices`` (weighted types only).
     edge_weight: dict[EdgeType, np.ndarray] = field(default_factory=dict)
+    #: Edge type to the internal edge ID of its first in-edge held here (the position in
+    #: ``indices`` plus this is the edge's internal ID, :meth:`Manifest.edge_book`); 0 if absent.
+    edge_start: dict[EdgeType, int] = field(default_factory=dict)
 
     def node_range(self, node_type: str) -> tuple[int, int]:
         """``[start, stop)`` of the global IDs of ``node_type`` whose in-edges this holds."""
@@ -107,6 +129,32 @@ class NodeData:
         return sum(int(a.nbytes) for a in self.x.values()) + int(self.y.nbytes)
 
 
+@dataclass(frozen=True)
+class EdgeData:
+    """Original edge IDs and edge features of one contiguous range of internal edge IDs
+    per edge type (:meth:`Manifest.edge_book`): the edge rows a server gathers without
+    asking another. A partition's own (:attr:`Partition.edge_data`), or every edge's
+    (:func:`load_edge_data`)."""
+
+    #: Edge type to int64 ``[e]`` original edge IDs (the edge's column in the input's
+    #: ``edge_index`` of its type), in internal-ID order.
+    e_id: dict[EdgeType, np.ndarray]
+    #: Edge type to ``[e, *F_e]`` edge features in internal-ID order (types with them only).
+    edge_attr: dict[EdgeType, np.ndarray]
+    #: Edge type to the internal ID of the range's first edge.
+    edge_start: dict[EdgeType, int]
+
+    def edge_range(self, edge_type: EdgeType) -> tuple[int, int]:
+        """``[start, stop)`` of the internal edge IDs of ``edge_type`` held here."""
+        start = self.edge_start[edge_type]
+        return start, start + int(self.e_id[edge_type].shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its arrays (memory maps included)."""
+        return sum(int(a.nbytes) for a in [*self.e_id.values(), *self.edge_attr.values()])
+
+
 @dataclass
 class Partition:
     """One loaded partition of a graph (see the module doc)."""
@@ -131,6 +179,11 @@ class Partition:
     splits: dict[str, np.ndarray]
     #: Edge type to float32 ``[e_pr]`` edge weights aligned with ``indices`` (weighted types).
     edge_weight: dict[EdgeType, np.ndarray] = field(default_factory=dict)
+    #: Edge type to int64 ``[e_pr]`` original edge IDs aligned with ``indices`` (empty for
+    #: partitions written without them).
+    e_id: dict[EdgeType, np.ndarray] = field(default_factory=dict)
+    #: Edge type to ``[e_pr, *F_e]`` edge features aligned with ``indices`` (types with them).
+    edge_attr: dict[EdgeType, np.ndarray] = field(default_factory=dict)
 
     @property
     def target_type(self) -> str:
@@ -161,7 +214,17 @@ class Partition:
         """The in-edges of the owned nodes, as a :class:`Structure`."""
         return Structure(indptr=self.indptr, indices=self.indices, orig_ids=self.orig_ids,
                          node_start={t: self.node_range(t)[0] for t in self.node_types},
-                         edge_weight=self.edge_weight)
+                         edge_weight=self.edge_weight, edge_start=self.edge_start)
+
+    @property
+    def edge_start(self) -> dict[EdgeType, int]:
+        """Edge type to the internal ID of this partition's first in-edge of it."""
+        return {et: self.manifest.edge_book(et)[self.partition_id] for et in self.edge_types}
+
+    @property
+    def edge_data(self) -> EdgeData:
+        """The original IDs and features of this partition's in-edges, as an :class:`EdgeData`."""
+        return EdgeData(e_id=self.e_id, edge_attr=self.edge_attr, edge_start=self.edge_start)
 
     @property
     def node_data(self) -> NodeData:

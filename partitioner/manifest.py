@@ -161,6 +161,15 @@ class Manifest:
         return sum(n for p in self.partitions for et, n in p.num_remote_edges.items()
                    if edge_type is None or et == edge_type)
 
+    def edge_book(self, edge_type: EdgeType) -> tuple[int, ...]:
+        """``P+1`` offsets of ``edge_type``'s internal edge IDs: partition p holds the
+        in-edges ``[book[p], book[p+1])``, numbered in the order of its CSC (the global
+        CSC that :func:`~partitioner.format.load_structure` joins is that numbering)."""
+        out = [0]
+        for info in self.partitions:
+            out.append(out[-1] + int(info.num_edges[edge_type]))
+        return tuple(out)
+
     def split_counts(self, split: str) -> list[int]:
         """Seeds of ``split`` owned by each partition."""
         return [int(p.split_sizes.get(split, 0)) for p in self.partitions]

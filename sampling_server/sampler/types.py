@@ -19,6 +19,9 @@ class HopSample:
     counts: torch.Tensor
     #: int64 ``[sum(counts)]`` global IDs of the drawn in-neighbors (of the source type).
     neighbors: torch.Tensor
+    #: int64 ``[sum(counts)]`` internal edge IDs of the drawn edges (aligned with
+    #: ``neighbors``), when edges were asked for; else None.
+    edges: torch.Tensor | None = None
 
 
 @dataclass
@@ -43,6 +46,9 @@ class SamplerOutput:
     num_sampled_nodes: dict[str, list[int]]
     #: Edge type to the edges sampled per hop (``len == hops``).
     num_sampled_edges: dict[EdgeType, list[int]]
+    #: Edge type to int64 ``[E_r]`` internal edge IDs aligned with ``row``/``col``, when
+    #: edges were asked for (:meth:`~partitioner.manifest.Manifest.edge_book`); else empty.
+    edge: dict[EdgeType, torch.Tensor] = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
@@ -69,3 +75,9 @@ class Minibatch:
     y: torch.Tensor | None = None
     #: Node type to int64 ``[N_t]`` original IDs (the input graph's IDs of that type).
     orig_id: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: Edge type to int64 ``[E_r]`` original edge IDs aligned with the structure's edges
+    #: (PyG's ``e_id``), when asked for; else empty.
+    e_id: dict[EdgeType, torch.Tensor] = field(default_factory=dict)
+    #: Edge type to ``[E_r, *F_e]`` edge features aligned with the structure's edges
+    #: (PyG's ``edge_attr``), when asked for; else empty.
+    edge_attr: dict[EdgeType, torch.Tensor] = field(default_factory=dict)
