@@ -293,6 +293,7 @@ class EdgeTypeInfo(_message.Message):
     REL_FIELD_NUMBER: _builtins.int
     DST_FIELD_NUMBER: _builtins.int
     NUM_EDGES_FIELD_NUMBER: _builtins.int
+    EDGE_FEATURES_FIELD_NUMBER: _builtins.int
     src: _builtins.str
     """Source node type."""
     rel: _builtins.str
@@ -301,6 +302,10 @@ class EdgeTypeInfo(_message.Message):
     """Destination node type."""
     num_edges: _builtins.int
     """Number of directed edges of the relation."""
+    @_builtins.property
+    def edge_features(self) -> Global___EdgeFeatureInfo:
+        """The relation's edge features ("edge_attr/src__rel__dst"); absent when it has none."""
+
     def __init__(
         self,
         *,
@@ -308,14 +313,45 @@ class EdgeTypeInfo(_message.Message):
         rel: _builtins.str = ...,
         dst: _builtins.str = ...,
         num_edges: _builtins.int = ...,
+        edge_features: Global___EdgeFeatureInfo | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["edge_features", b"edge_features"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dst", b"dst", "num_edges", b"num_edges", "rel", b"rel", "src", b"src"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dst", b"dst", "edge_features", b"edge_features", "num_edges", b"num_edges", "rel", b"rel", "src", b"src"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EdgeTypeInfo: _TypeAlias = EdgeTypeInfo  # noqa: Y015
+
+@_typing.final
+class EdgeFeatureInfo(_message.Message):
+    """What every edge's feature row of one edge type looks like."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHAPE_FIELD_NUMBER: _builtins.int
+    DTYPE_FIELD_NUMBER: _builtins.int
+    dtype: Global___DType.ValueType
+    """Element type of the stored edge features (any DType but DTYPE_UNSPECIFIED)."""
+    @_builtins.property
+    def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Shape of one edge's row: empty for one value per edge ([E] on the wire), [F] for F
+        columns ([E, F]), and so on.
+        """
+
+    def __init__(
+        self,
+        *,
+        shape: _abc.Iterable[_builtins.int] | None = ...,
+        dtype: Global___DType.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dtype", b"dtype", "shape", b"shape"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EdgeFeatureInfo: _TypeAlias = EdgeFeatureInfo  # noqa: Y015
 
 @_typing.final
 class TypedGraphInfo(_message.Message):
@@ -406,6 +442,8 @@ class ClusterInfo(_message.Message):
     SERVER_VERSION_FIELD_NUMBER: _builtins.int
     DEVICE_FIELD_NUMBER: _builtins.int
     LABEL_DTYPE_FIELD_NUMBER: _builtins.int
+    HAS_EDGE_IDS_FIELD_NUMBER: _builtins.int
+    EDGE_FEATURES_FIELD_NUMBER: _builtins.int
     GRAPH_FINGERPRINT_FIELD_NUMBER: _builtins.int
     HOT_ORDER_FIELD_NUMBER: _builtins.int
     TYPED_FIELD_NUMBER: _builtins.int
@@ -437,6 +475,11 @@ class ClusterInfo(_message.Message):
     """Device the server samples on: "cpu" or a CUDA device such as "cuda:0"."""
     label_dtype: Global___DType.ValueType
     """Element type of the labels ("y" tensors); INT64 in format version 1."""
+    has_edge_ids: _builtins.bool
+    """True when the partitions store each edge's original edge ID, i.e. batches can carry
+    "e_id" and "edge_attr" (EpochRequest.include_edge_ids / include_edge_features).
+    False for partitions written before edge IDs were stored.
+    """
     graph_fingerprint: _builtins.str
     """Fingerprint of the partitioned graph: hex SHA-256 of the partition manifest
     (canonical JSON, which lists the size and SHA-256 of every file of every partition).
@@ -471,6 +514,12 @@ class ClusterInfo(_message.Message):
         """
 
     @_builtins.property
+    def edge_features(self) -> Global___EdgeFeatureInfo:
+        """The edge features of a homogeneous graph ("edge_attr"); absent when it has none. On
+        a typed graph, per edge type in TypedGraphInfo.edge_types.
+        """
+
+    @_builtins.property
     def typed(self) -> Global___TypedGraphInfo:
         """Typed (heterogeneous) graph facts; absent for a homogeneous graph. On a typed graph
         (format_version 2) the homogeneous fields above describe its target type:
@@ -499,13 +548,15 @@ class ClusterInfo(_message.Message):
         server_version: _builtins.str = ...,
         device: _builtins.str = ...,
         label_dtype: Global___DType.ValueType = ...,
+        has_edge_ids: _builtins.bool = ...,
+        edge_features: Global___EdgeFeatureInfo | None = ...,
         graph_fingerprint: _builtins.str = ...,
         hot_order: _builtins.str = ...,
         typed: Global___TypedGraphInfo | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["typed", b"typed"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["edge_features", b"edge_features", "typed", b"typed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "feature_dim", b"feature_dim", "feature_dtype", b"feature_dtype", "format_version", b"format_version", "graph_fingerprint", b"graph_fingerprint", "graph_name", b"graph_name", "has_edge_weights", b"has_edge_weights", "hot_order", b"hot_order", "label_dtype", b"label_dtype", "num_classes", b"num_classes", "num_edges", b"num_edges", "num_nodes", b"num_nodes", "num_partitions", b"num_partitions", "partition_book", b"partition_book", "partition_id", b"partition_id", "peer_addresses", b"peer_addresses", "server_version", b"server_version", "split_sizes", b"split_sizes", "typed", b"typed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "edge_features", b"edge_features", "feature_dim", b"feature_dim", "feature_dtype", b"feature_dtype", "format_version", b"format_version", "graph_fingerprint", b"graph_fingerprint", "graph_name", b"graph_name", "has_edge_ids", b"has_edge_ids", "has_edge_weights", b"has_edge_weights", "hot_order", b"hot_order", "label_dtype", b"label_dtype", "num_classes", b"num_classes", "num_edges", b"num_edges", "num_nodes", b"num_nodes", "num_partitions", b"num_partitions", "partition_book", b"partition_book", "partition_id", b"partition_id", "peer_addresses", b"peer_addresses", "server_version", b"server_version", "split_sizes", b"split_sizes", "typed", b"typed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -573,6 +624,8 @@ class EpochRequest(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     GLOBAL_BATCHES_FIELD_NUMBER: _builtins.int
     INCLUDE_ORIGINAL_IDS_FIELD_NUMBER: _builtins.int
+    INCLUDE_EDGE_IDS_FIELD_NUMBER: _builtins.int
+    INCLUDE_EDGE_FEATURES_FIELD_NUMBER: _builtins.int
     EXPECT_FIELD_NUMBER: _builtins.int
     CACHE_COUNTS_FIELD_NUMBER: _builtins.int
     COMPACT_INDICES_FIELD_NUMBER: _builtins.int
@@ -629,6 +682,17 @@ class EpochRequest(_message.Message):
     include_original_ids: _builtins.bool
     """Send each batch's nodes' original IDs (the IDs of the graph before partitioning) as
     the "orig_id" tensor.
+    """
+    include_edge_ids: _builtins.bool
+    """Send each sampled edge's original edge ID (its column in the input graph's
+    edge_index of its type) as "e_id", aligned with "edge_index" (PyG's e_id).
+    FAILED_PRECONDITION when ClusterInfo.has_edge_ids is false.
+    """
+    include_edge_features: _builtins.bool
+    """Send each sampled edge's features as "edge_attr", aligned with "edge_index" (PyG's
+    edge_attr), for the edge types with features; floating-point features in
+    feature_dtype as "x" is sent, others as stored. FAILED_PRECONDITION when the graph
+    has no edge features or ClusterInfo.has_edge_ids is false.
     """
     compact_indices: _builtins.bool
     """Send each batch's structure in compact form (docs/wire.md, "Compact structure"):
@@ -723,6 +787,8 @@ class EpochRequest(_message.Message):
         client_id: _builtins.str = ...,
         global_batches: _builtins.bool = ...,
         include_original_ids: _builtins.bool = ...,
+        include_edge_ids: _builtins.bool = ...,
+        include_edge_features: _builtins.bool = ...,
         expect: Global___ServerExpectation | None = ...,
         cache_counts: _abc.Iterable[_builtins.int] | None = ...,
         compact_indices: _builtins.bool = ...,
@@ -731,7 +797,7 @@ class EpochRequest(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expect", b"expect", "sampling", b"sampling", "seeds", b"seeds", "seeds_source", b"seeds_source", "split", b"split", "typed", b"typed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "cache_counts", b"cache_counts", "client_id", b"client_id", "compact_indices", b"compact_indices", "drop_last", b"drop_last", "epoch", b"epoch", "expect", b"expect", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "typed", b"typed", "typed_cache_counts", b"typed_cache_counts", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "cache_counts", b"cache_counts", "client_id", b"client_id", "compact_indices", b"compact_indices", "drop_last", b"drop_last", "epoch", b"epoch", "expect", b"expect", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_edge_features", b"include_edge_features", "include_edge_ids", b"include_edge_ids", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "typed", b"typed", "typed_cache_counts", b"typed_cache_counts", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_seeds_source: _TypeAlias = _typing.Literal["split", "seeds"]  # noqa: Y015
     _WhichOneofArgType_seeds_source: _TypeAlias = _typing.Literal["seeds_source", b"seeds_source"]  # noqa: Y015
@@ -941,6 +1007,10 @@ class MinibatchChunk(_message.Message):
                                       are y[:num_seed_nodes].
       "orig_id"    INT64 [N]          original IDs of n_id's nodes, in n_id order
                                       (only when include_original_ids).
+      "e_id"       INT64 [E]          original edge IDs of edge_index's edges, in its order
+                                      (only when include_edge_ids).
+      "edge_attr"  edge dtype [E, ...]  features of edge_index's edges, in its order
+                                      (only when include_edge_features).
       "x_cached"   BOOL [N]           true for the nodes whose features the trainer holds
                                       by EpochRequest.cache_counts (only when
                                       include_features and cache_counts are set); "x" is
@@ -957,13 +1027,17 @@ class MinibatchChunk(_message.Message):
                                          features only).
       "y/T"          label dtype [N_T]   labels of the target type T (include_labels).
       "orig_id/T"    INT64 [N_T]         original IDs (include_original_ids).
+      "e_id/S__R__D" INT64 [E]           original edge IDs of the relation's edges, in
+                                         edge_index order (include_edge_ids).
+      "edge_attr/S__R__D" edge dtype [E, ...]  their features (include_edge_features,
+                                         relations with edge features only).
       "x_cached/T"   BOOL [N_T]          as "x_cached", for the types named in
                                          EpochRequest.typed_cache_counts (with
                                          include_features); "x/T" is then
                                          [N_T - sum(x_cached/T), F_T].
     With EpochRequest.compact_indices the structure travels narrower (the decoded batch is
     the same, value for value):
-      "n_id", "orig_id"  INT32 [N]    when every value fits in int32 (else INT64).
+      "n_id", "orig_id", "e_id"  INT32  when every value fits in int32 (else INT64).
       "edge_src"   INT32 [E]          row 0 of edge_index (replaces "edge_index"), or,
                                       with "edge_new", only the sources of the edges not
                                       marked there, in order.
@@ -1448,3 +1522,99 @@ class NodeDataChunk(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___NodeDataChunk: _TypeAlias = NodeDataChunk  # noqa: Y015
+
+@_typing.final
+class FetchEdgeDataRequest(_message.Message):
+    """Asks a peer for the original IDs and/or features of edges it holds (in-edges of the
+    nodes it owns), by internal edge ID: partition p holds the in-edges of an edge type
+    with internal IDs [sum of the edges of partitions < p, + its own count), numbered in
+    the order of its CSC (docs/partition-format.md).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EDGES_FIELD_NUMBER: _builtins.int
+    EDGE_TYPE_FIELD_NUMBER: _builtins.int
+    WANT_EDGE_IDS_FIELD_NUMBER: _builtins.int
+    WANT_FEATURES_FIELD_NUMBER: _builtins.int
+    FEATURE_DTYPE_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    EXPECT_FIELD_NUMBER: _builtins.int
+    edge_type: _builtins.str
+    """Typed graph: the edge type "src__rel__dst"; required there, INVALID_ARGUMENT when set
+    on a homogeneous graph.
+    """
+    want_edge_ids: _builtins.bool
+    """Send the original edge IDs ("e_id")."""
+    want_features: _builtins.bool
+    """Send the edge features ("edge_attr"); INVALID_ARGUMENT for a type without them."""
+    feature_dtype: Global___DType.ValueType
+    """Element type of floating-point "edge_attr" on the wire: FLOAT32, FLOAT16 or
+    BFLOAT16, or DTYPE_UNSPECIFIED for the stored dtype. Ignored for integer features.
+    """
+    client_id: _builtins.str
+    """Free-form identifier of the calling server, for logs only; may be empty."""
+    @_builtins.property
+    def edges(self) -> Global___Tensor:
+        """Edges: a 1-d INT64 Tensor of internal edge IDs of `edge_type`, each held by the peer
+        (INVALID_ARGUMENT otherwise). May contain no edges.
+        """
+
+    @_builtins.property
+    def expect(self) -> Global___ServerExpectation:
+        """As SampleNeighborsRequest.expect."""
+
+    def __init__(
+        self,
+        *,
+        edges: Global___Tensor | None = ...,
+        edge_type: _builtins.str = ...,
+        want_edge_ids: _builtins.bool = ...,
+        want_features: _builtins.bool = ...,
+        feature_dtype: Global___DType.ValueType = ...,
+        client_id: _builtins.str = ...,
+        expect: Global___ServerExpectation | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["edges", b"edges", "expect", b"expect"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "edge_type", b"edge_type", "edges", b"edges", "expect", b"expect", "feature_dtype", b"feature_dtype", "want_edge_ids", b"want_edge_ids", "want_features", b"want_features"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FetchEdgeDataRequest: _TypeAlias = FetchEdgeDataRequest  # noqa: Y015
+
+@_typing.final
+class EdgeDataChunk(_message.Message):
+    """One message of the answer to FetchEdgeData. The answer is num_chunks messages
+    (chunk_index 0 .. num_chunks-1) carrying the tensors:
+      "e_id"       INT64 [len(edges)]              original edge IDs (want_edge_ids).
+      "edge_attr"  edge dtype [len(edges), ...]    features (want_features).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHUNK_INDEX_FIELD_NUMBER: _builtins.int
+    NUM_CHUNKS_FIELD_NUMBER: _builtins.int
+    TENSORS_FIELD_NUMBER: _builtins.int
+    chunk_index: _builtins.int
+    """Index of this message within the answer, in 0 .. num_chunks-1."""
+    num_chunks: _builtins.int
+    """Number of messages of the answer; >= 1."""
+    @_builtins.property
+    def tensors(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorChunk]:
+        """Slices of "e_id" and "edge_attr"."""
+
+    def __init__(
+        self,
+        *,
+        chunk_index: _builtins.int = ...,
+        num_chunks: _builtins.int = ...,
+        tensors: _abc.Iterable[Global___TensorChunk] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_index", b"chunk_index", "num_chunks", b"num_chunks", "tensors", b"tensors"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EdgeDataChunk: _TypeAlias = EdgeDataChunk  # noqa: Y015

@@ -254,6 +254,11 @@ class PeerServiceStub:
                 request_serializer=protos_dot_sampling__pb2.FetchNodeDataRequest.SerializeToString,
                 response_deserializer=protos_dot_sampling__pb2.NodeDataChunk.FromString,
                 _registered_method=True)
+        self.FetchEdgeData = channel.unary_stream(
+                '/graphfeed.v1.PeerService/FetchEdgeData',
+                request_serializer=protos_dot_sampling__pb2.FetchEdgeDataRequest.SerializeToString,
+                response_deserializer=protos_dot_sampling__pb2.EdgeDataChunk.FromString,
+                _registered_method=True)
 
 
 class PeerServiceServicer:
@@ -274,6 +279,13 @@ class PeerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchEdgeData(self, request, context):
+        """Gathers original IDs and/or features of edges this peer holds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -286,6 +298,11 @@ def add_PeerServiceServicer_to_server(servicer, server):
                     servicer.FetchNodeData,
                     request_deserializer=protos_dot_sampling__pb2.FetchNodeDataRequest.FromString,
                     response_serializer=protos_dot_sampling__pb2.NodeDataChunk.SerializeToString,
+            ),
+            'FetchEdgeData': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchEdgeData,
+                    request_deserializer=protos_dot_sampling__pb2.FetchEdgeDataRequest.FromString,
+                    response_serializer=protos_dot_sampling__pb2.EdgeDataChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -343,6 +360,33 @@ class PeerService:
             '/graphfeed.v1.PeerService/FetchNodeData',
             protos_dot_sampling__pb2.FetchNodeDataRequest.SerializeToString,
             protos_dot_sampling__pb2.NodeDataChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchEdgeData(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/graphfeed.v1.PeerService/FetchEdgeData',
+            protos_dot_sampling__pb2.FetchEdgeDataRequest.SerializeToString,
+            protos_dot_sampling__pb2.EdgeDataChunk.FromString,
             options,
             channel_credentials,
             insecure,

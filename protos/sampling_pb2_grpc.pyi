@@ -139,6 +139,8 @@ class PeerServiceStub:
     """Samples one hop of in-neighbors of frontier nodes this peer owns."""
     FetchNodeData: _grpc.UnaryStreamMultiCallable[_sampling_pb2.FetchNodeDataRequest, _sampling_pb2.NodeDataChunk]
     """Gathers features and/or labels of nodes this peer owns."""
+    FetchEdgeData: _grpc.UnaryStreamMultiCallable[_sampling_pb2.FetchEdgeDataRequest, _sampling_pb2.EdgeDataChunk]
+    """Gathers original IDs and/or features of edges this peer holds."""
 
 @_typing.type_check_only
 class PeerServiceAsyncStub(PeerServiceStub):
@@ -149,6 +151,8 @@ class PeerServiceAsyncStub(PeerServiceStub):
     """Samples one hop of in-neighbors of frontier nodes this peer owns."""
     FetchNodeData: _aio.UnaryStreamMultiCallable[_sampling_pb2.FetchNodeDataRequest, _sampling_pb2.NodeDataChunk]  # type: ignore[assignment]
     """Gathers features and/or labels of nodes this peer owns."""
+    FetchEdgeData: _aio.UnaryStreamMultiCallable[_sampling_pb2.FetchEdgeDataRequest, _sampling_pb2.EdgeDataChunk]  # type: ignore[assignment]
+    """Gathers original IDs and/or features of edges this peer holds."""
 
 class PeerServiceServicer(metaclass=_abc_1.ABCMeta):
     """The service sampling servers call on each other."""
@@ -168,5 +172,13 @@ class PeerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_sampling_pb2.NodeDataChunk], _abc.AsyncIterator[_sampling_pb2.NodeDataChunk]]:
         """Gathers features and/or labels of nodes this peer owns."""
+
+    @_abc_1.abstractmethod
+    def FetchEdgeData(
+        self,
+        request: _sampling_pb2.FetchEdgeDataRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_sampling_pb2.EdgeDataChunk], _abc.AsyncIterator[_sampling_pb2.EdgeDataChunk]]:
+        """Gathers original IDs and/or features of edges this peer holds."""
 
 def add_PeerServiceServicer_to_server(servicer: PeerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -16,14 +16,14 @@ from sampling_server.errors import RequestError
 FEATURE_WIRE_DTYPES: tuple[codec.WireDType, ...] = (pb.DTYPE_UNSPECIFIED, pb.FLOAT32, pb.FLOAT16, pb.BFLOAT16)
 
 
-def decode_node_ids(msg: pb.Tensor, field: str) -> np.ndarray:
-    """A request's 1-d INT64 node-ID tensor as an owned int64 array."""
+def decode_node_ids(msg: pb.Tensor, field: str, what: str = "node IDs") -> np.ndarray:
+    """A request's 1-d INT64 tensor of IDs (``what``: node IDs) as an owned int64 array."""
     try:
         ids = codec.decode_tensor(msg, writable=True)
     except codec.CodecError as exc:
         raise RequestError(f"{field}: {exc}") from exc
     if msg.dtype != pb.INT64 or ids.ndim != 1:
-        raise RequestError(f"{field}: expected a 1-d int64 tensor of node IDs, got "
+        raise RequestError(f"{field}: expected a 1-d int64 tensor of {what}, got "
                            f"{codec.dtype_name(msg.dtype)} of shape {list(ids.shape)}")
     return ids
 

@@ -69,6 +69,14 @@ class EpochJob:
     cache_counts: dict[str, tuple[int, ...]] | None = None
     #: Send the structure in compact form (``EpochRequest.compact_indices``, protos/compact.py).
     compact: bool = False
+    #: Send the sampled edges' original IDs ("e_id") / features ("edge_attr").
+    edge_ids: bool = False
+    edge_features: bool = False
+
+    @property
+    def edges(self) -> bool:
+        """Whether the batches need the sampled edges' internal IDs."""
+        return self.edge_ids or self.edge_features
 
     def seeds_of(self, ref: BatchRef, partition: int) -> np.ndarray:
         """The seeds of one of this server's batches, in batch order."""
@@ -113,6 +121,7 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
         raise RequestError(f"{_FIELD}.sampling.weighted: expected false, the graph has no edge "
                            "weights (ClusterInfo.has_edge_weights)", _PRECONDITION)
     cache = _cache_plan(request, store)
+    _check_edge_rows(request, store)
     if request.WhichOneof("seeds_source") == "split" and seed_type != m.target_type:
         raise RequestError(f"{_FIELD}.typed.seed_type: expected the target type {m.target_type!r} with "
                            f"a split (splits are of the target type), got {seed_type!r}")
@@ -123,7 +132,22 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
                     features=request.include_features, labels=request.include_labels,
                     feature_dtype=request.feature_dtype, typed=store.typed,
                     client_id=request.client_id, original_ids=request.include_original_ids,
-                    cache_counts=cache, compact=request.compact_indices)
+                    cache_counts=cache, compact=request.compact_indices,
+                    edge_ids=request.include_edge_ids, edge_features=request.include_edge_features)
+
+
+def _check_edge_rows(request: pb.EpochRequest, store: PartitionStore) -> None:
+    """Edge IDs and features only from partitions that store them."""
+    if not (request.include_edge_ids or request.include_edge_features):
+        return
+    asked = "include_edge_ids" if request.include_edge_ids else "include_edge_features"
+    if not store.has_edge_ids:
+        raise RequestError(f"{_FIELD}.{asked}: expected false, the graph's partitions were written "
+                           "without edge IDs (ClusterInfo.has_edge_ids); partition it again to "
+                           "sample edge IDs and features", _PRECONDITION)
+    if request.include_edge_features and not store.edge_feature_dtypes:
+        raise RequestError(f"{_FIELD}.include_edge_features: expected false, the graph has no edge "
+                           "features (ClusterInfo.edge_features)", _PRECONDITION)
 
 
 def _seed_type(request: pb.EpochRequest, store: PartitionStore) -> str:

@@ -18,7 +18,7 @@ from sampling_server.errors import RequestError
 
 _OVER_LIMIT = grpc.StatusCode.INVALID_ARGUMENT
 
-__all__ = ["check_epoch_limits", "check_peer_limits", "worst_case_edges"]
+__all__ = ["check_epoch_limits", "check_peer_edge_limits", "check_peer_limits", "worst_case_edges"]
 
 
 def _over(what: str, got: int, limit: int, flag: str) -> RequestError:
@@ -68,6 +68,14 @@ def check_epoch_limits(
             f"{field}: batch_size {batch_size} with fanouts {fanouts} may sample {edges} edges "
             f"per batch; expected at most {config.max_batch_edges} (server limit "
             "--max-batch-edges; a fanout of -1 counts every edge of the graph)", _OVER_LIMIT)
+
+
+def check_peer_edge_limits(config: ServerConfig, num_edges: int, field: str) -> None:
+    """Raise INVALID_ARGUMENT when a FetchEdgeData request carries more edge IDs than a
+    peer request may carry IDs."""
+    if num_edges > config.max_peer_nodes:
+        raise _over(f"{field}.edges: number of edge IDs", num_edges, config.max_peer_nodes,
+                    "--max-peer-nodes")
 
 
 def check_peer_limits(

@@ -33,6 +33,8 @@ from sampling_server.sampler import HopSample
 T = TypeVar("T")
 
 NodeData = tuple[torch.Tensor | None, torch.Tensor | None]
+#: Original edge IDs and features of some edges (either None when not asked).
+EdgeRows = tuple[torch.Tensor | None, torch.Tensor | None]
 #: Most node IDs one request carries (their tensor must fit in one message).
 MAX_NODES_PER_CALL = codec.MAX_CHUNK_BYTES // 8
 #: Attempts of one peer call that fails with UNAVAILABLE (within its one deadline).
@@ -177,6 +179,34 @@ class PeerClient:
         parts = self._run(nodes_by_partition, call)
         return {p: _joined(ids) for p, ids in parts.items()}
 
+    def edge_data(
+        self, edges_by_partition: Mapping[int, torch.Tensor], ids: bool, features: bool,
+        feature_dtype: codec.WireDType = pb.DTYPE_UNSPECIFIED, edge_type: str = "",
+    ) -> dict[int, EdgeRows]:
+        """Original IDs and/or features of each partition's edges (internal edge IDs), of
+        ``edge_type`` (``src__rel__dst``) on a typed graph."""
+        if not ids and not features:
+            return {p: (None, None) for p in edges_by_partition}
+
+        def call(p: int, edges: np.ndarray) -> EdgeRows:
+            request = pb.FetchEdgeDataRequest(
+                edges=codec.encode_tensor(edges), edge_type=edge_type, want_edge_ids=ids,
+                want_features=features, feature_dtype=feature_dtype, client_id=self.client_id,
+                expect=self._expect(p))
+            expected = {n for n, want in (("e_id", ids), ("edge_attr", features)) if want}
+            with self._errors(p, "FetchEdgeData"), self._timed("peer_fetch"):
+                got = self._retrying(lambda timeout: _receive(
+                    self._stubs[p].FetchEdgeData(request, timeout=timeout), expected))
+                e_id, attr = got.get("e_id"), got.get("edge_attr")
+                _check_answer((e_id is None or e_id.shape == (edges.size,))
+                              and (attr is None or attr.shape[:1] == (edges.size,)),
+                              f"e_id {None if e_id is None else list(e_id.shape)} / edge_attr "
+                              f"{None if attr is None else list(attr.shape)} for {edges.size} edges")
+            return e_id, attr
+
+        parts = self._run(edges_by_partition, call)
+        return {p: (_cat([e for e, _ in rows]), _cat([a for _, a in rows])) for p, rows in parts.items()}
+
     # -- plumbing --------------------------------------------------------------------
     def _run(
         self, nodes_by_partition: Mapping[int, torch.Tensor], call: Callable[[int, np.ndarray], T]
@@ -282,6 +312,12 @@ class PeerRemote:
                  ) -> dict[int, torch.Tensor]:
         return self.client.orig_ids(nodes_by_partition, node_type=node_type if self.typed else "")
 
+    def edge_data(self, edge_type: EdgeType, edges_by_partition: Mapping[int, torch.Tensor], ids: bool,
+                  features: bool, feature_dtype: codec.WireDType) -> dict[int, EdgeRows]:
+        """The :class:`~sampling_server.edge_rows.EdgeRemote` call."""
+        return self.client.edge_data(edges_by_partition, ids, features, feature_dtype,
+                                     edge_type=edge_type_name(edge_type) if self.typed else "")
+
 
 _MASK64 = (1 << 64) - 1
 
@@ -299,6 +335,7 @@ class _RawPeerStub:
         self.SampleNeighbors = call("SampleNeighbors", pb.SampleNeighborsRequest,
                                     pb.SampleNeighborsChunk)
         self.FetchNodeData = call("FetchNodeData", pb.FetchNodeDataRequest, pb.NodeDataChunk)
+        self.FetchEdgeData = call("FetchEdgeData", pb.FetchEdgeDataRequest, pb.EdgeDataChunk)
 
 
 def _receive(

@@ -2,8 +2,10 @@
 
 ``SampleNeighbors`` draws one hop of a relation for nodes whose in-edges are here
 (:meth:`NeighborSampler.sample_relation`), ``FetchNodeData`` reads their feature and
-label rows and original IDs; both answer in stream chunks. A plain graph's requests name
-no type; a typed graph's name the relation (``edge_type``) or the node type.
+label rows and original IDs, ``FetchEdgeData`` the original IDs and features of edges
+held here (:mod:`sampling_server.edge_rows`); all answer in stream chunks. A plain
+graph's requests name no type; a typed graph's name the relation (``edge_type``) or the
+node type.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import grpc
 import numpy as np
 import torch
 
+from partitioner.graph import edge_type_name
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
+from sampling_server.edge_rows import edge_wire_dtype, local_edge_rows
 from sampling_server.errors import RequestError, abort_on_error
 from sampling_server.expectation import check_expectation
 from sampling_server.fields import cast_features, decode_node_ids, wire_feature_dtype
-from sampling_server.limits import check_peer_limits
+from sampling_server.limits import check_peer_edge_limits, check_peer_limits
 from sampling_server.metrics import ServerMetrics
 from sampling_server.store import PartitionStore
 
@@ -82,6 +86,44 @@ class PeerServicer:
                     return
                 yield message
             self._answered("answer_fetch", working)
+
+    def FetchEdgeData(self, request: pb.FetchEdgeDataRequest, context: grpc.ServicerContext
+                      ) -> Iterator[bytes]:
+        self.last_call = time.monotonic()
+        with abort_on_error(context, "FetchEdgeData", self.store.partition_id,
+                            self._rejected("FetchEdgeData")):
+            check_expectation(request, self.store, hot_order=False)
+            started = time.perf_counter()
+            messages = self._fetch_edges(request)
+            self._answered("answer_fetch", time.perf_counter() - started)
+        for message in messages:
+            if not context.is_active():  # the caller went away
+                return
+            yield message
+
+    def _fetch_edges(self, request: pb.FetchEdgeDataRequest) -> list[bytes]:
+        field = "FetchEdgeDataRequest"
+        store = self.store
+        store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
+        edges = decode_node_ids(request.edges, f"{field}.edges", "internal edge IDs")
+        check_peer_edge_limits(store.config, edges.size, field)
+        et = store.edge_type_of(request.edge_type, f"{field}.edge_type")
+        if not store.has_edge_ids:
+            raise RequestError(f"{field}: expected partitions with edge IDs, this graph's were written "
+                               "without them (partition it again)", grpc.StatusCode.FAILED_PRECONDITION)
+        if request.want_features and et not in store.edge_feature_dtypes:
+            raise RequestError(f"{field}.want_features: expected false, edge type "
+                               f"{edge_type_name(et)!r} has no edge features")
+        stored = store.edge_feature_dtypes.get(et, pb.FLOAT32)
+        if request.want_features:
+            wire_feature_dtype(request.feature_dtype, stored, f"{field}.feature_dtype")  # a bad one refused
+        dtype = edge_wire_dtype(request.feature_dtype, stored)
+        data = store.edge_data
+        e_id, attr = local_edge_rows(data, et, edges, request.want_edge_ids, request.want_features, dtype,
+                                     f"{field}.edges")
+        named = {name: t for name, t in (("e_id", e_id), ("edge_attr", attr)) if t is not None}
+        return fastwire.encode_chunks(lambda i, n: pb.EdgeDataChunk(chunk_index=i, num_chunks=n),
+                                      named, self.chunk_bytes)
 
     def _answered(self, stage: str, seconds: float) -> None:
         """Count the work of one peer answer (its reading, sampling or gathering, and

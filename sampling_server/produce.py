@@ -2,9 +2,10 @@
 peers for the rest, :class:`~sampling_server.peer_client.PeerRemote`), gather each node
 type's rows (only those the trainer's feature cache lacks, with a cache plan; straight
 into the stream messages where they span several), look up original IDs beside the
-gather, and name the tensors as ``docs/wire.md`` says: a plain graph's without a type
-(``n_id``, ``edge_index``, ``x``), a typed graph's with one (``n_id/<type>``,
-``edge_index/<src__rel__dst>``), in compact form where asked.
+gather, read the sampled edges' original IDs and features where asked
+(:mod:`sampling_server.edge_rows`), and name the tensors as ``docs/wire.md`` says: a
+plain graph's without a type (``n_id``, ``edge_index``, ``x``), a typed graph's with one
+(``n_id/<type>``, ``edge_index/<src__rel__dst>``), in compact form where asked.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from partitioner.graph import EdgeType, edge_type_name
 from protos import codec, compact, fastwire
 from protos import sampling_pb2 as pb
 from protos.plan import BatchRef
+from sampling_server.edge_rows import edge_rows, edge_wire_dtype
 from sampling_server.errors import printable
 from sampling_server.fields import wire_feature_dtype
 from sampling_server.hot import HotNodes
@@ -64,7 +66,7 @@ def produce(ctx: Producer, job: EpochJob, ref: BatchRef) -> Prepared:
     remote = PeerRemote(ctx.peers, PeerCallOptions(job.replace, job.weighted, job.feature_dtype), store.typed,
                         frozenset(store.feature_dtypes)) if ctx.peers is not None else None
     with ctx.stage("sample"):
-        out = sampler.sample(seeds, job.seed_type, job.fanouts, key, remote)
+        out = sampler.sample(seeds, job.seed_type, job.fanouts, key, remote, edges=job.edges)
 
     def name(kind: str, key: str | EdgeType) -> str:
         return f"{kind}/{key if isinstance(key, str) else edge_type_name(key)}" if job.typed else kind
@@ -81,6 +83,9 @@ def produce(ctx: Producer, job: EpochJob, ref: BatchRef) -> Prepared:
                 gathered, messages = _gather(ctx, job, sampler, t, n_id, remote, head, name)
                 named.update(gathered)
                 rows.extend(messages)
+    if job.edges:
+        with ctx.stage("gather"):
+            named.update(_edge_tensors(ctx, job, out, remote, name))
     for t, lookup in orig_ids.items():
         orig = lookup.result()  # bounded: peer calls carry deadlines
         named[name("orig_id", t)] = compact.narrowest(orig.cpu(), compact.INDEX_DTYPES) \
@@ -91,6 +96,24 @@ def produce(ctx: Producer, job: EpochJob, ref: BatchRef) -> Prepared:
               out.batch_size, {t: int(v.numel()) for t, v in out.node.items()}, len(prepared),
               1e3 * (time.perf_counter() - started))
     return prepared
+
+
+def _edge_tensors(ctx: Producer, job: EpochJob, out: SamplerOutput, remote: PeerRemote | None,
+                  name: Callable[[str, EdgeType], str]) -> dict[str, codec.TensorLike]:
+    """Each relation's "e_id" and "edge_attr" as the job asks (features only of the
+    relations with them), aligned with its edges."""
+    store = ctx.store
+    named: dict[str, codec.TensorLike] = {}
+    for et, edges in out.edge.items():
+        stored = store.edge_feature_dtypes.get(et)
+        e_id, attr = edge_rows(store.edge_data, store.edge_book(et), et, edges, job.edge_ids,
+                               job.edge_features and stored is not None,
+                               edge_wire_dtype(job.feature_dtype, stored or pb.FLOAT32), remote)
+        if e_id is not None:
+            named[name("e_id", et)] = compact.narrowest(e_id, compact.INDEX_DTYPES) if job.compact else e_id
+        if attr is not None:
+            named[name("edge_attr", et)] = attr
+    return named
 
 
 def batch_header(job: EpochJob, out: SamplerOutput) -> pb.MinibatchHeader:

@@ -129,6 +129,9 @@ def _add_services(server: grpc.Server, sampling: SamplingServicer, peer: PeerSer
             "FetchNodeData": grpc.unary_stream_rpc_method_handler(
                 _guarded(peer.FetchNodeData), _lenient(pb.FetchNodeDataRequest),
                 fastwire.passthrough),
+            "FetchEdgeData": grpc.unary_stream_rpc_method_handler(
+                _guarded(peer.FetchEdgeData), _lenient(pb.FetchEdgeDataRequest),
+                fastwire.passthrough),
         },
     }
     for name, handlers in services.items():

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from partitioner.format import (
+    EdgeData,
     NodeData,
     Partition,
     PartitionFormatError,
@@ -310,6 +311,35 @@ class PartitionStore:
         return set(self.manifest.edge_types) <= self.manifest.weighted
 
     @property
+    def has_edge_ids(self) -> bool:
+        """Whether the partition stores every edge's original ID (``ClusterInfo.has_edge_ids``):
+        partitions written before edge IDs were stored do not."""
+        part = self.partition
+        return all(et in part.e_id for et in part.edge_types)
+
+    @property
+    def edge_feature_dtypes(self) -> dict[EdgeType, codec.WireDType]:
+        """Edge type to its stored edge features' dtype on the wire (types with them only)."""
+        return {et: codec.numpy_to_dtype(a.dtype) for et, a in self.partition.edge_attr.items()}
+
+    def edge_feature_info(self, edge_type: EdgeType) -> pb.EdgeFeatureInfo | None:
+        """What ``ClusterInfo`` says of ``edge_type``'s edge features (None: it has none)."""
+        attr = self.partition.edge_attr.get(edge_type)
+        if attr is None:
+            return None
+        return pb.EdgeFeatureInfo(shape=[int(d) for d in attr.shape[1:]],
+                                  dtype=codec.numpy_to_dtype(attr.dtype))
+
+    @property
+    def edge_data(self) -> EdgeData:
+        """The original IDs and features of the edges held here (this partition's in-edges)."""
+        return self.partition.edge_data
+
+    def edge_book(self, edge_type: EdgeType) -> np.ndarray:
+        """int64 ``[P+1]`` edge book of ``edge_type`` (:meth:`Manifest.edge_book`)."""
+        return np.asarray(self.manifest.edge_book(edge_type), dtype=np.int64)
+
+    @property
     def device(self) -> str:
         """The sampling device, e.g. ``cpu`` or ``cuda:0``."""
         dev = self.sampler().device
@@ -348,14 +378,20 @@ class PartitionStore:
             feature_dim=target.feature_dim, feature_dtype=self.feature_dtype,
             num_classes=m.num_classes, split_sizes=sizes, peer_addresses=list(self.peer_addresses),
             has_edge_weights=self.weighted, server_version=server_version(), device=self.device,
-            label_dtype=pb.INT64, graph_fingerprint=self.graph_fingerprint, hot_order=self.hot_order)
+            label_dtype=pb.INT64, graph_fingerprint=self.graph_fingerprint, hot_order=self.hot_order,
+            has_edge_ids=self.has_edge_ids)
+        if not self.typed:
+            found = self.edge_feature_info(next(iter(m.edge_types)))
+            if found is not None:
+                info.edge_features.CopyFrom(found)
         if self.typed:
             info.typed.CopyFrom(pb.TypedGraphInfo(
                 node_types=[pb.NodeTypeInfo(name=t, num_nodes=i.num_nodes, feature_dim=i.feature_dim,
                                             feature_dtype=self.feature_dtypes.get(t, pb.DTYPE_UNSPECIFIED),
                                             partition_book=[int(v) for v in self.books[t]])
                             for t, i in m.node_types.items()],
-                edge_types=[pb.EdgeTypeInfo(src=s, rel=r, dst=d, num_edges=n)
+                edge_types=[pb.EdgeTypeInfo(src=s, rel=r, dst=d, num_edges=n,
+                                            edge_features=self.edge_feature_info((s, r, d)))
                             for (s, r, d), n in m.edge_types.items()],
                 target_type=m.target_type))
         return info

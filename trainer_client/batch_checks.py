@@ -22,7 +22,7 @@ from functools import cached_property
 import numpy as np
 import torch
 from torch_geometric.data import Data, HeteroData
-from torch_geometric.data.storage import NodeStorage
+from torch_geometric.data.storage import EdgeStorage, NodeStorage
 
 from partitioner.graph import EdgeType, edge_type_name
 from protos import sampling_pb2 as pb
@@ -42,6 +42,9 @@ from trainer_client.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, TypedGraph
 FEATURE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 #: Label dtypes a batch may carry (signed: -1 marks unlabeled nodes).
 LABEL_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8)
+#: Edge features travel in any wire dtype: floating point as node features may, others as stored.
+EDGE_FEATURE_DTYPES = (*FEATURE_DTYPES, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
+                       torch.bool)
 _INT64 = (torch.int64,)
 
 
@@ -66,12 +69,18 @@ class TypedSpec:
     seed_type: str
     #: Whether tensors and header fields carry the type (``n_id/<type>``): a typed graph.
     named: bool = True
+    #: Edge type to the shape of one edge's feature row, for the types with edge features
+    #: (None: any edge type may carry ``edge_attr`` of any shape).
+    edge_feature_shapes: Mapping[EdgeType, tuple[int, ...]] | None = None
 
     @staticmethod
     def of(graph: TypedGraph, seed_type: str) -> TypedSpec:
         """The spec of ``graph``'s batches whose seeds are of ``seed_type``."""
         return TypedSpec(graph.node_types, graph.edge_types, dict(graph.feature_dims),
-                         graph.target_type, seed_type, graph.typed)
+                         graph.target_type, seed_type, graph.typed, dict(graph.edge_feature_shapes))
+
+    def edge_featured(self, edge_type: EdgeType) -> bool:
+        return self.edge_feature_shapes is None or edge_type in self.edge_feature_shapes
 
     def name(self, kind: str, key: str | EdgeType) -> str:
         """The wire name of tensor ``kind`` ("n_id", "edge_index" ...) of a node or edge type."""
@@ -107,6 +116,13 @@ class BatchSpec:
     #: The request set ``compact_indices``: accept the compact forms (protos/compact.py)
     #: beside the int64 ones; the batch is the same either way.
     compact_indices: bool = False
+    #: Whether ``e_id`` / ``edge_attr`` must be present (``EpochRequest.include_edge_ids``
+    #: / ``include_edge_features``; ``edge_attr`` for the edge types with edge features).
+    include_edge_ids: bool = False
+    include_edge_features: bool = False
+    #: A plain graph's edge feature row shape by edge type (``ClusterInfo.edge_features``:
+    #: empty when it has none), or None: any.
+    edge_feature_shapes: Mapping[EdgeType, tuple[int, ...]] | None = None
 
     @cached_property
     def layout(self) -> TypedSpec:
@@ -114,7 +130,8 @@ class BatchSpec:
         if self.typed is not None:
             return self.typed
         return TypedSpec((PLAIN_NODE_TYPE,), (PLAIN_EDGE_TYPE,), {PLAIN_NODE_TYPE: self.feature_dim},
-                         PLAIN_NODE_TYPE, PLAIN_NODE_TYPE, named=False)
+                         PLAIN_NODE_TYPE, PLAIN_NODE_TYPE, named=False,
+                         edge_feature_shapes=self.edge_feature_shapes)
 
     @property
     def narrow(self) -> bool:
@@ -132,7 +149,8 @@ class BatchSpec:
                 (["y"] if n == t.target_type else [])
             names += [t.name(k, n) for k in kinds]
         compact = ["edge_src", "edge_new", "edge_count"] if self.narrow else []
-        names += [t.name(k, e) for e in t.edge_types for k in ["edge_index", *compact]]
+        names += [t.name(k, e) for e in t.edge_types
+                  for k in ["edge_index", *compact, "e_id", *(["edge_attr"] if t.edge_featured(e) else [])]]
         return tuple(names)
 
     @cached_property
@@ -177,6 +195,7 @@ def build_data(header: pb.MinibatchHeader, tensors: dict[str, torch.Tensor], spe
         store = data[e] if isinstance(data, HeteroData) else data
         store.edge_index = _edge_index(tensors, spec, e, nodes, sum(edges[e]), totals, where, sources.get(e))
         store.num_sampled_edges = edges[e]
+        _edge_rows(store, e, sum(edges[e]), tensors, spec, where)
     if isinstance(data, HeteroData):
         data.num_sampled_nodes = nodes
         data.num_sampled_edges = edges
@@ -303,6 +322,25 @@ def _node_store(store: NodeStorage | Data, n: str, num: int, tensors: dict[str, 
         y = _require(tensors, y_name, where, "include_labels is set")
         _check_tensor(y, y_name, [num], LABEL_DTYPES, where)
         store.y = widen(y)
+
+
+def _edge_rows(store: EdgeStorage | Data, e: EdgeType, num: int, tensors: dict[str, torch.Tensor],
+               spec: BatchSpec, where: str) -> None:
+    """Check edge type ``e``'s ``e_id`` and ``edge_attr`` (``num`` edges by the header);
+    set them on its ``store``."""
+    t = spec.layout
+    name = t.name("e_id", e)
+    if spec.include_edge_ids or name in tensors:
+        e_id = _require(tensors, name, where, "include_edge_ids is set")
+        _check_tensor(e_id, name, [num], INDEX_DTYPES if spec.narrow else _INT64, where)
+        store.e_id = widen(e_id)
+    name = t.name("edge_attr", e)
+    if (spec.include_edge_features and t.edge_featured(e)) or name in tensors:
+        attr = _require(tensors, name, where, "include_edge_features is set")
+        row = t.edge_feature_shapes.get(e) if t.edge_feature_shapes is not None else None
+        shape: list[int | None] = [num, *row] if row is not None else [num, *([None] * (attr.dim() - 1))]
+        _check_tensor(attr, name, shape, EDGE_FEATURE_DTYPES, where)
+        store.edge_attr = attr
 
 
 def _marked_sources(tensors: dict[str, torch.Tensor], spec: BatchSpec, nodes: dict[str, list[int]],

@@ -49,6 +49,14 @@ class TypedGraph:
     #: What tells this graph from any other: the SHA-256 of its partitioning's manifest
     #: (``ClusterInfo.graph_fingerprint``); "" when unknown.
     fingerprint: str = ""
+    #: Whether batches can carry the sampled edges' original IDs and features
+    #: (``ClusterInfo.has_edge_ids``: partitions written with edge IDs).
+    has_edge_ids: bool = False
+    #: Edge type to the shape of one edge's feature row (``()``: one value per edge), for
+    #: the edge types with edge features.
+    edge_feature_shapes: dict[EdgeType, tuple[int, ...]] = field(default_factory=dict)
+    #: Edge type to its stored edge features' dtype (a ``DType`` value).
+    edge_feature_dtypes: dict[EdgeType, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.target_type not in self.node_types:
@@ -65,6 +73,10 @@ class TypedGraph:
         # a plain graph's one node type has ClusterInfo's own fields (num_nodes, feature_dim ...)
         types: dict[str, pb.NodeTypeInfo | pb.ClusterInfo] = \
             {n.name: n for n in info.typed.node_types} if typed else {PLAIN_NODE_TYPE: info}
+        edge_infos: dict[EdgeType, pb.EdgeFeatureInfo] = \
+            {(e.src, e.rel, e.dst): e.edge_features for e in info.typed.edge_types
+             if e.HasField("edge_features")} if typed else \
+            {PLAIN_EDGE_TYPE: info.edge_features} if info.HasField("edge_features") else {}
         return TypedGraph(
             node_types=tuple(types), target_type=info.typed.target_type if typed else PLAIN_NODE_TYPE,
             edge_types=tuple((e.src, e.rel, e.dst) for e in info.typed.edge_types) if typed else
@@ -74,7 +86,9 @@ class TypedGraph:
             books={t: np.asarray(n.partition_book, dtype=np.int64) for t, n in types.items()},
             feature_dtypes={t: int(n.feature_dtype) for t, n in types.items()},
             num_classes=int(info.num_classes), typed=typed, name=info.graph_name,
-            fingerprint=info.graph_fingerprint)
+            fingerprint=info.graph_fingerprint, has_edge_ids=info.has_edge_ids,
+            edge_feature_shapes={et: tuple(int(d) for d in f.shape) for et, f in edge_infos.items()},
+            edge_feature_dtypes={et: int(f.dtype) for et, f in edge_infos.items()})
 
     def metadata(self) -> tuple[list[str], list[EdgeType]]:
         """``(node_types, edge_types)``, as PyG's ``HeteroData.metadata()`` (for ``to_hetero``)."""

@@ -88,6 +88,36 @@ def check_keywords(kwargs: Mapping[str, object]) -> None:
         raise TypeError(f"RemoteNeighborLoader got an unexpected keyword argument {name!r}")
 
 
+def edge_attr_name(edge_features: bool | str) -> str:
+    """The attribute a loader's ``edge_features`` puts edge features in ("" for none)."""
+    if isinstance(edge_features, bool):
+        return "edge_attr" if edge_features else ""
+    if not isinstance(edge_features, str) or not edge_features.isidentifier():
+        raise ValueError(f"edge_features: expected True, False or an attribute name such as "
+                         f"'edge_attr', got {edge_features!r}")
+    if edge_features in RESERVED_BATCH_ATTRIBUTES:
+        raise ValueError(f"edge_features: expected an attribute name a batch does not use already, "
+                         f"got {edge_features!r}")
+    return edge_features
+
+
+#: Attributes of a batch an edge feature name may not take.
+RESERVED_BATCH_ATTRIBUTES = frozenset({
+    "x", "y", "edge_index", "n_id", "e_id", "batch_size", "input_id", "num_nodes", "num_sampled_nodes",
+    "num_sampled_edges", "internal_n_id", "x_cached"})
+
+
+def check_edge_options(graph: TypedGraph, features: bool, ids: bool) -> None:
+    """Refuse edge features or IDs the servers cannot send, saying why."""
+    if (features or ids) and not graph.has_edge_ids:
+        asked = "edge_features" if features else "edge_ids"
+        raise ValueError(f"{asked}: expected a graph whose partitions store edge IDs, but the servers' "
+                         f"were written without them (ClusterInfo.has_edge_ids); partition it again")
+    if features and not graph.edge_feature_shapes:
+        raise ValueError("edge_features: expected a graph with edge features, but the servers' has none "
+                         "(ClusterInfo.edge_features)")
+
+
 def split_name(split: str) -> str:
     """``split`` checked, with ``valid`` and the like taken for their split."""
     if split in SPLIT_ALIASES:

@@ -78,7 +78,8 @@ class RemoteNeighborLoader:
         return_internal_ids: bool = False, connect_timeout: float = 60.0, stall_timeout: float = 60.0,
         reconnect_timeout: float = 15.0, rpc_timeout: float = 30.0, client_id: str | None = None,
         cache_size: float | str | None = None, cache_progress: bool | None = None,
-        compact_indices: bool = True, **unsupported: object,
+        compact_indices: bool = True, edge_features: bool | str = False, edge_ids: bool = False,
+        **unsupported: object,
     ) -> None:
         """Check the arguments, connect to the servers and plan epoch 0.
 
@@ -114,6 +115,14 @@ class RemoteNeighborLoader:
         every type, as many as fit (:func:`~trainer_client.cache.plan_caches`).
         ``compact_indices``: ask for the batches' structure in compact form (narrow
         integer dtypes, ``EpochRequest.compact_indices``); the batches are the same.
+
+        Edges: ``edge_features=True`` adds each sampled edge's features as ``edge_attr``
+        (per edge type with edge features on a typed graph), aligned with ``edge_index``,
+        and its original edge ID as ``e_id``, as PyG's loaders give them; a string names
+        the attribute the features go in instead of ``edge_attr``. Floating-point edge
+        features travel in ``feature_dtype`` and are cast as node features are.
+        ``edge_ids=True`` adds ``e_id`` alone. Both need partitions written with edge IDs
+        (``ClusterInfo.has_edge_ids``).
         """
         inputs.check_keywords(unsupported)
         split, given = inputs.seeds_source(split, input_nodes, seeds)
@@ -138,6 +147,9 @@ class RemoteNeighborLoader:
         self.cast_features, self.include_labels = bool(cast_features), bool(include_labels)
         self.replace, self.weighted = bool(replace), bool(weighted)
         self.return_internal_ids, self.compact_indices = bool(return_internal_ids), bool(compact_indices)
+        #: The attribute edge features go in ("" when not asked); whether e_id is asked.
+        self.edge_attr_name = inputs.edge_attr_name(edge_features)
+        self.edge_ids = bool(edge_ids) or bool(self.edge_attr_name)
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else bool(pin_memory)
         if self.pin_memory and not torch.cuda.is_available():  # as torch's DataLoader does
             log.warning("pin_memory=True: no CUDA device here, so no pinned memory; batches "
@@ -173,6 +185,7 @@ class RemoteNeighborLoader:
         self.node_tables: dict[str, NodeTable] = self._open_node_tables()
         if self.weighted and not self.cluster.info.has_edge_weights:
             raise ValueError("weighted: expected a graph with edge weights, but the servers have none")
+        inputs.check_edge_options(self.graph, bool(self.edge_attr_name), self.edge_ids)
         self.set_epoch(0)
         if len(self) == 0:
             log.warning("drop_last: the epoch has no batches: %d seeds are fewer than batch_size=%d "
@@ -358,7 +371,8 @@ class RemoteNeighborLoader:
             sampling=pb.SamplingOptions(replace=self.replace, weighted=self.weighted),
             include_features=True, include_labels=self._labels_on_wire, client_id=self.client_id,
             global_batches=self.batches == "global", include_original_ids=not self.node_tables,
-            compact_indices=self.compact_indices)
+            compact_indices=self.compact_indices, include_edge_ids=self.edge_ids,
+            include_edge_features=bool(self.edge_attr_name))
         request.seeds.CopyFrom(self._seeds_tensor)
         if typed is not None:
             request.typed.CopyFrom(typed)
@@ -380,7 +394,9 @@ class RemoteNeighborLoader:
         spec = BatchSpec(
             num_hops=len(inputs.fanout_lists(self.num_neighbors)[0]), feature_dim=self.num_features,
             include_features=True, include_labels=self._labels_on_wire, num_batches=num_batches,
-            typed=self._layout if self.graph.typed else None, compact_indices=self.compact_indices)
+            typed=self._layout if self.graph.typed else None, compact_indices=self.compact_indices,
+            include_edge_ids=self.edge_ids, include_edge_features=bool(self.edge_attr_name),
+            edge_feature_shapes=self.graph.edge_feature_shapes)
         return EpochStream(servers, num_batches, spec, prefetch=self.prefetch, timeouts=self.timeouts,
                            pin_memory=self.pin_memory, finish=finish)
 
@@ -431,6 +447,14 @@ class RemoteNeighborLoader:
                     store.x = halfcast.cast(store.x, dtype)
             if not self.return_internal_ids and "internal_n_id" in store:
                 del store.internal_n_id
+        edge_stores = [data[et] for et in data.edge_types] if isinstance(data, HeteroData) else [data]
+        for store in edge_stores:
+            if "edge_attr" in store:
+                attr = store.edge_attr
+                if dtype is not None and attr.is_floating_point() and attr.dtype != dtype:
+                    attr = halfcast.cast(attr, dtype)
+                del store.edge_attr
+                store[self.edge_attr_name] = attr
         return dataclasses.replace(batch, rows=rows, cached_rows=cached_rows)
 
     def _complete_features(self, store: NodeStorage, node_type: str, dtype: torch.dtype | None) -> int:

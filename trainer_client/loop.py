@@ -40,7 +40,15 @@ from trainer_client.graph import PLAIN_NODE_TYPE, TypedGraph
 from trainer_client.in_process import InProcessLoader, LocalGraph
 from trainer_client.inputs import MAX_SEEDS
 from trainer_client.loader import RemoteNeighborLoader
-from trainer_client.models import MODELS, NodeClassifier, build_model, seed_labels
+from trainer_client.models import (
+    EDGE_MODELS,
+    MODELS,
+    NEEDS_EDGE_FEATURES,
+    NodeClassifier,
+    build_model,
+    edge_dim_of,
+    seed_labels,
+)
 from trainer_client.typed_models import FIND_UNUSED_PARAMETERS, TYPED_MODELS, build_typed_model, model_inputs
 
 log = logging.getLogger("trainer_client.train")
@@ -108,8 +116,11 @@ def cluster_job(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> Job
         rank=env.rank, world_size=env.world_size, device=env.device, prefetch=args.prefetch, seed=args.seed,
         feature_dtype=args.feature_dtype, stall_timeout=args.timeout,
         reconnect_timeout=args.reconnect_timeout, cache_size=args.cache_size,
-        cache_progress=None if env.rank == 0 and not args.no_progress else False)
+        cache_progress=None if env.rank == 0 and not args.no_progress else False,
+        edge_features=uses_edge_features(args))
     fanouts = evaluation_fanouts(args, graph.typed)
+    if fanouts is None and uses_edge_features(args):  # layer-wise inference takes no edge features
+        fanouts = [-1] * len(args.fanouts)
     train, val, test = _split_loaders(partial(RemoteNeighborLoader, cluster), args, fanouts or [-1],
                                       **common)
     everything = None
@@ -154,7 +165,29 @@ def build_job_model(args: argparse.Namespace, graph: TypedGraph) -> torch.nn.Mod
                                  dropout=args.dropout)
     return build_model(args.model, graph.feature_dims[PLAIN_NODE_TYPE], graph.num_classes,
                        hidden_channels=args.hidden, num_layers=args.layers, dropout=args.dropout,
-                       heads=args.heads)
+                       heads=args.heads, edge_dim=model_edge_dim(args, graph))
+
+
+def uses_edge_features(args: argparse.Namespace) -> bool:
+    """Whether the job's model takes edge features: GINE always, GAT with ``--edge-features``."""
+    return args.model in NEEDS_EDGE_FEATURES or (args.model in EDGE_MODELS
+                                                  and bool(getattr(args, "edge_features", False)))
+
+
+def model_edge_dim(args: argparse.Namespace, graph: TypedGraph) -> int | None:
+    """The model's ``edge_dim`` (None: it takes no edge features); refuses a model that
+    needs edge features on a graph without them, and ``--edge-features`` on a model that
+    takes none."""
+    if getattr(args, "edge_features", False) and args.model not in EDGE_MODELS:
+        raise ValueError(f"--edge-features: expected a model that takes edge features "
+                         f"({', '.join(sorted(EDGE_MODELS))}), got --model {args.model}")
+    if not uses_edge_features(args):
+        return None
+    shape = graph.edge_feature_shapes.get(graph.edge_types[0]) if not graph.typed else None
+    if shape is None or not graph.has_edge_ids:
+        raise ValueError(f"--model {args.model}{' --edge-features' if args.model == 'gat' else ''}: "
+                         f"expected a graph with edge features, {graph.name!r} has none")
+    return edge_dim_of(shape)
 
 
 def one_pass(model: torch.nn.Module, source: BatchSource, env: DistEnv,

@@ -1,4 +1,9 @@
-"""GNN node classifiers for sampled minibatches: GraphSAGE (default), GCN, GAT and GIN.
+"""GNN node classifiers for sampled minibatches: GraphSAGE (default), GCN, GAT, GIN and
+GINE.
+
+Edge features: GINE (PyG's ``GINEConv``) needs them, and GAT uses them with ``edge_dim``
+(``GATConv``'s edge attention); each then takes a batch's ``edge_attr`` (the loader's
+``edge_features=True``), flattened to ``[E, edge_dim]`` and cast to float32.
 
 The layers are PyG's ``basic_gnn`` models. When a batch carries ``num_sampled_nodes`` /
 ``num_sampled_edges`` and the model has no more layers than the batch has hops, the
@@ -16,11 +21,35 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 from torch_geometric.data import Data, HeteroData
+from torch_geometric.nn import MLP, GINEConv
+from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 
+
+class GINE(BasicGNN):
+    """GIN with edge features (PyG's ``GINEConv``, "Strategies for Pre-training Graph
+    Neural Networks"): each layer adds the edge's features, projected to the layer's
+    input width, to the neighbor's before the sum. ``edge_dim`` is required."""
+
+    supports_edge_weight = False
+    supports_edge_attr = True
+    supports_norm_batch = False
+
+    def init_conv(self, in_channels: int | tuple[int, int], out_channels: int, **kwargs: object
+                  ) -> MessagePassing:
+        width = in_channels if isinstance(in_channels, int) else in_channels[0]
+        mlp = MLP([width, out_channels, out_channels], act=self.act, act_first=self.act_first,
+                  norm=self.norm, norm_kwargs=self.norm_kwargs)
+        return GINEConv(mlp, **kwargs)
+
+
 #: Model names, and the PyG class each builds.
-MODELS: dict[str, type[BasicGNN]] = {"sage": GraphSAGE, "gcn": GCN, "gat": GAT, "gin": GIN}
+MODELS: dict[str, type[BasicGNN]] = {"sage": GraphSAGE, "gcn": GCN, "gat": GAT, "gin": GIN, "gine": GINE}
+#: Models that take edge features (GINE needs them; GAT uses them when given).
+EDGE_MODELS = frozenset({"gat", "gine"})
+#: Models that cannot run without edge features.
+NEEDS_EDGE_FEATURES = frozenset({"gine"})
 
 
 def check_sizes(dropout: float, **sizes: int) -> None:
@@ -36,9 +65,11 @@ class NodeClassifier(torch.nn.Module):
     """A ``basic_gnn`` model that returns the seeds' logits of a sampled batch."""
 
     def __init__(self, model: str, in_channels: int, out_channels: int, *, hidden_channels: int = 256,
-                 num_layers: int = 2, dropout: float = 0.5, heads: int = 4) -> None:
+                 num_layers: int = 2, dropout: float = 0.5, heads: int = 4,
+                 edge_dim: int | None = None) -> None:
         """``model``: one of :data:`MODELS`; ``heads``: attention heads (GAT only;
-        ``hidden_channels`` must be a multiple)."""
+        ``hidden_channels`` must be a multiple); ``edge_dim``: edge feature columns, for
+        the models of :data:`EDGE_MODELS` (None: no edge features)."""
         super().__init__()
         if model not in MODELS:
             raise ValueError(f"model: expected one of {list(MODELS)}, got {model!r}")
@@ -47,30 +78,60 @@ class NodeClassifier(torch.nn.Module):
         if model == "gat" and (heads < 1 or hidden_channels % heads):
             raise ValueError(f"heads: expected an integer >= 1 dividing hidden_channels={hidden_channels}, "
                              f"got {heads}")
+        if model in NEEDS_EDGE_FEATURES and edge_dim is None:
+            raise ValueError(f"model: {model!r} needs edge features (edge_dim), got none; use a graph "
+                             "with edge features and a loader with edge_features=True")
+        if edge_dim is not None and (model not in EDGE_MODELS or edge_dim < 1):
+            raise ValueError(f"edge_dim: expected None for {model!r} (edge features are taken by "
+                             f"{sorted(EDGE_MODELS)}), or an integer >= 1; got {edge_dim}")
         self.num_layers = num_layers
+        #: Edge feature columns the model takes (None: it takes no edge features).
+        self.edge_dim = edge_dim
         #: Whether forward uses trim_to_layer (never for GCN, see the module docstring).
         self.trim = model != "gcn"
+        extra: dict[str, int] = {"heads": heads} if model == "gat" else {}
+        if edge_dim is not None:
+            extra["edge_dim"] = edge_dim
         self.gnn = MODELS[model](in_channels, hidden_channels, num_layers, out_channels=out_channels,
-                                 dropout=dropout, **({"heads": heads} if model == "gat" else {}))
+                                 dropout=dropout, **extra)
 
     def forward(self, x: Tensor, edge_index: Tensor, batch_size: int | None = None,
                 num_sampled_nodes: Sequence[int] | None = None,
-                num_sampled_edges: Sequence[int] | None = None) -> Tensor:
+                num_sampled_edges: Sequence[int] | None = None, edge_attr: Tensor | None = None) -> Tensor:
         """Logits ``[batch_size, out_channels]`` of the first ``batch_size`` nodes (all
-        nodes when ``batch_size`` is None)."""
+        nodes when ``batch_size`` is None); ``edge_attr`` for a model with ``edge_dim``."""
+        if self.edge_dim is not None and edge_attr is None:
+            raise ValueError("edge_attr: expected the batch's edge features (the model was built with "
+                             f"edge_dim={self.edge_dim}; load with edge_features=True), got none")
         trim = self.trim and num_sampled_nodes is not None and num_sampled_edges is not None \
             and len(num_sampled_edges) >= self.num_layers
         nodes = list(num_sampled_nodes) if trim and num_sampled_nodes else None
         edges = list(num_sampled_edges) if trim and num_sampled_edges else None
-        out = self.gnn(x, edge_index, num_sampled_nodes_per_hop=nodes, num_sampled_edges_per_hop=edges)
+        attr = edge_features(edge_attr) if self.edge_dim is not None and edge_attr is not None else None
+        out = self.gnn(x, edge_index, edge_attr=attr, num_sampled_nodes_per_hop=nodes,
+                       num_sampled_edges_per_hop=edges)
         return out if batch_size is None else out[:batch_size]
 
 
-def batch_inputs(data: Data) -> tuple[Tensor, Tensor, int, list[int] | None, list[int] | None]:
+def edge_features(edge_attr: Tensor) -> Tensor:
+    """A batch's edge features as a model takes them: float32 ``[E, columns]``."""
+    return edge_attr.reshape(edge_attr.shape[0], -1).float()
+
+
+def edge_dim_of(shape: Sequence[int]) -> int:
+    """Edge feature columns of rows of ``shape`` (``()``: one value per edge)."""
+    dim = 1
+    for d in shape:
+        dim *= int(d)
+    return dim
+
+
+def batch_inputs(data: Data) -> tuple[Tensor, Tensor, int, list[int] | None, list[int] | None, Tensor | None]:
     """The positional inputs of :meth:`NodeClassifier.forward` for a loader batch."""
     return (data.x, data.edge_index, int(data.batch_size),
             data.num_sampled_nodes if "num_sampled_nodes" in data else None,
-            data.num_sampled_edges if "num_sampled_edges" in data else None)
+            data.num_sampled_edges if "num_sampled_edges" in data else None,
+            data.edge_attr if "edge_attr" in data else None)
 
 
 def seed_labels(batch: Data | HeteroData) -> Tensor:
@@ -83,7 +144,8 @@ def seed_labels(batch: Data | HeteroData) -> Tensor:
 
 
 def build_model(name: str, in_channels: int, out_channels: int, *, hidden_channels: int = 256,
-                num_layers: int = 2, dropout: float = 0.5, heads: int = 4) -> NodeClassifier:
-    """A :class:`NodeClassifier` by model name (``sage``, ``gcn``, ``gat``, ``gin``)."""
+                num_layers: int = 2, dropout: float = 0.5, heads: int = 4,
+                edge_dim: int | None = None) -> NodeClassifier:
+    """A :class:`NodeClassifier` by model name (``sage``, ``gcn``, ``gat``, ``gin``, ``gine``)."""
     return NodeClassifier(name, in_channels, out_channels, hidden_channels=hidden_channels,
-                          num_layers=num_layers, dropout=dropout, heads=heads)
+                          num_layers=num_layers, dropout=dropout, heads=heads, edge_dim=edge_dim)

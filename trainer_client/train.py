@@ -124,7 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=_positive(float), default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--model", choices=[*sorted(MODELS), *TYPED_MODELS], default="sage",
-                   help="sage, gcn, gat, gin (homogeneous graphs); rgcn, hetero-sage (typed graphs)")
+                   help="sage, gcn, gat, gin, gine (homogeneous graphs; gine takes the edge features); "
+                        "rgcn, hetero-sage (typed graphs)")
+    p.add_argument("--edge-features", action="store_true",
+                   help="gat: attend with the graph's edge features too (edge_dim); gine always "
+                        "takes them")
     p.add_argument("--hidden", type=_positive(int), default=256)
     p.add_argument("--layers", type=_positive(int), default=None, help="default: number of fanouts")
     p.add_argument("--heads", type=_positive(int), default=4, help="attention heads (gat)")

@@ -1,0 +1,150 @@
+"""Edge IDs and edge features through the service, for both kinds of graph: every
+sampled edge's ``e_id`` is its column in the input's ``edge_index`` and its
+``edge_attr`` that column's features, aligned with ``edge_index`` whatever the
+partitioning, the wire form or the servers' peers; GINE and GAT take them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from graph_fixtures import KINDS, AnyGraph, mixed, typed_view
+from in_process_servers import served
+from torch_geometric.data import Data, HeteroData
+
+from partitioner.graph import GraphData, TypedGraphData
+from partitioner.writer import partition_graph
+from trainer_client.loader import RemoteNeighborLoader
+from trainer_client.models import NodeClassifier, batch_inputs
+
+FANOUTS = [3, 2]
+
+
+def with_edge_attr(graph: AnyGraph) -> AnyGraph:
+    """``graph`` with edge features that name their edge: row ``e`` of a relation holds
+    ``e`` and ``-e / 8`` (a plain graph: two columns; typed: widths 2, 3, none and 1-d)."""
+    if isinstance(graph, GraphData):
+        e = np.arange(graph.num_edges, dtype=np.float32)
+        graph.edge_attr = np.stack([e, -e / 8], axis=1)
+        return graph
+    assert isinstance(graph, TypedGraphData)
+    widths = [2, 3, 0, 1]
+    for et, width in zip(list(graph.edge_index), widths, strict=True):
+        e = np.arange(graph.edge_index[et].shape[1], dtype=np.float32)
+        if width == 1:
+            graph.edge_attr[et] = e.copy()  # one value per edge: [E]
+        elif width:
+            graph.edge_attr[et] = np.stack([e - k / 8 for k in range(width)], axis=1)
+    return graph
+
+
+def _stores(batch: Data | HeteroData) -> dict:
+    """Edge type -> (its store, source store, destination store)."""
+    if isinstance(batch, HeteroData):
+        return {et: (batch[et], batch[et[0]], batch[et[2]]) for et in batch.edge_types}
+    return {None: (batch, batch, batch)}
+
+
+def check_batch(graph: AnyGraph, batch: Data | HeteroData, features: bool) -> int:
+    """Assert every sampled edge is the input's edge ``e_id`` (its ends in original IDs)
+    with that edge's features; returns the edges checked."""
+    typed = typed_view(graph)
+    checked = 0
+    for et, (store, src, dst) in _stores(batch).items():
+        key = et if et is not None else next(iter(typed.edge_index))
+        edge_index = np.asarray(typed.edge_index[key])
+        e_id = store.e_id.numpy()
+        assert store.e_id.dtype == torch.int64 and e_id.shape == (store.edge_index.shape[1],)
+        ends = np.stack([src.n_id.numpy()[store.edge_index[0].numpy()],
+                         dst.n_id.numpy()[store.edge_index[1].numpy()]])
+        assert np.array_equal(edge_index[:, e_id], ends), key
+        attr = typed.edge_attr.get(key)
+        if features and attr is not None:
+            assert np.array_equal(store.edge_attr.numpy(), attr[e_id]), key
+        else:
+            assert "edge_attr" not in store, key
+        checked += e_id.size
+    return checked
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_sampled_edge_carries_its_original_id_and_features(kind: str, tmp_path: Path) -> None:
+    graph = with_edge_attr(mixed(kind, weighted=False))
+    root = tmp_path / "p2"
+    partition_graph(graph, 2, root, method="range", progress=False)
+    with served(root, 2) as addresses:
+        checked = 0
+        for compact in (True, False):
+            with RemoteNeighborLoader(addresses, num_neighbors=FANOUTS, batch_size=6, edge_features=True,
+                                      compact_indices=compact) as loader:
+                for batch in loader:
+                    checked += check_batch(graph, batch, features=True)
+        with RemoteNeighborLoader(addresses, num_neighbors=FANOUTS, batch_size=6, edge_ids=True) as loader:
+            for batch in loader:
+                check_batch(graph, batch, features=False)
+        assert checked > 100
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_edge_rows_are_the_same_whatever_the_partitioning(kind: str, tmp_path: Path) -> None:
+    graph = with_edge_attr(mixed(kind, weighted=False))
+    runs = []
+    for parts, method in ((1, "range"), (3, "random")):
+        root = tmp_path / f"p{parts}"
+        partition_graph(graph, parts, root, method=method, progress=False)
+        with served(root, parts) as addresses, \
+                RemoteNeighborLoader(addresses, num_neighbors=FANOUTS, batch_size=5, shuffle=True,
+                                     edge_features=True, feature_dtype="float16") as loader:
+            runs.append([{et: (s.e_id.clone(), s.edge_attr.clone() if "edge_attr" in s else None)
+                          for et, (s, _, _) in _stores(b).items()} for b in loader])
+    assert len(runs[0]) == len(runs[1]) > 0
+    for one, three in zip(*runs, strict=True):
+        for et, (e_id, attr) in one.items():
+            assert torch.equal(e_id, three[et][0])
+            assert (attr is None and three[et][1] is None) or torch.equal(attr, three[et][1])
+
+
+def test_edge_features_are_refused_by_name_where_the_graph_has_none(tmp_path: Path) -> None:
+    graph = mixed("plain", weighted=False)
+    partition_graph(graph, 1, tmp_path, method="range", progress=False)
+    with served(tmp_path, 1) as addresses, pytest.raises(ValueError, match="edge_features: expected a graph "
+                                                                           "with edge features"):
+        RemoteNeighborLoader(addresses, num_neighbors=FANOUTS, batch_size=4, edge_features=True)
+    with pytest.raises(ValueError, match="edge_features: expected True, False or an attribute name"):
+        RemoteNeighborLoader(["127.0.0.1:1"], num_neighbors=FANOUTS, batch_size=4, edge_features="2bad")
+
+
+def test_edge_features_go_in_the_attribute_the_user_names(tmp_path: Path) -> None:
+    graph = with_edge_attr(mixed("plain", weighted=False))
+    partition_graph(graph, 2, tmp_path, method="range", progress=False)
+    with served(tmp_path, 2) as addresses, \
+            RemoteNeighborLoader(addresses, num_neighbors=FANOUTS, batch_size=8,
+                                 edge_features="edge_feat") as loader:
+        batch = next(iter(loader))
+    assert "edge_attr" not in batch and batch.edge_feat.shape == (batch.edge_index.shape[1], 2)
+    assert batch.edge_feat.dtype == torch.float32
+
+
+@pytest.mark.parametrize("model", ["gine", "gat"])
+def test_edge_models_take_the_batch_s_edge_features_and_trim_exactly(model: str, tmp_path: Path) -> None:
+    graph = with_edge_attr(mixed("plain", weighted=False))
+    partition_graph(graph, 2, tmp_path, method="range", progress=False)
+    with served(tmp_path, 2) as addresses, \
+            RemoteNeighborLoader(addresses, num_neighbors=FANOUTS, batch_size=8, edge_features=True) as loader:
+        batch = next(iter(loader))
+    torch.manual_seed(0)
+    net = NodeClassifier(model, 6, 4, hidden_channels=8, num_layers=2, dropout=0.0, heads=2, edge_dim=2).eval()
+    x, edge_index, size, nodes, edges, attr = batch_inputs(batch)
+    assert attr is not None
+    trimmed = net(x, edge_index, size, nodes, edges, attr)
+    whole = net(x, edge_index, size, None, None, attr)
+    assert trimmed.shape == (size, 4)
+    torch.testing.assert_close(trimmed, whole)
+    shuffled = net(x, edge_index, size, None, None, attr[torch.randperm(attr.shape[0])])
+    assert not torch.allclose(shuffled, whole)  # the features count
+    with pytest.raises(ValueError, match="edge_attr: expected the batch's edge features"):
+        net(x, edge_index, size)
+    with pytest.raises(ValueError, match="'gine' needs edge features"):
+        NodeClassifier("gine", 6, 4)
