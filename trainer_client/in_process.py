@@ -16,7 +16,7 @@ or a ``HeteroData`` (a typed one) as PyG's ``NeighborLoader`` lays them out.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +26,14 @@ from torch_geometric.data import Data, HeteroData
 from partitioner.format import load_partition
 from partitioner.manifest import Manifest, read_manifest
 from protos.plan import plan_global_epoch
+from partitioner.graph import EdgeType
+from protos import codec
+from protos import sampling_pb2 as pb
+from sampling_server.edge_rows import EdgeRowsByPartition, edge_rows, local_edge_rows
 from sampling_server.sampler import InProcessPeers, batch_key, create_sampler, to_pyg_data
+from sampling_server.sampler.types import Minibatch
 from trainer_client.graph import TypedGraph
-from trainer_client.inputs import check_int, split_name
+from trainer_client.inputs import check_edge_options, check_int, split_name
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +46,15 @@ def graph_of_manifest(m: Manifest) -> TypedGraph:
         feature_dims={t: i.feature_dim for t, i in m.node_types.items()},
         books={t: np.asarray(book, dtype=np.int64) for t, book in m.partition_book.items()},
         target_type=m.target_type, num_classes=m.num_classes, typed=m.typed, name=m.graph_name,
-        fingerprint=m.fingerprint)
+        fingerprint=m.fingerprint, has_edge_ids=m.has_edge_ids,
+        edge_feature_shapes={et: tuple(shape) for et, (shape, _) in m.edge_features.items()},
+        edge_feature_dtypes={et: int(codec.numpy_to_dtype(np.dtype(dtype)))
+                             for et, (_, dtype) in m.edge_features.items()})
 
 
 class LocalGraph:
-    """Every partition of a partition directory, each with its CPU sampler."""
+    """Every partition of a partition directory, each with its CPU sampler; it answers
+    the edge rows of every partition's edges (an :class:`~sampling_server.edge_rows.EdgeRemote`)."""
 
     def __init__(self, partition_dir: str | Path, *, verify: str = "size") -> None:
         """``verify``: ``'full'`` checks every file's SHA-256, ``'size'`` sizes and headers."""
@@ -64,6 +73,26 @@ class LocalGraph:
         log.info("%s graph %s: %d partitions sampled in this process",
                  "typed" if self.meta.typed else "plain", self.manifest.graph_name,
                  self.manifest.num_partitions)
+
+    def edge_data(self, edge_type: EdgeType, edges_by_partition: Mapping[int, torch.Tensor], ids: bool,
+                  features: bool, feature_dtype: codec.WireDType) -> EdgeRowsByPartition:
+        """Original IDs and/or features of each partition's edges (internal edge IDs)."""
+        return {p: local_edge_rows(self._parts[p].edge_data, edge_type, edges.numpy(), ids, features,
+                                   feature_dtype) for p, edges in edges_by_partition.items()}
+
+    def edge_rows(self, batch: Minibatch, partition: int, features: bool) -> None:
+        """Set the batch's ``e_id`` (and, with ``features``, ``edge_attr`` of the relations
+        with edge features, as stored) from its sampled edges, sampled on ``partition``."""
+        part = self._parts[partition]
+        for et, edges in batch.structure.edge.items():
+            stored = part.edge_attr.get(et)
+            dtype = codec.numpy_to_dtype(stored.dtype) if stored is not None else pb.FLOAT32
+            e_id, attr = edge_rows(part.edge_data, np.asarray(self.manifest.edge_book(et), dtype=np.int64),
+                                   et, edges, True, features and stored is not None, dtype, self)
+            assert e_id is not None
+            batch.e_id[et] = e_id
+            if attr is not None:
+                batch.edge_attr[et] = attr
 
     def split_nodes(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """(original IDs, global IDs) of the target type's ``split`` nodes, in original-ID
@@ -84,8 +113,14 @@ class InProcessLoader:
     def __init__(self, graph: LocalGraph | str | Path, split: str = "train", *,
                  num_neighbors: Sequence[int], batch_size: int, shuffle: bool = False,
                  drop_last: bool = False, rank: int = 0, world_size: int = 1,
-                 device: str | torch.device = "cpu", seed: int = 0) -> None:
+                 device: str | torch.device = "cpu", seed: int = 0, edge_features: bool = False,
+                 edge_ids: bool = False) -> None:
+        """``edge_features`` / ``edge_ids``: batches carry ``edge_attr`` and ``e_id`` /
+        ``e_id`` alone, as :class:`~trainer_client.loader.RemoteNeighborLoader`'s do."""
         self.graph = graph if isinstance(graph, LocalGraph) else LocalGraph(graph)
+        self.edge_features = bool(edge_features)
+        self.edge_ids = bool(edge_ids) or self.edge_features
+        check_edge_options(self.graph.meta, self.edge_features, self.edge_ids)
         split = split_name(split)
         check_int("batch_size", batch_size, 1)
         check_int("rank", rank, 0, world_size - 1)
@@ -119,8 +154,14 @@ class InProcessLoader:
             positions = self._plan.positions(ref.part_batch)
             batch = self.graph.samplers[ref.partition].minibatch(
                 self._seeds[positions], target, self.num_neighbors,
-                batch_key(self.seed, self.epoch, self.rank, ref.index), remote=self.graph.peers)
+                batch_key(self.seed, self.epoch, self.rank, ref.index), remote=self.graph.peers,
+                edges=self.edge_ids)
+            if self.edge_ids:
+                self.graph.edge_rows(batch, ref.partition, self.edge_features)
             data = to_pyg_data(batch, plain=plain)
+            for store in data.edge_stores:
+                if "edge_attr" in store and store.edge_attr.is_floating_point():
+                    store.edge_attr = store.edge_attr.float()
             seeds_store = data if plain else data[target]
             seeds_store.input_id = torch.from_numpy(np.asarray(positions, dtype=np.int64))
             yield data.to(self.device) if self.device.type != "cpu" else data

@@ -154,7 +154,8 @@ def partition_dir_job(args: argparse.Namespace, env: DistEnv) -> Job:
     check_model_kind(args.model, local.meta, "--partition-dir holds")
     fanouts = evaluation_fanouts(args, local.meta.typed) or [-1] * len(args.fanouts)
     train, val, test = _split_loaders(partial(InProcessLoader, local), args, fanouts, rank=env.rank,
-                                      world_size=env.world_size, device=env.device, seed=args.seed)
+                                      world_size=env.world_size, device=env.device, seed=args.seed,
+                                      edge_features=uses_edge_features(args))
     return Job(train, val, test, graph=local.meta, eval_fanouts=fanouts, source="the partition directory's")
 
 
