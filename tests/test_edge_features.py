@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import torch
@@ -14,8 +15,14 @@ from graph_fixtures import KINDS, AnyGraph, mixed, typed_view
 from in_process_servers import served
 from torch_geometric.data import Data, HeteroData
 
-from partitioner.graph import GraphData, TypedGraphData
+from partitioner.graph import GraphData, TypedGraphData, edge_type_name
+from partitioner.manifest import read_manifest
 from partitioner.writer import partition_graph
+from protos import codec
+from protos import sampling_pb2 as pb
+from protos import sampling_pb2_grpc as pb_grpc
+from protos.assembler import TensorAssembler
+from protos.channel import create_channel
 from trainer_client.loader import RemoteNeighborLoader
 from trainer_client.models import NodeClassifier, batch_inputs
 
@@ -88,6 +95,24 @@ def test_every_sampled_edge_carries_its_original_id_and_features(kind: str, tmp_
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_servers_holding_the_whole_structure_and_features_send_the_same_edge_rows(
+        kind: str, tmp_path: Path) -> None:
+    graph = with_edge_attr(mixed(kind, weighted=False))
+    root = tmp_path / "p2"
+    partition_graph(graph, 2, root, method="random", progress=False)
+    runs = []
+    for held in ({}, {"structure": "full", "features": "full"}):
+        with served(root, 2, **held) as addresses, \
+                RemoteNeighborLoader(addresses, num_neighbors=FANOUTS, batch_size=7, shuffle=True,
+                                     edge_features=True) as loader:
+            batches = list(loader)
+        for batch in batches:
+            check_batch(graph, batch, features=True)
+        runs.append([torch.cat([s.e_id for s, _, _ in _stores(b).values()]) for b in batches])
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_edge_rows_are_the_same_whatever_the_partitioning(kind: str, tmp_path: Path) -> None:
     graph = with_edge_attr(mixed(kind, weighted=False))
     runs = []
@@ -132,10 +157,12 @@ def test_edge_models_take_the_batch_s_edge_features_and_trim_exactly(model: str,
     graph = with_edge_attr(mixed("plain", weighted=False))
     partition_graph(graph, 2, tmp_path, method="range", progress=False)
     with served(tmp_path, 2) as addresses, \
-            RemoteNeighborLoader(addresses, num_neighbors=FANOUTS, batch_size=8, edge_features=True) as loader:
+            RemoteNeighborLoader(addresses, num_neighbors=FANOUTS, batch_size=8,
+                                 edge_features=True) as loader:
         batch = next(iter(loader))
     torch.manual_seed(0)
-    net = NodeClassifier(model, 6, 4, hidden_channels=8, num_layers=2, dropout=0.0, heads=2, edge_dim=2).eval()
+    net = NodeClassifier(model, 6, 4, hidden_channels=8, num_layers=2, dropout=0.0, heads=2,
+                         edge_dim=2).eval()
     x, edge_index, size, nodes, edges, attr = batch_inputs(batch)
     assert attr is not None
     trimmed = net(x, edge_index, size, nodes, edges, attr)
@@ -148,3 +175,36 @@ def test_edge_models_take_the_batch_s_edge_features_and_trim_exactly(model: str,
         net(x, edge_index, size)
     with pytest.raises(ValueError, match="'gine' needs edge features"):
         NodeClassifier("gine", 6, 4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fetch_edge_data_answers_held_edges_and_refuses_others_by_field(kind: str, tmp_path: Path) -> None:
+    graph = with_edge_attr(mixed(kind, weighted=False))
+    partition_graph(graph, 2, tmp_path, method="range", progress=False)
+    m = read_manifest(tmp_path)
+    typed = typed_view(graph)
+    et = next(iter(typed.edge_index))
+    name = edge_type_name(et) if m.typed else ""
+    book = m.edge_book(et)
+    own = codec.encode_tensor(np.arange(book[0], min(book[1], book[0] + 5), dtype=np.int64))
+    foreign = codec.encode_tensor(np.array([book[1]], dtype=np.int64))
+    with served(tmp_path, 2) as addresses:
+        channel = create_channel(addresses[0])
+        stub = pb_grpc.PeerServiceStub(channel)
+        chunks = list(stub.FetchEdgeData(pb.FetchEdgeDataRequest(
+            edges=own, edge_type=name, want_edge_ids=True, want_features=True), timeout=10))
+        assembler = TensorAssembler()
+        for c in chunks:
+            assembler.add_all(c.tensors)
+        got = assembler.finish(expected={"e_id", "edge_attr"})
+        assert np.array_equal(got["edge_attr"], typed.edge_attr[et][got["e_id"]])
+        cases = [(pb.FetchEdgeDataRequest(edges=foreign, edge_type=name, want_edge_ids=True),
+                  "FetchEdgeDataRequest.edges: expected internal edge IDs"),
+                 (pb.FetchEdgeDataRequest(edges=own, edge_type="x__y__z" if m.typed else "paper",
+                                          want_edge_ids=True), "FetchEdgeDataRequest.edge_type")]
+        for request, message in cases:
+            with pytest.raises(grpc.RpcError) as info:
+                list(stub.FetchEdgeData(request, timeout=10))
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert message in info.value.details()
+        channel.close()
