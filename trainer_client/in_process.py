@@ -47,9 +47,9 @@ def graph_of_manifest(m: Manifest) -> TypedGraph:
         books={t: np.asarray(book, dtype=np.int64) for t, book in m.partition_book.items()},
         target_type=m.target_type, num_classes=m.num_classes, typed=m.typed, name=m.graph_name,
         fingerprint=m.fingerprint, has_edge_ids=m.has_edge_ids,
-        edge_feature_shapes={et: tuple(shape) for et, (shape, _) in m.edge_features.items()},
+        edge_feature_shapes=dict(m.edge_feature_shapes),
         edge_feature_dtypes={et: int(codec.numpy_to_dtype(np.dtype(dtype)))
-                             for et, (_, dtype) in m.edge_features.items()})
+                             for et, dtype in m.edge_feature_dtypes.items()})
 
 
 class LocalGraph:
