@@ -5,6 +5,7 @@ partitioning, the wire form or the servers' peers; GINE and GAT take them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import grpc
@@ -17,6 +18,7 @@ from torch_geometric.data import Data, HeteroData
 
 from partitioner.graph import GraphData, TypedGraphData, edge_type_name
 from partitioner.manifest import read_manifest
+from partitioner.synthetic import generate
 from partitioner.writer import partition_graph
 from protos import codec
 from protos import sampling_pb2 as pb
@@ -25,6 +27,7 @@ from protos.assembler import TensorAssembler
 from protos.channel import create_channel
 from trainer_client.loader import RemoteNeighborLoader
 from trainer_client.models import NodeClassifier, batch_inputs
+from trainer_client.train import main as train_main
 
 FANOUTS = [3, 2]
 
@@ -208,3 +211,31 @@ def test_fetch_edge_data_answers_held_edges_and_refuses_others_by_field(kind: st
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert message in info.value.details()
         channel.close()
+
+
+@pytest.fixture(scope="module")
+def edge_preset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``edge-feat-small`` (labels decided by the edges' features), in two partitions."""
+    root = tmp_path_factory.mktemp("edge-feat-small")
+    partition_graph(generate("edge-feat-small", progress=False), 2, root, method="metis", progress=False)
+    return root
+
+
+def _test_accuracy(root: Path, out: Path, model: str, *extra: str) -> float:
+    with served(root, 2) as addresses:
+        assert train_main(["--servers", ",".join(addresses), "--model", model, *extra, "--fanouts", "10,5",
+                           "--batch-size", "256", "--hidden", "64", "--epochs", "6", "--lr", "0.01",
+                           "--dropout", "0.1", "--device", "cpu", "--timeout", "60", "--no-progress",
+                           "--eval-fanouts", "10,5", "--metrics-json", str(out / f"{model}.json")]) == 0
+    return float(json.loads((out / f"{model}.json").read_text())["test_acc"])
+
+
+def test_on_labels_the_edges_decide_a_model_with_edge_features_beats_one_without(
+        edge_preset: Path, tmp_path: Path) -> None:
+    """GINE (edge features) against GIN (none), same sizes, fanouts and epochs, trained
+    through the service: the preset's labels follow its edges' features, so only the
+    first can learn them (docs/training.md gives the figures)."""
+    with_edges = _test_accuracy(edge_preset, tmp_path, "gine")
+    without = _test_accuracy(edge_preset, tmp_path, "gin")
+    assert with_edges > without + 0.2, (with_edges, without)
+    assert with_edges > 0.6, with_edges
