@@ -197,8 +197,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     graph = generate_plain(args.preset, seed=args.seed, progress=_progress(args))
     save_graph_dir(graph, args.out)
+    edge_feats = "" if graph.edge_attr is None else \
+        f"edge features {list(graph.edge_attr.shape[1:])} {graph.edge_attr.dtype}, "
     print(f"{args.preset}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
-          f"{graph.feature_dim} features, {graph.num_classes} classes -> {args.out} "
+          f"{graph.feature_dim} features, {edge_feats}{graph.num_classes} classes -> {args.out} "
           f"({time.perf_counter() - started:.1f} s)")
     return 0
 
