@@ -118,6 +118,21 @@ def test_info_verify_prints_the_summary(capsys: pytest.CaptureFixture[str], part
     assert f"{num_files(m)} files verified (SHA-256)" in out
 
 
+def test_edge_features_are_summarised_where_node_features_are(capsys: pytest.CaptureFixture[str],
+                                                               tmp_path: Path) -> None:
+    code, out, err = run(capsys, "partition", "--synthetic", "edge-feat-small", "--num-parts", "2",
+                         "--method", "hash", "--out", tmp_path / "p", "--no-progress")
+    assert code == 0, err
+    assert "graph edge-feat-small: 4,000 nodes, 40,000 edges, 16 features (float32), edge features [8] " \
+           "float32, 6 classes" in out
+    m = read_manifest(tmp_path / "p")
+    assert m.edge_feature_dims == {next(iter(m.edge_types)): 8} and m.has_edge_ids
+    code, out, err = run(capsys, "generate", "--preset", "edge-feat-small", "--out", tmp_path / "g")
+    assert code == 0, err
+    assert "16 features, edge features [8] float32, 6 classes" in out
+    assert (tmp_path / "g" / "edge_attr.npy").is_file()
+
+
 def test_info_verify_refuses_a_corrupted_file(capsys: pytest.CaptureFixture[str], parts_dir: Path,
                                               tmp_path: Path) -> None:
     copy = Path(shutil.copytree(parts_dir, tmp_path / "copy"))
