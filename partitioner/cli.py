@@ -31,6 +31,8 @@ examples:
   # a typed graph (format v2): synthetic ogbn-mag-shaped, reverse relations added
   graphfeed-partition partition --synthetic mag-small --add-reverse --num-parts 2 \
       --out data/mag-small-2
+  # a graph whose labels only its edge features tell (8 features per edge)
+  graphfeed-partition partition --synthetic edge-feat-small --num-parts 2 --out data/edge-feat-2
   # ogbn-mag with all its node types and relations, unzipped under ~/ogb
   graphfeed-partition partition --ogb ogbn-mag --ogb-root ~/ogb --add-reverse \
       --num-parts 4 --out parts/mag-4
@@ -76,7 +78,7 @@ def _add_partition(sub: argparse._SubParsersAction) -> None:
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--synthetic", choices=sorted(PLAIN_PRESETS) + sorted(TYPED_PRESETS),
-                     help="a synthetic graph preset (mag-*: typed)")
+                     help="a synthetic graph preset (mag-*: typed; edge-feat-*: with edge features)")
     src.add_argument("--ogb", metavar="NAME", help="an OGB node dataset, e.g. ogbn-products "
                      "(ogbn-mag is read typed, with all node types and relations)")
     src.add_argument("--npz", type=Path, metavar="FILE",
@@ -197,8 +199,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     graph = generate_plain(args.preset, seed=args.seed, progress=_progress(args))
     save_graph_dir(graph, args.out)
+    edge_feats = "" if graph.edge_attr is None else \
+        f"edge features {list(graph.edge_attr.shape[1:])} {graph.edge_attr.dtype}, "
     print(f"{args.preset}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
-          f"{graph.feature_dim} features, {graph.num_classes} classes -> {args.out} "
+          f"{graph.feature_dim} features, {edge_feats}{graph.num_classes} classes -> {args.out} "
           f"({time.perf_counter() - started:.1f} s)")
     return 0
 

@@ -5,7 +5,8 @@ in-edges of the owned destination nodes, per node type the owned nodes' original
 features, the target type's labels and split shares. A plain graph (format v1) loads as
 the typed graph of one node type and one edge type. :func:`load_structure` and
 :func:`load_node_data` join every partition's in-edges, or features and labels, for a
-server that holds the whole graph's. Every reader refuses files that do not match the
+server that holds the whole graph's; :func:`load_edge_data` joins every partition's edge
+IDs and edge features. Every reader refuses files that do not match the
 manifest (:mod:`partitioner.manifest`), naming the file. Arrays are read-only memory maps
 unless loaded with ``mmap=False``.
 """
@@ -25,6 +26,7 @@ from partitioner.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
     TYPED_FORMAT_VERSION,
+    EdgeFeatureInfo,
     Manifest,
     NodeTypeInfo,
     PartitionFormatError,
@@ -40,6 +42,7 @@ __all__ = [
     "MANIFEST_FILE",
     "TYPED_FORMAT_VERSION",
     "EdgeData",
+    "EdgeFeatureInfo",
     "Manifest",
     "NodeData",
     "NodeTypeInfo",
@@ -49,6 +52,9 @@ __all__ = [
     "Structure",
     "Verify",
     "check_files",
+    "edge_data_bytes",
+    "edge_data_records",
+    "load_edge_data",
     "load_node_data",
     "load_node_map",
     "load_partition",
@@ -314,6 +320,8 @@ def load_partition(root: str | Path, partition_id: int, *, mmap: bool = True,
         indptr={et: load("indptr", et) for et in m.edge_types},
         indices={et: load("indices", et) for et in m.edge_types},
         edge_weight={et: load("edge_weight", et) for et in m.edge_types if present("edge_weight", et)},
+        e_id={et: load("e_id", et) for et in m.edge_types if et in m.edge_ids},
+        edge_attr={et: load("edge_attr", et) for et in m.edge_features},
         x={t: load("x", t) for t in m.node_types if present("x", t)},
         orig_ids={t: load("orig_ids", t) for t in m.node_types},
         y=load("y", target),
@@ -344,6 +352,7 @@ def _check_partition(base: Path, part: Partition) -> None:
         if weight is not None and weight.shape != part.indices[et].shape:
             raise _fail(base, _record(base, m, info, "edge_weight", et).path,
                         f"expected shape [{part.num_edges(et)}] (one per in-edge), got {list(weight.shape)}")
+        _check_edge_data(base, m, info, et, part.e_id.get(et), part.edge_attr.get(et))
     for t in m.node_types:
         _check_rows(base, m, info, t, {"orig_ids": part.orig_ids[t], "x": part.x.get(t),
                                        **({"y": part.y} if t == m.target_type else {})},
@@ -378,6 +387,30 @@ def _check_csc(base: Path, m: Manifest, info: PartitionInfo, et: EdgeType, indpt
                         f"expected {what} in [0, {n_src}), got [{lo}, {hi}]")
 
 
+def _check_edge_data(base: Path, m: Manifest, info: PartitionInfo, et: EdgeType, e_id: np.ndarray | None,
+                     edge_attr: np.ndarray | None) -> None:
+    """A partition's edge IDs and features of ``et``, as the manifest describes them: one
+    int64 ID in ``[0, E_et)`` and one row of the recorded shape and dtype per in-edge."""
+    e = info.num_edges[et]
+    if e_id is not None:
+        path = _record(base, m, info, "e_id", et).path
+        if e_id.shape != (e,) or e_id.dtype != np.int64:
+            raise _fail(base, path, f"expected int64 of shape [{e}] (one per in-edge), got "
+                        f"{e_id.dtype} of shape {list(e_id.shape)}")
+        total = m.edge_types[et]
+        if e and (int(e_id.min()) < 0 or int(e_id.max()) >= total):
+            raise _fail(base, path, f"expected edge IDs in [0, {total}), got [{int(e_id.min())}, "
+                        f"{int(e_id.max())}]")
+    feats = m.edge_features.get(et)
+    if edge_attr is not None and feats is not None:
+        want = (e, *feats.shape)
+        if edge_attr.shape != want or edge_attr.dtype.name != feats.dtype:
+            raise _fail(base, _record(base, m, info, "edge_attr", et).path,
+                        f"expected {feats.dtype} of shape {list(want)} (one row per in-edge, as the "
+                        f"manifest's edge_feature_shape and dtype), got {edge_attr.dtype} of shape "
+                        f"{list(edge_attr.shape)}")
+
+
 def _check_rows(base: Path, m: Manifest, info: PartitionInfo, t: str,
                 arrays: dict[str, np.ndarray | None], num_nodes: int) -> None:
     """A partition's per-node arrays of type ``t``, by kind: ``x`` holds ``num_nodes``
@@ -401,6 +434,8 @@ def _check_rows(base: Path, m: Manifest, info: PartitionInfo, t: str,
 #: :class:`NodeData`.
 STRUCTURE_FILES = ("indptr", "indices", "orig_ids", "edge_weight")
 NODE_DATA_FILES = ("x", "y")
+#: The kinds of a partition's files that make up its :class:`EdgeData`.
+EDGE_DATA_FILES = ("e_id", "edge_attr")
 
 
 def _records_of(m: Manifest, kinds: tuple[str, ...]) -> list[FileRecord]:
@@ -416,6 +451,12 @@ def structure_records(manifest: Manifest, weights: bool = True) -> list[FileReco
 def node_data_records(manifest: Manifest) -> list[FileRecord]:
     """Every partition's feature and label files (:data:`NODE_DATA_FILES`), in partition order."""
     return _records_of(manifest, NODE_DATA_FILES)
+
+
+def edge_data_records(manifest: Manifest) -> list[FileRecord]:
+    """Every partition's edge ID and edge feature files (:data:`EDGE_DATA_FILES`), in
+    partition order (none for a graph written before edge IDs existed)."""
+    return _records_of(manifest, EDGE_DATA_FILES)
 
 
 def structure_bytes(manifest: Manifest) -> int:
@@ -434,6 +475,15 @@ def node_data_bytes(manifest: Manifest) -> int:
     rows = sum(i.num_nodes * i.feature_dim * np.dtype(i.feature_dtype).itemsize
                for i in manifest.node_types.values() if i.feature_dim)
     return rows + 8 * manifest.target.num_nodes
+
+
+def edge_data_bytes(manifest: Manifest) -> int:
+    """Bytes of the whole graph's joined edge IDs (8 bytes an edge) and edge features
+    (:func:`load_edge_data`)."""
+    ids = sum(n for et, n in manifest.edge_types.items() if et in manifest.edge_ids)
+    feats = sum(manifest.edge_types[et] * i.dim * np.dtype(i.dtype).itemsize
+                for et, i in manifest.edge_features.items())
+    return 8 * ids + feats
 
 
 def _joined(base: Path, m: Manifest, kind: str, t: str | EdgeType, sizes: list[int],
@@ -519,6 +569,35 @@ def load_node_data(root: str | Path, *, verify: Verify = "full") -> NodeData:
                    num_nodes={t: i.num_nodes for t, i in m.node_types.items()}, target_type=target)
     log.info("loaded the features and labels of all %d partitions of %s: %d nodes, %.1f MiB",
              m.num_partitions, base, m.num_nodes, out.nbytes / 2**20)
+    return out
+
+
+def load_edge_data(root: str | Path, *, verify: Verify = "full") -> EdgeData:
+    """The original IDs and features of every edge of the graph in ``root``, by internal
+    edge ID (:meth:`Manifest.edge_book`; ``edge_start`` 0): each partition's ``e_id`` and
+    ``edge_attr`` (:data:`EDGE_DATA_FILES`) checked as :func:`load_partition` checks them
+    and joined in partition order, in memory (:func:`edge_data_bytes`). Edge types
+    without them are absent (every type of a graph written before edge IDs existed).
+    Every partition's files must be present under ``root``; a missing or mismatching one
+    raises :class:`PartitionFormatError` naming it."""
+    base = Path(root)
+    m = read_manifest(base)
+    check_files(base, edge_data_records(m), verify)
+    e_id: dict[EdgeType, np.ndarray] = {}
+    edge_attr: dict[EdgeType, np.ndarray] = {}
+    for et in m.edge_types:
+        sizes = [info.num_edges[et] for info in m.partitions]
+        if et in m.edge_ids:
+            e_id[et] = _joined(base, m, "e_id", et, sizes, (), np.dtype(np.int64))
+            book = m.edge_book(et)
+            for info in m.partitions:
+                _check_edge_data(base, m, info, et, e_id[et][book[info.id]:book[info.id + 1]], None)
+        feats = m.edge_features.get(et)
+        if feats is not None:
+            edge_attr[et] = _joined(base, m, "edge_attr", et, sizes, feats.shape, np.dtype(feats.dtype))
+    out = EdgeData(e_id=e_id, edge_attr=edge_attr, edge_start=dict.fromkeys(m.edge_types, 0))
+    log.info("loaded the edge IDs and features of all %d partitions of %s: %d edges, %.1f MiB",
+             m.num_partitions, base, m.num_edges, out.nbytes / 2**20)
     return out
 
 

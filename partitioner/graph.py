@@ -13,6 +13,18 @@ loaded; nothing here copies them.
 The homogeneous view of a typed graph numbers nodes type after type (global ID = the
 type's offset + local ID, types in :attr:`TypedGraphData.node_types` order); METIS
 partitions that view.
+
+**Edge IDs.** The original ID of an edge is its column in the ``edge_index`` of its type
+that a reader hands to the partition writer (PyG's ``e_id``); edge weights and edge
+features (``edge_attr``) are aligned with those columns. What reorders or adds edges keeps
+them aligned and says what the columns become: :meth:`TypedGraphData.add_reverse` gives a
+reverse relation ``(d, rev_r, s)`` its own IDs ``0 .. E-1``, edge ``i`` being the reverse
+of edge ``i`` of ``(s, r, d)`` with a copy of its features, as PyG's ``ToUndirected``
+does; :func:`make_undirected` (a same-type relation, OGB's ``to_undirected``) numbers the
+coalesced edges in (source, target) order, each with the features of its first
+occurrence among the edges followed by their reverses. A plain graph made undirected by
+appending the reversed edges (the synthetic presets) has edge ``E + i`` the reverse of
+edge ``i``.
 """
 
 from __future__ import annotations
@@ -109,6 +121,9 @@ class GraphData:
     splits: dict[str, np.ndarray] = field(default_factory=dict)
     #: Optional ``[E]`` float32 positive edge weights, aligned with ``edge_index``.
     edge_weight: np.ndarray | None = None
+    #: Optional ``[E]`` or ``[E, F_e]`` edge features of any numeric dtype, aligned with
+    #: ``edge_index`` (an edge's original ID is its column there, see the module doc).
+    edge_attr: np.ndarray | None = None
 
     @property
     def num_edges(self) -> int:
@@ -127,6 +142,8 @@ class GraphData:
 REVERSE_PREFIX = "rev_"
 
 _FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+#: numpy dtype kinds edge features may have: booleans, integers and floats.
+_EDGE_ATTR_KINDS = "biuf"
 
 
 def plain_view(graph: GraphData) -> TypedGraphData:
@@ -138,7 +155,8 @@ def plain_view(graph: GraphData) -> TypedGraphData:
         name=graph.name, num_nodes={t: graph.num_nodes}, edge_index={et: graph.edge_index},
         x={t: graph.x}, target_type=t, y=graph.y, num_classes=graph.num_classes,
         splits=dict(graph.splits),
-        edge_weight={} if graph.edge_weight is None else {et: graph.edge_weight}, typed=False)
+        edge_weight={} if graph.edge_weight is None else {et: graph.edge_weight}, typed=False,
+        edge_attr={} if graph.edge_attr is None else {et: graph.edge_attr})
 
 
 def _check_type_name(what: str, name: str) -> None:
@@ -176,6 +194,9 @@ class TypedGraphData:
     #: Whether users see the graph typed (``HeteroData``, partition format v2); False for a
     #: plain graph's one-type view (``Data``, format v1).
     typed: bool = True
+    #: Edge type to ``[E_r]`` or ``[E_r, F_r]`` edge features of any numeric dtype, aligned
+    #: with that relation's ``edge_index``; relations without features are absent.
+    edge_attr: dict[EdgeType, np.ndarray] = field(default_factory=dict)
 
     @property
     def node_types(self) -> tuple[str, ...]:
@@ -261,6 +282,15 @@ class TypedGraphData:
             if w.shape != (self.num_edges(et),) or w.dtype != np.float32:
                 raise GraphDataError(f"{self._name('edge_weight', et)}: expected float32 of shape "
                                      f"[{self.num_edges(et)}], got {w.dtype} of shape {list(w.shape)}")
+        for et, attr in self.edge_attr.items():
+            if et not in self.edge_index:
+                raise GraphDataError(f"edge_attr: expected edge types among "
+                                     f"{list(self.edge_index)}, got {et!r}")
+            e = self.num_edges(et)
+            if attr.ndim not in (1, 2) or attr.shape[0] != e or attr.dtype.kind not in _EDGE_ATTR_KINDS:
+                raise GraphDataError(f"{self._name('edge_attr', et)}: expected numbers of shape [{e}] or "
+                                     f"[{e}, F] (one row per edge), got {attr.dtype} of shape "
+                                     f"{list(attr.shape)}")
 
     def _validate_features(self) -> None:
         for t, feats in self.x.items():
@@ -322,39 +352,48 @@ class TypedGraphData:
     def add_reverse(self) -> TypedGraphData:
         """A copy with reverse edges, as PyG's ``ToUndirected`` does for ogbn-mag.
 
-        A relation between two types ``(s, r, d)`` gains ``(d, rev_r, s)``; a relation
-        within one type (``paper cites paper``) gets every edge's reverse added to it and
-        repeated edges dropped. Relations whose reverse is already present are kept as
+        A relation between two types ``(s, r, d)`` gains ``(d, rev_r, s)``, whose edge ``i``
+        is the reverse of edge ``i`` of ``(s, r, d)``; a relation within one type (``paper
+        cites paper``) gets every edge's reverse added to it and repeated edges dropped
+        (:func:`make_undirected`). Relations whose reverse is already present are kept as
         they are. Arrays of the input are shared, not copied, where unchanged. Edge weights
-        follow their edges (a repeated edge keeps its first weight).
+        and edge features follow their edges (a reverse copies its edge's; a repeated edge
+        keeps its first occurrence's).
         """
         edges: dict[EdgeType, np.ndarray] = {}
-        weights: dict[EdgeType, np.ndarray] = {}
+        per_edge: dict[str, dict[EdgeType, np.ndarray]] = {"edge_weight": {}, "edge_attr": {}}
+        given = {"edge_weight": self.edge_weight, "edge_attr": self.edge_attr}
         for (s, r, d), ei in self.edge_index.items():
-            w = self.edge_weight.get((s, r, d))
-            if s == d:
-                edges[(s, r, d)], kept = make_undirected(ei, self.num_nodes[s], w)
-                if kept is not None:
-                    weights[(s, r, d)] = kept
+            et = (s, r, d)
+            if s == d and not any(et in arrays for arrays in given.values()):
+                edges[et] = make_undirected(ei, self.num_nodes[s])[0]
+            elif s == d:
+                edges[et], take = undirected_columns(ei, self.num_nodes[s])
+                for kind, arrays in given.items():
+                    if et in arrays:
+                        per_edge[kind][et] = np.asarray(arrays[et])[take]
             else:
-                edges[(s, r, d)] = ei
-                if w is not None:
-                    weights[(s, r, d)] = w
+                edges[et] = ei
+                for kind, arrays in given.items():
+                    if et in arrays:
+                        per_edge[kind][et] = arrays[et]
         for (s, r, d), ei in self.edge_index.items():
             rev = (d, REVERSE_PREFIX + r, s)
             has_reverse = r.startswith(REVERSE_PREFIX) and (d, r[len(REVERSE_PREFIX):], s) in edges
             if s == d or rev in edges or has_reverse:
                 continue
             edges[rev] = np.ascontiguousarray(ei[::-1])
-            if (s, r, d) in self.edge_weight:
-                weights[rev] = self.edge_weight[(s, r, d)]
+            for kind, arrays in given.items():
+                if (s, r, d) in arrays:
+                    per_edge[kind][rev] = arrays[(s, r, d)]
         log.info("added reverse relations: %d -> %d edge types, %d -> %d edges",
                  len(self.edge_index), len(edges), self.num_edges(),
                  sum(e.shape[1] for e in edges.values()))
         return TypedGraphData(
             name=self.name, num_nodes=dict(self.num_nodes), edge_index=edges, x=dict(self.x),
             target_type=self.target_type, y=self.y, num_classes=self.num_classes,
-            splits=dict(self.splits), edge_weight=weights,
+            splits=dict(self.splits), edge_weight=per_edge["edge_weight"],
+            edge_attr=per_edge["edge_attr"],
         )
 
     def to_homogeneous(self) -> GraphData:
@@ -389,7 +428,9 @@ class TypedGraphData:
         for t, n in self.num_nodes.items():
             lines.append(f"  node {t}: {n:,} nodes, {self.feature_dim(t)} features")
         for et in self.edge_index:
-            lines.append(f"  edge {'/'.join(et)}: {self.num_edges(et):,} edges")
+            attr = self.edge_attr.get(et)
+            feats = "" if attr is None else f", edge features {list(attr.shape[1:])} {attr.dtype}"
+            lines.append(f"  edge {'/'.join(et)}: {self.num_edges(et):,} edges{feats}")
         return "\n".join(lines)
 
 
@@ -397,17 +438,34 @@ def make_undirected(edge_index: np.ndarray, num_nodes: int, weight: np.ndarray |
                     ) -> tuple[np.ndarray, np.ndarray | None]:
     """``edge_index`` with every edge's reverse added and repeats dropped, as ``[2, E']``
     int64 sorted by (source, target) (self-loops kept once); with ``weight`` (``[E]``),
-    also the weight of each kept edge (its first occurrence's, a reverse taking its edge's)."""
+    also the weight of each kept edge (its first occurrence's, a reverse taking its edge's).
+    Other per-edge arrays follow with :func:`undirected_columns`."""
+    if weight is None and num_nodes <= _MAX_KEYED_NODES:  # the cheap path: sort keys, no permutation
+        both = np.concatenate([edge_index, edge_index[::-1]], axis=1).astype(np.int64, copy=False)
+        keys = sorted_unique(both[0] * np.int64(num_nodes) + both[1])
+        return np.stack([keys // num_nodes, keys % num_nodes]), None
+    edges, take = undirected_columns(edge_index, num_nodes)
+    return edges, None if weight is None else np.asarray(weight)[take]
+
+
+#: Largest node count whose (source, target) pairs fit one int64 key.
+_MAX_KEYED_NODES = 3_037_000_499
+
+
+def undirected_columns(edge_index: np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`make_undirected`'s edges and, for each, the column of ``edge_index`` it comes
+    from (``[E']`` int64 in ``0 .. E-1``): the first occurrence of the edge among the
+    edges followed by their reverses, so a reverse points at its edge. A per-edge array
+    ``a`` (weights, features) of the input is ``a[columns]`` on the output."""
+    e = int(edge_index.shape[1])
     both = np.concatenate([edge_index, edge_index[::-1]], axis=1).astype(np.int64, copy=False)
-    first: np.ndarray | None = None
-    if num_nodes > 3_037_000_499:  # num_nodes**2 overflows int64: unique columns instead of keys
+    if num_nodes > _MAX_KEYED_NODES:  # num_nodes**2 overflows int64: unique columns instead of keys
         edges, first = np.unique(both, axis=1, return_index=True)
         edges = np.ascontiguousarray(edges)
     else:
-        keys = both[0] * np.int64(num_nodes) + both[1]
-        if weight is None:
-            keys = sorted_unique(keys)
-        else:
-            keys, first = np.unique(keys, return_index=True)
+        keys, first = np.unique(both[0] * np.int64(num_nodes) + both[1], return_index=True)
         edges = np.stack([keys // num_nodes, keys % num_nodes])
-    return edges, None if weight is None else np.concatenate([weight, weight])[first]
+    columns = np.asarray(first, dtype=np.int64)
+    if e:
+        columns %= e
+    return edges, columns

@@ -13,21 +13,28 @@ names no type, and a typed graph in format v2, whose file roles and paths carry 
     part-<p>/indptr.npy                    part-<p>/<src>__<rel>__<dst>/indptr.npy
     part-<p>/indices.npy                   part-<p>/<src>__<rel>__<dst>/indices.npy
     part-<p>/edge_weight.npy               part-<p>/<src>__<rel>__<dst>/edge_weight.npy
+    part-<p>/e_id.npy                      part-<p>/<src>__<rel>__<dst>/e_id.npy
+    part-<p>/edge_attr.npy                 part-<p>/<src>__<rel>__<dst>/edge_attr.npy
     part-<p>/x.npy, orig_ids.npy           part-<p>/<type>/x.npy, orig_ids.npy
     part-<p>/y.npy, <split>_idx.npy        part-<p>/<target>/y.npy, <split>_idx.npy
 
 :func:`role` names a file the way its manifest does. Both JSON layouts are read into
 :class:`Manifest` and written back byte for byte as they were (the graph's fingerprint
-is the hash of that JSON).
+is the hash of that JSON). Edge IDs (``e_id``) and edge features (``edge_attr``) are
+optional files of either version, flagged per edge type by keys that are left out when
+absent, so manifests written before they existed read, load and hash as they did.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, EdgeType, edge_type_name, parse_edge_type
 from partitioner.npyio import FileRecord
@@ -68,6 +75,21 @@ class NodeTypeInfo:
     feature_dim: int
     #: numpy dtype name of the features (``""`` without features).
     feature_dtype: str
+
+
+@dataclass(frozen=True)
+class EdgeFeatureInfo:
+    """What the manifest records of one edge type's features (``edge_attr.npy``)."""
+
+    #: Shape of one edge's features: ``()`` for ``[E]`` features, ``(F,)`` for ``[E, F]``.
+    shape: tuple[int, ...]
+    #: numpy dtype name of the features.
+    dtype: str
+
+    @property
+    def dim(self) -> int:
+        """Values per edge (1 for ``[E]`` features)."""
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)
@@ -114,6 +136,11 @@ class Manifest:
     algorithm: dict[str, Any] = field(default_factory=dict)
     #: Format version: 1 for a plain graph, 2 for a typed one.
     format_version: int = TYPED_FORMAT_VERSION
+    #: Edge types stored with the original ID of each in-edge (``e_id.npy``): every edge
+    #: type of a graph written since edge IDs exist, none of one written before.
+    edge_ids: frozenset[EdgeType] = frozenset()
+    #: Edge type to its features' shape and dtype (``edge_attr.npy``), types with features only.
+    edge_features: dict[EdgeType, EdgeFeatureInfo] = field(default_factory=dict)
 
     @property
     def typed(self) -> bool:
@@ -155,6 +182,26 @@ class Manifest:
     def feature_dtypes(self) -> dict[str, str]:
         """Node type to its features' numpy dtype name, for the types with features."""
         return {t: i.feature_dtype for t, i in self.node_types.items() if i.feature_dim}
+
+    @property
+    def has_edge_ids(self) -> bool:
+        """Whether every edge type stores its edges' original IDs (``Partition.e_id``)."""
+        return bool(self.edge_types) and self.edge_ids >= set(self.edge_types)
+
+    @property
+    def edge_feature_shapes(self) -> dict[EdgeType, tuple[int, ...]]:
+        """Edge type to the shape of one edge's features, for the types with features."""
+        return {et: i.shape for et, i in self.edge_features.items()}
+
+    @property
+    def edge_feature_dims(self) -> dict[EdgeType, int]:
+        """Edge type to the values per edge of its features, for the types with features."""
+        return {et: i.dim for et, i in self.edge_features.items()}
+
+    @property
+    def edge_feature_dtypes(self) -> dict[EdgeType, str]:
+        """Edge type to its features' numpy dtype name, for the types with features."""
+        return {et: i.dtype for et, i in self.edge_features.items()}
 
     def edge_cut(self, edge_type: EdgeType | None = None) -> int:
         """Directed edges (of one type, or all) whose endpoints lie in different partitions."""
@@ -219,6 +266,27 @@ def _files(obj: dict[str, Any]) -> dict[str, FileRecord]:
     return {str(k): FileRecord.from_json(v) for k, v in obj.items()}
 
 
+def _edge_data_json(m: Manifest, et: EdgeType) -> dict[str, Any]:
+    """An edge type's edge ID and feature keys, only where set: manifests written before
+    edge data existed have none of them, and read and hash as they did."""
+    out: dict[str, Any] = {}
+    if et in m.edge_ids:
+        out["has_edge_ids"] = True
+    feats = m.edge_features.get(et)
+    if feats is not None:
+        out.update(edge_feature_shape=list(feats.shape), edge_feature_dtype=feats.dtype)
+    return out
+
+
+def _edge_data(obj: dict[str, Any]) -> tuple[bool, EdgeFeatureInfo | None]:
+    """Inverse of :func:`_edge_data_json` for one edge type's entry."""
+    feats = None
+    if "edge_feature_dtype" in obj:
+        feats = EdgeFeatureInfo(shape=tuple(int(d) for d in obj["edge_feature_shape"]),
+                                dtype=str(obj["edge_feature_dtype"]))
+    return bool(obj.get("has_edge_ids", False)), feats
+
+
 def _v1_json(m: Manifest) -> dict[str, Any]:
     (t, info), = m.node_types.items()
     (et,) = m.edge_types
@@ -226,7 +294,8 @@ def _v1_json(m: Manifest) -> dict[str, Any]:
         "format": FORMAT_NAME, "format_version": m.format_version,
         "graph": {"name": m.graph_name, "num_nodes": info.num_nodes, "num_edges": m.num_edges,
                   "feature_dim": info.feature_dim, "feature_dtype": info.feature_dtype,
-                  "num_classes": m.num_classes, "has_edge_weight": et in m.weighted},
+                  "num_classes": m.num_classes, "has_edge_weight": et in m.weighted,
+                  **_edge_data_json(m, et)},
         "num_partitions": m.num_partitions,
         "partition_book": list(m.partition_book[t]),
         "algorithm": m.algorithm,
@@ -240,7 +309,8 @@ def _v1_json(m: Manifest) -> dict[str, Any]:
 def _from_v1(obj: dict[str, Any]) -> Manifest:
     """A v1 manifest: its JSON read as v2's of its one node type and one edge type."""
     g, t, et = obj["graph"], PLAIN_NODE_TYPE, edge_type_name(PLAIN_EDGE_TYPE)
-    edge = {"num_edges": g["num_edges"], "has_edge_weight": g["has_edge_weight"]}
+    edge = {"num_edges": g["num_edges"], "has_edge_weight": g["has_edge_weight"],
+            **{k: g[k] for k in _EDGE_DATA_KEYS if k in g}}
     typed = {"graph": {"name": g["name"], "target_type": t, "num_classes": g["num_classes"],
                        "node_types": {t: {k: g[k] for k in ("num_nodes", "feature_dim", "feature_dtype")}},
                        "edge_types": {et: edge}},
@@ -250,9 +320,14 @@ def _from_v1(obj: dict[str, Any]) -> Manifest:
     return replace(_from_v2({**obj, **typed}), format_version=FORMAT_VERSION)
 
 
+#: An edge type's keys of edge IDs and features (:func:`_edge_data_json`).
+_EDGE_DATA_KEYS = ("has_edge_ids", "edge_feature_shape", "edge_feature_dtype")
+
+
 def _v2_json(m: Manifest) -> dict[str, Any]:
-    def edge(et: EdgeType) -> dict[str, Any]:  # the flag only where set: older manifests' JSON
-        return {"num_edges": m.edge_types[et], **({"has_edge_weight": True} if et in m.weighted else {})}
+    def edge(et: EdgeType) -> dict[str, Any]:  # the flags only where set: older manifests' JSON
+        return {"num_edges": m.edge_types[et], **({"has_edge_weight": True} if et in m.weighted else {}),
+                **_edge_data_json(m, et)}
 
     by_name = edge_type_name
     return {
@@ -278,6 +353,7 @@ def _v2_json(m: Manifest) -> dict[str, Any]:
 def _from_v2(obj: dict[str, Any]) -> Manifest:
     g = obj["graph"]
     edges = {parse_edge_type(k): v for k, v in g["edge_types"].items()}
+    edge_data = {et: _edge_data(v) for et, v in edges.items()}
     return Manifest(
         graph_name=str(g["name"]), target_type=str(g["target_type"]), num_classes=int(g["num_classes"]),
         node_types={str(t): NodeTypeInfo(int(i["num_nodes"]), int(i["feature_dim"]), str(i["feature_dtype"]))
@@ -292,7 +368,9 @@ def _from_v2(obj: dict[str, Any]) -> Manifest:
             split_sizes={str(k): int(v) for k, v in p["split_sizes"].items()}, files=_files(p["files"]))
             for p in obj["partitions"]),
         files=_files(obj["files"]), algorithm=dict(obj.get("algorithm", {})),
-        format_version=TYPED_FORMAT_VERSION)
+        format_version=TYPED_FORMAT_VERSION,
+        edge_ids=frozenset(et for et, (ids, _) in edge_data.items() if ids),
+        edge_features={et: feats for et, (_, feats) in edge_data.items() if feats is not None})
 
 
 def read_manifest(root: str | Path) -> Manifest:
@@ -342,6 +420,15 @@ def check_manifest(path: Path, m: Manifest) -> None:
                 raise PartitionFormatError(
                     f"{path}: partitions[{p.id}].{where}: expected {book[p.id + 1] - book[p.id]} "
                     f"(from partition_book), got {p.num_nodes.get(t)}")
+    for et, feats in m.edge_features.items():
+        name = f"edge_types[{edge_type_name(et)!r}]" if m.typed else "graph"
+        try:
+            kind = np.dtype(feats.dtype).kind
+        except TypeError:
+            kind = ""
+        if kind not in "biuf" or not kind or any(d < 0 for d in feats.shape):
+            raise PartitionFormatError(f"{path}: {name}.edge_feature_dtype/shape: expected a numeric "
+                                       f"dtype and sizes >= 0, got {feats.dtype!r} {list(feats.shape)}")
     for et, total in m.edge_types.items():
         if sum(p.num_edges.get(et, 0) for p in m.partitions) != total:
             what = f"edge_types[{edge_type_name(et)!r}]" if m.typed else "num_edges"

@@ -4,7 +4,9 @@ A graph reaches the writer as a :class:`~partitioner.graph.TypedGraphData` (a pl
 :class:`~partitioner.graph.GraphData` as its one-type view). Nodes are relabelled per
 type so that each partition owns one contiguous ID range of every type, in original-ID
 order within the partition. Each relation's edges are stored once, as CSC in-edges in
-the partition that owns the destination, a node's in-edges in input order. Every pass
+the partition that owns the destination, a node's in-edges in input order, each with its
+original edge ID (its column in the relation's ``edge_index``), weight and features
+aligned with it. Every pass
 reads the source in chunks (``pread`` for memory-mapped sources), so peak memory is O(N)
 for the maps plus one partition's in-edges of one relation, never the whole graph. A
 plain graph is written in format v1, a typed one in v2 (:mod:`partitioner.manifest`).
@@ -28,13 +30,22 @@ from partitioner.graph import SPLITS, EdgeType, GraphData, TypedGraphData, edge_
 from partitioner.manifest import (
     FORMAT_VERSION,
     TYPED_FORMAT_VERSION,
+    EdgeFeatureInfo,
     Manifest,
     NodeTypeInfo,
     PartitionInfo,
     role,
     shared_role,
 )
-from partitioner.npyio import FileRecord, NpyWriter, iter_edge_chunks, iter_row_chunks, read_flat, save_npy
+from partitioner.npyio import (
+    FileRecord,
+    NpyWriter,
+    iter_edge_chunks,
+    iter_row_chunks,
+    read_flat,
+    read_rows,
+    save_npy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,19 +115,28 @@ def _count_in_edges(src: np.ndarray, dst: np.ndarray, dst_map: np.ndarray, src_p
 
 @numba.njit(cache=True)
 def _scatter_in_edges(src: np.ndarray, dst: np.ndarray, weight: np.ndarray, src_map: np.ndarray,
-                      dst_map: np.ndarray, start: int, stop: int, cursor: np.ndarray,
-                      indices: np.ndarray, out_weight: np.ndarray) -> None:
-    """Place the chunk's edges whose target is in ``[start, stop)`` at their CSC slot
-    (a counting sort, stable in input order)."""
+                      dst_map: np.ndarray, start: int, stop: int, cursor: np.ndarray, first: int,
+                      indices: np.ndarray, out_weight: np.ndarray, out_eid: np.ndarray,
+                      slots: np.ndarray) -> None:
+    """Place the chunk's edges (input columns ``first ..``) whose target is in
+    ``[start, stop)`` at their CSC slot (a counting sort, stable in input order), with
+    their original edge ID; with ``slots`` (one per chunk edge), record each edge's slot
+    there (-1: another partition's), for the rows of other per-edge arrays."""
     has_weight = weight.size > 0
+    has_slots = slots.size > 0
     for i in range(src.size):
         t = dst_map[dst[i]]
         if start <= t < stop:
             pos = cursor[t - start]
             cursor[t - start] = pos + 1
             indices[pos] = src_map[src[i]]
+            out_eid[pos] = first + i
             if has_weight:
                 out_weight[pos] = weight[i]
+            if has_slots:
+                slots[i] = pos
+        elif has_slots:
+            slots[i] = -1
 
 
 class _Layout:
@@ -202,7 +222,10 @@ def _write_partitions(
         target_type=target, num_classes=graph.num_classes,
         partition_book={t: tuple(int(v) for v in b) for t, b in books.items()},
         partitions=infos, files=shared, weighted=frozenset(graph.edge_weight), algorithm=algo,
-        format_version=TYPED_FORMAT_VERSION if graph.typed else FORMAT_VERSION)
+        format_version=TYPED_FORMAT_VERSION if graph.typed else FORMAT_VERSION,
+        edge_ids=frozenset(graph.edge_types),
+        edge_features={et: EdgeFeatureInfo(tuple(int(d) for d in a.shape[1:]), np.dtype(a.dtype).name)
+                       for et, a in graph.edge_attr.items()})
     manifest.write(out)
     log.info("wrote %d partitions to %s in %.1f s", num_parts, out, algo["seconds"])
     _warn_without_training(manifest)
@@ -264,6 +287,7 @@ def _write_relation(graph: TypedGraphData, et: EdgeType, out: Path, layout: _Lay
     s, _, d = et
     edge_index = graph.edge_index[et]
     weight = graph.edge_weight.get(et)
+    attr = graph.edge_attr.get(et)
     in_degree = np.zeros(graph.num_nodes[d], dtype=np.int64)
     for _, src, dst in iter_edge_chunks(edge_index, chunk):
         _count_in_edges(src, dst, node_maps[d], parts[s], parts[d], in_degree, remote)
@@ -275,16 +299,24 @@ def _write_relation(graph: TypedGraphData, et: EdgeType, out: Path, layout: _Lay
         indptr = np.zeros(stop - start + 1, dtype=np.int64)
         np.cumsum(in_degree[start:stop], out=indptr[1:])
         indices = np.empty(int(indptr[-1]), dtype=np.int64)
+        e_id = np.empty(indices.size, dtype=np.int64)
         weights = np.empty(indices.size if weight is not None else 0, dtype=np.float32)
+        attrs = None if attr is None else np.empty((indices.size, *attr.shape[1:]), dtype=attr.dtype)
+        slots = np.empty(min(chunk, edge_index.shape[1]) if attr is not None else 0, dtype=np.int64)
         cursor = indptr[:-1].copy()
         for first, src, dst in iter_edge_chunks(edge_index, chunk):
             w = no_weight if weight is None else read_flat(weight, first, first + src.size)
-            _scatter_in_edges(src, dst, w, node_maps[s], node_maps[d], start, stop, cursor, indices,
-                              weights)
+            _scatter_in_edges(src, dst, w, node_maps[s], node_maps[d], start, stop, cursor, first,
+                              indices, weights, e_id, slots)
+            if attr is not None and attrs is not None:
+                mine = slots[:src.size] >= 0
+                if mine.any():
+                    attrs[slots[:src.size][mine]] = read_rows(attr, first, first + src.size)[mine]
             bar.update(src.size)
         edges[p] = indices.size
-        for kind, array in (("indptr", indptr), ("indices", indices),
-                            *((("edge_weight", weights),) if weight is not None else ())):
+        for kind, array in (("indptr", indptr), ("indices", indices), ("e_id", e_id),
+                            *((("edge_weight", weights),) if weight is not None else ()),
+                            *((("edge_attr", attrs),) if attrs is not None else ())):
             name, path = layout.own(p, kind, et)
             files[p][name] = save_npy(out, path, array)
     log.debug("relation %s: %d edges written", edge_type_name(et), int(edges.sum()))

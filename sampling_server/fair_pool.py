@@ -4,12 +4,16 @@ Every stream of a server submits its batches, at most ``prefetch`` ahead of the 
 sent, to one pool of sampling threads. Served first come, first served, a client with
 many streams whose gRPC windows are still filling (say one that opened every stream slot
 and reads none) keeps that queue full, and a newcomer's first batch waits behind all of
-it. :class:`FairPool` keeps one queue per client instead and hands its threads the next
-task of each client in turn (round robin), so a batch waits for at most one task of every
-other client with work queued. Within one client it takes the next task of each of the
-client's streams in turn the same way, so a client's new stream does not wait behind its
-own older streams' prefetched batches either; within one stream, tasks run in the order
-submitted.
+it. :class:`FairPool` keeps one queue per client instead and shares its threads' time
+fairly among the clients with work queued (start-time fair queuing): each client has a
+virtual time, the thread seconds its tasks have taken (at least :data:`MIN_CHARGE_S`
+each), and the next task is the one of the client whose virtual time is least. A client
+whose batches are expensive (say whole 2-hop neighbourhoods) thus gets as much thread
+time as the others, not as many tasks; a client that starts (or comes back) begins at
+the least virtual time of those waiting, so it is served next, and idle time earns no
+credit. Within one client the next task of each of its streams is taken in turn, so a
+client's new stream does not wait behind its own older streams' prefetched batches;
+within one stream, tasks run in the order submitted.
 
 Its threads are daemon threads, so a pool nobody shut down never keeps a process from
 exiting; but like ``ThreadPoolExecutor``'s, every live pool is shut down and its threads
@@ -38,6 +42,13 @@ _Streams = OrderedDict[Hashable, deque[_Task]]
 
 #: Seconds the interpreter's exit waits, in all, for every live pool's threads.
 EXIT_JOIN_S = 10.0
+#: The least thread time a task is charged to its client (so that tasks too quick to
+#: time still take turns, and equal ones tie).
+MIN_CHARGE_S = 0.001
+#: Weight of the newest task in a client's running estimate of its tasks' cost (charged
+#: when a task starts, corrected when it ends, so a client's long tasks do not take every
+#: thread before the first of them ends).
+COST_EWMA = 0.3
 
 _live: weakref.WeakSet[FairPool] = weakref.WeakSet()
 
@@ -63,6 +74,11 @@ class FairPool:
         if workers < 1:
             raise ValueError(f"workers: expected an integer >= 1, got {workers}")
         self._queues: OrderedDict[Hashable, _Streams] = OrderedDict()
+        #: Per client: virtual time (thread seconds charged) and estimated task cost.
+        self._vtime: dict[Hashable, float] = {}
+        self._cost: dict[Hashable, float] = {}
+        #: The pool's virtual time: the virtual time of the last client served.
+        self._now = 0.0
         self._cond = threading.Condition()
         self._shutdown = False
         self._threads = [threading.Thread(target=self._work, args=(initializer, initargs), daemon=True,
@@ -82,6 +98,8 @@ class FairPool:
         with self._cond:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new tasks after shutdown")
+            if client not in self._queues:  # starts waiting: no credit for the time it did not
+                self._vtime[client] = max(self._vtime.get(client, 0.0), self._now)
             streams = self._queues.setdefault(client, OrderedDict())
             streams.setdefault(stream, deque()).append((future, fn, args))
             self._cond.notify()
@@ -92,8 +110,14 @@ class FairPool:
         with self._cond:
             return {client: sum(map(len, streams.values())) for client, streams in self._queues.items()}
 
-    def _next(self) -> _Task | None:
-        """The next task in turn (None once shut down): the first client's first
+    def virtual_times(self) -> dict[Hashable, float]:
+        """Thread seconds charged per client with work queued (relative to one another)."""
+        with self._cond:
+            return {client: self._vtime[client] - self._now for client in self._queues}
+
+    def _next(self) -> tuple[Hashable, float, _Task] | None:
+        """The next task (None once shut down), its client and what it was charged: of
+        the client with the least virtual time (ties: the one waiting longest), its next
         stream's first task; that stream goes to the back of its client's line, and the
         client to the back of the line of clients."""
         with self._cond:
@@ -101,7 +125,12 @@ class FairPool:
                 self._cond.wait()
             if not self._queues:
                 return None
-            client, streams = next(iter(self._queues.items()))
+            vtime = self._vtime
+            client = min(self._queues, key=vtime.__getitem__)
+            streams = self._queues[client]
+            self._now = vtime[client]
+            charge = self._cost.get(client, MIN_CHARGE_S)
+            vtime[client] += charge
             stream, queue = next(iter(streams.items()))
             task = queue.popleft()
             if queue:
@@ -112,19 +141,37 @@ class FairPool:
                 self._queues.move_to_end(client)
             else:
                 del self._queues[client]
-            return task
+            return client, charge, task
+
+    def _charge(self, client: Hashable, charged: float, seconds: float | None) -> None:
+        """Correct the charge of a task of ``client`` that took ``seconds`` (None: it was
+        cancelled before it ran, and costs nothing)."""
+        cost = 0.0 if seconds is None else max(seconds, MIN_CHARGE_S)
+        with self._cond:
+            if client in self._vtime:
+                self._vtime[client] += cost - charged
+            if seconds is not None:
+                self._cost[client] = (1 - COST_EWMA) * self._cost.get(client, cost) + COST_EWMA * cost
+            if len(self._vtime) > 2 * len(self._queues) + 64:  # forget what carries no debt
+                for c in [c for c, v in self._vtime.items() if c not in self._queues and v <= self._now]:
+                    del self._vtime[c]
+                    self._cost.pop(c, None)
 
     def _work(self, initializer: Callable[..., object] | None, initargs: tuple[Any, ...]) -> None:
         if initializer is not None:
             initializer(*initargs)
-        while (task := self._next()) is not None:
-            future, fn, args = task
+        while (taken := self._next()) is not None:
+            client, charged, (future, fn, args) = taken
             if not future.set_running_or_notify_cancel():
+                self._charge(client, charged, None)
                 continue
+            started = time.perf_counter()
             try:
                 future.set_result(fn(*args))
             except BaseException as exc:  # the future carries it to whoever waits
                 future.set_exception(exc)
+            finally:
+                self._charge(client, charged, time.perf_counter() - started)
 
     def shutdown(self, wait: bool = False, cancel_futures: bool = True, timeout: float | None = None) -> None:
         """Take no more tasks; cancel the queued ones (``cancel_futures``) or let the

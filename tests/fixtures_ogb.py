@@ -13,7 +13,11 @@ The layout follows ``ogb/io/read_graph_raw.py`` and ``ogb/nodeproppred/dataset.p
   ``raw/nodetype-has-label.csv.gz``, ``raw/node-label/<type>/node-label.csv.gz``, and
   ``split/<split>/nodetype-has-split.csv.gz`` with ``split/<split>/<type>/*.csv.gz``;
 - every dataset: ``split/<split>/{train,valid,test}.csv.gz`` (per node type for mag) and
-  ``RELEASE_v<version>.txt`` in the dataset folder.
+  ``RELEASE_v<version>.txt`` in the dataset folder;
+- edge features, when asked for (``edge_feat_dim``), where OGB keeps them: csv
+  ``raw/edge-feat.csv.gz`` beside ``raw/edge.csv.gz`` (as ogbn-proteins' 8 per edge),
+  binary ``edge_feat`` in ``raw/data.npz``, heterograph
+  ``raw/relations/<h>___<r>___<t>/edge-feat.csv.gz`` (here on ``paper cites paper``).
 
 Every value is chosen so that it survives the CSV text round trip exactly.
 """
@@ -60,6 +64,8 @@ class OgbFixture:
     splits: dict[str, np.ndarray] = field(default_factory=dict)
     #: ogbn-mag: the whole typed graph (papers first), as a typed read gives it back.
     typed: TypedGraphData | None = None
+    #: ``[E, F]`` float32 edge features as written (of ``paper cites paper`` for mag), if any.
+    edge_feat: np.ndarray | None = None
 
 
 def _write_csv(
@@ -82,6 +88,13 @@ def _random_graph(seed: int, num_nodes: int, num_edges: int, num_classes: int) -
     return OgbFixture("", Path(), num_nodes, edge_index, x, y, splits)
 
 
+def _edge_feat(seed: int, num_edges: int, dim: int) -> np.ndarray | None:
+    """Edge features that survive the CSV text round trip (multiples of 1/8), or None."""
+    if not dim:
+        return None
+    return (np.random.default_rng(seed + 100).integers(0, 8, (num_edges, dim)) / 8).astype(np.float32)
+
+
 def _finish(fixture: OgbFixture, name: str, root: Path) -> OgbFixture:
     dir_name, _, _, version = _LAYOUT[name]
     fixture.name = name
@@ -91,8 +104,10 @@ def _finish(fixture: OgbFixture, name: str, root: Path) -> OgbFixture:
     return fixture
 
 
-def write_csv_dataset(root: Path, name: str = "ogbn-products", seed: int = 0) -> OgbFixture:
-    """ogbn-products or ogbn-arxiv: homogeneous, csv.gz files."""
+def write_csv_dataset(root: Path, name: str = "ogbn-products", seed: int = 0,
+                      edge_feat_dim: int = 0) -> OgbFixture:
+    """ogbn-products or ogbn-arxiv: homogeneous, csv.gz files (``edge_feat_dim`` features
+    per edge in ``raw/edge-feat.csv.gz``, as ogbn-proteins has)."""
     _, split, num_classes, _ = _LAYOUT[name]
     fixture = _finish(_random_graph(seed, 16, 30, num_classes), name, root)
     fixture.edge_index[:, 1] = fixture.edge_index[::-1, 0]  # a reciprocal pair
@@ -101,6 +116,9 @@ def write_csv_dataset(root: Path, name: str = "ogbn-products", seed: int = 0) ->
     _write_csv(raw / "edge.csv.gz", fixture.edge_index.T)
     _write_csv(raw / "num-node-list.csv.gz", [[fixture.num_nodes]])
     _write_csv(raw / "num-edge-list.csv.gz", [[fixture.edge_index.shape[1]]])
+    fixture.edge_feat = _edge_feat(seed, fixture.edge_index.shape[1], edge_feat_dim)
+    if fixture.edge_feat is not None:
+        _write_csv(raw / "edge-feat.csv.gz", fixture.edge_feat)
     _write_csv(raw / "node-feat.csv.gz", fixture.x)
     _write_csv(raw / "node-label.csv.gz", fixture.y[:, None])
     if name == "ogbn-arxiv":
@@ -109,15 +127,19 @@ def write_csv_dataset(root: Path, name: str = "ogbn-products", seed: int = 0) ->
     return fixture
 
 
-def write_binary_dataset(root: Path, name: str = "ogbn-papers100M", seed: int = 1) -> OgbFixture:
-    """ogbn-papers100M: homogeneous, ``data.npz`` plus float labels with NaN."""
+def write_binary_dataset(root: Path, name: str = "ogbn-papers100M", seed: int = 1,
+                         edge_feat_dim: int = 0) -> OgbFixture:
+    """ogbn-papers100M: homogeneous, ``data.npz`` plus float labels with NaN (and
+    ``edge_feat_dim`` features per edge as ``edge_feat`` in ``data.npz``)."""
     _, split, num_classes, _ = _LAYOUT[name]
     fixture = _finish(_random_graph(seed, 20, 40, num_classes), name, root)
     fixture.y[[0, 3, 17]] = -1
     raw = fixture.path / "raw"
     raw.mkdir(parents=True, exist_ok=True)
+    fixture.edge_feat = _edge_feat(seed, fixture.edge_index.shape[1], edge_feat_dim)
     np.savez_compressed(
         raw / "data.npz",
+        **({} if fixture.edge_feat is None else {"edge_feat": fixture.edge_feat}),
         edge_index=fixture.edge_index,
         node_feat=fixture.x,
         node_year=np.full((fixture.num_nodes, 1), 2015, dtype=np.int64),
@@ -136,10 +158,11 @@ def write_binary_dataset(root: Path, name: str = "ogbn-papers100M", seed: int = 
 MAG_COUNTS = {"author": 9, "field_of_study": 5, "institution": 3, "paper": 14}
 
 
-def write_mag_dataset(root: Path, seed: int = 5) -> OgbFixture:
+def write_mag_dataset(root: Path, seed: int = 5, edge_feat_dim: int = 0) -> OgbFixture:
     """ogbn-mag: a heterograph of four node types and four relations. The fixture's
     plain fields are its papers and ``paper cites paper``; ``typed`` is the whole graph a
-    typed read must give back (OGB's ``valid`` split as ``val``)."""
+    typed read must give back (OGB's ``valid`` split as ``val``); ``edge_feat_dim``
+    features per edge of ``paper cites paper``."""
     name = "ogbn-mag"
     _, split, num_classes, _ = _LAYOUT[name]
     counts = MAG_COUNTS
@@ -163,6 +186,10 @@ def write_mag_dataset(root: Path, seed: int = 5) -> OgbFixture:
         _write_csv(rel_dir / "edge.csv.gz", edges.T)
         _write_csv(rel_dir / "num-edge-list.csv.gz", [[edges.shape[1]]])
         _write_csv(rel_dir / "edge_reltype.csv.gz", np.zeros((edges.shape[1], 1), dtype=np.int64))
+    cites = ("paper", "cites", "paper")
+    fixture.edge_feat = _edge_feat(seed, relations[cites].shape[1], edge_feat_dim)
+    if fixture.edge_feat is not None:
+        _write_csv(raw / "relations" / "___".join(cites) / "edge-feat.csv.gz", fixture.edge_feat)
     _write_csv(raw / "node-feat" / "paper" / "node-feat.csv.gz", fixture.x)
     _write_csv(raw / "node-feat" / "paper" / "node_year.csv.gz", np.full((counts["paper"], 1), 2010))
     has = [[t == "paper" for t in counts]]
@@ -176,6 +203,7 @@ def write_mag_dataset(root: Path, seed: int = 5) -> OgbFixture:
         edge_index=relations, x={"paper": fixture.x}, target_type="paper", y=fixture.y,
         num_classes=num_classes,
         splits={OGB_TO_OURS[k]: np.asarray(v, dtype=np.int64) for k, v in fixture.splits.items()},
+        edge_attr={} if fixture.edge_feat is None else {cites: fixture.edge_feat},
     )
     return fixture
 

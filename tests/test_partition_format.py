@@ -1,7 +1,8 @@
 """Partition formats v1 (plain graphs) and v2 (typed graphs), one writer: every method's
-output reassembles into exactly the input graph of either kind, edge weights included;
-the streaming path (memory-mapped sources, small chunks) writes the same bytes; and
-manifests round-trip byte for byte. (The reader's refusals: test_partition_reader.py.)"""
+output reassembles into exactly the input graph of either kind, edge weights, edge IDs and
+edge features included; the streaming path (memory-mapped sources, small chunks) writes
+the same bytes; and manifests round-trip byte for byte. (The reader's refusals:
+test_partition_reader.py.)"""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from partitioner.npyio import _memmap_source
 from partitioner.readers.graphdir import read_graph_dir, save_graph_dir
 from partitioner.synthetic import generate
 from partitioner.writer import partition_graph, write_partitions
+from tests.edge_fixtures import check_edge_data, with_edge_attr
 from tests.graph_fixtures import HUB, NUM_ISOLATED, AnyGraph, check_node_maps, mixed, typed_view
 
 
@@ -62,6 +64,7 @@ def check_round_trip(graph: AnyGraph, root: Path, num_parts: int, method: str | 
         _check_relation(typed, et, parts, orig)
     _check_node_data(typed, parts, maps)
     _check_manifest_facts(typed, m, parts, part_of)
+    check_edge_data(graph, parts)
     assert m.algorithm.get("method") == method or method is None
 
 
@@ -160,6 +163,43 @@ def test_round_trip_reassembles_the_input_graph(tmp_path: Path, kind: str, metho
     manifest = partition_graph(graph, num_parts, tmp_path, method=method, progress=False)
     assert manifest == read_manifest(tmp_path)
     check_round_trip(graph, tmp_path, num_parts, method)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_round_trip_carries_edge_ids_and_features(tmp_path: Path, kind: str, method: str) -> None:
+    """Every in-edge's e_id names its input edge and its edge_attr row is that edge's, for
+    features of several widths and dtypes (and a relation without any)."""
+    graph = with_edge_attr(mixed(kind))
+    manifest = partition_graph(graph, 3, tmp_path, method=method, progress=False)
+    assert manifest == read_manifest(tmp_path)
+    check_round_trip(graph, tmp_path, 3, method)
+
+
+#: Edge features of other dtypes and widths, as a function of the number of edges.
+EDGE_ATTRS = {
+    "bool": lambda e: np.arange(e) % 3 == 0,
+    "uint8-4": lambda e: (np.arange(4 * e) % 251).astype(np.uint8).reshape(e, 4),
+    "float64-1": lambda e: np.linspace(-1.0, 1.0, e)[:, None],
+    "int32": lambda e: np.arange(e, dtype=np.int32)[::-1].copy(),
+    "float16-5": lambda e: np.random.default_rng(0).standard_normal((e, 5)).astype(np.float16),
+}
+
+
+@pytest.mark.parametrize("attr", EDGE_ATTRS)
+def test_edge_features_of_any_dtype_and_width_round_trip(tmp_path: Path, kind: str, attr: str) -> None:
+    graph = mixed(kind, weighted=False)
+    typed = typed_view(graph)
+    et = typed.edge_types[0]
+    features = EDGE_ATTRS[attr](typed.num_edges(et))
+    if isinstance(graph, GraphData):
+        graph.edge_attr = features
+    else:
+        graph.edge_attr = {et: features}
+    manifest = partition_graph(graph, 2, tmp_path, method="hash", progress=False)
+    assert manifest.edge_feature_dtypes == {et: features.dtype.name}
+    assert manifest.edge_feature_shapes == {et: features.shape[1:]}
+    assert manifest.edge_feature_dims == {et: int(np.prod(features.shape[1:]))}
+    check_round_trip(graph, tmp_path, 2, "hash")
 
 
 def test_round_trip_float16_features_without_weights(tmp_path: Path, kind: str) -> None:
@@ -288,7 +328,8 @@ def memory_mapped(graph: AnyGraph, graph_dir: Path) -> AnyGraph:
     save_graph_dir(graph, graph_dir)
     mapped = read_graph_dir(graph_dir, mmap=True)
     typed = typed_view(mapped)
-    for array in [*typed.edge_index.values(), *typed.edge_weight.values(), *typed.x.values()]:
+    for array in [*typed.edge_index.values(), *typed.edge_weight.values(), *typed.edge_attr.values(),
+                  *typed.x.values()]:
         assert _memmap_source(array) is not None
     return mapped
 
@@ -296,7 +337,7 @@ def memory_mapped(graph: AnyGraph, graph_dir: Path) -> AnyGraph:
 @pytest.mark.parametrize("method", METHODS)
 def test_memory_mapped_graph_in_small_chunks_writes_identical_files(tmp_path: Path, kind: str,
                                                                       method: str) -> None:
-    graph = mixed(kind)
+    graph = with_edge_attr(mixed(kind))
     partition_graph(graph, 3, tmp_path / "memory", method=method, progress=False)
     mapped = memory_mapped(graph, tmp_path / "graph")
     # Chunks of 37 edges: several full chunks and a partial one per relation.
@@ -317,11 +358,15 @@ def test_streaming_a_preset_from_a_graph_dir_matches_in_memory(tmp_path: Path, p
     assert_same_output(tmp_path / "memory", tmp_path / "mapped")
 
 
+@pytest.mark.parametrize("edge_attr", [True, False])
 @pytest.mark.parametrize("weighted", [True, False])
-def test_manifests_round_trip_byte_for_byte(tmp_path: Path, kind: str, weighted: bool) -> None:
+def test_manifests_round_trip_byte_for_byte(tmp_path: Path, kind: str, weighted: bool,
+                                            edge_attr: bool) -> None:
     """v1 and v2 JSON are read into one Manifest and written back as they were (the
     graph's fingerprint is the hash of that JSON)."""
-    partition_graph(mixed(kind, weighted=weighted), 2, tmp_path / "p", method="metis", progress=False)
+    graph = mixed(kind, weighted=weighted)
+    partition_graph(with_edge_attr(graph) if edge_attr else graph, 2, tmp_path / "p", method="metis",
+                    progress=False)
     text = (tmp_path / "p" / MANIFEST_FILE).read_text()
     manifest = read_manifest(tmp_path / "p")
     assert json.dumps(Manifest.from_json(json.loads(text)).to_json(), indent=1) + "\n" == text
@@ -333,15 +378,23 @@ def test_manifests_round_trip_byte_for_byte(tmp_path: Path, kind: str, weighted:
     if kind == "typed":  # the flag only on the weighted relations
         flags = {k: "has_edge_weight" in v for k, v in obj["graph"]["edge_types"].items()}
         assert flags == {k: weighted for k in obj["graph"]["edge_types"]}
+        assert all(v["has_edge_ids"] is True for v in obj["graph"]["edge_types"].values())
+        feats = {k: (v["edge_feature_shape"], v["edge_feature_dtype"])
+                 for k, v in obj["graph"]["edge_types"].items() if "edge_feature_dtype" in v}
+        assert feats == ({"author__writes__paper": ([3], "float32"), "paper__cites__paper": ([], "int64"),
+                          "paper__has_topic__topic": ([2], "float16")} if edge_attr else {})
     else:
         assert obj["graph"]["has_edge_weight"] is weighted and "_N" not in text
+        assert obj["graph"]["has_edge_ids"] is True
+        assert obj["graph"].get("edge_feature_shape") == ([3] if edge_attr else None)
+        assert obj["graph"].get("edge_feature_dtype") == ("float32" if edge_attr else None)
 
 
 def test_file_roles_and_paths_are_the_documented_layout(tmp_path: Path, kind: str) -> None:
     """Every file's manifest role and path are those of docs/partition-format.md, so
     that partitions written by earlier releases keep loading (format v1 names no type;
     v2 puts the kind first for the shared files, the type first for a partition's)."""
-    graph = mixed(kind)
+    graph = with_edge_attr(mixed(kind))
     partition_graph(graph, 2, tmp_path / "p", method="range", progress=False)
     obj = json.loads((tmp_path / "p" / MANIFEST_FILE).read_text())
     for name, rec in obj["files"].items():
@@ -351,10 +404,13 @@ def test_file_roles_and_paths_are_the_documented_layout(tmp_path: Path, kind: st
     own = set(obj["partitions"][0]["files"])
     if kind == "plain":
         assert set(obj["files"]) == {"partition_book", "node_map"}
-        assert {"indptr", "indices", "x", "orig_ids", "y", "train_idx"} <= own
+        assert {"indptr", "indices", "e_id", "edge_attr", "x", "orig_ids", "y", "train_idx"} <= own
         return
     types = list(obj["graph"]["node_types"])
     assert set(obj["files"]) == {f"{k}/{t}" for k in ("partition_book", "node_map") for t in types}
     target = obj["graph"]["target_type"]
     assert {f"{t}/orig_ids" for t in types} | {f"{target}/y", f"{target}/train_idx"} <= own
-    assert {f"{et}/indptr" for et in obj["graph"]["edge_types"]} <= own
+    assert {f"{et}/{k}" for et in obj["graph"]["edge_types"] for k in ("indptr", "e_id")} <= own
+    with_attr = {et for et, v in obj["graph"]["edge_types"].items() if "edge_feature_dtype" in v}
+    assert {k.rpartition("/")[0] for k in own if k.endswith("/edge_attr")} == with_attr
+    assert "topic__rev_has_topic__paper/edge_attr" not in own and len(with_attr) == 3

@@ -1,7 +1,8 @@
 """The validating reader of partition formats v1 and v2: it refuses corrupted, truncated
 and mismatched files and manifests, naming the file, for plain and typed graphs alike;
-and joins every partition's structure or rows (``load_structure``, ``load_node_data``)
-checked the same way."""
+joins every partition's structure, rows or edge data (``load_structure``,
+``load_node_data``, ``load_edge_data``) checked the same way; and loads partitions
+written before edge IDs existed."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from partitioner.format import (
     MANIFEST_FILE,
     Manifest,
     PartitionFormatError,
+    edge_data_bytes,
+    edge_data_records,
+    load_edge_data,
     load_node_data,
     load_node_map,
     load_partition,
@@ -27,14 +31,17 @@ from partitioner.format import (
 from partitioner.graph import EdgeType
 from partitioner.npyio import load_npy, read_npy_header, sha256_file
 from partitioner.writer import partition_graph
+from tests.edge_fixtures import with_edge_attr
 from tests.graph_fixtures import KINDS, mixed
 
 
 @pytest.fixture(scope="module", params=KINDS)
 def pristine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The weighted mixed graph of each kind in two random partitions (never modified)."""
+    """The weighted mixed graph of each kind, with edge features, in two random partitions
+    (never modified)."""
     out = tmp_path_factory.mktemp(f"parts-{request.param}")
-    partition_graph(mixed(request.param), 2, out, method="random", overwrite=True, progress=False)
+    partition_graph(with_edge_attr(mixed(request.param)), 2, out, method="random", overwrite=True,
+                    progress=False)
     return out
 
 
@@ -55,7 +62,7 @@ def role(root: Path, kind: str) -> str:
     """The manifest's role of file ``kind`` (``indices``, ``x``, ``train_idx`` ...): of
     :func:`relation` for edge files, of the target type for node files."""
     m = read_manifest(root)
-    edge_file = kind in ("indptr", "indices", "edge_weight")
+    edge_file = kind in ("indptr", "indices", "edge_weight", "e_id", "edge_attr")
     return m.role(kind, relation(m) if edge_file else m.target_type)
 
 
@@ -151,17 +158,19 @@ def test_fortran_order_array_is_refused(root: Path) -> None:
     assert str(path) in message and "Fortran" in message
 
 
-def test_missing_file_is_refused_naming_it(root: Path) -> None:
-    path = file_path(root, 1, "train_idx")
+@pytest.mark.parametrize("kind", ["train_idx", "e_id", "edge_attr"])
+def test_missing_file_is_refused_naming_it(root: Path, kind: str) -> None:
+    path = file_path(root, 1, kind)
     path.unlink()
     message = refused(root, 1)
     assert str(path) in message and "missing" in message
     load_partition(root, 0)
 
 
-def test_manifest_without_a_file_record_is_refused(root: Path) -> None:
+@pytest.mark.parametrize("kind", ["y", "e_id", "edge_attr"])
+def test_manifest_without_a_file_record_is_refused(root: Path, kind: str) -> None:
     obj = manifest_json(root)
-    name = role(root, "y")
+    name = role(root, kind)
     del obj["partitions"][0]["files"][name]
     write_manifest_json(root, obj)
     assert f"expected a record for {name!r}" in refused(root)
@@ -285,6 +294,14 @@ STRUCTURAL = {
     "split-of-another-partition": ("train_idx", lambda a, m: _set(a, -1, m.partition_book[m.target_type][1]),
                                    "owned by partition 0"),
     "labels-short": ("y", lambda a, m: a[:-1], "one per owned node"),
+    "edge-ids-short": ("e_id", lambda a, m: a[:-1], "(one per in-edge)"),
+    "edge-id-past-the-edges": ("e_id", lambda a, m: _set(a, 0, m.edge_types[relation(m)]),
+                               "edge IDs in [0, "),
+    "negative-edge-id": ("e_id", lambda a, m: _set(a, -1, -1), "edge IDs in [0, "),
+    "edge-ids-int32": ("e_id", lambda a, m: a.astype(np.int32), "expected int64 of shape"),
+    "edge-features-short": ("edge_attr", lambda a, m: a[:-1], "one row per in-edge"),
+    "edge-features-float64": ("edge_attr", lambda a, m: a.astype(np.float64), "expected float32 of shape"),
+    "edge-features-wider": ("edge_attr", lambda a, m: np.concatenate([a, a], axis=1), "edge_feature_shape"),
     "rows-short": ("x", lambda a, m: a[:-1], "rows of"),
 }
 
@@ -384,6 +401,10 @@ def _bump_first(values: np.ndarray, m: Manifest) -> np.ndarray:
     (load_node_data, "rows-short", "expected shape"),
     (load_node_data, "labels-short", "expected shape"),
     (load_node_data, "x", "SHA-256"),
+    (load_edge_data, "edge-id-past-the-edges", "edge IDs in [0, "),
+    (load_edge_data, "edge-features-short", "expected shape"),
+    (load_edge_data, "e_id", "SHA-256"),
+    (load_edge_data, "edge_attr", "SHA-256"),
 ])
 def test_the_whole_graph_refuses_a_faulty_partition_naming_its_file(
     root: Path, load: Callable[[Path], object], fault: str, needle: str
@@ -420,3 +441,74 @@ def test_every_node_s_rows_join_every_partition_s_features_and_labels(root: Path
             assert part.node_data.node_range(t) == (start, stop)
         start, stop = part.node_range(m.target_type)
         np.testing.assert_array_equal(full.y[start:stop], part.y)
+
+
+def test_every_edge_s_id_and_features_join_every_partition_s(root: Path) -> None:
+    """``load_edge_data``: per edge type every partition's e_id and edge_attr in partition
+    order (internal edge IDs, edge_start 0), read-only; every original edge ID once."""
+    full = load_edge_data(root)
+    m = read_manifest(root)
+    assert set(full.e_id) == set(m.edge_types) and set(full.edge_attr) == set(m.edge_features)
+    assert full.nbytes == edge_data_bytes(m) and len(edge_data_records(m)) == 2 * (
+        len(m.edge_types) + len(m.edge_features))
+    parts = [load_partition(root, p) for p in range(2)]
+    for et, total in m.edge_types.items():
+        assert full.edge_range(et) == (0, total) and not full.e_id[et].flags.writeable
+        np.testing.assert_array_equal(np.sort(full.e_id[et]), np.arange(total))
+        book = m.edge_book(et)
+        for p, part in enumerate(parts):
+            np.testing.assert_array_equal(full.e_id[et][book[p]:book[p + 1]], part.e_id[et])
+            if et in m.edge_features:
+                np.testing.assert_array_equal(full.edge_attr[et][book[p]:book[p + 1]], part.edge_attr[et])
+        if et in m.edge_features:
+            info = m.edge_features[et]
+            assert full.edge_attr[et].shape == (total, *info.shape)
+            assert full.edge_attr[et].dtype == np.dtype(info.dtype) and not full.edge_attr[et].flags.writeable
+
+
+def _without_edge_data(root: Path) -> None:
+    """Make ``root`` what a writer from before edge IDs wrote: no e_id or edge_attr files,
+    records or manifest keys."""
+    obj = manifest_json(root)
+    entries = obj["graph"]["edge_types"].values() if obj["format_version"] == 2 else [obj["graph"]]
+    for entry in entries:
+        for key in ("has_edge_ids", "edge_feature_shape", "edge_feature_dtype"):
+            entry.pop(key, None)
+    for part in obj["partitions"]:
+        for name in [n for n in part["files"] if n.rpartition("/")[2] in ("e_id", "edge_attr")]:
+            (root / part["files"].pop(name)["path"]).unlink()
+    (root / MANIFEST_FILE).write_text(json.dumps(obj, indent=1) + "\n")
+
+
+def test_partitions_written_before_edge_ids_still_load(root: Path) -> None:
+    """An older partition (no edge files or keys) loads with empty e_id and edge_attr,
+    its manifest reads and writes back byte for byte, and nothing else changes."""
+    before = load_partition(root, 1)
+    _without_edge_data(root)
+    text = (root / MANIFEST_FILE).read_text()
+    m = read_manifest(root)
+    assert not m.edge_ids and not m.edge_features and not m.has_edge_ids
+    assert json.dumps(m.to_json(), indent=1) + "\n" == text
+    assert "edge_id" not in text and "edge_feature" not in text and "e_id" not in text
+    for p in range(2):
+        part = load_partition(root, p)
+        assert part.e_id == {} and part.edge_attr == {} and part.edge_data.e_id == {}
+    after = load_partition(root, 1)
+    for et in m.edge_types:
+        np.testing.assert_array_equal(after.indices[et], before.indices[et])
+    full = load_edge_data(root)
+    assert full.e_id == {} and full.edge_attr == {} and edge_data_records(m) == [] and edge_data_bytes(m) == 0
+    load_structure(root)
+    load_node_data(root)
+
+
+@pytest.mark.parametrize(("key", "value"), [("edge_feature_dtype", "object"), ("edge_feature_dtype", "nope"),
+                                            ("edge_feature_shape", [-3])])
+def test_a_manifest_with_bad_edge_feature_facts_is_refused(root: Path, key: str, value: object) -> None:
+    obj = manifest_json(root)
+    typed = obj["format_version"] == 2
+    entry = obj["graph"]["edge_types"]["author__writes__paper"] if typed else obj["graph"]
+    entry[key] = value
+    write_manifest_json(root, obj)
+    message = refused(root)
+    assert str(root / MANIFEST_FILE) in message and ("edge_feature" in message or "malformed" in message)

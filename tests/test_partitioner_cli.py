@@ -44,10 +44,11 @@ def table_rows(out: str) -> list[list[int]]:
 
 def num_files(m: Manifest) -> int:
     """The files a manifest lists: a book and a node map per node type; per partition two
-    CSC files per relation (and the weights of weighted ones), features per type that has
-    them, labels, original IDs per type and three splits."""
-    per_part = (2 * len(m.edge_types) + len(m.weighted) + len(m.feature_dtypes) + 1 + len(m.node_types)
-                + 3)
+    CSC files and the edge IDs per relation (and the weights and edge features of the
+    relations with them), features per type that has them, labels, original IDs per type
+    and three splits."""
+    per_part = (3 * len(m.edge_types) + len(m.weighted) + len(m.edge_features) + len(m.feature_dtypes) + 1
+                + len(m.node_types) + 3)
     return 2 * len(m.node_types) + m.num_partitions * per_part
 
 
@@ -112,8 +113,24 @@ def test_info_verify_prints_the_summary(capsys: pytest.CaptureFixture[str], part
     assert code == 0, err
     assert len(table_rows(out)) == 3 and "edge cut:" in out and "balance (max/mean)" in out
     m = read_manifest(parts_dir)
-    assert num_files(m) == len(m.records()) == (26 if not m.typed else 59)
+    assert num_files(m) == len(m.records()) == (29 if not m.typed else 71)
+    assert "original edge IDs: stored for every edge (e_id)" in out
     assert f"{num_files(m)} files verified (SHA-256)" in out
+
+
+def test_edge_features_are_summarised_where_node_features_are(capsys: pytest.CaptureFixture[str],
+                                                               tmp_path: Path) -> None:
+    code, out, err = run(capsys, "partition", "--synthetic", "edge-feat-small", "--num-parts", "2",
+                         "--method", "hash", "--out", tmp_path / "p", "--no-progress")
+    assert code == 0, err
+    assert "graph edge-feat-small: 4,000 nodes, 40,000 edges, 16 features (float32), edge features [8] " \
+           "float32, 6 classes" in out
+    m = read_manifest(tmp_path / "p")
+    assert m.edge_feature_dims == {next(iter(m.edge_types)): 8} and m.has_edge_ids
+    code, out, err = run(capsys, "generate", "--preset", "edge-feat-small", "--out", tmp_path / "g")
+    assert code == 0, err
+    assert "16 features, edge features [8] float32, 6 classes" in out
+    assert (tmp_path / "g" / "edge_attr.npy").is_file()
 
 
 def test_info_verify_refuses_a_corrupted_file(capsys: pytest.CaptureFixture[str], parts_dir: Path,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -178,9 +179,10 @@ def test_messages_carry_the_tensors_exactly() -> None:
 
 
 def test_the_sampling_queue_takes_each_clients_next_task_in_turn() -> None:
-    """One thread, blocked while three clients queue: a client with many tasks queued
-    first does not make a newcomer wait behind all of them; each client's own tasks run in
-    the order submitted."""
+    """One thread, blocked by a client's long task while three clients queue: the
+    clients that have had no thread time go first, taking turns (a newcomer does not wait
+    behind the others' backlog); the client whose task held the thread comes after; each
+    client's own tasks run in the order submitted."""
     from sampling_server.fair_pool import FairPool
 
     pool = FairPool(1)
@@ -197,10 +199,11 @@ def test_the_sampling_queue_takes_each_clients_next_task_in_turn() -> None:
         late = [pool.submit("late", ran.append, f"late{i}") for i in range(2)]
         new = pool.submit("new", ran.append, "new")
         assert pool.queued() == {"hog": 5, "late": 2, "new": 1}
+        time.sleep(0.05)  # the hog's task holds the thread for 50 ms
         gate.set()
         for f in [blocker, *hog, *late, new]:
             f.result(timeout=30)
-        assert ran == ["hog0", "late0", "new", "hog1", "late1", "hog2", "hog3", "hog4"]
+        assert ran == ["late0", "new", "late1", "hog0", "hog1", "hog2", "hog3", "hog4"]
         failing = pool.submit("x", lambda: 1 // 0)
         with pytest.raises(ZeroDivisionError):
             failing.result(timeout=30)
@@ -230,10 +233,36 @@ def test_a_clients_new_stream_does_not_wait_behind_its_own_older_streams() -> No
         futures.append(pool.submit("c", ran.append, "s3b0", stream="s3"))
         futures.append(pool.submit("other", ran.append, "o0"))
         assert pool.queued() == {"c": 7, "other": 1}
+        time.sleep(0.05)
         gate.set()
         for f in [blocker, *futures]:
             f.result(timeout=30)
-        assert ran == ["s1b0", "o0", "s2b0", "s3b0", "s1b1", "s2b1", "s1b2", "s2b2"]
+        assert ran == ["o0", "s1b0", "s2b0", "s3b0", "s1b1", "s2b1", "s1b2", "s2b2"]
+    finally:
+        pool.shutdown(wait=True)
+
+
+def test_the_sampling_queue_shares_thread_time_not_task_counts() -> None:
+    """A client whose tasks take 30 times as long as another's gets about as much thread
+    time, so the other runs about 30 tasks for each of its: a client of expensive batches
+    (whole neighbourhoods) cannot hold the threads by taking turns like the others."""
+    from sampling_server.fair_pool import MIN_CHARGE_S, FairPool
+
+    pool = FairPool(1)
+    gate, started, ran = threading.Event(), threading.Event(), []
+    try:
+        pool.submit("x", lambda: (started.set(), gate.wait(30)))
+        assert started.wait(30)
+        heavy = [pool.submit("heavy", lambda i=i: (time.sleep(30 * MIN_CHARGE_S), ran.append(f"h{i}")))
+                 for i in range(3)]
+        light = [pool.submit("light", ran.append, f"l{i}") for i in range(60)]
+        gate.set()
+        for f in [*heavy, *light]:
+            f.result(timeout=60)
+        # the heavy client's first task, then ~30 light tasks (its 30 ms), then its next
+        assert ran.index("h0") < 3 and ran.index("h1") >= 25, ran
+        times = pool.virtual_times()
+        assert times == {}  # nothing queued any more
     finally:
         pool.shutdown(wait=True)
 

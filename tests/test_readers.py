@@ -21,13 +21,15 @@ import pytest
 import torch
 from torch_geometric.data import Data, HeteroData
 
-from partitioner.graph import GraphData, GraphDataError, TypedGraphData, make_undirected
+from partitioner.format import load_partition
+from partitioner.graph import GraphData, GraphDataError, TypedGraphData, make_undirected, undirected_columns
 from partitioner.npyio import _memmap_source
 from partitioner.readers.graphdir import read_graph_dir, save_graph_dir
 from partitioner.readers.npz import is_typed_npz, read_npz, write_npz
 from partitioner.readers.ogb import SUPPORTED, DatasetNotFoundError, ogb_metadata, read_ogb
 from partitioner.readers.pyg import from_pyg, to_pyg
 from partitioner.writer import partition_graph
+from tests.edge_fixtures import check_edge_data, with_edge_attr
 from tests.fixtures_ogb import (
     OGB_TO_OURS,
     OgbFixture,
@@ -55,8 +57,8 @@ def _no_prompts_no_network(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def assert_same_graph(a: AnyGraph, b: AnyGraph, *, sort_splits: bool = False, order: bool = True) -> None:
     """``a`` and ``b`` are the same graph of the same kind: node and edge types (in the
-    same order unless ``order`` is off), edges and their weights, features (and their
-    dtype), labels, classes and splits (int64; as sets with ``sort_splits``)."""
+    same order unless ``order`` is off), edges and their weights and features, features
+    (and their dtype), labels, classes and splits (int64; as sets with ``sort_splits``)."""
     assert type(a) is type(b)
     ta, tb = typed_view(a), typed_view(b)
     assert ta.num_nodes == tb.num_nodes and ta.target_type == tb.target_type
@@ -69,6 +71,10 @@ def assert_same_graph(a: AnyGraph, b: AnyGraph, *, sort_splits: bool = False, or
     for et, w in ta.edge_weight.items():
         assert tb.edge_weight[et].dtype == np.float32
         np.testing.assert_array_equal(w, tb.edge_weight[et])
+    assert set(ta.edge_attr) == set(tb.edge_attr)
+    for et, attr in ta.edge_attr.items():
+        assert tb.edge_attr[et].dtype == attr.dtype and tb.edge_attr[et].shape == attr.shape
+        np.testing.assert_array_equal(attr, tb.edge_attr[et])
     assert set(ta.x) == set(tb.x)
     for t, x in ta.x.items():
         assert x.dtype == tb.x[t].dtype
@@ -117,6 +123,66 @@ def test_products_mirrors_edges_like_ogb(tmp_path: Path, capsys: pytest.CaptureF
     _assert_nodes_match(graph, fixture)
     assert _files_under(tmp_path) == before, "read_ogb must not write under root"
     assert capsys.readouterr().out == "", "ogb's prints must go to logging, not stdout"
+
+
+def _first_occurrence_features(edge_index: np.ndarray,
+                               feats: np.ndarray) -> dict[tuple[int, int], list[float]]:
+    """Each edge of ``edge_index`` or of its reverse to the features of its first
+    occurrence among the edges followed by their reverses."""
+    both = np.concatenate([edge_index, edge_index[::-1]], axis=1)
+    first: dict[tuple[int, int], list[float]] = {}
+    for (src, dst), row in zip(both.T.tolist(), np.concatenate([feats, feats]).tolist(), strict=True):
+        first.setdefault((src, dst), row)
+    return first
+
+
+def test_products_edge_features_follow_ogb_s_mirrored_edges(tmp_path: Path) -> None:
+    """``raw/edge-feat.csv.gz`` (8 per edge, as ogbn-proteins): edge 2i is the stored edge
+    i and 2i+1 its reverse, both with its features; partitioned, every in-edge's e_id and
+    edge_attr are those edges'."""
+    fixture = write_csv_dataset(tmp_path, "ogbn-products", edge_feat_dim=8)
+    graph = read_ogb("ogbn-products", tmp_path)
+    assert isinstance(graph, GraphData) and graph.edge_attr is not None and fixture.edge_feat is not None
+    assert graph.edge_attr.shape == (2 * fixture.edge_index.shape[1], 8)
+    assert graph.edge_attr.dtype == np.float32
+    np.testing.assert_array_equal(graph.edge_attr[0::2], fixture.edge_feat)
+    np.testing.assert_array_equal(graph.edge_attr[1::2], fixture.edge_feat)
+    partition_graph(graph, 2, tmp_path / "parts", method="random", progress=False)
+    check_edge_data(graph, [load_partition(tmp_path / "parts", p) for p in range(2)])
+
+
+def test_arxiv_to_undirected_keeps_each_edge_s_features(tmp_path: Path) -> None:
+    fixture = write_csv_dataset(tmp_path, "ogbn-arxiv", edge_feat_dim=3)
+    directed = read_ogb("ogbn-arxiv", tmp_path)
+    assert isinstance(directed, GraphData) and fixture.edge_feat is not None
+    np.testing.assert_array_equal(directed.edge_attr, fixture.edge_feat)
+    graph = read_ogb("ogbn-arxiv", tmp_path, to_undirected=True)
+    assert isinstance(graph, GraphData) and graph.edge_attr is not None
+    np.testing.assert_array_equal(graph.edge_index, make_undirected(fixture.edge_index, fixture.num_nodes)[0])
+    first = _first_occurrence_features(fixture.edge_index, fixture.edge_feat)
+    assert {(s, d): row for (s, d), row in zip(graph.edge_index.T.tolist(), graph.edge_attr.tolist(),
+                                                strict=True)} == first
+
+
+def test_papers100m_edge_features_from_data_npz(tmp_path: Path) -> None:
+    fixture = write_binary_dataset(tmp_path, edge_feat_dim=2)
+    graph = read_ogb("ogbn-papers100M", tmp_path)
+    assert isinstance(graph, GraphData)
+    np.testing.assert_array_equal(graph.edge_attr, fixture.edge_feat)
+    assert write_binary_dataset(tmp_path / "none").edge_feat is None
+    assert read_ogb("ogbn-papers100M", tmp_path / "none").edge_attr is None  # type: ignore[union-attr]
+
+
+def test_mag_edge_features_of_a_relation(tmp_path: Path) -> None:
+    """``relations/paper___cites___paper/edge-feat.csv.gz``: that relation's edge_attr in
+    the typed read and in the papers-only view; other relations have none."""
+    fixture = write_mag_dataset(tmp_path, edge_feat_dim=4)
+    assert fixture.typed is not None
+    typed = read_ogb("ogbn-mag", tmp_path)
+    assert_same_graph(fixture.typed, typed, order=False)
+    assert set(typed.edge_attr) == {("paper", "cites", "paper")}  # type: ignore[union-attr]
+    papers = read_ogb("ogbn-mag", tmp_path, papers_only=True)
+    np.testing.assert_array_equal(papers.edge_attr, fixture.edge_feat)  # type: ignore[union-attr]
 
 
 def test_arxiv_keeps_directed_edges(tmp_path: Path) -> None:
@@ -260,6 +326,12 @@ def test_make_undirected() -> None:
     # with weights: each kept edge its first occurrence's weight, a reverse its edge's
     _, kept = make_undirected(edges, 4, np.array([1, 2, 3, 4, 5], dtype=np.float32))
     np.testing.assert_array_equal(kept, [1, 2, 5, 4, 5])
+    # the input column of each kept edge, for any per-edge array (edge features)
+    same, columns = undirected_columns(edges, 4)
+    np.testing.assert_array_equal(same, out)
+    np.testing.assert_array_equal(columns, [0, 1, 4, 3, 4])
+    empty, none = undirected_columns(np.empty((2, 0), dtype=np.int64), 4)
+    assert empty.shape == (2, 0) and none.size == 0
 
 
 def test_fixture_copies_are_independent(tmp_path: Path) -> None:
@@ -284,9 +356,11 @@ def _arrays(graph: AnyGraph, tmp_path: Path) -> dict[str, np.ndarray]:
 
 
 #: The archive key of each role, per kind.
-KEYS = {"plain": {"edge_index": "edge_index", "x": "x", "y": "y", "edge_weight": "edge_weight"},
+KEYS = {"plain": {"edge_index": "edge_index", "x": "x", "y": "y", "edge_weight": "edge_weight",
+                  "edge_attr": "edge_attr"},
         "typed": {"edge_index": "edge_index__author__writes__paper", "x": "x__paper", "y": "y__paper",
-                  "edge_weight": "edge_weight__author__writes__paper"}}
+                  "edge_weight": "edge_weight__author__writes__paper",
+                  "edge_attr": "edge_attr__author__writes__paper"}}
 
 
 def _save(path: Path, arrays: dict[str, np.ndarray]) -> Path:
@@ -297,7 +371,7 @@ def _save(path: Path, arrays: dict[str, np.ndarray]) -> Path:
 @pytest.mark.parametrize("compress", [False, True])
 @pytest.mark.parametrize("kind", KINDS)
 def test_npz_round_trip(tmp_path: Path, kind: str, compress: bool) -> None:
-    graph = mixed(kind)
+    graph = with_edge_attr(mixed(kind))
     path = tmp_path / "g.graph"
     write_npz(graph, path, compress=compress)
     assert path.is_file() and is_typed_npz(path) == (kind == "typed")
@@ -374,6 +448,9 @@ MALFORMED: list[tuple[str, Callable[[np.ndarray], np.ndarray | None], str]] = [
     ("y", lambda y: y[:-1], "y: expected int64 of shape"),
     ("edge_weight", lambda w: w[:-1], "expected ["),
     ("edge_weight", lambda w: -w, "expected positive weights"),
+    ("edge_attr", lambda a: a[:-1], "one row per edge"),
+    ("edge_attr", lambda a: a.reshape(a.shape[0], 1, -1), "expected numbers of shape"),
+    ("edge_attr", lambda a: a.astype(np.complex64), "expected numbers of shape"),
 ]
 
 
@@ -382,7 +459,7 @@ MALFORMED: list[tuple[str, Callable[[np.ndarray], np.ndarray | None], str]] = [
 def test_npz_malformed_array_is_refused_naming_it(
     tmp_path: Path, kind: str, role: str, change: Callable[[np.ndarray], np.ndarray], needle: str
 ) -> None:
-    arrays = _arrays(mixed(kind), tmp_path)
+    arrays = _arrays(with_edge_attr(mixed(kind)), tmp_path)
     key = KEYS[kind][role]
     arrays[key] = change(arrays[key])
     with pytest.raises(GraphDataError) as info:
@@ -413,6 +490,9 @@ def test_npz_split_given_twice_is_refused(tmp_path: Path, kind: str) -> None:
         ({"num_nodes__a": 2, "edge_index__a__r__a": np.zeros((2, 1), np.int64),
           "y__a": np.zeros(2, np.int64), "edge_weight__a__s__a": np.ones(1)},
          "edge_weight__a__s__a: expected a relation with an edge_index"),
+        ({"num_nodes__a": 2, "edge_index__a__r__a": np.zeros((2, 1), np.int64),
+          "y__a": np.zeros(2, np.int64), "edge_attr__a__s__a": np.ones((1, 3))},
+         "edge_attr__a__s__a: expected a relation with an edge_index"),
     ],
 )
 def test_typed_npz_structure_errors_name_the_key(
@@ -450,7 +530,7 @@ def test_npz_unknown_keys_are_ignored_with_a_warning(tmp_path: Path,
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_pyg_round_trip(kind: str) -> None:
-    graph = mixed(kind)
+    graph = with_edge_attr(mixed(kind))
     data = to_pyg(graph)
     assert isinstance(data, Data if kind == "plain" else HeteroData)
     target = data if kind == "plain" else data["paper"]
@@ -492,6 +572,29 @@ def test_from_pyg_idx_column_labels_and_edge_attr(kind: str, dtype: torch.dtype)
     assert weight.dtype == np.float32
     np.testing.assert_array_equal(weight, [1.0, 2.0, 0.5, 3.0])
     assert from_pyg(_by_hand(kind, dtype), num_classes=10).num_classes == 10
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_from_pyg_edge_attr_of_any_width_is_edge_features(kind: str) -> None:
+    """``edge_attr`` ``[E, F]`` (int, bool, bfloat16 -> float32) becomes edge_attr and not a
+    weight; a 1-D one is a weight only when every value is positive; a wrong shape is
+    refused naming the store."""
+    data = _by_hand(kind, torch.float32)
+    store = data if kind == "plain" else data["paper", "cites", "paper"]
+    field = r"data\." if kind == "plain" else r"data\[\('paper', 'cites', 'paper'\)\]\."
+    cases = [(torch.arange(8).view(4, 2), np.int64), (torch.ones(4, 3, dtype=torch.bool), np.bool_),
+             (torch.ones(4, 5, dtype=torch.bfloat16), np.float32)]
+    for attr, dtype in cases:
+        store.edge_attr = attr
+        graph = typed_view(from_pyg(data))
+        (got,) = graph.edge_attr.values()
+        assert got.dtype == dtype and got.shape == tuple(attr.shape) and graph.edge_weight == {}
+    store.edge_attr = torch.tensor([1.0, -2.0, 0.0, 3.0])
+    graph = typed_view(from_pyg(data))
+    assert graph.edge_weight == {} and next(iter(graph.edge_attr.values())).tolist() == [1.0, -2.0, 0.0, 3.0]
+    store.edge_attr = torch.ones(3, 2)
+    with pytest.raises(GraphDataError, match=field + r"edge_attr: expected numbers of shape \[4\] or \[4,"):
+        from_pyg(data)
 
 
 def test_from_pyg_errors() -> None:
@@ -545,12 +648,13 @@ def test_from_pyg_float_labels_with_nan_for_unlabeled(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_graph_dir_round_trips_memory_mapped(tmp_path: Path, kind: str) -> None:
-    graph = mixed(kind)
+    graph = with_edge_attr(mixed(kind))
     save_graph_dir(graph, tmp_path / "g")
     mapped = read_graph_dir(tmp_path / "g")
     assert_same_graph(graph, mapped)
     typed = typed_view(mapped)
-    arrays = [*typed.edge_index.values(), *typed.edge_weight.values(), *typed.x.values(), typed.y]
+    arrays = [*typed.edge_index.values(), *typed.edge_weight.values(), *typed.edge_attr.values(),
+              *typed.x.values(), typed.y]
     assert all(_memmap_source(a) is not None and not a.flags.writeable for a in arrays)
     assert_same_graph(graph, read_graph_dir(tmp_path / "g", mmap=False))
 

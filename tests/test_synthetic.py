@@ -1,6 +1,7 @@
 """Synthetic graphs, plain (``small``) and typed (``mag-small``): reproducible from the
 seed, simple graphs with the preset's sizes and splits, and learnable from structure
-more than from features alone."""
+more than from features alone; ``edge-feat-small``, whose labels only its edge features
+tell."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from partitioner.synthetic import (
     generate,
     generate_plain,
 )
+from partitioner.synthetic_edges import label_rule
 from tests.graph_fixtures import AnyGraph, typed_view
 
 #: The preset generated for each kind.
@@ -213,7 +215,9 @@ def test_splits_larger_than_the_graph_are_refused(preset: str) -> None:
 def test_unknown_or_typed_preset_where_plain_is_needed_is_refused() -> None:
     with pytest.raises(ValueError, match=r"preset: expected one of .*'tiny'"):
         generate("tiny", progress=False)
-    with pytest.raises(ValueError, match=r"preset: expected a plain preset \['products-like', 'small'\]"):
+    plain = (r"preset: expected a plain preset \['edge-feat-like', 'edge-feat-small', 'products-like', "
+             r"'small'\]")
+    with pytest.raises(ValueError, match=plain):
         generate_plain(dataclasses.replace(_custom("mag-small"), split_sizes=(1, 1, 1)), progress=False)
     assert set(PRESETS) == set(PLAIN_PRESETS) | set(TYPED_PRESETS)
 
@@ -230,3 +234,62 @@ def test_large_presets_have_their_datasets_shape() -> None:
     edges = {spec.edge_type[1]: spec.num_edges for spec in mag.relations}
     assert edges == {"writes": 7_145_660, "cites": 5_416_271, "has_topic": 7_505_078,
                      "affiliated_with": 1_043_998}
+
+
+# -- edge-feat-small: labels that only the edge features tell ------------------------------
+
+
+@pytest.fixture(scope="module")
+def edge_graph() -> GraphData:
+    return generate_plain("edge-feat-small", seed=0, progress=False)
+
+
+def test_edge_feature_preset_is_reproducible_with_its_sizes(edge_graph: GraphData) -> None:
+    params = PLAIN_PRESETS["edge-feat-small"]
+    attr = edge_graph.edge_attr
+    assert attr is not None and attr.dtype == np.float32
+    assert attr.shape == (2 * params.num_undirected_edges, 8)
+    e = params.num_undirected_edges  # edge e + E is the reverse of edge e, with its own features
+    np.testing.assert_array_equal(edge_graph.edge_index[:, e:], edge_graph.edge_index[::-1, :e])
+    again = generate_plain("edge-feat-small", seed=0, progress=False)
+    np.testing.assert_array_equal(again.edge_attr, attr)
+    np.testing.assert_array_equal(again.y, edge_graph.y)
+    other = generate_plain("edge-feat-small", seed=1, progress=False)
+    assert not np.array_equal(other.edge_attr, attr) and not np.array_equal(other.y, edge_graph.y)
+    assert set(np.unique(edge_graph.y).tolist()) == set(range(params.num_classes))
+    edge_graph.validate()
+
+
+def test_edge_features_decide_the_labels_up_to_the_label_noise(edge_graph: GraphData) -> None:
+    """The labels are the rule of the summed in-edge features (synthetic_edges), except
+    for about label_noise * (C-1)/C of them (about 4% here)."""
+    params = PLAIN_PRESETS["edge-feat-small"]
+    assert edge_graph.edge_attr is not None
+    rule = label_rule(edge_graph.edge_index, edge_graph.edge_attr, edge_graph.num_nodes, params.num_classes,
+                      seed=0)
+    has_in_edges = rule >= 0
+    differ = float((rule[has_in_edges] != edge_graph.y[has_in_edges]).mean())
+    assert 0.01 <= differ <= 0.08, differ
+
+
+def test_only_a_model_that_sees_edge_features_learns_the_labels(edge_graph: GraphData) -> None:
+    """Logistic regression on each node's summed in-edge features learns the classes;
+    on the node features, or on them propagated over the graph (SGC), it does no better
+    than always answering the most frequent class (about 1/6)."""
+    assert edge_graph.edge_attr is not None
+    sums = np.zeros((edge_graph.num_nodes, edge_graph.edge_attr.shape[1]))
+    np.add.at(sums, edge_graph.edge_index[1], edge_graph.edge_attr)
+    test = edge_graph.y[edge_graph.splits["test"]]
+    majority = float(np.bincount(test).max() / test.size)
+    features, structure = _plain_accuracies(edge_graph)
+    with_edges = _logistic(sums, edge_graph)
+    got = (majority, features, structure, with_edges)
+    assert majority < 0.25 and features <= majority + 0.04 and structure <= majority + 0.04, got
+    assert with_edges >= 0.8, got
+
+
+def test_the_full_size_edge_feature_preset_has_products_shape() -> None:
+    params = PLAIN_PRESETS["edge-feat-like"]
+    assert (params.num_nodes, params.num_undirected_edges) == (2_449_029, 61_859_140)
+    assert (params.edge_feature_dim, params.edge_feature_dtype) == (8, "float16")
+    assert params.homophily == 0.0 and params.feature_signal == 0.0 and params.label_noise > 0

@@ -96,6 +96,16 @@ BAD_FIELDS: list[tuple[str, Callable[[AnyGraph], object], str]] = [
      "expected float32 of shape"),
     ("typed", lambda g: _set(g.edge_weight[WRITES], 3, 0.0),
      "edge_weight[('author', 'writes', 'paper')]: expected positive weights"),
+    ("plain", lambda g: setattr(g, "edge_attr", np.zeros((g.num_edges - 1, 2), np.float32)),
+     "edge_attr: expected numbers of shape ["),
+    ("plain", lambda g: setattr(g, "edge_attr", np.zeros((g.num_edges, 2, 2), np.float32)),
+     "edge_attr: expected numbers of shape ["),
+    ("plain", lambda g: setattr(g, "edge_attr", np.zeros(g.num_edges, np.complex64)),
+     "edge_attr: expected numbers of shape ["),
+    ("typed", lambda g: g.edge_attr.update({("paper", "in", "paper"): np.ones(1, np.float32)}),
+     "edge_attr: expected edge types among"),
+    ("typed", lambda g: g.edge_attr.update({WRITES: np.ones((3, 4), np.float32)}),
+     "edge_attr[('author', 'writes', 'paper')]: expected numbers of shape ["),
 ]
 
 
@@ -177,6 +187,38 @@ def test_add_reverse_carries_edge_weights() -> None:
     got = dict(zip(kept, r.edge_weight[cites].tolist(), strict=True))
     assert got == first
     assert mixed_typed(weighted=False).add_reverse().edge_weight == {}
+
+
+def test_add_reverse_carries_edge_features() -> None:
+    """A reverse relation's edge i copies edge i's features (PyG's ToUndirected); a
+    same-type relation made undirected gives each kept edge the features of its first
+    occurrence among the edges followed by their reverses; dtypes and widths are kept."""
+    g = mixed_typed()
+    cites = ("paper", "cites", "paper")
+    g.edge_attr = {WRITES: np.arange(2 * g.num_edges(WRITES), dtype=np.int16).reshape(-1, 2),
+                   cites: np.arange(g.num_edges(cites), dtype=np.float64) / 4}
+    r = g.add_reverse()
+    r.validate()
+    assert set(r.edge_attr) == {WRITES, ("paper", "rev_writes", "author"), cites}
+    assert r.edge_attr[WRITES] is g.edge_attr[WRITES]
+    np.testing.assert_array_equal(r.edge_attr[("paper", "rev_writes", "author")], g.edge_attr[WRITES])
+    ei, attr = g.edge_index[cites], g.edge_attr[cites]
+    both = np.concatenate([ei, ei[::-1]], axis=1).T.tolist()
+    first: dict[tuple[int, int], float] = {}
+    for (src, dst), value in zip(both, np.concatenate([attr, attr]).tolist(), strict=True):
+        first.setdefault((src, dst), value)
+    kept = map(tuple, r.edge_index[cites].T.tolist())
+    assert dict(zip(kept, r.edge_attr[cites].tolist(), strict=True)) == first
+    assert r.edge_attr[cites].dtype == np.float64
+    assert "edge author/writes/paper: " in r.summary() and "edge features [2] int16" in r.summary()
+
+
+def test_plain_view_carries_edge_features() -> None:
+    g = mixed_graph()
+    assert plain_view(g).edge_attr == {}
+    g.edge_attr = np.ones((g.num_edges, 3), np.uint8)
+    assert plain_view(g).edge_attr[PLAIN_EDGE_TYPE] is g.edge_attr
+    g.validate()
 
 
 def test_homogeneous_view_offsets_every_edge() -> None:

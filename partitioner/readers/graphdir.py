@@ -2,10 +2,12 @@
 
 Layout of a plain graph: ``graph.json`` (name, num_nodes, num_classes), ``edge_index.npy``
 ([2, E] int64), ``x.npy`` ([N, F]), ``y.npy`` ([N] int64), optional ``edge_weight.npy``
-([E] float32) and ``<split>_idx.npy`` (int64) for the splits present (``valid_idx.npy`` is
+([E] float32), ``edge_attr.npy`` ([E] or [E, F] edge features, any numeric dtype) and
+``<split>_idx.npy`` (int64) for the splits present (``valid_idx.npy`` is
 read as ``val``). A typed graph's ``graph.json`` also names its ``target_type`` and its
 ``edge_types`` (``src__rel__dst``, in order) and gives ``num_nodes`` per node type; its
-arrays are ``edge_index/<src>__<rel>__<dst>.npy``, optional ``edge_weight/<src>__<rel>__<dst>.npy``,
+arrays are ``edge_index/<src>__<rel>__<dst>.npy``, optional ``edge_weight/<src>__<rel>__<dst>.npy``
+and ``edge_attr/<src>__<rel>__<dst>.npy``,
 ``x/<type>.npy`` for the types with features, and the target type's ``y.npy`` and splits.
 See docs/datasets.md.
 """
@@ -41,10 +43,12 @@ def save_graph_dir(graph: GraphData | TypedGraphData, out_dir: str | Path) -> Pa
         meta.update(target_type=graph.target_type, edge_types=[edge_type_name(et) for et in graph.edge_types])
         arrays = {**{f"edge_index/{edge_type_name(et)}": ei for et, ei in graph.edge_index.items()},
                   **{f"edge_weight/{edge_type_name(et)}": w for et, w in graph.edge_weight.items()},
+                  **{f"edge_attr/{edge_type_name(et)}": a for et, a in graph.edge_attr.items()},
                   **{f"x/{t}": x for t, x in graph.x.items()}}
     else:
         arrays = {"edge_index": graph.edge_index, "x": graph.x,
-                  **({"edge_weight": graph.edge_weight} if graph.edge_weight is not None else {})}
+                  **({"edge_weight": graph.edge_weight} if graph.edge_weight is not None else {}),
+                  **({"edge_attr": graph.edge_attr} if graph.edge_attr is not None else {})}
     arrays.update({"y": graph.y, **{f"{split}_idx": ids for split, ids in graph.splits.items()}})
     for name, array in arrays.items():
         save_npy(out, f"{name}.npy", array)
@@ -88,12 +92,15 @@ def read_graph_dir(path: str | Path, *, mmap: bool = True) -> GraphData | TypedG
             x={t: load(f"x/{t}") for t in meta["num_nodes"] if present(f"x/{t}")},
             target_type=str(meta["target_type"]), y=load("y"), num_classes=num_classes, splits=splits,
             edge_weight={et: load(f"edge_weight/{n}") for et, n in edge_types.items()
-                         if present(f"edge_weight/{n}")})
+                         if present(f"edge_weight/{n}")},
+            edge_attr={et: load(f"edge_attr/{n}") for et, n in edge_types.items()
+                       if present(f"edge_attr/{n}")})
     else:
         graph = GraphData(
             name=name, num_nodes=int(meta["num_nodes"]), edge_index=load("edge_index"), x=load("x"),
             y=load("y"), num_classes=num_classes, splits=splits,
-            edge_weight=load("edge_weight") if present("edge_weight") else None)
+            edge_weight=load("edge_weight") if present("edge_weight") else None,
+            edge_attr=load("edge_attr") if present("edge_attr") else None)
     graph.validate(check_values=False)
     return graph
 

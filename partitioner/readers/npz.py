@@ -6,7 +6,9 @@ Keys of a plain graph (``docs/datasets.md`` has the full tables):
 - required: ``edge_index`` (``[2, E]`` or ``[E, 2]`` integers), ``x`` (``[N, F]`` floats),
   ``y`` (``[N]`` or ``[N, 1]`` integers, ``-1`` for unlabeled nodes, or floats with NaN
   for unlabeled nodes, as OGB stores papers100M's);
-- optional: ``num_nodes`` (default ``x.shape[0]``), ``edge_weight`` (``[E]``).
+- optional: ``num_nodes`` (default ``x.shape[0]``), ``edge_weight`` (``[E]``),
+  ``edge_attr`` (``[E]`` or ``[E, F]`` edge features of any numeric dtype, aligned with
+  ``edge_index``: an edge's original ID is its column there).
 
 Keys of a typed graph, which name the types:
 
@@ -14,6 +16,7 @@ Keys of a typed graph, which name the types:
   node-type order);
 - ``edge_index__<src>__<rel>__<dst>``: ``[2, E]`` or ``[E, 2]`` integers, local IDs;
 - ``edge_weight__<src>__<rel>__<dst>``: optional ``[E]`` positive weights of a relation;
+- ``edge_attr__<src>__<rel>__<dst>``: optional ``[E]`` or ``[E, F]`` edge features of a relation;
 - ``x__<type>``: ``[N_t, F_t]`` floats, for the types that have features;
 - ``y__<type>``: labels as above; exactly one such key, which names the target type.
 
@@ -51,13 +54,14 @@ OPTIONAL_KEYS: tuple[str, ...] = (
     "num_nodes",
     "num_classes",
     "edge_weight",
+    "edge_attr",
     *(f"{split}_{kind}" for split in SPLITS for kind in ("idx", "mask")),
     "valid_idx", "valid_mask",
 )
 #: Key prefixes of a typed archive, each followed by ``__`` and a node or edge type name.
-TYPED_PREFIXES: tuple[str, ...] = ("num_nodes", "edge_index", "edge_weight", "x", "y")
+TYPED_PREFIXES: tuple[str, ...] = ("num_nodes", "edge_index", "edge_weight", "edge_attr", "x", "y")
 #: Keys of either kind that name no type.
-_SHARED_KEYS = frozenset(OPTIONAL_KEYS) - {"num_nodes", "edge_weight"}
+_SHARED_KEYS = frozenset(OPTIONAL_KEYS) - {"num_nodes", "edge_weight", "edge_attr"}
 
 
 def is_typed_npz(path: str | Path) -> bool:
@@ -113,6 +117,8 @@ def _read_plain(arrays: dict[str, np.ndarray], path: Path, name: str) -> GraphDa
         num_classes=_num_classes(arrays, y, path), splits=_splits(arrays, num_nodes, path),
         edge_weight=None if "edge_weight" not in arrays else
         _edge_weight(arrays["edge_weight"], path, "edge_weight", edge_index.shape[1]),
+        edge_attr=None if "edge_attr" not in arrays else
+        _edge_attr(arrays["edge_attr"], path, "edge_attr", edge_index.shape[1]),
     )
 
 
@@ -138,19 +144,20 @@ def _read_typed(arrays: dict[str, np.ndarray], path: Path, name: str) -> TypedGr
         raise GraphDataError(f"{path}: y__{target}: expected a node type among {list(num_nodes)}")
     edges = {_edge_type(rest, path, k): _edge_index(arrays[k], path, k)
              for rest, k in by_kind["edge_index"].items()}
-    weights: dict[EdgeType, np.ndarray] = {}
-    for rest, key in by_kind["edge_weight"].items():
-        et = _edge_type(rest, path, key)
-        if et not in edges:
-            raise GraphDataError(f"{path}: {key}: expected a relation with an edge_index__{rest} key, "
-                                 f"got none; relations: {[edge_type_name(e) for e in edges]}")
-        weights[et] = _edge_weight(arrays[key], path, key, edges[et].shape[1])
+    per_edge: dict[str, dict[EdgeType, np.ndarray]] = {"edge_weight": {}, "edge_attr": {}}
+    for kind, read in (("edge_weight", _edge_weight), ("edge_attr", _edge_attr)):
+        for rest, key in by_kind[kind].items():
+            et = _edge_type(rest, path, key)
+            if et not in edges:
+                raise GraphDataError(f"{path}: {key}: expected a relation with an edge_index__{rest} key, "
+                                     f"got none; relations: {[edge_type_name(e) for e in edges]}")
+            per_edge[kind][et] = read(arrays[key], path, key, edges[et].shape[1])
     y = labels_to_int64(arrays[f"y__{target}"], f"{path}: y__{target}")
     return TypedGraphData(
         name=name, num_nodes=num_nodes, edge_index=edges,
         x={t: _features(arrays[k], path, k) for t, k in by_kind["x"].items()}, target_type=target,
         y=y, num_classes=_num_classes(arrays, y, path), splits=_splits(arrays, num_nodes[target], path),
-        edge_weight=weights,
+        edge_weight=per_edge["edge_weight"], edge_attr=per_edge["edge_attr"],
     )
 
 
@@ -167,6 +174,8 @@ def write_npz(graph: GraphData | TypedGraphData, path: str | Path, *, compress: 
             arrays[f"edge_index__{edge_type_name(et)}"] = np.asarray(ei)
         for et, w in graph.edge_weight.items():
             arrays[f"edge_weight__{edge_type_name(et)}"] = np.asarray(w)
+        for et, a in graph.edge_attr.items():
+            arrays[f"edge_attr__{edge_type_name(et)}"] = np.asarray(a)
         for t, feats in graph.x.items():
             arrays[f"x__{t}"] = np.asarray(feats)
         arrays[f"y__{graph.target_type}"] = np.asarray(graph.y)
@@ -175,6 +184,8 @@ def write_npz(graph: GraphData | TypedGraphData, path: str | Path, *, compress: 
                       num_nodes=np.asarray(graph.num_nodes, dtype=np.int64))
         if graph.edge_weight is not None:
             arrays["edge_weight"] = np.asarray(graph.edge_weight)
+        if graph.edge_attr is not None:
+            arrays["edge_attr"] = np.asarray(graph.edge_attr)
     arrays["num_classes"] = np.asarray(graph.num_classes, dtype=np.int64)
     for split, ids in graph.splits.items():
         arrays[f"{split}_idx"] = np.asarray(ids)
@@ -291,3 +302,13 @@ def _edge_weight(raw: np.ndarray, path: Path, key: str, num_edges: int) -> np.nd
             f"got {weight.dtype} of shape {list(raw.shape)}"
         )
     return weight.astype(np.float32, copy=False)
+
+
+def _edge_attr(raw: np.ndarray, path: Path, key: str, num_edges: int) -> np.ndarray:
+    """``[E]`` or ``[E, F]`` edge features, kept in their dtype (booleans, integers, floats)."""
+    if raw.ndim not in (1, 2) or raw.shape[0] != num_edges or raw.dtype.kind not in "biuf":
+        raise GraphDataError(
+            f"{path}: {key}: expected numbers of shape [{num_edges}] or [{num_edges}, F] (one row "
+            f"per edge of edge_index), got {raw.dtype} of shape {list(raw.shape)}"
+        )
+    return raw

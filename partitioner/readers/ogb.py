@@ -22,6 +22,13 @@ Every relation listed in ``triplet-type-list.csv.gz`` is read (ogbn-mag has four
 ``author affiliated_with institution``); papers are the target type. With
 ``papers_only``, graphfeed takes its plain paper→paper ``cites`` subgraph instead, with the
 papers' features, labels and splits.
+
+Edge features, where a dataset has them, are read as ogb's readers give them
+(``raw/edge-feat.csv.gz`` beside ``raw/edge.csv.gz``, ``edge_feat`` in ``raw/data.npz``,
+``raw/relations/<src>___<rel>___<dst>/edge-feat.csv.gz`` per relation) into ``edge_attr``:
+float32, or int64 for integer features, one row per edge. Datasets whose edges ogb
+mirrors (``add_inverse_edge``, e.g. ogbn-products) have edge ``2i`` the stored edge ``i``
+and ``2i + 1`` its reverse, with a copy of its features, as ogb lays them out.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from partitioner.graph import (
     TypedGraphData,
     labels_to_int64,
     make_undirected,
+    undirected_columns,
 )
 
 log = logging.getLogger(__name__)
@@ -113,8 +121,10 @@ def read_ogb(name: str, root: str | Path, *, to_undirected: bool = False,
     int64 with ``-1`` for unlabeled nodes; features are float32; OGB's ``valid`` split is
     graphfeed's ``val``. ``to_undirected`` (plain graphs) adds every edge's reverse and
     drops duplicate edges (arxiv, mag and papers100M store citations one way); the edges
-    then come sorted by (source, target). A typed graph gets reverse relations from
-    :meth:`TypedGraphData.add_reverse` instead.
+    then come sorted by (source, target), and edge features follow them
+    (:func:`~partitioner.graph.make_undirected`). A typed graph gets reverse relations from
+    :meth:`TypedGraphData.add_reverse` instead. Edge features (``edge-feat``), where the
+    dataset has them, become ``edge_attr`` (see the module doc).
 
     Raises :class:`DatasetNotFoundError` at once, naming the missing files and the URL,
     when the local copy is missing or incomplete, and :class:`GraphDataError` for names
@@ -140,7 +150,11 @@ def read_ogb(name: str, root: str | Path, *, to_undirected: bool = False,
                 return mag
             graph = _papers_of(mag, ds_dir / "raw")
     if to_undirected:
-        graph.edge_index = make_undirected(graph.edge_index, graph.num_nodes)[0]
+        if graph.edge_attr is None:
+            graph.edge_index = make_undirected(graph.edge_index, graph.num_nodes)[0]
+        else:
+            graph.edge_index, columns = undirected_columns(graph.edge_index, graph.num_nodes)
+            graph.edge_attr = graph.edge_attr[columns]
     graph.validate()
     log.info(
         "read %s from %s: %d nodes, %d edges, %d features, %s in %.1fs",
@@ -311,10 +325,13 @@ def _read_homogeneous(meta: OgbMeta, ds_dir: Path, splits: dict[str, np.ndarray]
     if graph["node_feat"] is None:
         raise GraphDataError(f"{raw_dir}: expected node features (node_feat), found none")
     n = int(graph["num_nodes"])
+    edge_index = np.ascontiguousarray(graph["edge_index"], dtype=np.int64)
     return GraphData(
-        name=meta.name, num_nodes=n, edge_index=np.ascontiguousarray(graph["edge_index"], dtype=np.int64),
+        name=meta.name, num_nodes=n, edge_index=edge_index,
         x=_features_to_float32(graph["node_feat"], ds_dir), y=_labels_to_int64(labels, n, label_file),
-        num_classes=meta.num_classes, splits=splits)
+        num_classes=meta.num_classes, splits=splits,
+        edge_attr=_edge_feat(graph.get("edge_feat"), edge_index.shape[1],
+                             raw_dir / ("data.npz" if meta.binary else "edge-feat.csv.gz")))
 
 
 def _read_typed(meta: OgbMeta, ds_dir: Path, splits: dict[str, np.ndarray]) -> TypedGraphData:
@@ -338,11 +355,20 @@ def _read_typed(meta: OgbMeta, ds_dir: Path, splits: dict[str, np.ndarray]) -> T
     }
     x = {str(t): _features_to_float32(f, raw_dir / "node-feat" / str(t))
          for t, f in (raw["node_feat_dict"] or {}).items() if f is not None}
+    edge_attr: dict[EdgeType, np.ndarray] = {}
+    for et, ei in edges.items():
+        feat_file = raw_dir / "relations" / "___".join(et) / "edge-feat.csv.gz"
+        if feat_file.is_file():  # read here: ogb's heterograph reader slices them past the end
+            feat = _read_feat_csv(feat_file)
+            attr = _edge_feat(np.repeat(feat, 2, axis=0) if meta.add_inverse_edge else feat, ei.shape[1],
+                              feat_file)
+            if attr is not None:
+                edge_attr[et] = attr
     label_file = raw_dir / "node-label" / MAG_NODE_TYPE / "node-label.csv.gz"
     graph = TypedGraphData(
         name=meta.name, num_nodes=num_nodes, edge_index=edges, x=x, target_type=MAG_NODE_TYPE,
         y=_labels_to_int64(labels[MAG_NODE_TYPE], num_nodes[MAG_NODE_TYPE], label_file),
-        num_classes=meta.num_classes, splits=splits,
+        num_classes=meta.num_classes, splits=splits, edge_attr=edge_attr,
     )
     graph.validate()
     return graph
@@ -362,7 +388,8 @@ def _papers_of(mag: TypedGraphData, raw_dir: Path) -> GraphData:
         )
     return GraphData(name=mag.name, num_nodes=mag.num_nodes[MAG_NODE_TYPE],
                      edge_index=mag.edge_index[MAG_RELATION], x=mag.x[MAG_NODE_TYPE], y=mag.y,
-                     num_classes=mag.num_classes, splits=mag.splits)
+                     num_classes=mag.num_classes, splits=mag.splits,
+                     edge_attr=mag.edge_attr.get(MAG_RELATION))
 
 
 def _read_splits(meta: OgbMeta, ds_dir: Path) -> dict[str, np.ndarray]:
@@ -406,6 +433,24 @@ def _features_to_float32(x: np.ndarray, ds_dir: Path) -> np.ndarray:
             f"got {x.dtype} of shape {list(x.shape)}"
         )
     return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def _read_feat_csv(path: Path) -> np.ndarray:
+    """A headerless ``.csv.gz`` of features as ogb reads it: int64 when every value is an
+    integer, else float32."""
+    values = pd.read_csv(path, compression="gzip", header=None).values
+    return values.astype(np.int64 if "int" in str(values.dtype) else np.float32)
+
+
+def _edge_feat(feat: np.ndarray | None, num_edges: int, source: Path) -> np.ndarray | None:
+    """ogb's ``edge_feat`` (None without one) as ``[E, F]`` edge features, one row per edge."""
+    if feat is None:
+        return None
+    attr = np.asarray(feat)
+    if attr.ndim != 2 or attr.shape[0] != num_edges or attr.dtype.kind not in "biuf":
+        raise GraphDataError(f"{source}: edge features: expected numbers of shape [{num_edges}, F] "
+                             f"(one row per edge), got {attr.dtype} of shape {list(attr.shape)}")
+    return np.ascontiguousarray(attr)
 
 
 def _labels_to_int64(raw: np.ndarray, num_nodes: int, source: Path) -> np.ndarray:

@@ -29,9 +29,12 @@ def from_pyg(data: Data | HeteroData, *, name: str = "pyg", num_classes: int | N
     Reads ``x`` (required in a ``Data``; per node type where present in a ``HeteroData``),
     ``edge_index`` (per edge type), ``y`` (``[N]`` or ``[N, 1]``) and the splits from
     ``train_mask``/``val_mask``/``test_mask`` or ``train_idx``/``val_idx``/``test_idx``
-    (of the target type: ``target_type``, else the one node type with ``y``), and edge
-    weights (per edge type) from ``edge_weight``, else from a 1-D ``edge_attr``. Features
-    keep their float16/32/64 dtype (bfloat16 becomes float32); integers become int64.
+    (of the target type: ``target_type``, else the one node type with ``y``), edge
+    features (per edge type) from ``edge_attr`` (``[E]`` or ``[E, F]``, their dtype kept,
+    bfloat16 becoming float32; an edge's original ID is its column in ``edge_index``), and
+    edge weights from ``edge_weight``, else from a 1-D ``edge_attr`` whose values are all
+    positive. Features keep their float16/32/64 dtype (bfloat16 becomes float32); integers
+    become int64.
     ``num_classes`` defaults to ``data.num_classes`` when set, else ``y.max() + 1``.
     """
     if isinstance(data, HeteroData):
@@ -58,6 +61,7 @@ def _from_data(data: Data, name: str, num_classes: int | None) -> GraphData:
         name=name, num_nodes=num_nodes, edge_index=edge_index, x=x, y=y,
         num_classes=_num_classes(data, y, num_classes), splits=_splits(data, num_nodes, "data"),
         edge_weight=_edge_weight(data, edge_index.shape[1], "data"),
+        edge_attr=_edge_attr(data, edge_index.shape[1], "data"),
     )
 
 
@@ -74,12 +78,16 @@ def _from_hetero_data(data: HeteroData, name: str, num_classes: int | None,
     num_nodes = {t: int(data[t].num_nodes) for t in data.node_types}
     edges: dict[EdgeType, np.ndarray] = {}
     weights: dict[EdgeType, np.ndarray] = {}
+    attrs: dict[EdgeType, np.ndarray] = {}
     for s, r, d in data.edge_types:
         et, field = (str(s), str(r), str(d)), f"data[{(s, r, d)!r}]"
         edges[et] = _edge_index(_required(data[s, r, d], "edge_index", field), f"{field}.edge_index")
         weight = _edge_weight(data[s, r, d], edges[et].shape[1], field)
         if weight is not None:
             weights[et] = weight
+        attr = _edge_attr(data[s, r, d], edges[et].shape[1], field)
+        if attr is not None:
+            attrs[et] = attr
     x = {t: _features(data[t].x, f"data[{t!r}].x") for t in data.node_types if "x" in data[t]}
     store = data[target_type]
     y = _labels(store.y, f"data[{target_type!r}].y")
@@ -87,6 +95,7 @@ def _from_hetero_data(data: HeteroData, name: str, num_classes: int | None,
         name=name, num_nodes=num_nodes, edge_index=edges, x=x, target_type=target_type, y=y,
         num_classes=_num_classes(data, y, num_classes),
         splits=_splits(store, num_nodes[target_type], f"data[{target_type!r}]"), edge_weight=weights,
+        edge_attr=attrs,
     )
 
 
@@ -96,8 +105,8 @@ def to_pyg(graph: TypedGraphData) -> HeteroData: ...
 def to_pyg(graph: GraphData) -> Data: ...
 def to_pyg(graph: GraphData | TypedGraphData) -> Data | HeteroData:
     """Convert ``graph`` to a PyG ``Data`` (a :class:`TypedGraphData`: a ``HeteroData``)
-    with ``train_mask``/``val_mask``/``test_mask`` (on the target type) and edge weights
-    as ``edge_weight`` (per edge type).
+    with ``train_mask``/``val_mask``/``test_mask`` (on the target type), edge weights
+    as ``edge_weight`` and edge features as ``edge_attr`` (per edge type).
 
     The masks do not keep the order of a split's node IDs; ``num_classes`` is set as a
     graph attribute so that :func:`from_pyg` finds it again.
@@ -114,11 +123,15 @@ def to_pyg(graph: GraphData | TypedGraphData) -> Data | HeteroData:
             data[et].edge_index = _to_tensor(ei)
             if et in graph.edge_weight:
                 data[et].edge_weight = _to_tensor(graph.edge_weight[et])
+            if et in graph.edge_attr:
+                data[et].edge_attr = _to_tensor(graph.edge_attr[et])
         target, n_target = data[graph.target_type], graph.num_nodes[graph.target_type]
     else:
         data = Data(x=_to_tensor(graph.x), edge_index=_to_tensor(graph.edge_index), num_nodes=graph.num_nodes)
         if graph.edge_weight is not None:
             data.edge_weight = _to_tensor(graph.edge_weight)
+        if graph.edge_attr is not None:
+            data.edge_attr = _to_tensor(graph.edge_attr)
         target, n_target = data, graph.num_nodes
     target.y = _to_tensor(graph.y)
     for split, ids in graph.splits.items():
@@ -207,11 +220,13 @@ def _splits(store: Any, num_nodes: int, field: str) -> dict[str, np.ndarray]:
 
 
 def _edge_weight(store: Any, num_edges: int, field: str) -> np.ndarray | None:
-    """``edge_weight``, else a 1-D ``edge_attr``, of a ``Data`` or an edge type's store."""
+    """``edge_weight``, else a 1-D ``edge_attr`` of positive numbers, of a ``Data`` or an
+    edge type's store."""
     edge_attr = store.get("edge_attr", None)
     if store.get("edge_weight", None) is not None:
         key, weight = "edge_weight", store.edge_weight
-    elif isinstance(edge_attr, torch.Tensor) and edge_attr.dim() == 1:
+    elif (isinstance(edge_attr, torch.Tensor) and edge_attr.dim() == 1 and edge_attr.dtype != torch.bool
+          and edge_attr.numel() and bool((edge_attr > 0).all())):
         key, weight = "edge_attr", edge_attr
     else:
         return None
@@ -220,6 +235,24 @@ def _edge_weight(store: Any, num_edges: int, field: str) -> np.ndarray | None:
             f"{field}.{key}: expected [{num_edges}] edge weights, got shape {list(weight.shape)}"
         )
     return _to_numpy(weight.float(), f"{field}.{key}").astype(np.float32, copy=False)
+
+
+def _edge_attr(store: Any, num_edges: int, field: str) -> np.ndarray | None:
+    """``edge_attr`` of a ``Data`` or an edge type's store: ``[E]`` or ``[E, F]`` numbers in
+    their dtype (bfloat16, which numpy lacks, as float32); None without one."""
+    attr = store.get("edge_attr", None)
+    if attr is None:
+        return None
+    name = f"{field}.edge_attr"
+    if not isinstance(attr, torch.Tensor):
+        raise GraphDataError(f"{name}: expected a tensor, got {type(attr).__name__}")
+    if attr.dtype == torch.bfloat16:
+        log.info("%s is bfloat16, which numpy lacks; converting to float32", name)
+        attr = attr.float()
+    if attr.dim() not in (1, 2) or attr.shape[0] != num_edges or attr.is_complex():
+        raise GraphDataError(f"{name}: expected numbers of shape [{num_edges}] or [{num_edges}, F] "
+                             f"(one row per edge), got {attr.dtype} of shape {list(attr.shape)}")
+    return _to_numpy(attr, name)
 
 
 def _to_tensor(array: np.ndarray) -> torch.Tensor:
