@@ -1331,6 +1331,7 @@ class SampleNeighborsRequest(_message.Message):
     HOP_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     EXPECT_FIELD_NUMBER: _builtins.int
+    WANT_EDGES_FIELD_NUMBER: _builtins.int
     EDGE_TYPE_FIELD_NUMBER: _builtins.int
     fanout: _builtins.int
     """Maximum number of neighbors per node; -1 means all; other negatives are invalid."""
@@ -1347,6 +1348,11 @@ class SampleNeighborsRequest(_message.Message):
     """Hop index, 0 for the hop around the seeds."""
     client_id: _builtins.str
     """Free-form identifier of the calling server, for logs only; may be empty."""
+    want_edges: _builtins.bool
+    """Send the internal edge IDs of the sampled edges ("edges"). The draws are the same
+    either way. A server older than this field ignores it and answers without "edges",
+    which the caller reports as an error.
+    """
     edge_type: _builtins.str
     """Typed graph: the edge type "src__rel__dst" to sample (nodes are global IDs of its
     dst type, neighbors of its src type); required there, INVALID_ARGUMENT when set on a
@@ -1376,11 +1382,12 @@ class SampleNeighborsRequest(_message.Message):
         hop: _builtins.int = ...,
         client_id: _builtins.str = ...,
         expect: Global___ServerExpectation | None = ...,
+        want_edges: _builtins.bool = ...,
         edge_type: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expect", b"expect", "nodes", b"nodes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "edge_type", b"edge_type", "expect", b"expect", "fanout", b"fanout", "hop", b"hop", "nodes", b"nodes", "random_seed", b"random_seed", "replace", b"replace", "weighted", b"weighted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "edge_type", b"edge_type", "expect", b"expect", "fanout", b"fanout", "hop", b"hop", "nodes", b"nodes", "random_seed", b"random_seed", "replace", b"replace", "want_edges", b"want_edges", "weighted", b"weighted"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1394,6 +1401,10 @@ class SampleNeighborsChunk(_message.Message):
                                         request order.
       "neighbors" INT64 [sum(counts)]   global IDs of the sampled in-neighbors (edge
                                         sources), concatenated in request order.
+      "edges"     INT64 [sum(counts)]   internal edge IDs of the sampled edges, aligned
+                                        with "neighbors" (want_edges only): the partition's
+                                        first internal edge ID of the edge type plus the
+                                        edge's position in its CSC.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1407,7 +1418,7 @@ class SampleNeighborsChunk(_message.Message):
     """Number of messages of the answer; >= 1."""
     @_builtins.property
     def tensors(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorChunk]:
-        """Slices of "counts" and "neighbors"."""
+        """Slices of "counts", "neighbors" and "edges"."""
 
     def __init__(
         self,

@@ -110,15 +110,17 @@ class PeerClient:
     # -- the two calls -----------------------------------------------------------------
     def neighbors(
         self, nodes_by_partition: Mapping[int, torch.Tensor], fanout: int, key: int, hop: int,
-        options: PeerCallOptions = PeerCallOptions(), edge_type: str = "",
+        options: PeerCallOptions = PeerCallOptions(), edge_type: str = "", edges: bool = False,
     ) -> dict[int, HopSample]:
         """One hop of sampling on each partition's nodes; on a typed graph along
-        ``edge_type`` (``src__rel__dst``)."""
+        ``edge_type`` (``src__rel__dst``); with ``edges``, the drawn edges' internal IDs too
+        (a peer that answers without them raises :class:`~protos.channel.PeerError`)."""
         def call(p: int, nodes: np.ndarray) -> HopSample:
             request = pb.SampleNeighborsRequest(
                 nodes=codec.encode_tensor(nodes), fanout=fanout, random_seed=key & _MASK64,
                 replace=options.replace, weighted=options.weighted, hop=hop,
-                client_id=self.client_id, edge_type=edge_type, expect=self._expect(p))
+                client_id=self.client_id, edge_type=edge_type, expect=self._expect(p),
+                want_edges=edges)
             with self._errors(p, "SampleNeighbors"), self._timed("peer_sample"):
                 got = self._retrying(lambda timeout: _receive(
                     self._stubs[p].SampleNeighbors(request, timeout=timeout),
@@ -127,10 +129,20 @@ class PeerClient:
                 _check_answer(counts.shape == (nodes.size,) and int(counts.sum()) == neighbors.numel(),
                               f"counts {list(counts.shape)} summing to {int(counts.sum())} for "
                               f"{nodes.size} nodes and {neighbors.numel()} neighbors")
-            return HopSample(counts=counts, neighbors=neighbors)
+                edge_ids = got.get("edges") if edges else None
+                if edges and edge_ids is None:
+                    raise ProtocolError(
+                        "SampleNeighborsChunk.tensors: expected \"edges\" (SampleNeighborsRequest."
+                        "want_edges was set), got none: the peer runs a graphfeed older than edge IDs; "
+                        "run one version on every server")
+                if edge_ids is not None:
+                    _check_answer(edge_ids.shape == neighbors.shape,
+                                  f"edges {list(edge_ids.shape)} for {neighbors.numel()} neighbors")
+            return HopSample(counts=counts, neighbors=neighbors, edges=edge_ids)
 
         parts = self._run(nodes_by_partition, call)
-        return {p: HopSample(_joined([h.counts for h in hs]), _joined([h.neighbors for h in hs]))
+        return {p: HopSample(_joined([h.counts for h in hs]), _joined([h.neighbors for h in hs]),
+                             _cat([h.edges for h in hs]) if edges else None)
                 for p, hs in parts.items()}
 
     def node_data(
@@ -299,9 +311,10 @@ class PeerRemote:
         self.feature_types = feature_types
 
     def sample(self, edge_type: EdgeType, nodes_by_partition: Mapping[int, torch.Tensor], fanout: int,
-               key: int, hop: int) -> dict[int, HopSample]:
+               key: int, hop: int, edges: bool = False) -> dict[int, HopSample]:
         return self.client.neighbors(nodes_by_partition, fanout, key, hop, self.options,
-                                     edge_type=edge_type_name(edge_type) if self.typed else "")
+                                     edge_type=edge_type_name(edge_type) if self.typed else "",
+                                     edges=edges)
 
     def node_data(self, node_type: str, nodes_by_partition: Mapping[int, torch.Tensor],
                   features: bool, labels: bool) -> dict[int, NodeData]:

@@ -1,11 +1,11 @@
 """``PeerService``: what the other sampling servers ask of this partition, plain or typed.
 
 ``SampleNeighbors`` draws one hop of a relation for nodes whose in-edges are here
-(:meth:`NeighborSampler.sample_relation`), ``FetchNodeData`` reads their feature and
-label rows and original IDs, ``FetchEdgeData`` the original IDs and features of edges
-held here (:mod:`sampling_server.edge_rows`); all answer in stream chunks. A plain
-graph's requests name no type; a typed graph's name the relation (``edge_type``) or the
-node type.
+(:meth:`NeighborSampler.sample_relation`; with ``want_edges`` the drawn edges' internal
+IDs too), ``FetchNodeData`` reads their feature and label rows and original IDs,
+``FetchEdgeData`` the original IDs and features of edges held here
+(:mod:`sampling_server.edge_rows`); all answer in stream chunks. A plain graph's requests
+name no type; a typed graph's name the relation (``edge_type``) or the node type.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from sampling_server.expectation import check_expectation
 from sampling_server.fields import cast_features, decode_node_ids, wire_feature_dtype
 from sampling_server.limits import check_peer_edge_limits, check_peer_limits
 from sampling_server.metrics import ServerMetrics
+from sampling_server.sampler.base import edges_of
 from sampling_server.store import PartitionStore
 
 
@@ -150,8 +151,10 @@ class PeerServicer:
                                grpc.StatusCode.FAILED_PRECONDITION)
         sampler = store.sampler(replace=request.replace, weighted=request.weighted)
         drawn = sampler.sample_relation(et, torch.from_numpy(nodes).to(sampler.device), request.fanout,
-                                        request.random_seed, request.hop)
+                                        request.random_seed, request.hop, request.want_edges)
         named = {"counts": drawn.counts, "neighbors": drawn.neighbors}
+        if request.want_edges:
+            named["edges"] = edges_of(drawn, "sample_relation")
         # each payload byte copied once, into its message (protos.fastwire)
         return fastwire.encode_chunks(lambda i, n: pb.SampleNeighborsChunk(chunk_index=i, num_chunks=n),
                                       named, self.chunk_bytes)

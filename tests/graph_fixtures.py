@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -29,6 +30,7 @@ from partitioner.graph import (
 from partitioner.synthetic import generate
 from partitioner.writer import partition_graph
 from sampling_server.sampler.base import NeighborSampler
+from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
 from sampling_server.sampler.types import HopSample, Minibatch, SamplerOutput
 
 #: The graph kinds every capability is tested on.
@@ -41,6 +43,9 @@ HUB = 5
 NUM_ISOLATED = 3
 #: Edges of :func:`mixed_graph` that appear more than once (source, target, times).
 REPEATED_EDGES = ((1, 2, 3), (3, 4, 2))
+#: The sampling modes ``(replace, weighted)``, and their test IDs.
+MODES = [(False, False), (True, False), (False, True), (True, True)]
+MODE_IDS = ["uniform", "replace", "weighted", "weighted-replace"]
 
 AnyGraph = GraphData | TypedGraphData
 
@@ -155,6 +160,35 @@ def write_and_load(graph: AnyGraph, root: Path, num_parts: int, method: str = "r
     return [load_partition(root, p) for p in range(read_manifest(root).num_partitions)]
 
 
+class Parted(NamedTuple):
+    """A partitioned graph: where it was written, its partitions, and per node type the
+    original ID -> global ID map."""
+
+    root: Path
+    parts: list[Partition]
+    maps: dict[str, np.ndarray]
+
+    def orig_of(self, node_type: str) -> np.ndarray:
+        """Global ID -> original ID of ``node_type``."""
+        return np.argsort(self.maps[node_type])
+
+
+def parted(graph: AnyGraph, root: Path, parts: int, method: str) -> Parted:
+    """:func:`write_and_load`, with the node maps (checked against the partitions): a
+    ``range`` partitioning keeps every original ID, a ``random`` one renumbers every type."""
+    partitions = write_and_load(graph, root, parts, method=method)
+    out = Parted(root, partitions, check_node_maps(root, partitions))
+    kept = [np.array_equal(m, np.arange(m.size)) for m in out.maps.values()]
+    assert all(kept) if method == "range" else not any(kept) if method == "random" else True, method
+    return out
+
+
+def cpu_samplers(parts: Sequence[Partition], replace: bool = False, weighted: bool = False,
+                 **kw: Any) -> list[CpuNeighborSampler]:
+    """A CPU sampler of each partition."""
+    return [CpuNeighborSampler(p, replace=replace, weighted=weighted, **kw) for p in parts]
+
+
 def node_maps_of(partitions: Sequence[Partition]) -> dict[str, np.ndarray]:
     """Per node type, original ID -> global ID of a partitioned graph (from ``orig_ids``)."""
     m = partitions[0].manifest
@@ -201,13 +235,13 @@ class LocalPeers:
         self.fetched: dict[int, int] = {}
 
     def sample(self, edge_type: EdgeType, nodes_by_partition: Mapping[int, torch.Tensor], fanout: int,
-               key: int, hop: int) -> dict[int, HopSample]:
+               key: int, hop: int, edges: bool = False) -> dict[int, HopSample]:
         out = {}
         for p, nodes in nodes_by_partition.items():
             self.asked[p] = self.asked.get(p, 0) + int(nodes.numel())
             peer = self.samplers[p]
-            s = peer.sample_relation(edge_type, nodes.to(peer.device), fanout, key, hop)
-            out[p] = HopSample(s.counts.cpu(), s.neighbors.cpu())
+            s = peer.sample_relation(edge_type, nodes.to(peer.device), fanout, key, hop, edges)
+            out[p] = HopSample(s.counts.cpu(), s.neighbors.cpu(), None if s.edges is None else s.edges.cpu())
         return out
 
     def node_data(self, node_type: str, nodes_by_partition: Mapping[int, torch.Tensor], features: bool,
@@ -290,6 +324,37 @@ def _check_first_seen(out: SamplerOutput) -> None:
             assert np.array_equal(fresh[np.sort(first)], np.arange(lo, hi)), f"{t} hop {hop}: numbering"
 
 
+def check_edge_ids(out: SamplerOutput, partitions: Sequence[Partition], *, replace: bool = False) -> None:
+    """Every sampled edge's internal ID (``out.edge``, asked for) names that very edge:
+    the partition holding it (:meth:`~partitioner.manifest.Manifest.edge_book`) has the
+    edge's source at that position of its ``indices``, within its target's CSC range;
+    without replacement no edge of a target is sampled twice (repeated edges are
+    distinct edges)."""
+    m = partitions[0].manifest
+    assert set(out.edge) == set(out.row), "every edge type has its edge IDs"
+    for et, edge in out.edge.items():
+        src_t, _, dst_t = et
+        ids = edge.cpu().numpy()
+        assert edge.dtype == torch.int64 and ids.shape == out.row[et].shape, et
+        sources = out.node[src_t].cpu().numpy()[out.row[et].cpu().numpy()]
+        targets = out.node[dst_t].cpu().numpy()[out.col[et].cpu().numpy()]
+        book = np.asarray(m.edge_book(et))
+        assert ids.size == 0 or (ids.min() >= 0 and ids.max() < book[-1]), f"{et}: edge IDs out of range"
+        owner = np.searchsorted(book, ids, side="right") - 1
+        for p in np.unique(owner):
+            part, here = partitions[p], owner == p
+            pos = ids[here] - book[p]
+            indptr, indices = np.asarray(part.indptr[et]), np.asarray(part.indices[et])
+            local = targets[here] - part.node_range(dst_t)[0]
+            assert np.all((local >= 0) & (local < part.num_nodes(dst_t))), f"{et}: target not in part {p}"
+            assert np.array_equal(indices[pos], sources[here]), f"{et}: edge ID of another source"
+            within = (indptr[local] <= pos) & (pos < indptr[local + 1])
+            assert np.all(within), f"{et}: edge ID of another target"
+        if not replace:
+            pairs = np.stack([targets, ids])
+            assert np.unique(pairs, axis=1).shape[1] == ids.size, f"{et}: an edge drawn twice for a target"
+
+
 def assert_same_batch(a: Minibatch, b: Minibatch) -> None:
     """Equal: nodes, edges, counts, features, labels and original IDs of every type."""
     sa, sb = a.structure, b.structure
@@ -299,6 +364,9 @@ def assert_same_batch(a: Minibatch, b: Minibatch) -> None:
     for et in sa.row:
         assert torch.equal(sa.row[et].cpu(), sb.row[et].cpu()), et
         assert torch.equal(sa.col[et].cpu(), sb.col[et].cpu()), et
+    assert set(sa.edge) == set(sb.edge)
+    for et in sa.edge:
+        assert torch.equal(sa.edge[et].cpu(), sb.edge[et].cpu()), et
     assert set(a.x) == set(b.x) and set(a.orig_id) == set(b.orig_id)
     for t in a.x:
         assert torch.equal(a.x[t].cpu(), b.x[t].cpu()), t
@@ -371,7 +439,8 @@ def tiny_typed(seed: int = 0) -> TypedGraphData:
                           target_type="paper", y=y, num_classes=3, splits=splits)
 
 
-__all__ = ["HUB", "KINDS", "NUM_ISOLATED", "PLAIN_EDGE_TYPE", "PLAIN_NODE_TYPE", "REPEATED_EDGES", "AnyGraph",
-           "LocalPeers", "assert_same_batch", "check_node_maps", "check_rows", "check_sampler_output",
-           "global_adjacency", "large", "load_all", "mixed", "mixed_graph", "mixed_typed", "node_maps",
-           "node_maps_of", "star_graph", "target", "tiny_typed", "typed_view", "write_and_load"]
+__all__ = ["HUB", "KINDS", "MODES", "MODE_IDS", "NUM_ISOLATED", "PLAIN_EDGE_TYPE", "PLAIN_NODE_TYPE",
+           "REPEATED_EDGES", "AnyGraph", "LocalPeers", "Parted", "assert_same_batch", "check_edge_ids",
+           "check_node_maps", "check_rows", "check_sampler_output", "cpu_samplers", "global_adjacency",
+           "large", "load_all", "mixed", "mixed_graph", "mixed_typed", "node_maps", "node_maps_of", "parted",
+           "star_graph", "target", "tiny_typed", "typed_view", "write_and_load"]

@@ -15,22 +15,26 @@ import itertools
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from graph_fixtures import (
     HUB,
+    MODE_IDS,
+    MODES,
     NUM_ISOLATED,
     AnyGraph,
     LocalPeers,
+    Parted,
     assert_same_batch,
-    check_node_maps,
     check_rows,
     check_sampler_output,
+    cpu_samplers,
     global_adjacency,
     mixed,
+    parted,
     typed_view,
     write_and_load,
 )
@@ -50,59 +54,28 @@ from sampling_server.sampler import cpu_fused as F
 from sampling_server.sampler.types import HopSample
 
 FANOUTS = [[2, 2], [3, -1], [0, 5], [5, 3, 2]]
-MODES = [(False, False), (True, False), (False, True), (True, True)]  # (replace, weighted)
-MODE_IDS = ["uniform", "replace", "weighted", "weighted-replace"]
 
 # Tiny graphs: Numba's threads would only wait for each other (the kernels' parallel paths
 # are tested with several threads in test_sampler_kernels.py).
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-class Parted(NamedTuple):
-    """A partitioned graph: where it was written, its partitions, and per node type the
-    original ID -> global ID map."""
-
-    root: Path
-    parts: list[Partition]
-    maps: dict[str, np.ndarray]
-
-    def orig_of(self, node_type: str) -> np.ndarray:
-        """Global ID -> original ID of ``node_type``."""
-        return np.argsort(self.maps[node_type])
-
-
-def _parted(graph: AnyGraph, root: Path, parts: int, method: str) -> Parted:
-    partitions = write_and_load(graph, root, parts, method=method)
-    return Parted(root, partitions, check_node_maps(root, partitions))
-
-
 @pytest.fixture(scope="module")
 def whole(graph: AnyGraph, tmp_path_factory: pytest.TempPathFactory) -> list[Partition]:
     """One partition: global IDs are original IDs."""
-    parted = _parted(graph, tmp_path_factory.mktemp("mixed-p1"), 1, "range")
-    assert all(np.array_equal(m, np.arange(m.size)) for m in parted.maps.values())
-    return parted.parts
+    return parted(graph, tmp_path_factory.mktemp("mixed-p1"), 1, "range").parts
 
 
 @pytest.fixture(scope="module")
 def three(graph: AnyGraph, tmp_path_factory: pytest.TempPathFactory) -> list[Partition]:
     """Range partitioning: global IDs equal original IDs, as with one partition."""
-    parted = _parted(graph, tmp_path_factory.mktemp("mixed-p3"), 3, "range")
-    assert all(np.array_equal(m, np.arange(m.size)) for m in parted.maps.values())
-    return parted.parts
+    return parted(graph, tmp_path_factory.mktemp("mixed-p3"), 3, "range").parts
 
 
 @pytest.fixture(scope="module")
 def shuffled(graph: AnyGraph, tmp_path_factory: pytest.TempPathFactory) -> Parted:
     """Random partitioning into 3: global IDs are a real relabelling of the original IDs."""
-    parted = _parted(graph, tmp_path_factory.mktemp("mixed-random3"), 3, "random")
-    assert not any(np.array_equal(m, np.arange(m.size)) for m in parted.maps.values())
-    return parted
-
-
-def _samplers(parts: list[Partition], replace: bool = False, weighted: bool = False,
-              **kw: Any) -> list[CpuNeighborSampler]:
-    return [CpuNeighborSampler(p, replace=replace, weighted=weighted, **kw) for p in parts]
+    return parted(graph, tmp_path_factory.mktemp("mixed-random3"), 3, "random")
 
 
 def _seed_sets(part: Partition) -> list[np.ndarray]:
@@ -194,7 +167,7 @@ def test_multi_partition_batch_equals_single_partition_batch(
     adj = global_adjacency(three)
     assert adj == global_adjacency(whole)
     for parts in (three, shuffled.parts):
-        samplers = _samplers(parts, replace, weighted)
+        samplers = cpu_samplers(parts, replace, weighted)
         peers = LocalPeers(samplers)
         for sampler, fanouts in itertools.product(samplers, FANOUTS):
             t = sampler.target_type
@@ -225,8 +198,8 @@ def test_the_whole_graph_s_structure_draws_every_hop_as_the_owners_would(
     assert {et: a.size for et, a in full.indices.items()} == \
         {et: ei.shape[1] for et, ei in typed.edge_index.items()}
     assert global_adjacency(parts) == _adjacency(full)
-    asking = _samplers(parts, replace, weighted)
-    holding = _samplers(parts, replace, weighted, structure=full)
+    asking = cpu_samplers(parts, replace, weighted)
+    holding = cpu_samplers(parts, replace, weighted, structure=full)
     asking_peers, holding_peers = LocalPeers(asking), LocalPeers(holding)
     for p, fanouts in itertools.product(range(3), FANOUTS):
         t = parts[p].target_type
@@ -251,8 +224,8 @@ def test_every_node_s_rows_gather_as_the_owners_would(graph: AnyGraph, shuffled:
     the rows and labels the owners answer with; no peer is asked."""
     parts = shuffled.parts
     rows = load_node_data(shuffled.root)
-    asking = _samplers(parts)
-    holding = _samplers(parts, structure=load_structure(shuffled.root), node_data=rows)
+    asking = cpu_samplers(parts)
+    holding = cpu_samplers(parts, structure=load_structure(shuffled.root), node_data=rows)
     asking_peers, holding_peers = LocalPeers(asking), LocalPeers(holding)
     gen = torch.Generator().manual_seed(3)
     for p, t in itertools.product(range(3), _featured(graph)):
@@ -281,7 +254,7 @@ def test_every_node_s_rows_gather_as_the_owners_would(graph: AnyGraph, shuffled:
 # -- node data --------------------------------------------------------------------------
 def test_features_and_labels_are_rows_of_n_id(graph: AnyGraph, shuffled: Parted) -> None:
     parts = shuffled.parts
-    samplers = _samplers(parts, False, True)
+    samplers = cpu_samplers(parts, False, True)
     peers = LocalPeers(samplers)
     adj = global_adjacency(parts)
     for sampler, fanouts in itertools.product(samplers, FANOUTS):
@@ -308,8 +281,8 @@ def test_gather_of_mixed_owners_in_a_wire_dtype_equals_indexing_then_casting(
     with features, cast as ``Tensor.to`` casts them, with or without features or labels
     (labels: the target type's only)."""
     typed, parts = typed_view(graph), shuffled.parts
-    sampler = _samplers(parts)[0]
-    peers = LocalPeers(_samplers(parts))
+    sampler = cpu_samplers(parts)[0]
+    peers = LocalPeers(cpu_samplers(parts))
     rng = np.random.default_rng(5)
     for t in _featured(graph):
         n = typed.num_nodes[t]
@@ -356,8 +329,8 @@ def test_gather_to_blocks_equals_gather(graph: AnyGraph, shuffled: Parted, dtype
     returns the same labels: all owned or mixed, blocks of one size (one pass over all of
     them; float16 block by block) or uneven ones (block by block)."""
     typed, parts = typed_view(graph), shuffled.parts
-    sampler = _samplers(parts)[0]
-    peers = LocalPeers(_samplers(parts))
+    sampler = cpu_samplers(parts)[0]
+    peers = LocalPeers(cpu_samplers(parts))
     rng = np.random.default_rng(9)
     for t in _featured(graph):
         width = typed.x[t].shape[1]
@@ -397,7 +370,7 @@ def _gated(name: str, local: Callable[..., Any], remote: Callable[..., Any],
 class _GonePeers:
     """A :class:`~sampling_server.sampler.base.Remote` whose every call fails."""
 
-    def sample(self, *args: Any) -> Mapping[int, HopSample]:
+    def sample(self, *args: Any, **kwargs: Any) -> Mapping[int, HopSample]:
         raise ConnectionError("peer partition 1: gone")
 
     def node_data(self, *args: Any) -> Mapping[int, tuple[torch.Tensor | None, torch.Tensor | None]]:
@@ -415,7 +388,7 @@ def test_peer_requests_are_in_flight_while_the_own_share_is_done(
     peer's request already started, and the peer answers only once the local step ran.
     A peer's error still reaches the caller."""
     parts = shuffled.parts
-    samplers = _samplers(parts)
+    samplers = cpu_samplers(parts)
     sampler, peers = samplers[0], LocalPeers(samplers)
     t = sampler.target_type
     et = next(e for e in sampler.edge_types if e[2] == t)
@@ -471,10 +444,10 @@ def test_fused_path_and_generic_path_agree(whole: list[Partition], three: list[P
     peers draw the remote frontiers and the fused passes relabel them), and leave the
     dense maps all UNSEEN."""
     for parts in (whole, three):
-        dense = _samplers(parts, replace, weighted)
+        dense = cpu_samplers(parts, replace, weighted)
         with monkeypatch.context() as m:
             m.setattr(cpu_sampler, "DENSE_RELABEL_MAX_NODES", 0)
-            hashed = _samplers(parts, replace, weighted)
+            hashed = cpu_samplers(parts, replace, weighted)
         assert all(s._dense_maps for s in dense) and not any(s._dense_maps for s in hashed)
         dense_peers, hashed_peers = LocalPeers(dense), LocalPeers(hashed)
         for (sampler, other), fanouts in itertools.product(zip(dense, hashed, strict=True), FANOUTS):

@@ -25,6 +25,7 @@ from graph_fixtures import (
     AnyGraph,
     LocalPeers,
     assert_same_batch,
+    check_edge_ids,
     check_rows,
     check_sampler_output,
     global_adjacency,
@@ -125,28 +126,36 @@ def test_matches_cpu_sampler(one_part: list[Partition], replace: bool, weighted:
     gpu = CudaNeighborSampler(part, replace=replace, weighted=weighted, topology=topology)
     cpu = CpuNeighborSampler(part, replace=replace, weighted=weighted)
     seeds, t = _seeds(part, 5), part.target_type
-    for key in (batch_key(3, 0, 0, 0), batch_key(3, 0, 1, 9)):
-        _same(gpu.sample(seeds, t, [4, 3], key), cpu.sample(seeds, t, [4, 3], key))
+    for key, edges in ((batch_key(3, 0, 0, 0), False), (batch_key(3, 0, 1, 9), True)):
+        got = gpu.sample(seeds, t, [4, 3], key, edges=edges)
+        assert bool(got.edge) == edges
+        _same(got, cpu.sample(seeds, t, [4, 3], key, edges=edges))
+    check_edge_ids(got, one_part, replace=replace)
     hub = torch.as_tensor(seeds[:1])  # the hub, with in-degree ~ the graph size
     for et in (e for e in part.edge_types if e[2] == t):  # every relation into the hub
         for fanout in (1, 7, 30, -1):
-            a = gpu.sample_relation(et, hub, fanout, key=11, hop=2)
-            b = cpu.sample_relation(et, hub, fanout, key=11, hop=2)
+            a = gpu.sample_relation(et, hub, fanout, key=11, hop=2, edges=True)
+            b = cpu.sample_relation(et, hub, fanout, key=11, hop=2, edges=True)
             assert torch.equal(a.counts.cpu(), b.counts) and torch.equal(a.neighbors.cpu(), b.neighbors)
+            assert a.edges is not None and b.edges is not None and torch.equal(a.edges.cpu(), b.edges)
+            plain = gpu.sample_relation(et, hub, fanout, key=11, hop=2)
+            assert plain.edges is None and torch.equal(plain.neighbors, a.neighbors)
 
 
 @pytest.mark.parametrize(("replace", "weighted"), [(False, False), (True, True)],
                          ids=["uniform", "weighted-replace"])
 def test_matches_cpu_across_partitions(graph: AnyGraph, two_parts: list[Partition], replace: bool,
                                        weighted: bool) -> None:
-    """Two CUDA partitions answering each other draw (and gather) what two CPU partitions do."""
+    """Two CUDA partitions answering each other draw (and gather) what two CPU partitions
+    do, with the same internal edge IDs (the second partition's from its own first edge)."""
     gpus = [CudaNeighborSampler(p, replace=replace, weighted=weighted) for p in two_parts]
     cpus = [CpuNeighborSampler(p, replace=replace, weighted=weighted) for p in two_parts]
     seeds, t = _seeds(two_parts[0], 3), two_parts[0].target_type
-    a = gpus[0].minibatch(seeds, t, [3, 2], 99, remote=LocalPeers(gpus))
-    b = cpus[0].minibatch(seeds, t, [3, 2], 99, remote=LocalPeers(cpus))
+    a = gpus[0].minibatch(seeds, t, [3, 2], 99, remote=LocalPeers(gpus), edges=True)
+    b = cpus[0].minibatch(seeds, t, [3, 2], 99, remote=LocalPeers(cpus), edges=True)
     assert_same_batch(a, b)
     check_rows(graph, a)
+    check_edge_ids(a.structure, two_parts, replace=replace)
 
 
 def _reaching_seeds(part: Partition, count: int) -> np.ndarray:
@@ -365,7 +374,7 @@ def test_launch_signatures_are_declared(tmp_path: Path, launches: list[tuple[str
         part = write_and_load(mixed(kind), tmp_path / kind, 1)[0]
         for replace, weighted in VARIANTS:
             sampler = CudaNeighborSampler(part, replace=replace, weighted=weighted, gpu_cache_size=0.5)
-            sampler.minibatch(_seeds(part), part.target_type, [3, 2], key=4)
+            sampler.minibatch(_seeds(part), part.target_type, [3, 2], key=4, edges=replace)
     table = K.NodeTable(64, L.torch_device())
     K.table_grow(table, 128)
     declared = {name: [tuple(s) for s in sigs] for name, _, sigs in kernel_signatures()}
@@ -446,8 +455,9 @@ def test_larger_graph_matches_cpu(kind: str, tmp_path: Path, replace: bool, weig
     cpu = CpuNeighborSampler(part, replace=replace, weighted=weighted)
     seeds, t = _larger_seeds(part, 512), part.target_type
     for key in range(3):
-        a = gpu.sample(seeds, t, [15, 10, 5], key)
-        _same(a, cpu.sample(seeds, t, [15, 10, 5], key))
+        a = gpu.sample(seeds, t, [15, 10, 5], key, edges=key == 2)
+        _same(a, cpu.sample(seeds, t, [15, 10, 5], key, edges=key == 2))
+    check_edge_ids(a, [part], replace=replace)
     check_sampler_output(a, seeds, t, normalize_num_neighbors([15, 10, 5], part.edge_types),
                          global_adjacency([part]), replace=replace)
 
@@ -463,12 +473,14 @@ def test_larger_graph_across_partitions_matches_cpu(kind: str, tmp_path: Path, t
     gpus = [CudaNeighborSampler(p, topology=topology) for p in parts]
     cpus = [CpuNeighborSampler(p) for p in parts]
     seeds, t = _larger_seeds(parts[0], 512), parts[0].target_type
-    a = gpus[0].minibatch(seeds, t, [25, 20], 5, remote=LocalPeers(gpus))
-    b = cpus[0].minibatch(seeds, t, [25, 20], 5, remote=LocalPeers(cpus))
+    a = gpus[0].minibatch(seeds, t, [25, 20], 5, remote=LocalPeers(gpus), edges=True)
+    b = cpus[0].minibatch(seeds, t, [25, 20], 5, remote=LocalPeers(cpus), edges=True)
     assert all(n.device.type == "cuda" for n in a.structure.node.values())
+    assert all(e.device.type == "cuda" for e in a.structure.edge.values())
     assert_same_batch(a, b)
     check_sampler_output(a.structure, seeds, t, normalize_num_neighbors([25, 20], parts[0].edge_types),
                          global_adjacency(parts))
+    check_edge_ids(a.structure, parts)
     check_rows(graph, a)
 
 

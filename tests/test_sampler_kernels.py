@@ -92,7 +92,9 @@ def reference_draw(neighbors: np.ndarray, weights: np.ndarray | None, fanout: in
 
 def _check_relation_draws(sampler: CpuNeighborSampler, part: Partition, et: EdgeType) -> None:
     """Every node's draws along ``et`` are the reference's, keyed by the relation's draw
-    key and the node's original ID."""
+    key and the node's original ID; asked for, their internal edge IDs come with the same
+    draws and name the drawn edges (the source at that CSC position, within the node's
+    range; distinct without replacement)."""
     indptr, indices = np.asarray(part.indptr[et]), np.asarray(part.indices[et])
     weight = np.asarray(part.edge_weight[et]) if sampler.weighted else None
     orig = np.asarray(part.orig_ids[et[2]])
@@ -100,12 +102,20 @@ def _check_relation_draws(sampler: CpuNeighborSampler, part: Partition, et: Edge
     nodes = torch.arange(start, stop)
     for fanout, key, hop in itertools.product([0, 1, 3, 7, 40, -1], [1, 2**63 + 5], [0, 2]):
         got = sampler.sample_relation(et, nodes, fanout, key, hop)
+        with_edges = sampler.sample_relation(et, nodes, fanout, key, hop, edges=True)
+        assert got.edges is None and with_edges.edges is not None
+        assert torch.equal(with_edges.counts, got.counts) and torch.equal(with_edges.neighbors, got.neighbors)
         counts, flat, at = got.counts.tolist(), got.neighbors.tolist(), 0
+        pos = with_edges.edges.numpy() - part.edge_start[et]
+        assert np.array_equal(indices[pos], got.neighbors.numpy())
         for v in range(stop - start):
             lo, hi = indptr[v], indptr[v + 1]
             want = reference_draw(indices[lo:hi], None if weight is None else weight[lo:hi], fanout,
                                   sampler.draw_key(key, et), hop, int(orig[v]), sampler.replace)
             assert flat[at:at + counts[v]] == want, (et, v, fanout, key, hop)
+            mine = pos[at:at + counts[v]]
+            assert np.all((lo <= mine) & (mine < hi)), (et, v, fanout)
+            assert sampler.replace or np.unique(mine).size == mine.size, (et, v, fanout)
             at += counts[v]
         assert at == len(flat)
 
@@ -338,8 +348,8 @@ def test_concurrent_batches_under_the_workqueue_threading_layer(tmp_path: Path) 
 @pytest.mark.parametrize("seed", range(4))
 def test_answers_of_several_owners_go_back_in_frontier_order(seed: int) -> None:
     """merge_hop_samples: each owner answers its frontier entries (a count and a run of
-    neighbors each, runs back to back); the merged hop lists every entry's run in
-    frontier order, as per-entry Python lists do."""
+    neighbors and of their edge IDs each, runs back to back); the merged hop lists every
+    entry's runs in frontier order, as per-entry Python lists do."""
     gen = np.random.default_rng(seed)
     n = int(gen.integers(0, 300))
     owner = gen.integers(0, 3, n)
@@ -353,12 +363,18 @@ def test_answers_of_several_owners_go_back_in_frontier_order(seed: int) -> None:
         for p, c in zip(pos.tolist(), counts.tolist(), strict=True):
             runs[p] = values[start:start + c].tolist()
             start += c
-        parts[g] = HopSample(counts=torch.from_numpy(counts), neighbors=torch.from_numpy(values))
+        parts[g] = HopSample(counts=torch.from_numpy(counts), neighbors=torch.from_numpy(values),
+                             edges=torch.from_numpy(values) + 7)  # edge IDs: as neighbors, shifted
     if seed % 2:  # answers may come in int32
-        parts = {g: HopSample(h.counts.to(torch.int32), h.neighbors) for g, h in parts.items()}
+        parts = {g: HopSample(h.counts.to(torch.int32), h.neighbors, h.edges) for g, h in parts.items()}
     merged = merge_hop_samples(n, positions, parts, torch.device("cpu"))
     assert merged.counts.tolist() == [len(r) for r in runs]
     assert merged.neighbors.tolist() == [v for r in runs for v in r]
+    assert merged.edges is not None and merged.edges.tolist() == [v + 7 for r in runs for v in r]
+    # a part without edge IDs: the merged hop has none (edges were not asked for)
+    edgeless = {g: HopSample(h.counts, h.neighbors) for g, h in parts.items()}
+    again = merge_hop_samples(n, positions, edgeless, torch.device("cpu"))
+    assert (again.edges is None or not positions) and torch.equal(again.neighbors, merged.neighbors)
 
 
 def test_the_helpers_that_keep_the_interpreter_lock_agree_with_numpy() -> None:

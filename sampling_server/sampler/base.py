@@ -12,6 +12,11 @@ are numbered per type, relation after relation in the graph's edge-type order, a
 (hetero) ``NeighborLoader`` numbers them. Draws depend only on ``(batch key, relation,
 hop, original ID)`` (:meth:`NeighborSampler.draw_key`), so the split changes nothing:
 a multi-partition batch equals the batch one sampler holding the whole graph would draw.
+
+Asked for edges (``edges=True``), every sampled edge also carries its internal edge ID:
+the ``edge_start`` of the structure it was drawn from plus its position in that
+structure's ``indices`` (:meth:`~partitioner.manifest.Manifest.edge_book`), whichever
+partition drew it; asking changes no draw.
 """
 
 from __future__ import annotations
@@ -64,7 +69,9 @@ class Remote(Protocol):
     """
 
     def sample(self, edge_type: EdgeType, nodes_by_partition: ByPartition, fanout: int,
-               key: int, hop: int) -> Mapping[int, HopSample]: ...
+               key: int, hop: int, edges: bool = False) -> Mapping[int, HopSample]:
+        """With ``edges``, each answer's :attr:`HopSample.edges` too."""
+        ...
 
     def node_data(self, node_type: str, nodes_by_partition: ByPartition, features: bool,
                   labels: bool) -> Mapping[int, NodeRows]: ...
@@ -80,9 +87,9 @@ class InProcessPeers:
         self.samplers = list(samplers)
 
     def sample(self, edge_type: EdgeType, nodes_by_partition: ByPartition, fanout: int, key: int,
-               hop: int) -> dict[int, HopSample]:
+               hop: int, edges: bool = False) -> dict[int, HopSample]:
         return {p: self.samplers[p].sample_relation(edge_type, on_device(n, self.samplers[p].device),
-                                                    fanout, key, hop)
+                                                    fanout, key, hop, edges)
                 for p, n in nodes_by_partition.items()}
 
     def node_data(self, node_type: str, nodes_by_partition: ByPartition, features: bool,
@@ -93,6 +100,17 @@ class InProcessPeers:
 
     def orig_ids(self, node_type: str, nodes_by_partition: ByPartition) -> dict[int, torch.Tensor]:
         return {p: self.samplers[p].orig_ids_local(node_type, n) for p, n in nodes_by_partition.items()}
+
+
+def edges_of(drawn: HopSample, who: str) -> torch.Tensor:
+    """``drawn.edges``, asked for of ``who``; a ``RuntimeError`` naming it if it answered
+    without them."""
+    if drawn.edges is None:
+        raise RuntimeError(f"{who} answered without the edge IDs asked for")
+    if drawn.edges.shape != drawn.neighbors.shape:
+        raise RuntimeError(f"{who} answered {list(drawn.edges.shape)} edge IDs for "
+                           f"{drawn.neighbors.numel()} neighbors")
+    return drawn.edges
 
 
 class Relabeler(abc.ABC):
@@ -153,6 +171,8 @@ class NeighborSampler(abc.ABC):
         self.structure = structure
         self.draw = {t: self._wider(structure.node_range(t), t, "structure", "in-edges")
                      for t in self.node_types}
+        #: Edge type to the internal edge ID of the first entry of its ``indices`` here.
+        self.edge_start = {et: int(structure.edge_start.get(et, 0)) for et in self.edge_types}
         #: The features and labels gathered from here, and per node type the IDs whose
         #: rows they are.
         self.node_data = node_data
@@ -185,14 +205,15 @@ class NeighborSampler(abc.ABC):
         return int(key) & ((1 << 64) - 1) if self.plain else relation_key(key, edge_type)
 
     def sample_relation(self, edge_type: EdgeType, nodes: torch.Tensor, fanout: int, key: int,
-                        hop: int) -> HopSample:
+                        hop: int, edges: bool = False) -> HopSample:
         """Draw in-neighbors along ``edge_type`` of ``nodes`` (global IDs of its destination
         type whose in-edges are here, :attr:`draw`) for batch ``key``; ``neighbors`` are
-        global IDs of the source type. This is also what a peer serves for a remote frontier."""
+        global IDs of the source type, and with ``edges`` the drawn edges' internal IDs
+        come too. This is also what a peer serves for a remote frontier."""
         et = self.check_edge_type(edge_type, "edge_type")
         ids = self.node_ids(nodes, "nodes")
         self.check_drawable(et[2], ids, "nodes")
-        return self.sample_owned(et, ids, fanout, key, hop)
+        return self.sample_owned(et, ids, fanout, key, hop, edges)
 
     def gather_local(self, node_type: str, nodes: torch.Tensor, features: bool,
                      labels: bool) -> NodeRows:
@@ -211,8 +232,10 @@ class NeighborSampler(abc.ABC):
 
     @abc.abstractmethod
     def sample_owned(self, edge_type: EdgeType, nodes: torch.Tensor, fanout: int, key: int,
-                     hop: int) -> HopSample:
-        """:meth:`sample_relation` of nodes already known to have their in-edges here."""
+                     hop: int, edges: bool = False) -> HopSample:
+        """:meth:`sample_relation` of nodes already known to have their in-edges here
+        (:attr:`HopSample.edges`: the internal IDs of the drawn edges, with ``edges``;
+        the same neighbors either way)."""
 
     @abc.abstractmethod
     def gather_owned(self, node_type: str, nodes: torch.Tensor, features: bool, labels: bool) -> NodeRows:
@@ -385,10 +408,11 @@ class NeighborSampler(abc.ABC):
         return out
 
     def sample(self, seeds: torch.Tensor | np.ndarray, seed_type: str, num_neighbors: NumNeighbors,
-               key: int, remote: Remote | None = None) -> SamplerOutput:
+               key: int, remote: Remote | None = None, edges: bool = False) -> SamplerOutput:
         """Sample the multi-hop neighborhood of ``seeds`` (unique global IDs of
         ``seed_type``). Nodes whose in-edges are elsewhere need ``remote``: their neighbors
-        are drawn by their owners, exactly as here."""
+        are drawn by their owners, exactly as here. With ``edges``,
+        :attr:`SamplerOutput.edge` holds every sampled edge's internal ID."""
         fanouts = normalize_num_neighbors(num_neighbors, self.edge_types)
         hops = num_hops(fanouts)
         seeds_t = self._seed_tensor(seeds, seed_type, remote)
@@ -397,19 +421,22 @@ class NeighborSampler(abc.ABC):
         nodes = {t: [f] for t, f in frontier.items()}
         rows: dict[EdgeType, list[torch.Tensor]] = {et: [] for et in self.edge_types}
         cols: dict[EdgeType, list[torch.Tensor]] = {et: [] for et in self.edge_types}
+        edge_ids: dict[EdgeType, list[torch.Tensor]] = {et: [] for et in self.edge_types}
         first_local = dict.fromkeys(self.node_types, 0)
         relabelers = {t: self.new_relabeler(t, f) for t, f in frontier.items()}
         for hop in range(hops):
             added: dict[str, list[torch.Tensor]] = {t: [] for t in self.node_types}
             for et in self.edge_types:
                 src, _, dst = et
-                drawn = self.sample_frontier(et, frontier[dst], fanouts[et][hop], key, hop, remote)
+                drawn = self.sample_frontier(et, frontier[dst], fanouts[et][hop], key, hop, remote, edges)
                 new, local = (relabelers[src].add(drawn.neighbors) if drawn.neighbors.numel()
                               else (empty, empty))
                 added[src].append(new)
                 targets = torch.arange(first_local[dst], first_local[dst] + frontier[dst].numel(),
                                        device=self.device)
                 rows[et].append(local)
+                if edges:
+                    edge_ids[et].append(edges_of(drawn, "sample_frontier"))
                 # output_size: known here, so a GPU need not read the sum back
                 cols[et].append(torch.repeat_interleave(targets, drawn.counts,
                                                         output_size=int(local.numel())))
@@ -423,30 +450,33 @@ class NeighborSampler(abc.ABC):
             row={et: torch.cat(v) if v else empty for et, v in rows.items()},
             col={et: torch.cat(v) if v else empty for et, v in cols.items()},
             num_sampled_nodes={t: [int(n.numel()) for n in v] for t, v in nodes.items()},
-            num_sampled_edges={et: [int(r.numel()) for r in v] for et, v in rows.items()})
+            num_sampled_edges={et: [int(r.numel()) for r in v] for et, v in rows.items()},
+            edge={et: torch.cat(v) if v else empty for et, v in edge_ids.items()} if edges else {})
 
     def sample_frontier(self, edge_type: EdgeType, frontier: torch.Tensor, fanout: int, key: int,
-                        hop: int, remote: Remote | None) -> HopSample:
+                        hop: int, remote: Remote | None, edges: bool = False) -> HopSample:
         """In-neighbors along ``edge_type`` of a frontier that may span partitions, in
-        frontier order."""
+        frontier order (with their edges' internal IDs, with ``edges``)."""
         dst = edge_type[2]
         if fanout == 0 or frontier.numel() == 0:
             zeros = torch.zeros(frontier.numel(), dtype=torch.int64, device=self.device)
-            return HopSample(counts=zeros, neighbors=zeros[:0])
+            return HopSample(counts=zeros, neighbors=zeros[:0], edges=zeros[:0] if edges else None)
         if self.draws_all(dst, frontier):
-            return self.sample_owned(edge_type, frontier, fanout, key, hop)
+            return self.sample_owned(edge_type, frontier, fanout, key, hop, edges)
         if remote is None:
             raise RuntimeError(f"frontier of hop {hop} reaches other partitions but no remote sampler "
                                f"was given")
         groups, local_pos, pending = self._ask_owners(
-            dst, frontier, lambda asked: remote.sample(edge_type, asked, fanout, key, hop))
+            dst, frontier, lambda asked: remote.sample(edge_type, asked, fanout, key, hop, edges=edges))
         parts: dict[int, HopSample] = {}
         if local_pos is not None:
-            parts[-1] = self.sample_relation(edge_type, take(frontier, local_pos), fanout, key, hop)
+            parts[-1] = self.sample_relation(edge_type, take(frontier, local_pos), fanout, key, hop, edges)
         answers = pending.result()  # bounded: peer calls carry deadlines
         for p in groups:
-            parts[p] = HopSample(on_device(answers[p].counts, self.device),
-                                 on_device(answers[p].neighbors, self.device))
+            answer = answers[p]
+            edge_ids = on_device(edges_of(answer, f"partition {p}"), self.device) if edges else None
+            parts[p] = HopSample(on_device(answer.counts, self.device),
+                                 on_device(answer.neighbors, self.device), edge_ids)
         if local_pos is not None:
             groups[-1] = local_pos
         return merge_hop_samples(frontier.numel(), groups, parts, self.device)
@@ -536,9 +566,10 @@ class NeighborSampler(abc.ABC):
 
     def minibatch(self, seeds: torch.Tensor | np.ndarray, seed_type: str, num_neighbors: NumNeighbors,
                   key: int, *, features: bool = True, labels: bool = True, original_ids: bool = True,
-                  remote: Remote | None = None) -> Minibatch:
-        """Sample, then gather per node type: the whole minibatch of ``seeds``."""
-        out = self.sample(seeds, seed_type, num_neighbors, key, remote)
+                  remote: Remote | None = None, edges: bool = False) -> Minibatch:
+        """Sample, then gather per node type: the whole minibatch of ``seeds`` (its
+        structure with the sampled edges' internal IDs, with ``edges``)."""
+        out = self.sample(seeds, seed_type, num_neighbors, key, remote, edges)
         batch = Minibatch(structure=out, target_type=self.target_type)
         for t, n_id in out.node.items():
             x, y = self.gather(t, n_id, features=features, labels=labels, remote=remote)

@@ -19,6 +19,11 @@ the batch's preallocated ``n_id``, ``row`` and ``col`` in three passes:
    order): first-seen order, as the generic relabeler numbers them; the map entries of
    the node :data:`NUMBER_LOOKAHEAD` places ahead are prefetched.
 
+A batch that asks for edges (an :class:`EdgeList` made with ``edges=True``) also gets
+each edge's internal edge ID, aligned with ``row`` and ``col``: pass 1 writes it beside
+each drawn neighbor (``edge_start`` + the position drawn in ``indices``), pass 2 beside
+each edge; a batch that does not ask passes arrays without entries, which the passes skip.
+
 The draws are :func:`cpu_kernels.sample_neighbors`', position for position.
 """
 
@@ -32,10 +37,12 @@ import numpy as np
 from protos.prefetch import prefetch
 from sampling_server.sampler.cpu_glue import exclusive_offsets, total
 from sampling_server.sampler.cpu_kernels import (
+    edge_buffer,
     floyd_positions,
     node_stream,
     num_draws,
     parallel_guard,
+    positions_to_sources,
     takes_all,
     uniform_below,
 )
@@ -76,10 +83,11 @@ def _draw_block(
     indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int,
     orig_is_global: bool, frontier: np.ndarray, lo: int, hi: int, fanout: int, key: np.uint64,
     hop: int, replace: bool, local_of: np.ndarray, slots: np.ndarray, lid: np.ndarray,
-    counts: np.ndarray, first: np.ndarray, orig: np.ndarray,
+    counts: np.ndarray, first: np.ndarray, orig: np.ndarray, edge_start: int, edge_slots: np.ndarray,
 ) -> None:
     """Pass 1 for frontier nodes ``lo:hi``: draws into ``slots`` (``fanout`` per node),
-    their map entries into ``lid``, the number drawn into ``counts``."""
+    their map entries into ``lid``, the number drawn into ``counts``; their internal edge
+    IDs into ``edge_slots`` (slot for slot) when that is not empty."""
     for i in range(lo, hi):  # CSC ranges and original IDs: independent random reads
         v = frontier[i] - node_start
         first[i] = indptr[v]
@@ -87,14 +95,13 @@ def _draw_block(
         orig[i] = frontier[i] if orig_is_global else orig_ids[v]
     for i in range(lo, hi):  # positions: arithmetic only
         counts[i] = _positions(key, hop, orig[i], counts[i], fanout, replace, slots, i * fanout)
-    for i in range(lo, hi):  # neighbor IDs
-        f, o = first[i], i * fanout
+    for i in range(lo, hi):  # neighbor IDs (and edge IDs)
         a = i + DRAW_LOOKAHEAD
         if a < hi:
             for p in range(a * fanout, a * fanout + counts[a]):
                 prefetch(indices, first[a] + slots[p])  # type: ignore[call-arg]
-        for p in range(o, o + counts[i]):
-            slots[p] = indices[f + slots[p]]
+        positions_to_sources(indices, first[i], slots, i * fanout, counts[i], edge_slots,
+                             edge_start + first[i])
     for i in range(lo, hi):  # map entries
         o = i * fanout
         a = i + DRAW_LOOKAHEAD
@@ -109,24 +116,26 @@ def _draw_block(
 def draw_and_look_up(
     indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int,
     orig_is_global: bool, frontier: np.ndarray, fanout: int, key: np.uint64, hop: int,
-    replace: bool, local_of: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    replace: bool, local_of: np.ndarray, edge_start: int, want_edges: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Pass 1 of a hop drawn here (``0 <= fanout``). Returns ``(slots, lid, base,
-    counts)``: node ``i``'s draws are ``slots[base[i]:][:counts[i]]`` (global IDs), their
-    map entries the same slice of ``lid``. ``orig_is_global``: every owned node's original
-    ID is its global ID (one range partition), so ``orig_ids`` is not read."""
+    counts, edge_slots)``: node ``i``'s draws are ``slots[base[i]:][:counts[i]]`` (global
+    IDs), their map entries the same slice of ``lid``, their internal edge IDs that of
+    ``edge_slots`` (``want_edges``; else it is empty). ``orig_is_global``: every owned
+    node's original ID is its global ID (one range partition), so ``orig_ids`` is not read."""
     n = frontier.size
     counts = np.empty(n, dtype=np.int64)
     first = np.empty(n, dtype=np.int64)
     orig = np.empty(n, dtype=np.int64)
     slots = np.empty(n * fanout, dtype=np.int64)
     lid = np.empty(n * fanout, dtype=local_of.dtype)
+    edge_slots = edge_buffer(n * fanout, want_edges)
     for b in numba.prange((n + BLOCK - 1) // BLOCK):
         _draw_block(indptr, indices, orig_ids, node_start, orig_is_global, frontier, b * BLOCK,
                     min(n, (b + 1) * BLOCK), fanout, key, hop, replace, local_of, slots, lid,
-                    counts, first, orig)
+                    counts, first, orig, edge_start, edge_slots)
     base = np.arange(n) * fanout
-    return slots, lid, base, counts
+    return slots, lid, base, counts, edge_slots
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
@@ -143,15 +152,20 @@ def look_up_drawn(local_of: np.ndarray, neighbors: np.ndarray, counts: np.ndarra
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def write_edges(lid: np.ndarray, base: np.ndarray, counts: np.ndarray, first_target: int,
-                row: np.ndarray, col: np.ndarray, e_start: int) -> np.ndarray:
+                row: np.ndarray, col: np.ndarray, e_start: int, edge_ids: np.ndarray,
+                edge: np.ndarray) -> np.ndarray:
     """Pass 2: node ``i``'s edges at ``e_start + offsets[i]`` (sources as in ``lid``,
-    negative while unseen). Returns the offsets (``[n + 1]``, from ``e_start``)."""
+    negative while unseen), and when ``edge`` is not empty their internal edge IDs (from
+    ``edge_ids``, laid out as ``lid``). Returns the offsets (``[n + 1]``, from ``e_start``)."""
     offsets = exclusive_offsets(counts, e_start)
     for i in numba.prange(counts.size):
         o, b, target = offsets[i], base[i], first_target + i
         for t in range(counts[i]):
             row[o + t] = lid[b + t]
             col[o + t] = target
+        if edge.size:
+            for t in range(counts[i]):
+                edge[o + t] = edge_ids[b + t]
     return offsets
 
 
@@ -206,12 +220,14 @@ def forget(local_of: np.ndarray, ids: np.ndarray) -> None:
 
 class CscView:
     """What a hop drawn here reads: one relation's CSC over the owned destination nodes
-    (the first owned, ``node_start``), and their original IDs."""
+    (the first owned, ``node_start``), and their original IDs; ``edge_start``: the
+    internal edge ID of ``indices[0]``."""
 
     def __init__(self, indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray,
-                 node_start: int, orig_is_global: bool):
+                 node_start: int, orig_is_global: bool, edge_start: int = 0):
         self.indptr, self.indices, self.orig_ids = indptr, indices, orig_ids
         self.node_start = node_start
+        self.edge_start = edge_start
         #: Whether every original ID is the global ID (then draws need not read them;
         #: :func:`rows.is_identity`).
         self.orig_is_global = orig_is_global
@@ -278,26 +294,41 @@ class NodeList:
             self.closed = True
 
 
-class EdgeList:
-    """One batch's edges (of one relation): local ``row`` and ``col``, hop after hop."""
+#: The internal edge IDs of a batch that asks for none (no entries: the passes skip them).
+NO_EDGES = np.empty(0, dtype=np.int64)
 
-    def __init__(self, capacity: int):
+
+class EdgeList:
+    """One batch's edges (of one relation): local ``row`` and ``col``, hop after hop, and
+    with ``edges`` their internal edge IDs (``edge``, aligned with them; else None)."""
+
+    def __init__(self, capacity: int, edges: bool = False):
         self.row = np.empty(max(capacity, 1), dtype=np.int64)
         self.col = np.empty(max(capacity, 1), dtype=np.int64)
+        self.edge: np.ndarray | None = np.empty(max(capacity, 1), dtype=np.int64) if edges else None
         self.size = 0
         self.per_hop: list[int] = []
 
 
 def add_hop(nodes: NodeList, edges: EdgeList, first_target: int, slots: np.ndarray,
-            lid: np.ndarray, base: np.ndarray, counts: np.ndarray) -> None:
+            lid: np.ndarray, base: np.ndarray, counts: np.ndarray, edge_ids: np.ndarray | None) -> None:
     """Passes 2 and 3 of a hop (after :func:`draw_and_look_up` or :func:`look_up_drawn`)
-    into ``nodes`` and ``edges``, growing them as needed."""
+    into ``nodes`` and ``edges``, growing them as needed; ``edge_ids``: the drawn edges'
+    internal IDs, laid out as ``slots`` (needed when ``edges`` keeps them)."""
     drawn = int(total(counts))
     nodes.n_id = _grown(nodes.n_id, nodes.count, min(nodes.count + drawn, nodes.local_of.size))
     edges.row = _grown(edges.row, edges.size, edges.size + drawn)
     edges.col = _grown(edges.col, edges.size, edges.size + drawn)
+    edge = NO_EDGES
+    if edges.edge is not None:
+        if edge_ids is None or edge_ids.size < slots.size:
+            got = None if edge_ids is None else edge_ids.size
+            raise ValueError(f"edge_ids: expected the internal IDs of the {slots.size} drawn edges "
+                             f"(the batch asks for edges), got {got}")
+        edges.edge = edge = _grown(edges.edge, edges.size, edges.size + drawn)
     before = nodes.count
-    offsets = write_edges(lid, base, counts, first_target, edges.row, edges.col, edges.size)
+    offsets = write_edges(lid, base, counts, first_target, edges.row, edges.col, edges.size,
+                          NO_EDGES if edge_ids is None else edge_ids, edge)
     nodes.count = int(number_unseen(slots, lid, base, counts, offsets, nodes.local_of, before,
                                     nodes.n_id, edges.row))
     edges.size += drawn
@@ -311,19 +342,21 @@ START_CAPACITY_MAX = 1 << 23
 def draw_hop(nodes: NodeList, edges: EdgeList, first_target: int, csc: CscView,
              frontier: np.ndarray, fanout: int, key: np.uint64, hop: int, replace: bool) -> None:
     """A hop drawn here (every ``frontier`` node owned, ``0 <= fanout``): the three passes
-    into ``nodes`` (the sources' type) and ``edges``; the frontier's local IDs start at
-    ``first_target``."""
+    into ``nodes`` (the sources' type) and ``edges`` (with the edges' internal IDs when
+    it keeps them); the frontier's local IDs start at ``first_target``."""
+    want_edges = edges.edge is not None
     with parallel_guard():
-        slots, lid, base, counts = draw_and_look_up(
+        slots, lid, base, counts, edge_ids = draw_and_look_up(
             csc.indptr, csc.indices, csc.orig_ids, csc.node_start, csc.orig_is_global, frontier,
-            fanout, key, hop, replace, nodes.local_of)
-        add_hop(nodes, edges, first_target, slots, lid, base, counts)
+            fanout, key, hop, replace, nodes.local_of, csc.edge_start, want_edges)
+        add_hop(nodes, edges, first_target, slots, lid, base, counts, edge_ids if want_edges else None)
 
 
 def relabel_hop(nodes: NodeList, edges: EdgeList, first_target: int, neighbors: np.ndarray,
-                counts: np.ndarray, hop: int) -> None:
+                counts: np.ndarray, hop: int, edge_ids: np.ndarray | None = None) -> None:
     """A hop drawn elsewhere (``counts[i]`` neighbors of frontier node ``i``, grouped in
-    ``neighbors``): the relabel's passes into ``nodes`` and ``edges``."""
+    ``neighbors``; ``edge_ids``: their internal edge IDs, aligned with them, needed when
+    ``edges`` keeps them): the relabel's passes into ``nodes`` and ``edges``."""
     with parallel_guard():
         lid, base = look_up_drawn(nodes.local_of, neighbors, counts)
-        add_hop(nodes, edges, first_target, neighbors, lid, base, counts)
+        add_hop(nodes, edges, first_target, neighbors, lid, base, counts, edge_ids)

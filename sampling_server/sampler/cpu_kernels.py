@@ -9,6 +9,10 @@ the GPU cannot change a result.
 
 Draw kernels run in two passes: draw counts per frontier node, an exclusive prefix sum
 of them (the output offsets), then a parallel fill (``prange``) of each node's slice.
+Asked for them (``want_edges``), they also write each drawn edge's internal edge ID
+(``edge_start`` + its position in ``indices``) into an array aligned with the neighbors;
+otherwise that array has no entries and the draws skip it (:func:`put_draw`). Either
+way the same positions are drawn.
 """
 
 from __future__ import annotations
@@ -190,29 +194,57 @@ def floyd_positions(stream: np.uint64, degree: int, k: int, out: np.ndarray, o: 
         _floyd_table(stream, degree, k, out, o)
 
 
+@numba.njit(inline="always", nogil=True, cache=True)
+def put_draw(indices: np.ndarray, first: int, p: int, out: np.ndarray, at: int, edges: np.ndarray,
+             edge_first: int) -> None:
+    """Position ``p`` of a node's CSC range (from ``first``) as a draw: its source into
+    ``out[at]`` and, when ``edges`` is not empty, its internal edge ID (``edge_first + p``)
+    into ``edges[at]``."""
+    out[at] = indices[first + p]
+    if edges.size:
+        edges[at] = edge_first + p
+
+
+@numba.njit(nogil=True, cache=True)
+def _all_edges(indices: np.ndarray, first: int, c: int, out: np.ndarray, o: int, edges: np.ndarray,
+               edge_first: int) -> None:
+    """A node's draw of all its ``c`` in-edges, in CSC order, into ``out[o:o+c]``."""
+    for t in range(c):  # (a loop: slice assignment costs seconds of compile time)
+        put_draw(indices, first, t, out, o + t, edges, edge_first)
+
+
+@numba.njit(nogil=True, cache=True)
+def positions_to_sources(indices: np.ndarray, first: int, out: np.ndarray, o: int, c: int,
+                         edges: np.ndarray, edge_first: int) -> None:
+    """``out[o:o+c]``, positions in a node's CSC range (from ``first``), as draws there."""
+    for t in range(o, o + c):
+        put_draw(indices, first, out[t], out, t, edges, edge_first)
+
+
 @numba.njit(nogil=True, cache=True)
 def _draw_uniform(
     indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int, v: int,
     fanout: int,
-    key: np.uint64, hop: int, replace: bool, out: np.ndarray, o: int,
+    key: np.uint64, hop: int, replace: bool, out: np.ndarray, o: int, edges: np.ndarray,
+    edge_start: int,
 ) -> int:
-    """Node ``v``'s unweighted draw into ``out[o:]``; returns how many it drew. The
-    draw is keyed by ``v``'s original ID (``orig_ids[v - node_start]``)."""
+    """Node ``v``'s unweighted draw into ``out[o:]`` (its edges' internal IDs into
+    ``edges[o:]`` when that is not empty); returns how many it drew. The draw is keyed
+    by ``v``'s original ID (``orig_ids[v - node_start]``)."""
     first = indptr[v - node_start]
     degree = indptr[v - node_start + 1] - first
     c = num_draws(degree, fanout, replace)
     if c > 0 and takes_all(degree, fanout, replace):
-        for t in range(c):  # (a loop: slice assignment costs seconds of compile time)
-            out[o + t] = indices[first + t]
+        _all_edges(indices, first, c, out, o, edges, edge_start + first)
     elif c > 0:
         stream = node_stream(key, hop, orig_ids[v - node_start])
         if replace:
             for t in range(c):
-                out[o + t] = indices[first + uniform_below(stream, t, degree)]
+                put_draw(indices, first, uniform_below(stream, t, degree), out, o + t, edges,
+                         edge_start + first)
         else:
             floyd_positions(stream, degree, c, out, o)
-            for t in range(o, o + c):
-                out[t] = indices[first + out[t]]
+            positions_to_sources(indices, first, out, o, c, edges, edge_start + first)
     return c
 
 
@@ -236,57 +268,84 @@ def _prefetch_nodes(indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarra
             prefetch(indices, e)  # type: ignore[call-arg]
 
 
+@numba.njit(inline="always", nogil=True, cache=True)
+def edge_buffer(size: int, want_edges: bool) -> np.ndarray:
+    """The internal edge IDs' output: ``size`` entries when asked for, else none."""
+    return np.empty(size if want_edges else 0, dtype=np.int64)
+
+
 @numba.njit(parallel=True, nogil=True, cache=True)
 def sample_uniform_parallel(
     indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int,
-    nodes: np.ndarray, fanout: int, key: np.uint64, hop: int, replace: bool,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Unweighted draws for ``nodes``: ``(offsets [F+1], neighbors)`` in global IDs."""
+    nodes: np.ndarray, fanout: int, key: np.uint64, hop: int, replace: bool, edge_start: int,
+    want_edges: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unweighted draws for ``nodes``: ``(offsets [F+1], neighbors, edges)``, neighbors in
+    global IDs, edges their internal edge IDs (``want_edges``; else empty)."""
     n = nodes.size
     counts = np.empty(n, dtype=np.int64)
     if 0 <= fanout <= STRIDE_MAX_FANOUT:  # then compact: each node's offsets read once, not twice
         slots = np.empty(n * fanout, dtype=np.int64)
+        edge_slots = edge_buffer(n * fanout, want_edges)
         for i in numba.prange(n):
             _prefetch_nodes(indptr, indices, orig_ids, node_start, nodes, i)
             counts[i] = _draw_uniform(indptr, indices, orig_ids, node_start, nodes[i], fanout, key, hop,
-                                      replace, slots, i * fanout)
+                                      replace, slots, i * fanout, edge_slots, edge_start)
         offsets = exclusive_offsets(counts)
         out = np.empty(offsets[n], dtype=np.int64)
+        edges = edge_buffer(offsets[n], want_edges)
         for i in numba.prange(n):
             for t in range(counts[i]):
                 out[offsets[i] + t] = slots[i * fanout + t]
-        return offsets, out
+            if edges.size:
+                for t in range(counts[i]):
+                    edges[offsets[i] + t] = edge_slots[i * fanout + t]
+        return offsets, out, edges
     for i in numba.prange(n):
         counts[i] = _node_draws(indptr, nodes, node_start, fanout, replace, i)
     offsets = exclusive_offsets(counts)
     out = np.empty(offsets[n], dtype=np.int64)
+    edges = edge_buffer(offsets[n], want_edges)
     for i in numba.prange(n):
         _prefetch_nodes(indptr, indices, orig_ids, node_start, nodes, i)
         _draw_uniform(indptr, indices, orig_ids, node_start, nodes[i], fanout, key, hop, replace, out,
-                      offsets[i])
-    return offsets, out
+                      offsets[i], edges, edge_start)
+    return offsets, out, edges
+
+
+@numba.njit(nogil=True, cache=True)
+def _grown(buf: np.ndarray, used: int, need: int) -> np.ndarray:
+    """``buf``, or a copy of its first ``used`` entries with room for ``need``."""
+    if need <= buf.size:
+        return buf
+    grown = np.empty(max(need, 2 * buf.size), dtype=buf.dtype)
+    for t in range(used):
+        grown[t] = buf[t]
+    return grown
 
 
 @numba.njit(nogil=True, cache=True)
 def sample_uniform_serial(
     indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int,
-    nodes: np.ndarray, fanout: int, key: np.uint64, hop: int, replace: bool,
-) -> tuple[np.ndarray, np.ndarray]:
+    nodes: np.ndarray, fanout: int, key: np.uint64, hop: int, replace: bool, edge_start: int,
+    want_edges: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`sample_uniform_parallel` on one thread (small frontiers): one pass, the
-    output grown as needed."""
+    outputs grown as needed."""
     offsets = np.zeros(nodes.size + 1, dtype=np.int64)
     cap = max(16, nodes.size * (fanout if fanout > 0 else 8))
     out = np.empty(cap, dtype=np.int64)
+    edges = edge_buffer(cap, want_edges)
     for i in range(nodes.size):
         need = offsets[i] + _node_draws(indptr, nodes, node_start, fanout, replace, i)
-        if need > out.size:
-            grown = np.empty(max(need, 2 * out.size), dtype=np.int64)
-            for t in range(offsets[i]):
-                grown[t] = out[t]
-            out = grown
+        out = _grown(out, offsets[i], need)
+        if want_edges:
+            edges = _grown(edges, offsets[i], need)
         offsets[i + 1] = offsets[i] + _draw_uniform(indptr, indices, orig_ids, node_start, nodes[i],
-                                                    fanout, key, hop, replace, out, offsets[i])
-    return offsets, out[: offsets[nodes.size]]
+                                                    fanout, key, hop, replace, out, offsets[i], edges,
+                                                    edge_start)
+    end = offsets[nodes.size]
+    return offsets, out[:end], edges[:end if want_edges else 0]
 
 
 # -- weighted ------------------------------------------------------------------------
@@ -396,45 +455,47 @@ def _fill_weighted(
     indptr: np.ndarray, indices: np.ndarray, weight: np.ndarray, cum: np.ndarray,
     orig_ids: np.ndarray, node_start: int, nodes: np.ndarray, fanout: int, key: np.uint64, hop: int,
     replace: bool,
-    offsets: np.ndarray, out: np.ndarray, i: int,
+    offsets: np.ndarray, out: np.ndarray, i: int, edges: np.ndarray, edge_start: int,
 ) -> None:
-    """Pass 2 for frontier node ``i``: its edge-weighted draw into its slice of ``out``."""
+    """Pass 2 for frontier node ``i``: its edge-weighted draw into its slice of ``out`` (and
+    of ``edges``, the internal edge IDs, when that is not empty)."""
     v = nodes[i]
     first = indptr[v - node_start]
     degree = indptr[v - node_start + 1] - first
     o, c = offsets[i], offsets[i + 1] - offsets[i]
     if c > 0 and takes_all(degree, fanout, replace):
-        for t in range(c):  # (a loop: slice assignment costs seconds of compile time)
-            out[o + t] = indices[first + t]
+        _all_edges(indices, first, c, out, o, edges, edge_start + first)
     elif c > 0:
         stream = node_stream(key, hop, orig_ids[v - node_start])
         if replace:
             total = cum[first + degree - 1]
             for t in range(c):
                 u = uniform(stream, t) * total
-                out[o + t] = indices[first + weighted_position(cum, first, degree, u)]
+                put_draw(indices, first, weighted_position(cum, first, degree, u), out, o + t, edges,
+                         edge_start + first)
         else:
             es_positions(stream, weight, first, degree, c, out, o)
-            for t in range(o, o + c):
-                out[t] = indices[first + out[t]]
+            positions_to_sources(indices, first, out, o, c, edges, edge_start + first)
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def sample_weighted_parallel(
     indptr: np.ndarray, indices: np.ndarray, weight: np.ndarray, cum: np.ndarray,
     orig_ids: np.ndarray, node_start: int, nodes: np.ndarray, fanout: int, key: np.uint64, hop: int,
-    replace: bool,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Edge-weighted draws for ``nodes``: ``(offsets [F+1], neighbors)``."""
+    replace: bool, edge_start: int, want_edges: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Edge-weighted draws for ``nodes``: ``(offsets [F+1], neighbors, edges)`` as
+    :func:`sample_uniform_parallel`'s."""
     counts = np.empty(nodes.size, dtype=np.int64)
     for i in numba.prange(nodes.size):
         counts[i] = _node_draws(indptr, nodes, node_start, fanout, replace, i)
     offsets = exclusive_offsets(counts)
     out = np.empty(offsets[nodes.size], dtype=np.int64)
+    edges = edge_buffer(offsets[nodes.size], want_edges)
     for i in numba.prange(nodes.size):
         _fill_weighted(indptr, indices, weight, cum, orig_ids, node_start, nodes, fanout, key, hop,
-                       replace, offsets, out, i)
-    return offsets, out
+                       replace, offsets, out, i, edges, edge_start)
+    return offsets, out, edges
 
 
 #: :func:`sample_weighted_parallel` on one thread (small frontiers): its ``prange`` loops
@@ -446,20 +507,25 @@ sample_weighted_serial = numba.njit(nogil=True, cache=True)(
 def sample_neighbors(
     indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int, nodes: np.ndarray,
     fanout: int, key: np.uint64, hop: int, replace: bool,
-    weights: tuple[np.ndarray, np.ndarray] | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+    weights: tuple[np.ndarray, np.ndarray] | None = None, *, edge_start: int = 0, edges: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Host launcher: the draws of ``nodes`` (global IDs; ``fanout`` -1 = all), ``(offsets
-    [F+1], neighbors)``, unweighted or in proportion to ``weights`` (the edge weights and
-    their :func:`segmented_cumsum`); parallel over nodes for large frontiers."""
-    args: tuple[Any, ...] = (indptr, indices, orig_ids, node_start, nodes, fanout, key, hop, replace)
+    [F+1], neighbors, edge IDs)``, unweighted or in proportion to ``weights`` (the edge
+    weights and their :func:`segmented_cumsum`); parallel over nodes for large frontiers.
+    With ``edges``, the third is each drawn edge's internal ID (``edge_start`` plus its
+    position in ``indices``), aligned with the neighbors; else None."""
+    args: tuple[Any, ...] = (indptr, indices, orig_ids, node_start, nodes, fanout, key, hop, replace,
+                             int(edge_start), bool(edges))
     kernels: tuple[Any, Any] = (sample_uniform_serial, sample_uniform_parallel)
     if weights is not None:
         args = (indptr, indices, *weights, *args[2:])
         kernels = (sample_weighted_serial, sample_weighted_parallel)
     if nodes.size < PARALLEL_MIN_NODES:
-        return kernels[0](*args)
-    with parallel_guard():
-        return kernels[1](*args)
+        offsets, out, edge_ids = kernels[0](*args)
+    else:
+        with parallel_guard():
+            offsets, out, edge_ids = kernels[1](*args)
+    return offsets, out, (edge_ids if edges else None)
 
 
 # -- dedup / relabel ------------------------------------------------------------------

@@ -24,7 +24,7 @@ from partitioner.graph import EdgeType
 from sampling_server.sampler import cpu_fused as F
 from sampling_server.sampler import cpu_gather as G
 from sampling_server.sampler import cpu_kernels as K
-from sampling_server.sampler.base import Blocks, NeighborSampler, NodeRows, Relabeler, Remote
+from sampling_server.sampler.base import Blocks, NeighborSampler, NodeRows, Relabeler, Remote, edges_of
 from sampling_server.sampler.fanouts import NumNeighbors, normalize_num_neighbors, num_hops
 from sampling_server.sampler.rows import int64_array, is_identity, numpy_words, torch_dtype
 from sampling_server.sampler.types import HopSample, SamplerOutput
@@ -122,7 +122,8 @@ class CpuNeighborSampler(NeighborSampler):
         # one pass per node type (not per relation), shared with orig_ids_local
         self._identity = {t: is_identity(self._orig_ids[t], self.draw[t][0]) for t in self.node_types}
         self._csc = {et: F.CscView(self._indptr[et], self._indices[et], self._orig_ids[et[2]],
-                                   self.draw[et[2]][0], self._identity[et[2]]) for et in self.edge_types}
+                                   self.draw[et[2]][0], self._identity[et[2]], self.edge_start[et])
+                     for et in self.edge_types}
         counts = {t: i.num_nodes for t, i in partition.manifest.node_types.items()}
         self._dense_maps = {t: F.DenseMaps(n) for t, n in counts.items() if n <= DENSE_RELABEL_MAX_NODES}
         #: Per weighted relation: the weights and their float64 per-node prefix sums.
@@ -137,24 +138,27 @@ class CpuNeighborSampler(NeighborSampler):
         return torch.from_numpy(as_ids(nodes, field))
 
     def sample_owned(self, edge_type: EdgeType, nodes: torch.Tensor, fanout: int, key: int,
-                     hop: int) -> HopSample:
+                     hop: int, edges: bool = False) -> HopSample:
         ids, et = as_ids(nodes, "nodes"), edge_type
         if int(fanout) < -1:
             raise ValueError(f"fanout: expected an integer >= 0, or -1 for all; got {fanout}")
         stream = np.uint64(self.draw_key(key, et))
-        offsets, out = K.sample_neighbors(self._indptr[et], self._indices[et], self._orig_ids[et[2]],
-                                          self.draw[et[2]][0], ids, int(fanout), stream, int(hop),
-                                          self.replace, self._weights.get(et))
-        return HopSample(counts=torch.from_numpy(np.diff(offsets)), neighbors=torch.from_numpy(out))
+        offsets, out, edge_ids = K.sample_neighbors(
+            self._indptr[et], self._indices[et], self._orig_ids[et[2]], self.draw[et[2]][0], ids,
+            int(fanout), stream, int(hop), self.replace, self._weights.get(et),
+            edge_start=self.edge_start[et], edges=edges)
+        return HopSample(counts=torch.from_numpy(np.diff(offsets)), neighbors=torch.from_numpy(out),
+                         edges=None if edge_ids is None else torch.from_numpy(edge_ids))
 
     def sample(self, seeds: torch.Tensor | np.ndarray, seed_type: str, num_neighbors: NumNeighbors,
-               key: int, remote: Remote | None = None) -> SamplerOutput:
+               key: int, remote: Remote | None = None, edges: bool = False) -> SamplerOutput:
         """As :meth:`NeighborSampler.sample`. With dense relabel maps for every node type,
         each relation's hop is relabelled by :mod:`cpu_fused`'s passes straight into the
-        batch's arrays, and drawn in the same passes when its frontier is all here
-        (uniform draws, fanout up to :data:`~cpu_kernels.STRIDE_MAX_FANOUT`)."""
+        batch's arrays (its edges' internal IDs too, with ``edges``), and drawn in the same
+        passes when its frontier is all here (uniform draws, fanout up to
+        :data:`~cpu_kernels.STRIDE_MAX_FANOUT`)."""
         if len(self._dense_maps) != len(self.node_types):
-            return super().sample(seeds, seed_type, num_neighbors, key, remote)
+            return super().sample(seeds, seed_type, num_neighbors, key, remote, edges)
         fanouts = normalize_num_neighbors(num_neighbors, self.edge_types)
         hops = num_hops(fanouts)
         seeds_np = as_ids(self._seed_tensor(seeds, seed_type, remote), "seeds")
@@ -164,13 +168,13 @@ class CpuNeighborSampler(NeighborSampler):
             for t in self.node_types:
                 first = seeds_np if t == seed_type else np.empty(0, dtype=np.int64)
                 nodes[t] = F.NodeList(self._dense_maps[t], first, node_cap[t])
-            edges = {et: F.EdgeList(edge_cap[et]) for et in self.edge_types}
+            lists = {et: F.EdgeList(edge_cap[et], edges) for et in self.edge_types}
             per_hop = {t: [n.count] for t, n in nodes.items()}
             lo = dict.fromkeys(self.node_types, 0)
             for hop in range(hops):
                 hi = {t: n.count for t, n in nodes.items()}
                 for et in self.edge_types:
-                    self._relation_hop(et, nodes, edges[et], lo[et[2]], hi[et[2]], fanouts[et][hop],
+                    self._relation_hop(et, nodes, lists[et], lo[et[2]], hi[et[2]], fanouts[et][hop],
                                        key, hop, remote)
                 for t, n in nodes.items():
                     per_hop[t].append(n.count - hi[t])
@@ -180,9 +184,10 @@ class CpuNeighborSampler(NeighborSampler):
                 n.close()
         return SamplerOutput(
             input_type=seed_type, node={t: torch.from_numpy(n.ids()) for t, n in nodes.items()},
-            row={et: torch.from_numpy(e.row[:e.size]) for et, e in edges.items()},
-            col={et: torch.from_numpy(e.col[:e.size]) for et, e in edges.items()},
-            num_sampled_nodes=per_hop, num_sampled_edges={et: e.per_hop for et, e in edges.items()})
+            row={et: torch.from_numpy(e.row[:e.size]) for et, e in lists.items()},
+            col={et: torch.from_numpy(e.col[:e.size]) for et, e in lists.items()},
+            num_sampled_nodes=per_hop, num_sampled_edges={et: e.per_hop for et, e in lists.items()},
+            edge={et: torch.from_numpy(e.edge[:e.size]) for et, e in lists.items() if e.edge is not None})
 
     def _capacities(self, seeds: int, seed_type: str, fanouts: Mapping[EdgeType, list[int]],
                     hops: int) -> tuple[dict[str, int], dict[EdgeType, int]]:
@@ -205,7 +210,8 @@ class CpuNeighborSampler(NeighborSampler):
 
     def _relation_hop(self, et: EdgeType, nodes: dict[str, F.NodeList], edges: F.EdgeList, lo: int,
                       hi: int, fanout: int, key: int, hop: int, remote: Remote | None) -> None:
-        """Draw and relabel one relation's hop from the ``dst`` frontier ``n_id[lo:hi]``."""
+        """Draw and relabel one relation's hop from the ``dst`` frontier ``n_id[lo:hi]``
+        (with the edges' internal IDs when ``edges`` keeps them)."""
         src, _, dst = et
         frontier = nodes[dst].ids(lo, hi)
         if fanout == 0 or frontier.size == 0:
@@ -217,9 +223,11 @@ class CpuNeighborSampler(NeighborSampler):
             F.draw_hop(nodes[src], edges, lo, self._csc[et], frontier, fanout,
                        np.uint64(self.draw_key(key, et)), hop, self.replace)
             return
-        drawn = self.sample_frontier(et, frontier_t, fanout, key, hop, remote)
+        want_edges = edges.edge is not None
+        drawn = self.sample_frontier(et, frontier_t, fanout, key, hop, remote, want_edges)
         F.relabel_hop(nodes[src], edges, lo, as_ids(drawn.neighbors, "neighbors"),
-                      as_ids(drawn.counts, "counts"), hop)
+                      as_ids(drawn.counts, "counts"), hop,
+                      as_ids(edges_of(drawn, "sample_frontier"), "edges") if want_edges else None)
 
     def new_relabeler(self, node_type: str, seeds: torch.Tensor) -> Relabeler:
         """A hash-table relabeler: the generic path's, used when a node type is too large

@@ -87,6 +87,8 @@ class CscArgs:
     #: float64 ``[e_p]`` running sums of the weights within each node's in-edges
     #: (weighted, with replacement), or None.
     cumweight: Any = None
+    #: Internal edge ID of ``indices[0]`` (:attr:`partitioner.format.Structure.edge_start`).
+    edge_start: int = 0
 
 
 @cuda.jit
@@ -120,9 +122,27 @@ def count_draws(
 
 
 @cuda.jit(device=True, inline="always")
-def _copy_all(indices, lo, d, out, off):  # type: ignore[no-untyped-def]
+def _put(indices, lo, p, out, at, edges, edge_first):  # type: ignore[no-untyped-def]
+    """Position ``p`` of the CSC range from ``lo`` as a draw: its source into ``out[at]``
+    and, when ``edges`` is not empty, its internal edge ID (``edge_first + p``) into
+    ``edges[at]``."""
+    out[at] = indices[lo + p]
+    if edges.size:
+        edges[at] = edge_first + p
+
+
+@cuda.jit(device=True, inline="always")
+def _copy_all(indices, lo, d, out, off, edges, edge_first):  # type: ignore[no-untyped-def]
+    """All ``d`` in-edges from ``lo``, in CSC order, as draws into ``out[off:]``."""
     for t in range(d):
-        out[off + t] = indices[lo + t]
+        _put(indices, lo, t, out, off + t, edges, edge_first)
+
+
+@cuda.jit(device=True, inline="always")
+def _to_sources(indices, lo, out, off, k, edges, edge_first):  # type: ignore[no-untyped-def]
+    """``out[off:off+k]``, positions in the CSC range from ``lo``, as draws there."""
+    for t in range(k):
+        _put(indices, lo, out[off + t], out, off + t, edges, edge_first)
 
 
 @cuda.jit(device=True, inline="always")
@@ -135,14 +155,16 @@ def _frontier_node(nodes, indptr, node_start, offsets, i):  # type: ignore[no-un
 
 
 @cuda.jit
-def fill_uniform_kernel(nodes, indptr, indices, orig_ids, node_start, fanout, key, hop, offsets, out):  # type: ignore[no-untyped-def]
-    """Uniform draws without replacement (Robert Floyd's algorithm) of frontier node i."""
+def fill_uniform_kernel(nodes, indptr, indices, orig_ids, node_start, fanout, key, hop, offsets, out,  # type: ignore[no-untyped-def]
+                        edge_start, edges):
+    """Uniform draws without replacement (Robert Floyd's algorithm) of frontier node i;
+    their internal edge IDs into ``edges`` unless it is empty (as in every fill kernel)."""
     i = cuda.grid(1)
     if i >= nodes.size:
         return
     v, lo, d, off = _frontier_node(nodes, indptr, node_start, offsets, i)
     if fanout < 0 or d <= fanout:
-        _copy_all(indices, lo, d, out, off)
+        _copy_all(indices, lo, d, out, off, edges, edge_start + lo)
         return
     stream = _node_stream(key, hop, orig_ids[v])
     # Floyd: the t-th pick is uniform in [0, j]; a position already taken becomes j.
@@ -155,12 +177,12 @@ def fill_uniform_kernel(nodes, indptr, indices, orig_ids, node_start, fanout, ke
                 r = j
                 break
         out[off + t] = r
-    for t in range(fanout):
-        out[off + t] = indices[lo + out[off + t]]
+    _to_sources(indices, lo, out, off, fanout, edges, edge_start + lo)
 
 
 @cuda.jit
-def fill_uniform_replace_kernel(nodes, indptr, indices, orig_ids, node_start, fanout, key, hop, offsets, out):  # type: ignore[no-untyped-def]
+def fill_uniform_replace_kernel(nodes, indptr, indices, orig_ids, node_start, fanout, key, hop, offsets,  # type: ignore[no-untyped-def]
+                                out, edge_start, edges):
     """Uniform draws with replacement of frontier node i."""
     i = cuda.grid(1)
     if i >= nodes.size:
@@ -169,14 +191,14 @@ def fill_uniform_replace_kernel(nodes, indptr, indices, orig_ids, node_start, fa
     if d == 0:
         return
     if fanout < 0:
-        _copy_all(indices, lo, d, out, off)
+        _copy_all(indices, lo, d, out, off, edges, edge_start + lo)
         return
     stream = _node_stream(key, hop, orig_ids[v])
     for t in range(fanout):
-        out[off + t] = indices[lo + _uniform_below(stream, np.int64(t), d)]
+        _put(indices, lo, _uniform_below(stream, np.int64(t), d), out, off + t, edges, edge_start + lo)
 
 
-_FILL_SIG = (I64, I64, I64, I64, S64, S64, _KEY, S64, I64, I64)
+_FILL_SIG = (I64, I64, I64, I64, S64, S64, _KEY, S64, I64, I64, S64, I64)
 register(fill_uniform_kernel, _FILL_SIG)
 register(fill_uniform_replace_kernel, _FILL_SIG)
 
@@ -226,7 +248,7 @@ def _sift_up(score, out, off, at):  # type: ignore[no-untyped-def]
 
 @cuda.jit
 def fill_weighted_kernel(nodes, indptr, indices, orig_ids, weight, node_start, fanout, key, hop, offsets,  # type: ignore[no-untyped-def]
-                         out, score):
+                         out, edge_start, edges, score):
     """Weighted draws without replacement (Efraimidis–Spirakis) of frontier node i: the
     ``fanout`` highest ``log(1 - u_e) / w_e``, output in CSC order.
 
@@ -238,7 +260,7 @@ def fill_weighted_kernel(nodes, indptr, indices, orig_ids, weight, node_start, f
         return
     v, lo, d, off = _frontier_node(nodes, indptr, node_start, offsets, i)
     if fanout < 0 or d <= fanout:
-        _copy_all(indices, lo, d, out, off)
+        _copy_all(indices, lo, d, out, off, edges, edge_start + lo)
         return
     if fanout == 0:
         return
@@ -261,16 +283,15 @@ def fill_weighted_kernel(nodes, indptr, indices, orig_ids, weight, node_start, f
             out[off + s] = out[off + s - 1]
             s -= 1
         out[off + s] = p
-    for t in range(fanout):
-        out[off + t] = indices[lo + out[off + t]]
+    _to_sources(indices, lo, out, off, fanout, edges, edge_start + lo)
 
 
-register(fill_weighted_kernel, (I64, I64, I64, I64, _F32, S64, S64, _KEY, S64, I64, I64, _F64))
+register(fill_weighted_kernel, (I64, I64, I64, I64, _F32, S64, S64, _KEY, S64, I64, I64, S64, I64, _F64))
 
 
 @cuda.jit
 def fill_weighted_replace_kernel(nodes, indptr, indices, orig_ids, cumweight, node_start, fanout, key, hop,  # type: ignore[no-untyped-def]
-                                 offsets, out):
+                                 offsets, out, edge_start, edges):
     """Weighted draws with replacement of frontier node i: inverse CDF over ``cumweight``,
     the float64 running sums of the weights restarted at every node (``cumweight[e]`` =
     weights of the node's in-edges up to and including e, in CSC order)."""
@@ -281,7 +302,7 @@ def fill_weighted_replace_kernel(nodes, indptr, indices, orig_ids, cumweight, no
     if d == 0:
         return
     if fanout < 0:
-        _copy_all(indices, lo, d, out, off)
+        _copy_all(indices, lo, d, out, off, edges, edge_start + lo)
         return
     stream = _node_stream(key, hop, orig_ids[v])
     total = cumweight[lo + d - 1]
@@ -296,26 +317,30 @@ def fill_weighted_replace_kernel(nodes, indptr, indices, orig_ids, cumweight, no
                 b = mid
             else:
                 a = mid + 1
-        out[off + t] = indices[a]
+        _put(indices, lo, a - lo, out, off + t, edges, edge_start + lo)
 
 
-register(fill_weighted_replace_kernel, (I64, I64, I64, I64, _F64, S64, S64, _KEY, S64, I64, I64))
+register(fill_weighted_replace_kernel, (I64, I64, I64, I64, _F64, S64, S64, _KEY, S64, I64, I64, S64, I64))
 
 
 def fill_draws(
     nodes: torch.Tensor, counts: torch.Tensor, csc: CscArgs, fanout: int, key: int, hop: int,
-    *, replace: bool, weighted: bool,
-) -> torch.Tensor:
-    """int64 ``[sum(counts)]`` drawn neighbors (global IDs), node after node."""
+    *, replace: bool, weighted: bool, edges: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """int64 ``[sum(counts)]`` drawn neighbors (global IDs), node after node, and with
+    ``edges`` the drawn edges' internal IDs (``csc.edge_start`` + position in
+    ``indices``), aligned with them (else None). The draws are the same either way."""
     ends = torch.cumsum(counts, 0)
     total = int(ends[-1]) if counts.numel() else 0
     offsets = ends - counts
     out = torch.empty(total, dtype=torch.int64, device=nodes.device)
+    # not asked: an output without entries, which the kernels skip (_put)
+    edge_ids = torch.empty(total if edges else 0, dtype=torch.int64, device=nodes.device)
     if total == 0:
-        return out
+        return out, (edge_ids if edges else None)
     head = (kernel_arg(nodes), csc.indptr, csc.indices, csc.orig_ids)
     tail = (np.int64(csc.node_start), np.int64(fanout), np.uint64(key), np.int64(hop),
-            kernel_arg(offsets), kernel_arg(out))
+            kernel_arg(offsets), kernel_arg(out), np.int64(csc.edge_start), kernel_arg(edge_ids))
     n = nodes.numel()
     if not weighted:
         kernel = fill_uniform_replace_kernel if replace else fill_uniform_kernel
@@ -325,7 +350,7 @@ def fill_draws(
     else:
         score = torch.empty(total, dtype=torch.float64, device=nodes.device)
         launch(fill_weighted_kernel, n, *head, csc.weight, *tail, kernel_arg(score))
-    return out
+    return out, (edge_ids if edges else None)
 
 
 # -- dedup / relabel: an open-addressing hash table on int64 keys -----------------------

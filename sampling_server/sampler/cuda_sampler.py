@@ -123,7 +123,7 @@ class CudaNeighborSampler(NeighborSampler):
                 weight = None
         return K.CscArgs(indptr=self._place(csc.indptr[et], np.int64),
                          indices=self._place(csc.indices[et], np.int64),
-                         orig_ids=orig_ids, node_start=self.draw[et[2]][0],
+                         orig_ids=orig_ids, node_start=self.draw[et[2]][0], edge_start=self.edge_start[et],
                          weight=None if weight is None else self._place(weight, np.float32),
                          cumweight=None if cum is None else self._place(cum, np.float64))
 
@@ -153,15 +153,16 @@ class CudaNeighborSampler(NeighborSampler):
         return nodes.to(self.device).contiguous()
 
     def sample_owned(self, edge_type: EdgeType, nodes: torch.Tensor, fanout: int, key: int,
-                     hop: int) -> HopSample:
+                     hop: int, edges: bool = False) -> HopSample:
         if int(fanout) < -1:
             raise ValueError(f"fanout: expected an integer >= 0, or -1 for all; got {fanout}")
         ids = self.node_ids(nodes, "nodes")
         csc = self.csc[edge_type]
         counts = K.count_draws(ids, csc.indptr, csc.node_start, int(fanout), self.replace)
-        neighbors = K.fill_draws(ids, counts, csc, int(fanout), self.draw_key(key, edge_type), int(hop),
-                                 replace=self.replace, weighted=self.weighted)
-        return HopSample(counts=counts, neighbors=neighbors)
+        neighbors, edge_ids = K.fill_draws(ids, counts, csc, int(fanout), self.draw_key(key, edge_type),
+                                           int(hop), replace=self.replace, weighted=self.weighted,
+                                           edges=edges)
+        return HopSample(counts=counts, neighbors=neighbors, edges=edge_ids)
 
     def new_relabeler(self, node_type: str, seeds: torch.Tensor) -> Relabeler:
         return CudaRelabeler(self.node_ids(seeds, "seeds"))

@@ -171,23 +171,34 @@ def merge_hop_samples(
     device: torch.device,
 ) -> HopSample:
     """Put per-owner answers back in frontier order: ``parts[g]`` answers the frontier
-    entries at ``positions[g]``."""
+    entries at ``positions[g]``. The edge IDs are merged alike when every part has them
+    (else the merged hop has none)."""
+    with_edges = all(parts[g].edges is not None for g in positions)
     if device.type == "cpu":  # calls that keep the interpreter lock, and one kernel a part
         none = np.zeros(0, np.int64)
         part_counts = {g: int64_array(parts[g].counts) for g in positions}
         full, offsets_np = cpu_glue.run_offsets(
             frontier_size, np.concatenate([pos.numpy() for pos in positions.values()] or [none]),
             np.concatenate(list(part_counts.values()) or [none]))
-        neighbors_np = np.empty(cpu_glue.total(full), dtype=np.int64)
+        size = cpu_glue.total(full)
+        neighbors_np = np.empty(size, dtype=np.int64)
+        edges_np = np.empty(size, dtype=np.int64) if with_edges else None
         for g, pos in positions.items():
             cpu_gather.place_runs(pos.numpy(), part_counts[g], int64_array(parts[g].neighbors),
                                   offsets_np, neighbors_np)
-        return HopSample(counts=torch.from_numpy(full), neighbors=torch.from_numpy(neighbors_np))
+            part_edges = parts[g].edges
+            if edges_np is not None and part_edges is not None:
+                cpu_gather.place_runs(pos.numpy(), part_counts[g], int64_array(part_edges), offsets_np,
+                                      edges_np)
+        return HopSample(counts=torch.from_numpy(full), neighbors=torch.from_numpy(neighbors_np),
+                         edges=None if edges_np is None else torch.from_numpy(edges_np))
     counts = torch.zeros(frontier_size, dtype=torch.int64, device=device)
     for g, pos in positions.items():
         counts[pos] = parts[g].counts
     offsets = torch.cumsum(counts, 0) - counts
-    neighbors = torch.empty(int(counts.sum()), dtype=torch.int64, device=device)
+    size = int(counts.sum())
+    neighbors = torch.empty(size, dtype=torch.int64, device=device)
+    edges = torch.empty(size, dtype=torch.int64, device=device) if with_edges else None
     for g, pos in positions.items():
         part = parts[g]
         if part.neighbors.numel() == 0:
@@ -195,5 +206,8 @@ def merge_hop_samples(
         part_offsets = torch.cumsum(part.counts, 0) - part.counts
         within = torch.arange(part.neighbors.numel(), device=device) - torch.repeat_interleave(
             part_offsets, part.counts)
-        neighbors[torch.repeat_interleave(offsets[pos], part.counts) + within] = part.neighbors
-    return HopSample(counts=counts, neighbors=neighbors)
+        at = torch.repeat_interleave(offsets[pos], part.counts) + within
+        neighbors[at] = part.neighbors
+        if edges is not None and part.edges is not None:
+            edges[at] = part.edges
+    return HopSample(counts=counts, neighbors=neighbors, edges=edges)
