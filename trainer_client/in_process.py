@@ -24,11 +24,11 @@ import torch
 from torch_geometric.data import Data, HeteroData
 
 from partitioner.format import load_partition
-from partitioner.manifest import Manifest, read_manifest
-from protos.plan import plan_global_epoch
 from partitioner.graph import EdgeType
+from partitioner.manifest import Manifest, read_manifest
 from protos import codec
 from protos import sampling_pb2 as pb
+from protos.plan import plan_global_epoch
 from sampling_server.edge_rows import EdgeRowsByPartition, edge_rows, local_edge_rows
 from sampling_server.sampler import InProcessPeers, batch_key, create_sampler, to_pyg_data
 from sampling_server.sampler.types import Minibatch
