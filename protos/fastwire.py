@@ -30,7 +30,7 @@ from protos import codec
 from protos import sampling_pb2 as pb
 
 #: Field number of ``tensors`` in each chunk message.
-TENSORS_FIELD = {pb.MinibatchChunk: 5, pb.SampleNeighborsChunk: 3, pb.NodeDataChunk: 3}
+TENSORS_FIELD = {pb.MinibatchChunk: 5, pb.SampleNeighborsChunk: 3, pb.NodeDataChunk: 3, pb.EdgeDataChunk: 3}
 _DATA_FIELD = 6  # TensorChunk.data
 _LEN = 2  # wire type of length-delimited fields
 
