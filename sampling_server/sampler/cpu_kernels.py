@@ -11,8 +11,8 @@ Draw kernels run in two passes: draw counts per frontier node, an exclusive pref
 of them (the output offsets), then a parallel fill (``prange``) of each node's slice.
 Asked for them (``want_edges``), they also write each drawn edge's internal edge ID
 (``edge_start`` + its position in ``indices``) into an array aligned with the neighbors;
-otherwise that array has no entries and the draws skip it (:func:`put_draw`). Either
-way the same positions are drawn.
+otherwise that array has no entries and the draws skip it, one test per node
+(:func:`positions_to_sources`). Either way the same positions are drawn.
 """
 
 from __future__ import annotations
@@ -195,33 +195,33 @@ def floyd_positions(stream: np.uint64, degree: int, k: int, out: np.ndarray, o: 
 
 
 @numba.njit(inline="always", nogil=True, cache=True)
-def put_draw(indices: np.ndarray, first: int, p: int, out: np.ndarray, at: int, edges: np.ndarray,
-             edge_first: int) -> None:
-    """Position ``p`` of a node's CSC range (from ``first``) as a draw: its source into
-    ``out[at]`` and, when ``edges`` is not empty, its internal edge ID (``edge_first + p``)
-    into ``edges[at]``."""
-    out[at] = indices[first + p]
-    if edges.size:
-        edges[at] = edge_first + p
-
-
-@numba.njit(nogil=True, cache=True)
 def _all_edges(indices: np.ndarray, first: int, c: int, out: np.ndarray, o: int, edges: np.ndarray,
                edge_first: int) -> None:
-    """A node's draw of all its ``c`` in-edges, in CSC order, into ``out[o:o+c]``."""
+    """A node's draw of all its ``c`` in-edges: their sources into ``out[o:o+c]``, in CSC
+    order, and (``edges`` not empty) their internal IDs from ``edge_first`` into ``edges``."""
     for t in range(c):  # (a loop: slice assignment costs seconds of compile time)
-        put_draw(indices, first, t, out, o + t, edges, edge_first)
+        out[o + t] = indices[first + t]
+    if edges.size:
+        for t in range(c):
+            edges[o + t] = edge_first + t
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(inline="always", nogil=True, cache=True)
 def positions_to_sources(indices: np.ndarray, first: int, out: np.ndarray, o: int, c: int,
                          edges: np.ndarray, edge_first: int) -> None:
-    """``out[o:o+c]``, positions in a node's CSC range (from ``first``), as draws there."""
+    """``out[o:o+c]``, positions in a node's CSC range (from ``first``), into the sources
+    there; first, when ``edges`` is not empty, each position's internal edge ID
+    (``edge_first`` + position) into ``edges[o:o+c]``."""
+    if edges.size:
+        for t in range(o, o + c):
+            edges[t] = edge_first + out[t]
     for t in range(o, o + c):
-        put_draw(indices, first, out[t], out, t, edges, edge_first)
+        out[t] = indices[first + out[t]]
 
 
-@numba.njit(nogil=True, cache=True)
+# (inlined into the kernels' loops: a call per node cost 3-8 % of a hop once the edge IDs'
+# tests were in its body, measured against the draws without them)
+@numba.njit(inline="always", nogil=True, cache=True)
 def _draw_uniform(
     indptr: np.ndarray, indices: np.ndarray, orig_ids: np.ndarray, node_start: int, v: int,
     fanout: int,
@@ -238,13 +238,16 @@ def _draw_uniform(
         _all_edges(indices, first, c, out, o, edges, edge_start + first)
     elif c > 0:
         stream = node_stream(key, hop, orig_ids[v - node_start])
+        if replace and not edges.size:  # one pass
+            for t in range(c):
+                out[o + t] = indices[first + uniform_below(stream, t, degree)]
+            return c
         if replace:
             for t in range(c):
-                put_draw(indices, first, uniform_below(stream, t, degree), out, o + t, edges,
-                         edge_start + first)
+                out[o + t] = uniform_below(stream, t, degree)
         else:
             floyd_positions(stream, degree, c, out, o)
-            positions_to_sources(indices, first, out, o, c, edges, edge_start + first)
+        positions_to_sources(indices, first, out, o, c, edges, edge_start + first)
     return c
 
 
@@ -297,7 +300,7 @@ def sample_uniform_parallel(
         for i in numba.prange(n):
             for t in range(counts[i]):
                 out[offsets[i] + t] = slots[i * fanout + t]
-            if edges.size:
+            if want_edges:
                 for t in range(counts[i]):
                     edges[offsets[i] + t] = edge_slots[i * fanout + t]
         return offsets, out, edges
@@ -471,11 +474,10 @@ def _fill_weighted(
             total = cum[first + degree - 1]
             for t in range(c):
                 u = uniform(stream, t) * total
-                put_draw(indices, first, weighted_position(cum, first, degree, u), out, o + t, edges,
-                         edge_start + first)
+                out[o + t] = weighted_position(cum, first, degree, u)
         else:
             es_positions(stream, weight, first, degree, c, out, o)
-            positions_to_sources(indices, first, out, o, c, edges, edge_start + first)
+        positions_to_sources(indices, first, out, o, c, edges, edge_start + first)
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
