@@ -221,21 +221,21 @@ def edge_preset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _test_accuracy(root: Path, out: Path, model: str, *extra: str) -> float:
+def _test_accuracy(root: Path, out: Path, model: str) -> float:
     with served(root, 2) as addresses:
-        assert train_main(["--servers", ",".join(addresses), "--model", model, *extra, "--fanouts", "10,5",
-                           "--batch-size", "256", "--hidden", "64", "--epochs", "6", "--lr", "0.01",
-                           "--dropout", "0.1", "--device", "cpu", "--timeout", "60", "--no-progress",
+        assert train_main(["--servers", ",".join(addresses), "--model", model, "--fanouts", "10,5",
+                           "--batch-size", "64", "--hidden", "64", "--epochs", "8", "--lr", "0.005",
+                           "--dropout", "0", "--device", "cpu", "--timeout", "60", "--no-progress",
                            "--eval-fanouts", "10,5", "--metrics-json", str(out / f"{model}.json")]) == 0
     return float(json.loads((out / f"{model}.json").read_text())["test_acc"])
 
 
-def test_on_labels_the_edges_decide_a_model_with_edge_features_beats_one_without(
+def test_on_labels_the_edges_decide_a_model_with_edge_features_beats_those_without(
         edge_preset: Path, tmp_path: Path) -> None:
-    """GINE (edge features) against GIN (none), same sizes, fanouts and epochs, trained
-    through the service: the preset's labels follow its edges' features, so only the
-    first can learn them (docs/training.md gives the figures)."""
+    """GINE (edge features) against GIN and GraphSAGE (none), same sizes, fanouts and
+    epochs, trained through the service: the preset's labels follow its edges' features
+    (about 1 in 6 by guessing), so only the first can learn them (docs/training.md)."""
     with_edges = _test_accuracy(edge_preset, tmp_path, "gine")
-    without = _test_accuracy(edge_preset, tmp_path, "gin")
-    assert with_edges > without + 0.2, (with_edges, without)
+    without = max(_test_accuracy(edge_preset, tmp_path, m) for m in ("gin", "sage"))
+    assert with_edges > without + 0.3, (with_edges, without)
     assert with_edges > 0.6, with_edges

@@ -30,7 +30,8 @@ from torch_geometric.nn.models.basic_gnn import BasicGNN
 class GINE(BasicGNN):
     """GIN with edge features (PyG's ``GINEConv``, "Strategies for Pre-training Graph
     Neural Networks"): each layer adds the edge's features, projected to the layer's
-    input width, to the neighbor's before the sum. ``edge_dim`` is required."""
+    input width, to the neighbor's before the sum. ``edge_dim`` is required;
+    :class:`NodeClassifier` builds it with batch normalization."""
 
     supports_edge_weight = False
     supports_edge_attr = True
@@ -89,9 +90,11 @@ class NodeClassifier(torch.nn.Module):
         self.edge_dim = edge_dim
         #: Whether forward uses trim_to_layer (never for GCN, see the module docstring).
         self.trim = model != "gcn"
-        extra: dict[str, int] = {"heads": heads} if model == "gat" else {}
+        extra: dict[str, int | str] = {"heads": heads} if model == "gat" else {}
         if edge_dim is not None:
             extra["edge_dim"] = edge_dim
+        if model == "gine":  # as PyG's GINE examples: without it, sums of sums blow up and the net dies
+            extra["norm"] = "batch_norm"
         self.gnn = MODELS[model](in_channels, hidden_channels, num_layers, out_channels=out_channels,
                                  dropout=dropout, **extra)
 
