@@ -327,7 +327,7 @@ class PeerRemote:
 
     def edge_data(self, edge_type: EdgeType, edges_by_partition: Mapping[int, torch.Tensor], ids: bool,
                   features: bool, feature_dtype: codec.WireDType) -> dict[int, EdgeRows]:
-        """The :class:`~sampling_server.edge_rows.EdgeRemote` call."""
+        """The :class:`~sampling_server.sampler.edge_rows.EdgeRemote` call."""
         return self.client.edge_data(edges_by_partition, ids, features, feature_dtype,
                                      edge_type=edge_type_name(edge_type) if self.typed else "")
 

@@ -4,8 +4,9 @@
 (:meth:`NeighborSampler.sample_relation`; with ``want_edges`` the drawn edges' internal
 IDs too), ``FetchNodeData`` reads their feature and label rows and original IDs,
 ``FetchEdgeData`` the original IDs and features of edges held here
-(:mod:`sampling_server.edge_rows`); all answer in stream chunks. A plain graph's requests
-name no type; a typed graph's name the relation (``edge_type``) or the node type.
+(:mod:`sampling_server.sampler.edge_rows`); all answer in stream chunks. A plain graph's
+requests name no type; a typed graph's name the relation (``edge_type``) or the node
+type.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ import torch
 from partitioner.graph import edge_type_name
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
-from sampling_server.edge_rows import edge_wire_dtype, local_edge_rows
 from sampling_server.errors import RequestError, abort_on_error
 from sampling_server.expectation import check_expectation
 from sampling_server.fields import cast_features, decode_node_ids, wire_feature_dtype
 from sampling_server.limits import check_peer_edge_limits, check_peer_limits
 from sampling_server.metrics import ServerMetrics
 from sampling_server.sampler.base import edges_of
+from sampling_server.sampler.edge_rows import edge_wire_dtype, local_edge_rows
 from sampling_server.store import PartitionStore
 
 
@@ -120,8 +121,11 @@ class PeerServicer:
             wire_feature_dtype(request.feature_dtype, stored, f"{field}.feature_dtype")  # a bad one refused
         dtype = edge_wire_dtype(request.feature_dtype, stored)
         data = store.edge_data
-        e_id, attr = local_edge_rows(data, et, edges, request.want_edge_ids, request.want_features, dtype,
-                                     f"{field}.edges")
+        try:
+            e_id, attr = local_edge_rows(data, et, edges, request.want_edge_ids, request.want_features, dtype,
+                                         f"{field}.edges")
+        except ValueError as exc:  # an edge not held here
+            raise RequestError(str(exc)) from None
         named = {name: t for name, t in (("e_id", e_id), ("edge_attr", attr)) if t is not None}
         return fastwire.encode_chunks(lambda i, n: pb.EdgeDataChunk(chunk_index=i, num_chunks=n),
                                       named, self.chunk_bytes)

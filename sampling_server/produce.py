@@ -3,9 +3,9 @@ peers for the rest, :class:`~sampling_server.peer_client.PeerRemote`), gather ea
 type's rows (only those the trainer's feature cache lacks, with a cache plan; straight
 into the stream messages where they span several), look up original IDs beside the
 gather, read the sampled edges' original IDs and features where asked
-(:mod:`sampling_server.edge_rows`), and name the tensors as ``docs/wire.md`` says: a
-plain graph's without a type (``n_id``, ``edge_index``, ``x``), a typed graph's with one
-(``n_id/<type>``, ``edge_index/<src__rel__dst>``), in compact form where asked.
+(:mod:`sampling_server.sampler.edge_rows`), and name the tensors as ``docs/wire.md``
+says: a plain graph's without a type (``n_id``, ``edge_index``, ``x``), a typed graph's
+with one (``n_id/<type>``, ``edge_index/<src__rel__dst>``), in compact form where asked.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from partitioner.graph import EdgeType, edge_type_name
 from protos import codec, compact, fastwire
 from protos import sampling_pb2 as pb
 from protos.plan import BatchRef
-from sampling_server.edge_rows import edge_rows, edge_wire_dtype
 from sampling_server.errors import printable
 from sampling_server.fields import wire_feature_dtype
 from sampling_server.hot import HotNodes
@@ -33,6 +32,7 @@ from sampling_server.jobs import EpochJob
 from sampling_server.messages import Prepared, chunk_head
 from sampling_server.peer_client import PeerCallOptions, PeerClient, PeerRemote
 from sampling_server.sampler import NeighborSampler, batch_key
+from sampling_server.sampler.edge_rows import edge_rows, edge_wire_dtype
 from sampling_server.sampler.rows import begin
 from sampling_server.sampler.types import SamplerOutput
 from sampling_server.store import PartitionStore

@@ -108,5 +108,5 @@ def test_wire_contract_shape(tmp_path: Path) -> None:
     assert methods == {
         "SamplingService": {("GetClusterInfo", False), ("LookupNodes", False), ("StreamMinibatches", True),
                             ("StreamHotNodes", True)},
-        "PeerService": {("SampleNeighbors", True), ("FetchNodeData", True)},
+        "PeerService": {("SampleNeighbors", True), ("FetchNodeData", True), ("FetchEdgeData", True)},
     }

@@ -39,7 +39,7 @@ from trainer_client.evaluate import layerwise_logits
 from trainer_client.graph import TypedGraph
 from trainer_client.in_process import InProcessLoader, LocalGraph
 from trainer_client.loader import RemoteNeighborLoader
-from trainer_client.models import MODELS, batch_inputs, build_model
+from trainer_client.models import MODELS, NEEDS_EDGE_FEATURES, batch_inputs, build_model
 from trainer_client.typed_models import RGCN, TypedSAGE, build_typed_model, layer_plan, typed_batch_inputs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,12 +144,12 @@ def _metrics(out: Path) -> dict[str, object]:
 # ---- plain models ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", sorted(set(MODELS) - NEEDS_EDGE_FEATURES))  # GINE: test_edge_features.py
 def test_trimmed_forward_gives_the_seeds_the_same_logits(name: str) -> None:
     torch.manual_seed(0)
     data = decode_batch(encode_batch(0, fake_batch(np.arange(6), num_hops=2))).data
     model = build_model(name, 4, 3, hidden_channels=8, num_layers=2, dropout=0.0).eval()
-    x, edge_index, batch_size, nodes, edges = batch_inputs(data)
+    x, edge_index, batch_size, nodes, edges, _ = batch_inputs(data)
     trimmed = model(x, edge_index, batch_size, nodes, edges)
     full = model(x, edge_index, batch_size)
     assert trimmed.shape == (6, 3)
@@ -165,7 +165,7 @@ def test_more_layers_than_hops_runs_without_trimming() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "pattern"),
     [
-        ({"name": "mlp"}, r"model: expected one of \['sage', 'gcn', 'gat', 'gin'\], got 'mlp'"),
+        ({"name": "mlp"}, r"model: expected one of \['sage', 'gcn', 'gat', 'gin', 'gine'\], got 'mlp'"),
         ({"num_layers": 0}, r"num_layers: expected an integer >= 1, got 0"),
         ({"dropout": 1.0}, r"dropout: expected 0 <= dropout < 1, got 1.0"),
         ({"name": "gat", "hidden_channels": 10, "heads": 4}, r"heads: expected an integer >= 1 dividing"),

@@ -29,8 +29,8 @@ from partitioner.manifest import Manifest, read_manifest
 from protos import codec
 from protos import sampling_pb2 as pb
 from protos.plan import plan_global_epoch
-from sampling_server.edge_rows import EdgeRowsByPartition, edge_rows, local_edge_rows
 from sampling_server.sampler import InProcessPeers, batch_key, create_sampler, to_pyg_data
+from sampling_server.sampler.edge_rows import EdgeRowsByPartition, edge_rows, local_edge_rows
 from sampling_server.sampler.types import Minibatch
 from trainer_client.graph import TypedGraph
 from trainer_client.inputs import check_edge_options, check_int, split_name
@@ -54,7 +54,7 @@ def graph_of_manifest(m: Manifest) -> TypedGraph:
 
 class LocalGraph:
     """Every partition of a partition directory, each with its CPU sampler; it answers
-    the edge rows of every partition's edges (an :class:`~sampling_server.edge_rows.EdgeRemote`)."""
+    the edge rows of every partition's edges (an :class:`~sampling_server.sampler.edge_rows.EdgeRemote`)."""
 
     def __init__(self, partition_dir: str | Path, *, verify: str = "size") -> None:
         """``verify``: ``'full'`` checks every file's SHA-256, ``'size'`` sizes and headers."""

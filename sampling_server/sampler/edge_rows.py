@@ -20,10 +20,8 @@ import torch
 
 from partitioner.format import EdgeData
 from partitioner.graph import EdgeType, edge_type_name
-from protos import codec
+from protos import codec, halfcast
 from protos import sampling_pb2 as pb
-from sampling_server.errors import RequestError
-from sampling_server.fields import cast_features
 
 #: Per owner partition: the original IDs (or None) and features (or None) of its edges.
 EdgeRowsByPartition = Mapping[int, tuple[torch.Tensor | None, torch.Tensor | None]]
@@ -56,12 +54,12 @@ def local_edge_rows(data: EdgeData, edge_type: EdgeType, edges: np.ndarray, ids:
                     dtype: codec.WireDType, field: str = "edges"
                     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The original IDs and/or features of edges ``data`` holds (``dtype``: the features'
-    wire dtype); a :class:`RequestError` naming ``field`` for an edge it does not hold, or
-    for features of a relation without them."""
+    wire dtype); a ``ValueError`` naming ``field`` for an edge it does not hold, or for
+    features of a relation without them."""
     start, stop = data.edge_range(edge_type)
     if edges.size and (int(edges.min()) < start or int(edges.max()) >= stop):
         bad = edges[(edges < start) | (edges >= stop)]
-        raise RequestError(f"{field}: expected internal edge IDs of {edge_type_name(edge_type)} in "
+        raise ValueError(f"{field}: expected internal edge IDs of {edge_type_name(edge_type)} in "
                            f"[{start}, {stop}) (the edges held here), got {bad[:5].tolist()}")
     local = edges - start
     e_id = torch.from_numpy(np.asarray(data.e_id[edge_type][local], dtype=np.int64)) if ids else None
@@ -69,9 +67,10 @@ def local_edge_rows(data: EdgeData, edge_type: EdgeType, edges: np.ndarray, ids:
     if features:
         stored = data.edge_attr.get(edge_type)
         if stored is None:
-            raise RequestError(f"{field}: expected a relation with edge features, "
+            raise ValueError(f"{field}: expected a relation with edge features, "
                                f"{edge_type_name(edge_type)} has none")
-        attr = cast_features(torch.from_numpy(np.ascontiguousarray(stored[local])), dtype)
+        rows = torch.from_numpy(np.ascontiguousarray(stored[local]))
+        attr = halfcast.cast(rows, codec.dtype_to_torch(dtype))
     return e_id, attr
 
 
