@@ -35,7 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from partitioner.graph import EdgeType, GraphData, TypedGraphData, sorted_unique
-from partitioner.synthetic_edges import edge_features_and_labels
+from partitioner.synthetic_edges import counter_uniform, edge_features_and_labels
 
 log = logging.getLogger(__name__)
 
@@ -219,19 +219,6 @@ def _alias_table(prob: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             small[ns] = g
             ns += 1
     return accept, alias
-
-
-@numba.njit(inline="always")
-def _uniform(seed: np.uint64, item: int, stream: int) -> float:
-    """Uniform float in [0, 1) number ``stream`` of draw ``item``, from a counter-based
-    generator (SplitMix64 finalizer), so parallel draws are reproducible whatever the
-    thread count. (All arithmetic stays in uint64: mixing in int64 would give floats.)"""
-    counter = np.uint64(item) * np.uint64(8) + np.uint64(stream)
-    z = seed + counter * np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z = z ^ (z >> np.uint64(31))
-    return float(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
 @numba.njit(inline="always")
@@ -455,16 +442,17 @@ def _relation_keys(
     keys = np.empty(count, dtype=np.int64)
     for i in numba.prange(count):
         e = first + i
-        u = _alias_draw(a_accept, a_alias, 0, n_anchor, _uniform(seed, e, 0), _uniform(seed, e, 1))
+        u = _alias_draw(a_accept, a_alias, 0, n_anchor, counter_uniform(seed, e, 0),
+                        counter_uniform(seed, e, 1))
         k = anchor_comm[u]
         lo, hi = c_ptr[k], c_ptr[k + 1]
-        if _uniform(seed, e, 2) < homophily and hi > lo:
-            pos = _alias_draw(c_accept, c_alias, lo, hi - lo, _uniform(seed, e, 3),
-                              _uniform(seed, e, 4))
+        if counter_uniform(seed, e, 2) < homophily and hi > lo:
+            pos = _alias_draw(c_accept, c_alias, lo, hi - lo, counter_uniform(seed, e, 3),
+                              counter_uniform(seed, e, 4))
             v = members[pos]
         else:
-            v = _alias_draw(o_accept, o_alias, 0, n_other, _uniform(seed, e, 3),
-                            _uniform(seed, e, 4))
+            v = _alias_draw(o_accept, o_alias, 0, n_other, counter_uniform(seed, e, 3),
+                            counter_uniform(seed, e, 4))
         if no_self_loops and u == v:
             keys[i] = -1
         elif undirected:

@@ -30,9 +30,11 @@ _CHUNK = 1 << 22
 
 
 @numba.njit(inline="always")
-def _uniform(seed: np.uint64, item: int, stream: int) -> float:
-    """Uniform float in [0, 1) number ``stream`` (< 8) of draw ``item`` (SplitMix64
-    finalizer of a counter, all in uint64)."""
+def counter_uniform(seed: np.uint64, item: int, stream: int) -> float:
+    """Uniform float in [0, 1) number ``stream`` (< 8) of draw ``item``, from a
+    counter-based generator (SplitMix64 finalizer), so parallel draws are reproducible
+    whatever the thread count; the synthetic graphs' edges are drawn with it too. (All
+    arithmetic stays in uint64: mixing in int64 would give floats.)"""
     counter = np.uint64(item) * np.uint64(8) + np.uint64(stream)
     z = seed + counter * np.uint64(0x9E3779B97F4A7C15)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -51,7 +53,7 @@ def _draw_edge_features(seed: np.uint64, first: int, dst: np.ndarray, planted: n
         k = planted[dst[i]]
         for j in range(dim):
             item = (first + i) * dim + j
-            u1, u2 = _uniform(seed, item, 0), _uniform(seed, item, 1)
+            u1, u2 = counter_uniform(seed, item, 0), counter_uniform(seed, item, 1)
             z = np.sqrt(-2.0 * np.log(1.0 - u1)) * np.cos(2.0 * np.pi * u2)
             out[i, j] = means[k, j] + z
 

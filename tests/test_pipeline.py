@@ -17,6 +17,7 @@ import torch
 from protos import fastwire
 from protos import sampling_pb2 as pb
 from protos.assembler import TensorAssembler
+from sampling_server.fair_pool import MIN_CHARGE_S, FairPool
 from sampling_server.pipeline import Prepared, encode_ahead
 
 REPO = Path(__file__).resolve().parents[1]
@@ -178,23 +179,29 @@ def test_messages_carry_the_tensors_exactly() -> None:
 # ---- the sampling threads' fair queue -------------------------------------------------
 
 
-def test_the_sampling_queue_takes_each_clients_next_task_in_turn() -> None:
-    """One thread, blocked by a client's long task while three clients queue: the
-    clients that have had no thread time go first, taking turns (a newcomer does not wait
-    behind the others' backlog); the client whose task held the thread comes after; each
-    client's own tasks run in the order submitted."""
-    from sampling_server.fair_pool import FairPool
-
+def _blocked_pool(client: str, stream: str | None = None) -> tuple[FairPool, threading.Event, Future[bool]]:
+    """A one-thread :class:`FairPool` whose thread runs ``client``'s task until the
+    returned gate is set: (pool, gate, that task's future)."""
     pool = FairPool(1)
-    gate, started, ran = threading.Event(), threading.Event(), []
+    gate, started = threading.Event(), threading.Event()
 
     def block() -> bool:
         started.set()
         return gate.wait(30)
 
+    blocker = pool.submit(client, block, stream=stream)
+    assert started.wait(30)
+    return pool, gate, blocker
+
+
+def test_the_sampling_queue_takes_each_clients_next_task_in_turn() -> None:
+    """One thread, blocked by a client's long task while three clients queue: the
+    clients that have had no thread time go first, taking turns (a newcomer does not wait
+    behind the others' backlog); the client whose task held the thread comes after; each
+    client's own tasks run in the order submitted."""
+    pool, gate, blocker = _blocked_pool("hog")
+    ran: list[str] = []
     try:
-        blocker = pool.submit("hog", block)
-        assert started.wait(30)
         hog = [pool.submit("hog", ran.append, f"hog{i}") for i in range(5)]
         late = [pool.submit("late", ran.append, f"late{i}") for i in range(2)]
         new = pool.submit("new", ran.append, "new")
@@ -216,18 +223,9 @@ def test_a_clients_new_stream_does_not_wait_behind_its_own_older_streams() -> No
     """Within one client, streams take turns too: a client that opened many streams
     (say one holding every slot, each with its batches prefetched) starting one more gets
     that stream's first batch after one task of each of its other streams, not all."""
-    from sampling_server.fair_pool import FairPool
-
-    pool = FairPool(1)
-    gate, started, ran = threading.Event(), threading.Event(), []
-
-    def block() -> bool:
-        started.set()
-        return gate.wait(30)
-
+    pool, gate, blocker = _blocked_pool("c", "s0")
+    ran: list[str] = []
     try:
-        blocker = pool.submit("c", block, stream="s0")
-        assert started.wait(30)
         futures = [pool.submit("c", ran.append, f"s{s}b{b}", stream=f"s{s}")
                    for s in (1, 2) for b in range(3)]
         futures.append(pool.submit("c", ran.append, "s3b0", stream="s3"))
@@ -246,8 +244,6 @@ def test_the_sampling_queue_shares_thread_time_not_task_counts() -> None:
     """A client whose tasks take 30 times as long as another's gets about as much thread
     time, so the other runs about 30 tasks for each of its: a client of expensive batches
     (whole neighbourhoods) cannot hold the threads by taking turns like the others."""
-    from sampling_server.fair_pool import MIN_CHARGE_S, FairPool
-
     pool = FairPool(1)
     gate, started, ran = threading.Event(), threading.Event(), []
     try:
@@ -268,8 +264,6 @@ def test_the_sampling_queue_shares_thread_time_not_task_counts() -> None:
 
 
 def test_a_shut_down_sampling_queue_cancels_what_waits_and_takes_nothing_new() -> None:
-    from sampling_server.fair_pool import FairPool
-
     pool = FairPool(1)
     gate, started = threading.Event(), threading.Event()
     running = pool.submit("a", lambda: (started.set(), gate.wait(30))[1])
