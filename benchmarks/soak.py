@@ -464,8 +464,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def warm_kernels() -> None:
+    """Compile and cache the Numba kernels first (``python -m sampling_server.warmup``),
+    as the container image does when it is built: a kernel a server compiles on first
+    use holds that server's interpreter for seconds, stalling every stream it serves."""
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "sampling_server.warmup"], cwd=REPO, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)
+    log.info("kernels compiled and cached in %.1f s", time.perf_counter() - started)
+
+
 def soak(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     graphs = make_graphs(args.data, args.partitions)
+    warm_kernels()
     token_file = run_dir / "token"
     make_token_file(token_file)
     held = contextlib.ExitStack()  # ports held bound for the soak: a restarted server keeps its address
