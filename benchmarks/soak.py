@@ -9,9 +9,9 @@ sampling from their own partition's structure and features (``--structure partit
 (default 8 per core, at least 16) each run a ``RemoteNeighborLoader`` epoch after epoch
 as one rank of a 2-rank job, half the jobs on each graph (``benchmarks/soak_trainer.py``).
 
-The clock starts once every trainer has its first batch; for ``--minutes`` (10; an hour
-for a release) a fault schedule repeats every 10 minutes (or once, for shorter runs),
-at these fractions of it: 0.20 kill -9 of a plain server and its restart; 0.27 a rolling
+The clock starts once every trainer has finished its first epoch; for ``--minutes`` (10;
+an hour for a release) a fault schedule repeats every 10 minutes (or once, for shorter
+runs), at these fractions of it: 0.20 kill -9 of a plain server and its restart; 0.27 a rolling
 SIGTERM restart of the typed servers; 0.36 a trainer killed and started again (it
 redoes the epoch it was in, as from a checkpoint); 0.42 an idle client that opens every
 stream slot it can get and reads none, newcomers timed to their first batch meanwhile,
@@ -185,8 +185,8 @@ class Trainer:
                                      preexec_fn=_die_with_parent)
         out.close()
 
-    def has_batch(self) -> bool:
-        return self.log.exists() and '"event": "batch"' in self.log.read_text()
+    def has_epoch(self) -> bool:
+        return self.log.exists() and '"event": "epoch"' in self.log.read_text()
 
 
 class Monitor(threading.Thread):
@@ -404,13 +404,15 @@ def start_trainers(args: argparse.Namespace, clusters: dict[str, Cluster], run_d
     return trainers
 
 
-def wait_first_batches(trainers: list[Trainer], timeout: float) -> float:
-    """Wait until every trainer has a batch (the soak's clock starts then); the time."""
+def wait_first_epochs(trainers: list[Trainer], timeout: float) -> float:
+    """Wait until every trainer has finished its first epoch (the soak's clock starts
+    then: the trainers have started, and none is still starving while the others import
+    PyTorch and open their streams); the time."""
     deadline = time.monotonic() + timeout
-    while not all(t.has_batch() for t in trainers):
+    while not all(t.has_epoch() for t in trainers):
         dead = [t.name for t in trainers if t.proc is not None and t.proc.poll() is not None]
         if dead or time.monotonic() > deadline:
-            raise RuntimeError(f"trainers without a first batch: exited {dead}, or over {timeout} s")
+            raise RuntimeError(f"trainers without a first epoch: exited {dead}, or over {timeout} s")
         time.sleep(1.0)
     return time.time()
 
@@ -496,8 +498,8 @@ def soak(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
                 c.wait_serving(p)
         monitor.start()
         trainers = start_trainers(args, clusters, run_dir, token_file)
-        t0 = wait_first_batches(trainers, 900)
-        log.info("every trainer has its first batch: the soak's %.1f minutes start", args.minutes)
+        t0 = wait_first_epochs(trainers, 900)
+        log.info("every trainer has finished its first epoch: the soak's %.1f minutes start", args.minutes)
         faults = Faults(clusters, trainers, run_dir, token_file, args)
         run_schedule(faults, t0, args.minutes * 60, args.cycle_s)
         time.sleep(max(0.0, t0 + args.minutes * 60 - time.time()))
