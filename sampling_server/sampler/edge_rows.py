@@ -88,15 +88,13 @@ def edge_rows(data: EdgeData, book: np.ndarray, edge_type: EdgeType, edges: torc
     if remote is None:
         raise RuntimeError(f"edges of {edge_type_name(edge_type)} held by other partitions but no "
                            "remote was given")
-    owner = owners(book, ids_np)
     away = np.flatnonzero(~here)
-    asked = {int(p): torch.from_numpy(ids_np[away[owner[away] == p]]) for p in np.unique(owner[away])}
-    answers = remote.edge_data(edge_type, asked, ids, features, dtype)
-    parts = {-1: local_edge_rows(data, edge_type, ids_np[here], ids, features, dtype)}
-    positions = {-1: np.flatnonzero(here)}
-    for p in asked:
-        parts[p] = answers[p]
-        positions[p] = away[owner[away] == p]
+    owner = owners(book, ids_np[away])
+    positions = {int(p): away[owner == p] for p in np.unique(owner)}
+    asked = {p: torch.from_numpy(ids_np[where]) for p, where in positions.items()}
+    parts = dict(remote.edge_data(edge_type, asked, ids, features, dtype))
+    parts[-1] = local_edge_rows(data, edge_type, ids_np[here], ids, features, dtype)
+    positions[-1] = np.flatnonzero(here)
     return _placed(parts, positions, ids_np.size)
 
 
