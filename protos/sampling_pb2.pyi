@@ -445,6 +445,7 @@ class ClusterInfo(_message.Message):
     HAS_EDGE_IDS_FIELD_NUMBER: _builtins.int
     EDGE_FEATURES_FIELD_NUMBER: _builtins.int
     GRAPH_FINGERPRINT_FIELD_NUMBER: _builtins.int
+    LINK_SPLITS_FIELD_NUMBER: _builtins.int
     HOT_ORDER_FIELD_NUMBER: _builtins.int
     TYPED_FIELD_NUMBER: _builtins.int
     format_version: _builtins.int
@@ -520,6 +521,10 @@ class ClusterInfo(_message.Message):
         """
 
     @_builtins.property
+    def link_splits(self) -> _containers.RepeatedCompositeFieldContainer[Global___LinkSplitInfo]:
+        """The link splits stored with the partitions (seed edges for link prediction)."""
+
+    @_builtins.property
     def typed(self) -> Global___TypedGraphInfo:
         """Typed (heterogeneous) graph facts; absent for a homogeneous graph. On a typed graph
         (format_version 2) the homogeneous fields above describe its target type:
@@ -551,12 +556,13 @@ class ClusterInfo(_message.Message):
         has_edge_ids: _builtins.bool = ...,
         edge_features: Global___EdgeFeatureInfo | None = ...,
         graph_fingerprint: _builtins.str = ...,
+        link_splits: _abc.Iterable[Global___LinkSplitInfo] | None = ...,
         hot_order: _builtins.str = ...,
         typed: Global___TypedGraphInfo | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["edge_features", b"edge_features", "typed", b"typed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "edge_features", b"edge_features", "feature_dim", b"feature_dim", "feature_dtype", b"feature_dtype", "format_version", b"format_version", "graph_fingerprint", b"graph_fingerprint", "graph_name", b"graph_name", "has_edge_ids", b"has_edge_ids", "has_edge_weights", b"has_edge_weights", "hot_order", b"hot_order", "label_dtype", b"label_dtype", "num_classes", b"num_classes", "num_edges", b"num_edges", "num_nodes", b"num_nodes", "num_partitions", b"num_partitions", "partition_book", b"partition_book", "partition_id", b"partition_id", "peer_addresses", b"peer_addresses", "server_version", b"server_version", "split_sizes", b"split_sizes", "typed", b"typed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "edge_features", b"edge_features", "feature_dim", b"feature_dim", "feature_dtype", b"feature_dtype", "format_version", b"format_version", "graph_fingerprint", b"graph_fingerprint", "graph_name", b"graph_name", "has_edge_ids", b"has_edge_ids", "has_edge_weights", b"has_edge_weights", "hot_order", b"hot_order", "label_dtype", b"label_dtype", "link_splits", b"link_splits", "num_classes", b"num_classes", "num_edges", b"num_edges", "num_nodes", b"num_nodes", "num_partitions", b"num_partitions", "partition_book", b"partition_book", "partition_id", b"partition_id", "peer_addresses", b"peer_addresses", "server_version", b"server_version", "split_sizes", b"split_sizes", "typed", b"typed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -608,6 +614,7 @@ class EpochRequest(_message.Message):
 
     SPLIT_FIELD_NUMBER: _builtins.int
     SEEDS_FIELD_NUMBER: _builtins.int
+    LINKS_FIELD_NUMBER: _builtins.int
     FANOUTS_FIELD_NUMBER: _builtins.int
     BATCH_SIZE_FIELD_NUMBER: _builtins.int
     SHUFFLE_FIELD_NUMBER: _builtins.int
@@ -718,6 +725,14 @@ class EpochRequest(_message.Message):
         """
 
     @_builtins.property
+    def links(self) -> Global___LinkSeeds:
+        """Seed edges (link prediction, as PyG's LinkNeighborLoader): each batch is a slice
+        of these edges (global_batches required), with negatives drawn by the server;
+        its seed nodes are the distinct ends of its positive and negative edges. See
+        LinkSeeds and the link tensors at MinibatchChunk.
+        """
+
+    @_builtins.property
     def fanouts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Fanout per hop, first hop (around the seeds) first; at least one hop. -1 means all
         in-neighbors (as in PyG); 0 samples no neighbors at that hop; any other negative
@@ -771,6 +786,7 @@ class EpochRequest(_message.Message):
         *,
         split: _builtins.str = ...,
         seeds: Global___Tensor | None = ...,
+        links: Global___LinkSeeds | None = ...,
         fanouts: _abc.Iterable[_builtins.int] | None = ...,
         batch_size: _builtins.int = ...,
         shuffle: _builtins.bool = ...,
@@ -795,15 +811,187 @@ class EpochRequest(_message.Message):
         typed: Global___TypedEpochOptions | None = ...,
         typed_cache_counts: _abc.Iterable[Global___TypedCounts] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["expect", b"expect", "sampling", b"sampling", "seeds", b"seeds", "seeds_source", b"seeds_source", "split", b"split", "typed", b"typed"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expect", b"expect", "links", b"links", "sampling", b"sampling", "seeds", b"seeds", "seeds_source", b"seeds_source", "split", b"split", "typed", b"typed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "cache_counts", b"cache_counts", "client_id", b"client_id", "compact_indices", b"compact_indices", "drop_last", b"drop_last", "epoch", b"epoch", "expect", b"expect", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_edge_features", b"include_edge_features", "include_edge_ids", b"include_edge_ids", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "typed", b"typed", "typed_cache_counts", b"typed_cache_counts", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "cache_counts", b"cache_counts", "client_id", b"client_id", "compact_indices", b"compact_indices", "drop_last", b"drop_last", "epoch", b"epoch", "expect", b"expect", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_edge_features", b"include_edge_features", "include_edge_ids", b"include_edge_ids", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "links", b"links", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "typed", b"typed", "typed_cache_counts", b"typed_cache_counts", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_seeds_source: _TypeAlias = _typing.Literal["split", "seeds"]  # noqa: Y015
+    _WhichOneofReturnType_seeds_source: _TypeAlias = _typing.Literal["split", "seeds", "links"]  # noqa: Y015
     _WhichOneofArgType_seeds_source: _TypeAlias = _typing.Literal["seeds_source", b"seeds_source"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_seeds_source) -> _WhichOneofReturnType_seeds_source | None: ...
 
 Global___EpochRequest: _TypeAlias = EpochRequest  # noqa: Y015
+
+@_typing.final
+class LinkSeeds(_message.Message):
+    """The seed edges of a link-prediction epoch (EpochRequest.links) and how their batches
+    are made, as PyG's LinkNeighborLoader makes them.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Exclusion:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _ExclusionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[LinkSeeds._Exclusion.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        EXCLUDE_NONE: LinkSeeds._Exclusion.ValueType  # 0
+        EXCLUDE_SELF: LinkSeeds._Exclusion.ValueType  # 1
+        EXCLUDE_REVERSE: LinkSeeds._Exclusion.ValueType  # 2
+
+    class Exclusion(_Exclusion, metaclass=_ExclusionEnumTypeWrapper): ...
+    EXCLUDE_NONE: LinkSeeds.Exclusion.ValueType  # 0
+    EXCLUDE_SELF: LinkSeeds.Exclusion.ValueType  # 1
+    EXCLUDE_REVERSE: LinkSeeds.Exclusion.ValueType  # 2
+
+    EDGE_TYPE_FIELD_NUMBER: _builtins.int
+    SPLIT_FIELD_NUMBER: _builtins.int
+    GIVEN_FIELD_NUMBER: _builtins.int
+    NEGATIVES_FIELD_NUMBER: _builtins.int
+    EXCLUDE_FIELD_NUMBER: _builtins.int
+    REVERSE_EDGE_TYPE_FIELD_NUMBER: _builtins.int
+    edge_type: _builtins.str
+    """Typed graph: the seed edges' type "src__rel__dst" (required there); empty on a
+    homogeneous graph.
+    """
+    split: _builtins.str
+    """A link split stored with the partitions (ClusterInfo.link_splits): "train", "val",
+    "test" or another split the graph was partitioned with, in its stored order.
+    """
+    exclude: Global___LinkSeeds.Exclusion.ValueType
+    """Remove the batch's positive seed edges (SELF), and their reverses (REVERSE), from
+    its sampled message-passing edges; NONE (PyG's behaviour) keeps them.
+    """
+    reverse_edge_type: _builtins.str
+    """Typed graph with exclude REVERSE: the reverse of edge_type ("dst__rev_rel__src");
+    empty: the graph's "rev_" edge type of edge_type when it has one, else edge_type
+    itself when its source and destination types agree.
+    """
+    @_builtins.property
+    def given(self) -> Global___EdgeList:
+        """Explicit seed edges in original node IDs (as users give edge_label_index)."""
+
+    @_builtins.property
+    def negatives(self) -> Global___NegativeSampling:
+        """Negatives drawn by the server (mode NONE: none)."""
+
+    def __init__(
+        self,
+        *,
+        edge_type: _builtins.str = ...,
+        split: _builtins.str = ...,
+        given: Global___EdgeList | None = ...,
+        negatives: Global___NegativeSampling | None = ...,
+        exclude: Global___LinkSeeds.Exclusion.ValueType = ...,
+        reverse_edge_type: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["edges", b"edges", "given", b"given", "negatives", b"negatives", "split", b"split"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["edge_type", b"edge_type", "edges", b"edges", "exclude", b"exclude", "given", b"given", "negatives", b"negatives", "reverse_edge_type", b"reverse_edge_type", "split", b"split"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_edges: _TypeAlias = _typing.Literal["split", "given"]  # noqa: Y015
+    _WhichOneofArgType_edges: _TypeAlias = _typing.Literal["edges", b"edges"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_edges) -> _WhichOneofReturnType_edges | None: ...
+
+Global___LinkSeeds: _TypeAlias = LinkSeeds  # noqa: Y015
+
+@_typing.final
+class EdgeList(_message.Message):
+    """Seed edges given by the caller: original node IDs of each edge's ends."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SRC_FIELD_NUMBER: _builtins.int
+    DST_FIELD_NUMBER: _builtins.int
+    LABEL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def src(self) -> Global___Tensor:
+        """1-d INT64 [M] original IDs of the sources (of the edge type's source type)."""
+
+    @_builtins.property
+    def dst(self) -> Global___Tensor:
+        """1-d INT64 [M] original IDs of the destinations."""
+
+    @_builtins.property
+    def label(self) -> Global___Tensor:
+        """Optional labels [M, ...] of any numeric dtype (PyG's edge_label), sent back per batch."""
+
+    def __init__(
+        self,
+        *,
+        src: Global___Tensor | None = ...,
+        dst: Global___Tensor | None = ...,
+        label: Global___Tensor | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["dst", b"dst", "label", b"label", "src", b"src"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dst", b"dst", "label", b"label", "src", b"src"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EdgeList: _TypeAlias = EdgeList  # noqa: Y015
+
+@_typing.final
+class NegativeSampling(_message.Message):
+    """Negative sampling of a link epoch (PyG's NegativeSampling)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Mode:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _ModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[NegativeSampling._Mode.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        NEGATIVES_NONE: NegativeSampling._Mode.ValueType  # 0
+        BINARY: NegativeSampling._Mode.ValueType  # 1
+        """ceil(amount * positives) random (source, destination) pairs, labelled 0."""
+        TRIPLET: NegativeSampling._Mode.ValueType  # 2
+        """amount random destinations per positive edge (src_index, dst_pos_index,
+        dst_neg_index); amount must be a whole number.
+        """
+        GIVEN: NegativeSampling._Mode.ValueType  # 3
+        """The split's stored negatives (LinkSplitInfo.num_negatives per edge), as
+        dst_neg_index: OGB's evaluation protocol for ogbl-citation2.
+        """
+
+    class Mode(_Mode, metaclass=_ModeEnumTypeWrapper): ...
+    NEGATIVES_NONE: NegativeSampling.Mode.ValueType  # 0
+    BINARY: NegativeSampling.Mode.ValueType  # 1
+    """ceil(amount * positives) random (source, destination) pairs, labelled 0."""
+    TRIPLET: NegativeSampling.Mode.ValueType  # 2
+    """amount random destinations per positive edge (src_index, dst_pos_index,
+    dst_neg_index); amount must be a whole number.
+    """
+    GIVEN: NegativeSampling.Mode.ValueType  # 3
+    """The split's stored negatives (LinkSplitInfo.num_negatives per edge), as
+    dst_neg_index: OGB's evaluation protocol for ogbl-citation2.
+    """
+
+    MODE_FIELD_NUMBER: _builtins.int
+    AMOUNT_FIELD_NUMBER: _builtins.int
+    STRICT_FIELD_NUMBER: _builtins.int
+    mode: Global___NegativeSampling.Mode.ValueType
+    amount: _builtins.float
+    """Negatives per positive edge, > 0 (1 when 0)."""
+    strict: _builtins.bool
+    """Redraw a negative that is an edge of the graph (up to a bounded number of tries);
+    false: uniform over the destination type, as PyG and DGL draw by default.
+    """
+    def __init__(
+        self,
+        *,
+        mode: Global___NegativeSampling.Mode.ValueType = ...,
+        amount: _builtins.float = ...,
+        strict: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["amount", b"amount", "mode", b"mode", "strict", b"strict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NegativeSampling: _TypeAlias = NegativeSampling  # noqa: Y015
 
 @_typing.final
 class ServerExpectation(_message.Message):
@@ -900,6 +1088,51 @@ class TypedEpochOptions(_message.Message):
 Global___TypedEpochOptions: _TypeAlias = TypedEpochOptions  # noqa: Y015
 
 @_typing.final
+class LinkSplitInfo(_message.Message):
+    """One link split stored with the partitions (ClusterInfo.link_splits)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    EDGE_TYPE_FIELD_NUMBER: _builtins.int
+    NUM_EDGES_FIELD_NUMBER: _builtins.int
+    NUM_NEGATIVES_FIELD_NUMBER: _builtins.int
+    LABEL_SHAPE_FIELD_NUMBER: _builtins.int
+    LABEL_DTYPE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Split name: "train", "val", "test", or e.g. "val_neg" (OGB's negative edges)."""
+    edge_type: _builtins.str
+    """Edge type "src__rel__dst" of its edges (empty on a homogeneous graph)."""
+    num_edges: _builtins.int
+    """Number of edges."""
+    num_negatives: _builtins.int
+    """Stored negatives per edge (NegativeSampling.GIVEN), 0 for none."""
+    label_dtype: Global___DType.ValueType
+    @_builtins.property
+    def label_shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Shape of one edge's label ([] for one value) and its dtype; label_dtype
+        DTYPE_UNSPECIFIED: no labels.
+        """
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        edge_type: _builtins.str = ...,
+        num_edges: _builtins.int = ...,
+        num_negatives: _builtins.int = ...,
+        label_shape: _abc.Iterable[_builtins.int] | None = ...,
+        label_dtype: Global___DType.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["edge_type", b"edge_type", "label_dtype", b"label_dtype", "label_shape", b"label_shape", "name", b"name", "num_edges", b"num_edges", "num_negatives", b"num_negatives"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LinkSplitInfo: _TypeAlias = LinkSplitInfo  # noqa: Y015
+
+@_typing.final
 class TypedCounts(_message.Message):
     """Per-hop counts of one node or edge type of a typed batch."""
 
@@ -941,10 +1174,16 @@ class MinibatchHeader(_message.Message):
     NUM_SAMPLED_EDGES_FIELD_NUMBER: _builtins.int
     TYPED_SAMPLED_NODES_FIELD_NUMBER: _builtins.int
     TYPED_SAMPLED_EDGES_FIELD_NUMBER: _builtins.int
+    NUM_SEED_EDGES_FIELD_NUMBER: _builtins.int
     num_batches: _builtins.int
     """Number of batches this rank receives in this epoch (the same for every rank)."""
     num_seed_nodes: _builtins.int
     """Number of seed nodes of this batch; they are the first entries of "n_id"."""
+    num_seed_edges: _builtins.int
+    """Link batches only (EpochRequest.links): the batch's positive seed edges; its seed
+    nodes (num_seed_nodes, or entry 0 of each type's typed_sampled_nodes) are the
+    distinct ends of its positive and negative edges, in order of first appearance.
+    """
     @_builtins.property
     def num_sampled_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Nodes added per hop, seeds first: num_sampled_nodes[0] == num_seed_nodes and
@@ -981,10 +1220,11 @@ class MinibatchHeader(_message.Message):
         num_sampled_edges: _abc.Iterable[_builtins.int] | None = ...,
         typed_sampled_nodes: _abc.Iterable[Global___TypedCounts] | None = ...,
         typed_sampled_edges: _abc.Iterable[Global___TypedCounts] | None = ...,
+        num_seed_edges: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_batches", b"num_batches", "num_sampled_edges", b"num_sampled_edges", "num_sampled_nodes", b"num_sampled_nodes", "num_seed_nodes", b"num_seed_nodes", "typed_sampled_edges", b"typed_sampled_edges", "typed_sampled_nodes", b"typed_sampled_nodes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["num_batches", b"num_batches", "num_sampled_edges", b"num_sampled_edges", "num_sampled_nodes", b"num_sampled_nodes", "num_seed_edges", b"num_seed_edges", "num_seed_nodes", b"num_seed_nodes", "typed_sampled_edges", b"typed_sampled_edges", "typed_sampled_nodes", b"typed_sampled_nodes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1016,6 +1256,19 @@ class MinibatchChunk(_message.Message):
                                       include_features and cache_counts are set); "x" is
                                       then [N - sum(x_cached), F]: the rows of the other
                                       nodes, in n_id order.
+    A link batch (EpochRequest.links) carries besides, with P positive seed edges:
+      "edge_label_index" INT64 [2, M]  the batch's labelled edges in local numbering (row 0
+                                      into the source type's n_id, row 1 into the
+                                      destination type's): the P positives, then (BINARY)
+                                      the negatives; not with TRIPLET or GIVEN.
+      "edge_label"   dtype [M, ...]    labels of those edges: the given labels (FLOAT32
+                                      ones when none were given), then zeros for the
+                                      negatives; only with BINARY negatives or given
+                                      labels, as PyG's LinkNeighborLoader gives.
+      "src_index"    INT64 [P]         TRIPLET / GIVEN only: local IDs of the sources,
+      "dst_pos_index" INT64 [P]        of the positive destinations,
+      "dst_neg_index" INT64 [P, K]     and of each positive's K negative destinations.
+    On a typed graph their names end in "/S__R__D", the seed edge type.
     A typed batch (EpochRequest.typed) carries, for every node type T and every edge type
     S__R__D of ClusterInfo.typed (possibly with no rows), instead of the names above:
       "n_id/T"       INT64 [N_T]         global IDs of the batch's T nodes (IDs of type T),
@@ -1629,3 +1882,75 @@ class EdgeDataChunk(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EdgeDataChunk: _TypeAlias = EdgeDataChunk  # noqa: Y015
+
+@_typing.final
+class HasEdgesRequest(_message.Message):
+    """Which pairs are edges of one edge type (PeerService/HasEdges)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EDGE_TYPE_FIELD_NUMBER: _builtins.int
+    SRC_FIELD_NUMBER: _builtins.int
+    DST_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    EXPECT_FIELD_NUMBER: _builtins.int
+    edge_type: _builtins.str
+    """Typed graph: the edge type "src__rel__dst"; required there, INVALID_ARGUMENT when set
+    on a homogeneous graph.
+    """
+    client_id: _builtins.str
+    """Free-form identifier of the calling server, for logs only; may be empty."""
+    @_builtins.property
+    def src(self) -> Global___Tensor:
+        """1-d INT64 [M] global IDs of the sources (of the edge type's source type)."""
+
+    @_builtins.property
+    def dst(self) -> Global___Tensor:
+        """1-d INT64 [M] global IDs of the destinations, each owned by the peer
+        (INVALID_ARGUMENT otherwise).
+        """
+
+    @_builtins.property
+    def expect(self) -> Global___ServerExpectation:
+        """As SampleNeighborsRequest.expect."""
+
+    def __init__(
+        self,
+        *,
+        edge_type: _builtins.str = ...,
+        src: Global___Tensor | None = ...,
+        dst: Global___Tensor | None = ...,
+        client_id: _builtins.str = ...,
+        expect: Global___ServerExpectation | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["dst", b"dst", "expect", b"expect", "src", b"src"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "dst", b"dst", "edge_type", b"edge_type", "expect", b"expect", "src", b"src"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HasEdgesRequest: _TypeAlias = HasEdgesRequest  # noqa: Y015
+
+@_typing.final
+class HasEdgesReply(_message.Message):
+    """The answer to HasEdges."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FOUND_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def found(self) -> Global___Tensor:
+        """BOOL [M]: whether src[i] -> dst[i] is an edge."""
+
+    def __init__(
+        self,
+        *,
+        found: Global___Tensor | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["found", b"found"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["found", b"found"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HasEdgesReply: _TypeAlias = HasEdgesReply  # noqa: Y015

@@ -259,6 +259,11 @@ class PeerServiceStub:
                 request_serializer=protos_dot_sampling__pb2.FetchEdgeDataRequest.SerializeToString,
                 response_deserializer=protos_dot_sampling__pb2.EdgeDataChunk.FromString,
                 _registered_method=True)
+        self.HasEdges = channel.unary_unary(
+                '/graphfeed.v1.PeerService/HasEdges',
+                request_serializer=protos_dot_sampling__pb2.HasEdgesRequest.SerializeToString,
+                response_deserializer=protos_dot_sampling__pb2.HasEdgesReply.FromString,
+                _registered_method=True)
 
 
 class PeerServiceServicer:
@@ -286,6 +291,14 @@ class PeerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HasEdges(self, request, context):
+        """Tells which (source, destination) pairs are edges, for destinations this peer owns
+        (strict negative sampling).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -303,6 +316,11 @@ def add_PeerServiceServicer_to_server(servicer, server):
                     servicer.FetchEdgeData,
                     request_deserializer=protos_dot_sampling__pb2.FetchEdgeDataRequest.FromString,
                     response_serializer=protos_dot_sampling__pb2.EdgeDataChunk.SerializeToString,
+            ),
+            'HasEdges': grpc.unary_unary_rpc_method_handler(
+                    servicer.HasEdges,
+                    request_deserializer=protos_dot_sampling__pb2.HasEdgesRequest.FromString,
+                    response_serializer=protos_dot_sampling__pb2.HasEdgesReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -387,6 +405,33 @@ class PeerService:
             '/graphfeed.v1.PeerService/FetchEdgeData',
             protos_dot_sampling__pb2.FetchEdgeDataRequest.SerializeToString,
             protos_dot_sampling__pb2.EdgeDataChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HasEdges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/graphfeed.v1.PeerService/HasEdges',
+            protos_dot_sampling__pb2.HasEdgesRequest.SerializeToString,
+            protos_dot_sampling__pb2.HasEdgesReply.FromString,
             options,
             channel_credentials,
             insecure,

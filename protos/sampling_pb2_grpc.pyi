@@ -141,6 +141,10 @@ class PeerServiceStub:
     """Gathers features and/or labels of nodes this peer owns."""
     FetchEdgeData: _grpc.UnaryStreamMultiCallable[_sampling_pb2.FetchEdgeDataRequest, _sampling_pb2.EdgeDataChunk]
     """Gathers original IDs and/or features of edges this peer holds."""
+    HasEdges: _grpc.UnaryUnaryMultiCallable[_sampling_pb2.HasEdgesRequest, _sampling_pb2.HasEdgesReply]
+    """Tells which (source, destination) pairs are edges, for destinations this peer owns
+    (strict negative sampling).
+    """
 
 @_typing.type_check_only
 class PeerServiceAsyncStub(PeerServiceStub):
@@ -153,6 +157,10 @@ class PeerServiceAsyncStub(PeerServiceStub):
     """Gathers features and/or labels of nodes this peer owns."""
     FetchEdgeData: _aio.UnaryStreamMultiCallable[_sampling_pb2.FetchEdgeDataRequest, _sampling_pb2.EdgeDataChunk]  # type: ignore[assignment]
     """Gathers original IDs and/or features of edges this peer holds."""
+    HasEdges: _aio.UnaryUnaryMultiCallable[_sampling_pb2.HasEdgesRequest, _sampling_pb2.HasEdgesReply]  # type: ignore[assignment]
+    """Tells which (source, destination) pairs are edges, for destinations this peer owns
+    (strict negative sampling).
+    """
 
 class PeerServiceServicer(metaclass=_abc_1.ABCMeta):
     """The service sampling servers call on each other."""
@@ -180,5 +188,15 @@ class PeerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_sampling_pb2.EdgeDataChunk], _abc.AsyncIterator[_sampling_pb2.EdgeDataChunk]]:
         """Gathers original IDs and/or features of edges this peer holds."""
+
+    @_abc_1.abstractmethod
+    def HasEdges(
+        self,
+        request: _sampling_pb2.HasEdgesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sampling_pb2.HasEdgesReply, _abc.Awaitable[_sampling_pb2.HasEdgesReply]]:
+        """Tells which (source, destination) pairs are edges, for destinations this peer owns
+        (strict negative sampling).
+        """
 
 def add_PeerServiceServicer_to_server(servicer: PeerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
