@@ -15,7 +15,7 @@ from sampling_server.store import PartitionStore
 
 #: The requests that carry a ``ServerExpectation``.
 ExpectingRequest = (pb.EpochRequest | pb.HotNodesRequest | pb.SampleNeighborsRequest
-                    | pb.FetchNodeDataRequest | pb.FetchEdgeDataRequest)
+                    | pb.FetchNodeDataRequest | pb.FetchEdgeDataRequest | pb.HasEdgesRequest)
 
 
 def check_expectation(request: ExpectingRequest, store: PartitionStore, hot_order: bool) -> None:

@@ -22,6 +22,7 @@ from protos.plan import BatchRef, EpochPlan, GlobalPlan, plan_epoch, plan_global
 from sampling_server.errors import RequestError, printable
 from sampling_server.fields import decode_node_ids, wire_feature_dtype
 from sampling_server.limits import check_epoch_limits
+from sampling_server.link_jobs import LinkJob, link_job
 from sampling_server.sampler import normalize_num_neighbors
 from sampling_server.store import PartitionStore
 
@@ -72,6 +73,8 @@ class EpochJob:
     #: Send the sampled edges' original IDs ("e_id") / features ("edge_attr").
     edge_ids: bool = False
     edge_features: bool = False
+    #: A link epoch's seed edges and negatives (EpochRequest.links); None: seed nodes.
+    links: LinkJob | None = None
 
     @property
     def edges(self) -> bool:
@@ -79,7 +82,11 @@ class EpochJob:
         return self.edge_ids or self.edge_features
 
     def seeds_of(self, ref: BatchRef, partition: int) -> np.ndarray:
-        """The seeds of one of this server's batches, in batch order."""
+        """The seeds of one of this server's batches, in batch order (a link epoch's:
+        the positions of its seed edges)."""
+        if self.links is not None:
+            assert isinstance(self.plan, GlobalPlan)
+            return self.plan.positions(ref.part_batch)
         if isinstance(self.plan, GlobalPlan):
             return self.seeds[self.plan.positions(ref.part_batch)]
         return self.plan.seeds_of(partition, ref.part_batch, self.seeds)
@@ -114,8 +121,12 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
     check_epoch_limits(store.config, hops, None, request.batch_size, m.num_nodes, m.num_edges)
     fanouts = _fanouts(request, store)
     check_epoch_request(request)
+    links = link_job(request.links, store) if request.WhichOneof("seeds_source") == "links" else None
+    if links is not None:
+        seed_type = links.options.edge_type[0]
+    seed_nodes = request.batch_size if links is None else links.seed_nodes_bound(request.batch_size)
     check_epoch_limits(store.config, len(next(iter(fanouts.values()))), summed_fanouts(fanouts),
-                       request.batch_size, m.num_nodes, m.num_edges, request.sampling.replace)
+                       seed_nodes, m.num_nodes, m.num_edges, request.sampling.replace)
     wire_feature_dtype(request.feature_dtype, store.feature_dtype, f"{_FIELD}.feature_dtype")
     if request.sampling.weighted and not store.weighted:
         raise RequestError(f"{_FIELD}.sampling.weighted: expected false, the graph has no edge "
@@ -125,7 +136,7 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
     if request.WhichOneof("seeds_source") == "split" and seed_type != m.target_type:
         raise RequestError(f"{_FIELD}.typed.seed_type: expected the target type {m.target_type!r} with "
                            f"a split (splits are of the target type), got {seed_type!r}")
-    plan, seeds, refs = _plan_batches(request, store, seed_type)
+    plan, seeds, refs = _plan_batches(request, store, seed_type, links)
     return EpochJob(plan=plan, batches=refs, seeds=seeds, seed_type=seed_type, fanouts=fanouts,
                     seed=request.seed, epoch=request.epoch, rank=request.rank,
                     replace=request.sampling.replace, weighted=request.sampling.weighted,
@@ -133,7 +144,8 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
                     feature_dtype=request.feature_dtype, typed=store.typed,
                     client_id=request.client_id, original_ids=request.include_original_ids,
                     cache_counts=cache, compact=request.compact_indices,
-                    edge_ids=request.include_edge_ids, edge_features=request.include_edge_features)
+                    edge_ids=request.include_edge_ids, edge_features=request.include_edge_features,
+                    links=links)
 
 
 def _check_edge_rows(request: pb.EpochRequest, store: PartitionStore) -> None:
@@ -275,11 +287,24 @@ def seeds_by_partition(request: pb.EpochRequest, store: PartitionStore, node_typ
     return [int(c) for c in per_part], seeds[owner == store.partition_id]
 
 
-def _plan_batches(request: pb.EpochRequest, store: PartitionStore, node_type: str
+def _plan_batches(request: pb.EpochRequest, store: PartitionStore, node_type: str,
+                  links: LinkJob | None = None
                   ) -> tuple[EpochPlan | GlobalPlan, np.ndarray, tuple[BatchRef, ...]]:
-    """The epoch's plan, the seeds it cuts, and this server's batches of the rank."""
+    """The epoch's plan, the seeds it cuts (none for a link epoch: its plan cuts seed
+    edges), and this server's batches of the rank."""
     plan: EpochPlan | GlobalPlan
-    if request.global_batches:
+    if links is not None:
+        if not request.global_batches:
+            raise RequestError(f"{_FIELD}.global_batches: expected true with links (seed edges are "
+                               "batched from one ordering across partitions), got false")
+        seeds = np.empty(0, dtype=np.int64)
+        try:
+            plan = plan_global_epoch(links.num_edges, request.batch_size, request.world_size,
+                                     store.manifest.num_partitions, shuffle=request.shuffle,
+                                     seed=request.seed, epoch=request.epoch, drop_last=request.drop_last)
+        except ValueError as exc:
+            raise RequestError(f"{_FIELD}.{exc}".replace("seeds", "seed edges")) from exc
+    elif request.global_batches:
         if request.WhichOneof("seeds_source") != "seeds":
             raise RequestError(f"{_FIELD}.seeds_source: expected explicit seeds with global_batches (a "
                                "server knows only its own partition's split; LookupNodes lists every "

@@ -219,6 +219,26 @@ class PeerClient:
         parts = self._run(edges_by_partition, call)
         return {p: (_cat([e for e, _ in rows]), _cat([a for _, a in rows])) for p, rows in parts.items()}
 
+    def has_edges(self, pairs_by_partition: Mapping[int, tuple[np.ndarray, np.ndarray]], edge_type: str = ""
+                  ) -> dict[int, np.ndarray]:
+        """Whether each partition's ``(src, dst)`` pairs (global IDs, ``dst`` owned there)
+        are edges, of ``edge_type`` (``src__rel__dst``) on a typed graph."""
+        def call(p: int, positions: np.ndarray) -> np.ndarray:
+            src, dst = pairs_by_partition[p]
+            request = pb.HasEdgesRequest(
+                src=codec.encode_tensor(np.ascontiguousarray(src[positions], np.int64)),
+                dst=codec.encode_tensor(np.ascontiguousarray(dst[positions], np.int64)),
+                edge_type=edge_type, client_id=self.client_id, expect=self._expect(p))
+            with self._errors(p, "HasEdges"), self._timed("peer_sample"):
+                reply = self._retrying(lambda timeout: self._stubs[p].HasEdges(request, timeout=timeout))
+                found = codec.decode_tensor(reply.found)
+                _check_answer(found.dtype == np.bool_ and found.shape == (positions.size,),
+                              f"found {found.dtype} {list(found.shape)} for {positions.size} pairs")
+            return np.asarray(found)
+
+        parts = self._run({p: torch.arange(len(src)) for p, (src, _) in pairs_by_partition.items()}, call)
+        return {p: np.concatenate(found) for p, found in parts.items()}
+
     # -- plumbing --------------------------------------------------------------------
     def _run(
         self, nodes_by_partition: Mapping[int, torch.Tensor], call: Callable[[int, np.ndarray], T]
@@ -325,6 +345,10 @@ class PeerRemote:
                  ) -> dict[int, torch.Tensor]:
         return self.client.orig_ids(nodes_by_partition, node_type=node_type if self.typed else "")
 
+    def has_edges(self, edge_type: EdgeType, pairs_by_partition: Mapping[int, tuple[np.ndarray, np.ndarray]]
+                  ) -> dict[int, np.ndarray]:
+        return self.client.has_edges(pairs_by_partition, edge_type_name(edge_type) if self.typed else "")
+
     def edge_data(self, edge_type: EdgeType, edges_by_partition: Mapping[int, torch.Tensor], ids: bool,
                   features: bool, feature_dtype: codec.WireDType) -> dict[int, EdgeRows]:
         """The :class:`~sampling_server.sampler.edge_rows.EdgeRemote` call."""
@@ -349,6 +373,9 @@ class _RawPeerStub:
                                     pb.SampleNeighborsChunk)
         self.FetchNodeData = call("FetchNodeData", pb.FetchNodeDataRequest, pb.NodeDataChunk)
         self.FetchEdgeData = call("FetchEdgeData", pb.FetchEdgeDataRequest, pb.EdgeDataChunk)
+        self.HasEdges = channel.unary_unary("/graphfeed.v1.PeerService/HasEdges",
+                                            request_serializer=pb.HasEdgesRequest.SerializeToString,
+                                            response_deserializer=pb.HasEdgesReply.FromString)
 
 
 def _receive(

@@ -103,6 +103,30 @@ class PeerServicer:
                 return
             yield message
 
+    def HasEdges(self, request: pb.HasEdgesRequest, context: grpc.ServicerContext) -> pb.HasEdgesReply:
+        self.last_call = time.monotonic()
+        with abort_on_error(context, "HasEdges", self.store.partition_id, self._rejected("HasEdges")):
+            check_expectation(request, self.store, hot_order=False)
+            started = time.perf_counter()
+            field = "HasEdgesRequest"
+            store = self.store
+            store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
+            src = decode_node_ids(request.src, f"{field}.src")
+            dst = decode_node_ids(request.dst, f"{field}.dst")
+            if src.size != dst.size:
+                raise RequestError(f"{field}.dst: expected {src.size} IDs (as many as src), got {dst.size}")
+            check_peer_edge_limits(store.config, src.size, field)
+            et = store.edge_type_of(request.edge_type, f"{field}.edge_type")
+            store.check_owned(dst, f"{field}.dst", et[2])
+            n_src = store.manifest.node_types[et[0]].num_nodes
+            if src.size and (int(src.min()) < 0 or int(src.max()) >= n_src):
+                raise RequestError(f"{field}.src: expected {store.ids_of(et[0])} in [0, {n_src}), got "
+                                   f"values in [{int(src.min())}, {int(src.max())}]")
+            found = store.sampler().has_edges_local(et, src, dst)
+            self._answered("answer_sample", time.perf_counter() - started)
+            return pb.HasEdgesReply(found=codec.encode_tensor(found))
+        return pb.HasEdgesReply()  # pragma: no cover - abort_on_error aborts
+
     def _fetch_edges(self, request: pb.FetchEdgeDataRequest) -> list[bytes]:
         field = "FetchEdgeDataRequest"
         store = self.store

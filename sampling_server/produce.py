@@ -18,6 +18,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
 import torch
 from google.protobuf.message import Message
 
@@ -29,10 +30,12 @@ from sampling_server.errors import printable
 from sampling_server.fields import wire_feature_dtype
 from sampling_server.hot import HotNodes
 from sampling_server.jobs import EpochJob
+from sampling_server.link_jobs import LinkJob
 from sampling_server.messages import Prepared, chunk_head
 from sampling_server.peer_client import PeerCallOptions, PeerClient, PeerRemote
 from sampling_server.sampler import NeighborSampler, batch_key
 from sampling_server.sampler.edge_rows import edge_rows, edge_wire_dtype
+from sampling_server.sampler.links import exclude_edges, link_seeds
 from sampling_server.sampler.rows import begin
 from sampling_server.sampler.types import SamplerOutput
 from sampling_server.store import PartitionStore
@@ -65,16 +68,24 @@ def produce(ctx: Producer, job: EpochJob, ref: BatchRef) -> Prepared:
     sampler = store.sampler(replace=job.replace, weighted=job.weighted)
     remote = PeerRemote(ctx.peers, PeerCallOptions(job.replace, job.weighted, job.feature_dtype), store.typed,
                         frozenset(store.feature_dtypes)) if ctx.peers is not None else None
-    with ctx.stage("sample"):
-        out = sampler.sample(seeds, job.seed_type, job.fanouts, key, remote, edges=job.edges)
 
     def name(kind: str, key: str | EdgeType) -> str:
         return f"{kind}/{key if isinstance(key, str) else edge_type_name(key)}" if job.typed else kind
 
+    link_tensors: dict[str, codec.TensorLike] = {}
+    with ctx.stage("sample"):
+        if job.links is None:
+            out = sampler.sample(seeds, job.seed_type, job.fanouts, key, remote, edges=job.edges)
+        else:
+            out, link_tensors = _link_sample(ctx, job, job.links, sampler, seeds, key, remote, name)
+
     named = structure_tensors(out, name, job.compact)
+    named.update(link_tensors)
     orig_ids = {t: ctx.lookups.submit(sampler.orig_ids_of, t, n_id, remote)
                 for t, n_id in out.node.items()} if job.original_ids else {}
     header = batch_header(job, out)
+    if job.links is not None:
+        header.num_seed_edges = len(seeds)
     head = chunk_head(ref.index, header)
     rows: list[fastwire.RowMessages] = []
     if job.features or job.labels:
@@ -96,6 +107,33 @@ def produce(ctx: Producer, job: EpochJob, ref: BatchRef) -> Prepared:
               out.batch_size, {t: int(v.numel()) for t, v in out.node.items()}, len(prepared),
               1e3 * (time.perf_counter() - started))
     return prepared
+
+
+def _link_sample(ctx: Producer, job: EpochJob, links: LinkJob, sampler: NeighborSampler,
+                 positions: np.ndarray, key: int, remote: PeerRemote | None,
+                 name: Callable[[str, EdgeType], str]) -> tuple[SamplerOutput, dict[str, codec.TensorLike]]:
+    """Sample a link batch (its seed edges at ``positions``): its seed nodes, negatives and
+    labelled edges (:func:`~sampling_server.sampler.links.link_seeds`), the neighborhood
+    of those seeds, less the excluded edges."""
+    store = ctx.store
+    src, dst = np.asarray(links.src[positions]), np.asarray(links.dst[positions])
+    given = np.asarray(links.given[positions]) if links.given is not None else None
+    made = link_seeds(sampler, links.options, key, src, dst, links.labels_of(positions), given,
+                      lambda t, orig: np.asarray(store.node_map(t)[orig], dtype=np.int64), remote)
+    out = sampler.sample(made.seeds, job.seed_type, job.fanouts, key, remote, edges=job.edges)
+    if links.exclude:
+        src_t, dst_t = torch.from_numpy(src), torch.from_numpy(dst)
+        pairs: dict[EdgeType, tuple[torch.Tensor, torch.Tensor]] = {}
+        for et in links.exclude:
+            if et == links.options.edge_type and et == links.reverse:  # one type, both directions
+                pairs[et] = (torch.cat([src_t, dst_t]), torch.cat([dst_t, src_t]))
+            elif et == links.options.edge_type:
+                pairs[et] = (src_t, dst_t)
+            else:
+                pairs[et] = (dst_t, src_t)
+        exclude_edges(out, pairs, {t: i.num_nodes for t, i in store.manifest.node_types.items()})
+    et = links.options.edge_type
+    return out, {name(kind, et): tensor for kind, tensor in made.tensors.items()}
 
 
 def _edge_tensors(ctx: Producer, job: EpochJob, out: SamplerOutput, remote: PeerRemote | None,

@@ -132,6 +132,9 @@ def _add_services(server: grpc.Server, sampling: SamplingServicer, peer: PeerSer
             "FetchEdgeData": grpc.unary_stream_rpc_method_handler(
                 _guarded(peer.FetchEdgeData), _lenient(pb.FetchEdgeDataRequest),
                 fastwire.passthrough),
+            "HasEdges": grpc.unary_unary_rpc_method_handler(
+                _guarded(peer.HasEdges), _lenient(pb.HasEdgesRequest),
+                pb.HasEdgesReply.SerializeToString),
         },
     }
     for name, handlers in services.items():

@@ -29,6 +29,7 @@ from partitioner.format import (
     Verify,
     check_files,
     load_node_data,
+    load_node_map,
     load_partition,
     load_structure,
     node_data_records,
@@ -146,6 +147,7 @@ class PartitionStore:
         self._partition: Partition | None = None
         self._samplers: dict[tuple[bool, bool], NeighborSampler] = {}
         self._orig_orders: dict[str, np.ndarray] = {}
+        self._node_maps: dict[str, np.ndarray] = {}
         self._lock = threading.Lock()
         self._loaded = threading.Event()
         #: Why the load failed (None while loading or once loaded).
@@ -466,6 +468,17 @@ class PartitionStore:
         found = orig[order[pos]] == original
         out[found] = order[pos[found]] + self.type_range(node_type)[0]
         return out
+
+    def node_map(self, node_type: str) -> np.ndarray:
+        """The int64 ``[N_t]`` map from every original ID of ``node_type`` to its global ID
+        (the graph's shared node map, memory-mapped on first use)."""
+        with self._lock:
+            found = self._node_maps.get(node_type)
+            if found is None:
+                found = load_node_map(self.config.partition_dir, node_type if self.typed else None,
+                                      verify="size")
+                self._node_maps[node_type] = found
+        return found
 
     def original_ids_of(self, nodes: np.ndarray, node_type: str) -> np.ndarray:
         """Original IDs of owned global IDs of ``node_type``."""

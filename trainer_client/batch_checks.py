@@ -97,6 +97,21 @@ class TypedSpec:
 
 
 @dataclass(frozen=True)
+class LinkSpec:
+    """What a link batch carries besides (``EpochRequest.links``; ``docs/wire.md``)."""
+
+    #: The seed edges' type.
+    edge_type: EdgeType
+    #: Whether the batch's labelled edges come as ``src_index`` / ``dst_pos_index`` /
+    #: ``dst_neg_index`` (TRIPLET, GIVEN), not ``edge_label_index``.
+    triplet: bool = False
+    #: Whether ``edge_label`` comes with ``edge_label_index``.
+    labels: bool = False
+    #: Negatives per positive in ``dst_neg_index`` (None: any).
+    negatives: int | None = None
+
+
+@dataclass(frozen=True)
 class BatchSpec:
     """What every batch of one epoch stream must look like (from the request and the
     cluster info); ``None`` skips a check."""
@@ -123,6 +138,8 @@ class BatchSpec:
     #: A plain graph's edge feature row shape by edge type (``ClusterInfo.edge_features``:
     #: empty when it has none), or None: any.
     edge_feature_shapes: Mapping[EdgeType, tuple[int, ...]] | None = None
+    #: A link epoch's batches (None: seed nodes).
+    link: LinkSpec | None = None
 
     @cached_property
     def layout(self) -> TypedSpec:
@@ -151,6 +168,8 @@ class BatchSpec:
         compact = ["edge_src", "edge_new", "edge_count"] if self.narrow else []
         names += [t.name(k, e) for e in t.edge_types
                   for k in ["edge_index", *compact, "e_id", *(["edge_attr"] if t.edge_featured(e) else [])]]
+        if self.link is not None:
+            names += [t.name(k, self.link.edge_type) for k in LINK_TENSORS]
         return tuple(names)
 
     @cached_property
@@ -199,7 +218,63 @@ def build_data(header: pb.MinibatchHeader, tensors: dict[str, torch.Tensor], spe
     if isinstance(data, HeteroData):
         data.num_sampled_nodes = nodes
         data.num_sampled_edges = edges
+    if spec.link is not None:
+        _link_tensors(data, header, tensors, spec, spec.link, {n: c[0] for n, c in nodes.items()}, where)
     return data
+
+
+#: The tensors a link batch may carry (their names end in "/S__R__D" on a typed graph).
+LINK_TENSORS = ("edge_label_index", "edge_label", "src_index", "dst_pos_index", "dst_neg_index")
+
+
+def _link_tensors(data: Data | HeteroData, header: pb.MinibatchHeader, tensors: dict[str, torch.Tensor],
+                  spec: BatchSpec, link: LinkSpec, seeds: Mapping[str, int], where: str) -> None:
+    """Check a link batch's labelled edges and put them where PyG's ``LinkNeighborLoader``
+    does: ``edge_label_index`` and ``edge_label`` on the seed edge type's store (the
+    ``Data`` itself on a plain graph), ``src_index`` on the source type's,
+    ``dst_pos_index`` and ``dst_neg_index`` on the destination type's. Local indices
+    point into the batch's seed nodes of their type."""
+    t = spec.layout
+    src, _, dst = link.edge_type
+    positives = int(header.num_seed_edges)
+
+    def store(key: str | EdgeType) -> Data | NodeStorage | EdgeStorage:
+        return data if isinstance(data, Data) else data[key]
+
+    def indices(kind: str, shape: list[int | None], bound: int) -> torch.Tensor:
+        name = t.name(kind, link.edge_type)
+        found = _require(tensors, name, where, "a link batch")
+        _check_tensor(found, name, shape, [torch.int64], where)
+        if found.numel() and (int(found.min()) < 0 or int(found.max()) >= bound):
+            raise BatchDecodeError(f"{where}: tensor {name!r}: expected local indices in 0 .. {bound - 1} "
+                                   f"(the batch's seed nodes of its type), got values in "
+                                   f"[{int(found.min())}, {int(found.max())}]")
+        return found
+
+    if link.triplet:
+        store(src).src_index = indices("src_index", [positives], seeds[src])
+        store(dst).dst_pos_index = indices("dst_pos_index", [positives], seeds[dst])
+        store(dst).dst_neg_index = indices("dst_neg_index", [positives, link.negatives], seeds[dst])
+        return
+    label_index = _require(tensors, t.name("edge_label_index", link.edge_type), where, "a link batch")
+    count = int(label_index.shape[1]) if label_index.dim() == 2 else -1
+    if count < positives:
+        raise BatchDecodeError(f"{where}: tensor {t.name('edge_label_index', link.edge_type)!r}: expected "
+                               f"shape [2, >= {positives}] (num_seed_edges), got {list(label_index.shape)}")
+    label_index = indices("edge_label_index", [2, None], max(seeds[src], seeds[dst]))
+    for row, n in ((0, src), (1, dst)):
+        top = int(label_index[row].max()) if count else -1
+        if top >= seeds[n]:
+            raise BatchDecodeError(f"{where}: tensor {t.name('edge_label_index', link.edge_type)!r}: "
+                                   f"expected row {row} in 0 .. {seeds[n] - 1}, got {top}")
+    store(link.edge_type).edge_label_index = label_index
+    if link.labels:
+        name = t.name("edge_label", link.edge_type)
+        label = _require(tensors, name, where, "labelled link edges")
+        if label.dim() < 1 or label.shape[0] != count:
+            raise BatchDecodeError(f"{where}: tensor {name!r}: expected {count} labels (one per column of "
+                                   f"edge_label_index), got shape {list(label.shape)}")
+        store(link.edge_type).edge_label = label
 
 
 # ---- the header ------------------------------------------------------------------------
@@ -242,7 +317,10 @@ def _counts(header: pb.MinibatchHeader, spec: BatchSpec, where: str
             f"num_sampled_nodes {nodes[t.node_types[0]]}, num_sampled_edges {edges[t.edge_types[0]]}"
         raise BatchDecodeError(f"{where}: MinibatchHeader: expected counts >= 0, got num_seed_nodes "
                                f"{header.num_seed_nodes}, {shown}")
+    ends = {spec.link.edge_type[2]} - {t.seed_type} if spec.link is not None else set()
     for n, counts in nodes.items():
+        if n in ends:  # a link batch's destination type: seeds of its own
+            continue
         seeds = n == t.seed_type
         want = header.num_seed_nodes if seeds else 0
         if not counts or counts[0] != want:

@@ -391,14 +391,18 @@ class RemoteNeighborLoader:
                                 request=request, indices=indices, expect=self.cluster.expectation(p))
                    for p, address in enumerate(self.cluster.addresses)
                    if (indices := tuple(b.index for b in refs if b.partition == p))]
-        spec = BatchSpec(
+        spec = self._batch_spec(num_batches)
+        return EpochStream(servers, num_batches, spec, prefetch=self.prefetch, timeouts=self.timeouts,
+                           pin_memory=self.pin_memory, finish=finish)
+
+    def _batch_spec(self, num_batches: int) -> BatchSpec:
+        """What every batch of the current epoch must look like."""
+        return BatchSpec(
             num_hops=len(inputs.fanout_lists(self.num_neighbors)[0]), feature_dim=self.num_features,
             include_features=True, include_labels=self._labels_on_wire, num_batches=num_batches,
             typed=self._layout if self.graph.typed else None, compact_indices=self.compact_indices,
             include_edge_ids=self.edge_ids, include_edge_features=bool(self.edge_attr_name),
             edge_feature_shapes=self.graph.edge_feature_shapes)
-        return EpochStream(servers, num_batches, spec, prefetch=self.prefetch, timeouts=self.timeouts,
-                           pin_memory=self.pin_memory, finish=finish)
 
     def __iter__(self) -> Iterator[Data | HeteroData]:
         """The current epoch's batches, in order, on ``device`` (``HeteroData`` on a typed

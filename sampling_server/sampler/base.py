@@ -32,7 +32,7 @@ import torch
 from partitioner.format import NodeData, Partition, Structure
 from partitioner.graph import EdgeType, edge_type_name
 from protos import allocator, halfcast
-from sampling_server.sampler import cpu_gather, cpu_glue
+from sampling_server.sampler import cpu_gather, cpu_glue, negatives
 from sampling_server.sampler.fanouts import NumNeighbors, normalize_num_neighbors, num_hops, relation_key
 from sampling_server.sampler.rows import (
     assign_rows,
@@ -56,6 +56,8 @@ ByPartition = Mapping[int, torch.Tensor]
 NodeRows = tuple[torch.Tensor | None, torch.Tensor | None]
 #: ``(a, b, rows)``: rows ``a`` to ``b`` of a gather's result go to ``rows``.
 Blocks = Sequence[tuple[int, int, torch.Tensor]]
+#: A batch's seeds: global IDs of the seed type, or per node type (a link batch's).
+Seeds = torch.Tensor | np.ndarray | Mapping[str, torch.Tensor | np.ndarray]
 
 
 class Remote(Protocol):
@@ -77,6 +79,12 @@ class Remote(Protocol):
                   labels: bool) -> Mapping[int, NodeRows]: ...
 
     def orig_ids(self, node_type: str, nodes_by_partition: ByPartition) -> Mapping[int, torch.Tensor]: ...
+
+    def has_edges(self, edge_type: EdgeType, pairs_by_partition: Mapping[int, tuple[np.ndarray, np.ndarray]]
+                  ) -> Mapping[int, np.ndarray]:
+        """Per partition, whether each of its ``(src, dst)`` pairs (global IDs, every
+        ``dst`` owned there) is an edge: :meth:`NeighborSampler.has_edges_local`."""
+        ...
 
 
 class InProcessPeers:
@@ -100,6 +108,11 @@ class InProcessPeers:
 
     def orig_ids(self, node_type: str, nodes_by_partition: ByPartition) -> dict[int, torch.Tensor]:
         return {p: self.samplers[p].orig_ids_local(node_type, n) for p, n in nodes_by_partition.items()}
+
+    def has_edges(self, edge_type: EdgeType, pairs_by_partition: Mapping[int, tuple[np.ndarray, np.ndarray]]
+                  ) -> dict[int, np.ndarray]:
+        return {p: self.samplers[p].has_edges_local(edge_type, src, dst)
+                for p, (src, dst) in pairs_by_partition.items()}
 
 
 def edges_of(drawn: HopSample, who: str) -> torch.Tensor:
@@ -390,6 +403,40 @@ class NeighborSampler(abc.ABC):
             out[pos] = answers[p].to(torch.int64)
         return out
 
+    def has_edges_local(self, edge_type: EdgeType, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """bool ``[M]``: whether each ``src[i] -> dst[i]`` (global IDs) is an edge of
+        ``edge_type``, for destinations whose in-edges are here."""
+        dst_t = torch.from_numpy(np.ascontiguousarray(dst, dtype=np.int64))
+        self.check_drawable(edge_type[2], dst_t, "dst")
+        out = np.zeros(dst_t.numel(), dtype=np.bool_)
+        if out.size:
+            negatives.has_edges(np.asarray(self.structure.indptr[edge_type]),
+                                np.asarray(self.structure.indices[edge_type]), self.draw[edge_type[2]][0],
+                                np.ascontiguousarray(src, dtype=np.int64), dst_t.numpy(), out)
+        return out
+
+    def has_edges(self, edge_type: EdgeType, src: np.ndarray, dst: np.ndarray, remote: Remote | None
+                  ) -> np.ndarray:
+        """bool ``[M]``: whether each ``src[i] -> dst[i]`` (global IDs) is an edge of
+        ``edge_type``, asking the owners of destinations whose in-edges are elsewhere."""
+        dst_t = torch.from_numpy(np.ascontiguousarray(dst, dtype=np.int64))
+        if self.draws_all(edge_type[2], dst_t):
+            return self.has_edges_local(edge_type, src, dst)
+        if remote is None:
+            raise RuntimeError("has_edges: destinations of other partitions but no remote was given")
+        groups = owner_groups(self.owner_of(edge_type[2], dst_t), self.num_partitions)
+        local_pos = groups.pop(self.partition_id, None)
+        asked = {p: (src[pos.numpy()], dst[pos.numpy()]) for p, pos in groups.items()}
+        pending = begin(lambda: remote.has_edges(edge_type, asked), self.overlap_peers)
+        out = np.zeros(dst_t.numel(), dtype=np.bool_)
+        if local_pos is not None:
+            here = local_pos.numpy()
+            out[here] = self.has_edges_local(edge_type, src[here], dst[here])
+        answers = pending.result()  # bounded: peer calls carry deadlines
+        for p, where in groups.items():
+            out[where.numpy()] = answers[p]
+        return out
+
     # -- sampling --------------------------------------------------------------------
     def _seed_tensor(self, seeds: torch.Tensor | np.ndarray, seed_type: str,
                      remote: Remote | None) -> torch.Tensor:
@@ -407,17 +454,30 @@ class NeighborSampler(abc.ABC):
             self.check_in_graph(seed_type, out, "seeds")
         return out
 
-    def sample(self, seeds: torch.Tensor | np.ndarray, seed_type: str, num_neighbors: NumNeighbors,
+    def seed_tensors(self, seeds: Seeds, seed_type: str, remote: Remote | None) -> dict[str, torch.Tensor]:
+        """Per node type (every one of the graph), its seeds as checked int64 tensors on
+        :attr:`device`: ``seeds`` of ``seed_type``, or a mapping of node type to seeds
+        (a link batch's: the ends of its edges, of one or two types)."""
+        given = seeds if isinstance(seeds, Mapping) else {seed_type: seeds}
+        self.check_node_type(seed_type, "seed_type")
+        empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        out = dict.fromkeys(self.node_types, empty)
+        for t, ids in given.items():
+            out[t] = self._seed_tensor(ids, t, remote)
+        return out
+
+    def sample(self, seeds: Seeds, seed_type: str, num_neighbors: NumNeighbors,
                key: int, remote: Remote | None = None, edges: bool = False) -> SamplerOutput:
         """Sample the multi-hop neighborhood of ``seeds`` (unique global IDs of
-        ``seed_type``). Nodes whose in-edges are elsewhere need ``remote``: their neighbors
-        are drawn by their owners, exactly as here. With ``edges``,
-        :attr:`SamplerOutput.edge` holds every sampled edge's internal ID."""
+        ``seed_type``, or per node type: :meth:`seed_tensors`). Nodes whose in-edges are
+        elsewhere need ``remote``: their neighbors are drawn by their owners, exactly as
+        here. With ``edges``, :attr:`SamplerOutput.edge` holds every sampled edge's
+        internal ID."""
         fanouts = normalize_num_neighbors(num_neighbors, self.edge_types)
         hops = num_hops(fanouts)
-        seeds_t = self._seed_tensor(seeds, seed_type, remote)
+        frontier = self.seed_tensors(seeds, seed_type, remote)
         empty = torch.empty(0, dtype=torch.int64, device=self.device)
-        frontier = {t: seeds_t if t == seed_type else empty for t in self.node_types}
+
         nodes = {t: [f] for t, f in frontier.items()}
         rows: dict[EdgeType, list[torch.Tensor]] = {et: [] for et in self.edge_types}
         cols: dict[EdgeType, list[torch.Tensor]] = {et: [] for et in self.edge_types}
@@ -564,7 +624,7 @@ class NeighborSampler(abc.ABC):
                     raise RuntimeError(f"gather: partition {p} answered without the features asked for")
                 assign_rows_to_blocks(blocks, layout, pos, rx)
 
-    def minibatch(self, seeds: torch.Tensor | np.ndarray, seed_type: str, num_neighbors: NumNeighbors,
+    def minibatch(self, seeds: Seeds, seed_type: str, num_neighbors: NumNeighbors,
                   key: int, *, features: bool = True, labels: bool = True, original_ids: bool = True,
                   remote: Remote | None = None, edges: bool = False) -> Minibatch:
         """Sample, then gather per node type: the whole minibatch of ``seeds`` (its

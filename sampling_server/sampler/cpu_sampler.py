@@ -24,7 +24,7 @@ from partitioner.graph import EdgeType
 from sampling_server.sampler import cpu_fused as F
 from sampling_server.sampler import cpu_gather as G
 from sampling_server.sampler import cpu_kernels as K
-from sampling_server.sampler.base import Blocks, NeighborSampler, NodeRows, Relabeler, Remote, edges_of
+from sampling_server.sampler.base import Blocks, NeighborSampler, NodeRows, Relabeler, Remote, Seeds, edges_of
 from sampling_server.sampler.fanouts import NumNeighbors, normalize_num_neighbors, num_hops
 from sampling_server.sampler.rows import int64_array, is_identity, numpy_words, torch_dtype
 from sampling_server.sampler.types import HopSample, SamplerOutput
@@ -150,7 +150,7 @@ class CpuNeighborSampler(NeighborSampler):
         return HopSample(counts=torch.from_numpy(np.diff(offsets)), neighbors=torch.from_numpy(out),
                          edges=None if edge_ids is None else torch.from_numpy(edge_ids))
 
-    def sample(self, seeds: torch.Tensor | np.ndarray, seed_type: str, num_neighbors: NumNeighbors,
+    def sample(self, seeds: Seeds, seed_type: str, num_neighbors: NumNeighbors,
                key: int, remote: Remote | None = None, edges: bool = False) -> SamplerOutput:
         """As :meth:`NeighborSampler.sample`. With dense relabel maps for every node type,
         each relation's hop is relabelled by :mod:`cpu_fused`'s passes straight into the
@@ -161,13 +161,12 @@ class CpuNeighborSampler(NeighborSampler):
             return super().sample(seeds, seed_type, num_neighbors, key, remote, edges)
         fanouts = normalize_num_neighbors(num_neighbors, self.edge_types)
         hops = num_hops(fanouts)
-        seeds_np = as_ids(self._seed_tensor(seeds, seed_type, remote), "seeds")
+        seeds_np = {t: as_ids(v, "seeds") for t, v in self.seed_tensors(seeds, seed_type, remote).items()}
         nodes: dict[str, F.NodeList] = {}
         try:
-            node_cap, edge_cap = self._capacities(seeds_np.size, seed_type, fanouts, hops)
+            node_cap, edge_cap = self._capacities({t: v.size for t, v in seeds_np.items()}, fanouts, hops)
             for t in self.node_types:
-                first = seeds_np if t == seed_type else np.empty(0, dtype=np.int64)
-                nodes[t] = F.NodeList(self._dense_maps[t], first, node_cap[t])
+                nodes[t] = F.NodeList(self._dense_maps[t], seeds_np[t], node_cap[t])
             lists = {et: F.EdgeList(edge_cap[et], edges) for et in self.edge_types}
             per_hop = {t: [n.count] for t, n in nodes.items()}
             lo = dict.fromkeys(self.node_types, 0)
@@ -189,11 +188,12 @@ class CpuNeighborSampler(NeighborSampler):
             num_sampled_nodes=per_hop, num_sampled_edges={et: e.per_hop for et, e in lists.items()},
             edge={et: torch.from_numpy(e.edge[:e.size]) for et, e in lists.items() if e.edge is not None})
 
-    def _capacities(self, seeds: int, seed_type: str, fanouts: Mapping[EdgeType, list[int]],
+    def _capacities(self, seeds: Mapping[str, int], fanouts: Mapping[EdgeType, list[int]],
                     hops: int) -> tuple[dict[str, int], dict[EdgeType, int]]:
-        """First buffer sizes per node type and relation, when every draw is full (``-1``
-        counted as 16) and no frontier outgrows its type; they grow if short."""
-        frontier = {t: seeds if t == seed_type else 0 for t in self.node_types}
+        """First buffer sizes per node type and relation, from the seeds per type, when
+        every draw is full (``-1`` counted as 16) and no frontier outgrows its type; they
+        grow if short."""
+        frontier = dict(seeds)
         node_cap, edge_cap = dict(frontier), dict.fromkeys(self.edge_types, 0)
         for hop in range(hops):
             added = dict.fromkeys(self.node_types, 0)

@@ -37,6 +37,13 @@ def node_stream(key: np.uint64, hop: np.int64, node: np.int64) -> np.uint64:
     return mix64(key ^ h)
 
 
+def pair_stream(key: np.uint64, salt: np.uint64, src: np.int64, dst: np.int64) -> np.uint64:
+    """The random stream of one seed edge ``(src, dst)`` (original IDs) of one batch, for
+    the draws named by ``salt`` (a link batch's negatives)."""
+    h = mix64(mix64(np.uint64(src) * np.uint64(GOLDEN) + salt) + np.uint64(dst))
+    return mix64(key ^ h)
+
+
 def uniform(stream: np.uint64, j: np.int64) -> float:
     """The ``j``-th uniform float in ``[0, 1)`` of ``stream``."""
     z = mix64(stream + (np.uint64(j) + np.uint64(1)) * np.uint64(GOLDEN))

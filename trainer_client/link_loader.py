@@ -1,0 +1,329 @@
+"""``RemoteLinkNeighborLoader``: PyG ``LinkNeighborLoader`` batches, sampled by graphfeed
+servers.
+
+Seed edges come from a link split stored with the partitions (``"train"``, ``"val"``,
+``"test"``, ...: ``ClusterInfo.link_splits``) or from ``edge_label_index`` in original node
+IDs. They are planned like the node loader's seeds (:mod:`protos.plan`: one global
+ordering across partitions, shuffled per epoch with ``shuffle``, equal batch counts on
+every rank, each seed edge in exactly one batch per epoch); the server that samples a
+batch draws its negatives (keyed by the edges' original IDs and the batch key, so a
+batch is the same whatever the partitioning and after a resume), samples the
+neighborhood of the distinct ends of its edges, and drops the excluded edges.
+
+::
+
+    loader = RemoteLinkNeighborLoader(servers, "train", num_neighbors=[15, 10], batch_size=1024,
+                                      neg_sampling="binary", shuffle=True, rank=rank,
+                                      world_size=world_size, device="cuda:0")
+    for batch in loader:   # Data: x, edge_index, edge_label_index, edge_label, n_id, input_id
+        h = model(batch.x, batch.edge_index)
+        score = (h[batch.edge_label_index[0]] * h[batch.edge_label_index[1]]).sum(-1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch_geometric.data import HeteroData
+
+from partitioner.graph import EdgeType, edge_type_name, parse_edge_type
+from protos import sampling_pb2 as pb
+from protos.codec import encode_tensor
+from trainer_client import inputs
+from trainer_client.batch_checks import BatchSpec, LinkSpec, TypedSpec
+from trainer_client.cluster import Cluster
+from trainer_client.decode import DecodedBatch
+from trainer_client.inputs import NumNeighbors
+from trainer_client.loader import RemoteNeighborLoader
+
+#: ``neg_sampling`` modes by name.
+NEGATIVE_MODES = {"binary": pb.NegativeSampling.BINARY, "triplet": pb.NegativeSampling.TRIPLET,
+                  "given": pb.NegativeSampling.GIVEN}
+#: ``exclude`` options by name (DGL's names too).
+EXCLUDE = {None: pb.LinkSeeds.EXCLUDE_NONE, "none": pb.LinkSeeds.EXCLUDE_NONE,
+           "self": pb.LinkSeeds.EXCLUDE_SELF, "reverse": pb.LinkSeeds.EXCLUDE_REVERSE,
+           "reverse_id": pb.LinkSeeds.EXCLUDE_REVERSE, "reverse_types": pb.LinkSeeds.EXCLUDE_REVERSE}
+
+
+@dataclass(frozen=True)
+class Negatives:
+    """A loader's negative sampling: mode (``NegativeSampling.Mode``), negatives per
+    positive edge, and whether those that are edges are redrawn."""
+
+    mode: int = pb.NegativeSampling.NEGATIVES_NONE
+    amount: float = 1.0
+    strict: bool = False
+
+    @property
+    def triplet(self) -> bool:
+        return self.mode in (pb.NegativeSampling.TRIPLET, pb.NegativeSampling.GIVEN)
+
+
+def parse_negatives(neg_sampling: object, neg_sampling_ratio: float | None, strict: bool) -> Negatives:
+    """``neg_sampling`` in PyG's forms (None, ``"binary"``, ``"triplet"``, ``"given"``, a
+    ``NegativeSampling`` or a dict with ``mode`` and ``amount``); PyG's older
+    ``neg_sampling_ratio`` means binary negatives of that amount."""
+    if neg_sampling is None:
+        if neg_sampling_ratio is None:
+            if strict:
+                raise ValueError("strict_negatives: expected False without neg_sampling (no negatives)")
+            return Negatives()
+        neg_sampling = {"mode": "binary", "amount": neg_sampling_ratio}
+    elif neg_sampling_ratio is not None:
+        raise ValueError("neg_sampling_ratio: expected None with neg_sampling (it is its older spelling)")
+    if isinstance(neg_sampling, str):
+        mode, amount, weight = neg_sampling, 1.0, None  # type: str | None, Any, object
+    elif isinstance(neg_sampling, dict):
+        unknown = set(neg_sampling) - {"mode", "amount"}
+        if unknown:
+            raise ValueError(f"neg_sampling: expected keys mode and amount, got {sorted(unknown)}")
+        mode, amount, weight = neg_sampling.get("mode"), neg_sampling.get("amount", 1.0), None
+    elif hasattr(neg_sampling, "mode") and hasattr(neg_sampling, "amount"):  # PyG's NegativeSampling
+        mode = getattr(neg_sampling.mode, "value", neg_sampling.mode)
+        amount, weight = neg_sampling.amount, getattr(neg_sampling, "weight", None)
+    else:
+        raise ValueError(f"neg_sampling: expected None, 'binary', 'triplet', 'given', a NegativeSampling or "
+                         f"a dict, got {type(neg_sampling).__name__}")
+    if weight is not None:
+        raise ValueError("neg_sampling.weight: not supported (negatives are drawn uniformly over the "
+                         "destination type, as without weights)")
+    if mode not in NEGATIVE_MODES:
+        raise ValueError(f"neg_sampling: expected mode one of {sorted(NEGATIVE_MODES)}, got {mode!r}")
+    try:
+        amount = float(amount)
+    except (TypeError, ValueError):
+        raise ValueError(f"neg_sampling.amount: expected a number > 0, got {amount!r}") from None
+    if not amount > 0:
+        raise ValueError(f"neg_sampling.amount: expected a number > 0, got {amount}")
+    if mode == "triplet" and amount != int(amount):
+        raise ValueError(f"neg_sampling.amount: expected a whole number of negatives per edge in triplet "
+                         f"mode, got {amount}")
+    if mode == "given" and strict:
+        raise ValueError("strict_negatives: expected False with 'given' negatives (they are stored)")
+    return Negatives(NEGATIVE_MODES[mode], amount, bool(strict))
+
+
+class RemoteLinkNeighborLoader(RemoteNeighborLoader):
+    """Yields PyG ``LinkNeighborLoader`` minibatches of one rank's epoch, sampled by
+    graphfeed servers.
+
+    Each batch has the node loader's attributes (``x``, ``edge_index``, ``n_id`` in
+    original IDs, ``num_sampled_nodes`` ...) for the neighborhood of the distinct ends of
+    its seed edges (the batch's first nodes, in order of first appearance), and, as
+    PyG's ``LinkNeighborLoader`` gives them: ``edge_label_index`` (local indices into the
+    batch's nodes; the positives, then binary negatives) and ``edge_label`` (the labels
+    given or stored, ones when none, zeros for negatives), or with ``"triplet"`` /
+    ``"given"`` negatives ``src_index``, ``dst_pos_index`` and ``dst_neg_index``
+    ``[P, K]``; ``input_id``: the positions of the positive seed edges in the split (or
+    in ``edge_label_index`` as given). On a typed graph ``HeteroData``:
+    ``batch[edge_type].edge_label_index`` / ``edge_label`` / ``input_id``,
+    ``batch[src_type].src_index``, ``batch[dst_type].dst_pos_index`` / ``dst_neg_index``.
+    """
+
+    def __init__(
+        self, servers: Sequence[str] | str | Cluster, split: str | None = None, *,
+        edge_label_index: object = None, edge_label: object = None, edge_type: EdgeType | str | None = None,
+        num_neighbors: NumNeighbors, batch_size: int, neg_sampling: object = None,
+        neg_sampling_ratio: float | None = None, strict_negatives: bool = False, exclude: str | None = None,
+        reverse_edge_type: EdgeType | str | None = None, **kwargs: Any,
+    ) -> None:
+        """``split``: a stored link split (``"valid"`` is taken for ``"val"``; default
+        ``"train"`` unless ``edge_label_index`` is given); ``edge_label_index``: seed edges
+        ``[2, M]`` in original node IDs (typed: ``(edge_type, [2, M])`` as PyG, or with
+        ``edge_type=``), ``edge_label`` their labels. ``neg_sampling``: ``"binary"``
+        (``amount`` random pairs per positive, labelled 0), ``"triplet"`` (``amount``
+        random destinations per positive), ``"given"`` (the split's stored negatives:
+        OGB's ranking protocol), a PyG ``NegativeSampling`` or a dict; negatives are
+        uniform over the destination (and, binary, source) type's nodes as PyG draws them,
+        or, with ``strict_negatives``, redrawn while they are edges of the graph.
+        ``exclude``: ``"self"`` drops each batch's positive seed edges from its sampled
+        edges, ``"reverse"`` their reverses too (``reverse_edge_type``, default the
+        ``rev_`` type, or the seed type itself on a one-type graph); PyG keeps them.
+        Labels that use 0 are shifted by one with binary negatives, as PyG shifts them.
+        The other arguments are :class:`~trainer_client.loader.RemoteNeighborLoader`'s
+        (``batches`` is always ``"global"``)."""
+        for name in ("input_nodes", "seeds", "batches", "include_labels"):
+            if name in kwargs:
+                raise TypeError(f"{name}: not an argument of RemoteLinkNeighborLoader (seed edges come "
+                                "from split= or edge_label_index=; batches are always global)")
+        if isinstance(edge_label_index, tuple) and len(edge_label_index) == 2 and \
+                isinstance(edge_label_index[0], (str, tuple)):
+            if edge_type is not None:
+                raise ValueError("edge_type: expected None when edge_label_index names the edge type")
+            edge_type, edge_label_index = edge_label_index
+        if split is not None and edge_label_index is not None:
+            raise ValueError("split, edge_label_index: expected one of them")
+        #: The link split iterated ("" for given edges).
+        self.link_split = "" if edge_label_index is not None else \
+            "train" if split is None else "val" if split == "valid" else split
+        self.negatives = parse_negatives(neg_sampling, neg_sampling_ratio, strict_negatives)
+        if exclude not in EXCLUDE:
+            raise ValueError(f"exclude: expected one of {[k for k in EXCLUDE if k]} or None, got {exclude!r}")
+        self.exclude = exclude
+        self._link_given = (edge_label_index, edge_label)
+        self._link_type_arg, self._reverse_arg = edge_type, reverse_edge_type
+        super().__init__(servers, None, input_nodes=None, num_neighbors=num_neighbors, batch_size=batch_size,
+                         batches="global", include_labels=False, **kwargs)
+        self.split = self.link_split
+
+    # ---- seed edges ------------------------------------------------------------------
+
+    def _open(self, given: inputs.GivenInput, nodes: np.ndarray | None, size: tuple[str, float],
+              progress: bool | None) -> None:
+        self.edge_type = self._resolve_edge_type()
+        self._seeds_of = self.edge_type[0]
+        self._layout = TypedSpec.of(self.graph, self._seeds_of)
+        if isinstance(self.num_neighbors, dict):
+            inputs.edge_fanouts(self.num_neighbors, self.graph)  # checks the keys
+        self._links = self._link_seeds()
+        self.caches = self._open_caches(size, progress)
+        self.node_tables = self._open_node_tables()
+        if self.weighted and not self.cluster.info.has_edge_weights:
+            raise ValueError("weighted: expected a graph with edge weights, but the servers have none")
+        inputs.check_edge_options(self.graph, bool(self.edge_attr_name), self.edge_ids)
+        self.set_epoch(0)
+
+    def _resolve_edge_type(self) -> EdgeType:
+        graph = self.graph
+        named = self._link_type_arg
+        et: EdgeType | None = None
+        if named is not None:
+            if not graph.typed:
+                raise ValueError("edge_type: expected None, the graph is homogeneous (plain)")
+            et = parse_edge_type(named) if isinstance(named, str) else tuple(named)  # type: ignore[assignment]
+            if et not in graph.edge_types:
+                known = [edge_type_name(e) for e in graph.edge_types]
+                raise ValueError(f"edge_type: expected one of {known}, got {named!r}")
+        if self._link_given[0] is None:
+            facts = graph.link_splits.get(self.link_split)
+            if facts is None:
+                raise ValueError(f"split: expected a link split of the graph {sorted(graph.link_splits)} "
+                                 f"(partition with link splits: --link-split), got {self.link_split!r}")
+            if et is not None and et != facts.edge_type:
+                raise ValueError(f"edge_type: link split {self.link_split!r} holds "
+                                 f"{edge_type_name(facts.edge_type)!r} edges, got {edge_type_name(et)!r}")
+            return facts.edge_type
+        if et is None:
+            if graph.typed and len(graph.edge_types) > 1:
+                raise ValueError("edge_label_index: expected (edge_type, edge_label_index) on a typed graph "
+                                 "with several edge types (or pass edge_type=)")
+            et = graph.edge_types[0]
+        return et
+
+    def _link_seeds(self) -> pb.LinkSeeds:
+        """The request's ``links`` (its seed edges and options); counts the seed edges."""
+        et = self.edge_type
+        links = pb.LinkSeeds(edge_type=edge_type_name(et) if self.graph.typed else "",
+                             negatives=pb.NegativeSampling(mode=self.negatives.mode,  # type: ignore[arg-type]
+                                                           amount=self.negatives.amount,
+                                                           strict=self.negatives.strict),
+                             exclude=EXCLUDE[self.exclude])
+        if self._reverse_arg is not None:
+            rev = self._reverse_arg
+            links.reverse_edge_type = rev if isinstance(rev, str) else edge_type_name(rev)
+        index, label = self._link_given
+        self._labels = False
+        if index is None:
+            facts = self.graph.link_splits[self.link_split]
+            links.split = self.link_split
+            self._num_edges = int(facts.num_edges)
+            self._labels = facts.label_dtype is not None
+            self._stored_negatives = int(facts.num_negatives)
+            if self.negatives.mode == pb.NegativeSampling.GIVEN and not facts.num_negatives:
+                raise ValueError(f"neg_sampling: 'given' needs a split stored with negatives; "
+                                 f"{self.link_split!r} has none")
+            self._input_edges: np.ndarray | None = None
+        else:
+            if self.negatives.mode == pb.NegativeSampling.GIVEN:
+                raise ValueError("neg_sampling: 'given' needs split= (negatives stored with a link split)")
+            pairs = np.asarray(torch.as_tensor(index).cpu().numpy() if not isinstance(index, np.ndarray)
+                               else index)
+            if pairs.ndim != 2 or pairs.shape[0] != 2 or pairs.dtype.kind not in "iu":
+                raise ValueError(f"edge_label_index: expected integer node IDs of shape [2, M], got "
+                                 f"{pairs.dtype} of shape {list(pairs.shape)}")
+            src, dst = (self._end_ids(pairs[row], et[end], f"edge_label_index[{row}]")
+                        for row, end in ((0, 0), (1, 2)))
+            links.given.src.CopyFrom(encode_tensor(src))
+            links.given.dst.CopyFrom(encode_tensor(dst))
+            if label is not None:
+                labels = np.ascontiguousarray(torch.as_tensor(label).cpu().numpy())
+                if labels.ndim < 1 or labels.shape[0] != src.size:
+                    raise ValueError(f"edge_label: expected one label per seed edge ({src.size}), got shape "
+                                     f"{list(labels.shape)}")
+                if self.negatives.triplet:
+                    raise ValueError("edge_label: expected None with triplet negatives (as PyG)")
+                links.given.label.CopyFrom(encode_tensor(labels))
+                self._labels = True
+            self._num_edges = int(src.size)
+            self._stored_negatives = 0
+            self._input_edges = np.stack([src, dst])
+        if self.negatives.triplet and self._labels:
+            raise ValueError(f"neg_sampling: triplet negatives take no labels, but split {self.link_split!r} "
+                             "has them")
+        self._seeds_tensor = encode_tensor(np.empty(0, dtype=np.int64))
+        return links
+
+    def _end_ids(self, ids: np.ndarray, node_type: str, name: str) -> np.ndarray:
+        """Checked original IDs of one end of the given seed edges (repeats allowed)."""
+        n = self.graph.num_nodes[node_type]
+        out = ids.astype(np.int64, copy=False)
+        bad = out[(out < 0) | (out >= n)]
+        if bad.size:
+            raise ValueError(f"{name}: expected original IDs of {node_type!r} nodes in 0 .. {n - 1}, got "
+                             f"{bad[:5].tolist()}")
+        if out.size == 0:
+            raise ValueError(f"{name}: expected at least one seed edge, got none")
+        if out.size > inputs.MAX_SEEDS:
+            raise ValueError(f"{name}: expected at most {inputs.MAX_SEEDS} seed edges (one message; use a "
+                             f"stored link split for more), got {out.size}")
+        return out
+
+    @property
+    def num_seeds(self) -> int:
+        """Seed edges of one epoch, over all ranks."""
+        return self._num_edges
+
+    @property
+    def seeds_per_partition(self) -> list[int]:
+        return [self._num_edges]
+
+    @property
+    def edge_label_index(self) -> torch.Tensor | None:
+        """The given seed edges (original IDs) that ``input_id`` indexes; None for a split."""
+        return None if self._input_edges is None else torch.from_numpy(self._input_edges)
+
+    # ---- streaming -------------------------------------------------------------------
+
+    def _request(self) -> pb.EpochRequest:
+        request = super()._request()
+        request.links.CopyFrom(self._links)  # (the oneof: replaces the empty seeds)
+        request.include_labels = False
+        return request
+
+    def _batch_spec(self, num_batches: int) -> BatchSpec:
+        negatives = self.negatives
+        per_edge = int(negatives.amount) if negatives.mode == pb.NegativeSampling.TRIPLET else \
+            self._stored_negatives if negatives.mode == pb.NegativeSampling.GIVEN else None
+        labels = negatives.mode == pb.NegativeSampling.BINARY or self._labels
+        link = LinkSpec(self.edge_type, negatives.triplet, labels and not negatives.triplet, per_edge)
+        return dataclasses.replace(super()._batch_spec(num_batches), include_labels=False, link=link)
+
+    def _finish(self, batch: DecodedBatch, input_id: np.ndarray) -> DecodedBatch:
+        out = super()._finish(batch, input_id)
+        data = out.data
+        if isinstance(data, HeteroData):  # PyG puts it on the seed edge type
+            data[self.edge_type].input_id = data[self._seeds_of].input_id
+            del data[self._seeds_of].input_id
+        return out
+
+    def __repr__(self) -> str:
+        source = f"split={self.link_split!r}" if self._input_edges is None else \
+            f"edge_label_index={self._num_edges} edges"
+        return (f"{type(self).__name__}({source}, num_neighbors={self.num_neighbors}, batch_size="
+                f"{self.batch_size}, neg_sampling={self.negatives}, rank={self.rank}/{self.world_size}, "
+                f"servers={self.cluster.addresses})")
