@@ -259,6 +259,11 @@ class LocalPeers:
         return {p: self.samplers[p].orig_ids_local(node_type, nodes)
                 for p, nodes in nodes_by_partition.items()}
 
+    def has_edges(self, edge_type: EdgeType, pairs_by_partition: Mapping[int, tuple[np.ndarray, np.ndarray]]
+                  ) -> dict[int, np.ndarray]:
+        return {p: self.samplers[p].has_edges_local(edge_type, src, dst)
+                for p, (src, dst) in pairs_by_partition.items()}
+
 
 def check_sampler_output(out: SamplerOutput, seeds: np.ndarray, seed_type: str,
                          fanouts: Mapping[EdgeType, Sequence[int]],

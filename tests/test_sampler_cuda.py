@@ -31,6 +31,7 @@ from graph_fixtures import (
     global_adjacency,
     large,
     mixed,
+    parted,
     star_graph,
     typed_view,
     write_and_load,
@@ -43,6 +44,7 @@ from sampling_server.sampler import cuda_kernels as K
 from sampling_server.sampler import cuda_launch as L
 from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
 from sampling_server.sampler.cuda_sampler import CudaNeighborSampler
+from sampling_server.sampler.links import BINARY, TRIPLET, LinkOptions, exclude_edges, link_seeds
 from sampling_server.sampler.ptx_check import kernel_signatures
 from sampling_server.sampler.rng import batch_key
 from sampling_server.sampler.types import SamplerOutput
@@ -527,3 +529,33 @@ def test_numbas_per_allocation_log_lines_stay_out_of_an_info_log() -> None:
                            text=True, timeout=120, check=True)
     assert quiet.stdout.split() == ["False"] and asked.stdout.split() == ["True"]
     assert not logging.getLogger(L.NUMBA_DRIVER_LOGGER).isEnabledFor(logging.INFO)
+
+
+@pytest.mark.parametrize("mode", ["binary", "triplet"])
+def test_link_batches_match_the_cpu_sampler(graph: AnyGraph, mode: str, tmp_path: Path) -> None:
+    """A link batch (strict negatives, the seed edges excluded) drawn by two CUDA
+    partitions equals the one two CPU partitions draw."""
+    two = parted(graph, tmp_path, 2, "random")
+    two_parts, maps = two.parts, two.maps
+    part = two_parts[0]
+    et = part.edge_types[0]
+    n = {t: part.manifest.node_types[t].num_nodes for t in part.node_types}
+    options = LinkOptions(et, BINARY if mode == "binary" else TRIPLET, 2.0, True, n[et[0]], n[et[2]])
+    indptr, indices = np.asarray(part.indptr[et]), np.asarray(part.indices[et])
+    start = part.node_range(et[2])[0]
+    rows = np.flatnonzero(np.diff(indptr))[:3]
+    dst = rows + start
+    src = indices[indptr[rows]]
+    outs = []
+    for kind in (CudaNeighborSampler, CpuNeighborSampler):
+        samplers = [kind(p) for p in two_parts]
+        remote = LocalPeers(samplers)
+        made = link_seeds(samplers[0], options, 7, src, dst, None, None, lambda t, o: maps[t][o], remote)
+        out = samplers[0].sample(made.seeds, et[0], [2, 2], 7, remote, edges=True)
+        exclude_edges(out, {et: (torch.from_numpy(src), torch.from_numpy(dst))}, n)
+        outs.append((made, out))
+    (gm, go), (cm, co) = outs
+    _same(go, co)
+    assert gm.tensors.keys() == cm.tensors.keys()
+    for key, value in gm.tensors.items():
+        assert torch.equal(value.cpu(), cm.tensors[key]), key
