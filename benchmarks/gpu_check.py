@@ -15,10 +15,13 @@ steps, each a child process with its own deadline (the whole run fits in ``--bud
 3. ``benchmarks/stream.py``: a CUDA sampling server streaming to a trainer whose loader
    puts batches on the GPU, with no trainer cache (every feature row on the stream) and
    with the default ``auto`` cache on the GPU, beside bare gRPC and TCP in the same run;
-4. ``benchmarks/experiments/model_step.py``: one training step of the default model (GraphSAGE) on a
+4. ``benchmarks/link.py``: the CUDA sampler's link batches (binary negatives 1:1,
+   fanouts [15, 10, 5], batch 1024 seed edges) on ``--link-preset``, structure alone and
+   with features;
+5. ``benchmarks/experiments/model_step.py``: one training step of the default model (GraphSAGE) on a
    real sampled batch of ``--preset``, in float32 and bfloat16 autocast: what a stream
    must deliver a batch within to keep this GPU busy;
-5. ``deploy/demo.py --trainers 1 --device auto``: a 1-GPU NCCL DDP run of the demo with
+6. ``deploy/demo.py --trainers 1 --device auto``: a 1-GPU NCCL DDP run of the demo with
    CUDA sampling servers.
 
 Writes ``benchmarks/results/gpu-check.json`` and ``gpu-check.md`` (the device name, every
@@ -180,7 +183,7 @@ def read_json(path: Path) -> dict[str, Any]:
 def collect_figures(step: Step, data: Path) -> None:
     if step.name == "gpu tests":
         step.figures = {kind: int(n) for n, kind in PYTEST_SUMMARY.findall(step.tail)}
-    elif step.name in ("sampler", "stream"):
+    elif step.name in ("sampler", "stream", "link"):
         payload = read_json(RESULTS / f"gpu-check-{step.name}.json")
         step.figures = {"rows": payload.get("rows", []), "ratios": payload.get("ratios", {})}
     elif step.name == "model step":
@@ -189,7 +192,7 @@ def collect_figures(step: Step, data: Path) -> None:
         step.figures = {k: payload[k] for k in keys if k in payload}
         step.figures.update({f"{r['label']} ms per step": r["ms_median"] for r in payload.get("rows", [])})
     elif step.name == "demo (1 GPU, NCCL)":
-        metrics = read_json(data / "demo" / "metrics.json")
+        metrics = read_json(data / "demo" / "metrics.json")  # (the node task's demo)
         step.figures = {k: metrics[k] for k in ("test_acc", "selected_epoch", "device", "world_size",
                                                 "seeds_per_second") if k in metrics}
         for key in ("train_seconds", "data_wait_seconds", "seeds_per_second"):
@@ -202,20 +205,23 @@ def steps_for(args: argparse.Namespace) -> list[tuple[Step, float]]:
     bench = ["--data", str(args.data / "bench"), "--preset", args.preset]
     return [
         (Step("gpu tests", [py, "-m", "pytest", "-q", "-m", "gpu", *GPU_TEST_FILES,
-                            "-p", "no:cacheprovider"]), 0.3),
+                            "-p", "no:cacheprovider"]), 0.27),
         (Step("sampler", [py, "benchmarks/sampler.py", *bench, "--devices", "cuda",
                           "--topologies", "device", "uva", "--gpu-cache-sizes", "1", "0.2", "0",
                           "--no-baselines",
-                          "--results-name", "gpu-check-sampler"]), 0.25),
+                          "--results-name", "gpu-check-sampler"]), 0.22),
         (Step("stream", [py, "benchmarks/stream.py", *bench, "--gib", "1", "--passes", "3",
                          "--sizes-kib", "4096", "--server-device", "cuda", "--trainer-device", "cuda",
                          "--cache-size", "0", "auto",
-                         "--results-name", "gpu-check-stream"]), 0.22),
+                         "--results-name", "gpu-check-stream"]), 0.2),
+        (Step("link", [py, "benchmarks/link.py", "--data", str(args.data / "bench"), "--preset",
+                       args.link_preset, "--devices", "cuda", "--no-baselines", "--passes", "1",
+                       "--results-name", "gpu-check-link"]), 0.12),
         (Step("model step", [py, "benchmarks/experiments/model_step.py", *bench, "--device", "cuda",
-                             "--results-name", "gpu-check-model-step"]), 0.06),
+                             "--results-name", "gpu-check-model-step"]), 0.05),
         (Step("demo (1 GPU, NCCL)", [py, "deploy/demo.py", "--data", str(args.data / "demo"),
                                      "--trainers", "1", "--device", "auto", "--server-device", "cuda",
-                                     "--epochs", "3"]), 0.17),
+                                     "--epochs", "3"]), 0.14),
     ]
 
 
@@ -274,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, default=Path("data/gpu-check"))
     p.add_argument("--preset", default="products-like", help="graph of the benchmarks (products-like)")
+    p.add_argument("--link-preset", default="citation2-like",
+                   help="graph of the link-batch rows (citation2-like; citation2-small in seconds)")
     p.add_argument("--budget", type=float, default=570.0, help="seconds for all steps together")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
