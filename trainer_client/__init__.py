@@ -4,7 +4,8 @@ One path for both kinds of graph: a plain graph is a typed graph of one node typ
 one edge type below the user's API (:class:`TypedGraph`), and :func:`to_plain_data`
 makes its batches the ``Data`` users get. :class:`RemoteNeighborLoader` yields one rank's
 epoch as PyG ``Data`` (``HeteroData`` on a typed graph) in original node IDs, like
-``torch_geometric.loader.NeighborLoader``; :class:`Cluster` shares the servers' channels
+``torch_geometric.loader.NeighborLoader``, and :class:`RemoteLinkNeighborLoader` link
+batches (seed edges, negatives) like ``LinkNeighborLoader``; :class:`Cluster` shares the servers' channels
 and the trainer's tables between loaders; ``graphfeed-train`` (``train.py``) trains a
 model with DDP. The modules, one job each, are listed in ``docs/architecture.md``; how to
 use them in ``docs/training.md``.
@@ -13,6 +14,7 @@ use them in ``docs/training.md``.
 from trainer_client.cluster import Cluster
 from trainer_client.decode import BatchAssembler, BatchDecodeError, BatchSpec, DecodedBatch, decode_batch
 from trainer_client.graph import TypedGraph, to_plain_data
+from trainer_client.link_loader import RemoteLinkNeighborLoader
 from trainer_client.loader import RemoteNeighborLoader
 from trainer_client.models import MODELS, NodeClassifier, build_model
 from trainer_client.stream import EpochStream, StreamStats, StreamTimeouts
@@ -26,6 +28,7 @@ __all__ = [
     "DecodedBatch",
     "EpochStream",
     "NodeClassifier",
+    "RemoteLinkNeighborLoader",
     "RemoteNeighborLoader",
     "StreamStats",
     "StreamTimeouts",
