@@ -972,6 +972,7 @@ class NegativeSampling(_message.Message):
     AMOUNT_FIELD_NUMBER: _builtins.int
     STRICT_FIELD_NUMBER: _builtins.int
     mode: Global___NegativeSampling.Mode.ValueType
+    """How negatives are made (NEGATIVES_NONE: no negatives)."""
     amount: _builtins.float
     """Negatives per positive edge, > 0 (1 when 0)."""
     strict: _builtins.bool
@@ -1108,11 +1109,10 @@ class LinkSplitInfo(_message.Message):
     num_negatives: _builtins.int
     """Stored negatives per edge (NegativeSampling.GIVEN), 0 for none."""
     label_dtype: Global___DType.ValueType
+    """The labels' dtype; DTYPE_UNSPECIFIED: the split has no labels."""
     @_builtins.property
     def label_shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Shape of one edge's label ([] for one value) and its dtype; label_dtype
-        DTYPE_UNSPECIFIED: no labels.
-        """
+        """Shape of one edge's label ([] for one value)."""
 
     def __init__(
         self,

@@ -115,8 +115,10 @@ def test_the_gpu_step_runs_every_file_with_gpu_tests(gpu_check: Any) -> None:
 def test_the_plan_shares_the_budget_and_reads_the_model_step(gpu_check: Any, tmp_path: Path) -> None:
     import argparse
 
-    plan = gpu_check.steps_for(argparse.Namespace(data=tmp_path / "data", preset="products-like"))
-    assert [s.name for s, _ in plan] == ["gpu tests", "sampler", "stream", "model step", "demo (1 GPU, NCCL)"]
+    plan = gpu_check.steps_for(argparse.Namespace(data=tmp_path / "data", preset="products-like",
+                                                  link_preset="citation2-like"))
+    assert [s.name for s, _ in plan] == ["gpu tests", "sampler", "stream", "link", "model step",
+                                         "demo (1 GPU, NCCL)"]
     assert sum(share for _, share in plan) == pytest.approx(1.0)
     step = next(s for s, _ in plan if s.name == "model step")
     assert "benchmarks/experiments/model_step.py" in step.command and "gpu-check-model-step" in step.command

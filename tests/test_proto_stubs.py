@@ -108,5 +108,6 @@ def test_wire_contract_shape(tmp_path: Path) -> None:
     assert methods == {
         "SamplingService": {("GetClusterInfo", False), ("LookupNodes", False), ("StreamMinibatches", True),
                             ("StreamHotNodes", True)},
-        "PeerService": {("SampleNeighbors", True), ("FetchNodeData", True), ("FetchEdgeData", True)},
+        "PeerService": {("SampleNeighbors", True), ("FetchNodeData", True), ("FetchEdgeData", True),
+                        ("HasEdges", False)},
     }
