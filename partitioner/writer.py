@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from partitioner.algorithms import assign
 from partitioner.graph import SPLITS, EdgeType, GraphData, TypedGraphData, edge_type_name, plain_view
+from partitioner.links import write_link_splits
 from partitioner.manifest import (
     FORMAT_VERSION,
     TYPED_FORMAT_VERSION,
@@ -56,7 +57,10 @@ DEFAULT_ROW_CHUNK = 1 << 18
 
 
 def warn_empty_splits(graph: GraphData | TypedGraphData) -> None:
-    """Warn about every split the graph lacks or has empty (a trainer refuses to iterate it)."""
+    """Warn about every split the graph lacks or has empty (a trainer refuses to iterate it);
+    a link-prediction graph (one with link splits) needs no node splits."""
+    if graph.link_splits:
+        return
     for split in [s for s in SPLITS if graph.splits.get(s) is None or len(graph.splits[s]) == 0]:
         log.warning("%s: the %r split is empty; graphfeed-train needs train and val nodes and a "
                     "loader refuses an empty split (give %s_idx or %s_mask, or OGB's valid_idx for val)",
@@ -192,6 +196,8 @@ def _write_partitions(
         for kind, array in (("partition_book", book), ("node_map", node_maps[t])):
             name, path = layout.shared(kind, t)
             shared[name] = save_npy(out, path, array)
+    link_files, link_infos = write_link_splits(graph, out, node_maps)
+    shared.update(link_files)
     files: list[dict[str, FileRecord]] = [{} for _ in range(num_parts)]
     edges = {et: np.zeros(num_parts, dtype=np.int64) for et in graph.edge_types}
     remote = {et: np.zeros(num_parts, dtype=np.int64) for et in graph.edge_types}
@@ -225,7 +231,8 @@ def _write_partitions(
         format_version=TYPED_FORMAT_VERSION if graph.typed else FORMAT_VERSION,
         edge_ids=frozenset(graph.edge_types),
         edge_features={et: EdgeFeatureInfo(tuple(int(d) for d in a.shape[1:]), np.dtype(a.dtype).name)
-                       for et, a in graph.edge_attr.items()})
+                       for et, a in graph.edge_attr.items()},
+        link_splits=link_infos)
     manifest.write(out)
     log.info("wrote %d partitions to %s in %.1f s", num_parts, out, algo["seconds"])
     _warn_without_training(manifest)
