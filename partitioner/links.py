@@ -95,9 +95,11 @@ def write_link_splits(graph: TypedGraphData, out: Path, node_maps: dict[str, np.
     infos: dict[str, LinkSplitInfo] = {}
     for name, split in graph.link_splits.items():
         s, _, d = split.edge_type
-        arrays = {"src": node_maps[s][np.asarray(split.src)], "dst": node_maps[d][np.asarray(split.dst)],
-                  **({"label": np.asarray(split.label)} if split.label is not None else {}),
-                  **({"neg_dst": node_maps[d][np.asarray(split.neg_dst)]} if split.neg_dst is not None else {})}
+        arrays = {"src": node_maps[s][np.asarray(split.src)], "dst": node_maps[d][np.asarray(split.dst)]}
+        if split.label is not None:
+            arrays["label"] = np.asarray(split.label)
+        if split.neg_dst is not None:
+            arrays["neg_dst"] = node_maps[d][np.asarray(split.neg_dst)]
         for kind, array in arrays.items():
             files[link_role(name, kind)] = save_npy(out, f"{link_role(name, kind)}.npy",
                                                     np.ascontiguousarray(array))
@@ -122,7 +124,8 @@ def load_link_split(root: str | Path, manifest: Manifest, name: str, *,
     check_files(base, list(records.values()), verify)
     e, (s, _, d) = info.num_edges, info.edge_type
     want = {"src": ((e,), "int64"), "dst": ((e,), "int64"),
-            "label": ((e, *info.label_shape), info.label_dtype), "neg_dst": ((e, info.num_negatives), "int64")}
+            "label": ((e, *info.label_shape), info.label_dtype),
+            "neg_dst": ((e, info.num_negatives), "int64")}
     arrays: dict[str, np.ndarray] = {}
     for kind, rec in records.items():
         shape, dtype = want[kind]
@@ -197,14 +200,15 @@ def random_link_split(graph: GraphData | TypedGraphData, *, edge_type: EdgeType 
     ei = np.asarray(typed.edge_index[et])
     keys = ei[0] * np.int64(n_dst) + ei[1]
     if undirected is None:
-        undirected = s == d and bool(np.array_equal(sorted_unique(keys), sorted_unique(ei[1] * n_dst + ei[0])))
+        reverse = sorted_unique(ei[1] * np.int64(n_dst) + ei[0])
+        undirected = s == d and bool(np.array_equal(sorted_unique(keys), reverse))
     elif undirected and s != d:
         raise GraphDataError(f"undirected: only for a relation within one node type, got {et!r}")
     canon = (np.minimum(ei[0], ei[1]) * n_dst + np.maximum(ei[0], ei[1])) if undirected else keys
     distinct = sorted_unique(canon)
     rng = np.random.default_rng(seed)
     order = rng.permutation(distinct.size)
-    n_val, n_test = int(round(val * distinct.size)), int(round(test * distinct.size))
+    n_val, n_test = round(val * distinct.size), round(test * distinct.size)
     held = {"val": np.sort(distinct[order[:n_val]]), "test": np.sort(distinct[order[n_val:n_val + n_test]])}
     held_all = sorted_unique(np.concatenate(list(held.values())))
     edges, weights, attrs = dict(typed.edge_index), dict(typed.edge_weight), dict(typed.edge_attr)
@@ -252,7 +256,9 @@ def _negatives(rng: np.random.Generator, src: np.ndarray, true_keys: np.ndarray,
     when ``undirected``)."""
     def is_edge(cand: np.ndarray, rows: np.ndarray) -> np.ndarray:
         u = src[rows][:, None] if cand.ndim == 2 else src[rows]
-        key = (np.minimum(u, cand) * n_dst + np.maximum(u, cand)) if undirected else u * np.int64(n_dst) + cand
+        if undirected:
+            return _member(np.minimum(u, cand) * n_dst + np.maximum(u, cand), true_keys)
+        key = u * np.int64(n_dst) + cand
         return _member(key, true_keys)
 
     rows = np.arange(src.size)

@@ -510,10 +510,10 @@ def _check_link_splits(path: Path, m: Manifest) -> None:
                                        f"{list(info.label_shape)}")
         if info.label_dtype is not None:
             try:
-                kind = np.dtype(info.label_dtype).kind
+                label_kind: str = np.dtype(info.label_dtype).kind
             except TypeError:
-                kind = ""
-            if not kind or kind not in "biuf":
+                label_kind = ""
+            if not label_kind or label_kind not in "biuf":
                 raise PartitionFormatError(f"{what}.label_dtype: expected a numeric dtype, got "
                                            f"{info.label_dtype!r}")
         kinds = ["src", "dst", *(["label"] if info.label_dtype is not None else []),
