@@ -49,6 +49,7 @@ __all__ = [
     "LinkSplitInfo",
     "link_split_info",
     "load_link_split",
+    "negative_destinations",
     "random_link_split",
     "reverse_edge_type",
     "write_link_splits",
@@ -232,7 +233,8 @@ def random_link_split(graph: GraphData | TypedGraphData, *, edge_type: EdgeType 
         if fraction > 0:
             pos = held[name]
             src, dst = pos // n_dst, pos % n_dst
-            neg = _negatives(rng, src, distinct, n_dst, num_negatives, undirected) if num_negatives else None
+            neg = negative_destinations(rng, src, distinct, n_dst, num_negatives, undirected=undirected) \
+                if num_negatives else None
             splits[name] = LinkSplit(et, src, dst, neg_dst=neg)
     log.info("link split of %s: %d train, %d val, %d test edges%s; %d -> %d message-passing edges",
              "/".join(et), train.size, held["val"].size, held["test"].size,
@@ -247,31 +249,41 @@ def random_link_split(graph: GraphData | TypedGraphData, *, edge_type: EdgeType 
 
 #: Rounds of redrawing the negatives that hit a true destination before giving up.
 _NEGATIVE_ROUNDS = 64
+#: Rows whose negatives are drawn at once (bounds the temporaries to a few times 8 x rows x K bytes).
+_NEGATIVE_ROWS = 1 << 14
 
 
-def _negatives(rng: np.random.Generator, src: np.ndarray, true_keys: np.ndarray, n_dst: int, k: int,
-               undirected: bool) -> np.ndarray:
-    """int64 ``[E, k]`` destinations drawn uniformly, none a true destination of its row's
-    source (``true_keys``: the relation's sorted distinct keys, canonical ``min * n + max``
-    when ``undirected``)."""
-    def is_edge(cand: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        u = src[rows][:, None] if cand.ndim == 2 else src[rows]
+def negative_destinations(rng: np.random.Generator, src: np.ndarray, true_keys: np.ndarray, n_dst: int,
+                          k: int, *, undirected: bool) -> np.ndarray:
+    """int64 ``[E, k]`` destinations drawn uniformly from ``0 .. n_dst-1``, none a true
+    destination of its row's source ``src[i]``: ``true_keys`` holds the relation's
+    sorted distinct keys ``src * n_dst + dst`` (canonical ``min * n + max`` when
+    ``undirected``, where either direction counts). Drawn in blocks of rows from ``rng``,
+    so the same generator state gives the same negatives."""
+    out = np.empty((src.size, k), dtype=np.int64)
+    for lo in range(0, src.size, _NEGATIVE_ROWS):
+        block = np.asarray(src[lo:lo + _NEGATIVE_ROWS], dtype=np.int64)
+        out[lo:lo + block.size] = _negative_block(rng, block, true_keys, n_dst, k, undirected)
+    return out
+
+
+def _negative_block(rng: np.random.Generator, src: np.ndarray, true_keys: np.ndarray, n_dst: int, k: int,
+                    undirected: bool) -> np.ndarray:
+    """:func:`negative_destinations` of one block of rows."""
+    def is_edge(cand: np.ndarray, u: np.ndarray) -> np.ndarray:
         if undirected:
             return _member(np.minimum(u, cand) * n_dst + np.maximum(u, cand), true_keys)
-        key = u * np.int64(n_dst) + cand
-        return _member(key, true_keys)
+        return _member(u * np.int64(n_dst) + cand, true_keys)
 
-    rows = np.arange(src.size)
     neg = rng.integers(0, n_dst, (src.size, k), dtype=np.int64)
-    bad_r, bad_c = np.nonzero(is_edge(neg, rows))
+    bad_r, bad_c = np.nonzero(is_edge(neg, src[:, None]))
     for _ in range(_NEGATIVE_ROUNDS):
         if not bad_r.size:
             return neg
         neg[bad_r, bad_c] = rng.integers(0, n_dst, bad_r.size, dtype=np.int64)
-        still = is_edge(neg[bad_r, bad_c], bad_r)
+        still = is_edge(neg[bad_r, bad_c], src[bad_r])
         bad_r, bad_c = bad_r[still], bad_c[still]
     if bad_r.size:
-        u = int(src[bad_r[0]])
-        raise GraphDataError(f"num_negatives: node {u} has (almost) every node of the destination type "
-                             f"as a true destination; no negatives can be drawn for it")
+        raise GraphDataError(f"num_negatives: node {int(src[bad_r[0]])} has (almost) every node of the "
+                             "destination type as a true destination; no negatives can be drawn for it")
     return neg
