@@ -87,7 +87,9 @@ def _add_partition(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--synthetic", choices=sorted(PLAIN_PRESETS) + sorted(TYPED_PRESETS),
                      help="a synthetic graph preset (mag-*: typed; edge-feat-*: with edge features)")
     src.add_argument("--ogb", metavar="NAME", help="an OGB node dataset, e.g. ogbn-products "
-                     "(ogbn-mag is read typed, with all node types and relations)")
+                     "(ogbn-mag is read typed, with all node types and relations), or an OGB "
+                     "link dataset (ogbl-citation2, ogbl-collab: its train edges as the graph, "
+                     "its splits as link splits)")
     src.add_argument("--npz", type=Path, metavar="FILE",
                      help="an .npz graph file (typed when it has edge_index__* keys)")
     src.add_argument("--graph-dir", type=Path, metavar="DIR",
@@ -179,6 +181,10 @@ def _read_graph(args: argparse.Namespace) -> GraphData | TypedGraphData:
 
         return generate(args.synthetic, seed=args.seed, progress=_progress(args))
     if args.ogb:
+        from partitioner.readers.ogb_links import is_ogb_link, read_ogb_link
+
+        if is_ogb_link(args.ogb):
+            return read_ogb_link(args.ogb, args.ogb_root, to_undirected=args.to_undirected)
         from partitioner.readers.ogb import read_ogb
 
         return read_ogb(args.ogb, args.ogb_root, to_undirected=args.to_undirected,
