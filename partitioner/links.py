@@ -247,8 +247,9 @@ def random_link_split(graph: GraphData | TypedGraphData, *, edge_type: EdgeType 
     return replace(typed, edge_index=edges, edge_weight=weights, edge_attr=attrs, link_splits=link_splits)
 
 
-#: Rounds of redrawing the negatives that hit a true destination before giving up.
-_NEGATIVE_ROUNDS = 64
+#: Rounds of redrawing the negatives that hit a true destination before drawing the rest
+#: from their sources' complements.
+_NEGATIVE_ROUNDS = 16
 #: Rows whose negatives are drawn at once (bounds the temporaries to a few times 8 x rows x K bytes).
 _NEGATIVE_ROWS = 1 << 14
 
@@ -283,7 +284,12 @@ def _negative_block(rng: np.random.Generator, src: np.ndarray, true_keys: np.nda
         neg[bad_r, bad_c] = rng.integers(0, n_dst, bad_r.size, dtype=np.int64)
         still = is_edge(neg[bad_r, bad_c], src[bad_r])
         bad_r, bad_c = bad_r[still], bad_c[still]
-    if bad_r.size:
-        raise GraphDataError(f"num_negatives: node {int(src[bad_r[0]])} has (almost) every node of the "
-                             "destination type as a true destination; no negatives can be drawn for it")
+    # sources with (almost) every node as a true destination: draw from their complement
+    for u in sorted_unique(src[bad_r]) if bad_r.size else []:
+        allowed = np.flatnonzero(~is_edge(np.arange(n_dst, dtype=np.int64), np.full(n_dst, u)))
+        if not allowed.size:
+            raise GraphDataError(f"num_negatives: node {int(u)} has every node of the destination type as "
+                                 "a true destination; no negatives can be drawn for it")
+        mine = src[bad_r] == u
+        neg[bad_r[mine], bad_c[mine]] = allowed[rng.integers(0, allowed.size, int(mine.sum()))]
     return neg
