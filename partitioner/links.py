@@ -163,6 +163,35 @@ def _member(keys: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
     return sorted_set[pos] == keys
 
 
+def _pair_keys(src: np.ndarray, dst: np.ndarray, n_dst: int, undirected: bool) -> np.ndarray:
+    """Edge keys ``src * n_dst + dst`` (``min * n + max`` when ``undirected``)."""
+    if undirected:
+        return np.minimum(src, dst) * np.int64(n_dst) + np.maximum(src, dst)
+    return src * np.int64(n_dst) + dst
+
+
+def _without(graph: TypedGraphData, et: EdgeType, held: np.ndarray, undirected: bool
+             ) -> tuple[dict[EdgeType, np.ndarray], dict[EdgeType, np.ndarray], dict[EdgeType, np.ndarray]]:
+    """``graph``'s edges, weights and features with the edges of ``et`` whose keys are in
+    ``held`` (sorted) removed, and their reverses from ``et``'s reverse relation."""
+    edges, weights, attrs = dict(graph.edge_index), dict(graph.edge_weight), dict(graph.edge_attr)
+    n_dst = graph.num_nodes[et[2]]
+
+    def drop(rel: EdgeType, keep: np.ndarray) -> None:
+        edges[rel] = np.ascontiguousarray(np.asarray(graph.edge_index[rel])[:, keep])
+        for arrays in (weights, attrs):
+            if rel in arrays:
+                arrays[rel] = np.ascontiguousarray(np.asarray(arrays[rel])[keep])
+
+    ei = np.asarray(graph.edge_index[et])
+    drop(et, ~_member(_pair_keys(ei[0], ei[1], n_dst, undirected), held))
+    rev = reverse_edge_type(graph, et)
+    if rev is not None:  # its edge (a, b) is the reverse of (b, a) of et
+        rei = np.asarray(graph.edge_index[rev])
+        drop(rev, ~_member(_pair_keys(rei[1], rei[0], n_dst, undirected), held))
+    return edges, weights, attrs
+
+
 def _check_fractions(val: float, test: float, num_negatives: int) -> None:
     if not (0.0 <= val < 1.0 and 0.0 <= test < 1.0 and val + test < 1.0):
         raise ValueError(f"val/test: expected fractions >= 0 with val + test < 1, got val={val}, test={test}")
@@ -205,28 +234,14 @@ def random_link_split(graph: GraphData | TypedGraphData, *, edge_type: EdgeType 
         undirected = s == d and bool(np.array_equal(sorted_unique(keys), reverse))
     elif undirected and s != d:
         raise GraphDataError(f"undirected: only for a relation within one node type, got {et!r}")
-    canon = (np.minimum(ei[0], ei[1]) * n_dst + np.maximum(ei[0], ei[1])) if undirected else keys
+    canon = _pair_keys(ei[0], ei[1], n_dst, undirected)
     distinct = sorted_unique(canon)
     rng = np.random.default_rng(seed)
     order = rng.permutation(distinct.size)
     n_val, n_test = round(val * distinct.size), round(test * distinct.size)
     held = {"val": np.sort(distinct[order[:n_val]]), "test": np.sort(distinct[order[n_val:n_val + n_test]])}
     held_all = sorted_unique(np.concatenate(list(held.values())))
-    edges, weights, attrs = dict(typed.edge_index), dict(typed.edge_weight), dict(typed.edge_attr)
-
-    def drop(rel: EdgeType, keep: np.ndarray) -> None:
-        edges[rel] = np.ascontiguousarray(np.asarray(typed.edge_index[rel])[:, keep])
-        for arrays in (weights, attrs):
-            if rel in arrays:
-                arrays[rel] = np.ascontiguousarray(np.asarray(arrays[rel])[keep])
-
-    drop(et, ~_member(canon, held_all))
-    rev = reverse_edge_type(typed, et)
-    if rev is not None:  # its edge (a, b) is the reverse of (b, a) of et
-        rei = np.asarray(typed.edge_index[rev])
-        fwd = (np.minimum(rei[0], rei[1]) * n_dst + np.maximum(rei[0], rei[1])) if undirected \
-            else rei[1] * np.int64(n_dst) + rei[0]
-        drop(rev, ~_member(fwd, held_all))
+    edges, weights, attrs = _without(typed, et, held_all, undirected)
     train = distinct[~_member(distinct, held_all)]
     splits = {"train": LinkSplit(et, train // n_dst, train % n_dst)}
     for name, fraction in (("val", val), ("test", test)):
