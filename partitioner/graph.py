@@ -24,7 +24,9 @@ does; :func:`make_undirected` (a same-type relation, OGB's ``to_undirected``) nu
 coalesced edges in (source, target) order, each with the features of its first
 occurrence among the edges followed by their reverses. A plain graph made undirected by
 appending the reversed edges (the synthetic presets) has edge ``E + i`` the reverse of
-edge ``i``.
+edge ``i``. A relation with ``edge_ids`` (what :func:`~partitioner.links.random_link_split`
+leaves: the kept edges' columns in the graph it was given) has those as its edges'
+original IDs instead of its columns; they follow their edges as weights do.
 """
 
 from __future__ import annotations
@@ -195,6 +197,10 @@ class GraphData:
     #: Link split name (``train``/``val``/``test``, ``val_neg`` ...) to its edges, of
     #: :data:`PLAIN_EDGE_TYPE` (:mod:`partitioner.links`).
     link_splits: dict[str, LinkSplit] = field(default_factory=dict)
+    #: Optional ``[E]`` int64 original IDs of the edges, aligned with ``edge_index``, where
+    #: they are not its columns (after :func:`~partitioner.links.random_link_split`: the
+    #: kept edges' columns in the graph it was given).
+    edge_ids: np.ndarray | None = None
 
     @property
     def num_edges(self) -> int:
@@ -228,7 +234,8 @@ def plain_view(graph: GraphData) -> TypedGraphData:
         splits=dict(graph.splits),
         edge_weight={} if graph.edge_weight is None else {et: graph.edge_weight}, typed=False,
         edge_attr={} if graph.edge_attr is None else {et: graph.edge_attr},
-        link_splits=dict(graph.link_splits))
+        link_splits=dict(graph.link_splits),
+        edge_ids={} if graph.edge_ids is None else {et: graph.edge_ids})
 
 
 def _check_type_name(what: str, name: str) -> None:
@@ -272,6 +279,9 @@ class TypedGraphData:
     #: Link split name (``train``/``val``/``test``, ``val_neg`` ...) to its edges
     #: (:mod:`partitioner.links`); empty for a node-classification graph.
     link_splits: dict[str, LinkSplit] = field(default_factory=dict)
+    #: Edge type to ``[E_r]`` int64 original IDs of its edges, aligned with its
+    #: ``edge_index``, for the relations whose IDs are not their columns (see the module doc).
+    edge_ids: dict[EdgeType, np.ndarray] = field(default_factory=dict)
 
     @property
     def node_types(self) -> tuple[str, ...]:
@@ -359,6 +369,13 @@ class TypedGraphData:
             if w.shape != (self.num_edges(et),) or w.dtype != np.float32:
                 raise GraphDataError(f"{self._name('edge_weight', et)}: expected float32 of shape "
                                      f"[{self.num_edges(et)}], got {w.dtype} of shape {list(w.shape)}")
+        for et, ids in self.edge_ids.items():
+            if et not in self.edge_index:
+                raise GraphDataError(f"edge_ids: expected edge types among {list(self.edge_index)}, "
+                                     f"got {et!r}")
+            if ids.shape != (self.num_edges(et),) or ids.dtype != np.int64:
+                raise GraphDataError(f"{self._name('edge_ids', et)}: expected int64 of shape "
+                                     f"[{self.num_edges(et)}], got {ids.dtype} of shape {list(ids.shape)}")
         for et, attr in self.edge_attr.items():
             if et not in self.edge_index:
                 raise GraphDataError(f"edge_attr: expected edge types among "
@@ -422,6 +439,9 @@ class TypedGraphData:
                                      f"values in [{int(idx.min())}, {int(idx.max())}]")
             if sorted_unique(idx).size != idx.size:
                 raise GraphDataError(f"splits[{name!r}]: node IDs repeat")
+        for et, ids in self.edge_ids.items():
+            if ids.size and int(ids.min()) < 0:
+                raise GraphDataError(f"{self._name('edge_ids', et)}: expected IDs >= 0, got {int(ids.min())}")
         for et, w in self.edge_weight.items():
             if w.size and not bool((w > 0).all()):
                 raise GraphDataError(f"{self._name('edge_weight', et)}: expected positive weights")
@@ -438,8 +458,8 @@ class TypedGraphData:
         keeps its first occurrence's).
         """
         edges: dict[EdgeType, np.ndarray] = {}
-        per_edge: dict[str, dict[EdgeType, np.ndarray]] = {"edge_weight": {}, "edge_attr": {}}
-        given = {"edge_weight": self.edge_weight, "edge_attr": self.edge_attr}
+        per_edge: dict[str, dict[EdgeType, np.ndarray]] = {"edge_weight": {}, "edge_attr": {}, "edge_ids": {}}
+        given = {"edge_weight": self.edge_weight, "edge_attr": self.edge_attr, "edge_ids": self.edge_ids}
         for (s, r, d), ei in self.edge_index.items():
             et = (s, r, d)
             if s == d and not any(et in arrays for arrays in given.values()):
@@ -471,6 +491,7 @@ class TypedGraphData:
             target_type=self.target_type, y=self.y, num_classes=self.num_classes,
             splits=dict(self.splits), edge_weight=per_edge["edge_weight"],
             edge_attr=per_edge["edge_attr"], link_splits=dict(self.link_splits),
+            edge_ids=per_edge["edge_ids"],
         )
 
     def to_homogeneous(self) -> GraphData:

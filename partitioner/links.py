@@ -170,11 +170,14 @@ def _pair_keys(src: np.ndarray, dst: np.ndarray, n_dst: int, undirected: bool) -
     return src * np.int64(n_dst) + dst
 
 
-def _without(graph: TypedGraphData, et: EdgeType, held: np.ndarray, undirected: bool
-             ) -> tuple[dict[EdgeType, np.ndarray], dict[EdgeType, np.ndarray], dict[EdgeType, np.ndarray]]:
-    """``graph``'s edges, weights and features with the edges of ``et`` whose keys are in
-    ``held`` (sorted) removed, and their reverses from ``et``'s reverse relation."""
+def _without(graph: TypedGraphData, et: EdgeType, held: np.ndarray, undirected: bool) -> tuple[
+        dict[EdgeType, np.ndarray], dict[EdgeType, np.ndarray], dict[EdgeType, np.ndarray],
+        dict[EdgeType, np.ndarray]]:
+    """``graph``'s edges, weights, features and original edge IDs with the edges of ``et``
+    whose keys are in ``held`` (sorted) removed, and their reverses from ``et``'s reverse
+    relation."""
     edges, weights, attrs = dict(graph.edge_index), dict(graph.edge_weight), dict(graph.edge_attr)
+    ids = dict(graph.edge_ids)
     n_dst = graph.num_nodes[et[2]]
 
     def drop(rel: EdgeType, keep: np.ndarray) -> None:
@@ -182,6 +185,9 @@ def _without(graph: TypedGraphData, et: EdgeType, held: np.ndarray, undirected: 
         for arrays in (weights, attrs):
             if rel in arrays:
                 arrays[rel] = np.ascontiguousarray(np.asarray(arrays[rel])[keep])
+        # the kept edges keep their original IDs: their columns in the given graph
+        given = ids.get(rel)
+        ids[rel] = np.flatnonzero(keep) if given is None else np.ascontiguousarray(np.asarray(given)[keep])
 
     ei = np.asarray(graph.edge_index[et])
     drop(et, ~_member(_pair_keys(ei[0], ei[1], n_dst, undirected), held))
@@ -189,7 +195,7 @@ def _without(graph: TypedGraphData, et: EdgeType, held: np.ndarray, undirected: 
     if rev is not None:  # its edge (a, b) is the reverse of (b, a) of et
         rei = np.asarray(graph.edge_index[rev])
         drop(rev, ~_member(_pair_keys(rei[1], rei[0], n_dst, undirected), held))
-    return edges, weights, attrs
+    return edges, weights, attrs, ids
 
 
 def _check_fractions(val: float, test: float, num_negatives: int) -> None:
@@ -215,8 +221,8 @@ def random_link_split(graph: GraphData | TypedGraphData, *, edge_type: EdgeType 
     destinations drawn uniformly among the destination type's nodes that are not its
     source's true destinations (OGB citation2's protocol). The same ``seed`` always gives
     the same split. Edge weights and features of the kept edges stay aligned with them;
-    the removed edges vanish, so the kept edges' IDs (their columns in the returned
-    graph's ``edge_index``) are their columns in the input with the removed ones skipped.
+    the removed edges vanish, and the kept edges keep their original IDs (their columns
+    in the input, or its ``edge_ids``), recorded as the returned graph's ``edge_ids``.
     """
     _check_fractions(val, test, num_negatives)
     typed = plain_view(graph) if isinstance(graph, GraphData) else graph
@@ -241,7 +247,7 @@ def random_link_split(graph: GraphData | TypedGraphData, *, edge_type: EdgeType 
     n_val, n_test = round(val * distinct.size), round(test * distinct.size)
     held = {"val": np.sort(distinct[order[:n_val]]), "test": np.sort(distinct[order[n_val:n_val + n_test]])}
     held_all = sorted_unique(np.concatenate(list(held.values())))
-    edges, weights, attrs = _without(typed, et, held_all, undirected)
+    edges, weights, attrs, ids = _without(typed, et, held_all, undirected)
     train = distinct[~_member(distinct, held_all)]
     splits = {"train": LinkSplit(et, train // n_dst, train % n_dst)}
     for name, fraction in (("val", val), ("test", test)):
@@ -258,8 +264,10 @@ def random_link_split(graph: GraphData | TypedGraphData, *, edge_type: EdgeType 
     link_splits = {**typed.link_splits, **splits}
     if isinstance(graph, GraphData):
         return replace(graph, edge_index=edges[PLAIN_EDGE_TYPE], edge_weight=weights.get(PLAIN_EDGE_TYPE),
-                       edge_attr=attrs.get(PLAIN_EDGE_TYPE), link_splits=link_splits)
-    return replace(typed, edge_index=edges, edge_weight=weights, edge_attr=attrs, link_splits=link_splits)
+                       edge_attr=attrs.get(PLAIN_EDGE_TYPE), link_splits=link_splits,
+                       edge_ids=ids.get(PLAIN_EDGE_TYPE))
+    return replace(typed, edge_index=edges, edge_weight=weights, edge_attr=attrs, link_splits=link_splits,
+                   edge_ids=ids)
 
 
 #: Rounds of redrawing the negatives that hit a true destination before drawing the rest

@@ -167,6 +167,10 @@ class Manifest:
     #: Link split name to its facts (its files are shared ones, under ``links/<split>/``);
     #: empty for a graph without link splits (and absent from its JSON).
     link_splits: dict[str, LinkSplitInfo] = field(default_factory=dict)
+    #: Edge type to the bound of its edges' original IDs (``0 <= e_id < bound``), for the
+    #: types whose IDs are not ``0 .. E-1`` (edges removed by
+    #: :func:`~partitioner.links.random_link_split` keep their IDs); absent otherwise.
+    edge_id_bounds: dict[EdgeType, int] = field(default_factory=dict)
 
     @property
     def typed(self) -> bool:
@@ -228,6 +232,10 @@ class Manifest:
     def edge_feature_dtypes(self) -> dict[EdgeType, str]:
         """Edge type to its features' numpy dtype name, for the types with features."""
         return {et: i.dtype for et, i in self.edge_features.items()}
+
+    def edge_id_bound(self, edge_type: EdgeType) -> int:
+        """Bound of ``edge_type``'s original edge IDs: its number of edges unless recorded."""
+        return self.edge_id_bounds.get(edge_type, self.edge_types[edge_type])
 
     def edge_cut(self, edge_type: EdgeType | None = None) -> int:
         """Directed edges (of one type, or all) whose endpoints lie in different partitions."""
@@ -301,6 +309,8 @@ def _edge_data_json(m: Manifest, et: EdgeType) -> dict[str, Any]:
     feats = m.edge_features.get(et)
     if feats is not None:
         out.update(edge_feature_shape=list(feats.shape), edge_feature_dtype=feats.dtype)
+    if et in m.edge_id_bounds:
+        out["num_edge_ids"] = m.edge_id_bounds[et]
     return out
 
 
@@ -379,7 +389,7 @@ def _link_splits(obj: dict[str, Any], *, typed: bool) -> dict[str, LinkSplitInfo
 
 
 #: An edge type's keys of edge IDs and features (:func:`_edge_data_json`).
-_EDGE_DATA_KEYS = ("has_edge_ids", "edge_feature_shape", "edge_feature_dtype")
+_EDGE_DATA_KEYS = ("has_edge_ids", "edge_feature_shape", "edge_feature_dtype", "num_edge_ids")
 
 
 def _v2_json(m: Manifest) -> dict[str, Any]:
@@ -430,6 +440,7 @@ def _from_v2(obj: dict[str, Any]) -> Manifest:
         format_version=TYPED_FORMAT_VERSION,
         edge_ids=frozenset(et for et, (ids, _) in edge_data.items() if ids),
         edge_features={et: feats for et, (_, feats) in edge_data.items() if feats is not None},
+        edge_id_bounds={et: int(v["num_edge_ids"]) for et, v in edges.items() if "num_edge_ids" in v},
         link_splits=_link_splits(obj.get("link_splits", {}), typed=True))
 
 

@@ -147,6 +147,14 @@ def test_kept_edges_keep_their_weights_and_features(kind: str, split: AnyGraph) 
     np.testing.assert_array_equal(after.edge_index[et], before.edge_index[et][:, keep])
     np.testing.assert_array_equal(after.edge_attr[et], before.edge_attr[et][keep])
     np.testing.assert_array_equal(after.edge_weight[et], before.edge_weight[et][keep])
+    np.testing.assert_array_equal(after.edge_ids[et], np.flatnonzero(keep))  # their columns in the input
+    rev = reverse_edge_type(after, et)
+    if rev is not None:
+        kept_rev = np.array([(v, u) not in held for u, v in before.edge_index[rev].T.tolist()])
+        np.testing.assert_array_equal(after.edge_ids[rev], np.flatnonzero(kept_rev))
+    again = random_link_split(split, edge_type=et, val=0.1, test=0.1, seed=5)  # IDs survive a second split
+    kept = typed_view(again).edge_ids[et]
+    assert set(kept.tolist()) < set(after.edge_ids[et].tolist())
     after.validate()
 
 
@@ -264,6 +272,26 @@ def test_partitioned_link_splits_map_back_to_original_ids(kind: str, split: AnyG
         assert val.label is not None and val.label.shape == (val.num_edges, 2)
 
 
+def test_stored_edge_ids_are_the_columns_of_the_graph_before_the_split(kind: str, parted: Path) -> None:
+    from partitioner.format import load_partition
+
+    before, et = typed_view(source_graph(kind)), SPLIT_TYPE[kind]
+    m = read_manifest(parted)
+    assert m.edge_types[et] < m.edge_id_bound(et) <= before.num_edges(et)
+    src_t, _, dst_t = et
+    parts = [load_partition(parted, p) for p in range(2)]
+    orig = {t: np.concatenate([part.orig_ids[t] for part in parts]) for t in (src_t, dst_t)}
+    seen = []
+    for part in parts:
+        indptr, e_id = part.indptr[et], part.e_id[et]
+        dst = np.repeat(np.arange(part.num_nodes(dst_t)) + part.node_range(dst_t)[0], np.diff(indptr))
+        np.testing.assert_array_equal(before.edge_index[et][0, e_id], orig[src_t][part.indices[et]])
+        np.testing.assert_array_equal(before.edge_index[et][1, e_id], orig[dst_t][dst])
+        np.testing.assert_array_equal(part.edge_attr[et], before.edge_attr[et][e_id])
+        seen.append(e_id)
+    assert np.unique(np.concatenate(seen)).size == m.edge_types[et]
+
+
 def test_the_manifest_round_trips_and_old_manifests_hash_as_before(kind: str, parted: Path,
                                                                    tmp_path: Path) -> None:
     m = read_manifest(parted)
@@ -274,6 +302,8 @@ def test_the_manifest_round_trips_and_old_manifests_hash_as_before(kind: str, pa
         assert all("edge_type" not in e for e in obj["link_splits"].values())  # v1 names no type
     plain = partition_graph(source_graph(kind), 2, tmp_path / "none", method="random", progress=False)
     assert plain.link_splits == {} and "link_splits" not in plain.to_json()
+    assert plain.edge_id_bounds == {} and "num_edge_ids" not in json.dumps(plain.to_json())
+    assert m.edge_id_bounds and "num_edge_ids" in json.dumps(obj)
     assert not any(k.startswith("links/") for k in plain.files)
 
 
@@ -362,6 +392,10 @@ def test_parse_link_split_gives_random_link_split_arguments() -> None:
 
 # -- graph directories, npz, PyG --------------------------------------------------------
 def _assert_same_links(a: AnyGraph, b: AnyGraph) -> None:
+    ta, tb = typed_view(a), typed_view(b)
+    assert ta.edge_ids.keys() == tb.edge_ids.keys()
+    for et, ids in ta.edge_ids.items():
+        np.testing.assert_array_equal(ids, tb.edge_ids[et])
     assert a.link_splits.keys() == b.link_splits.keys()
     for name, s in a.link_splits.items():
         t = b.link_splits[name]

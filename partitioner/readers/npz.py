@@ -8,7 +8,8 @@ Keys of a plain graph (``docs/datasets.md`` has the full tables):
   for unlabeled nodes, as OGB stores papers100M's);
 - optional: ``num_nodes`` (default ``x.shape[0]``), ``edge_weight`` (``[E]``),
   ``edge_attr`` (``[E]`` or ``[E, F]`` edge features of any numeric dtype, aligned with
-  ``edge_index``: an edge's original ID is its column there).
+  ``edge_index``: an edge's original ID is its column there), ``edge_ids`` (``[E]``
+  original IDs of the edges where they are not their columns, e.g. after a link split).
 
 Keys of a typed graph, which name the types:
 
@@ -69,13 +70,15 @@ OPTIONAL_KEYS: tuple[str, ...] = (
     "num_classes",
     "edge_weight",
     "edge_attr",
+    "edge_ids",
     *(f"{split}_{kind}" for split in SPLITS for kind in ("idx", "mask")),
     "valid_idx", "valid_mask",
 )
 #: Key prefixes of a typed archive, each followed by ``__`` and a node or edge type name.
-TYPED_PREFIXES: tuple[str, ...] = ("num_nodes", "edge_index", "edge_weight", "edge_attr", "x", "y")
+TYPED_PREFIXES: tuple[str, ...] = ("num_nodes", "edge_index", "edge_weight", "edge_attr", "edge_ids", "x",
+                                   "y")
 #: Keys of either kind that name no type.
-_SHARED_KEYS = frozenset(OPTIONAL_KEYS) - {"num_nodes", "edge_weight", "edge_attr"}
+_SHARED_KEYS = frozenset(OPTIONAL_KEYS) - {"num_nodes", "edge_weight", "edge_attr", "edge_ids"}
 
 
 def is_typed_npz(path: str | Path) -> bool:
@@ -135,6 +138,7 @@ def _read_plain(arrays: dict[str, np.ndarray], path: Path, name: str) -> GraphDa
         _edge_weight(arrays["edge_weight"], path, "edge_weight", edge_index.shape[1]),
         edge_attr=None if "edge_attr" not in arrays else
         _edge_attr(arrays["edge_attr"], path, "edge_attr", edge_index.shape[1]),
+        edge_ids=None if "edge_ids" not in arrays else _edge_ids(arrays["edge_ids"], path, "edge_ids"),
     )
 
 
@@ -160,8 +164,10 @@ def _read_typed(arrays: dict[str, np.ndarray], path: Path, name: str) -> TypedGr
         raise GraphDataError(f"{path}: y__{target}: expected a node type among {list(num_nodes)}")
     edges = {_edge_type(rest, path, k): _edge_index(arrays[k], path, k)
              for rest, k in by_kind["edge_index"].items()}
-    per_edge: dict[str, dict[EdgeType, np.ndarray]] = {"edge_weight": {}, "edge_attr": {}}
-    for kind, read in (("edge_weight", _edge_weight), ("edge_attr", _edge_attr)):
+    per_edge: dict[str, dict[EdgeType, np.ndarray]] = {"edge_weight": {}, "edge_attr": {}, "edge_ids": {}}
+    readers = (("edge_weight", _edge_weight), ("edge_attr", _edge_attr),
+               ("edge_ids", lambda raw, path, key, _: _edge_ids(raw, path, key)))
+    for kind, read in readers:
         for rest, key in by_kind[kind].items():
             et = _edge_type(rest, path, key)
             if et not in edges:
@@ -173,8 +179,15 @@ def _read_typed(arrays: dict[str, np.ndarray], path: Path, name: str) -> TypedGr
         name=name, num_nodes=num_nodes, edge_index=edges,
         x={t: _features(arrays[k], path, k) for t, k in by_kind["x"].items()}, target_type=target,
         y=y, num_classes=_num_classes(arrays, y, path), splits=_splits(arrays, num_nodes[target], path),
-        edge_weight=per_edge["edge_weight"], edge_attr=per_edge["edge_attr"],
+        edge_weight=per_edge["edge_weight"], edge_attr=per_edge["edge_attr"], edge_ids=per_edge["edge_ids"],
     )
+
+
+def _edge_ids(raw: np.ndarray, path: Path, key: str) -> np.ndarray:
+    """Original edge IDs as int64 (their shape is checked with the graph)."""
+    if raw.dtype.kind not in "iu":
+        raise GraphDataError(f"{path}: {key}: expected integer edge IDs, got {raw.dtype}")
+    return np.ascontiguousarray(raw, dtype=np.int64)
 
 
 def write_npz(graph: GraphData | TypedGraphData, path: str | Path, *, compress: bool = False) -> None:
@@ -192,6 +205,8 @@ def write_npz(graph: GraphData | TypedGraphData, path: str | Path, *, compress: 
             arrays[f"edge_weight__{edge_type_name(et)}"] = np.asarray(w)
         for et, a in graph.edge_attr.items():
             arrays[f"edge_attr__{edge_type_name(et)}"] = np.asarray(a)
+        for et, ids in graph.edge_ids.items():
+            arrays[f"edge_ids__{edge_type_name(et)}"] = np.asarray(ids)
         for t, feats in graph.x.items():
             arrays[f"x__{t}"] = np.asarray(feats)
         arrays[f"y__{graph.target_type}"] = np.asarray(graph.y)
@@ -202,6 +217,8 @@ def write_npz(graph: GraphData | TypedGraphData, path: str | Path, *, compress: 
             arrays["edge_weight"] = np.asarray(graph.edge_weight)
         if graph.edge_attr is not None:
             arrays["edge_attr"] = np.asarray(graph.edge_attr)
+        if graph.edge_ids is not None:
+            arrays["edge_ids"] = np.asarray(graph.edge_ids)
     arrays["num_classes"] = np.asarray(graph.num_classes, dtype=np.int64)
     for split, ids in graph.splits.items():
         arrays[f"{split}_idx"] = np.asarray(ids)
