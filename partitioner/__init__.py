@@ -25,8 +25,10 @@ from partitioner.graph import (
     EdgeType,
     GraphData,
     GraphDataError,
+    LinkSplit,
     TypedGraphData,
 )
+from partitioner.links import LinkSplitArrays, LinkSplitInfo, load_link_split, random_link_split
 from partitioner.writer import partition_graph, write_partitions
 
 __all__ = [
@@ -39,6 +41,9 @@ __all__ = [
     "EdgeType",
     "GraphData",
     "GraphDataError",
+    "LinkSplit",
+    "LinkSplitArrays",
+    "LinkSplitInfo",
     "Manifest",
     "NodeData",
     "Partition",
@@ -46,11 +51,13 @@ __all__ = [
     "Structure",
     "TypedGraphData",
     "load_edge_data",
+    "load_link_split",
     "load_node_data",
     "load_node_map",
     "load_partition",
     "load_structure",
     "partition_graph",
+    "random_link_split",
     "read_format_version",
     "read_manifest",
     "write_partitions",

@@ -7,10 +7,11 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from partitioner.algorithms import METHODS
 from partitioner.format import MANIFEST_FILE, PartitionFormatError, check_files, read_manifest
-from partitioner.graph import GraphData, GraphDataError, TypedGraphData
+from partitioner.graph import GraphData, GraphDataError, TypedGraphData, parse_edge_type
 from partitioner.summary import format_summary
 from partitioner.synthetic import PLAIN_PRESETS, TYPED_PRESETS
 
@@ -36,6 +37,12 @@ examples:
   # ogbn-mag with all its node types and relations, unzipped under ~/ogb
   graphfeed-partition partition --ogb ogbn-mag --ogb-root ~/ogb --add-reverse \
       --num-parts 4 --out parts/mag-4
+  # link prediction: hold out 5 % / 10 % of the edges (and their reverses) as val / test
+  # link splits, with 100 negatives per held-out edge, before partitioning
+  graphfeed-partition partition --synthetic small --link-split "val=0.05,test=0.1,neg=100" \
+      --num-parts 2 --out data/small-links-2
+  # an OGB link dataset (train edges as the graph, its val/test edges as link splits)
+  graphfeed-partition partition --ogb ogbl-citation2 --ogb-root ~/ogb --num-parts 4 --out parts/
   # check a partition directory against its manifest and print its summary
   graphfeed-partition info data/small-2 --verify
 """
@@ -80,7 +87,9 @@ def _add_partition(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--synthetic", choices=sorted(PLAIN_PRESETS) + sorted(TYPED_PRESETS),
                      help="a synthetic graph preset (mag-*: typed; edge-feat-*: with edge features)")
     src.add_argument("--ogb", metavar="NAME", help="an OGB node dataset, e.g. ogbn-products "
-                     "(ogbn-mag is read typed, with all node types and relations)")
+                     "(ogbn-mag is read typed, with all node types and relations), or an OGB "
+                     "link dataset (ogbl-citation2, ogbl-collab: its train edges as the graph, "
+                     "its splits as link splits)")
     src.add_argument("--npz", type=Path, metavar="FILE",
                      help="an .npz graph file (typed when it has edge_index__* keys)")
     src.add_argument("--graph-dir", type=Path, metavar="DIR",
@@ -94,6 +103,12 @@ def _add_partition(sub: argparse._SubParsersAction) -> None:
                    "types and make same-type relations undirected (as PyG's ToUndirected)")
     p.add_argument("--mag-papers-only", action="store_true",
                    help="ogbn-mag: read only paper cites paper as a homogeneous graph (v1)")
+    p.add_argument("--link-split", metavar="SPEC",
+                   help="hold out edges as link splits before partitioning (as PyG's "
+                   "RandomLinkSplit): comma-separated key=value of val (fraction, default 0.05), "
+                   "test (default 0.1), neg (negatives per val/test edge, default 0), "
+                   "edge-type (src__rel__dst, default the first), seed (default --seed), "
+                   "undirected (true/false, default: detected)")
     p.add_argument("--num-parts", type=int, required=True, help="number of partitions (>= 1)")
     p.add_argument("--method", choices=METHODS, default="metis", help="default: metis")
     p.add_argument("--out", type=Path, required=True, help="output partition directory")
@@ -119,7 +134,44 @@ def _read_source(args: argparse.Namespace) -> GraphData | TypedGraphData:
     if args.add_reverse and not isinstance(graph, TypedGraphData):
         raise ValueError("--add-reverse: only for typed graphs; use --to-undirected for "
                          "homogeneous OGB graphs")
-    return graph.add_reverse() if args.add_reverse and isinstance(graph, TypedGraphData) else graph
+    if args.add_reverse and isinstance(graph, TypedGraphData):
+        graph = graph.add_reverse()
+    if getattr(args, "link_split", None):
+        from partitioner.links import random_link_split
+
+        graph = random_link_split(graph, **parse_link_split(args.link_split, args.seed))
+    return graph
+
+
+_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def parse_link_split(spec: str, seed: int = 0) -> dict[str, Any]:
+    """``--link-split``'s ``key=value,...`` as :func:`~partitioner.links.random_link_split`'s
+    keyword arguments; errors name the key."""
+    out: dict[str, Any] = {"seed": seed}
+    for item in (part.strip() for part in spec.split(",") if part.strip()):
+        key, eq, value = (s.strip() for s in item.partition("="))
+        try:
+            if not eq:
+                raise ValueError("expected key=value")
+            if key in ("val", "test"):
+                out[key] = float(value)
+            elif key == "neg":
+                out["num_negatives"] = int(value)
+            elif key == "seed":
+                out["seed"] = int(value)
+            elif key == "edge-type":
+                out["edge_type"] = parse_edge_type(value)
+            elif key == "undirected":
+                if value.lower() not in _BOOLS:
+                    raise ValueError("expected true or false")
+                out["undirected"] = _BOOLS[value.lower()]
+            else:
+                raise ValueError("expected one of val, test, neg, edge-type, seed, undirected")
+        except ValueError as exc:
+            raise ValueError(f"--link-split: {key or item!r}: {exc} (got {item!r})") from None
+    return out
 
 
 def _read_graph(args: argparse.Namespace) -> GraphData | TypedGraphData:
@@ -129,6 +181,10 @@ def _read_graph(args: argparse.Namespace) -> GraphData | TypedGraphData:
 
         return generate(args.synthetic, seed=args.seed, progress=_progress(args))
     if args.ogb:
+        from partitioner.readers.ogb_links import is_ogb_link, read_ogb_link
+
+        if is_ogb_link(args.ogb):
+            return read_ogb_link(args.ogb, args.ogb_root, to_undirected=args.to_undirected)
         from partitioner.readers.ogb import read_ogb
 
         return read_ogb(args.ogb, args.ogb_root, to_undirected=args.to_undirected,
@@ -153,6 +209,8 @@ def _existing_differs(args: argparse.Namespace) -> str | None:
     want = {"--num-parts": args.num_parts, "--method": args.method, "--seed": args.seed}
     if args.synthetic:
         have["--synthetic"], want["--synthetic"] = manifest.graph_name, args.synthetic
+    have["--link-split"] = manifest.algorithm.get("link_split")
+    want["--link-split"] = args.link_split
     if manifest.typed:
         have["--add-reverse"] = bool(manifest.algorithm.get("add_reverse"))
         want["--add-reverse"] = bool(args.add_reverse)
@@ -165,6 +223,8 @@ def _cmd_partition(args: argparse.Namespace) -> int:
 
     if args.num_parts < 1:
         raise ValueError(f"--num-parts: expected an integer >= 1, got {args.num_parts}")
+    if args.link_split:  # a malformed spec fails before the graph is read
+        parse_link_split(args.link_split, args.seed)
     if args.skip_existing and (args.out / MANIFEST_FILE).is_file():
         try:
             differs = _existing_differs(args)
@@ -184,7 +244,10 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     graph = _read_source(args)
     log.info("read %s in %.1f s", graph.name, time.perf_counter() - started)
-    extra = {"add_reverse": bool(args.add_reverse)} if isinstance(graph, TypedGraphData) else None
+    typed = isinstance(graph, TypedGraphData)
+    extra: dict[str, Any] = {"add_reverse": bool(args.add_reverse)} if typed else {}
+    if args.link_split:
+        extra["link_split"] = args.link_split
     manifest = partition_graph(graph, args.num_parts, args.out, method=args.method, seed=args.seed,
                                overwrite=args.overwrite, progress=_progress(args), extra=extra)
     print(format_summary(manifest))

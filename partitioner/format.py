@@ -397,7 +397,7 @@ def _check_edge_data(base: Path, m: Manifest, info: PartitionInfo, et: EdgeType,
         if e_id.shape != (e,) or e_id.dtype != np.int64:
             raise _fail(base, path, f"expected int64 of shape [{e}] (one per in-edge), got "
                         f"{e_id.dtype} of shape {list(e_id.shape)}")
-        total = m.edge_types[et]
+        total = m.edge_id_bound(et)
         if e and (int(e_id.min()) < 0 or int(e_id.max()) >= total):
             raise _fail(base, path, f"expected edge IDs in [0, {total}), got [{int(e_id.min())}, "
                         f"{int(e_id.max())}]")

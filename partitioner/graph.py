@@ -24,7 +24,9 @@ does; :func:`make_undirected` (a same-type relation, OGB's ``to_undirected``) nu
 coalesced edges in (source, target) order, each with the features of its first
 occurrence among the edges followed by their reverses. A plain graph made undirected by
 appending the reversed edges (the synthetic presets) has edge ``E + i`` the reverse of
-edge ``i``.
+edge ``i``. A relation with ``edge_ids`` (what :func:`~partitioner.links.random_link_split`
+leaves: the kept edges' columns in the graph it was given) has those as its edges'
+original IDs instead of its columns; they follow their edges as weights do.
 """
 
 from __future__ import annotations
@@ -100,6 +102,74 @@ def labels_to_int64(labels: np.ndarray, field: str) -> np.ndarray:
     return out
 
 
+def check_link_split_name(name: object) -> str:
+    """A link split's name as files and manifests use it: letters, digits, ``_`` and ``-``."""
+    if not isinstance(name, str) or not name or not all(c.isalnum() or c in "_-" for c in name) \
+            or not name.isascii():
+        raise GraphDataError(f"link_splits: expected split names of ASCII letters, digits, '_' and "
+                             f"'-' (e.g. 'train', 'val_neg'), got {name!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class LinkSplit:
+    """The edges of one link split before partitioning (``train``, ``val``, ``test``, or
+    another such as OGB collab's ``val_neg``), in the **original** IDs of their types."""
+
+    #: The relation the edges belong to (:data:`PLAIN_EDGE_TYPE` on a plain graph).
+    edge_type: EdgeType
+    #: int64 ``[E]`` source IDs (of the edge type's source node type).
+    src: np.ndarray
+    #: int64 ``[E]`` destination IDs (of the edge type's destination node type).
+    dst: np.ndarray
+    #: Optional ``[E, ...]`` numeric labels, one row per edge.
+    label: np.ndarray | None = None
+    #: Optional int64 ``[E, K]``: ``K`` given negative destinations per edge (OGB
+    #: citation2's evaluation protocol).
+    neg_dst: np.ndarray | None = None
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.src.shape[0])
+
+    @property
+    def num_negatives(self) -> int:
+        """``K`` (0 without given negatives)."""
+        return 0 if self.neg_dst is None else int(self.neg_dst.shape[1])
+
+    def check(self, name: str, graph: TypedGraphData, check_values: bool = True) -> None:
+        """Raise :class:`GraphDataError` naming the field when the split does not fit ``graph``."""
+        check_link_split_name(name)
+        what = f"link_splits[{name!r}]"
+        if self.edge_type not in graph.edge_index:
+            want = list(graph.edge_index) if graph.typed else [PLAIN_EDGE_TYPE]
+            raise GraphDataError(f"{what}.edge_type: expected one of {want}, got {self.edge_type!r}")
+        for end in ("src", "dst"):
+            ids = getattr(self, end)
+            if ids.ndim != 1 or ids.dtype != np.int64:
+                raise GraphDataError(f"{what}.{end}: expected 1-D int64, got {ids.dtype} of shape "
+                                     f"{list(ids.shape)}")
+        e = self.num_edges
+        if self.dst.shape != (e,):
+            raise GraphDataError(f"{what}.dst: expected shape [{e}] (as src), got {list(self.dst.shape)}")
+        if self.label is not None and (self.label.ndim < 1 or self.label.shape[0] != e
+                                       or self.label.dtype.kind not in _EDGE_ATTR_KINDS):
+            raise GraphDataError(f"{what}.label: expected numbers of shape [{e}, ...] (one row per "
+                                 f"edge), got {self.label.dtype} of shape {list(self.label.shape)}")
+        neg = self.neg_dst
+        if neg is not None and (neg.ndim != 2 or neg.shape[0] != e or neg.dtype != np.int64):
+            raise GraphDataError(f"{what}.neg_dst: expected int64 of shape [{e}, K], got {neg.dtype} "
+                                 f"of shape {list(neg.shape)}")
+        if check_values:
+            s, _, d = self.edge_type
+            for field_name, ids, t in (("src", self.src, s), ("dst", self.dst, d), ("neg_dst", neg, d)):
+                n = graph.num_nodes[t]
+                if ids is not None and ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
+                    of = f"{t!r} IDs" if graph.typed else "node IDs"
+                    raise GraphDataError(f"{what}.{field_name}: expected {of} in [0, {n}), got values "
+                                         f"in [{int(ids.min())}, {int(ids.max())}]")
+
+
 @dataclass
 class GraphData:
     """A homogeneous node-classification graph before partitioning: below the user's API,
@@ -124,6 +194,13 @@ class GraphData:
     #: Optional ``[E]`` or ``[E, F_e]`` edge features of any numeric dtype, aligned with
     #: ``edge_index`` (an edge's original ID is its column there, see the module doc).
     edge_attr: np.ndarray | None = None
+    #: Link split name (``train``/``val``/``test``, ``val_neg`` ...) to its edges, of
+    #: :data:`PLAIN_EDGE_TYPE` (:mod:`partitioner.links`).
+    link_splits: dict[str, LinkSplit] = field(default_factory=dict)
+    #: Optional ``[E]`` int64 original IDs of the edges, aligned with ``edge_index``, where
+    #: they are not its columns (after :func:`~partitioner.links.random_link_split`: the
+    #: kept edges' columns in the graph it was given).
+    edge_ids: np.ndarray | None = None
 
     @property
     def num_edges(self) -> int:
@@ -156,7 +233,9 @@ def plain_view(graph: GraphData) -> TypedGraphData:
         x={t: graph.x}, target_type=t, y=graph.y, num_classes=graph.num_classes,
         splits=dict(graph.splits),
         edge_weight={} if graph.edge_weight is None else {et: graph.edge_weight}, typed=False,
-        edge_attr={} if graph.edge_attr is None else {et: graph.edge_attr})
+        edge_attr={} if graph.edge_attr is None else {et: graph.edge_attr},
+        link_splits=dict(graph.link_splits),
+        edge_ids={} if graph.edge_ids is None else {et: graph.edge_ids})
 
 
 def _check_type_name(what: str, name: str) -> None:
@@ -197,6 +276,12 @@ class TypedGraphData:
     #: Edge type to ``[E_r]`` or ``[E_r, F_r]`` edge features of any numeric dtype, aligned
     #: with that relation's ``edge_index``; relations without features are absent.
     edge_attr: dict[EdgeType, np.ndarray] = field(default_factory=dict)
+    #: Link split name (``train``/``val``/``test``, ``val_neg`` ...) to its edges
+    #: (:mod:`partitioner.links`); empty for a node-classification graph.
+    link_splits: dict[str, LinkSplit] = field(default_factory=dict)
+    #: Edge type to ``[E_r]`` int64 original IDs of its edges, aligned with its
+    #: ``edge_index``, for the relations whose IDs are not their columns (see the module doc).
+    edge_ids: dict[EdgeType, np.ndarray] = field(default_factory=dict)
 
     @property
     def node_types(self) -> tuple[str, ...]:
@@ -253,6 +338,8 @@ class TypedGraphData:
         self._validate_edges()
         self._validate_features()
         self._validate_labels()
+        for name, split in self.link_splits.items():
+            split.check(name, self, check_values)
         if check_values:
             self._validate_values()
 
@@ -282,6 +369,13 @@ class TypedGraphData:
             if w.shape != (self.num_edges(et),) or w.dtype != np.float32:
                 raise GraphDataError(f"{self._name('edge_weight', et)}: expected float32 of shape "
                                      f"[{self.num_edges(et)}], got {w.dtype} of shape {list(w.shape)}")
+        for et, ids in self.edge_ids.items():
+            if et not in self.edge_index:
+                raise GraphDataError(f"edge_ids: expected edge types among {list(self.edge_index)}, "
+                                     f"got {et!r}")
+            if ids.shape != (self.num_edges(et),) or ids.dtype != np.int64:
+                raise GraphDataError(f"{self._name('edge_ids', et)}: expected int64 of shape "
+                                     f"[{self.num_edges(et)}], got {ids.dtype} of shape {list(ids.shape)}")
         for et, attr in self.edge_attr.items():
             if et not in self.edge_index:
                 raise GraphDataError(f"edge_attr: expected edge types among "
@@ -345,6 +439,9 @@ class TypedGraphData:
                                      f"values in [{int(idx.min())}, {int(idx.max())}]")
             if sorted_unique(idx).size != idx.size:
                 raise GraphDataError(f"splits[{name!r}]: node IDs repeat")
+        for et, ids in self.edge_ids.items():
+            if ids.size and int(ids.min()) < 0:
+                raise GraphDataError(f"{self._name('edge_ids', et)}: expected IDs >= 0, got {int(ids.min())}")
         for et, w in self.edge_weight.items():
             if w.size and not bool((w > 0).all()):
                 raise GraphDataError(f"{self._name('edge_weight', et)}: expected positive weights")
@@ -361,8 +458,8 @@ class TypedGraphData:
         keeps its first occurrence's).
         """
         edges: dict[EdgeType, np.ndarray] = {}
-        per_edge: dict[str, dict[EdgeType, np.ndarray]] = {"edge_weight": {}, "edge_attr": {}}
-        given = {"edge_weight": self.edge_weight, "edge_attr": self.edge_attr}
+        per_edge: dict[str, dict[EdgeType, np.ndarray]] = {"edge_weight": {}, "edge_attr": {}, "edge_ids": {}}
+        given = {"edge_weight": self.edge_weight, "edge_attr": self.edge_attr, "edge_ids": self.edge_ids}
         for (s, r, d), ei in self.edge_index.items():
             et = (s, r, d)
             if s == d and not any(et in arrays for arrays in given.values()):
@@ -393,7 +490,8 @@ class TypedGraphData:
             name=self.name, num_nodes=dict(self.num_nodes), edge_index=edges, x=dict(self.x),
             target_type=self.target_type, y=self.y, num_classes=self.num_classes,
             splits=dict(self.splits), edge_weight=per_edge["edge_weight"],
-            edge_attr=per_edge["edge_attr"],
+            edge_attr=per_edge["edge_attr"], link_splits=dict(self.link_splits),
+            edge_ids=per_edge["edge_ids"],
         )
 
     def to_homogeneous(self) -> GraphData:

@@ -93,6 +93,29 @@ class EdgeFeatureInfo:
 
 
 @dataclass(frozen=True)
+class LinkSplitInfo:
+    """What the manifest records of one link split (``links/<split>/*.npy``,
+    :mod:`partitioner.links`)."""
+
+    #: The relation its edges belong to (:data:`~partitioner.graph.PLAIN_EDGE_TYPE` on a
+    #: plain graph).
+    edge_type: EdgeType
+    #: Number of edges ``E``.
+    num_edges: int
+    #: Given negative destinations per edge ``K`` (``neg_dst.npy``); 0 for none.
+    num_negatives: int = 0
+    #: Shape of one edge's label (``()``: one value per edge).
+    label_shape: tuple[int, ...] = ()
+    #: numpy dtype name of the labels (``label.npy``); None: the split has no labels.
+    label_dtype: str | None = None
+
+
+def link_role(split: str, kind: str) -> str:
+    """The role (and path stem) of a link split's shared file: ``links/<split>/<kind>``."""
+    return f"links/{split}/{kind}"
+
+
+@dataclass(frozen=True)
 class PartitionInfo:
     """The manifest's entry for one partition."""
 
@@ -141,6 +164,13 @@ class Manifest:
     edge_ids: frozenset[EdgeType] = frozenset()
     #: Edge type to its features' shape and dtype (``edge_attr.npy``), types with features only.
     edge_features: dict[EdgeType, EdgeFeatureInfo] = field(default_factory=dict)
+    #: Link split name to its facts (its files are shared ones, under ``links/<split>/``);
+    #: empty for a graph without link splits (and absent from its JSON).
+    link_splits: dict[str, LinkSplitInfo] = field(default_factory=dict)
+    #: Edge type to the bound of its edges' original IDs (``0 <= e_id < bound``), for the
+    #: types whose IDs are not ``0 .. E-1`` (edges removed by
+    #: :func:`~partitioner.links.random_link_split` keep their IDs); absent otherwise.
+    edge_id_bounds: dict[EdgeType, int] = field(default_factory=dict)
 
     @property
     def typed(self) -> bool:
@@ -202,6 +232,10 @@ class Manifest:
     def edge_feature_dtypes(self) -> dict[EdgeType, str]:
         """Edge type to its features' numpy dtype name, for the types with features."""
         return {et: i.dtype for et, i in self.edge_features.items()}
+
+    def edge_id_bound(self, edge_type: EdgeType) -> int:
+        """Bound of ``edge_type``'s original edge IDs: its number of edges unless recorded."""
+        return self.edge_id_bounds.get(edge_type, self.edge_types[edge_type])
 
     def edge_cut(self, edge_type: EdgeType | None = None) -> int:
         """Directed edges (of one type, or all) whose endpoints lie in different partitions."""
@@ -275,6 +309,8 @@ def _edge_data_json(m: Manifest, et: EdgeType) -> dict[str, Any]:
     feats = m.edge_features.get(et)
     if feats is not None:
         out.update(edge_feature_shape=list(feats.shape), edge_feature_dtype=feats.dtype)
+    if et in m.edge_id_bounds:
+        out["num_edge_ids"] = m.edge_id_bounds[et]
     return out
 
 
@@ -303,6 +339,7 @@ def _v1_json(m: Manifest) -> dict[str, Any]:
         "partitions": [{"id": p.id, "num_nodes": p.num_nodes[t], "num_edges": p.num_edges[et],
                         "num_remote_edges": p.num_remote_edges[et], "split_sizes": p.split_sizes,
                         "files": _files_json(p.files)} for p in m.partitions],
+        **_link_splits_json(m),
     }
 
 
@@ -317,11 +354,42 @@ def _from_v1(obj: dict[str, Any]) -> Manifest:
              "partition_book": {t: obj["partition_book"]},
              "partitions": [{**p, "num_nodes": {t: p["num_nodes"]}, "num_edges": {et: p["num_edges"]},
                              "num_remote_edges": {et: p["num_remote_edges"]}} for p in obj["partitions"]]}
-    return replace(_from_v2({**obj, **typed}), format_version=FORMAT_VERSION)
+    plain = replace(_from_v2({**obj, **typed, "link_splits": {}}), format_version=FORMAT_VERSION)
+    return replace(plain, link_splits=_link_splits(obj.get("link_splits", {}), typed=False))
+
+
+def _link_splits_json(m: Manifest) -> dict[str, Any]:
+    """The ``link_splits`` key, only when the graph has link splits: manifests written
+    before link splits existed read and hash as they did. A plain graph's entries name no
+    edge type."""
+    if not m.link_splits:
+        return {}
+    out = {}
+    for name, info in m.link_splits.items():
+        entry: dict[str, Any] = {"num_edges": info.num_edges, "num_negatives": info.num_negatives}
+        if m.typed:
+            entry["edge_type"] = edge_type_name(info.edge_type)
+        if info.label_dtype is not None:
+            entry.update(label_shape=list(info.label_shape), label_dtype=info.label_dtype)
+        out[name] = entry
+    return {"link_splits": out}
+
+
+def _link_splits(obj: dict[str, Any], *, typed: bool) -> dict[str, LinkSplitInfo]:
+    """Inverse of :func:`_link_splits_json`."""
+    out = {}
+    for name, entry in obj.items():
+        has_label = entry.get("label_dtype") is not None
+        out[str(name)] = LinkSplitInfo(
+            edge_type=parse_edge_type(str(entry["edge_type"])) if typed else PLAIN_EDGE_TYPE,
+            num_edges=int(entry["num_edges"]), num_negatives=int(entry.get("num_negatives", 0)),
+            label_shape=tuple(int(d) for d in entry["label_shape"]) if has_label else (),
+            label_dtype=str(entry["label_dtype"]) if has_label else None)
+    return out
 
 
 #: An edge type's keys of edge IDs and features (:func:`_edge_data_json`).
-_EDGE_DATA_KEYS = ("has_edge_ids", "edge_feature_shape", "edge_feature_dtype")
+_EDGE_DATA_KEYS = ("has_edge_ids", "edge_feature_shape", "edge_feature_dtype", "num_edge_ids")
 
 
 def _v2_json(m: Manifest) -> dict[str, Any]:
@@ -347,6 +415,7 @@ def _v2_json(m: Manifest) -> dict[str, Any]:
                         "num_remote_edges": {by_name(k): v for k, v in p.num_remote_edges.items()},
                         "split_sizes": p.split_sizes, "files": _files_json(p.files)}
                        for p in m.partitions],
+        **_link_splits_json(m),
     }
 
 
@@ -370,7 +439,9 @@ def _from_v2(obj: dict[str, Any]) -> Manifest:
         files=_files(obj["files"]), algorithm=dict(obj.get("algorithm", {})),
         format_version=TYPED_FORMAT_VERSION,
         edge_ids=frozenset(et for et, (ids, _) in edge_data.items() if ids),
-        edge_features={et: feats for et, (_, feats) in edge_data.items() if feats is not None})
+        edge_features={et: feats for et, (_, feats) in edge_data.items() if feats is not None},
+        edge_id_bounds={et: int(v["num_edge_ids"]) for et, v in edges.items() if "num_edge_ids" in v},
+        link_splits=_link_splits(obj.get("link_splits", {}), typed=True))
 
 
 def read_manifest(root: str | Path) -> Manifest:
@@ -429,7 +500,36 @@ def check_manifest(path: Path, m: Manifest) -> None:
         if kind not in "biuf" or not kind or any(d < 0 for d in feats.shape):
             raise PartitionFormatError(f"{path}: {name}.edge_feature_dtype/shape: expected a numeric "
                                        f"dtype and sizes >= 0, got {feats.dtype!r} {list(feats.shape)}")
+    _check_link_splits(path, m)
     for et, total in m.edge_types.items():
         if sum(p.num_edges.get(et, 0) for p in m.partitions) != total:
             what = f"edge_types[{edge_type_name(et)!r}]" if m.typed else "num_edges"
             raise PartitionFormatError(f"{path}: {what}: partitions' edges do not add up to {total}")
+
+
+def _check_link_splits(path: Path, m: Manifest) -> None:
+    """Each link split names an edge type of the graph, sizes >= 0, a numeric label dtype,
+    and the shared files it needs (``src``, ``dst``; ``label``, ``neg_dst`` when it has them)."""
+    for name, info in m.link_splits.items():
+        what = f"{path}: link_splits[{name!r}]"
+        if info.edge_type not in m.edge_types:
+            raise PartitionFormatError(f"{what}.edge_type: expected one of {list(m.edge_types)}, got "
+                                       f"{info.edge_type!r}")
+        if info.num_edges < 0 or info.num_negatives < 0 or any(d < 0 for d in info.label_shape):
+            raise PartitionFormatError(f"{what}: expected sizes >= 0, got num_edges {info.num_edges}, "
+                                       f"num_negatives {info.num_negatives}, label_shape "
+                                       f"{list(info.label_shape)}")
+        if info.label_dtype is not None:
+            try:
+                label_kind: str = np.dtype(info.label_dtype).kind
+            except TypeError:
+                label_kind = ""
+            if not label_kind or label_kind not in "biuf":
+                raise PartitionFormatError(f"{what}.label_dtype: expected a numeric dtype, got "
+                                           f"{info.label_dtype!r}")
+        kinds = ["src", "dst", *(["label"] if info.label_dtype is not None else []),
+                 *(["neg_dst"] if info.num_negatives else [])]
+        for kind in kinds:
+            if link_role(name, kind) not in m.files:
+                raise PartitionFormatError(f"{path}: files: expected {link_role(name, kind)!r} "
+                                           f"(link split {name!r}), found none")

@@ -73,8 +73,22 @@ def format_summary(manifest: Manifest) -> str:
            "not stored (written before edge IDs were)" if not m.edge_ids else
            f"stored for {len(m.edge_ids)} of {len(m.edge_types)} edge types")
     lines.append(f"original edge IDs: {ids}")
+    lines.extend(_link_split_lines(m))
     cut = m.edge_cut()
     b = balance(m)
     lines.append(f"edge cut: {cut:,} of {m.num_edges:,} edges ({cut / max(m.num_edges, 1):.1%})")
     lines.append(f"balance (max/mean): nodes {b.nodes:.3f}, edges {b.edges:.3f}, train {b.train:.3f}")
     return "\n".join(lines)
+
+
+def _link_split_lines(m: Manifest) -> list[str]:
+    """One line per link split: its edges, edge type (typed graphs), negatives and labels."""
+    if not m.link_splits:
+        return []
+    lines = [f"link splits: {len(m.link_splits)}"]
+    for name, info in m.link_splits.items():
+        of = f" of {'/'.join(info.edge_type)}" if m.typed else ""
+        neg = f", {info.num_negatives} negatives each" if info.num_negatives else ""
+        label = f", labels {list(info.label_shape)} {info.label_dtype}" if info.label_dtype else ""
+        lines.append(f"  {name:<12} {info.num_edges:>12,} edges{of}{neg}{label}")
+    return lines

@@ -12,6 +12,9 @@ graph model with edges that ignore classes and noise node features, plus feature
 directed edge that decide the labels (:mod:`partitioner.synthetic_edges`), so that only a
 model that sees edge features learns the classes.
 
+Plain presets with link splits (``citation2-small``, ``citation2-like``), shaped like
+ogbl-citation2, for link prediction: :mod:`partitioner.synthetic_links`.
+
 Typed presets (``mag-small``, ``mag-like``), shaped like ogbn-mag: every node of every
 type belongs to one of ``num_classes`` communities; a paper's community is its class.
 Each relation's edges are drawn one at a time: an *anchor* node (the paper for
@@ -36,6 +39,7 @@ from tqdm import tqdm
 
 from partitioner.graph import EdgeType, GraphData, TypedGraphData, sorted_unique
 from partitioner.synthetic_edges import counter_uniform, edge_features_and_labels
+from partitioner.synthetic_links import LINK_PRESETS, LinkPreset, generate_links
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +78,7 @@ class SyntheticPreset:
     label_noise: float = 0.0
 
 
-PLAIN_PRESETS: dict[str, SyntheticPreset] = {
+PLAIN_PRESETS: dict[str, SyntheticPreset | LinkPreset] = {
     # A few thousand nodes: trains to high accuracy in seconds, the embedded default.
     "small": SyntheticPreset(
         num_nodes=4000, num_undirected_edges=20000, num_classes=6, feature_dim=32,
@@ -102,11 +106,13 @@ PLAIN_PRESETS: dict[str, SyntheticPreset] = {
         split_sizes=(196_615, 39_323, 2_213_091), edge_feature_dim=8, edge_feature_dtype="float16",
         label_noise=0.05,
     ),
+    # Link prediction (citation2-small, citation2-like): see partitioner.synthetic_links.
+    **LINK_PRESETS,
 }
 
 
-def generate(preset: str | SyntheticPreset | TypedPreset, seed: int = 0, progress: bool = True
-             ) -> GraphData | TypedGraphData:
+def generate(preset: str | SyntheticPreset | TypedPreset | LinkPreset, seed: int = 0,
+             progress: bool = True) -> GraphData | TypedGraphData:
     """Generate the synthetic graph ``preset`` (a name in :data:`PRESETS` or a preset): a
     plain :class:`GraphData`, or a :class:`TypedGraphData` for a typed preset.
 
@@ -121,10 +127,13 @@ def generate(preset: str | SyntheticPreset | TypedPreset, seed: int = 0, progres
         params = preset
     if isinstance(params, TypedPreset):
         return _generate_typed(name, params, seed, progress)
+    if isinstance(params, LinkPreset):
+        return generate_links(name, params, seed, progress)
     return _generate_plain(name, params, seed, progress)
 
 
-def generate_plain(preset: str | SyntheticPreset, seed: int = 0, progress: bool = True) -> GraphData:
+def generate_plain(preset: str | SyntheticPreset | LinkPreset, seed: int = 0,
+                   progress: bool = True) -> GraphData:
     """:func:`generate` of a plain preset (refuses a typed one)."""
     graph = generate(preset, seed, progress)
     if not isinstance(graph, GraphData):
@@ -497,4 +506,4 @@ def _typed_features(rng: np.random.Generator, y: np.ndarray, params: TypedPreset
 
 
 #: Every preset by name: plain and typed.
-PRESETS: dict[str, SyntheticPreset | TypedPreset] = {**PLAIN_PRESETS, **TYPED_PRESETS}
+PRESETS: dict[str, SyntheticPreset | TypedPreset | LinkPreset] = {**PLAIN_PRESETS, **TYPED_PRESETS}

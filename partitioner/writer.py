@@ -5,8 +5,8 @@ A graph reaches the writer as a :class:`~partitioner.graph.TypedGraphData` (a pl
 type so that each partition owns one contiguous ID range of every type, in original-ID
 order within the partition. Each relation's edges are stored once, as CSC in-edges in
 the partition that owns the destination, a node's in-edges in input order, each with its
-original edge ID (its column in the relation's ``edge_index``), weight and features
-aligned with it. Every pass
+original edge ID (its column in the relation's ``edge_index``, or its ``edge_ids`` entry),
+weight and features aligned with it. Every pass
 reads the source in chunks (``pread`` for memory-mapped sources), so peak memory is O(N)
 for the maps plus one partition's in-edges of one relation, never the whole graph. A
 plain graph is written in format v1, a typed one in v2 (:mod:`partitioner.manifest`).
@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from partitioner.algorithms import assign
 from partitioner.graph import SPLITS, EdgeType, GraphData, TypedGraphData, edge_type_name, plain_view
+from partitioner.links import write_link_splits
 from partitioner.manifest import (
     FORMAT_VERSION,
     TYPED_FORMAT_VERSION,
@@ -56,7 +57,10 @@ DEFAULT_ROW_CHUNK = 1 << 18
 
 
 def warn_empty_splits(graph: GraphData | TypedGraphData) -> None:
-    """Warn about every split the graph lacks or has empty (a trainer refuses to iterate it)."""
+    """Warn about every split the graph lacks or has empty (a trainer refuses to iterate it);
+    a link-prediction graph (one with link splits) needs no node splits."""
+    if graph.link_splits:
+        return
     for split in [s for s in SPLITS if graph.splits.get(s) is None or len(graph.splits[s]) == 0]:
         log.warning("%s: the %r split is empty; graphfeed-train needs train and val nodes and a "
                     "loader refuses an empty split (give %s_idx or %s_mask, or OGB's valid_idx for val)",
@@ -192,6 +196,8 @@ def _write_partitions(
         for kind, array in (("partition_book", book), ("node_map", node_maps[t])):
             name, path = layout.shared(kind, t)
             shared[name] = save_npy(out, path, array)
+    link_files, link_infos = write_link_splits(graph, out, node_maps)
+    shared.update(link_files)
     files: list[dict[str, FileRecord]] = [{} for _ in range(num_parts)]
     edges = {et: np.zeros(num_parts, dtype=np.int64) for et in graph.edge_types}
     remote = {et: np.zeros(num_parts, dtype=np.int64) for et in graph.edge_types}
@@ -225,11 +231,22 @@ def _write_partitions(
         format_version=TYPED_FORMAT_VERSION if graph.typed else FORMAT_VERSION,
         edge_ids=frozenset(graph.edge_types),
         edge_features={et: EdgeFeatureInfo(tuple(int(d) for d in a.shape[1:]), np.dtype(a.dtype).name)
-                       for et, a in graph.edge_attr.items()})
+                       for et, a in graph.edge_attr.items()},
+        link_splits=link_infos, edge_id_bounds=_edge_id_bounds(graph))
     manifest.write(out)
     log.info("wrote %d partitions to %s in %.1f s", num_parts, out, algo["seconds"])
     _warn_without_training(manifest)
     return manifest
+
+
+def _edge_id_bounds(graph: TypedGraphData) -> dict[EdgeType, int]:
+    """Per edge type with ``edge_ids`` beyond ``0 .. E-1``: the bound of its original IDs."""
+    out = {}
+    for et, ids in graph.edge_ids.items():
+        bound = int(np.max(ids)) + 1 if len(ids) else 0
+        if bound > graph.num_edges(et):
+            out[et] = bound
+    return out
 
 
 def _prepare_out_dir(out: Path, overwrite: bool) -> Path:
@@ -314,6 +331,8 @@ def _write_relation(graph: TypedGraphData, et: EdgeType, out: Path, layout: _Lay
                     attrs[slots[:src.size][mine]] = read_rows(attr, first, first + src.size)[mine]
             bar.update(src.size)
         edges[p] = indices.size
+        if et in graph.edge_ids:  # the edges' own original IDs rather than their columns
+            e_id = np.asarray(graph.edge_ids[et])[e_id]
         for kind, array in (("indptr", indptr), ("indices", indices), ("e_id", e_id),
                             *((("edge_weight", weights),) if weight is not None else ()),
                             *((("edge_attr", attrs),) if attrs is not None else ())):

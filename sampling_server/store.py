@@ -37,6 +37,7 @@ from partitioner.format import (
     structure_records,
 )
 from partitioner.graph import SPLITS, EdgeType, GraphDataError, edge_type_name, parse_edge_type
+from partitioner.links import LinkSplitArrays, LinkSplitInfo, load_link_split
 from protos import codec
 from protos import sampling_pb2 as pb
 from sampling_server.config import ConfigError, ServerConfig
@@ -148,6 +149,8 @@ class PartitionStore:
         self._samplers: dict[tuple[bool, bool], NeighborSampler] = {}
         self._orig_orders: dict[str, np.ndarray] = {}
         self._node_maps: dict[str, np.ndarray] = {}
+        self._link_splits: dict[str, LinkSplitArrays] = {}
+        self._links_lock = threading.Lock()  # loading a split reads it whole: not under _lock
         self._lock = threading.Lock()
         self._loaded = threading.Event()
         #: Why the load failed (None while loading or once loaded).
@@ -381,7 +384,7 @@ class PartitionStore:
             num_classes=m.num_classes, split_sizes=sizes, peer_addresses=list(self.peer_addresses),
             has_edge_weights=self.weighted, server_version=server_version(), device=self.device,
             label_dtype=pb.INT64, graph_fingerprint=self.graph_fingerprint, hot_order=self.hot_order,
-            has_edge_ids=self.has_edge_ids)
+            has_edge_ids=self.has_edge_ids, link_splits=self.link_split_infos())
         if not self.typed:
             found = self.edge_feature_info(next(iter(m.edge_types)))
             if found is not None:
@@ -397,6 +400,35 @@ class PartitionStore:
                             for (s, r, d), n in m.edge_types.items()],
                 target_type=m.target_type))
         return info
+
+    @property
+    def link_splits(self) -> dict[str, LinkSplitInfo]:
+        """Link split name to its facts (the manifest's; empty without link splits)."""
+        return self.manifest.link_splits
+
+    def link_split(self, name: str) -> LinkSplitArrays:
+        """Link split ``name``'s edges in global IDs (the shared ``links/<name>/`` files,
+        checked as the server's ``--verify`` says), loaded on first use and kept; a name
+        the graph lacks raises :class:`RequestError` naming the field."""
+        if name not in self.manifest.link_splits:
+            raise RequestError(f"link split: expected one of {sorted(self.manifest.link_splits)}, "
+                               f"got {name!r}")
+        with self._links_lock:
+            found = self._link_splits.get(name)
+            if found is None:
+                found = load_link_split(self.config.partition_dir, self.manifest, name,
+                                        verify=cast(Verify, self.config.verify))
+                self._link_splits[name] = found
+            return found
+
+    def link_split_infos(self) -> list[pb.LinkSplitInfo]:
+        """``ClusterInfo.link_splits``: each split's facts (edge type "" on a plain graph)."""
+        return [pb.LinkSplitInfo(
+            name=name, edge_type=edge_type_name(info.edge_type) if self.typed else "",
+            num_edges=info.num_edges, num_negatives=info.num_negatives,
+            label_shape=list(info.label_shape),
+            label_dtype=codec.numpy_to_dtype(np.dtype(info.label_dtype)) if info.label_dtype
+            else pb.DTYPE_UNSPECIFIED) for name, info in self.manifest.link_splits.items()]
 
     def set_peers(self, peers: tuple[str, ...]) -> None:
         """Set every partition's server address (before the server starts)."""

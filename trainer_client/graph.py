@@ -12,10 +12,38 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 from torch_geometric.data import Data, HeteroData
 
-from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, EdgeType, edge_type_name
+from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, EdgeType, edge_type_name, parse_edge_type
+from protos import codec
 from protos import sampling_pb2 as pb
+
+
+@dataclass(frozen=True)
+class LinkSplitFacts:
+    """What the servers say of one link split (``ClusterInfo.link_splits``)."""
+
+    #: The relation its edges belong to (:data:`PLAIN_EDGE_TYPE` on a plain graph).
+    edge_type: EdgeType
+    #: Number of edges.
+    num_edges: int
+    #: Given negative destinations per edge (0: none stored).
+    num_negatives: int
+    #: Shape of one edge's label (``()``: one value per edge).
+    label_shape: tuple[int, ...]
+    #: The labels' dtype; None: the split has no labels.
+    label_dtype: torch.dtype | None
+
+    @staticmethod
+    def from_info(info: pb.LinkSplitInfo) -> LinkSplitFacts:
+        """Parse one ``LinkSplitInfo`` (edge type "" on a plain graph)."""
+        return LinkSplitFacts(
+            edge_type=parse_edge_type(info.edge_type) if info.edge_type else PLAIN_EDGE_TYPE,
+            num_edges=int(info.num_edges), num_negatives=int(info.num_negatives),
+            label_shape=tuple(int(d) for d in info.label_shape),
+            label_dtype=None if info.label_dtype == pb.DTYPE_UNSPECIFIED
+            else codec.dtype_to_torch(info.label_dtype))
 
 
 @dataclass(frozen=True)
@@ -57,6 +85,9 @@ class TypedGraph:
     edge_feature_shapes: dict[EdgeType, tuple[int, ...]] = field(default_factory=dict)
     #: Edge type to its stored edge features' dtype (a ``DType`` value).
     edge_feature_dtypes: dict[EdgeType, int] = field(default_factory=dict)
+    #: Link split name (``train``, ``val``, ``test``, ``val_neg`` ...) to its facts; empty
+    #: for a graph without link splits.
+    link_splits: dict[str, LinkSplitFacts] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.target_type not in self.node_types:
@@ -65,6 +96,10 @@ class TypedGraph:
         for et in self.edge_types:
             if et[0] not in self.node_types or et[2] not in self.node_types:
                 raise ValueError(f"edge_types: {et!r} joins node types not among {list(self.node_types)}")
+        for name, facts in self.link_splits.items():
+            if facts.edge_type not in self.edge_types:
+                raise ValueError(f"link_splits[{name!r}].edge_type: expected one of "
+                                 f"{list(self.edge_types)}, got {facts.edge_type!r}")
 
     @staticmethod
     def from_info(info: pb.ClusterInfo) -> TypedGraph:
@@ -88,7 +123,8 @@ class TypedGraph:
             num_classes=int(info.num_classes), typed=typed, name=info.graph_name,
             fingerprint=info.graph_fingerprint, has_edge_ids=info.has_edge_ids,
             edge_feature_shapes={et: tuple(int(d) for d in f.shape) for et, f in edge_infos.items()},
-            edge_feature_dtypes={et: int(f.dtype) for et, f in edge_infos.items()})
+            edge_feature_dtypes={et: int(f.dtype) for et, f in edge_infos.items()},
+            link_splits={ls.name: LinkSplitFacts.from_info(ls) for ls in info.link_splits})
 
     def metadata(self) -> tuple[list[str], list[EdgeType]]:
         """``(node_types, edge_types)``, as PyG's ``HeteroData.metadata()`` (for ``to_hetero``)."""

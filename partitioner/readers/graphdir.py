@@ -9,6 +9,10 @@ read as ``val``). A typed graph's ``graph.json`` also names its ``target_type`` 
 arrays are ``edge_index/<src>__<rel>__<dst>.npy``, optional ``edge_weight/<src>__<rel>__<dst>.npy``
 and ``edge_attr/<src>__<rel>__<dst>.npy``,
 ``x/<type>.npy`` for the types with features, and the target type's ``y.npy`` and splits.
+Optional ``edge_ids.npy`` (``edge_ids/<src>__<rel>__<dst>.npy``) hold the edges' original
+IDs where they are not their columns. Link splits (:mod:`partitioner.links`), when the graph has them, are
+``links/<split>/{src,dst,label,neg_dst}.npy`` in original IDs, ``graph.json``'s
+``link_splits`` naming each split's edge type (``src__rel__dst``; ``""`` on a plain graph).
 See docs/datasets.md.
 """
 
@@ -21,10 +25,13 @@ from typing import Any
 import numpy as np
 
 from partitioner.graph import (
+    PLAIN_EDGE_TYPE,
     SPLITS,
     GraphData,
     GraphDataError,
+    LinkSplit,
     TypedGraphData,
+    check_link_split_name,
     edge_type_name,
     parse_edge_type,
 )
@@ -44,12 +51,21 @@ def save_graph_dir(graph: GraphData | TypedGraphData, out_dir: str | Path) -> Pa
         arrays = {**{f"edge_index/{edge_type_name(et)}": ei for et, ei in graph.edge_index.items()},
                   **{f"edge_weight/{edge_type_name(et)}": w for et, w in graph.edge_weight.items()},
                   **{f"edge_attr/{edge_type_name(et)}": a for et, a in graph.edge_attr.items()},
+                  **{f"edge_ids/{edge_type_name(et)}": a for et, a in graph.edge_ids.items()},
                   **{f"x/{t}": x for t, x in graph.x.items()}}
     else:
         arrays = {"edge_index": graph.edge_index, "x": graph.x,
                   **({"edge_weight": graph.edge_weight} if graph.edge_weight is not None else {}),
-                  **({"edge_attr": graph.edge_attr} if graph.edge_attr is not None else {})}
+                  **({"edge_attr": graph.edge_attr} if graph.edge_attr is not None else {}),
+                  **({"edge_ids": graph.edge_ids} if graph.edge_ids is not None else {})}
     arrays.update({"y": graph.y, **{f"{split}_idx": ids for split, ids in graph.splits.items()}})
+    if graph.link_splits:
+        typed = isinstance(graph, TypedGraphData)
+        meta["link_splits"] = {name: edge_type_name(ls.edge_type) if typed else ""
+                               for name, ls in graph.link_splits.items()}
+        for name, ls in graph.link_splits.items():
+            parts = {"src": ls.src, "dst": ls.dst, "label": ls.label, "neg_dst": ls.neg_dst}
+            arrays.update({f"links/{name}/{k}": a for k, a in parts.items() if a is not None})
     for name, array in arrays.items():
         save_npy(out, f"{name}.npy", array)
     (out / GRAPH_FILE).write_text(json.dumps(meta, indent=1) + "\n")
@@ -94,15 +110,32 @@ def read_graph_dir(path: str | Path, *, mmap: bool = True) -> GraphData | TypedG
             edge_weight={et: load(f"edge_weight/{n}") for et, n in edge_types.items()
                          if present(f"edge_weight/{n}")},
             edge_attr={et: load(f"edge_attr/{n}") for et, n in edge_types.items()
-                       if present(f"edge_attr/{n}")})
+                       if present(f"edge_attr/{n}")},
+            edge_ids={et: load(f"edge_ids/{n}") for et, n in edge_types.items() if present(f"edge_ids/{n}")})
     else:
         graph = GraphData(
             name=name, num_nodes=int(meta["num_nodes"]), edge_index=load("edge_index"), x=load("x"),
             y=load("y"), num_classes=num_classes, splits=splits,
             edge_weight=load("edge_weight") if present("edge_weight") else None,
-            edge_attr=load("edge_attr") if present("edge_attr") else None)
+            edge_attr=load("edge_attr") if present("edge_attr") else None,
+            edge_ids=load("edge_ids") if present("edge_ids") else None)
+    graph.link_splits = {name: LinkSplit(
+        edge_type=parse_edge_type(et) if et else PLAIN_EDGE_TYPE, src=load(f"links/{name}/src"),
+        dst=load(f"links/{name}/dst"),
+        label=load(f"links/{name}/label") if present(f"links/{name}/label") else None,
+        neg_dst=load(f"links/{name}/neg_dst") if present(f"links/{name}/neg_dst") else None)
+        for name, et in _link_split_names(meta, meta_path).items()}
     graph.validate(check_values=False)
     return graph
+
+
+def _link_split_names(meta: dict[str, Any], path: Path) -> dict[str, str]:
+    """``graph.json``'s ``link_splits``: split name to its edge type's name."""
+    found = meta.get("link_splits", {})
+    if not isinstance(found, dict) or not all(isinstance(v, str) for v in found.values()):
+        raise GraphDataError(f"{path}: link_splits: expected an object of split name to edge type "
+                             f"'src__rel__dst' ('' on a plain graph), got {found!r}")
+    return {check_link_split_name(name): et for name, et in found.items()}
 
 
 def _read_meta(path: Path) -> dict[str, Any]:

@@ -8,7 +8,8 @@ Keys of a plain graph (``docs/datasets.md`` has the full tables):
   for unlabeled nodes, as OGB stores papers100M's);
 - optional: ``num_nodes`` (default ``x.shape[0]``), ``edge_weight`` (``[E]``),
   ``edge_attr`` (``[E]`` or ``[E, F]`` edge features of any numeric dtype, aligned with
-  ``edge_index``: an edge's original ID is its column there).
+  ``edge_index``: an edge's original ID is its column there), ``edge_ids`` (``[E]``
+  original IDs of the edges where they are not their columns, e.g. after a link split).
 
 Keys of a typed graph, which name the types:
 
@@ -24,21 +25,35 @@ Both: optional ``num_classes`` (default ``y.max() + 1``), ``train_idx``/``val_id
 ``test_idx`` (node IDs; of the target type in a typed graph) or ``train_mask``/
 ``val_mask``/``test_mask`` (booleans), OGB's ``valid_*`` for ``val``. An archive with any
 ``edge_index__`` key is typed (:func:`is_typed_npz`).
+
+Link splits (:mod:`partitioner.links`), in original IDs, for a split name ``S`` (``train``,
+``val``, ``test`` ...; on a typed graph each key ends in ``__<src>__<rel>__<dst>``, the
+split's edge type):
+
+- ``S_pos``: ``[2, E]`` or ``[E, 2]`` its edges (``train_pos``, ``val_pos``, ``test_pos``);
+- ``S_neg_dst``: optional ``[E, K]`` given negative destinations of each edge (citation2's
+  protocol);
+- ``S_label``: optional ``[E, ...]`` labels of its edges;
+- ``S_neg``: ``[2, E']`` or ``[E', 2]`` negative edges, read as the link split ``S_neg``
+  (collab's ``val_neg`` / ``test_neg``, for Hits@K).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from partitioner.graph import (
+    PLAIN_EDGE_TYPE,
     SPLITS,
     EdgeType,
     GraphData,
     GraphDataError,
+    LinkSplit,
     TypedGraphData,
     edge_type_name,
     labels_to_int64,
@@ -55,13 +70,15 @@ OPTIONAL_KEYS: tuple[str, ...] = (
     "num_classes",
     "edge_weight",
     "edge_attr",
+    "edge_ids",
     *(f"{split}_{kind}" for split in SPLITS for kind in ("idx", "mask")),
     "valid_idx", "valid_mask",
 )
 #: Key prefixes of a typed archive, each followed by ``__`` and a node or edge type name.
-TYPED_PREFIXES: tuple[str, ...] = ("num_nodes", "edge_index", "edge_weight", "edge_attr", "x", "y")
+TYPED_PREFIXES: tuple[str, ...] = ("num_nodes", "edge_index", "edge_weight", "edge_attr", "edge_ids", "x",
+                                   "y")
 #: Keys of either kind that name no type.
-_SHARED_KEYS = frozenset(OPTIONAL_KEYS) - {"num_nodes", "edge_weight", "edge_attr"}
+_SHARED_KEYS = frozenset(OPTIONAL_KEYS) - {"num_nodes", "edge_weight", "edge_attr", "edge_ids"}
 
 
 def is_typed_npz(path: str | Path) -> bool:
@@ -88,7 +105,9 @@ def read_npz(path: str | Path, *, name: str | None = None) -> GraphData | TypedG
     path = Path(path)
     arrays = _load_all(path)
     name = name if name is not None else path.stem
+    links = {k: arrays.pop(k) for k in list(arrays) if _LINK_KEY.fullmatch(k)}
     graph = _read_typed(arrays, path, name) if _is_typed(arrays) else _read_plain(arrays, path, name)
+    graph.link_splits = _link_splits(links, path, typed=isinstance(graph, TypedGraphData))
     graph.validate()
     log.info("read %s from %s: %s", graph.name, path, _sizes(graph))
     return graph
@@ -119,6 +138,7 @@ def _read_plain(arrays: dict[str, np.ndarray], path: Path, name: str) -> GraphDa
         _edge_weight(arrays["edge_weight"], path, "edge_weight", edge_index.shape[1]),
         edge_attr=None if "edge_attr" not in arrays else
         _edge_attr(arrays["edge_attr"], path, "edge_attr", edge_index.shape[1]),
+        edge_ids=None if "edge_ids" not in arrays else _edge_ids(arrays["edge_ids"], path, "edge_ids"),
     )
 
 
@@ -144,8 +164,10 @@ def _read_typed(arrays: dict[str, np.ndarray], path: Path, name: str) -> TypedGr
         raise GraphDataError(f"{path}: y__{target}: expected a node type among {list(num_nodes)}")
     edges = {_edge_type(rest, path, k): _edge_index(arrays[k], path, k)
              for rest, k in by_kind["edge_index"].items()}
-    per_edge: dict[str, dict[EdgeType, np.ndarray]] = {"edge_weight": {}, "edge_attr": {}}
-    for kind, read in (("edge_weight", _edge_weight), ("edge_attr", _edge_attr)):
+    per_edge: dict[str, dict[EdgeType, np.ndarray]] = {"edge_weight": {}, "edge_attr": {}, "edge_ids": {}}
+    readers = (("edge_weight", _edge_weight), ("edge_attr", _edge_attr),
+               ("edge_ids", lambda raw, path, key, _: _edge_ids(raw, path, key)))
+    for kind, read in readers:
         for rest, key in by_kind[kind].items():
             et = _edge_type(rest, path, key)
             if et not in edges:
@@ -157,8 +179,15 @@ def _read_typed(arrays: dict[str, np.ndarray], path: Path, name: str) -> TypedGr
         name=name, num_nodes=num_nodes, edge_index=edges,
         x={t: _features(arrays[k], path, k) for t, k in by_kind["x"].items()}, target_type=target,
         y=y, num_classes=_num_classes(arrays, y, path), splits=_splits(arrays, num_nodes[target], path),
-        edge_weight=per_edge["edge_weight"], edge_attr=per_edge["edge_attr"],
+        edge_weight=per_edge["edge_weight"], edge_attr=per_edge["edge_attr"], edge_ids=per_edge["edge_ids"],
     )
+
+
+def _edge_ids(raw: np.ndarray, path: Path, key: str) -> np.ndarray:
+    """Original edge IDs as int64 (their shape is checked with the graph)."""
+    if raw.dtype.kind not in "iu":
+        raise GraphDataError(f"{path}: {key}: expected integer edge IDs, got {raw.dtype}")
+    return np.ascontiguousarray(raw, dtype=np.int64)
 
 
 def write_npz(graph: GraphData | TypedGraphData, path: str | Path, *, compress: bool = False) -> None:
@@ -176,6 +205,8 @@ def write_npz(graph: GraphData | TypedGraphData, path: str | Path, *, compress: 
             arrays[f"edge_weight__{edge_type_name(et)}"] = np.asarray(w)
         for et, a in graph.edge_attr.items():
             arrays[f"edge_attr__{edge_type_name(et)}"] = np.asarray(a)
+        for et, ids in graph.edge_ids.items():
+            arrays[f"edge_ids__{edge_type_name(et)}"] = np.asarray(ids)
         for t, feats in graph.x.items():
             arrays[f"x__{t}"] = np.asarray(feats)
         arrays[f"y__{graph.target_type}"] = np.asarray(graph.y)
@@ -186,9 +217,18 @@ def write_npz(graph: GraphData | TypedGraphData, path: str | Path, *, compress: 
             arrays["edge_weight"] = np.asarray(graph.edge_weight)
         if graph.edge_attr is not None:
             arrays["edge_attr"] = np.asarray(graph.edge_attr)
+        if graph.edge_ids is not None:
+            arrays["edge_ids"] = np.asarray(graph.edge_ids)
     arrays["num_classes"] = np.asarray(graph.num_classes, dtype=np.int64)
     for split, ids in graph.splits.items():
         arrays[f"{split}_idx"] = np.asarray(ids)
+    for split, link in graph.link_splits.items():
+        suffix = f"__{edge_type_name(link.edge_type)}" if isinstance(graph, TypedGraphData) else ""
+        arrays[f"{split}_pos{suffix}"] = np.stack([np.asarray(link.src), np.asarray(link.dst)])
+        if link.neg_dst is not None:
+            arrays[f"{split}_neg_dst{suffix}"] = np.asarray(link.neg_dst)
+        if link.label is not None:
+            arrays[f"{split}_label{suffix}"] = np.asarray(link.label)
     save: Callable[..., None] = np.savez_compressed if compress else np.savez
     with open(path, "wb") as file:  # a file object: np.savez would append ".npz" to a name
         save(file, **arrays)
@@ -312,3 +352,42 @@ def _edge_attr(raw: np.ndarray, path: Path, key: str, num_edges: int) -> np.ndar
             f"per edge of edge_index), got {raw.dtype} of shape {list(raw.shape)}"
         )
     return raw
+
+
+#: A link split's key: split name, kind, and on a typed graph ``__<edge type>``.
+_LINK_KEY = re.compile(r"(?P<split>[A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*?)_(?P<kind>pos|neg_dst|neg|label)"
+                       r"(?:__(?P<et>.+))?")
+
+
+def _link_splits(keys: dict[str, np.ndarray], path: Path, *, typed: bool) -> dict[str, LinkSplit]:
+    """The link splits of an archive's link keys (see the module doc)."""
+    parts: dict[str, dict[str, np.ndarray]] = {}
+    types: dict[str, EdgeType] = {}
+    for key, raw in keys.items():
+        m = _LINK_KEY.fullmatch(key)
+        assert m is not None  # the caller picked the keys by this pattern
+        if typed != (m["et"] is not None):
+            want = "end in __<src>__<rel>__<dst> (the split's edge type)" if typed else "name no edge type"
+            kind_of = "typed" if typed else "plain"
+            raise GraphDataError(f"{path}: {key}: link keys of a {kind_of} graph {want}")
+        split, kind = m["split"], m["kind"]
+        if kind == "neg":  # negative edges: a split of their own
+            split, kind = f"{split}_neg", "pos"
+        et = _edge_type(m["et"], path, key) if typed else PLAIN_EDGE_TYPE
+        if types.setdefault(split, et) != et:
+            raise GraphDataError(f"{path}: {key}: expected edge type {edge_type_name(types[split])} as the "
+                                 f"split's other keys, got {edge_type_name(et)}")
+        parts.setdefault(split, {})[kind] = raw
+    out = {}
+    for split, found in parts.items():
+        if "pos" not in found:
+            raise GraphDataError(f"{path}: link split {split!r}: expected the key {split}_pos with its "
+                                 f"edges, got only {sorted(found)}")
+        edges = _edge_index(found["pos"], path, f"{split}_pos")
+        neg = found.get("neg_dst")
+        if neg is not None and (neg.ndim != 2 or neg.dtype.kind not in "iu"):
+            raise GraphDataError(f"{path}: {split}_neg_dst: expected [E, K] integers, got {neg.dtype} of "
+                                 f"shape {list(neg.shape)}")
+        out[split] = LinkSplit(types[split], edges[0].copy(), edges[1].copy(), label=found.get("label"),
+                               neg_dst=None if neg is None else np.ascontiguousarray(neg, dtype=np.int64))
+    return out

@@ -14,7 +14,16 @@ import numpy as np
 import torch
 from torch_geometric.data import Data, HeteroData
 
-from partitioner.graph import SPLITS, EdgeType, GraphData, GraphDataError, TypedGraphData, labels_to_int64
+from partitioner.graph import (
+    PLAIN_EDGE_TYPE,
+    SPLITS,
+    EdgeType,
+    GraphData,
+    GraphDataError,
+    LinkSplit,
+    TypedGraphData,
+    labels_to_int64,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +45,10 @@ def from_pyg(data: Data | HeteroData, *, name: str = "pyg", num_classes: int | N
     positive. Features keep their float16/32/64 dtype (bfloat16 becomes float32); integers
     become int64.
     ``num_classes`` defaults to ``data.num_classes`` when set, else ``y.max() + 1``.
+    Link splits follow the names of PyG's ``train_test_split_edges``: a ``[2, E]``
+    ``<split>_pos_edge_index`` (in a ``HeteroData``, of an edge type's store) is the link
+    split ``<split>`` of that edge type, a ``<split>_neg_edge_index`` the link split
+    ``<split>_neg`` (negative edges, as OGB collab's ``val_neg``).
     """
     if isinstance(data, HeteroData):
         graph: GraphData | TypedGraphData = _from_hetero_data(data, name, num_classes, target_type)
@@ -62,6 +75,7 @@ def _from_data(data: Data, name: str, num_classes: int | None) -> GraphData:
         num_classes=_num_classes(data, y, num_classes), splits=_splits(data, num_nodes, "data"),
         edge_weight=_edge_weight(data, edge_index.shape[1], "data"),
         edge_attr=_edge_attr(data, edge_index.shape[1], "data"),
+        link_splits=_link_splits(data, PLAIN_EDGE_TYPE, "data"),
     )
 
 
@@ -79,6 +93,7 @@ def _from_hetero_data(data: HeteroData, name: str, num_classes: int | None,
     edges: dict[EdgeType, np.ndarray] = {}
     weights: dict[EdgeType, np.ndarray] = {}
     attrs: dict[EdgeType, np.ndarray] = {}
+    links: dict[str, LinkSplit] = {}
     for s, r, d in data.edge_types:
         et, field = (str(s), str(r), str(d)), f"data[{(s, r, d)!r}]"
         edges[et] = _edge_index(_required(data[s, r, d], "edge_index", field), f"{field}.edge_index")
@@ -88,6 +103,11 @@ def _from_hetero_data(data: HeteroData, name: str, num_classes: int | None,
         attr = _edge_attr(data[s, r, d], edges[et].shape[1], field)
         if attr is not None:
             attrs[et] = attr
+        for split, link in _link_splits(data[s, r, d], et, field).items():
+            if split in links:
+                raise GraphDataError(f"{field}.{split}: link split {split!r} is given for two edge types "
+                                     f"({links[split].edge_type} and {et})")
+            links[split] = link
     x = {t: _features(data[t].x, f"data[{t!r}].x") for t in data.node_types if "x" in data[t]}
     store = data[target_type]
     y = _labels(store.y, f"data[{target_type!r}].y")
@@ -95,8 +115,19 @@ def _from_hetero_data(data: HeteroData, name: str, num_classes: int | None,
         name=name, num_nodes=num_nodes, edge_index=edges, x=x, target_type=target_type, y=y,
         num_classes=_num_classes(data, y, num_classes),
         splits=_splits(store, num_nodes[target_type], f"data[{target_type!r}]"), edge_weight=weights,
-        edge_attr=attrs,
+        edge_attr=attrs, link_splits=links,
     )
+
+
+def _link_splits(store: Any, edge_type: EdgeType, field: str) -> dict[str, LinkSplit]:
+    """A store's ``<split>_pos_edge_index`` / ``<split>_neg_edge_index`` as link splits."""
+    out = {}
+    for key in sorted(str(k) for k in store.keys()):  # noqa: SIM118 - a PyG store is no dict
+        for suffix, name_of in (("_pos_edge_index", ""), ("_neg_edge_index", "_neg")):
+            if key.endswith(suffix) and len(key) > len(suffix):
+                edges = _edge_index(store[key], f"{field}.{key}")
+                out[key[:-len(suffix)] + name_of] = LinkSplit(edge_type, edges[0].copy(), edges[1].copy())
+    return out
 
 
 @overload
