@@ -7,12 +7,15 @@ service's link loader: it yields batches of the same layout."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
 import sys
 from collections import Counter
+from functools import partial
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
@@ -291,3 +294,49 @@ def test_two_ddp_ranks_count_every_seed_edge_and_positive_once(kind: str, tmp_pa
     assert all(e["seed_edges"] == graph.link_splits["train"].num_edges for e in metrics["epochs"])
     assert all(e["val"]["count"] == graph.link_splits["val"].num_edges for e in metrics["epochs"])
     assert metrics["test"]["count"] == graph.link_splits["test"].num_edges
+
+
+# ---- benchmarks/link_accuracy.py -------------------------------------------------------
+
+
+@pytest.fixture
+def link_accuracy(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """``benchmarks/link_accuracy.py``, imported as it runs (its folder on the path)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    return importlib.import_module("link_accuracy")
+
+
+def test_welchs_test_without_scipy_gives_scipys_figures(link_accuracy: ModuleType,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    stats = pytest.importorskip("scipy.stats")
+    a, b = [0.61, 0.64, 0.59, 0.66, 0.62], [0.58, 0.6, 0.57, 0.63]
+    expected = stats.ttest_ind(a, b, equal_var=False)
+    monkeypatch.setitem(sys.modules, "scipy", None)  # import scipy now fails
+    mine = link_accuracy.welch(a, b)
+    assert mine["t"] == pytest.approx(float(expected.statistic))
+    assert mine["p"] == pytest.approx(float(expected.pvalue), rel=1e-6)
+    assert link_accuracy.welch([0.5, 0.5], [0.5, 0.5])["p"] == 1.0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_accuracy_harness_trains_both_sides_alike(kind: str, link_accuracy: ModuleType) -> None:
+    """With PyG standing in for the service both sides draw alike: equal figures, p = 1;
+    a generated graph's link splits (numpy, original IDs) convert as they are."""
+    graph = link_graph(kind)
+    generated = SimpleNamespace(
+        typed=kind == "typed", name=graph.name, link_splits={
+            n: SimpleNamespace(edge_type=s.edge_type, src=s.src.numpy(), dst=s.dst.numpy(),
+                               neg_dst=None if s.neg_dst is None else s.neg_dst.numpy())
+            for n, s in graph.link_splits.items()},
+        **({"x": {t: graph.data[t].x.numpy() for t in graph.data.node_types},
+            "num_nodes": {t: graph.data[t].num_nodes for t in graph.data.node_types},
+            "edge_index": {et: graph.data[et].edge_index.numpy() for et in graph.data.edge_types}}
+           if kind == "typed" else {"x": graph.data.x.numpy(), "num_nodes": graph.data.num_nodes,
+                                    "edge_index": graph.data.edge_index.numpy()}))
+    pyg = link_accuracy.pyg_graph(generated)
+    assert pyg.facts() == graph.facts() and set(pyg.link_splits) == set(graph.link_splits)
+    flags = [*link_accuracy.TRAIN_FLAGS, "--model", "sage" if kind == "plain" else "rgcn", "--epochs", "1",
+             "--fanouts", "3,3", "--batch-size", "64", "--hidden", "16"]
+    report = link_accuracy.compare(pyg, partial(link_accuracy.pyg_job, pyg), [0, 1], flags)
+    assert report["pyg"]["test"] == report["service"]["test"] and report["welch"]["p"] == 1.0
+    assert report["pyg"]["metric"] == "mrr" and len(report["pyg"]["test"]) == 2
