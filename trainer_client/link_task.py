@@ -348,15 +348,17 @@ def run_link(args: argparse.Namespace, env: DistEnv, job: LinkJob) -> dict[str, 
     model = build_link_model(args.model, graph, edge_type, decoder=args.decoder, hidden_channels=args.hidden,
                              num_layers=args.layers, dropout=args.dropout).to(env.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    seed_edges = edge_type_name(edge_type) if graph.typed else ""  # "" on a plain graph, as on the wire
     config = {"task": "link", "model": args.model, "decoder": args.decoder, "hidden": args.hidden,
-              "layers": args.layers, "edge_type": edge_type_name(edge_type)}
+              "layers": args.layers, "edge_type": seed_edges}
     record = RunRecord(config, graph.identity(), graph.to_json(), job.source)
     ckpt, best_path, start, history, selection = resume_state(args, model, optimizer, record, env,
                                                               "val_score")
     log.info("link prediction on %s (%s) edges %s: model %s + %s decoder; %d seed edges per batch per rank, "
              "%g negatives each; validation: %s; test: %s; evaluation fanouts %s", graph.name,
-             "typed" if graph.typed else "plain", edge_type_name(edge_type), args.model, args.decoder,
-             args.batch_size, args.neg_ratio, job.val.describe(), job.test.describe(), job.eval_fanouts)
+             "typed" if graph.typed else "plain", seed_edges or "(its one edge type)", args.model,
+             args.decoder, args.batch_size, args.neg_ratio, job.val.describe(), job.test.describe(),
+             job.eval_fanouts)
     ddp = model if not env.distributed else DistributedDataParallel(
         model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
         find_unused_parameters=graph.typed and FIND_UNUSED_PARAMETERS.get(args.model, False))
@@ -382,7 +384,7 @@ def run_link(args: argparse.Namespace, env: DistEnv, job: LinkJob) -> dict[str, 
     return {
         "task": "link", "graph": graph.name, **({"typed": True} if graph.typed else {}),
         "world_size": env.world_size, "device": str(env.device), "model": record.config,
-        "edge_type": edge_type_name(edge_type), "fanouts": args.fanouts, "eval_fanouts": job.eval_fanouts,
+        "edge_type": seed_edges, "fanouts": args.fanouts, "eval_fanouts": job.eval_fanouts,
         "batch_size": args.batch_size, "batch_size_per_step": args.batch_size * env.world_size,
         "neg_ratio": args.neg_ratio, "strict_negatives": args.strict_negatives, "exclude": args.exclude,
         "seed": args.seed, "val_protocol": job.val.describe(), "test_protocol": job.test.describe(),
