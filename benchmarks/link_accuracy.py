@@ -86,7 +86,7 @@ def pyg_graph(graph: Any) -> PygLinkGraph:
 
 def pyg_job(graph: PygLinkGraph, args: argparse.Namespace) -> LinkJob:
     """PyG's side: the trainer's link job through PyG's ``LinkNeighborLoader``."""
-    make = partial(graph.loader, rank=0, world_size=1, seed=args.seed)
+    make = partial(graph.loader, rank=0, world_size=1, seed=args.seed, device=ONE.device)
     return build_link_job(make, graph.link_splits, graph.facts(), args, source="PyG's")
 
 

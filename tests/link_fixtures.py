@@ -106,5 +106,5 @@ def link_args(kind: str, *extra: str) -> argparse.Namespace:
 
 def pyg_link_job(graph: PygLinkGraph, args: argparse.Namespace, env: DistEnv) -> LinkJob:
     """The link job of ``graph`` through PyG's loader for this rank."""
-    make = partial(graph.loader, rank=env.rank, world_size=env.world_size, seed=args.seed)
+    make = partial(graph.loader, rank=env.rank, world_size=env.world_size, seed=args.seed, device=env.device)
     return build_link_job(make, graph.link_splits, graph.facts(), args, source="the in-memory")

@@ -19,6 +19,7 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
+from in_process_servers import served
 from link_ddp_worker import fixed_scores
 from link_fixtures import NUM_NEGATIVES, WRITES, link_args, link_graph, pyg_link_job
 from torch_geometric.data import HeteroData
@@ -340,3 +341,15 @@ def test_the_accuracy_harness_trains_both_sides_alike(kind: str, link_accuracy: 
     report = link_accuracy.compare(pyg, partial(link_accuracy.pyg_job, pyg), [0, 1], flags)
     assert report["pyg"]["test"] == report["service"]["test"] and report["welch"]["p"] == 1.0
     assert report["pyg"]["metric"] == "mrr" and len(report["pyg"]["test"]) == 2
+
+
+def test_the_cli_refuses_served_graphs_it_cannot_train_links_on(parts2: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """``graphfeed-train --task link`` against real servers: a model of the other kind, and
+    a graph partitioned without link splits, end the run with one line naming the fix."""
+    flags = ["--task", "link", "--device", "cpu", "--no-progress", "--timeout", "30"]
+    with served(parts2, 2) as addresses:
+        assert train.main(["--servers", ",".join(addresses), *flags, "--model", "rgcn"]) == 1
+        assert "--task link on the plain graph" in caplog.text and "expects one of" in caplog.text
+        assert train.main(["--servers", ",".join(addresses), *flags]) == 1
+        assert "has no link splits; partition it with --link-split" in caplog.text

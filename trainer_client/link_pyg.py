@@ -113,9 +113,9 @@ class PygLinkGraph:
     def loader(self, split: str, *, num_neighbors: list[int], batch_size: int, shuffle: bool = False,
                drop_last: bool = False, neg_sampling: Any = None, strict_negatives: bool = False,
                exclude: str | None = None, rank: int = 0, world_size: int = 1, seed: int = 0,
-               **_ignored: Any) -> PygLinkSource:
-        """The batches of one split for one rank (the service loader's arguments; the
-        service-only ones, e.g. ``device`` or ``prefetch``, are ignored)."""
+               device: str | torch.device = "cpu", **_ignored: Any) -> PygLinkSource:
+        """The batches of one split for one rank on ``device`` (the service loader's
+        arguments; the service-only ones, e.g. ``prefetch``, are ignored)."""
         if split not in self.splits:
             raise ValueError(f"split: expected one of {sorted(self.splits)}, got {split!r}")
         if strict_negatives:
@@ -145,7 +145,7 @@ class PygLinkGraph:
                                  neg_sampling=sampling)
         return PygLinkSource(pyg, s.num_edges, per_edge, s.edge_type if self._typed else None,
                              batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, rank=rank,
-                             world_size=world_size, seed=seed)
+                             world_size=world_size, seed=seed, device=torch.device(device))
 
 
 class PygLinkSource:
@@ -153,10 +153,11 @@ class PygLinkSource:
 
     def __init__(self, loader: LinkNeighborLoader, num_edges: int, per_edge: int, edge_type: EdgeType | None,
                  *, batch_size: int, shuffle: bool, drop_last: bool, rank: int, world_size: int,
-                 seed: int) -> None:
+                 seed: int, device: torch.device | None = None) -> None:
         self.loader, self.num_edges, self.per_edge, self.edge_type = loader, num_edges, per_edge, edge_type
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.rank, self.world_size, self.seed, self.epoch = rank, world_size, seed, 0
+        self.device = device or torch.device("cpu")
         share = -(-num_edges // world_size)
         self.num_batches = share // batch_size if drop_last else -(-share // batch_size)
 
@@ -186,7 +187,7 @@ class PygLinkSource:
                     batch = self.loader.filter_fn(batch)
             if self.per_edge > 1:
                 batch = self._triplet_layout(batch)
-            yield batch
+            yield batch.to(self.device)
 
     def _triplet_layout(self, batch: Data | HeteroData) -> Data | HeteroData:
         """A batch of pairs ``(s, d), (s, n_1) .. (s, n_K)`` per positive as triplet mode

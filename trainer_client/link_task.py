@@ -214,8 +214,8 @@ def cluster_link_job(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -
         feature_dtype=args.feature_dtype, stall_timeout=args.timeout,
         reconnect_timeout=args.reconnect_timeout, cache_size=args.cache_size,
         cache_progress=None if env.rank == 0 and not args.no_progress else False)
-    make = partial(service_loader_class(), cluster, **common)
-    return build_link_job(make, link_splits_of(graph, "the servers'"), graph, args)
+    splits = link_splits_of(graph, "the servers'")
+    return build_link_job(partial(service_loader_class(), cluster, **common), splits, graph, args)
 
 
 def check_link_model(model: str, graph: TypedGraph) -> None:
