@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -36,7 +37,13 @@ from trainer_client.link_models import (
     link_inputs,
     link_targets,
 )
-from trainer_client.link_task import evaluate_split, evaluation_protocol, link_splits_of, run_link
+from trainer_client.link_task import (
+    build_link_job,
+    evaluate_split,
+    evaluation_protocol,
+    link_splits_of,
+    run_link,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("plain", "typed")
@@ -244,18 +251,19 @@ def test_a_link_run_learns_and_keeps_the_best_validation_model(kind: str, tmp_pa
     assert evaluate_split(model, job.test, job.edge_type, ONE) == pytest.approx(metrics["test"])
 
 
-def test_hits_at_k_selects_on_collab_style_splits_and_resume_continues(tmp_path: Path) -> None:
-    graph = link_graph("plain", with_hits=True)
-    args = link_args("plain", "--epochs", "2", "--hits-k", "20", "--decoder", "mlp",
+@pytest.mark.parametrize("kind", KINDS)
+def test_hits_at_k_selects_on_collab_style_splits_and_resume_continues(kind: str, tmp_path: Path) -> None:
+    graph = link_graph(kind, with_hits=True)
+    args = link_args(kind, "--epochs", "2", "--hits-k", "20", "--decoder", "mlp",
                      "--checkpoint-dir", str(tmp_path / "ckpt"))
     first = run_link(args, ONE, pyg_link_job(graph, args, ONE))
     assert first["val_metric"] == "hits@20" and 0.0 <= first["test_score"] <= 1.0
     assert first["test"]["count"] == graph.link_splits["test"].num_edges
-    more = link_args("plain", "--epochs", "3", "--hits-k", "20", "--decoder", "mlp", "--resume",
+    more = link_args(kind, "--epochs", "3", "--hits-k", "20", "--decoder", "mlp", "--resume",
                      "--checkpoint-dir", str(tmp_path / "ckpt"))
     resumed = run_link(more, ONE, pyg_link_job(graph, more, ONE))
     assert resumed["start_epoch"] == 2 and [e["epoch"] for e in resumed["epochs"]] == [0, 1, 2]
-    other = link_args("plain", "--epochs", "3", "--decoder", "dot", "--resume",
+    other = link_args(kind, "--epochs", "3", "--decoder", "dot", "--resume",
                       "--checkpoint-dir", str(tmp_path / "ckpt"))
     with pytest.raises(ValueError, match=r"--resume: checkpoint .* was written for"):
         run_link(other, ONE, pyg_link_job(graph, other, ONE))
@@ -353,3 +361,46 @@ def test_the_cli_refuses_served_graphs_it_cannot_train_links_on(parts2: Path,
         assert "--task link on the plain graph" in caplog.text and "expects one of" in caplog.text
         assert train.main(["--servers", ",".join(addresses), *flags]) == 1
         assert "has no link splits; partition it with --link-split" in caplog.text
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_job_asks_the_loader_for_each_split_as_its_protocol_needs(kind: str) -> None:
+    """What the service's loader is asked for: the training split shuffled with binary
+    negatives, ``--strict-negatives`` and ``--exclude``; evaluation splits in order, with
+    their stored negatives, the ``_neg`` split or sampled triplets."""
+    asked: list[tuple[str, dict[str, object]]] = []
+
+    class NoBatches:
+        def set_epoch(self, epoch: int) -> None: ...
+
+        def __len__(self) -> int:
+            return 0
+
+        def __iter__(self) -> Iterator[object]:
+            return iter(())
+
+    def make(split: str, **kw: object) -> NoBatches:
+        asked.append((split, kw))
+        return NoBatches()
+
+    graph = link_graph(kind)
+    splits = dict(graph.link_splits)
+    splits["test_neg"] = splits.pop("test")  # test: collab-style; val: given negatives
+    splits["test"] = type(splits["val"])(splits["val"].edge_type, splits["val"].src, splits["val"].dst)
+    args = link_args(kind, "--neg-ratio", "3", "--strict-negatives", "--exclude", "reverse",
+                     "--eval-fanouts", "full", "--eval-batch-size", "7")
+    job = build_link_job(make, splits, graph.facts(), args)
+    assert (job.val.protocol, job.test.protocol) == ("given", "hits")
+    assert asked[0] == ("train", dict(num_neighbors=[5, 5], batch_size=64, shuffle=True,
+                                      neg_sampling=dict(mode="binary", amount=3.0), strict_negatives=True,
+                                      exclude="reverse"))
+    each = dict(num_neighbors=[-1, -1], batch_size=7, shuffle=False)
+    assert asked[1:] == [("val", dict(neg_sampling="given", **each)),
+                         ("test", dict(neg_sampling=None, **each)),
+                         ("test_neg", dict(neg_sampling=None, **each))]
+    del splits["test_neg"]
+    asked.clear()
+    job = build_link_job(make, splits, graph.facts(), link_args(kind, "--eval-negatives", "9"))
+    assert job.test.protocol == "sampled" and asked[-1] == (
+        "test", dict(neg_sampling=dict(mode="triplet", amount=9), strict_negatives=False,
+                     num_neighbors=[5, 5], batch_size=64, shuffle=False))
