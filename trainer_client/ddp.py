@@ -269,12 +269,12 @@ class Selection:
 
     @classmethod
     def resumed(cls, history: list[dict[str, Any]], best_path: Path | None,
-                device: torch.device) -> Selection:
-        """The selection of a resumed run: its history's best epoch, with the weights
-        of ``best_path`` when that file holds that epoch."""
+                device: torch.device, key: str = "val_acc") -> Selection:
+        """The selection of a resumed run: its history's best epoch by ``key``, with the
+        weights of ``best_path`` when that file holds that epoch."""
         if not history:
             return cls()
-        best = max(history, key=lambda h: h["val_acc"])
+        best = max(history, key=lambda h: h[key])
         state = None
         if best_path is not None and best_path.exists():
             saved = torch.load(best_path, map_location=device, weights_only=True)
@@ -284,21 +284,22 @@ class Selection:
             log.warning("--resume: no %s for epoch %d; selecting among the epochs from here on",
                         BEST_NAME, best["epoch"])
             return cls()
-        return cls(int(best["epoch"]), float(best["val_acc"]), state)
+        return cls(int(best["epoch"]), float(best[key]), state)
 
 
 def resume_state(args: argparse.Namespace, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 record: RunRecord, env: DistEnv
+                 record: RunRecord, env: DistEnv, key: str = "val_acc"
                  ) -> tuple[Path | None, Path | None, int, list[dict[str, Any]], Selection]:
     """The checkpoint paths (None without ``--checkpoint-dir``), the first epoch, the history
-    and the best-validation selection: from the checkpoint with ``--resume``, else fresh."""
+    and the best-validation selection (by the history's ``key``): from the checkpoint with
+    ``--resume``, else fresh."""
     ckpt = args.checkpoint_dir / CHECKPOINT_NAME if args.checkpoint_dir else None
     best_path = args.checkpoint_dir / BEST_NAME if args.checkpoint_dir else None
     start, history = 0, list[dict[str, Any]]()
     if args.resume and ckpt is not None and ckpt.exists():
         start, history = load_checkpoint(ckpt, model, optimizer, record, env.device)
         log.info("resumed from %s at epoch %d", ckpt, start)
-    return ckpt, best_path, start, history, Selection.resumed(history, best_path, env.device)
+    return ckpt, best_path, start, history, Selection.resumed(history, best_path, env.device, key)
 
 
 def end_epoch(m: EpochMetrics, history: list[dict[str, Any]], selection: Selection, model: torch.nn.Module,
@@ -306,18 +307,30 @@ def end_epoch(m: EpochMetrics, history: list[dict[str, Any]], selection: Selecti
               record: RunRecord) -> None:
     """Record an epoch: its metrics, the best-validation selection, the log line and (rank
     0) the checkpoint at ``paths[0]`` and, when it improved, the best one at ``paths[1]``."""
-    history.append(asdict(m))
-    improved = selection.offer(m.epoch, m.val_acc, model)
+    improved = keep_epoch(asdict(m), m.val_acc, history, selection, model, optimizer, env, paths, record)
     cache = "" if m.cache_hit_rate is None else f", cache hits {m.cache_hit_rate:.1%}"
     log.info("epoch %d: loss %.4f, train acc %.4f, val acc %.4f%s, %.1f s, %.0f seeds/s "
              "(rank 0: waited %.1f s for data, received %.1f MB%s)", m.epoch, m.loss,
              m.train_acc, m.val_acc, " (best so far)" if improved else "", m.train_seconds,
              m.seeds_per_second, m.data_wait_seconds, m.received_mb, cache)
+
+
+def keep_epoch(row: dict[str, Any], val: float, history: list[dict[str, Any]], selection: Selection,
+               model: torch.nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv,
+               paths: tuple[Path | None, Path | None], record: RunRecord) -> bool:
+    """Append an epoch's ``row`` (its ``"epoch"`` and plain values) to ``history``, offer
+    the model to the selection with validation figure ``val``, and (rank 0) write the
+    checkpoint at ``paths[0]`` and, when it improved, the best one at ``paths[1]``.
+    Returns whether it improved."""
+    epoch = int(row["epoch"])
+    history.append(row)
+    improved = selection.offer(epoch, val, model)
     ckpt, best_path = paths
     if env.rank == 0 and ckpt is not None:
-        save_checkpoint(ckpt, model, optimizer, m.epoch, history, record)
+        save_checkpoint(ckpt, model, optimizer, epoch, history, record)
         if improved and best_path is not None:
-            save_checkpoint(best_path, model, optimizer, m.epoch, history, record)
+            save_checkpoint(best_path, model, optimizer, epoch, history, record)
+    return improved
 
 
 def restore_selected(model: torch.nn.Module, selection: Selection, env: DistEnv) -> list[float]:

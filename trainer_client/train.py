@@ -1,4 +1,5 @@
-"""``graphfeed-train``: train a GNN node classifier on minibatches streamed by graphfeed
+"""``graphfeed-train``: train a GNN node classifier (or, with ``--task link``, a link
+predictor: :mod:`trainer_client.link_task`) on minibatches streamed by graphfeed
 servers, with DDP (torchrun-compatible); typed graphs (format v2, e.g. ogbn-mag) train
 ``--model rgcn`` or ``hetero-sage`` on ``HeteroData`` batches; either kind trains from
 the servers or, with ``--partition-dir``, sampled in this process from the partition
@@ -32,6 +33,8 @@ from trainer_client.cache import parse_cache_size
 from trainer_client.cluster import Cluster
 from trainer_client.connect import REFUSED_GRACE
 from trainer_client.ddp import DIST_BACKENDS, env_int, setup_distributed, teardown_distributed
+from trainer_client.link_models import DECODERS
+from trainer_client.link_task import EXCLUDE_CHOICES, cluster_link_job, run_link
 from trainer_client.loop import cluster_job, partition_dir_job, run
 from trainer_client.models import MODELS
 from trainer_client.typed_models import TYPED_MODELS
@@ -107,6 +110,9 @@ def _cache_size(text: str) -> float | str | None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="graphfeed-train", description="Train a GNN on minibatches from graphfeed sampling servers.")
+    p.add_argument("--task", choices=["node", "link"], default="node",
+                   help="node: node classification on the node splits; link: link prediction on the "
+                        "graph's link splits (train, val, test; docs/training.md, 'Link prediction')")
     p.add_argument("--servers", default=None, help="comma-separated host:port of the sampling servers")
     p.add_argument("--partition-dir", type=Path, default=None,
                    help="instead of --servers: sample in this process from a partition directory "
@@ -165,6 +171,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token-file", type=Path, default=None,
                    help="file holding the servers' bearer token (or set GRAPHFEED_TOKEN_FILE / "
                         "GRAPHFEED_TOKEN)")
+    link = p.add_argument_group("link prediction (--task link)")
+    link.add_argument("--decoder", choices=DECODERS, default="dot",
+                      help="scores a pair of embeddings: dot product, or an MLP of their product")
+    link.add_argument("--neg-ratio", type=_positive(float), default=1.0,
+                      help="binary negatives drawn per positive training edge")
+    link.add_argument("--strict-negatives", action="store_true",
+                      help="redraw negatives that are edges of the graph")
+    link.add_argument("--exclude", choices=EXCLUDE_CHOICES, default="none",
+                      help="remove each training batch's positive seed edges (self), and their reverses "
+                           "(reverse), from its message-passing edges")
+    link.add_argument("--eval-negatives", type=_positive(int), default=100,
+                      help="negatives drawn per positive for MRR when a split stores none")
+    link.add_argument("--hits-k", type=_positive(int), default=50,
+                      help="K of Hits@K where a split's negatives are a '<split>_neg' split (ogbl-collab)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -186,6 +206,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error(refused)
     if not 0.0 <= args.dropout < 1.0:
         parser.error(f"--dropout: expected 0 <= dropout < 1, got {args.dropout}")
+    if args.task == "link" and args.partition_dir is not None:
+        parser.error("--task link: expected --servers (link batches are sampled by the servers), got "
+                     "--partition-dir")
+    if args.task == "link" and args.edge_features:
+        parser.error("--task link: expected no --edge-features (the link encoders take none)")
     if args.resume and args.checkpoint_dir is None:
         parser.error("--resume: expected --checkpoint-dir too")
     args.layers = args.layers or len(args.fanouts)
@@ -208,12 +233,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, token=read_token(args.token_file))))
         env = setup_distributed(args.device, args.timeout, args.dist_backend)
         if args.partition_dir is not None:
-            job = partition_dir_job(args, env)
+            metrics = run(args, env, partition_dir_job(args, env))
         else:
             log.info("waiting up to %g s for the servers %s", args.timeout, args.servers)
             cluster = Cluster(args.servers, connect_timeout=args.timeout, refused_grace=args.refused_grace)
-            job = cluster_job(args, env, cluster)
-        metrics = run(args, env, job)
+            metrics = run_link(args, env, cluster_link_job(args, env, cluster)) if args.task == "link" \
+                else run(args, env, cluster_job(args, env, cluster))
         if env.rank == 0 and args.metrics_json is not None:
             args.metrics_json.parent.mkdir(parents=True, exist_ok=True)
             args.metrics_json.write_text(json.dumps(metrics, indent=2) + "\n")

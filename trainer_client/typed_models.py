@@ -53,11 +53,13 @@ def check_graph(graph: TypedGraph, hidden_channels: int, num_layers: int, dropou
         raise ValueError(f"num_classes: expected an integer >= 1, got {graph.num_classes}")
 
 
-def layer_plan(graph: TypedGraph, num_layers: int) -> list[tuple[list[EdgeType], list[str]]]:
+def layer_plan(graph: TypedGraph, num_layers: int,
+               out_types: Sequence[str] | None = None) -> list[tuple[list[EdgeType], list[str]]]:
     """Per layer, the relations it computes and the node types it outputs, so that only
-    what reaches the target type's last-layer output is computed (see the module doc)."""
+    what reaches the last-layer output of ``out_types`` (default: the target type) is
+    computed (see the module doc)."""
     plan: list[tuple[list[EdgeType], list[str]]] = []
-    wanted = {graph.target_type}
+    wanted = set(out_types) if out_types else {graph.target_type}
     for _ in range(num_layers):
         relations = [et for et in graph.edge_types if et[2] in wanted]
         plan.append((relations, [t for t in graph.node_types if t in wanted]))
@@ -120,14 +122,16 @@ class RGCNLayer(nn.Module):
 
 
 class RGCN(nn.Module):
-    """R-GCN node classifier for typed minibatches (see the module doc)."""
+    """R-GCN node classifier for typed minibatches (see the module doc); ``out_types``:
+    the node types whose last-layer outputs :meth:`embed` returns (default: the target
+    type; a link predictor's source and destination types)."""
 
     def __init__(self, graph: TypedGraph, *, hidden_channels: int = 64, num_layers: int = 2,
-                 dropout: float = 0.5) -> None:
+                 dropout: float = 0.5, out_types: Sequence[str] | None = None) -> None:
         super().__init__()
         check_graph(graph, hidden_channels, num_layers, dropout)
         self.target_type, self.dropout, self.num_layers = graph.target_type, dropout, num_layers
-        plan = layer_plan(graph, num_layers)
+        plan = layer_plan(graph, num_layers, out_types)
         used = set(plan[0][1]) | {et[0] for et in plan[0][0]}  # the first layer's outputs and sources
         self.input = TypedInput(graph, hidden_channels, [t for t in graph.node_types if t in used])
         widths = [hidden_channels] * num_layers + [graph.num_classes]
@@ -139,6 +143,14 @@ class RGCN(nn.Module):
                 num_sampled_nodes: dict[str, list[int]] | None = None,
                 num_sampled_edges: dict[EdgeType, list[int]] | None = None) -> Tensor:
         """Logits ``[batch_size, num_classes]`` of the target type's seeds."""
+        return self.embed(x_dict, edge_index_dict, n_id_dict, num_sampled_nodes,
+                          num_sampled_edges)[self.target_type][:batch_size]
+
+    def embed(self, x_dict: Mapping[str, Tensor], edge_index_dict: Mapping[EdgeType, Tensor],
+              n_id_dict: Mapping[str, Tensor], num_sampled_nodes: dict[str, list[int]] | None = None,
+              num_sampled_edges: dict[EdgeType, list[int]] | None = None) -> dict[str, Tensor]:
+        """The last layer's outputs per output type, every node the layers keep (the
+        seeds first; trimming drops only the outermost hops)."""
         h = self.input(x_dict, n_id_dict)
         edges: dict[EdgeType, Tensor] = dict(edge_index_dict)
         for i, layer in enumerate(self.layers):
@@ -148,7 +160,7 @@ class RGCN(nn.Module):
             h = layer(h, edges)
             if i < self.num_layers - 1:
                 h = {t: F.dropout(F.relu(v), self.dropout, self.training) for t, v in h.items()}
-        return h[self.target_type][:batch_size]
+        return h
 
 
 class _SAGEStack(nn.Module):
@@ -187,8 +199,14 @@ class TypedSAGE(nn.Module):
                 num_sampled_nodes: dict[str, list[int]] | None = None,
                 num_sampled_edges: dict[EdgeType, list[int]] | None = None) -> Tensor:
         """Logits ``[batch_size, num_classes]`` of the target type's seeds (no trimming)."""
-        out: Tensor = self.gnn(self.input(x_dict, n_id_dict), dict(edge_index_dict))[self.target_type]
-        return out[:batch_size]
+        return self.embed(x_dict, edge_index_dict, n_id_dict)[self.target_type][:batch_size]
+
+    def embed(self, x_dict: Mapping[str, Tensor], edge_index_dict: Mapping[EdgeType, Tensor],
+              n_id_dict: Mapping[str, Tensor], num_sampled_nodes: dict[str, list[int]] | None = None,
+              num_sampled_edges: dict[EdgeType, list[int]] | None = None) -> dict[str, Tensor]:
+        """The last layer's outputs of every node of every type (no trimming)."""
+        out: dict[str, Tensor] = self.gnn(self.input(x_dict, n_id_dict), dict(edge_index_dict))
+        return out
 
 
 def typed_batch_inputs(batch: HeteroData) -> TypedBatchInputs:

@@ -1,0 +1,110 @@
+"""Tiny graphs with learnable links for the link trainer's tests, plain and typed, held in
+memory as :class:`~trainer_client.link_pyg.PygLinkGraph` (PyG's ``LinkNeighborLoader``
+stands in for the service's link loader), and the trainer's arguments for them.
+
+Nodes lie in latent clusters; a node's features are its cluster's one-hot code plus noise,
+and edges join nodes of one cluster (a few join random nodes), so a GraphSAGE + dot
+product predictor learns the links quickly. The seed edges are split into train / val /
+test; val and test are not message-passing edges; val and test store ``NUM_NEGATIVES``
+negative destinations per edge (ogbl-citation2's protocol); ``with_hits`` adds
+``val_neg`` / ``test_neg`` splits of random pairs instead (ogbl-collab's).
+"""
+
+from __future__ import annotations
+
+import argparse
+from functools import partial
+
+import numpy as np
+import torch
+from torch_geometric.data import Data, HeteroData
+
+from partitioner.graph import PLAIN_EDGE_TYPE, EdgeType
+from trainer_client import train
+from trainer_client.ddp import DistEnv
+from trainer_client.link_pyg import PygLinkGraph, StoredLinkSplit
+from trainer_client.link_task import LinkJob, build_link_job
+
+CLUSTERS = 8
+FEATURES = 8
+NUM_NEGATIVES = 20
+#: The typed graph's seed edge type.
+WRITES: EdgeType = ("author", "writes", "paper")
+
+
+def _features(gen: np.random.Generator, cluster: np.ndarray) -> torch.Tensor:
+    x = gen.normal(0.0, 0.6, (cluster.size, FEATURES))
+    x[np.arange(cluster.size), cluster] += 1.0
+    return torch.from_numpy(x.astype(np.float32))
+
+
+def _clustered_edges(gen: np.random.Generator, src_cluster: np.ndarray, dst_cluster: np.ndarray,
+                     per_node: int) -> np.ndarray:
+    """``per_node`` edges out of each source, 90 % into its own cluster, unique pairs."""
+    src, dst = [], []
+    for s, c in enumerate(src_cluster):
+        same = np.flatnonzero(dst_cluster == c)
+        picks = gen.choice(same, per_node, replace=False) if gen.random() < 0.9 else \
+            gen.choice(dst_cluster.size, per_node, replace=False)
+        src.extend([s] * per_node)
+        dst.extend(picks.tolist())
+    pairs = np.unique(np.stack([src, dst]), axis=1)
+    return pairs[:, gen.permutation(pairs.shape[1])]
+
+
+def _split(gen: np.random.Generator, pairs: np.ndarray, edge_type: EdgeType, num_src: int, num_dst: int,
+           with_hits: bool) -> tuple[np.ndarray, dict[str, StoredLinkSplit]]:
+    """Train / val / test of ``pairs`` (10 % each held out); returns the train pairs."""
+    n = pairs.shape[1]
+    held = max(n // 10, 8)
+    parts = {"test": pairs[:, :held], "val": pairs[:, held:2 * held], "train": pairs[:, 2 * held:]}
+    splits: dict[str, StoredLinkSplit] = {}
+    for name, p in parts.items():
+        src, dst = torch.from_numpy(p[0].copy()), torch.from_numpy(p[1].copy())
+        neg = None
+        if name != "train" and not with_hits:
+            neg = torch.from_numpy(gen.integers(0, num_dst, (p.shape[1], NUM_NEGATIVES)))
+        splits[name] = StoredLinkSplit(edge_type, src, dst, neg)
+        if name != "train" and with_hits:
+            m = 3 * p.shape[1]
+            splits[f"{name}_neg"] = StoredLinkSplit(edge_type, torch.from_numpy(gen.integers(0, num_src, m)),
+                                                    torch.from_numpy(gen.integers(0, num_dst, m)))
+    return parts["train"], splits
+
+
+def link_graph(kind: str, *, seed: int = 0, with_hits: bool = False, scale: int = 1) -> PygLinkGraph:
+    """The tiny graph of ``kind`` ("plain" or "typed"), see the module doc; ``scale``
+    multiplies its node counts."""
+    gen = np.random.default_rng(seed)
+    if kind == "plain":
+        cluster = gen.integers(0, CLUSTERS, 240 * scale)
+        pairs = _clustered_edges(gen, cluster, cluster, 4)
+        train_pairs, splits = _split(gen, pairs, PLAIN_EDGE_TYPE, cluster.size, cluster.size, with_hits)
+        both = np.concatenate([train_pairs, train_pairs[::-1]], axis=1)
+        data = Data(x=_features(gen, cluster), edge_index=torch.from_numpy(both.copy()),
+                    num_nodes=cluster.size)
+        return PygLinkGraph(data, splits, name="tiny-links")
+    papers, authors = gen.integers(0, CLUSTERS, 160 * scale), gen.integers(0, CLUSTERS, 120 * scale)
+    writes = _clustered_edges(gen, authors, papers, 4)
+    cites = _clustered_edges(gen, papers, papers, 3)
+    train_pairs, splits = _split(gen, writes, WRITES, authors.size, papers.size, with_hits)
+    data = HeteroData()
+    data["paper"].x, data["author"].x = _features(gen, papers), _features(gen, authors)
+    data[WRITES].edge_index = torch.from_numpy(train_pairs.copy())
+    data["paper", "rev_writes", "author"].edge_index = torch.from_numpy(train_pairs[::-1].copy())
+    data["paper", "cites", "paper"].edge_index = torch.from_numpy(cites)
+    return PygLinkGraph(data, splits, name="tiny-typed-links")
+
+
+def link_args(kind: str, *extra: str) -> argparse.Namespace:
+    """``graphfeed-train --task link`` arguments for the tiny graph of ``kind``."""
+    model = "sage" if kind == "plain" else "rgcn"
+    return train.parse_args(["--servers", "unused:1", "--task", "link", "--model", model, "--fanouts", "5,5",
+                             "--batch-size", "64", "--hidden", "32", "--lr", "0.01", "--dropout", "0.0",
+                             "--epochs", "6", "--device", "cpu", "--no-progress", *extra])
+
+
+def pyg_link_job(graph: PygLinkGraph, args: argparse.Namespace, env: DistEnv) -> LinkJob:
+    """The link job of ``graph`` through PyG's loader for this rank."""
+    make = partial(graph.loader, rank=env.rank, world_size=env.world_size, seed=args.seed, device=env.device)
+    return build_link_job(make, graph.link_splits, graph.facts(), args, source="the in-memory")
