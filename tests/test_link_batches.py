@@ -81,15 +81,18 @@ def test_binary_batches_hold_the_seed_edges_and_labelled_negatives(kind: str, tm
     with served(root, 2) as addresses:
         for amount, strict in ((1.0, False), (2.5, True)):
             seen = []
-            with loader_of(kind, addresses, et, index, batch_size=5,
-                           neg_sampling={"mode": "binary", "amount": amount}, strict_negatives=strict) as loader:
+            negatives = {"mode": "binary", "amount": amount}
+            with loader_of(kind, addresses, et, index, batch_size=5, neg_sampling=negatives,
+                           strict_negatives=strict) as loader:
                 for batch in loader:
                     store, src, dst = parts_of(batch, et)
                     positives = store.input_id.numel()
                     negatives = int(np.ceil(positives * amount))
                     assert store.edge_label_index.shape == (2, positives + negatives)
-                    assert torch.equal(store.edge_label, torch.cat([torch.ones(positives), torch.zeros(negatives)]))
-                    ends = torch.stack([src.n_id[store.edge_label_index[0]], dst.n_id[store.edge_label_index[1]]])
+                    labels = torch.cat([torch.ones(positives), torch.zeros(negatives)])
+                    assert torch.equal(store.edge_label, labels)
+                    label_index = store.edge_label_index
+                    ends = torch.stack([src.n_id[label_index[0]], dst.n_id[label_index[1]]])
                     # positives: the given edges, in input_id order
                     assert torch.equal(ends[:, :positives], index[:, store.input_id])
                     neg = ends[:, positives:]
@@ -277,9 +280,9 @@ def test_negative_sampling_arguments_in_pyg_forms() -> None:
     assert parse_negatives("binary", None, False).mode == pb.NegativeSampling.BINARY
     assert parse_negatives(NegativeSampling("triplet", 4), None, False).amount == 4
     assert parse_negatives(None, 2.0, True).amount == 2.0
-    with pytest.raises(ValueError, match="neg_sampling.amount: expected a whole number"):
+    with pytest.raises(ValueError, match=r"neg_sampling\.amount: expected a whole number"):
         parse_negatives({"mode": "triplet", "amount": 0.5}, None, False)
     with pytest.raises(ValueError, match="neg_sampling: expected mode one of"):
         parse_negatives("ternary", None, False)
-    with pytest.raises(ValueError, match="neg_sampling.weight"):
+    with pytest.raises(ValueError, match=r"neg_sampling\.weight"):
         parse_negatives(NegativeSampling("binary", 1, weight=torch.ones(3)), None, False)

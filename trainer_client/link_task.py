@@ -26,7 +26,6 @@ checkpoint (``best.pt``), tests that model and returns the metrics, as the node 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 import time
@@ -46,6 +45,7 @@ from partitioner.graph import EdgeType, edge_type_name
 from trainer_client.cluster import Cluster
 from trainer_client.ddp import DistEnv, RunRecord, all_reduce_sums, keep_epoch, restore_selected, resume_state
 from trainer_client.graph import TypedGraph
+from trainer_client.link_loader import RemoteLinkNeighborLoader
 from trainer_client.link_metrics import hits_at_k, ogb_ranks, ranking_means, ranking_sums
 from trainer_client.link_models import LINK_MODELS, LinkPredictor, build_link_model, link_inputs, link_targets
 from trainer_client.loop import evaluation_fanouts
@@ -186,13 +186,8 @@ def build_link_job(make: LinkLoaderFactory, splits: Mapping[str, SplitFacts], gr
 
 
 def service_loader_class() -> Callable[..., LinkSource]:
-    """The service's ``RemoteLinkNeighborLoader`` (imported when a link job starts)."""
-    try:
-        module = importlib.import_module("trainer_client.link_loader")
-    except ImportError as exc:
-        raise ValueError(f"--task link: the service's link loader (trainer_client.link_loader) is not "
-                         f"importable here: {exc}") from None
-    loader: Callable[..., LinkSource] = module.RemoteLinkNeighborLoader
+    """The service's link loader."""
+    loader: Callable[..., LinkSource] = RemoteLinkNeighborLoader
     return loader
 
 
