@@ -164,9 +164,9 @@ def _exclusion(links: pb.LinkSeeds, store: PartitionStore, et: EdgeType
     """The edge types whose sampled copies of the seed edges are dropped, and the reverse
     edge type (its copies are the seed edges with their ends swapped)."""
     mode = int(links.exclude)
+    if mode != pb.LinkSeeds.EXCLUDE_REVERSE and links.reverse_edge_type:
+        raise RequestError(f"{_FIELD}.reverse_edge_type: expected none without exclude EXCLUDE_REVERSE")
     if mode == pb.LinkSeeds.EXCLUDE_NONE:
-        if links.reverse_edge_type:
-            raise RequestError(f"{_FIELD}.reverse_edge_type: expected none without exclude EXCLUDE_REVERSE")
         return (), None
     if mode == pb.LinkSeeds.EXCLUDE_SELF:
         return (et,), None

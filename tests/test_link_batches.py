@@ -285,4 +285,4 @@ def test_negative_sampling_arguments_in_pyg_forms() -> None:
     with pytest.raises(ValueError, match="neg_sampling: expected mode one of"):
         parse_negatives("ternary", None, False)
     with pytest.raises(ValueError, match=r"neg_sampling\.weight"):
-        parse_negatives(NegativeSampling("binary", 1, weight=torch.ones(3)), None, False)
+        parse_negatives(NegativeSampling("binary", 1, dst_weight=torch.ones(3)), None, False)

@@ -85,7 +85,9 @@ def parse_negatives(neg_sampling: object, neg_sampling_ratio: float | None, stri
         mode, amount, weight = neg_sampling.get("mode"), neg_sampling.get("amount", 1.0), None
     elif hasattr(neg_sampling, "mode") and hasattr(neg_sampling, "amount"):  # PyG's NegativeSampling
         mode = getattr(neg_sampling.mode, "value", neg_sampling.mode)
-        amount, weight = neg_sampling.amount, getattr(neg_sampling, "weight", None)
+        amount = neg_sampling.amount
+        weights = [getattr(neg_sampling, w, None) for w in ("weight", "src_weight", "dst_weight")]
+        weight = next((w for w in weights if w is not None), None)
     else:
         raise ValueError(f"neg_sampling: expected None, 'binary', 'triplet', 'given', a NegativeSampling or "
                          f"a dict, got {type(neg_sampling).__name__}")
