@@ -147,7 +147,7 @@ def test_batches_name_their_pairs_by_original_ids(kind: str, mode: str) -> None:
             assert split.neg_dst is not None
             assert torch.equal(dst_ids[t.dst_neg], split.neg_dst[ids])
         inputs = link_inputs(batch)
-        assert len(inputs) == (5 if kind == "typed" else 4)
+        assert len(inputs) == 5
     assert sorted(seen) == list(range(split.num_edges)) and set(seen.values()) == {1}
 
 
@@ -275,7 +275,6 @@ def test_the_link_flags_are_checked_at_start(capsys: pytest.CaptureFixture[str])
         ("dot", 1.0, "none", False, 50)
     assert train.parse_args(["--servers", "a:1"]).task == "node"
     for bad, says in ((["--partition-dir", "x"], "expected --servers"),
-                      (["--servers", "a:1", "--edge-features"], "expected no --edge-features"),
                       (["--servers", "a:1", "--neg-ratio", "0"], "expected a value > 0"),
                       (["--servers", "a:1", "--exclude", "both"], "invalid choice")):
         with pytest.raises(SystemExit):
@@ -404,3 +403,24 @@ def test_the_job_asks_the_loader_for_each_split_as_its_protocol_needs(kind: str)
     assert job.test.protocol == "sampled" and asked[-1] == (
         "test", dict(neg_sampling=dict(mode="triplet", amount=9), strict_negatives=False,
                      num_neighbors=[5, 5], batch_size=64, shuffle=False))
+
+
+def test_a_link_predictor_trains_on_edge_features_through_the_servers(tmp_path: Path) -> None:
+    """``--task link --model gine``: the servers send each batch's edge features and the
+    encoder takes them; a graph without edge features refuses GINE by name."""
+    from partitioner.links import random_link_split
+    from partitioner.synthetic import generate_plain
+    from partitioner.writer import partition_graph
+
+    graph = random_link_split(generate_plain("edge-feat-small", progress=False), val=0.05, test=0.05,
+                              num_negatives=20, seed=0)
+    root = tmp_path / "p2"
+    partition_graph(graph, 2, root, method="random", progress=False)
+    metrics = tmp_path / "m.json"
+    flags = ["--task", "link", "--model", "gine", "--fanouts", "5,5", "--batch-size", "512", "--epochs", "1",
+             "--hidden", "16", "--eval-batch-size", "64", "--device", "cpu", "--no-progress",
+             "--timeout", "60", "--metrics-json", str(metrics)]
+    with served(root, 2) as addresses:
+        assert train.main(["--servers", ",".join(addresses), *flags]) == 0
+    result = json.loads(metrics.read_text())
+    assert result["model"]["model"] == "gine" and 0.0 < result["test"]["mrr"] <= 1.0

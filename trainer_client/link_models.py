@@ -28,13 +28,14 @@ from torch_geometric.data import Data, HeteroData
 
 from partitioner.graph import PLAIN_NODE_TYPE, EdgeType
 from trainer_client.graph import TypedGraph
-from trainer_client.models import MODELS, NEEDS_EDGE_FEATURES, NodeClassifier
+from trainer_client.models import MODELS, NodeClassifier
 from trainer_client.typed_models import RGCN, TYPED_MODELS, TypedSAGE
 
 #: ``--decoder`` choices.
 DECODERS = ("dot", "mlp")
-#: Plain-graph encoders a link predictor can use (those that need no edge features).
-LINK_MODELS = tuple(m for m in sorted(MODELS) if m not in NEEDS_EDGE_FEATURES)
+#: Plain-graph encoders a link predictor can use (GINE, and GAT with ``edge_dim``, on a
+#: graph with edge features).
+LINK_MODELS = tuple(sorted(MODELS))
 
 
 class DotDecoder(nn.Module):
@@ -107,12 +108,13 @@ def link_targets(batch: Data | HeteroData, edge_type: EdgeType) -> LinkTargets:
 
 def link_inputs(batch: Data | HeteroData) -> tuple[Any, ...]:
     """The encoder's inputs of a link batch: ``(x, edge_index, num_sampled_nodes,
-    num_sampled_edges)`` of a ``Data``; ``(x_dict, edge_index_dict, n_id_dict,
-    num_sampled_nodes, num_sampled_edges)`` of a ``HeteroData`` (counts None when absent)."""
+    num_sampled_edges, edge_attr)`` of a ``Data`` (``edge_attr`` None when the batch has
+    none); ``(x_dict, edge_index_dict, n_id_dict, num_sampled_nodes, num_sampled_edges)``
+    of a ``HeteroData`` (counts None when absent)."""
     nodes = batch.num_sampled_nodes if "num_sampled_nodes" in batch else None
     sampled = batch.num_sampled_edges if "num_sampled_edges" in batch else None
     if not isinstance(batch, HeteroData):
-        return batch.x, batch.edge_index, nodes, sampled
+        return batch.x, batch.edge_index, nodes, sampled, batch.edge_attr if "edge_attr" in batch else None
     x_dict, edges, n_id = (batch.collect(key, allow_empty=True) for key in ("x", "edge_index", "n_id"))
     return (x_dict, edges, n_id, dict(nodes) if isinstance(nodes, dict) else None,
             {tuple(k): v for k, v in sampled.items()} if isinstance(sampled, dict) else None)
@@ -131,8 +133,8 @@ class LinkPredictor(nn.Module):
     def embed(self, inputs: tuple[Any, ...]) -> tuple[Tensor, Tensor]:
         """Embeddings of the batch's source-type and destination-type nodes."""
         if not self.typed:
-            x, edge_index, nodes, edges = inputs
-            h: Tensor = self.encoder(x, edge_index, None, nodes, edges)
+            x, edge_index, nodes, edges, edge_attr = inputs
+            h: Tensor = self.encoder(x, edge_index, None, nodes, edges, edge_attr)
             return h, h
         assert isinstance(self.encoder, (RGCN, TypedSAGE))
         out = self.encoder.embed(*inputs)
@@ -152,10 +154,12 @@ class LinkPredictor(nn.Module):
 
 
 def build_link_model(name: str, graph: TypedGraph, edge_type: EdgeType, *, decoder: str = "dot",
-                     hidden_channels: int = 256, num_layers: int = 2, dropout: float = 0.5) -> LinkPredictor:
+                     hidden_channels: int = 256, num_layers: int = 2, dropout: float = 0.5,
+                     edge_dim: int | None = None) -> LinkPredictor:
     """A :class:`LinkPredictor` with encoder ``name`` (:data:`LINK_MODELS` on a plain
     graph, :data:`~trainer_client.typed_models.TYPED_MODELS` on a typed one) for seed
-    edges of ``edge_type``."""
+    edges of ``edge_type``; ``edge_dim``: the edge features' columns, for a plain
+    encoder that takes them."""
     if edge_type not in graph.edge_types:
         raise ValueError(f"edge_type: expected one of the graph's {list(graph.edge_types)}, "
                          f"got {edge_type!r}")
@@ -164,7 +168,7 @@ def build_link_model(name: str, graph: TypedGraph, edge_type: EdgeType, *, decod
             raise ValueError(f"model: expected one of {list(LINK_MODELS)} on a plain graph, got {name!r}")
         encoder: nn.Module = NodeClassifier(name, graph.feature_dims[PLAIN_NODE_TYPE], hidden_channels,
                                             hidden_channels=hidden_channels, num_layers=num_layers,
-                                            dropout=dropout)
+                                            dropout=dropout, edge_dim=edge_dim)
     else:
         if name not in TYPED_MODELS:
             raise ValueError(f"model: expected one of {list(TYPED_MODELS)} on a typed graph, got {name!r}")

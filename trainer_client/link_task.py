@@ -48,7 +48,7 @@ from trainer_client.graph import TypedGraph
 from trainer_client.link_loader import RemoteLinkNeighborLoader
 from trainer_client.link_metrics import hits_at_k, ogb_ranks, ranking_means, ranking_sums
 from trainer_client.link_models import LINK_MODELS, LinkPredictor, build_link_model, link_inputs, link_targets
-from trainer_client.loop import evaluation_fanouts
+from trainer_client.loop import evaluation_fanouts, model_edge_dim, uses_edge_features
 from trainer_client.typed_models import FIND_UNUSED_PARAMETERS, TYPED_MODELS
 
 log = logging.getLogger("trainer_client.train")
@@ -208,7 +208,8 @@ def cluster_link_job(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -
         rank=env.rank, world_size=env.world_size, device=env.device, prefetch=args.prefetch, seed=args.seed,
         feature_dtype=args.feature_dtype, stall_timeout=args.timeout,
         reconnect_timeout=args.reconnect_timeout, cache_size=args.cache_size,
-        cache_progress=None if env.rank == 0 and not args.no_progress else False)
+        cache_progress=None if env.rank == 0 and not args.no_progress else False,
+        edge_features=uses_edge_features(args))
     splits = link_splits_of(graph, "the servers'")
     return build_link_job(partial(service_loader_class(), cluster, **common), splits, graph, args)
 
@@ -220,6 +221,8 @@ def check_link_model(model: str, graph: TypedGraph) -> None:
         kind = "typed" if graph.typed else "plain"
         raise ValueError(f"--model {model}: --task link on the {kind} graph {graph.name!r} expects one of "
                          f"{', '.join(allowed)}")
+    if not graph.typed:
+        model_edge_dim(argparse.Namespace(model=model), graph)  # GINE: a graph with edge features
 
 
 # ---- passes ----------------------------------------------------------------------------
@@ -341,7 +344,8 @@ def run_link(args: argparse.Namespace, env: DistEnv, job: LinkJob) -> dict[str, 
     graph, edge_type = job.graph, job.edge_type
     torch.manual_seed(args.seed)
     model = build_link_model(args.model, graph, edge_type, decoder=args.decoder, hidden_channels=args.hidden,
-                             num_layers=args.layers, dropout=args.dropout).to(env.device)
+                             num_layers=args.layers, dropout=args.dropout,
+                             edge_dim=model_edge_dim(args, graph)).to(env.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     seed_edges = edge_type_name(edge_type) if graph.typed else ""  # "" on a plain graph, as on the wire
     config = {"task": "link", "model": args.model, "decoder": args.decoder, "hidden": args.hidden,

@@ -209,8 +209,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.task == "link" and args.partition_dir is not None:
         parser.error("--task link: expected --servers (link batches are sampled by the servers), got "
                      "--partition-dir")
-    if args.task == "link" and args.edge_features:
-        parser.error("--task link: expected no --edge-features (the link encoders take none)")
     if args.resume and args.checkpoint_dir is None:
         parser.error("--resume: expected --checkpoint-dir too")
     args.layers = args.layers or len(args.fanouts)
