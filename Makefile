@@ -7,11 +7,12 @@ RUNTIME_STAMP := $(VENV)/.runtime-stamp
 DATA   ?= data
 WHEELS ?= ../shared/wheels
 
-.PHONY: help install test lint proto proto-check demo demo-hetero compose-test gpu-check bench-partition bench-peers clean
+.PHONY: help install test lint proto proto-check demo demo-hetero demo-link compose-test gpu-check bench-partition bench-peers clean
 
 help:
 	@echo "make demo             small graph -> 2 partitions -> 2 sampling servers -> 2 DDP trainers (PARTS=dir: yours)"
 	@echo "make demo-hetero      typed mag-small -> 2 partitions -> 2 sampling servers -> 2 DDP R-GCN trainers"
+	@echo "make demo-link        citation2-small with link splits -> 2 partitions -> 2 servers -> 2 DDP link trainers (MRR)"
 	@echo "make test             install if needed, then lint and run the whole test suite"
 	@echo "make compose-test     (root) build the image offline and run deploy/docker-compose.yml with podman"
 	@echo "make gpu-check        (CUDA GPU) GPU tests, CUDA sampler/stream benchmarks, 1-GPU NCCL demo -> one report"
@@ -74,6 +75,9 @@ demo: $(RUNTIME_STAMP)
 demo-hetero: $(RUNTIME_STAMP)
 	$(PY) deploy/demo.py --typed --data $(DATA)/demo-typed
 
+demo-link: $(RUNTIME_STAMP)
+	$(PY) deploy/demo.py --link --data $(DATA)/demo-link
+
 # Root, about 6 minutes on 2 cores from nothing (see deploy/compose_test.py for the steps).
 COMPOSE_TEST_ARGS ?=
 compose-test: install
@@ -96,4 +100,4 @@ bench-peers: install
 	$(PY) -m pip install --quiet --no-deps $(WHEELS)/torch_scatter-*.whl $(WHEELS)/torch_sparse-*.whl
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(DATA)/demo $(DATA)/demo-typed
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(DATA)/demo $(DATA)/demo-typed $(DATA)/demo-link
