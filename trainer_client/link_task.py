@@ -48,7 +48,7 @@ from trainer_client.graph import TypedGraph
 from trainer_client.link_loader import RemoteLinkNeighborLoader
 from trainer_client.link_metrics import hits_at_k, ogb_ranks, ranking_means, ranking_sums
 from trainer_client.link_models import LINK_MODELS, LinkPredictor, build_link_model, link_inputs, link_targets
-from trainer_client.loop import evaluation_fanouts, model_edge_dim, uses_edge_features
+from trainer_client.loop import evaluation_fanouts, loader_options, model_edge_dim
 from trainer_client.typed_models import FIND_UNUSED_PARAMETERS, TYPED_MODELS
 
 log = logging.getLogger("trainer_client.train")
@@ -204,12 +204,7 @@ def cluster_link_job(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -
     """The link loaders of this rank on the servers' graph (sharing the cluster's channels)."""
     graph = cluster.graph
     check_link_model(args.model, graph)
-    common: dict[str, Any] = dict(
-        rank=env.rank, world_size=env.world_size, device=env.device, prefetch=args.prefetch, seed=args.seed,
-        feature_dtype=args.feature_dtype, stall_timeout=args.timeout,
-        reconnect_timeout=args.reconnect_timeout, cache_size=args.cache_size,
-        cache_progress=None if env.rank == 0 and not args.no_progress else False,
-        edge_features=uses_edge_features(args))
+    common = loader_options(args, env)
     splits = link_splits_of(graph, "the servers'")
     return build_link_job(partial(service_loader_class(), cluster, **common), splits, graph, args)
 

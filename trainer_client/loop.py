@@ -107,17 +107,23 @@ def _split_loaders(make: Callable[..., Any], args: argparse.Namespace, fanouts: 
          for split in ("val", "test")]
 
 
-def cluster_job(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> Job:
-    """The loaders of this rank on the servers' graph, sharing the cluster's channels, with
-    the trainer-side feature cache of ``--cache-size``."""
-    graph = cluster.graph
-    check_model_kind(args.model, graph, "the servers serve")
-    common: dict[str, Any] = dict(
+def loader_options(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
+    """The options every loader of this rank on the servers takes from the flags (node and
+    link loaders alike)."""
+    return dict(
         rank=env.rank, world_size=env.world_size, device=env.device, prefetch=args.prefetch, seed=args.seed,
         feature_dtype=args.feature_dtype, stall_timeout=args.timeout,
         reconnect_timeout=args.reconnect_timeout, cache_size=args.cache_size,
         cache_progress=None if env.rank == 0 and not args.no_progress else False,
         edge_features=uses_edge_features(args))
+
+
+def cluster_job(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> Job:
+    """The loaders of this rank on the servers' graph, sharing the cluster's channels, with
+    the trainer-side feature cache of ``--cache-size``."""
+    graph = cluster.graph
+    check_model_kind(args.model, graph, "the servers serve")
+    common = loader_options(args, env)
     fanouts = evaluation_fanouts(args, graph.typed)
     if fanouts is None and uses_edge_features(args):  # layer-wise inference takes no edge features
         fanouts = [-1] * len(args.fanouts)
