@@ -66,6 +66,9 @@ class _Answers:
     def orig_ids(self, *args: Any) -> Any:
         raise AssertionError("the gather benchmark asks for no original IDs")
 
+    def has_edges(self, *args: Any) -> Any:
+        raise AssertionError("the gather benchmark tests no edges")
+
 
 def peer_answers(peer: Any, peer_start: int, n_id: torch.Tensor, remote_pos: torch.Tensor,
                  wire: torch.dtype) -> dict[int, Any]:
