@@ -1,10 +1,10 @@
 """One DDP rank of the link trainer's tests (run by ``torch.distributed.run``):
-``python -m torch.distributed.run --nproc-per-node 2 tests/link_ddp_worker.py KIND OUT``.
+``python -m torch.distributed.run --nproc-per-node 2 tests/link_ddp_worker.py KIND OUT SERVERS``.
 
 1. The metric functions across ranks: fixed scores, cut unevenly over the ranks; rank 0
    writes what the ranks computed together to ``OUT/metrics-gathered.json``.
-2. A link run on the tiny graph of KIND through PyG's loader, each rank its share; rank 0
-   writes the run's metrics to ``OUT/metrics.json``.
+2. A link run on the tiny graph of KIND served by SERVERS (comma-separated addresses), each
+   rank its share; rank 0 writes the run's metrics to ``OUT/metrics.json``.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
-from link_fixtures import link_args, link_graph, pyg_link_job  # noqa: E402
+from link_fixtures import link_args  # noqa: E402
 
+from trainer_client.cluster import Cluster  # noqa: E402
 from trainer_client.ddp import setup_distributed, teardown_distributed  # noqa: E402
 from trainer_client.link_metrics import hits_at_k, ranking_metrics  # noqa: E402
-from trainer_client.link_task import run_link  # noqa: E402
+from trainer_client.link_task import cluster_link_job, run_link  # noqa: E402
 
 
 def fixed_scores() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -34,7 +35,7 @@ def fixed_scores() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def main() -> None:
-    kind, out = sys.argv[1], Path(sys.argv[2])
+    kind, out, servers = sys.argv[1], Path(sys.argv[2]), sys.argv[3].split(",")
     env = setup_distributed("cpu", 60.0, "gloo")
     try:
         pos, neg, shared = fixed_scores()
@@ -44,7 +45,8 @@ def main() -> None:
         gathered = {"ranking": ranking_metrics(pos[mine], neg[mine], env),
                     "hits": hits_at_k(pos[mine], negatives, 5, env)}
         args = link_args(kind, "--epochs", "2", "--metrics-json", str(out / "metrics.json"))
-        metrics = run_link(args, env, pyg_link_job(link_graph(kind), args, env))
+        with Cluster(servers) as cluster:
+            metrics = run_link(args, env, cluster_link_job(args, env, cluster))
         if env.rank == 0:
             (out / "metrics-gathered.json").write_text(json.dumps(gathered))
             (out / "metrics.json").write_text(json.dumps(metrics))

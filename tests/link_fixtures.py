@@ -1,6 +1,8 @@
 """Tiny graphs with learnable links for the link trainer's tests, plain and typed, held in
-memory as :class:`~trainer_client.link_pyg.PygLinkGraph` (PyG's ``LinkNeighborLoader``
-stands in for the service's link loader), and the trainer's arguments for them.
+memory as :class:`~trainer_client.link_pyg.PygLinkGraph` (PyG's ``LinkNeighborLoader``,
+where pyg-lib or torch-sparse is installed) and served by in-process servers
+(:func:`served_link_graph`: the service's link loader), and the trainer's arguments for
+them.
 
 Nodes lie in latent clusters; a node's features are its cluster's one-hot code plus noise,
 and edges join nodes of one cluster (a few join random nodes), so a GraphSAGE + dot
@@ -13,17 +15,27 @@ negative destinations per edge (ogbl-citation2's protocol); ``with_hits`` adds
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from in_process_servers import served
 from torch_geometric.data import Data, HeteroData
 
-from partitioner.graph import PLAIN_EDGE_TYPE, EdgeType
+from partitioner.graph import PLAIN_EDGE_TYPE, EdgeType, GraphData, LinkSplit, TypedGraphData
+from partitioner.writer import partition_graph
 from trainer_client import train
+from trainer_client.cluster import Cluster
 from trainer_client.ddp import DistEnv
+from trainer_client.graph import TypedGraph
+from trainer_client.link_loader import RemoteLinkNeighborLoader
 from trainer_client.link_pyg import PygLinkGraph, StoredLinkSplit
-from trainer_client.link_task import LinkJob, build_link_job
+from trainer_client.link_task import LinkJob, build_link_job, cluster_link_job
 
 CLUSTERS = 8
 FEATURES = 8
@@ -108,3 +120,51 @@ def pyg_link_job(graph: PygLinkGraph, args: argparse.Namespace, env: DistEnv) ->
     """The link job of ``graph`` through PyG's loader for this rank."""
     make = partial(graph.loader, rank=env.rank, world_size=env.world_size, seed=args.seed, device=env.device)
     return build_link_job(make, graph.link_splits, graph.facts(), args, source="the in-memory")
+
+
+def graph_data(graph: PygLinkGraph) -> GraphData | TypedGraphData:
+    """``graph`` as the partitioner takes it (no node labels; its link splits in original
+    IDs), to serve it."""
+    splits = {n: LinkSplit(s.edge_type, s.src.numpy(), s.dst.numpy(),
+                           neg_dst=None if s.neg_dst is None else s.neg_dst.numpy())
+              for n, s in graph.splits.items()}
+    data = graph.data
+    if isinstance(data, Data):
+        n = int(data.num_nodes)
+        return GraphData(graph.name, n, data.edge_index.numpy(), data.x.numpy(), np.full(n, -1, np.int64), 1,
+                         link_splits=splits)
+    return TypedGraphData(graph.name, {t: int(data[t].num_nodes) for t in data.node_types},
+                          {et: data[et].edge_index.numpy() for et in data.edge_types},
+                          {t: data[t].x.numpy() for t in data.node_types}, "paper",
+                          np.full(int(data["paper"].num_nodes), -1, np.int64), 1, link_splits=splits)
+
+
+@dataclass
+class ServedLinkGraph:
+    """A tiny link graph partitioned in 2 and served by in-process servers: its link
+    splits (original IDs, as :class:`PygLinkGraph` holds them), the service's loaders and
+    link jobs."""
+
+    graph: PygLinkGraph
+    cluster: Cluster
+
+    @property
+    def link_splits(self) -> dict[str, StoredLinkSplit]:
+        return self.graph.link_splits
+
+    def facts(self) -> TypedGraph:
+        return self.cluster.graph
+
+    def loader(self, split: str, **kw: Any) -> RemoteLinkNeighborLoader:
+        return RemoteLinkNeighborLoader(self.cluster, split, cache_size=0, **kw)
+
+    def job(self, args: argparse.Namespace, env: DistEnv) -> LinkJob:
+        return cluster_link_job(args, env, self.cluster)
+
+
+@contextlib.contextmanager
+def served_link_graph(graph: PygLinkGraph, root: Path) -> Iterator[ServedLinkGraph]:
+    """``graph`` partitioned into ``root`` (2 parts) and served for the block."""
+    partition_graph(graph_data(graph), 2, root, method="random", progress=False)
+    with served(root, 2) as addresses, Cluster(addresses) as cluster:
+        yield ServedLinkGraph(graph, cluster)

@@ -22,7 +22,7 @@ import pytest
 import torch
 from in_process_servers import served
 from link_ddp_worker import fixed_scores
-from link_fixtures import NUM_NEGATIVES, WRITES, link_args, link_graph, pyg_link_job
+from link_fixtures import NUM_NEGATIVES, WRITES, ServedLinkGraph, link_args, link_graph, served_link_graph
 from torch_geometric.data import HeteroData
 
 from partitioner.graph import PLAIN_EDGE_TYPE
@@ -48,6 +48,11 @@ from trainer_client.link_task import (
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("plain", "typed")
 ONE = DistEnv(0, 1, 0, torch.device("cpu"))
+#: PyG's LinkNeighborLoader (the reference source) samples with pyg-lib or torch-sparse,
+#: which only the benchmarks install (``make bench-peers``).
+needs_pyg_sampling = pytest.mark.skipif(
+    not any(importlib.util.find_spec(m) is not None for m in ("pyg_lib", "torch_sparse")),
+    reason="PyG's LinkNeighborLoader needs pyg-lib or torch-sparse (make bench-peers)")
 
 
 def _edge_type(kind: str) -> tuple[str, str, str]:
@@ -118,10 +123,14 @@ def test_decoders_score_pairs_and_broadcast_over_negatives(decoder: torch.nn.Mod
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("mode", ["binary", "triplet", "given"])
-def test_batches_name_their_pairs_by_original_ids(kind: str, mode: str) -> None:
+def test_batches_name_their_pairs_by_original_ids(kind: str, mode: str, tmp_path: Path) -> None:
     """The pairs a batch asks to score are the split's edges (and negatives), read back
     through ``n_id``; binary negatives are labelled 0; each edge in one batch."""
-    graph = link_graph(kind)
+    with served_link_graph(link_graph(kind), tmp_path) as graph:
+        _check_pairs(graph, kind, mode)
+
+
+def _check_pairs(graph: ServedLinkGraph, kind: str, mode: str) -> None:
     split = graph.link_splits["val"]
     sampling = {"binary": "binary", "triplet": dict(mode="triplet", amount=3), "given": "given"}[mode]
     source = graph.loader("val", num_neighbors=[3, 2], batch_size=10, neg_sampling=sampling)
@@ -151,6 +160,7 @@ def test_batches_name_their_pairs_by_original_ids(kind: str, mode: str) -> None:
     assert sorted(seen) == list(range(split.num_edges)) and set(seen.values()) == {1}
 
 
+@needs_pyg_sampling
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_reference_source_covers_each_seed_edge_once_over_ranks(kind: str) -> None:
     graph = link_graph(kind)
@@ -190,7 +200,8 @@ def test_the_reference_source_refuses_what_pyg_cannot_do() -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(("model", "decoder"), [("sage", "dot"), ("rgcn", "mlp"), ("hetero-sage", "dot")])
-def test_link_models_build_for_their_kind_and_score_a_batch(kind: str, model: str, decoder: str) -> None:
+def test_link_models_build_for_their_kind_and_score_a_batch(kind: str, model: str, decoder: str,
+                                                           tmp_path: Path) -> None:
     graph = link_graph(kind)
     typed_model = model != "sage"
     if typed_model != (kind == "typed"):
@@ -198,7 +209,8 @@ def test_link_models_build_for_their_kind_and_score_a_batch(kind: str, model: st
             build_link_model(model, graph.facts(), _edge_type(kind))
         return
     predictor = build_link_model(model, graph.facts(), _edge_type(kind), decoder=decoder, hidden_channels=8)
-    batch = next(iter(graph.loader("val", num_neighbors=[3, 3], batch_size=10, neg_sampling="given")))
+    with served_link_graph(graph, tmp_path) as served:
+        batch = next(iter(served.loader("val", num_neighbors=[3, 3], batch_size=10, neg_sampling="given")))
     t = link_targets(batch, _edge_type(kind))
     assert t.dst_neg is not None
     h_src, h_dst = predictor.embed(link_inputs(batch))
@@ -206,9 +218,9 @@ def test_link_models_build_for_their_kind_and_score_a_batch(kind: str, model: st
     assert predictor.score(h_src, h_dst, t.src, t.dst_neg).shape == t.dst_neg.shape
 
 
-def test_link_batches_without_pairs_are_refused_naming_the_field() -> None:
-    graph = link_graph("typed")
-    batch = next(iter(graph.loader("val", num_neighbors=[2], batch_size=4, neg_sampling="binary")))
+def test_link_batches_without_pairs_are_refused_naming_the_field(tmp_path: Path) -> None:
+    with served_link_graph(link_graph("typed"), tmp_path) as graph:
+        batch = next(iter(graph.loader("val", num_neighbors=[2], batch_size=4, neg_sampling="binary")))
     del batch[WRITES].edge_label_index
     with pytest.raises(ValueError, match=r"expected edge_label_index \(binary\)"):
         link_targets(batch, WRITES)
@@ -230,9 +242,13 @@ def test_the_protocol_follows_the_stored_splits() -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_link_run_learns_and_keeps_the_best_validation_model(kind: str, tmp_path: Path) -> None:
-    graph = link_graph(kind)
+    with served_link_graph(link_graph(kind), tmp_path / "parts") as graph:
+        _learns_and_keeps_the_best(graph, kind, tmp_path)
+
+
+def _learns_and_keeps_the_best(graph: ServedLinkGraph, kind: str, tmp_path: Path) -> None:
     args = link_args(kind, "--checkpoint-dir", str(tmp_path / "ckpt"))
-    metrics = run_link(args, ONE, pyg_link_job(graph, args, ONE))
+    metrics = run_link(args, ONE, graph.job(args, ONE))
     epochs = metrics["epochs"]
     assert epochs[-1]["loss"] < epochs[0]["loss"] - 0.05
     assert metrics["val_metric"] == metrics["test_metric"] == "mrr"
@@ -247,26 +263,30 @@ def test_a_link_run_learns_and_keeps_the_best_validation_model(kind: str, tmp_pa
     model = build_link_model(args.model, graph.facts(), _edge_type(kind), decoder=args.decoder,
                              hidden_channels=args.hidden, num_layers=args.layers, dropout=args.dropout)
     model.load_state_dict(saved["model"])
-    job = pyg_link_job(graph, args, ONE)
+    job = graph.job(args, ONE)
     assert evaluate_split(model, job.test, job.edge_type, ONE) == pytest.approx(metrics["test"])
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_hits_at_k_selects_on_collab_style_splits_and_resume_continues(kind: str, tmp_path: Path) -> None:
-    graph = link_graph(kind, with_hits=True)
+    with served_link_graph(link_graph(kind, with_hits=True), tmp_path / "parts") as graph:
+        _hits_and_resume(graph, kind, tmp_path)
+
+
+def _hits_and_resume(graph: ServedLinkGraph, kind: str, tmp_path: Path) -> None:
     args = link_args(kind, "--epochs", "2", "--hits-k", "20", "--decoder", "mlp",
                      "--checkpoint-dir", str(tmp_path / "ckpt"))
-    first = run_link(args, ONE, pyg_link_job(graph, args, ONE))
+    first = run_link(args, ONE, graph.job(args, ONE))
     assert first["val_metric"] == "hits@20" and 0.0 <= first["test_score"] <= 1.0
     assert first["test"]["count"] == graph.link_splits["test"].num_edges
     more = link_args(kind, "--epochs", "3", "--hits-k", "20", "--decoder", "mlp", "--resume",
                      "--checkpoint-dir", str(tmp_path / "ckpt"))
-    resumed = run_link(more, ONE, pyg_link_job(graph, more, ONE))
+    resumed = run_link(more, ONE, graph.job(more, ONE))
     assert resumed["start_epoch"] == 2 and [e["epoch"] for e in resumed["epochs"]] == [0, 1, 2]
     other = link_args(kind, "--epochs", "3", "--decoder", "dot", "--resume",
                       "--checkpoint-dir", str(tmp_path / "ckpt"))
     with pytest.raises(ValueError, match=r"--resume: checkpoint .* was written for"):
-        run_link(other, ONE, pyg_link_job(graph, other, ONE))
+        run_link(other, ONE, graph.job(other, ONE))
 
 
 def test_the_link_flags_are_checked_at_start(capsys: pytest.CaptureFixture[str]) -> None:
@@ -287,10 +307,12 @@ def test_two_ddp_ranks_count_every_seed_edge_and_positive_once(kind: str, tmp_pa
     """torchrun with 2 gloo ranks: the metrics gathered from uneven shares equal one
     process's, every training seed edge and every evaluated positive is counted once,
     and the replicas stay identical."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(REPO / "tests" / "link_ddp_worker.py"), kind, str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    with served_link_graph(link_graph(kind), tmp_path / "parts") as graph:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               str(REPO / "tests" / "link_ddp_worker.py"), kind, str(tmp_path),
+               ",".join(graph.cluster.addresses)]
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     gathered = json.loads((tmp_path / "metrics-gathered.json").read_text())
     pos, neg, shared = fixed_scores()
@@ -326,6 +348,7 @@ def test_welchs_test_without_scipy_gives_scipys_figures(link_accuracy: ModuleTyp
     assert link_accuracy.welch([0.5, 0.5], [0.5, 0.5])["p"] == 1.0
 
 
+@needs_pyg_sampling
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_accuracy_harness_trains_both_sides_alike(kind: str, link_accuracy: ModuleType) -> None:
     """With PyG standing in for the service both sides draw alike: equal figures, p = 1;
