@@ -205,7 +205,7 @@ def steps_for(args: argparse.Namespace) -> list[tuple[Step, float]]:
     bench = ["--data", str(args.data / "bench"), "--preset", args.preset]
     return [
         (Step("gpu tests", [py, "-m", "pytest", "-q", "-m", "gpu", *GPU_TEST_FILES,
-                            "-p", "no:cacheprovider"]), 0.27),
+                            "-p", "no:cacheprovider"]), 0.25),
         (Step("sampler", [py, "benchmarks/sampler.py", *bench, "--devices", "cuda",
                           "--topologies", "device", "uva", "--gpu-cache-sizes", "1", "0.2", "0",
                           "--no-baselines",
@@ -213,10 +213,10 @@ def steps_for(args: argparse.Namespace) -> list[tuple[Step, float]]:
         (Step("stream", [py, "benchmarks/stream.py", *bench, "--gib", "1", "--passes", "3",
                          "--sizes-kib", "4096", "--server-device", "cuda", "--trainer-device", "cuda",
                          "--cache-size", "0", "auto",
-                         "--results-name", "gpu-check-stream"]), 0.2),
+                         "--results-name", "gpu-check-stream"]), 0.19),
         (Step("link", [py, "benchmarks/link.py", "--data", str(args.data / "bench"), "--preset",
                        args.link_preset, "--devices", "cuda", "--no-baselines", "--passes", "1",
-                       "--results-name", "gpu-check-link"]), 0.12),
+                       "--batches", "10", "--results-name", "gpu-check-link"]), 0.15),
         (Step("model step", [py, "benchmarks/experiments/model_step.py", *bench, "--device", "cuda",
                              "--results-name", "gpu-check-model-step"]), 0.05),
         (Step("demo (1 GPU, NCCL)", [py, "deploy/demo.py", "--data", str(args.data / "demo"),
