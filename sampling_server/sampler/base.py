@@ -51,6 +51,7 @@ from sampling_server.sampler.rows import (
 from sampling_server.sampler.types import HopSample, Minibatch, SamplerOutput
 
 T = TypeVar("T")
+A = TypeVar("A")
 #: Per owner partition ID: the tensors asked of (or answered by) that partition.
 ByPartition = Mapping[int, torch.Tensor]
 NodeRows = tuple[torch.Tensor | None, torch.Tensor | None]
@@ -301,9 +302,16 @@ class NeighborSampler(abc.ABC):
         this partition's: their CPU IDs per partition) and return at once, so that this
         partition does its share meanwhile: each such partition's positions in ``ids``,
         this partition's (None: none), and the pending answer."""
+        return self._ask_owners_at(node_type, ids, lambda pos: take(ids, pos).cpu(), ask)
+
+    def _ask_owners_at(self, node_type: str, ids: torch.Tensor, select: Callable[[torch.Tensor], A],
+                       ask: Callable[[Mapping[int, A]], T]
+                       ) -> tuple[dict[int, torch.Tensor], torch.Tensor | None, Future[T]]:
+        """:meth:`_ask_owners`, asking each other owner ``select(its positions in ids)``
+        (made here, before the call starts: a pair's two ends, say)."""
         groups = owner_groups(self.owner_of(node_type, ids), self.num_partitions)
         local_pos = groups.pop(self.partition_id, None)
-        asked = {p: take(ids, pos).cpu() for p, pos in groups.items()}
+        asked = {p: select(pos) for p, pos in groups.items()}
         return groups, local_pos, begin(lambda: ask(asked), self.overlap_peers)
 
     @staticmethod
@@ -424,10 +432,9 @@ class NeighborSampler(abc.ABC):
             return self.has_edges_local(edge_type, src, dst)
         if remote is None:
             raise RuntimeError("has_edges: destinations of other partitions but no remote was given")
-        groups = owner_groups(self.owner_of(edge_type[2], dst_t), self.num_partitions)
-        local_pos = groups.pop(self.partition_id, None)
-        asked = {p: (src[pos.numpy()], dst[pos.numpy()]) for p, pos in groups.items()}
-        pending = begin(lambda: remote.has_edges(edge_type, asked), self.overlap_peers)
+        groups, local_pos, pending = self._ask_owners_at(
+            edge_type[2], dst_t, lambda pos: (src[pos.numpy()], dst[pos.numpy()]),
+            lambda asked: remote.has_edges(edge_type, asked))
         out = np.zeros(dst_t.numel(), dtype=np.bool_)
         if local_pos is not None:
             here = local_pos.numpy()
@@ -477,7 +484,6 @@ class NeighborSampler(abc.ABC):
         hops = num_hops(fanouts)
         frontier = self.seed_tensors(seeds, seed_type, remote)
         empty = torch.empty(0, dtype=torch.int64, device=self.device)
-
         nodes = {t: [f] for t, f in frontier.items()}
         rows: dict[EdgeType, list[torch.Tensor]] = {et: [] for et in self.edge_types}
         cols: dict[EdgeType, list[torch.Tensor]] = {et: [] for et in self.edge_types}
