@@ -23,6 +23,7 @@ SHA-256; :func:`load_link_split` refuses a file that does not match, naming it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Container
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -146,13 +147,13 @@ def load_link_split(root: str | Path, manifest: Manifest, name: str, *,
 
 
 # -- random split -------------------------------------------------------------------------
-def reverse_edge_type(graph: TypedGraphData, edge_type: EdgeType) -> EdgeType | None:
+def reverse_edge_type(edge_types: Container[EdgeType], edge_type: EdgeType) -> EdgeType | None:
     """The relation holding ``edge_type``'s reverse edges (``rev_<rel>`` as
     :meth:`TypedGraphData.add_reverse` names it, or the forward one of a ``rev_``
-    relation), when the graph has it."""
+    relation), when ``edge_types`` (a graph's) has it."""
     s, r, d = edge_type
     rev = (d, r[len(REVERSE_PREFIX):], s) if r.startswith(REVERSE_PREFIX) else (d, REVERSE_PREFIX + r, s)
-    return rev if rev in graph.edge_index and rev != edge_type else None
+    return rev if rev in edge_types and rev != edge_type else None
 
 
 def _member(keys: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
@@ -191,7 +192,7 @@ def _without(graph: TypedGraphData, et: EdgeType, held: np.ndarray, undirected: 
 
     ei = np.asarray(graph.edge_index[et])
     drop(et, ~_member(_pair_keys(ei[0], ei[1], n_dst, undirected), held))
-    rev = reverse_edge_type(graph, et)
+    rev = reverse_edge_type(graph.edge_index, et)
     if rev is not None:  # its edge (a, b) is the reverse of (b, a) of et
         rei = np.asarray(graph.edge_index[rev])
         drop(rev, ~_member(_pair_keys(rei[1], rei[0], n_dst, undirected), held))

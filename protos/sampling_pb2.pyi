@@ -864,8 +864,9 @@ class LinkSeeds(_message.Message):
     """
     reverse_edge_type: _builtins.str
     """Typed graph with exclude REVERSE: the reverse of edge_type ("dst__rev_rel__src");
-    empty: the graph's "rev_" edge type of edge_type when it has one, else edge_type
-    itself when its source and destination types agree.
+    empty: the graph's "rev_" edge type of edge_type (of a "rev_" edge type: its forward
+    type) when it has one, else edge_type itself when its source and destination types
+    agree.
     """
     @_builtins.property
     def given(self) -> Global___EdgeList:

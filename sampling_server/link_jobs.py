@@ -11,8 +11,10 @@ from dataclasses import dataclass
 
 import grpc
 import numpy as np
+import torch
 
-from partitioner.graph import REVERSE_PREFIX, EdgeType, edge_type_name
+from partitioner.graph import EdgeType, edge_type_name
+from partitioner.links import reverse_edge_type
 from protos import codec
 from protos import sampling_pb2 as pb
 from sampling_server.errors import RequestError, printable
@@ -42,10 +44,10 @@ class LinkJob:
     label: np.ndarray | None
     #: int64 ``[E, K]`` stored negative destinations (GIVEN), else None.
     given: np.ndarray | None
-    #: Edge types whose sampled edges between a seed edge's ends are dropped: the seed
-    #: edge type (EXCLUDE_SELF) and its reverse with the ends swapped (EXCLUDE_REVERSE).
-    exclude: tuple[EdgeType, ...] = ()
-    reverse: EdgeType | None = None
+    #: The sampled edges dropped, as ``(edge type, swapped)``: a seed edge's copies of
+    #: the seed edge type (EXCLUDE_SELF), and with EXCLUDE_REVERSE also its reverses, of
+    #: the reverse type with the ends swapped (the seed type itself on a one-type graph).
+    exclude: tuple[tuple[EdgeType, bool], ...] = ()
     #: Add 1 to the labels (BINARY negatives with labels that use 0: 0 marks negatives).
     shift_labels: bool = False
 
@@ -61,6 +63,18 @@ class LinkJob:
         if o.mode == GIVEN and self.given is not None:
             per_edge = int(self.given.shape[1])
         return batch_size * (2 + per_edge)
+
+    def excluded_pairs(self, src: torch.Tensor, dst: torch.Tensor
+                       ) -> dict[EdgeType, tuple[torch.Tensor, torch.Tensor]]:
+        """Per edge type, the ``(source, destination)`` pairs of the sampled edges
+        :func:`~sampling_server.sampler.links.exclude_edges` drops for a batch whose
+        positive seed edges are ``src -> dst``."""
+        pairs: dict[EdgeType, tuple[torch.Tensor, torch.Tensor]] = {}
+        for et, swapped in self.exclude:
+            a, b = (dst, src) if swapped else (src, dst)
+            found = pairs.get(et)
+            pairs[et] = (a, b) if found is None else (torch.cat([found[0], a]), torch.cat([found[1], b]))
+        return pairs
 
     def labels_of(self, positions: np.ndarray) -> np.ndarray | None:
         if self.label is None:
@@ -99,9 +113,8 @@ def link_job(links: pb.LinkSeeds, store: PartitionStore) -> LinkJob:
     shift = mode == BINARY and label is not None and label.size > 0 and _min(label) == 0
     options = LinkOptions(et, mode, amount, bool(negatives.strict), m.node_types[et[0]].num_nodes,
                           m.node_types[et[2]].num_nodes)
-    exclude, reverse = _exclusion(links, store, et)
-    return LinkJob(options, src, dst, label, given_negatives if mode == GIVEN else None, exclude, reverse,
-                   shift)
+    return LinkJob(options, src, dst, label, given_negatives if mode == GIVEN else None,
+                   _exclusion(links, store, et), shift)
 
 
 def _min(label: np.ndarray) -> float:
@@ -160,16 +173,15 @@ def _edges(links: pb.LinkSeeds, store: PartitionStore, et: EdgeType
 
 
 def _exclusion(links: pb.LinkSeeds, store: PartitionStore, et: EdgeType
-               ) -> tuple[tuple[EdgeType, ...], EdgeType | None]:
-    """The edge types whose sampled copies of the seed edges are dropped, and the reverse
-    edge type (its copies are the seed edges with their ends swapped)."""
+               ) -> tuple[tuple[EdgeType, bool], ...]:
+    """:attr:`LinkJob.exclude` of the request."""
     mode = int(links.exclude)
     if mode != pb.LinkSeeds.EXCLUDE_REVERSE and links.reverse_edge_type:
         raise RequestError(f"{_FIELD}.reverse_edge_type: expected none without exclude EXCLUDE_REVERSE")
     if mode == pb.LinkSeeds.EXCLUDE_NONE:
-        return (), None
+        return ()
     if mode == pb.LinkSeeds.EXCLUDE_SELF:
-        return (et,), None
+        return ((et, False),)
     if mode != pb.LinkSeeds.EXCLUDE_REVERSE:
         raise RequestError(f"{_FIELD}.exclude: expected EXCLUDE_NONE, EXCLUDE_SELF or EXCLUDE_REVERSE, "
                            f"got {mode}")
@@ -179,11 +191,11 @@ def _exclusion(links: pb.LinkSeeds, store: PartitionStore, et: EdgeType
         if (reverse[0], reverse[2]) != (et[2], et[0]):
             raise RequestError(f"{field}: expected an edge type from {et[2]!r} to {et[0]!r} (the reverse "
                                f"of {edge_type_name(et)!r}), got {edge_type_name(reverse)!r}")
-        return (et, reverse), reverse
-    named = (et[2], REVERSE_PREFIX + et[1], et[0])
-    if named in store.manifest.edge_types:
-        return (et, named), named
+        return (et, False), (reverse, True)
+    named = reverse_edge_type(store.manifest.edge_types, et)
+    if named is not None:
+        return (et, False), (named, True)
     if et[0] == et[2]:
-        return (et,), et  # the reverse edges are of the seed type itself (an undirected graph)
+        return (et, False), (et, True)  # the reverse edges are of the seed type itself (an undirected graph)
     raise RequestError(f"{field}: expected the reverse edge type of {edge_type_name(et)!r} (the graph has "
-                       f"no {edge_type_name(named)!r}), got none")
+                       f"none: no {edge_type_name((et[2], 'rev_' + et[1], et[0]))!r}), got none")

@@ -122,16 +122,8 @@ def _link_sample(ctx: Producer, job: EpochJob, links: LinkJob, sampler: Neighbor
                       lambda t, orig: np.asarray(store.node_map(t)[orig], dtype=np.int64), remote)
     out = sampler.sample(made.seeds, job.seed_type, job.fanouts, key, remote, edges=job.edges)
     if links.exclude:
-        src_t, dst_t = torch.from_numpy(src), torch.from_numpy(dst)
-        pairs: dict[EdgeType, tuple[torch.Tensor, torch.Tensor]] = {}
-        for et in links.exclude:
-            if et == links.options.edge_type and et == links.reverse:  # one type, both directions
-                pairs[et] = (torch.cat([src_t, dst_t]), torch.cat([dst_t, src_t]))
-            elif et == links.options.edge_type:
-                pairs[et] = (src_t, dst_t)
-            else:
-                pairs[et] = (dst_t, src_t)
-        exclude_edges(out, pairs, {t: i.num_nodes for t, i in store.manifest.node_types.items()})
+        exclude_edges(out, links.excluded_pairs(torch.from_numpy(src), torch.from_numpy(dst)),
+                      {t: i.num_nodes for t, i in store.manifest.node_types.items()})
     et = links.options.edge_type
     return out, {name(kind, et): tensor for kind, tensor in made.tensors.items()}
 

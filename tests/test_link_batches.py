@@ -126,13 +126,21 @@ def test_triplet_batches_draw_amount_negative_destinations_per_edge(kind: str, t
             assert "edge_label_index" not in store and "edge_label" not in store
 
 
-@pytest.mark.parametrize("exclude", ["self", "reverse"])
-def test_excluded_seed_edges_never_reach_message_passing(kind: str, exclude: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("exclude", "seeds_of_rev"),
+                         [("self", False), ("reverse", False), ("reverse", True)])
+def test_excluded_seed_edges_never_reach_message_passing(kind: str, exclude: str, seeds_of_rev: bool,
+                                                         tmp_path: Path) -> None:
+    """Excluded seed edges, and their reverses, are never sampled; on the typed graph also
+    with seed edges of a ``rev_`` type, whose reverses are its forward type's."""
+    if seeds_of_rev and kind == "plain":
+        pytest.skip("a plain graph has no rev_ edge type")
     graph, root = partitioned(kind, tmp_path)
     et = ("paper", "has_topic", "topic") if kind == "typed" else seed_type_of(kind, graph)
+    reverse = ("topic", "rev_has_topic", "paper") if kind == "typed" else et
+    if seeds_of_rev:
+        et, reverse = reverse, et
     ei = typed_view(graph).edge_index[et]
     index = torch.from_numpy(ei[:, :30])
-    reverse = ("topic", "rev_has_topic", "paper") if kind == "typed" else et
     with served(root, 2) as addresses:
         found = {False: 0, True: 0}
         for excluded in (False, True):

@@ -108,7 +108,7 @@ def test_held_out_edges_and_their_reverses_leave_the_graph(kind: str, split: Any
         pair_set(typed.link_splits["test"].src, typed.link_splits["test"].dst)
     assert held and not held & kept
     reversed_held = {(v, u) for u, v in held}
-    rev = reverse_edge_type(typed, et)
+    rev = reverse_edge_type(typed.edge_index, et)
     if kind == "plain":
         assert rev is None and not reversed_held & kept
     else:
@@ -148,7 +148,7 @@ def test_kept_edges_keep_their_weights_and_features(kind: str, split: AnyGraph) 
     np.testing.assert_array_equal(after.edge_attr[et], before.edge_attr[et][keep])
     np.testing.assert_array_equal(after.edge_weight[et], before.edge_weight[et][keep])
     np.testing.assert_array_equal(after.edge_ids[et], np.flatnonzero(keep))  # their columns in the input
-    rev = reverse_edge_type(after, et)
+    rev = reverse_edge_type(after.edge_index, et)
     if rev is not None:
         kept_rev = np.array([(v, u) not in held for u, v in before.edge_index[rev].T.tolist()])
         np.testing.assert_array_equal(after.edge_ids[rev], np.flatnonzero(kept_rev))

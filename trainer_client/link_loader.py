@@ -145,7 +145,8 @@ class RemoteLinkNeighborLoader(RemoteNeighborLoader):
         or, with ``strict_negatives``, redrawn while they are edges of the graph.
         ``exclude``: ``"self"`` drops each batch's positive seed edges from its sampled
         edges, ``"reverse"`` their reverses too (``reverse_edge_type``, default the
-        ``rev_`` type, or the seed type itself on a one-type graph); PyG keeps them.
+        ``rev_`` type, a ``rev_`` type's forward type, or the seed type itself on a
+        one-type graph); PyG keeps them.
         Labels that use 0 are shifted by one with binary negatives, as PyG shifts them.
         The other arguments are :class:`~trainer_client.loader.RemoteNeighborLoader`'s
         (``batches`` is always ``"global"``)."""
