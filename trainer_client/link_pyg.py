@@ -19,7 +19,7 @@ together, then laid out as triplet mode lays them out (``src_index``, ``dst_pos_
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from torch_geometric.sampler import NegativeSampling
 
 from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, EdgeType
 from trainer_client.graph import TypedGraph
+from trainer_client.link_loader import NEGATIVE_MODES, parse_negatives
 
 
 @dataclass(frozen=True)
@@ -56,18 +57,15 @@ class StoredLinkSplit:
         return 0 if self.neg_dst is None else int(self.neg_dst.shape[1])
 
 
+#: ``NegativeSampling.Mode`` to the mode name PyG takes.
+MODE_NAMES: dict[int, str] = {int(mode): name for name, mode in NEGATIVE_MODES.items()}
+
+
 def _negatives(neg_sampling: Any) -> tuple[str | None, float]:
-    """``(mode, amount)`` of a ``neg_sampling`` argument as the service loader takes it."""
-    if neg_sampling is None:
-        return None, 0.0
-    if isinstance(neg_sampling, str):
-        return neg_sampling, 1.0
-    if isinstance(neg_sampling, NegativeSampling):
-        return str(neg_sampling.mode.value), float(neg_sampling.amount)
-    if isinstance(neg_sampling, Mapping):
-        return str(neg_sampling["mode"]), float(neg_sampling.get("amount", 1.0))
-    raise ValueError(f"neg_sampling: expected None, a mode, a NegativeSampling or dict(mode=, amount=), "
-                     f"got {neg_sampling!r}")
+    """``(mode, amount)`` of a ``neg_sampling`` argument, read as the service loader reads
+    it (:func:`~trainer_client.link_loader.parse_negatives`)."""
+    negatives = parse_negatives(neg_sampling, None, False)
+    return MODE_NAMES.get(negatives.mode), negatives.amount
 
 
 @dataclass
