@@ -110,15 +110,11 @@ def link_job(links: pb.LinkSeeds, store: PartitionStore) -> LinkJob:
                            "(LinkSplitInfo.num_negatives > 0)", _PRECONDITION)
     if mode != NO_NEGATIVES and negatives.strict and mode == GIVEN:
         raise RequestError(f"{_FIELD}.negatives.strict: expected false with GIVEN negatives (stored ones)")
-    shift = mode == BINARY and label is not None and label.size > 0 and _min(label) == 0
+    shift = mode == BINARY and label is not None and label.size > 0 and float(np.min(label)) == 0
     options = LinkOptions(et, mode, amount, bool(negatives.strict), m.node_types[et[0]].num_nodes,
                           m.node_types[et[2]].num_nodes)
     return LinkJob(options, src, dst, label, given_negatives if mode == GIVEN else None,
                    _exclusion(links, store, et), shift)
-
-
-def _min(label: np.ndarray) -> float:
-    return float(np.min(label))
 
 
 def _edges(links: pb.LinkSeeds, store: PartitionStore, et: EdgeType
