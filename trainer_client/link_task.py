@@ -39,7 +39,6 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from torch_geometric.data import HeteroData
-from tqdm import tqdm
 
 from partitioner.graph import EdgeType, edge_type_name
 from trainer_client.cluster import Cluster
@@ -48,7 +47,7 @@ from trainer_client.graph import TypedGraph
 from trainer_client.link_loader import RemoteLinkNeighborLoader
 from trainer_client.link_metrics import hits_at_k, ogb_ranks, ranking_means, ranking_sums
 from trainer_client.link_models import LINK_MODELS, LinkPredictor, build_link_model, link_inputs, link_targets
-from trainer_client.loop import evaluation_fanouts, loader_options, model_edge_dim
+from trainer_client.loop import Batches, TimedBatches, evaluation_fanouts, loader_options, model_edge_dim
 from trainer_client.typed_models import FIND_UNUSED_PARAMETERS, TYPED_MODELS
 
 log = logging.getLogger("trainer_client.train")
@@ -59,15 +58,8 @@ EXCLUDE_CHOICES = ("none", "self", "reverse")
 PROTOCOLS = ("given", "hits", "sampled")
 
 
-class LinkSource(Protocol):
-    """What the loop needs of a link loader: ``len()`` batches per epoch (equal on every
-    rank), ``set_epoch`` and the batches."""
-
-    def set_epoch(self, epoch: int) -> None: ...
-
-    def __len__(self) -> int: ...
-
-    def __iter__(self) -> Iterator[Any]: ...
+#: What the loop needs of a link loader (the node loop's :class:`~trainer_client.loop.Batches`).
+LinkSource = Batches
 
 
 class SplitFacts(Protocol):
@@ -236,16 +228,10 @@ def train_pass(ddp: torch.nn.Module, source: LinkSource, edge_type: EdgeType, en
     a positive), over all ranks; the positive seed edges over all ranks; this rank's
     seconds in all and waiting for its batches."""
     ddp.train()
-    loss_sum = correct = pairs = seeds = waited = 0.0
+    loss_sum = correct = pairs = seeds = 0.0
     started = time.perf_counter()
-    bar = tqdm(source, total=len(source), disable=not progress, desc=f"epoch {epoch}", leave=False)
-    batches = iter(bar)
-    while True:
-        asked = time.perf_counter()
-        batch = next(batches, None)
-        waited += time.perf_counter() - asked
-        if batch is None:
-            break
+    timed = TimedBatches(source, progress, epoch)
+    for batch in timed:
         t = link_targets(batch, edge_type)
         if t.label is None:
             raise ValueError("training batches: expected binary link batches (edge_label_index, edge_label), "
@@ -260,11 +246,10 @@ def train_pass(ddp: torch.nn.Module, source: LinkSource, edge_type: EdgeType, en
         correct += int(((scores.detach() > 0).float() == label).sum())
         pairs += label.numel()
         seeds += _seed_count(batch, edge_type)
-        if progress:
-            bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
+        timed.show_loss(loss)
     loss_sum, correct, pairs, seeds = all_reduce_sums([loss_sum, correct, pairs, seeds], env)
     return loss_sum / max(pairs, 1.0), correct / max(pairs, 1.0), int(seeds), \
-        time.perf_counter() - started, waited
+        time.perf_counter() - started, timed.waited
 
 
 @torch.no_grad()

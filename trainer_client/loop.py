@@ -54,9 +54,9 @@ from trainer_client.typed_models import FIND_UNUSED_PARAMETERS, TYPED_MODELS, bu
 log = logging.getLogger("trainer_client.train")
 
 
-class BatchSource(Protocol):
-    """What the loop needs of a loader: ``len()`` batches per epoch (equal on every
-    rank), ``set_epoch``, the batches, and the seeds' original IDs."""
+class Batches(Protocol):
+    """What a training loop needs of any loader (node or link batches): ``len()``
+    batches per epoch (equal on every rank), ``set_epoch`` and the batches."""
 
     def set_epoch(self, epoch: int) -> None: ...
 
@@ -64,8 +64,37 @@ class BatchSource(Protocol):
 
     def __iter__(self) -> Iterator[Any]: ...
 
+
+class BatchSource(Batches, Protocol):
+    """What the node loop needs of a loader: :class:`Batches`, and the seeds' original IDs."""
+
     @property
     def input_nodes(self) -> torch.Tensor: ...
+
+
+class TimedBatches:
+    """The batches of one pass behind a progress bar (shown when ``progress``), counting
+    in :attr:`waited` the seconds this rank waited for them."""
+
+    def __init__(self, source: Batches, progress: bool, epoch: int) -> None:
+        self.bar = tqdm(source, total=len(source), disable=not progress, desc=f"epoch {epoch}", leave=False)
+        self.progress = progress
+        self.waited = 0.0
+
+    def __iter__(self) -> Iterator[Any]:
+        batches = iter(self.bar)
+        while True:
+            asked = time.perf_counter()
+            batch = next(batches, None)
+            self.waited += time.perf_counter() - asked
+            if batch is None:
+                return
+            yield batch
+
+    def show_loss(self, loss: torch.Tensor) -> None:
+        """Show a batch's loss beside the bar."""
+        if self.progress:
+            self.bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
 
 
 @dataclass
@@ -208,17 +237,11 @@ def one_pass(model: torch.nn.Module, source: BatchSource, env: DistEnv,
     model.train(training)
     if not training:
         source.set_epoch(0)
-    loss_sum = correct = count = waited = 0.0
+    loss_sum = correct = count = 0.0
     started = time.perf_counter()
-    bar = tqdm(source, total=len(source), disable=not progress, desc=f"epoch {epoch}", leave=False)
-    batches = iter(bar)
+    timed = TimedBatches(source, progress, epoch)
     with torch.set_grad_enabled(training):
-        while True:
-            asked = time.perf_counter()
-            batch = next(batches, None)
-            waited += time.perf_counter() - asked
-            if batch is None:
-                break
+        for batch in timed:
             out, y = labeled(model(*model_inputs(batch)), seed_labels(batch))
             # Unlabeled seeds are masked out; an empty loss still takes part in DDP's sync.
             loss = F.cross_entropy(out, y, reduction="sum") / max(int(y.numel()), 1)
@@ -229,11 +252,10 @@ def one_pass(model: torch.nn.Module, source: BatchSource, env: DistEnv,
             loss_sum += float(loss.detach()) * y.numel()
             correct += int((out.argmax(dim=-1) == y).sum())
             count += y.numel()
-            if progress:
-                bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
+            timed.show_loss(loss)
     loss_sum, correct, count = all_reduce_sums([loss_sum, correct, count], env)
     return loss_sum / max(count, 1.0), correct / max(count, 1.0), int(count), \
-        time.perf_counter() - started, waited
+        time.perf_counter() - started, timed.waited
 
 
 def evaluate(model: torch.nn.Module, job: Job, env: DistEnv, *, test: bool) -> tuple[float, float]:
