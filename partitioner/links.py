@@ -235,10 +235,10 @@ def random_link_split(graph: GraphData | TypedGraphData, *, edge_type: EdgeType 
     if typed.num_nodes[s] * n_dst >= 2**62:
         raise GraphDataError(f"edge_type {et!r}: too many node pairs to key ({typed.num_nodes[s]} x {n_dst})")
     ei = np.asarray(typed.edge_index[et])
-    keys = ei[0] * np.int64(n_dst) + ei[1]
     if undirected is None:
-        reverse = sorted_unique(ei[1] * np.int64(n_dst) + ei[0])
-        undirected = s == d and bool(np.array_equal(sorted_unique(keys), reverse))
+        reverse = sorted_unique(_pair_keys(ei[1], ei[0], n_dst, False))
+        undirected = s == d and bool(np.array_equal(sorted_unique(_pair_keys(ei[0], ei[1], n_dst, False)),
+                                                    reverse))
     elif undirected and s != d:
         raise GraphDataError(f"undirected: only for a relation within one node type, got {et!r}")
     canon = _pair_keys(ei[0], ei[1], n_dst, undirected)
@@ -296,9 +296,7 @@ def _negative_block(rng: np.random.Generator, src: np.ndarray, true_keys: np.nda
                     undirected: bool) -> np.ndarray:
     """:func:`negative_destinations` of one block of rows."""
     def is_edge(cand: np.ndarray, u: np.ndarray) -> np.ndarray:
-        if undirected:
-            return _member(np.minimum(u, cand) * n_dst + np.maximum(u, cand), true_keys)
-        return _member(u * np.int64(n_dst) + cand, true_keys)
+        return _member(_pair_keys(u, cand, n_dst, undirected), true_keys)
 
     neg = rng.integers(0, n_dst, (src.size, k), dtype=np.int64)
     bad_r, bad_c = np.nonzero(is_edge(neg, src[:, None]))
