@@ -44,7 +44,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -201,12 +201,14 @@ def _name_key(name: str) -> str:
 
 
 @functools.cache
-def _master_table() -> Any:
-    """ogb's metadata table, read exactly as ogb reads it, without importing ogb."""
+def _master_table(task: str = "nodeproppred", reader: str = "read_ogb") -> Any:
+    """ogb's metadata table of ``task`` (``nodeproppred``, ``linkproppred``), read exactly
+    as ogb reads it, without importing ogb; ``reader`` names who needs it when ogb is
+    missing."""
     spec = importlib.util.find_spec("ogb")
     if spec is None or spec.origin is None:
-        raise ImportError("read_ogb needs the 'ogb' package (pip install 'ogb>=1.3.6')")
-    path = Path(spec.origin).parent / "nodeproppred" / "master.csv"
+        raise ImportError(f"{reader} needs the 'ogb' package (pip install 'ogb>=1.3.6')")
+    path = Path(spec.origin).parent / task / "master.csv"
     return pd.read_csv(path, index_col=0, keep_default_na=False)
 
 
@@ -242,7 +244,21 @@ def _ogb_output_to_log() -> Iterator[None]:
                 log.debug("ogb: %s", line.strip())
 
 
-def _locate_dataset_dir(meta: OgbMeta, root: Path) -> Path:
+class _DatasetNames(Protocol):
+    """Where a dataset's metadata says its local copy lies (:class:`OgbMeta`, and the
+    link datasets' ``OgbLinkMeta``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def dir_name(self) -> str: ...
+
+    @property
+    def download_name(self) -> str: ...
+
+
+def _locate_dataset_dir(meta: _DatasetNames, root: Path) -> Path:
     """``<root>/<dir_name>`` (ogb's layout) or, failing that, the zip's own folder name."""
     primary = root / meta.dir_name
     unzipped = root / meta.download_name

@@ -31,8 +31,6 @@ Link splits: ``train`` (OGB's train edges, one direction), ``val`` and ``test`` 
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import logging
 import time
 from dataclasses import dataclass
@@ -40,13 +38,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import torch
 
 from partitioner.graph import PLAIN_EDGE_TYPE, GraphData, GraphDataError, LinkSplit, make_undirected
 from partitioner.readers.ogb import (
     DatasetNotFoundError,
     _features_to_float32,
+    _locate_dataset_dir,
+    _master_table,
     _ogb_output_to_log,
     _raw_readers,
 )
@@ -83,15 +82,6 @@ def is_ogb_link(name: str) -> bool:
     return name.strip().lower().replace("_", "-").startswith("ogbl-")
 
 
-@functools.cache
-def _master_table() -> Any:
-    spec = importlib.util.find_spec("ogb")
-    if spec is None or spec.origin is None:
-        raise ImportError("read_ogb_link needs the 'ogb' package (pip install 'ogb>=1.3.6')")
-    return pd.read_csv(Path(spec.origin).parent / "linkproppred" / "master.csv", index_col=0,
-                       keep_default_na=False)
-
-
 def ogb_link_metadata(name: str) -> OgbLinkMeta:
     """Look ``name`` up in ogb's link ``master.csv``; names graphfeed does not read are refused."""
     key = name.strip().lower().replace("_", "-")
@@ -99,7 +89,7 @@ def ogb_link_metadata(name: str) -> OgbLinkMeta:
     if canonical is None:
         raise GraphDataError(f"name: expected one of the OGB link datasets {', '.join(LINK_SUPPORTED)}, "
                              f"got {name!r}")
-    row = _master_table()[canonical]
+    row = _master_table("linkproppred", "read_ogb_link")[canonical]
     return OgbLinkMeta(name=canonical, dir_name=canonical.replace("-", "_"),
                        download_name=str(row["download_name"]), url=str(row["url"]),
                        split=str(row["split"]), add_inverse_edge=row["add_inverse_edge"] == "True")
@@ -112,11 +102,6 @@ def _required_files(meta: OgbLinkMeta) -> list[str]:
     return raw + [f"split/{meta.split}/{stem}.pt" for stem in _OGB_SPLITS]
 
 
-def _dataset_dir(meta: OgbLinkMeta, root: Path) -> Path:
-    primary, unzipped = root / meta.dir_name, root / meta.download_name
-    return unzipped if not primary.is_dir() and (unzipped / "raw").is_dir() else primary
-
-
 def read_ogb_link(name: str, root: str | Path, *, to_undirected: bool = False) -> GraphData:
     """Read the local copy of OGB link dataset ``name`` under ``root`` (``<root>/ogbl_collab``
     in ogb's layout, or the folder its zip unpacks to) as a plain graph with link splits
@@ -124,7 +109,7 @@ def read_ogb_link(name: str, root: str | Path, *, to_undirected: bool = False) -
     (citation2; collab is undirected already). Raises :class:`DatasetNotFoundError` naming
     the missing files and the URL when the copy is incomplete."""
     meta = ogb_link_metadata(name)
-    ds_dir = _dataset_dir(meta, Path(root))
+    ds_dir = _locate_dataset_dir(meta, Path(root))
     missing = [ds_dir / rel for rel in _required_files(meta) if not (ds_dir / rel).is_file()]
     if missing:
         listing = "\n  ".join(str(p) for p in missing)
