@@ -176,20 +176,15 @@ class RemoteLinkNeighborLoader(RemoteNeighborLoader):
 
     # ---- seed edges ------------------------------------------------------------------
 
-    def _open(self, given: inputs.GivenInput, nodes: np.ndarray | None, size: tuple[str, float],
-              progress: bool | None) -> None:
+    def _open_seeds(self, given: inputs.GivenInput, nodes: np.ndarray | None) -> None:
+        """The seed edges' type (its source type stands for the seeds' in the batches'
+        layout) and the request's seed edges."""
         self.edge_type = self._resolve_edge_type()
         self._seeds_of = self.edge_type[0]
         self._layout = TypedSpec.of(self.graph, self._seeds_of)
         if isinstance(self.num_neighbors, dict):
             inputs.edge_fanouts(self.num_neighbors, self.graph)  # checks the keys
         self._links = self._link_seeds()
-        self.caches = self._open_caches(size, progress)
-        self.node_tables = self._open_node_tables()
-        if self.weighted and not self.cluster.info.has_edge_weights:
-            raise ValueError("weighted: expected a graph with edge weights, but the servers have none")
-        inputs.check_edge_options(self.graph, bool(self.edge_attr_name), self.edge_ids)
-        self.set_epoch(0)
 
     def _resolve_edge_type(self) -> EdgeType:
         graph = self.graph

@@ -174,9 +174,7 @@ class RemoteNeighborLoader:
     def _open(self, given: inputs.GivenInput, nodes: np.ndarray | None, size: tuple[str, float],
               progress: bool | None) -> None:
         """What needs the cluster: the seeds, the caches and node tables, epoch 0's plan."""
-        self._seeds_of = self._seed_type(given.node_type)
-        self._layout = TypedSpec.of(self.graph, self._seeds_of)
-        self._resolve_seeds(nodes, all_of_type=given.node_type is not None and nodes is None)
+        self._open_seeds(given, nodes)
         #: The feature cache of each cached node type (empty: every batch carries all of x).
         self.caches: dict[str, FeatureCache] = self._open_caches(size, progress)
         #: Every node's original ID and label per node type, when batches leave them out
@@ -191,6 +189,12 @@ class RemoteNeighborLoader:
             log.warning("drop_last: the epoch has no batches: %d seeds are fewer than batch_size=%d "
                         "x world_size=%d; use a smaller batch_size or drop_last=False",
                         self.num_seeds, self.batch_size, self.world_size)
+
+    def _open_seeds(self, given: inputs.GivenInput, nodes: np.ndarray | None) -> None:
+        """The seeds' node type and the batches' layout, and the epoch's seeds."""
+        self._seeds_of = self._seed_type(given.node_type)
+        self._layout = TypedSpec.of(self.graph, self._seeds_of)
+        self._resolve_seeds(nodes, all_of_type=given.node_type is not None and nodes is None)
 
     # ---- the graph's facts, as each kind of graph names them ---------------------------
 
