@@ -13,7 +13,10 @@ time as the others, not as many tasks; a client that starts (or comes back) begi
 the least virtual time of those waiting, so it is served next, and idle time earns no
 credit. Within one client the next task of each of its streams is taken in turn, so a
 client's new stream does not wait behind its own older streams' prefetched batches;
-within one stream, tasks run in the order submitted.
+within one stream, tasks run in the order submitted. Clients come in groups (a server's:
+the principal, one host or certificate, whose clients are its trainer ranks): a group's
+clients with work queued share one client's part, so a host gets no more thread time by
+sending more client IDs, as it gets no more stream slots by them.
 
 Its threads are daemon threads, so a pool nobody shut down never keeps a process from
 exiting; but like ``ThreadPoolExecutor``'s, every live pool is shut down and its threads
@@ -74,9 +77,10 @@ class FairPool:
         if workers < 1:
             raise ValueError(f"workers: expected an integer >= 1, got {workers}")
         self._queues: OrderedDict[Hashable, _Streams] = OrderedDict()
-        #: Per client: virtual time (thread seconds charged) and estimated task cost.
+        #: Per client: virtual time (thread seconds charged), estimated task cost, group.
         self._vtime: dict[Hashable, float] = {}
         self._cost: dict[Hashable, float] = {}
+        self._group: dict[Hashable, Hashable] = {}
         #: The pool's virtual time: the virtual time of the last client served.
         self._now = 0.0
         self._cond = threading.Condition()
@@ -91,15 +95,18 @@ class FairPool:
     def workers(self) -> int:
         return len(self._threads)
 
-    def submit(self, client: Hashable, fn: Callable[..., T], *args: Any,
-               stream: Hashable = None) -> Future[T]:
-        """Queue ``fn(*args)`` as the next task of ``client``'s ``stream``."""
-        future: Future[T] = Future()
+    def submit(self, client: Hashable, fn: Callable[..., T], *args: Any, stream: Hashable = None,
+               group: Hashable = None, future: Future[T] | None = None) -> Future[T]:
+        """Queue ``fn(*args)`` as the next task of ``client``'s ``stream``; ``client``
+        belongs to ``group`` (None: a group of its own). ``future``: the future to
+        complete (one handed out before the task could be queued), else a new one."""
+        future = Future() if future is None else future
         with self._cond:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new tasks after shutdown")
             if client not in self._queues:  # starts waiting: no credit for the time it did not
                 self._vtime[client] = max(self._vtime.get(client, 0.0), self._now)
+            self._group[client] = client if group is None else group
             streams = self._queues.setdefault(client, OrderedDict())
             streams.setdefault(stream, deque()).append((future, fn, args))
             self._cond.notify()
@@ -115,11 +122,12 @@ class FairPool:
         with self._cond:
             return {client: self._vtime[client] - self._now for client in self._queues}
 
-    def _next(self) -> tuple[Hashable, float, _Task] | None:
-        """The next task (None once shut down), its client and what it was charged: of
-        the client with the least virtual time (ties: the one waiting longest), its next
-        stream's first task; that stream goes to the back of its client's line, and the
-        client to the back of the line of clients."""
+    def _next(self) -> tuple[Hashable, float, float, _Task] | None:
+        """The next task (None once shut down), its client, what it was charged and the
+        weight of the charge: of the client with the least virtual time (ties: the one
+        waiting longest), its next stream's first task; that stream goes to the back of
+        its client's line, and the client to the back of the line of clients. A client
+        is charged its cost times the clients of its group with work queued."""
         with self._cond:
             while not self._queues and not self._shutdown:
                 self._cond.wait()
@@ -129,7 +137,9 @@ class FairPool:
             client = min(self._queues, key=vtime.__getitem__)
             streams = self._queues[client]
             self._now = vtime[client]
-            charge = self._cost.get(client, MIN_CHARGE_S)
+            group = self._group[client]
+            weight = float(sum(self._group[c] == group for c in self._queues))
+            charge = self._cost.get(client, MIN_CHARGE_S) * weight
             vtime[client] += charge
             stream, queue = next(iter(streams.items()))
             task = queue.popleft()
@@ -141,29 +151,30 @@ class FairPool:
                 self._queues.move_to_end(client)
             else:
                 del self._queues[client]
-            return client, charge, task
+            return client, charge, weight, task
 
-    def _charge(self, client: Hashable, charged: float, seconds: float | None) -> None:
+    def _charge(self, client: Hashable, charged: float, weight: float, seconds: float | None) -> None:
         """Correct the charge of a task of ``client`` that took ``seconds`` (None: it was
-        cancelled before it ran, and costs nothing)."""
+        cancelled before it ran, and costs nothing), charged with ``weight``."""
         cost = 0.0 if seconds is None else max(seconds, MIN_CHARGE_S)
         with self._cond:
             if client in self._vtime:
-                self._vtime[client] += cost - charged
+                self._vtime[client] += cost * weight - charged
             if seconds is not None:
                 self._cost[client] = (1 - COST_EWMA) * self._cost.get(client, cost) + COST_EWMA * cost
             if len(self._vtime) > 2 * len(self._queues) + 64:  # forget what carries no debt
                 for c in [c for c, v in self._vtime.items() if c not in self._queues and v <= self._now]:
                     del self._vtime[c]
                     self._cost.pop(c, None)
+                    self._group.pop(c, None)
 
     def _work(self, initializer: Callable[..., object] | None, initargs: tuple[Any, ...]) -> None:
         if initializer is not None:
             initializer(*initargs)
         while (taken := self._next()) is not None:
-            client, charged, (future, fn, args) = taken
+            client, charged, weight, (future, fn, args) = taken
             if not future.set_running_or_notify_cancel():
-                self._charge(client, charged, None)
+                self._charge(client, charged, weight, None)
                 continue
             started = time.perf_counter()
             try:
@@ -171,7 +182,7 @@ class FairPool:
             except BaseException as exc:  # the future carries it to whoever waits
                 future.set_exception(exc)
             finally:
-                self._charge(client, charged, time.perf_counter() - started)
+                self._charge(client, charged, weight, time.perf_counter() - started)
 
     def shutdown(self, wait: bool = False, cancel_futures: bool = True, timeout: float | None = None) -> None:
         """Take no more tasks; cancel the queued ones (``cancel_futures``) or let the
