@@ -14,8 +14,9 @@ an hour for a release) a fault schedule repeats every 10 minutes (or once, for s
 runs), at these fractions of it: 0.20 kill -9 of a plain server and its restart; 0.27 a rolling
 SIGTERM restart of the typed servers; 0.36 a trainer killed and started again (it
 redoes the epoch it was in, as from a checkpoint); 0.42 an idle client that opens every
-stream slot it can get and reads none, newcomers timed to their first batch meanwhile,
-and a slow client; 0.52 a burst of fuzzed calls; 0.60 kill -9 of a typed server and its
+stream slot it can get and reads none, another that opens every server's --max-streams
+streams over one channel per server and never reads, newcomers timed to their first batch
+meanwhile, and a slow client; 0.52 a burst of fuzzed calls; 0.60 kill -9 of a typed server and its
 restart; 0.68 a rolling restart of the plain servers. The first fifth and the last fifth
 of each cycle are free of faults. Then the trainers finish their epoch and exit.
 
@@ -61,6 +62,7 @@ from test_limits import fuzz as fuzz_calls
 
 from protos import sampling_pb2 as pb
 from protos.channel import create_channel
+from protos.epoch_call import stream_minibatches
 from protos.ports import reserved_ports
 from protos.security import Security, make_token_file, read_token
 
@@ -73,6 +75,8 @@ SCHEDULE = (("kill_restart", 0.20, "plain", 1), ("rolling_restart", 0.27, "typed
             ("fuzz", 0.52, None, None), ("kill_restart", 0.60, "typed", 0),
             ("rolling_restart", 0.68, "plain", None))
 CYCLE_S = 600.0
+#: The servers' --max-streams (the default): what the client that never reads opens on each.
+MAX_STREAMS = 32
 SCRAPE_S = 5.0
 
 
@@ -313,9 +317,11 @@ class Faults:
         return {"trainer": victim.name}
 
     def idle_and_slow(self, cluster: str, p: int) -> dict[str, Any]:
-        """An idle client takes every slot it can get on one server and reads nothing;
-        newcomers are timed to their first batch meanwhile; a slow client reads one batch
-        every 1.5 s on the same cluster."""
+        """Two idle clients on one cluster: one takes every slot it can get on server
+        ``p`` and reads one message of each; the other opens ``--max-streams`` streams of
+        one-seed batches on every server of the cluster, over one channel per server, and
+        never reads any. Newcomers are timed to their first batch on server ``p``
+        meanwhile, and a slow client reads one batch every 1.5 s on the same cluster."""
         c = self.clusters[cluster]
         window = min(40.0, 0.07 * self.args.cycle_s)  # newcomers, once it holds its slots
         name = f"slow-{len(self.extra_trainers)}"  # one per cycle
@@ -324,14 +330,16 @@ class Faults:
         slow.start(self.token_file)
         self.extra_trainers.append(slow)
         evicted = "graphfeed_streams_evicted_total{reason=fair_share}"
-        evicted_before = scrape(c.metrics_ports[p]).get(evicted, 0.0)
-        with create_channel(c.addresses[p], security=self.security) as channel:
-            stream = channel.unary_stream("/graphfeed.v1.SamplingService/StreamMinibatches",
-                                          request_serializer=pb.EpochRequest.SerializeToString,
-                                          response_deserializer=lambda b: b)
+        evicted_before = [scrape(port).get(evicted, 0.0) for port in c.metrics_ports]
+        with contextlib.ExitStack() as stack:
+            channels = [stack.enter_context(create_channel(a, security=self.security)) for a in c.addresses]
+            never_read = [stream_minibatches(channel, _hog_request("never-reads"), timeout=window + 600,
+                                             parse=None, acknowledge=None)
+                          for channel in channels for _ in range(MAX_STREAMS)]
             held = []
             for _ in range(256):  # until refused: every slot it can get
-                call = stream(_hog_request("idle-client"), timeout=window + 600)
+                call = stream_minibatches(channels[p], _hog_request("idle-client"), timeout=window + 600,
+                                          parse=None, acknowledge=None)
                 try:
                     next(call)
                 except grpc.RpcError as exc:
@@ -345,20 +353,22 @@ class Faults:
             while time.monotonic() < ends:
                 time.sleep(min(8.0, max(0.0, ends - time.monotonic())))
                 asked = time.monotonic()
-                call = stream(_hog_request(f"newcomer-{len(probes)}", fanouts=[5], batch_size=32),
-                              timeout=60)
+                call = stream_minibatches(channels[p], _hog_request(f"newcomer-{len(probes)}", fanouts=[5],
+                                                                    batch_size=32), timeout=60)
                 try:
                     next(call)
                     probes.append(round(time.monotonic() - asked, 2))
                 except grpc.RpcError as exc:
                     probes.append(f"{exc.code().name} after {time.monotonic() - asked:.1f} s")
                 call.cancel()
-            taken_back = scrape(c.metrics_ports[p]).get(evicted, 0.0) - evicted_before
-            for call in held:
+            taken_back = sum(scrape(port).get(evicted, 0.0) - before
+                             for port, before in zip(c.metrics_ports, evicted_before, strict=True))
+            for call in held + never_read:
                 call.cancel()
         slow.stop_file.touch()
         return {"idle_streams": len(held), "idle_client_refused_with": refused,
-                "streams_taken_back": int(taken_back), "newcomer_first_batch_s": probes}
+                "never_reading_streams": len(never_read), "streams_taken_back": int(taken_back),
+                "newcomer_first_batch_s": probes}
 
     def fuzz(self, *_: None) -> dict[str, Any]:
         """``--fuzz-calls`` mutated and random requests to every method of every server,
