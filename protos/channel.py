@@ -6,6 +6,9 @@ turns ``grpc.RpcError`` into graphfeed's own exceptions.
   :data:`RETRIES_DISABLED`);
 * :func:`server_options`: the matching options for ``grpc.server`` (size limits,
   keepalive enforcement that accepts the clients' pings, no ``SO_REUSEPORT``);
+* :data:`SLOT_REFUSAL`, :func:`retryable_exhaustion`: how a server says it has no stream
+  slot for a caller (worth a retry), as opposed to a ``RESOURCE_EXHAUSTED`` that the same
+  call would get again;
 * :func:`rpc_errors`: a context manager around a call (and the iteration of its
   stream) that raises a :class:`GraphfeedError` subclass naming the method, address,
   status and details;
@@ -194,6 +197,21 @@ _ERROR_OF: dict[grpc.StatusCode, type[GraphfeedError]] = {
     grpc.StatusCode.CANCELLED: Cancelled,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
 }
+
+
+#: Words in the details of every ``RESOURCE_EXHAUSTED`` that a free stream slot cures: the
+#: server puts them into every refusal and take-back for want of a slot
+#: (``sampling_server/fair_share.py``); a trainer resumes its stream after a
+#: ``RESOURCE_EXHAUSTED`` only when :func:`retryable_exhaustion` finds them.
+SLOT_REFUSAL = "no stream slot"
+
+
+def retryable_exhaustion(details: str | None) -> bool:
+    """Whether a ``RESOURCE_EXHAUSTED`` with these details is worth another call: a
+    server without a free slot for the caller (now or after ending one of its streams
+    for another client). Anything else (a message larger than the limit, a server out of
+    memory for this request) would fail again the same way."""
+    return SLOT_REFUSAL in (details or "")
 
 
 def error_from_rpc(error: grpc.RpcError, what: str, address: str | None = None) -> GraphfeedError:

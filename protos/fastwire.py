@@ -28,6 +28,7 @@ from google.protobuf.message import DecodeError, Message
 
 from protos import codec
 from protos import sampling_pb2 as pb
+from protos.epoch_call import EpochCall, stream_minibatches
 
 #: Field number of ``tensors`` in each chunk message.
 TENSORS_FIELD = {pb.MinibatchChunk: 5, pb.SampleNeighborsChunk: 3, pb.NodeDataChunk: 3, pb.EdgeDataChunk: 3}
@@ -375,11 +376,14 @@ def passthrough(message: bytes | Message) -> bytes:
 
 class MinibatchStreamStub:
     """``SamplingService.StreamMinibatches`` whose messages arrive as
-    :class:`WireMessage` (tensor data as views of the received bytes)."""
+    :class:`WireMessage` (tensor data as views of the received bytes), as an
+    :class:`~protos.epoch_call.EpochCall` that the caller acknowledges batches on
+    (``acknowledge``: see :func:`~protos.epoch_call.stream_minibatches`)."""
 
     def __init__(self, channel: Any) -> None:
-        self.StreamMinibatches = channel.unary_stream(
-            "/graphfeed.v1.SamplingService/StreamMinibatches",
-            request_serializer=pb.EpochRequest.SerializeToString,
-            response_deserializer=minibatch_chunk_deserializer,
-        )
+        self._channel = channel
+
+    def StreamMinibatches(self, request: pb.EpochRequest, *, timeout: float,
+                          acknowledge: Callable[[Any], bool] | None = None) -> EpochCall:
+        return stream_minibatches(self._channel, request, timeout=timeout,
+                                  parse=minibatch_chunk_deserializer, acknowledge=acknowledge)

@@ -1350,6 +1350,71 @@ class MinibatchChunk(_message.Message):
 Global___MinibatchChunk: _TypeAlias = MinibatchChunk  # noqa: Y015
 
 @_typing.final
+class StreamMinibatchesRequest(_message.Message):
+    """What a client sends on a StreamMinibatches call: the epoch request as the call's
+    first message, then acknowledgements. A call whose first message is not an epoch
+    request, or whose later messages are, is refused with INVALID_ARGUMENT.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    TAKEN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def epoch(self) -> Global___EpochRequest:
+        """The epoch request; the first message of the call and only the first."""
+
+    @_builtins.property
+    def taken(self) -> Global___BatchesTaken:
+        """The batches the client has taken so far; every later message."""
+
+    def __init__(
+        self,
+        *,
+        epoch: Global___EpochRequest | None = ...,
+        taken: Global___BatchesTaken | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "kind", b"kind", "taken", b"taken"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "kind", b"kind", "taken", b"taken"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["epoch", "taken"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___StreamMinibatchesRequest: _TypeAlias = StreamMinibatchesRequest  # noqa: Y015
+
+@_typing.final
+class BatchesTaken(_message.Message):
+    """How many batches of this call the client's application has taken: received in full
+    and handed on (a trainer: into its prefetch window), counted from the call's first
+    batch. What gRPC's transport has accepted does not count; only the client's own
+    reads do. The server produces a batch only while it lies at most a bounded number of
+    batches (its --prefetch + 2) past this count, and a stream whose client leaves sent
+    batches unacknowledged for --stream-idle-timeout seconds is cancelled.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCHES_FIELD_NUMBER: _builtins.int
+    batches: _builtins.int
+    """Batches taken so far: never less than the count sent before, never more than the
+    batches the server has sent on this call (else INVALID_ARGUMENT naming the field).
+    """
+    def __init__(
+        self,
+        *,
+        batches: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchesTaken: _TypeAlias = BatchesTaken  # noqa: Y015
+
+@_typing.final
 class LookupNodesRequest(_message.Message):
     """Asks a sampling server about nodes of its partition, by original ID or by split."""
 

@@ -45,9 +45,9 @@ class SamplingServiceStub:
                 request_serializer=protos_dot_sampling__pb2.LookupNodesRequest.SerializeToString,
                 response_deserializer=protos_dot_sampling__pb2.LookupNodesReply.FromString,
                 _registered_method=True)
-        self.StreamMinibatches = channel.unary_stream(
+        self.StreamMinibatches = channel.stream_stream(
                 '/graphfeed.v1.SamplingService/StreamMinibatches',
-                request_serializer=protos_dot_sampling__pb2.EpochRequest.SerializeToString,
+                request_serializer=protos_dot_sampling__pb2.StreamMinibatchesRequest.SerializeToString,
                 response_deserializer=protos_dot_sampling__pb2.MinibatchChunk.FromString,
                 _registered_method=True)
         self.StreamHotNodes = channel.unary_stream(
@@ -75,8 +75,11 @@ class SamplingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def StreamMinibatches(self, request, context):
-        """Streams one epoch's minibatches for one trainer rank.
+    def StreamMinibatches(self, request_iterator, context):
+        """Streams one epoch's minibatches for one trainer rank. The client sends its
+        EpochRequest first, then a BatchesTaken each time its application takes a batch;
+        the server produces at most a bounded number of batches past the last count it was
+        sent (docs/wire.md "Acknowledgements").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -103,9 +106,9 @@ def add_SamplingServiceServicer_to_server(servicer, server):
                     request_deserializer=protos_dot_sampling__pb2.LookupNodesRequest.FromString,
                     response_serializer=protos_dot_sampling__pb2.LookupNodesReply.SerializeToString,
             ),
-            'StreamMinibatches': grpc.unary_stream_rpc_method_handler(
+            'StreamMinibatches': grpc.stream_stream_rpc_method_handler(
                     servicer.StreamMinibatches,
-                    request_deserializer=protos_dot_sampling__pb2.EpochRequest.FromString,
+                    request_deserializer=protos_dot_sampling__pb2.StreamMinibatchesRequest.FromString,
                     response_serializer=protos_dot_sampling__pb2.MinibatchChunk.SerializeToString,
             ),
             'StreamHotNodes': grpc.unary_stream_rpc_method_handler(
@@ -180,7 +183,7 @@ class SamplingService:
             _registered_method=True)
 
     @staticmethod
-    def StreamMinibatches(request,
+    def StreamMinibatches(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -190,11 +193,11 @@ class SamplingService:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
             '/graphfeed.v1.SamplingService/StreamMinibatches',
-            protos_dot_sampling__pb2.EpochRequest.SerializeToString,
+            protos_dot_sampling__pb2.StreamMinibatchesRequest.SerializeToString,
             protos_dot_sampling__pb2.MinibatchChunk.FromString,
             options,
             channel_credentials,

@@ -66,8 +66,12 @@ class SamplingServiceStub:
     """The facts about the graph and the cluster (see ClusterInfo)."""
     LookupNodes: _grpc.UnaryUnaryMultiCallable[_sampling_pb2.LookupNodesRequest, _sampling_pb2.LookupNodesReply]
     """Maps original node IDs to global IDs, or lists a split's nodes, for this partition."""
-    StreamMinibatches: _grpc.UnaryStreamMultiCallable[_sampling_pb2.EpochRequest, _sampling_pb2.MinibatchChunk]
-    """Streams one epoch's minibatches for one trainer rank."""
+    StreamMinibatches: _grpc.StreamStreamMultiCallable[_sampling_pb2.StreamMinibatchesRequest, _sampling_pb2.MinibatchChunk]
+    """Streams one epoch's minibatches for one trainer rank. The client sends its
+    EpochRequest first, then a BatchesTaken each time its application takes a batch;
+    the server produces at most a bounded number of batches past the last count it was
+    sent (docs/wire.md "Acknowledgements").
+    """
     StreamHotNodes: _grpc.UnaryStreamMultiCallable[_sampling_pb2.HotNodesRequest, _sampling_pb2.HotNodesChunk]
     """Streams the hottest nodes of this partition (ClusterInfo.hot_order) and their
     features, to fill a trainer's feature cache; peers read the order from it too.
@@ -82,8 +86,12 @@ class SamplingServiceAsyncStub(SamplingServiceStub):
     """The facts about the graph and the cluster (see ClusterInfo)."""
     LookupNodes: _aio.UnaryUnaryMultiCallable[_sampling_pb2.LookupNodesRequest, _sampling_pb2.LookupNodesReply]  # type: ignore[assignment]
     """Maps original node IDs to global IDs, or lists a split's nodes, for this partition."""
-    StreamMinibatches: _aio.UnaryStreamMultiCallable[_sampling_pb2.EpochRequest, _sampling_pb2.MinibatchChunk]  # type: ignore[assignment]
-    """Streams one epoch's minibatches for one trainer rank."""
+    StreamMinibatches: _aio.StreamStreamMultiCallable[_sampling_pb2.StreamMinibatchesRequest, _sampling_pb2.MinibatchChunk]  # type: ignore[assignment]
+    """Streams one epoch's minibatches for one trainer rank. The client sends its
+    EpochRequest first, then a BatchesTaken each time its application takes a batch;
+    the server produces at most a bounded number of batches past the last count it was
+    sent (docs/wire.md "Acknowledgements").
+    """
     StreamHotNodes: _aio.UnaryStreamMultiCallable[_sampling_pb2.HotNodesRequest, _sampling_pb2.HotNodesChunk]  # type: ignore[assignment]
     """Streams the hottest nodes of this partition (ClusterInfo.hot_order) and their
     features, to fill a trainer's feature cache; peers read the order from it too.
@@ -111,10 +119,14 @@ class SamplingServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def StreamMinibatches(
         self,
-        request: _sampling_pb2.EpochRequest,
+        request_iterator: _MaybeAsyncIterator[_sampling_pb2.StreamMinibatchesRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_sampling_pb2.MinibatchChunk], _abc.AsyncIterator[_sampling_pb2.MinibatchChunk]]:
-        """Streams one epoch's minibatches for one trainer rank."""
+        """Streams one epoch's minibatches for one trainer rank. The client sends its
+        EpochRequest first, then a BatchesTaken each time its application takes a batch;
+        the server produces at most a bounded number of batches past the last count it was
+        sent (docs/wire.md "Acknowledgements").
+        """
 
     @_abc_1.abstractmethod
     def StreamHotNodes(

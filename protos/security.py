@@ -221,7 +221,8 @@ class _ClientCallDetails(grpc.ClientCallDetails):
         self.compression = details.compression
 
 
-class TokenClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+class TokenClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                             grpc.StreamStreamClientInterceptor):
     """Adds ``authorization: Bearer <token>`` to every call."""
 
     def __init__(self, token: str) -> None:
@@ -238,6 +239,10 @@ class TokenClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamC
                                client_call_details: grpc.ClientCallDetails, request: Any) -> Any:
         return continuation(self._details(client_call_details), request)
 
+    def intercept_stream_stream(self, continuation: Callable[..., Any],
+                                client_call_details: grpc.ClientCallDetails, requests: Any) -> Any:
+        return continuation(self._details(client_call_details), requests)
+
 
 class TokenInterceptor(grpc.ServerInterceptor):
     """Answers ``UNAUTHENTICATED`` to every call (but health checks) that lacks
@@ -252,6 +257,7 @@ class TokenInterceptor(grpc.ServerInterceptor):
                           "missing or wrong bearer token (authorization metadata)")
         self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
         self._deny_stream = grpc.unary_stream_rpc_method_handler(deny)
+        self._deny_bidi = grpc.stream_stream_rpc_method_handler(deny)
 
     def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any],
                           handler_call_details: grpc.HandlerCallDetails) -> Any:
@@ -265,6 +271,8 @@ class TokenInterceptor(grpc.ServerInterceptor):
         if self._on_deny is not None:
             self._on_deny(method.rsplit("/", 1)[-1], "UNAUTHENTICATED")
         handler = continuation(handler_call_details)
+        if handler is not None and handler.request_streaming:
+            return self._deny_bidi
         if handler is not None and handler.response_streaming:
             return self._deny_stream
         return self._deny_unary

@@ -175,18 +175,20 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--max-peer-nodes", type=_positive_int,
                         help="node IDs per peer request (4194304)")
     limits.add_argument("--stream-idle-timeout", type=_seconds, metavar="S",
-                        help="seconds a stream may wait on a trainer that does not read (120)")
+                        help="seconds a trainer may leave the batches sent to it unacknowledged "
+                        "(it does not read) before its stream is cancelled (120)")
     share = parser.add_argument_group(
         "fair share of the streams (a client: its TLS identity or host, and its client ID)")
     share.add_argument("--max-client-streams", type=_positive_int, metavar="N",
                        help="streams one client may hold (--max-streams)")
     share.add_argument("--max-client-inflight-bytes", type=_memory_size, metavar="SIZE",
-                       help="bytes sent to one client and not yet read by it above which its "
-                       "new streams are refused, e.g. 512M (1G)")
+                       help="bytes sent to one client and not yet acknowledged by it above "
+                       "which its new streams are refused, e.g. 512M (1G)")
     share.add_argument("--stream-evict-after", type=_seconds, metavar="S",
-                       help="while a client below its fair share waits for a slot, a client "
-                       "over its share loses its oldest stream left unread this long; the "
-                       "trainer resumes it when it reads again (3)")
+                       help="seconds a client below its fair share waits for a slot to come "
+                       "free before one is taken back from a client over its share (the "
+                       "stream it reads least); that trainer resumes it from its next batch; "
+                       "less than --admit-wait (1)")
     share.add_argument("--admit-wait", type=_seconds, metavar="S",
                        help="seconds a new stream of a client below its fair share waits for "
                        "a slot before RESOURCE_EXHAUSTED (5)")

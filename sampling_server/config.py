@@ -121,13 +121,14 @@ class ServerConfig:
     #: Streams one client (a trainer rank: its authenticated identity or host, and its
     #: client ID) may hold; more get RESOURCE_EXHAUSTED. None: max_streams.
     max_client_streams: int | None = None
-    #: Bytes of stream messages handed to gRPC for one client and not yet taken by it
-    #: (it reads slower than the server sends) above which its new streams are refused.
+    #: Bytes of stream messages sent to one client and not yet acknowledged by it (its
+    #: application reads slower than the server sends) above which its new streams are
+    #: refused.
     max_client_inflight_bytes: int = 1 << 30
-    #: Seconds a stream may wait on a client that does not read before, while another
-    #: client waits for a slot and this one holds more than its fair share, its slot is
-    #: taken back (RESOURCE_EXHAUSTED; the trainer resumes it when it reads again).
-    stream_evict_after: float = 3.0
+    #: Seconds a client below its fair share waits for a stream slot to come free before
+    #: one is taken back from a client over its share (RESOURCE_EXHAUSTED; that trainer
+    #: resumes the stream from its next batch). Less than ``admit_wait``.
+    stream_evict_after: float = 1.0
     #: Seconds a new stream of a client below its fair share waits for a slot (freed, or
     #: taken back from a client over its share) before RESOURCE_EXHAUSTED.
     admit_wait: float = 5.0
@@ -149,8 +150,8 @@ class ServerConfig:
     max_batch_edges: int = 1 << 22
     #: Most node IDs one peer request (SampleNeighbors, FetchNodeData) may carry.
     max_peer_nodes: int = 1 << 22
-    #: Seconds a stream may go without handing a message to its trainer (one that does
-    #: not read) before it is cancelled and its slot freed.
+    #: Seconds a stream's trainer may leave the batches sent to it unacknowledged (it
+    #: does not read) before the stream is cancelled and its slot freed.
     stream_idle_timeout: float = 120.0
     #: TLS: this server's certificate chain and key (PEM); both or neither.
     tls_cert: Path | None = None
@@ -218,6 +219,9 @@ class ServerConfig:
         _check(self.stream_evict_after > 0, "stream_evict_after", "seconds > 0",
                self.stream_evict_after)
         _check(self.admit_wait > 0, "admit_wait", "seconds > 0", self.admit_wait)
+        _check(self.stream_evict_after < self.admit_wait, "stream_evict_after",
+               f"seconds < admit_wait ({self.admit_wait:g}: a waiting client must get a slot "
+               "taken back for it before its wait ends)", self.stream_evict_after)
         _check(isinstance(self.insecure, bool), "insecure", "true or false", self.insecure)
         _check(self.grace >= 0, "grace", "seconds >= 0", self.grace)
         _check(self.health_interval > 0, "health_interval", "seconds > 0", self.health_interval)

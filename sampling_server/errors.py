@@ -1,13 +1,14 @@
 """Failures a server answers with, in one place: the project's request error (a status
-and a message naming the field), the states of a server that cannot serve yet or any
-more, the one function that turns every failure inside a handler into a gRPC status, and
-the bounds on client text in replies and logs."""
+and a message naming the field), requests whose bytes do not parse, the states of a
+server that cannot serve yet or any more, the one function that turns every failure
+inside a handler into a gRPC status, and the bounds on client text in replies and logs."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import grpc
 
@@ -37,6 +38,30 @@ class NotLoaded(RuntimeError):
 class Stopping(RuntimeError):
     """The server is stopping: its worker pools are closed, so a call still running
     cannot finish here (the client retries on the restarted server)."""
+
+
+class MalformedRequest:
+    """What the lenient deserializer hands over for bytes that do not parse."""
+
+    def __init__(self, message_type: str, error: Exception):
+        self.message_type = message_type
+        self.error = error
+
+    def describe(self) -> str:
+        """The refusal's text: the message expected and what was received."""
+        return (f"{self.message_type}: expected a serialized {self.message_type} message, got "
+                f"bytes that do not parse ({self.error})")
+
+
+def lenient(message_type: Any) -> Callable[[bytes], Any]:
+    """A request deserializer that turns unparsable bytes into :class:`MalformedRequest`
+    (answered INVALID_ARGUMENT), where gRPC would answer INTERNAL."""
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except Exception as exc:  # protobuf's DecodeError, or anything else it raises
+            return MalformedRequest(message_type.DESCRIPTOR.name, exc)
+    return parse
 
 
 def bounded(text: str, limit: int = MAX_DETAILS_CHARS) -> str:

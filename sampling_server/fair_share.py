@@ -16,18 +16,23 @@ other trainer is refused until it goes away. :class:`StreamSlots` shares the slo
   :data:`MAX_WAITERS` in all, so waiting calls cannot take the server's handler threads),
   and the next free slot goes to the waiting client furthest below its share. Anyone
   else is refused at once with ``RESOURCE_EXHAUSTED``.
-* **Eviction**: while a client waits, a client holding more than its share loses its
-  oldest stream that has waited on its reader for ``evict_after`` seconds (a message
-  handed to gRPC that the client has not taken), ended with ``RESOURCE_EXHAUSTED``
-  naming the share and the flag. The trainer resumes it from its next batch once it
-  reads again; nothing is lost.
+* **Taking back**: once a waiting client has waited ``evict_after`` seconds (less than
+  ``admit_wait``) with no slot come free, a client holding more than its share loses one
+  stream, whatever its transport does: of the clients most over their share, the stream
+  furthest ahead of what its client has acknowledged (the one it reads least; then the
+  one left unacknowledged longest, then the oldest). It ends with ``RESOURCE_EXHAUSTED``
+  naming the share and the flag; the trainer resumes it from its next batch, losing and
+  doubling nothing.
+* **What a client took** is what it acknowledged (``BatchesTaken``, :class:`Slot`), never
+  what gRPC's transport accepted: a client that stops reading is seen at once, however
+  large its HTTP/2 windows.
 * **Per-client limits**: at most ``max_client_streams`` streams and
-  ``max_client_inflight_bytes`` bytes handed to gRPC and not yet taken by the client;
-  a new stream over either is refused with ``RESOURCE_EXHAUSTED`` naming the flag.
-* **Idle streams**: a stream that handed its client no message for ``idle_timeout``
-  seconds is cancelled, whoever waits (``--stream-idle-timeout``).
+  ``max_client_inflight_bytes`` bytes sent and not yet acknowledged by the client; a
+  new stream over either is refused with ``RESOURCE_EXHAUSTED`` naming the flag.
+* **Idle streams**: a stream whose client left sent batches unacknowledged for
+  ``idle_timeout`` seconds is cancelled, whoever waits (``--stream-idle-timeout``).
 
-Every refusal's details contain :data:`protos.slots.SLOT_REFUSAL`, the mark by which
+Every refusal's details contain :data:`protos.channel.SLOT_REFUSAL`, the mark by which
 a trainer tells a busy server (retry) from a ``RESOURCE_EXHAUSTED`` that retrying cannot
 cure (a message over the size limit).
 """
@@ -37,15 +42,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from protos.slots import SLOT_REFUSAL
+from protos.channel import SLOT_REFUSAL
 from sampling_server.config import ServerConfig
 from sampling_server.errors import RequestError, printable
 
@@ -55,6 +60,8 @@ log = logging.getLogger(__name__)
 MAX_WAITERS = 8
 #: Longest pause of a waiting call between two looks at the slots.
 WAIT_POLL_S = 0.25
+#: Clients whose streams taken back are counted (the most recent ones).
+MAX_COUNTED_CLIENTS = 1024
 _EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
@@ -117,15 +124,15 @@ class SlotLimits:
     max_streams: int = 32
     #: Streams one client may hold (``--max-client-streams``).
     max_client_streams: int = 32
-    #: Bytes handed to gRPC for one client and not yet taken by it (``--max-client-inflight-bytes``).
+    #: Bytes sent to one client and not yet acknowledged by it (``--max-client-inflight-bytes``).
     max_client_inflight_bytes: int = 1 << 30
-    #: Seconds a stream of a client over its share may wait on its reader before a
-    #: waiting client takes its slot (``--stream-evict-after``).
-    evict_after: float = 3.0
+    #: Seconds a client below its share waits for a slot to come free before one is taken
+    #: back from a client over its share (``--stream-evict-after``; less than ``admit_wait``).
+    evict_after: float = 1.0
     #: Seconds a new stream waits for a slot (``--admit-wait``).
     admit_wait: float = 5.0
-    #: Seconds a stream may hand its client no message before it is cancelled
-    #: (``--stream-idle-timeout``).
+    #: Seconds a stream's client may leave sent batches unacknowledged before the stream
+    #: is cancelled (``--stream-idle-timeout``).
     idle_timeout: float = 120.0
 
 
@@ -140,7 +147,10 @@ def slot_limits(config: ServerConfig) -> SlotLimits:
 
 @dataclass(eq=False)
 class Slot:
-    """One running stream: whose it is and whether its client reads it."""
+    """One running stream: whose it is, what it sent and what its client acknowledged
+    having taken (``BatchesTaken``). The stream's handler counts what it sends
+    (:meth:`handing`), the reader of the client's acknowledgements what was taken
+    (:meth:`took`); both under the slot's own lock."""
 
     #: The client the stream is for.
     client: ClientKey
@@ -150,41 +160,74 @@ class Slot:
     fields: str
     #: When the stream started (monotonic seconds).
     started: float = field(default_factory=time.monotonic)
-    #: When the client last took a message (or the stream started).
-    last_taken: float = field(default_factory=time.monotonic)
-    #: Since when the message handed to gRPC has waited for the client (None: none waits).
+    #: Batches sent (their last message handed to gRPC), and their messages' bytes
+    #: (with the messages of a batch not sent in full yet).
+    sent: int = 0
+    sent_bytes: int = 0
+    #: Batches the client acknowledged, and the bytes of their messages.
+    taken: int = 0
+    taken_bytes: int = 0
+    #: Since when the client has left sent messages unacknowledged, made no progress
+    #: counting as none (None: it acknowledged everything sent).
     waiting_since: float | None = None
-    #: Bytes of that message.
-    unsent: int = 0
     #: Set once the slot was taken back (the stream is being ended).
     ended: bool = False
+    _batch_ends: deque[int] = field(default_factory=deque, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def handing(self, nbytes: int) -> None:
-        """A message of ``nbytes`` is handed to gRPC (call before ``yield``)."""
-        self.unsent, self.waiting_since = nbytes, time.monotonic()
+    def handing(self, nbytes: int, ends_batch: bool) -> None:
+        """A message of ``nbytes`` is handed to gRPC, the last of its batch when
+        ``ends_batch`` (call before ``yield``, so that the client can never acknowledge
+        a batch not yet counted as sent)."""
+        with self._lock:
+            if self.waiting_since is None:
+                self.waiting_since = time.monotonic()
+            self.sent_bytes += nbytes
+            if ends_batch:
+                self.sent += 1
+                self._batch_ends.append(self.sent_bytes)
 
-    def taken(self) -> None:
-        """gRPC took the message (call after ``yield``)."""
-        self.waiting_since, self.unsent = None, 0
-        self.last_taken = time.monotonic()
+    def took(self, batches: int) -> str | None:
+        """The client says it has taken ``batches`` batches of this stream in all; why
+        that cannot be (naming the field), or None once counted."""
+        with self._lock:
+            if not self.taken <= batches <= self.sent:
+                return (f"BatchesTaken.batches: expected {self.taken} .. {self.sent} (at least the "
+                        f"count acknowledged before, at most the batches sent on this call), got "
+                        f"{batches}")
+            while self.taken < batches:
+                self.taken_bytes = self._batch_ends.popleft()
+                self.taken += 1
+            self.waiting_since = time.monotonic() if self.sent_bytes > self.taken_bytes else None
+            return None
+
+    @property
+    def unacknowledged_bytes(self) -> int:
+        """Bytes sent that the client has not acknowledged."""
+        return self.sent_bytes - self.taken_bytes
+
+    @property
+    def ahead(self) -> int:
+        """Batches sent that the client has not acknowledged."""
+        return self.sent - self.taken
 
     def unread_for(self, now: float) -> float:
-        """Seconds the message in gRPC's hands has waited for the client (0: none waits)."""
+        """Seconds the client has left sent messages unacknowledged (0: none are)."""
         since = self.waiting_since
         return 0.0 if since is None else max(0.0, now - since)
 
 
 def pick_victim(held: Mapping[ClientKey, Sequence[Slot]], shares: Mapping[ClientKey, float],
-                now: float, evict_after: float) -> Slot | None:
+                now: float) -> Slot | None:
     """The stream to take back for a waiting client: of the clients over their share,
-    most over first, the oldest stream unread for ``evict_after`` seconds; None when no
-    client over its share has one."""
+    most over first, the stream furthest ahead of what its client acknowledged, then the
+    one unacknowledged longest, then the oldest; None when no client is over its share."""
     over = sorted((c for c, slots in held.items() if len(slots) > shares.get(c, 0.0)),
                   key=lambda c: len(held[c]) - shares.get(c, 0.0), reverse=True)
     for client in over:
-        idle = [s for s in held[client] if not s.ended and s.unread_for(now) >= evict_after]
-        if idle:
-            return min(idle, key=lambda s: s.started)
+        live = [s for s in held[client] if not s.ended]
+        if live:
+            return max(live, key=lambda s: (s.ahead, s.unread_for(now), -s.started))
     return None
 
 
@@ -214,6 +257,8 @@ class StreamSlots:
         self._waiting: list[_Waiter] = []
         self._cond = threading.Condition()
         self._on_evict = on_evict
+        #: Streams taken back per client (the most recent :data:`MAX_COUNTED_CLIENTS`).
+        self._taken_back: OrderedDict[ClientKey, int] = OrderedDict()
         self._closed = threading.Event()
         self._watcher = threading.Thread(target=self._watch_idle, name="idle-streams", daemon=True)
         self._watcher.start()
@@ -240,8 +285,10 @@ class StreamSlots:
 
     def _wait(self, waiter: _Waiter, context: grpc.ServicerContext, fields: str,
               stopping: Callable[[], str | None]) -> Slot:
-        """Wait (holding the lock but while in ``wait``) until a slot is this waiter's."""
+        """Wait (holding the lock but while in ``wait``) until a slot is this waiter's:
+        one that comes free, or after ``evict_after`` seconds one taken back."""
         deadline = waiter.arrived + self.limits.admit_wait
+        take_back_at = waiter.arrived + self.limits.evict_after
         while True:
             why = stopping()
             if why:
@@ -251,14 +298,14 @@ class StreamSlots:
                                    "slot", grpc.StatusCode.CANCELLED)
             if self._free() > 0 and self._first_waiter() is waiter:
                 return self._take(waiter.client, context, fields)
-            if self._free() == 0 and self._evict_for(waiter):
+            now = time.monotonic()
+            if self._free() == 0 and now >= take_back_at and self._evict_for(waiter):
                 continue  # the slot is free now: take it before the deadline is looked at
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if now >= deadline:
                 raise self._busy(waiter.client, f"no slot came free within {self.limits.admit_wait:g} s "
-                                 "(--admit-wait) and no client over its fair share left a stream "
-                                 f"unread for {self.limits.evict_after:g} s (--stream-evict-after)")
-            self._cond.wait(min(remaining, WAIT_POLL_S))
+                                 "(--admit-wait) and no client holds more than its fair share")
+            wake = take_back_at if now < take_back_at else deadline
+            self._cond.wait(min(wake - now, WAIT_POLL_S))
 
     def _check_client_limits(self, client: ClientKey) -> None:
         mine = self._held.get(client, [])
@@ -267,12 +314,12 @@ class StreamSlots:
             raise RequestError(f"StreamMinibatches: {SLOT_REFUSAL}: client {client} already holds "
                                f"{len(mine)} streams here; expected at most {limit} per client "
                                "(server limit --max-client-streams); retry once one ends", _EXHAUSTED)
-        inflight = sum(s.unsent for s in mine)
+        inflight = sum(s.unacknowledged_bytes for s in mine)
         byte_limit = self.limits.max_client_inflight_bytes
         if inflight >= byte_limit:
             raise RequestError(f"StreamMinibatches: {SLOT_REFUSAL}: client {client} has {inflight} "
-                               f"bytes sent and not yet read; expected less than {byte_limit} per "
-                               "client (server limit --max-client-inflight-bytes); read the open "
+                               f"bytes sent and not yet acknowledged; expected less than {byte_limit} "
+                               "per client (server limit --max-client-inflight-bytes); read the open "
                                "streams, then retry", _EXHAUSTED)
 
     def _check_may_wait(self, client: ClientKey) -> None:
@@ -301,59 +348,66 @@ class StreamSlots:
         """The stream of ``slot`` ended; its slot is free (a no-op for one taken back)."""
         with self._cond:
             slot.ended = True
-            mine = self._held.get(slot.client)
-            if mine is not None and slot in mine:
-                mine.remove(slot)
-                if not mine:
-                    del self._held[slot.client]
+            self._drop(slot)
             self._cond.notify_all()
 
-    # -- eviction ----------------------------------------------------------------------
+    def _drop(self, slot: Slot) -> None:
+        mine = self._held.get(slot.client)
+        if mine is not None and slot in mine:
+            mine.remove(slot)
+            if not mine:
+                del self._held[slot.client]
+
+    # -- taking back -------------------------------------------------------------------
     def _evict_for(self, waiter: _Waiter) -> bool:
-        """Take back one stream of a client over its share for ``waiter``, when one was
-        left unread long enough (under the lock); whether one was."""
+        """Take back one stream of a client over its share for ``waiter`` (under the
+        lock); whether one was."""
         shares = self._shares()
-        held = len(self._held.get(waiter.client, ()))
-        if held >= shares[waiter.client]:
+        if len(self._held.get(waiter.client, ())) >= shares[waiter.client]:
             return False
-        victim = pick_victim(self._held, shares, time.monotonic(), self.limits.evict_after)
+        now = time.monotonic()
+        victim = pick_victim(self._held, shares, now)
         if victim is None:
             return False
-        victim_held = len(self._held[victim.client])
         details = (f"StreamMinibatches: {SLOT_REFUSAL}: stream ended to share the server: client "
-                   f"{victim.client} held {victim_held} of {self.limits.max_streams} stream slots "
-                   f"(--max-streams), over its fair share of {shares[victim.client]:.2f} while "
-                   f"client {waiter.client} waited, and this stream was not read for "
-                   f"{victim.unread_for(time.monotonic()):.1f} s (--stream-evict-after "
-                   f"{self.limits.evict_after:g}); resume it from the next batch")
-        self._held[victim.client].remove(victim)
-        if not self._held[victim.client]:
-            del self._held[victim.client]
+                   f"{victim.client} held {len(self._held[victim.client])} of "
+                   f"{self.limits.max_streams} stream slots (--max-streams), over its fair share "
+                   f"of {shares[victim.client]:.2f}, while client {waiter.client} waited "
+                   f"{now - waiter.arrived:.1f} s for one (--stream-evict-after "
+                   f"{self.limits.evict_after:g}); {victim.taken} of the {victim.sent} batches "
+                   f"sent on this call were acknowledged; resume it from the next batch")
+        self._drop(victim)
         victim.ended = True
+        self._taken_back[victim.client] = self._taken_back.pop(victim.client, 0) + 1
+        while len(self._taken_back) > MAX_COUNTED_CLIENTS:
+            self._taken_back.popitem(last=False)
         log.warning("%s: %s", victim.fields, details)
         if self._on_evict is not None:
             self._on_evict("fair_share")
         end_call(victim.context, _EXHAUSTED, details)
+        self._cond.notify_all()
         return True
 
     def _watch_idle(self) -> None:
-        """Cancel streams that handed their client no message for ``idle_timeout`` s."""
+        """Cancel streams whose client left sent batches unacknowledged for
+        ``idle_timeout`` s."""
         timeout = self.limits.idle_timeout
         while not self._closed.wait(min(1.0, timeout / 4)):
             now = time.monotonic()
             with self._cond:
                 idle = [s for slots in self._held.values() for s in slots
-                        if not s.ended and now - s.last_taken > timeout]
+                        if not s.ended and s.unread_for(now) > timeout]
                 for slot in idle:
                     slot.ended = True  # counted until its handler ends; cancelled once
             for slot in idle:
-                log.warning("%s: no message taken for %g s (--stream-idle-timeout); cancelling "
-                            "the stream", slot.fields, timeout)
+                log.warning("%s: nothing sent was acknowledged for %g s (--stream-idle-timeout); "
+                            "cancelling the stream", slot.fields, timeout)
                 if self._on_evict is not None:
                     self._on_evict("idle")
                 end_call(slot.context, grpc.StatusCode.CANCELLED,
-                         f"StreamMinibatches: no message taken for {timeout:g} s (server limit "
-                         "--stream-idle-timeout); the stream was cancelled")
+                         f"StreamMinibatches: the client acknowledged none of the batches sent for "
+                         f"{timeout:g} s (server limit --stream-idle-timeout); the stream was "
+                         "cancelled")
 
     # -- state -------------------------------------------------------------------------
     def _used(self) -> int:
@@ -382,13 +436,16 @@ class StreamSlots:
         with self._cond:
             return self._used()
 
-    def usage(self) -> tuple[list[tuple[ClientKey, int, int, float]], int]:
-        """Per client holding a slot: (client, streams, in-flight bytes, fair share); and
-        the number of calls waiting for a slot."""
+    def usage(self) -> tuple[list[ClientUsage], int]:
+        """Per client holding a slot or with streams taken back: its usage; and the
+        number of calls waiting for a slot."""
         with self._cond:
             shares = self._shares()
-            rows = [(c, len(slots), sum(s.unsent for s in slots), shares[c])
+            rows = [ClientUsage(c, len(slots), sum(s.unacknowledged_bytes for s in slots), shares[c],
+                                self._taken_back.get(c, 0))
                     for c, slots in self._held.items()]
+            rows += [ClientUsage(c, 0, 0, 0.0, n) for c, n in self._taken_back.items()
+                     if c not in self._held]
             return rows, len(self._waiting)
 
     def close(self) -> None:
@@ -396,42 +453,61 @@ class StreamSlots:
         self._closed.set()
 
 
+@dataclass(frozen=True)
+class ClientUsage:
+    """What one client holds of a server's stream slots (:meth:`StreamSlots.usage`)."""
+
+    client: ClientKey
+    #: Streams it holds.
+    streams: int
+    #: Bytes sent to it and not yet acknowledged.
+    unacknowledged_bytes: int
+    #: Its fair share of the slots.
+    share: float
+    #: Its streams taken back for other clients since the server started.
+    taken_back: int
+
+
 class SlotCollector(Collector):
-    """Per-client gauges of one server's :class:`StreamSlots`, read at scrape time:
-    streams, in-flight bytes and fair share of every client holding a slot, the
-    per-client limits, and the calls waiting for a slot."""
+    """Per-client metrics of one server's :class:`StreamSlots`, read at scrape time:
+    streams, unacknowledged bytes, fair share and streams taken back of every client
+    holding a slot (or taken back from), the per-client limits, and the calls waiting
+    for a slot."""
 
     def __init__(self, slots: StreamSlots, partition: int) -> None:
         self._slots = slots
         self._partition = str(partition)
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         rows, waiting = self._slots.usage()
         p, limits = self._partition, self._slots.limits
-        families = {
-            "streams": GaugeMetricFamily("graphfeed_client_streams",
-                                         "Trainer streams a client holds", labels=["partition", "client"]),
-            "inflight": GaugeMetricFamily("graphfeed_client_inflight_bytes",
-                                          "Stream message bytes handed to gRPC for a client and not "
-                                          "yet taken by it", labels=["partition", "client"]),
-            "share": GaugeMetricFamily("graphfeed_client_fair_share",
-                                       "A client's fair share of the stream slots (enforced while "
-                                       "others wait)", labels=["partition", "client"]),
-        }
-        for client, streams, inflight, share in rows:
-            name = str(client)
-            families["streams"].add_metric([p, name], streams)
-            families["inflight"].add_metric([p, name], inflight)
-            families["share"].add_metric([p, name], share)
-        yield from families.values()
-        for name, help_text, value in (
+        labels = ["partition", "client"]
+        streams = GaugeMetricFamily("graphfeed_client_streams", "Trainer streams a client holds",
+                                    labels=labels)
+        inflight = GaugeMetricFamily("graphfeed_client_inflight_bytes",
+                                     "Stream message bytes sent to a client and not yet "
+                                     "acknowledged by it", labels=labels)
+        share = GaugeMetricFamily("graphfeed_client_fair_share", "A client's fair share of the "
+                                  "stream slots (enforced while others wait)", labels=labels)
+        taken_back = CounterMetricFamily("graphfeed_client_streams_taken_back",
+                                         "Streams of a client taken back for a client below its "
+                                         "fair share", labels=labels)
+        for row in rows:
+            name = [p, str(row.client)]
+            taken_back.add_metric(name, row.taken_back)
+            if row.streams:
+                streams.add_metric(name, row.streams)
+                inflight.add_metric(name, row.unacknowledged_bytes)
+                share.add_metric(name, row.share)
+        yield from (streams, inflight, share, taken_back)
+        for metric, help_text, value in (
             ("graphfeed_client_stream_limit", "Streams one client may hold (--max-client-streams)",
              limits.max_client_streams),
             ("graphfeed_client_inflight_bytes_limit",
-             "In-flight bytes one client may have before its new streams are refused "
+             "Unacknowledged bytes one client may have before its new streams are refused "
              "(--max-client-inflight-bytes)", limits.max_client_inflight_bytes),
             ("graphfeed_streams_waiting", "Calls waiting for a stream slot", waiting),
         ):
-            family = GaugeMetricFamily(name, help_text, labels=["partition"])
+            family = GaugeMetricFamily(metric, help_text, labels=["partition"])
             family.add_metric([p], value)
             yield family

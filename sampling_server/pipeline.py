@@ -3,11 +3,14 @@
 A validated :class:`~sampling_server.jobs.EpochJob` lists this server's batches of one
 rank. The :class:`SamplingPipeline` produces them (:func:`~sampling_server.produce.produce`)
 on a thread pool shared by every stream and served fairly among clients
-(:class:`~sampling_server.fair_pool.FairPool`), at most ``prefetch`` batches ahead of the one
-being sent: the generator submits the next batch only when the client takes the current
-one, so a slow client holds back its own stream (gRPC flow control) and nothing queues
-without bound. A produced batch waits as tensors (:class:`~sampling_server.messages.Prepared`),
-its messages encoded just before gRPC sends them (:func:`~sampling_server.messages.encode_ahead`).
+(:class:`~sampling_server.fair_pool.FairPool`). Two windows bound what a stream produces:
+at most ``prefetch`` batches ahead of the one being sent (the generator queues the next
+batch only when gRPC takes the current one), and none past ``prefetch`` +
+:data:`IN_TRANSIT_BATCHES` batches beyond what its client has acknowledged taking
+(:class:`Pace`): a client that stops reading stops costing sampling work within that
+bound, whatever its transport still accepts. A produced batch waits as tensors
+(:class:`~sampling_server.messages.Prepared`), its messages encoded just before gRPC
+sends them (:func:`~sampling_server.messages.encode_ahead`).
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Hashable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Hashable, Iterator
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 from protos import codec
@@ -34,6 +37,89 @@ from sampling_server.store import PartitionStore
 from sampling_server.threads import kernel_threads, limit_kernel_threads, sampling_workers
 
 log = logging.getLogger(__name__)
+
+#: Batches a stream may have sent beyond what its client acknowledged, besides the
+#: ``prefetch`` it produces ahead: room for the batches on the wire and in the client's
+#: hands, so that a client that reads keeps its stream full.
+IN_TRANSIT_BATCHES = 2
+
+
+class Pace:
+    """How far a stream's producer may run ahead of its client: the batch at position
+    ``i`` of the stream (0: its first on this call) is started only while ``i <
+    taken + ahead``, ``taken`` being the batches its client acknowledged (:meth:`took`).
+    The stream's feed listens for room (:meth:`listen`); :meth:`close` (the call ended)
+    tells it to give up the batches it holds back."""
+
+    def __init__(self, ahead: int) -> None:
+        if ahead < 1:
+            raise ValueError(f"ahead: expected an integer >= 1, got {ahead}")
+        self.ahead = ahead
+        self._taken = 0
+        self._closed = False
+        self._lock = threading.Lock()
+        self._listener: Callable[[int | None], None] | None = None
+
+    @property
+    def limit(self) -> int | None:
+        """Positions below this may be started (None: closed, none may)."""
+        return None if self._closed else self._taken + self.ahead
+
+    def listen(self, listener: Callable[[int | None], None]) -> None:
+        """Call ``listener(limit)`` whenever :attr:`limit` changes (None: closed)."""
+        with self._lock:
+            self._listener = listener
+
+    def took(self, batches: int) -> None:
+        """The client has taken ``batches`` batches in all."""
+        self._changed(lambda: setattr(self, "_taken", max(self._taken, batches)))
+
+    def close(self) -> None:
+        """The stream's call ended: nothing more may start."""
+        self._changed(lambda: setattr(self, "_closed", True))
+
+    def _changed(self, change: Callable[[], None]) -> None:
+        with self._lock:
+            change()
+            if self._listener is not None:
+                self._listener(self.limit)
+
+
+class _Feed:
+    """A stream's batches, each a future handed out at once (:meth:`next_future`) and
+    queued for sampling once its :class:`Pace` allows, in order; the ones held back are
+    cancelled when the pace closes."""
+
+    def __init__(self, pace: Pace, start: Callable[[BatchRef, Future[Prepared]], None]) -> None:
+        self._start = start
+        self._held: deque[tuple[int, BatchRef, Future[Prepared]]] = deque()
+        self._position = 0
+        self._limit: int | None = pace.limit
+        self._lock = threading.Lock()
+        pace.listen(self._room)
+
+    def next_future(self, ref: BatchRef) -> Future[Prepared]:
+        future: Future[Prepared] = Future()
+        with self._lock:
+            self._held.append((self._position, ref, future))
+            self._position += 1
+            self._release()
+        return future
+
+    def _room(self, limit: int | None) -> None:
+        with self._lock:
+            self._limit = limit
+            self._release()
+
+    def _release(self) -> None:
+        if self._limit is None:
+            for _, _, future in self._held:
+                future.cancel()
+            self._held.clear()
+            return
+        while self._held and self._held[0][0] < self._limit:
+            _, ref, future = self._held.popleft()
+            self._start(ref, future)
 
 
 class SamplingPipeline:
@@ -104,23 +190,32 @@ class SamplingPipeline:
                                f"{type(exc).__name__}: {exc})") from exc
             raise
 
-    def stream(self, job: EpochJob, stop: threading.Event | None = None, client: Hashable | None = None
-               ) -> Iterator[tuple[bytes, Prepared | None]]:
+    def stream(self, job: EpochJob, stop: threading.Event | None = None, client: Hashable | None = None,
+               pace: Pace | None = None, group: Hashable = None) -> Iterator[tuple[bytes, Prepared | None]]:
         """The serialized messages of ``job``'s batches, in order, each with its batch when
         it is the batch's last (:func:`encode_ahead`), sampled in turn with other
-        ``client``s' batches (default: the job's ``client_id``) and with this client's
-        other streams'. Setting ``stop`` (the
-        client went away) skips batches not started yet; closing the generator drops them."""
+        ``client``s' batches (default: the job's ``client_id``; ``group``: the clients
+        sharing one part of the threads, see :class:`FairPool`) and with this client's
+        other streams', and no further ahead of what the client took than ``pace``
+        allows (None: only ``prefetch`` bounds it). Setting ``stop`` (the client went
+        away) skips batches not started yet; closing the generator drops them, as does
+        closing ``pace``, which ends the stream."""
         stop = stop or threading.Event()
         key = job.client_id if client is None else client
         refs = iter(job.batches)
         stream = object()  # this call's own turn among the client's streams
         pending: deque[Future[Prepared]] = deque()
 
+        def start(ref: BatchRef, future: Future[Prepared]) -> None:
+            self._pool.submit(key, self._produce_unless, stop, job, ref, stream=stream, group=group,
+                              future=future)
+
+        feed = _Feed(pace or Pace(len(job.batches) + 1), start)
+
         def submit_next() -> None:
             ref = next(refs, None)
             if ref is not None:
-                pending.append(self._pool.submit(key, self._produce_unless, stop, job, ref, stream=stream))
+                pending.append(feed.next_future(ref))
 
         try:
             with self._open():
@@ -132,6 +227,10 @@ class SamplingPipeline:
                         if done is not None:
                             self.metrics.sent_batch(done.seeds, sum(done.encode_seconds))
                     yield message, done
+        except CancelledError:
+            if not stop.is_set() and (pace is None or pace.limit is not None):
+                raise
+            return  # the call ended: its batches held back were given up
         finally:
             for future in pending:
                 future.cancel()

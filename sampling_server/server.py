@@ -39,7 +39,7 @@ from protos.channel import GraphfeedError, rpc_errors, server_options
 from protos.ports import write_port_file
 from protos.security import Security, SecurityError, read_token, require_credentials
 from sampling_server.config import ConfigError, ServerConfig
-from sampling_server.errors import bounded
+from sampling_server.errors import MalformedRequest, bounded, lenient
 from sampling_server.fair_share import SlotCollector
 from sampling_server.metrics import ServerMetrics
 from sampling_server.peer_client import PeerClient
@@ -77,31 +77,10 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 # -- request handlers --------------------------------------------------------------------
-class MalformedRequest:
-    """What the lenient deserializer hands over for bytes that do not parse."""
-
-    def __init__(self, message_type: str, error: Exception):
-        self.message_type = message_type
-        self.error = error
-
-
-def _lenient(message_type: Any) -> Callable[[bytes], Any]:
-    """A request deserializer that turns unparsable bytes into :class:`MalformedRequest`
-    (answered INVALID_ARGUMENT), where gRPC would answer INTERNAL."""
-    def parse(data: bytes) -> Any:
-        try:
-            return message_type.FromString(data)
-        except Exception as exc:  # protobuf's DecodeError, or anything else it raises
-            return MalformedRequest(message_type.DESCRIPTOR.name, exc)
-    return parse
-
-
 def _guarded(method: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[..., Any]:
     def handle(request: Any, context: grpc.ServicerContext) -> Any:
         if isinstance(request, MalformedRequest):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded(
-                f"{request.message_type}: expected a serialized {request.message_type} "
-                f"message, got bytes that do not parse ({request.error})"))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded(request.describe()))
         return method(request, context)
     return handle
 
@@ -110,30 +89,30 @@ def _add_services(server: grpc.Server, sampling: SamplingServicer, peer: PeerSer
     services = {
         SAMPLING_SERVICE: {
             "GetClusterInfo": grpc.unary_unary_rpc_method_handler(
-                _guarded(sampling.GetClusterInfo), _lenient(pb.ClusterInfoRequest),
+                _guarded(sampling.GetClusterInfo), lenient(pb.ClusterInfoRequest),
                 pb.ClusterInfo.SerializeToString),
             "LookupNodes": grpc.unary_unary_rpc_method_handler(
-                _guarded(sampling.LookupNodes), _lenient(pb.LookupNodesRequest),
+                _guarded(sampling.LookupNodes), lenient(pb.LookupNodesRequest),
                 pb.LookupNodesReply.SerializeToString),
-            "StreamMinibatches": grpc.unary_stream_rpc_method_handler(
-                _guarded(sampling.StreamMinibatches), _lenient(pb.EpochRequest),
+            "StreamMinibatches": grpc.stream_stream_rpc_method_handler(
+                sampling.StreamMinibatches, lenient(pb.StreamMinibatchesRequest),
                 fastwire.passthrough),
             "StreamHotNodes": grpc.unary_stream_rpc_method_handler(
-                _guarded(sampling.StreamHotNodes), _lenient(pb.HotNodesRequest),
+                _guarded(sampling.StreamHotNodes), lenient(pb.HotNodesRequest),
                 pb.HotNodesChunk.SerializeToString),
         },
         PEER_SERVICE: {
             "SampleNeighbors": grpc.unary_stream_rpc_method_handler(
-                _guarded(peer.SampleNeighbors), _lenient(pb.SampleNeighborsRequest),
+                _guarded(peer.SampleNeighbors), lenient(pb.SampleNeighborsRequest),
                 fastwire.passthrough),
             "FetchNodeData": grpc.unary_stream_rpc_method_handler(
-                _guarded(peer.FetchNodeData), _lenient(pb.FetchNodeDataRequest),
+                _guarded(peer.FetchNodeData), lenient(pb.FetchNodeDataRequest),
                 fastwire.passthrough),
             "FetchEdgeData": grpc.unary_stream_rpc_method_handler(
-                _guarded(peer.FetchEdgeData), _lenient(pb.FetchEdgeDataRequest),
+                _guarded(peer.FetchEdgeData), lenient(pb.FetchEdgeDataRequest),
                 fastwire.passthrough),
             "HasEdges": grpc.unary_unary_rpc_method_handler(
-                _guarded(peer.HasEdges), _lenient(pb.HasEdgesRequest),
+                _guarded(peer.HasEdges), lenient(pb.HasEdgesRequest),
                 pb.HasEdgesReply.SerializeToString),
         },
     }
@@ -148,9 +127,9 @@ def _add_health(server: grpc.Server, servicer: health.HealthServicer) -> None:
     request = health_pb2.HealthCheckRequest
     reply = health_pb2.HealthCheckResponse.SerializeToString
     handlers = {
-        "Check": grpc.unary_unary_rpc_method_handler(_guarded(servicer.Check), _lenient(request),
+        "Check": grpc.unary_unary_rpc_method_handler(_guarded(servicer.Check), lenient(request),
                                                      reply),
-        "Watch": grpc.unary_stream_rpc_method_handler(_guarded(servicer.Watch), _lenient(request),
+        "Watch": grpc.unary_stream_rpc_method_handler(_guarded(servicer.Watch), lenient(request),
                                                       reply),
     }
     server.add_generic_rpc_handlers(

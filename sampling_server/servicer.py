@@ -9,17 +9,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 
 from protos import sampling_pb2 as pb
-from sampling_server.errors import RequestError, abort_on_error, printable
+from sampling_server.errors import MalformedRequest, RequestError, abort_on_error, bounded, printable
 from sampling_server.expectation import check_expectation
-from sampling_server.fair_share import SlotLimits, StreamSlots, client_of, slot_limits
+from sampling_server.fair_share import Slot, SlotLimits, StreamSlots, client_of, end_call, slot_limits
 from sampling_server.fields import wire_feature_dtype
 from sampling_server.jobs import epoch_job, hot_node_type, lookup_nodes
 from sampling_server.metrics import ServerMetrics
-from sampling_server.pipeline import SamplingPipeline
+from sampling_server.pipeline import IN_TRANSIT_BATCHES, Pace, SamplingPipeline
 from sampling_server.store import PartitionStore
 
 log = logging.getLogger(__name__)
@@ -107,10 +108,18 @@ class SamplingServicer:
             yield from self.pipeline.hot_of(node_type).blocks(request, dtype)
 
     def StreamMinibatches(
-        self, request: pb.EpochRequest, context: grpc.ServicerContext
+        self, requests: Iterator[Any], context: grpc.ServicerContext
     ) -> Iterator[bytes]:
+        """The epoch stream: the call's first message is the epoch request, the later
+        ones the client's acknowledgements, read on a thread of their own
+        (:meth:`_read_acknowledgements`) and pacing what the stream produces."""
         p = self.store.partition_id
         with abort_on_error(context, "StreamMinibatches", p, self._rejected("StreamMinibatches")):
+            try:
+                first = next(requests, None)
+            except grpc.RpcError:  # the client went away before its request arrived
+                return
+            request = epoch_request_of(first)
             self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
             draining = self._draining()
             if draining:
@@ -135,8 +144,16 @@ class SamplingServicer:
             self.metrics.streams_open.inc()
         try:
             stop = threading.Event()
-            if not context.add_callback(stop.set):  # the call has ended already
+            pace = Pace(self.pipeline.prefetch + IN_TRANSIT_BATCHES)
+
+            def ended() -> None:
                 stop.set()
+                pace.close()
+
+            if not context.add_callback(ended):  # the call has ended already
+                ended()
+            threading.Thread(target=_read_acknowledgements, args=(requests, slot, pace),
+                             name=f"acks-p{p}", daemon=True).start()
             log.info("%s: stream start: %d of %d batches here, resume_from=%d", fields,
                      len(job.batches), job.num_batches, request.resume_from)
             # Response headers tell the trainer the stream was accepted; a stream that
@@ -144,10 +161,9 @@ class SamplingServicer:
             # from the next batch it lacks.
             context.send_initial_metadata(())
             with abort_on_error(context, f"StreamMinibatches ({fields})", p):
-                for message, done in self.pipeline.stream(job, stop, client):
-                    slot.handing(len(message))
+                for message, done in self.pipeline.stream(job, stop, client, pace, client.principal):
+                    slot.handing(len(message), done is not None)
                     yield message
-                    slot.taken()
                     sent += done is not None
         finally:
             self.slots.release(slot)
@@ -157,5 +173,48 @@ class SamplingServicer:
             if self.metrics is not None:
                 self.metrics.streams_open.dec()
             state = "done" if sent == len(job.batches) else "ended early"
-            log.info("%s: stream %s: %d batches sent in %.2f s", fields, state, sent,
-                     time.perf_counter() - started)
+            log.info("%s: stream %s: %d batches sent (%d acknowledged) in %.2f s", fields, state,
+                     sent, slot.taken, time.perf_counter() - started)
+
+
+def epoch_request_of(first: Any) -> pb.EpochRequest:
+    """The epoch request of a ``StreamMinibatches`` call's first message; raises
+    :class:`RequestError` (INVALID_ARGUMENT) naming the field when it is not one."""
+    if isinstance(first, MalformedRequest):
+        raise RequestError(first.describe())
+    if first is None or not first.HasField("epoch"):
+        got = "no message" if first is None else \
+            f"a message with {first.WhichOneof('kind') or 'no field'} set"
+        raise RequestError(f"StreamMinibatchesRequest.epoch: expected the epoch request as the "
+                           f"call's first message, got {got}")
+    epoch: pb.EpochRequest = first.epoch
+    return epoch
+
+
+def _acknowledgement_problem(message: Any, slot: Slot) -> str | None:
+    """Why ``message`` is not an acknowledgement the stream of ``slot`` can take (naming
+    the field), or None once counted."""
+    if isinstance(message, MalformedRequest):
+        return message.describe()
+    if not message.HasField("taken"):
+        kind = message.WhichOneof("kind")
+        got = "a second epoch request" if kind == "epoch" else "a message with no field set"
+        return f"StreamMinibatchesRequest.taken: expected acknowledgements after the epoch request, got {got}"
+    return slot.took(message.taken.batches)
+
+
+def _read_acknowledgements(requests: Iterator[Any], slot: Slot, pace: Pace) -> None:
+    """Count what the client of ``slot``'s stream acknowledges taking, and let its
+    producer run that much further, until the call ends; a message that is not such an
+    acknowledgement ends the call with INVALID_ARGUMENT naming the field."""
+    try:
+        for message in requests:
+            problem = _acknowledgement_problem(message, slot)
+            if problem is not None:
+                log.info("%s: acknowledgement refused: %s", slot.fields, problem)
+                end_call(slot.context, grpc.StatusCode.INVALID_ARGUMENT,
+                         bounded(f"StreamMinibatches: {problem}"))
+                return
+            pace.took(message.taken.batches)
+    except grpc.RpcError:  # the call ended
+        pass

@@ -19,10 +19,10 @@ from partitioner.format import load_partition
 from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, GraphData
 from protos import compact
 from protos import sampling_pb2 as pb
-from protos import sampling_pb2_grpc as pb_grpc
 from protos.assembler import TensorAssembler
 from protos.channel import GraphfeedError, create_channel
 from protos.codec import dtype_to_torch
+from protos.epoch_call import stream_minibatches
 from sampling_server.config import HOT_ORDERS, ConfigError, ServerConfig
 from sampling_server.hot import HotNodes
 from sampling_server.hot_order import hot_order, in_degree_order, visit_scores
@@ -210,9 +210,8 @@ def _stream(address: str, request: pb.EpochRequest) -> Iterator[tuple[dict[str, 
     """Each batch's wire dtypes and its decoded form, through the generated stubs."""
     spec = BatchSpec(num_hops=len(FANOUTS), compact_indices=request.compact_indices)
     with create_channel(address) as channel:
-        stub = pb_grpc.SamplingServiceStub(channel)
         assembler, dtypes = BatchAssembler(spec), {}
-        for msg in stub.StreamMinibatches(request, timeout=60):
+        for msg in stream_minibatches(channel, request, timeout=60):
             dtypes.update({t.name: dtype_to_torch(t.dtype) for t in msg.tensors})
             batch = assembler.add(msg)
             if batch is not None:
@@ -247,8 +246,7 @@ def test_an_old_decoder_rejects_compact_tensors_it_did_not_ask_for(servers: tupl
     _, addresses = servers
     request = _request(True)
     with create_channel(addresses[0]) as channel:
-        stub = pb_grpc.SamplingServiceStub(channel)
-        messages = list(stub.StreamMinibatches(request, timeout=60))
+        messages = list(stream_minibatches(channel, request, timeout=60))
     first = [m for m in messages if m.batch_index == messages[0].batch_index]
     old = BatchAssembler(BatchSpec())
     names = r"tensor names: expected among .*'edge_count', 'edge_new', 'edge_src'"

@@ -37,6 +37,7 @@ from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import ProtocolError, ServerUnavailable, create_channel
 from protos.codec import encode_tensor
+from protos.epoch_call import last_chunk, stream_minibatches
 from sampling_server.config import HOT_ORDER
 from sampling_server.hot_order import hot_order, visit_scores
 from trainer_client import cluster as cluster_module
@@ -511,7 +512,7 @@ def _one_batch(address: str, request: pb.EpochRequest) -> dict[str, object]:
     with create_channel(address) as channel:
         stub = fastwire.MinibatchStreamStub(channel)
         assembler = BatchAssembler()
-        for msg in stub.StreamMinibatches(request, timeout=30):
+        for msg in stub.StreamMinibatches(request, timeout=30, acknowledge=last_chunk):
             batch = assembler.add(msg)
             if batch is not None:
                 return dict(batch.data.items())
@@ -544,7 +545,7 @@ def test_a_bad_plan_is_invalid_argument_naming_the_field(plain: tuple[Path, list
                               seeds=encode_tensor(np.arange(8, dtype=np.int64)))
     request.cache_counts.extend(counts)
     with create_channel(addresses[1]) as channel, pytest.raises(grpc.RpcError) as err:
-        list(pb_grpc.SamplingServiceStub(channel).StreamMinibatches(request, timeout=30))
+        list(stream_minibatches(channel, request, timeout=30))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details() and re.search(pattern, err.value.details())
 

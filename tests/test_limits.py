@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -21,20 +22,22 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos import sampling_pb2 as pb
 from protos.codec import encode_tensor
+from protos.epoch_call import stream_minibatches
 from sampling_server.config import ServerConfig
 from sampling_server.errors import printable
 from sampling_server.limits import worst_case_edges
 from sampling_server.server import SamplingServer, create_server
 
 TIMEOUT = 10.0
+#: Each method's path and how it streams: "unary", "stream" (replies) or "bidi" (both ways).
 METHODS = {
-    "GetClusterInfo": ("/graphfeed.v1.SamplingService/GetClusterInfo", False),
-    "LookupNodes": ("/graphfeed.v1.SamplingService/LookupNodes", False),
-    "StreamMinibatches": ("/graphfeed.v1.SamplingService/StreamMinibatches", True),
-    "SampleNeighbors": ("/graphfeed.v1.PeerService/SampleNeighbors", True),
-    "FetchNodeData": ("/graphfeed.v1.PeerService/FetchNodeData", True),
-    "StreamHotNodes": ("/graphfeed.v1.SamplingService/StreamHotNodes", True),
-    "Health": ("/grpc.health.v1.Health/Check", False),
+    "GetClusterInfo": ("/graphfeed.v1.SamplingService/GetClusterInfo", "unary"),
+    "LookupNodes": ("/graphfeed.v1.SamplingService/LookupNodes", "unary"),
+    "StreamMinibatches": ("/graphfeed.v1.SamplingService/StreamMinibatches", "bidi"),
+    "SampleNeighbors": ("/graphfeed.v1.PeerService/SampleNeighbors", "stream"),
+    "FetchNodeData": ("/graphfeed.v1.PeerService/FetchNodeData", "stream"),
+    "StreamHotNodes": ("/graphfeed.v1.SamplingService/StreamHotNodes", "stream"),
+    "Health": ("/grpc.health.v1.Health/Check", "unary"),
 }
 
 
@@ -64,20 +67,29 @@ def _identity(b: bytes) -> bytes:
     return b
 
 
+def _invoke(channel: grpc.Channel, method: str, payload: bytes) -> Any:
+    """Call ``method`` with the raw bytes ``payload`` as its (first) message: its answer,
+    or its stream of messages."""
+    path, kind = METHODS[method]
+    if kind == "unary":
+        return channel.unary_unary(path, request_serializer=_identity,
+                                   response_deserializer=_identity)(payload, timeout=TIMEOUT)
+    if kind == "stream":
+        return channel.unary_stream(path, request_serializer=_identity,
+                                    response_deserializer=_identity)(payload, timeout=TIMEOUT)
+    return channel.stream_stream(path, request_serializer=_identity,
+                                 response_deserializer=_identity)(iter([payload]), timeout=TIMEOUT)
+
+
 def call_raw(channel: grpc.Channel, method: str, payload: bytes, max_messages: int = 3) -> grpc.StatusCode:
     """Send raw bytes to ``method``; the status (OK after ``max_messages`` messages)."""
-    path, streaming = METHODS[method]
     try:
-        if not streaming:
-            channel.unary_unary(path, request_serializer=_identity,
-                                response_deserializer=_identity)(payload, timeout=TIMEOUT)
-            return grpc.StatusCode.OK
-        call = channel.unary_stream(path, request_serializer=_identity,
-                                    response_deserializer=_identity)(payload, timeout=TIMEOUT)
-        for i, _ in enumerate(call):
-            if i + 1 >= max_messages:
-                call.cancel()
-                break
+        call = _invoke(channel, method, payload)
+        if METHODS[method][1] != "unary":
+            for i, _ in enumerate(call):
+                if i + 1 >= max_messages:
+                    call.cancel()
+                    break
         return grpc.StatusCode.OK
     except grpc.RpcError as exc:
         code = exc.code()
@@ -88,18 +100,16 @@ def call_raw(channel: grpc.Channel, method: str, payload: bytes, max_messages: i
         return code
 
 
-def _status(address: str, method: str, request: object) -> tuple[grpc.StatusCode, str]:
-    path, streaming = METHODS[method]
+def _status(address: str, method: str, request: Any) -> tuple[grpc.StatusCode, str]:
+    """The status of one whole call (an epoch stream read to its end, acknowledged)."""
     with grpc.insecure_channel(address) as channel:
         try:
-            if streaming:
-                list(channel.unary_stream(path, request_serializer=_identity,
-                                          response_deserializer=_identity)(
-                    request.SerializeToString(), timeout=TIMEOUT))  # type: ignore[attr-defined]
+            if method == "StreamMinibatches":
+                list(stream_minibatches(channel, request, timeout=TIMEOUT))
+            elif METHODS[method][1] == "stream":
+                list(_invoke(channel, method, request.SerializeToString()))
             else:
-                channel.unary_unary(path, request_serializer=_identity,
-                                    response_deserializer=_identity)(
-                    request.SerializeToString(), timeout=TIMEOUT)  # type: ignore[attr-defined]
+                _invoke(channel, method, request.SerializeToString())
         except grpc.RpcError as exc:
             return exc.code(), exc.details() or ""
     return grpc.StatusCode.OK, ""
@@ -168,12 +178,9 @@ def test_an_idle_stream_is_cancelled_and_frees_its_slot(
     caplog.set_level(logging.WARNING, logger="sampling_server")
     try:
         with grpc.insecure_channel(addresses[0]) as channel:
-            path, _ = METHODS["StreamMinibatches"]
-            stream = channel.unary_stream(path, request_serializer=_identity,
-                                          response_deserializer=_identity)
-            request = _epoch(split="test", fanouts=[-1, -1], batch_size=1,
-                             include_features=True).SerializeToString()
-            idle = stream(request, timeout=60)  # never read: the server blocks on it
+            request = _epoch(split="test", fanouts=[-1, -1], batch_size=1, include_features=True)
+            # one message read, nothing ever acknowledged: the server waits on it
+            idle = stream_minibatches(channel, request, timeout=60, parse=None, acknowledge=None)
             next(idle)
             deadline = time.monotonic() + 30
             code = EXHAUSTED
@@ -208,7 +215,7 @@ def _expectation(rng: random.Random) -> pb.ServerExpectation:
 def _structured(rng: random.Random, method: str) -> bytes:
     """A well-formed message of ``method`` with values drawn from edge cases."""
     if method == "StreamMinibatches":
-        msg = pb.EpochRequest(
+        epoch = pb.EpochRequest(
             fanouts=[rng.choice(_INTS) for _ in range(rng.choice([0, 1, 2, 3, 20, 5000]))],
             batch_size=rng.choice(_INTS), world_size=rng.choice(_INTS), rank=rng.choice(_INTS),
             epoch=rng.choice([-1, 0, 2**62]), resume_from=rng.choice([-1, 0, 3, 2**62]),
@@ -219,12 +226,12 @@ def _structured(rng: random.Random, method: str) -> bytes:
             include_original_ids=rng.random() < 0.5,
             cache_counts=[rng.choice([*_INTS, 10, 50]) for _ in range(rng.choice([0, 0, 1, 2, 3]))])
         if rng.random() < 0.3:
-            msg.expect.CopyFrom(_expectation(rng))
+            epoch.expect.CopyFrom(_expectation(rng))
         if rng.random() < 0.5:
-            msg.split = rng.choice(_STRINGS)
+            epoch.split = rng.choice(_STRINGS)
         elif rng.random() < 0.8:
-            msg.seeds.CopyFrom(_random_tensor(rng))
-        return msg.SerializeToString()
+            epoch.seeds.CopyFrom(_random_tensor(rng))
+        return pb.StreamMinibatchesRequest(epoch=epoch).SerializeToString()
     if method == "SampleNeighbors":
         return pb.SampleNeighborsRequest(
             nodes=_random_tensor(rng), fanout=rng.choice(_INTS), random_seed=rng.getrandbits(64),

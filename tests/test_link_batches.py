@@ -19,6 +19,7 @@ from partitioner.graph import EdgeType
 from partitioner.writer import partition_graph
 from protos import sampling_pb2 as pb
 from protos.channel import InvalidRequest, create_channel
+from protos.epoch_call import last_chunk
 from protos.fastwire import MinibatchStreamStub
 from trainer_client.decode import BatchAssembler
 from trainer_client.link_loader import RemoteLinkNeighborLoader, parse_negatives
@@ -216,8 +217,9 @@ def test_a_resumed_link_stream_repeats_its_batches(kind: str, tmp_path: Path) ->
         channel = create_channel(addresses[server])
         try:
             assembler = BatchAssembler(spec)
-            got = [b for msg in MinibatchStreamStub(channel).StreamMinibatches(request, timeout=30)
-                   if (b := assembler.add(msg)) is not None]
+            call = MinibatchStreamStub(channel).StreamMinibatches(request, timeout=30,
+                                                                  acknowledge=last_chunk)
+            got = [b for msg in call if (b := assembler.add(msg)) is not None]
         finally:
             channel.close()
         assert [b.index for b in got] == [refs[-1].index]
@@ -267,7 +269,8 @@ def test_bad_link_requests_are_refused_by_name(kind: str, tmp_path: Path) -> Non
         try:
             for request, message in cases:
                 with pytest.raises(grpc.RpcError) as info:
-                    list(MinibatchStreamStub(channel).StreamMinibatches(request, timeout=30))
+                    list(MinibatchStreamStub(channel).StreamMinibatches(request, timeout=30,
+                                                                        acknowledge=last_chunk))
                 assert info.value.code() in (grpc.StatusCode.INVALID_ARGUMENT,
                                              grpc.StatusCode.FAILED_PRECONDITION), info.value.details()
                 assert message in (info.value.details() or ""), info.value.details()

@@ -118,8 +118,9 @@ class FakeSampling(pb_grpc.SamplingServiceServicer):
         return pb.LookupNodesReply(global_ids=encode_tensor(np.where(owned, ids, -1).astype(np.int64)))
 
     def StreamMinibatches(
-        self, request: pb.EpochRequest, context: grpc.ServicerContext
+        self, requests: Iterator[pb.StreamMinibatchesRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.MinibatchChunk]:
+        request = next(requests).epoch  # the acknowledgements after it are not read here
         self.requests.append(request)
         if request.batch_size == 13:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,

@@ -17,6 +17,7 @@ import pytest
 
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
+from protos.epoch_call import stream_minibatches
 from sampling_server.config import ServerConfig
 from sampling_server.metrics import GilProbe
 from sampling_server.server import create_server
@@ -51,10 +52,10 @@ def test_the_metrics_endpoint_counts_what_the_server_did(parts2: Path) -> None:
             stub = pb_grpc.SamplingServiceStub(channel)
             request = pb.EpochRequest(split="train", fanouts=[5, 3], batch_size=50, world_size=1,
                                       include_features=True, include_labels=True)
-            chunks = list(stub.StreamMinibatches(request, timeout=30))
+            chunks = list(stream_minibatches(channel, request, timeout=30))
             info = stub.GetClusterInfo(pb.ClusterInfoRequest(), timeout=10)
             with pytest.raises(grpc.RpcError):
-                list(stub.StreamMinibatches(pb.EpochRequest(split="train", fanouts=[99_999],
+                list(stream_minibatches(channel, pb.EpochRequest(split="train", fanouts=[99_999],
                                                             batch_size=10, world_size=1),
                                             timeout=30))
         url = f"http://127.0.0.1:{servers[0].metrics_port}/metrics"

@@ -12,7 +12,7 @@ import pytest
 from partitioner import partition_graph
 from partitioner.synthetic import generate
 from protos import sampling_pb2 as pb
-from protos import sampling_pb2_grpc as pb_grpc
+from protos.epoch_call import stream_minibatches
 from sampling_server.config import ServerConfig
 from sampling_server.server import SamplingServer, create_server
 
@@ -62,7 +62,7 @@ def _refusal(address: str) -> grpc.RpcError:
     with grpc.insecure_channel(address) as channel:
         request = pb.EpochRequest(split="train", fanouts=[2], batch_size=10, world_size=1)
         with pytest.raises(grpc.RpcError) as info:
-            list(pb_grpc.SamplingServiceStub(channel).StreamMinibatches(request, timeout=10))
+            list(stream_minibatches(channel, request, timeout=10))
     return info.value
 
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from protos import fastwire
 from protos import sampling_pb2 as pb
 from protos.assembler import TensorAssembler
 from sampling_server.fair_pool import MIN_CHARGE_S, FairPool
-from sampling_server.pipeline import Prepared, encode_ahead
+from sampling_server.pipeline import Pace, Prepared, _Feed, encode_ahead
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -261,6 +261,68 @@ def test_the_sampling_queue_shares_thread_time_not_task_counts() -> None:
         assert times == {}  # nothing queued any more
     finally:
         pool.shutdown(wait=True)
+
+
+def test_a_principal_gets_one_share_of_the_threads_however_many_client_ids_it_sends() -> None:
+    """Clients of one group (a server's: one host's trainer ranks) share one client's
+    part of the threads: a host that sends four client IDs, each with a backlog, gets
+    about as many tasks run as a host with one, not four times as many."""
+    pool, gate, blocker = _blocked_pool("x")
+    ran: list[str] = []
+    try:
+        many = [pool.submit(f"hog-{c}", ran.append, "hog", group="hog-host") for c in range(4)
+                for _ in range(40)]
+        one = [pool.submit("trainer", ran.append, "trainer", group="trainer-host") for _ in range(40)]
+        gate.set()
+        for f in [blocker, *many, *one]:
+            f.result(timeout=60)
+        first = ran[:40]  # while both hosts have work queued
+        assert 16 <= first.count("trainer") <= 24, first
+    finally:
+        pool.shutdown(wait=True)
+
+
+def test_a_stream_produces_no_further_ahead_of_its_client_than_its_pace_allows() -> None:
+    """A stream whose client acknowledges nothing has ``ahead`` batches produced and no
+    more, however fast its messages are taken; each acknowledged batch lets one more be
+    produced; closing the pace (the call ended) ends the stream without error."""
+    produced: list[int] = []
+    pool = FairPool(2)
+    try:
+        pace = Pace(3)
+        refs = list(range(20))
+
+        def make(ref: int) -> Prepared:
+            produced.append(ref)
+            return Prepared(_head(ref), [[]])
+
+        def start(ref: int, future: Future[Prepared]) -> None:
+            pool.submit("c", make, ref, future=future)
+
+        feed = _Feed(pace, start)  # type: ignore[arg-type]
+        futures = [feed.next_future(ref) for ref in refs]  # type: ignore[arg-type]
+        assert _wait_for(lambda: len(produced) == 3)
+        time.sleep(0.1)
+        assert sorted(produced) == [0, 1, 2] and not futures[3].done()
+        pace.took(2)
+        assert _wait_for(lambda: len(produced) == 5)
+        assert sorted(produced) == [0, 1, 2, 3, 4]
+        pace.took(1)  # counts only grow
+        time.sleep(0.1)
+        assert len(produced) == 5
+        pace.close()
+        assert all(f.cancelled() for f in futures[5:])
+    finally:
+        pool.shutdown(wait=True)
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def test_a_shut_down_sampling_queue_cancels_what_waits_and_takes_nothing_new() -> None:

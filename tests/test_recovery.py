@@ -31,6 +31,7 @@ from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import GraphfeedError, PeerError, ServerUnavailable, wait_ready
 from protos.codec import encode_tensor
+from protos.epoch_call import stream_minibatches
 from sampling_server.peer_client import PeerClient
 from trainer_client.loader import RemoteNeighborLoader
 
@@ -219,7 +220,7 @@ def _local_batches(address: str) -> int:
         request = pb.EpochRequest(
             seeds=encode_tensor(np.arange(start, start + 50, dtype=np.int64)), fanouts=[0],
             batch_size=10, world_size=1, include_features=True, include_labels=True)
-        chunks = list(stub.StreamMinibatches(request, timeout=10))
+        chunks = list(stream_minibatches(channel, request, timeout=10))
     return len({c.batch_index for c in chunks})
 
 
@@ -368,7 +369,7 @@ def _new_stream(address: str) -> tuple[grpc.StatusCode, str]:
     with grpc.insecure_channel(address) as channel:
         request = pb.EpochRequest(split="train", fanouts=[2], batch_size=10, world_size=1)
         try:
-            list(pb_grpc.SamplingServiceStub(channel).StreamMinibatches(request, timeout=10))
+            list(stream_minibatches(channel, request, timeout=10))
         except grpc.RpcError as exc:
             return exc.code(), exc.details() or ""
     return grpc.StatusCode.OK, ""

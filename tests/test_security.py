@@ -25,6 +25,7 @@ from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import create_channel
 from protos.codec import encode_tensor
+from protos.epoch_call import stream_minibatches
 from protos.security import Security, is_loopback
 from sampling_server import cli
 from sampling_server.config import ConfigError, ServerConfig
@@ -130,7 +131,7 @@ def _calls(channel: grpc.Channel) -> list[grpc.StatusCode]:
     nodes = encode_tensor(np.zeros(1, np.int64))
     calls = [
         lambda: stub.GetClusterInfo(pb.ClusterInfoRequest(), timeout=10),
-        lambda: list(stub.StreamMinibatches(pb.EpochRequest(
+        lambda: list(stream_minibatches(channel, pb.EpochRequest(
             split="train", fanouts=[2], batch_size=100, world_size=1), timeout=10)),
         lambda: list(peer.SampleNeighbors(pb.SampleNeighborsRequest(nodes=nodes, fanout=2),
                                           timeout=10)),
@@ -305,7 +306,7 @@ def test_fair_shares_count_a_mutual_tls_caller_by_its_certificate(
     servers, addresses = mtls_servers
     security = Security(ca=certs.ca, cert=certs.client[0], key=certs.client[1], token=TOKEN)
     with create_channel(addresses[0], security=security) as channel:
-        held = pb_grpc.SamplingServiceStub(channel).StreamMinibatches(pb.EpochRequest(
+        held = stream_minibatches(channel, pb.EpochRequest(
             split="test", fanouts=[-1, -1], batch_size=1, world_size=1, include_features=True,
             client_id="rank-0"), timeout=30)
         next(held)

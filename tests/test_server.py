@@ -31,6 +31,7 @@ from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.assembler import TensorAssembler
 from protos.channel import PeerError, create_channel, server_options
+from protos.epoch_call import stream_minibatches
 from sampling_server import cli
 from sampling_server.config import ConfigError, ServerConfig, config_from_cluster
 from sampling_server.errors import Stopping, abort_on_error
@@ -141,7 +142,7 @@ def stream(address: str, req: pb.EpochRequest) -> list[Batch]:
     assembler = TensorAssembler()
     header, expect = None, 0
     try:
-        for msg in pb_grpc.SamplingServiceStub(channel).StreamMinibatches(req, timeout=TIMEOUT):
+        for msg in stream_minibatches(channel, req, timeout=TIMEOUT):
             assert msg.chunk_index == expect and msg.num_chunks >= 1
             if msg.chunk_index == 0:
                 assert msg.HasField("header")
@@ -441,7 +442,7 @@ def test_a_server_unlike_what_the_job_read_refuses_the_stream(
               "hot_order": info.hot_order}
     counts = {"cache_counts": [5, 5]} if cached else {}
     with create_channel(cluster[0]) as channel:  # what the job read: served
-        call = pb_grpc.SamplingServiceStub(channel).StreamMinibatches(
+        call = stream_minibatches(channel,
             request(expect=pb.ServerExpectation(**expect), **counts), timeout=TIMEOUT)
         assert next(call).batch_index == 0
         call.cancel()
@@ -511,7 +512,7 @@ def test_a_cache_fill_from_a_server_with_another_hot_order_is_refused(cluster: l
 
 
 @pytest.mark.parametrize(("method", "message"), [
-    ("/graphfeed.v1.SamplingService/StreamMinibatches", "EpochRequest"),
+    ("/graphfeed.v1.SamplingService/StreamMinibatches", "StreamMinibatchesRequest"),
     ("/graphfeed.v1.PeerService/SampleNeighbors", "SampleNeighborsRequest"),
     ("/graphfeed.v1.SamplingService/GetClusterInfo", "ClusterInfoRequest"),
 ])
@@ -592,20 +593,19 @@ def test_fetch_node_data_answers_read_as_plain_protobuf(parts2: Path, truth: Tru
 def _raw_epoch(address: str, req: pb.EpochRequest) -> list[tuple[list[bytes], dict[str, np.ndarray]]]:
     """Every batch of one stream: its serialized messages and its tensors."""
     channel = create_channel(address)
-    call = channel.unary_stream("/graphfeed.v1.SamplingService/StreamMinibatches",
-                                request_serializer=pb.EpochRequest.SerializeToString,
-                                response_deserializer=None)
+    call = stream_minibatches(channel, req, timeout=TIMEOUT, parse=None, acknowledge=None)
     out: list[tuple[list[bytes], dict[str, np.ndarray]]] = []
     raw: list[bytes] = []
     assembler = TensorAssembler()
     try:
-        for message in call(req, timeout=TIMEOUT):
+        for message in call:
             msg = pb.MinibatchChunk.FromString(message)
             assert msg.chunk_index == len(raw)
             raw.append(message)
             assembler.add_all(msg.tensors)
             if len(raw) == msg.num_chunks:
                 out.append((raw, assembler.finish()))
+                call.taken(len(out))
                 raw = []
     finally:
         channel.close()
@@ -958,7 +958,7 @@ def test_a_client_that_goes_away_ends_its_stream(cluster: list[str],
                                                  caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="sampling_server")
     channel = create_channel(cluster[0])
-    call = pb_grpc.SamplingServiceStub(channel).StreamMinibatches(
+    call = stream_minibatches(channel,
         request(batch_size=5, client_id="leaver"), timeout=TIMEOUT)
     next(call)
     call.cancel()
@@ -1106,7 +1106,7 @@ def test_streams_beyond_max_streams_are_resource_exhausted(parts1: Path) -> None
     assert server.wait_until_serving(20)
     address = f"127.0.0.1:{port}"
     channel = create_channel(address)
-    first = pb_grpc.SamplingServiceStub(channel).StreamMinibatches(
+    first = stream_minibatches(channel,
         request(batch_size=5), timeout=TIMEOUT)
     try:
         next(first)  # holds the only slot
@@ -1176,7 +1176,7 @@ def test_sigterm_drains_and_exits_zero(parts1: Path) -> None:
         port = int(next(ln for ln in lines if "listening on port" in ln)
                    .split("listening on port ")[1].split()[0])
         channel = create_channel(f"127.0.0.1:{port}")
-        call = pb_grpc.SamplingServiceStub(channel).StreamMinibatches(
+        call = stream_minibatches(channel,
             request(batch_size=10, include_features=False), timeout=TIMEOUT)
         first = next(call)
         started = time.monotonic()

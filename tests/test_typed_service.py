@@ -28,6 +28,7 @@ from protos import codec
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import create_channel
+from protos.epoch_call import stream_minibatches
 from sampling_server.sampler import CpuNeighborSampler, batch_key
 from sampling_server.server import create_server
 from tests.server_procs import ServerProcs
@@ -236,7 +237,7 @@ def test_bad_typed_requests_get_clear_errors(cluster: list[str]) -> None:
         stub = pb_grpc.SamplingServiceStub(channel)
         peer = pb_grpc.PeerServiceStub(channel)
         for request, code, field in _epoch_cases():
-            got = _code(lambda r=request: stub.StreamMinibatches(r, timeout=30))
+            got = _code(lambda r=request: stream_minibatches(channel, r, timeout=30))
             assert got[0] == code and field in got[1], (field, got)
         cases = [
             (lambda: peer.SampleNeighbors(pb.SampleNeighborsRequest(nodes=nodes, fanout=2),
@@ -324,7 +325,7 @@ def test_compact_typed_batches_are_narrow_on_the_wire_and_the_same_decoded(
                              include_features=True, fanouts=[3, 2])
     request.typed_cache_counts.add(name="paper", counts=[3, 3])
     with create_channel(cluster[0]) as channel:
-        chunks = list(pb_grpc.SamplingServiceStub(channel).StreamMinibatches(request, timeout=30))
+        chunks = list(stream_minibatches(channel, request, timeout=30))
     dtypes = {t.name: t.dtype for c in chunks for t in c.tensors}
     assert dtypes, "no batches"
     for name, dtype in dtypes.items():
@@ -409,11 +410,11 @@ def test_typed_arguments_on_a_homogeneous_graph_are_refused(tmp_path: Path) -> N
             RemoteNeighborLoader(addresses, input_nodes=("paper", [0]), num_neighbors=[2],
                                  batch_size=4, **TIMEOUTS)
         with create_channel(addresses[0]) as channel:
-            code, details = _code(lambda: pb_grpc.SamplingServiceStub(channel).StreamMinibatches(
+            code, details = _code(lambda: stream_minibatches(channel,
                 _typed_request(), timeout=30))
             assert code == INVALID and "EpochRequest.typed" in details
             stub = pb_grpc.SamplingServiceStub(channel)
-            code, details = _code(lambda: stub.StreamMinibatches(pb.EpochRequest(
+            code, details = _code(lambda: stream_minibatches(channel, pb.EpochRequest(
                 split="train", fanouts=[2], batch_size=4, world_size=1,
                 typed_cache_counts=[pb.TypedCounts(name="paper", counts=[1])]), timeout=30))
             assert code == INVALID and "EpochRequest.typed_cache_counts" in details
@@ -453,7 +454,7 @@ def test_server_processes_serve_typed_batches_with_a_token(
         request.seeds.CopyFrom(codec.encode_tensor(seeds))
         metadata = (("authorization", "Bearer typed-secret"),)
         with create_channel(procs.addresses[0]) as channel:
-            chunks = list(pb_grpc.SamplingServiceStub(channel).StreamMinibatches(
+            chunks = list(stream_minibatches(channel,
                 request, timeout=120, metadata=metadata))
         assert chunks and all(c.num_chunks == 1 for c in chunks)  # tiny batches: one message
         for c in chunks:  # partition 0's batches of rank 0: 0, 2, ...
@@ -478,7 +479,8 @@ def _typed_structured(rng: random.Random, method: str) -> bytes:
     names = ["", "paper", "author", "venue", "author__writes__paper", "paper__cites__paper",
              "a__b", "x" * 5000, "paper\n__cites__paper"]
     if method == "StreamMinibatches":
-        msg = pb.EpochRequest.FromString(_structured(rng, method))
+        wrapped = pb.StreamMinibatchesRequest.FromString(_structured(rng, method))
+        msg = wrapped.epoch
         msg.typed.seed_type = rng.choice(names)
         for _ in range(rng.choice([0, 1, 3])):
             msg.typed.edge_fanouts.add(edge_type=rng.choice(names),
@@ -488,7 +490,7 @@ def _typed_structured(rng: random.Random, method: str) -> bytes:
             msg.typed_cache_counts.add(name=rng.choice(names),
                                        counts=[rng.choice([-1, 0, 1, 10**6])
                                                for _ in range(rng.choice([0, 1, 2, 3]))])
-        return msg.SerializeToString()
+        return wrapped.SerializeToString()
     if method == "SampleNeighbors":
         sample = pb.SampleNeighborsRequest.FromString(_structured(rng, method))
         sample.edge_type = rng.choice(names)

@@ -9,7 +9,10 @@ through a bounded prefetch window, and the consumer takes them in batch-index or
 Prefetch is a window over batch indices: a reader may hand over batch ``j`` only while
 ``j < next + prefetch``, where ``next`` is the batch the consumer waits for. So at most
 ``prefetch`` decoded batches wait (plus one in each reader's hands), and the reader that
-owns ``next`` is never held back, so the merge cannot deadlock.
+owns ``next`` is never held back, so the merge cannot deadlock. Each batch that joins the
+window is acknowledged to its server (:class:`~protos.epoch_call.EpochCall`), which
+produces only a few batches past what was acknowledged: a consumer that stops taking
+batches stops its servers' sampling for it too.
 
 Failures never hang the trainer:
 
@@ -50,9 +53,10 @@ from protos.channel import (
     ServerUnavailable,
     error_from_rpc,
     retry,
+    retryable_exhaustion,
 )
 from protos.codec import CodecError
-from protos.slots import retryable_exhaustion
+from protos.epoch_call import EpochCall
 from trainer_client.decode import BatchAssembler, BatchSpec, DecodedBatch, pin_batch
 
 log = logging.getLogger(__name__)
@@ -178,7 +182,7 @@ class _Reader:
     position: int = 0
     state: _State = _State.IDLE
     last_activity: float = field(default_factory=time.monotonic)
-    call: grpc.Call | None = None
+    call: EpochCall | None = None
     stalled: bool = False
     error: BaseException | None = None
     thread: threading.Thread | None = None
@@ -413,6 +417,7 @@ class EpochStream:
         """One StreamMinibatches call: receive, check and hand over batches until it ends
         (a half-received batch is dropped when it breaks)."""
         call = r.server.stub.StreamMinibatches(request, timeout=self._timeouts.call_deadline)
+        taken = 0  # batches of this call in the prefetch window: what it acknowledges
         with self._cond:
             if self._stop.is_set():
                 call.cancel()
@@ -429,8 +434,9 @@ class EpochStream:
                         f"StreamMinibatches at {r.server.address}: malformed reply: {exc}",
                         what="StreamMinibatches", address=r.server.address, details=str(exc),
                     ) from exc
-                if batch is not None:
-                    self._hand_over(r, batch)
+                if batch is not None and self._hand_over(r, batch):
+                    taken += 1
+                    call.taken(taken)
         except grpc.RpcError:
             assembler.reset()
             raise
@@ -443,8 +449,9 @@ class EpochStream:
                                 f"{r.next_index} (expected batches {list(r.server.indices[r.position:])})",
                                 what="StreamMinibatches", address=r.server.address)
 
-    def _hand_over(self, r: _Reader, batch: DecodedBatch) -> None:
-        """Check a batch's index, then wait (bounded steps) for room in the window."""
+    def _hand_over(self, r: _Reader, batch: DecodedBatch) -> bool:
+        """Check a batch's index, then wait (bounded steps) for room in the window;
+        whether the batch joined it (not when the stream was closed meanwhile)."""
         if r.finished or batch.index != r.next_index:
             expected = "no more batches" if r.finished else f"batch {r.next_index}"
             raise ProtocolError(
@@ -462,11 +469,12 @@ class EpochStream:
             while batch.index >= self._next + self._prefetch and not self._stop.is_set():
                 self._cond.wait(0.5)
             if self._stop.is_set():
-                return
+                return False
             self._ready[batch.index] = batch
             r.position += 1
             r.state, r.last_activity = _State.RECEIVING, time.monotonic()
             self._cond.notify_all()
+            return True
 
     def _watch(self) -> None:
         """Watchdog thread: cancel calls that sent nothing for ``stall`` seconds."""
