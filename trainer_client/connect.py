@@ -27,15 +27,11 @@ log = logging.getLogger("trainer_client.cluster")
 
 #: Seconds between the lines that say what the trainer still waits for.
 REPORT_EVERY = 5.0
-#: Seconds every server may refuse connections (or its host name fail to resolve) before
-#: the trainer stops waiting.
+#: Seconds every server may refuse connections (or not resolve) before the trainer stops waiting.
 REFUSED_GRACE = 10.0
 #: Pauses between GetClusterInfo tries of one server.
 BACKOFF = Backoff(0.05, 2.0, 1.0)
-
-
-#: Words of gRPC's status details when a host name does not resolve (its own resolver's,
-#: c-ares').
+#: Words of gRPC's status details (its own resolver's, c-ares') for a name that does not resolve.
 UNRESOLVED = ("errors resolving", "dns resolution failed", "lookup failed")
 #: States in which nothing runs at an address: no answer will come by waiting.
 NOTHING_THERE = ("refused", "unresolved")
@@ -50,8 +46,7 @@ class _Waiting:
         self.state, self.since, self.error = "down", time.monotonic(), "no answer yet"
 
     def heard(self, error: str) -> bool:
-        """Take ``error`` in; whether it says something new (a new state, or another
-        reason for "down") rather than what the last one said in other words."""
+        """Take ``error`` in; whether it is news: a new state, or another reason for "down"."""
         text = error.lower()
         state = "refused" if "connection refused" in text else \
             "unresolved" if any(w in text for w in UNRESOLVED) else \

@@ -106,7 +106,7 @@ def read_npz(path: str | Path, *, name: str | None = None) -> GraphData | TypedG
     :class:`GraphDataError` naming the file and the key when a key is missing or malformed.
     """
     path = Path(path)
-    arrays = _load_all(path)  # every key, the link splits' too, for errors to list them
+    arrays = _load_all(path)  # every key, the link splits' too, for the errors to list
     name = name if name is not None else path.stem
     typed = _is_typed(arrays)
     links = _link_splits({k: v for k, v in arrays.items() if _LINK_KEY.fullmatch(k)}, path, typed=typed)
@@ -192,8 +192,7 @@ def _read_typed(arrays: dict[str, np.ndarray], path: Path, name: str,
 
 
 def _labels(arrays: dict[str, np.ndarray], key: str, num_nodes: int, path: Path) -> np.ndarray:
-    """The labels under ``key``; every node unlabeled (``-1``) where the key is absent (a
-    link graph's)."""
+    """The labels under ``key``; without the key (a link graph's), every node unlabeled."""
     if key not in arrays:
         return np.full(num_nodes, -1, np.int64)
     return labels_to_int64(arrays[key], f"{path}: {key}")
