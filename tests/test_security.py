@@ -3,6 +3,7 @@ caller is served, every other one gets UNAUTHENTICATED (or no connection at all)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import ipaddress
@@ -294,19 +295,10 @@ def test_a_trainer_without_the_token_is_told_the_flag_that_gives_it(
 ) -> None:
     from trainer_client.train import main
 
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN)
-    server, port = create_server(ServerConfig(partition_dir=parts1, partition=0, device="cpu",
-                                              listen="127.0.0.1:0", token_file=token_file))
-    server.start()
     for name in ("GRAPHFEED_TOKEN", "GRAPHFEED_TOKEN_FILE"):
         monkeypatch.delenv(name, raising=False)
-    try:
-        assert server.wait_until_serving(30)
-        with caplog.at_level(logging.ERROR):
-            assert main(["--servers", f"127.0.0.1:{port}", "--device", "cpu", "--timeout", "30"]) == 1
-    finally:
-        server.stop(None).wait(10)
+    with _token_server(parts1, tmp_path, "127.0.0.1:0") as port, caplog.at_level(logging.ERROR):
+        assert main(["--servers", f"127.0.0.1:{port}", "--device", "cpu", "--timeout", "30"]) == 1
     assert re.search(r"UNAUTHENTICATED: .*--token-file FILE", caplog.text), caplog.text
 
 
@@ -327,20 +319,27 @@ def test_a_server_beyond_loopback_starts_with_credentials_or_when_told_insecure(
     assert port > 0
 
 
-def test_a_stranger_gets_unauthenticated_from_a_server_on_every_interface(
-    parts1: Path, tmp_path: Path
-) -> None:
+@contextlib.contextmanager
+def _token_server(partition_dir: Path, tmp_path: Path, listen: str) -> Iterator[int]:
+    """A serving server of partition 0 that requires :data:`TOKEN` of every caller; its port."""
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
-    server, port = create_server(ServerConfig(partition_dir=parts1, partition=0, device="cpu",
-                                              listen="0.0.0.0:0", token_file=token_file))
+    server, port = create_server(ServerConfig(partition_dir=partition_dir, partition=0, device="cpu",
+                                              listen=listen, token_file=token_file))
     server.start()
     try:
         assert server.wait_until_serving(30)
-        with create_channel(f"127.0.0.1:{port}", security=Security()) as channel:
-            assert _calls(channel) == [UNAUTHENTICATED] * 6
+        yield port
     finally:
         server.stop(None).wait(10)
+
+
+def test_a_stranger_gets_unauthenticated_from_a_server_on_every_interface(
+    parts1: Path, tmp_path: Path
+) -> None:
+    with _token_server(parts1, tmp_path, "0.0.0.0:0") as port, \
+            create_channel(f"127.0.0.1:{port}", security=Security()) as channel:
+        assert _calls(channel) == [UNAUTHENTICATED] * 6
 
 
 def test_fair_shares_count_a_mutual_tls_caller_by_its_certificate(
