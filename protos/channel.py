@@ -221,6 +221,9 @@ def error_from_rpc(error: grpc.RpcError, what: str, address: str | None = None) 
     where = f" at {address}" if address else ""
     status = code.name if code is not None else "unknown status"
     message = f"{what}{where} failed: {status}: {details}"
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        message += ("; every server and trainer of a cluster reads the same token: --token-file FILE "
+                    "(or GRAPHFEED_TOKEN_FILE / GRAPHFEED_TOKEN)")
     cls = _ERROR_OF.get(code, ServerError) if code is not None else ServerError
     return cls(message, what=what, address=address, code=code, details=details)
 

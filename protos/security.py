@@ -181,7 +181,8 @@ def require_credentials(listen: str, security: Security, insecure: bool) -> None
         f"listen: {listen} is reachable from other machines, and the server has neither TLS nor "
         "a token: anyone who reaches the port could read every node's features, labels and "
         "edges. Expected credentials: --tls-cert and --tls-key (with --tls-ca for mutual TLS), "
-        "or --token-file FILE (or GRAPHFEED_TOKEN_FILE); or listen on 127.0.0.1; or pass "
+        "or --token-file FILE (or GRAPHFEED_TOKEN_FILE), FILE made once per cluster by "
+        "`python -m protos.security new-token FILE`; or listen on 127.0.0.1; or pass "
         "--insecure (cluster.yaml: insecure: true) to serve a network you trust without them")
 
 

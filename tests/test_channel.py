@@ -123,6 +123,17 @@ def test_status_becomes_our_exception_with_a_clear_message(
     assert isinstance(info.value.__cause__, grpc.RpcError)
 
 
+def test_an_unauthenticated_call_names_the_flag_that_gives_the_token(
+        probe: ProbeServer, channel: grpc.Channel) -> None:
+    with pytest.raises(ServerError, match=r"UNAUTHENTICATED: probe says unauthenticated; every server and "
+                                          r"trainer of a cluster reads the same token: --token-file FILE"), \
+            rpc_errors("Probe.Fail", probe.address):
+        _call(channel, "Fail", b"UNAUTHENTICATED")
+    with pytest.raises(ServerError) as other, rpc_errors("Probe.Fail", probe.address):
+        _call(channel, "Fail", b"PERMISSION_DENIED")
+    assert "--token-file" not in str(other.value)
+
+
 def test_the_channel_never_retries_by_itself(probe: ProbeServer, channel: grpc.Channel) -> None:
     before = Counter(probe.calls)
     for code in ("UNAVAILABLE", "INVALID_ARGUMENT", "INTERNAL"):

@@ -49,7 +49,7 @@ def test_an_unreachable_server_fails_within_connect_timeout(
         reserve_ports: Callable[[int], list[int]]) -> None:
     address = f"127.0.0.1:{reserve_ports(1)[0]}"  # held: nothing listens there
     started = time.monotonic()
-    pattern = rf"server {address}: no ClusterInfo within connect_timeout=1 s"
+    pattern = rf"server {address}: no ClusterInfo within 1 s \(--timeout, a loader's connect_timeout; "
     with pytest.raises(ServerUnavailable, match=pattern):
         RemoteNeighborLoader([address], num_neighbors=[1], batch_size=4, connect_timeout=1.0)
     assert time.monotonic() - started < 5
@@ -67,6 +67,25 @@ def test_servers_that_refuse_connections_end_the_wait_at_once_naming_the_fix(
     with pytest.raises(ServerUnavailable, match=rf"server {addresses[0]} refused connections for 0.5 s: is "
                                                 rf"a server running at {addresses[0]}\?"):
         Cluster(addresses[:1], connect_timeout=60, refused_grace=0.5)
+
+
+def test_a_host_name_that_does_not_resolve_ends_the_wait_naming_it_and_the_flag(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """As a refused port does: once the name has failed to resolve for the refusal grace
+    (not at the connect timeout), in one line that names the address and --servers, after
+    one warning (not one per try)."""
+    from trainer_client.train import main
+
+    address = "graphfeed-no-such-host.invalid:50051"  # .invalid never resolves (RFC 6761)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        assert main(["--servers", address, "--refused-grace", "1", "--device", "cpu"]) == 1
+    assert time.monotonic() - started < 60  # not --timeout's 120 s
+    pattern = rf"server {re.escape(address)}: its host name did not resolve for 1 s \(UNAVAILABLE: .+\): " \
+        r"check the address in --servers"
+    assert re.search(pattern, caplog.text), caplog.text
+    assert "connect_timeout" not in caplog.text
+    assert sum("waiting up to" in r.getMessage() for r in caplog.records) == 1, caplog.text
 
 
 def test_servers_that_answer_while_loading_are_waited_for_saying_so(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pickle
+import re
 from fractions import Fraction
 from pathlib import Path
 
@@ -419,6 +420,30 @@ def test_graph_directories_keep_link_splits_for_the_streaming_path(kind: str, sp
 def test_npz_archives_round_trip_link_splits(kind: str, split: AnyGraph, tmp_path: Path) -> None:
     write_npz(split, tmp_path / "g.npz")
     _assert_same_links(split, read_npz(tmp_path / "g.npz"))
+
+
+def test_an_npz_with_link_splits_and_no_labels_is_a_link_graph(kind: str, split: AnyGraph,
+                                                                tmp_path: Path) -> None:
+    """Link graphs need no node labels (nor node splits): an archive without ``y`` is read
+    as one, every node unlabeled, and partitions; without link splits it still needs ``y``,
+    and the error lists every key the file has."""
+    write_npz(split, tmp_path / "g.npz")
+    with np.load(tmp_path / "g.npz") as npz:
+        arrays = {k: npz[k] for k in npz.files
+                  if k.partition("__")[0] != "y" and k != "num_classes" and not k.endswith("_idx")}
+    np.savez(tmp_path / "links.npz", **arrays)  # type: ignore[arg-type]
+    read = read_npz(tmp_path / "links.npz")
+    _assert_same_links(split, read)
+    assert (typed_view(read).y == -1).all() and read.num_classes == 1 and not read.splits
+    assert typed_view(read).target_type == SPLIT_TYPE[kind][2]
+    assert main(["partition", "--npz", str(tmp_path / "links.npz"), "--num-parts", "2", "--method", "range",
+                 "--out", str(tmp_path / "p"), "--no-progress"]) == 0
+    assert set(read_manifest(tmp_path / "p").link_splits) == set(split.link_splits)
+    node_keys = {k: v for k, v in arrays.items() if not re.match(r".*_(pos|neg|neg_dst|label)(__|$)", k)}
+    np.savez(tmp_path / "nothing.npz", **node_keys)  # type: ignore[arg-type]
+    with pytest.raises(GraphDataError, match="y") as refused:
+        read_npz(tmp_path / "nothing.npz")
+    assert f"the file has the keys {sorted(node_keys)}" in str(refused.value)
 
 
 def test_npz_link_keys_as_documented(tmp_path: Path) -> None:

@@ -3,10 +3,15 @@ caller is served, every other one gets UNAUTHENTICATED (or no connection at all)
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import datetime
 import ipaddress
+import logging
+import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -267,6 +272,37 @@ def test_a_server_beyond_loopback_without_credentials_refuses_to_start(
     assert code == 2 and "--insecure" in capsys.readouterr().err
 
 
+def test_the_refusal_shows_the_command_that_makes_a_token_and_its_token_starts_the_server(
+    parts2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("GRAPHFEED_TOKEN", "GRAPHFEED_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    config = ServerConfig(partition_dir=parts2, partition=0, listen="0.0.0.0:0", device="cpu")
+    with pytest.raises(ConfigError) as refused:
+        create_server(config)
+    shown = re.search(r"`python (-m protos\.security new-token) FILE`", str(refused.value))
+    assert shown is not None, refused.value
+    token_file = tmp_path / "cluster.token"
+    subprocess.run([sys.executable, *shown.group(1).split(), str(token_file)], cwd=REPO, check=True,
+                   capture_output=True, timeout=120)
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    server, port = create_server(dataclasses.replace(config, token_file=token_file))
+    server.stop(None).wait(10)
+    assert port > 0
+
+
+def test_a_trainer_without_the_token_is_told_the_flag_that_gives_it(
+    parts1: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from trainer_client.train import main
+
+    for name in ("GRAPHFEED_TOKEN", "GRAPHFEED_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    with _token_server(parts1, tmp_path, "127.0.0.1:0") as port, caplog.at_level(logging.ERROR):
+        assert main(["--servers", f"127.0.0.1:{port}", "--device", "cpu", "--timeout", "30"]) == 1
+    assert re.search(r"UNAUTHENTICATED: .*--token-file FILE", caplog.text), caplog.text
+
+
 @pytest.mark.parametrize("credentials", ["token", "mutual TLS", "insecure"])
 def test_a_server_beyond_loopback_starts_with_credentials_or_when_told_insecure(
     parts2: Path, certs: Certs, tmp_path: Path, credentials: str
@@ -284,20 +320,27 @@ def test_a_server_beyond_loopback_starts_with_credentials_or_when_told_insecure(
     assert port > 0
 
 
-def test_a_stranger_gets_unauthenticated_from_a_server_on_every_interface(
-    parts1: Path, tmp_path: Path
-) -> None:
+@contextlib.contextmanager
+def _token_server(partition_dir: Path, tmp_path: Path, listen: str) -> Iterator[int]:
+    """A serving server of partition 0 that requires :data:`TOKEN` of every caller; its port."""
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
-    server, port = create_server(ServerConfig(partition_dir=parts1, partition=0, device="cpu",
-                                              listen="0.0.0.0:0", token_file=token_file))
+    server, port = create_server(ServerConfig(partition_dir=partition_dir, partition=0, device="cpu",
+                                              listen=listen, token_file=token_file))
     server.start()
     try:
         assert server.wait_until_serving(30)
-        with create_channel(f"127.0.0.1:{port}", security=Security()) as channel:
-            assert _calls(channel) == [UNAUTHENTICATED] * 6
+        yield port
     finally:
         server.stop(None).wait(10)
+
+
+def test_a_stranger_gets_unauthenticated_from_a_server_on_every_interface(
+    parts1: Path, tmp_path: Path
+) -> None:
+    with _token_server(parts1, tmp_path, "0.0.0.0:0") as port, \
+            create_channel(f"127.0.0.1:{port}", security=Security()) as channel:
+        assert _calls(channel) == [UNAUTHENTICATED] * 6
 
 
 def test_fair_shares_count_a_mutual_tls_caller_by_its_certificate(

@@ -3,9 +3,10 @@ each server waited for until it answers (it may start after the trainer, or stil
 loading its partition), all within the connect timeout.
 
 While it waits, the trainer says every :data:`REPORT_EVERY` seconds what for: which
-servers refuse connections, which are still loading, how long is left. When every
-server has refused connections for longer than a short grace (:data:`REFUSED_GRACE`),
-nothing is running at those addresses: the wait ends at once, naming the fix.
+servers refuse connections, which host names do not resolve, which servers are still
+loading, how long is left. When every server has refused connections, or its host name
+has not resolved, for longer than a short grace (:data:`REFUSED_GRACE`), nothing is
+running at those addresses: the wait ends at once, naming the fix.
 """
 
 from __future__ import annotations
@@ -26,31 +27,57 @@ log = logging.getLogger("trainer_client.cluster")
 
 #: Seconds between the lines that say what the trainer still waits for.
 REPORT_EVERY = 5.0
-#: Seconds every server may refuse connections before the trainer stops waiting.
+#: Seconds every server may refuse connections (or not resolve) before the trainer stops waiting.
 REFUSED_GRACE = 10.0
 #: Pauses between GetClusterInfo tries of one server.
 BACKOFF = Backoff(0.05, 2.0, 1.0)
+#: Words of gRPC's status details (its own resolver's, c-ares') for a name that does not resolve.
+UNRESOLVED = ("errors resolving", "dns resolution failed", "lookup failed")
+#: States in which nothing runs at an address: no answer will come by waiting.
+NOTHING_THERE = ("refused", "unresolved")
 
 
 class _Waiting:
-    """What one server said last: ``state`` "refused" (nothing listens), "loading" (it
-    answers, not ready) or "down" (any other failure), since ``since``, as ``error``."""
+    """What one server said last: ``state`` "refused" (nothing listens), "unresolved"
+    (its host name does not resolve), "loading" (it answers, not ready) or "down" (any
+    other failure), since ``since``, as ``error``."""
 
     def __init__(self) -> None:
         self.state, self.since, self.error = "down", time.monotonic(), "no answer yet"
 
-    def heard(self, error: str) -> None:
+    def heard(self, error: str) -> bool:
+        """Take ``error`` in; whether it is news: a new state, or another reason for "down"."""
         text = error.lower()
         state = "refused" if "connection refused" in text else \
+            "unresolved" if any(w in text for w in UNRESOLVED) else \
             "loading" if "loading" in text or "not_serving" in text else "down"
+        new = state != self.state or (state == "down" and error != self.error)
         if state != self.state:
             self.state, self.since = state, time.monotonic()
         self.error = error
+        return new
 
     def describe(self, now: float) -> str:
-        if self.state == "refused":
-            return f"refuses connections (for {now - self.since:.0f} s)"
+        if self.state in NOTHING_THERE:
+            what = "refuses connections" if self.state == "refused" else "does not resolve"
+            return f"{what} (for {now - self.since:.0f} s)"
         return f"{'is still loading' if self.state == 'loading' else 'does not answer'} ({self.error})"
+
+
+def _nothing_there(waiting: Mapping[str, _Waiting], grace: float) -> str:
+    """Why the wait ends where nothing has run at any address ``waiting`` names for
+    ``grace`` seconds: each address and the fix."""
+    why = []
+    refused = [a for a, s in waiting.items() if s.state == "refused"]
+    if refused:
+        each = f"at {refused[0]}" if len(refused) == 1 else "at each"
+        why.append(f"server{'s' * (len(refused) > 1)} {', '.join(refused)} refused connections for "
+                   f"{grace:g} s: is a server running {each}? Start it with graphfeed-server "
+                   "--partition-dir DIR --partition P --listen HOST:PORT, or check --servers")
+    for address in (a for a, s in waiting.items() if s.state == "unresolved"):
+        why.append(f"server {address}: its host name did not resolve for {grace:g} s "
+                   f"({waiting[address].error}): check the address in --servers")
+    return "; ".join(why)
 
 
 def fetch_infos(channels: Mapping[str, grpc.Channel], client_id: str, deadline: float,
@@ -93,14 +120,10 @@ def _watch(futures: Mapping[str, Future[pb.ClusterInfo]], states: Mapping[str, _
             raise error
         now = time.monotonic()
         waiting = {a: states[a] for a, f in futures.items() if f in pending}
-        if len(waiting) == len(futures) and all(s.state == "refused" and now - s.since >= refused_grace
+        if len(waiting) == len(futures) and all(s.state in NOTHING_THERE and now - s.since >= refused_grace
                                                  for s in waiting.values()):
-            each = f"at {next(iter(waiting))}" if len(waiting) == 1 else "at each"
-            raise ServerUnavailable(
-                f"server{'s' * (len(waiting) > 1)} {', '.join(waiting)} refused connections for "
-                f"{refused_grace:g} s: is a server running {each}? Start it with graphfeed-server "
-                f"--partition-dir DIR --partition P --listen HOST:PORT, or check --servers",
-                what="GetClusterInfo", code=grpc.StatusCode.UNAVAILABLE)
+            raise ServerUnavailable(_nothing_there(waiting, refused_grace), what="GetClusterInfo",
+                                    code=grpc.StatusCode.UNAVAILABLE)
         if waiting and now >= next_report:
             next_report = now + REPORT_EVERY
             (log.info if all(s.state == "loading" for s in waiting.values()) else log.warning)(
@@ -124,17 +147,16 @@ def _fetch_info(address: str, channel: grpc.Channel, client_id: str, deadline: f
 
     def failed(f: RetryFailure) -> None:
         error = _status(f.error)
-        if error != state.error:  # the first failure, and every change of reason
+        if state.heard(error):  # the first failure, and every change of reason
             log.warning("waiting up to %.0f s more for server %s: %s", f.left, address, error)
-        state.heard(error)
 
     try:
         return retry(attempt, backoff=BACKOFF, deadline=deadline, on_failure=failed,
                      retryable=status_in(grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED),
                      on_give_up=lambda f: ServerUnavailable(
-                         f"server {address}: no ClusterInfo within connect_timeout={connect_timeout:g} s "
-                         f"(last error: {_status(f.error)})", what="GetClusterInfo", address=address,
-                         code=grpc.StatusCode.UNAVAILABLE), sleep=sleep)
+                         f"server {address}: no ClusterInfo within {connect_timeout:g} s (--timeout, a "
+                         f"loader's connect_timeout; last error: {_status(f.error)})", what="GetClusterInfo",
+                         address=address, code=grpc.StatusCode.UNAVAILABLE), sleep=sleep)
     except grpc.RpcError as err:
         raise error_from_rpc(err, "GetClusterInfo", address) from err
 

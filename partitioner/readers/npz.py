@@ -5,7 +5,8 @@ Keys of a plain graph (``docs/datasets.md`` has the full tables):
 
 - required: ``edge_index`` (``[2, E]`` or ``[E, 2]`` integers), ``x`` (``[N, F]`` floats),
   ``y`` (``[N]`` or ``[N, 1]`` integers, ``-1`` for unlabeled nodes, or floats with NaN
-  for unlabeled nodes, as OGB stores papers100M's);
+  for unlabeled nodes, as OGB stores papers100M's; a link graph, one with link splits,
+  may leave it out: every node is then unlabeled);
 - optional: ``num_nodes`` (default ``x.shape[0]``), ``edge_weight`` (``[E]``),
   ``edge_attr`` (``[E]`` or ``[E, F]`` edge features of any numeric dtype, aligned with
   ``edge_index``: an edge's original ID is its column there), ``edge_ids`` (``[E]``
@@ -19,7 +20,9 @@ Keys of a typed graph, which name the types:
 - ``edge_weight__<src>__<rel>__<dst>``: optional ``[E]`` positive weights of a relation;
 - ``edge_attr__<src>__<rel>__<dst>``: optional ``[E]`` or ``[E, F]`` edge features of a relation;
 - ``x__<type>``: ``[N_t, F_t]`` floats, for the types that have features;
-- ``y__<type>``: labels as above; exactly one such key, which names the target type.
+- ``y__<type>``: labels as above; exactly one such key, which names the target type (a
+  link graph may have none: its first link split's destination type is then the target
+  type, every node unlabeled).
 
 Both: optional ``num_classes`` (default ``y.max() + 1``), ``train_idx``/``val_idx``/
 ``test_idx`` (node IDs; of the target type in a typed graph) or ``train_mask``/
@@ -103,11 +106,12 @@ def read_npz(path: str | Path, *, name: str | None = None) -> GraphData | TypedG
     :class:`GraphDataError` naming the file and the key when a key is missing or malformed.
     """
     path = Path(path)
-    arrays = _load_all(path)
+    arrays = _load_all(path)  # every key, the link splits' too, for the errors to list
     name = name if name is not None else path.stem
-    links = {k: arrays.pop(k) for k in list(arrays) if _LINK_KEY.fullmatch(k)}
-    graph = _read_typed(arrays, path, name) if _is_typed(arrays) else _read_plain(arrays, path, name)
-    graph.link_splits = _link_splits(links, path, typed=isinstance(graph, TypedGraphData))
+    typed = _is_typed(arrays)
+    links = _link_splits({k: v for k, v in arrays.items() if _LINK_KEY.fullmatch(k)}, path, typed=typed)
+    graph = _read_typed(arrays, path, name, links) if typed else _read_plain(arrays, path, name, links)
+    graph.link_splits = links
     graph.validate()
     log.info("read %s from %s: %s", graph.name, path, _sizes(graph))
     return graph
@@ -120,16 +124,16 @@ def _sizes(graph: GraphData | TypedGraphData) -> str:
     return f"{graph.num_nodes} nodes, {graph.num_edges} edges, {graph.feature_dim} features"
 
 
-def _read_plain(arrays: dict[str, np.ndarray], path: Path, name: str) -> GraphData:
-    missing = [key for key in REQUIRED_KEYS if key not in arrays]
+def _read_plain(arrays: dict[str, np.ndarray], path: Path, name: str,
+                links: dict[str, LinkSplit]) -> GraphData:
+    missing = [key for key in REQUIRED_KEYS if key not in arrays and not (key == "y" and links)]
     if missing:
-        raise GraphDataError(
-            f"{path}: missing required key {missing[0]!r}; keys present: {sorted(arrays)}"
-        )
+        raise GraphDataError(f"{path}: missing required key{'s' * (len(missing) > 1)} "
+                             f"{', '.join(map(repr, missing))}; the file has the keys {sorted(arrays)}")
     _warn_ignored(path, [k for k in arrays if k not in REQUIRED_KEYS and k not in OPTIONAL_KEYS])
     x = _features(arrays["x"], path, "x")
     num_nodes = _scalar(arrays, "num_nodes", path, default=int(x.shape[0]))
-    y = labels_to_int64(arrays["y"], f"{path}: y")
+    y = _labels(arrays, "y", num_nodes, path)
     edge_index = _edge_index(arrays["edge_index"], path, "edge_index")
     return GraphData(
         name=name, num_nodes=num_nodes, edge_index=edge_index, x=x, y=y,
@@ -142,7 +146,8 @@ def _read_plain(arrays: dict[str, np.ndarray], path: Path, name: str) -> GraphDa
     )
 
 
-def _read_typed(arrays: dict[str, np.ndarray], path: Path, name: str) -> TypedGraphData:
+def _read_typed(arrays: dict[str, np.ndarray], path: Path, name: str,
+                links: dict[str, LinkSplit]) -> TypedGraphData:
     by_kind: dict[str, dict[str, str]] = {kind: {} for kind in TYPED_PREFIXES}
     ignored = []
     for key in arrays:
@@ -154,11 +159,14 @@ def _read_typed(arrays: dict[str, np.ndarray], path: Path, name: str) -> TypedGr
     _warn_ignored(path, ignored)
     num_nodes = {t: _scalar(arrays, k, path, default=0) for t, k in by_kind["num_nodes"].items()}
     if not num_nodes:
-        raise GraphDataError(f"{path}: expected num_nodes__<type> keys, got keys {sorted(arrays)}")
+        raise GraphDataError(f"{path}: expected num_nodes__<type> keys; the file has the keys "
+                             f"{sorted(arrays)}")
     targets = list(by_kind["y"])
+    if not targets and links:  # a link graph needs no labels: its first split's destination type
+        targets = [next(iter(links.values())).edge_type[2]]
     if len(targets) != 1:
-        raise GraphDataError(
-            f"{path}: expected exactly one y__<type> key (the labelled type), got {targets}")
+        raise GraphDataError(f"{path}: expected exactly one y__<type> key (the labelled type; none in a link "
+                             f"graph), got {targets}; the file has the keys {sorted(arrays)}")
     target = targets[0]
     if target not in num_nodes:
         raise GraphDataError(f"{path}: y__{target}: expected a node type among {list(num_nodes)}")
@@ -174,13 +182,20 @@ def _read_typed(arrays: dict[str, np.ndarray], path: Path, name: str) -> TypedGr
                 raise GraphDataError(f"{path}: {key}: expected a relation with an edge_index__{rest} key, "
                                      f"got none; relations: {[edge_type_name(e) for e in edges]}")
             per_edge[kind][et] = read(arrays[key], path, key, edges[et].shape[1])
-    y = labels_to_int64(arrays[f"y__{target}"], f"{path}: y__{target}")
+    y = _labels(arrays, f"y__{target}", num_nodes[target], path)
     return TypedGraphData(
         name=name, num_nodes=num_nodes, edge_index=edges,
         x={t: _features(arrays[k], path, k) for t, k in by_kind["x"].items()}, target_type=target,
         y=y, num_classes=_num_classes(arrays, y, path), splits=_splits(arrays, num_nodes[target], path),
         edge_weight=per_edge["edge_weight"], edge_attr=per_edge["edge_attr"], edge_ids=per_edge["edge_ids"],
     )
+
+
+def _labels(arrays: dict[str, np.ndarray], key: str, num_nodes: int, path: Path) -> np.ndarray:
+    """The labels under ``key``; without the key (a link graph's), every node unlabeled."""
+    if key not in arrays:
+        return np.full(num_nodes, -1, np.int64)
+    return labels_to_int64(arrays[key], f"{path}: {key}")
 
 
 def _edge_ids(raw: np.ndarray, path: Path, key: str) -> np.ndarray:
@@ -243,6 +258,7 @@ def _edge_type(name: str, path: Path, key: str) -> EdgeType:
 
 
 def _warn_ignored(path: Path, keys: list[str]) -> None:
+    keys = [k for k in keys if not _LINK_KEY.fullmatch(k)]  # read as link splits
     if keys:
         log.warning("%s: ignoring keys graphfeed does not read: %s", path, sorted(keys))
 
