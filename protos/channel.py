@@ -201,7 +201,7 @@ _ERROR_OF: dict[grpc.StatusCode, type[GraphfeedError]] = {
 
 #: Words in the details of every ``RESOURCE_EXHAUSTED`` that a free stream slot cures: the
 #: server puts them into every refusal and take-back for want of a slot
-#: (``sampling_server/fair_share.py``); a trainer resumes its stream after a
+#: (``sampling_server/stream_slots.py``); a trainer resumes its stream after a
 #: ``RESOURCE_EXHAUSTED`` only when :func:`retryable_exhaustion` finds them.
 SLOT_REFUSAL = "no stream slot"
 

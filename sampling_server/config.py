@@ -116,7 +116,7 @@ class ServerConfig:
     hot_order: str = HOT_ORDER
     #: Trainer streams served at once; more get RESOURCE_EXHAUSTED (keeps gRPC threads
     #: free for peer calls, so servers never starve each other). They are shared fairly
-    #: among clients (sampling_server/fair_share.py).
+    #: among clients (sampling_server/stream_slots.py).
     max_streams: int = 32
     #: Streams one client (a trainer rank: its authenticated identity or host, and its
     #: client ID) may hold; more get RESOURCE_EXHAUSTED. None: max_streams.

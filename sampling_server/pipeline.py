@@ -3,7 +3,7 @@
 A validated :class:`~sampling_server.jobs.EpochJob` lists this server's batches of one
 rank. The :class:`SamplingPipeline` produces them (:func:`~sampling_server.produce.produce`)
 on a thread pool shared by every stream and served fairly among clients
-(:class:`~sampling_server.fair_pool.FairPool`). Two windows bound what a stream produces:
+(:class:`~sampling_server.sampling_queue.FairPool`). Two windows bound what a stream produces:
 at most ``prefetch`` batches ahead of the one being sent (the generator queues the next
 batch only when gRPC takes the current one), and none past ``prefetch`` +
 :data:`IN_TRANSIT_BATCHES` batches beyond what its client has acknowledged taking
@@ -26,13 +26,13 @@ from protos import codec
 from protos import sampling_pb2 as pb
 from protos.plan import BatchRef
 from sampling_server.errors import Stopping
-from sampling_server.fair_pool import FairPool
 from sampling_server.hot import HotNodes
 from sampling_server.jobs import EpochJob
 from sampling_server.messages import Prepared, encode_ahead, taken_in_order
 from sampling_server.metrics import ServerMetrics
 from sampling_server.peer_client import PeerClient
 from sampling_server.produce import Producer, produce
+from sampling_server.sampling_queue import FairPool
 from sampling_server.store import PartitionStore
 from sampling_server.threads import kernel_threads, limit_kernel_threads, sampling_workers
 

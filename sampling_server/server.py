@@ -40,7 +40,6 @@ from protos.ports import write_port_file
 from protos.security import Security, SecurityError, read_token, require_credentials
 from sampling_server.config import ConfigError, ServerConfig
 from sampling_server.errors import MalformedRequest, bounded, lenient
-from sampling_server.fair_share import SlotCollector
 from sampling_server.metrics import ServerMetrics
 from sampling_server.peer_client import PeerClient
 from sampling_server.peer_service import PeerServicer
@@ -48,6 +47,7 @@ from sampling_server.pipeline import SamplingPipeline
 from sampling_server.sampler import cpu_kernels
 from sampling_server.servicer import SamplingServicer
 from sampling_server.store import PartitionStore
+from sampling_server.stream_slots import SlotCollector
 from sampling_server.threads import kernel_threads, limit_kernel_threads
 
 log = logging.getLogger(__name__)

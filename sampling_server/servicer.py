@@ -16,12 +16,12 @@ import grpc
 from protos import sampling_pb2 as pb
 from sampling_server.errors import MalformedRequest, RequestError, abort_on_error, bounded, printable
 from sampling_server.expectation import check_expectation
-from sampling_server.fair_share import Slot, SlotLimits, StreamSlots, client_of, end_call, slot_limits
 from sampling_server.fields import wire_feature_dtype
 from sampling_server.jobs import epoch_job, hot_node_type, lookup_nodes
 from sampling_server.metrics import ServerMetrics
 from sampling_server.pipeline import IN_TRANSIT_BATCHES, Pace, SamplingPipeline
 from sampling_server.store import PartitionStore
+from sampling_server.stream_slots import Slot, SlotLimits, StreamSlots, client_of, end_call, slot_limits
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class SamplingServicer:
                  limits: SlotLimits | None = None):
         self.store = store
         self.pipeline = pipeline
-        #: The stream slots, shared fairly among clients (sampling_server/fair_share.py).
+        #: The stream slots, shared fairly among clients (sampling_server/stream_slots.py).
         self.slots = StreamSlots(limits or slot_limits(store.config), self._evicted)
         #: Streams running now.
         self.active = 0

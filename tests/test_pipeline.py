@@ -17,8 +17,8 @@ import torch
 from protos import fastwire
 from protos import sampling_pb2 as pb
 from protos.assembler import TensorAssembler
-from sampling_server.fair_pool import MIN_CHARGE_S, FairPool
 from sampling_server.pipeline import Pace, Prepared, _Feed, encode_ahead
+from sampling_server.sampling_queue import MIN_CHARGE_S, FairPool
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -348,7 +348,7 @@ def test_the_interpreter_joins_a_sampling_queue_s_threads_before_it_exits(tmp_pa
     done = tmp_path / "done"
     script = (
         "import sys, time\n"
-        "from sampling_server.fair_pool import FairPool\n"
+        "from sampling_server.sampling_queue import FairPool\n"
         "pool = FairPool(2)\n"
         "pool.submit('a', lambda: (time.sleep(0.5), open(sys.argv[1], 'w').write('ok')))\n"
         "pool.submit('b', lambda: None).result(timeout=30)\n"

@@ -28,9 +28,9 @@ from protos import sampling_pb2 as pb
 from protos.channel import SLOT_REFUSAL, retryable_exhaustion
 from protos.epoch_call import METHOD, EpochCall, last_chunk, stream_minibatches
 from sampling_server.config import ConfigError, ServerConfig
-from sampling_server.fair_share import ClientKey, Slot, fair_shares, peer_host, pick_victim
 from sampling_server.pipeline import IN_TRANSIT_BATCHES
 from sampling_server.server import SamplingServer, create_server
+from sampling_server.stream_slots import ClientKey, Slot, fair_shares, peer_host, pick_victim
 from trainer_client import Cluster, RemoteNeighborLoader
 from trainer_client.stream import resumable
 
