@@ -129,8 +129,7 @@ def split_name(split: str) -> str:
 
 
 def input_array(nodes: InputNodes | None, name: str) -> np.ndarray | None:
-    """Input nodes as a 1-d array (integer IDs, or a boolean mask; None stays None); checks
-    the form only."""
+    """Input nodes (integer IDs or a boolean mask) as a 1-d array, form checked; None stays None."""
     if nodes is None:
         return None
     array = nodes.detach().cpu().numpy() if isinstance(nodes, torch.Tensor) else np.asarray(nodes)
@@ -172,8 +171,7 @@ class GivenInput:
 
     #: The node type named (``("author", ids)`` or ``"author"``); None: not named.
     node_type: str | None = None
-    #: Node IDs (original IDs or a mask, as a checked 1-d array: :func:`input_array`);
-    #: None: a split, or every node of ``node_type``.
+    #: Checked node IDs (original IDs or a mask); None: a split, or every node of ``node_type``.
     nodes: np.ndarray | None = None
     #: A split named through ``input_nodes`` (``"train"``, ``"valid"`` ...).
     split: str | None = None

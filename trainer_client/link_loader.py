@@ -181,11 +181,11 @@ class RemoteLinkNeighborLoader(RemoteLoader):
     def _resolve_edge_type(self) -> EdgeType:
         graph = self.graph
         named = self._link_type_arg
-        et: EdgeType | None = None
-        if named is not None:
+        et: EdgeType | None = None if named is None else \
+            parse_edge_type(named) if isinstance(named, str) else tuple(named)  # type: ignore[assignment]
+        if et is not None:
             if not graph.typed:
                 raise ValueError("edge_type: expected None, the graph is homogeneous (plain)")
-            et = parse_edge_type(named) if isinstance(named, str) else tuple(named)  # type: ignore[assignment]
             if et not in graph.edge_types:
                 known = [edge_type_name(e) for e in graph.edge_types]
                 raise ValueError(f"edge_type: expected one of {known}, got {named!r}")
@@ -232,8 +232,7 @@ class RemoteLinkNeighborLoader(RemoteLoader):
             return links, facts.label_dtype is not None, int(facts.num_negatives)
         if self.negatives.mode == pb.NegativeSampling.GIVEN:
             raise ValueError("neg_sampling: 'given' needs split= (negatives stored with a link split)")
-        pairs = np.asarray(torch.as_tensor(index).cpu().numpy() if not isinstance(index, np.ndarray)
-                           else index)
+        pairs = index if isinstance(index, np.ndarray) else torch.as_tensor(index).cpu().numpy()
         if pairs.ndim != 2 or pairs.shape[0] != 2 or pairs.dtype.kind not in "iu":
             raise ValueError(f"edge_label_index: expected integer node IDs of shape [2, M], got "
                              f"{pairs.dtype} of shape {list(pairs.shape)}")
@@ -280,7 +279,3 @@ class RemoteLinkNeighborLoader(RemoteLoader):
 
     def _put_seeds(self, request: pb.EpochRequest) -> None:
         request.links.CopyFrom(self._links)
-
-    def _source(self) -> str:
-        source = f"split={self.split!r}" if self.split else f"edge_label_index={self._num_edges} edges"
-        return f"{source}, neg_sampling={self.negatives}"

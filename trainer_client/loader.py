@@ -61,14 +61,15 @@ class RemoteLoader(ABC):
     stay on the CPU share the received messages' bytes: treat them as read-only. Batches
     are ``HeteroData`` on a typed cluster (:attr:`typed_graph`, :meth:`metadata`)."""
 
-    #: Set by :meth:`_open_seeds`: the seeds' node type (of a link loader: its seed edges'
-    #: source type), and the node or edge type whose store holds typed batches' input_id.
+    #: Set by each loader: the split iterated (None: seeds given); whether batches carry the
+    #: target type's labels "y"; the link batches' layout (None: seed nodes); and in
+    #: :meth:`_open_seeds` the seeds' node type (of a link loader: its seed edges' source
+    #: type) and the node or edge type whose store holds typed batches' ``input_id``.
+    split: str | None
+    _labels_asked = False
+    _link_layout: LinkSpec | None = None
     _seeds_of: str
     _input_key: str | EdgeType
-    #: Whether batches carry the target type's labels "y" (link batches: edge_label).
-    _labels_asked = False
-    #: The link batches' layout (None: seed nodes).
-    _link_layout: LinkSpec | None = None
 
     def __init__(
         self, servers: Sequence[str] | str | Cluster, *, num_neighbors: NumNeighbors, batch_size: int,
@@ -290,8 +291,7 @@ class RemoteLoader(ABC):
 
     @property
     def _labels_on_wire(self) -> bool:
-        """Whether batches carry "y" (not when node tables have the labels, and the
-        original IDs)."""
+        """Whether batches carry "y" (not when node tables have the labels and original IDs)."""
         return self._labels_asked and not self.node_tables
 
     def _request(self) -> pb.EpochRequest:
@@ -431,12 +431,9 @@ class RemoteLoader(ABC):
                  tb: TracebackType | None) -> None:
         self.close()
 
-    @abstractmethod
-    def _source(self) -> str:
-        """Where the seeds come from, for :meth:`__repr__`."""
-
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}({self._source()}, num_neighbors={self.num_neighbors}, batch_size="
+        source = f"split={self.split!r}" if self.split else f"{self.num_seeds} seeds given"
+        return (f"{type(self).__name__}({source}, num_neighbors={self.num_neighbors}, batch_size="
                 f"{self.batch_size}, rank={self.rank}/{self.world_size}, servers={self.cluster.addresses})")
 
 
@@ -549,6 +546,3 @@ class RemoteNeighborLoader(RemoteLoader):
         order = shuffled_seeds(self._positions[ref.partition], shuffle=self.shuffle, seed=self.seed,
                                epoch=self.epoch, partition=ref.partition)
         return plan.seeds_of(ref.partition, ref.part_batch, order)
-
-    def _source(self) -> str:
-        return f"split={self.split!r}" if self.split else f"input_nodes={self.num_seeds}"
