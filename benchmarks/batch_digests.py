@@ -161,25 +161,6 @@ def cases(typed: bool) -> dict[str, dict[str, Any]]:
     return out
 
 
-def run(kind: str, root: Path, device: str) -> dict[str, list[str]]:
-    from trainer_client.loader import RemoteNeighborLoader
-
-    servers, addresses = serve(root, device)
-    results: dict[str, list[str]] = {}
-    try:
-        for name, kw in cases(kind == "typed").items():
-            kw = {"num_neighbors": [4, 3], "batch_size": 16, "shuffle": True, "seed": 7,
-                  "compact_indices": True, **kw}
-            for rank in range(2):
-                with RemoteNeighborLoader(addresses, "train", rank=rank, world_size=2, **kw) as loader:
-                    loader.set_epoch(1)
-                    results[f"{kind}/{device}/{name}/rank{rank}"] = [digest(b) for b in loader]
-    finally:
-        for s in servers:
-            s.stop(None).wait(10)
-    return results
-
-
 def link_cases(typed: bool) -> dict[str, dict[str, Any]]:
     """Link loader arguments by case name (``split`` or ``edge_label_index`` among them)."""
     given = np.random.default_rng(2).integers(0, 80 if typed else 300, (2, 40))
@@ -200,18 +181,25 @@ def link_cases(typed: bool) -> dict[str, dict[str, Any]]:
     }
 
 
-def run_links(kind: str, root: Path) -> dict[str, list[str]]:
+def run(kind: str, root: Path, device: str, *, links: bool = False) -> dict[str, list[str]]:
+    """The digests of every case's batches on both ranks: node batches of the "train" split,
+    or (``links``) link batches."""
     from trainer_client.link_loader import RemoteLinkNeighborLoader
+    from trainer_client.loader import RemoteNeighborLoader
 
-    servers, addresses = serve(root, "cpu")
+    loader: Any = RemoteLinkNeighborLoader if links else RemoteNeighborLoader
+    common = {"num_neighbors": [4, 3], "batch_size": 32 if links else 16, "shuffle": True, "seed": 7}
+    servers, addresses = serve(root, device)
     results: dict[str, list[str]] = {}
     try:
-        for name, kw in link_cases(kind == "typed").items():
-            kw = {"num_neighbors": [4, 3], "batch_size": 32, "shuffle": True, "seed": 7, **kw}
+        for name, kw in (link_cases if links else cases)(kind == "typed").items():
+            if not links:
+                kw = {"split": "train", "compact_indices": True, **kw}
             for rank in range(2):
-                with RemoteLinkNeighborLoader(addresses, rank=rank, world_size=2, **kw) as loader:
-                    loader.set_epoch(1)
-                    results[f"{kind}/cpu/link-{name}/rank{rank}"] = [digest(b) for b in loader]
+                with loader(addresses, rank=rank, world_size=2, **{**common, **kw}) as batches:
+                    batches.set_epoch(1)
+                    key = f"link-{name}" if links else name
+                    results[f"{kind}/{device}/{key}/rank{rank}"] = [digest(b) for b in batches]
     finally:
         for s in servers:
             s.stop(None).wait(10)
@@ -363,7 +351,7 @@ def main() -> int:
             link_npz(base / f"{kind}.npz", base / f"{kind}-links.npz")
             spec = "val=0.1,test=0.1,neg=5" + (",edge-type=" + "__".join(WRITES) if kind == "typed" else "")
             partition(base / f"{kind}-links.npz", base / f"{kind}-links", "--link-split", spec)
-            results.update(run_links(kind, base / f"{kind}-links"))
+            results.update(run(kind, base / f"{kind}-links", "cpu", links=True))
             for device in filter(None, args.devices.split(",")):
                 results.update(sampler_digests(kind, base / kind, device))
     args.out.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
