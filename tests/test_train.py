@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +33,20 @@ from partitioner.graph import TypedGraphData
 from partitioner.synthetic import TypedPreset, _mag_relations, generate, generate_typed
 from partitioner.writer import partition_graph
 from trainer_client import train
-from trainer_client.ddp import BEST_NAME, CHECKPOINT_NAME
+from trainer_client.ddp import BEST_NAME, CHECKPOINT_NAME, DistEnv
 from trainer_client.decode import decode_batch
 from trainer_client.evaluate import layerwise_logits
 from trainer_client.graph import TypedGraph
 from trainer_client.in_process import InProcessLoader, LocalGraph
 from trainer_client.loader import RemoteNeighborLoader
+from trainer_client.loop import run as run_task
 from trainer_client.models import MODELS, NEEDS_EDGE_FEATURES, batch_inputs, build_model
+from trainer_client.node_task import NodeTask, partition_dir_task
 from trainer_client.typed_models import RGCN, TypedSAGE, build_typed_model, layer_plan, typed_batch_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 main = train.main
+ONE = DistEnv(0, 1, 0, torch.device("cpu"))
 
 #: An ogbn-mag-shaped graph of a few hundred papers (all four relations, reverses added).
 MINI = TypedPreset(
@@ -501,6 +504,46 @@ def test_two_ddp_ranks_train_every_seed_once_and_stay_identical(
     assert metrics["world_size"] == 2 and metrics["model"]["model"] == model
     assert len(set(metrics["param_fingerprints"])) == 1
     assert metrics["epochs"][0]["seeds"] == run.seeds  # every training seed once, over both ranks
+
+
+@dataclass(kw_only=True)
+class _TaskWithState(NodeTask):
+    """A task with state beyond its model's weights (as server-held embeddings have)."""
+
+    steps: int = 0
+    loaded: dict[str, Any] | None = None
+
+    def after_step(self) -> None:
+        self.steps += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": torch.tensor(self.steps), "snapshot": f"after-{self.steps}"}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loaded = state
+
+
+def test_a_tasks_own_state_and_step_hook_go_through_the_loop(parts2: Path, tmp_path: Path) -> None:
+    """The loop calls a task's after_step once per optimizer step, keeps its state_dict
+    in both checkpoints, and hands it back on --resume before training on."""
+    def task(*extra: str) -> _TaskWithState:
+        args = train.parse_args(["--partition-dir", str(parts2), "--fanouts", "3", "--batch-size", "400",
+                                 "--hidden", "8", "--device", "cpu", "--no-progress",
+                                 "--checkpoint-dir", str(tmp_path), *extra])
+        node = partition_dir_task(args, ONE)
+        return _TaskWithState(**{f.name: getattr(node, f.name) for f in fields(node)})
+
+    first = task("--epochs", "2")
+    metrics = run_task(first.args, ONE, first)
+    batches = metrics["epochs"][0]["batches"]
+    assert first.steps == 2 * batches and first.loaded is None
+    saved = torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["task"]
+    assert saved == {"steps": torch.tensor(2 * batches), "snapshot": f"after-{2 * batches}"}
+    best = torch.load(tmp_path / BEST_NAME, weights_only=True)
+    assert best["task"]["steps"] == (best["epoch"] + 1) * batches
+    again = task("--epochs", "3", "--resume")
+    run_task(again.args, ONE, again)
+    assert again.loaded == saved and again.steps == batches
 
 
 # ---- the plain graph's evaluation and a graph without training nodes ---------------------

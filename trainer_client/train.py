@@ -1,18 +1,19 @@
 """``graphfeed-train``: train a GNN node classifier (or, with ``--task link``, a link
-predictor: :mod:`trainer_client.link_task`) on minibatches streamed by graphfeed
-servers, with DDP (torchrun-compatible); typed graphs (format v2, e.g. ogbn-mag) train
-``--model rgcn`` or ``hetero-sage`` on ``HeteroData`` batches; either kind trains from
-the servers or, with ``--partition-dir``, sampled in this process from the partition
-files::
+predictor) on minibatches streamed by graphfeed servers, with DDP (torchrun-compatible);
+typed graphs (format v2, e.g. ogbn-mag) train ``--model rgcn`` or ``hetero-sage`` on
+``HeteroData`` batches; either kind trains from the servers or, with ``--partition-dir``,
+sampled in this process from the partition files::
 
     graphfeed-train --servers node0:50051,node1:50051 --fanouts 10,5 --epochs 10
     torchrun --nproc-per-node 4 -m trainer_client.train --servers ... --checkpoint-dir ckpt
     graphfeed-train --partition-dir parts/mag-2 --model rgcn --fanouts 10,5 --epochs 10
 
-This module is the command line; the loop (one for both kinds of graph) is
-:mod:`trainer_client.loop`, the process group and checkpoints :mod:`trainer_client.ddp`.
-Every wait on the service is bounded by ``--timeout``, and each collective by the
-process group's timeout, so a failure ends the job with a clear error instead of a hang.
+This module is the command line; the loop (one for every task and both kinds of graph)
+is :mod:`trainer_client.loop`, the tasks :mod:`trainer_client.node_task` and
+:mod:`trainer_client.link_task`, the process group and checkpoints
+:mod:`trainer_client.ddp`. Every wait on the service is bounded by ``--timeout``, and each
+collective by the process group's timeout, so a failure ends the job with a clear error
+instead of a hang.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from trainer_client.cluster import Cluster
 from trainer_client.connect import REFUSED_GRACE
 from trainer_client.ddp import DIST_BACKENDS, env_int, setup_distributed, teardown_distributed
 from trainer_client.link_models import DECODERS
-from trainer_client.link_task import EXCLUDE_CHOICES, cluster_link_job, run_link
-from trainer_client.loop import cluster_job, partition_dir_job, run
+from trainer_client.link_task import EXCLUDE_CHOICES, cluster_link_task
+from trainer_client.loop import run
 from trainer_client.models import MODELS
+from trainer_client.node_task import cluster_task, partition_dir_task
 from trainer_client.typed_models import TYPED_MODELS
 
 log = logging.getLogger("trainer_client.train")
@@ -231,12 +233,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, token=read_token(args.token_file))))
         env = setup_distributed(args.device, args.timeout, args.dist_backend)
         if args.partition_dir is not None:
-            metrics = run(args, env, partition_dir_job(args, env))
+            metrics = run(args, env, partition_dir_task(args, env))
         else:
             log.info("waiting up to %g s for the servers %s", args.timeout, args.servers)
             cluster = Cluster(args.servers, connect_timeout=args.timeout, refused_grace=args.refused_grace)
-            metrics = run_link(args, env, cluster_link_job(args, env, cluster)) if args.task == "link" \
-                else run(args, env, cluster_job(args, env, cluster))
+            task = cluster_link_task if args.task == "link" else cluster_task
+            metrics = run(args, env, task(args, env, cluster))
         if env.rank == 0 and args.metrics_json is not None:
             args.metrics_json.parent.mkdir(parents=True, exist_ok=True)
             args.metrics_json.write_text(json.dumps(metrics, indent=2) + "\n")
