@@ -12,8 +12,11 @@ import json
 import logging
 import os
 import re
+import shlex
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -504,6 +507,39 @@ def test_two_ddp_ranks_train_every_seed_once_and_stay_identical(
     assert metrics["world_size"] == 2 and metrics["model"]["model"] == model
     assert len(set(metrics["param_fingerprints"])) == 1
     assert metrics["epochs"][0]["seeds"] == run.seeds  # every training seed once, over both ranks
+
+
+def test_ctrl_c_ends_a_run_in_one_line_whose_command_resumes_it(request: pytest.FixtureRequest,
+                                                                tmp_path: Path) -> None:
+    """SIGINT (Ctrl-C) in graphfeed-train: exit status 130 and one line, no traceback,
+    naming the last checkpoint's epoch and path and the command that continues the run,
+    which does."""
+    argv = _run_of("plain-dir", request).args(tmp_path, "--epochs", "1000")
+    proc = subprocess.Popen([sys.executable, "-m", "trainer_client.train", *argv], cwd=REPO, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=dict(os.environ, OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1"))
+    checkpoint = tmp_path / "ckpt" / CHECKPOINT_NAME
+    try:
+        deadline = time.monotonic() + 300
+        while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # the condition: the first epoch's checkpoint is written
+        assert checkpoint.exists() and proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if "interrupted" in line]
+    assert len(lines) == 1, err[-3000:]
+    said = re.search(r"interrupted: saved epoch (\d+) in (\S+); continue with: graphfeed-train (.+)$",
+                     lines[0])
+    assert said and Path(said.group(2)) == checkpoint, lines[0]
+    again = shlex.split(said.group(3))
+    assert again == [*argv, "--resume"]
+    epoch = int(said.group(1))
+    assert main([*again, "--epochs", str(epoch + 2)]) == 0
+    assert _metrics(tmp_path)["start_epoch"] == epoch + 1
 
 
 @dataclass(kw_only=True)

@@ -161,6 +161,14 @@ def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     os.replace(tmp, path)
 
 
+def last_saved(directory: Path) -> tuple[Path, int] | None:
+    """The latest checkpoint in ``directory`` and its epoch (None: none saved yet)."""
+    path = directory / CHECKPOINT_NAME
+    if not path.exists():
+        return None
+    return path, int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["epoch"])
+
+
 def _graph_named(graph: dict[str, str] | None) -> str:
     if not graph:
         return "a graph it does not record"

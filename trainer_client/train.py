@@ -13,7 +13,7 @@ is :mod:`trainer_client.loop`, the tasks :mod:`trainer_client.node_task` and
 :mod:`trainer_client.link_task`, the process group and checkpoints
 :mod:`trainer_client.ddp`. Every wait on the service is bounded by ``--timeout``, and each
 collective by the process group's timeout, so a failure ends the job with a clear error
-instead of a hang.
+instead of a hang; Ctrl-C ends it with one line saying what was saved and how to resume.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import re
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,7 +34,7 @@ from protos.security import Security, read_token, set_default_security
 from trainer_client.cache import parse_cache_size
 from trainer_client.cluster import Cluster
 from trainer_client.connect import REFUSED_GRACE
-from trainer_client.ddp import DIST_BACKENDS, env_int, setup_distributed, teardown_distributed
+from trainer_client.ddp import DIST_BACKENDS, env_int, last_saved, setup_distributed, teardown_distributed
 from trainer_client.link_models import DECODERS
 from trainer_client.link_task import EXCLUDE_CHOICES, cluster_link_task
 from trainer_client.loop import run
@@ -218,8 +219,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def interrupted(args: argparse.Namespace, argv: Sequence[str]) -> str:
+    """What a run stopped by Ctrl-C leaves in ``--checkpoint-dir``, and the command that
+    continues it (``argv``: the run's arguments)."""
+    if args.checkpoint_dir is None:
+        return "interrupted: nothing saved (no --checkpoint-dir: pass one to continue a run with --resume)"
+    last = last_saved(args.checkpoint_dir)
+    saved = f"saved epoch {last[1]} in {last[0]}" if last else f"nothing saved yet in {args.checkpoint_dir}"
+    again = shlex.join([*argv, *([] if args.resume else ["--resume"])])
+    launch = "graphfeed-train" if env_int("WORLD_SIZE", 1) == 1 else \
+        "torchrun <the same options> -m trainer_client.train"
+    return f"interrupted: {saved}; continue with: {launch} {again}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point; returns the exit status (0 ok, 1 a graphfeed or input error)."""
+    """Console entry point; returns the exit status (0 ok, 1 a graphfeed or input error,
+    130 interrupted)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     keep_freed_memory()  # every batch allocates alike: reuse the blocks, skip page faults
     env = None
@@ -247,6 +263,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rank = env.rank if env is not None else env_int("RANK", 0)
         log.error("rank %d: %s", rank, exc, exc_info=log.isEnabledFor(logging.DEBUG))
         return 1
+    except KeyboardInterrupt:
+        if (env.rank if env is not None else env_int("RANK", 0)) == 0:
+            log.warning("%s", interrupted(args, argv))
+        return 130
     finally:
         if cluster is not None:
             cluster.close()
