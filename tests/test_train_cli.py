@@ -15,6 +15,7 @@ import torch
 from protos.security import Security, default_security, set_default_security
 from trainer_client import train
 from trainer_client.ddp import CHECKPOINT_NAME
+from trainer_client.loop import sampled_fanouts
 from trainer_client.train import main
 
 
@@ -161,3 +162,12 @@ def test_ctrl_c_says_what_was_saved_and_how_to_continue(monkeypatch: pytest.Monk
         lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert lines == [says]
 
+
+def test_help_says_the_evaluation_fanouts_of_each_task() -> None:
+    """``--eval-fanouts``'s default: 'full' for node classification on a homogeneous
+    graph, --fanouts for link prediction (which the link task then uses) and typed graphs."""
+    text = " ".join(train.build_parser().format_help().split())
+    assert "Default: 'full' for --task node on a homogeneous graph" in text
+    assert "--fanouts for --task link and on typed graphs" in text
+    link = train.parse_args(["--servers", "h:1", "--task", "link", "--fanouts", "7,3"])
+    assert sampled_fanouts(link) == [7, 3]

@@ -126,9 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "world size x this (PyG's per-process batch_size)")
     p.add_argument("--eval-batch-size", type=_positive(int), default=None, help="default: --batch-size")
     p.add_argument("--eval-fanouts", type=_eval_fanouts, default=argparse.SUPPRESS,
-                   help="neighbors per hop for validation and test, or 'full': exact full-neighbor "
-                        "layer-wise inference (the default on homogeneous graphs); on typed graphs "
-                        "sampled, by default with --fanouts, 'full' = every neighbor")
+                   help="neighbors per hop for validation and test, or 'full' (every neighbor). Default: "
+                        "'full' for --task node on a homogeneous graph (from --servers: exact layer-wise "
+                        "inference); --fanouts for --task link and on typed graphs, which are always "
+                        "evaluated on sampled neighborhoods")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--lr", type=_positive(float), default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.0)
