@@ -41,6 +41,8 @@ from protos.security import Security, SecurityError, read_token, require_credent
 from sampling_server.config import ConfigError, ServerConfig
 from sampling_server.errors import MalformedRequest, bounded, lenient
 from sampling_server.metrics import ServerMetrics
+from sampling_server.node_tensor_service import NodeTensorCollector, NodeTensorServicer
+from sampling_server.node_tensors import NodeTensors
 from sampling_server.peer_client import PeerClient
 from sampling_server.peer_service import PeerServicer
 from sampling_server.pipeline import SamplingPipeline
@@ -48,12 +50,14 @@ from sampling_server.sampler import cpu_kernels
 from sampling_server.servicer import SamplingServicer
 from sampling_server.store import PartitionStore
 from sampling_server.stream_slots import SlotCollector
+from sampling_server.structure import total_host_memory
 from sampling_server.threads import kernel_threads, limit_kernel_threads
 
 log = logging.getLogger(__name__)
 
 SAMPLING_SERVICE = "graphfeed.v1.SamplingService"
 PEER_SERVICE = "graphfeed.v1.PeerService"
+NODE_TENSOR_SERVICE = "graphfeed.v1.NodeTensorService"
 #: gRPC handler threads beyond ``max_streams``: peer calls, health checks, cluster info.
 EXTRA_HANDLER_THREADS = 32
 #: Longest deadline of one peer health probe.
@@ -85,7 +89,8 @@ def _guarded(method: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[...
     return handle
 
 
-def _add_services(server: grpc.Server, sampling: SamplingServicer, peer: PeerServicer) -> None:
+def _add_services(server: grpc.Server, sampling: SamplingServicer, peer: PeerServicer,
+                  tensors: NodeTensorServicer) -> None:
     services = {
         SAMPLING_SERVICE: {
             "GetClusterInfo": grpc.unary_unary_rpc_method_handler(
@@ -115,6 +120,29 @@ def _add_services(server: grpc.Server, sampling: SamplingServicer, peer: PeerSer
                 _guarded(peer.HasEdges), lenient(pb.HasEdgesRequest),
                 pb.HasEdgesReply.SerializeToString),
         },
+    }
+    services[NODE_TENSOR_SERVICE] = {
+        "CreateNodeTensor": grpc.unary_unary_rpc_method_handler(
+            _guarded(tensors.CreateNodeTensor), lenient(pb.CreateNodeTensorRequest),
+            pb.NodeTensorInfo.SerializeToString),
+        "FindNodeTensor": grpc.unary_unary_rpc_method_handler(
+            _guarded(tensors.FindNodeTensor), lenient(pb.FindNodeTensorRequest),
+            pb.NodeTensorInfo.SerializeToString),
+        "ReadRows": grpc.unary_stream_rpc_method_handler(
+            _guarded(tensors.ReadRows), lenient(pb.ReadRowsRequest), pb.RowsChunk.SerializeToString),
+        "WriteRows": grpc.stream_unary_rpc_method_handler(
+            tensors.WriteRows, lenient(pb.RowsUpload), pb.WriteRowsReply.SerializeToString),
+        "PushGradients": grpc.stream_unary_rpc_method_handler(
+            tensors.PushGradients, lenient(pb.RowsUpload), pb.PushGradientsReply.SerializeToString),
+        "SnapshotNodeTensors": grpc.unary_unary_rpc_method_handler(
+            _guarded(tensors.SnapshotNodeTensors), lenient(pb.NodeTensorsAtStep),
+            pb.NodeTensorsReply.SerializeToString),
+        "RestoreNodeTensors": grpc.unary_unary_rpc_method_handler(
+            _guarded(tensors.RestoreNodeTensors), lenient(pb.NodeTensorsAtStep),
+            pb.NodeTensorsReply.SerializeToString),
+        "DropNodeTensor": grpc.unary_unary_rpc_method_handler(
+            _guarded(tensors.DropNodeTensor), lenient(pb.DropNodeTensorRequest),
+            pb.DropNodeTensorReply.SerializeToString),
     }
     for name, handlers in services.items():
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
@@ -293,11 +321,16 @@ class SamplingServer(grpc.Server):
                                          threads=threads or config.threads)
         self.sampling = SamplingServicer(store, self.pipeline)
         self.peer_servicer = peer_servicer = PeerServicer(store, config.chunk_bytes)
-        _add_services(server, self.sampling, peer_servicer)
+        #: Model state on this server (``NodeTensorService``).
+        self.node_tensors = NodeTensors(store, config.node_tensor_dir,
+                                        config.node_tensor_bytes(total_host_memory() or 0))
+        _add_services(server, self.sampling, peer_servicer,
+                      NodeTensorServicer(store, self.node_tensors, config.chunk_bytes))
         #: Counters and latencies (served over HTTP when ``metrics_port`` is set).
         self.metrics = metrics or ServerMetrics(store.partition_id)
         self.pipeline.metrics = self.sampling.metrics = peer_servicer.metrics = self.metrics
         self.metrics.watch(SlotCollector(self.sampling.slots, store.partition_id))
+        self.metrics.watch(NodeTensorCollector(self.node_tensors, store.partition_id))
         #: The bound metrics port (None: no endpoint).
         self.metrics_port: int | None = None
         self.monitor: HealthMonitor | None = None
@@ -354,6 +387,11 @@ class SamplingServer(grpc.Server):
             log.exception("partition=%d: the held bytes could not be counted",
                           self.store.partition_id)
         self._report_threading_layer()
+        try:
+            self.node_tensors.load_snapshots()
+        except Exception:  # a damaged state directory must not keep the graph from serving
+            log.exception("partition=%d: node tensor snapshots under %s not loaded",
+                          self.store.partition_id, self.node_tensors.state_dir)
         try:  # before SERVING: a peer reading this order must not wait past its deadline
             for node_type in self.store.feature_dtypes:  # one order per featured type
                 self.pipeline.hot_of(node_type).own_order()

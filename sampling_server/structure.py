@@ -58,27 +58,46 @@ class StructureChoice:
     reason: str
 
 
+def _meminfo(key: str) -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_memory() -> tuple[int, int] | None:
+    """The cgroup's (a container's) memory limit and use, where it has a limit."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        current = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        return None if limit == "max" else (int(limit), current)
+    except (OSError, ValueError):
+        return None
+
+
 def available_host_memory() -> int | None:
     """Bytes of memory this process may still take: ``MemAvailable`` of
     ``/proc/meminfo``, less where its cgroup (a container's limit) allows less; None
     where neither is known."""
-    available: int | None = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                available = int(line.split()[1]) * 1024
-                break
-    except (OSError, ValueError, IndexError):
-        available = None
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        current = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
-        if limit != "max":
-            room = max(0, int(limit) - current)
-            available = room if available is None else min(available, room)
-    except (OSError, ValueError):
-        pass
+    available = _meminfo("MemAvailable")
+    cgroup = _cgroup_memory()
+    if cgroup is not None:
+        room = max(0, cgroup[0] - cgroup[1])
+        available = room if available is None else min(available, room)
     return available
+
+
+def total_host_memory() -> int | None:
+    """Bytes of memory of this host (``MemTotal``), or of its cgroup's limit where that
+    is less; None where neither is known."""
+    total = _meminfo("MemTotal")
+    cgroup = _cgroup_memory()
+    if cgroup is not None:
+        total = cgroup[0] if total is None else min(total, cgroup[0])
+    return total
 
 
 def _gib(n: float) -> str:
