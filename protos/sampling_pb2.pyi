@@ -2502,6 +2502,7 @@ class NodeTensorsAtStep(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
+    PIN_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job (NodeTensorSpec.job_id)."""
     step: _builtins.int
@@ -2510,16 +2511,21 @@ class NodeTensorsAtStep(_message.Message):
     """
     client_id: _builtins.str
     """Who asks (for logs)."""
+    pin: _builtins.bool
+    """SnapshotNodeTensors: keep this snapshot until another is pinned (a trainer's best
+    epoch so far), besides the two newest a tensor keeps.
+    """
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         step: _builtins.int = ...,
         client_id: _builtins.str = ...,
+        pin: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "job_id", b"job_id", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "job_id", b"job_id", "pin", b"pin", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2577,25 +2583,29 @@ Global___FindNodeTensorRequest: _TypeAlias = FindNodeTensorRequest  # noqa: Y015
 
 @_typing.final
 class DropNodeTensorRequest(_message.Message):
-    """Removes a node tensor from a server (its snapshots stay)."""
+    """Removes a node tensor from a server (its snapshots stay unless forget)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
+    FORGET_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The node tensor's name."""
     client_id: _builtins.str
     """Who asks (for logs)."""
+    forget: _builtins.bool
+    """Delete its snapshots too (nothing can be resumed from them any more)."""
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         client_id: _builtins.str = ...,
+        forget: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "forget", b"forget", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

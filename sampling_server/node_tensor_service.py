@@ -97,7 +97,8 @@ class NodeTensorServicer:
                             context: grpc.ServicerContext) -> pb.NodeTensorsReply:
         with abort_on_error(context, "SnapshotNodeTensors", self.store.partition_id):
             self._loaded()
-            tensors = self.tensors.snapshot(request.job_id, request.step, context.time_remaining())
+            tensors = self.tensors.snapshot(request.job_id, request.step, context.time_remaining(),
+                                           request.pin)
             log.info("partition=%d: node tensors of job %s snapshotted at step %d: %s",
                      self.store.partition_id, printable(request.job_id), request.step,
                      [t.spec.name for t in tensors])
@@ -116,7 +117,7 @@ class NodeTensorServicer:
     def DropNodeTensor(self, request: pb.DropNodeTensorRequest,
                        context: grpc.ServicerContext) -> pb.DropNodeTensorReply:
         with abort_on_error(context, "DropNodeTensor", self.store.partition_id):
-            return pb.DropNodeTensorReply(dropped=self.tensors.drop(request.name))
+            return pb.DropNodeTensorReply(dropped=self.tensors.drop(request.name, request.forget))
 
 
 def _upload(requests: Iterator[Any]) -> tuple[pb.RowsHeader, np.ndarray, torch.Tensor]:

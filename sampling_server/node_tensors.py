@@ -11,8 +11,9 @@ gradients (as DDP averages dense gradients), to exactly the rows they touched; a
 names the steps it must see applied (:meth:`NodeTensors.read` waits for them, bounded by
 the call's deadline), so nothing is stale. A push of a (step, rank) already counted adds
 nothing. Snapshots (:mod:`.tensor_snapshots`) keep the tables and their optimizer state
-beside the partition; a restarted server reloads the last one, under a new incarnation,
-so a trainer that counted on the rows updated since is told they are gone.
+beside the partition; a restarted server reloads a tensor's last one when the tensor is
+first asked for, under a new incarnation, so a trainer that counted on the rows updated
+since is told they are gone.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import shutil
 import threading
 import time
 import uuid
@@ -106,6 +108,7 @@ class NodeTensors:
         self.memory_limit = memory_limit
         self._tensors: dict[str, NodeTensor] = {}
         self._lock = threading.Lock()
+        self._loading = threading.Lock()  # one snapshot read at a time
         #: Called with (tensor, rows) per read and per push, and per step applied.
         self.on_read: Callable[[str, int], None] | None = None
         self.on_push: Callable[[str, int], None] | None = None
@@ -115,6 +118,7 @@ class NodeTensors:
         """The tensor ``spec`` names, made here unless one of the same spec exists;
         another spec under the name is ALREADY_EXISTS naming both."""
         spec = self._checked(spec)
+        self._held(spec.name)  # a snapshot of it is loaded first
         with self._lock:
             found = self._tensors.get(spec.name)
             if found is not None:
@@ -192,8 +196,7 @@ class NodeTensors:
     def get(self, name: str, incarnation: str, field: str) -> NodeTensor:
         """The tensor named ``name``; refused when the caller counts on another
         incarnation (the rows it counted on are gone)."""
-        with self._lock:
-            tensor = self._tensors.get(name)
+        tensor = self._held(name)
         if tensor is None:
             raise RequestError(f"{field}: expected the name of a node tensor on this server "
                                f"({sorted(self._tensors)[:20]}), got {name[:100]!r}",
@@ -207,12 +210,38 @@ class NodeTensors:
                 "checkpoint (--resume)", _FAILED)
         return tensor
 
-    def drop(self, name: str) -> bool:
+    def _held(self, name: str) -> NodeTensor | None:
+        """The tensor ``name`` in memory, else its last snapshot loaded (a server started
+        again loads a tensor's snapshot when it is first asked for), else None."""
+        with self._lock:
+            tensor = self._tensors.get(name)
+        if tensor is not None:
+            return tensor
+        steps = self._files(name).steps()
+        if not steps:
+            return None
+        with self._loading:
+            with self._lock:
+                if name in self._tensors:
+                    return self._tensors[name]
+            spec, rows, state = self._read(name, steps[-1])
+            tensor = self._install(spec, rows, state, steps[-1])
+        log.info("node tensor %r reloaded from its snapshot at step %d (%d rows)", name, steps[-1],
+                 tensor.rows.shape[0])
+        return tensor
+
+    def drop(self, name: str, forget: bool = False) -> bool:
+        """Remove the tensor from memory (``forget``: its snapshots too); whether there
+        was one."""
         with self._lock:
             tensor = self._tensors.pop(name, None)
         if tensor is not None:
             with tensor.cond:
                 tensor.cond.notify_all()
+        files = self._files(name)
+        if forget and files.root.is_dir():
+            shutil.rmtree(files.root, ignore_errors=True)
+            return True
         return tensor is not None
 
     def tensors(self) -> list[NodeTensor]:
@@ -319,9 +348,9 @@ class NodeTensors:
             tensor.cond.notify_all()
 
     # -- snapshots -----------------------------------------------------------------------
-    def snapshot(self, job_id: str, step: int, timeout: float | None) -> list[NodeTensor]:
+    def snapshot(self, job_id: str, step: int, timeout: float | None, pin: bool = False) -> list[NodeTensor]:
         """Write the job's tensors at ``step`` beside the partition (waiting, bounded, for
-        the step to be applied)."""
+        the step to be applied); ``pin``: keep it until another is pinned."""
         tensors = self._of_job(job_id, "NodeTensorsAtStep.job_id")
         for tensor in tensors:
             with tensor.cond:
@@ -330,7 +359,7 @@ class NodeTensors:
                     raise RequestError(f"NodeTensorsAtStep.step: node tensor {tensor.spec.name!r} is at "
                                        f"step {tensor.step} here, past {step}", _FAILED)
                 write_snapshot(self._files(tensor.spec.name), tensor.spec, step, tensor.rows, tensor.state,
-                               self._identity())
+                               self._identity(), pin)
         return tensors
 
     def restore(self, job_id: str, step: int) -> list[NodeTensor]:
@@ -350,18 +379,6 @@ class NodeTensors:
             spec, rows, state = self._read(name, step)
             loaded.append(self._install(spec, rows, state, step))
         return loaded
-
-    def load_snapshots(self) -> None:
-        """Reload every tensor's last snapshot (a server started again)."""
-        for name, steps in snapshots(self.state_dir).items():
-            try:
-                spec, rows, state = self._read(name, steps[-1])
-                tensor = self._install(spec, rows, state, steps[-1])
-            except RequestError as exc:
-                log.warning("node tensor %r: its snapshot at step %d is not loaded: %s", name, steps[-1], exc)
-                continue
-            log.info("node tensor %r reloaded from its snapshot at step %d (%d rows)", name, steps[-1],
-                     tensor.rows.shape[0])
 
     def _read(self, name: str, step: int) -> tuple[pb.NodeTensorSpec, torch.Tensor, dict[str, torch.Tensor]]:
         try:

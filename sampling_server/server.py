@@ -387,11 +387,6 @@ class SamplingServer(grpc.Server):
             log.exception("partition=%d: the held bytes could not be counted",
                           self.store.partition_id)
         self._report_threading_layer()
-        try:
-            self.node_tensors.load_snapshots()
-        except Exception:  # a damaged state directory must not keep the graph from serving
-            log.exception("partition=%d: node tensor snapshots under %s not loaded",
-                          self.store.partition_id, self.node_tensors.state_dir)
         try:  # before SERVING: a peer reading this order must not wait past its deadline
             for node_type in self.store.feature_dtypes:  # one order per featured type
                 self.pipeline.hot_of(node_type).own_order()

@@ -76,8 +76,11 @@ def _save(path: Path, array: np.ndarray) -> str:
 
 
 def write_snapshot(files: SnapshotFiles, spec: pb.NodeTensorSpec, step: int, rows: torch.Tensor,
-                   state: Mapping[str, torch.Tensor], identity: Mapping[str, object]) -> Path:
-    """Write ``rows`` and ``state`` at ``step``; the snapshot's directory."""
+                   state: Mapping[str, torch.Tensor], identity: Mapping[str, object],
+                   pin: bool = False) -> Path:
+    """Write ``rows`` and ``state`` at ``step``; the snapshot's directory. The
+    :data:`KEEP` newest snapshots are kept, and the newest ``pin``-ned one (a trainer's
+    best epoch so far)."""
     files.root.mkdir(parents=True, exist_ok=True)
     tmp = files.root / f".{_STEP_PREFIX}{step}.{uuid.uuid4().hex[:8]}.tmp"
     tmp.mkdir()
@@ -86,7 +89,7 @@ def write_snapshot(files: SnapshotFiles, spec: pb.NodeTensorSpec, step: int, row
         for name, tensor in state.items():
             sums[name] = _save(tmp / f"{name}.npy", _as_numpy(tensor))
         meta = {"spec": json_format.MessageToDict(spec), "step": step, "dtype": str(rows.dtype),
-                "sha256": sums, **identity}
+                "sha256": sums, "pinned": pin, **identity}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
         final = files.step_dir(step)
         if final.exists():
@@ -95,9 +98,21 @@ def write_snapshot(files: SnapshotFiles, spec: pb.NodeTensorSpec, step: int, row
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in files.steps()[:-KEEP]:
-        shutil.rmtree(files.step_dir(old), ignore_errors=True)
+    steps = files.steps()
+    pinned = [s for s in steps if _meta(files, s).get("pinned")]
+    keep = set(steps[-KEEP:]) | set(pinned[-1:])
+    for old in steps:
+        if old not in keep:
+            shutil.rmtree(files.step_dir(old), ignore_errors=True)
     return final
+
+
+def _meta(files: SnapshotFiles, step: int) -> dict[str, object]:
+    try:
+        meta: dict[str, object] = json.loads((files.step_dir(step) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta
 
 
 def read_snapshot(files: SnapshotFiles, step: int, identity: Mapping[str, object]
@@ -135,5 +150,5 @@ def snapshots(state_dir: Path) -> dict[str, list[int]]:
 
 def snapshot_job(files: SnapshotFiles, step: int) -> str:
     """The job ID of the snapshot at ``step`` (its meta.json only)."""
-    meta = json.loads((files.step_dir(step) / "meta.json").read_text())
-    return str(meta["spec"].get("jobId", ""))
+    spec = _meta(files, step).get("spec")
+    return str(spec.get("jobId", "")) if isinstance(spec, dict) else ""

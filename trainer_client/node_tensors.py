@@ -209,9 +209,9 @@ class RemoteNodeTensor:
         return retry(attempt, backoff=Backoff(0.1, 2.0, 2.0), retryable=RETRIED, window=self.reconnect,
                      on_give_up=gone)
 
-    def drop(self) -> None:
-        """Remove the tensor from every server (its snapshots stay)."""
-        request = pb.DropNodeTensorRequest(name=self.name, client_id=self.cluster.client_id)
+    def drop(self, forget: bool = False) -> None:
+        """Remove the tensor from every server (``forget``: its snapshots too)."""
+        request = pb.DropNodeTensorRequest(name=self.name, client_id=self.cluster.client_id, forget=forget)
         self.each_partition(lambda p: self._call(
             p, "DropNodeTensor", lambda stub, timeout: stub.DropNodeTensor(request, timeout=timeout)))
 
@@ -229,12 +229,13 @@ def _copy(header: pb.RowsHeader) -> pb.RowsHeader:
     return out
 
 
-def snapshot_all(cluster: Cluster, job_id: str, step: int,
+def snapshot_all(cluster: Cluster, job_id: str, step: int, *, pin: bool = False,
                  timeout: float = 600.0) -> list[pb.NodeTensorsReply]:
-    """Every server writes ``job_id``'s node tensors at ``step`` beside its partition."""
+    """Every server writes ``job_id``'s node tensors at ``step`` beside its partition
+    (``pin``: kept until another is pinned, as well as the two newest)."""
     return _each_server(cluster, lambda stub: stub.SnapshotNodeTensors(
-        pb.NodeTensorsAtStep(job_id=job_id, step=step, client_id=cluster.client_id), timeout=timeout),
-        "SnapshotNodeTensors")
+        pb.NodeTensorsAtStep(job_id=job_id, step=step, client_id=cluster.client_id, pin=pin),
+        timeout=timeout), "SnapshotNodeTensors")
 
 
 def restore_all(cluster: Cluster, job_id: str, step: int,
