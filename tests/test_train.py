@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -547,21 +547,25 @@ class _TaskWithState(NodeTask):
     """A task with state beyond its model's weights (as server-held embeddings have)."""
 
     steps: int = 0
-    loaded: dict[str, Any] | None = None
+    loaded: list[dict[str, Any]] = field(default_factory=list)
+    selected: list[bool] = field(default_factory=list)
 
     def after_step(self) -> None:
         self.steps += 1
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, selected: bool = False) -> dict[str, Any]:
+        self.selected.append(selected)
         return {"steps": torch.tensor(self.steps), "snapshot": f"after-{self.steps}"}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loaded = state
+        self.loaded.append(state)
 
 
 def test_a_tasks_own_state_and_step_hook_go_through_the_loop(parts2: Path, tmp_path: Path) -> None:
     """The loop calls a task's after_step once per optimizer step, keeps its state_dict
-    in both checkpoints, and hands it back on --resume before training on."""
+    in both checkpoints (saying when the epoch is the best so far), hands it back on
+    --resume before training on, and the selected epoch's at the end when that is not the
+    last epoch."""
     def task(*extra: str) -> _TaskWithState:
         args = train.parse_args(["--partition-dir", str(parts2), "--fanouts", "3", "--batch-size", "400",
                                  "--hidden", "8", "--device", "cpu", "--no-progress",
@@ -572,14 +576,17 @@ def test_a_tasks_own_state_and_step_hook_go_through_the_loop(parts2: Path, tmp_p
     first = task("--epochs", "2")
     metrics = run_task(first.args, ONE, first)
     batches = metrics["epochs"][0]["batches"]
-    assert first.steps == 2 * batches and first.loaded is None
+    assert first.steps == 2 * batches
     saved = torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["task"]
     assert saved == {"steps": torch.tensor(2 * batches), "snapshot": f"after-{2 * batches}"}
     best = torch.load(tmp_path / BEST_NAME, weights_only=True)
     assert best["task"]["steps"] == (best["epoch"] + 1) * batches
+    scores = [h["val_acc"] for h in metrics["epochs"]]
+    assert first.selected == [True, scores[1] > scores[0]]
+    assert first.loaded == ([] if metrics["selected_epoch"] == 1 else [best["task"]])
     again = task("--epochs", "3", "--resume")
     run_task(again.args, ONE, again)
-    assert again.loaded == saved and again.steps == batches
+    assert again.loaded[0] == saved and again.steps == batches
 
 
 # ---- the plain graph's evaluation and a graph without training nodes ---------------------

@@ -236,12 +236,16 @@ class Selection:
     epoch: int | None = None
     score: float = -1.0
     state: dict[str, torch.Tensor] | None = None
+    #: The task's own state at that epoch (what it needs to be that model again).
+    task: dict[str, Any] = field(default_factory=dict)
 
-    def offer(self, epoch: int, score: float, model: torch.nn.Module) -> bool:
-        """Keep ``model``'s weights when ``score`` beats the best so far."""
+    def offer(self, epoch: int, score: float, model: torch.nn.Module,
+              task: dict[str, Any] | None = None) -> bool:
+        """Keep ``model``'s weights (and the ``task``'s state) when ``score`` beats the
+        best so far."""
         if score <= self.score:
             return False
-        self.epoch, self.score = epoch, score
+        self.epoch, self.score, self.task = epoch, score, dict(task or {})
         self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         return True
 
@@ -253,16 +257,16 @@ class Selection:
         if not history:
             return cls()
         best = max(history, key=lambda h: h[key])
-        state = None
+        state, task = None, {}
         if best_path is not None and best_path.exists():
             saved = torch.load(best_path, map_location=device, weights_only=True)
             if int(saved["epoch"]) == int(best["epoch"]):
-                state = saved["model"]
+                state, task = saved["model"], dict(saved.get("task") or {})
         if state is None:
             log.warning("--resume: no %s for epoch %d; selecting among the epochs from here on",
                         BEST_NAME, best["epoch"])
             return cls()
-        return cls(int(best["epoch"]), float(best[key]), state)
+        return cls(int(best["epoch"]), float(best[key]), state, task)
 
 
 @dataclass
@@ -311,7 +315,7 @@ class Checkpoints:
         state ``task``). Returns whether it improved."""
         epoch = int(row["epoch"])
         state.history.append(row)
-        improved = state.selection.offer(epoch, score, model)
+        improved = state.selection.offer(epoch, score, model, task)
         for name, due in ((CHECKPOINT_NAME, True), (BEST_NAME, improved)):
             path = self.path(name)
             if due and path is not None and env.rank == 0:

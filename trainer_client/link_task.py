@@ -38,6 +38,7 @@ from torch_geometric.data import HeteroData
 from partitioner.graph import EdgeType, edge_type_name
 from trainer_client.cluster import Cluster
 from trainer_client.ddp import DistEnv
+from trainer_client.featureless import embedding_config, input_width, server_embeddings
 from trainer_client.graph import TypedGraph
 from trainer_client.link_loader import RemoteLinkNeighborLoader
 from trainer_client.link_metrics import hits_at_k, ogb_ranks, rank_metrics
@@ -115,7 +116,8 @@ class LinkTask(Task):
         args = self.args
         return build_link_model(args.model, self.graph, self.edge_type, decoder=args.decoder,
                                 hidden_channels=args.hidden, num_layers=args.layers, dropout=args.dropout,
-                                edge_dim=model_edge_dim(args, self.graph))
+                                edge_dim=model_edge_dim(args, self.graph),
+                                embeddings=self.embedding_factory(), embedding_dim=input_width(args))
 
     @property
     def _seed_edges(self) -> str:
@@ -125,7 +127,7 @@ class LinkTask(Task):
     def config(self) -> dict[str, Any]:
         args = self.args
         return {"task": "link", "model": args.model, "decoder": args.decoder, "hidden": args.hidden,
-                "layers": args.layers, "edge_type": self._seed_edges}
+                "layers": args.layers, "edge_type": self._seed_edges, **embedding_config(args, self.graph)}
 
     def step(self, model: torch.nn.Module, batch: Any) -> Step:
         """Binary cross-entropy with logits over the batch's positive and negative pairs;
@@ -244,7 +246,9 @@ def cluster_link_task(args: argparse.Namespace, env: DistEnv, cluster: Cluster) 
     check_link_model(args.model, graph)
     splits = link_splits_of(graph, "the servers'")
     make: LinkLoaderFactory = partial(RemoteLinkNeighborLoader, cluster, **loader_options(args, env))
-    return build_link_task(make, splits, graph, args, env)
+    task = build_link_task(make, splits, graph, args, env)
+    task.embeddings = server_embeddings(args, env, cluster)
+    return task
 
 
 def check_link_model(model: str, graph: TypedGraph) -> None:

@@ -29,10 +29,11 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from trainer_client.ddp import Checkpoints, DistEnv, RunRecord, all_reduce_sums, restore_selected
+from trainer_client.featureless import ServerEmbeddings
 from trainer_client.graph import TypedGraph
 from trainer_client.models import EDGE_MODELS, NEEDS_EDGE_FEATURES, edge_dim_of
 from trainer_client.stream import StreamStats
-from trainer_client.typed_models import FIND_UNUSED_PARAMETERS
+from trainer_client.typed_models import FIND_UNUSED_PARAMETERS, EmbeddingFactory
 
 log = logging.getLogger("trainer_client.train")
 
@@ -109,6 +110,9 @@ class Task(ABC):
     eval_fanouts: list[int] | None
     #: Whose graph it is, for messages ("the servers'", ...).
     source: str = "the servers'"
+    #: The featureless types' embeddings when the servers hold them (``--sparse-embedding``);
+    #: None: dense ones in the model.
+    embeddings: ServerEmbeddings | None = None
 
     @abstractmethod
     def build_model(self) -> torch.nn.Module:
@@ -138,16 +142,36 @@ class Task(ABC):
         """The task's own entries of the metrics."""
         return {}
 
-    def after_step(self) -> None:  # noqa: B027 (a hook: most tasks have nothing to do)
-        """Called after every optimizer step."""
+    def embedding_factory(self) -> EmbeddingFactory | None:
+        """What makes the featureless types' input modules (None: dense embeddings)."""
+        return None if self.embeddings is None else self.embeddings.module
 
-    def state_dict(self) -> dict[str, Any]:
+    def start(self) -> None:
+        """Called once the model is built (the server-held tables are created then)."""
+        if self.embeddings is not None:
+            self.embeddings.start()
+
+    def after_step(self) -> None:
+        """Called after every optimizer step (the server-held tables' gradients are pushed)."""
+        if self.embeddings is not None:
+            self.embeddings.step()
+
+    def state_dict(self, selected: bool = False) -> dict[str, Any]:
         """State the checkpoints keep beside the model and the loop's optimizer (tensors
-        and plain values); empty: none."""
-        return {}
+        and plain values; empty: none); ``selected``: the epoch is the best so far (the
+        server-held tables are snapshotted, that one kept until a better one)."""
+        return {} if self.embeddings is None else self.embeddings.state_dict(selected)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 (a hook, as after_step)
-        """Take back :meth:`state_dict` from the checkpoint, on ``--resume`` only."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back :meth:`state_dict` of the checkpoint ``--resume`` continues from, or
+        of the selected epoch at the end."""
+        if self.embeddings is not None:
+            self.embeddings.load_state_dict(state)
+
+    def close(self) -> None:
+        """Called when the run is over (the server-held tables leave the servers' memory)."""
+        if self.embeddings is not None:
+            self.embeddings.close()
 
 
 def loader_options(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
@@ -158,7 +182,8 @@ def loader_options(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
         feature_dtype=args.feature_dtype, stall_timeout=args.timeout,
         reconnect_timeout=args.reconnect_timeout, cache_size=args.cache_size,
         cache_progress=None if env.rank == 0 and not args.no_progress else False,
-        edge_features=uses_edge_features(args))
+        edge_features=uses_edge_features(args),
+        return_internal_ids=bool(getattr(args, "sparse_embedding", False)))
 
 
 def sampled_fanouts(args: argparse.Namespace) -> list[int]:
@@ -263,12 +288,18 @@ def _epoch_line(m: EpochMetrics, metric: str, val: float, improved: bool) -> str
 # ---- the run ---------------------------------------------------------------------------
 
 
+def history_last(history: list[dict[str, Any]]) -> int | None:
+    """The last epoch of ``history`` (None: none)."""
+    return int(history[-1]["epoch"]) if history else None
+
+
 def run(args: argparse.Namespace, env: DistEnv, task: Task) -> dict[str, Any]:
     """Train ``task``; validate every epoch and keep the model of the best validation
     figure; test that model at the end; return the metrics."""
     graph, metric = task.graph, task.metric("val")
     torch.manual_seed(args.seed)
     model = task.build_model().to(env.device)
+    task.start()
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     checkpoints = Checkpoints(args.checkpoint_dir, RunRecord(task.config(), graph.identity(), graph.to_json(),
                                                              task.source))
@@ -287,13 +318,17 @@ def run(args: argparse.Namespace, env: DistEnv, task: Task) -> dict[str, Any]:
         val = task.evaluate(model, "val")
         m.eval_seconds = time.perf_counter() - eval_started
         row = {**asdict(m), **{f"val_{k}": v for k, v in val.items()}}
-        improved = checkpoints.keep(row, val[metric], state, model, optimizer, env, task.state_dict())
+        kept = task.state_dict(selected=val[metric] > state.selection.score)
+        improved = checkpoints.keep(row, val[metric], state, model, optimizer, env, kept)
         log.info("%s", _epoch_line(m, metric, val[metric], improved))
     fingerprints = restore_selected(model, state.selection, env)
+    if state.selection.task and state.selection.epoch != history_last(state.history):
+        task.load_state_dict(state.selection.task)
     test = task.evaluate(model, "test")
     log.info("selected epoch %s (val %s %.4f): test %s", state.selection.epoch, metric, state.selection.score,
              ", ".join(f"{k} {v:.4f}" for k, v in test.items() if k != "count"))
     history = state.history
+    task.close()
     return {
         "task": task.name, "graph": graph.name, **({"typed": True} if graph.typed else {}),
         "world_size": env.world_size, "device": str(env.device), "model": task.config(), **task.facts(),

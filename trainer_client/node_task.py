@@ -23,6 +23,13 @@ import torch.nn.functional as F
 from trainer_client.cluster import Cluster
 from trainer_client.ddp import DistEnv, all_reduce_sums
 from trainer_client.evaluate import accuracy_of, labeled, layerwise_logits
+from trainer_client.featureless import (
+    EmbeddingInput,
+    embedding_config,
+    input_width,
+    plain_embedding,
+    server_embeddings,
+)
 from trainer_client.graph import PLAIN_NODE_TYPE, TypedGraph
 from trainer_client.in_process import InProcessLoader, LocalGraph
 from trainer_client.inputs import MAX_SEEDS
@@ -55,14 +62,19 @@ class NodeTask(Task):
         args, graph = self.args, self.graph
         if graph.typed:
             return build_typed_model(args.model, graph, hidden_channels=args.hidden, num_layers=args.layers,
-                                     dropout=args.dropout)
-        return build_model(args.model, graph.feature_dims[PLAIN_NODE_TYPE], graph.num_classes,
-                           hidden_channels=args.hidden, num_layers=args.layers, dropout=args.dropout,
-                           heads=args.heads, edge_dim=model_edge_dim(args, graph))
+                                     dropout=args.dropout, embeddings=self.embedding_factory())
+        features = graph.feature_dims[PLAIN_NODE_TYPE]
+        width = features or input_width(args)
+        model = build_model(args.model, width, graph.num_classes, hidden_channels=args.hidden,
+                            num_layers=args.layers, dropout=args.dropout, heads=args.heads,
+                            edge_dim=model_edge_dim(args, graph))
+        return model if features else EmbeddingInput(plain_embedding(graph, width, self.embedding_factory()),
+                                                     model)
 
     def config(self) -> dict[str, Any]:
         args = self.args
-        config = {"model": args.model, "hidden": args.hidden, "layers": args.layers}
+        config = {"model": args.model, "hidden": args.hidden, "layers": args.layers,
+                  **embedding_config(args, self.graph)}
         return config if self.graph.typed else {**config, "heads": args.heads}  # --heads: the plain GAT's
 
     def step(self, model: torch.nn.Module, batch: Any) -> Step:
@@ -114,11 +126,12 @@ def _split_loaders(make: Callable[..., Any], args: argparse.Namespace, fanouts: 
             for split, train in (("train", True), ("val", False), ("test", False))}
 
 
-def evaluation_fanouts(args: argparse.Namespace, typed: bool) -> list[int] | None:
-    """The evaluation's fanouts (None: full-neighbor layer-wise inference, a plain graph's
-    default). Typed graphs are evaluated on samples, as PyG's and DGL's ogbn-mag examples
-    do (layer-wise inference would run every layer over every node of every type)."""
-    if typed:
+def evaluation_fanouts(args: argparse.Namespace, graph: TypedGraph) -> list[int] | None:
+    """The evaluation's fanouts (None: full-neighbor layer-wise inference, the default of a
+    plain graph with features). Typed graphs are evaluated on samples, as PyG's and DGL's
+    ogbn-mag examples do (layer-wise inference would run every layer over every node of
+    every type), and so is a plain graph without features (its input is an embedding)."""
+    if graph.typed or not graph.feature_dims.get(PLAIN_NODE_TYPE, 0):
         return sampled_fanouts(args)
     return None if args.eval_fanouts is None else list(args.eval_fanouts)
 
@@ -129,7 +142,7 @@ def cluster_task(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> No
     graph = cluster.graph
     check_model_kind(args.model, graph, "the servers serve")
     common = loader_options(args, env)
-    fanouts = evaluation_fanouts(args, graph.typed)
+    fanouts = evaluation_fanouts(args, graph)
     if fanouts is None and uses_edge_features(args):  # layer-wise inference takes no edge features
         fanouts = [-1] * len(args.fanouts)
     loaders = _split_loaders(partial(RemoteNeighborLoader, cluster), args, fanouts or [-1], **common)
@@ -142,7 +155,8 @@ def cluster_task(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> No
         all_nodes = torch.ones(int(cluster.info.num_nodes), dtype=torch.bool)
         everything = RemoteNeighborLoader(cluster, input_nodes=all_nodes, num_neighbors=[-1],
                                           batch_size=args.eval_batch_size, batches="partition", **common)
-    return NodeTask(args=args, env=env, graph=graph, eval_fanouts=fanouts, everything=everything, **loaders)
+    return NodeTask(args=args, env=env, graph=graph, eval_fanouts=fanouts, everything=everything,
+                    embeddings=server_embeddings(args, env, cluster), **loaders)
 
 
 def partition_dir_task(args: argparse.Namespace, env: DistEnv) -> NodeTask:
@@ -151,7 +165,7 @@ def partition_dir_task(args: argparse.Namespace, env: DistEnv) -> NodeTask:
     every hop (the same logits as layer-wise inference, batch by batch)."""
     local = LocalGraph(args.partition_dir)
     check_model_kind(args.model, local.meta, "--partition-dir holds")
-    fanouts = evaluation_fanouts(args, local.meta.typed) or [-1] * len(args.fanouts)
+    fanouts = evaluation_fanouts(args, local.meta) or [-1] * len(args.fanouts)
     loaders = _split_loaders(partial(InProcessLoader, local), args, fanouts, rank=env.rank,
                              world_size=env.world_size, device=env.device, seed=args.seed,
                              edge_features=uses_edge_features(args))

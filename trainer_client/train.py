@@ -35,6 +35,7 @@ from trainer_client.cache import parse_cache_size
 from trainer_client.cluster import Cluster
 from trainer_client.connect import REFUSED_GRACE
 from trainer_client.ddp import DIST_BACKENDS, env_int, last_saved, setup_distributed, teardown_distributed
+from trainer_client.featureless import SPARSE_OPTIMIZERS
 from trainer_client.link_models import DECODERS
 from trainer_client.link_task import EXCLUDE_CHOICES, cluster_link_task
 from trainer_client.loop import run
@@ -189,6 +190,20 @@ def build_parser() -> argparse.ArgumentParser:
                       help="negatives drawn per positive for MRR when a split stores none")
     link.add_argument("--hits-k", type=_positive(int), default=50,
                       help="K of Hits@K where a split's negatives are a '<split>_neg' split (ogbl-collab)")
+    emb = p.add_argument_group("node types without features (docs/training.md, 'Embeddings of featureless "
+                               "node types')")
+    emb.add_argument("--sparse-embedding", action="store_true",
+                     help="give every node type without features a learnable embedding held by the servers "
+                          "(partitioned like the nodes, updated there by a sparse optimizer from the rows "
+                          "each step touched) instead of a dense one in the model, replicated on every "
+                          "rank and all-reduced whole every step")
+    emb.add_argument("--sparse-optimizer", choices=list(SPARSE_OPTIMIZERS), default="adagrad",
+                     help="the servers' optimizer of those embeddings (torch's Adagrad or SparseAdam)")
+    emb.add_argument("--sparse-lr", type=_positive(float), default=0.06,
+                     help="learning rate of those embeddings")
+    emb.add_argument("--embedding-dim", type=_positive(int), default=None,
+                     help="width of the featureless types' embeddings (default: --hidden); a linear "
+                          "layer projects them to --hidden where they differ")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -212,6 +227,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--dropout: expected 0 <= dropout < 1, got {args.dropout}")
     if args.task == "link" and args.partition_dir is not None:
         parser.error("--task link: expected --servers (link batches are sampled by the servers), got "
+                     "--partition-dir")
+    if args.sparse_embedding and args.partition_dir is not None:
+        parser.error("--sparse-embedding: expected --servers (the servers hold the embeddings), got "
                      "--partition-dir")
     if args.resume and args.checkpoint_dir is None:
         parser.error("--resume: expected --checkpoint-dir too")
