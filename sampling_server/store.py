@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from partitioner.format import (
-    EdgeData,
     NodeData,
     Partition,
     PartitionFormatError,
@@ -334,15 +333,6 @@ class PartitionStore:
             return None
         return pb.EdgeFeatureInfo(shape=[int(d) for d in attr.shape[1:]],
                                   dtype=codec.numpy_to_dtype(attr.dtype))
-
-    @property
-    def edge_data(self) -> EdgeData:
-        """The original IDs and features of the edges held here (this partition's in-edges)."""
-        return self.partition.edge_data
-
-    def edge_book(self, edge_type: EdgeType) -> np.ndarray:
-        """int64 ``[P+1]`` edge book of ``edge_type`` (:meth:`Manifest.edge_book`)."""
-        return np.asarray(self.manifest.edge_book(edge_type), dtype=np.int64)
 
     @property
     def device(self) -> str:

@@ -224,7 +224,7 @@ def global_adjacency(partitions: Sequence[Partition]) -> dict[EdgeType, dict[int
 
 class LocalPeers:
     """In-process stand-ins for the peer servers: a sampler's ``remote``
-    (:class:`~sampling_server.sampler.base.Remote`), answered by the samplers of the
+    (:class:`~sampling_server.sampler.peers.Remote`), answered by the samplers of the
     other partitions (what a peer's servicer would call), counting what was asked."""
 
     def __init__(self, samplers: Sequence[NeighborSampler]):
@@ -263,6 +263,11 @@ class LocalPeers:
                   ) -> dict[int, np.ndarray]:
         return {p: self.samplers[p].has_edges_local(edge_type, src, dst)
                 for p, (src, dst) in pairs_by_partition.items()}
+
+    def edge_data(self, edge_type: EdgeType, edges_by_partition: Mapping[int, torch.Tensor], ids: bool,
+                  features: bool, dtype: torch.dtype | None) -> dict[int, tuple[torch.Tensor | None, ...]]:
+        return {p: self.samplers[p].edge_rows_local(edge_type, edges, ids, features, dtype)
+                for p, edges in edges_by_partition.items()}
 
 
 def check_sampler_output(out: SamplerOutput, seeds: np.ndarray, seed_type: str,

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from partitioner.format import NodeData, Partition, Structure
-from sampling_server.sampler.base import InProcessPeers, NeighborSampler, Relabeler, Remote
+from sampling_server.sampler.base import NeighborSampler, Relabeler
 from sampling_server.sampler.cpu_sampler import CpuNeighborSampler, CpuRelabeler
 from sampling_server.sampler.fanouts import NumNeighbors, check_fanouts, normalize_num_neighbors, relation_key
+from sampling_server.sampler.peers import InProcessPeers, Remote
 from sampling_server.sampler.rng import batch_key
 from sampling_server.sampler.types import HopSample, Minibatch, SamplerOutput
 
