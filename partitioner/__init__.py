@@ -4,17 +4,10 @@ plain and typed graphs: v1 files for a plain graph, v2 for a typed one)."""
 from partitioner.format import (
     FORMAT_VERSION,
     TYPED_FORMAT_VERSION,
-    EdgeData,
     Manifest,
-    NodeData,
-    Partition,
     PartitionFormatError,
-    Structure,
-    load_edge_data,
-    load_node_data,
     load_node_map,
     load_partition,
-    load_structure,
     read_format_version,
     read_manifest,
 )
@@ -28,7 +21,9 @@ from partitioner.graph import (
     LinkSplit,
     TypedGraphData,
 )
+from partitioner.joins import load_edge_data, load_node_data, load_structure
 from partitioner.links import LinkSplitArrays, LinkSplitInfo, load_link_split, random_link_split
+from partitioner.partition import EdgeData, NodeData, Partition, Structure
 from partitioner.writer import partition_graph, write_partitions
 
 __all__ = [

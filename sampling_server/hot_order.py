@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
-from partitioner.format import Partition
+from partitioner.partition import Partition
 from sampling_server.config import HOT_ORDERS
 
 #: Fanouts per hop and seeds per batch that ``"visits_v1"`` assumes (PyG's usual

@@ -21,22 +21,17 @@ import numpy as np
 import torch
 
 from partitioner.format import (
-    NodeData,
-    Partition,
     PartitionFormatError,
-    Structure,
     Verify,
     check_files,
-    load_node_data,
     load_node_map,
     load_partition,
-    load_structure,
-    node_data_records,
     read_manifest,
-    structure_records,
 )
 from partitioner.graph import SPLITS, EdgeType, GraphDataError, edge_type_name, parse_edge_type
+from partitioner.joins import load_node_data, load_structure, node_data_records, structure_records
 from partitioner.links import LinkSplitArrays, LinkSplitInfo, load_link_split
+from partitioner.partition import NodeData, Partition, Structure
 from protos import codec
 from protos import sampling_pb2 as pb
 from sampling_server.config import ConfigError, ServerConfig

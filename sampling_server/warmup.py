@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from partitioner.format import Partition
+    from partitioner.partition import Partition
 
 log = logging.getLogger("sampling_server.warmup")
 

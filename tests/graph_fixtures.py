@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from partitioner.format import Partition, load_node_map, load_partition, read_manifest
+from partitioner.format import load_node_map, load_partition, read_manifest
 from partitioner.graph import (
     PLAIN_EDGE_TYPE,
     PLAIN_NODE_TYPE,
@@ -27,6 +27,7 @@ from partitioner.graph import (
     TypedGraphData,
     plain_view,
 )
+from partitioner.partition import Partition
 from partitioner.synthetic import generate
 from partitioner.writer import partition_graph
 from sampling_server.sampler.base import NeighborSampler

@@ -16,7 +16,7 @@ import pytest
 import torch
 from graph_fixtures import LocalPeers, assert_same_batch, large, mixed, write_and_load
 
-from partitioner.format import Partition
+from partitioner.partition import Partition
 from protos import sampling_pb2 as pb
 from sampling_server import cli
 from sampling_server.config import ConfigError, ServerConfig

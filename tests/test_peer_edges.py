@@ -19,8 +19,8 @@ import torch
 from graph_fixtures import AnyGraph, assert_same_batch, check_edge_ids, write_and_load
 from in_process_servers import served
 
-from partitioner.format import Partition
 from partitioner.graph import edge_type_name
+from partitioner.partition import Partition
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc

@@ -39,8 +39,9 @@ from graph_fixtures import (
     write_and_load,
 )
 
-from partitioner.format import Partition, Structure, load_node_data, load_structure
 from partitioner.graph import EdgeType
+from partitioner.joins import load_node_data, load_structure
+from partitioner.partition import Partition, Structure
 from sampling_server.sampler import (
     CpuNeighborSampler,
     Minibatch,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from partitioner.format import NodeData, Partition, Structure
+from partitioner.partition import NodeData, Partition, Structure
 from sampling_server.sampler.base import NeighborSampler, Relabeler
 from sampling_server.sampler.cpu_sampler import CpuNeighborSampler, CpuRelabeler
 from sampling_server.sampler.fanouts import NumNeighbors, check_fanouts, normalize_num_neighbors, relation_key
@@ -62,7 +62,7 @@ def create_sampler(
     sampler of the same partition whose feature tables to share. The CPU sampler reads
     the partition where it is and ignores all three. ``structure``: the in-edges to draw
     from (default: the partition's own; the whole graph's from
-    :func:`partitioner.format.load_structure` draws every hop here, no peer asked).
+    :func:`partitioner.joins.load_structure` draws every hop here, no peer asked).
     ``node_data``: the features and labels to gather from, likewise (the CUDA sampler's
     feature tables then hold them all, their hottest rows by in-degree in GPU memory; it
     needs ``structure`` over the same nodes for that order).

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from partitioner.format import NodeData, Partition, Structure
 from partitioner.graph import EdgeType
+from partitioner.partition import NodeData, Partition, Structure
 from sampling_server.sampler import cpu_fused as F
 from sampling_server.sampler import cpu_gather as G
 from sampling_server.sampler import cpu_kernels as K

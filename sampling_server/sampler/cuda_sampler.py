@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from partitioner.format import NodeData, Partition, Structure
 from partitioner.graph import EdgeType
+from partitioner.partition import NodeData, Partition, Structure
 from sampling_server.feature_placement import parse_gpu_cache_size
 from sampling_server.hot_order import in_degree_order
 from sampling_server.sampler import cpu_kernels

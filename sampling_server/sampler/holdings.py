@@ -17,8 +17,8 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from partitioner.format import NodeData, Partition, Structure
 from partitioner.graph import EdgeType, edge_type_name
+from partitioner.partition import NodeData, Partition, Structure
 from protos import allocator
 from sampling_server.sampler import cpu_glue
 from sampling_server.sampler.rows import begin, owner_groups
