@@ -28,12 +28,12 @@ from sampling_server.feature_placement import (
     slot_maps,
 )
 from sampling_server.fields import cast_features
-from sampling_server.hot_order import in_degree, in_degree_order
 from sampling_server.sampler import cuda_kernels
 from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
 from sampling_server.sampler.cuda_features import FeatureTable
 from sampling_server.sampler.cuda_launch import torch_device
 from sampling_server.sampler.cuda_sampler import CudaNeighborSampler
+from sampling_server.sampler.hot_order import in_degree, in_degree_order
 from sampling_server.store import PartitionStore
 
 FRACTIONS = [0.0, 0.3, 1.0]
