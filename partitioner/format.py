@@ -20,39 +20,9 @@ from typing import Literal
 import numpy as np
 
 from partitioner.graph import SPLITS, EdgeType
-from partitioner.manifest import (
-    FORMAT_VERSION,
-    MANIFEST_FILE,
-    TYPED_FORMAT_VERSION,
-    EdgeFeatureInfo,
-    Manifest,
-    NodeTypeInfo,
-    PartitionFormatError,
-    PartitionInfo,
-    read_format_version,
-    read_manifest,
-    role,
-)
+from partitioner.manifest import MANIFEST_FILE, Manifest, PartitionFormatError, PartitionInfo, read_manifest
 from partitioner.npyio import FileRecord, load_npy, read_npy_header, sha256_file
 from partitioner.partition import Partition
-
-__all__ = [
-    "FORMAT_VERSION",
-    "MANIFEST_FILE",
-    "TYPED_FORMAT_VERSION",
-    "EdgeFeatureInfo",
-    "Manifest",
-    "NodeTypeInfo",
-    "PartitionFormatError",
-    "PartitionInfo",
-    "Verify",
-    "check_files",
-    "load_node_map",
-    "load_partition",
-    "read_format_version",
-    "read_manifest",
-    "role",
-]
 
 log = logging.getLogger(__name__)
 

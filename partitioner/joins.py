@@ -1,10 +1,6 @@
-"""The whole graph on one server: every partition's in-edges (:func:`load_structure`),
-features and labels (:func:`load_node_data`), or edge IDs and edge features
-(:func:`load_edge_data`), each checked as :func:`~partitioner.format.load_partition`
-checks them and joined in partition order, in memory, for a server that draws, gathers
-or reads them all itself (``--structure full``, ``--features full``); and what joining
-them takes (their files and bytes).
-"""
+"""The whole graph on one server: every partition's in-edges, features and labels, or
+edge IDs and edge features, checked as :func:`~partitioner.format.load_partition` checks
+them and joined in partition order, in memory; and their files and bytes."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""One loaded partition and the slices of a graph a sampler draws and gathers from, one
-model for plain and typed graphs (a plain graph is the typed graph of one node type and
-one edge type): :class:`Partition`, what :func:`~partitioner.format.load_partition`
-reads, and the :class:`Structure`, :class:`NodeData` and :class:`EdgeData` of a
-partition's own nodes and edges, or of every partition's joined (:mod:`partitioner.joins`).
-"""
+"""One loaded partition (:func:`~partitioner.format.load_partition`), plain or typed, and
+the :class:`Structure`, :class:`NodeData` and :class:`EdgeData` a sampler draws and
+gathers from: a partition's own, or every partition's joined (:mod:`partitioner.joins`)."""
 
 from __future__ import annotations
 

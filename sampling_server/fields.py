@@ -45,9 +45,7 @@ def wire_feature_dtype(requested: int, stored: codec.WireDType, field: str) -> c
 def edge_wire_dtype(requested: codec.WireDType, stored: codec.WireDType) -> codec.WireDType:
     """The dtype edge features travel in: floating-point features in ``requested`` (the
     batch's feature dtype; unspecified: as stored), other features as stored."""
-    if stored not in _FLOAT or requested == pb.DTYPE_UNSPECIFIED:
-        return stored
-    return requested
+    return requested if stored in _FLOAT and requested != pb.DTYPE_UNSPECIFIED else stored
 
 
 def cast_features(x: torch.Tensor, dtype: int) -> torch.Tensor:

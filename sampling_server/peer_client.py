@@ -141,7 +141,7 @@ class PeerClient:
 
         parts = self._run(nodes_by_partition, call)
         return {p: HopSample(_joined([h.counts for h in hs]), _joined([h.neighbors for h in hs]),
-                             _cat([h.edges for h in hs]) if edges else None)
+                             _joined([h.edges for h in hs if h.edges is not None]) if edges else None)
                 for p, hs in parts.items()}
 
     def node_data(
@@ -211,7 +211,7 @@ class PeerClient:
                 got = self._retrying(lambda timeout: _receive(
                     getattr(self._stubs[p], method)(request(p, ids), timeout=timeout), names))
                 shapes = {n: list(t.shape) for n, t in got.items()}
-                _check_answer(all(s[:1] == [ids.size] and (len(s) == 1 or n in _FEATURES)
+                _check_answer(all(s[:1] == [ids.size] and (len(s) == 1 or n in ("x", "edge_attr"))
                                   for n, s in shapes.items()), f"{shapes} for {ids.size} IDs")
             return got
 
@@ -335,8 +335,6 @@ class PeerRemote:
 
 
 _MASK64 = (1 << 64) - 1
-#: The rows of a fetch that are features (of any width); the others are one value a row.
-_FEATURES = ("x", "edge_attr")
 
 
 class _RawPeerStub:
@@ -386,8 +384,3 @@ def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
     is one slice (as almost always), which ``torch.cat`` would copy."""
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-
-def _cat(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
-    if any(p is None for p in parts):
-        return None
-    return _joined([p for p in parts if p is not None])

@@ -13,7 +13,7 @@ slice. A plain graph's requests name no type; a typed graph's name the relation
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import grpc
@@ -73,14 +73,12 @@ class PeerServicer:
             yield
 
     def _serve(self, method: str, request: ExpectingRequest, context: grpc.ServicerContext, stage: str,
-               answer: Callable[[], Iterable[bytes]]) -> Iterator[bytes]:
-        """A streamed peer call: after :meth:`_opened`, the messages of ``answer()`` (which
-        checks the request first), sent until the caller goes away; the time spent making
-        them (not waiting for gRPC to take one) counted as ``stage``."""
+               answer: Callable[[], Iterator[bytes]]) -> Iterator[bytes]:
+        """A streamed peer call: after :meth:`_opened`, the messages of ``answer()`` (a
+        generator: it checks the request, then makes them), sent until the caller goes away;
+        the time spent making them (not waiting for gRPC to take one) counted as ``stage``."""
         with self._opened(method, request, context):
-            started = time.perf_counter()
-            messages = iter(answer())
-            working = time.perf_counter() - started
+            messages, working = iter(answer()), 0.0
             while True:
                 started = time.perf_counter()
                 message = next(messages, None)
@@ -153,7 +151,7 @@ class PeerServicer:
             raise RequestError(str(exc)) from None
         width = int(np.prod(info.shape)) * codec.dtype_to_numpy(dtype).itemsize if info is not None else 0
         row_bytes = (8 if request.want_edge_ids else 0) + (width if request.want_features else 0)
-        return self._in_slices(edges.numel(), row_bytes, pb.EdgeDataChunk, lambda a, b: dict(zip(
+        yield from self._in_slices(edges.numel(), row_bytes, pb.EdgeDataChunk, lambda a, b: dict(zip(
             ("e_id", "edge_attr"), sampler.edge_rows_local(et, edges[a:b], request.want_edge_ids,
                                                            request.want_features, codec.dtype_to_torch(dtype),
                                                            f"{field}.edges"), strict=True)))
@@ -177,7 +175,7 @@ class PeerServicer:
         if self.metrics is not None:
             self.metrics.observe(stage, seconds)
 
-    def _sample(self, request: pb.SampleNeighborsRequest) -> list[bytes]:
+    def _sample(self, request: pb.SampleNeighborsRequest) -> Iterator[bytes]:
         field = "SampleNeighborsRequest"
         store = self.store
         nodes = decode_node_ids(request.nodes, f"{field}.nodes")
@@ -200,23 +198,22 @@ class PeerServicer:
         if request.want_edges:
             named["edges"] = edges_of(drawn, "sample_relation")
         # each payload byte copied once, into its message (protos.fastwire)
-        return fastwire.encode_chunks(lambda i, n: pb.SampleNeighborsChunk(chunk_index=i, num_chunks=n),
+        yield from fastwire.encode_chunks(lambda i, n: pb.SampleNeighborsChunk(chunk_index=i, num_chunks=n),
                                       named, self.chunk_bytes)
 
-    def _check_fetch(self, request: pb.FetchNodeDataRequest) -> tuple[np.ndarray, codec.WireDType, str]:
-        """The request's nodes, the features' wire dtype and the nodes' type."""
+    def _fetch(self, request: pb.FetchNodeDataRequest) -> Iterator[bytes]:
+        """The request checked, then its answer's messages (:meth:`_in_slices`)."""
         field = "FetchNodeDataRequest"
-        store = self.store
+        store, m = self.store, self.store.manifest
         nodes = decode_node_ids(request.nodes, f"{field}.nodes")
         check_peer_limits(store.config, nodes.size, None, 0, field)
-        m = store.manifest
         if store.typed and not request.node_type:
             raise RequestError(f"{field}.node_type: expected one of {list(m.node_types)} (the graph "
                                "is typed), got none")
         node_type = store.node_type_of(request.node_type, f"{field}.node_type")
         store.check_owned(nodes, f"{field}.nodes", node_type)
-        info = m.node_types[node_type]
-        if request.want_features and not info.feature_dim:
+        width = m.node_types[node_type].feature_dim
+        if request.want_features and not width:
             raise RequestError(f"{field}.want_features: expected false, node type {node_type!r} has "
                                "no features")
         if request.want_labels and node_type != m.target_type:
@@ -224,12 +221,7 @@ class PeerServicer:
                                f"{m.target_type!r} has labels, got node type {node_type!r}")
         dtype = wire_feature_dtype(request.feature_dtype, store.feature_dtypes.get(node_type, pb.FLOAT32),
                                    f"{field}.feature_dtype")
-        return nodes, dtype, node_type
-
-    def _fetch(self, request: pb.FetchNodeDataRequest) -> Iterator[bytes]:
-        """The request checked, then its answer's messages (:meth:`_in_slices`)."""
-        nodes, dtype, node_type = self._check_fetch(request)
-        sampler, width = self.store.sampler(), self.store.manifest.node_types[node_type].feature_dim
+        sampler = store.sampler()
         row_bytes = (width * codec.dtype_to_numpy(dtype).itemsize if request.want_features else 0) \
             + (8 if request.want_labels else 0) + (8 if request.want_original_ids else 0)
 
@@ -241,4 +233,4 @@ class PeerServicer:
             orig = sampler.orig_ids_local(node_type, ids) if request.want_original_ids else None
             return {"x": None if x is None else cast_features(x, dtype), "y": y, "orig_id": orig}
 
-        return self._in_slices(nodes.size, row_bytes, pb.NodeDataChunk, rows_of)
+        yield from self._in_slices(nodes.size, row_bytes, pb.NodeDataChunk, rows_of)

@@ -1,4 +1,5 @@
-"""The sampling server process: gRPC server, health, background load, shutdown.
+"""The sampling server process: gRPC server, health (:mod:`sampling_server.health`),
+background load, shutdown.
 
 :func:`create_server` builds and binds a server (port 0 picks a free one) and returns it
 with its port, without starting it; :meth:`SamplingServer.start` starts serving at once
@@ -6,8 +7,6 @@ and loads the partition in the background, so the health service answers
 ``NOT_SERVING`` (rather than nothing) while a big partition loads. :func:`serve` is the
 process's main loop: start, wait for SIGTERM/SIGINT, set health NOT_SERVING, let
 running streams finish for ``grace`` seconds, exit.
-
-Health (``grpc.health.v1``) is kept true by :class:`~sampling_server.health.HealthMonitor`.
 """
 
 from __future__ import annotations

@@ -18,10 +18,6 @@ Asked for edges (``edges=True``), every sampled edge also carries its internal e
 the ``edge_start`` of the structure it was drawn from plus its position in that
 structure's ``indices`` (:meth:`~partitioner.manifest.Manifest.edge_book`), whichever
 partition drew it; asking changes no draw.
-
-What it holds and its checks are :mod:`~sampling_server.sampler.holdings`'s, its row
-reads (node and edge) :mod:`~sampling_server.sampler.gather`'s, its original-ID look-ups
-and edge tests :mod:`~sampling_server.sampler.lookups`'.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""The rows of a batch, node or edge: each node type's features and labels, and each
-relation's original edge IDs (PyG's ``e_id``) and edge features (``edge_attr``), looked
-up by global node ID or internal edge ID. The rows held here are read straight into
-their places while the owners of the others read theirs, asked for first through the
-:class:`~sampling_server.sampler.peers.Remote`
-(:meth:`~sampling_server.sampler.holdings.Holdings.from_owners`); their answers are put in
-once they arrive.
-
-Partition p holds the rows of a relation's internal edge IDs ``[book[p], book[p+1])``
-(the edge book, :meth:`~partitioner.manifest.Manifest.edge_book`), in the order of its
-CSC, so the owner of an edge is found as the owner of a node is.
-"""
+"""The rows of a batch, node or edge: features and labels by global node ID, original
+edge IDs (PyG's ``e_id``) and edge features (``edge_attr``) by internal edge ID. Those
+held here are read into their places while their owners read the others
+(:meth:`~sampling_server.sampler.holdings.Holdings.from_owners`)."""
 
 from __future__ import annotations
 
@@ -188,9 +180,7 @@ class Gatherer(Holdings):
                   dtype: torch.dtype | None = None, remote: Remote | None = None) -> EdgeRows:
         """Original IDs (int64 ``[E]``, with ``ids``) and/or features (``[E, ...]`` in
         ``dtype``, None: as stored; with ``features``) of the sampled ``edges`` (internal
-        IDs, any device), on the CPU, in order: the rows held here read while their owners
-        read the others through ``remote`` (asked for first), which are put in once they
-        arrive."""
+        IDs, any device), on the CPU, in order; the others' rows through ``remote``."""
         wanted = edges.cpu()
         start, stop = self.edge_range(edge_type)
         if self._within(wanted, (start, stop)):

@@ -1,12 +1,7 @@
-"""What one sampler holds, and who holds the rest: per node type the IDs whose in-edges
-it draws from (:attr:`Holdings.draw`) and whose rows it gathers (:attr:`Holdings.hold`),
-per relation the internal edge IDs whose rows it reads, and the partition and edge books
-that name the owner of every other ID. Given IDs are checked against them with errors
-that name the field, and what spans partitions is read by one protocol
-(:meth:`Holdings.from_owners`): the IDs grouped by owner once, the other owners asked
-first (their calls in flight), this partition's share done meanwhile, the answers put
-back in their places.
-"""
+"""What one sampler holds (the IDs whose in-edges, node rows and edge rows are here) and
+who holds the rest (the partition and edge books); the checks of given IDs against them,
+naming the field; and the one way anything that spans partitions is read
+(:meth:`Holdings.from_owners`)."""
 
 from __future__ import annotations
 
@@ -28,17 +23,15 @@ R = TypeVar("R")
 
 
 def owners_in(book: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """The partition holding each ID (``book``: a partition or edge book, the first ID of
-    each partition and the count last): a binary search, on the CPU in one call that keeps
-    the interpreter lock."""
+    """The partition holding each ID (``book``: a partition or edge book): a binary search,
+    on the CPU in one call that keeps the interpreter lock."""
     if ids.device.type == "cpu":
         return torch.from_numpy(cpu_glue.owners(book.numpy(), ids.numpy()))
     return torch.searchsorted(book.to(ids.device), ids, right=True) - 1
 
 
 class Holdings(abc.ABC):
-    """The ranges a sampler of one partition holds, their checks, and the reads of what
-    spans partitions (see the module doc)."""
+    """What a sampler of one partition holds (see the module doc)."""
 
     #: Where the sampler's tensors live.
     device: torch.device
