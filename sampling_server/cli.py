@@ -18,7 +18,6 @@ from protos import allocator, codec
 from sampling_server.config import (
     DEFAULT_PORT,
     FEATURE_HOLDINGS,
-    HOT_ORDERS,
     STRUCTURES,
     VERIFY_MODES,
     ConfigError,
@@ -26,6 +25,7 @@ from sampling_server.config import (
     parse_peers,
 )
 from sampling_server.feature_placement import parse_gpu_cache_size
+from sampling_server.sampler.hot_order import HOT_ORDERS
 
 log = logging.getLogger("sampling_server")
 #: Seconds the process may take to exit once the server stopped.

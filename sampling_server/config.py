@@ -28,6 +28,7 @@ import yaml
 from protos import codec
 from protos.sizes import parse_cache_amount
 from sampling_server.feature_placement import parse_gpu_cache_size
+from sampling_server.sampler.hot_order import HOT_ORDER, HOT_ORDERS
 
 #: Port a server listens on when nothing else is said.
 DEFAULT_PORT = 50051
@@ -40,10 +41,6 @@ STRUCTURES: tuple[str, ...] = ("auto", "partition", "full")
 #: Whose features and labels a server gathers itself: its own partition's nodes' (the
 #: owners answer for the others), every node's, or the latter where it costs little.
 FEATURE_HOLDINGS: tuple[str, ...] = STRUCTURES
-#: Rules a server may order its nodes by for trainers' feature caches
-#: (sampling_server/hot_order.py), and the default one.
-HOT_ORDERS: tuple[str, ...] = ("visits_v1", "in_degree_v1")
-HOT_ORDER = HOT_ORDERS[0]
 
 
 class ConfigError(ValueError):
@@ -113,7 +110,7 @@ class ServerConfig:
     #: Memory-map the partition's arrays (True) or read them into memory (False).
     mmap: bool = True
     #: The rule ordering this partition's nodes for trainers' feature caches (one of
-    #: :data:`HOT_ORDERS`, ``ClusterInfo.hot_order``).
+    #: :data:`~sampling_server.sampler.hot_order.HOT_ORDERS`, ``ClusterInfo.hot_order``).
     hot_order: str = HOT_ORDER
     #: Trainer streams served at once; more get RESOURCE_EXHAUSTED (keeps gRPC threads
     #: free for peer calls, so servers never starve each other). They are shared fairly

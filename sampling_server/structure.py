@@ -3,7 +3,7 @@ graph's (``ServerConfig.structure``), and whose features and labels it gathers i
 (``ServerConfig.features``), likewise.
 
 ``full`` joins every partition's structure files at start-up
-(:func:`partitioner.format.load_structure`): every hop of a batch is then drawn on the
+(:func:`partitioner.joins.load_structure`): every hop of a batch is then drawn on the
 server and no peer is asked to sample, with the same draws. ``auto`` (the default) takes
 it where it costs little: every partition's structure files are under the server's
 partition directory, the graph has more than one partition, and the joined arrays fit in
@@ -12,7 +12,7 @@ memory, and for a CUDA sampler that keeps its graph in GPU memory, the GPU's fre
 memory too). Otherwise ``partition``. The choice and its reason are logged.
 
 ``features: full`` likewise joins every partition's ``x`` and ``y``
-(:func:`partitioner.format.load_node_data`): every row of a batch is then gathered on the
+(:func:`partitioner.joins.load_node_data`): every row of a batch is then gathered on the
 server, no peer asked for any; ``auto`` takes it by the same rule, measured after the
 structure is loaded; a CUDA server takes it only with the whole structure (its feature
 tables, every row then, hottest by in-degree in GPU memory, need that order). Plain and
@@ -26,15 +26,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from partitioner.format import (
-    Manifest,
-    PartitionFormatError,
-    check_files,
-    node_data_bytes,
-    node_data_records,
-    structure_bytes,
-    structure_records,
-)
+from partitioner.format import Manifest, PartitionFormatError, check_files
+from partitioner.joins import node_data_bytes, node_data_records, structure_bytes, structure_records
 from partitioner.npyio import FileRecord
 from sampling_server.config import STRUCTURES
 
