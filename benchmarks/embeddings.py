@@ -74,19 +74,21 @@ def worker(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     server = args.mode == "server"
+    device = torch.device(args.device)
     cluster = Cluster(args.servers, client_id=f"emb-bench-rank{rank}")
     loader = RemoteNeighborLoader(cluster, "train", num_neighbors=args.fanouts, batch_size=args.batch_size,
-                                  shuffle=True, rank=rank, world_size=world, return_internal_ids=server)
+                                  shuffle=True, rank=rank, world_size=world, return_internal_ids=server,
+                                  device=device)
     graph = cluster.graph
     tables: dict[str, RemoteEmbedding] = {}
 
     def remote(t: str, width: int) -> torch.nn.Module:
         tables[t] = RemoteEmbedding(cluster, f"bench/{args.job}/{t}", width, node_type=t, init="uniform",
-                                    scale=0.05, job_id=args.job, rank=rank, world_size=world)
+                                    scale=0.05, job_id=args.job, rank=rank, world_size=world, device=device)
         return tables[t]
 
     model = build_typed_model("rgcn", graph, hidden_channels=args.hidden, num_layers=len(args.fanouts),
-                              dropout=0.0, embeddings=remote if server else None)
+                              dropout=0.0, embeddings=remote if server else None).to(device)
     sparse = SparseAdagrad(list(tables.values()), lr=0.06) if server else None
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -155,7 +157,7 @@ def run_mode(args: argparse.Namespace, servers: list[str], mode: str, job: str) 
                str(Path(__file__).resolve()), "--worker", "--mode", mode, "--servers", ",".join(servers),
                "--out", str(out), "--job", job, "--steps", str(args.steps), "--warmup", str(args.warmup),
                "--batch-size", str(args.batch_size), "--hidden", str(args.hidden),
-               "--fanouts", ",".join(map(str, args.fanouts))]
+               "--fanouts", ",".join(map(str, args.fanouts)), "--device", args.device]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.timeout,
                               env=dict(os.environ, OMP_NUM_THREADS="1"))
         if proc.returncode != 0:
@@ -178,6 +180,9 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--fanouts", type=lambda s: [int(v) for v in s.split(",")], default=[10, 5])
     parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--device", default="cpu",
+                        help="the trainers' device (cpu, cuda: both ranks share it)")
+    parser.add_argument("--results-name", default=None, help="results file name (default: by preset)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--servers", help=argparse.SUPPRESS)
@@ -210,6 +215,7 @@ def main() -> None:
     payload = {
         "benchmark": "embeddings", "preset": args.preset, "machine": machine(), "ranks": 2,
         "batch_size_per_rank": args.batch_size, "fanouts": args.fanouts, "hidden": args.hidden,
+        "device": args.device,
         "steps": args.steps, "passes": args.passes, "runs": runs, "summary": summary,
         "tables_on_servers": runs["server"][-1]["tables_on_servers"],
         "embedding_bytes_ratio": dense["embedding_bytes_per_step"] / server["embedding_bytes_per_step"],
@@ -217,7 +223,7 @@ def main() -> None:
         / (server["embedding_bytes_per_step"] + server["other_bytes_per_step"]),
         "speedup": server["steps_per_s"] / dense["steps_per_s"],
     }
-    name = "embeddings" if args.preset == "mag-like" else f"embeddings-{args.preset}"
+    name = args.results_name or ("embeddings" if args.preset == "mag-like" else f"embeddings-{args.preset}")
     path = write_json(name, payload)
     log.info("embedding bytes per step %.1fx fewer, all bytes %.1fx fewer, steps %.2fx faster -> %s",
              payload["embedding_bytes_ratio"], payload["total_bytes_ratio"], payload["speedup"], path)

@@ -21,7 +21,9 @@ steps, each a child process with its own deadline (the whole run fits in ``--bud
 5. ``benchmarks/experiments/model_step.py``: one training step of the default model (GraphSAGE) on a
    real sampled batch of ``--preset``, in float32 and bfloat16 autocast: what a stream
    must deliver a batch within to keep this GPU busy;
-6. ``deploy/demo.py --trainers 1 --device auto``: a 1-GPU NCCL DDP run of the demo with
+6. ``benchmarks/embeddings.py --preset mag-small --device cuda``: R-GCN with the featureless
+   types' embeddings held by the servers against dense ones, the rows arriving on the GPU;
+7. ``deploy/demo.py --trainers 1 --device auto``: a 1-GPU NCCL DDP run of the demo with
    CUDA sampling servers.
 
 Writes ``benchmarks/results/gpu-check.json`` and ``gpu-check.md`` (the device name, every
@@ -53,7 +55,7 @@ log = logging.getLogger("gpu-check")
 #: files import packages a GPU image may lack).
 GPU_TEST_FILES = ("tests/test_sampler_cuda.py", "tests/test_gpu_feature_cache.py",
                   "tests/test_gpu_trainer.py", "tests/test_feature_cache.py",
-                  "tests/test_typed_service.py")
+                  "tests/test_typed_service.py", "tests/test_node_tensors.py")
 
 PYTEST_SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?)")
 
@@ -186,6 +188,10 @@ def collect_figures(step: Step, data: Path) -> None:
     elif step.name in ("sampler", "stream", "link"):
         payload = read_json(RESULTS / f"gpu-check-{step.name}.json")
         step.figures = {"rows": payload.get("rows", []), "ratios": payload.get("ratios", {})}
+    elif step.name == "embeddings":
+        payload = read_json(RESULTS / "gpu-check-embeddings.json")
+        step.figures = {k: payload[k] for k in ("summary", "embedding_bytes_ratio", "speedup")
+                        if k in payload}
     elif step.name == "model step":
         payload = read_json(RESULTS / "gpu-check-model-step.json")
         keys = ("nodes_per_batch_median", "edges_per_batch_median")
@@ -205,23 +211,26 @@ def steps_for(args: argparse.Namespace) -> list[tuple[Step, float]]:
     bench = ["--data", str(args.data / "bench"), "--preset", args.preset]
     return [
         (Step("gpu tests", [py, "-m", "pytest", "-q", "-m", "gpu", *GPU_TEST_FILES,
-                            "-p", "no:cacheprovider"]), 0.25),
+                            "-p", "no:cacheprovider"]), 0.24),
         (Step("sampler", [py, "benchmarks/sampler.py", *bench, "--devices", "cuda",
                           "--topologies", "device", "uva", "--gpu-cache-sizes", "1", "0.2", "0",
                           "--no-baselines",
-                          "--results-name", "gpu-check-sampler"]), 0.22),
+                          "--results-name", "gpu-check-sampler"]), 0.20),
         (Step("stream", [py, "benchmarks/stream.py", *bench, "--gib", "1", "--passes", "3",
                          "--sizes-kib", "4096", "--server-device", "cuda", "--trainer-device", "cuda",
                          "--cache-size", "0", "auto",
-                         "--results-name", "gpu-check-stream"]), 0.19),
+                         "--results-name", "gpu-check-stream"]), 0.17),
         (Step("link", [py, "benchmarks/link.py", "--data", str(args.data / "bench"), "--preset",
                        args.link_preset, "--devices", "cuda", "--no-baselines", "--passes", "1",
-                       "--batches", "10", "--results-name", "gpu-check-link"]), 0.15),
+                       "--batches", "10", "--results-name", "gpu-check-link"]), 0.14),
         (Step("model step", [py, "benchmarks/experiments/model_step.py", *bench, "--device", "cuda",
                              "--results-name", "gpu-check-model-step"]), 0.05),
+        (Step("embeddings", [py, "benchmarks/embeddings.py", "--data", str(args.data / "bench"),
+                             "--preset", "mag-small", "--device", "cuda", "--passes", "1", "--steps", "10",
+                             "--results-name", "gpu-check-embeddings"]), 0.07),
         (Step("demo (1 GPU, NCCL)", [py, "deploy/demo.py", "--data", str(args.data / "demo"),
                                      "--trainers", "1", "--device", "auto", "--server-device", "cuda",
-                                     "--epochs", "3"]), 0.14),
+                                     "--epochs", "3"]), 0.13),
     ]
 
 

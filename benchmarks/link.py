@@ -213,7 +213,7 @@ def edge_attr_bytes(batches: int = 4) -> dict[str, Any]:
                 x_bytes.append(batch.x.numel() * 4)
                 attr_bytes.append(batch.edge_attr.numel() * 4)
                 edges.append(batch.edge_index.size(1))
-    assert graph.edge_attr is not None
+    assert graph.edge_attr is not None and graph.x is not None
     out: dict[str, Any] = {"graph": "edge-feat-small", "node_feature_dim": int(graph.x.shape[1]),
            "edge_feature_dim": int(np.prod(graph.edge_attr.shape[1:])),
            "sampled_edges_per_batch": round(float(np.mean(edges)), 1),

@@ -378,3 +378,21 @@ def test_memory_is_limited_and_reported(graphs: dict[tuple[str, int], Path], tmp
         assert metric.format("rows", float(rows)) in page
         assert metric.format("optimizer", 2.0 * rows) in page
         small.close()
+
+
+@pytest.mark.gpu
+def test_embedding_rows_arrive_on_the_trainers_gpu(clusters: dict[tuple[str, int], list[str]]) -> None:
+    addresses, node_type = clusters["typed", 3], KINDS["typed"][1]
+    with Cluster(addresses) as cluster:
+        emb = RemoteEmbedding(cluster, "gpu-rows", DIM, node_type=node_type, job_id="gpu-rows", device="cuda")
+        opt = SparseAdagrad([emb], lr=0.1)
+        nodes = torch.arange(50)
+        rows = emb(nodes)
+        assert rows.device.type == "cuda" and rows.requires_grad
+        before = rows.detach().cpu()
+        rows.sum().backward()
+        opt.step()
+        after = emb(nodes).detach().cpu()
+        assert not torch.equal(before, after)  # the servers applied the step, read after it
+        assert emb.table is not None
+        emb.table.drop(forget=True)
