@@ -98,7 +98,7 @@ class NodeTensorServicer:
         with abort_on_error(context, "SnapshotNodeTensors", self.store.partition_id):
             self._loaded()
             tensors = self.tensors.snapshot(request.job_id, request.step, context.time_remaining(),
-                                           request.pin)
+                                           request.pin, dict(request.incarnations))
             log.info("partition=%d: node tensors of job %s snapshotted at step %d: %s",
                      self.store.partition_id, printable(request.job_id), request.step,
                      [t.spec.name for t in tensors])
