@@ -96,8 +96,9 @@ class NodeTensorServicer:
     def SnapshotNodeTensors(self, request: pb.NodeTensorsAtStep,
                             context: grpc.ServicerContext) -> pb.NodeTensorsReply:
         return self._at_step("SnapshotNodeTensors", "snapshotted at", request, context,
-                             lambda: self.tensors.snapshot(request.job_id, request.step, context.time_remaining(),
-                                                           request.pin, dict(request.incarnations)))
+                             lambda: self.tensors.snapshot(request.job_id, request.step,
+                                                           context.time_remaining(), request.pin,
+                                                           dict(request.incarnations)))
 
     def RestoreNodeTensors(self, request: pb.NodeTensorsAtStep,
                            context: grpc.ServicerContext) -> pb.NodeTensorsReply:
