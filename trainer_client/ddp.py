@@ -89,6 +89,10 @@ def setup_distributed(device: str, timeout: float, backend: str = "auto") -> Dis
                          "use gloo on the CPU")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and env_int("TORCHELASTIC_MAX_RESTARTS", 0):
+        log.warning("torchrun --max-restarts: the ranks share their agents' store, where ranks restarted "
+                    "after a lost node can fail to meet; start the agents with "
+                    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
     if world_size <= 1:
         return DistEnv(rank, world_size, local_rank, dev)
     # Collectives wait for the slowest rank's batch: bounded by the loader's timeouts.
