@@ -13,6 +13,13 @@ as its batch ``i = g // world_size`` and is sampled by server ``(i + rank) %
 num_servers`` (so each rank draws from every server in turn), which asks the owners of
 the other seeds for their neighbors. Batch counts per rank are equal as below.
 
+Since rank ``r`` trains global batch ``i * world_size + r`` at step ``i``, the seeds an
+epoch has trained after any number of steps are a prefix of its ordering, whatever the
+world size: an :class:`EpochProgress`. An epoch resumed from one (an elastic restart,
+perhaps with another world size) cuts its batches from the rest of that ordering alone,
+equal per rank of the new world size, so every seed is still trained once in the epoch;
+with no progress the plan is the whole epoch's.
+
 **Per-partition batches** (:func:`plan_epoch`):
 
 - each partition's seeds are batched by the server that owns them (a batch never spans
@@ -47,6 +54,20 @@ class BatchRef:
 
 
 @dataclass(frozen=True)
+class EpochProgress:
+    """How far an epoch's training went: a pure function of facts every rank shares."""
+
+    #: Optimizer steps taken (each rank's batches trained).
+    steps: int = 0
+    #: Seeds those steps trained over all ranks: the first ``seeds`` of the epoch's ordering.
+    seeds: int = 0
+
+
+#: An epoch's progress before its first step (a whole epoch to train).
+EPOCH_START = EpochProgress()
+
+
+@dataclass(frozen=True)
 class EpochPlan:
     """The batches of one epoch, for every partition and rank."""
 
@@ -55,6 +76,8 @@ class EpochPlan:
     #: Global batch order: ``order[g] = (partition, part_batch)``.
     order: tuple[tuple[int, int], ...]
     world_size: int
+    #: Where the plan starts: per-partition batches always cover whole epochs.
+    start: EpochProgress = EPOCH_START
 
     @property
     def batches_per_rank(self) -> int:
@@ -181,6 +204,8 @@ class GlobalPlan:
     world_size: int
     #: Servers that sample batches (one per partition).
     num_servers: int
+    #: Where the plan starts in the epoch (its batches cut the rest of the ordering).
+    start: EpochProgress = EPOCH_START
 
     @property
     def batches_per_rank(self) -> int:
@@ -197,14 +222,26 @@ class GlobalPlan:
         start = self.offsets[global_batch]
         return self.order[start:start + self.sizes[global_batch]]
 
+    def progress_after(self, steps: int) -> EpochProgress:
+        """The epoch's progress once every rank has trained its first ``steps`` batches."""
+        return EpochProgress(self.start.steps + steps,
+                             self.start.seeds + sum(self.sizes[:steps * self.world_size]))
+
 
 def plan_global_epoch(
     num_seeds: int, batch_size: int, world_size: int, num_servers: int, *, shuffle: bool,
-    seed: int, epoch: int, drop_last: bool = False,
+    seed: int, epoch: int, drop_last: bool = False, steps_done: int = 0, seeds_done: int = 0,
 ) -> GlobalPlan:
-    """Plan an epoch of global batches over ``num_seeds`` seeds (see the module doc)."""
+    """Plan an epoch of global batches over ``num_seeds`` seeds, from its progress
+    ``EpochProgress(steps_done, seeds_done)`` on: the rest of the epoch's ordering (see
+    the module doc)."""
     _check_positive(batch_size=batch_size, world_size=world_size, num_servers=num_servers)
-    n = int(num_seeds)
+    if not 0 <= seeds_done <= num_seeds:
+        raise ValueError(f"seeds_done: expected 0 .. {num_seeds} (the epoch's seeds), got {seeds_done}")
+    if steps_done < 0:
+        raise ValueError(f"steps_done: expected >= 0, got {steps_done}")
+    start = EpochProgress(int(steps_done), int(seeds_done))
+    n = int(num_seeds) - start.seeds
     if drop_last:
         total = n // batch_size // world_size * world_size
         sizes = (batch_size,) * total
@@ -218,8 +255,9 @@ def plan_global_epoch(
             sizes = _even_sizes(n, total)
     offsets = tuple(int(o) for o in np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])[:-1])
     if shuffle:
-        order = np.random.default_rng(_mix(seed, epoch, 0x610BA1)).permutation(n).astype(np.int64)
+        order = np.random.default_rng(_mix(seed, epoch, 0x610BA1)).permutation(int(num_seeds))
     else:
-        order = np.arange(n, dtype=np.int64)
-    return GlobalPlan(sizes=tuple(int(x) for x in sizes), offsets=offsets, order=order,
-                      world_size=world_size, num_servers=num_servers)
+        order = np.arange(int(num_seeds))
+    return GlobalPlan(sizes=tuple(int(x) for x in sizes), offsets=offsets,
+                      order=order[start.seeds:].astype(np.int64), world_size=world_size,
+                      num_servers=num_servers, start=start)

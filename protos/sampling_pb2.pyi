@@ -638,6 +638,8 @@ class EpochRequest(_message.Message):
     COMPACT_INDICES_FIELD_NUMBER: _builtins.int
     TYPED_FIELD_NUMBER: _builtins.int
     TYPED_CACHE_COUNTS_FIELD_NUMBER: _builtins.int
+    STEPS_DONE_FIELD_NUMBER: _builtins.int
+    SEEDS_DONE_FIELD_NUMBER: _builtins.int
     split: _builtins.str
     """A split name: "train", "val" or "test". The server uses the seeds of that split
     which its own partition owns.
@@ -717,6 +719,17 @@ class EpochRequest(_message.Message):
     "edge_new/S__R__D" (docs/wire.md), "y/T" as above, "x_cached/T" as bits (servers
     from before the typed feature cache send the typed tensors in INT64).
     """
+    steps_done: _builtins.int
+    """An epoch resumed part way (an elastic restart, perhaps with another world_size;
+    global_batches only, both 0 otherwise): its first steps_done optimizer steps trained
+    the first seeds_done seeds (or seed edges) of the epoch's ordering (the seeds in
+    request order, permuted with (seed, epoch) when shuffle), so its batches are cut from
+    the rest of that ordering alone, equal per rank of world_size, and batch i is the
+    rank's batch of step steps_done + i: its draws are keyed by (seed, epoch, rank,
+    steps_done + i). 0 and 0 (every old client): the whole epoch. seeds_done beyond the
+    epoch's seeds, or a negative value, is INVALID_ARGUMENT.
+    """
+    seeds_done: _builtins.int
     @_builtins.property
     def seeds(self) -> Global___Tensor:
         """Explicit seed nodes: a 1-d INT64 Tensor of distinct global node IDs in [0, N),
@@ -810,10 +823,12 @@ class EpochRequest(_message.Message):
         compact_indices: _builtins.bool = ...,
         typed: Global___TypedEpochOptions | None = ...,
         typed_cache_counts: _abc.Iterable[Global___TypedCounts] | None = ...,
+        steps_done: _builtins.int = ...,
+        seeds_done: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expect", b"expect", "links", b"links", "sampling", b"sampling", "seeds", b"seeds", "seeds_source", b"seeds_source", "split", b"split", "typed", b"typed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "cache_counts", b"cache_counts", "client_id", b"client_id", "compact_indices", b"compact_indices", "drop_last", b"drop_last", "epoch", b"epoch", "expect", b"expect", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_edge_features", b"include_edge_features", "include_edge_ids", b"include_edge_ids", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "links", b"links", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "typed", b"typed", "typed_cache_counts", b"typed_cache_counts", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "cache_counts", b"cache_counts", "client_id", b"client_id", "compact_indices", b"compact_indices", "drop_last", b"drop_last", "epoch", b"epoch", "expect", b"expect", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_edge_features", b"include_edge_features", "include_edge_ids", b"include_edge_ids", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "links", b"links", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_done", b"seeds_done", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "steps_done", b"steps_done", "typed", b"typed", "typed_cache_counts", b"typed_cache_counts", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_seeds_source: _TypeAlias = _typing.Literal["split", "seeds", "links"]  # noqa: Y015
     _WhichOneofArgType_seeds_source: _TypeAlias = _typing.Literal["seeds_source", b"seeds_source"]  # noqa: Y015

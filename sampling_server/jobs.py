@@ -110,6 +110,8 @@ def check_epoch_request(request: pb.EpochRequest) -> None:
              request.rank)
     _require(request.epoch >= 0, "epoch", ">= 0", request.epoch)
     _require(request.resume_from >= 0, "resume_from", ">= 0", request.resume_from)
+    _require(request.steps_done >= 0, "steps_done", ">= 0", request.steps_done)
+    _require(request.seeds_done >= 0, "seeds_done", ">= 0", request.seeds_done)
 
 
 def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
@@ -301,9 +303,10 @@ def _plan_batches(request: pb.EpochRequest, store: PartitionStore, node_type: st
         try:
             plan = plan_global_epoch(links.num_edges, request.batch_size, request.world_size,
                                      store.manifest.num_partitions, shuffle=request.shuffle,
-                                     seed=request.seed, epoch=request.epoch, drop_last=request.drop_last)
+                                     seed=request.seed, epoch=request.epoch, drop_last=request.drop_last,
+                                     steps_done=request.steps_done, seeds_done=request.seeds_done)
         except ValueError as exc:
-            raise RequestError(f"{_FIELD}.{exc}".replace("seeds", "seed edges")) from exc
+            raise RequestError(f"{_FIELD}.{exc}".replace(" seeds", " seed edges")) from exc
     elif request.global_batches:
         if request.WhichOneof("seeds_source") != "seeds":
             raise RequestError(f"{_FIELD}.seeds_source: expected explicit seeds with global_batches (a "
@@ -313,10 +316,14 @@ def _plan_batches(request: pb.EpochRequest, store: PartitionStore, node_type: st
         try:
             plan = plan_global_epoch(seeds.size, request.batch_size, request.world_size,
                                      store.manifest.num_partitions, shuffle=request.shuffle,
-                                     seed=request.seed, epoch=request.epoch, drop_last=request.drop_last)
+                                     seed=request.seed, epoch=request.epoch, drop_last=request.drop_last,
+                                     steps_done=request.steps_done, seeds_done=request.seeds_done)
         except ValueError as exc:
             raise RequestError(f"{_FIELD}.{exc}") from exc
     else:
+        _require(not (request.steps_done or request.seeds_done), "steps_done, seeds_done",
+                 "0 without global_batches (per-partition batches resume whole epochs)",
+                 f"{request.steps_done}, {request.seeds_done}")
         counts, mine = seeds_by_partition(request, store, node_type)
         try:
             plan = plan_epoch(counts, request.batch_size, request.world_size, shuffle=request.shuffle,

@@ -63,7 +63,7 @@ def produce(ctx: Producer, job: EpochJob, ref: BatchRef) -> Prepared:
     started = time.perf_counter()
     store = ctx.store
     seeds = job.seeds_of(ref, store.partition_id)
-    key = batch_key(job.seed, job.epoch, job.rank, ref.index)
+    key = batch_key(job.seed, job.epoch, job.rank, job.plan.start.steps + ref.index)
     sampler = store.sampler(replace=job.replace, weighted=job.weighted)
     remote = PeerRemote(ctx.peers, PeerCallOptions(job.replace, job.weighted, job.feature_dtype), store.typed,
                         frozenset(store.feature_dtypes)) if ctx.peers is not None else None

@@ -64,7 +64,13 @@ def _check_command(tokens: list[str]) -> str:
         assert "--servers" in flags
         run_flags = _flags_after(tokens, "torch.distributed.run", stop="trainer_client.train")
         assert run_flags <= _help_flags("-m", "torch.distributed.run"), run_flags
-        assert {"--nnodes", "--node-rank", "--master-addr", "--master-port"} <= run_flags
+        static = {"--nnodes", "--node-rank", "--master-addr", "--master-port"}
+        elastic = {"--nnodes", "--max-restarts", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id"}
+        assert static <= run_flags or elastic <= run_flags, run_flags
+        if elastic <= run_flags:  # resumes from its checkpoint, part way through an epoch
+            assert {"--checkpoint-dir", "--checkpoint-every", "--resume"} <= flags, flags
+            assert tokens[tokens.index("--rdzv-backend") + 1] == "c10d"
+            assert re.fullmatch(r"\d+:\S+", tokens[tokens.index("--nnodes") + 1]), tokens
         return "trainer"
     if "-m partitioner partition" in joined:
         flags = _flags_after(tokens, "partitioner")
@@ -153,9 +159,14 @@ def test_compose_commands(compose: dict[str, Any]) -> None:
         assert server[server.index("--partition") + 1] == str(i)
         assert server[server.index("--peers") + 1] == "server0:50051,server1:50051"
         trainer = [str(t) for t in services[f"trainer{i}"]["command"]]
-        assert trainer[trainer.index("--node-rank") + 1] == str(i)
-        assert trainer[trainer.index("--master-addr") + 1] == "trainer0"
+        assert trainer[trainer.index("--rdzv-endpoint") + 1] == "trainer0:29500"
+        assert trainer[trainer.index("--rdzv-conf") + 1] == f"is_host={int(i == 0)}"  # trainer0 holds it
+        assert trainer[trainer.index("--local-addr") + 1] == f"trainer{i}"  # where its ranks meet
+        assert trainer[trainer.index("--nnodes") + 1] == "1:2"
         assert trainer[trainer.index("--servers") + 1] == "server0:50051,server1:50051"
+        assert trainer[trainer.index("--checkpoint-dir") + 1] == "/data/ckpt"  # both read it
+        env = services[f"trainer{i}"]["environment"]
+        assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
 
 def test_compose_tls_variant_adds_tls_and_token_to_every_command(compose: dict[str, Any]) -> None:
@@ -425,13 +436,20 @@ def test_trainers_sbatch_commands(tmp_path: Path) -> None:
     calls = _run_sbatch(tmp_path, SBATCH_TRAINERS, [], {"SERVERS": "nodeA:50051,nodeB:50051",
                                                         "GRAPHFEED_TOKEN_FILE": str(token)})
     assert len(calls) == 2
-    for i, argv in enumerate(calls):
+    for argv in calls:
         tokens = ["python", *argv]
         assert _check_command(tokens) == "trainer"
-        assert argv[argv.index("--node-rank") + 1] == str(i)
-        assert argv[argv.index("--master-addr") + 1] == "nodeA"
+        assert argv[argv.index("--rdzv-endpoint") + 1] == "nodeA:29500"
+        assert argv[argv.index("--rdzv-id") + 1] == "42"  # the same after a requeue
+        assert argv[argv.index("--nnodes") + 1] == "1:2"
+        assert argv[argv.index("--max-restarts") + 1] == "3"
         assert argv[argv.index("--servers") + 1] == "nodeA:50051,nodeB:50051"
-        assert argv[-2:] == ["--epochs", "5"]
+        assert argv[argv.index("--checkpoint-dir") + 1] == str(tmp_path / "graphfeed-ckpt-42")
+        assert argv[argv.index("--checkpoint-every") + 1] == "100"
+        assert argv[-3:] == ["--resume", "--epochs", "5"]  # the user's arguments last: they win
+    text = SBATCH_TRAINERS.read_text()
+    assert "#SBATCH --requeue" in text and "#SBATCH --no-kill" in text and "--kill-on-bad-exit=0" in text
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in text
 
 
 def test_trainers_sbatch_needs_the_token_file(tmp_path: Path) -> None:
@@ -449,7 +467,7 @@ def test_trainers_sbatch_long_node_list(tmp_path: Path) -> None:
     many = 'test "$1 $2" = "show hostnames" && printf "%s\\n" nodeA nodeB; seq -f "node%g" 1 200000\n'
     calls = _run_sbatch(tmp_path, SBATCH_TRAINERS, [], {"SERVERS": "nodeA:50051", "INSECURE": "1"},
                         scontrol=many)
-    assert [argv[argv.index("--master-addr") + 1] for argv in calls] == ["nodeA", "nodeA"]
+    assert [argv[argv.index("--rdzv-endpoint") + 1] for argv in calls] == ["nodeA:29500", "nodeA:29500"]
 
 
 @pytest.mark.parametrize("script", [SBATCH_SERVERS, SBATCH_TRAINERS], ids=lambda p: p.name)

@@ -219,6 +219,7 @@ def _structured(rng: random.Random, method: str) -> bytes:
             fanouts=[rng.choice(_INTS) for _ in range(rng.choice([0, 1, 2, 3, 20, 5000]))],
             batch_size=rng.choice(_INTS), world_size=rng.choice(_INTS), rank=rng.choice(_INTS),
             epoch=rng.choice([-1, 0, 2**62]), resume_from=rng.choice([-1, 0, 3, 2**62]),
+            steps_done=rng.choice([-1, 0, 0, 3, 2**62]), seeds_done=rng.choice([-1, 0, 0, 5, 2**62]),
             feature_dtype=rng.choice([0, 7, 8, 9, 6, 99]), include_features=rng.random() < 0.5,
             include_labels=rng.random() < 0.5, shuffle=rng.random() < 0.5,
             sampling=pb.SamplingOptions(replace=rng.random() < 0.3, weighted=rng.random() < 0.2),

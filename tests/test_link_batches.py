@@ -21,6 +21,7 @@ from protos import sampling_pb2 as pb
 from protos.channel import InvalidRequest, create_channel
 from protos.epoch_call import last_chunk
 from protos.fastwire import MinibatchStreamStub
+from protos.plan import EPOCH_START, EpochProgress
 from trainer_client.decode import BatchAssembler
 from trainer_client.link_loader import RemoteLinkNeighborLoader, parse_negatives
 
@@ -171,6 +172,36 @@ def test_equal_batches_per_rank_and_every_seed_edge_once(kind: str, tmp_path: Pa
                 ids.extend(parts_of(b, et)[0].input_id for b in loader)
         assert len(set(counts)) == 1
         assert sorted(torch.cat(ids).tolist()) == list(range(23))
+
+
+def test_a_link_epoch_resumed_part_way_trains_every_seed_edge_once(kind: str, tmp_path: Path) -> None:
+    """One step of three ranks, then the rest of the epoch from their progress: on three
+    ranks the unbroken run's batches (negatives too), on two every seed edge left once."""
+    graph, root = partitioned(kind, tmp_path)
+    et, index = seed_edges(kind, graph, 23)
+    with served(root, 2) as addresses:
+        def rank_batches(world: int, start: EpochProgress, steps: int | None = None) -> list[list]:
+            out = []
+            for rank in range(world):
+                with loader_of(kind, addresses, et, index, batch_size=2, shuffle=True, rank=rank,
+                               world_size=world, neg_sampling="binary") as loader:
+                    loader.set_epoch(1, start)
+                    out.append(list(loader)[:steps])
+                    progress = loader.progress_after(steps or 0)
+            return out, progress
+
+        whole, _ = rank_batches(3, EPOCH_START)
+        first, progress = rank_batches(3, EPOCH_START, 1)
+        trained = [int(i) for r in first for b in r for i in parts_of(b, et)[0].input_id]
+        assert progress == EpochProgress(1, len(trained)) and len(trained) == 6
+        again, _ = rank_batches(3, progress)
+        for resumed, unbroken in zip(again, whole, strict=True):
+            for a, b in zip(resumed, unbroken[1:], strict=True):
+                _same(a, b)
+        rest, _ = rank_batches(2, progress)
+        assert len({len(r) for r in rest}) == 1
+        trained += [int(i) for r in rest for b in r for i in parts_of(b, et)[0].input_id]
+        assert sorted(trained) == list(range(23))
 
 
 def _batches(kind: str, addresses: list[str], et: EdgeType, index: torch.Tensor) -> list[Data | HeteroData]:

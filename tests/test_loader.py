@@ -34,7 +34,7 @@ from protos.channel import (
     server_options,
 )
 from protos.codec import decode_tensor, encode_tensor
-from protos.plan import plan_epoch, plan_global_epoch, shuffled_seeds
+from protos.plan import EPOCH_START, EpochProgress, plan_epoch, plan_global_epoch, shuffled_seeds
 from protos.ports import reserved_ports
 from trainer_client.loader import Cluster, RemoteNeighborLoader
 
@@ -565,6 +565,46 @@ def test_real_servers_give_every_train_seed_once_per_epoch_on_two_ranks(tmp_path
                 assert count == len(loader)
             assert len(seen) == len(set(seen)) == num_train
         cluster.close()
+
+
+def _steps(loaders: list[RemoteNeighborLoader], epoch: int, start: EpochProgress,
+           steps: int | None = None) -> list[list[Any]]:
+    """Each rank's first ``steps`` batches (all: None) of ``epoch`` from ``start``."""
+    out = []
+    for loader in loaders:
+        loader.set_epoch(epoch, start)
+        out.append([batch for _, batch in zip(range(len(loader) if steps is None else steps), loader,
+                                              strict=False)])
+    return out
+
+
+def test_real_servers_resume_an_epoch_part_way_on_any_world_size(tmp_path: Path) -> None:
+    """Two steps of three ranks, then the rest of the epoch from their progress: on three
+    ranks the unbroken run's batches bit for bit (keyed by their steps), on two ranks (or
+    four) equal batches per rank, and every training seed once in the epoch either way."""
+    pytest.importorskip("sampling_server.server")
+    with real_servers(tmp_path / "small-2") as addresses, Cluster(addresses, connect_timeout=30) as cluster:
+        def ranks(world: int) -> list[RemoteNeighborLoader]:
+            return [RemoteNeighborLoader(cluster, "train", num_neighbors=[5, 3], batch_size=64, shuffle=True,
+                                         rank=r, world_size=world, **TIMEOUTS) for r in range(world)]
+
+        three = ranks(3)
+        unbroken = _steps(three, 1, EPOCH_START)
+        first = _steps(three, 1, EPOCH_START, 2)
+        progress = three[0].progress_after(2)
+        assert {loader.progress_after(2) for loader in three} == {progress}
+        trained = [s for rank in first for b in rank for s in seeds_of(b)]
+        assert progress == EpochProgress(2, len(trained))
+        for resumed, whole in zip(_steps(three, 1, progress), unbroken, strict=True):
+            assert len(resumed) == len(whole) - 2
+            for a, b in zip(resumed, whole[2:], strict=True):
+                assert torch.equal(a.n_id, b.n_id) and torch.equal(a.x, b.x)
+                assert torch.equal(a.edge_index, b.edge_index)
+        for world in (2, 4):
+            rest = _steps(ranks(world), 1, progress)
+            assert len({len(r) for r in rest}) == 1
+            seen = trained + [s for r in rest for b in r for s in seeds_of(b)]
+            assert sorted(seen) == sorted(three[0].input_nodes.tolist())
 
 
 @pytest.mark.parametrize("cache_size", [0, 0.3])

@@ -71,6 +71,8 @@ def test_returns_the_trainers_exit_code(parts: Path, tmp_path: Path) -> None:
     (["--partition-dir", "/nonexistent/parts"], "graphfeed-local: error: --partition-dir:"),
     (["--partition-dir", "x", "--", "--servers", "a:1"], "--servers: graphfeed-local passes the servers"),
     (["--partition-dir", "x", "--nproc-per-node", "0"], "--nproc-per-node: expected an integer >= 1"),
+    (["--partition-dir", "x", "--nnodes", "3:2"], "--nnodes: expected 1 <= MIN <= MAX, got '3:2'"),
+    (["--partition-dir", "x", "--nnodes", "two"], "--nnodes: expected N or MIN:MAX, got 'two'"),
     # trainer flags without '--': the message names the command that works
     (["--partition-dir", "parts", "--epochs", "1", "--", "--fanouts", "5,3"],
      "unrecognized arguments: --epochs 1; graphfeed-train's arguments go after '--': "
@@ -86,11 +88,14 @@ def test_bad_flags_exit_2(argv: list[str], message: str, tmp_path: Path) -> None
     (["--epochs", "1", "--bogus"], "graphfeed-train: error: unrecognized arguments: --bogus"),
     (["--batch-size", "0"], "graphfeed-train: error: argument --batch-size: expected a value > 0, got 0"),
     (["--task", "link"], "graphfeed-local: error: --task link: expected a graph with link splits, but "),
+    (["--checkpoint-dir", "ckpt"], "graphfeed-local: error: --nnodes 1:3: expected --checkpoint-dir and "
+                                   "--resume in graphfeed-train's arguments"),
 ])
 def test_the_trainers_arguments_are_checked_before_any_server_starts(
         trainer_args: list[str], message: str, parts: Path, tmp_path: Path) -> None:
-    done = local("--partition-dir", str(parts), "--server-device", "cpu", "--", *trainer_args, cwd=tmp_path,
-                 timeout=120)
+    elastic = ["--nnodes", "1:3"] if "--checkpoint-dir" in trainer_args else []
+    done = local("--partition-dir", str(parts), "--server-device", "cpu", *elastic, "--", *trainer_args,
+                 cwd=tmp_path, timeout=120)
     assert done.returncode == 2 and message in done.stderr, done.stderr[-3000:]
     assert "started" not in done.stderr and not (tmp_path / "graphfeed-local-runs").exists()
 

@@ -5,11 +5,12 @@ shuffling by epoch, and clear errors."""
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 import pytest
 
-from protos.plan import EpochPlan, plan_epoch, plan_global_epoch, shuffled_seeds
+from protos.plan import EPOCH_START, EpochPlan, EpochProgress, plan_epoch, plan_global_epoch, shuffled_seeds
 
 COUNTS = [[10], [0, 10], [7, 0, 3], [100, 1], [33, 34, 35], [5, 5, 5, 5], [1000, 17, 250],
           [1, 1, 1], [64, 64]]
@@ -204,3 +205,63 @@ def test_global_plan_spreads_each_rank_over_every_server_and_shuffles_per_epoch(
 def test_global_plan_refuses_more_ranks_than_seeds() -> None:
     with pytest.raises(ValueError, match=r"world_size: giving 8 ranks equal batch counts needs 8 batches"):
         plan_global_epoch(5, 2, 8, 1, shuffle=False, seed=0, epoch=0)
+
+
+# ---- an epoch resumed part way ---------------------------------------------------------------
+
+
+def _train(plan: Any, steps: int) -> list[list[int]]:
+    """The seeds each of the plan's first ``steps`` steps trains, over all ranks."""
+    return [[p for rank in range(plan.world_size)
+             for p in plan.positions(plan.rank_batches(rank)[i].part_batch).tolist()] for i in range(steps)]
+
+
+@pytest.mark.parametrize(("num_seeds", "batch_size"), [(103, 4), (64, 8), (1000, 7), (12, 1)])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_an_epoch_resumed_on_other_world_sizes_trains_every_seed_once(
+    num_seeds: int, batch_size: int, shuffle: bool
+) -> None:
+    """Any sequence of world sizes, each taking some steps and leaving a progress the next
+    plan starts from: equal batches per rank in every plan, every seed once in the epoch,
+    the progress counts the steps and the seeds trained, and batch keys continue the steps."""
+    rng = np.random.default_rng(num_seeds + batch_size)
+    for _ in range(20):
+        start, trained, steps = EPOCH_START, [], 0
+        while True:
+            rest = num_seeds - start.seeds  # world sizes that can give every rank equal batches of it:
+            batches = -(-rest // batch_size)
+            worlds = [w for w in range(1, 6) if -(-batches // w) * w <= rest]
+            world = int(rng.choice(worlds))
+            plan = plan_global_epoch(num_seeds, batch_size, world, 3, shuffle=shuffle, seed=4, epoch=2,
+                                     steps_done=start.steps, seeds_done=start.seeds)
+            assert {len(plan.rank_batches(r)) for r in range(world)} == {plan.batches_per_rank}
+            last = rng.random() < 0.3 or plan.batches_per_rank <= 1
+            taken = plan.batches_per_rank if last else int(rng.integers(0, plan.batches_per_rank))
+            step_seeds = _train(plan, taken)
+            trained += [p for s in step_seeds for p in s]
+            steps += taken
+            start = plan.progress_after(taken)
+            assert start == EpochProgress(steps, len(trained))
+            if last:
+                break
+        assert sorted(trained) == list(range(num_seeds))
+        whole = plan_global_epoch(num_seeds, batch_size, 1, 3, shuffle=shuffle, seed=4, epoch=2)
+        assert trained == whole.order.tolist()  # a prefix of the epoch's ordering at every step
+
+
+def test_a_plan_from_the_start_is_the_whole_epochs() -> None:
+    whole = plan_global_epoch(103, 4, 3, 2, shuffle=True, seed=1, epoch=5)
+    again = plan_global_epoch(103, 4, 3, 2, shuffle=True, seed=1, epoch=5, steps_done=0, seeds_done=0)
+    assert whole.sizes == again.sizes and np.array_equal(whole.order, again.order)
+    assert whole.start == EPOCH_START
+    assert whole.progress_after(whole.batches_per_rank) == EpochProgress(9, 103)
+
+
+@pytest.mark.parametrize(("steps", "seeds", "message"), [
+    (0, 104, r"seeds_done: expected 0 \.\. 103 \(the epoch's seeds\), got 104"),
+    (0, -1, r"seeds_done: expected 0 \.\. 103 \(the epoch's seeds\), got -1"),
+    (-1, 0, r"steps_done: expected >= 0, got -1"),
+])
+def test_a_start_outside_the_epoch_is_refused(steps: int, seeds: int, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        plan_global_epoch(103, 4, 3, 2, shuffle=True, seed=1, epoch=5, steps_done=steps, seeds_done=seeds)

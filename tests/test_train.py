@@ -589,6 +589,61 @@ def test_a_tasks_own_state_and_step_hook_go_through_the_loop(parts2: Path, tmp_p
     assert again.loaded[0] == saved and again.steps == batches
 
 
+class _Crash(Exception):
+    """The process of a run dies (an exception out of the loop)."""
+
+
+@dataclass(kw_only=True)
+class _Crashing(NodeTask):
+    """A task that dies before its ``at``-th training step (counted over epochs)."""
+
+    at: int = -1
+    steps: int = 0
+
+    def step(self, model: torch.nn.Module, batch: Any) -> Any:
+        if self.steps == self.at:
+            raise _Crash
+        self.steps += 1
+        return super().step(model, batch)
+
+
+def test_a_run_resumed_from_a_step_checkpoint_ends_as_the_unbroken_run(parts2: Path, tmp_path: Path) -> None:
+    """--checkpoint-every 3: a run that dies at step 4 of epoch 1 leaves the checkpoint of
+    step 3 (the epoch's progress and training sums with it); --resume trains the rest of
+    the epoch, the same batches, and ends with the unbroken run's weights and figures."""
+    def task(out: Path, *extra: str) -> _Crashing:
+        args = train.parse_args(["--partition-dir", str(parts2), "--fanouts", "3", "--batch-size", "100",
+                                 "--hidden", "8", "--dropout", "0", "--device", "cpu", "--no-progress",
+                                 "--epochs", "2", "--checkpoint-every", "3", "--checkpoint-dir", str(out),
+                                 *extra])
+        node = partition_dir_task(args, ONE)
+        return _Crashing(**{f.name: getattr(node, f.name) for f in fields(node)})
+
+    whole = task(tmp_path / "whole")
+    unbroken = run_task(whole.args, ONE, whole)
+    batches = unbroken["epochs"][0]["batches"]
+    dying = task(tmp_path / "broken")
+    dying.at = batches + 4
+    with pytest.raises(_Crash):
+        run_task(dying.args, ONE, dying)
+    checkpoint = tmp_path / "broken" / CHECKPOINT_NAME
+    assert train.last_saved(tmp_path / "broken") == (checkpoint, "step 3 of epoch 1")
+    saved = torch.load(checkpoint, weights_only=True)
+    assert saved["epoch"] == 0 and saved["partial"]["seeds"] == 300 and saved["partial"]["sums"][3] == 300
+    again = task(tmp_path / "broken", "--resume")
+    resumed = run_task(again.args, ONE, again)
+    assert again.steps == batches - 3 and resumed["start_epoch"] == 1
+    assert resumed["param_fingerprints"] == unbroken["param_fingerprints"]
+    for a, b in zip(resumed["epochs"], unbroken["epochs"], strict=True):
+        assert a["seeds"] == b["seeds"] and a["val_acc"] == b["val_acc"]
+        assert a["loss"] == pytest.approx(b["loss"]) and a["train_acc"] == pytest.approx(b["train_acc"])
+    torch.save(saved, checkpoint)  # the step's checkpoint again
+    other = task(tmp_path / "broken", "--resume", "--seed", "1")
+    with pytest.raises(ValueError, match=r"--seed: the checkpoint in .* was taken at step 3 of epoch 1 with "
+                                         r"--seed 0 \(the epoch's order\), got 1"):
+        run_task(other.args, ONE, other)
+
+
 # ---- the plain graph's evaluation and a graph without training nodes ---------------------
 
 

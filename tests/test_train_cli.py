@@ -106,6 +106,8 @@ def test_unreachable_servers_end_the_run_with_a_clear_error(
         (["--eval-fanouts", "4,0"], "--eval-fanouts: a fanout of 0 at hop 2"),
         (["--batch-size", "0"], "expected a value > 0"),
         (["--resume"], "--resume: expected --checkpoint-dir too"),
+        (["--checkpoint-every", "5"], "--checkpoint-every: expected --checkpoint-dir too"),
+        (["--checkpoint-every", "-1"], "--checkpoint-every: expected a number of steps >= 0, got -1"),
         (["--model", "mlp"], "invalid choice: 'mlp'"),
         (["--refused-grace", "0"], "expected a value > 0"),
     ],

@@ -12,12 +12,15 @@ import datetime
 import logging
 import os
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from protos.plan import EpochProgress
 
 log = logging.getLogger("trainer_client.train")
 
@@ -86,6 +89,10 @@ def setup_distributed(device: str, timeout: float, backend: str = "auto") -> Dis
                          "use gloo on the CPU")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and env_int("TORCHELASTIC_MAX_RESTARTS", 0):
+        log.warning("torchrun --max-restarts: the ranks share their agents' store, where ranks restarted "
+                    "after a lost node can fail to meet; start the agents with "
+                    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
     if world_size <= 1:
         return DistEnv(rank, world_size, local_rank, dev)
     # Collectives wait for the slowest rank's batch: bounded by the loader's timeouts.
@@ -149,24 +156,79 @@ class RunRecord:
     source: str = "the servers'"
 
 
-def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int,
-                    history: list[dict[str, Any]], record: RunRecord, task: dict[str, Any]) -> None:
-    """Write the checkpoint atomically (state dicts and plain values only: no pickled
-    objects); ``task``: the task's own state, kept only when it has some."""
+@dataclass(frozen=True)
+class PartialEpoch:
+    """Where a checkpoint taken part way through an epoch (``--checkpoint-every``) stands."""
+
+    epoch: int
+    #: The steps taken, and the seeds of the epoch's ordering they trained.
+    progress: EpochProgress
+    #: The epoch's training sums so far over all ranks: loss x count, correct, count, seeds.
+    sums: tuple[float, ...]
+    #: ``--seed``, which orders the epoch's seeds.
+    seed: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "steps": self.progress.steps, "seeds": self.progress.seeds,
+                "sums": list(self.sums), "seed": self.seed}
+
+    @classmethod
+    def of(cls, saved: dict[str, Any]) -> PartialEpoch:
+        return cls(int(saved["epoch"]), EpochProgress(int(saved["steps"]), int(saved["seeds"])),
+                   tuple(float(v) for v in saved["sums"]), int(saved["seed"]))
+
+    def __str__(self) -> str:
+        return f"step {self.progress.steps} of epoch {self.epoch}"
+
+
+def checkpoint_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int,
+                     history: list[dict[str, Any]], record: RunRecord, task: dict[str, Any],
+                     partial: PartialEpoch | None = None) -> dict[str, Any]:
+    """A checkpoint's contents (state dicts and plain values only: no pickled objects),
+    copied to the CPU so that training goes on while it is written. ``epoch``: the last
+    whole epoch; ``task``: the task's own state, kept only when it has some; ``partial``:
+    the next epoch's progress, when it is taken part way."""
+    return _copied({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
+                    "history": history, "config": record.config, "graph": record.graph,
+                    **({"task": task} if task else {}),
+                    **({"partial": partial.to_json()} if partial else {})})
+
+
+def _copied(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copied(v) for v in value)
+    return value
+
+
+def write_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Write ``state`` to ``path`` atomically: the whole file, on disk, replaces the old one
+    (a crash leaves the old one, and at most a ``.tmp`` beside it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
-                "history": history, "config": record.config, "graph": record.graph,
-                **({"task": task} if task else {})}, tmp)
+    with tmp.open("wb") as out:
+        torch.save(state, out)
+        out.flush()
+        os.fsync(out.fileno())
     os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename too
+    finally:
+        os.close(directory)
 
 
-def last_saved(directory: Path) -> tuple[Path, int] | None:
-    """The latest checkpoint in ``directory`` and its epoch (None: none saved yet)."""
+def last_saved(directory: Path) -> tuple[Path, str] | None:
+    """The latest checkpoint in ``directory`` and what it holds ("epoch 3", "step 40 of
+    epoch 4"; None: none saved yet)."""
     path = directory / CHECKPOINT_NAME
     if not path.exists():
         return None
-    return path, int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["epoch"])
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return path, str(PartialEpoch.of(state["partial"])) if "partial" in state else f"epoch {state['epoch']}"
 
 
 def _graph_named(graph: dict[str, str] | None) -> str:
@@ -177,9 +239,9 @@ def _graph_named(graph: dict[str, str] | None) -> str:
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, record: RunRecord,
-                    device: torch.device) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
+                    device: torch.device) -> RunState:
     """Load a checkpoint with ``weights_only=True`` into ``model`` and ``optimizer``;
-    return (next epoch, history, the task's own state). A checkpoint of another graph, of
+    return the run's state (no selection yet). A checkpoint of another graph, of
     another model config, or (one that does not record its graph) whose weights do not fit
     is refused with one line naming both."""
     state = torch.load(path, map_location=device, weights_only=True)
@@ -207,7 +269,9 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         detail = next((line for line in lines if "size mismatch" in line), lines[-1] if lines else repr(exc))
         raise refused(f" ({detail})") from None
-    return int(state["epoch"]) + 1, list(state["history"]), dict(state.get("task") or {})
+    partial = PartialEpoch.of(state["partial"]) if "partial" in state else None
+    return RunState(int(state["epoch"]) + 1, list(state["history"]), task=dict(state.get("task") or {}),
+                    partial=partial)
 
 
 # ---- the selection and a run's checkpoints -----------------------------------------
@@ -272,24 +336,46 @@ class Selection:
 @dataclass
 class RunState:
     """Where a run stands: the first epoch to train, the epochs' figures so far, the
-    best-validation selection, and the task's own state from the checkpoint."""
+    best-validation selection, the task's own state from the checkpoint, and how far the
+    first epoch went when the checkpoint was taken part way through it."""
 
     start: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     selection: Selection = field(default_factory=Selection)
     task: dict[str, Any] = field(default_factory=dict)
+    partial: PartialEpoch | None = None
 
 
-@dataclass(frozen=True)
+@dataclass
 class Checkpoints:
     """A run's checkpoints in ``directory`` (``--checkpoint-dir``; None: none are
-    written): :data:`CHECKPOINT_NAME` every epoch, :data:`BEST_NAME` at each new best."""
+    written): :data:`CHECKPOINT_NAME` every epoch (and part way through, with
+    :meth:`keep_partial`), :data:`BEST_NAME` at each new best. Rank 0 writes them on a
+    thread of its own, one at a time, while training goes on."""
 
     directory: Path | None
     record: RunRecord
+    _writer: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "checkpoints"))
+    _writing: Future[None] | None = None
 
     def path(self, name: str) -> Path | None:
         return None if self.directory is None else self.directory / name
+
+    def _save(self, state: dict[str, Any], *names: str) -> None:
+        """Write ``state`` as each of ``names``, once the write before is done."""
+        self.flush()
+        paths = [self.directory / name for name in names] if self.directory is not None else []
+
+        def write() -> None:
+            for path in paths:
+                write_checkpoint(path, state)
+        self._writing = self._writer.submit(write)
+
+    def flush(self) -> None:
+        """Wait until the checkpoint being written is (raising what its write raised)."""
+        if self._writing is not None:
+            writing, self._writing = self._writing, None
+            writing.result()
 
     def resume(self, resume: bool, model: torch.nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv,
                key: str) -> RunState:
@@ -299,13 +385,13 @@ class Checkpoints:
         ckpt = self.path(CHECKPOINT_NAME)
         if not resume or ckpt is None or not ckpt.exists():
             return RunState()
-        start, history, task = load_checkpoint(ckpt, model, optimizer, self.record, env.device)
-        if any(key not in h for h in history):
+        state = load_checkpoint(ckpt, model, optimizer, self.record, env.device)
+        if any(key not in h for h in state.history):
             raise ValueError(f"--resume: checkpoint {ckpt} has no {key!r} in its epochs' figures (written by "
                              "another version of graphfeed-train); start in another --checkpoint-dir")
-        log.info("resumed from %s at epoch %d", ckpt, start)
-        selection = Selection.resumed(history, self.path(BEST_NAME), env.device, key)
-        return RunState(start, history, selection, task)
+        log.info("resumed from %s at %s", ckpt, state.partial or f"epoch {state.start}")
+        state.selection = Selection.resumed(state.history, self.path(BEST_NAME), env.device, key)
+        return state
 
     def keep(self, row: dict[str, Any], score: float, state: RunState, model: torch.nn.Module,
              optimizer: torch.optim.Optimizer, env: DistEnv, task: dict[str, Any]) -> bool:
@@ -316,11 +402,17 @@ class Checkpoints:
         epoch = int(row["epoch"])
         state.history.append(row)
         improved = state.selection.offer(epoch, score, model, task)
-        for name, due in ((CHECKPOINT_NAME, True), (BEST_NAME, improved)):
-            path = self.path(name)
-            if due and path is not None and env.rank == 0:
-                save_checkpoint(path, model, optimizer, epoch, state.history, self.record, task)
+        if self.directory is not None and env.rank == 0:
+            self._save(checkpoint_state(model, optimizer, epoch, state.history, self.record, task),
+                       CHECKPOINT_NAME, *([BEST_NAME] if improved else []))
         return improved
+
+    def keep_partial(self, partial: PartialEpoch, state: RunState, model: torch.nn.Module,
+                     optimizer: torch.optim.Optimizer, env: DistEnv, task: dict[str, Any]) -> None:
+        """(rank 0) Write the checkpoint of an epoch taken part way (``partial``)."""
+        if self.directory is not None and env.rank == 0:
+            self._save(checkpoint_state(model, optimizer, partial.epoch - 1, state.history, self.record, task,
+                                        partial), CHECKPOINT_NAME)
 
 
 def restore_selected(model: torch.nn.Module, selection: Selection, env: DistEnv) -> list[float]:

@@ -26,7 +26,7 @@ from torch_geometric.data import Data, HeteroData
 from partitioner.format import load_partition
 from partitioner.manifest import Manifest, read_manifest
 from protos import codec
-from protos.plan import plan_global_epoch
+from protos.plan import EPOCH_START, EpochProgress, plan_global_epoch
 from sampling_server.sampler import InProcessPeers, batch_key, create_sampler, to_pyg_data
 from trainer_client.graph import TypedGraph
 from trainer_client.inputs import check_edge_options, check_int, split_name
@@ -111,14 +111,19 @@ class InProcessLoader:
         """Original IDs of the seeds (target type), in the order ``input_id`` indexes."""
         return torch.from_numpy(self._orig)
 
-    def _make_plan(self, epoch: int):  # type: ignore[no-untyped-def]
-        return plan_global_epoch(int(self._seeds.size), self.batch_size, self.world_size,
-                                 self.graph.manifest.num_partitions, shuffle=self.shuffle, seed=self.seed,
-                                 epoch=epoch, drop_last=self.drop_last)
+    def set_epoch(self, epoch: int, start: EpochProgress = EPOCH_START) -> None:
+        """Plan epoch ``epoch`` (its shuffle and draws) from ``start`` on, as
+        :meth:`RemoteLoader.set_epoch <trainer_client.loader.RemoteLoader.set_epoch>`; the
+        same on every rank."""
+        self.epoch = check_int("epoch", epoch, 0)
+        self._plan = plan_global_epoch(int(self._seeds.size), self.batch_size, self.world_size,
+                                       self.graph.manifest.num_partitions, shuffle=self.shuffle,
+                                       seed=self.seed, epoch=epoch, drop_last=self.drop_last,
+                                       steps_done=start.steps, seeds_done=start.seeds)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Plan epoch ``epoch`` (its shuffle and draws); the same on every rank."""
-        self.epoch, self._plan = check_int("epoch", epoch, 0), self._make_plan(epoch)
+    def progress_after(self, steps: int) -> EpochProgress:
+        """The epoch's progress once every rank has trained this pass's first ``steps`` batches."""
+        return self._plan.progress_after(steps)
 
     def __len__(self) -> int:
         return int(self._plan.batches_per_rank)
@@ -129,8 +134,8 @@ class InProcessLoader:
             positions = self._plan.positions(ref.part_batch)
             batch = self.graph.samplers[ref.partition].minibatch(
                 self._seeds[positions], target, self.num_neighbors,
-                batch_key(self.seed, self.epoch, self.rank, ref.index), remote=self.graph.peers,
-                edges=self.edge_ids, edge_features=self.edge_features)
+                batch_key(self.seed, self.epoch, self.rank, self._plan.start.steps + ref.index),
+                remote=self.graph.peers, edges=self.edge_ids, edge_features=self.edge_features)
             data = to_pyg_data(batch, plain=plain)
             for store in data.edge_stores:
                 if "edge_attr" in store and store.edge_attr.is_floating_point():

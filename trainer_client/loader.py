@@ -40,7 +40,16 @@ from protos import halfcast
 from protos import sampling_pb2 as pb
 from protos.channel import ProtocolError
 from protos.codec import encode_tensor
-from protos.plan import BatchRef, EpochPlan, GlobalPlan, plan_epoch, plan_global_epoch, shuffled_seeds
+from protos.plan import (
+    EPOCH_START,
+    BatchRef,
+    EpochPlan,
+    EpochProgress,
+    GlobalPlan,
+    plan_epoch,
+    plan_global_epoch,
+    shuffled_seeds,
+)
 from trainer_client import inputs
 from trainer_client.batch_checks import LinkSpec, TypedSpec
 from trainer_client.cache import KNOWN_HOT_ORDERS, CacheError, FeatureCache, parse_cache_size, plan_caches
@@ -262,20 +271,31 @@ class RemoteLoader(ABC):
         """The servers' ClusterInfo (partition 0's)."""
         return self.cluster.info
 
-    def plan(self, epoch: int) -> EpochPlan | GlobalPlan:
-        """The plan of ``epoch`` (the same as every server and rank computes): every batch
-        cut from one ordering of all the seeds across partitions."""
+    def plan(self, epoch: int, start: EpochProgress = EPOCH_START) -> EpochPlan | GlobalPlan:
+        """The plan of ``epoch`` from ``start`` on (the same as every server and rank
+        computes): every batch cut from one ordering of all the seeds across partitions."""
         return plan_global_epoch(self.num_seeds, self.batch_size, self.world_size,
                                  self.cluster.num_partitions, shuffle=self.shuffle, seed=self.seed,
-                                 epoch=epoch, drop_last=self.drop_last)
+                                 epoch=epoch, drop_last=self.drop_last, steps_done=start.steps,
+                                 seeds_done=start.seeds)
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, start: EpochProgress = EPOCH_START) -> None:
         """Select the epoch the next iteration streams (shuffling and sampling draws).
         Without it, each new iteration streams the epoch after the last one, so every
-        pass is shuffled anew (as PyG reshuffles)."""
+        pass is shuffled anew (as PyG reshuffles). ``start``: the epoch's progress so far
+        (an elastic restart: :meth:`progress_after` of an earlier pass, of any world
+        size); the pass then streams the rest of the epoch, equal per rank."""
         self.epoch = inputs.check_int("epoch", epoch, 0)
-        self._plan = self.plan(self.epoch)
+        self._plan = self.plan(self.epoch, start)
         self._iterated = False
+
+    def progress_after(self, steps: int) -> EpochProgress:
+        """The epoch's progress once every rank has trained the first ``steps`` batches of
+        this pass (global batches only)."""
+        if not isinstance(self._plan, GlobalPlan):
+            raise ValueError("batches: an epoch of per-partition batches resumes whole; expected "
+                             "batches='global' to resume one part way")
+        return self._plan.progress_after(steps)
 
     def __len__(self) -> int:
         """Batches of this rank in the current epoch (equal on every rank)."""
@@ -299,7 +319,8 @@ class RemoteLoader(ABC):
         request = pb.EpochRequest(
             fanouts=fanouts, batch_size=self.batch_size, shuffle=self.shuffle,
             drop_last=self.drop_last, seed=self.seed, epoch=self.epoch, rank=self.rank,
-            world_size=self.world_size, resume_from=0,
+            world_size=self.world_size, resume_from=0, steps_done=self._plan.start.steps,
+            seeds_done=self._plan.start.seeds,
             feature_dtype=inputs.WIRE_FEATURE_DTYPES[self.feature_dtype],  # type: ignore[arg-type]
             sampling=pb.SamplingOptions(replace=self.replace, weighted=self.weighted),
             include_features=True, include_labels=self._labels_on_wire, client_id=self.client_id,
@@ -531,10 +552,12 @@ class RemoteNeighborLoader(RemoteLoader):
         ``batch.input_id`` indexes this."""
         return torch.from_numpy(self._input_nodes)
 
-    def plan(self, epoch: int) -> EpochPlan | GlobalPlan:
-        """The plan of ``epoch`` (the same as every server and rank computes)."""
+    def plan(self, epoch: int, start: EpochProgress = EPOCH_START) -> EpochPlan | GlobalPlan:
+        """The plan of ``epoch`` from ``start`` on (the same as every server and rank computes)."""
         if self.batches == "global":
-            return super().plan(epoch)
+            return super().plan(epoch, start)
+        if start != EPOCH_START:
+            raise ValueError(f"start: batches='partition' resumes whole epochs, got {start}")
         return plan_epoch(self.seeds_per_partition, self.batch_size, self.world_size, shuffle=self.shuffle,
                           seed=self.seed, epoch=epoch, drop_last=self.drop_last)
 

@@ -17,6 +17,13 @@ processes: 1 for any failed rank). The servers' logs go to a run directory of th
 fail to come up end the run with exit 1 and their log named; bad flags exit 2, the
 trainer's too (checked before any server starts, as is ``--task link`` on a graph
 without link splits).
+
+``--nnodes MIN:MAX`` runs the trainers elastically: MAX torchrun agents (trainer nodes of
+``--nproc-per-node`` ranks each) rendezvous over c10d through a store this process
+holds, so that any node (an agent and its ranks) can be lost: the others restart
+their ranks (``--max-restarts``) from the last checkpoint and go on while MIN nodes are
+left, and a node started with the command logged at start joins at the next restart.
+The exit code is then 0 once the job finished on the nodes left.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import argparse
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -52,6 +60,15 @@ RUNS_DIR = "graphfeed-local-runs"
 BIND_ATTEMPTS = 3
 #: What a server that could not bind its port logs (``sampling_server.server.create_server``).
 BIND_FAILED = "cannot bind"
+#: The trainer nodes' rendezvous on one machine: every node is there at once (a
+#: latecomer joins at a restart), and a lost one is dropped after 6 s.
+RDZV_CONF = "is_host=0,last_call_timeout=5,keep_alive_interval=2,keep_alive_max_attempt=3"
+#: The environment of elastic agents: each rendezvous round's ranks get a store of their
+#: own. (torchrun's agents otherwise share theirs with their ranks under a prefix of their
+#: own restart count, which differs between an agent whose rank failed and one whose rank
+#: was healthy when another node left: the new round's ranks then meet in different
+#: places and fail again.)
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 class LocalError(RuntimeError):
@@ -189,7 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  graphfeed-local --partition-dir parts/ -- --epochs 10 --fanouts 10,5")
     p.add_argument("--partition-dir", type=Path, required=True,
                    help="a partitioned graph (format v1, or v2 for a typed graph)")
-    p.add_argument("--nproc-per-node", type=int, default=1, help="trainer processes (DDP ranks)")
+    p.add_argument("--nproc-per-node", type=int, default=1, help="trainer processes (DDP ranks) per node")
+    p.add_argument("--nnodes", type=_nodes, default=(1, 1),
+                   help="MIN:MAX (or N): elastic trainers, MAX torchrun agents of --nproc-per-node ranks "
+                        "each, the job going on while MIN are left (graphfeed-train needs --checkpoint-dir "
+                        "and --resume)")
+    p.add_argument("--max-restarts", type=int, default=3,
+                   help="with --nnodes: times each node restarts its ranks after a failure")
     p.add_argument("--trainer-script", type=Path, default=None,
                    help="your own training script (it must take --servers) instead of graphfeed-train")
     p.add_argument("--host", default="127.0.0.1", help="address the servers listen on")
@@ -205,6 +228,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"directory for the servers' logs (default: a new {RUNS_DIR}/<date>-<time>/ "
                    "under the current directory)")
     return p
+
+
+def _nodes(text: str) -> tuple[int, int]:
+    low, _, high = text.partition(":")
+    try:
+        nodes = int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or MIN:MAX, got {text!r}") from None
+    if not 1 <= nodes[0] <= nodes[1]:
+        raise argparse.ArgumentTypeError(f"expected 1 <= MIN <= MAX, got {text!r}")
+    return nodes
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -248,16 +282,22 @@ def new_run_dir(root: Path) -> Path:
     return path
 
 
-def check_trainer_args(trainer_args: Sequence[str], manifest: Manifest, partition_dir: Path) -> None:
+def check_trainer_args(trainer_args: Sequence[str], manifest: Manifest, partition_dir: Path,
+                       nodes: tuple[int, int] = (1, 1)) -> None:
     """Refuse, before any server starts, what graphfeed-train would refuse at start: its
-    flags (parsed as it parses them, exit 2 with its message), and ``--task link`` on a
-    graph without link splits (:class:`ValueError`)."""
+    flags (parsed as it parses them, exit 2 with its message), ``--task link`` on a graph
+    without link splits, and elastic trainers (``nodes``) that would not resume
+    (:class:`ValueError`)."""
     from trainer_client.train import parse_args as trainer_parse_args  # torch: only when it is used
 
     trainer = trainer_parse_args(["--servers", "graphfeed-local", *trainer_args])
     if trainer.task == "link" and not manifest.link_splits:
         raise ValueError(f"--task link: expected a graph with link splits, but {partition_dir} has none; "
                          "partition it with --link-split (or from an OGB link dataset)")
+    if nodes != (1, 1) and not trainer.resume:
+        raise ValueError(f"--nnodes {nodes[0]}:{nodes[1]}: expected --checkpoint-dir and --resume in "
+                         "graphfeed-train's arguments (ranks that come back after a failure continue from "
+                         "the checkpoint; with --checkpoint-every N, from its step)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -268,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         manifest = read_manifest(args.partition_dir)
         if args.trainer_script is None:
-            check_trainer_args(trainer_args, manifest, args.partition_dir)
+            check_trainer_args(trainer_args, manifest, args.partition_dir, args.nnodes)
     except (PartitionFormatError, OSError) as exc:
         sys.stderr.write(f"graphfeed-local: error: --partition-dir: {exc}\n")
         return 2
@@ -294,26 +334,59 @@ def _interrupted(signum: int, frame: object) -> None:
 
 def train(addresses: Sequence[str], trainer_args: Sequence[str], args: argparse.Namespace) -> int:
     """Run the trainer against ``addresses``; its exit code. One process runs
-    ``trainer_client.train`` directly (its own exit code); more run under torchrun."""
+    ``trainer_client.train`` directly (its own exit code); more run under torchrun, and
+    elastic trainers (``--nnodes``) under as many agents (:func:`train_elastic`)."""
+    program = [str(args.trainer_script)] if args.trainer_script else ["-m", "trainer_client.train"]
+    program += ["--servers", ",".join(addresses), *trainer_args]
+    if args.nnodes != (1, 1):
+        return train_elastic(program, args)
     launcher = [sys.executable]
     if args.nproc_per_node > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc_per_node}"]
-    program = [str(args.trainer_script)] if args.trainer_script else ["-m", "trainer_client.train"]
-    cmd = [*launcher, *program, "--servers", ",".join(addresses), *trainer_args]
+    cmd = [*launcher, *program]
     log.info("training: %s", " ".join(cmd))
     trainer = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
         code = trainer.wait()
     except KeyboardInterrupt:
-        trainer.send_signal(signal.SIGTERM)
-        try:
-            trainer.wait(timeout=args.grace)
-        except subprocess.TimeoutExpired:
-            trainer.kill()
-            trainer.wait(timeout=10)
+        stop([trainer], args.grace)
         raise
     log.info("trainer exited with %d", code)
     return code
+
+
+def elastic_agent(program: Sequence[str], nodes: tuple[int, int], nproc_per_node: int, max_restarts: int,
+                  endpoint: str, run_id: str) -> list[str]:
+    """The command of one trainer node of an elastic job: a torchrun agent of
+    ``nproc_per_node`` ranks running ``program``, in the job whose rendezvous store is at
+    ``endpoint`` (``host:port``, held elsewhere) under ``run_id``."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes[0]}:{nodes[1]}",
+            f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}", f"--rdzv-conf={RDZV_CONF}", *program]
+
+
+def train_elastic(program: Sequence[str], args: argparse.Namespace) -> int:
+    """The elastic job of ``--nnodes MIN:MAX``: MAX agents (:func:`elastic_agent`), the
+    rendezvous store held here so that it outlives any of them; 0 once the job finished
+    (a node exited 0), else the first node's exit code."""
+    from torch.distributed import TCPStore  # torch: only when it is used
+
+    store = TCPStore(args.host, 0, is_master=True, wait_for_workers=False)
+    cmd = elastic_agent(program, args.nnodes, args.nproc_per_node, args.max_restarts,
+                        f"{args.host}:{store.port}", f"graphfeed-local-{os.getpid()}")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **ELASTIC_ENV)
+    nodes = [subprocess.Popen(cmd, env=env) for _ in range(args.nnodes[1])]
+    log.info("training on %d trainer nodes (torchrun agents %s), each: %s", len(nodes),
+             [n.pid for n in nodes], shlex.join(cmd))
+    log.info("a node started with that command joins the job at its next restart, up to %d nodes",
+             args.nnodes[1])
+    try:
+        codes = [n.wait() for n in nodes]
+    except KeyboardInterrupt:
+        stop(nodes, args.grace)
+        raise
+    log.info("trainer nodes exited with %s", codes)
+    return 0 if 0 in codes else next(c for c in codes if c != 0)
 
 
 if __name__ == "__main__":

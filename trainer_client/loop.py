@@ -20,15 +20,23 @@ import logging
 import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from trainer_client.ddp import Checkpoints, DistEnv, RunRecord, all_reduce_sums, restore_selected
+from protos.plan import EPOCH_START, EpochProgress
+from trainer_client.ddp import (
+    Checkpoints,
+    DistEnv,
+    PartialEpoch,
+    RunRecord,
+    all_reduce_sums,
+    restore_selected,
+)
 from trainer_client.featureless import ServerEmbeddings
 from trainer_client.graph import TypedGraph
 from trainer_client.models import EDGE_MODELS, NEEDS_EDGE_FEATURES, edge_dim_of
@@ -47,6 +55,17 @@ class Batches(Protocol):
     def __len__(self) -> int: ...
 
     def __iter__(self) -> Iterator[Any]: ...
+
+
+@runtime_checkable
+class ResumableBatches(Batches, Protocol):
+    """Batches whose epoch can be resumed part way (the servers' loaders and the in-process
+    one): :meth:`progress_after` a number of steps, and ``set_epoch`` from it, perhaps
+    with another world size."""
+
+    def set_epoch(self, epoch: int, start: EpochProgress = ...) -> None: ...
+
+    def progress_after(self, steps: int) -> EpochProgress: ...
 
 
 class BatchSource(Batches, Protocol):
@@ -247,32 +266,52 @@ class EpochMetrics:
     resumes: int = 0
 
 
+#: Saves the checkpoint of an epoch taken part way.
+KeepPartial = Callable[[PartialEpoch], None]
+
+
 def train_pass(task: Task, model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int,
-               progress: bool) -> EpochMetrics:
-    """One training pass over this rank's batches; the figures over all ranks (this
-    rank's seconds, and the traffic of its stream)."""
+               progress: bool, resumed: PartialEpoch | None = None, every: int = 0,
+               keep: KeepPartial | None = None) -> EpochMetrics:
+    """One training pass over this rank's batches (the rest of the epoch after
+    ``resumed``), calling ``keep`` every ``every`` steps of the epoch but its last; the
+    figures over all ranks (this rank's seconds, and the traffic of its stream)."""
     model.train()
-    task.train.set_epoch(epoch)
-    loss_sum = correct = count = seeds = 0.0
+    train, env = task.train, task.env
+    before = resumed.sums if resumed else (0.0,) * 4
+    if resumed or every:
+        if not isinstance(train, ResumableBatches):
+            raise ValueError(f"--checkpoint-every, --resume: the training batches ({type(train).__name__}) "
+                             "cannot resume an epoch part way")
+        train.set_epoch(epoch, resumed.progress if resumed else EPOCH_START)
+    else:
+        train.set_epoch(epoch)
+    first = resumed.progress.steps if resumed else 0
+    sums = [0.0] * 4  # loss x count, correct, count, seeds
     started = time.perf_counter()
-    timed = TimedBatches(task.train, progress, epoch)
-    for batch in timed:
+    timed = TimedBatches(train, progress, epoch)
+    for i, batch in enumerate(timed, start=1):
         step = task.step(model, batch)
         optimizer.zero_grad(set_to_none=True)
         step.loss.backward()
         optimizer.step()
         task.after_step()
-        loss_sum += float(step.loss.detach()) * step.count
-        correct, count, seeds = correct + step.correct, count + step.count, seeds + step.seeds
+        sums = [a + b for a, b in zip(sums, (float(step.loss.detach()) * step.count, step.correct, step.count,
+                                             step.seeds), strict=True)]
         timed.show_loss(step.loss)
-    loss_sum, correct, count, seeds = all_reduce_sums([loss_sum, correct, count, seeds], task.env)
+        if keep is not None and every and (first + i) % every == 0 and i < len(train):
+            assert isinstance(train, ResumableBatches)
+            so_far = tuple(a + b for a, b in zip(before, all_reduce_sums(sums, env), strict=True))
+            keep(PartialEpoch(epoch, train.progress_after(i), so_far, task.args.seed))
+    passed = all_reduce_sums(sums, env)
+    loss_sum, correct, count, seeds = (a + b for a, b in zip(before, passed, strict=True))
     seconds = time.perf_counter() - started
     # a stream's figures: the servers' loaders have them, in-process ones receive nothing
-    stats: StreamStats = getattr(task.train, "last_stats", None) or StreamStats()
+    stats: StreamStats = getattr(train, "last_stats", None) or StreamStats()
     return EpochMetrics(epoch, loss_sum / max(count, 1.0), correct / max(count, 1.0), int(seeds),
-                        len(task.train), seconds, 0.0, seeds / max(seconds, 1e-9), timed.waited,
+                        len(train), seconds, 0.0, passed[3] / max(seconds, 1e-9), timed.waited,
                         round(stats.bytes / 1e6, 3),
-                        round(stats.hit_rate, 4) if getattr(task.train, "caches", None) else None,
+                        round(stats.hit_rate, 4) if getattr(train, "caches", None) else None,
                         stats.resumes)
 
 
@@ -304,23 +343,35 @@ def run(args: argparse.Namespace, env: DistEnv, task: Task) -> dict[str, Any]:
     checkpoints = Checkpoints(args.checkpoint_dir, RunRecord(task.config(), graph.identity(), graph.to_json(),
                                                              task.source))
     state = checkpoints.resume(args.resume, model, optimizer, env, f"val_{metric}")
-    if state.start:  # resumed
+    if state.start or state.partial:  # resumed
         task.load_state_dict(state.task)
+    if state.partial and state.partial.seed != args.seed:
+        raise ValueError(f"--seed: the checkpoint in {args.checkpoint_dir} was taken at {state.partial} "
+                         f"with --seed {state.partial.seed} (the epoch's order), got {args.seed}")
     log.info("%s", task.describe())
     ddp = model if not env.distributed else DistributedDataParallel(
         model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
         find_unused_parameters=FIND_UNUSED_PARAMETERS.get(args.model, False))
     progress = env.rank == 0 and not args.no_progress and sys.stderr.isatty()
     started = time.perf_counter()
-    for epoch in range(state.start, args.epochs):
-        m = train_pass(task, ddp, optimizer, epoch, progress)
-        eval_started = time.perf_counter()
-        val = task.evaluate(model, "val")
-        m.eval_seconds = time.perf_counter() - eval_started
-        row = {**asdict(m), **{f"val_{k}": v for k, v in val.items()}}
-        kept = task.state_dict(selected=val[metric] > state.selection.score)
-        improved = checkpoints.keep(row, val[metric], state, model, optimizer, env, kept)
-        log.info("%s", _epoch_line(m, metric, val[metric], improved))
+    every = getattr(args, "checkpoint_every", 0)
+
+    def keep(partial: PartialEpoch) -> None:
+        checkpoints.keep_partial(partial, state, model, optimizer, env, task.state_dict())
+
+    try:
+        for epoch in range(state.start, args.epochs):
+            m = train_pass(task, ddp, optimizer, epoch, progress,
+                           state.partial if epoch == state.start else None, every, keep)
+            eval_started = time.perf_counter()
+            val = task.evaluate(model, "val")
+            m.eval_seconds = time.perf_counter() - eval_started
+            row = {**asdict(m), **{f"val_{k}": v for k, v in val.items()}}
+            kept = task.state_dict(selected=val[metric] > state.selection.score)
+            improved = checkpoints.keep(row, val[metric], state, model, optimizer, env, kept)
+            log.info("%s", _epoch_line(m, metric, val[metric], improved))
+    finally:
+        checkpoints.flush()  # the checkpoint being written, also when training failed
     fingerprints = restore_selected(model, state.selection, env)
     if state.selection.task and state.selection.epoch != history_last(state.history):
         task.load_state_dict(state.selection.task)

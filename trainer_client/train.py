@@ -159,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefetch", type=_positive(int), default=4, help="batches streamed ahead")
     p.add_argument("--checkpoint-dir", type=Path, default=None)
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir if it has one")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="also save the checkpoint every N optimizer steps of an epoch, with the epoch's "
+                        "progress, which --resume continues from, on any number of ranks (0: at epoch ends "
+                        "only)")
     p.add_argument("--metrics-json", type=Path, default=None)
     p.add_argument("--timeout", type=_positive(float), default=120.0,
                    help="seconds to wait for servers at start and for a stalled stream before it is resumed")
@@ -231,8 +235,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.sparse_embedding and args.partition_dir is not None:
         parser.error("--sparse-embedding: expected --servers (the servers hold the embeddings), got "
                      "--partition-dir")
-    if args.resume and args.checkpoint_dir is None:
-        parser.error("--resume: expected --checkpoint-dir too")
+    if args.checkpoint_every < 0:
+        parser.error(f"--checkpoint-every: expected a number of steps >= 0, got {args.checkpoint_every}")
+    for flag, given in (("--resume", args.resume), ("--checkpoint-every", args.checkpoint_every)):
+        if given and args.checkpoint_dir is None:
+            parser.error(f"{flag}: expected --checkpoint-dir too")
     args.layers = args.layers or len(args.fanouts)
     args.eval_batch_size = args.eval_batch_size or args.batch_size
     return args
@@ -244,7 +251,7 @@ def interrupted(args: argparse.Namespace, argv: Sequence[str]) -> str:
     if args.checkpoint_dir is None:
         return "interrupted: nothing saved (no --checkpoint-dir: pass one to continue a run with --resume)"
     last = last_saved(args.checkpoint_dir)
-    saved = f"saved epoch {last[1]} in {last[0]}" if last else f"nothing saved yet in {args.checkpoint_dir}"
+    saved = f"saved {last[1]} in {last[0]}" if last else f"nothing saved yet in {args.checkpoint_dir}"
     again = shlex.join([*argv, *([] if args.resume else ["--resume"])])
     launch = "graphfeed-train" if env_int("WORLD_SIZE", 1) == 1 else \
         "torchrun <the same options> -m trainer_client.train"
