@@ -730,6 +730,7 @@ class EpochRequest(_message.Message):
     epoch's seeds, or a negative value, is INVALID_ARGUMENT.
     """
     seeds_done: _builtins.int
+    """The seeds (or seed edges) those steps_done steps trained, over every rank."""
     @_builtins.property
     def seeds(self) -> Global___Tensor:
         """Explicit seed nodes: a 1-d INT64 Tensor of distinct global node IDs in [0, N),

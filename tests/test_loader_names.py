@@ -23,7 +23,7 @@ from partitioner.graph import EdgeType, GraphData
 from partitioner.links import random_link_split
 from partitioner.writer import partition_graph
 from protos import sampling_pb2 as pb
-from protos.plan import GlobalPlan
+from protos.plan import EpochProgress, GlobalPlan
 from trainer_client.cache import FeatureCache
 from trainer_client.cluster import Cluster
 from trainer_client.decode import DecodedBatch
@@ -109,6 +109,19 @@ def _set_epoch(loader: RemoteLoader, s: Served) -> None:
     loader.set_epoch(0)
 
 
+def _progress_after(loader: RemoteLoader, s: Served) -> None:
+    """The progress after one step counts that step's seeds over all ranks, and a pass
+    set from it streams the rest of the epoch."""
+    loader.set_epoch(0)
+    plan, total = loader.plan(0), len(loader)
+    done = loader.progress_after(1)
+    assert done == EpochProgress(1, len(plan.positions(0)))
+    loader.set_epoch(0, done)
+    assert len(loader) == total - 1
+    assert loader.plan(0, done).progress_after(total - 1) == EpochProgress(total, loader.num_seeds)
+    loader.set_epoch(0)
+
+
 def _input_ids(loader: RemoteLoader, s: Served) -> None:
     """Over this one rank's batches, every seed's position exactly once."""
     plan = loader.plan(loader.epoch)
@@ -182,6 +195,7 @@ SHARED: dict[str, Check] = {
     "last_stats": lambda lo, s: _true(isinstance(lo.last_stats, StreamStats)),
     "plan": _plan,
     "set_epoch": _set_epoch,
+    "progress_after": _progress_after,
     "input_ids": _input_ids,
     "stream": _stream,
     "metadata": _metadata,
