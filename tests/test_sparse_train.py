@@ -103,8 +103,7 @@ def test_a_resumed_run_equals_an_unbroken_one_bit_for_bit(
     clusters: dict[str, tuple[list[str], list[SamplingServer]]], tmp_path: Path, kind: str, task: str
 ) -> None:
     addresses, servers = clusters[kind]
-    common = ["--task", task, "--sparse-embedding", "--dropout", "0",
-              *(["--model", "rgcn"] if kind == "typed" else [])]
+    common = ["--task", task, "--sparse-embedding", *(["--model", "rgcn"] if kind == "typed" else [])]
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
     assert main(_args(addresses, unbroken, *common, "--epochs", "3", "--checkpoint-dir", str(unbroken))) == 0
     assert main(_args(addresses, broken, *common, "--epochs", "2", "--checkpoint-dir", str(broken))) == 0
@@ -176,7 +175,7 @@ def test_a_trainer_killed_mid_epoch_resumes_to_the_unbroken_result(
     """kill -9 of a trainer whose server-held tables are past its last checkpoint: --resume
     puts them back to the checkpoint's snapshot, and the run ends as an unbroken one."""
     addresses, servers = clusters["typed"]
-    common = ["--model", "rgcn", "--sparse-embedding", "--epochs", "3", "--dropout", "0"]
+    common = ["--model", "rgcn", "--sparse-embedding", "--epochs", "3"]
     unbroken, killed = tmp_path / "unbroken", tmp_path / "killed"
     assert main(_args(addresses, unbroken, *common, "--checkpoint-dir", str(unbroken))) == 0
     args = _args(addresses, killed, *common, "--checkpoint-dir", str(killed))

@@ -183,15 +183,50 @@ class PartialEpoch:
 
 def checkpoint_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int,
                      history: list[dict[str, Any]], record: RunRecord, task: dict[str, Any],
-                     partial: PartialEpoch | None = None) -> dict[str, Any]:
+                     partial: PartialEpoch | None = None, rng: list[torch.Tensor] | None = None
+                     ) -> dict[str, Any]:
     """A checkpoint's contents (state dicts and plain values only: no pickled objects),
     copied to the CPU so that training goes on while it is written. ``epoch``: the last
     whole epoch; ``task``: the task's own state, kept only when it has some; ``partial``:
-    the next epoch's progress, when it is taken part way."""
+    the next epoch's progress, when it is taken part way; ``rng``: every rank's random
+    number generators (:func:`rng_states`)."""
     return _copied({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
                     "history": history, "config": record.config, "graph": record.graph,
                     **({"task": task} if task else {}),
-                    **({"partial": partial.to_json()} if partial else {})})
+                    **({"partial": partial.to_json()} if partial else {}),
+                    **({"rng": rng} if rng else {})})
+
+
+def rng_states(env: DistEnv) -> list[torch.Tensor]:
+    """Every rank's random number generators' state, in rank order (a collective): the
+    CPU generator's, then its CUDA device's where it trains on one. Dropout draws from
+    them, so a resumed run continues an unbroken one's draws."""
+    mine = torch.get_rng_state()
+    if env.device.type == "cuda":
+        mine = torch.cat([mine, torch.cuda.get_rng_state(env.device)])
+    if not env.distributed:
+        return [mine]
+    local = mine.to(env.comm_device)
+    everyone = [torch.empty_like(local) for _ in range(env.world_size)]
+    dist.all_gather(everyone, local)
+    return [t.cpu() for t in everyone]
+
+
+def restore_rng(states: list[torch.Tensor], env: DistEnv) -> None:
+    """Set this rank's generators to its state in ``states`` (:func:`rng_states`); none
+    when the checkpoint was written by another number of ranks (an elastic restart: the
+    draws go on from the run's seed instead)."""
+    if not states:
+        return
+    if len(states) != env.world_size:
+        log.info("--resume: the checkpoint's random generators are of %d ranks, this run has %d; "
+                 "drawing on from --seed", len(states), env.world_size)
+        return
+    state = states[env.rank]
+    cpu = torch.get_rng_state().numel()
+    torch.set_rng_state(state[:cpu].contiguous())
+    if env.device.type == "cuda" and state.numel() > cpu:
+        torch.cuda.set_rng_state(state[cpu:].contiguous(), env.device)
 
 
 def _copied(value: Any) -> Any:
@@ -271,7 +306,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         raise refused(f" ({detail})") from None
     partial = PartialEpoch.of(state["partial"]) if "partial" in state else None
     return RunState(int(state["epoch"]) + 1, list(state["history"]), task=dict(state.get("task") or {}),
-                    partial=partial)
+                    partial=partial, rng=list(state.get("rng") or []))
 
 
 # ---- the selection and a run's checkpoints -----------------------------------------
@@ -344,6 +379,8 @@ class RunState:
     selection: Selection = field(default_factory=Selection)
     task: dict[str, Any] = field(default_factory=dict)
     partial: PartialEpoch | None = None
+    #: Every rank's random generators when the checkpoint was taken (:func:`rng_states`).
+    rng: list[torch.Tensor] = field(default_factory=list)
 
 
 @dataclass
@@ -402,17 +439,19 @@ class Checkpoints:
         epoch = int(row["epoch"])
         state.history.append(row)
         improved = state.selection.offer(epoch, score, model, task)
+        rng = rng_states(env) if self.directory is not None else []  # every rank's: a collective
         if self.directory is not None and env.rank == 0:
-            self._save(checkpoint_state(model, optimizer, epoch, state.history, self.record, task),
+            self._save(checkpoint_state(model, optimizer, epoch, state.history, self.record, task, rng=rng),
                        CHECKPOINT_NAME, *([BEST_NAME] if improved else []))
         return improved
 
     def keep_partial(self, partial: PartialEpoch, state: RunState, model: torch.nn.Module,
                      optimizer: torch.optim.Optimizer, env: DistEnv, task: dict[str, Any]) -> None:
         """(rank 0) Write the checkpoint of an epoch taken part way (``partial``)."""
+        rng = rng_states(env) if self.directory is not None else []
         if self.directory is not None and env.rank == 0:
             self._save(checkpoint_state(model, optimizer, partial.epoch - 1, state.history, self.record, task,
-                                        partial), CHECKPOINT_NAME)
+                                        partial, rng), CHECKPOINT_NAME)
 
 
 def restore_selected(model: torch.nn.Module, selection: Selection, env: DistEnv) -> list[float]:

@@ -35,6 +35,7 @@ from trainer_client.ddp import (
     PartialEpoch,
     RunRecord,
     all_reduce_sums,
+    restore_rng,
     restore_selected,
 )
 from trainer_client.featureless import ServerEmbeddings
@@ -345,6 +346,7 @@ def run(args: argparse.Namespace, env: DistEnv, task: Task) -> dict[str, Any]:
     state = checkpoints.resume(args.resume, model, optimizer, env, f"val_{metric}")
     if state.start or state.partial:  # resumed
         task.load_state_dict(state.task)
+        restore_rng(state.rng, env)
     if state.partial and state.partial.seed != args.seed:
         raise ValueError(f"--seed: the checkpoint in {args.checkpoint_dir} was taken at {state.partial} "
                          f"with --seed {state.partial.seed} (the epoch's order), got {args.seed}")
