@@ -216,7 +216,7 @@ def test_unknown_or_typed_preset_where_plain_is_needed_is_refused() -> None:
     with pytest.raises(ValueError, match=r"preset: expected one of .*'tiny'"):
         generate("tiny", progress=False)
     plain = (r"preset: expected a plain preset \['citation2-like', 'citation2-small', 'edge-feat-like', "
-             r"'edge-feat-small', 'products-like', 'small'\]")
+             r"'edge-feat-small', 'papers-like', 'products-like', 'small'\]")
     with pytest.raises(ValueError, match=plain):
         generate_plain(dataclasses.replace(_custom("mag-small"), split_sizes=(1, 1, 1)), progress=False)
     assert set(PRESETS) == set(PLAIN_PRESETS) | set(TYPED_PRESETS)
