@@ -4,7 +4,11 @@ Builds a small plain graph (with edge weights) and a small typed graph as ``.npz
 archives, partitions each into two parts with ``graphfeed-partition`` (hash), starts
 in-process servers (CPU sampler) and streams epochs through ``RemoteNeighborLoader`` with
 global and per-partition batches, shuffled, with and without replacement (and weighted
-draws on the plain graph), float32 and bfloat16 with a feature cache. Numba's CUDA
+draws on the plain graph), float32 and bfloat16 with a feature cache. The same graphs with
+edge features and held-out link splits (``--link-split``) stream link epochs through
+``RemoteLinkNeighborLoader``: binary, triplet, stored and no negatives, strict draws,
+excluded seed edges, given seed edges with labels, bfloat16 with a cache and edge
+features. Numba's CUDA
 simulator runs one thread at a time, so the CUDA sampler (simulated where there is no GPU)
 is driven directly instead: both partitions' samplers in this process, answering each
 other, on the seeds of the same global and per-partition plans (``--devices cpu,cuda``
@@ -15,7 +19,8 @@ files: equal digests mean bit-identical batches.
     python benchmarks/batch_digests.py --out /tmp/digests-new.json      # about a minute
 
 The service cases use public entry points only (the partitioner's command line,
-``ServerConfig``, ``create_server``, ``RemoteNeighborLoader``); the sampler cases speak
+``ServerConfig``, ``create_server``, ``RemoteNeighborLoader``, ``RemoteLinkNeighborLoader``);
+the sampler cases speak
 both the sampler API of this version and the one before it (separate plain and typed
 samplers), so the script runs on older versions too.
 """
@@ -79,9 +84,28 @@ def typed_npz(path: Path, seed: int = 0) -> None:
     np.savez(path, **arrays)
 
 
-def partition(npz: Path, out: Path) -> None:
+#: The link graphs' seed edge type (the typed graph's; the plain graph has one).
+WRITES = ("author", "writes", "paper")
+
+
+def link_npz(npz: Path, path: Path) -> None:
+    """``npz`` with 3 float32 features on the plain graph's edges or the typed graph's
+    ``writes`` edges (and, typed, ``rev_writes`` edges reversing those): the graph link
+    splits are held out of."""
+    with np.load(npz, allow_pickle=False) as f:
+        arrays = dict(f)
+    key = "edge_index" if "edge_index" in arrays else "edge_index__" + "__".join(WRITES)
+    rng = np.random.default_rng(1)
+    arrays[key.replace("edge_index", "edge_attr")] = rng.standard_normal((arrays[key].shape[1], 3)).astype(
+        np.float32)
+    if key != "edge_index":
+        arrays["edge_index__paper__rev_writes__author"] = np.ascontiguousarray(arrays[key][::-1])
+    np.savez(path, **arrays)
+
+
+def partition(npz: Path, out: Path, *extra: str) -> None:
     subprocess.run([sys.executable, "-m", "partitioner", "partition", "--npz", str(npz),
-                    "--num-parts", "2", "--method", "hash", "--out", str(out), "--no-progress"],
+                    "--num-parts", "2", "--method", "hash", "--out", str(out), "--no-progress", *extra],
                    check=True, cwd=REPO, stdout=subprocess.DEVNULL)
 
 
@@ -137,19 +161,45 @@ def cases(typed: bool) -> dict[str, dict[str, Any]]:
     return out
 
 
-def run(kind: str, root: Path, device: str) -> dict[str, list[str]]:
+def link_cases(typed: bool) -> dict[str, dict[str, Any]]:
+    """Link loader arguments by case name (``split`` or ``edge_label_index`` among them)."""
+    given = np.random.default_rng(2).integers(0, 80 if typed else 300, (2, 40))
+    index: Any = (WRITES, torch.from_numpy(given)) if typed else torch.from_numpy(given)
+    binary2, triplet3 = {"mode": "binary", "amount": 2}, {"mode": "triplet", "amount": 3}
+    return {
+        "train-binary": dict(split="train", neg_sampling="binary"),
+        "train-binary2-strict-exclude-reverse": dict(split="train", neg_sampling=binary2,
+                                                     strict_negatives=True, exclude="reverse"),
+        "train-triplet3-exclude-self": dict(split="train", neg_sampling=triplet3, exclude="self"),
+        "train-none-replace": dict(split="train", replace=True),
+        "val-given": dict(split="val", neg_sampling="given"),
+        "train-binary-bf16-cache-edge-features": dict(split="train", neg_sampling="binary",
+                                                      feature_dtype="bfloat16", cache_size=0.3,
+                                                      edge_features=True),
+        "given-edges-labels": dict(edge_label_index=index, edge_label=torch.arange(40) % 3,
+                                   neg_sampling="binary"),
+    }
+
+
+def run(kind: str, root: Path, device: str, *, links: bool = False) -> dict[str, list[str]]:
+    """The digests of every case's batches on both ranks: node batches of the "train" split,
+    or (``links``) link batches."""
+    from trainer_client.link_loader import RemoteLinkNeighborLoader
     from trainer_client.loader import RemoteNeighborLoader
 
+    loader: Any = RemoteLinkNeighborLoader if links else RemoteNeighborLoader
+    common = {"num_neighbors": [4, 3], "batch_size": 32 if links else 16, "shuffle": True, "seed": 7}
     servers, addresses = serve(root, device)
     results: dict[str, list[str]] = {}
     try:
-        for name, kw in cases(kind == "typed").items():
-            kw = {"num_neighbors": [4, 3], "batch_size": 16, "shuffle": True, "seed": 7,
-                  "compact_indices": True, **kw}
+        for name, kw in (link_cases if links else cases)(kind == "typed").items():
+            if not links:
+                kw = {"split": "train", "compact_indices": True, **kw}
             for rank in range(2):
-                with RemoteNeighborLoader(addresses, "train", rank=rank, world_size=2, **kw) as loader:
-                    loader.set_epoch(1)
-                    results[f"{kind}/{device}/{name}/rank{rank}"] = [digest(b) for b in loader]
+                with loader(addresses, rank=rank, world_size=2, **{**common, **kw}) as batches:
+                    batches.set_epoch(1)
+                    key = f"link-{name}" if links else name
+                    results[f"{kind}/{device}/{key}/rank{rank}"] = [digest(b) for b in batches]
     finally:
         for s in servers:
             s.stop(None).wait(10)
@@ -298,6 +348,10 @@ def main() -> int:
         for kind in ("plain", "typed"):
             partition(base / f"{kind}.npz", base / kind)
             results.update(run(kind, base / kind, "cpu"))
+            link_npz(base / f"{kind}.npz", base / f"{kind}-links.npz")
+            spec = "val=0.1,test=0.1,neg=5" + (",edge-type=" + "__".join(WRITES) if kind == "typed" else "")
+            partition(base / f"{kind}-links.npz", base / f"{kind}-links", "--link-split", spec)
+            results.update(run(kind, base / f"{kind}-links", "cpu", links=True))
             for device in filter(None, args.devices.split(",")):
                 results.update(sampler_digests(kind, base / kind, device))
     args.out.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")

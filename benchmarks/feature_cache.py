@@ -189,9 +189,9 @@ def compare_plans(part_dir: Path, warm: int, test: int, fractions: list[float],
     import torch
 
     from partitioner import load_partition
-    from sampling_server.hot_order import hot_order, in_degree, visit_scores
     from sampling_server.sampler import batch_key, create_sampler
     from sampling_server.sampler.fanouts import normalize_num_neighbors
+    from sampling_server.sampler.hot_order import hot_order, in_degree, visit_scores
 
     part = load_partition(part_dir, 0, verify="size", mmap=True)
     sampler = create_sampler(part, device="cpu")

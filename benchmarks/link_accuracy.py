@@ -6,7 +6,7 @@ PyG, and served by graphfeed servers (``--servers``) on a partitioning of the sa
 (``graphfeed-partition partition --preset citation2-small ...``). For every seed of
 ``--seeds`` both sides train ``graphfeed-train --task link``'s model (encoder, decoder,
 fanouts, batch size, negatives, epochs, learning rate and seed alike) with the trainer's
-own loop (:func:`trainer_client.link_task.run_link`: best validation epoch kept, tested
+own loop (:func:`trainer_client.loop.run`: best validation epoch kept, tested
 at the end), PyG's side through :mod:`trainer_client.link_pyg`, the service's through
 :func:`service_job`. Reports the test figure (MRR against the stored negatives) per seed,
 each side's mean and standard deviation, and Welch's t-test of the difference; writes
@@ -45,7 +45,8 @@ from trainer_client import train
 from trainer_client.cluster import Cluster
 from trainer_client.ddp import DistEnv
 from trainer_client.link_pyg import PygLinkGraph, StoredLinkSplit
-from trainer_client.link_task import LinkJob, build_link_job, cluster_link_job, run_link
+from trainer_client.link_task import LinkTask, build_link_task, cluster_link_task
+from trainer_client.loop import run
 
 log = logging.getLogger("bench.link_accuracy")
 
@@ -84,18 +85,18 @@ def pyg_graph(graph: Any) -> PygLinkGraph:
     return PygLinkGraph(hetero, splits, name=graph.name)
 
 
-def pyg_job(graph: PygLinkGraph, args: argparse.Namespace) -> LinkJob:
-    """PyG's side: the trainer's link job through PyG's ``LinkNeighborLoader``."""
+def pyg_job(graph: PygLinkGraph, args: argparse.Namespace) -> LinkTask:
+    """PyG's side: the trainer's link task through PyG's ``LinkNeighborLoader``."""
     make = partial(graph.loader, rank=0, world_size=1, seed=args.seed, device=ONE.device)
-    return build_link_job(make, graph.link_splits, graph.facts(), args, source="PyG's")
+    return build_link_task(make, graph.link_splits, graph.facts(), args, ONE, source="PyG's")
 
 
 # ---- the service's side ------------------------------------------------------------------
-def service_job(args: argparse.Namespace, cluster: Cluster) -> LinkJob:
-    """THE SERVICE'S SIDE: the trainer's link job on ``RemoteLinkNeighborLoader`` batches
+def service_job(args: argparse.Namespace, cluster: Cluster) -> LinkTask:
+    """THE SERVICE'S SIDE: the trainer's link task on ``RemoteLinkNeighborLoader`` batches
     streamed by the servers of ``cluster`` (exactly what ``graphfeed-train --task link
-    --servers ...`` trains on: :func:`trainer_client.link_task.cluster_link_job`)."""
-    return cluster_link_job(args, ONE, cluster)
+    --servers ...`` trains on: :func:`trainer_client.link_task.cluster_link_task`)."""
+    return cluster_link_task(args, ONE, cluster)
 
 
 def welch(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
@@ -141,16 +142,16 @@ def _betainc(a: float, b: float, x: float) -> float:
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One side's test figures per seed, their mean and standard deviation (ddof 1)."""
-    scores = [float(r["test_score"]) for r in runs]
+    scores = [float(r[f"test_{r['test_metric']}"]) for r in runs]
     return {"metric": runs[0]["test_metric"] if runs else None, "test": scores,
-            "val": [float(r["selected_val"]) for r in runs],
+            "val": [float(r[f"selected_val_{r['val_metric']}"]) for r in runs],
             "selected_epoch": [r["selected_epoch"] for r in runs],
             "mean": float(np.mean(scores)) if scores else float("nan"),
             "std": float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0,
             "seconds": [round(float(r["seconds"]), 1) for r in runs]}
 
 
-def compare(pyg: PygLinkGraph, service: Callable[[argparse.Namespace], LinkJob], seeds: Sequence[int],
+def compare(pyg: PygLinkGraph, service: Callable[[argparse.Namespace], LinkTask], seeds: Sequence[int],
             flags: Sequence[str]) -> dict[str, Any]:
     """Train the same model on both sides for every seed; the report (see the module doc)."""
     sides: dict[str, list[dict[str, Any]]] = {"pyg": [], "service": []}
@@ -158,9 +159,10 @@ def compare(pyg: PygLinkGraph, service: Callable[[argparse.Namespace], LinkJob],
         args = train.parse_args(["--servers", "unused:1", *flags, "--seed", str(seed)])
         for side, job in (("pyg", partial(pyg_job, pyg)), ("service", service)):
             started = time.perf_counter()
-            sides[side].append(run_link(args, ONE, job(args)))
-            log.info("seed %d, %s: test %s %.4f (%.0f s)", seed, side, sides[side][-1]["test_metric"],
-                     sides[side][-1]["test_score"], time.perf_counter() - started)
+            result = run(args, ONE, job(args))
+            sides[side].append(result)
+            log.info("seed %d, %s: test %s %.4f (%.0f s)", seed, side, result["test_metric"],
+                     result[f"test_{result['test_metric']}"], time.perf_counter() - started)
     report = {name: summary(runs) for name, runs in sides.items()}
     return {**report, "welch": welch(report["pyg"]["test"], report["service"]["test"]),
             "seeds": list(seeds), "flags": list(flags)}

@@ -57,7 +57,7 @@ from common import (
 )
 
 from partitioner import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE, load_partition, partition_graph
-from partitioner.format import Partition
+from partitioner.partition import Partition
 
 log = logging.getLogger("bench.sampler")
 

@@ -106,11 +106,10 @@ def main() -> int:
     result = json.loads(metrics.read_text())
     chance = f" (chance {GRAPHS[kind][3]:.3f})" if args.partition_dir is None else ""
     if kind == "link":
-        test = result["test"]
         print(f"demo done in {time.perf_counter() - started:.0f} s: link prediction, "
               f"{result['model']['model']} + {result['model']['decoder']} decoder, epoch "
-              f"{result['selected_epoch']} selected by validation MRR {result['selected_val']:.3f}; test MRR "
-              f"{test['mrr']:.3f}{chance}, hits@10 {test['hits@10']:.3f}")
+              f"{result['selected_epoch']} selected by validation MRR {result['selected_val_mrr']:.3f}; test "
+              f"MRR {result['test_mrr']:.3f}{chance}, hits@10 {result['test_hits@10']:.3f}")
         return 0
     print(f"demo done in {time.perf_counter() - started:.0f} s: {result['model']['model']}, epoch "
           f"{result['selected_epoch']} selected by validation, test accuracy "

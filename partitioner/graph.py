@@ -183,8 +183,9 @@ class GraphData:
     num_nodes: int
     #: ``[2, E]`` int64, row 0 the source and row 1 the target of each directed edge.
     edge_index: np.ndarray
-    #: ``[N, F]`` node features (float32, float16 or float64).
-    x: np.ndarray
+    #: ``[N, F]`` node features (float32, float16 or float64); None: the nodes have none
+    #: (a trainer gives them learnable embeddings).
+    x: np.ndarray | None
     #: ``[N]`` int64 class labels; ``-1`` marks an unlabeled node.
     y: np.ndarray
     #: Number of classes (labels lie in ``0 .. num_classes-1``).
@@ -210,7 +211,7 @@ class GraphData:
 
     @property
     def feature_dim(self) -> int:
-        return int(self.x.shape[1])
+        return 0 if self.x is None else int(self.x.shape[1])
 
     def validate(self, check_values: bool = True) -> None:
         """:meth:`TypedGraphData.validate` of its one-type view."""
@@ -232,7 +233,7 @@ def plain_view(graph: GraphData) -> TypedGraphData:
     t, et = PLAIN_NODE_TYPE, PLAIN_EDGE_TYPE
     return TypedGraphData(
         name=graph.name, num_nodes={t: graph.num_nodes}, edge_index={et: graph.edge_index},
-        x={t: graph.x}, target_type=t, y=graph.y, num_classes=graph.num_classes,
+        x={} if graph.x is None else {t: graph.x}, target_type=t, y=graph.y, num_classes=graph.num_classes,
         splits=dict(graph.splits),
         edge_weight={} if graph.edge_weight is None else {et: graph.edge_weight}, typed=False,
         edge_attr={} if graph.edge_attr is None else {et: graph.edge_attr},

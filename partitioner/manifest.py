@@ -245,7 +245,7 @@ class Manifest:
     def edge_book(self, edge_type: EdgeType) -> tuple[int, ...]:
         """``P+1`` offsets of ``edge_type``'s internal edge IDs: partition p holds the
         in-edges ``[book[p], book[p+1])``, numbered in the order of its CSC (the global
-        CSC that :func:`~partitioner.format.load_structure` joins is that numbering)."""
+        CSC that :func:`~partitioner.joins.load_structure` joins is that numbering)."""
         out = [0]
         for info in self.partitions:
             out.append(out[-1] + int(info.num_edges[edge_type]))

@@ -1,5 +1,6 @@
 """Synthetic citation graphs with learnable links: the presets ``citation2-small`` and
-``citation2-like`` (:mod:`partitioner.synthetic` lists them), shaped like ogbl-citation2.
+``citation2-like`` (:mod:`partitioner.synthetic` lists them), shaped like ogbl-citation2,
+and ``citation2-bare-small``, whose papers have no features.
 
 Every node (a paper) belongs to one of ``num_clusters`` latent clusters and is "published"
 in ID order (a lower ID is older). Each citation picks its citing paper ``v`` uniformly
@@ -47,7 +48,7 @@ class LinkPreset:
     num_citations: int
     #: Number of latent clusters (also the node labels' classes).
     num_clusters: int
-    #: Feature dimension.
+    #: Feature dimension (0: the papers have no features).
     feature_dim: int
     #: Probability that a citation stays within the citing paper's cluster.
     homophily: float
@@ -88,7 +89,8 @@ def generate_links(name: str, params: LinkPreset, seed: int, progress: bool) -> 
         neg = negative_destinations(rng, pos // n, keys, n, params.num_negatives, undirected=False)
         splits[split] = LinkSplit(PLAIN_EDGE_TYPE, pos // n, pos % n, neg_dst=neg)
     del keys, train
-    x = class_features(rng, cluster, params.num_clusters, params.feature_dim, params.feature_signal)
+    x = (class_features(rng, cluster, params.num_clusters, params.feature_dim, params.feature_signal)
+         if params.feature_dim else None)
     graph = GraphData(name=name, num_nodes=n, edge_index=edge_index, x=x, y=cluster,
                       num_classes=params.num_clusters, link_splits=splits)
     graph.validate(check_values=n <= 100_000)
@@ -138,6 +140,11 @@ LINK_PRESETS: dict[str, LinkPreset] = {
     # 5 % test citations with 100 negatives each: for tests and the demo.
     "citation2-small": LinkPreset(
         num_nodes=4000, num_citations=32_000, num_clusters=40, feature_dim=32, homophily=0.85,
+        feature_signal=2.0, held_out=1600, num_negatives=100),
+    # citation2-small without features: only a node's learnable embedding (and the
+    # structure) can tell its links, as on OGB's featureless ogbl-ddi and ogbl-ppa.
+    "citation2-bare-small": LinkPreset(
+        num_nodes=4000, num_citations=32_000, num_clusters=40, feature_dim=0, homophily=0.85,
         feature_signal=2.0, held_out=1600, num_negatives=100),
     # The size of ogbl-citation2: 2,927,963 papers, 30,561,187 citations, 128 float32
     # features, 86,956 val and test citations with 1000 negatives each, as OGB's.

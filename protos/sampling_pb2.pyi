@@ -2020,3 +2020,615 @@ class HasEdgesReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HasEdgesReply: _TypeAlias = HasEdgesReply  # noqa: Y015
+
+@_typing.final
+class RowInit(_message.Message):
+    """---------------------------------------------------------------------------------
+    Node tensors: model state that grows with the graph, held by the servers
+    (docs/wire.md "Node tensors"). A node tensor has a row per node of one type; each
+    server holds the rows of the nodes its partition owns. Rows are addressed by global
+    node ID (LookupNodes translates original IDs); a caller sends each server the nodes
+    it owns. A trainable tensor is updated by a sparse optimizer on the server from the
+    gradient rows every rank of a job pushes each step.
+    ---------------------------------------------------------------------------------
+
+    How a node tensor's rows start: keyed by the seed, the node's original ID and the
+    column, so the initial table is the same whatever the partitioning
+    (protos/row_init.py has the rule).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Kind:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _KindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[RowInit._Kind.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        ZEROS: RowInit._Kind.ValueType  # 0
+        """Every value 0."""
+        UNIFORM: RowInit._Kind.ValueType  # 1
+        """Uniform in [-scale, scale)."""
+        NORMAL: RowInit._Kind.ValueType  # 2
+        """Normal with mean 0 and standard deviation scale."""
+
+    class Kind(_Kind, metaclass=_KindEnumTypeWrapper):
+        """The distribution of the starting values."""
+
+    ZEROS: RowInit.Kind.ValueType  # 0
+    """Every value 0."""
+    UNIFORM: RowInit.Kind.ValueType  # 1
+    """Uniform in [-scale, scale)."""
+    NORMAL: RowInit.Kind.ValueType  # 2
+    """Normal with mean 0 and standard deviation scale."""
+
+    KIND_FIELD_NUMBER: _builtins.int
+    SCALE_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
+    kind: Global___RowInit.Kind.ValueType
+    """The distribution."""
+    scale: _builtins.float
+    """UNIFORM: the bound; NORMAL: the standard deviation; > 0 unless ZEROS."""
+    seed: _builtins.int
+    """The seed every value is drawn with."""
+    def __init__(
+        self,
+        *,
+        kind: Global___RowInit.Kind.ValueType = ...,
+        scale: _builtins.float = ...,
+        seed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "scale", b"scale", "seed", b"seed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RowInit: _TypeAlias = RowInit  # noqa: Y015
+
+@_typing.final
+class SparseOptimizer(_message.Message):
+    """The sparse optimizer that updates a trainable node tensor, as torch.optim.Adagrad
+    and torch.optim.SparseAdam update an nn.Embedding(sparse=True): only the rows a step
+    touched, with state kept per row beside them. Fields left 0 take torch's defaults
+    where one exists (eps; Adam's betas).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Kind:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _KindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[SparseOptimizer._Kind.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        OPTIMIZER_NONE: SparseOptimizer._Kind.ValueType  # 0
+        """Not trainable."""
+        ADAGRAD: SparseOptimizer._Kind.ValueType  # 1
+        """torch.optim.Adagrad (one sum of squared gradients per value)."""
+        ADAM: SparseOptimizer._Kind.ValueType  # 2
+        """torch.optim.SparseAdam (two moments per value)."""
+
+    class Kind(_Kind, metaclass=_KindEnumTypeWrapper):
+        """Which optimizer."""
+
+    OPTIMIZER_NONE: SparseOptimizer.Kind.ValueType  # 0
+    """Not trainable."""
+    ADAGRAD: SparseOptimizer.Kind.ValueType  # 1
+    """torch.optim.Adagrad (one sum of squared gradients per value)."""
+    ADAM: SparseOptimizer.Kind.ValueType  # 2
+    """torch.optim.SparseAdam (two moments per value)."""
+
+    KIND_FIELD_NUMBER: _builtins.int
+    LR_FIELD_NUMBER: _builtins.int
+    EPS_FIELD_NUMBER: _builtins.int
+    BETA1_FIELD_NUMBER: _builtins.int
+    BETA2_FIELD_NUMBER: _builtins.int
+    LR_DECAY_FIELD_NUMBER: _builtins.int
+    INITIAL_ACCUMULATOR_VALUE_FIELD_NUMBER: _builtins.int
+    kind: Global___SparseOptimizer.Kind.ValueType
+    """Which optimizer."""
+    lr: _builtins.float
+    """The learning rate; > 0."""
+    eps: _builtins.float
+    """Added to the denominator (Adagrad's default 1e-10, Adam's 1e-8)."""
+    beta1: _builtins.float
+    """ADAM: the first moment's decay rate (0.9)."""
+    beta2: _builtins.float
+    """ADAM: the second moment's decay rate (0.999)."""
+    lr_decay: _builtins.float
+    """ADAGRAD: the learning rate's decay per step (0)."""
+    initial_accumulator_value: _builtins.float
+    """ADAGRAD: the sum of squares every value starts with (0)."""
+    def __init__(
+        self,
+        *,
+        kind: Global___SparseOptimizer.Kind.ValueType = ...,
+        lr: _builtins.float = ...,
+        eps: _builtins.float = ...,
+        beta1: _builtins.float = ...,
+        beta2: _builtins.float = ...,
+        lr_decay: _builtins.float = ...,
+        initial_accumulator_value: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["beta1", b"beta1", "beta2", b"beta2", "eps", b"eps", "initial_accumulator_value", b"initial_accumulator_value", "kind", b"kind", "lr", b"lr", "lr_decay", b"lr_decay"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SparseOptimizer: _TypeAlias = SparseOptimizer  # noqa: Y015
+
+@_typing.final
+class NodeTensorSpec(_message.Message):
+    """What a node tensor is; equal specs make a creation idempotent."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    NODE_TYPE_FIELD_NUMBER: _builtins.int
+    DIMS_FIELD_NUMBER: _builtins.int
+    DTYPE_FIELD_NUMBER: _builtins.int
+    INIT_FIELD_NUMBER: _builtins.int
+    OPTIMIZER_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """A name of 1 .. 200 characters: letters, digits and ._-/ only."""
+    node_type: _builtins.str
+    """Its node type; empty: a plain graph's nodes (or the target type of a typed one)."""
+    dtype: Global___DType.ValueType
+    """FLOAT32, FLOAT16, BFLOAT16, FLOAT64, INT32 or INT64; FLOAT32 when trainable."""
+    job_id: _builtins.str
+    """The job whose gradient pushes update it (trainable tensors; any text)."""
+    @_builtins.property
+    def dims(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The shape of one row: [] for a scalar per node, [d] for an embedding of width d."""
+
+    @_builtins.property
+    def init(self) -> Global___RowInit:
+        """The rows it starts with."""
+
+    @_builtins.property
+    def optimizer(self) -> Global___SparseOptimizer:
+        """Its sparse optimizer (OPTIMIZER_NONE: not trainable)."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        node_type: _builtins.str = ...,
+        dims: _abc.Iterable[_builtins.int] | None = ...,
+        dtype: Global___DType.ValueType = ...,
+        init: Global___RowInit | None = ...,
+        optimizer: Global___SparseOptimizer | None = ...,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["init", b"init", "optimizer", b"optimizer"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dims", b"dims", "dtype", b"dtype", "init", b"init", "job_id", b"job_id", "name", b"name", "node_type", b"node_type", "optimizer", b"optimizer"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeTensorSpec: _TypeAlias = NodeTensorSpec  # noqa: Y015
+
+@_typing.final
+class NodeTensorInfo(_message.Message):
+    """A node tensor as one server holds it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPEC_FIELD_NUMBER: _builtins.int
+    NUM_ROWS_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    ROW_BYTES_FIELD_NUMBER: _builtins.int
+    STATE_BYTES_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    num_rows: _builtins.int
+    """Rows this server holds (its partition's nodes of the type)."""
+    step: _builtins.int
+    """Optimizer steps applied so far."""
+    row_bytes: _builtins.int
+    """Bytes of its rows on this server."""
+    state_bytes: _builtins.int
+    """Bytes of its optimizer state on this server."""
+    incarnation: _builtins.str
+    """Changes whenever the server's copy is made anew: at creation, when a restarted
+    server reloads its last snapshot, and at a restore. A caller that names another
+    incarnation than the tensor's is refused (FAILED_PRECONDITION): the rows it counted
+    on are gone.
+    """
+    created: _builtins.bool
+    """True when this call created it (false: it existed with the same spec)."""
+    @_builtins.property
+    def spec(self) -> Global___NodeTensorSpec:
+        """Its spec, with the server's defaults filled in."""
+
+    def __init__(
+        self,
+        *,
+        spec: Global___NodeTensorSpec | None = ...,
+        num_rows: _builtins.int = ...,
+        step: _builtins.int = ...,
+        row_bytes: _builtins.int = ...,
+        state_bytes: _builtins.int = ...,
+        incarnation: _builtins.str = ...,
+        created: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "incarnation", b"incarnation", "num_rows", b"num_rows", "row_bytes", b"row_bytes", "spec", b"spec", "state_bytes", b"state_bytes", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeTensorInfo: _TypeAlias = NodeTensorInfo  # noqa: Y015
+
+@_typing.final
+class CreateNodeTensorRequest(_message.Message):
+    """Creates a node tensor on one server (each server of the cluster is asked)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPEC_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    """Who asks (for logs)."""
+    @_builtins.property
+    def spec(self) -> Global___NodeTensorSpec:
+        """What to create."""
+
+    def __init__(
+        self,
+        *,
+        spec: Global___NodeTensorSpec | None = ...,
+        client_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "spec", b"spec"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateNodeTensorRequest: _TypeAlias = CreateNodeTensorRequest  # noqa: Y015
+
+@_typing.final
+class ReadRowsRequest(_message.Message):
+    """Rows of nodes this server owns, read after the given number of optimizer steps."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENSOR_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    AFTER_STEP_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    tensor: _builtins.str
+    """The node tensor's name."""
+    after_step: _builtins.int
+    """Wait (within the call's deadline) until this many optimizer steps are applied."""
+    incarnation: _builtins.str
+    """The incarnation the caller counts on (empty: any)."""
+    client_id: _builtins.str
+    """Who asks (for logs)."""
+    @_builtins.property
+    def nodes(self) -> Global___Tensor:
+        """INT64 [n] global IDs of nodes of the tensor's type this server owns."""
+
+    def __init__(
+        self,
+        *,
+        tensor: _builtins.str = ...,
+        nodes: Global___Tensor | None = ...,
+        after_step: _builtins.int = ...,
+        incarnation: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_step", b"after_step", "client_id", b"client_id", "incarnation", b"incarnation", "nodes", b"nodes", "tensor", b"tensor"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadRowsRequest: _TypeAlias = ReadRowsRequest  # noqa: Y015
+
+@_typing.final
+class RowsChunk(_message.Message):
+    """A slice of a ReadRows answer: the tensor "rows", [n, *dims] in the tensor's dtype,
+    in TensorChunks over one or more messages.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHUNK_INDEX_FIELD_NUMBER: _builtins.int
+    NUM_CHUNKS_FIELD_NUMBER: _builtins.int
+    TENSORS_FIELD_NUMBER: _builtins.int
+    chunk_index: _builtins.int
+    """Index of this message, in 0 .. num_chunks-1."""
+    num_chunks: _builtins.int
+    """Messages of the answer."""
+    @_builtins.property
+    def tensors(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorChunk]:
+        """Slices of "rows"."""
+
+    def __init__(
+        self,
+        *,
+        chunk_index: _builtins.int = ...,
+        num_chunks: _builtins.int = ...,
+        tensors: _abc.Iterable[Global___TensorChunk] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_index", b"chunk_index", "num_chunks", b"num_chunks", "tensors", b"tensors"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RowsChunk: _TypeAlias = RowsChunk  # noqa: Y015
+
+@_typing.final
+class RowsHeader(_message.Message):
+    """Names what the messages of a WriteRows or PushGradients call carry; sent in the first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENSOR_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    WORLD_SIZE_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    tensor: _builtins.str
+    """The node tensor's name."""
+    incarnation: _builtins.str
+    """The incarnation the caller counts on (empty: any)."""
+    job_id: _builtins.str
+    """PushGradients: the job training the tensor (NodeTensorSpec.job_id)."""
+    step: _builtins.int
+    """PushGradients: the step this push is for (1, 2, ...)."""
+    rank: _builtins.int
+    """PushGradients: the pushing rank, in 0 .. world_size-1."""
+    world_size: _builtins.int
+    """PushGradients: the number of ranks whose pushes make the step."""
+    client_id: _builtins.str
+    """Who sends (for logs)."""
+    def __init__(
+        self,
+        *,
+        tensor: _builtins.str = ...,
+        incarnation: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        step: _builtins.int = ...,
+        rank: _builtins.int = ...,
+        world_size: _builtins.int = ...,
+        client_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "incarnation", b"incarnation", "job_id", b"job_id", "rank", b"rank", "step", b"step", "tensor", b"tensor", "world_size", b"world_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RowsHeader: _TypeAlias = RowsHeader  # noqa: Y015
+
+@_typing.final
+class RowsUpload(_message.Message):
+    """A message of a WriteRows or PushGradients call: the header in the first, and the
+    tensors "nodes" (INT64 [n] global IDs this server owns) and "rows" ([n, *dims]: the
+    new rows, or each node's gradient summed over the rank's batch, FLOAT32) in
+    TensorChunks over the call's messages.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    TENSORS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___RowsHeader:
+        """The call's header (first message only)."""
+
+    @_builtins.property
+    def tensors(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorChunk]:
+        """Slices of "nodes" and "rows"."""
+
+    def __init__(
+        self,
+        *,
+        header: Global___RowsHeader | None = ...,
+        tensors: _abc.Iterable[Global___TensorChunk] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "tensors", b"tensors"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RowsUpload: _TypeAlias = RowsUpload  # noqa: Y015
+
+@_typing.final
+class WriteRowsReply(_message.Message):
+    """The answer to WriteRows."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: _builtins.int
+    rows: _builtins.int
+    """Rows written."""
+    def __init__(
+        self,
+        *,
+        rows: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteRowsReply: _TypeAlias = WriteRowsReply  # noqa: Y015
+
+@_typing.final
+class PushGradientsReply(_message.Message):
+    """The answer to PushGradients."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    DUPLICATE_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    """Steps applied once this push was counted."""
+    duplicate: _builtins.bool
+    """True when this (job, step, rank) had been pushed before: nothing was added again."""
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        duplicate: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duplicate", b"duplicate", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PushGradientsReply: _TypeAlias = PushGradientsReply  # noqa: Y015
+
+@_typing.final
+class NodeTensorsAtStep(_message.Message):
+    """Snapshots (or, in RestoreNodeTensors, reloads) the node tensors of a job at a step."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    PIN_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The job (NodeTensorSpec.job_id)."""
+    step: _builtins.int
+    """The step: SnapshotNodeTensors waits (within the call's deadline) until it is
+    applied; RestoreNodeTensors needs a snapshot of it.
+    """
+    client_id: _builtins.str
+    """Who asks (for logs)."""
+    pin: _builtins.bool
+    """SnapshotNodeTensors: keep this snapshot until another is pinned (a trainer's best
+    epoch so far), besides the two newest a tensor keeps.
+    """
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        step: _builtins.int = ...,
+        client_id: _builtins.str = ...,
+        pin: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "job_id", b"job_id", "pin", b"pin", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeTensorsAtStep: _TypeAlias = NodeTensorsAtStep  # noqa: Y015
+
+@_typing.final
+class NodeTensorsReply(_message.Message):
+    """The node tensors a snapshot or a restore covered, as they are now."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENSORS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tensors(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeTensorInfo]:
+        """One per tensor of the job on this server."""
+
+    def __init__(
+        self,
+        *,
+        tensors: _abc.Iterable[Global___NodeTensorInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tensors", b"tensors"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeTensorsReply: _TypeAlias = NodeTensorsReply  # noqa: Y015
+
+@_typing.final
+class FindNodeTensorRequest(_message.Message):
+    """Names a node tensor to find (its spec comes back)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The node tensor's name."""
+    client_id: _builtins.str
+    """Who asks (for logs)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FindNodeTensorRequest: _TypeAlias = FindNodeTensorRequest  # noqa: Y015
+
+@_typing.final
+class DropNodeTensorRequest(_message.Message):
+    """Removes a node tensor from a server (its snapshots stay unless forget)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    FORGET_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The node tensor's name."""
+    client_id: _builtins.str
+    """Who asks (for logs)."""
+    forget: _builtins.bool
+    """Delete its snapshots too (nothing can be resumed from them any more)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+        forget: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "forget", b"forget", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropNodeTensorRequest: _TypeAlias = DropNodeTensorRequest  # noqa: Y015
+
+@_typing.final
+class DropNodeTensorReply(_message.Message):
+    """The answer to DropNodeTensor."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DROPPED_FIELD_NUMBER: _builtins.int
+    dropped: _builtins.bool
+    """False when no tensor had the name."""
+    def __init__(
+        self,
+        *,
+        dropped: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropNodeTensorReply: _TypeAlias = DropNodeTensorReply  # noqa: Y015

@@ -444,3 +444,390 @@ class PeerService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class NodeTensorServiceStub:
+    """Model state on the servers: node tensors, their sparse optimizers and snapshots.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.CreateNodeTensor = channel.unary_unary(
+                '/graphfeed.v1.NodeTensorService/CreateNodeTensor',
+                request_serializer=protos_dot_sampling__pb2.CreateNodeTensorRequest.SerializeToString,
+                response_deserializer=protos_dot_sampling__pb2.NodeTensorInfo.FromString,
+                _registered_method=True)
+        self.FindNodeTensor = channel.unary_unary(
+                '/graphfeed.v1.NodeTensorService/FindNodeTensor',
+                request_serializer=protos_dot_sampling__pb2.FindNodeTensorRequest.SerializeToString,
+                response_deserializer=protos_dot_sampling__pb2.NodeTensorInfo.FromString,
+                _registered_method=True)
+        self.ReadRows = channel.unary_stream(
+                '/graphfeed.v1.NodeTensorService/ReadRows',
+                request_serializer=protos_dot_sampling__pb2.ReadRowsRequest.SerializeToString,
+                response_deserializer=protos_dot_sampling__pb2.RowsChunk.FromString,
+                _registered_method=True)
+        self.WriteRows = channel.stream_unary(
+                '/graphfeed.v1.NodeTensorService/WriteRows',
+                request_serializer=protos_dot_sampling__pb2.RowsUpload.SerializeToString,
+                response_deserializer=protos_dot_sampling__pb2.WriteRowsReply.FromString,
+                _registered_method=True)
+        self.PushGradients = channel.stream_unary(
+                '/graphfeed.v1.NodeTensorService/PushGradients',
+                request_serializer=protos_dot_sampling__pb2.RowsUpload.SerializeToString,
+                response_deserializer=protos_dot_sampling__pb2.PushGradientsReply.FromString,
+                _registered_method=True)
+        self.SnapshotNodeTensors = channel.unary_unary(
+                '/graphfeed.v1.NodeTensorService/SnapshotNodeTensors',
+                request_serializer=protos_dot_sampling__pb2.NodeTensorsAtStep.SerializeToString,
+                response_deserializer=protos_dot_sampling__pb2.NodeTensorsReply.FromString,
+                _registered_method=True)
+        self.RestoreNodeTensors = channel.unary_unary(
+                '/graphfeed.v1.NodeTensorService/RestoreNodeTensors',
+                request_serializer=protos_dot_sampling__pb2.NodeTensorsAtStep.SerializeToString,
+                response_deserializer=protos_dot_sampling__pb2.NodeTensorsReply.FromString,
+                _registered_method=True)
+        self.DropNodeTensor = channel.unary_unary(
+                '/graphfeed.v1.NodeTensorService/DropNodeTensor',
+                request_serializer=protos_dot_sampling__pb2.DropNodeTensorRequest.SerializeToString,
+                response_deserializer=protos_dot_sampling__pb2.DropNodeTensorReply.FromString,
+                _registered_method=True)
+
+
+class NodeTensorServiceServicer:
+    """Model state on the servers: node tensors, their sparse optimizers and snapshots.
+    """
+
+    def CreateNodeTensor(self, request, context):
+        """Creates a node tensor, or finds the one of the same spec (another spec under the
+        same name: ALREADY_EXISTS naming both).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FindNodeTensor(self, request, context):
+        """The node tensor of a name, as this server holds it (NOT_FOUND: none).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadRows(self, request, context):
+        """Rows of nodes this server owns, once the steps asked for are applied.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteRows(self, request_iterator, context):
+        """Sets rows of nodes this server owns.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushGradients(self, request_iterator, context):
+        """One rank's gradient rows of one step; the step is applied, as the mean over the
+        job's ranks, once every rank has pushed it. Pushing a (job, step, rank) again adds
+        nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SnapshotNodeTensors(self, request, context):
+        """Writes the job's tensors and optimizer state at the step beside the partition.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestoreNodeTensors(self, request, context):
+        """Reloads the job's tensors and optimizer state from their snapshot at the step.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropNodeTensor(self, request, context):
+        """Removes a node tensor from this server (its snapshots stay).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_NodeTensorServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'CreateNodeTensor': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateNodeTensor,
+                    request_deserializer=protos_dot_sampling__pb2.CreateNodeTensorRequest.FromString,
+                    response_serializer=protos_dot_sampling__pb2.NodeTensorInfo.SerializeToString,
+            ),
+            'FindNodeTensor': grpc.unary_unary_rpc_method_handler(
+                    servicer.FindNodeTensor,
+                    request_deserializer=protos_dot_sampling__pb2.FindNodeTensorRequest.FromString,
+                    response_serializer=protos_dot_sampling__pb2.NodeTensorInfo.SerializeToString,
+            ),
+            'ReadRows': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadRows,
+                    request_deserializer=protos_dot_sampling__pb2.ReadRowsRequest.FromString,
+                    response_serializer=protos_dot_sampling__pb2.RowsChunk.SerializeToString,
+            ),
+            'WriteRows': grpc.stream_unary_rpc_method_handler(
+                    servicer.WriteRows,
+                    request_deserializer=protos_dot_sampling__pb2.RowsUpload.FromString,
+                    response_serializer=protos_dot_sampling__pb2.WriteRowsReply.SerializeToString,
+            ),
+            'PushGradients': grpc.stream_unary_rpc_method_handler(
+                    servicer.PushGradients,
+                    request_deserializer=protos_dot_sampling__pb2.RowsUpload.FromString,
+                    response_serializer=protos_dot_sampling__pb2.PushGradientsReply.SerializeToString,
+            ),
+            'SnapshotNodeTensors': grpc.unary_unary_rpc_method_handler(
+                    servicer.SnapshotNodeTensors,
+                    request_deserializer=protos_dot_sampling__pb2.NodeTensorsAtStep.FromString,
+                    response_serializer=protos_dot_sampling__pb2.NodeTensorsReply.SerializeToString,
+            ),
+            'RestoreNodeTensors': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreNodeTensors,
+                    request_deserializer=protos_dot_sampling__pb2.NodeTensorsAtStep.FromString,
+                    response_serializer=protos_dot_sampling__pb2.NodeTensorsReply.SerializeToString,
+            ),
+            'DropNodeTensor': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropNodeTensor,
+                    request_deserializer=protos_dot_sampling__pb2.DropNodeTensorRequest.FromString,
+                    response_serializer=protos_dot_sampling__pb2.DropNodeTensorReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'graphfeed.v1.NodeTensorService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('graphfeed.v1.NodeTensorService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class NodeTensorService:
+    """Model state on the servers: node tensors, their sparse optimizers and snapshots.
+    """
+
+    @staticmethod
+    def CreateNodeTensor(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/graphfeed.v1.NodeTensorService/CreateNodeTensor',
+            protos_dot_sampling__pb2.CreateNodeTensorRequest.SerializeToString,
+            protos_dot_sampling__pb2.NodeTensorInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FindNodeTensor(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/graphfeed.v1.NodeTensorService/FindNodeTensor',
+            protos_dot_sampling__pb2.FindNodeTensorRequest.SerializeToString,
+            protos_dot_sampling__pb2.NodeTensorInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadRows(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/graphfeed.v1.NodeTensorService/ReadRows',
+            protos_dot_sampling__pb2.ReadRowsRequest.SerializeToString,
+            protos_dot_sampling__pb2.RowsChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteRows(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/graphfeed.v1.NodeTensorService/WriteRows',
+            protos_dot_sampling__pb2.RowsUpload.SerializeToString,
+            protos_dot_sampling__pb2.WriteRowsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushGradients(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/graphfeed.v1.NodeTensorService/PushGradients',
+            protos_dot_sampling__pb2.RowsUpload.SerializeToString,
+            protos_dot_sampling__pb2.PushGradientsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SnapshotNodeTensors(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/graphfeed.v1.NodeTensorService/SnapshotNodeTensors',
+            protos_dot_sampling__pb2.NodeTensorsAtStep.SerializeToString,
+            protos_dot_sampling__pb2.NodeTensorsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreNodeTensors(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/graphfeed.v1.NodeTensorService/RestoreNodeTensors',
+            protos_dot_sampling__pb2.NodeTensorsAtStep.SerializeToString,
+            protos_dot_sampling__pb2.NodeTensorsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropNodeTensor(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/graphfeed.v1.NodeTensorService/DropNodeTensor',
+            protos_dot_sampling__pb2.DropNodeTensorRequest.SerializeToString,
+            protos_dot_sampling__pb2.DropNodeTensorReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -212,3 +212,133 @@ class PeerServiceServicer(metaclass=_abc_1.ABCMeta):
         """
 
 def add_PeerServiceServicer_to_server(servicer: PeerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class NodeTensorServiceStub:
+    """Model state on the servers: node tensors, their sparse optimizers and snapshots."""
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> NodeTensorServiceAsyncStub: ...
+    CreateNodeTensor: _grpc.UnaryUnaryMultiCallable[_sampling_pb2.CreateNodeTensorRequest, _sampling_pb2.NodeTensorInfo]
+    """Creates a node tensor, or finds the one of the same spec (another spec under the
+    same name: ALREADY_EXISTS naming both).
+    """
+    FindNodeTensor: _grpc.UnaryUnaryMultiCallable[_sampling_pb2.FindNodeTensorRequest, _sampling_pb2.NodeTensorInfo]
+    """The node tensor of a name, as this server holds it (NOT_FOUND: none)."""
+    ReadRows: _grpc.UnaryStreamMultiCallable[_sampling_pb2.ReadRowsRequest, _sampling_pb2.RowsChunk]
+    """Rows of nodes this server owns, once the steps asked for are applied."""
+    WriteRows: _grpc.StreamUnaryMultiCallable[_sampling_pb2.RowsUpload, _sampling_pb2.WriteRowsReply]
+    """Sets rows of nodes this server owns."""
+    PushGradients: _grpc.StreamUnaryMultiCallable[_sampling_pb2.RowsUpload, _sampling_pb2.PushGradientsReply]
+    """One rank's gradient rows of one step; the step is applied, as the mean over the
+    job's ranks, once every rank has pushed it. Pushing a (job, step, rank) again adds
+    nothing.
+    """
+    SnapshotNodeTensors: _grpc.UnaryUnaryMultiCallable[_sampling_pb2.NodeTensorsAtStep, _sampling_pb2.NodeTensorsReply]
+    """Writes the job's tensors and optimizer state at the step beside the partition."""
+    RestoreNodeTensors: _grpc.UnaryUnaryMultiCallable[_sampling_pb2.NodeTensorsAtStep, _sampling_pb2.NodeTensorsReply]
+    """Reloads the job's tensors and optimizer state from their snapshot at the step."""
+    DropNodeTensor: _grpc.UnaryUnaryMultiCallable[_sampling_pb2.DropNodeTensorRequest, _sampling_pb2.DropNodeTensorReply]
+    """Removes a node tensor from this server (its snapshots stay)."""
+
+@_typing.type_check_only
+class NodeTensorServiceAsyncStub(NodeTensorServiceStub):
+    """Model state on the servers: node tensors, their sparse optimizers and snapshots."""
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    CreateNodeTensor: _aio.UnaryUnaryMultiCallable[_sampling_pb2.CreateNodeTensorRequest, _sampling_pb2.NodeTensorInfo]  # type: ignore[assignment]
+    """Creates a node tensor, or finds the one of the same spec (another spec under the
+    same name: ALREADY_EXISTS naming both).
+    """
+    FindNodeTensor: _aio.UnaryUnaryMultiCallable[_sampling_pb2.FindNodeTensorRequest, _sampling_pb2.NodeTensorInfo]  # type: ignore[assignment]
+    """The node tensor of a name, as this server holds it (NOT_FOUND: none)."""
+    ReadRows: _aio.UnaryStreamMultiCallable[_sampling_pb2.ReadRowsRequest, _sampling_pb2.RowsChunk]  # type: ignore[assignment]
+    """Rows of nodes this server owns, once the steps asked for are applied."""
+    WriteRows: _aio.StreamUnaryMultiCallable[_sampling_pb2.RowsUpload, _sampling_pb2.WriteRowsReply]  # type: ignore[assignment]
+    """Sets rows of nodes this server owns."""
+    PushGradients: _aio.StreamUnaryMultiCallable[_sampling_pb2.RowsUpload, _sampling_pb2.PushGradientsReply]  # type: ignore[assignment]
+    """One rank's gradient rows of one step; the step is applied, as the mean over the
+    job's ranks, once every rank has pushed it. Pushing a (job, step, rank) again adds
+    nothing.
+    """
+    SnapshotNodeTensors: _aio.UnaryUnaryMultiCallable[_sampling_pb2.NodeTensorsAtStep, _sampling_pb2.NodeTensorsReply]  # type: ignore[assignment]
+    """Writes the job's tensors and optimizer state at the step beside the partition."""
+    RestoreNodeTensors: _aio.UnaryUnaryMultiCallable[_sampling_pb2.NodeTensorsAtStep, _sampling_pb2.NodeTensorsReply]  # type: ignore[assignment]
+    """Reloads the job's tensors and optimizer state from their snapshot at the step."""
+    DropNodeTensor: _aio.UnaryUnaryMultiCallable[_sampling_pb2.DropNodeTensorRequest, _sampling_pb2.DropNodeTensorReply]  # type: ignore[assignment]
+    """Removes a node tensor from this server (its snapshots stay)."""
+
+class NodeTensorServiceServicer(metaclass=_abc_1.ABCMeta):
+    """Model state on the servers: node tensors, their sparse optimizers and snapshots."""
+
+    @_abc_1.abstractmethod
+    def CreateNodeTensor(
+        self,
+        request: _sampling_pb2.CreateNodeTensorRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sampling_pb2.NodeTensorInfo, _abc.Awaitable[_sampling_pb2.NodeTensorInfo]]:
+        """Creates a node tensor, or finds the one of the same spec (another spec under the
+        same name: ALREADY_EXISTS naming both).
+        """
+
+    @_abc_1.abstractmethod
+    def FindNodeTensor(
+        self,
+        request: _sampling_pb2.FindNodeTensorRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sampling_pb2.NodeTensorInfo, _abc.Awaitable[_sampling_pb2.NodeTensorInfo]]:
+        """The node tensor of a name, as this server holds it (NOT_FOUND: none)."""
+
+    @_abc_1.abstractmethod
+    def ReadRows(
+        self,
+        request: _sampling_pb2.ReadRowsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_sampling_pb2.RowsChunk], _abc.AsyncIterator[_sampling_pb2.RowsChunk]]:
+        """Rows of nodes this server owns, once the steps asked for are applied."""
+
+    @_abc_1.abstractmethod
+    def WriteRows(
+        self,
+        request_iterator: _MaybeAsyncIterator[_sampling_pb2.RowsUpload],
+        context: _ServicerContext,
+    ) -> _typing.Union[_sampling_pb2.WriteRowsReply, _abc.Awaitable[_sampling_pb2.WriteRowsReply]]:
+        """Sets rows of nodes this server owns."""
+
+    @_abc_1.abstractmethod
+    def PushGradients(
+        self,
+        request_iterator: _MaybeAsyncIterator[_sampling_pb2.RowsUpload],
+        context: _ServicerContext,
+    ) -> _typing.Union[_sampling_pb2.PushGradientsReply, _abc.Awaitable[_sampling_pb2.PushGradientsReply]]:
+        """One rank's gradient rows of one step; the step is applied, as the mean over the
+        job's ranks, once every rank has pushed it. Pushing a (job, step, rank) again adds
+        nothing.
+        """
+
+    @_abc_1.abstractmethod
+    def SnapshotNodeTensors(
+        self,
+        request: _sampling_pb2.NodeTensorsAtStep,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sampling_pb2.NodeTensorsReply, _abc.Awaitable[_sampling_pb2.NodeTensorsReply]]:
+        """Writes the job's tensors and optimizer state at the step beside the partition."""
+
+    @_abc_1.abstractmethod
+    def RestoreNodeTensors(
+        self,
+        request: _sampling_pb2.NodeTensorsAtStep,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sampling_pb2.NodeTensorsReply, _abc.Awaitable[_sampling_pb2.NodeTensorsReply]]:
+        """Reloads the job's tensors and optimizer state from their snapshot at the step."""
+
+    @_abc_1.abstractmethod
+    def DropNodeTensor(
+        self,
+        request: _sampling_pb2.DropNodeTensorRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sampling_pb2.DropNodeTensorReply, _abc.Awaitable[_sampling_pb2.DropNodeTensorReply]]:
+        """Removes a node tensor from this server (its snapshots stay)."""
+
+def add_NodeTensorServiceServicer_to_server(servicer: NodeTensorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

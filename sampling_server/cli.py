@@ -18,7 +18,6 @@ from protos import allocator, codec
 from sampling_server.config import (
     DEFAULT_PORT,
     FEATURE_HOLDINGS,
-    HOT_ORDERS,
     STRUCTURES,
     VERIFY_MODES,
     ConfigError,
@@ -26,6 +25,7 @@ from sampling_server.config import (
     parse_peers,
 )
 from sampling_server.feature_placement import parse_gpu_cache_size
+from sampling_server.sampler.hot_order import HOT_ORDERS
 
 log = logging.getLogger("sampling_server")
 #: Seconds the process may take to exit once the server stopped.
@@ -207,6 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
     logs_early = parser.add_argument_group("metrics")
     logs_early.add_argument("--metrics-port", type=int, metavar="PORT",
                             help="serve Prometheus metrics on http://<listen host>:PORT/metrics (off)")
+    state = parser.add_argument_group("node tensors (model state on the servers, docs/training.md)")
+    state.add_argument("--state-dir", type=Path, metavar="DIR",
+                       help="where node tensors' snapshots are written and read, in its "
+                       "pPARTITION; servers may share one (PARTITION_DIR/state)")
+    state.add_argument("--node-tensor-memory", metavar="SIZE",
+                       help="memory node tensors and their optimizer state may take: a fraction "
+                       "of the host's memory or a size, e.g. 8GiB (50%%)")
     load = parser.add_argument_group("loading")
     load.add_argument("--verify", choices=VERIFY_MODES,
                       help="check files by SHA-256 (full) or by size and header only (full)")
@@ -264,7 +271,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         "stream_evict_after": args.stream_evict_after, "admit_wait": args.admit_wait,
         "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca,
         "token_file": args.token_file, "metrics_port": args.metrics_port,
-        "insecure": args.insecure,
+        "insecure": args.insecure, "state_dir": args.state_dir,
+        "node_tensor_memory": args.node_tensor_memory,
     }
     if args.cluster is not None:
         return ServerConfig.from_cluster_yaml(args.cluster, args.partition, **overrides)

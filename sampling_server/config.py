@@ -26,7 +26,9 @@ from typing import Any
 import yaml
 
 from protos import codec
+from protos.sizes import parse_cache_amount
 from sampling_server.feature_placement import parse_gpu_cache_size
+from sampling_server.sampler.hot_order import HOT_ORDER, HOT_ORDERS
 
 #: Port a server listens on when nothing else is said.
 DEFAULT_PORT = 50051
@@ -39,10 +41,6 @@ STRUCTURES: tuple[str, ...] = ("auto", "partition", "full")
 #: Whose features and labels a server gathers itself: its own partition's nodes' (the
 #: owners answer for the others), every node's, or the latter where it costs little.
 FEATURE_HOLDINGS: tuple[str, ...] = STRUCTURES
-#: Rules a server may order its nodes by for trainers' feature caches
-#: (sampling_server/hot_order.py), and the default one.
-HOT_ORDERS: tuple[str, ...] = ("visits_v1", "in_degree_v1")
-HOT_ORDER = HOT_ORDERS[0]
 
 
 class ConfigError(ValueError):
@@ -112,7 +110,7 @@ class ServerConfig:
     #: Memory-map the partition's arrays (True) or read them into memory (False).
     mmap: bool = True
     #: The rule ordering this partition's nodes for trainers' feature caches (one of
-    #: :data:`HOT_ORDERS`, ``ClusterInfo.hot_order``).
+    #: :data:`~sampling_server.sampler.hot_order.HOT_ORDERS`, ``ClusterInfo.hot_order``).
     hot_order: str = HOT_ORDER
     #: Trainer streams served at once; more get RESOURCE_EXHAUSTED (keeps gRPC threads
     #: free for peer calls, so servers never starve each other). They are shared fairly
@@ -168,11 +166,17 @@ class ServerConfig:
     #: Serve beyond loopback without TLS or a token. Off: such a server refuses to start
     #: (secure by default); on loopback a server starts either way.
     insecure: bool = False
+    #: Where node tensors' snapshots are written and read, in its ``p<partition>``
+    #: (None: ``partition_dir``'s ``state``); servers may share one.
+    state_dir: Path | None = None
+    #: Memory the node tensors and their optimizer state may take: a fraction of the
+    #: host's memory (``0.5``, ``"50%"``) or a size (``"8GiB"``).
+    node_tensor_memory: str | float = "50%"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "partition_dir", Path(self.partition_dir))
         object.__setattr__(self, "peers", tuple(str(p) for p in self.peers))
-        for name in ("tls_cert", "tls_key", "tls_ca", "token_file"):
+        for name in ("tls_cert", "tls_key", "tls_ca", "token_file", "state_dir"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, Path(value))
@@ -232,6 +236,21 @@ class ServerConfig:
                "a port 0 .. 65535", self.metrics_port)
         _check(self.stream_idle_timeout > 0, "stream_idle_timeout", "seconds > 0",
                self.stream_idle_timeout)
+        try:
+            memory = parse_cache_amount(self.node_tensor_memory, "node_tensor_memory", _MEMORY)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        _check(memory.kind != "auto", "node_tensor_memory", _MEMORY, self.node_tensor_memory)
+
+    @property
+    def node_tensor_dir(self) -> Path:
+        """Where this server's node tensor snapshots live (:attr:`state_dir`)."""
+        return (self.state_dir or self.partition_dir / "state") / f"p{self.partition}"
+
+    def node_tensor_bytes(self, host_memory: int) -> int:
+        """The bytes :attr:`node_tensor_memory` allows on a host of ``host_memory`` bytes."""
+        size = parse_cache_amount(self.node_tensor_memory, "node_tensor_memory", _MEMORY)
+        return int(size.amount if size.kind == "bytes" else size.amount * host_memory)
 
     @property
     def listen_port(self) -> int:
@@ -250,6 +269,9 @@ class ServerConfig:
         ``overrides`` (non-None values) win over the file."""
         return config_from_cluster(load_cluster_file(path), partition, source=str(path),
                                    **overrides)
+
+
+_MEMORY = "a fraction of the host's memory (0.5, '50%') or a size ('8GiB')"
 
 
 def _check(ok: bool, name: str, expected: str, got: object) -> None:

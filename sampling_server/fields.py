@@ -1,5 +1,5 @@
 """Checks of request fields every service shares: node-ID tensors and the dtype features
-travel in."""
+(node or edge) travel in."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from sampling_server.errors import RequestError
 
 #: Feature dtypes a request may ask for on the wire (UNSPECIFIED: the stored one).
 FEATURE_WIRE_DTYPES: tuple[codec.WireDType, ...] = (pb.DTYPE_UNSPECIFIED, pb.FLOAT32, pb.FLOAT16, pb.BFLOAT16)
+#: The stored dtypes of edge features that travel in the requested dtype (as node features).
+_FLOAT = (pb.FLOAT16, pb.BFLOAT16, pb.FLOAT32, pb.FLOAT64)
 
 
 def decode_node_ids(msg: pb.Tensor, field: str, what: str = "node IDs") -> np.ndarray:
@@ -38,6 +40,12 @@ def wire_feature_dtype(requested: int, stored: codec.WireDType, field: str) -> c
                            f"({codec.dtype_name(stored)}) or dtype_unspecified, got "
                            f"{codec.dtype_name(requested)}")
     return stored if requested == pb.DTYPE_UNSPECIFIED else cast(codec.WireDType, requested)
+
+
+def edge_wire_dtype(requested: codec.WireDType, stored: codec.WireDType) -> codec.WireDType:
+    """The dtype edge features travel in: floating-point features in ``requested`` (the
+    batch's feature dtype; unspecified: as stored), other features as stored."""
+    return requested if stored in _FLOAT and requested != pb.DTYPE_UNSPECIFIED else stored
 
 
 def cast_features(x: torch.Tensor, dtype: int) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The hot orders of every partition, for the trainer-side feature cache.
 
 Each partition's nodes of each type are ordered from hottest to coldest by a rule every
-party computes alike from the partition alone (:mod:`sampling_server.hot_order`,
+party computes alike from the partition alone (:mod:`sampling_server.sampler.hot_order`,
 ``ClusterInfo.hot_order``). A trainer's cache plan is one count per partition per cached
 node type (``EpochRequest.cache_counts`` for a plain graph's one type,
 ``EpochRequest.typed_cache_counts`` per type): it holds the features of the first
@@ -29,8 +29,8 @@ from protos import sampling_pb2_grpc as pb_grpc
 from protos.codec import decode_tensor, encode_tensor
 from sampling_server.errors import RequestError
 from sampling_server.fields import cast_features
-from sampling_server.hot_order import PLAN_BITSETS, hot_order, plan_bitset, plan_flags
 from sampling_server.peer_client import PeerClient
+from sampling_server.sampler.hot_order import PLAN_BITSETS, hot_order, plan_bitset, plan_flags
 from sampling_server.store import PartitionStore
 
 __all__ = ["HotNodes"]

@@ -109,7 +109,7 @@ class ServerMetrics:
                            ["partition", "what", "extent"], registry=r)
         self._evicted = Counter("graphfeed_streams_evicted",
                                 "Streams a server ended to free their slot, by reason: fair_share "
-                                "(a client over its share left it unread while another waited), "
+                                "(taken back from a client over its share while another waited), "
                                 "idle (--stream-idle-timeout)", ["partition", "reason"], registry=r)
         self._partition = str(partition)
         self._http: Any = None

@@ -1,9 +1,10 @@
 """The calling side of cross-partition work: :class:`PeerClient` asks the other
-partitions' servers (``PeerService``) to draw one hop of a frontier, for feature and
-label rows and for original IDs; :class:`PeerRemote` is one stream's view of it, the
-sampler's :class:`~sampling_server.sampler.base.Remote`. One batched call per peer per
-relation and hop (per node type for node data), peers called concurrently, every call
-with a deadline; any failure raises :class:`~protos.channel.PeerError` naming the peer.
+partitions' servers (``PeerService``) to draw one hop of a frontier, for node rows
+(features, labels, original IDs) and edge rows (original IDs, features), and whether
+pairs are edges; :class:`PeerRemote` is one stream's view of it, the sampler's
+:class:`~sampling_server.sampler.peers.Remote`. One batched call per peer per relation
+and hop (per type for rows), peers called concurrently, every call with a deadline; any
+failure raises :class:`~protos.channel.PeerError` naming the peer.
 """
 
 from __future__ import annotations
@@ -29,12 +30,10 @@ from protos.channel import GraphfeedError, PeerError, ProtocolError, create_chan
 from protos.security import Security
 from sampling_server.metrics import ServerMetrics
 from sampling_server.sampler import HopSample
+from sampling_server.sampler.peers import EdgeRows, NodeRows
 
 T = TypeVar("T")
 
-NodeData = tuple[torch.Tensor | None, torch.Tensor | None]
-#: Original edge IDs and features of some edges (either None when not asked).
-EdgeRows = tuple[torch.Tensor | None, torch.Tensor | None]
 #: Most node IDs one request carries (their tensor must fit in one message).
 MAX_NODES_PER_CALL = codec.MAX_CHUNK_BYTES // 8
 #: Attempts of one peer call that fails with UNAVAILABLE (within its one deadline).
@@ -142,54 +141,29 @@ class PeerClient:
 
         parts = self._run(nodes_by_partition, call)
         return {p: HopSample(_joined([h.counts for h in hs]), _joined([h.neighbors for h in hs]),
-                             _cat([h.edges for h in hs]) if edges else None)
+                             _joined([h.edges for h in hs if h.edges is not None]) if edges else None)
                 for p, hs in parts.items()}
 
     def node_data(
         self, nodes_by_partition: Mapping[int, torch.Tensor], features: bool, labels: bool,
         options: PeerCallOptions = PeerCallOptions(), node_type: str = "",
-    ) -> dict[int, NodeData]:
+    ) -> dict[int, NodeRows]:
         """Features and/or labels of each partition's nodes, of ``node_type`` on a typed graph."""
         if not features and not labels:
             return {p: (None, None) for p in nodes_by_partition}
-
-        def call(p: int, nodes: np.ndarray) -> NodeData:
-            request = pb.FetchNodeDataRequest(
-                nodes=codec.encode_tensor(nodes), want_features=features, want_labels=labels,
-                feature_dtype=options.feature_dtype, client_id=self.client_id,
-                node_type=node_type, expect=self._expect(p))
-            expected = {n for n, want in (("x", features), ("y", labels)) if want}
-            with self._errors(p, "FetchNodeData"), self._timed("peer_fetch"):
-                got = self._retrying(lambda timeout: _receive(
-                    self._stubs[p].FetchNodeData(request, timeout=timeout), expected))
-                x, y = got.get("x"), got.get("y")
-                _check_answer((x is None or x.shape[0] == nodes.size)
-                              and (y is None or y.shape == (nodes.size,)),
-                              f"rows {None if x is None else list(x.shape)} / "
-                              f"{None if y is None else list(y.shape)} for {nodes.size} nodes")
-            return x, y
-
-        parts = self._run(nodes_by_partition, call)
-        return {p: (_cat([x for x, _ in rows]), _cat([y for _, y in rows]))
-                for p, rows in parts.items()}
+        got = self._rows("FetchNodeData", nodes_by_partition, lambda p, nodes: pb.FetchNodeDataRequest(
+            nodes=codec.encode_tensor(nodes), want_features=features, want_labels=labels,
+            feature_dtype=options.feature_dtype, client_id=self.client_id, node_type=node_type,
+            expect=self._expect(p)), {n for n, want in (("x", features), ("y", labels)) if want})
+        return {p: (rows.get("x"), rows.get("y")) for p, rows in got.items()}
 
     def orig_ids(self, nodes_by_partition: Mapping[int, torch.Tensor],
                  node_type: str = "") -> dict[int, torch.Tensor]:
         """Original IDs of each partition's nodes, of ``node_type`` on a typed graph."""
-        def call(p: int, nodes: np.ndarray) -> torch.Tensor:
-            request = pb.FetchNodeDataRequest(nodes=codec.encode_tensor(nodes),
-                                              want_original_ids=True, client_id=self.client_id,
-                                              node_type=node_type, expect=self._expect(p))
-            with self._errors(p, "FetchNodeData"), self._timed("peer_fetch"):
-                got = self._retrying(lambda timeout: _receive(
-                    self._stubs[p].FetchNodeData(request, timeout=timeout), {"orig_id"}))
-                orig = got["orig_id"]
-                _check_answer(orig.shape == (nodes.size,),
-                              f"orig_id {list(orig.shape)} for {nodes.size} nodes")
-            return orig
-
-        parts = self._run(nodes_by_partition, call)
-        return {p: _joined(ids) for p, ids in parts.items()}
+        got = self._rows("FetchNodeData", nodes_by_partition, lambda p, nodes: pb.FetchNodeDataRequest(
+            nodes=codec.encode_tensor(nodes), want_original_ids=True, client_id=self.client_id,
+            node_type=node_type, expect=self._expect(p)), {"orig_id"})
+        return {p: rows["orig_id"] for p, rows in got.items()}
 
     def edge_data(
         self, edges_by_partition: Mapping[int, torch.Tensor], ids: bool, features: bool,
@@ -199,25 +173,11 @@ class PeerClient:
         ``edge_type`` (``src__rel__dst``) on a typed graph."""
         if not ids and not features:
             return {p: (None, None) for p in edges_by_partition}
-
-        def call(p: int, edges: np.ndarray) -> EdgeRows:
-            request = pb.FetchEdgeDataRequest(
-                edges=codec.encode_tensor(edges), edge_type=edge_type, want_edge_ids=ids,
-                want_features=features, feature_dtype=feature_dtype, client_id=self.client_id,
-                expect=self._expect(p))
-            expected = {n for n, want in (("e_id", ids), ("edge_attr", features)) if want}
-            with self._errors(p, "FetchEdgeData"), self._timed("peer_fetch"):
-                got = self._retrying(lambda timeout: _receive(
-                    self._stubs[p].FetchEdgeData(request, timeout=timeout), expected))
-                e_id, attr = got.get("e_id"), got.get("edge_attr")
-                _check_answer((e_id is None or e_id.shape == (edges.size,))
-                              and (attr is None or attr.shape[:1] == (edges.size,)),
-                              f"e_id {None if e_id is None else list(e_id.shape)} / edge_attr "
-                              f"{None if attr is None else list(attr.shape)} for {edges.size} edges")
-            return e_id, attr
-
-        parts = self._run(edges_by_partition, call)
-        return {p: (_cat([e for e, _ in rows]), _cat([a for _, a in rows])) for p, rows in parts.items()}
+        got = self._rows("FetchEdgeData", edges_by_partition, lambda p, edges: pb.FetchEdgeDataRequest(
+            edges=codec.encode_tensor(edges), edge_type=edge_type, want_edge_ids=ids,
+            want_features=features, feature_dtype=feature_dtype, client_id=self.client_id,
+            expect=self._expect(p)), {n for n, want in (("e_id", ids), ("edge_attr", features)) if want})
+        return {p: (rows.get("e_id"), rows.get("edge_attr")) for p, rows in got.items()}
 
     def has_edges(self, pairs_by_partition: Mapping[int, tuple[np.ndarray, np.ndarray]], edge_type: str = ""
                   ) -> dict[int, np.ndarray]:
@@ -240,6 +200,24 @@ class PeerClient:
         return {p: np.concatenate(found) for p, found in parts.items()}
 
     # -- plumbing --------------------------------------------------------------------
+    def _rows(self, method: str, ids_by_partition: Mapping[int, torch.Tensor],
+              request: Callable[[int, np.ndarray], Message], names: set[str]
+              ) -> dict[int, dict[str, torch.Tensor]]:
+        """The rows ``names`` that ``method`` (``FetchNodeData`` or ``FetchEdgeData``)
+        answers for each partition's IDs, one row per ID, in their order: features
+        (``x``, ``edge_attr``) of any width, the others one value each."""
+        def call(p: int, ids: np.ndarray) -> dict[str, torch.Tensor]:
+            with self._errors(p, method), self._timed("peer_fetch"):
+                got = self._retrying(lambda timeout: _receive(
+                    getattr(self._stubs[p], method)(request(p, ids), timeout=timeout), names))
+                shapes = {n: list(t.shape) for n, t in got.items()}
+                _check_answer(all(s[:1] == [ids.size] and (len(s) == 1 or n in ("x", "edge_attr"))
+                                  for n, s in shapes.items()), f"{shapes} for {ids.size} IDs")
+            return got
+
+        parts = self._run(ids_by_partition, call)
+        return {p: {n: _joined([r[n] for r in rows]) for n in names} for p, rows in parts.items()}
+
     def _run(
         self, nodes_by_partition: Mapping[int, torch.Tensor], call: Callable[[int, np.ndarray], T]
     ) -> dict[int, list[T]]:
@@ -317,7 +295,7 @@ class PeerClient:
 
 
 class PeerRemote:
-    """One stream's :class:`~sampling_server.sampler.base.Remote`: a :class:`PeerClient`
+    """One stream's :class:`~sampling_server.sampler.peers.Remote`: a :class:`PeerClient`
     with the stream's options. On a plain graph (not ``typed``) the calls name no type
     (the wire's plain form); on a typed one they name the relation or node type.
     ``feature_types``: the node types with features."""
@@ -337,7 +315,7 @@ class PeerRemote:
                                      edges=edges)
 
     def node_data(self, node_type: str, nodes_by_partition: Mapping[int, torch.Tensor],
-                  features: bool, labels: bool) -> dict[int, NodeData]:
+                  features: bool, labels: bool) -> dict[int, NodeRows]:
         return self.client.node_data(nodes_by_partition, features and node_type in self.feature_types,
                                      labels, self.options, node_type=node_type if self.typed else "")
 
@@ -350,9 +328,9 @@ class PeerRemote:
         return self.client.has_edges(pairs_by_partition, edge_type_name(edge_type) if self.typed else "")
 
     def edge_data(self, edge_type: EdgeType, edges_by_partition: Mapping[int, torch.Tensor], ids: bool,
-                  features: bool, feature_dtype: codec.WireDType) -> dict[int, EdgeRows]:
-        """The :class:`~sampling_server.sampler.edge_rows.EdgeRemote` call."""
-        return self.client.edge_data(edges_by_partition, ids, features, feature_dtype,
+                  features: bool, dtype: torch.dtype | None) -> dict[int, EdgeRows]:
+        return self.client.edge_data(edges_by_partition, ids, features,
+                                     pb.DTYPE_UNSPECIFIED if dtype is None else codec.torch_to_dtype(dtype),
                                      edge_type=edge_type_name(edge_type) if self.typed else "")
 
 
@@ -406,8 +384,3 @@ def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
     is one slice (as almost always), which ``torch.cat`` would copy."""
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-
-def _cat(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
-    if any(p is None for p in parts):
-        return None
-    return _joined([p for p in parts if p is not None])

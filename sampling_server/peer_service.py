@@ -4,30 +4,32 @@
 (:meth:`NeighborSampler.sample_relation`; with ``want_edges`` the drawn edges' internal
 IDs too), ``FetchNodeData`` reads their feature and label rows and original IDs,
 ``FetchEdgeData`` the original IDs and features of edges held here
-(:mod:`sampling_server.sampler.edge_rows`); all answer in stream chunks. A plain graph's
-requests name no type; a typed graph's name the relation (``edge_type``) or the node
-type.
+(:meth:`NeighborSampler.edge_rows_local`), ``HasEdges`` tests pairs. Every call opens
+alike (:meth:`PeerServicer._opened`); rows, node or edge, are read and sent slice by
+slice. A plain graph's requests name no type; a typed graph's name the relation
+(``edge_type``) or the node type.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 
 import grpc
 import numpy as np
 import torch
+from google.protobuf.message import Message
 
 from partitioner.graph import edge_type_name
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
 from sampling_server.errors import RequestError, abort_on_error
-from sampling_server.expectation import check_expectation
-from sampling_server.fields import cast_features, decode_node_ids, wire_feature_dtype
+from sampling_server.expectation import ExpectingRequest, check_expectation
+from sampling_server.fields import cast_features, decode_node_ids, edge_wire_dtype, wire_feature_dtype
 from sampling_server.limits import check_peer_edge_limits, check_peer_limits
 from sampling_server.metrics import ServerMetrics
-from sampling_server.sampler.base import edges_of
-from sampling_server.sampler.edge_rows import edge_wire_dtype, local_edge_rows
+from sampling_server.sampler.peers import edges_of
 from sampling_server.store import PartitionStore
 
 
@@ -58,59 +60,56 @@ class PeerServicer:
         metrics = self.metrics
         return None if metrics is None else lambda code: metrics.rejected(method, code)
 
-    def SampleNeighbors(self, request: pb.SampleNeighborsRequest, context: grpc.ServicerContext
-                        ) -> Iterator[bytes]:
+    @contextmanager
+    def _opened(self, method: str, request: ExpectingRequest, context: grpc.ServicerContext
+                ) -> Iterator[None]:
+        """The opening every peer call shares: the call noted (:attr:`last_call`), every
+        failure inside answered with its status (:func:`abort_on_error`), the caller's
+        expectation checked, and refused while the partition loads."""
         self.last_call = time.monotonic()
-        with abort_on_error(context, "SampleNeighbors", self.store.partition_id,
-                            self._rejected("SampleNeighbors")):
+        with abort_on_error(context, method, self.store.partition_id, self._rejected(method)):
             check_expectation(request, self.store, hot_order=False)
-            started = time.perf_counter()
-            messages = self._sample(request)
-            self._answered("answer_sample", time.perf_counter() - started)
-        yield from messages
+            self.store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
+            yield
 
-    def FetchNodeData(self, request: pb.FetchNodeDataRequest, context: grpc.ServicerContext
-                      ) -> Iterator[bytes]:
-        self.last_call = time.monotonic()
-        with abort_on_error(context, "FetchNodeData", self.store.partition_id,
-                            self._rejected("FetchNodeData")):
-            check_expectation(request, self.store, hot_order=False)
-            nodes, dtype, node_type = self._check_fetch(request)
-            messages = self._fetch(request, nodes, dtype, node_type)
-            working = 0.0  # gathering and encoding, not waiting for gRPC to take a message
+    def _serve(self, method: str, request: ExpectingRequest, context: grpc.ServicerContext, stage: str,
+               answer: Callable[[], Iterator[bytes]]) -> Iterator[bytes]:
+        """A streamed peer call: after :meth:`_opened`, the messages of ``answer()`` (a
+        generator: it checks the request, then makes them), sent until the caller goes away;
+        the time spent making them (not waiting for gRPC to take one) counted as ``stage``."""
+        with self._opened(method, request, context):
+            messages, working = iter(answer()), 0.0
             while True:
                 started = time.perf_counter()
                 message = next(messages, None)
                 working += time.perf_counter() - started
                 if message is None:
                     break
-                if not context.is_active():  # the caller went away: stop gathering
+                if not context.is_active():  # the caller went away: stop answering
                     return
                 yield message
-            self._answered("answer_fetch", working)
+            self._answered(stage, working)
+
+    def SampleNeighbors(self, request: pb.SampleNeighborsRequest, context: grpc.ServicerContext
+                        ) -> Iterator[bytes]:
+        return self._serve("SampleNeighbors", request, context, "answer_sample",
+                           lambda: self._sample(request))
+
+    def FetchNodeData(self, request: pb.FetchNodeDataRequest, context: grpc.ServicerContext
+                      ) -> Iterator[bytes]:
+        return self._serve("FetchNodeData", request, context, "answer_fetch",
+                           lambda: self._fetch(request))
 
     def FetchEdgeData(self, request: pb.FetchEdgeDataRequest, context: grpc.ServicerContext
                       ) -> Iterator[bytes]:
-        self.last_call = time.monotonic()
-        with abort_on_error(context, "FetchEdgeData", self.store.partition_id,
-                            self._rejected("FetchEdgeData")):
-            check_expectation(request, self.store, hot_order=False)
-            started = time.perf_counter()
-            messages = self._fetch_edges(request)
-            self._answered("answer_fetch", time.perf_counter() - started)
-        for message in messages:
-            if not context.is_active():  # the caller went away
-                return
-            yield message
+        return self._serve("FetchEdgeData", request, context, "answer_fetch",
+                           lambda: self._fetch_edges(request))
 
     def HasEdges(self, request: pb.HasEdgesRequest, context: grpc.ServicerContext) -> pb.HasEdgesReply:
-        self.last_call = time.monotonic()
-        with abort_on_error(context, "HasEdges", self.store.partition_id, self._rejected("HasEdges")):
-            check_expectation(request, self.store, hot_order=False)
+        with self._opened("HasEdges", request, context):
             started = time.perf_counter()
             field = "HasEdgesRequest"
             store = self.store
-            store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
             src = decode_node_ids(request.src, f"{field}.src")
             dst = decode_node_ids(request.dst, f"{field}.dst")
             if src.size != dst.size:
@@ -127,32 +126,48 @@ class PeerServicer:
             return pb.HasEdgesReply(found=codec.encode_tensor(found))
         return pb.HasEdgesReply()  # pragma: no cover - abort_on_error aborts
 
-    def _fetch_edges(self, request: pb.FetchEdgeDataRequest) -> list[bytes]:
+    def _fetch_edges(self, request: pb.FetchEdgeDataRequest) -> Iterator[bytes]:
+        """The request checked, then its answer's messages (:meth:`_in_slices`)."""
         field = "FetchEdgeDataRequest"
         store = self.store
-        store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
-        edges = decode_node_ids(request.edges, f"{field}.edges", "internal edge IDs")
-        check_peer_edge_limits(store.config, edges.size, field)
+        edges = torch.from_numpy(decode_node_ids(request.edges, f"{field}.edges", "internal edge IDs"))
+        check_peer_edge_limits(store.config, edges.numel(), field)
         et = store.edge_type_of(request.edge_type, f"{field}.edge_type")
         if not store.has_edge_ids:
             raise RequestError(f"{field}: expected partitions with edge IDs, this graph's were written "
                                "without them (partition it again)", grpc.StatusCode.FAILED_PRECONDITION)
-        if request.want_features and et not in store.edge_feature_dtypes:
+        info = store.edge_feature_info(et)
+        if request.want_features and info is None:
             raise RequestError(f"{field}.want_features: expected false, edge type "
                                f"{edge_type_name(et)!r} has no edge features")
-        stored = store.edge_feature_dtypes.get(et, pb.FLOAT32)
+        stored = info.dtype if info is not None else pb.FLOAT32
         if request.want_features:
             wire_feature_dtype(request.feature_dtype, stored, f"{field}.feature_dtype")  # a bad one refused
         dtype = edge_wire_dtype(request.feature_dtype, stored)
-        data = store.edge_data
+        sampler = store.sampler()
         try:
-            e_id, attr = local_edge_rows(data, et, edges, request.want_edge_ids, request.want_features, dtype,
-                                         f"{field}.edges")
+            sampler.check_edges_held(et, edges, f"{field}.edges")
         except ValueError as exc:  # an edge not held here
             raise RequestError(str(exc)) from None
-        named = {name: t for name, t in (("e_id", e_id), ("edge_attr", attr)) if t is not None}
-        return fastwire.encode_chunks(lambda i, n: pb.EdgeDataChunk(chunk_index=i, num_chunks=n),
-                                      named, self.chunk_bytes)
+        width = int(np.prod(info.shape)) * codec.dtype_to_numpy(dtype).itemsize if info is not None else 0
+        row_bytes = (8 if request.want_edge_ids else 0) + (width if request.want_features else 0)
+        yield from self._in_slices(edges.numel(), row_bytes, pb.EdgeDataChunk, lambda a, b: dict(zip(
+            ("e_id", "edge_attr"), sampler.edge_rows_local(et, edges[a:b], request.want_edge_ids,
+                                                           request.want_features, codec.dtype_to_torch(dtype),
+                                                           f"{field}.edges"), strict=True)))
+
+    def _in_slices(self, count: int, row_bytes: int, chunk: type[Message],
+                   rows_of: Callable[[int, int], Mapping[str, torch.Tensor | None]]) -> Iterator[bytes]:
+        """An answer's messages, read and encoded slice by slice of the ``count`` IDs asked
+        (``rows_of(a, b)``: the rows of IDs ``a`` to ``b`` by name, None where not asked; at
+        most about ``chunk_bytes`` of rows a slice), so the whole answer is never built."""
+        rows = max(1, self.chunk_bytes // max(row_bytes, 1))
+        slices = [(i, min(i + rows, count)) for i in range(0, max(count, 1), rows)]
+        for k, (a, b) in enumerate(slices):
+            pieces = [codec.row_piece(name, part, a, count) for name, part in rows_of(a, b).items()
+                      if part is not None]
+            # the rows' bytes copied once, into the message (protos.fastwire)
+            yield fastwire.encode_message(chunk(chunk_index=k, num_chunks=len(slices)), pieces)
 
     def _answered(self, stage: str, seconds: float) -> None:
         """Count the work of one peer answer (its reading, sampling or gathering, and
@@ -160,10 +175,9 @@ class PeerServicer:
         if self.metrics is not None:
             self.metrics.observe(stage, seconds)
 
-    def _sample(self, request: pb.SampleNeighborsRequest) -> list[bytes]:
+    def _sample(self, request: pb.SampleNeighborsRequest) -> Iterator[bytes]:
         field = "SampleNeighborsRequest"
         store = self.store
-        store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
         nodes = decode_node_ids(request.nodes, f"{field}.nodes")
         et = store.edge_type_of(request.edge_type, f"{field}.edge_type")
         check_peer_limits(store.config, nodes.size, request.fanout, store.manifest.edge_types[et], field,
@@ -184,24 +198,22 @@ class PeerServicer:
         if request.want_edges:
             named["edges"] = edges_of(drawn, "sample_relation")
         # each payload byte copied once, into its message (protos.fastwire)
-        return fastwire.encode_chunks(lambda i, n: pb.SampleNeighborsChunk(chunk_index=i, num_chunks=n),
+        yield from fastwire.encode_chunks(lambda i, n: pb.SampleNeighborsChunk(chunk_index=i, num_chunks=n),
                                       named, self.chunk_bytes)
 
-    def _check_fetch(self, request: pb.FetchNodeDataRequest) -> tuple[np.ndarray, codec.WireDType, str]:
-        """The request's nodes, the features' wire dtype and the nodes' type."""
+    def _fetch(self, request: pb.FetchNodeDataRequest) -> Iterator[bytes]:
+        """The request checked, then its answer's messages (:meth:`_in_slices`)."""
         field = "FetchNodeDataRequest"
-        store = self.store
-        store.partition  # noqa: B018 - raises NotLoaded (UNAVAILABLE) while loading
+        store, m = self.store, self.store.manifest
         nodes = decode_node_ids(request.nodes, f"{field}.nodes")
         check_peer_limits(store.config, nodes.size, None, 0, field)
-        m = store.manifest
         if store.typed and not request.node_type:
             raise RequestError(f"{field}.node_type: expected one of {list(m.node_types)} (the graph "
                                "is typed), got none")
         node_type = store.node_type_of(request.node_type, f"{field}.node_type")
         store.check_owned(nodes, f"{field}.nodes", node_type)
-        info = m.node_types[node_type]
-        if request.want_features and not info.feature_dim:
+        width = m.node_types[node_type].feature_dim
+        if request.want_features and not width:
             raise RequestError(f"{field}.want_features: expected false, node type {node_type!r} has "
                                "no features")
         if request.want_labels and node_type != m.target_type:
@@ -209,25 +221,16 @@ class PeerServicer:
                                f"{m.target_type!r} has labels, got node type {node_type!r}")
         dtype = wire_feature_dtype(request.feature_dtype, store.feature_dtypes.get(node_type, pb.FLOAT32),
                                    f"{field}.feature_dtype")
-        return nodes, dtype, node_type
-
-    def _fetch(self, request: pb.FetchNodeDataRequest, nodes: np.ndarray, dtype: codec.WireDType,
-               node_type: str) -> Iterator[bytes]:
-        """The answer's messages, gathered and encoded slice by slice of the nodes (at
-        most about ``chunk_bytes`` of rows each), so the whole answer is never built."""
-        sampler, width = self.store.sampler(), self.store.manifest.node_types[node_type].feature_dim
+        sampler = store.sampler()
         row_bytes = (width * codec.dtype_to_numpy(dtype).itemsize if request.want_features else 0) \
             + (8 if request.want_labels else 0) + (8 if request.want_original_ids else 0)
-        rows = max(1, self.chunk_bytes // max(row_bytes, 1))
-        slices = [(i, min(i + rows, nodes.size)) for i in range(0, max(nodes.size, 1), rows)]
-        for k, (a, b) in enumerate(slices):
+
+        def rows_of(a: int, b: int) -> dict[str, torch.Tensor | None]:
             ids = torch.from_numpy(nodes[a:b])
             # cast on the way where the sampler can (a CPU gather into bfloat16)
             x, y = sampler.gather(node_type, ids.to(sampler.device), features=request.want_features,
                                   labels=request.want_labels, dtype=codec.dtype_to_torch(dtype))
             orig = sampler.orig_ids_local(node_type, ids) if request.want_original_ids else None
-            pieces = [codec.row_piece(name, cast_features(part, dtype) if name == "x" else part,
-                                      a, nodes.size)
-                      for name, part in (("x", x), ("y", y), ("orig_id", orig)) if part is not None]
-            # the rows' bytes copied once, into the message (protos.fastwire)
-            yield fastwire.encode_message(pb.NodeDataChunk(chunk_index=k, num_chunks=len(slices)), pieces)
+            return {"x": None if x is None else cast_features(x, dtype), "y": y, "orig_id": orig}
+
+        yield from self._in_slices(nodes.size, row_bytes, pb.NodeDataChunk, rows_of)

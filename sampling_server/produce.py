@@ -3,7 +3,7 @@ peers for the rest, :class:`~sampling_server.peer_client.PeerRemote`), gather ea
 type's rows (only those the trainer's feature cache lacks, with a cache plan; straight
 into the stream messages where they span several), look up original IDs beside the
 gather, read the sampled edges' original IDs and features where asked
-(:mod:`sampling_server.sampler.edge_rows`), and name the tensors as ``docs/wire.md``
+(:meth:`~sampling_server.sampler.gather.Gatherer.edge_rows`), and name the tensors as ``docs/wire.md``
 says: a plain graph's without a type (``n_id``, ``edge_index``, ``x``), a typed graph's
 with one (``n_id/<type>``, ``edge_index/<src__rel__dst>``), in compact form where asked.
 """
@@ -27,14 +27,13 @@ from protos import codec, compact, fastwire
 from protos import sampling_pb2 as pb
 from protos.plan import BatchRef
 from sampling_server.errors import printable
-from sampling_server.fields import wire_feature_dtype
+from sampling_server.fields import edge_wire_dtype, wire_feature_dtype
 from sampling_server.hot import HotNodes
 from sampling_server.jobs import EpochJob
 from sampling_server.link_jobs import LinkJob
 from sampling_server.messages import Prepared, chunk_head
 from sampling_server.peer_client import PeerCallOptions, PeerClient, PeerRemote
 from sampling_server.sampler import NeighborSampler, batch_key
-from sampling_server.sampler.edge_rows import edge_rows, edge_wire_dtype
 from sampling_server.sampler.links import exclude_edges, link_seeds
 from sampling_server.sampler.rows import begin
 from sampling_server.sampler.types import SamplerOutput
@@ -96,7 +95,7 @@ def produce(ctx: Producer, job: EpochJob, ref: BatchRef) -> Prepared:
                 rows.extend(messages)
     if job.edges:
         with ctx.stage("gather"):
-            named.update(_edge_tensors(ctx, job, out, remote, name))
+            named.update(_edge_tensors(ctx, job, sampler, out, remote, name))
     for t, lookup in orig_ids.items():
         orig = lookup.result()  # bounded: peer calls carry deadlines
         named[name("orig_id", t)] = compact.narrowest(orig.cpu(), compact.INDEX_DTYPES) \
@@ -128,17 +127,17 @@ def _link_sample(ctx: Producer, job: EpochJob, links: LinkJob, sampler: Neighbor
     return out, {name(kind, et): tensor for kind, tensor in made.tensors.items()}
 
 
-def _edge_tensors(ctx: Producer, job: EpochJob, out: SamplerOutput, remote: PeerRemote | None,
-                  name: Callable[[str, EdgeType], str]) -> dict[str, codec.TensorLike]:
+def _edge_tensors(ctx: Producer, job: EpochJob, sampler: NeighborSampler, out: SamplerOutput,
+                  remote: PeerRemote | None, name: Callable[[str, EdgeType], str]
+                  ) -> dict[str, codec.TensorLike]:
     """Each relation's "e_id" and "edge_attr" as the job asks (features only of the
     relations with them), aligned with its edges."""
-    store = ctx.store
     named: dict[str, codec.TensorLike] = {}
     for et, edges in out.edge.items():
-        stored = store.edge_feature_dtypes.get(et)
-        e_id, attr = edge_rows(store.edge_data, store.edge_book(et), et, edges, job.edge_ids,
-                               job.edge_features and stored is not None,
-                               edge_wire_dtype(job.feature_dtype, stored or pb.FLOAT32), remote)
+        stored = ctx.store.edge_feature_dtypes.get(et)
+        dtype = None if stored is None else codec.dtype_to_torch(edge_wire_dtype(job.feature_dtype, stored))
+        e_id, attr = sampler.edge_rows(et, edges, ids=job.edge_ids, dtype=dtype, remote=remote,
+                                       features=job.edge_features and dtype is not None)
         if e_id is not None:
             named[name("e_id", et)] = compact.narrowest(e_id, compact.INDEX_DTYPES) if job.compact else e_id
         if attr is not None:

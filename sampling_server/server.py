@@ -1,4 +1,5 @@
-"""The sampling server process: gRPC server, health, background load, shutdown.
+"""The sampling server process: gRPC server, health (:mod:`sampling_server.health`),
+background load, shutdown.
 
 :func:`create_server` builds and binds a server (port 0 picks a free one) and returns it
 with its port, without starting it; :meth:`SamplingServer.start` starts serving at once
@@ -6,13 +7,6 @@ and loads the partition in the background, so the health service answers
 ``NOT_SERVING`` (rather than nothing) while a big partition loads. :func:`serve` is the
 process's main loop: start, wait for SIGTERM/SIGINT, set health NOT_SERVING, let
 running streams finish for ``grace`` seconds, exit.
-
-Health (``grpc.health.v1``): ``graphfeed.v1.PeerService`` is SERVING once the partition
-is loaded (what peers probe, so servers never wait on each other in a circle); the
-overall status ``""`` and ``graphfeed.v1.SamplingService`` are SERVING once the
-partition is loaded **and** every peer's PeerService answers SERVING. A background
-thread keeps probing the peers (with a deadline, backing off while one is down), so a
-lost peer turns this server NOT_SERVING too.
 """
 
 from __future__ import annotations
@@ -30,17 +24,19 @@ from typing import Any
 
 import grpc
 import torch
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 
 from protos import fastwire
 from protos import sampling_pb2 as pb
-from protos import sampling_pb2_grpc as pb_grpc
-from protos.channel import GraphfeedError, rpc_errors, server_options
+from protos.channel import server_options
 from protos.ports import write_port_file
 from protos.security import Security, SecurityError, read_token, require_credentials
 from sampling_server.config import ConfigError, ServerConfig
 from sampling_server.errors import MalformedRequest, bounded, lenient
+from sampling_server.health import PEER_SERVICE, SAMPLING_SERVICE, HealthMonitor
 from sampling_server.metrics import ServerMetrics
+from sampling_server.node_tensor_service import NodeTensorCollector, NodeTensorServicer
+from sampling_server.node_tensors import NodeTensors
 from sampling_server.peer_client import PeerClient
 from sampling_server.peer_service import PeerServicer
 from sampling_server.pipeline import SamplingPipeline
@@ -48,18 +44,14 @@ from sampling_server.sampler import cpu_kernels
 from sampling_server.servicer import SamplingServicer
 from sampling_server.store import PartitionStore
 from sampling_server.stream_slots import SlotCollector
+from sampling_server.structure import total_host_memory
 from sampling_server.threads import kernel_threads, limit_kernel_threads
 
 log = logging.getLogger(__name__)
 
-SAMPLING_SERVICE = "graphfeed.v1.SamplingService"
-PEER_SERVICE = "graphfeed.v1.PeerService"
+NODE_TENSOR_SERVICE = "graphfeed.v1.NodeTensorService"
 #: gRPC handler threads beyond ``max_streams``: peer calls, health checks, cluster info.
 EXTRA_HANDLER_THREADS = 32
-#: Longest deadline of one peer health probe.
-MAX_PROBE_TIMEOUT_S = 5.0
-#: First wait between probes while a peer is down (doubles up to ``health_interval``).
-PROBE_BACKOFF_S = 0.1
 #: Longest time a draining server gives peer calls in flight once it stops.
 PEER_DRAIN_S = 2.0
 #: A draining server whose own streams are done still answers its peers (their streams
@@ -72,10 +64,6 @@ PEER_QUIET_S = 5.0
 #: wakes it (seen as a drain that never started). Waking this often bounds that delay.
 SIGNAL_POLL_S = 0.2
 
-_SERVING = health_pb2.HealthCheckResponse.SERVING
-_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
 # -- request handlers --------------------------------------------------------------------
 def _guarded(method: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[..., Any]:
     def handle(request: Any, context: grpc.ServicerContext) -> Any:
@@ -85,7 +73,8 @@ def _guarded(method: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[...
     return handle
 
 
-def _add_services(server: grpc.Server, sampling: SamplingServicer, peer: PeerServicer) -> None:
+def _add_services(server: grpc.Server, sampling: SamplingServicer, peer: PeerServicer,
+                  tensors: NodeTensorServicer) -> None:
     services = {
         SAMPLING_SERVICE: {
             "GetClusterInfo": grpc.unary_unary_rpc_method_handler(
@@ -116,6 +105,29 @@ def _add_services(server: grpc.Server, sampling: SamplingServicer, peer: PeerSer
                 pb.HasEdgesReply.SerializeToString),
         },
     }
+    services[NODE_TENSOR_SERVICE] = {
+        "CreateNodeTensor": grpc.unary_unary_rpc_method_handler(
+            _guarded(tensors.CreateNodeTensor), lenient(pb.CreateNodeTensorRequest),
+            pb.NodeTensorInfo.SerializeToString),
+        "FindNodeTensor": grpc.unary_unary_rpc_method_handler(
+            _guarded(tensors.FindNodeTensor), lenient(pb.FindNodeTensorRequest),
+            pb.NodeTensorInfo.SerializeToString),
+        "ReadRows": grpc.unary_stream_rpc_method_handler(
+            _guarded(tensors.ReadRows), lenient(pb.ReadRowsRequest), pb.RowsChunk.SerializeToString),
+        "WriteRows": grpc.stream_unary_rpc_method_handler(
+            tensors.WriteRows, lenient(pb.RowsUpload), pb.WriteRowsReply.SerializeToString),
+        "PushGradients": grpc.stream_unary_rpc_method_handler(
+            tensors.PushGradients, lenient(pb.RowsUpload), pb.PushGradientsReply.SerializeToString),
+        "SnapshotNodeTensors": grpc.unary_unary_rpc_method_handler(
+            _guarded(tensors.SnapshotNodeTensors), lenient(pb.NodeTensorsAtStep),
+            pb.NodeTensorsReply.SerializeToString),
+        "RestoreNodeTensors": grpc.unary_unary_rpc_method_handler(
+            _guarded(tensors.RestoreNodeTensors), lenient(pb.NodeTensorsAtStep),
+            pb.NodeTensorsReply.SerializeToString),
+        "DropNodeTensor": grpc.unary_unary_rpc_method_handler(
+            _guarded(tensors.DropNodeTensor), lenient(pb.DropNodeTensorRequest),
+            pb.DropNodeTensorReply.SerializeToString),
+    }
     for name, handlers in services.items():
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
         server.add_registered_method_handlers(name, handlers)
@@ -134,142 +146,6 @@ def _add_health(server: grpc.Server, servicer: health.HealthServicer) -> None:
     }
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(health.SERVICE_NAME, handlers),))
-
-
-# -- health ------------------------------------------------------------------------------
-class HealthMonitor:
-    """Keeps the health statuses true: probes the peers' PeerService in the background
-    once the partition is loaded."""
-
-    def __init__(self, servicer: health.HealthServicer, partition: int, peers: PeerClient | None,
-                 *, probe_timeout: float, interval: float, fingerprint: str = "") -> None:
-        self.servicer = servicer
-        self.partition = partition
-        #: This server's graph fingerprint, which every peer must share.
-        self.fingerprint = fingerprint
-        self.problem: str | None = None
-        self._wrong: set[int] = set()
-        self.peers = peers
-        self.probe_timeout = min(probe_timeout, MAX_PROBE_TIMEOUT_S)
-        self.interval = interval
-        #: Set while the overall status is SERVING.
-        self.serving = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None  # set once started
-        self._thread_lock = threading.Lock()
-        self._down: dict[int, str] | None = None
-        for service in ("", SAMPLING_SERVICE, PEER_SERVICE):
-            servicer.set(service, _NOT_SERVING)
-
-    def loaded(self) -> None:
-        """The partition is loaded: serve peers, start probing them."""
-        self.servicer.set(PEER_SERVICE, _SERVING)
-        with self._thread_lock:  # a stop racing the end of the load joins a started thread
-            if self._stop.is_set():
-                return
-            thread = threading.Thread(target=self._run, name="health-probe", daemon=True)
-            thread.start()
-            self._thread = thread
-
-    def drain(self) -> None:
-        """Stop probing; NOT_SERVING for trainers, PeerService stays SERVING (the other
-        servers' streams still need this partition while this server drains)."""
-        self._join()
-        self.serving.clear()
-        for service in ("", SAMPLING_SERVICE):
-            self.servicer.set(service, _NOT_SERVING)
-
-    def shutdown(self) -> None:
-        """NOT_SERVING for good (later sets are ignored), and stop probing."""
-        self.servicer.enter_graceful_shutdown()
-        self.serving.clear()
-        self._join()
-
-    def _join(self) -> None:
-        """Stop probing and wait (bounded) for the probe thread, if it was started."""
-        with self._thread_lock:
-            self._stop.set()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=self.probe_timeout + 1)
-
-    def _run(self) -> None:
-        backoff = PROBE_BACKOFF_S
-        while not self._stop.is_set():
-            down = self._probe()
-            self._update(down)
-            if down:
-                wait, backoff = backoff, min(2 * backoff, self.interval)
-            else:
-                wait, backoff = self.interval, PROBE_BACKOFF_S
-            self._stop.wait(wait)
-
-    def _probe(self) -> dict[int, str]:
-        """The peers that are not ready, each with the reason: its PeerService does
-        not answer SERVING, or it serves another partition or another graph."""
-        if self.peers is None:
-            return {}
-        request = health_pb2.HealthCheckRequest(service=PEER_SERVICE)
-        calls = {p: (health_pb2_grpc.HealthStub(self.peers.channel(p)).Check.future(
-                         request, timeout=self.probe_timeout),
-                     pb_grpc.SamplingServiceStub(self.peers.channel(p)).GetClusterInfo.future(
-                         pb.ClusterInfoRequest(client_id=f"server-{self.partition}"),
-                         timeout=self.probe_timeout))
-                 for p in self.peers.peers}
-        down: dict[int, str] = {}
-        self._wrong = set()
-        for p, (health_call, info_call) in calls.items():
-            address = self.peers.addresses[p]
-            try:
-                with rpc_errors("Health.Check", address):
-                    serving = health_call.result().status == _SERVING
-                with rpc_errors("GetClusterInfo", address):
-                    info = info_call.result()
-            except GraphfeedError as exc:
-                log.debug("partition=%d: peer probe failed: %s", self.partition, exc)
-                down[p] = f"{p} ({address}) is not reachable or not loaded yet"
-                continue
-            wrong = self.identity_problem(p, address, info)
-            if wrong:
-                down[p] = wrong
-                self._wrong.add(p)
-            elif not serving:
-                down[p] = f"{p} ({address}) is still loading"
-        return down
-
-    def identity_problem(self, p: int, address: str, info: pb.ClusterInfo) -> str | None:
-        """A plain sentence when the server at ``address`` (position ``p`` of --peers)
-        does not serve partition ``p`` of this graph; None when it does."""
-        if info.graph_fingerprint != self.fingerprint:
-            return (f"{p} ({address}) serves another graph ({info.graph_name!r}, fingerprint "
-                    f"{info.graph_fingerprint[:12] or 'none'}; this server: fingerprint "
-                    f"{self.fingerprint[:12]}): start every server on the same partitioned "
-                    "graph directory")
-        if info.partition_id != p:
-            return (f"{p} ({address}) serves partition {info.partition_id}, but --peers lists it "
-                    f"at position {p}: list every server's address in partition order")
-        return None
-
-    def _update(self, down: dict[int, str]) -> None:
-        status = _NOT_SERVING if down else _SERVING
-        for service in ("", SAMPLING_SERVICE):
-            self.servicer.set(service, status)
-        problems = [why for p, why in down.items() if p in self._wrong]
-        #: Why the peers are wrong (None when every reachable peer is the right one).
-        self.problem = ("; ".join(f"peer partition {why}" for why in problems)
-                        if problems else None)
-        if down:
-            self.serving.clear()
-        else:
-            self.serving.set()
-        if down != self._down:
-            if down:
-                names = "; ".join(f"peer partition {why}" for why in down.values())
-                log.warning("partition=%d: NOT_SERVING: %s", self.partition, names)
-            else:
-                log.info("partition=%d: SERVING (partition loaded, %d peers reachable)",
-                         self.partition, len(self.peers.peers) if self.peers else 0)
-            self._down = down
 
 
 # -- the server ----------------------------------------------------------------------------
@@ -293,11 +169,16 @@ class SamplingServer(grpc.Server):
                                          threads=threads or config.threads)
         self.sampling = SamplingServicer(store, self.pipeline)
         self.peer_servicer = peer_servicer = PeerServicer(store, config.chunk_bytes)
-        _add_services(server, self.sampling, peer_servicer)
+        #: Model state on this server (``NodeTensorService``).
+        self.node_tensors = NodeTensors(store, config.node_tensor_dir,
+                                        config.node_tensor_bytes(total_host_memory() or 0))
+        _add_services(server, self.sampling, peer_servicer,
+                      NodeTensorServicer(store, self.node_tensors, config.chunk_bytes))
         #: Counters and latencies (served over HTTP when ``metrics_port`` is set).
         self.metrics = metrics or ServerMetrics(store.partition_id)
         self.pipeline.metrics = self.sampling.metrics = peer_servicer.metrics = self.metrics
         self.metrics.watch(SlotCollector(self.sampling.slots, store.partition_id))
+        self.metrics.watch(NodeTensorCollector(self.node_tensors, store.partition_id))
         #: The bound metrics port (None: no endpoint).
         self.metrics_port: int | None = None
         self.monitor: HealthMonitor | None = None

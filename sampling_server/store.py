@@ -21,23 +21,17 @@ import numpy as np
 import torch
 
 from partitioner.format import (
-    EdgeData,
-    NodeData,
-    Partition,
     PartitionFormatError,
-    Structure,
     Verify,
     check_files,
-    load_node_data,
     load_node_map,
     load_partition,
-    load_structure,
-    node_data_records,
     read_manifest,
-    structure_records,
 )
 from partitioner.graph import SPLITS, EdgeType, GraphDataError, edge_type_name, parse_edge_type
+from partitioner.joins import load_node_data, load_structure, node_data_records, structure_records
 from partitioner.links import LinkSplitArrays, LinkSplitInfo, load_link_split
+from partitioner.partition import NodeData, Partition, Structure
 from protos import codec
 from protos import sampling_pb2 as pb
 from sampling_server.config import ConfigError, ServerConfig
@@ -334,15 +328,6 @@ class PartitionStore:
             return None
         return pb.EdgeFeatureInfo(shape=[int(d) for d in attr.shape[1:]],
                                   dtype=codec.numpy_to_dtype(attr.dtype))
-
-    @property
-    def edge_data(self) -> EdgeData:
-        """The original IDs and features of the edges held here (this partition's in-edges)."""
-        return self.partition.edge_data
-
-    def edge_book(self, edge_type: EdgeType) -> np.ndarray:
-        """int64 ``[P+1]`` edge book of ``edge_type`` (:meth:`Manifest.edge_book`)."""
-        return np.asarray(self.manifest.edge_book(edge_type), dtype=np.int64)
 
     @property
     def device(self) -> str:

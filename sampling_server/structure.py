@@ -3,7 +3,7 @@ graph's (``ServerConfig.structure``), and whose features and labels it gathers i
 (``ServerConfig.features``), likewise.
 
 ``full`` joins every partition's structure files at start-up
-(:func:`partitioner.format.load_structure`): every hop of a batch is then drawn on the
+(:func:`partitioner.joins.load_structure`): every hop of a batch is then drawn on the
 server and no peer is asked to sample, with the same draws. ``auto`` (the default) takes
 it where it costs little: every partition's structure files are under the server's
 partition directory, the graph has more than one partition, and the joined arrays fit in
@@ -12,7 +12,7 @@ memory, and for a CUDA sampler that keeps its graph in GPU memory, the GPU's fre
 memory too). Otherwise ``partition``. The choice and its reason are logged.
 
 ``features: full`` likewise joins every partition's ``x`` and ``y``
-(:func:`partitioner.format.load_node_data`): every row of a batch is then gathered on the
+(:func:`partitioner.joins.load_node_data`): every row of a batch is then gathered on the
 server, no peer asked for any; ``auto`` takes it by the same rule, measured after the
 structure is loaded; a CUDA server takes it only with the whole structure (its feature
 tables, every row then, hottest by in-degree in GPU memory, need that order). Plain and
@@ -26,15 +26,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from partitioner.format import (
-    Manifest,
-    PartitionFormatError,
-    check_files,
-    node_data_bytes,
-    node_data_records,
-    structure_bytes,
-    structure_records,
-)
+from partitioner.format import Manifest, PartitionFormatError, check_files
+from partitioner.joins import node_data_bytes, node_data_records, structure_bytes, structure_records
 from partitioner.npyio import FileRecord
 from sampling_server.config import STRUCTURES
 
@@ -58,27 +51,46 @@ class StructureChoice:
     reason: str
 
 
+def _meminfo(key: str) -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_memory() -> tuple[int, int] | None:
+    """The cgroup's (a container's) memory limit and use, where it has a limit."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        current = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        return None if limit == "max" else (int(limit), current)
+    except (OSError, ValueError):
+        return None
+
+
 def available_host_memory() -> int | None:
     """Bytes of memory this process may still take: ``MemAvailable`` of
     ``/proc/meminfo``, less where its cgroup (a container's limit) allows less; None
     where neither is known."""
-    available: int | None = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                available = int(line.split()[1]) * 1024
-                break
-    except (OSError, ValueError, IndexError):
-        available = None
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        current = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
-        if limit != "max":
-            room = max(0, int(limit) - current)
-            available = room if available is None else min(available, room)
-    except (OSError, ValueError):
-        pass
+    available = _meminfo("MemAvailable")
+    cgroup = _cgroup_memory()
+    if cgroup is not None:
+        room = max(0, cgroup[0] - cgroup[1])
+        available = room if available is None else min(available, room)
     return available
+
+
+def total_host_memory() -> int | None:
+    """Bytes of memory of this host (``MemTotal``), or of its cgroup's limit where that
+    is less; None where neither is known."""
+    total = _meminfo("MemTotal")
+    cgroup = _cgroup_memory()
+    if cgroup is not None:
+        total = cgroup[0] if total is None else min(total, cgroup[0])
+    return total
 
 
 def _gib(n: float) -> str:

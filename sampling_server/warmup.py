@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from partitioner.format import Partition
+    from partitioner.partition import Partition
 
 log = logging.getLogger("sampling_server.warmup")
 
@@ -41,10 +41,10 @@ def warm_up() -> dict[str, float]:
     from partitioner import load_partition, partition_graph
     from partitioner.synthetic import generate_plain
     from protos import compact, halfcast
-    from sampling_server.hot_order import hot_order, plan_bitset, plan_flags
     from sampling_server.produce import structure_tensors
     from sampling_server.sampler import create_sampler
     from sampling_server.sampler.cpu_fused import UNSEEN, look_up_drawn
+    from sampling_server.sampler.hot_order import hot_order, plan_bitset, plan_flags
     from sampling_server.sampler.rng import batch_key
 
     seconds: dict[str, float] = {}

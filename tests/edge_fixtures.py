@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from partitioner.format import Partition
 from partitioner.graph import EdgeType, GraphData, TypedGraphData
+from partitioner.partition import Partition
 from tests.graph_fixtures import AnyGraph, typed_view
 
 

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from partitioner.format import Partition, load_node_map, load_partition, read_manifest
+from partitioner.format import load_node_map, load_partition, read_manifest
 from partitioner.graph import (
     PLAIN_EDGE_TYPE,
     PLAIN_NODE_TYPE,
@@ -27,6 +27,7 @@ from partitioner.graph import (
     TypedGraphData,
     plain_view,
 )
+from partitioner.partition import Partition
 from partitioner.synthetic import generate
 from partitioner.writer import partition_graph
 from sampling_server.sampler.base import NeighborSampler
@@ -224,7 +225,7 @@ def global_adjacency(partitions: Sequence[Partition]) -> dict[EdgeType, dict[int
 
 class LocalPeers:
     """In-process stand-ins for the peer servers: a sampler's ``remote``
-    (:class:`~sampling_server.sampler.base.Remote`), answered by the samplers of the
+    (:class:`~sampling_server.sampler.peers.Remote`), answered by the samplers of the
     other partitions (what a peer's servicer would call), counting what was asked."""
 
     def __init__(self, samplers: Sequence[NeighborSampler]):
@@ -263,6 +264,11 @@ class LocalPeers:
                   ) -> dict[int, np.ndarray]:
         return {p: self.samplers[p].has_edges_local(edge_type, src, dst)
                 for p, (src, dst) in pairs_by_partition.items()}
+
+    def edge_data(self, edge_type: EdgeType, edges_by_partition: Mapping[int, torch.Tensor], ids: bool,
+                  features: bool, dtype: torch.dtype | None) -> dict[int, tuple[torch.Tensor | None, ...]]:
+        return {p: self.samplers[p].edge_rows_local(edge_type, edges, ids, features, dtype)
+                for p, edges in edges_by_partition.items()}
 
 
 def check_sampler_output(out: SamplerOutput, seeds: np.ndarray, seed_type: str,

@@ -22,7 +22,8 @@ from link_fixtures import link_args  # noqa: E402
 from trainer_client.cluster import Cluster  # noqa: E402
 from trainer_client.ddp import setup_distributed, teardown_distributed  # noqa: E402
 from trainer_client.link_metrics import hits_at_k, ranking_metrics  # noqa: E402
-from trainer_client.link_task import cluster_link_job, run_link  # noqa: E402
+from trainer_client.link_task import cluster_link_task  # noqa: E402
+from trainer_client.loop import run  # noqa: E402
 
 
 def fixed_scores() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -46,7 +47,7 @@ def main() -> None:
                     "hits": hits_at_k(pos[mine], negatives, 5, env)}
         args = link_args(kind, "--epochs", "2", "--metrics-json", str(out / "metrics.json"))
         with Cluster(servers) as cluster:
-            metrics = run_link(args, env, cluster_link_job(args, env, cluster))
+            metrics = run(args, env, cluster_link_task(args, env, cluster))
         if env.rank == 0:
             (out / "metrics-gathered.json").write_text(json.dumps(gathered))
             (out / "metrics.json").write_text(json.dumps(metrics))

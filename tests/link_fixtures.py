@@ -35,7 +35,7 @@ from trainer_client.ddp import DistEnv
 from trainer_client.graph import TypedGraph
 from trainer_client.link_loader import RemoteLinkNeighborLoader
 from trainer_client.link_pyg import PygLinkGraph, StoredLinkSplit
-from trainer_client.link_task import LinkJob, build_link_job, cluster_link_job
+from trainer_client.link_task import LinkTask, build_link_task, cluster_link_task
 
 CLUSTERS = 8
 FEATURES = 8
@@ -116,10 +116,10 @@ def link_args(kind: str, *extra: str) -> argparse.Namespace:
                              "--epochs", "6", "--device", "cpu", "--no-progress", *extra])
 
 
-def pyg_link_job(graph: PygLinkGraph, args: argparse.Namespace, env: DistEnv) -> LinkJob:
-    """The link job of ``graph`` through PyG's loader for this rank."""
+def pyg_link_task(graph: PygLinkGraph, args: argparse.Namespace, env: DistEnv) -> LinkTask:
+    """The link task of ``graph`` through PyG's loader for this rank."""
     make = partial(graph.loader, rank=env.rank, world_size=env.world_size, seed=args.seed, device=env.device)
-    return build_link_job(make, graph.link_splits, graph.facts(), args, source="the in-memory")
+    return build_link_task(make, graph.link_splits, graph.facts(), args, env, source="the in-memory")
 
 
 def graph_data(graph: PygLinkGraph) -> GraphData | TypedGraphData:
@@ -143,7 +143,7 @@ def graph_data(graph: PygLinkGraph) -> GraphData | TypedGraphData:
 class ServedLinkGraph:
     """A tiny link graph partitioned in 2 and served by in-process servers: its link
     splits (original IDs, as :class:`PygLinkGraph` holds them), the service's loaders and
-    link jobs."""
+    link tasks."""
 
     graph: PygLinkGraph
     cluster: Cluster
@@ -158,8 +158,8 @@ class ServedLinkGraph:
     def loader(self, split: str, **kw: Any) -> RemoteLinkNeighborLoader:
         return RemoteLinkNeighborLoader(self.cluster, split, cache_size=0, **kw)
 
-    def job(self, args: argparse.Namespace, env: DistEnv) -> LinkJob:
-        return cluster_link_job(args, env, self.cluster)
+    def task(self, args: argparse.Namespace, env: DistEnv) -> LinkTask:
+        return cluster_link_task(args, env, self.cluster)
 
 
 @contextlib.contextmanager

@@ -23,11 +23,11 @@ from protos.assembler import TensorAssembler
 from protos.channel import GraphfeedError, create_channel
 from protos.codec import dtype_to_torch
 from protos.epoch_call import stream_minibatches
-from sampling_server.config import HOT_ORDERS, ConfigError, ServerConfig
+from sampling_server.config import ConfigError, ServerConfig
 from sampling_server.hot import HotNodes
-from sampling_server.hot_order import hot_order, in_degree_order, visit_scores
 from sampling_server.produce import structure_tensors
 from sampling_server.sampler import SamplerOutput, batch_key, create_sampler
+from sampling_server.sampler.hot_order import HOT_ORDERS, hot_order, in_degree_order, visit_scores
 from sampling_server.store import PartitionStore
 from trainer_client.decode import BatchAssembler, BatchDecodeError, BatchSpec, DecodedBatch
 from trainer_client.loader import Cluster, RemoteNeighborLoader

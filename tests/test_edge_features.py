@@ -16,7 +16,8 @@ from graph_fixtures import KINDS, AnyGraph, mixed, typed_view
 from in_process_servers import served
 from torch_geometric.data import Data, HeteroData
 
-from partitioner.graph import GraphData, TypedGraphData, edge_type_name
+from partitioner.format import load_partition
+from partitioner.graph import EdgeType, GraphData, TypedGraphData, edge_type_name
 from partitioner.manifest import read_manifest
 from partitioner.synthetic import generate
 from partitioner.writer import partition_graph
@@ -25,6 +26,7 @@ from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
 from protos.assembler import TensorAssembler
 from protos.channel import create_channel
+from sampling_server.sampler import CpuNeighborSampler
 from trainer_client.loader import RemoteNeighborLoader
 from trainer_client.models import NodeClassifier, batch_inputs
 from trainer_client.train import main as train_main
@@ -181,7 +183,10 @@ def test_edge_models_take_the_batch_s_edge_features_and_trim_exactly(model: str,
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_fetch_edge_data_answers_held_edges_and_refuses_others_by_field(kind: str, tmp_path: Path) -> None:
+def test_fetch_edge_data_answers_held_edges_in_slices_and_refuses_others_by_field(
+        kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer reads and sends its edge rows slice by slice (one message a slice of about
+    ``chunk_bytes``), every row in the order asked, in the dtype asked."""
     graph = with_edge_attr(mixed(kind, weighted=False))
     partition_graph(graph, 2, tmp_path, method="range", progress=False)
     m = read_manifest(tmp_path)
@@ -189,18 +194,35 @@ def test_fetch_edge_data_answers_held_edges_and_refuses_others_by_field(kind: st
     et = next(iter(typed.edge_index))
     name = edge_type_name(et) if m.typed else ""
     book = m.edge_book(et)
-    own = codec.encode_tensor(np.arange(book[0], min(book[1], book[0] + 5), dtype=np.int64))
+    ids = np.random.default_rng(1).permutation(np.arange(book[0], book[1], dtype=np.int64))
+    own = codec.encode_tensor(ids)
     foreign = codec.encode_tensor(np.array([book[1]], dtype=np.int64))
-    with served(tmp_path, 2) as addresses:
+    read: list[int] = []
+    rows_of = CpuNeighborSampler.edge_rows_local
+
+    def counted(self: CpuNeighborSampler, edge_type: EdgeType, edges: torch.Tensor, *args: object) -> object:
+        read.append(edges.numel())
+        return rows_of(self, edge_type, edges, *args)
+
+    monkeypatch.setattr(CpuNeighborSampler, "edge_rows_local", counted)
+    with served(tmp_path, 2, chunk_bytes=256) as addresses:
         channel = create_channel(addresses[0])
         stub = pb_grpc.PeerServiceStub(channel)
         chunks = list(stub.FetchEdgeData(pb.FetchEdgeDataRequest(
-            edges=own, edge_type=name, want_edge_ids=True, want_features=True), timeout=10))
+            edges=own, edge_type=name, want_edge_ids=True, want_features=True, feature_dtype=pb.FLOAT16),
+            timeout=10))
+        assert len(chunks) > 2 and [(c.chunk_index, c.num_chunks) for c in chunks] == \
+            [(k, len(chunks)) for k in range(len(chunks))]
+        row_bytes = 8 + 2 * int(np.prod(typed.edge_attr[et].shape[1:]))
+        assert len(read) == len(chunks) and sum(read) == ids.size and max(read) * row_bytes <= 256
         assembler = TensorAssembler()
         for c in chunks:
             assembler.add_all(c.tensors)
         got = assembler.finish(expected={"e_id", "edge_attr"})
-        assert np.array_equal(got["edge_attr"], typed.edge_attr[et][got["e_id"]])
+        part = load_partition(tmp_path, 0)
+        assert np.array_equal(got["e_id"], np.asarray(part.e_id[et])[ids - book[0]])
+        assert got["edge_attr"].dtype == np.float16
+        assert np.array_equal(got["edge_attr"], typed.edge_attr[et][got["e_id"]].astype(np.float16))
         cases = [(pb.FetchEdgeDataRequest(edges=foreign, edge_type=name, want_edge_ids=True),
                   "FetchEdgeDataRequest.edges: expected internal edge IDs"),
                  (pb.FetchEdgeDataRequest(edges=own, edge_type="x__y__z" if m.typed else "paper",

@@ -38,8 +38,7 @@ from protos import sampling_pb2_grpc as pb_grpc
 from protos.channel import ProtocolError, ServerUnavailable, create_channel
 from protos.codec import encode_tensor
 from protos.epoch_call import last_chunk, stream_minibatches
-from sampling_server.config import HOT_ORDER
-from sampling_server.hot_order import hot_order, visit_scores
+from sampling_server.sampler.hot_order import HOT_ORDER, hot_order, visit_scores
 from trainer_client import cluster as cluster_module
 from trainer_client import fills
 from trainer_client.cache import plan_caches, plan_counts

@@ -16,7 +16,7 @@ import pytest
 import torch
 from graph_fixtures import LocalPeers, assert_same_batch, large, mixed, write_and_load
 
-from partitioner.format import Partition
+from partitioner.partition import Partition
 from protos import sampling_pb2 as pb
 from sampling_server import cli
 from sampling_server.config import ConfigError, ServerConfig
@@ -28,12 +28,12 @@ from sampling_server.feature_placement import (
     slot_maps,
 )
 from sampling_server.fields import cast_features
-from sampling_server.hot_order import in_degree, in_degree_order
 from sampling_server.sampler import cuda_kernels
 from sampling_server.sampler.cpu_sampler import CpuNeighborSampler
 from sampling_server.sampler.cuda_features import FeatureTable
 from sampling_server.sampler.cuda_launch import torch_device
 from sampling_server.sampler.cuda_sampler import CudaNeighborSampler
+from sampling_server.sampler.hot_order import in_degree, in_degree_order
 from sampling_server.store import PartitionStore
 
 FRACTIONS = [0.0, 0.3, 1.0]

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -27,7 +29,7 @@ from torch_geometric.data import HeteroData
 
 from partitioner.graph import PLAIN_EDGE_TYPE
 from trainer_client import train
-from trainer_client.ddp import BEST_NAME, DistEnv
+from trainer_client.ddp import BEST_NAME, CHECKPOINT_NAME, DistEnv
 from trainer_client.link_metrics import global_kth_largest, hits_at_k, ogb_ranks, ranking_metrics
 from trainer_client.link_models import (
     DotDecoder,
@@ -37,13 +39,8 @@ from trainer_client.link_models import (
     link_inputs,
     link_targets,
 )
-from trainer_client.link_task import (
-    build_link_job,
-    evaluate_split,
-    evaluation_protocol,
-    link_splits_of,
-    run_link,
-)
+from trainer_client.link_task import build_link_task, evaluation_protocol, link_splits_of
+from trainer_client.loop import run
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("plain", "typed")
@@ -248,23 +245,24 @@ def test_a_link_run_learns_and_keeps_the_best_validation_model(kind: str, tmp_pa
 
 def _learns_and_keeps_the_best(graph: ServedLinkGraph, kind: str, tmp_path: Path) -> None:
     args = link_args(kind, "--checkpoint-dir", str(tmp_path / "ckpt"))
-    metrics = run_link(args, ONE, graph.job(args, ONE))
+    metrics = run(args, ONE, graph.task(args, ONE))
     epochs = metrics["epochs"]
     assert epochs[-1]["loss"] < epochs[0]["loss"] - 0.05
     assert metrics["val_metric"] == metrics["test_metric"] == "mrr"
-    assert metrics["test"]["count"] == graph.link_splits["test"].num_edges  # every positive once
-    assert metrics["test_score"] > 2 * _random_mrr(NUM_NEGATIVES)
-    best = max(epochs, key=lambda h: h["val_score"])
-    assert metrics["selected_epoch"] == best["epoch"] and metrics["selected_val"] == best["val_score"]
-    assert all(e["seed_edges"] == graph.link_splits["train"].num_edges for e in epochs)
+    assert metrics["test_count"] == graph.link_splits["test"].num_edges  # every positive once
+    assert metrics["test_mrr"] > 2 * _random_mrr(NUM_NEGATIVES)
+    best = max(epochs, key=lambda h: h["val_mrr"])
+    assert metrics["selected_epoch"] == best["epoch"] and metrics["selected_val_mrr"] == best["val_mrr"]
+    assert all(e["seeds"] == graph.link_splits["train"].num_edges for e in epochs)
     saved = torch.load(tmp_path / "ckpt" / BEST_NAME, weights_only=True)
     assert saved["epoch"] == best["epoch"] and saved["config"]["task"] == "link"
     # the selected model, tested again, gives the reported figures
     model = build_link_model(args.model, graph.facts(), _edge_type(kind), decoder=args.decoder,
                              hidden_channels=args.hidden, num_layers=args.layers, dropout=args.dropout)
     model.load_state_dict(saved["model"])
-    job = graph.job(args, ONE)
-    assert evaluate_split(model, job.test, job.edge_type, ONE) == pytest.approx(metrics["test"])
+    again = graph.task(args, ONE).evaluate(model, "test")
+    assert set(again) == {"mrr", "hits@1", "hits@3", "hits@10", "count"}
+    assert again == pytest.approx({k: metrics[f"test_{k}"] for k in again})
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -276,17 +274,24 @@ def test_hits_at_k_selects_on_collab_style_splits_and_resume_continues(kind: str
 def _hits_and_resume(graph: ServedLinkGraph, kind: str, tmp_path: Path) -> None:
     args = link_args(kind, "--epochs", "2", "--hits-k", "20", "--decoder", "mlp",
                      "--checkpoint-dir", str(tmp_path / "ckpt"))
-    first = run_link(args, ONE, graph.job(args, ONE))
-    assert first["val_metric"] == "hits@20" and 0.0 <= first["test_score"] <= 1.0
-    assert first["test"]["count"] == graph.link_splits["test"].num_edges
+    first = run(args, ONE, graph.task(args, ONE))
+    assert first["val_metric"] == "hits@20" and 0.0 <= first["test_hits@20"] <= 1.0
+    assert first["test_count"] == graph.link_splits["test"].num_edges
     more = link_args(kind, "--epochs", "3", "--hits-k", "20", "--decoder", "mlp", "--resume",
                      "--checkpoint-dir", str(tmp_path / "ckpt"))
-    resumed = run_link(more, ONE, graph.job(more, ONE))
+    resumed = run(more, ONE, graph.task(more, ONE))
     assert resumed["start_epoch"] == 2 and [e["epoch"] for e in resumed["epochs"]] == [0, 1, 2]
+    # a checkpoint whose epochs lack the selecting figure is refused in one line
+    path = tmp_path / "ckpt" / CHECKPOINT_NAME
+    state = torch.load(path, weights_only=True)
+    torch.save({**state, "history": [{k: v for k, v in h.items() if k != "val_hits@20"}
+                                     for h in state["history"]]}, path)
+    with pytest.raises(ValueError, match=r"--resume: checkpoint .* has no 'val_hits@20' in its epochs"):
+        run(more, ONE, graph.task(more, ONE))
     other = link_args(kind, "--epochs", "3", "--decoder", "dot", "--resume",
                       "--checkpoint-dir", str(tmp_path / "ckpt"))
     with pytest.raises(ValueError, match=r"--resume: checkpoint .* was written for"):
-        run_link(other, ONE, graph.job(other, ONE))
+        run(other, ONE, graph.task(other, ONE))
 
 
 def test_the_link_flags_are_checked_at_start(capsys: pytest.CaptureFixture[str]) -> None:
@@ -321,9 +326,9 @@ def test_two_ddp_ranks_count_every_seed_edge_and_positive_once(kind: str, tmp_pa
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     graph = link_graph(kind)
     assert metrics["world_size"] == 2 and len(set(metrics["param_fingerprints"])) == 1
-    assert all(e["seed_edges"] == graph.link_splits["train"].num_edges for e in metrics["epochs"])
-    assert all(e["val"]["count"] == graph.link_splits["val"].num_edges for e in metrics["epochs"])
-    assert metrics["test"]["count"] == graph.link_splits["test"].num_edges
+    assert all(e["seeds"] == graph.link_splits["train"].num_edges for e in metrics["epochs"])
+    assert all(e["val_count"] == graph.link_splits["val"].num_edges for e in metrics["epochs"])
+    assert metrics["test_count"] == graph.link_splits["test"].num_edges
 
 
 # ---- benchmarks/link_accuracy.py -------------------------------------------------------
@@ -386,7 +391,7 @@ def test_the_cli_refuses_served_graphs_it_cannot_train_links_on(parts2: Path,
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_job_asks_the_loader_for_each_split_as_its_protocol_needs(kind: str) -> None:
+def test_the_task_asks_the_loader_for_each_split_as_its_protocol_needs(kind: str) -> None:
     """What the service's loader is asked for: the training split shuffled with binary
     negatives, ``--strict-negatives`` and ``--exclude``; evaluation splits in order, with
     their stored negatives, the ``_neg`` split or sampled triplets."""
@@ -411,8 +416,8 @@ def test_the_job_asks_the_loader_for_each_split_as_its_protocol_needs(kind: str)
     splits["test"] = type(splits["val"])(splits["val"].edge_type, splits["val"].src, splits["val"].dst)
     args = link_args(kind, "--neg-ratio", "3", "--strict-negatives", "--exclude", "reverse",
                      "--eval-fanouts", "full", "--eval-batch-size", "7")
-    job = build_link_job(make, splits, graph.facts(), args)
-    assert (job.val.protocol, job.test.protocol) == ("given", "hits")
+    task = build_link_task(make, splits, graph.facts(), args, ONE)
+    assert (task.val.protocol, task.test.protocol) == ("given", "hits")
     assert asked[0] == ("train", dict(num_neighbors=[5, 5], batch_size=64, shuffle=True,
                                       neg_sampling=dict(mode="binary", amount=3.0), strict_negatives=True,
                                       exclude="reverse"))
@@ -422,8 +427,8 @@ def test_the_job_asks_the_loader_for_each_split_as_its_protocol_needs(kind: str)
                          ("test_neg", dict(neg_sampling=None, **each))]
     del splits["test_neg"]
     asked.clear()
-    job = build_link_job(make, splits, graph.facts(), link_args(kind, "--eval-negatives", "9"))
-    assert job.test.protocol == "sampled" and asked[-1] == (
+    task = build_link_task(make, splits, graph.facts(), link_args(kind, "--eval-negatives", "9"), ONE)
+    assert task.test.protocol == "sampled" and asked[-1] == (
         "test", dict(neg_sampling=dict(mode="triplet", amount=9), strict_negatives=False,
                      num_neighbors=[5, 5], batch_size=64, shuffle=False))
 
@@ -446,4 +451,43 @@ def test_a_link_predictor_trains_on_edge_features_through_the_servers(tmp_path: 
     with served(root, 2) as addresses:
         assert train.main(["--servers", ",".join(addresses), *flags]) == 0
     result = json.loads(metrics.read_text())
-    assert result["model"]["model"] == "gine" and 0.0 < result["test"]["mrr"] <= 1.0
+    assert result["model"]["model"] == "gine" and 0.0 < result["test_mrr"] <= 1.0
+
+
+def _loop_figures(entry: dict[str, object]) -> set[str]:
+    """The keys of a metrics entry that are not a split's figures (``val_<figure>``, ...)."""
+    return {k for k in entry if not k.startswith(("val_", "test_", "selected_val_"))}
+
+
+def test_a_link_run_reports_every_figure_a_node_run_does(parts2: Path, tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """The one loop: the metrics of both tasks hold the same figures (a link run's traffic,
+    cache, waits and stream resumes too), and both epoch lines give the evaluation's
+    seconds beside the training's."""
+    caplog.set_level(logging.INFO, "trainer_client.train")
+    flags = ["--fanouts", "5,5", "--epochs", "1", "--hidden", "16", "--device", "cpu", "--no-progress",
+             "--timeout", "60"]
+    with served(parts2, 2) as addresses:
+        assert train.main(["--servers", ",".join(addresses), *flags, "--batch-size", "300",
+                           "--metrics-json", str(tmp_path / "node.json")]) == 0
+    with served_link_graph(link_graph("plain"), tmp_path / "parts") as graph:
+        assert train.main(["--servers", ",".join(graph.cluster.addresses), "--task", "link", *flags,
+                           "--batch-size", "64", "--metrics-json", str(tmp_path / "link.json")]) == 0
+    node, link = (json.loads((tmp_path / f"{task}.json").read_text()) for task in ("node", "link"))
+    assert (node["task"], link["task"]) == ("node", "link")
+    assert _loop_figures(node["epochs"][0]) == _loop_figures(link["epochs"][0])
+    assert _loop_figures(node) <= _loop_figures(link)
+    link_only = {"edge_type", "neg_ratio", "strict_negatives", "exclude"}  # LinkTask.facts
+    assert _loop_figures(link) - _loop_figures(node) == link_only
+    for metrics in (node, link):
+        epoch = metrics["epochs"][0]
+        assert epoch["received_mb"] > 0 and epoch["resumes"] == 0 and epoch["cache_hit_rate"] is None
+        assert epoch["eval_seconds"] > 0 and epoch["seeds"] > 0
+        metric = metrics["val_metric"]
+        assert metrics[f"selected_val_{metric}"] == epoch[f"val_{metric}"]
+        line = re.search(rf"epoch 0: .*, val {re.escape(metric)} \d\.\d{{4}} \(best so far\); "
+                         r"(\d+\.\d) s training \+ (\d+\.\d) s evaluation, \d+ seeds/s \(rank 0: waited "
+                         r"\d+\.\d s for data, received \d+\.\d MB\)", caplog.text)
+        assert line, caplog.text
+        seconds = (f"{epoch['train_seconds']:.1f}", f"{epoch['eval_seconds']:.1f}")
+        assert (line.group(1), line.group(2)) == seconds

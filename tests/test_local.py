@@ -59,11 +59,12 @@ def test_trains_on_own_partitions_and_stops_the_servers(parts: Path, tmp_path: P
 
 
 def test_returns_the_trainers_exit_code(parts: Path, tmp_path: Path) -> None:
+    """A trainer that fails once it sees the servers' graph (a typed model on a plain one)."""
     done = local("--partition-dir", str(parts), "--server-device", "cpu", "--log-dir", str(tmp_path),
-                 "--", "--epochs", "-1", cwd=tmp_path)
-    assert done.returncode == 2, done.stderr[-3000:]
-    assert "--epochs: expected >= 0, got -1" in done.stderr
-    assert "sampling servers stopped" in done.stderr
+                 "--", "--model", "rgcn", "--device", "cpu", "--timeout", "60", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "--model rgcn: expected a typed graph (format v2)" in done.stderr
+    assert "trainer exited with 1" in done.stderr and "sampling servers stopped" in done.stderr
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -79,6 +80,19 @@ def test_bad_flags_exit_2(argv: list[str], message: str, tmp_path: Path) -> None
     done = local(*argv, cwd=tmp_path, timeout=60)
     assert done.returncode == 2 and message in done.stderr
     assert not (tmp_path / "graphfeed-local-runs").exists()
+
+
+@pytest.mark.parametrize(("trainer_args", "message"), [
+    (["--epochs", "1", "--bogus"], "graphfeed-train: error: unrecognized arguments: --bogus"),
+    (["--batch-size", "0"], "graphfeed-train: error: argument --batch-size: expected a value > 0, got 0"),
+    (["--task", "link"], "graphfeed-local: error: --task link: expected a graph with link splits, but "),
+])
+def test_the_trainers_arguments_are_checked_before_any_server_starts(
+        trainer_args: list[str], message: str, parts: Path, tmp_path: Path) -> None:
+    done = local("--partition-dir", str(parts), "--server-device", "cpu", "--", *trainer_args, cwd=tmp_path,
+                 timeout=120)
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-3000:]
+    assert "started" not in done.stderr and not (tmp_path / "graphfeed-local-runs").exists()
 
 
 def test_servers_that_cannot_bind_their_ports_start_again_on_others(

@@ -177,7 +177,7 @@ def test_global_batches_mix_class_pure_partitions_like_one_process(tmp_path: Pat
 
 
 def test_original_id_lookup_equals_indexing_with_and_without_the_identity_shortcut() -> None:
-    from sampling_server.sampler.base import is_identity, original_ids
+    from sampling_server.sampler.rows import is_identity, original_ids
 
     rng = np.random.default_rng(0)
     start = 1000

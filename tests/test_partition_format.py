@@ -14,16 +14,11 @@ import numpy as np
 import pytest
 
 from partitioner.algorithms import METHODS, assign
-from partitioner.format import (
-    MANIFEST_FILE,
-    Manifest,
-    Partition,
-    load_partition,
-    read_format_version,
-    read_manifest,
-)
+from partitioner.format import MANIFEST_FILE, Manifest, load_partition, read_manifest
 from partitioner.graph import SPLITS, GraphData, GraphDataError, TypedGraphData
+from partitioner.manifest import read_format_version
 from partitioner.npyio import _memmap_source
+from partitioner.partition import Partition
 from partitioner.readers.graphdir import read_graph_dir, save_graph_dir
 from partitioner.synthetic import generate
 from partitioner.writer import partition_graph, write_partitions

@@ -19,16 +19,18 @@ from partitioner.format import (
     MANIFEST_FILE,
     Manifest,
     PartitionFormatError,
+    load_node_map,
+    load_partition,
+    read_manifest,
+)
+from partitioner.graph import EdgeType
+from partitioner.joins import (
     edge_data_bytes,
     edge_data_records,
     load_edge_data,
     load_node_data,
-    load_node_map,
-    load_partition,
     load_structure,
-    read_manifest,
 )
-from partitioner.graph import EdgeType
 from partitioner.npyio import load_npy, read_npy_header, sha256_file
 from partitioner.writer import partition_graph
 from tests.edge_fixtures import with_edge_attr

@@ -19,8 +19,8 @@ import torch
 from graph_fixtures import AnyGraph, assert_same_batch, check_edge_ids, write_and_load
 from in_process_servers import served
 
-from partitioner.format import Partition
 from partitioner.graph import edge_type_name
+from partitioner.partition import Partition
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
 from protos import sampling_pb2_grpc as pb_grpc
@@ -122,3 +122,27 @@ def test_an_older_peer_without_edge_ids_is_a_clear_error(graph: AnyGraph, tmp_pa
     finally:
         client.close()
         server.stop(None)
+
+
+def test_a_peer_tests_the_pairs_it_owns_and_refuses_others_by_field(cluster: Cluster) -> None:
+    """``HasEdges``: whether each pair is an edge, as the owner's own sampler says (its
+    in-edges and random pairs); a destination owned elsewhere is refused by field."""
+    parts = cluster.parts
+    client = PeerClient(cluster.addresses, 0, timeout=20.0)
+    own = CpuNeighborSampler(parts[1])
+    rng = np.random.default_rng(0)
+    try:
+        for et in parts[1].edge_types:
+            (start, stop), n_src = parts[1].node_range(et[2]), int(own.books[et[0]][-1])
+            indptr = np.asarray(parts[1].indptr[et])
+            real_dst = start + np.repeat(np.arange(stop - start), np.diff(indptr))
+            src = np.concatenate([np.asarray(parts[1].indices[et])[:40], rng.integers(0, n_src, 40)])
+            dst = np.concatenate([real_dst[:40], rng.integers(start, stop, 40)])
+            got = client.has_edges({1: (src, dst)}, _name(parts[1], et))[1]
+            want = own.has_edges_local(et, src, dst)
+            assert np.array_equal(got, want) and bool(got[:min(40, real_dst.size)].all())
+            elsewhere = np.array([parts[0].node_range(et[2])[0]])
+            with pytest.raises(PeerError, match=r"HasEdgesRequest\.dst: expected .* owned by partition 1"):
+                client.has_edges({1: (src[:1], elsewhere)}, _name(parts[1], et))
+    finally:
+        client.close()

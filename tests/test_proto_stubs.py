@@ -110,4 +110,7 @@ def test_wire_contract_shape(tmp_path: Path) -> None:
                             ("StreamHotNodes", True)},
         "PeerService": {("SampleNeighbors", True), ("FetchNodeData", True), ("FetchEdgeData", True),
                         ("HasEdges", False)},
+        "NodeTensorService": {("CreateNodeTensor", False), ("FindNodeTensor", False), ("ReadRows", True),
+                              ("WriteRows", False), ("PushGradients", False), ("SnapshotNodeTensors", False),
+                              ("RestoreNodeTensors", False), ("DropNodeTensor", False)},
     }

@@ -39,8 +39,9 @@ from graph_fixtures import (
     write_and_load,
 )
 
-from partitioner.format import Partition, Structure, load_node_data, load_structure
 from partitioner.graph import EdgeType
+from partitioner.joins import load_node_data, load_structure
+from partitioner.partition import Partition, Structure
 from sampling_server.sampler import (
     CpuNeighborSampler,
     Minibatch,
@@ -368,7 +369,7 @@ def _gated(name: str, local: Callable[..., Any], remote: Callable[..., Any],
 
 
 class _GonePeers:
-    """A :class:`~sampling_server.sampler.base.Remote` whose every call fails."""
+    """A :class:`~sampling_server.sampler.peers.Remote` whose every call fails."""
 
     def sample(self, *args: Any, **kwargs: Any) -> Mapping[int, HopSample]:
         raise ConnectionError("peer partition 1: gone")
@@ -379,14 +380,17 @@ class _GonePeers:
     def orig_ids(self, *args: Any) -> Mapping[int, torch.Tensor]:
         raise ConnectionError("peer partition 1: gone")
 
+    def edge_data(self, *args: Any) -> Mapping[int, tuple[torch.Tensor | None, torch.Tensor | None]]:
+        raise ConnectionError("peer partition 1: gone")
+
 
 def test_peer_requests_are_in_flight_while_the_own_share_is_done(
     shuffled: Parted, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A hop's remote draws and a gather's remote rows are asked for before the sampler
-    does its own partition's share, so the two overlap: each patched local step sees the
-    peer's request already started, and the peer answers only once the local step ran.
-    A peer's error still reaches the caller."""
+    """A hop's remote draws and a gather's remote rows, node or edge, are asked for before
+    the sampler does its own partition's share, so the two overlap: each patched local step
+    sees the peer's request already started, and the peer answers only once the local step
+    ran. A peer's error still reaches the caller."""
     parts = shuffled.parts
     samplers = cpu_samplers(parts)
     sampler, peers = samplers[0], LocalPeers(samplers)
@@ -412,7 +416,20 @@ def test_peer_requests_are_in_flight_while_the_own_share_is_done(
     want_x, want_y = sampler.gather(t, frontier, remote=peers)
     assert x is not None and want_x is not None and torch.equal(x, want_x)
     assert y is not None and want_y is not None and torch.equal(y, want_y)
-    assert seen == ["sample", "gather"]
+
+    edges = sampler.sample_frontier(et, frontier, -1, key, 0, peers, edges=True).edges
+    assert edges is not None
+    local, remote = _gated("edge rows", sampler._edge_rows_here, peers.edge_data, seen)
+    monkeypatch.setattr(sampler, "_edge_rows_here", local)
+    monkeypatch.setattr(peers, "edge_data", remote)
+    e_id, _ = sampler.edge_rows(et, edges, remote=peers)
+    monkeypatch.undo()
+    book = parts[0].manifest.edge_book(et)
+    owner = np.searchsorted(book, edges.numpy(), side="right") - 1
+    assert 0 in owner.tolist() and len(set(owner.tolist())) > 1  # here and elsewhere
+    assert e_id is not None and e_id.tolist() == [int(parts[q].e_id[et][e - book[q]])
+                                                  for q, e in zip(owner, edges.tolist(), strict=True)]
+    assert seen == ["sample", "gather", "edge rows"]
 
     gone = _GonePeers()
     with pytest.raises(ConnectionError, match="gone"):
@@ -421,6 +438,8 @@ def test_peer_requests_are_in_flight_while_the_own_share_is_done(
         sampler.gather(t, frontier, remote=gone)
     with pytest.raises(ConnectionError, match="gone"):
         sampler.orig_ids_of(t, frontier, remote=gone)
+    with pytest.raises(ConnectionError, match="gone"):
+        sampler.edge_rows(et, edges, remote=gone)
 
 
 def test_same_key_same_batch_and_other_keys_differ(whole: list[Partition]) -> None:

@@ -38,7 +38,8 @@ from graph_fixtures import (
 )
 from numba import cuda
 
-from partitioner.format import Partition, load_node_data, load_structure
+from partitioner.joins import load_node_data, load_structure
+from partitioner.partition import Partition
 from sampling_server.sampler import Minibatch, cuda_features, normalize_num_neighbors
 from sampling_server.sampler import cuda_kernels as K
 from sampling_server.sampler import cuda_launch as L

@@ -32,8 +32,9 @@ from graph_fixtures import (
     parted,
 )
 
-from partitioner.format import Partition, load_structure
 from partitioner.graph import EdgeType
+from partitioner.joins import load_structure
+from partitioner.partition import Partition
 from sampling_server.sampler import (
     CpuNeighborSampler,
     InProcessPeers,

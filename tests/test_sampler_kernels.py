@@ -22,8 +22,8 @@ import torch
 from graph_fixtures import HUB, KINDS, PLAIN_EDGE_TYPE, mixed, star_graph, write_and_load
 from scipy import stats
 
-from partitioner.format import Partition
 from partitioner.graph import EdgeType
+from partitioner.partition import Partition
 from partitioner.synthetic import generate
 from sampling_server.sampler import CpuNeighborSampler, CpuRelabeler, batch_key, relation_key, rng
 from sampling_server.sampler import cpu_gather as G

@@ -35,10 +35,11 @@ from protos.epoch_call import stream_minibatches
 from sampling_server import cli
 from sampling_server.config import ConfigError, ServerConfig, config_from_cluster
 from sampling_server.errors import Stopping, abort_on_error
+from sampling_server.health import PEER_SERVICE
 from sampling_server.jobs import epoch_job
 from sampling_server.peer_client import PeerClient
 from sampling_server.pipeline import SamplingPipeline
-from sampling_server.server import PEER_SERVICE, SamplingServer, create_server
+from sampling_server.server import SamplingServer, create_server
 from sampling_server.store import PartitionStore, colocated_servers
 
 FANOUTS = [5, 3]
@@ -1269,7 +1270,7 @@ def test_a_stop_racing_the_end_of_the_load_never_joins_an_unstarted_probe(
     the load ends never starts probing."""
     from grpc_health.v1 import health
 
-    from sampling_server.server import HealthMonitor
+    from sampling_server.health import HealthMonitor
 
     monitor = HealthMonitor(health.HealthServicer(), 0, None, probe_timeout=1.0, interval=0.1)
     starting = threading.Event()

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from graph_fixtures import mixed_graph, write_and_load
 
-from partitioner.format import load_node_data, load_structure, node_data_bytes, read_manifest
+from partitioner.format import read_manifest
+from partitioner.joins import load_node_data, load_structure, node_data_bytes
 from sampling_server.structure import (
     AUTO_MEMORY_FRACTION,
     StructureChoice,

@@ -12,10 +12,13 @@ import json
 import logging
 import os
 import re
+import shlex
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +36,20 @@ from partitioner.graph import TypedGraphData
 from partitioner.synthetic import TypedPreset, _mag_relations, generate, generate_typed
 from partitioner.writer import partition_graph
 from trainer_client import train
-from trainer_client.ddp import BEST_NAME, CHECKPOINT_NAME
+from trainer_client.ddp import BEST_NAME, CHECKPOINT_NAME, DistEnv
 from trainer_client.decode import decode_batch
 from trainer_client.evaluate import layerwise_logits
 from trainer_client.graph import TypedGraph
 from trainer_client.in_process import InProcessLoader, LocalGraph
 from trainer_client.loader import RemoteNeighborLoader
+from trainer_client.loop import run as run_task
 from trainer_client.models import MODELS, NEEDS_EDGE_FEATURES, batch_inputs, build_model
+from trainer_client.node_task import NodeTask, partition_dir_task
 from trainer_client.typed_models import RGCN, TypedSAGE, build_typed_model, layer_plan, typed_batch_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 main = train.main
+ONE = DistEnv(0, 1, 0, torch.device("cpu"))
 
 #: An ogbn-mag-shaped graph of a few hundred papers (all four relations, reverses added).
 MINI = TypedPreset(
@@ -501,6 +507,86 @@ def test_two_ddp_ranks_train_every_seed_once_and_stay_identical(
     assert metrics["world_size"] == 2 and metrics["model"]["model"] == model
     assert len(set(metrics["param_fingerprints"])) == 1
     assert metrics["epochs"][0]["seeds"] == run.seeds  # every training seed once, over both ranks
+
+
+def test_ctrl_c_ends_a_run_in_one_line_whose_command_resumes_it(request: pytest.FixtureRequest,
+                                                                tmp_path: Path) -> None:
+    """SIGINT (Ctrl-C) in graphfeed-train: exit status 130 and one line, no traceback,
+    naming the last checkpoint's epoch and path and the command that continues the run,
+    which does."""
+    argv = _run_of("plain-dir", request).args(tmp_path, "--epochs", "1000")
+    proc = subprocess.Popen([sys.executable, "-m", "trainer_client.train", *argv], cwd=REPO, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=dict(os.environ, OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1"))
+    checkpoint = tmp_path / "ckpt" / CHECKPOINT_NAME
+    try:
+        deadline = time.monotonic() + 300
+        while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # the condition: the first epoch's checkpoint is written
+        assert checkpoint.exists() and proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if "interrupted" in line]
+    assert len(lines) == 1, err[-3000:]
+    said = re.search(r"interrupted: saved epoch (\d+) in (\S+); continue with: graphfeed-train (.+)$",
+                     lines[0])
+    assert said and Path(said.group(2)) == checkpoint, lines[0]
+    again = shlex.split(said.group(3))
+    assert again == [*argv, "--resume"]
+    epoch = int(said.group(1))
+    assert main([*again, "--epochs", str(epoch + 2)]) == 0
+    assert _metrics(tmp_path)["start_epoch"] == epoch + 1
+
+
+@dataclass(kw_only=True)
+class _TaskWithState(NodeTask):
+    """A task with state beyond its model's weights (as server-held embeddings have)."""
+
+    steps: int = 0
+    loaded: list[dict[str, Any]] = field(default_factory=list)
+    selected: list[bool] = field(default_factory=list)
+
+    def after_step(self) -> None:
+        self.steps += 1
+
+    def state_dict(self, selected: bool = False) -> dict[str, Any]:
+        self.selected.append(selected)
+        return {"steps": torch.tensor(self.steps), "snapshot": f"after-{self.steps}"}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loaded.append(state)
+
+
+def test_a_tasks_own_state_and_step_hook_go_through_the_loop(parts2: Path, tmp_path: Path) -> None:
+    """The loop calls a task's after_step once per optimizer step, keeps its state_dict
+    in both checkpoints (saying when the epoch is the best so far), hands it back on
+    --resume before training on, and the selected epoch's at the end when that is not the
+    last epoch."""
+    def task(*extra: str) -> _TaskWithState:
+        args = train.parse_args(["--partition-dir", str(parts2), "--fanouts", "3", "--batch-size", "400",
+                                 "--hidden", "8", "--device", "cpu", "--no-progress",
+                                 "--checkpoint-dir", str(tmp_path), *extra])
+        node = partition_dir_task(args, ONE)
+        return _TaskWithState(**{f.name: getattr(node, f.name) for f in fields(node)})
+
+    first = task("--epochs", "2")
+    metrics = run_task(first.args, ONE, first)
+    batches = metrics["epochs"][0]["batches"]
+    assert first.steps == 2 * batches
+    saved = torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["task"]
+    assert saved == {"steps": torch.tensor(2 * batches), "snapshot": f"after-{2 * batches}"}
+    best = torch.load(tmp_path / BEST_NAME, weights_only=True)
+    assert best["task"]["steps"] == (best["epoch"] + 1) * batches
+    scores = [h["val_acc"] for h in metrics["epochs"]]
+    assert first.selected == [True, scores[1] > scores[0]]
+    assert first.loaded == ([] if metrics["selected_epoch"] == 1 else [best["task"]])
+    again = task("--epochs", "3", "--resume")
+    run_task(again.args, ONE, again)
+    assert again.loaded[0] == saved and again.steps == batches
 
 
 # ---- the plain graph's evaluation and a graph without training nodes ---------------------

@@ -4,13 +4,18 @@ channels' security it leaves as it found it, and servers nobody runs."""
 
 from __future__ import annotations
 
+import logging
+import shlex
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 
 from protos.security import Security, default_security, set_default_security
 from trainer_client import train
+from trainer_client.ddp import CHECKPOINT_NAME
+from trainer_client.loop import sampled_fanouts
 from trainer_client.train import main
 
 
@@ -127,3 +132,42 @@ def test_list_flags_take_negative_fanouts_in_either_form(form: str) -> None:
         train.parse_args(["--servers", "h:1", "--fanouts", "--epochs", "3"])
     assert train.joined_list_values(["--fanouts", "-1,-1", "--", "--fanouts", "-1,-1"]) == \
         ["--fanouts=-1,-1", "--", "--fanouts", "-1,-1"]
+
+
+def test_ctrl_c_says_what_was_saved_and_how_to_continue(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """An interrupted run ends with exit status 130 and one line: nothing saved without
+    --checkpoint-dir (and how to make --resume possible), nothing saved yet, or the last
+    checkpoint's epoch and path; each with the command that continues the run."""
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "partition_dir_task", interrupted)
+    argv = ["--partition-dir", str(tmp_path / "parts"), "--device", "cpu", "--epochs", "3"]
+    ckpt = tmp_path / "ck pt"  # a path that the command must quote
+    for extra, says in (
+            ([], "interrupted: nothing saved (no --checkpoint-dir: pass one to continue a run with "
+                 "--resume)"),
+            (["--checkpoint-dir", str(ckpt)], f"interrupted: nothing saved yet in {ckpt}; continue with: "
+                                              f"graphfeed-train {shlex.join(argv)} --checkpoint-dir '{ckpt}' "
+                                              "--resume"),
+            (["--checkpoint-dir", str(ckpt), "--resume"],
+             f"interrupted: saved epoch 4 in {ckpt / CHECKPOINT_NAME}; continue with: graphfeed-train "
+             f"{shlex.join(argv)} --checkpoint-dir '{ckpt}' --resume")):
+        if "--resume" in extra:
+            ckpt.mkdir()
+            torch.save({"epoch": 4, "model": {}}, ckpt / CHECKPOINT_NAME)
+        caplog.clear()
+        assert main([*argv, *extra]) == 130
+        lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert lines == [says]
+
+
+def test_help_says_the_evaluation_fanouts_of_each_task() -> None:
+    """``--eval-fanouts``'s default: 'full' for node classification on a homogeneous
+    graph, --fanouts for link prediction (which the link task then uses) and typed graphs."""
+    text = " ".join(train.build_parser().format_help().split())
+    assert "Default: 'full' for --task node on a homogeneous graph" in text
+    assert "--fanouts for --task link and on typed graphs" in text
+    link = train.parse_args(["--servers", "h:1", "--task", "link", "--fanouts", "7,3"])
+    assert sampled_fanouts(link) == [7, 3]

@@ -127,6 +127,10 @@ class Cluster:
         return pb.ServerExpectation(graph_fingerprint=info.graph_fingerprint,
                                     partition_id=info.partition_id, hot_order=info.hot_order)
 
+    def channel(self, partition: int) -> grpc.Channel:
+        """The channel to ``partition``'s server."""
+        return self._channels[self.addresses[partition]]
+
     @property
     def num_partitions(self) -> int:
         return int(self.info.num_partitions)

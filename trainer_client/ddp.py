@@ -8,12 +8,11 @@ fingerprint): ``--resume`` refuses one of another graph or model, in one line na
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -132,37 +131,6 @@ def all_reduce_sums(values: Sequence[float], env: DistEnv) -> list[float]:
     return [float(v) for v in t.tolist()]
 
 
-# ---- figures of an epoch ---------------------------------------------------------------
-
-
-@dataclass
-class EpochMetrics:
-    """Figures of one epoch, over all ranks."""
-
-    epoch: int
-    #: Mean training loss per seed.
-    loss: float
-    #: Accuracy on the training batches' seeds.
-    train_acc: float
-    #: Accuracy on the validation split.
-    val_acc: float
-    #: Training seeds over all ranks.
-    seeds: int
-    #: Batches per rank.
-    batches: int
-    #: Seconds of the training pass / of validation.
-    train_seconds: float
-    eval_seconds: float
-    #: Training seeds per second over all ranks.
-    seeds_per_second: float
-    #: Seconds rank 0 waited for batches that had not arrived yet.
-    data_wait_seconds: float
-    #: Megabytes (10**6 bytes) of batches rank 0 received for the training pass.
-    received_mb: float = 0.0
-    #: Share of rank 0's feature rows taken from its feature cache (None: no cache).
-    cache_hit_rate: float | None = None
-
-
 # ---- checkpoints -----------------------------------------------------------------------
 
 
@@ -182,13 +150,23 @@ class RunRecord:
 
 
 def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int,
-                    history: list[dict[str, Any]], record: RunRecord) -> None:
-    """Write the checkpoint atomically (state dicts and plain values only: no pickled objects)."""
+                    history: list[dict[str, Any]], record: RunRecord, task: dict[str, Any]) -> None:
+    """Write the checkpoint atomically (state dicts and plain values only: no pickled
+    objects); ``task``: the task's own state, kept only when it has some."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
-                "history": history, "config": record.config, "graph": record.graph}, tmp)
+                "history": history, "config": record.config, "graph": record.graph,
+                **({"task": task} if task else {})}, tmp)
     os.replace(tmp, path)
+
+
+def last_saved(directory: Path) -> tuple[Path, int] | None:
+    """The latest checkpoint in ``directory`` and its epoch (None: none saved yet)."""
+    path = directory / CHECKPOINT_NAME
+    if not path.exists():
+        return None
+    return path, int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["epoch"])
 
 
 def _graph_named(graph: dict[str, str] | None) -> str:
@@ -199,11 +177,11 @@ def _graph_named(graph: dict[str, str] | None) -> str:
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, record: RunRecord,
-                    device: torch.device) -> tuple[int, list[dict[str, Any]]]:
+                    device: torch.device) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
     """Load a checkpoint with ``weights_only=True`` into ``model`` and ``optimizer``;
-    return (next epoch, history). A checkpoint of another graph, of another model config,
-    or (one that does not record its graph) whose weights do not fit is refused with one
-    line naming both."""
+    return (next epoch, history, the task's own state). A checkpoint of another graph, of
+    another model config, or (one that does not record its graph) whose weights do not fit
+    is refused with one line naming both."""
     state = torch.load(path, map_location=device, weights_only=True)
     config = dict(state.get("config") or {})
     facts = config.pop("graph", None)  # typed checkpoints that kept the graph's types there
@@ -229,10 +207,10 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         detail = next((line for line in lines if "size mismatch" in line), lines[-1] if lines else repr(exc))
         raise refused(f" ({detail})") from None
-    return int(state["epoch"]) + 1, list(state["history"])
+    return int(state["epoch"]) + 1, list(state["history"]), dict(state.get("task") or {})
 
 
-# ---- selection and the end of an epoch --------------------------------------------------
+# ---- the selection and a run's checkpoints -----------------------------------------
 
 
 def parameter_fingerprints(model: torch.nn.Module, env: DistEnv) -> list[float]:
@@ -253,84 +231,96 @@ def parameter_fingerprints(model: torch.nn.Module, env: DistEnv) -> list[float]:
 
 @dataclass
 class Selection:
-    """The epoch with the best validation accuracy so far, and its model weights."""
+    """The epoch with the best validation figure so far, and its model weights."""
 
     epoch: int | None = None
-    val_acc: float = -1.0
+    score: float = -1.0
     state: dict[str, torch.Tensor] | None = None
+    #: The task's own state at that epoch (what it needs to be that model again).
+    task: dict[str, Any] = field(default_factory=dict)
 
-    def offer(self, epoch: int, val_acc: float, model: torch.nn.Module) -> bool:
-        """Keep ``model``'s weights when ``val_acc`` beats the best so far."""
-        if val_acc <= self.val_acc:
+    def offer(self, epoch: int, score: float, model: torch.nn.Module,
+              task: dict[str, Any] | None = None) -> bool:
+        """Keep ``model``'s weights (and the ``task``'s state) when ``score`` beats the
+        best so far."""
+        if score <= self.score:
             return False
-        self.epoch, self.val_acc = epoch, val_acc
+        self.epoch, self.score, self.task = epoch, score, dict(task or {})
         self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         return True
 
     @classmethod
-    def resumed(cls, history: list[dict[str, Any]], best_path: Path | None,
-                device: torch.device, key: str = "val_acc") -> Selection:
+    def resumed(cls, history: list[dict[str, Any]], best_path: Path | None, device: torch.device,
+                key: str) -> Selection:
         """The selection of a resumed run: its history's best epoch by ``key``, with the
         weights of ``best_path`` when that file holds that epoch."""
         if not history:
             return cls()
         best = max(history, key=lambda h: h[key])
-        state = None
+        state, task = None, {}
         if best_path is not None and best_path.exists():
             saved = torch.load(best_path, map_location=device, weights_only=True)
             if int(saved["epoch"]) == int(best["epoch"]):
-                state = saved["model"]
+                state, task = saved["model"], dict(saved.get("task") or {})
         if state is None:
             log.warning("--resume: no %s for epoch %d; selecting among the epochs from here on",
                         BEST_NAME, best["epoch"])
             return cls()
-        return cls(int(best["epoch"]), float(best[key]), state)
+        return cls(int(best["epoch"]), float(best[key]), state, task)
 
 
-def resume_state(args: argparse.Namespace, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 record: RunRecord, env: DistEnv, key: str = "val_acc"
-                 ) -> tuple[Path | None, Path | None, int, list[dict[str, Any]], Selection]:
-    """The checkpoint paths (None without ``--checkpoint-dir``), the first epoch, the history
-    and the best-validation selection (by the history's ``key``): from the checkpoint with
-    ``--resume``, else fresh."""
-    ckpt = args.checkpoint_dir / CHECKPOINT_NAME if args.checkpoint_dir else None
-    best_path = args.checkpoint_dir / BEST_NAME if args.checkpoint_dir else None
-    start, history = 0, list[dict[str, Any]]()
-    if args.resume and ckpt is not None and ckpt.exists():
-        start, history = load_checkpoint(ckpt, model, optimizer, record, env.device)
+@dataclass
+class RunState:
+    """Where a run stands: the first epoch to train, the epochs' figures so far, the
+    best-validation selection, and the task's own state from the checkpoint."""
+
+    start: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    selection: Selection = field(default_factory=Selection)
+    task: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """A run's checkpoints in ``directory`` (``--checkpoint-dir``; None: none are
+    written): :data:`CHECKPOINT_NAME` every epoch, :data:`BEST_NAME` at each new best."""
+
+    directory: Path | None
+    record: RunRecord
+
+    def path(self, name: str) -> Path | None:
+        return None if self.directory is None else self.directory / name
+
+    def resume(self, resume: bool, model: torch.nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv,
+               key: str) -> RunState:
+        """The run's state: from the checkpoint with ``resume`` when there is one (its
+        weights loaded into ``model`` and ``optimizer``, the selection by the history's
+        ``key``), else fresh."""
+        ckpt = self.path(CHECKPOINT_NAME)
+        if not resume or ckpt is None or not ckpt.exists():
+            return RunState()
+        start, history, task = load_checkpoint(ckpt, model, optimizer, self.record, env.device)
+        if any(key not in h for h in history):
+            raise ValueError(f"--resume: checkpoint {ckpt} has no {key!r} in its epochs' figures (written by "
+                             "another version of graphfeed-train); start in another --checkpoint-dir")
         log.info("resumed from %s at epoch %d", ckpt, start)
-    return ckpt, best_path, start, history, Selection.resumed(history, best_path, env.device, key)
+        selection = Selection.resumed(history, self.path(BEST_NAME), env.device, key)
+        return RunState(start, history, selection, task)
 
-
-def end_epoch(m: EpochMetrics, history: list[dict[str, Any]], selection: Selection, model: torch.nn.Module,
-              optimizer: torch.optim.Optimizer, env: DistEnv, paths: tuple[Path | None, Path | None],
-              record: RunRecord) -> None:
-    """Record an epoch: its metrics, the best-validation selection, the log line and (rank
-    0) the checkpoint at ``paths[0]`` and, when it improved, the best one at ``paths[1]``."""
-    improved = keep_epoch(asdict(m), m.val_acc, history, selection, model, optimizer, env, paths, record)
-    cache = "" if m.cache_hit_rate is None else f", cache hits {m.cache_hit_rate:.1%}"
-    log.info("epoch %d: loss %.4f, train acc %.4f, val acc %.4f%s, %.1f s, %.0f seeds/s "
-             "(rank 0: waited %.1f s for data, received %.1f MB%s)", m.epoch, m.loss,
-             m.train_acc, m.val_acc, " (best so far)" if improved else "", m.train_seconds,
-             m.seeds_per_second, m.data_wait_seconds, m.received_mb, cache)
-
-
-def keep_epoch(row: dict[str, Any], val: float, history: list[dict[str, Any]], selection: Selection,
-               model: torch.nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv,
-               paths: tuple[Path | None, Path | None], record: RunRecord) -> bool:
-    """Append an epoch's ``row`` (its ``"epoch"`` and plain values) to ``history``, offer
-    the model to the selection with validation figure ``val``, and (rank 0) write the
-    checkpoint at ``paths[0]`` and, when it improved, the best one at ``paths[1]``.
-    Returns whether it improved."""
-    epoch = int(row["epoch"])
-    history.append(row)
-    improved = selection.offer(epoch, val, model)
-    ckpt, best_path = paths
-    if env.rank == 0 and ckpt is not None:
-        save_checkpoint(ckpt, model, optimizer, epoch, history, record)
-        if improved and best_path is not None:
-            save_checkpoint(best_path, model, optimizer, epoch, history, record)
-    return improved
+    def keep(self, row: dict[str, Any], score: float, state: RunState, model: torch.nn.Module,
+             optimizer: torch.optim.Optimizer, env: DistEnv, task: dict[str, Any]) -> bool:
+        """Append an epoch's ``row`` (its ``"epoch"`` and plain values) to the history,
+        offer the model to the selection with validation figure ``score``, and (rank 0)
+        write the checkpoint and, when it improved, the best one (with the task's own
+        state ``task``). Returns whether it improved."""
+        epoch = int(row["epoch"])
+        state.history.append(row)
+        improved = state.selection.offer(epoch, score, model, task)
+        for name, due in ((CHECKPOINT_NAME, True), (BEST_NAME, improved)):
+            path = self.path(name)
+            if due and path is not None and env.rank == 0:
+                save_checkpoint(path, model, optimizer, epoch, state.history, self.record, task)
+        return improved
 
 
 def restore_selected(model: torch.nn.Module, selection: Selection, env: DistEnv) -> list[float]:
@@ -342,4 +332,3 @@ def restore_selected(model: torch.nn.Module, selection: Selection, env: DistEnv)
     if len(set(fingerprints)) != 1:
         log.warning("model replicas differ across ranks: %s", fingerprints)
     return fingerprints
-

@@ -16,7 +16,7 @@ or a ``HeteroData`` (a typed one) as PyG's ``NeighborLoader`` lays them out.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -24,14 +24,10 @@ import torch
 from torch_geometric.data import Data, HeteroData
 
 from partitioner.format import load_partition
-from partitioner.graph import EdgeType
 from partitioner.manifest import Manifest, read_manifest
 from protos import codec
-from protos import sampling_pb2 as pb
 from protos.plan import plan_global_epoch
 from sampling_server.sampler import InProcessPeers, batch_key, create_sampler, to_pyg_data
-from sampling_server.sampler.edge_rows import EdgeRowsByPartition, edge_rows, local_edge_rows
-from sampling_server.sampler.types import Minibatch
 from trainer_client.graph import TypedGraph
 from trainer_client.inputs import check_edge_options, check_int, split_name
 
@@ -53,8 +49,7 @@ def graph_of_manifest(m: Manifest) -> TypedGraph:
 
 
 class LocalGraph:
-    """Every partition of a partition directory, each with its CPU sampler; it answers
-    the edge rows of every partition's edges (an :class:`~sampling_server.sampler.edge_rows.EdgeRemote`)."""
+    """Every partition of a partition directory, each with its CPU sampler."""
 
     def __init__(self, partition_dir: str | Path, *, verify: str = "size") -> None:
         """``verify``: ``'full'`` checks every file's SHA-256, ``'size'`` sizes and headers."""
@@ -73,26 +68,6 @@ class LocalGraph:
         log.info("%s graph %s: %d partitions sampled in this process",
                  "typed" if self.meta.typed else "plain", self.manifest.graph_name,
                  self.manifest.num_partitions)
-
-    def edge_data(self, edge_type: EdgeType, edges_by_partition: Mapping[int, torch.Tensor], ids: bool,
-                  features: bool, feature_dtype: codec.WireDType) -> EdgeRowsByPartition:
-        """Original IDs and/or features of each partition's edges (internal edge IDs)."""
-        return {p: local_edge_rows(self._parts[p].edge_data, edge_type, edges.numpy(), ids, features,
-                                   feature_dtype) for p, edges in edges_by_partition.items()}
-
-    def edge_rows(self, batch: Minibatch, partition: int, features: bool) -> None:
-        """Set the batch's ``e_id`` (and, with ``features``, ``edge_attr`` of the relations
-        with edge features, as stored) from its sampled edges, sampled on ``partition``."""
-        part = self._parts[partition]
-        for et, edges in batch.structure.edge.items():
-            stored = part.edge_attr.get(et)
-            dtype = codec.numpy_to_dtype(stored.dtype) if stored is not None else pb.FLOAT32
-            e_id, attr = edge_rows(part.edge_data, np.asarray(self.manifest.edge_book(et), dtype=np.int64),
-                                   et, edges, True, features and stored is not None, dtype, self)
-            assert e_id is not None
-            batch.e_id[et] = e_id
-            if attr is not None:
-                batch.edge_attr[et] = attr
 
     def split_nodes(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """(original IDs, global IDs) of the target type's ``split`` nodes, in original-ID
@@ -155,9 +130,7 @@ class InProcessLoader:
             batch = self.graph.samplers[ref.partition].minibatch(
                 self._seeds[positions], target, self.num_neighbors,
                 batch_key(self.seed, self.epoch, self.rank, ref.index), remote=self.graph.peers,
-                edges=self.edge_ids)
-            if self.edge_ids:
-                self.graph.edge_rows(batch, ref.partition, self.edge_features)
+                edges=self.edge_ids, edge_features=self.edge_features)
             data = to_pyg_data(batch, plain=plain)
             for store in data.edge_stores:
                 if "edge_attr" in store and store.edge_attr.is_floating_point():

@@ -80,12 +80,12 @@ def check_int(name: str, value: object, low: int, high: int | None = None) -> in
     return int(value)  # type: ignore[call-overload]
 
 
-def check_keywords(kwargs: Mapping[str, object]) -> None:
-    """Refuse keywords the loader does not take, saying what to use instead."""
+def check_keywords(kwargs: Mapping[str, object], loader: str) -> None:
+    """Refuse keywords the ``loader`` class does not take, saying what to use instead."""
     for name in kwargs:
         if name in UNSUPPORTED_KEYWORDS:
-            raise TypeError(f"{name}: not supported by RemoteNeighborLoader ({UNSUPPORTED_KEYWORDS[name]})")
-        raise TypeError(f"RemoteNeighborLoader got an unexpected keyword argument {name!r}")
+            raise TypeError(f"{name}: not supported by {loader} ({UNSUPPORTED_KEYWORDS[name]})")
+        raise TypeError(f"{loader} got an unexpected keyword argument {name!r}")
 
 
 def edge_attr_name(edge_features: bool | str) -> str:
@@ -128,8 +128,10 @@ def split_name(split: str) -> str:
     return split
 
 
-def input_array(nodes: InputNodes, name: str) -> np.ndarray:
-    """Input nodes as a 1-d array (integer IDs, or a boolean mask); checks the form only."""
+def input_array(nodes: InputNodes | None, name: str) -> np.ndarray | None:
+    """Input nodes (integer IDs or a boolean mask) as a 1-d array, form checked; None stays None."""
+    if nodes is None:
+        return None
     array = nodes.detach().cpu().numpy() if isinstance(nodes, torch.Tensor) else np.asarray(nodes)
     if array.ndim != 1:
         raise ValueError(f"{name}: expected a 1-d array of node IDs or a boolean mask, got shape "
@@ -169,8 +171,8 @@ class GivenInput:
 
     #: The node type named (``("author", ids)`` or ``"author"``); None: not named.
     node_type: str | None = None
-    #: Node IDs (original IDs or a mask); None: a split, or every node of ``node_type``.
-    nodes: InputNodes | None = None
+    #: Checked node IDs (original IDs or a mask); None: a split, or every node of ``node_type``.
+    nodes: np.ndarray | None = None
     #: A split named through ``input_nodes`` (``"train"``, ``"valid"`` ...).
     split: str | None = None
 
@@ -188,9 +190,9 @@ def seeds_source(split: str | None, input_nodes: object, seeds: object) -> tuple
         named = nodes in SPLITS or nodes in SPLIT_ALIASES
         given = GivenInput(split=nodes) if named else GivenInput(node_type=nodes)
     elif isinstance(nodes, tuple) and len(nodes) == 2 and isinstance(nodes[0], str):
-        given = GivenInput(node_type=nodes[0], nodes=nodes[1])
+        given = GivenInput(node_type=nodes[0], nodes=input_array(nodes[1], "input_nodes"))
     else:
-        given = GivenInput(nodes=nodes)  # type: ignore[arg-type]
+        given = GivenInput(nodes=input_array(nodes, "input_nodes"))  # type: ignore[arg-type]
     if split is not None and (given.nodes is not None or given.node_type or given.split):
         raise ValueError(f"split, input_nodes: expected one of them, got split={split!r} and nodes")
     split = split if split is not None else given.split

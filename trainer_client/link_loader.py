@@ -22,24 +22,20 @@ neighborhood of the distinct ends of its edges, and drops the excluded edges.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from torch_geometric.data import HeteroData
 
 from partitioner.graph import EdgeType, edge_type_name, parse_edge_type
 from protos import sampling_pb2 as pb
 from protos.codec import encode_tensor
 from trainer_client import inputs
-from trainer_client.batch_checks import BatchSpec, LinkSpec, TypedSpec
+from trainer_client.batch_checks import LinkSpec
 from trainer_client.cluster import Cluster
-from trainer_client.decode import DecodedBatch
-from trainer_client.inputs import NumNeighbors
-from trainer_client.loader import RemoteNeighborLoader
+from trainer_client.loader import RemoteLoader
 
 #: ``neg_sampling`` modes by name.
 NEGATIVE_MODES = {"binary": pb.NegativeSampling.BINARY, "triplet": pb.NegativeSampling.TRIPLET,
@@ -110,7 +106,7 @@ def parse_negatives(neg_sampling: object, neg_sampling_ratio: float | None, stri
     return Negatives(NEGATIVE_MODES[mode], amount, bool(strict))
 
 
-class RemoteLinkNeighborLoader(RemoteNeighborLoader):
+class RemoteLinkNeighborLoader(RemoteLoader):
     """Yields PyG ``LinkNeighborLoader`` minibatches of one rank's epoch, sampled by
     graphfeed servers.
 
@@ -130,9 +126,8 @@ class RemoteLinkNeighborLoader(RemoteNeighborLoader):
     def __init__(
         self, servers: Sequence[str] | str | Cluster, split: str | None = None, *,
         edge_label_index: object = None, edge_label: object = None, edge_type: EdgeType | str | None = None,
-        num_neighbors: NumNeighbors, batch_size: int, neg_sampling: object = None,
-        neg_sampling_ratio: float | None = None, strict_negatives: bool = False, exclude: str | None = None,
-        reverse_edge_type: EdgeType | str | None = None, **kwargs: Any,
+        neg_sampling: object = None, neg_sampling_ratio: float | None = None, strict_negatives: bool = False,
+        exclude: str | None = None, reverse_edge_type: EdgeType | str | None = None, **options: Any,
     ) -> None:
         """``split``: a stored link split (``"valid"`` is taken for ``"val"``; default
         ``"train"`` unless ``edge_label_index`` is given); ``edge_label_index``: seed edges
@@ -148,12 +143,8 @@ class RemoteLinkNeighborLoader(RemoteNeighborLoader):
         ``rev_`` type, a ``rev_`` type's forward type, or the seed type itself on a
         one-type graph); PyG keeps them.
         Labels that use 0 are shifted by one with binary negatives, as PyG shifts them.
-        The other arguments are :class:`~trainer_client.loader.RemoteNeighborLoader`'s
-        (``batches`` is always ``"global"``)."""
-        for name in ("input_nodes", "seeds", "batches", "include_labels"):
-            if name in kwargs:
-                raise TypeError(f"{name}: not an argument of RemoteLinkNeighborLoader (seed edges come "
-                                "from split= or edge_label_index=; batches are always global)")
+        The other arguments are :class:`~trainer_client.loader.RemoteLoader`'s
+        (``batch_size`` counts positive seed edges)."""
         if isinstance(edge_label_index, tuple) and len(edge_label_index) == 2 and \
                 isinstance(edge_label_index[0], (str, tuple)):
             if edge_type is not None:
@@ -161,8 +152,8 @@ class RemoteLinkNeighborLoader(RemoteNeighborLoader):
             edge_type, edge_label_index = edge_label_index
         if split is not None and edge_label_index is not None:
             raise ValueError("split, edge_label_index: expected one of them")
-        #: The link split iterated ("" for given edges).
-        self.link_split = "" if edge_label_index is not None else \
+        #: The link split iterated (None: the given seed edges, :attr:`edge_label_index`).
+        self.split = None if edge_label_index is not None else \
             "train" if split is None else "val" if split == "valid" else split
         self.negatives = parse_negatives(neg_sampling, neg_sampling_ratio, strict_negatives)
         if exclude not in EXCLUDE:
@@ -170,40 +161,41 @@ class RemoteLinkNeighborLoader(RemoteNeighborLoader):
         self.exclude = exclude
         self._link_given = (edge_label_index, edge_label)
         self._link_type_arg, self._reverse_arg = edge_type, reverse_edge_type
-        super().__init__(servers, None, input_nodes=None, num_neighbors=num_neighbors, batch_size=batch_size,
-                         batches="global", include_labels=False, **kwargs)
-        self.split = self.link_split
+        super().__init__(servers, **options)
 
     # ---- seed edges ------------------------------------------------------------------
 
-    def _open_seeds(self, given: inputs.GivenInput, nodes: np.ndarray | None) -> None:
+    def _open_seeds(self) -> None:
         """The seed edges' type (its source type stands for the seeds' in the batches'
-        layout) and the request's seed edges."""
-        self.edge_type = self._resolve_edge_type()
+        layout; typed batches hold ``input_id`` on it), the request's seed edges and the
+        batches' link layout."""
+        self.edge_type = self._input_key = self._resolve_edge_type()
         self._seeds_of = self.edge_type[0]
-        self._layout = TypedSpec.of(self.graph, self._seeds_of)
-        if isinstance(self.num_neighbors, dict):
-            inputs.edge_fanouts(self.num_neighbors, self.graph)  # checks the keys
-        self._links = self._link_seeds()
+        self._links, labelled, stored_negatives = self._link_seeds()
+        negatives = self.negatives
+        per_edge = int(negatives.amount) if negatives.mode == pb.NegativeSampling.TRIPLET else \
+            stored_negatives if negatives.mode == pb.NegativeSampling.GIVEN else None
+        labels = (negatives.mode == pb.NegativeSampling.BINARY or labelled) and not negatives.triplet
+        self._link_layout = LinkSpec(self.edge_type, negatives.triplet, labels, per_edge)
 
     def _resolve_edge_type(self) -> EdgeType:
         graph = self.graph
         named = self._link_type_arg
-        et: EdgeType | None = None
-        if named is not None:
+        et: EdgeType | None = None if named is None else \
+            parse_edge_type(named) if isinstance(named, str) else tuple(named)  # type: ignore[assignment]
+        if et is not None:
             if not graph.typed:
                 raise ValueError("edge_type: expected None, the graph is homogeneous (plain)")
-            et = parse_edge_type(named) if isinstance(named, str) else tuple(named)  # type: ignore[assignment]
             if et not in graph.edge_types:
                 known = [edge_type_name(e) for e in graph.edge_types]
                 raise ValueError(f"edge_type: expected one of {known}, got {named!r}")
-        if self._link_given[0] is None:
-            facts = graph.link_splits.get(self.link_split)
+        if self.split is not None:
+            facts = graph.link_splits.get(self.split)
             if facts is None:
                 raise ValueError(f"split: expected a link split of the graph {sorted(graph.link_splits)} "
-                                 f"(partition with link splits: --link-split), got {self.link_split!r}")
+                                 f"(partition with link splits: --link-split), got {self.split!r}")
             if et is not None and et != facts.edge_type:
-                raise ValueError(f"edge_type: link split {self.link_split!r} holds "
+                raise ValueError(f"edge_type: link split {self.split!r} holds "
                                  f"{edge_type_name(facts.edge_type)!r} edges, got {edge_type_name(et)!r}")
             return facts.edge_type
         if et is None:
@@ -213,8 +205,9 @@ class RemoteLinkNeighborLoader(RemoteNeighborLoader):
             et = graph.edge_types[0]
         return et
 
-    def _link_seeds(self) -> pb.LinkSeeds:
-        """The request's ``links`` (its seed edges and options); counts the seed edges."""
+    def _link_seeds(self) -> tuple[pb.LinkSeeds, bool, int]:
+        """The request's ``links`` (its seed edges and options), whether the seed edges
+        have labels and how many negatives each has stored; counts the seed edges."""
         et = self.edge_type
         links = pb.LinkSeeds(edge_type=edge_type_name(et) if self.graph.typed else "",
                              negatives=pb.NegativeSampling(mode=self.negatives.mode,  # type: ignore[arg-type]
@@ -225,46 +218,39 @@ class RemoteLinkNeighborLoader(RemoteNeighborLoader):
             rev = self._reverse_arg
             links.reverse_edge_type = rev if isinstance(rev, str) else edge_type_name(rev)
         index, label = self._link_given
-        self._labels = False
-        if index is None:
-            facts = self.graph.link_splits[self.link_split]
-            links.split = self.link_split
+        self._input_edges: np.ndarray | None = None  # the given seed edges
+        if self.split is not None:
+            facts = self.graph.link_splits[self.split]
+            links.split = self.split
             self._num_edges = int(facts.num_edges)
-            self._labels = facts.label_dtype is not None
-            self._stored_negatives = int(facts.num_negatives)
             if self.negatives.mode == pb.NegativeSampling.GIVEN and not facts.num_negatives:
                 raise ValueError(f"neg_sampling: 'given' needs a split stored with negatives; "
-                                 f"{self.link_split!r} has none")
-            self._input_edges: np.ndarray | None = None
-        else:
-            if self.negatives.mode == pb.NegativeSampling.GIVEN:
-                raise ValueError("neg_sampling: 'given' needs split= (negatives stored with a link split)")
-            pairs = np.asarray(torch.as_tensor(index).cpu().numpy() if not isinstance(index, np.ndarray)
-                               else index)
-            if pairs.ndim != 2 or pairs.shape[0] != 2 or pairs.dtype.kind not in "iu":
-                raise ValueError(f"edge_label_index: expected integer node IDs of shape [2, M], got "
-                                 f"{pairs.dtype} of shape {list(pairs.shape)}")
-            src, dst = (self._end_ids(pairs[row], et[end], f"edge_label_index[{row}]")
-                        for row, end in ((0, 0), (1, 2)))
-            links.given.src.CopyFrom(encode_tensor(src))
-            links.given.dst.CopyFrom(encode_tensor(dst))
-            if label is not None:
-                labels = np.ascontiguousarray(torch.as_tensor(label).cpu().numpy())
-                if labels.ndim < 1 or labels.shape[0] != src.size:
-                    raise ValueError(f"edge_label: expected one label per seed edge ({src.size}), got shape "
-                                     f"{list(labels.shape)}")
-                if self.negatives.triplet:
-                    raise ValueError("edge_label: expected None with triplet negatives (as PyG)")
-                links.given.label.CopyFrom(encode_tensor(labels))
-                self._labels = True
-            self._num_edges = int(src.size)
-            self._stored_negatives = 0
-            self._input_edges = np.stack([src, dst])
-        if self.negatives.triplet and self._labels:
-            raise ValueError(f"neg_sampling: triplet negatives take no labels, but split {self.link_split!r} "
-                             "has them")
-        self._seeds_tensor = encode_tensor(np.empty(0, dtype=np.int64))
-        return links
+                                 f"{self.split!r} has none")
+            if self.negatives.triplet and facts.label_dtype is not None:
+                raise ValueError(f"neg_sampling: triplet negatives take no labels, but split {self.split!r} "
+                                 "has them")
+            return links, facts.label_dtype is not None, int(facts.num_negatives)
+        if self.negatives.mode == pb.NegativeSampling.GIVEN:
+            raise ValueError("neg_sampling: 'given' needs split= (negatives stored with a link split)")
+        pairs = index if isinstance(index, np.ndarray) else torch.as_tensor(index).cpu().numpy()
+        if pairs.ndim != 2 or pairs.shape[0] != 2 or pairs.dtype.kind not in "iu":
+            raise ValueError(f"edge_label_index: expected integer node IDs of shape [2, M], got "
+                             f"{pairs.dtype} of shape {list(pairs.shape)}")
+        src, dst = (self._end_ids(pairs[row], et[end], f"edge_label_index[{row}]")
+                    for row, end in ((0, 0), (1, 2)))
+        links.given.src.CopyFrom(encode_tensor(src))
+        links.given.dst.CopyFrom(encode_tensor(dst))
+        if label is not None:
+            labels = np.ascontiguousarray(torch.as_tensor(label).cpu().numpy())
+            if labels.ndim < 1 or labels.shape[0] != src.size:
+                raise ValueError(f"edge_label: expected one label per seed edge ({src.size}), got shape "
+                                 f"{list(labels.shape)}")
+            if self.negatives.triplet:
+                raise ValueError("edge_label: expected None with triplet negatives (as PyG)")
+            links.given.label.CopyFrom(encode_tensor(labels))
+        self._num_edges = int(src.size)
+        self._input_edges = np.stack([src, dst])
+        return links, label is not None, 0
 
     def _end_ids(self, ids: np.ndarray, node_type: str, name: str) -> np.ndarray:
         """Checked original IDs of one end of the given seed edges (repeats allowed)."""
@@ -287,41 +273,9 @@ class RemoteLinkNeighborLoader(RemoteNeighborLoader):
         return self._num_edges
 
     @property
-    def seeds_per_partition(self) -> list[int]:
-        return [self._num_edges]
-
-    @property
     def edge_label_index(self) -> torch.Tensor | None:
         """The given seed edges (original IDs) that ``input_id`` indexes; None for a split."""
         return None if self._input_edges is None else torch.from_numpy(self._input_edges)
 
-    # ---- streaming -------------------------------------------------------------------
-
-    def _request(self) -> pb.EpochRequest:
-        request = super()._request()
-        request.links.CopyFrom(self._links)  # (the oneof: replaces the empty seeds)
-        request.include_labels = False
-        return request
-
-    def _batch_spec(self, num_batches: int) -> BatchSpec:
-        negatives = self.negatives
-        per_edge = int(negatives.amount) if negatives.mode == pb.NegativeSampling.TRIPLET else \
-            self._stored_negatives if negatives.mode == pb.NegativeSampling.GIVEN else None
-        labels = negatives.mode == pb.NegativeSampling.BINARY or self._labels
-        link = LinkSpec(self.edge_type, negatives.triplet, labels and not negatives.triplet, per_edge)
-        return dataclasses.replace(super()._batch_spec(num_batches), include_labels=False, link=link)
-
-    def _finish(self, batch: DecodedBatch, input_id: np.ndarray) -> DecodedBatch:
-        out = super()._finish(batch, input_id)
-        data = out.data
-        if isinstance(data, HeteroData):  # PyG puts it on the seed edge type
-            data[self.edge_type].input_id = data[self._seeds_of].input_id
-            del data[self._seeds_of].input_id
-        return out
-
-    def __repr__(self) -> str:
-        source = f"split={self.link_split!r}" if self._input_edges is None else \
-            f"edge_label_index={self._num_edges} edges"
-        return (f"{type(self).__name__}({source}, num_neighbors={self.num_neighbors}, batch_size="
-                f"{self.batch_size}, neg_sampling={self.negatives}, rank={self.rank}/{self.world_size}, "
-                f"servers={self.cluster.addresses})")
+    def _put_seeds(self, request: pb.EpochRequest) -> None:
+        request.links.CopyFrom(self._links)

@@ -5,7 +5,7 @@
   negatives ``n_1 .. n_K`` has rank ``1 + (#{n_k > p} + #{n_k >= p}) / 2``, the mean of the
   optimistic and the pessimistic rank, so ties cost half a place each; MRR is the mean of
   ``1 / rank``, Hits@k the share of ranks ``<= k``. Each positive's rank depends on its own
-  row only: the ranks sum their rows' figures and counts (:func:`ranking_sums`).
+  row only: the ranks sum their rows' figures and counts (:func:`rank_metrics`).
 * **Hits@K against one shared set of negative edges** (ogbl-collab's protocol, ``_eval_hits``):
   a positive counts when its score is *strictly above* the K-th highest negative score;
   with fewer than K negatives Hits@K is 1. The threshold needs every rank's negatives: each
@@ -40,34 +40,24 @@ def ogb_ranks(pos: Tensor, neg: Tensor) -> Tensor:
     return 0.5 * (optimistic + pessimistic).to(torch.float64) + 1.0
 
 
-def ranking_sums(ranks: Tensor) -> dict[str, float]:
-    """The sums behind MRR and Hits@k of :data:`RANK_HITS`: ``mrr`` (sum of ``1/rank``),
-    ``hits@k`` (count of ranks <= k) and ``count`` (positives); add them over ranks, then
-    :func:`ranking_means`."""
-    ranks = ranks.to(torch.float64)
-    sums = {"mrr": float((1.0 / ranks).sum()) if ranks.numel() else 0.0}
-    sums.update({f"hits@{k}": float((ranks <= k).sum()) for k in RANK_HITS})
-    sums["count"] = float(ranks.numel())
-    return sums
-
-
-def ranking_means(sums: dict[str, float]) -> dict[str, float]:
-    """Means of :func:`ranking_sums`' figures (0.0 without positives) and the count."""
-    count = sums["count"]
-    means = {k: v / count if count else 0.0 for k, v in sums.items() if k != "count"}
-    means["count"] = count
-    return means
-
-
 def ranking_metrics(pos: Tensor, neg: Tensor, env: DistEnv | None = None) -> dict[str, float]:
     """MRR and Hits@1/3/10 of this rank's positives ``pos`` ``[P]`` against their own
     negatives ``neg`` ``[P, K]``, over every rank of ``env`` (each rank passes its own
     rows; every positive is counted once)."""
-    sums = ranking_sums(ogb_ranks(pos, neg))
-    keys = list(sums)
+    return rank_metrics(ogb_ranks(pos, neg), env)
+
+
+def rank_metrics(ranks: Tensor, env: DistEnv | None = None) -> dict[str, float]:
+    """:func:`ranking_metrics` of this rank's positives' ``ranks`` (:func:`ogb_ranks`):
+    ``mrr``, ``hits@k`` of :data:`RANK_HITS` (0.0 without positives) and ``count``. The
+    ranks add their sums of ``1 / rank``, of ranks <= k and their counts."""
+    ranks = ranks.to(torch.float64)
+    sums = {"mrr": float((1.0 / ranks).sum()) if ranks.numel() else 0.0,
+            **{f"hits@{k}": float((ranks <= k).sum()) for k in RANK_HITS}, "count": float(ranks.numel())}
     if env is not None:
-        sums = dict(zip(keys, all_reduce_sums([sums[k] for k in keys], env), strict=True))
-    return ranking_means(sums)
+        sums = dict(zip(sums, all_reduce_sums(list(sums.values()), env), strict=True))
+    count = sums.pop("count")
+    return {**{k: v / count if count else 0.0 for k, v in sums.items()}, "count": count}
 
 
 def global_kth_largest(values: Tensor, k: int, env: DistEnv | None = None) -> tuple[float | None, int]:

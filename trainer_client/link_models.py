@@ -27,9 +27,10 @@ from torch import Tensor, nn
 from torch_geometric.data import Data, HeteroData
 
 from partitioner.graph import PLAIN_NODE_TYPE, EdgeType
+from trainer_client.featureless import EmbeddingInput, node_ids, plain_embedding
 from trainer_client.graph import TypedGraph
 from trainer_client.models import MODELS, NodeClassifier
-from trainer_client.typed_models import RGCN, TYPED_MODELS, TypedSAGE
+from trainer_client.typed_models import RGCN, TYPED_MODELS, EmbeddingFactory, TypedSAGE, node_ids_of
 
 #: ``--decoder`` choices.
 DECODERS = ("dot", "mlp")
@@ -113,9 +114,11 @@ def link_inputs(batch: Data | HeteroData) -> tuple[Any, ...]:
     of a ``HeteroData`` (counts None when absent)."""
     nodes = batch.num_sampled_nodes if "num_sampled_nodes" in batch else None
     sampled = batch.num_sampled_edges if "num_sampled_edges" in batch else None
-    if not isinstance(batch, HeteroData):
-        return batch.x, batch.edge_index, nodes, sampled, batch.edge_attr if "edge_attr" in batch else None
-    x_dict, edges, n_id = (batch.collect(key, allow_empty=True) for key in ("x", "edge_index", "n_id"))
+    if not isinstance(batch, HeteroData):  # a graph without features: node IDs where x would be
+        x = batch.x if "x" in batch else node_ids(batch)
+        return x, batch.edge_index, nodes, sampled, batch.edge_attr if "edge_attr" in batch else None
+    x_dict, edges = (batch.collect(key, allow_empty=True) for key in ("x", "edge_index"))
+    n_id = node_ids_of(batch)
     return (x_dict, edges, n_id, dict(nodes) if isinstance(nodes, dict) else None,
             {tuple(k): v for k, v in sampled.items()} if isinstance(sampled, dict) else None)
 
@@ -155,20 +158,25 @@ class LinkPredictor(nn.Module):
 
 def build_link_model(name: str, graph: TypedGraph, edge_type: EdgeType, *, decoder: str = "dot",
                      hidden_channels: int = 256, num_layers: int = 2, dropout: float = 0.5,
-                     edge_dim: int | None = None) -> LinkPredictor:
+                     edge_dim: int | None = None, embeddings: EmbeddingFactory | None = None,
+                     embedding_dim: int | None = None) -> LinkPredictor:
     """A :class:`LinkPredictor` with encoder ``name`` (:data:`LINK_MODELS` on a plain
     graph, :data:`~trainer_client.typed_models.TYPED_MODELS` on a typed one) for seed
     edges of ``edge_type``; ``edge_dim``: the edge features' columns, for a plain
-    encoder that takes them."""
+    encoder that takes them; ``embeddings``: the featureless types' input modules
+    (default: dense embeddings, ``embedding_dim`` wide on a plain graph)."""
     if edge_type not in graph.edge_types:
         raise ValueError(f"edge_type: expected one of the graph's {list(graph.edge_types)}, "
                          f"got {edge_type!r}")
     if not graph.typed:
         if name not in LINK_MODELS:
             raise ValueError(f"model: expected one of {list(LINK_MODELS)} on a plain graph, got {name!r}")
-        encoder: nn.Module = NodeClassifier(name, graph.feature_dims[PLAIN_NODE_TYPE], hidden_channels,
-                                            hidden_channels=hidden_channels, num_layers=num_layers,
-                                            dropout=dropout, edge_dim=edge_dim)
+        features = graph.feature_dims[PLAIN_NODE_TYPE]
+        width = features or embedding_dim or hidden_channels
+        encoder: nn.Module = NodeClassifier(name, width, hidden_channels, hidden_channels=hidden_channels,
+                                            num_layers=num_layers, dropout=dropout, edge_dim=edge_dim)
+        if not features:
+            encoder = EmbeddingInput(plain_embedding(graph, width, embeddings), encoder)
     else:
         if name not in TYPED_MODELS:
             raise ValueError(f"model: expected one of {list(TYPED_MODELS)} on a typed graph, got {name!r}")
@@ -176,6 +184,7 @@ def build_link_model(name: str, graph: TypedGraph, edge_type: EdgeType, *, decod
         facts = dataclasses.replace(graph, num_classes=hidden_channels)
         ends = list(dict.fromkeys([edge_type[0], edge_type[2]]))
         encoder = RGCN(facts, hidden_channels=hidden_channels, num_layers=num_layers, dropout=dropout,
-                       out_types=ends) if name == "rgcn" else \
-            TypedSAGE(facts, hidden_channels=hidden_channels, num_layers=num_layers, dropout=dropout)
+                       out_types=ends, embeddings=embeddings) if name == "rgcn" else \
+            TypedSAGE(facts, hidden_channels=hidden_channels, num_layers=num_layers, dropout=dropout,
+                      embeddings=embeddings)
     return LinkPredictor(encoder, build_decoder(decoder, hidden_channels, dropout), edge_type, graph.typed)

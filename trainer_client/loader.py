@@ -1,4 +1,7 @@
-"""``RemoteNeighborLoader``: PyG ``NeighborLoader`` batches, sampled by graphfeed servers.
+"""``RemoteNeighborLoader``: PyG ``NeighborLoader`` batches, sampled by graphfeed servers,
+and :class:`RemoteLoader`, the core it shares with the link loader
+(:mod:`trainer_client.link_loader`) as PyG's ``NodeLoader`` and ``LinkLoader`` share a
+sampler; each supplies its seeds step.
 
 One loader per DDP rank. Through a :class:`Cluster` (every server, checked), it
 translates the input nodes (original IDs, or a split's nodes) to graphfeed's own IDs,
@@ -22,8 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
+from typing import Any, Self
 
 import numpy as np
 import torch
@@ -37,7 +42,7 @@ from protos.channel import ProtocolError
 from protos.codec import encode_tensor
 from protos.plan import BatchRef, EpochPlan, GlobalPlan, plan_epoch, plan_global_epoch, shuffled_seeds
 from trainer_client import inputs
-from trainer_client.batch_checks import TypedSpec
+from trainer_client.batch_checks import LinkSpec, TypedSpec
 from trainer_client.cache import KNOWN_HOT_ORDERS, CacheError, FeatureCache, parse_cache_size, plan_caches
 from trainer_client.cluster import Cluster
 from trainer_client.decode import BatchSpec, DecodedBatch, to_device
@@ -49,72 +54,58 @@ from trainer_client.stream import EpochStream, ServerStream, StreamStats, Stream
 log = logging.getLogger(__name__)
 
 
-class RemoteNeighborLoader:
-    """Yields PyG ``Data`` minibatches of one rank's epoch, sampled by graphfeed servers.
+class RemoteLoader(ABC):
+    """What both loaders share: the cluster, the epoch's plan and stream (resumed after
+    failures), the feature caches and node tables, iteration and closing; a loader supplies
+    its seeds (:meth:`_open_seeds`, :meth:`_put_seeds`, :attr:`num_seeds`). Tensors that
+    stay on the CPU share the received messages' bytes: treat them as read-only. Batches
+    are ``HeteroData`` on a typed cluster (:attr:`typed_graph`, :meth:`metadata`)."""
 
-    Each batch has ``x``, ``edge_index``, ``y``, ``n_id``, ``batch_size``, ``input_id``,
-    ``num_sampled_nodes`` and ``num_sampled_edges``, as PyG's ``NeighborLoader`` gives;
-    the first ``batch_size`` nodes are the seeds. ``n_id`` holds original node IDs (the
-    graph's own), and ``input_id`` the positions of the seeds in :attr:`input_nodes`.
-    Tensors that stay on the CPU share the received messages' bytes: treat them as
-    read-only.
-
-    On a typed cluster (``ClusterInfo.typed``) it yields ``HeteroData`` as PyG's hetero
-    ``NeighborLoader`` does: per node type ``n_id``, ``num_nodes``, ``x`` (types with
-    features), ``num_sampled_nodes``; ``y`` on the target type; ``batch_size`` and
-    ``input_id`` on the seed type; per edge type ``edge_index`` and
-    ``num_sampled_edges`` (see ``docs/training.md``). :attr:`typed_graph` and
-    :meth:`metadata` describe the graph.
-    """
+    #: Set by each loader: the split iterated (None: seeds given); whether batches carry the
+    #: target type's labels "y"; the link batches' layout (None: seed nodes); and in
+    #: :meth:`_open_seeds` the seeds' node type (of a link loader: its seed edges' source
+    #: type) and the node or edge type whose store holds typed batches' ``input_id``.
+    split: str | None
+    _labels_asked = False
+    _link_layout: LinkSpec | None = None
+    _seeds_of: str
+    _input_key: str | EdgeType
 
     def __init__(
-        self, servers: Sequence[str] | str | Cluster, split: str | None = None, *,
-        input_nodes: InputNodes | str | tuple[str, InputNodes | None] | None = None,
-        seeds: InputNodes | None = None, num_neighbors: NumNeighbors, batch_size: int,
-        shuffle: bool = False, drop_last: bool = False, batches: str = "global", rank: int = 0,
-        world_size: int = 1, device: str | torch.device = "cpu", prefetch: int = 4, seed: int = 0,
-        feature_dtype: str = "float32", cast_features: bool = True, include_labels: bool = True,
-        replace: bool = False, weighted: bool = False, pin_memory: bool | None = None,
-        return_internal_ids: bool = False, connect_timeout: float = 60.0, stall_timeout: float = 60.0,
-        reconnect_timeout: float = 15.0, rpc_timeout: float = 30.0, client_id: str | None = None,
-        cache_size: float | str | None = None, cache_progress: bool | None = None,
-        compact_indices: bool = True, edge_features: bool | str = False, edge_ids: bool = False,
-        **unsupported: object,
+        self, servers: Sequence[str] | str | Cluster, *, num_neighbors: NumNeighbors, batch_size: int,
+        shuffle: bool = False, drop_last: bool = False, rank: int = 0, world_size: int = 1,
+        device: str | torch.device = "cpu", prefetch: int = 4, seed: int = 0, feature_dtype: str = "float32",
+        cast_features: bool = True, replace: bool = False, weighted: bool = False,
+        pin_memory: bool | None = None, return_internal_ids: bool = False, connect_timeout: float = 60.0,
+        stall_timeout: float = 60.0, reconnect_timeout: float = 15.0, rpc_timeout: float = 30.0,
+        client_id: str | None = None, cache_size: float | str | None = None,
+        cache_progress: bool | None = None, compact_indices: bool = True, edge_features: bool | str = False,
+        edge_ids: bool = False, **unsupported: object,
     ) -> None:
-        """Check the arguments, connect to the servers and plan epoch 0.
+        """Check the arguments, connect to the servers, open the seeds and plan epoch 0.
 
         ``servers``: addresses (any order, or one comma-separated string), or a
         :class:`Cluster` to share channels between loaders (the loader does not close
-        it). Seeds come from ``split`` (default ``"train"``; ``"valid"`` is taken for
-        ``"val"``) or ``input_nodes`` (original node IDs, or a boolean mask over the
-        nodes; ``seeds`` is another name for it), not both. A split's nodes are taken in
-        original-ID order. ``batches``: ``"global"`` cuts every batch from one ordering
-        of all the seeds across partitions (as a single-process loader does; with
-        ``shuffle=False`` the batches follow the input order), ``"partition"`` batches
-        each partition's seeds on their own server (no seed's neighbors are drawn by
-        another server; batches follow the partitioning). ``feature_dtype`` is the
-        features' dtype on the wire (``float32``, ``float16``, ``bfloat16`` or
-        ``stored``); ``cast_features`` casts them to float32 on ``device``.
-        ``return_internal_ids`` adds ``internal_n_id`` (graphfeed's own node numbering)
-        to each batch. ``stall_timeout``: seconds without a message before a stream is
-        resumed; ``reconnect_timeout``: seconds a broken stream is retried before
-        ServerUnavailable.
+        it). ``num_neighbors``: fanouts per hop, a list for every edge type or (typed
+        clusters) a dict per edge type (``(src, rel, dst)`` or ``"src__rel__dst"``; types
+        left out draw nothing). ``feature_dtype`` is the features' dtype on the wire
+        (``float32``, ``float16``, ``bfloat16`` or ``stored``); ``cast_features`` casts
+        them to float32 on ``device``. ``return_internal_ids`` adds ``internal_n_id``
+        (graphfeed's own node numbering) to each batch. ``stall_timeout``: seconds
+        without a message before a stream is resumed; ``reconnect_timeout``: seconds a
+        broken stream is retried before ServerUnavailable.
         ``cache_size``: the trainer-side hot-feature cache on ``device`` (see
         :mod:`trainer_client.cache`): a fraction of all nodes (``0.2``, ``"20%"``) or a
         size (``"2GiB"``); 0 turns it off; ``"auto"`` (the default): on a CUDA device
         every row when the features fit in a quarter of its free memory, else the hottest
         rows that do (:data:`~trainer_client.cache.AUTO_FREE_FRACTION`); 0 on the CPU.
         It fills once per :class:`Cluster` (progress bar on a terminal, or as
-        ``cache_progress`` says) and is shared by its loaders with the same plan.
-
-        Typed clusters: ``input_nodes`` may also be a split name, a node type (all its
-        nodes) or ``(node_type, IDs or mask or None)``; ``num_neighbors`` a list for every
-        edge type or a dict per edge type (``(src, rel, dst)`` or ``"src__rel__dst"``;
-        types left out draw nothing). ``cache_size`` caches every node type with features
-        alike: a fraction caches that share of each type's nodes, a size the same share of
-        every type, as many as fit (:func:`~trainer_client.cache.plan_caches`).
-        ``compact_indices``: ask for the batches' structure in compact form (narrow
-        integer dtypes, ``EpochRequest.compact_indices``); the batches are the same.
+        ``cache_progress`` says) and is shared by its loaders with the same plan. On a
+        typed cluster it caches every node type with features alike: a fraction caches
+        that share of each type's nodes, a size the same share of every type, as many as
+        fit (:func:`~trainer_client.cache.plan_caches`). ``compact_indices``: ask for the
+        batches' structure in compact form (narrow integer dtypes,
+        ``EpochRequest.compact_indices``); the batches are the same.
 
         Edges: ``edge_features=True`` adds each sampled edge's features as ``edge_attr``
         (per edge type with edge features on a typed graph), aligned with ``edge_index``,
@@ -124,11 +115,7 @@ class RemoteNeighborLoader:
         ``edge_ids=True`` adds ``e_id`` alone. Both need partitions written with edge IDs
         (``ClusterInfo.has_edge_ids``).
         """
-        inputs.check_keywords(unsupported)
-        split, given = inputs.seeds_source(split, input_nodes, seeds)
-        nodes = given.nodes
-        if batches not in inputs.BATCH_LAYOUTS:
-            raise ValueError(f"batches: expected one of {list(inputs.BATCH_LAYOUTS)}, got {batches!r}")
+        inputs.check_keywords(unsupported, type(self).__name__)
         inputs.check_settings(num_neighbors, batch_size, rank, world_size, prefetch, seed, feature_dtype)
         try:
             self.device = torch.device(device)
@@ -136,16 +123,14 @@ class RemoteNeighborLoader:
             raise ValueError(f"device: expected a torch device such as 'cpu' or 'cuda:0', got "
                              f"{device!r}") from exc
         self.timeouts = StreamTimeouts(stall=stall_timeout, reconnect=reconnect_timeout)
-        self.split = split
         #: Fanouts per hop: a list, or (typed graphs) a dict per edge type, as given.
         self.num_neighbors: list[int] | dict[EdgeType | str, list[int]] = (
             {k: [int(f) for f in v] for k, v in num_neighbors.items()}
             if isinstance(num_neighbors, Mapping) else [int(f) for f in num_neighbors])
         self.batch_size, self.shuffle, self.drop_last = int(batch_size), bool(shuffle), bool(drop_last)
-        self.batches, self.rank, self.world_size = batches, int(rank), int(world_size)
+        self.rank, self.world_size = int(rank), int(world_size)
         self.prefetch, self.seed, self.feature_dtype = int(prefetch), int(seed), feature_dtype
-        self.cast_features, self.include_labels = bool(cast_features), bool(include_labels)
-        self.replace, self.weighted = bool(replace), bool(weighted)
+        self.cast_features, self.replace, self.weighted = bool(cast_features), bool(replace), bool(weighted)
         self.return_internal_ids, self.compact_indices = bool(return_internal_ids), bool(compact_indices)
         #: The attribute edge features go in ("" when not asked); whether e_id is asked.
         self.edge_attr_name = inputs.edge_attr_name(edge_features)
@@ -156,7 +141,6 @@ class RemoteNeighborLoader:
                         "stay in pageable memory")
             self.pin_memory = False
         size = parse_cache_size("auto" if cache_size is None else cache_size)
-        node_array = inputs.input_array(nodes, "input_nodes") if nodes is not None else None
         self._owns_cluster = not isinstance(servers, Cluster)
         self.cluster = servers if isinstance(servers, Cluster) else \
             Cluster(servers, connect_timeout=connect_timeout, rpc_timeout=rpc_timeout, client_id=client_id)
@@ -164,17 +148,22 @@ class RemoteNeighborLoader:
         #: The graph's facts (a plain graph as one node type and one edge type).
         self.graph: TypedGraph = self.cluster.graph
         try:
-            self._open(given, node_array, size, cache_progress)
+            self._open(size, cache_progress)
         except BaseException:
             self.close()
             raise
         #: Counters of the last epoch streamed.
         self.last_stats = StreamStats()
 
-    def _open(self, given: inputs.GivenInput, nodes: np.ndarray | None, size: tuple[str, float],
-              progress: bool | None) -> None:
+    def _open(self, size: tuple[str, float], progress: bool | None) -> None:
         """What needs the cluster: the seeds, the caches and node tables, epoch 0's plan."""
-        self._open_seeds(given, nodes)
+        if not self.graph.typed and isinstance(self.num_neighbors, dict):
+            raise ValueError("num_neighbors is a dict, but the graph is homogeneous (plain: "
+                             "ClusterInfo.typed is absent): pass a list of fanouts")
+        self._open_seeds()
+        if isinstance(self.num_neighbors, dict):
+            inputs.edge_fanouts(self.num_neighbors, self.graph)  # checks the keys
+        self._layout = TypedSpec.of(self.graph, self._seeds_of)
         #: The feature cache of each cached node type (empty: every batch carries all of x).
         self.caches: dict[str, FeatureCache] = self._open_caches(size, progress)
         #: Every node's original ID and label per node type, when batches leave them out
@@ -190,11 +179,21 @@ class RemoteNeighborLoader:
                         "x world_size=%d; use a smaller batch_size or drop_last=False",
                         self.num_seeds, self.batch_size, self.world_size)
 
-    def _open_seeds(self, given: inputs.GivenInput, nodes: np.ndarray | None) -> None:
-        """The seeds' node type and the batches' layout, and the epoch's seeds."""
-        self._seeds_of = self._seed_type(given.node_type)
-        self._layout = TypedSpec.of(self.graph, self._seeds_of)
-        self._resolve_seeds(nodes, all_of_type=given.node_type is not None and nodes is None)
+    # ---- the seeds step, each loader's own ---------------------------------------------
+
+    @abstractmethod
+    def _open_seeds(self) -> None:
+        """Resolve the seeds against the cluster; sets :attr:`_seeds_of` and
+        :attr:`_input_key`."""
+
+    @abstractmethod
+    def _put_seeds(self, request: pb.EpochRequest) -> None:
+        """Put the seeds (nodes, or seed edges and their options) in an epoch's request."""
+
+    @property
+    @abstractmethod
+    def num_seeds(self) -> int:
+        """Seeds of one epoch, over all ranks."""
 
     # ---- the graph's facts, as each kind of graph names them ---------------------------
 
@@ -215,49 +214,6 @@ class RemoteNeighborLoader:
     @property
     def typed_node_tables(self) -> dict[str, NodeTable]:
         return self.node_tables if self.graph.typed else {}
-
-    def _seed_type(self, node_type: str | None) -> str:
-        """The seeds' node type (a plain graph's one); refuses typed arguments on a plain
-        graph."""
-        graph = self.graph
-        if not graph.typed and (node_type is not None or isinstance(self.num_neighbors, dict)):
-            what = "input_nodes names a node type" if node_type is not None else "num_neighbors is a dict"
-            raise ValueError(f"{what}, but the graph is homogeneous (plain: ClusterInfo.typed is absent): "
-                             "pass node IDs and a list of fanouts")
-        seed_type = node_type or graph.target_type
-        if seed_type not in graph.node_types:
-            raise ValueError(f"input_nodes: expected a node type of the graph "
-                             f"{list(graph.node_types)}, got {seed_type!r}")
-        if isinstance(self.num_neighbors, dict):
-            inputs.edge_fanouts(self.num_neighbors, graph)  # checks the keys
-        if self.split is not None and seed_type != graph.target_type:
-            raise ValueError(f"input_nodes: splits are of the target type {graph.target_type!r}, "
-                             f"got {seed_type!r}")
-        return seed_type
-
-    def _resolve_seeds(self, nodes: np.ndarray | None, all_of_type: bool = False) -> None:
-        """The epoch's seeds: original IDs (:attr:`input_nodes`) and their global IDs, and
-        each partition's seed count and input positions (of the seeds' node type;
-        ``all_of_type``: every node of it)."""
-        num_nodes = self.graph.num_nodes[self._seeds_of]
-        if all_of_type:
-            nodes = np.arange(num_nodes, dtype=np.int64)
-        if nodes is not None:
-            original = inputs.original_ids(nodes, num_nodes, "input_nodes", inputs.MAX_SEEDS)
-            internal = self.cluster.global_ids(original, self._seeds_of)
-        else:
-            assert self.split is not None
-            original, internal = self.cluster.split_nodes(self.split)
-            if original.size == 0:
-                raise ValueError(f"split: the graph has no {self.split!r} nodes on any partition (nothing "
-                                 "to iterate); pass input_nodes=, or partition the graph with a "
-                                 f"{self.split!r} split")
-            if original.size > inputs.MAX_SEEDS:
-                raise ValueError(f"split: expected at most {inputs.MAX_SEEDS} nodes (one message), got "
-                                 f"{original.size}; pass input_nodes= slices")
-        self._input_nodes, self._seeds, self._seeds_tensor = original, internal, encode_tensor(internal)
-        owner = self.cluster.partition_of(internal, self._seeds_of)
-        self._positions = [np.flatnonzero(owner == p) for p in range(self.cluster.num_partitions)]
 
     def _open_caches(self, size: tuple[str, float], progress: bool | None) -> dict[str, FeatureCache]:
         """The plan's cache of each node type with features, each filled on first use per
@@ -302,39 +258,16 @@ class RemoteNeighborLoader:
         return self.graph.metadata()
 
     @property
-    def num_classes(self) -> int:
-        """Number of classes (labels are 0 .. num_classes-1; -1 = unlabeled)."""
-        return int(self.cluster.info.num_classes)
-
-    @property
     def cluster_info(self) -> pb.ClusterInfo:
         """The servers' ClusterInfo (partition 0's)."""
         return self.cluster.info
 
-    @property
-    def seeds_per_partition(self) -> list[int]:
-        """Seeds of the epoch owned by each partition."""
-        return [int(p.size) for p in self._positions]
-
-    @property
-    def num_seeds(self) -> int:
-        """Seeds of one epoch, over all ranks."""
-        return int(self._seeds.size)
-
-    @property
-    def input_nodes(self) -> torch.Tensor:
-        """Original IDs of the epoch's seeds, in input order (a split's in ID order):
-        ``batch.input_id`` indexes this."""
-        return torch.from_numpy(self._input_nodes)
-
     def plan(self, epoch: int) -> EpochPlan | GlobalPlan:
-        """The plan of ``epoch`` (the same as every server and rank computes)."""
-        if self.batches == "global":
-            return plan_global_epoch(self.num_seeds, self.batch_size, self.world_size,
-                                     self.cluster.num_partitions, shuffle=self.shuffle, seed=self.seed,
-                                     epoch=epoch, drop_last=self.drop_last)
-        return plan_epoch(self.seeds_per_partition, self.batch_size, self.world_size, shuffle=self.shuffle,
-                          seed=self.seed, epoch=epoch, drop_last=self.drop_last)
+        """The plan of ``epoch`` (the same as every server and rank computes): every batch
+        cut from one ordering of all the seeds across partitions."""
+        return plan_global_epoch(self.num_seeds, self.batch_size, self.world_size,
+                                 self.cluster.num_partitions, shuffle=self.shuffle, seed=self.seed,
+                                 epoch=epoch, drop_last=self.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration streams (shuffling and sampling draws).
@@ -349,21 +282,17 @@ class RemoteNeighborLoader:
         return self._plan.batches_per_rank
 
     def input_ids(self, ref: BatchRef) -> np.ndarray:
-        """Positions in :attr:`input_nodes` of the seeds of one of this rank's batches."""
-        plan = self._plan
-        if isinstance(plan, GlobalPlan):
-            return plan.positions(ref.part_batch)
-        order = shuffled_seeds(self._positions[ref.partition], shuffle=self.shuffle, seed=self.seed,
-                               epoch=self.epoch, partition=ref.partition)
-        return plan.seeds_of(ref.partition, ref.part_batch, order)
+        """Positions among the epoch's seeds (what ``batch.input_id`` indexes) of the seeds
+        of one of this rank's batches."""
+        assert isinstance(self._plan, GlobalPlan)  # (the node loader's batches per partition: its own)
+        return self._plan.positions(ref.part_batch)
 
     # ---- streaming -------------------------------------------------------------------
 
     @property
     def _labels_on_wire(self) -> bool:
-        """Whether batches carry "y" (not when node tables have the labels, and the
-        original IDs)."""
-        return self.include_labels and not self.node_tables
+        """Whether batches carry "y" (not when node tables have the labels and original IDs)."""
+        return self._labels_asked and not self.node_tables
 
     def _request(self) -> pb.EpochRequest:
         fanouts, typed = inputs.request_fanouts(self._seeds_of, self.num_neighbors, self.graph)
@@ -374,10 +303,10 @@ class RemoteNeighborLoader:
             feature_dtype=inputs.WIRE_FEATURE_DTYPES[self.feature_dtype],  # type: ignore[arg-type]
             sampling=pb.SamplingOptions(replace=self.replace, weighted=self.weighted),
             include_features=True, include_labels=self._labels_on_wire, client_id=self.client_id,
-            global_batches=self.batches == "global", include_original_ids=not self.node_tables,
+            global_batches=isinstance(self._plan, GlobalPlan), include_original_ids=not self.node_tables,
             compact_indices=self.compact_indices, include_edge_ids=self.edge_ids,
             include_edge_features=bool(self.edge_attr_name))
-        request.seeds.CopyFrom(self._seeds_tensor)
+        self._put_seeds(request)
         if typed is not None:
             request.typed.CopyFrom(typed)
         for t, cache in self.caches.items():
@@ -406,7 +335,7 @@ class RemoteNeighborLoader:
             include_features=True, include_labels=self._labels_on_wire, num_batches=num_batches,
             typed=self._layout if self.graph.typed else None, compact_indices=self.compact_indices,
             include_edge_ids=self.edge_ids, include_edge_features=bool(self.edge_attr_name),
-            edge_feature_shapes=self.graph.edge_feature_shapes)
+            edge_feature_shapes=self.graph.edge_feature_shapes, link=self._link_layout)
 
     def __iter__(self) -> Iterator[Data | HeteroData]:
         """The current epoch's batches, in order, on ``device`` (``HeteroData`` on a typed
@@ -435,15 +364,17 @@ class RemoteNeighborLoader:
     def _finish(self, batch: DecodedBatch, input_id: np.ndarray) -> DecodedBatch:
         """A decoded batch as the loader yields it, on ``device``, with its feature rows
         and how many came from the caches. Per node type (a plain batch's ``Data`` is its
-        one node type's store): IDs and labels from the node tables, ``input_id`` on the
-        seed type, the cached rows of ``x`` from the caches, features cast there (they
-        cross the bus in their wire dtype), ``internal_n_id`` dropped unless kept."""
+        one node type's store): IDs and labels from the node tables, ``input_id`` (on the
+        seed type, or the seed edge type), the cached rows of ``x`` from the caches,
+        features cast there (they cross the bus in their wire dtype), ``internal_n_id``
+        dropped unless kept."""
         data = batch.data
         stores = {t: data[t] for t in data.node_types} if isinstance(data, HeteroData) else \
             {self._seeds_of: data}
         for t, table in self.node_tables.items():
-            table.complete(stores[t], self.include_labels and t == self.graph.target_type)
-        stores[self._seeds_of].input_id = torch.from_numpy(input_id)
+            table.complete(stores[t], self._labels_asked and t == self.graph.target_type)
+        input_store = data[self._input_key] if isinstance(data, HeteroData) else data
+        input_store.input_id = torch.from_numpy(input_id)
         to_device(data, self.device, non_blocking=self.pin_memory)
         dtype = torch.float32 if self.cast_features else None
         rows = cached_rows = 0
@@ -493,7 +424,7 @@ class RemoteNeighborLoader:
         if self._owns_cluster and hasattr(self, "cluster"):
             self.cluster.close()
 
-    def __enter__(self) -> RemoteNeighborLoader:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -501,6 +432,117 @@ class RemoteNeighborLoader:
         self.close()
 
     def __repr__(self) -> str:
-        source = f"split={self.split!r}" if self.split else f"input_nodes={self.num_seeds}"
+        source = f"split={self.split!r}" if self.split else f"{self.num_seeds} seeds given"
         return (f"{type(self).__name__}({source}, num_neighbors={self.num_neighbors}, batch_size="
                 f"{self.batch_size}, rank={self.rank}/{self.world_size}, servers={self.cluster.addresses})")
+
+
+class RemoteNeighborLoader(RemoteLoader):
+    """Yields PyG ``Data`` minibatches of one rank's epoch, sampled by graphfeed servers.
+
+    Each batch has ``x``, ``edge_index``, ``y``, ``n_id``, ``batch_size``, ``input_id``,
+    ``num_sampled_nodes`` and ``num_sampled_edges``, as PyG's ``NeighborLoader`` gives;
+    the first ``batch_size`` nodes are the seeds. ``n_id`` holds original node IDs (the
+    graph's own), and ``input_id`` the positions of the seeds in :attr:`input_nodes`.
+
+    On a typed cluster (``ClusterInfo.typed``) it yields ``HeteroData`` as PyG's hetero
+    ``NeighborLoader`` does: per node type ``n_id``, ``num_nodes``, ``x`` (types with
+    features), ``num_sampled_nodes``; ``y`` on the target type; ``batch_size`` and
+    ``input_id`` on the seed type; per edge type ``edge_index`` and
+    ``num_sampled_edges`` (see ``docs/training.md``).
+    """
+
+    def __init__(
+        self, servers: Sequence[str] | str | Cluster, split: str | None = None, *,
+        input_nodes: InputNodes | str | tuple[str, InputNodes | None] | None = None,
+        seeds: InputNodes | None = None, batches: str = "global", include_labels: bool = True, **options: Any,
+    ) -> None:
+        """Seeds come from ``split`` (default ``"train"``; ``"valid"`` is taken for
+        ``"val"``) or ``input_nodes`` (original node IDs, or a boolean mask over the
+        nodes; ``seeds`` is another name for it), not both. A split's nodes are taken in
+        original-ID order. On a typed cluster ``input_nodes`` may also be a split name, a
+        node type (all its nodes) or ``(node_type, IDs or mask or None)``.
+        ``batches``: ``"global"`` cuts every batch from one ordering of all the seeds
+        across partitions (as a single-process loader does; with ``shuffle=False`` the
+        batches follow the input order), ``"partition"`` batches each partition's seeds on
+        their own server (no seed's neighbors are drawn by another server; batches follow
+        the partitioning). ``include_labels``: batches carry ``y``. The other arguments are
+        :class:`RemoteLoader`'s."""
+        self.split, self._given = inputs.seeds_source(split, input_nodes, seeds)
+        if batches not in inputs.BATCH_LAYOUTS:
+            raise ValueError(f"batches: expected one of {list(inputs.BATCH_LAYOUTS)}, got {batches!r}")
+        self.batches, self.include_labels = batches, bool(include_labels)
+        self._labels_asked = self.include_labels
+        super().__init__(servers, **options)
+
+    def _open_seeds(self) -> None:
+        """The seeds' node type (a plain graph's one; refuses a node type on a plain graph),
+        the epoch's seeds: original IDs (:attr:`input_nodes`) and their global IDs, and
+        each partition's input positions."""
+        graph, node_type, nodes = self.graph, self._given.node_type, self._given.nodes
+        if not graph.typed and node_type is not None:
+            raise ValueError("input_nodes names a node type, but the graph is homogeneous (plain: "
+                             "ClusterInfo.typed is absent): pass node IDs")
+        self._seeds_of = self._input_key = node_type or graph.target_type
+        if self._seeds_of not in graph.node_types:
+            raise ValueError(f"input_nodes: expected a node type of the graph "
+                             f"{list(graph.node_types)}, got {self._seeds_of!r}")
+        num_nodes = graph.num_nodes[self._seeds_of]
+        if node_type is not None and nodes is None:  # every node of the type
+            nodes = np.arange(num_nodes, dtype=np.int64)
+        if nodes is not None:
+            original = inputs.original_ids(nodes, num_nodes, "input_nodes", inputs.MAX_SEEDS)
+            internal = self.cluster.global_ids(original, self._seeds_of)
+        else:
+            assert self.split is not None
+            original, internal = self.cluster.split_nodes(self.split)
+            if original.size == 0:
+                raise ValueError(f"split: the graph has no {self.split!r} nodes on any partition (nothing "
+                                 "to iterate); pass input_nodes=, or partition the graph with a "
+                                 f"{self.split!r} split")
+            if original.size > inputs.MAX_SEEDS:
+                raise ValueError(f"split: expected at most {inputs.MAX_SEEDS} nodes (one message), got "
+                                 f"{original.size}; pass input_nodes= slices")
+        self._input_nodes, self._seeds, self._seeds_tensor = original, internal, encode_tensor(internal)
+        owner = self.cluster.partition_of(internal, self._seeds_of)
+        self._positions = [np.flatnonzero(owner == p) for p in range(self.cluster.num_partitions)]
+
+    def _put_seeds(self, request: pb.EpochRequest) -> None:
+        request.seeds.CopyFrom(self._seeds_tensor)
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes (labels are 0 .. num_classes-1; -1 = unlabeled)."""
+        return int(self.cluster.info.num_classes)
+
+    @property
+    def seeds_per_partition(self) -> list[int]:
+        """Seeds of the epoch owned by each partition."""
+        return [int(p.size) for p in self._positions]
+
+    @property
+    def num_seeds(self) -> int:
+        """Seeds of one epoch, over all ranks."""
+        return int(self._seeds.size)
+
+    @property
+    def input_nodes(self) -> torch.Tensor:
+        """Original IDs of the epoch's seeds, in input order (a split's in ID order):
+        ``batch.input_id`` indexes this."""
+        return torch.from_numpy(self._input_nodes)
+
+    def plan(self, epoch: int) -> EpochPlan | GlobalPlan:
+        """The plan of ``epoch`` (the same as every server and rank computes)."""
+        if self.batches == "global":
+            return super().plan(epoch)
+        return plan_epoch(self.seeds_per_partition, self.batch_size, self.world_size, shuffle=self.shuffle,
+                          seed=self.seed, epoch=epoch, drop_last=self.drop_last)
+
+    def input_ids(self, ref: BatchRef) -> np.ndarray:
+        """Positions in :attr:`input_nodes` of the seeds of one of this rank's batches."""
+        plan = self._plan
+        if isinstance(plan, GlobalPlan):
+            return plan.positions(ref.part_batch)
+        order = shuffled_seeds(self._positions[ref.partition], shuffle=self.shuffle, seed=self.seed,
+                               epoch=self.epoch, partition=ref.partition)
+        return plan.seeds_of(ref.partition, ref.part_batch, order)

@@ -14,7 +14,9 @@ service, runs ``trainer_client.train --servers <those addresses>`` (or your
 after ``--grace``), and exits with the trainer's exit code (torchrun's with several
 processes: 1 for any failed rank). The servers' logs go to a run directory of their own,
 ``./graphfeed-local-runs/<date>-<time>/server-<p>.log`` (or ``--log-dir``). Servers that
-fail to come up end the run with exit 1 and their log named; bad flags exit 2.
+fail to come up end the run with exit 1 and their log named; bad flags exit 2, the
+trainer's too (checked before any server starts, as is ``--task link`` on a graph
+without link splits).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from partitioner.format import PartitionFormatError, read_manifest
+from partitioner.manifest import Manifest
 from protos.channel import create_channel
 from protos.cpus import usable_cpus
 from protos.ports import reserved_ports, wait_port_file
@@ -245,21 +248,34 @@ def new_run_dir(root: Path) -> Path:
     return path
 
 
-def num_partitions(partition_dir: Path) -> int:
-    """The partition count of a format v1 (homogeneous) or v2 (typed) directory."""
-    return read_manifest(partition_dir).num_partitions
+def check_trainer_args(trainer_args: Sequence[str], manifest: Manifest, partition_dir: Path) -> None:
+    """Refuse, before any server starts, what graphfeed-train would refuse at start: its
+    flags (parsed as it parses them, exit 2 with its message), and ``--task link`` on a
+    graph without link splits (:class:`ValueError`)."""
+    from trainer_client.train import parse_args as trainer_parse_args  # torch: only when it is used
+
+    trainer = trainer_parse_args(["--servers", "graphfeed-local", *trainer_args])
+    if trainer.task == "link" and not manifest.link_splits:
+        raise ValueError(f"--task link: expected a graph with link splits, but {partition_dir} has none; "
+                         "partition it with --link-split (or from an OGB link dataset)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point: the trainer's exit code, 1 when the servers did not come up,
-    2 on bad flags or a partition directory that cannot be read."""
+    2 on bad flags (the trainer's too) or a partition directory that cannot be read."""
     args, trainer_args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
-        num_parts = num_partitions(args.partition_dir)
+        manifest = read_manifest(args.partition_dir)
+        if args.trainer_script is None:
+            check_trainer_args(trainer_args, manifest, args.partition_dir)
     except (PartitionFormatError, OSError) as exc:
         sys.stderr.write(f"graphfeed-local: error: --partition-dir: {exc}\n")
         return 2
+    except ValueError as exc:
+        sys.stderr.write(f"graphfeed-local: error: {exc}\n")
+        return 2
+    num_parts = manifest.num_partitions
     signal.signal(signal.SIGTERM, _interrupted)
     try:
         with local_servers(args, num_parts) as addresses:

@@ -1,12 +1,16 @@
-"""The training loop of ``graphfeed-train``, one for both kinds of graph.
+"""The training loop of ``graphfeed-train``, one for every task and both kinds of graph.
 
-A :class:`Job` is what one run trains on: its batch sources (the servers' loaders, or the
-in-process loader of ``--partition-dir``), the graph's facts and how it is evaluated
-(:func:`evaluation_fanouts`). :func:`run` trains it: each epoch trains on ``train``,
-evaluates ``val`` (each rank its share, counts summed over the ranks), keeps the
-best-validation weights, logs and checkpoints (:mod:`trainer_client.ddp`); the selected
-model is tested at the end. A model reads a batch of either kind through
-:func:`~trainer_client.typed_models.model_inputs`.
+A :class:`Task` says what a run trains (node classification:
+:mod:`trainer_client.node_task`; link prediction: :mod:`trainer_client.link_task`): its
+model, its training batches and the loss of one of them, how it evaluates a split (an
+opaque procedure returning that split's figures, over all ranks) and which figure selects
+the model. :func:`run` trains any task alike: each epoch a training pass (DDP, progress
+bar, the batches' traffic), an evaluation of ``val``, the selection of the
+best-validation weights, the log line and the checkpoints (:mod:`trainer_client.ddp`);
+``--resume``; the selected model tested at the end; the metrics. A task that keeps state
+beyond its model's weights (an optimizer of its own, a snapshot on the servers) hands it
+to the checkpoints (:meth:`Task.state_dict`) and takes it back on ``--resume``; one that
+acts after every optimizer step (pushing gradient rows) does it in :meth:`Task.after_step`.
 """
 
 from __future__ import annotations
@@ -15,48 +19,28 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from functools import partial
-from typing import Any, Protocol
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from trainer_client.cluster import Cluster
-from trainer_client.ddp import (
-    DistEnv,
-    EpochMetrics,
-    RunRecord,
-    all_reduce_sums,
-    end_epoch,
-    restore_selected,
-    resume_state,
-)
-from trainer_client.evaluate import accuracy_of, labeled, layerwise_logits
-from trainer_client.graph import PLAIN_NODE_TYPE, TypedGraph
-from trainer_client.in_process import InProcessLoader, LocalGraph
-from trainer_client.inputs import MAX_SEEDS
-from trainer_client.loader import RemoteNeighborLoader
-from trainer_client.models import (
-    EDGE_MODELS,
-    MODELS,
-    NEEDS_EDGE_FEATURES,
-    NodeClassifier,
-    build_model,
-    edge_dim_of,
-    seed_labels,
-)
-from trainer_client.typed_models import FIND_UNUSED_PARAMETERS, TYPED_MODELS, build_typed_model, model_inputs
+from trainer_client.ddp import Checkpoints, DistEnv, RunRecord, all_reduce_sums, restore_selected
+from trainer_client.featureless import ServerEmbeddings
+from trainer_client.graph import TypedGraph
+from trainer_client.models import EDGE_MODELS, NEEDS_EDGE_FEATURES, edge_dim_of
+from trainer_client.stream import StreamStats
+from trainer_client.typed_models import FIND_UNUSED_PARAMETERS, EmbeddingFactory
 
 log = logging.getLogger("trainer_client.train")
 
 
 class Batches(Protocol):
-    """What a training loop needs of any loader (node or link batches): ``len()``
-    batches per epoch (equal on every rank), ``set_epoch`` and the batches."""
+    """What the loop needs of any loader (node or link batches): ``len()`` batches per
+    epoch (equal on every rank), ``set_epoch`` and the batches."""
 
     def set_epoch(self, epoch: int) -> None: ...
 
@@ -66,7 +50,7 @@ class Batches(Protocol):
 
 
 class BatchSource(Batches, Protocol):
-    """What the node loop needs of a loader: :class:`Batches`, and the seeds' original IDs."""
+    """A node loader: :class:`Batches`, and the seeds' original IDs."""
 
     @property
     def input_nodes(self) -> torch.Tensor: ...
@@ -98,42 +82,96 @@ class TimedBatches:
 
 
 @dataclass
-class Job:
-    """What one run trains on."""
+class Step:
+    """What a task's training batch gave."""
 
-    train: BatchSource
-    val: BatchSource
-    test: BatchSource
-    #: The graph's facts.
+    #: The loss to minimize, a mean over ``count`` scored items (with its graph).
+    loss: torch.Tensor
+    #: Items predicted right, of ``count`` scored (labelled seeds, or seed and negative pairs).
+    correct: int
+    count: int
+    #: The batch's training seeds (seed nodes, or positive seed edges).
+    seeds: int
+
+
+@dataclass(kw_only=True)
+class Task(ABC):
+    """What the loop trains (see the module doc): the run's flags, this rank's place, and
+    the loaders the task opened per split when it was built."""
+
+    #: ``--task``.
+    name: ClassVar[str]
+    args: argparse.Namespace
+    env: DistEnv
     graph: TypedGraph
-    #: Fanouts of the sampled evaluation; None: full-neighbor layer-wise inference over
-    #: :attr:`everything` (``val`` and ``test`` then only name their splits' nodes).
+    #: This rank's training batches.
+    train: Batches
+    #: The evaluation's fanouts (None: exact full-neighbor inference).
     eval_fanouts: list[int] | None
-    #: Every node, one hop with every neighbor, for layer-wise inference.
-    everything: RemoteNeighborLoader | None = None
-    #: Whose graph it is, for messages.
+    #: Whose graph it is, for messages ("the servers'", ...).
     source: str = "the servers'"
+    #: The featureless types' embeddings when the servers hold them (``--sparse-embedding``);
+    #: None: dense ones in the model.
+    embeddings: ServerEmbeddings | None = None
 
+    @abstractmethod
+    def build_model(self) -> torch.nn.Module:
+        """The model, every module the task trains with the loop's optimizer."""
 
-def evaluation_fanouts(args: argparse.Namespace, typed: bool) -> list[int] | None:
-    """The evaluation's fanouts (None: full-neighbor layer-wise inference, a plain graph's
-    default). Typed graphs are evaluated on samples, as PyG's and DGL's ogbn-mag examples
-    do (layer-wise inference would run every layer over every node of every type): the
-    training fanouts unless ``--eval-fanouts`` was given, ``full`` being -1 at every hop."""
-    if not typed:
-        return None if args.eval_fanouts is None else list(args.eval_fanouts)
-    if not getattr(args, "eval_fanouts_given", False):
-        return list(args.fanouts)
-    return list(args.eval_fanouts) if args.eval_fanouts is not None else [-1] * len(args.fanouts)
+    @abstractmethod
+    def config(self) -> dict[str, Any]:
+        """What the weights are of (recorded in checkpoints, compared on ``--resume``)."""
 
+    @abstractmethod
+    def step(self, model: torch.nn.Module, batch: Any) -> Step:
+        """The loss and counts of one training batch (``model`` is DDP's)."""
 
-def _split_loaders(make: Callable[..., Any], args: argparse.Namespace, fanouts: list[int],
-                   **common: Any) -> list[Any]:
-    """The train, val and test loaders ``make(split, num_neighbors=, batch_size=, ...)``
-    builds: the training split shuffled, the others with ``fanouts``."""
-    return [make("train", num_neighbors=args.fanouts, batch_size=args.batch_size, shuffle=True, **common)] + \
-        [make(split, num_neighbors=fanouts, batch_size=args.eval_batch_size, shuffle=False, **common)
-         for split in ("val", "test")]
+    @abstractmethod
+    def evaluate(self, model: torch.nn.Module, split: str) -> dict[str, float]:
+        """The figures of ``split`` ("val", "test") over all ranks; every rank calls it."""
+
+    @abstractmethod
+    def metric(self, split: str) -> str:
+        """The figure of :meth:`evaluate` that selects the model (``val``) or is reported."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """The run's first log line: the graph, the model, the batches, the evaluation."""
+
+    def facts(self) -> dict[str, Any]:
+        """The task's own entries of the metrics."""
+        return {}
+
+    def embedding_factory(self) -> EmbeddingFactory | None:
+        """What makes the featureless types' input modules (None: dense embeddings)."""
+        return None if self.embeddings is None else self.embeddings.module
+
+    def start(self) -> None:
+        """Called once the model is built (the server-held tables are created then)."""
+        if self.embeddings is not None:
+            self.embeddings.start()
+
+    def after_step(self) -> None:
+        """Called after every optimizer step (the server-held tables' gradients are pushed)."""
+        if self.embeddings is not None:
+            self.embeddings.step()
+
+    def state_dict(self, selected: bool = False) -> dict[str, Any]:
+        """State the checkpoints keep beside the model and the loop's optimizer (tensors
+        and plain values; empty: none); ``selected``: the epoch is the best so far (the
+        server-held tables are snapshotted, that one kept until a better one)."""
+        return {} if self.embeddings is None else self.embeddings.state_dict(selected)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back :meth:`state_dict` of the checkpoint ``--resume`` continues from, or
+        of the selected epoch at the end."""
+        if self.embeddings is not None:
+            self.embeddings.load_state_dict(state)
+
+    def close(self) -> None:
+        """Called when the run is over (the server-held tables leave the servers' memory)."""
+        if self.embeddings is not None:
+            self.embeddings.close()
 
 
 def loader_options(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
@@ -144,68 +182,20 @@ def loader_options(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
         feature_dtype=args.feature_dtype, stall_timeout=args.timeout,
         reconnect_timeout=args.reconnect_timeout, cache_size=args.cache_size,
         cache_progress=None if env.rank == 0 and not args.no_progress else False,
-        edge_features=uses_edge_features(args))
+        edge_features=uses_edge_features(args),
+        return_internal_ids=bool(getattr(args, "sparse_embedding", False)))
 
 
-def cluster_job(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> Job:
-    """The loaders of this rank on the servers' graph, sharing the cluster's channels, with
-    the trainer-side feature cache of ``--cache-size``."""
-    graph = cluster.graph
-    check_model_kind(args.model, graph, "the servers serve")
-    common = loader_options(args, env)
-    fanouts = evaluation_fanouts(args, graph.typed)
-    if fanouts is None and uses_edge_features(args):  # layer-wise inference takes no edge features
-        fanouts = [-1] * len(args.fanouts)
-    train, val, test = _split_loaders(partial(RemoteNeighborLoader, cluster), args, fanouts or [-1],
-                                      **common)
-    everything = None
-    if fanouts is None:
-        if cluster.info.num_nodes > MAX_SEEDS:
-            raise ValueError(f"--eval-fanouts full: layer-wise inference streams every node, at most "
-                             f"{MAX_SEEDS} (one request), but the graph has {cluster.info.num_nodes}; "
-                             "pass --eval-fanouts, e.g. 15,10")
-        all_nodes = torch.ones(int(cluster.info.num_nodes), dtype=torch.bool)
-        everything = RemoteNeighborLoader(cluster, input_nodes=all_nodes, num_neighbors=[-1],
-                                          batch_size=args.eval_batch_size, batches="partition", **common)
-    return Job(train, val, test, graph=graph, eval_fanouts=fanouts, everything=everything)
-
-
-def check_model_kind(model: str, graph: TypedGraph, where: str) -> None:
-    """Refuse a model of the other kind of graph than ``graph`` (``where``: "the servers
-    serve", "--partition-dir holds")."""
-    if graph.typed and model not in TYPED_MODELS:
-        raise ValueError(f"--model {model}: {where} the typed graph {graph.name!r} (format v2); expected "
-                         f"a typed model: {', '.join(TYPED_MODELS)}")
-    if not graph.typed and model in TYPED_MODELS:
-        raise ValueError(f"--model {model}: expected a typed graph (format v2), but {where} the "
-                         f"homogeneous graph {graph.name!r}; use --model {', '.join(sorted(MODELS))}")
-
-
-def partition_dir_job(args: argparse.Namespace, env: DistEnv) -> Job:
-    """Loaders sampling in this process from ``--partition-dir`` (either kind of graph).
-    Evaluation is sampled: a plain graph's default ``full`` samples every neighbor at
-    every hop (the same logits as layer-wise inference, batch by batch)."""
-    local = LocalGraph(args.partition_dir)
-    check_model_kind(args.model, local.meta, "--partition-dir holds")
-    fanouts = evaluation_fanouts(args, local.meta.typed) or [-1] * len(args.fanouts)
-    train, val, test = _split_loaders(partial(InProcessLoader, local), args, fanouts, rank=env.rank,
-                                      world_size=env.world_size, device=env.device, seed=args.seed,
-                                      edge_features=uses_edge_features(args))
-    return Job(train, val, test, graph=local.meta, eval_fanouts=fanouts, source="the partition directory's")
-
-
-def build_job_model(args: argparse.Namespace, graph: TypedGraph) -> torch.nn.Module:
-    """The model of ``--model`` for ``graph``."""
-    if graph.typed:
-        return build_typed_model(args.model, graph, hidden_channels=args.hidden, num_layers=args.layers,
-                                 dropout=args.dropout)
-    return build_model(args.model, graph.feature_dims[PLAIN_NODE_TYPE], graph.num_classes,
-                       hidden_channels=args.hidden, num_layers=args.layers, dropout=args.dropout,
-                       heads=args.heads, edge_dim=model_edge_dim(args, graph))
+def sampled_fanouts(args: argparse.Namespace) -> list[int]:
+    """Sampled evaluation's fanouts: ``--eval-fanouts`` (``full``: -1 at every hop of
+    ``--fanouts``), else ``--fanouts``."""
+    if not getattr(args, "eval_fanouts_given", False):
+        return list(args.fanouts)
+    return list(args.eval_fanouts) if args.eval_fanouts is not None else [-1] * len(args.fanouts)
 
 
 def uses_edge_features(args: argparse.Namespace) -> bool:
-    """Whether the job's model takes edge features: GINE always, GAT with ``--edge-features``."""
+    """Whether the model takes edge features: GINE always, GAT with ``--edge-features``."""
     return args.model in NEEDS_EDGE_FEATURES or (args.model in EDGE_MODELS
                                                   and bool(getattr(args, "edge_features", False)))
 
@@ -226,100 +216,127 @@ def model_edge_dim(args: argparse.Namespace, graph: TypedGraph) -> int | None:
     return edge_dim_of(shape)
 
 
-def one_pass(model: torch.nn.Module, source: BatchSource, env: DistEnv,
-             optimizer: torch.optim.Optimizer | None = None, *, progress: bool = False,
-             epoch: int = 0) -> tuple[float, float, int, float, float]:
-    """One pass over this rank's batches: a training step on each with ``optimizer``,
-    else an evaluation of the labelled seeds (the same draws every time: epoch 0). Returns
-    (loss, accuracy, seeds) over all ranks, and this rank's seconds in all and waiting for
-    its batches."""
-    training = optimizer is not None
-    model.train(training)
-    if not training:
-        source.set_epoch(0)
-    loss_sum = correct = count = 0.0
+# ---- an epoch --------------------------------------------------------------------------
+
+
+@dataclass
+class EpochMetrics:
+    """Figures of one epoch's training pass, over all ranks, whatever the task."""
+
+    epoch: int
+    #: Mean training loss per scored item (labelled seed, or pair).
+    loss: float
+    #: Share of the training pass's scored items predicted right.
+    train_acc: float
+    #: Training seeds over all ranks (seed nodes, or positive seed edges).
+    seeds: int
+    #: Batches per rank.
+    batches: int
+    #: Seconds of the training pass / of validation.
+    train_seconds: float
+    eval_seconds: float
+    #: Training seeds per second over all ranks.
+    seeds_per_second: float
+    #: Seconds rank 0 waited for batches that had not arrived yet.
+    data_wait_seconds: float
+    #: Megabytes (10**6 bytes) of batches rank 0 received for the training pass.
+    received_mb: float = 0.0
+    #: Share of rank 0's feature rows taken from its feature cache (None: no cache).
+    cache_hit_rate: float | None = None
+    #: Rank 0's training streams called again after a break or a stall.
+    resumes: int = 0
+
+
+def train_pass(task: Task, model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int,
+               progress: bool) -> EpochMetrics:
+    """One training pass over this rank's batches; the figures over all ranks (this
+    rank's seconds, and the traffic of its stream)."""
+    model.train()
+    task.train.set_epoch(epoch)
+    loss_sum = correct = count = seeds = 0.0
     started = time.perf_counter()
-    timed = TimedBatches(source, progress, epoch)
-    with torch.set_grad_enabled(training):
-        for batch in timed:
-            out, y = labeled(model(*model_inputs(batch)), seed_labels(batch))
-            # Unlabeled seeds are masked out; an empty loss still takes part in DDP's sync.
-            loss = F.cross_entropy(out, y, reduction="sum") / max(int(y.numel()), 1)
-            if optimizer is not None:
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-            loss_sum += float(loss.detach()) * y.numel()
-            correct += int((out.argmax(dim=-1) == y).sum())
-            count += y.numel()
-            timed.show_loss(loss)
-    loss_sum, correct, count = all_reduce_sums([loss_sum, correct, count], env)
-    return loss_sum / max(count, 1.0), correct / max(count, 1.0), int(count), \
-        time.perf_counter() - started, timed.waited
+    timed = TimedBatches(task.train, progress, epoch)
+    for batch in timed:
+        step = task.step(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        step.loss.backward()
+        optimizer.step()
+        task.after_step()
+        loss_sum += float(step.loss.detach()) * step.count
+        correct, count, seeds = correct + step.correct, count + step.count, seeds + step.seeds
+        timed.show_loss(step.loss)
+    loss_sum, correct, count, seeds = all_reduce_sums([loss_sum, correct, count, seeds], task.env)
+    seconds = time.perf_counter() - started
+    # a stream's figures: the servers' loaders have them, in-process ones receive nothing
+    stats: StreamStats = getattr(task.train, "last_stats", None) or StreamStats()
+    return EpochMetrics(epoch, loss_sum / max(count, 1.0), correct / max(count, 1.0), int(seeds),
+                        len(task.train), seconds, 0.0, seeds / max(seconds, 1e-9), timed.waited,
+                        round(stats.bytes / 1e6, 3),
+                        round(stats.hit_rate, 4) if getattr(task.train, "caches", None) else None,
+                        stats.resumes)
 
 
-def evaluate(model: torch.nn.Module, job: Job, env: DistEnv, *, test: bool) -> tuple[float, float]:
-    """Validation and (when ``test``) test accuracy (-1.0 when not computed)."""
-    if job.everything is not None:
-        assert isinstance(model, NodeClassifier)
-        logits, y = layerwise_logits(model, job.everything, distributed=env.distributed, device=env.device)
-        val = accuracy_of(logits, y, job.val.input_nodes)
-        return val, accuracy_of(logits, y, job.test.input_nodes) if test else -1.0
-    val = one_pass(model, job.val, env)[1]
-    return val, one_pass(model, job.test, env)[1] if test else -1.0
+def _epoch_line(m: EpochMetrics, metric: str, val: float, improved: bool) -> str:
+    traffic = "".join([f", cache hits {m.cache_hit_rate:.1%}" if m.cache_hit_rate is not None else "",
+                       f", {m.resumes} stream resumes" if m.resumes else ""])
+    return (f"epoch {m.epoch}: loss {m.loss:.4f}, train acc {m.train_acc:.4f}, val {metric} {val:.4f}"
+            f"{' (best so far)' if improved else ''}; {m.train_seconds:.1f} s training + "
+            f"{m.eval_seconds:.1f} s evaluation, {m.seeds_per_second:.0f} seeds/s (rank 0: waited "
+            f"{m.data_wait_seconds:.1f} s for data, received {m.received_mb:.1f} MB{traffic})")
 
 
-def _traffic(source: BatchSource) -> tuple[float, float | None]:
-    """Megabytes received for the last epoch's batches and the feature caches' hit rate
-    (None without a cache; nothing is received in process)."""
-    if not isinstance(source, RemoteNeighborLoader):
-        return 0.0, None
-    stats = source.last_stats
-    return round(stats.bytes / 1e6, 3), round(stats.hit_rate, 4) if source.caches else None
+# ---- the run ---------------------------------------------------------------------------
 
 
-def run(args: argparse.Namespace, env: DistEnv, job: Job) -> dict[str, Any]:
-    """Train; validate every epoch and keep the model of the best validation accuracy;
-    test that model at the end; return the metrics."""
-    graph = job.graph
+def history_last(history: list[dict[str, Any]]) -> int | None:
+    """The last epoch of ``history`` (None: none)."""
+    return int(history[-1]["epoch"]) if history else None
+
+
+def run(args: argparse.Namespace, env: DistEnv, task: Task) -> dict[str, Any]:
+    """Train ``task``; validate every epoch and keep the model of the best validation
+    figure; test that model at the end; return the metrics."""
+    graph, metric = task.graph, task.metric("val")
     torch.manual_seed(args.seed)
-    model = build_job_model(args, graph).to(env.device)
+    model = task.build_model().to(env.device)
+    task.start()
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    config = {"model": args.model, "hidden": args.hidden, "layers": args.layers}  # what the weights are of
-    record = RunRecord(config if graph.typed else {**config, "heads": args.heads},  # --heads: the plain GAT's
-                       graph.identity(), graph.to_json(), job.source)
-    ckpt, best_path, start, history, selection = resume_state(args, model, optimizer, record, env)
-    kind = f"typed: {list(graph.node_types)}, target {graph.target_type!r}" if graph.typed else "plain"
-    log.info("graph %s (%s, %d classes): model %s; batch size %d per rank: %d seeds per optimizer step over "
-             "%d ranks; evaluation: %s", graph.name, kind, graph.num_classes, args.model, args.batch_size,
-             args.batch_size * env.world_size, env.world_size,
-             "full neighbors, layer-wise" if job.eval_fanouts is None else
-             f"sampled, fanouts {job.eval_fanouts}")
+    checkpoints = Checkpoints(args.checkpoint_dir, RunRecord(task.config(), graph.identity(), graph.to_json(),
+                                                             task.source))
+    state = checkpoints.resume(args.resume, model, optimizer, env, f"val_{metric}")
+    if state.start:  # resumed
+        task.load_state_dict(state.task)
+    log.info("%s", task.describe())
     ddp = model if not env.distributed else DistributedDataParallel(
         model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
         find_unused_parameters=FIND_UNUSED_PARAMETERS.get(args.model, False))
     progress = env.rank == 0 and not args.no_progress and sys.stderr.isatty()
     started = time.perf_counter()
-    for epoch in range(start, args.epochs):
-        job.train.set_epoch(epoch)
-        loss, train_acc, seeds, train_s, waited = one_pass(ddp, job.train, env, optimizer,
-                                                           progress=progress, epoch=epoch)
+    for epoch in range(state.start, args.epochs):
+        m = train_pass(task, ddp, optimizer, epoch, progress)
         eval_started = time.perf_counter()
-        val_acc, _ = evaluate(model, job, env, test=False)
-        m = EpochMetrics(epoch, loss, train_acc, val_acc, seeds, len(job.train), train_s,
-                         time.perf_counter() - eval_started, seeds / max(train_s, 1e-9), waited,
-                         *_traffic(job.train))
-        end_epoch(m, history, selection, model, optimizer, env, (ckpt, best_path), record)
-    fingerprints = restore_selected(model, selection, env)
-    _, test_acc = evaluate(model, job, env, test=True)
-    log.info("selected epoch %s (val acc %.4f): test acc %.4f", selection.epoch, selection.val_acc, test_acc)
+        val = task.evaluate(model, "val")
+        m.eval_seconds = time.perf_counter() - eval_started
+        row = {**asdict(m), **{f"val_{k}": v for k, v in val.items()}}
+        kept = task.state_dict(selected=val[metric] > state.selection.score)
+        improved = checkpoints.keep(row, val[metric], state, model, optimizer, env, kept)
+        log.info("%s", _epoch_line(m, metric, val[metric], improved))
+    fingerprints = restore_selected(model, state.selection, env)
+    if state.selection.task and state.selection.epoch != history_last(state.history):
+        task.load_state_dict(state.selection.task)
+    test = task.evaluate(model, "test")
+    log.info("selected epoch %s (val %s %.4f): test %s", state.selection.epoch, metric, state.selection.score,
+             ", ".join(f"{k} {v:.4f}" for k, v in test.items() if k != "count"))
+    history = state.history
+    task.close()
     return {
-        "graph": graph.name, **({"typed": True} if graph.typed else {}), "world_size": env.world_size,
-        "device": str(env.device), "model": record.config, "fanouts": args.fanouts,
+        "task": task.name, "graph": graph.name, **({"typed": True} if graph.typed else {}),
+        "world_size": env.world_size, "device": str(env.device), "model": task.config(), **task.facts(),
+        "fanouts": args.fanouts, "eval_fanouts": "full" if task.eval_fanouts is None else task.eval_fanouts,
         "batch_size": args.batch_size, "batch_size_per_step": args.batch_size * env.world_size,
-        "seed": args.seed, "eval_fanouts": "full" if job.eval_fanouts is None else job.eval_fanouts,
-        "start_epoch": start, "epochs": history, "selected_epoch": selection.epoch,
-        "selected_val_acc": selection.val_acc, "test_acc": test_acc, "param_fingerprints": fingerprints,
-        "seconds": time.perf_counter() - started,
+        "seed": args.seed, "val_metric": metric, "test_metric": task.metric("test"),
+        "start_epoch": state.start, "epochs": history, "selected_epoch": state.selection.epoch,
+        f"selected_val_{metric}": state.selection.score, **{f"test_{k}": v for k, v in test.items()},
+        "param_fingerprints": fingerprints, "seconds": time.perf_counter() - started,
         "seeds_per_second": sum(h["seeds_per_second"] for h in history) / max(len(history), 1),
     }

@@ -130,8 +130,11 @@ def edge_dim_of(shape: Sequence[int]) -> int:
 
 
 def batch_inputs(data: Data) -> tuple[Tensor, Tensor, int, list[int] | None, list[int] | None, Tensor | None]:
-    """The positional inputs of :meth:`NodeClassifier.forward` for a loader batch."""
-    return (data.x, data.edge_index, int(data.batch_size),
+    """The positional inputs of :meth:`NodeClassifier.forward` for a loader batch; on a
+    graph without features, the batch's node IDs stand where its features would
+    (:class:`~trainer_client.featureless.EmbeddingInput` reads them)."""
+    x = data.x if "x" in data else data.internal_n_id if "internal_n_id" in data else data.n_id
+    return (x, data.edge_index, int(data.batch_size),
             data.num_sampled_nodes if "num_sampled_nodes" in data else None,
             data.num_sampled_edges if "num_sampled_edges" in data else None,
             data.edge_attr if "edge_attr" in data else None)

@@ -1,18 +1,19 @@
 """``graphfeed-train``: train a GNN node classifier (or, with ``--task link``, a link
-predictor: :mod:`trainer_client.link_task`) on minibatches streamed by graphfeed
-servers, with DDP (torchrun-compatible); typed graphs (format v2, e.g. ogbn-mag) train
-``--model rgcn`` or ``hetero-sage`` on ``HeteroData`` batches; either kind trains from
-the servers or, with ``--partition-dir``, sampled in this process from the partition
-files::
+predictor) on minibatches streamed by graphfeed servers, with DDP (torchrun-compatible);
+typed graphs (format v2, e.g. ogbn-mag) train ``--model rgcn`` or ``hetero-sage`` on
+``HeteroData`` batches; either kind trains from the servers or, with ``--partition-dir``,
+sampled in this process from the partition files::
 
     graphfeed-train --servers node0:50051,node1:50051 --fanouts 10,5 --epochs 10
     torchrun --nproc-per-node 4 -m trainer_client.train --servers ... --checkpoint-dir ckpt
     graphfeed-train --partition-dir parts/mag-2 --model rgcn --fanouts 10,5 --epochs 10
 
-This module is the command line; the loop (one for both kinds of graph) is
-:mod:`trainer_client.loop`, the process group and checkpoints :mod:`trainer_client.ddp`.
-Every wait on the service is bounded by ``--timeout``, and each collective by the
-process group's timeout, so a failure ends the job with a clear error instead of a hang.
+This module is the command line; the loop (one for every task and both kinds of graph)
+is :mod:`trainer_client.loop`, the tasks :mod:`trainer_client.node_task` and
+:mod:`trainer_client.link_task`, the process group and checkpoints
+:mod:`trainer_client.ddp`. Every wait on the service is bounded by ``--timeout``, and each
+collective by the process group's timeout, so a failure ends the job with a clear error
+instead of a hang; Ctrl-C ends it with one line saying what was saved and how to resume.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import json
 import logging
 import re
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,11 +34,13 @@ from protos.security import Security, read_token, set_default_security
 from trainer_client.cache import parse_cache_size
 from trainer_client.cluster import Cluster
 from trainer_client.connect import REFUSED_GRACE
-from trainer_client.ddp import DIST_BACKENDS, env_int, setup_distributed, teardown_distributed
+from trainer_client.ddp import DIST_BACKENDS, env_int, last_saved, setup_distributed, teardown_distributed
+from trainer_client.featureless import SPARSE_OPTIMIZERS
 from trainer_client.link_models import DECODERS
-from trainer_client.link_task import EXCLUDE_CHOICES, cluster_link_job, run_link
-from trainer_client.loop import cluster_job, partition_dir_job, run
+from trainer_client.link_task import EXCLUDE_CHOICES, cluster_link_task
+from trainer_client.loop import run
 from trainer_client.models import MODELS
+from trainer_client.node_task import cluster_task, partition_dir_task
 from trainer_client.typed_models import TYPED_MODELS
 
 log = logging.getLogger("trainer_client.train")
@@ -123,9 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "world size x this (PyG's per-process batch_size)")
     p.add_argument("--eval-batch-size", type=_positive(int), default=None, help="default: --batch-size")
     p.add_argument("--eval-fanouts", type=_eval_fanouts, default=argparse.SUPPRESS,
-                   help="neighbors per hop for validation and test, or 'full': exact full-neighbor "
-                        "layer-wise inference (the default on homogeneous graphs); on typed graphs "
-                        "sampled, by default with --fanouts, 'full' = every neighbor")
+                   help="neighbors per hop for validation and test, or 'full' (every neighbor). Default: "
+                        "'full' for --task node on a homogeneous graph (from --servers: exact layer-wise "
+                        "inference); --fanouts for --task link and on typed graphs, which are always "
+                        "evaluated on sampled neighborhoods")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--lr", type=_positive(float), default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.0)
@@ -185,6 +190,20 @@ def build_parser() -> argparse.ArgumentParser:
                       help="negatives drawn per positive for MRR when a split stores none")
     link.add_argument("--hits-k", type=_positive(int), default=50,
                       help="K of Hits@K where a split's negatives are a '<split>_neg' split (ogbl-collab)")
+    emb = p.add_argument_group("node types without features (docs/training.md, 'Embeddings of featureless "
+                               "node types')")
+    emb.add_argument("--sparse-embedding", action="store_true",
+                     help="give every node type without features a learnable embedding held by the servers "
+                          "(partitioned like the nodes, updated there by a sparse optimizer from the rows "
+                          "each step touched) instead of a dense one in the model, replicated on every "
+                          "rank and all-reduced whole every step")
+    emb.add_argument("--sparse-optimizer", choices=list(SPARSE_OPTIMIZERS), default="adagrad",
+                     help="the servers' optimizer of those embeddings (torch's Adagrad or SparseAdam)")
+    emb.add_argument("--sparse-lr", type=_positive(float), default=0.06,
+                     help="learning rate of those embeddings")
+    emb.add_argument("--embedding-dim", type=_positive(int), default=None,
+                     help="width of the featureless types' embeddings (default: --hidden); a linear "
+                          "layer projects them to --hidden where they differ")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -209,6 +228,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.task == "link" and args.partition_dir is not None:
         parser.error("--task link: expected --servers (link batches are sampled by the servers), got "
                      "--partition-dir")
+    if args.sparse_embedding and args.partition_dir is not None:
+        parser.error("--sparse-embedding: expected --servers (the servers hold the embeddings), got "
+                     "--partition-dir")
     if args.resume and args.checkpoint_dir is None:
         parser.error("--resume: expected --checkpoint-dir too")
     args.layers = args.layers or len(args.fanouts)
@@ -216,8 +238,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def interrupted(args: argparse.Namespace, argv: Sequence[str]) -> str:
+    """What a run stopped by Ctrl-C leaves in ``--checkpoint-dir``, and the command that
+    continues it (``argv``: the run's arguments)."""
+    if args.checkpoint_dir is None:
+        return "interrupted: nothing saved (no --checkpoint-dir: pass one to continue a run with --resume)"
+    last = last_saved(args.checkpoint_dir)
+    saved = f"saved epoch {last[1]} in {last[0]}" if last else f"nothing saved yet in {args.checkpoint_dir}"
+    again = shlex.join([*argv, *([] if args.resume else ["--resume"])])
+    launch = "graphfeed-train" if env_int("WORLD_SIZE", 1) == 1 else \
+        "torchrun <the same options> -m trainer_client.train"
+    return f"interrupted: {saved}; continue with: {launch} {again}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point; returns the exit status (0 ok, 1 a graphfeed or input error)."""
+    """Console entry point; returns the exit status (0 ok, 1 a graphfeed or input error,
+    130 interrupted)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     keep_freed_memory()  # every batch allocates alike: reuse the blocks, skip page faults
     env = None
@@ -231,12 +268,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, token=read_token(args.token_file))))
         env = setup_distributed(args.device, args.timeout, args.dist_backend)
         if args.partition_dir is not None:
-            metrics = run(args, env, partition_dir_job(args, env))
+            metrics = run(args, env, partition_dir_task(args, env))
         else:
             log.info("waiting up to %g s for the servers %s", args.timeout, args.servers)
             cluster = Cluster(args.servers, connect_timeout=args.timeout, refused_grace=args.refused_grace)
-            metrics = run_link(args, env, cluster_link_job(args, env, cluster)) if args.task == "link" \
-                else run(args, env, cluster_job(args, env, cluster))
+            task = cluster_link_task if args.task == "link" else cluster_task
+            metrics = run(args, env, task(args, env, cluster))
         if env.rank == 0 and args.metrics_json is not None:
             args.metrics_json.parent.mkdir(parents=True, exist_ok=True)
             args.metrics_json.write_text(json.dumps(metrics, indent=2) + "\n")
@@ -245,6 +282,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rank = env.rank if env is not None else env_int("RANK", 0)
         log.error("rank %d: %s", rank, exc, exc_info=log.isEnabledFor(logging.DEBUG))
         return 1
+    except KeyboardInterrupt:
+        if (env.rank if env is not None else env_int("RANK", 0)) == 0:
+            log.warning("%s", interrupted(args, argv))
+        return 130
     finally:
         if cluster is not None:
             cluster.close()

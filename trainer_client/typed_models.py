@@ -18,7 +18,7 @@ return the target type's seeds' logits.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch.nn.functional as F
@@ -28,6 +28,7 @@ from torch_geometric.nn import SAGEConv, to_hetero
 from torch_geometric.utils import trim_to_layer
 
 from partitioner.graph import EdgeType
+from trainer_client.featureless import dense_embedding
 from trainer_client.graph import TypedGraph
 from trainer_client.models import batch_inputs, check_sizes
 
@@ -68,20 +69,25 @@ def layer_plan(graph: TypedGraph, num_layers: int,
     return plan
 
 
+#: Makes the input module of a featureless node type, ``hidden`` channels wide (a
+#: server-held embedding, :class:`~trainer_client.featureless.ServerEmbeddings`).
+EmbeddingFactory = Callable[[str, int], nn.Module]
+
+
 class TypedInput(nn.Module):
     """Every node type to ``hidden`` channels: a ``Linear`` for types with features, an
-    ``nn.Embedding`` (indexed by ``n_id``) for types without."""
+    embedding (indexed by the batch's node IDs) for types without: ``embeddings``' module
+    of the type where given, else a dense ``nn.Embedding``."""
 
-    def __init__(self, graph: TypedGraph, hidden: int, types: Sequence[str] | None = None) -> None:
+    def __init__(self, graph: TypedGraph, hidden: int, types: Sequence[str] | None = None,
+                 embeddings: EmbeddingFactory | None = None) -> None:
         super().__init__()
         types = list(graph.node_types if types is None else types)
         self.lins = nn.ModuleDict({t: nn.Linear(graph.feature_dims[t], hidden)
                                    for t in types if graph.feature_dims.get(t, 0) > 0})
-        embs = {t: nn.Embedding(graph.num_nodes[t], hidden)
-                for t in types if graph.feature_dims.get(t, 0) <= 0}
-        for emb in embs.values():
-            nn.init.xavier_uniform_(emb.weight)
-        self.embs = nn.ModuleDict(embs)
+        featureless = [t for t in types if graph.feature_dims.get(t, 0) <= 0]
+        self.embs = nn.ModuleDict({t: embeddings(t, hidden) if embeddings is not None
+                                   else dense_embedding(graph.num_nodes[t], hidden) for t in featureless})
 
     def forward(self, x_dict: Mapping[str, Tensor], n_id_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
         out = {}
@@ -127,13 +133,15 @@ class RGCN(nn.Module):
     type; a link predictor's source and destination types)."""
 
     def __init__(self, graph: TypedGraph, *, hidden_channels: int = 64, num_layers: int = 2,
-                 dropout: float = 0.5, out_types: Sequence[str] | None = None) -> None:
+                 dropout: float = 0.5, out_types: Sequence[str] | None = None,
+                 embeddings: EmbeddingFactory | None = None) -> None:
         super().__init__()
         check_graph(graph, hidden_channels, num_layers, dropout)
         self.target_type, self.dropout, self.num_layers = graph.target_type, dropout, num_layers
         plan = layer_plan(graph, num_layers, out_types)
         used = set(plan[0][1]) | {et[0] for et in plan[0][0]}  # the first layer's outputs and sources
-        self.input = TypedInput(graph, hidden_channels, [t for t in graph.node_types if t in used])
+        self.input = TypedInput(graph, hidden_channels, [t for t in graph.node_types if t in used],
+                                embeddings)
         widths = [hidden_channels] * num_layers + [graph.num_classes]
         self.layers = nn.ModuleList([RGCNLayer(rels, outs, widths[i], widths[i + 1])
                                      for i, (rels, outs) in enumerate(plan)])
@@ -186,11 +194,11 @@ class TypedSAGE(nn.Module):
     """GraphSAGE made typed by ``to_hetero`` (aggregation ``sum`` over relations)."""
 
     def __init__(self, graph: TypedGraph, *, hidden_channels: int = 64, num_layers: int = 2,
-                 dropout: float = 0.5) -> None:
+                 dropout: float = 0.5, embeddings: EmbeddingFactory | None = None) -> None:
         super().__init__()
         check_graph(graph, hidden_channels, num_layers, dropout)
         self.target_type = graph.target_type
-        self.input = TypedInput(graph, hidden_channels)
+        self.input = TypedInput(graph, hidden_channels, embeddings=embeddings)
         stack = _SAGEStack(hidden_channels, graph.num_classes, num_layers, dropout)
         self.gnn = to_hetero(stack, (list(graph.node_types), list(graph.edge_types)), aggr="sum")
 
@@ -212,8 +220,8 @@ class TypedSAGE(nn.Module):
 def typed_batch_inputs(batch: HeteroData) -> TypedBatchInputs:
     """The inputs of a typed model's ``forward`` for a batch laid out as PyG's hetero
     ``NeighborLoader`` lays it out (``batch_size`` on the target type)."""
-    x_dict, edges, n_id, sizes = (batch.collect(key, allow_empty=True)
-                                  for key in ("x", "edge_index", "n_id", "batch_size"))
+    x_dict, edges, sizes = (batch.collect(key, allow_empty=True) for key in ("x", "edge_index", "batch_size"))
+    n_id = node_ids_of(batch)
     if len(sizes) != 1:
         raise ValueError(f"batch: expected batch_size on exactly one node type (the seeds'), found it "
                          f"on {list(sizes)}")
@@ -231,10 +239,18 @@ def model_inputs(batch: Data | HeteroData) -> tuple[Any, ...]:
     return typed_batch_inputs(batch) if isinstance(batch, HeteroData) else batch_inputs(batch)
 
 
+def node_ids_of(batch: HeteroData) -> dict[str, Tensor]:
+    """Per node type, the IDs its embedding is indexed by
+    (:func:`~trainer_client.featureless.node_ids`)."""
+    return {**batch.collect("n_id", allow_empty=True), **batch.collect("internal_n_id", allow_empty=True)}
+
+
 def build_typed_model(name: str, graph: TypedGraph, *, hidden_channels: int = 64, num_layers: int = 2,
-                      dropout: float = 0.5) -> RGCN | TypedSAGE:
-    """A typed node classifier by name (``rgcn`` or ``hetero-sage``)."""
+                      dropout: float = 0.5, embeddings: EmbeddingFactory | None = None) -> RGCN | TypedSAGE:
+    """A typed node classifier by name (``rgcn`` or ``hetero-sage``); ``embeddings``: the
+    featureless types' input modules (default: dense embeddings)."""
     classes: dict[str, type[RGCN] | type[TypedSAGE]] = {"rgcn": RGCN, "hetero-sage": TypedSAGE}
     if name not in classes:
         raise ValueError(f"model: expected one of {list(TYPED_MODELS)}, got {name!r}")
-    return classes[name](graph, hidden_channels=hidden_channels, num_layers=num_layers, dropout=dropout)
+    return classes[name](graph, hidden_channels=hidden_channels, num_layers=num_layers, dropout=dropout,
+                         embeddings=embeddings)

@@ -69,6 +69,9 @@ class _Answers:
     def has_edges(self, *args: Any) -> Any:
         raise AssertionError("the gather benchmark tests no edges")
 
+    def edge_data(self, *args: Any) -> Any:
+        raise AssertionError("the gather benchmark reads no edge rows")
+
 
 def peer_answers(peer: Any, peer_start: int, n_id: torch.Tensor, remote_pos: torch.Tensor,
                  wire: torch.dtype) -> dict[int, Any]:

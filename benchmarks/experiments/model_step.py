@@ -34,8 +34,8 @@ from common import machine, seed_batches, write_json
 from sampler import BATCH, FANOUTS, ensure_partition
 
 from partitioner import load_partition
-from partitioner.format import Partition
 from partitioner.graph import PLAIN_EDGE_TYPE, PLAIN_NODE_TYPE
+from partitioner.partition import Partition
 from sampling_server.sampler import create_sampler
 from sampling_server.sampler.rng import batch_key
 from trainer_client.models import build_model

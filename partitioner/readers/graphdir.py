@@ -54,7 +54,7 @@ def save_graph_dir(graph: GraphData | TypedGraphData, out_dir: str | Path) -> Pa
                   **{f"edge_ids/{edge_type_name(et)}": a for et, a in graph.edge_ids.items()},
                   **{f"x/{t}": x for t, x in graph.x.items()}}
     else:
-        arrays = {"edge_index": graph.edge_index, "x": graph.x,
+        arrays = {"edge_index": graph.edge_index, **({"x": graph.x} if graph.x is not None else {}),
                   **({"edge_weight": graph.edge_weight} if graph.edge_weight is not None else {}),
                   **({"edge_attr": graph.edge_attr} if graph.edge_attr is not None else {}),
                   **({"edge_ids": graph.edge_ids} if graph.edge_ids is not None else {})}
@@ -114,7 +114,8 @@ def read_graph_dir(path: str | Path, *, mmap: bool = True) -> GraphData | TypedG
             edge_ids={et: load(f"edge_ids/{n}") for et, n in edge_types.items() if present(f"edge_ids/{n}")})
     else:
         graph = GraphData(
-            name=name, num_nodes=int(meta["num_nodes"]), edge_index=load("edge_index"), x=load("x"),
+            name=name, num_nodes=int(meta["num_nodes"]), edge_index=load("edge_index"),
+            x=load("x") if present("x") else None,
             y=load("y"), num_classes=num_classes, splits=splits,
             edge_weight=load("edge_weight") if present("edge_weight") else None,
             edge_attr=load("edge_attr") if present("edge_attr") else None,

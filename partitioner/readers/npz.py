@@ -126,13 +126,16 @@ def _sizes(graph: GraphData | TypedGraphData) -> str:
 
 def _read_plain(arrays: dict[str, np.ndarray], path: Path, name: str,
                 links: dict[str, LinkSplit]) -> GraphData:
-    missing = [key for key in REQUIRED_KEYS if key not in arrays and not (key == "y" and links)]
+    # a link graph needs neither labels nor features (its nodes then get learnable embeddings)
+    missing = [key for key in REQUIRED_KEYS if key not in arrays and not (key in ("x", "y") and links)]
+    if "x" not in arrays and "num_nodes" not in arrays:
+        missing.append("num_nodes")
     if missing:
         raise GraphDataError(f"{path}: missing required key{'s' * (len(missing) > 1)} "
                              f"{', '.join(map(repr, missing))}; the file has the keys {sorted(arrays)}")
     _warn_ignored(path, [k for k in arrays if k not in REQUIRED_KEYS and k not in OPTIONAL_KEYS])
-    x = _features(arrays["x"], path, "x")
-    num_nodes = _scalar(arrays, "num_nodes", path, default=int(x.shape[0]))
+    x = _features(arrays["x"], path, "x") if "x" in arrays else None
+    num_nodes = _scalar(arrays, "num_nodes", path, default=int(x.shape[0]) if x is not None else 0)
     y = _labels(arrays, "y", num_nodes, path)
     edge_index = _edge_index(arrays["edge_index"], path, "edge_index")
     return GraphData(
@@ -226,8 +229,10 @@ def write_npz(graph: GraphData | TypedGraphData, path: str | Path, *, compress: 
             arrays[f"x__{t}"] = np.asarray(feats)
         arrays[f"y__{graph.target_type}"] = np.asarray(graph.y)
     else:
-        arrays.update(edge_index=np.asarray(graph.edge_index), x=np.asarray(graph.x), y=np.asarray(graph.y),
+        arrays.update(edge_index=np.asarray(graph.edge_index), y=np.asarray(graph.y),
                       num_nodes=np.asarray(graph.num_nodes, dtype=np.int64))
+        if graph.x is not None:
+            arrays["x"] = np.asarray(graph.x)
         if graph.edge_weight is not None:
             arrays["edge_weight"] = np.asarray(graph.edge_weight)
         if graph.edge_attr is not None:

@@ -158,7 +158,9 @@ def to_pyg(graph: GraphData | TypedGraphData) -> Data | HeteroData:
                 data[et].edge_attr = _to_tensor(graph.edge_attr[et])
         target, n_target = data[graph.target_type], graph.num_nodes[graph.target_type]
     else:
-        data = Data(x=_to_tensor(graph.x), edge_index=_to_tensor(graph.edge_index), num_nodes=graph.num_nodes)
+        data = Data(edge_index=_to_tensor(graph.edge_index), num_nodes=graph.num_nodes)
+        if graph.x is not None:
+            data.x = _to_tensor(graph.x)
         if graph.edge_weight is not None:
             data.edge_weight = _to_tensor(graph.edge_weight)
         if graph.edge_attr is not None:

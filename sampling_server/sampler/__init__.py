@@ -2,23 +2,29 @@
 behind one :class:`NeighborSampler` interface, for plain and typed graphs alike (see
 ``docs/sampling.md``).
 
-:func:`create_sampler` picks the implementation. The CUDA sampler is imported only when
-it is chosen, and :func:`~sampling_server.sampler.convert.to_pyg_data` (which imports
+:func:`create_sampler` picks the implementation; :class:`InProcessPeers` lets the
+samplers of every partition in one process answer each other. The CUDA sampler is
+imported only when it is chosen, and :func:`~sampling_server.sampler.convert.to_pyg_data` (which imports
 PyG) only when it is first used.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import torch
 
-from partitioner.format import NodeData, Partition, Structure
-from sampling_server.sampler.base import InProcessPeers, NeighborSampler, Relabeler, Remote
+from partitioner.graph import EdgeType
+from partitioner.partition import NodeData, Partition, Structure
+from sampling_server.sampler.base import NeighborSampler, Relabeler
 from sampling_server.sampler.cpu_sampler import CpuNeighborSampler, CpuRelabeler
 from sampling_server.sampler.fanouts import NumNeighbors, check_fanouts, normalize_num_neighbors, relation_key
+from sampling_server.sampler.peers import ByPartition, EdgeRows, NodeRows, Pairs, Remote
 from sampling_server.sampler.rng import batch_key
+from sampling_server.sampler.rows import on_device
 from sampling_server.sampler.types import HopSample, Minibatch, SamplerOutput
 
 if TYPE_CHECKING:
@@ -61,7 +67,7 @@ def create_sampler(
     sampler of the same partition whose feature tables to share. The CPU sampler reads
     the partition where it is and ignores all three. ``structure``: the in-edges to draw
     from (default: the partition's own; the whole graph's from
-    :func:`partitioner.format.load_structure` draws every hop here, no peer asked).
+    :func:`partitioner.joins.load_structure` draws every hop here, no peer asked).
     ``node_data``: the features and labels to gather from, likewise (the CUDA sampler's
     feature tables then hold them all, their hottest rows by in-degree in GPU memory; it
     needs ``structure`` over the same nodes for that order).
@@ -80,6 +86,38 @@ def create_sampler(
                                    feature_tables=tables, structure=structure, node_data=node_data)
     return CpuNeighborSampler(partition, replace=replace, weighted=weighted, structure=structure,
                               node_data=node_data)
+
+
+class InProcessPeers:
+    """The :class:`Remote` of samplers of every partition in one process: each answers
+    the others' IDs directly."""
+
+    def __init__(self, samplers: Sequence[NeighborSampler]) -> None:
+        self.samplers = list(samplers)
+
+    def sample(self, edge_type: EdgeType, nodes_by_partition: ByPartition, fanout: int, key: int,
+               hop: int, edges: bool = False) -> dict[int, HopSample]:
+        return {p: self.samplers[p].sample_relation(edge_type, on_device(n, self.samplers[p].device),
+                                                    fanout, key, hop, edges)
+                for p, n in nodes_by_partition.items()}
+
+    def node_data(self, node_type: str, nodes_by_partition: ByPartition, features: bool,
+                  labels: bool) -> dict[int, NodeRows]:
+        return {p: self.samplers[p].gather_local(node_type, on_device(n, self.samplers[p].device),
+                                                 features, labels)
+                for p, n in nodes_by_partition.items()}
+
+    def orig_ids(self, node_type: str, nodes_by_partition: ByPartition) -> dict[int, torch.Tensor]:
+        return {p: self.samplers[p].orig_ids_local(node_type, n) for p, n in nodes_by_partition.items()}
+
+    def has_edges(self, edge_type: EdgeType, pairs_by_partition: Pairs) -> dict[int, np.ndarray]:
+        return {p: self.samplers[p].has_edges_local(edge_type, src, dst)
+                for p, (src, dst) in pairs_by_partition.items()}
+
+    def edge_data(self, edge_type: EdgeType, edges_by_partition: ByPartition, ids: bool, features: bool,
+                  dtype: torch.dtype | None) -> dict[int, EdgeRows]:
+        return {p: self.samplers[p].edge_rows_local(edge_type, e, ids, features, dtype)
+                for p, e in edges_by_partition.items()}
 
 
 def __getattr__(name: str) -> Any:

@@ -19,13 +19,15 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from partitioner.format import NodeData, Partition, Structure
 from partitioner.graph import EdgeType
+from partitioner.partition import NodeData, Partition, Structure
 from sampling_server.sampler import cpu_fused as F
 from sampling_server.sampler import cpu_gather as G
 from sampling_server.sampler import cpu_kernels as K
-from sampling_server.sampler.base import Blocks, NeighborSampler, NodeRows, Relabeler, Remote, Seeds, edges_of
+from sampling_server.sampler.base import NeighborSampler, Relabeler, Seeds
 from sampling_server.sampler.fanouts import NumNeighbors, normalize_num_neighbors, num_hops
+from sampling_server.sampler.gather import Blocks
+from sampling_server.sampler.peers import NodeRows, Remote, edges_of
 from sampling_server.sampler.rows import int64_array, is_identity, numpy_words, torch_dtype
 from sampling_server.sampler.types import HopSample, SamplerOutput
 

@@ -2,8 +2,8 @@
 memory read over UVA (see :mod:`sampling_server.feature_placement`).
 
 Both tables hold their rows in the in-degree order of their nodes
-(:func:`sampling_server.hot_order.in_degree_order`, as GLT ranks its cache): the device table
-the first ``cached`` nodes, the mapped host table the others. Two int32
+(:func:`~sampling_server.sampler.hot_order.in_degree_order`, as GLT ranks its cache): the
+device table the first ``cached`` nodes, the mapped host table the others. Two int32
 maps on the GPU give each owned node its row in one of them (-1 in the other), and
 :func:`gather_split_rows_kernel` reads a batch's rows from either table in one launch
 on PyTorch's current stream, so gathering needs no host round trip. Under Numba's CUDA

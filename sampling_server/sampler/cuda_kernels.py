@@ -87,7 +87,7 @@ class CscArgs:
     #: float64 ``[e_p]`` running sums of the weights within each node's in-edges
     #: (weighted, with replacement), or None.
     cumweight: Any = None
-    #: Internal edge ID of ``indices[0]`` (:attr:`partitioner.format.Structure.edge_start`).
+    #: Internal edge ID of ``indices[0]`` (:attr:`partitioner.partition.Structure.edge_start`).
     edge_start: int = 0
 
 

@@ -25,15 +25,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from partitioner.format import NodeData, Partition, Structure
 from partitioner.graph import EdgeType
+from partitioner.partition import NodeData, Partition, Structure
 from sampling_server.feature_placement import parse_gpu_cache_size
-from sampling_server.hot_order import in_degree_order
 from sampling_server.sampler import cpu_kernels
 from sampling_server.sampler import cuda_kernels as K
-from sampling_server.sampler.base import NeighborSampler, NodeRows, Relabeler
+from sampling_server.sampler.base import NeighborSampler, Relabeler
 from sampling_server.sampler.cuda_features import FeatureTable
 from sampling_server.sampler.cuda_launch import SIMULATOR, host_mapped, kernel_arg, torch_device
+from sampling_server.sampler.hot_order import in_degree_order
+from sampling_server.sampler.peers import NodeRows
 from sampling_server.sampler.types import HopSample
 
 TOPOLOGIES: tuple[str, ...] = ("device", "uva")

@@ -24,7 +24,8 @@ import torch
 
 from partitioner.graph import EdgeType
 from sampling_server.sampler import negatives
-from sampling_server.sampler.base import NeighborSampler, Remote
+from sampling_server.sampler.base import NeighborSampler
+from sampling_server.sampler.peers import Remote
 from sampling_server.sampler.types import SamplerOutput
 
 #: Negative modes (as ``NegativeSampling.Mode`` numbers them on the wire).

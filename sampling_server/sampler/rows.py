@@ -142,7 +142,7 @@ def assign_rows(dest: torch.Tensor | None, pos: torch.Tensor, value: torch.Tenso
     value = on_device(value, dest.device)
     if value.dtype != dest.dtype:
         value = halfcast.cast(value, dest.dtype)
-    if dest.device.type == "cpu" and value.dim() == dest.dim() \
+    if dest.device.type == "cpu" and value.dim() == dest.dim() <= 2 \
             and value.shape[1:] == dest.shape[1:] and dest.is_contiguous():
         words = numpy_words(value)
         cpu_gather.scatter_into(words if words.flags.c_contiguous else np.ascontiguousarray(words),

@@ -1,12 +1,12 @@
 """Hot orders: the rules ordering a partition's nodes of one type from hottest to coldest,
-and the node sets of cache plans. Pure functions of a partition, below both the sampler
-(the CUDA feature table keeps its hottest rows in GPU memory) and the service (trainers'
-feature caches, :mod:`sampling_server.hot`).
+and the node sets of cache plans. Pure functions of a partition, for the sampler (the
+CUDA feature table keeps its hottest rows in GPU memory) and the service above it
+(trainers' feature caches, :mod:`sampling_server.hot`; the server's ``--hot-order``).
 
 Each rule is computed alike by every party from the partition alone (``--hot-order``,
-:data:`~sampling_server.config.HOT_ORDERS`):
+:data:`HOT_ORDERS`):
 
-* ``"visits_v1"`` (the default, :data:`~sampling_server.config.HOT_ORDER`): the expected
+* ``"visits_v1"`` (the default, :data:`HOT_ORDER`): the expected
   number of times a batch holds the node, estimated with one pass over the partition's
   CSC per relation and hop. Seeds are drawn uniformly from the partition's training nodes
   of the target type (``BATCH`` per batch); at hop ``k`` every relation ``s -> d`` draws
@@ -31,8 +31,11 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
-from partitioner.format import Partition
-from sampling_server.config import HOT_ORDERS
+from partitioner.partition import Partition
+
+#: The rules a server may order its nodes by (``--hot-order``), and the default one.
+HOT_ORDERS: tuple[str, ...] = ("visits_v1", "in_degree_v1")
+HOT_ORDER = HOT_ORDERS[0]
 
 #: Fanouts per hop and seeds per batch that ``"visits_v1"`` assumes (PyG's usual
 #: ``[15, 10, 5]`` and batch 1024; the order is a fixed rule, not a per-request one).
@@ -105,9 +108,9 @@ def visit_scores(partition: Partition, fanouts: tuple[int, ...] = FANOUTS,
     return total
 
 
-def hot_order(partition: Partition, node_type: str, rule: str = HOT_ORDERS[0]) -> np.ndarray:
+def hot_order(partition: Partition, node_type: str, rule: str = HOT_ORDER) -> np.ndarray:
     """Global IDs of ``partition``'s owned nodes of ``node_type``, hottest first, by
-    ``rule`` (one of :data:`~sampling_server.config.HOT_ORDERS`)."""
+    ``rule`` (one of :data:`HOT_ORDERS`)."""
     if rule not in HOT_ORDERS:
         raise ValueError(f"rule: expected one of {list(HOT_ORDERS)}, got {rule!r}")
     start, stop = partition.node_range(node_type)

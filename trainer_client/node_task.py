@@ -1,0 +1,184 @@
+"""``graphfeed-train``'s node classification (``--task node``, the default), on either
+kind of graph, as a :class:`~trainer_client.loop.Task` of the one training loop.
+
+The loss is the cross-entropy of the labelled seeds (a model reads a batch of either kind
+through :func:`~trainer_client.typed_models.model_inputs`); the figure is accuracy. A
+plain graph on the servers is evaluated by exact full-neighbor layer-wise inference by
+default (:func:`~trainer_client.evaluate.layerwise_logits` over every node, one hop with
+every neighbor); typed graphs, ``--partition-dir`` and ``--eval-fanouts`` on sampled
+neighborhoods, each rank its share of the split, counts summed over the ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from trainer_client.cluster import Cluster
+from trainer_client.ddp import DistEnv, all_reduce_sums
+from trainer_client.evaluate import accuracy_of, labeled, layerwise_logits
+from trainer_client.featureless import (
+    EmbeddingInput,
+    embedding_config,
+    input_width,
+    plain_embedding,
+    server_embeddings,
+)
+from trainer_client.graph import PLAIN_NODE_TYPE, TypedGraph
+from trainer_client.in_process import InProcessLoader, LocalGraph
+from trainer_client.inputs import MAX_SEEDS
+from trainer_client.loader import RemoteNeighborLoader
+from trainer_client.loop import (
+    BatchSource,
+    Step,
+    Task,
+    loader_options,
+    model_edge_dim,
+    sampled_fanouts,
+    uses_edge_features,
+)
+from trainer_client.models import MODELS, NodeClassifier, build_model, seed_labels
+from trainer_client.typed_models import TYPED_MODELS, build_typed_model, model_inputs
+
+
+@dataclass(kw_only=True)
+class NodeTask(Task):
+    """Node classification on the ``train``, ``val`` and ``test`` node splits."""
+
+    name = "node"
+    val: BatchSource
+    test: BatchSource
+    #: Every node, one hop with every neighbor, for layer-wise inference (None: the
+    #: evaluation is sampled; with it, ``val`` and ``test`` only name their nodes).
+    everything: RemoteNeighborLoader | None = None
+
+    def build_model(self) -> torch.nn.Module:
+        args, graph = self.args, self.graph
+        if graph.typed:
+            return build_typed_model(args.model, graph, hidden_channels=args.hidden, num_layers=args.layers,
+                                     dropout=args.dropout, embeddings=self.embedding_factory())
+        features = graph.feature_dims[PLAIN_NODE_TYPE]
+        width = features or input_width(args)
+        model = build_model(args.model, width, graph.num_classes, hidden_channels=args.hidden,
+                            num_layers=args.layers, dropout=args.dropout, heads=args.heads,
+                            edge_dim=model_edge_dim(args, graph))
+        return model if features else EmbeddingInput(plain_embedding(graph, width, self.embedding_factory()),
+                                                     model)
+
+    def config(self) -> dict[str, Any]:
+        args = self.args
+        config = {"model": args.model, "hidden": args.hidden, "layers": args.layers,
+                  **embedding_config(args, self.graph)}
+        return config if self.graph.typed else {**config, "heads": args.heads}  # --heads: the plain GAT's
+
+    def step(self, model: torch.nn.Module, batch: Any) -> Step:
+        out, y = labeled(model(*model_inputs(batch)), seed_labels(batch))
+        # Unlabeled seeds are masked out; an empty loss still takes part in DDP's sync.
+        loss = F.cross_entropy(out, y, reduction="sum") / max(int(y.numel()), 1)
+        return Step(loss, int((out.argmax(dim=-1) == y).sum()), int(y.numel()), int(y.numel()))
+
+    def evaluate(self, model: torch.nn.Module, split: str) -> dict[str, float]:
+        """Accuracy on the split's labelled nodes (the same draws every time: epoch 0)."""
+        if self.everything is not None:
+            assert isinstance(model, NodeClassifier)
+            logits, y = layerwise_logits(model, self.everything, distributed=self.env.distributed,
+                                         device=self.env.device)
+            return {"acc": accuracy_of(logits, y, self.split(split).input_nodes)}
+        model.eval()
+        source = self.split(split)
+        source.set_epoch(0)
+        correct = count = 0
+        with torch.no_grad():
+            for batch in source:
+                out, y = labeled(model(*model_inputs(batch)), seed_labels(batch))
+                correct, count = correct + int((out.argmax(dim=-1) == y).sum()), count + int(y.numel())
+        total_correct, total = all_reduce_sums([correct, count], self.env)
+        return {"acc": total_correct / max(total, 1.0)}
+
+    def split(self, name: str) -> BatchSource:
+        return self.val if name == "val" else self.test
+
+    def metric(self, split: str) -> str:
+        return "acc"
+
+    def describe(self) -> str:
+        args, graph, world = self.args, self.graph, self.env.world_size
+        kind = f"typed: {list(graph.node_types)}, target {graph.target_type!r}" if graph.typed else "plain"
+        evaluation = "full neighbors, layer-wise" if self.eval_fanouts is None else \
+            f"sampled, fanouts {self.eval_fanouts}"
+        return (f"graph {graph.name} ({kind}, {graph.num_classes} classes): model {args.model}; batch "
+                f"size {args.batch_size} per rank: {args.batch_size * world} seeds per optimizer step over "
+                f"{world} ranks; evaluation: {evaluation}")
+
+
+def _split_loaders(make: Callable[..., Any], args: argparse.Namespace, fanouts: list[int],
+                   **common: Any) -> dict[str, Any]:
+    """The train, val and test loaders ``make(split, num_neighbors=, batch_size=, ...)``
+    builds: the training split shuffled, the others with ``fanouts``."""
+    return {split: make(split, num_neighbors=args.fanouts if train else fanouts, shuffle=train,
+                        batch_size=args.batch_size if train else args.eval_batch_size, **common)
+            for split, train in (("train", True), ("val", False), ("test", False))}
+
+
+def evaluation_fanouts(args: argparse.Namespace, graph: TypedGraph) -> list[int] | None:
+    """The evaluation's fanouts (None: full-neighbor layer-wise inference, the default of a
+    plain graph with features). Typed graphs are evaluated on samples, as PyG's and DGL's
+    ogbn-mag examples do (layer-wise inference would run every layer over every node of
+    every type), and so is a plain graph without features (its input is an embedding)."""
+    if graph.typed or not graph.feature_dims.get(PLAIN_NODE_TYPE, 0):
+        return sampled_fanouts(args)
+    return None if args.eval_fanouts is None else list(args.eval_fanouts)
+
+
+def cluster_task(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> NodeTask:
+    """The task on the servers' graph: this rank's loaders, sharing the cluster's channels,
+    with the trainer-side feature cache of ``--cache-size``."""
+    graph = cluster.graph
+    check_model_kind(args.model, graph, "the servers serve")
+    common = loader_options(args, env)
+    fanouts = evaluation_fanouts(args, graph)
+    if fanouts is None and uses_edge_features(args):  # layer-wise inference takes no edge features
+        fanouts = [-1] * len(args.fanouts)
+    loaders = _split_loaders(partial(RemoteNeighborLoader, cluster), args, fanouts or [-1], **common)
+    everything = None
+    if fanouts is None:
+        if cluster.info.num_nodes > MAX_SEEDS:
+            raise ValueError(f"--eval-fanouts full: layer-wise inference streams every node, at most "
+                             f"{MAX_SEEDS} (one request), but the graph has {cluster.info.num_nodes}; "
+                             "pass --eval-fanouts, e.g. 15,10")
+        all_nodes = torch.ones(int(cluster.info.num_nodes), dtype=torch.bool)
+        everything = RemoteNeighborLoader(cluster, input_nodes=all_nodes, num_neighbors=[-1],
+                                          batch_size=args.eval_batch_size, batches="partition", **common)
+    return NodeTask(args=args, env=env, graph=graph, eval_fanouts=fanouts, everything=everything,
+                    embeddings=server_embeddings(args, env, cluster), **loaders)
+
+
+def partition_dir_task(args: argparse.Namespace, env: DistEnv) -> NodeTask:
+    """The task sampling in this process from ``--partition-dir`` (either kind of graph).
+    Evaluation is sampled: a plain graph's default ``full`` samples every neighbor at
+    every hop (the same logits as layer-wise inference, batch by batch)."""
+    local = LocalGraph(args.partition_dir)
+    check_model_kind(args.model, local.meta, "--partition-dir holds")
+    fanouts = evaluation_fanouts(args, local.meta) or [-1] * len(args.fanouts)
+    loaders = _split_loaders(partial(InProcessLoader, local), args, fanouts, rank=env.rank,
+                             world_size=env.world_size, device=env.device, seed=args.seed,
+                             edge_features=uses_edge_features(args))
+    return NodeTask(args=args, env=env, graph=local.meta, eval_fanouts=fanouts,
+                    source="the partition directory's", **loaders)
+
+
+def check_model_kind(model: str, graph: TypedGraph, where: str) -> None:
+    """Refuse a model of the other kind of graph than ``graph`` (``where``: "the servers
+    serve", "--partition-dir holds")."""
+    if graph.typed and model not in TYPED_MODELS:
+        raise ValueError(f"--model {model}: {where} the typed graph {graph.name!r} (format v2); expected "
+                         f"a typed model: {', '.join(TYPED_MODELS)}")
+    if not graph.typed and model in TYPED_MODELS:
+        raise ValueError(f"--model {model}: expected a typed graph (format v2), but {where} the "
+                         f"homogeneous graph {graph.name!r}; use --model {', '.join(sorted(MODELS))}")
