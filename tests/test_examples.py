@@ -36,12 +36,13 @@ def typed_parts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(("name", "epochs", "chance"), [("node_classification", 3, 1 / 6),
-                                                         ("typed_graph", 2, 1 / 8)])
+                                                         ("typed_graph", 2, 1 / 8),
+                                                         ("sparse_embeddings", 3, 1 / 8)])
 def test_an_example_trains_and_prints_its_final_metrics(
     name: str, epochs: int, chance: float, tmp_path: Path, typed_parts: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    parts = typed_parts if name == "typed_graph" else tmp_path / "small-2"  # small: partitioned here
+    parts = tmp_path / "small-2" if name == "node_classification" else typed_parts  # small: partitioned here
     cluster = RealServers(parts, 2)
     try:
         metrics_path = tmp_path / "metrics.json"

@@ -13,6 +13,7 @@ its last snapshot are lost and that ``--resume`` continues from the last checkpo
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -87,6 +88,9 @@ class RemoteNodeTensor:
         self.incarnations = [info.incarnation for info in infos]
         #: Optimizer steps applied, as the servers said at creation.
         self.step = int(infos[0].step)
+        #: Bytes of rows (and their node IDs) this handle read and sent, in all.
+        self.bytes_read = self.bytes_sent = 0
+        self._count = threading.Lock()
 
     @classmethod
     def find(cls, cluster: Cluster, name: str, **options: Any) -> RemoteNodeTensor:
@@ -151,6 +155,8 @@ class RemoteNodeTensor:
             return assembler.finish_torch(expected={"rows"})["rows"]
 
         rows = self._call(p, "ReadRows", call)
+        with self._count:
+            self.bytes_read += rows.numel() * rows.element_size() + nodes.numel() * 8
         want = (nodes.numel(), *self.dims)
         if tuple(rows.shape) != want:
             address = self.cluster.addresses[p]
@@ -172,6 +178,8 @@ class RemoteNodeTensor:
         """WriteRows or PushGradients of ``nodes`` and ``rows`` to partition ``p``."""
         header = _copy(header)
         header.incarnation, header.client_id = self.incarnations[p], self.cluster.client_id
+        with self._count:
+            self.bytes_sent += nodes.numel() * 8 + rows.numel() * rows.element_size()
 
         def messages() -> Iterator[pb.RowsUpload]:
             named = {"nodes": nodes.contiguous(), "rows": rows.contiguous()}
