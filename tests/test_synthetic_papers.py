@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from partitioner.cli import main as partition_cli
-from partitioner.graph import GraphData
+from partitioner.graph import SPLITS, GraphData
 from partitioner.readers.graphdir import read_graph_dir
 from partitioner.synthetic import generate, generate_plain, resolve_preset
 from partitioner.synthetic_papers import (
@@ -64,7 +64,7 @@ def test_it_has_papers100m_shape(graph: GraphData) -> None:
     assert graph.num_classes == 172
     citations = round(PAPERS_LIKE.num_citations * SCALE)  # less the repeats given up (few at 1/10)
     assert 0.85 * 2 * citations <= graph.num_edges <= 2 * citations
-    sizes = {s: round(k * SCALE) for s, k in zip(("train", "val", "test"), PAPERS_LIKE.split_sizes, strict=True)}
+    sizes = {s: round(k * SCALE) for s, k in zip(SPLITS, PAPERS_LIKE.split_sizes, strict=True)}
     assert {s: ids.size for s, ids in graph.splits.items()} == sizes
     labelled = np.flatnonzero(graph.y >= 0)
     np.testing.assert_array_equal(labelled, np.sort(np.concatenate(list(graph.splits.values()))))
@@ -104,13 +104,14 @@ def test_degrees_have_a_power_law_tail_and_classes_are_communities(graph: GraphD
 
 def test_it_partitions_and_serves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     graph_dir, parts = tmp_path / "graph", tmp_path / "parts"
-    assert partition_cli(["generate", "--preset", "papers-like", "--scale", "1/10000", "--out", str(graph_dir)]) == 0
+    assert partition_cli(["generate", "--preset", "papers-like", "--scale", "1/10000",
+                          "--out", str(graph_dir)]) == 0
     assert "papers-like@0.0001: 11,106 nodes" in capsys.readouterr().out
     assert partition_cli(["partition", "--graph-dir", str(graph_dir), "--num-parts", "2", "--method", "range",
                           "--out", str(parts), "--no-progress"]) == 0
     with served(parts, 2) as addresses:
-        loader = RemoteNeighborLoader(addresses, "train", num_neighbors=[15, 10, 5], batch_size=64, shuffle=True,
-                                      feature_dtype="bfloat16")
+        loader = RemoteNeighborLoader(addresses, "train", num_neighbors=[15, 10, 5], batch_size=64,
+                                      shuffle=True, feature_dtype="bfloat16")
         batch = next(iter(loader))
         assert batch.batch_size == 64 and batch.x.shape[1] == 128
         assert (batch.y[:64] >= 0).all() and loader.num_classes == 172
@@ -136,7 +137,8 @@ def test_a_scale_out_of_range_is_refused_naming_it(text: str) -> None:
 def test_scales_read_as_fractions() -> None:
     assert parse_scale("1/10") == 0.1 == parse_scale("0.1") and parse_scale("1") == 1.0
     assert parse_scale(str(MIN_SCALE)) == MIN_SCALE
-    assert PAPERS_LIKE.scaled(0.1).num_nodes == 11_105_996 and PAPERS_LIKE.scaled(0.1).name() == "papers-like@0.1"
+    tenth = PAPERS_LIKE.scaled(0.1)
+    assert tenth.num_nodes == 11_105_996 and tenth.name() == "papers-like@0.1"
 
 
 def test_only_papers_like_scales() -> None:
