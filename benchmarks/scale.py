@@ -31,18 +31,21 @@ written, writes it into them and redraws their plot.
     python benchmarks/scale.py --data /data/scale        # 1/100 .. 1/10: about an hour on 2 cores
 
 Needs about 25 GB of disk at 1/10 (the graph directory is deleted once partitioned, the
-partitions once measured unless ``--keep``) and about 12 GiB of memory.
+partitions once measured unless ``--keep``) and about 16 GiB of memory at 1/10 (a scale waits
+for the memory it needs, ``--wait-memory``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -60,6 +63,11 @@ log = logging.getLogger("bench.scale")
 REPO = Path(__file__).resolve().parents[1]
 SCALES = (0.01, 0.025, 0.05, 0.1)
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+
+
+def die_with_parent() -> None:
+    """A child gets SIGKILL when this process dies, even by SIGKILL (Linux prctl)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def cli(*args: str) -> list[str]:
@@ -119,7 +127,7 @@ class Servers:
             with (self.logs / f"server{p}.log").open("wb") as out:
                 started = time.monotonic()
                 self.procs.append(subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=out,
-                                                   stderr=subprocess.STDOUT))
+                                                   stderr=subprocess.STDOUT, preexec_fn=die_with_parent))
             self._wait(p, "graphfeed.v1.PeerService", started, timeout)
             self.rows.append({"partition": p, "loaded_seconds": round(time.monotonic() - started, 2),
                               "started": started})
@@ -172,7 +180,8 @@ def run_trainers(servers: Servers, count: int, args: argparse.Namespace, logs: P
                "--batches", str(batches), "--cache-size", str(args.cache_size), "--out", str(out),
                *(["--train"] if train else [])]
         with (logs / f"trainer{count}-{rank}.log").open("wb") as log_file:
-            procs.append(subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=log_file, stderr=subprocess.STDOUT))
+            procs.append(subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=log_file, stderr=subprocess.STDOUT,
+                                          preexec_fn=die_with_parent))
     codes = [proc.wait(timeout=args.timeout) for proc in procs]
     if any(codes):
         raise RuntimeError(f"trainers exited {codes}: {(logs / f'trainer{count}-0.log').read_text()[-3000:]}")
@@ -228,6 +237,16 @@ def memory_available_gib() -> float:
     return 0.0
 
 
+def wait_for_memory(need_gib: float, seconds: float) -> float:
+    """The memory available once it is ``need_gib``, or after ``seconds`` (checked every
+    minute: on a shared machine, others' jobs end)."""
+    deadline = time.monotonic() + seconds
+    while (free := memory_available_gib()) < need_gib and time.monotonic() < deadline:
+        log.info("waiting for %.1f GiB of memory (%.1f GiB available)", need_gib, free)
+        time.sleep(60)
+    return free
+
+
 def measure(scale: float, parts: int, args: argparse.Namespace, graph_dir: Path, train: bool = True
             ) -> dict[str, Any]:
     """Partition the graph in ``graph_dir`` into ``parts``, serve it and read it (and train
@@ -238,7 +257,8 @@ def measure(scale: float, parts: int, args: argparse.Namespace, graph_dir: Path,
                                                   "--overwrite", "--no-progress"), timeout=args.timeout)
     if step.returncode:
         raise RuntimeError(f"partitioning failed: {step.tail}")
-    row: dict[str, Any] = {"scale": scale, **partition_facts(part_dir),
+    row: dict[str, Any] = {"scale": scale, "measured": time.strftime("%Y-%m-%d %H:%M"),
+                           **partition_facts(part_dir),
                            "partition": {"seconds": step.wall_seconds, "peak_rss_gib": step.peak_rss_gib}}
     logs = Path(tempfile.mkdtemp(prefix=f"scale-{parts}-", dir=args.data))
     servers = Servers(part_dir, parts, logs)
@@ -294,10 +314,14 @@ def main() -> int:
     parser.add_argument("--train-batches", type=int, default=40,
                         help="batches of the training run, on --parts partitions (0: none)")
     parser.add_argument("--cache-size", default="0.1")
-    parser.add_argument("--memory-gib", type=float, default=12.0,
+    parser.add_argument("--memory-gib", type=float, default=16.0,
                         help="servers and trainers must fit in this at 1/10 (scaled linearly)")
+    parser.add_argument("--wait-memory", type=float, default=3600.0, metavar="S",
+                        help="seconds a scale waits for the memory it needs before it is skipped")
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--keep", action="store_true", help="keep the partitions and logs")
+    parser.add_argument("--append", action="store_true",
+                        help="keep the rows of the other scales in the results already written")
     parser.add_argument("--results-name", default="scale")
     parser.add_argument("--refit", type=Path, metavar="JSON",
                         help="fit the model on these results' rows again (no measuring), write it "
@@ -311,23 +335,29 @@ def main() -> int:
         plot(measured, args.refit.with_suffix(".png"))
         print_table(measured)
         return 0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # servers stop in their finally
     args.data.mkdir(parents=True, exist_ok=True)
     warm_kernels()
-    rows: list[dict[str, Any]] = []
-    skipped: list[dict[str, Any]] = []
+    payload: dict[str, Any] = {"benchmark": "scale", "date": time.strftime("%Y-%m-%d"),
+                               "machine": machine(), "fanouts": [15, 10, 5], "batch_size": 1024,
+                               "feature_dtype": "bfloat16", "cache_size": args.cache_size, "rows": [],
+                               "skipped": []}
+    if args.append and (RESULTS / f"{args.results_name}.json").is_file():
+        kept = read_results(RESULTS / f"{args.results_name}.json")
+        payload["rows"] = [r for r in kept["rows"] if r["scale"] not in args.scales]
+        payload["skipped"] = [r for r in kept.get("skipped", []) if r["scale"] not in args.scales]
     for i, scale in enumerate(sorted(args.scales)):
-        need, free = args.memory_gib * scale / 0.1 + 2.0, memory_available_gib()
+        need = args.memory_gib * scale / 0.1 + 2.0
+        free = wait_for_memory(need, args.wait_memory)
         if need > free:
             reason = f"needs about {need:.1f} GiB of memory, {free:.1f} GiB available"
-            skipped.append({"scale": scale, "reason": reason})
-            log.warning("scale %g skipped: %s", scale, skipped[-1]["reason"])
+            payload["skipped"].append({"scale": scale, "reason": reason})
+            log.warning("scale %g skipped: %s", scale, reason)
             continue
-        rows.extend(run_scale(scale, args, args.extra_parts if i == 0 else []))
-    payload: dict[str, Any] = {"benchmark": "scale", "date": time.strftime("%Y-%m-%d"),
-                               "machine": machine(), "fanouts": [15, 10, 5],
-                               "batch_size": 1024, "feature_dtype": "bfloat16", "cache_size": args.cache_size,
-                               "rows": rows, "skipped": skipped}
-    payload["model"] = fit(rows)
+        payload["rows"].extend(run_scale(scale, args, args.extra_parts if i == 0 else []))
+        payload["rows"].sort(key=lambda r: (r["scale"], r["partitions"]))
+        write_json(args.results_name, payload)  # each scale kept as it ends
+    payload["model"] = fit(payload["rows"])
     path = write_json(args.results_name, payload)
     plot(payload, RESULTS / f"{args.results_name}.png")
     print_table(payload)
