@@ -7,7 +7,7 @@ RUNTIME_STAMP := $(VENV)/.runtime-stamp
 DATA   ?= data
 WHEELS ?= ../shared/wheels
 
-.PHONY: help install test lint proto proto-check demo demo-hetero demo-link compose-test gpu-check bench-partition bench-peers clean
+.PHONY: help install test lint proto proto-check demo demo-hetero demo-link compose-test gpu-check bench-partition bench-scale bench-peers clean
 
 help:
 	@echo "make demo             small graph -> 2 partitions -> 2 sampling servers -> 2 DDP trainers (PARTS=dir: yours)"
@@ -20,6 +20,7 @@ help:
 	@echo "make lint             ruff + mypy"
 	@echo "make proto            regenerate protos/ stubs from protos/sampling.proto"
 	@echo "make bench-partition  generate products-like and partition it (benchmarks/partition.py)"
+	@echo "make bench-scale      papers-like at 1/100 to 1/10: partition, serve, train; the cost model (about an hour)"
 	@echo "make bench-peers      install PyG's torch-sparse/torch-scatter wheels for side-by-side benchmarks"
 
 install: $(STAMP)
@@ -95,6 +96,9 @@ gpu-check:
 
 bench-partition: install
 	$(PY) benchmarks/partition.py --data $(DATA)/bench
+
+bench-scale: install
+	$(PY) benchmarks/scale.py --data $(DATA)/scale
 
 bench-peers: install
 	$(PY) -m pip install --quiet --no-deps $(WHEELS)/torch_scatter-*.whl $(WHEELS)/torch_sparse-*.whl

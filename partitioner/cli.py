@@ -29,6 +29,10 @@ examples:
   graphfeed-partition generate --preset products-like --out data/products-like
   graphfeed-partition partition --graph-dir data/products-like --num-parts 4 \\
       --method range --out data/products-like-4
+  # ogbn-papers100M's shape at a tenth of its size (11M nodes, 320M edges), streamed
+  graphfeed-partition generate --preset papers-like --scale 1/10 --out data/papers-like-10
+  graphfeed-partition partition --graph-dir data/papers-like-10 --num-parts 4 \\
+      --method range --out data/papers-like-10-4
   # a typed graph (format v2): synthetic ogbn-mag-shaped, reverse relations added
   graphfeed-partition partition --synthetic mag-small --add-reverse --num-parts 2 \
       --out data/mag-small-2
@@ -63,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Write a synthetic graph (reproducible from --seed) as a "
                          "directory of .npy files that `partition --graph-dir` streams.")
     gen.add_argument("--preset", choices=sorted(PLAIN_PRESETS), default="small")
+    _add_scale(gen, "--preset")
     gen.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     gen.add_argument("--out", type=Path, required=True, help="output graph directory")
     info = sub.add_parser("info", help="validate a partition directory and print its summary",
@@ -94,6 +99,7 @@ def _add_partition(sub: argparse._SubParsersAction) -> None:
                      help="an .npz graph file (typed when it has edge_index__* keys)")
     src.add_argument("--graph-dir", type=Path, metavar="DIR",
                      help="a graph directory (memory-mapped; see `generate`)")
+    _add_scale(p, "--synthetic")
     p.add_argument("--ogb-root", type=Path, default=Path("data/ogb"),
                    help="where OGB datasets are unzipped (default data/ogb)")
     p.add_argument("--to-undirected", action="store_true",
@@ -121,6 +127,29 @@ def _add_partition(sub: argparse._SubParsersAction) -> None:
                    "error unless --overwrite is given too")
     p.add_argument("--no-progress", action="store_true",
                    help="hide progress bars (shown only when stderr is a terminal)")
+
+
+def _scale(text: str) -> float:
+    from partitioner.synthetic_papers import parse_scale
+
+    try:
+        return parse_scale(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("scale: ")) from None
+
+
+def _add_scale(parser: argparse.ArgumentParser, preset_flag: str) -> None:
+    parser.add_argument("--scale", type=_scale, default=1.0, metavar="FRACTION",
+                        help=f"{preset_flag} papers-like only: this fraction of ogbn-papers100M's "
+                        "size, e.g. 0.1 or 1/10 (default 1: the full size)")
+
+
+def _check_scale(scale: float, preset: str | None, flag: str) -> None:
+    from partitioner.synthetic import SCALABLE_PRESETS
+
+    if scale != 1 and preset not in SCALABLE_PRESETS:
+        raise ValueError(f"--scale: only {flag} {', '.join(SCALABLE_PRESETS)} scales; got --scale {scale:g} "
+                         f"with {f'{flag} {preset}' if preset else 'a graph read from its source'}")
 
 
 def _progress(args: argparse.Namespace) -> bool:
@@ -179,7 +208,7 @@ def _read_graph(args: argparse.Namespace) -> GraphData | TypedGraphData:
     if args.synthetic:
         from partitioner.synthetic import generate
 
-        return generate(args.synthetic, seed=args.seed, progress=_progress(args))
+        return generate(args.synthetic, seed=args.seed, progress=_progress(args), scale=args.scale)
     if args.ogb:
         from partitioner.readers.ogb_links import is_ogb_link, read_ogb_link
 
@@ -208,7 +237,10 @@ def _existing_differs(args: argparse.Namespace) -> str | None:
             "--seed": manifest.algorithm.get("seed")}
     want = {"--num-parts": args.num_parts, "--method": args.method, "--seed": args.seed}
     if args.synthetic:
-        have["--synthetic"], want["--synthetic"] = manifest.graph_name, args.synthetic
+        from partitioner.synthetic import resolve_preset
+
+        have["--synthetic"] = manifest.graph_name
+        want["--synthetic"] = resolve_preset(args.synthetic, args.scale)[0]
     have["--link-split"] = manifest.algorithm.get("link_split")
     want["--link-split"] = args.link_split
     if manifest.typed:
@@ -225,6 +257,7 @@ def _cmd_partition(args: argparse.Namespace) -> int:
         raise ValueError(f"--num-parts: expected an integer >= 1, got {args.num_parts}")
     if args.link_split:  # a malformed spec fails before the graph is read
         parse_link_split(args.link_split, args.seed)
+    _check_scale(args.scale, args.synthetic, "--synthetic")
     if args.skip_existing and (args.out / MANIFEST_FILE).is_file():
         try:
             differs = _existing_differs(args)
@@ -256,15 +289,23 @@ def _cmd_partition(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from partitioner.readers.graphdir import save_graph_dir
-    from partitioner.synthetic import generate_plain
+    from partitioner.readers.graphdir import read_graph_dir, save_graph_dir
+    from partitioner.synthetic import generate_plain, resolve_preset
+    from partitioner.synthetic_papers import PapersPreset, write_papers_dir
 
     started = time.perf_counter()
-    graph = generate_plain(args.preset, seed=args.seed, progress=_progress(args))
-    save_graph_dir(graph, args.out)
+    _check_scale(args.scale, args.preset, "--preset")
+    _, params = resolve_preset(args.preset, args.scale)
+    if isinstance(params, PapersPreset):  # streamed to the directory
+        graph = read_graph_dir(write_papers_dir(params, args.out, seed=args.seed, progress=_progress(args)))
+    else:
+        graph = generate_plain(args.preset, seed=args.seed, progress=_progress(args))
+        save_graph_dir(graph, args.out)
+    if not isinstance(graph, GraphData):
+        raise ValueError(f"--preset: expected a plain preset, got {args.preset!r}")
     edge_feats = "" if graph.edge_attr is None else \
         f"edge features {list(graph.edge_attr.shape[1:])} {graph.edge_attr.dtype}, "
-    print(f"{args.preset}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
+    print(f"{graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
           f"{graph.feature_dim} features, {edge_feats}{graph.num_classes} classes -> {args.out} "
           f"({time.perf_counter() - started:.1f} s)")
     return 0

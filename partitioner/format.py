@@ -84,9 +84,10 @@ def load_partition(root: str | Path, partition_id: int, *, mmap: bool = True,
                    verify: Verify = "full") -> Partition:
     """Load and validate partition ``partition_id`` of the partition directory ``root``.
 
-    ``verify='full'`` also checks every file's SHA-256; ``'size'`` checks sizes and
-    headers only (faster for very large partitions). Raises :class:`PartitionFormatError`
-    naming the offending file.
+    ``verify='full'`` also checks every file's SHA-256 and the range of the edge IDs;
+    ``'size'`` checks sizes, headers and the structure only (faster for very large
+    partitions: the edge IDs, read only for batches that ask for them, are not read at
+    start-up). Raises :class:`PartitionFormatError` naming the offending file.
     """
     base = Path(root)
     m = read_manifest(base)
@@ -116,7 +117,7 @@ def load_partition(root: str | Path, partition_id: int, *, mmap: bool = True,
         orig_ids={t: load("orig_ids", t) for t in m.node_types},
         y=load("y", target),
         splits={s: load(f"{s}_idx", target) for s in SPLITS if present(f"{s}_idx", target)})
-    _check_partition(base, part)
+    _check_partition(base, part, edge_id_ranges=verify == "full")
     log.info("loaded partition %d of %s: nodes %s, edges %s", partition_id, base,
              _by_type(m, {t: part.num_nodes(t) for t in m.node_types}),
              _by_type(m, {et: part.num_edges(et) for et in m.edge_types}))
@@ -128,8 +129,9 @@ def _by_type(m: Manifest, counts: dict[str, int] | dict[EdgeType, int]) -> objec
     return counts if m.typed else next(iter(counts.values()))
 
 
-def _check_partition(base: Path, part: Partition) -> None:
-    """Structural checks beyond the manifest: books, CSC offsets, ID ranges, shapes."""
+def _check_partition(base: Path, part: Partition, edge_id_ranges: bool) -> None:
+    """Structural checks beyond the manifest: books, CSC offsets, ID ranges (of the edge
+    IDs too with ``edge_id_ranges``), shapes."""
     m, p = part.manifest, part.partition_id
     info = m.partitions[p]
     for t, book in part.partition_book.items():
@@ -142,7 +144,7 @@ def _check_partition(base: Path, part: Partition) -> None:
         if weight is not None and weight.shape != part.indices[et].shape:
             raise bad_file(base, file_record(base, m, info, "edge_weight", et).path,
                         f"expected shape [{part.num_edges(et)}] (one per in-edge), got {list(weight.shape)}")
-        check_edge_data(base, m, info, et, part.e_id.get(et), part.edge_attr.get(et))
+        check_edge_data(base, m, info, et, part.e_id.get(et), part.edge_attr.get(et), ranges=edge_id_ranges)
     for t in m.node_types:
         _check_rows(base, m, info, t, {"orig_ids": part.orig_ids[t], "x": part.x.get(t),
                                        **({"y": part.y} if t == m.target_type else {})},
@@ -179,9 +181,10 @@ def check_csc(base: Path, m: Manifest, info: PartitionInfo, et: EdgeType, indptr
 
 
 def check_edge_data(base: Path, m: Manifest, info: PartitionInfo, et: EdgeType, e_id: np.ndarray | None,
-                     edge_attr: np.ndarray | None) -> None:
+                    edge_attr: np.ndarray | None, ranges: bool = True) -> None:
     """A partition's edge IDs and features of ``et``, as the manifest describes them: one
-    int64 ID in ``[0, E_et)`` and one row of the recorded shape and dtype per in-edge."""
+    int64 ID (in ``[0, E_et)``, read with ``ranges``) and one row of the recorded shape
+    and dtype per in-edge."""
     e = info.num_edges[et]
     if e_id is not None:
         path = file_record(base, m, info, "e_id", et).path
@@ -189,7 +192,7 @@ def check_edge_data(base: Path, m: Manifest, info: PartitionInfo, et: EdgeType, 
             raise bad_file(base, path, f"expected int64 of shape [{e}] (one per in-edge), got "
                         f"{e_id.dtype} of shape {list(e_id.shape)}")
         total = m.edge_id_bound(et)
-        if e and (int(e_id.min()) < 0 or int(e_id.max()) >= total):
+        if ranges and e and (int(e_id.min()) < 0 or int(e_id.max()) >= total):
             raise bad_file(base, path, f"expected edge IDs in [0, {total}), got [{int(e_id.min())}, "
                         f"{int(e_id.max())}]")
     feats = m.edge_features.get(et)

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from partitioner.npyio import iter_edge_chunks
+
 log = logging.getLogger(__name__)
 
 #: The split names every part of graphfeed uses, in this order.
@@ -421,8 +423,9 @@ class TypedGraphData:
         for et, ei in self.edge_index.items():
             if not ei.shape[1]:
                 continue
+            ranges = _id_ranges(ei)
             for row, t in ((0, et[0]), (1, et[2])):
-                lo, hi, n = int(ei[row].min()), int(ei[row].max()), self.num_nodes[t]
+                (lo, hi), n = ranges[row], self.num_nodes[t]
                 if lo < 0 or hi >= n:
                     what = f"{('source', 'destination')[row]} IDs of {t!r}" if self.typed else "node IDs"
                     raise GraphDataError(f"{self._name('edge_index', et)}: expected {what} in "
@@ -531,6 +534,18 @@ class TypedGraphData:
             feats = "" if attr is None else f", edge features {list(attr.shape[1:])} {attr.dtype}"
             lines.append(f"  edge {'/'.join(et)}: {self.num_edges(et):,} edges{feats}")
         return "\n".join(lines)
+
+
+def _id_ranges(edge_index: np.ndarray) -> list[tuple[int, int]]:
+    """Smallest and largest ID of each row of non-empty ``[2, E]`` edges, read in chunks
+    (``pread`` for a memory map, whose pages then never count towards the process's
+    resident memory)."""
+    ranges: list[tuple[int, int]] = []
+    for _, src, dst in iter_edge_chunks(edge_index, 1 << 24):
+        found = [(int(ids.min()), int(ids.max())) for ids in (src, dst)]
+        ranges = found if not ranges else [(min(a, c), max(b, d))
+                                           for (a, b), (c, d) in zip(ranges, found, strict=True)]
+    return ranges
 
 
 def make_undirected(edge_index: np.ndarray, num_nodes: int, weight: np.ndarray | None = None

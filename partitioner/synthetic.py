@@ -15,6 +15,9 @@ model that sees edge features learns the classes.
 Plain presets with link splits (``citation2-small``, ``citation2-like``), shaped like
 ogbl-citation2, for link prediction: :mod:`partitioner.synthetic_links`.
 
+A plain preset at any scale (``papers-like``), shaped like ogbn-papers100M, a citation
+graph written by streaming at large scales: :mod:`partitioner.synthetic_papers`.
+
 Typed presets (``mag-small``, ``mag-like``), shaped like ogbn-mag: every node of every
 type belongs to one of ``num_classes`` communities; a paper's community is its class.
 Each relation's edges are drawn one at a time: an *anchor* node (the paper for
@@ -30,16 +33,23 @@ year as ogbn-mag's ``time`` split (train up to 2017, validation 2018, test 2019)
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numba
 import numpy as np
 from tqdm import tqdm
 
-from partitioner.graph import EdgeType, GraphData, TypedGraphData, sorted_unique
-from partitioner.synthetic_edges import counter_uniform, edge_features_and_labels
+from partitioner.graph import EdgeType, GraphData, TypedGraphData
+from partitioner.synthetic_draws import (
+    class_features,
+    counter_uniform,
+    distinct_keys,
+    draw_classes,
+    power_law_weights,
+)
+from partitioner.synthetic_edges import edge_features_and_labels
 from partitioner.synthetic_links import LINK_PRESETS, LinkPreset, generate_links
+from partitioner.synthetic_papers import PAPERS_LIKE, PapersPreset, generate_papers
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +88,7 @@ class SyntheticPreset:
     label_noise: float = 0.0
 
 
-PLAIN_PRESETS: dict[str, SyntheticPreset | LinkPreset] = {
+PLAIN_PRESETS: dict[str, SyntheticPreset | LinkPreset | PapersPreset] = {
     # A few thousand nodes: trains to high accuracy in seconds, the embedded default.
     "small": SyntheticPreset(
         num_nodes=4000, num_undirected_edges=20000, num_classes=6, feature_dim=32,
@@ -108,16 +118,16 @@ PLAIN_PRESETS: dict[str, SyntheticPreset | LinkPreset] = {
     ),
     # Link prediction (citation2-small, citation2-like): see partitioner.synthetic_links.
     **LINK_PRESETS,
+    # ogbn-papers100M's shape at any --scale: see partitioner.synthetic_papers.
+    "papers-like": PAPERS_LIKE,
 }
+#: The presets that take a scale other than 1.
+SCALABLE_PRESETS = ("papers-like",)
 
 
-def generate(preset: str | SyntheticPreset | TypedPreset | LinkPreset, seed: int = 0,
-             progress: bool = True) -> GraphData | TypedGraphData:
-    """Generate the synthetic graph ``preset`` (a name in :data:`PRESETS` or a preset): a
-    plain :class:`GraphData`, or a :class:`TypedGraphData` for a typed preset.
-
-    The same ``(preset, seed)`` always gives the same graph.
-    """
+def resolve_preset(preset: str | AnyPreset, scale: float = 1.0) -> tuple[str, AnyPreset]:
+    """The graph's name and the parameters of ``preset`` (a name in :data:`PRESETS` or a
+    preset) at ``scale`` of its size; only papers-like scales (``scale`` 1 for the others)."""
     if isinstance(preset, str):
         if preset not in PRESETS:
             raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {preset!r}")
@@ -125,17 +135,37 @@ def generate(preset: str | SyntheticPreset | TypedPreset | LinkPreset, seed: int
     else:
         name = "typed-synthetic" if isinstance(preset, TypedPreset) else "synthetic"
         params = preset
+    if isinstance(params, PapersPreset):
+        params = params.scaled(scale) if scale != 1 else params
+        return params.name(name), params
+    if scale != 1:
+        raise ValueError(f"scale: only {', '.join(SCALABLE_PRESETS)} scales; expected 1 for {name!r}, "
+                         f"got {scale!r}")
+    return name, params
+
+
+def generate(preset: str | AnyPreset, seed: int = 0, progress: bool = True,
+             scale: float = 1.0) -> GraphData | TypedGraphData:
+    """Generate the synthetic graph ``preset`` (a name in :data:`PRESETS` or a preset) at
+    ``scale`` (:func:`resolve_preset`): a plain :class:`GraphData`, or a
+    :class:`TypedGraphData` for a typed preset.
+
+    The same ``(preset, scale, seed)`` always gives the same graph.
+    """
+    name, params = resolve_preset(preset, scale)
     if isinstance(params, TypedPreset):
         return _generate_typed(name, params, seed, progress)
     if isinstance(params, LinkPreset):
         return generate_links(name, params, seed, progress)
+    if isinstance(params, PapersPreset):
+        return generate_papers(params, seed, progress)
     return _generate_plain(name, params, seed, progress)
 
 
-def generate_plain(preset: str | SyntheticPreset | LinkPreset, seed: int = 0,
-                   progress: bool = True) -> GraphData:
+def generate_plain(preset: str | SyntheticPreset | LinkPreset | PapersPreset, seed: int = 0,
+                   progress: bool = True, scale: float = 1.0) -> GraphData:
     """:func:`generate` of a plain preset (refuses a typed one)."""
-    graph = generate(preset, seed, progress)
+    graph = generate(preset, seed, progress, scale)
     if not isinstance(graph, GraphData):
         raise ValueError(f"preset: expected a plain preset {sorted(PLAIN_PRESETS)}, got {preset!r}")
     return graph
@@ -154,15 +184,15 @@ def _generate_plain(name: str, params: SyntheticPreset, seed: int, progress: boo
         raise ValueError(f"split_sizes: expected at most {params.num_nodes} nodes in all")
     rng = np.random.default_rng(seed)
     n = params.num_nodes
-    y = _draw_classes(rng, n, params.num_classes, params.class_skew)
-    weights = _power_law_weights(rng, n, params.gamma,
+    y = draw_classes(rng, n, params.num_classes, params.class_skew)
+    weights = power_law_weights(rng, n, params.gamma,
                                  params.max_degree_fraction * n / (2.0 * params.num_undirected_edges))
     src, dst = _draw_edges(rng, y, weights, params, progress)
     edge_index = np.empty((2, 2 * src.size), dtype=np.int64)
     edge_index[0, : src.size], edge_index[0, src.size :] = src, dst
     edge_index[1, : src.size], edge_index[1, src.size :] = dst, src
     del src, dst
-    x = _features(rng, y, params)
+    x = class_features(rng, y, params.num_classes, params.feature_dim, params.feature_signal)
     perm = rng.permutation(n)
     a, b, _ = params.split_sizes
     splits = {
@@ -180,23 +210,6 @@ def _generate_plain(name: str, params: SyntheticPreset, seed: int, progress: boo
     graph.validate(check_values=n <= 100_000)
     log.info("generated %s: %d nodes, %d directed edges", name, n, graph.num_edges)
     return graph
-
-
-def _draw_classes(rng: np.random.Generator, n: int, num_classes: int, skew: float) -> np.ndarray:
-    sizes = (np.arange(1, num_classes + 1, dtype=np.float64)) ** -skew
-    return rng.choice(num_classes, size=n, p=sizes / sizes.sum()).astype(np.int64)
-
-
-def _power_law_weights(rng: np.random.Generator, n: int, gamma: float, cap: float) -> np.ndarray:
-    """Expected-degree weights ``w_i ~ rank^(-1/(gamma-1))`` summing to 1, in a random node
-    order, none above ``cap`` (with 2M edges, a node's expected degree is 2M w_i)."""
-    ranks = rng.permutation(n).astype(np.float64) + 1.0
-    w = ranks ** (-1.0 / (gamma - 1.0))
-    w /= w.sum()
-    for _ in range(10):
-        w = np.minimum(w, cap)
-        w /= w.sum()
-    return w
 
 
 @numba.njit(cache=True)
@@ -266,44 +279,10 @@ def _draw_edges(
     target = params.num_undirected_edges
     with tqdm(total=target, desc="edges", unit="edge", unit_scale=True,
               disable=not progress) as bar:
-        keys = _distinct_keys(rng, target, 1.05, lambda seed, first, count: _relation_keys(
+        keys = distinct_keys(rng, target, 1.05, lambda seed, first, count: _relation_keys(
             seed, first, count, y, params.homophily, g_accept, g_alias, g_accept, g_alias, members,
             c_ptr, c_accept, c_alias, n, True, True, True), bar)
     return keys // n, keys % n
-
-
-def _distinct_keys(rng: np.random.Generator, target: int, overdraw: float,
-                   draw: Callable[[np.uint64, int, int], np.ndarray], bar: tqdm | None = None) -> np.ndarray:
-    """``target`` distinct edge keys, sorted: ``draw(seed, first, count)`` gives candidates
-    ``first .. first+count-1`` (-1 for a refused one), drawn ``overdraw`` times what is
-    missing until none is (what refusals and repeats removed is topped up), then a random
-    subset of ``target`` when more came."""
-    seed = np.uint64(rng.integers(0, 2**63))
-    keys = np.empty(0, dtype=np.int64)
-    drawn = 0
-    for _ in range(8):
-        missing = target - keys.size
-        if missing <= 0:
-            break
-        count = int(missing * overdraw) + 16
-        new = draw(seed, drawn, count)
-        drawn += count
-        keys = sorted_unique(np.concatenate([keys, new[new >= 0]]))
-        if bar is not None:
-            bar.update(min(keys.size, target) - bar.n)
-    if keys.size > target:
-        keys = np.sort(rng.choice(keys, size=target, replace=False))
-    return keys
-
-
-def _features(rng: np.random.Generator, y: np.ndarray, params: SyntheticPreset) -> np.ndarray:
-    """Class centroid (norm ``feature_signal``) plus unit Gaussian noise, float32."""
-    centroids = rng.standard_normal((params.num_classes, params.feature_dim))
-    centroids *= params.feature_signal / np.linalg.norm(centroids, axis=1, keepdims=True)
-    centroids *= np.sqrt(params.feature_dim) / 4.0
-    x = rng.standard_normal((y.size, params.feature_dim), dtype=np.float32)
-    x += centroids.astype(np.float32)[y]
-    return x
 
 
 #: First year of each split: train papers are older than 2018, test papers from 2019.
@@ -391,16 +370,16 @@ def _generate_typed(name: str, params: TypedPreset, seed: int, progress: bool) -
     if sum(params.split_sizes) > n_target:
         raise ValueError(f"split_sizes: expected at most {n_target} {params.target_type} nodes")
     rng = np.random.default_rng(seed)
-    community = {t: _draw_classes(rng, n, params.num_classes, params.class_skew)
+    community = {t: draw_classes(rng, n, params.num_classes, params.class_skew)
                  for t, n in params.num_nodes.items()}
     # the largest weight of a type capped at max_weight_ratio times the mean
-    weights = {t: _power_law_weights(rng, n, params.gamma, params.max_weight_ratio / n)
+    weights = {t: power_law_weights(rng, n, params.gamma, params.max_weight_ratio / n)
                for t, n in params.num_nodes.items()}
     edges: dict[EdgeType, np.ndarray] = {}
     for spec in tqdm(params.relations, desc="relations", unit="rel", disable=not progress):
         edges[spec.edge_type] = _draw_relation(rng, spec, community, weights, params)
     y = community[params.target_type]
-    x = _typed_features(rng, y, params)
+    x = class_features(rng, y, params.num_classes, params.feature_dim, params.feature_signal)
     graph = TypedGraphData(
         name=name, num_nodes=dict(params.num_nodes), edge_index=edges,
         x={params.target_type: x}, target_type=params.target_type, y=y,
@@ -487,23 +466,14 @@ def _draw_relation(
     o_accept, o_alias = _alias_table(weights[other_t])
     members, c_ptr, c_accept, c_alias = _class_alias_tables(
         weights[other_t], community[other_t], params.num_classes)
-    keys = _distinct_keys(rng, spec.num_edges, 1.1, lambda seed, first, count: _relation_keys(
+    keys = distinct_keys(rng, spec.num_edges, 1.1, lambda seed, first, count: _relation_keys(
         seed, first, count, community[anchor_t], spec.homophily, a_accept, a_alias, o_accept,
         o_alias, members, c_ptr, c_accept, c_alias, params.num_nodes[other_t], spec.anchor == "src",
         src_t == dst_t))
     return np.stack([keys // n_dst, keys % n_dst])
 
 
-def _typed_features(rng: np.random.Generator, y: np.ndarray, params: TypedPreset) -> np.ndarray:
-    """Class centroid (norm ``feature_signal * sqrt(F) / 4``) plus unit Gaussian noise."""
-    f = params.feature_dim
-    centroids = rng.standard_normal((params.num_classes, f))
-    centroids *= params.feature_signal * np.sqrt(f) / 4.0 / np.linalg.norm(
-        centroids, axis=1, keepdims=True)
-    x = rng.standard_normal((y.size, f), dtype=np.float32)
-    x += centroids.astype(np.float32)[y]
-    return x
-
-
+#: Any preset's parameters.
+AnyPreset = SyntheticPreset | TypedPreset | LinkPreset | PapersPreset
 #: Every preset by name: plain and typed.
-PRESETS: dict[str, SyntheticPreset | TypedPreset | LinkPreset] = {**PLAIN_PRESETS, **TYPED_PRESETS}
+PRESETS: dict[str, AnyPreset] = {**PLAIN_PRESETS, **TYPED_PRESETS}

@@ -25,22 +25,10 @@ import numba
 import numpy as np
 from tqdm import tqdm
 
+from partitioner.synthetic_draws import counter_uniform
+
 #: Edges per chunk when drawing features (a float32 buffer of ``chunk x F``).
 _CHUNK = 1 << 22
-
-
-@numba.njit(inline="always")
-def counter_uniform(seed: np.uint64, item: int, stream: int) -> float:
-    """Uniform float in [0, 1) number ``stream`` (< 8) of draw ``item``, from a
-    counter-based generator (SplitMix64 finalizer), so parallel draws are reproducible
-    whatever the thread count; the synthetic graphs' edges are drawn with it too. (All
-    arithmetic stays in uint64: mixing in int64 would give floats.)"""
-    counter = np.uint64(item) * np.uint64(8) + np.uint64(stream)
-    z = seed + counter * np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z = z ^ (z >> np.uint64(31))
-    return float(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
 @numba.njit(parallel=True, cache=True)

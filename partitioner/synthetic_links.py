@@ -30,9 +30,9 @@ import numba
 import numpy as np
 from tqdm import tqdm
 
-from partitioner.graph import PLAIN_EDGE_TYPE, GraphData, LinkSplit, sorted_unique
+from partitioner.graph import PLAIN_EDGE_TYPE, GraphData, LinkSplit
 from partitioner.links import negative_destinations
-from partitioner.synthetic_edges import counter_uniform
+from partitioner.synthetic_draws import class_features, counter_uniform, distinct_keys
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,8 @@ def generate_links(name: str, params: LinkPreset, seed: int, progress: bool) -> 
         neg = negative_destinations(rng, pos // n, keys, n, params.num_negatives, undirected=False)
         splits[split] = LinkSplit(PLAIN_EDGE_TYPE, pos // n, pos % n, neg_dst=neg)
     del keys, train
-    x = _features(rng, cluster, params) if params.feature_dim else None
+    x = (class_features(rng, cluster, params.num_clusters, params.feature_dim, params.feature_signal)
+         if params.feature_dim else None)
     graph = GraphData(name=name, num_nodes=n, edge_index=edge_index, x=x, y=cluster,
                       num_classes=params.num_clusters, link_splits=splits)
     graph.validate(check_values=n <= 100_000)
@@ -123,36 +124,14 @@ def _distinct_citations(rng: np.random.Generator, params: LinkPreset, cluster: n
                         members: np.ndarray, ptr: np.ndarray, rank: np.ndarray, progress: bool) -> np.ndarray:
     """``num_citations`` distinct citation keys, sorted (drawn, deduplicated and topped up
     until there are enough, then a random subset of that many)."""
-    seed = np.uint64(rng.integers(0, 2**63))
     target = params.num_citations
-    keys = np.empty(0, dtype=np.int64)
-    drawn = 0
     with tqdm(total=target, desc="citations", unit="edge", unit_scale=True, disable=not progress) as bar:
-        for _ in range(16):
-            missing = target - keys.size
-            if missing <= 0:
-                break
-            count = int(missing * 1.1) + 16
-            new = _citation_keys(seed, drawn, count, cluster, members, ptr, rank, params.homophily)
-            drawn += count
-            keys = sorted_unique(np.concatenate([keys, new[new >= 0]]))
-            bar.update(min(keys.size, target) - bar.n)
+        keys = distinct_keys(rng, target, 1.1, lambda seed, first, count: _citation_keys(
+            seed, first, count, cluster, members, ptr, rank, params.homophily), bar, rounds=16)
     if keys.size < target:
         raise ValueError(f"num_citations: could draw only {keys.size} distinct citations of {target} asked "
                          f"(too many for {params.num_nodes} papers)")
-    if keys.size > target:
-        keys = np.sort(rng.choice(keys, size=target, replace=False))
     return keys
-
-
-def _features(rng: np.random.Generator, cluster: np.ndarray, params: LinkPreset) -> np.ndarray:
-    """Cluster centroid (norm ``feature_signal * sqrt(F) / 4``) plus unit Gaussian noise, float32."""
-    f = params.feature_dim
-    centroids = rng.standard_normal((params.num_clusters, f))
-    centroids *= params.feature_signal * np.sqrt(f) / 4.0 / np.linalg.norm(centroids, axis=1, keepdims=True)
-    x = rng.standard_normal((cluster.size, f), dtype=np.float32)
-    x += centroids.astype(np.float32)[cluster]
-    return x
 
 
 #: The link-prediction presets, by name.

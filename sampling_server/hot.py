@@ -54,6 +54,7 @@ class HotNodes:
         self._own_order: np.ndarray | None = None
         self._plans: OrderedDict[tuple[int, ...], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
+        self._fetch_lock = threading.Lock()  # other partitions' orders: read and kept under it
 
     def own_order(self) -> np.ndarray:
         """This partition's hot order (global IDs, hottest first)."""
@@ -71,19 +72,19 @@ class HotNodes:
         """The partition book of the ordered nodes."""
         return self.store.books[self.node_type]
 
-    def order(self, partition: int) -> np.ndarray:
-        """``partition``'s hot order (global IDs, hottest first; another partition's is
-        read from its server once)."""
+    def prefix(self, partition: int, count: int) -> np.ndarray:
+        """The first ``count`` nodes of ``partition``'s hot order (global IDs, hottest
+        first). Another partition's are read from its server on first need, one read at a
+        time, and only the longest prefix a cache plan asked for is kept: a trainer caches
+        a share of the nodes, while every partition's whole order would be 8 bytes per node
+        of the graph on every server."""
         if partition == self.store.partition_id:
-            return self.own_order()
-        with self._lock:
+            return self.own_order()[:count]
+        with self._fetch_lock:
             found = self._orders.get(partition)
-        if found is not None:
-            return found
-        book = self.book
-        order = self._fetch_order(partition, int(book[partition + 1]) - int(book[partition]))
-        with self._lock:
-            return self._orders.setdefault(partition, order)
+            if found is None or found.size < count:
+                found = self._orders[partition] = self._fetch_order(partition, count)
+        return found[:count]
 
     def _fetch_order(self, partition: int, count: int) -> np.ndarray:
         peers = self.peers()
@@ -103,8 +104,8 @@ class HotNodes:
         if order.size != count:
             raise RequestError(f"hot order of partition {partition}: expected {count} nodes, got "
                                f"{order.size}", grpc.StatusCode.UNAVAILABLE)
-        log.info("partition=%d: read the hot order of partition %d (%d %s)",
-                 self.store.partition_id, partition, count, self._what)
+        log.info("partition=%d: read the %d hottest %s of partition %d", self.store.partition_id, count,
+                 self._what, partition)
         return order
 
     def plan_bits(self, counts: Sequence[int]) -> np.ndarray:
@@ -117,7 +118,7 @@ class HotNodes:
             if bits is not None:
                 self._plans.move_to_end(key)
                 return bits
-        hot = [self.order(p)[:k] for p, k in enumerate(key) if k > 0]
+        hot = [self.prefix(p, k) for p, k in enumerate(key) if k > 0]
         bits = plan_bitset(int(self.book[-1]), hot)
         with self._lock:
             self._plans[key] = bits

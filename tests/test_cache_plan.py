@@ -251,3 +251,26 @@ def test_the_servers_plan_mask_equals_the_rank_rule() -> None:
                           np.zeros(0, dtype=bool))
     with pytest.raises(ValueError, match=r"n_id: expected global node IDs in 0 .. 332, got 333 at"):
         hot.cached_mask(torch.tensor([4, 333]), plans[1])
+
+
+def test_a_server_keeps_only_the_hot_prefix_plans_ask_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another partition's hot order is read from its server once per longer prefix a
+    plan needs, and only that prefix is kept (not 8 bytes per node of the graph)."""
+    book = np.array([0, 100, 250, 400])
+    orders = {p: np.arange(book[p], book[p + 1])[::-1].copy() for p in range(3)}
+    store = SimpleNamespace(books={"_N": book}, partition_id=0, typed=False)
+    hot = HotNodes(store, "_N", lambda: None)  # type: ignore[arg-type]
+    hot._own_order = orders[0]
+    reads: list[tuple[int, int]] = []
+
+    def fetch(partition: int, count: int) -> np.ndarray:
+        reads.append((partition, count))
+        return orders[partition][:count]
+
+    monkeypatch.setattr(hot, "_fetch_order", fetch)
+    for counts in [(10, 15, 0), (10, 15, 15), (30, 5, 15), (0, 15, 150)]:
+        hot.cached_mask(torch.arange(400), counts)
+    assert reads == [(1, 15), (2, 15), (2, 150)]
+    assert {p: o.size for p, o in hot._orders.items()} == {1: 15, 2: 150}
+    np.testing.assert_array_equal(hot.prefix(2, 3), orders[2][:3])
+    np.testing.assert_array_equal(hot.prefix(0, 4), orders[0][:4])

@@ -316,6 +316,16 @@ def test_structure_beyond_the_checksums_is_checked(root: Path, fault: str) -> No
     assert str(path) in message and needle in message
 
 
+def test_a_size_check_leaves_the_edge_ids_values_unread(root: Path) -> None:
+    """``verify="size"`` reads no edge ID at load (a server reads them only for batches
+    that ask for them): an ID out of range passes, as its shape and dtype are checked."""
+    path = _rewrite(root, 0, "e_id", lambda a, m: _set(a, -1, -1))
+    assert "edge IDs in [0, " in refused(root)
+    assert load_partition(root, 0, verify="size").e_id  # loaded, not scanned
+    _rewrite(root, 0, "e_id", lambda a, m: a.astype(np.int32))
+    assert str(path) in refused(root, verify="size")
+
+
 def test_partition_book_file_disagreeing_with_manifest_is_refused(root: Path) -> None:
     m = read_manifest(root)
     name = m.shared_role("partition_book", m.target_type)

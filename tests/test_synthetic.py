@@ -216,6 +216,7 @@ def test_splits_larger_than_the_graph_are_refused(preset: str) -> None:
 def test_unknown_or_typed_preset_where_plain_is_needed_is_refused() -> None:
     with pytest.raises(ValueError, match=r"preset: expected one of .*'tiny'"):
         generate("tiny", progress=False)
+    assert {"small", "products-like", "papers-like", "edge-feat-small"} <= set(PLAIN_PRESETS)
     plain = re.escape(f"preset: expected a plain preset {sorted(PLAIN_PRESETS)}")
     with pytest.raises(ValueError, match=plain):
         generate_plain(dataclasses.replace(_custom("mag-small"), split_sizes=(1, 1, 1)), progress=False)
