@@ -75,6 +75,8 @@ class EpochJob:
     edge_features: bool = False
     #: A link epoch's seed edges and negatives (EpochRequest.links); None: seed nodes.
     links: LinkJob | None = None
+    #: The node tensors whose rows each batch carries (EpochRequest.node_tensors).
+    node_tensors: tuple[str, ...] = ()
 
     @property
     def edges(self) -> bool:
@@ -145,7 +147,22 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
                     client_id=request.client_id, original_ids=request.include_original_ids,
                     cache_counts=cache, compact=request.compact_indices,
                     edge_ids=request.include_edge_ids, edge_features=request.include_edge_features,
-                    links=links)
+                    links=links, node_tensors=_node_tensor_names(request))
+
+
+#: Most node tensors one epoch request may name.
+MAX_NODE_TENSORS = 16
+
+
+def _node_tensor_names(request: pb.EpochRequest) -> tuple[str, ...]:
+    """The node tensors whose rows the batches carry: at most :data:`MAX_NODE_TENSORS`,
+    each once (whether this server holds them is the stream's first check)."""
+    names = tuple(request.node_tensors)
+    _require(len(names) <= MAX_NODE_TENSORS, "node_tensors", f"at most {MAX_NODE_TENSORS} names",
+             len(names))
+    _require(len(set(names)) == len(names), "node_tensors", "each name once",
+             [printable(n, 100) for n in names][:MAX_NODE_TENSORS])
+    return names
 
 
 def _check_edge_rows(request: pb.EpochRequest, store: PartitionStore) -> None:
@@ -274,7 +291,11 @@ def seeds_by_partition(request: pb.EpochRequest, store: PartitionStore, node_typ
     """
     source = request.WhichOneof("seeds_source")
     if source is None:
-        raise RequestError(f"{_FIELD}.seeds_source: expected a split name or explicit seeds, got neither")
+        raise RequestError(f"{_FIELD}.seeds_source: expected a split name, explicit seeds or every_node, "
+                           "got none")
+    if source == "every_node":  # every partition's owned range of the type
+        start, stop = store.type_range(node_type)
+        return [int(c) for c in np.diff(store.books[node_type])], np.arange(start, stop, dtype=np.int64)
     if source == "split":
         split = request.split
         _require(split in SPLITS, "split", f"one of {list(SPLITS)}", repr(split))
