@@ -8,7 +8,6 @@ seeds; bad requests are refused naming the field."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -27,7 +26,8 @@ from trainer_client.loader import RemoteNeighborLoader
 from trainer_client.node_tensors import RemoteNodeTensor, row_init
 
 
-@pytest.fixture(scope="module", params=[(k, p) for k in KINDS for p in (1, 3)], ids=lambda k: f"{k[0]}-{k[1]}")
+@pytest.fixture(scope="module", params=[(k, p) for k in KINDS for p in (1, 3)],
+                ids=lambda k: f"{k[0]}-{k[1]}")
 def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[tuple[AnyGraph, Cluster]]:
     kind, parts = request.param
@@ -91,7 +91,8 @@ def test_in_degree_rows_count_each_nodes_in_edges_but_self_loops(cluster: tuple[
     graph, c = cluster
     typed = typed_view(graph)
     for t in c.graph.node_types:
-        table = RemoteNodeTensor(c, f"deg-{t}", (), node_type=t, dtype=torch.int64, init=row_init("in_degree"))
+        table = RemoteNodeTensor(c, f"deg-{t}", (), node_type=t, dtype=torch.int64,
+                                 init=row_init("in_degree"))
         want = np.zeros(typed.num_nodes[t], dtype=np.int64)
         for (src, _, dst), ei in typed.edge_index.items():
             if dst == t:
@@ -116,7 +117,8 @@ def test_bad_requests_are_refused_naming_the_field(cluster: tuple[AnyGraph, Clus
     stub = pb_grpc.NodeTensorServiceStub(c.channel(0))
     with pytest.raises(grpc.RpcError) as info:
         stub.CreateNodeTensor(pb.CreateNodeTensorRequest(spec=pb.NodeTensorSpec(
-            name="deg-wide", dims=[2], dtype=pb.INT64, init=pb.RowInit(kind=pb.RowInit.IN_DEGREE))), timeout=30)
+            name="deg-wide", dims=[2], dtype=pb.INT64, init=pb.RowInit(kind=pb.RowInit.IN_DEGREE))),
+            timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "NodeTensorSpec.dims: expected one value per node with IN_DEGREE" in str(info.value.details())
     with pytest.raises(ValueError, match="node_tensors: expected attribute names a batch does not use"):
