@@ -217,6 +217,7 @@ def main() -> None:
         "batch_size_per_rank": args.batch_size, "fanouts": args.fanouts, "hidden": args.hidden,
         "device": args.device,
         "steps": args.steps, "passes": args.passes, "runs": runs, "summary": summary,
+        "rows": [{"label": mode, **figures} for mode, figures in summary.items()],
         "tables_on_servers": runs["server"][-1]["tables_on_servers"],
         "embedding_bytes_ratio": dense["embedding_bytes_per_step"] / server["embedding_bytes_per_step"],
         "total_bytes_ratio": (dense["embedding_bytes_per_step"] + dense["other_bytes_per_step"])

@@ -2561,10 +2561,31 @@ class NodeTensorsAtStep(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class IncarnationsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     JOB_ID_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     PIN_FIELD_NUMBER: _builtins.int
+    INCARNATIONS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job (NodeTensorSpec.job_id)."""
     step: _builtins.int
@@ -2577,6 +2598,12 @@ class NodeTensorsAtStep(_message.Message):
     """SnapshotNodeTensors: keep this snapshot until another is pinned (a trainer's best
     epoch so far), besides the two newest a tensor keeps.
     """
+    @_builtins.property
+    def incarnations(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """SnapshotNodeTensors: per tensor name, the incarnation the caller counts on (another
+        one is FAILED_PRECONDITION: its rows since the last snapshot are lost).
+        """
+
     def __init__(
         self,
         *,
@@ -2584,10 +2611,11 @@ class NodeTensorsAtStep(_message.Message):
         step: _builtins.int = ...,
         client_id: _builtins.str = ...,
         pin: _builtins.bool = ...,
+        incarnations: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "job_id", b"job_id", "pin", b"pin", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "incarnations", b"incarnations", "job_id", b"job_id", "pin", b"pin", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -6,7 +6,7 @@ server's chunk size both ways; and the metrics of the tensors held."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -19,7 +19,7 @@ from protos import codec
 from protos import sampling_pb2 as pb
 from protos.assembler import TensorAssembler
 from sampling_server.errors import MalformedRequest, RequestError, abort_on_error, printable
-from sampling_server.node_tensors import NodeTensors
+from sampling_server.node_tensors import NodeTensor, NodeTensors
 from sampling_server.store import PartitionStore
 
 log = logging.getLogger(__name__)
@@ -95,23 +95,24 @@ class NodeTensorServicer:
 
     def SnapshotNodeTensors(self, request: pb.NodeTensorsAtStep,
                             context: grpc.ServicerContext) -> pb.NodeTensorsReply:
-        with abort_on_error(context, "SnapshotNodeTensors", self.store.partition_id):
-            self._loaded()
-            tensors = self.tensors.snapshot(request.job_id, request.step, context.time_remaining(),
-                                           request.pin)
-            log.info("partition=%d: node tensors of job %s snapshotted at step %d: %s",
-                     self.store.partition_id, printable(request.job_id), request.step,
-                     [t.spec.name for t in tensors])
-            return pb.NodeTensorsReply(tensors=[t.info() for t in tensors])
+        return self._at_step("SnapshotNodeTensors", "snapshotted at", request, context,
+                             lambda: self.tensors.snapshot(request.job_id, request.step,
+                                                           context.time_remaining(), request.pin,
+                                                           dict(request.incarnations)))
 
     def RestoreNodeTensors(self, request: pb.NodeTensorsAtStep,
                            context: grpc.ServicerContext) -> pb.NodeTensorsReply:
-        with abort_on_error(context, "RestoreNodeTensors", self.store.partition_id):
+        return self._at_step("RestoreNodeTensors", "restored to", request, context,
+                             lambda: self.tensors.restore(request.job_id, request.step))
+
+    def _at_step(self, method: str, done: str, request: pb.NodeTensorsAtStep, context: grpc.ServicerContext,
+                 act: Callable[[], list[NodeTensor]]) -> pb.NodeTensorsReply:
+        """A job's tensors snapshotted or restored by ``act``; the reply lists them."""
+        with abort_on_error(context, method, self.store.partition_id):
             self._loaded()
-            tensors = self.tensors.restore(request.job_id, request.step)
-            log.info("partition=%d: node tensors of job %s restored to step %d: %s",
-                     self.store.partition_id, printable(request.job_id), request.step,
-                     [t.spec.name for t in tensors])
+            tensors = act()
+            log.info("partition=%d: node tensors of job %s %s step %d: %s", self.store.partition_id,
+                     printable(request.job_id), done, request.step, [t.spec.name for t in tensors])
             return pb.NodeTensorsReply(tensors=[t.info() for t in tensors])
 
     def DropNodeTensor(self, request: pb.DropNodeTensorRequest,

@@ -25,7 +25,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -225,14 +225,18 @@ class NodeTensors:
             raise RequestError(f"{field}: expected the name of a node tensor on this server "
                                f"({sorted(self._tensors)[:20]}), got {name[:100]!r}",
                                grpc.StatusCode.NOT_FOUND)
+        self._check_incarnation(tensor, incarnation, field)
+        return tensor
+
+    def _check_incarnation(self, tensor: NodeTensor, incarnation: str, field: str) -> None:
+        """Refuse a caller that counts on another incarnation of ``tensor`` (empty: any)."""
         if incarnation and incarnation != tensor.incarnation:
             raise RequestError(
-                f"{field}: node tensor {name!r} on partition {self.store.partition_id} is not the one "
-                f"the caller used (incarnation {incarnation}, now {tensor.incarnation}, at step "
+                f"{field}: node tensor {tensor.spec.name!r} on partition {self.store.partition_id} is not "
+                f"the one the caller used (incarnation {incarnation}, now {tensor.incarnation}, at step "
                 f"{tensor.step}): the server restarted and reloaded its last snapshot, or it was "
                 "restored, so the rows updated since are lost; resume the job from its last "
                 "checkpoint (--resume)", _FAILED)
-        return tensor
 
     def _held(self, name: str) -> NodeTensor | None:
         """The tensor ``name`` in memory, else its last snapshot loaded (a server started
@@ -372,10 +376,15 @@ class NodeTensors:
             tensor.cond.notify_all()
 
     # -- snapshots -----------------------------------------------------------------------
-    def snapshot(self, job_id: str, step: int, timeout: float | None, pin: bool = False) -> list[NodeTensor]:
+    def snapshot(self, job_id: str, step: int, timeout: float | None, pin: bool = False,
+                 incarnations: Mapping[str, str] | None = None) -> list[NodeTensor]:
         """Write the job's tensors at ``step`` beside the partition (waiting, bounded, for
-        the step to be applied); ``pin``: keep it until another is pinned."""
+        the step to be applied); ``pin``: keep it until another is pinned;
+        ``incarnations``: what the caller counts on, per tensor name."""
         tensors = self._of_job(job_id, "NodeTensorsAtStep.job_id")
+        for tensor in tensors:
+            self._check_incarnation(tensor, (incarnations or {}).get(tensor.spec.name, ""),
+                                    "NodeTensorsAtStep.incarnations")
         for tensor in tensors:
             with tensor.cond:
                 self._wait_step(tensor, step, timeout, "NodeTensorsAtStep.step")

@@ -73,64 +73,27 @@ def _guarded(method: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[...
     return handle
 
 
-def _add_services(server: grpc.Server, sampling: SamplingServicer, peer: PeerServicer,
-                  tensors: NodeTensorServicer) -> None:
-    services = {
-        SAMPLING_SERVICE: {
-            "GetClusterInfo": grpc.unary_unary_rpc_method_handler(
-                _guarded(sampling.GetClusterInfo), lenient(pb.ClusterInfoRequest),
-                pb.ClusterInfo.SerializeToString),
-            "LookupNodes": grpc.unary_unary_rpc_method_handler(
-                _guarded(sampling.LookupNodes), lenient(pb.LookupNodesRequest),
-                pb.LookupNodesReply.SerializeToString),
-            "StreamMinibatches": grpc.stream_stream_rpc_method_handler(
-                sampling.StreamMinibatches, lenient(pb.StreamMinibatchesRequest),
-                fastwire.passthrough),
-            "StreamHotNodes": grpc.unary_stream_rpc_method_handler(
-                _guarded(sampling.StreamHotNodes), lenient(pb.HotNodesRequest),
-                pb.HotNodesChunk.SerializeToString),
-        },
-        PEER_SERVICE: {
-            "SampleNeighbors": grpc.unary_stream_rpc_method_handler(
-                _guarded(peer.SampleNeighbors), lenient(pb.SampleNeighborsRequest),
-                fastwire.passthrough),
-            "FetchNodeData": grpc.unary_stream_rpc_method_handler(
-                _guarded(peer.FetchNodeData), lenient(pb.FetchNodeDataRequest),
-                fastwire.passthrough),
-            "FetchEdgeData": grpc.unary_stream_rpc_method_handler(
-                _guarded(peer.FetchEdgeData), lenient(pb.FetchEdgeDataRequest),
-                fastwire.passthrough),
-            "HasEdges": grpc.unary_unary_rpc_method_handler(
-                _guarded(peer.HasEdges), lenient(pb.HasEdgesRequest),
-                pb.HasEdgesReply.SerializeToString),
-        },
-    }
-    services[NODE_TENSOR_SERVICE] = {
-        "CreateNodeTensor": grpc.unary_unary_rpc_method_handler(
-            _guarded(tensors.CreateNodeTensor), lenient(pb.CreateNodeTensorRequest),
-            pb.NodeTensorInfo.SerializeToString),
-        "FindNodeTensor": grpc.unary_unary_rpc_method_handler(
-            _guarded(tensors.FindNodeTensor), lenient(pb.FindNodeTensorRequest),
-            pb.NodeTensorInfo.SerializeToString),
-        "ReadRows": grpc.unary_stream_rpc_method_handler(
-            _guarded(tensors.ReadRows), lenient(pb.ReadRowsRequest), pb.RowsChunk.SerializeToString),
-        "WriteRows": grpc.stream_unary_rpc_method_handler(
-            tensors.WriteRows, lenient(pb.RowsUpload), pb.WriteRowsReply.SerializeToString),
-        "PushGradients": grpc.stream_unary_rpc_method_handler(
-            tensors.PushGradients, lenient(pb.RowsUpload), pb.PushGradientsReply.SerializeToString),
-        "SnapshotNodeTensors": grpc.unary_unary_rpc_method_handler(
-            _guarded(tensors.SnapshotNodeTensors), lenient(pb.NodeTensorsAtStep),
-            pb.NodeTensorsReply.SerializeToString),
-        "RestoreNodeTensors": grpc.unary_unary_rpc_method_handler(
-            _guarded(tensors.RestoreNodeTensors), lenient(pb.NodeTensorsAtStep),
-            pb.NodeTensorsReply.SerializeToString),
-        "DropNodeTensor": grpc.unary_unary_rpc_method_handler(
-            _guarded(tensors.DropNodeTensor), lenient(pb.DropNodeTensorRequest),
-            pb.DropNodeTensorReply.SerializeToString),
-    }
-    for name, handlers in services.items():
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
-        server.add_registered_method_handlers(name, handlers)
+#: A method's handler factory by (client streaming, server streaming).
+_HANDLER_OF = {(False, False): grpc.unary_unary_rpc_method_handler,
+               (False, True): grpc.unary_stream_rpc_method_handler,
+               (True, False): grpc.stream_unary_rpc_method_handler,
+               (True, True): grpc.stream_stream_rpc_method_handler}
+
+
+def _add_services(server: grpc.Server, servicers: dict[str, object]) -> None:
+    """Serve every method of each service of ``sampling.proto`` by the servicer's method of
+    the same name: requests parsed leniently (a malformed one is INVALID_ARGUMENT naming
+    its type; a streamed request's handler checks each message), replies serialized, or
+    passed on where the handler built their bytes itself."""
+    for full_name, servicer in servicers.items():
+        handlers = {}
+        for m in pb.DESCRIPTOR.services_by_name[full_name.rsplit(".", 1)[1]].methods:
+            impl = getattr(servicer, m.name)
+            handlers[m.name] = _HANDLER_OF[m.client_streaming, m.server_streaming](
+                impl if m.client_streaming else _guarded(impl), lenient(getattr(pb, m.input_type.name)),
+                fastwire.passthrough)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(full_name, handlers),))
+        server.add_registered_method_handlers(full_name, handlers)
 
 
 def _add_health(server: grpc.Server, servicer: health.HealthServicer) -> None:
@@ -173,8 +136,9 @@ class SamplingServer(grpc.Server):
                                         config.node_tensor_bytes(total_host_memory() or 0))
         self.pipeline.node_tensors = self.node_tensors
         self.peer_servicer = peer_servicer = PeerServicer(store, config.chunk_bytes, self.node_tensors)
-        _add_services(server, self.sampling, peer_servicer,
-                      NodeTensorServicer(store, self.node_tensors, config.chunk_bytes))
+        _add_services(server, {SAMPLING_SERVICE: self.sampling, PEER_SERVICE: peer_servicer,
+                               NODE_TENSOR_SERVICE: NodeTensorServicer(store, self.node_tensors,
+                                                                       config.chunk_bytes)})
         #: Counters and latencies (served over HTTP when ``metrics_port`` is set).
         self.metrics = metrics or ServerMetrics(store.partition_id)
         self.pipeline.metrics = self.sampling.metrics = peer_servicer.metrics = self.metrics

@@ -26,6 +26,8 @@ RUNS: dict[str, list[str]] = {
     "stream": ["--preset", "small", "--passes", "1", "--gib", "0.01", "--sizes-kib", "256",
                "--no-diagnostics", "--steps-ms"],
     "feature_cache": ["--preset", "small", "--batches", "1", "--compare-batches", "0", "0"],
+    "embeddings": ["--preset", "mag-small", "--passes", "1", "--steps", "2", "--warmup", "1",
+                   "--batch-size", "128"],
 }
 #: The flag naming a benchmark's report (``benchmarks/results/<name>.json``).
 NAME_FLAG = {"hetero": "--name"}

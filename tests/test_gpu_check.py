@@ -117,7 +117,7 @@ def test_the_plan_shares_the_budget_and_reads_the_model_step(gpu_check: Any, tmp
 
     plan = gpu_check.steps_for(argparse.Namespace(data=tmp_path / "data", preset="products-like",
                                                   link_preset="citation2-like"))
-    assert [s.name for s, _ in plan] == ["gpu tests", "sampler", "stream", "link", "model step",
+    assert [s.name for s, _ in plan] == ["gpu tests", "sampler", "stream", "link", "model step", "embeddings",
                                          "demo (1 GPU, NCCL)"]
     assert sum(share for _, share in plan) == pytest.approx(1.0)
     step = next(s for s, _ in plan if s.name == "model step")
@@ -131,6 +131,13 @@ def test_the_plan_shares_the_budget_and_reads_the_model_step(gpu_check: Any, tmp
     gpu_check.collect_figures(step, tmp_path / "data")
     assert step.figures == {"nodes_per_batch_median": 428513, "edges_per_batch_median": 694104,
                             "float32 ms per step": 9.13, "bfloat16 autocast ms per step": 5.73}
+    embeddings = next(s for s, _ in plan if s.name == "embeddings")
+    assert "benchmarks/embeddings.py" in embeddings.command and "cuda" in embeddings.command
+    (results / "gpu-check-embeddings.json").write_text(json.dumps({
+        "summary": {"dense": {"steps_per_s": 2.0}}, "embedding_bytes_ratio": 12.5, "speedup": 3.0}))
+    gpu_check.collect_figures(embeddings, tmp_path / "data")
+    assert embeddings.figures == {"summary": {"dense": {"steps_per_s": 2.0}}, "embedding_bytes_ratio": 12.5,
+                                  "speedup": 3.0}
 
 
 def test_the_plots_are_redrawn_beside_the_report(gpu_check: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -39,7 +39,10 @@ def roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = {}
     for kind, preset in GRAPHS.items():
         root = tmp_path_factory.mktemp(kind)
-        partition_graph(generate(preset, progress=False), 2, root, method="random", progress=False)
+        graph = generate(preset, progress=False)
+        if kind == "typed":  # hetero-sage (to_hetero) updates every type: each needs in-edges
+            graph = graph.add_reverse()  # type: ignore[union-attr]
+        partition_graph(graph, 2, root, method="random", progress=False)
         out[kind] = root
     return out
 
@@ -100,7 +103,8 @@ def test_a_resumed_run_equals_an_unbroken_one_bit_for_bit(
     clusters: dict[str, tuple[list[str], list[SamplingServer]]], tmp_path: Path, kind: str, task: str
 ) -> None:
     addresses, servers = clusters[kind]
-    common = ["--task", task, "--sparse-embedding", *(["--model", "rgcn"] if kind == "typed" else [])]
+    common = ["--task", task, "--sparse-embedding", "--dropout", "0",
+              *(["--model", "rgcn"] if kind == "typed" else [])]
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
     assert main(_args(addresses, unbroken, *common, "--epochs", "3", "--checkpoint-dir", str(unbroken))) == 0
     assert main(_args(addresses, broken, *common, "--epochs", "2", "--checkpoint-dir", str(broken))) == 0
@@ -164,3 +168,44 @@ def test_a_server_restarted_mid_training_is_named_and_resume_continues(
         again = [a if a != "40" else "2" for a in args]
         assert main([*again, "--resume"]) == 0
         assert _metrics(tmp_path)["start_epoch"] >= 1
+
+
+def test_a_trainer_killed_mid_epoch_resumes_to_the_unbroken_result(
+    clusters: dict[str, tuple[list[str], list[SamplingServer]]], tmp_path: Path
+) -> None:
+    """kill -9 of a trainer whose server-held tables are past its last checkpoint: --resume
+    puts them back to the checkpoint's snapshot, and the run ends as an unbroken one."""
+    addresses, servers = clusters["typed"]
+    common = ["--model", "rgcn", "--sparse-embedding", "--epochs", "3", "--dropout", "0"]
+    unbroken, killed = tmp_path / "unbroken", tmp_path / "killed"
+    assert main(_args(addresses, unbroken, *common, "--checkpoint-dir", str(unbroken))) == 0
+    args = _args(addresses, killed, *common, "--checkpoint-dir", str(killed))
+    proc = subprocess.Popen([sys.executable, "-m", "trainer_client.train", *args], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1"))
+    deadline = time.monotonic() + 300
+    try:
+        while True:  # the first checkpoint written, and a step past it applied on the servers
+            steps = [t.step for t in servers[0].node_tensors.tensors()]
+            if (killed / "checkpoint.pt").exists() and steps and max(steps) > _checkpoint_step(killed):
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it was killed"
+            time.sleep(0.02)  # watches another process's files and the servers' state
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert main([*args, "--resume"]) == 0
+    want, got = _metrics(unbroken), _metrics(killed)
+    assert got["param_fingerprints"] == want["param_fingerprints"]
+    assert got["test_acc"] == want["test_acc"]
+
+
+def _checkpoint_step(directory: Path) -> int:
+    """The server-held tables' step the checkpoint in ``directory`` records."""
+    import torch
+
+    try:
+        saved = torch.load(directory / "checkpoint.pt", map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError):
+        return 1 << 30  # being replaced: look again
+    return int(saved["task"]["node_tensors"]["step"])

@@ -42,7 +42,7 @@ class RemoteEmbedding(torch.nn.Module):
     def __init__(self, cluster: Cluster, name: str, dim: int, *, node_type: str | None = None,
                  init: str = "normal", scale: float = 1.0, seed: int = 0, job_id: str | None = None,
                  rank: int | None = None, world_size: int | None = None,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", reconnect: float = 15.0) -> None:
         super().__init__()
         if dim < 1:
             raise ValueError(f"dim: expected an integer >= 1, got {dim}")
@@ -55,6 +55,8 @@ class RemoteEmbedding(torch.nn.Module):
         self.world_size = world_size if world_size is not None else \
             (dist.get_world_size() if distributed else 1)
         self.device = torch.device(device)
+        #: Seconds a server that does not answer is asked again before the call fails.
+        self.reconnect = reconnect
         #: The table on the servers (None until created).
         self.table: RemoteNodeTensor | None = None
         #: Optimizer steps this rank has pushed (the next read waits for them).
@@ -65,7 +67,8 @@ class RemoteEmbedding(torch.nn.Module):
         """The table on the servers, created (or found) with ``optimizer``."""
         if self.table is None:
             self.table = RemoteNodeTensor(self.cluster, self.name, (self.dim,), node_type=self.node_type,
-                                          init=self.init, optimizer=optimizer, job_id=self.job_id)
+                                          init=self.init, optimizer=optimizer, job_id=self.job_id,
+                                          reconnect=self.reconnect)
             self.steps = self.table.step
         elif optimizer is not None and self.table.spec.optimizer.kind == pb.SparseOptimizer.OPTIMIZER_NONE:
             raise ValueError(f"RemoteEmbedding {self.name!r}: its table was created without an optimizer (a "

@@ -151,7 +151,7 @@ class ServerEmbeddings:
                 self.cluster, f"emb/{self.job_id}/{node_type}", self.dim, node_type=node_type,
                 init="uniform", scale=math.sqrt(6.0 / (n + self.dim)), seed=self.args.seed,
                 job_id=self.job_id, rank=self.env.rank, world_size=self.env.world_size,
-                device=self.env.device)
+                device=self.env.device, reconnect=self.args.reconnect_timeout)
         table = self.tables[node_type]
         return table if width == self.dim else nn.Sequential(table, nn.Linear(self.dim, width))
 
@@ -179,7 +179,10 @@ class ServerEmbeddings:
         if not self.tables:
             return {}
         if self.env.rank == 0:
-            snapshot_all(self.cluster, self.job_id, self.steps, pin=selected)
+            counted = [{t.name: t.table.incarnations[p] for t in self.tables.values() if t.table is not None}
+                       for p in range(self.cluster.num_partitions)]
+            snapshot_all(self.cluster, self.job_id, self.steps, pin=selected, incarnations=counted,
+                         reconnect=self.args.reconnect_timeout)
         return {"node_tensors": {"job_id": self.job_id, "step": self.steps}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -192,7 +195,8 @@ class ServerEmbeddings:
             raise ValueError(f"--resume: the checkpoint's server-held embeddings are job "
                              f"{saved['job_id']}'s, this run's are {self.job_id}'s")
         if self.env.rank == 0:
-            restore_all(self.cluster, self.job_id, int(saved["step"]))
+            restore_all(self.cluster, self.job_id, int(saved["step"]),
+                        reconnect=self.args.reconnect_timeout)
         _barrier(self.env)
         for table in self.tables.values():
             table.refresh()

@@ -198,25 +198,9 @@ class RemoteNodeTensor:
         return list(self._pool.map(fn, range(len(self._stubs))))
 
     def _call(self, p: int, method: str, call: Callable[[pb_grpc.NodeTensorServiceStub, float], T]) -> T:
-        """``call(stub, timeout)`` on partition ``p``'s server, made again while it does
-        not answer (for ``reconnect`` seconds); its failure as a :class:`GraphfeedError`."""
-        address = self.cluster.addresses[p]
-
-        def attempt(_: float) -> T:
-            try:
-                return call(self._stubs[p], self.rpc_timeout)
-            except grpc.RpcError as err:
-                raise error_from_rpc(err, method, address) from err
-
-        def gone(f: Any) -> GraphfeedError:
-            return ServerUnavailable(
-                f"{method} at {address} (partition {p}) failed for {self.reconnect:g} s: {f.error}; node "
-                f"tensor {self.name!r}: the rows that server held since its last snapshot cannot be "
-                "recovered if it lost them; --resume continues from the last checkpoint",
-                what=method, address=address, code=grpc.StatusCode.UNAVAILABLE)
-
-        return retry(attempt, backoff=Backoff(0.1, 2.0, 2.0), retryable=RETRIED, window=self.reconnect,
-                     on_give_up=gone)
+        """``call(stub, timeout)`` on partition ``p``'s server (:func:`call_server`)."""
+        return call_server(self.cluster, p, method, lambda stub: call(stub, self.rpc_timeout),
+                           reconnect=self.reconnect, what=f"node tensor {self.name!r}")
 
     def drop(self, forget: bool = False) -> None:
         """Remove the tensor from every server (``forget``: its snapshots too)."""
@@ -238,33 +222,59 @@ def _copy(header: pb.RowsHeader) -> pb.RowsHeader:
     return out
 
 
-def snapshot_all(cluster: Cluster, job_id: str, step: int, *, pin: bool = False,
-                 timeout: float = 600.0) -> list[pb.NodeTensorsReply]:
-    """Every server writes ``job_id``'s node tensors at ``step`` beside its partition
-    (``pin``: kept until another is pinned, as well as the two newest)."""
-    return _each_server(cluster, lambda stub: stub.SnapshotNodeTensors(
-        pb.NodeTensorsAtStep(job_id=job_id, step=step, client_id=cluster.client_id, pin=pin),
-        timeout=timeout), "SnapshotNodeTensors")
+def call_server(cluster: Cluster, p: int, method: str, call: Callable[[pb_grpc.NodeTensorServiceStub], T], *,
+                reconnect: float, what: str) -> T:
+    """``call(stub)`` on partition ``p``'s server, made again while it does not answer
+    (for ``reconnect`` seconds: node tensor calls are idempotent); its failure as a
+    :class:`GraphfeedError`, one that names the server and what its loss costs ``what``
+    when it stays away."""
+    address = cluster.addresses[p]
 
-
-def restore_all(cluster: Cluster, job_id: str, step: int,
-                timeout: float = 600.0) -> list[pb.NodeTensorsReply]:
-    """Every server reloads ``job_id``'s node tensors from their snapshots at ``step``."""
-    return _each_server(cluster, lambda stub: stub.RestoreNodeTensors(
-        pb.NodeTensorsAtStep(job_id=job_id, step=step, client_id=cluster.client_id), timeout=timeout),
-        "RestoreNodeTensors")
-
-
-def _each_server(cluster: Cluster, call: Callable[[pb_grpc.NodeTensorServiceStub], T],
-                 method: str) -> list[T]:
-    def one(p: int) -> T:
+    def attempt(_: float) -> T:
         try:
             return call(pb_grpc.NodeTensorServiceStub(cluster.channel(p)))
         except grpc.RpcError as err:
-            raise error_from_rpc(err, method, cluster.addresses[p]) from err
+            raise error_from_rpc(err, method, address) from err
 
+    def gone(f: Any) -> GraphfeedError:
+        return ServerUnavailable(
+            f"{method} at {address} (partition {p}) failed for {reconnect:g} s: {f.error}; {what}: the rows "
+            "that server held since its last snapshot cannot be recovered if it lost them; --resume "
+            "continues from the last checkpoint", what=method, address=address,
+            code=grpc.StatusCode.UNAVAILABLE)
+
+    return retry(attempt, backoff=Backoff(0.1, 2.0, 2.0), retryable=RETRIED, window=reconnect,
+                 on_give_up=gone)
+
+
+def snapshot_all(cluster: Cluster, job_id: str, step: int, *, pin: bool = False,
+                 incarnations: Sequence[Mapping[str, str]] | None = None, timeout: float = 600.0,
+                 reconnect: float = 15.0) -> list[pb.NodeTensorsReply]:
+    """Every server writes ``job_id``'s node tensors at ``step`` beside its partition
+    (``pin``: kept until another is pinned, as well as the two newest; ``incarnations``:
+    per partition, the tensors' incarnations the caller counts on)."""
+    def one(p: int) -> pb.NodeTensorsReply:
+        request = pb.NodeTensorsAtStep(job_id=job_id, step=step, client_id=cluster.client_id, pin=pin,
+                                       incarnations=dict(incarnations[p]) if incarnations else {})
+        return call_server(cluster, p, "SnapshotNodeTensors",
+                           lambda stub: stub.SnapshotNodeTensors(request, timeout=timeout),
+                           reconnect=reconnect, what=f"job {job_id}")
+
+    return _each_partition(cluster, one)
+
+
+def restore_all(cluster: Cluster, job_id: str, step: int, *, timeout: float = 600.0,
+                reconnect: float = 15.0) -> list[pb.NodeTensorsReply]:
+    """Every server reloads ``job_id``'s node tensors from their snapshots at ``step``."""
+    request = pb.NodeTensorsAtStep(job_id=job_id, step=step, client_id=cluster.client_id)
+    return _each_partition(cluster, lambda p: call_server(
+        cluster, p, "RestoreNodeTensors", lambda stub: stub.RestoreNodeTensors(request, timeout=timeout),
+        reconnect=reconnect, what=f"job {job_id}"))
+
+
+def _each_partition(cluster: Cluster, fn: Callable[[int], T]) -> list[T]:
     with ThreadPoolExecutor(min(16, cluster.num_partitions)) as pool:
-        return list(pool.map(one, range(cluster.num_partitions)))
+        return list(pool.map(fn, range(cluster.num_partitions)))
 
 
 def delivered_rows(cluster: Cluster, node_tensors: Mapping[str, TensorRef | Sequence[TensorRef]]
