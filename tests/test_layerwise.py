@@ -9,6 +9,7 @@ the same, and a server gone for good is named within the reconnect time."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,7 @@ from trainer_client.graph import TypedGraph
 from trainer_client.layerwise import LayerwiseInference, ThreadMeeting, layer_model
 from trainer_client.link_models import build_link_model
 from trainer_client.models import build_model
+from trainer_client.node_tensors import RemoteNodeTensor
 from trainer_client.typed_models import build_typed_model
 
 HIDDEN = 8
@@ -289,3 +291,75 @@ def test_a_lost_server_is_named_within_the_reconnect_time(tmp_path: Path) -> Non
             _run(addresses, model, 1, batch_size=4, on_batch=lose_one, reconnect=2.0)
         assert time.monotonic() - started[0] < 60
         assert addresses[2] in str(info.value)
+
+
+# -- every node's output out ---------------------------------------------------------------
+
+
+def _train(addresses: list[str], out: Path, model: str, *extra: str) -> int:
+    from trainer_client.train import main
+
+    return main(["--servers", ",".join(addresses), "--model", model, "--fanouts", "3,3", "--hidden", "8",
+                 "--batch-size", "16", "--epochs", "1", "--no-progress", "--device", "cpu", "--timeout", "60",
+                 "--checkpoint-dir", str(out / "ckpt"), "--metrics-json", str(out / "metrics.json"), *extra])
+
+
+@pytest.mark.parametrize("kind", ["plain", "typed"])
+def test_the_export_holds_every_nodes_output_of_the_selected_model(
+        clusters: dict[tuple[str, int], Any], tmp_path: Path, kind: str) -> None:
+    from trainer_client.ddp import BEST_NAME
+    from trainer_client.export import MANIFEST, read_outputs
+
+    graph, addresses, *_ = clusters[kind, 3]
+    target = "paper" if kind == "typed" else "_N"
+    export = tmp_path / "export"
+    assert _train(addresses, tmp_path, "rgcn" if kind == "typed" else "gcn", "--export-embeddings",
+                  str(export), "--eval", "sampled") == 0
+    manifest = json.loads((export / MANIFEST).read_text())
+    best = torch.load(tmp_path / "ckpt" / BEST_NAME, weights_only=True)
+    assert manifest["checkpoint"]["epoch"] == best["epoch"] and manifest["model"]["hidden"] == 8
+    with Cluster(addresses) as cluster:
+        facts = cluster.graph
+    model = build_typed_model("rgcn", facts, hidden_channels=8, num_layers=2) if kind == "typed" else \
+        build_model("gcn", graph.feature_dim, graph.num_classes, hidden_channels=8, num_layers=2, heads=4)
+    model.load_state_dict(best["model"])
+    model.eval()
+    want = _typed_forward(model, graph)[target] if kind == "typed" else _plain_forward(model, graph)
+    assert list(manifest["node_types"]) == [target]
+    assert manifest["node_types"][target]["shape"] == list(want.shape)
+    shard = manifest["node_types"][target]["shards"][0]
+    assert np.load(export / shard["file"], mmap_mode="r", allow_pickle=False).dtype == np.float32
+    _close(torch.from_numpy(read_outputs(export, target)), want)
+    again = tmp_path / "from-checkpoint"  # a checkpoint's model exported without training
+    assert _train(addresses, tmp_path, "rgcn" if kind == "typed" else "gcn", "--epochs", "0", "--resume",
+                  "--export-embeddings", str(again)) == 0
+    assert np.array_equal(read_outputs(again, target), read_outputs(export, target))
+
+
+def test_an_export_is_written_whole_or_not_at_all(clusters: dict[tuple[str, int], Any], tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer_client import export as exporting
+
+    _, addresses, *_ = clusters["plain", 1]
+    export = tmp_path / "export"
+    assert _train(addresses, tmp_path, "sage", "--export-embeddings", str(export),
+                  "--keep-embeddings", "kept-out") == 0
+    first = exporting.read_outputs(export, "_N").copy()
+    with Cluster(addresses) as cluster:  # kept on the servers too, under its name
+        kept = RemoteNodeTensor.find(cluster, "kept-out/_N")
+        assert torch.equal(kept.read(kept.global_ids(np.arange(first.shape[0]))), torch.from_numpy(first))
+        kept.drop(forget=True)
+        kept.close()
+
+    def crash(*args: Any, **kwargs: Any) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(exporting, "_into_place", crash)  # dies before the rename
+    assert _train(addresses, tmp_path / "again", "sage", "--seed", "9", "--export-embeddings",
+                  str(export)) == 1
+    assert np.array_equal(exporting.read_outputs(export, "_N"), first)  # the earlier export, whole
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".export")) == []
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit):
+        _train(addresses, tmp_path, "sage", "--export-embeddings", str(tmp_path / "other"))

@@ -57,11 +57,13 @@ class LayerwiseEvaluation:
         return {t: f"{self.name}/{self.num_layers - 1}/{t}" for t in node_types}
 
     @contextmanager
-    def outputs(self, model: nn.Module) -> Iterator[dict[str, RemoteNodeTensor]]:
+    def outputs(self, model: nn.Module, keep: str | None = None) -> Iterator[dict[str, RemoteNodeTensor]]:
         """Every node's output of ``model``, in the last layer's tables on the servers
-        while the block runs (every rank enters it); dropped after."""
+        while the block runs (every rank enters it); dropped after, unless kept as
+        ``<keep>/<type>``."""
         inference = LayerwiseInference(model, self.cluster, ProcessGroup(self.env), self.batch_size,
-                                       self.loader_options, name=self.name, progress=self.progress)
+                                       self.loader_options, name=self.name, keep=keep or "",
+                                       progress=self.progress)
         try:
             yield inference.run()
         finally:

@@ -179,6 +179,9 @@ class LayerwiseInference:
     batch_size: int
     loader_options: Mapping[str, Any] = field(default_factory=dict)
     name: str = ""
+    #: Keep the last layer's tables on the servers, as ``<keep>/<type>`` (empty: dropped
+    #: by :meth:`close`).
+    keep: str = ""
     progress: bool = False
     attempts: int = 3
     snapshot_timeout: float = 600.0
@@ -196,6 +199,8 @@ class LayerwiseInference:
         self.outputs: dict[str, RemoteNodeTensor] = {}
 
     def table_name(self, layer: int, node_type: str) -> str:
+        if self.keep and layer == self.layers.num_layers - 1:
+            return f"{self.keep}/{node_type}"
         return f"{self.name}/{layer}/{node_type}"
 
     @torch.no_grad()
@@ -214,7 +219,11 @@ class LayerwiseInference:
         """Drop the last layer's tables and the pass's own inputs from the servers (every
         rank calls it; rank 0 drops)."""
         self.meeting.most(0)
-        self._drop(self.outputs)
+        if self.keep:
+            for table in self.outputs.values():
+                table.close()
+        else:
+            self._drop(self.outputs)
         self._drop(self._inputs)
         self.outputs, self._inputs = {}, {}
 

@@ -43,6 +43,7 @@ from partitioner.graph import EdgeType, edge_type_name
 from trainer_client.cluster import Cluster
 from trainer_client.ddp import DistEnv
 from trainer_client.evaluate import OUTPUT, LayerwiseEvaluation, evaluation_mode, layerwise_evaluation
+from trainer_client.export import export_outputs
 from trainer_client.featureless import embedding_config, input_width, server_embeddings
 from trainer_client.graph import TypedGraph
 from trainer_client.link_loader import RemoteLinkNeighborLoader
@@ -112,8 +113,9 @@ class LinkTask(Task):
     edge_type: EdgeType
     val: LinkEvaluation
     test: LinkEvaluation
-    #: Layer-wise evaluation (None: sampled); with it, the splits' batches carry their
-    #: nodes' embeddings (``out``), not their neighborhoods.
+    #: Layer-wise inference over every node: the evaluation's when ``eval_fanouts`` is None
+    #: (the splits' batches then carry their nodes' embeddings, ``out``, not their
+    #: neighborhoods), and the export's (None: neither).
     layerwise: LayerwiseEvaluation | None = None
 
     def split(self, name: str) -> LinkEvaluation:
@@ -155,10 +157,16 @@ class LinkTask(Task):
         """``mrr``, ``hits@1/3/10`` and ``count`` (positives), or ``hits@K`` and ``count``."""
         assert isinstance(model, LinkPredictor)
         model.eval()
-        if self.layerwise is None:
+        if self.eval_fanouts is not None or self.layerwise is None:
             return self._scored(model, split, lambda batch: model.embed(link_inputs(batch)))
         with self.layerwise.outputs(model):
             return self._scored(model, split, partial(_embedded, edge_type=self.edge_type))
+
+    def finish(self, model: torch.nn.Module) -> None:
+        """Every node's embedding out (``--export-embeddings``, ``--keep-embeddings``)."""
+        if self.layerwise is not None:
+            ends = list(dict.fromkeys([self.edge_type[0], self.edge_type[2]]))
+            export_outputs(self.layerwise, model, ends, self.args, self.env, self.config())
 
     def _scored(self, model: LinkPredictor, split: str, embed: Embed) -> dict[str, float]:
         ev = self.split(split)
@@ -271,9 +279,10 @@ def cluster_link_task(args: argparse.Namespace, env: DistEnv, cluster: Cluster) 
     splits = link_splits_of(graph, "the servers'")
     common = loader_options(args, env)
     make: LinkLoaderFactory = partial(RemoteLinkNeighborLoader, cluster, **common)
-    layerwise = layerwise_evaluation(args, env, cluster, common) \
-        if evaluation_mode(args, "link", graph.typed) == "layerwise" else None
-    task = build_link_task(make, splits, graph, args, env, layerwise=layerwise)
+    layerwise = layerwise_evaluation(args, env, cluster, common)
+    exact = evaluation_mode(args, "link", graph.typed) == "layerwise"
+    task = build_link_task(make, splits, graph, args, env, layerwise=layerwise if exact else None)
+    task.layerwise = layerwise  # the export's too
     task.embeddings = server_embeddings(args, env, cluster)
     return task
 

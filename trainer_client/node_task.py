@@ -31,6 +31,7 @@ from trainer_client.evaluate import (
     labeled,
     layerwise_evaluation,
 )
+from trainer_client.export import export_outputs
 from trainer_client.featureless import (
     EmbeddingInput,
     embedding_config,
@@ -61,8 +62,9 @@ class NodeTask(Task):
     name = "node"
     val: BatchSource
     test: BatchSource
-    #: Layer-wise evaluation (None: sampled); with it, ``val`` and ``test`` are batches of
-    #: their seeds carrying the last layer's rows (``out``), not their neighborhoods.
+    #: Layer-wise inference over every node: the evaluation's when ``eval_fanouts`` is None
+    #: (``val`` and ``test`` are then batches of their seeds carrying the last layer's rows,
+    #: ``out``, not their neighborhoods), and the export's (None: neither).
     layerwise: LayerwiseEvaluation | None = None
 
     def build_model(self) -> torch.nn.Module:
@@ -93,7 +95,7 @@ class NodeTask(Task):
     def evaluate(self, model: torch.nn.Module, split: str) -> dict[str, float]:
         """Accuracy on the split's labelled nodes (the same draws every time: epoch 0)."""
         model.eval()
-        if self.layerwise is not None:
+        if self.eval_fanouts is None and self.layerwise is not None:
             with self.layerwise.outputs(model):
                 correct, count = _correct(self.split(split), partial(_seed_rows, attr=OUTPUT))
         else:
@@ -101,6 +103,12 @@ class NodeTask(Task):
                 correct, count = _correct(self.split(split), lambda batch: model(*model_inputs(batch)))
         total_correct, total = all_reduce_sums([correct, count], self.env)
         return {"acc": total_correct / max(total, 1.0)}
+
+    def finish(self, model: torch.nn.Module) -> None:
+        """Every node's logits out (``--export-embeddings``, ``--keep-embeddings``)."""
+        if self.layerwise is not None:
+            export_outputs(self.layerwise, model, [self.graph.target_type], self.args, self.env,
+                           self.config())
 
     def split(self, name: str) -> BatchSource:
         return self.val if name == "val" else self.test
@@ -151,12 +159,12 @@ def cluster_task(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> No
     graph = cluster.graph
     check_model_kind(args.model, graph, "the servers serve")
     common = loader_options(args, env)
+    layerwise = layerwise_evaluation(args, env, cluster, common)
     if evaluation_mode(args, "node", graph.typed) == "sampled":
         fanouts = sampled_fanouts(args)
         loaders = _split_loaders(partial(RemoteNeighborLoader, cluster), args, fanouts, **common)
-        return NodeTask(args=args, env=env, graph=graph, eval_fanouts=fanouts,
+        return NodeTask(args=args, env=env, graph=graph, eval_fanouts=fanouts, layerwise=layerwise,
                         embeddings=server_embeddings(args, env, cluster), **loaders)
-    layerwise = layerwise_evaluation(args, env, cluster, common)
     out = layerwise.output_names([graph.target_type])[graph.target_type]
     val, test = (RemoteNeighborLoader(cluster, split, num_neighbors=[0], batch_size=args.eval_batch_size,
                                       include_features=False, node_tensors={OUTPUT: out},

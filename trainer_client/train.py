@@ -36,6 +36,7 @@ from trainer_client.cluster import Cluster
 from trainer_client.connect import REFUSED_GRACE
 from trainer_client.ddp import DIST_BACKENDS, env_int, last_saved, setup_distributed, teardown_distributed
 from trainer_client.evaluate import EVAL_MODES
+from trainer_client.export import check_directory
 from trainer_client.featureless import SPARSE_OPTIMIZERS
 from trainer_client.link_models import DECODERS
 from trainer_client.link_task import EXCLUDE_CHOICES, cluster_link_task
@@ -210,6 +211,14 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--embedding-dim", type=_positive(int), default=None,
                      help="width of the featureless types' embeddings (default: --hidden); a linear "
                           "layer projects them to --hidden where they differ")
+    out = p.add_argument_group("every node's output (docs/training.md, 'Exporting every node's output')")
+    out.add_argument("--export-embeddings", type=Path, default=None, metavar="DIR",
+                     help="after training, write the selected model's last-layer output (logits; a link "
+                          "predictor's embeddings) of every node, by layer-wise inference, into DIR: per "
+                          "node type sharded .npy files in original-ID order and manifest.json, written "
+                          "whole or not at all (--epochs 0 --resume exports a checkpoint's model)")
+    out.add_argument("--keep-embeddings", default=None, metavar="NAME",
+                     help="keep that output on the servers too, as node tensors NAME/<type>")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -239,6 +248,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                      "--partition-dir")
     if args.resume and args.checkpoint_dir is None:
         parser.error("--resume: expected --checkpoint-dir too")
+    if (args.export_embeddings or args.keep_embeddings) and args.partition_dir is not None:
+        parser.error("--export-embeddings, --keep-embeddings: expected --servers (every node's output is "
+                     "computed there), got --partition-dir")
+    if args.export_embeddings is not None:
+        try:
+            check_directory(args.export_embeddings)
+        except ValueError as exc:
+            parser.error(str(exc))
     if args.eval == "layerwise" and args.partition_dir is not None:
         parser.error("--eval layerwise: expected --servers (the layer tables live on the servers), got "
                      "--partition-dir")
@@ -290,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.metrics_json.parent.mkdir(parents=True, exist_ok=True)
             args.metrics_json.write_text(json.dumps(metrics, indent=2) + "\n")
         return 0
-    except (GraphfeedError, ValueError) as exc:
+    except (GraphfeedError, ValueError, OSError) as exc:  # OSError: e.g. a disk full while exporting
         rank = env.rank if env is not None else env_int("RANK", 0)
         log.error("rank %d: %s", rank, exc, exc_info=log.isEnabledFor(logging.DEBUG))
         return 1
