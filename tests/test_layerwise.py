@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +21,19 @@ import torch
 from edge_fixtures import with_edge_attr
 from graph_fixtures import AnyGraph, mixed, mixed_graph
 from in_process_servers import server_config, serving
+from layerwise_fixtures import plain_forward, run_pass, typed_forward
 from torch import Tensor, nn
 from torch_geometric.nn import GraphSAGE
 
 from partitioner import partition_graph
-from partitioner.graph import GraphData, TypedGraphData
+from partitioner.graph import TypedGraphData
 from protos.channel import ServerUnavailable
 from sampling_server.server import SamplingServer, create_server
 from trainer_client import Cluster
 from trainer_client.embeddings import RemoteEmbedding
 from trainer_client.featureless import EmbeddingInput, dense_embedding
 from trainer_client.graph import TypedGraph
-from trainer_client.layerwise import LayerwiseInference, ThreadMeeting, layer_model
+from trainer_client.layerwise import layer_model
 from trainer_client.link_models import build_link_model
 from trainer_client.models import build_model
 from trainer_client.node_tensors import RemoteNodeTensor
@@ -79,55 +79,10 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[st
             context.__exit__(None, None, None)
 
 
-def _run(addresses: list[str], model: nn.Module, ranks: int, *, batch_size: int = 7, name: str = "",
-         on_batch: Callable[[int, int], None] | None = None, reconnect: float = 15.0) -> dict[str, Tensor]:
-    """The pass on ``ranks`` threads (each its own cluster, the one model shared: it is
-    only read); every node's output by original ID, per output type (rank 0 reads them
-    before the tables are dropped)."""
-    meeting = ThreadMeeting(ranks, timeout=120)
-    name = name or f"lw/test-{time.monotonic_ns()}"
-    outputs: dict[str, Tensor] = {}
-
-    def rank(r: int) -> None:
-        with Cluster(addresses, client_id=f"rank{r}") as cluster:
-            inference = LayerwiseInference(
-                model, cluster, meeting, batch_size,
-                dict(rank=r, world_size=ranks, reconnect_timeout=reconnect, stall_timeout=30.0),
-                name=name, on_batch=on_batch if r == 0 else None)
-            try:
-                tables = inference.run()
-                if r == 0:
-                    for t, table in tables.items():
-                        outputs[t] = table.read(table.global_ids(np.arange(cluster.graph.num_nodes[t])))
-            finally:
-                inference.close()
-
-    with ThreadPoolExecutor(ranks) as pool:
-        for done in [pool.submit(rank, r) for r in range(ranks)]:
-            done.result(timeout=300)
-    return outputs
-
-
 def _close(got: Tensor, want: Tensor) -> None:
     """Equal to float rounding: the largest difference within 1e-5 of the largest value."""
     diff = float((got - want).abs().max())
     assert got.shape == want.shape and diff <= 1e-5 * max(float(want.abs().max()), 1.0), diff
-
-
-def _plain_forward(model: nn.Module, graph: GraphData, x: Tensor | None = None) -> Tensor:
-    edge_attr = torch.from_numpy(graph.edge_attr) if graph.edge_attr is not None else None
-    inputs = x if x is not None else torch.from_numpy(graph.x)
-    with torch.no_grad():
-        out: Tensor = model(inputs, torch.from_numpy(graph.edge_index), edge_attr=edge_attr)
-    return out
-
-
-def _typed_forward(model: Any, graph: TypedGraphData) -> dict[str, Tensor]:
-    with torch.no_grad():
-        out: dict[str, Tensor] = model.embed({t: torch.from_numpy(x) for t, x in graph.x.items()},
-                                             {et: torch.from_numpy(e) for et, e in graph.edge_index.items()},
-                                             {t: torch.arange(n) for t, n in graph.num_nodes.items()})
-    return out
 
 
 @pytest.mark.parametrize("parts", [1, 3])
@@ -139,8 +94,8 @@ def test_every_plain_models_output_equals_the_full_graph_forward(
     torch.manual_seed(1)
     model = build_model(name, graph.feature_dim, graph.num_classes, hidden_channels=HIDDEN, num_layers=2,
                         heads=2, edge_dim=3 if name == "gine" else None).eval()
-    got = _run(addresses, model, ranks)
-    _close(got["_N"], _plain_forward(model, graph))
+    got = run_pass(addresses, model, ranks)
+    _close(got["_N"], plain_forward(model, graph))
 
 
 @pytest.mark.parametrize("parts", [1, 3])
@@ -153,9 +108,9 @@ def test_every_typed_models_output_equals_the_full_graph_forward(
         facts = cluster.graph
     torch.manual_seed(2)
     model = build_typed_model(name, facts, hidden_channels=HIDDEN, num_layers=2).eval()
-    got = _run(addresses, model, ranks)
+    got = run_pass(addresses, model, ranks)
     assert set(got) == {"paper"}  # the node task's output: the target type's logits
-    _close(got["paper"], _typed_forward(model, graph)["paper"])
+    _close(got["paper"], typed_forward(model, graph)["paper"])
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
@@ -163,7 +118,7 @@ def test_three_layers_and_a_users_pyg_model(clusters: dict[tuple[str, int], Any]
     graph, addresses, *_ = clusters["plain", 3]
     torch.manual_seed(3)
     model = GraphSAGE(graph.feature_dim, HIDDEN, num_layers=3, out_channels=5).eval()  # PyG's own
-    got = _run(addresses, model, ranks, batch_size=5)
+    got = run_pass(addresses, model, ranks, batch_size=5)
     with torch.no_grad():
         want = model(torch.from_numpy(graph.x), torch.from_numpy(graph.edge_index))
     _close(got["_N"], want)
@@ -183,8 +138,8 @@ def test_featureless_inputs_dense_or_held_by_the_servers(
         with torch.no_grad():
             rows = embedding(torch.arange(graph.num_nodes)) if held == "dense" else \
                 embedding(torch.from_numpy(cluster.global_ids(np.arange(graph.num_nodes), "_N")))
-        got = _run(addresses, model, ranks)
-        _close(got["_N"], _plain_forward(gcn.eval(), graph, rows))
+        got = run_pass(addresses, model, ranks)
+        _close(got["_N"], plain_forward(gcn.eval(), graph, rows))
 
 
 def test_a_typed_graphs_featureless_types_held_by_the_servers(clusters: dict[tuple[str, int], Any]) -> None:
@@ -200,13 +155,13 @@ def test_a_typed_graphs_featureless_types_held_by_the_servers(clusters: dict[tup
         torch.manual_seed(5)
         model = build_typed_model("rgcn", cluster.graph, hidden_channels=HIDDEN, num_layers=2,
                                   embeddings=factory).eval()
-        got = _run(addresses, model, 2)
+        got = run_pass(addresses, model, 2)
         with torch.no_grad():  # the reference reads the same rows, by original ID
             dense = {t: e(torch.from_numpy(cluster.global_ids(np.arange(graph.num_nodes[t]), t)))
                      for t, e in tables.items()}
     for t, rows in dense.items():  # the same model with those rows as dense tables
         model.input.embs[t] = nn.Embedding.from_pretrained(rows)
-    _close(got["paper"], _typed_forward(model, graph)["paper"])
+    _close(got["paper"], typed_forward(model, graph)["paper"])
 
 
 @pytest.mark.parametrize("kind", ["plain", "typed"])
@@ -218,11 +173,11 @@ def test_a_link_encoders_embeddings_of_both_ends(clusters: dict[tuple[str, int],
     torch.manual_seed(6)
     model = build_link_model("rgcn" if kind == "typed" else "sage", facts, edge_type, hidden_channels=HIDDEN,
                              num_layers=2).eval()
-    got = _run(addresses, model, 2)
+    got = run_pass(addresses, model, 2)
     if kind == "plain":
-        _close(got["_N"], _plain_forward(model.encoder, graph))
+        _close(got["_N"], plain_forward(model.encoder, graph))
         return
-    want = _typed_forward(model.encoder, graph)
+    want = typed_forward(model.encoder, graph)
     assert set(got) == {"author", "paper"}
     for t in got:
         _close(got[t], want[t])
@@ -260,7 +215,7 @@ def test_a_server_restarted_mid_layer_leaves_the_output_bit_for_bit_the_same(
     model = build_model("gcn", graph.feature_dim, graph.num_classes, hidden_channels=HIDDEN, num_layers=3) \
         if kind == "plain" else build_typed_model("rgcn", facts, hidden_channels=HIDDEN, num_layers=3)
     model.eval()
-    unbroken = _run(addresses, model, 2, batch_size=4)
+    unbroken = run_pass(addresses, model, 2, batch_size=4)
     restarted: list[int] = []
 
     def restart_mid_layer(layer: int, index: int) -> None:
@@ -268,7 +223,7 @@ def test_a_server_restarted_mid_layer_leaves_the_output_bit_for_bit_the_same(
             servers[1] = _restart(servers[1], root, 1, addresses, state)
             restarted.append(layer)
 
-    again = _run(addresses, model, 2, batch_size=4, on_batch=restart_mid_layer)
+    again = run_pass(addresses, model, 2, batch_size=4, on_batch=restart_mid_layer)
     assert restarted and again.keys() == unbroken.keys()
     for t in again:
         assert torch.equal(again[t], unbroken[t]), t
@@ -288,7 +243,7 @@ def test_a_lost_server_is_named_within_the_reconnect_time(tmp_path: Path) -> Non
                 started.append(time.monotonic())
 
         with pytest.raises(ServerUnavailable) as info:
-            _run(addresses, model, 1, batch_size=4, on_batch=lose_one, reconnect=2.0)
+            run_pass(addresses, model, 1, batch_size=4, on_batch=lose_one, reconnect=2.0)
         assert time.monotonic() - started[0] < 60
         assert addresses[2] in str(info.value)
 
@@ -324,7 +279,7 @@ def test_the_export_holds_every_nodes_output_of_the_selected_model(
         build_model("gcn", graph.feature_dim, graph.num_classes, hidden_channels=8, num_layers=2, heads=4)
     model.load_state_dict(best["model"])
     model.eval()
-    want = _typed_forward(model, graph)[target] if kind == "typed" else _plain_forward(model, graph)
+    want = typed_forward(model, graph)[target] if kind == "typed" else plain_forward(model, graph)
     assert list(manifest["node_types"]) == [target]
     assert manifest["node_types"][target]["shape"] == list(want.shape)
     shard = manifest["node_types"][target]["shards"][0]
