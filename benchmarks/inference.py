@@ -19,6 +19,7 @@ forward on the small presets.
 
     python benchmarks/inference.py --data data/bench                       # products-like, mag-like
     python benchmarks/inference.py --data data/bench --plain small --typed mag-small --quick
+    python benchmarks/inference.py --plain small --typed mag-small --quick --device cuda --server-device cuda
 
 Writes ``benchmarks/results/inference[-<name>].json``.
 """
@@ -84,8 +85,10 @@ def worker(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     env = DistEnv(dist.get_rank(), dist.get_world_size(), 0, torch.device("cpu"), "gloo")
     cluster = Cluster(args.servers, client_id=f"inference-bench-rank{env.rank}")
-    model = _model(args, cluster)
-    options = dict(rank=env.rank, world_size=env.world_size, stall_timeout=600.0, reconnect_timeout=30.0)
+    device = torch.device(args.device)
+    model = _model(args, cluster).to(device)
+    options = dict(rank=env.rank, world_size=env.world_size, stall_timeout=600.0, reconnect_timeout=30.0,
+                   device=device)
     dist.barrier()
     started = time.perf_counter()
     figures = {"servers": _on_servers, "replicated": _replicated, "sampled": _sampled,
@@ -147,11 +150,12 @@ def _replicated(args: argparse.Namespace, cluster: Any, model: Any, env: Any,
                                       return_internal_ids=True, **options)
         h: torch.Tensor | None = None
         for batch in loader:
-            x = batch.x if h_prev is None else h_prev[batch.internal_n_id]
-            out = gnn.inference_per_layer(layer, x, batch.edge_index, batch.batch_size)
+            ids = batch.internal_n_id.cpu()
+            x = batch.x if h_prev is None else h_prev[ids].to(batch.edge_index.device)
+            out = gnn.inference_per_layer(layer, x, batch.edge_index, batch.batch_size).cpu()
             if h is None:
                 h = torch.zeros((num_nodes, out.shape[1]))
-            h[batch.internal_n_id[: batch.batch_size]] = out
+            h[ids[: batch.batch_size]] = out
         received += loader.last_stats.bytes
         width = torch.tensor([0 if h is None else h.shape[1]])
         dist.all_reduce(width, op=dist.ReduceOp.MAX)
@@ -250,7 +254,7 @@ def run(args: argparse.Namespace, procs: Any, mode: str, layers: int, **extra: s
                str(Path(__file__).resolve()), "--worker", "--mode", mode, "--servers",
                ",".join(procs.addresses), "--out", str(out), "--layers", str(layers), "--hidden",
                str(args.hidden), "--batch-size", str(args.batch_size), "--sample-batches",
-               str(args.sample_batches),
+               str(args.sample_batches), "--device", args.device,
                *[f"--{k}={v}" for k, v in extra.items()]]
         started = time.perf_counter()
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.timeout,
@@ -278,7 +282,8 @@ def measure(args: argparse.Namespace, parts: Path, modes: list[str], evaluation:
 
     rows = []
     with tempfile.TemporaryDirectory(dir=args.data) as state:
-        procs = ServerProcs(parts, 2, "--device", "cpu", "--state-dir", state, "--log-level", "WARNING")
+        procs = ServerProcs(parts, 2, "--device", args.server_device, "--state-dir", state, "--log-level",
+                            "WARNING")
         procs.start()
         try:
             for p in range(2):
@@ -356,9 +361,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--sample-batches", type=int, default=40,
                         help="sampled passes: batches per rank timed, then scaled to all (0: all)")
-    parser.add_argument("--quick", action="store_true", help="no quarter-size graph, no --eval-splits")
+    parser.add_argument("--quick", action="store_true", help="no quarter-size graph")
     parser.add_argument("--eval-splits", action="store_true", help="also measure --eval's default")
     parser.add_argument("--exactness", action="store_true", help="also each model's difference")
+    parser.add_argument("--device", default="cpu", help="the trainer ranks' device (cuda: both share it)")
+    parser.add_argument("--server-device", default="cpu", help="the servers' sampling device")
     parser.add_argument("--timeout", type=float, default=7200.0)
     parser.add_argument("--results-name", default="inference")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -374,6 +381,7 @@ def main() -> None:
         return
     args.data.mkdir(parents=True, exist_ok=True)
     payload: dict[str, Any] = {"benchmark": "inference", "machine": machine(), "ranks": 2, "servers": 2,
+                               "device": args.device, "server_device": args.server_device,
                                "hidden": args.hidden, "batch_size": args.batch_size,
                                "sampled_fanouts": {str(k): v for k, v in FANOUTS.items()}, "runs": {}}
     graphs = [(args.plain, 1.0, list(MODES)), (args.typed, 1.0, ["servers", "sampled"])]
@@ -383,6 +391,7 @@ def main() -> None:
         name = preset if fraction == 1.0 else f"{preset}-{fraction:g}"
         parts = ensure_graph(args.data, preset, fraction)
         payload["runs"][name] = measure(args, parts, modes, args.eval_splits and fraction == 1.0)
+        payload["rows"] = [{"graph": g, **row} for g, rows in payload["runs"].items() for row in rows]
         write_json(args.results_name, payload)  # what is measured so far
     if args.exactness:
         payload["exactness"] = exactness(args.data)
