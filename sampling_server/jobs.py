@@ -127,8 +127,8 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
     if links is not None:
         seed_type = links.options.edge_type[0]
     seed_nodes = request.batch_size if links is None else links.seed_nodes_bound(request.batch_size)
-    check_epoch_limits(store.config, len(next(iter(fanouts.values()))), summed_fanouts(fanouts),
-                       seed_nodes, m.num_nodes, m.num_edges, request.sampling.replace)
+    check_epoch_limits(store.config, len(next(iter(fanouts.values()))), None, seed_nodes, m.num_nodes,
+                       m.num_edges)
     wire_feature_dtype(request.feature_dtype, store.feature_dtype, f"{_FIELD}.feature_dtype")
     if request.sampling.weighted and not store.weighted:
         raise RequestError(f"{_FIELD}.sampling.weighted: expected false, the graph has no edge "
@@ -139,6 +139,10 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
         raise RequestError(f"{_FIELD}.typed.seed_type: expected the target type {m.target_type!r} with "
                            f"a split (splits are of the target type), got {seed_type!r}")
     plan, seeds, refs = _plan_batches(request, store, seed_type, links)
+    check_epoch_limits(store.config, len(next(iter(fanouts.values()))), summed_fanouts(fanouts),
+                       seed_nodes, m.num_nodes, m.num_edges, request.sampling.replace,
+                       first_hop=_first_hop_edges(store, plan, seeds, seed_type, fanouts)
+                       if not request.sampling.replace else None)
     return EpochJob(plan=plan, batches=refs, seeds=seeds, seed_type=seed_type, fanouts=fanouts,
                     seed=request.seed, epoch=request.epoch, rank=request.rank,
                     replace=request.sampling.replace, weighted=request.sampling.weighted,
@@ -163,6 +167,26 @@ def _node_tensor_names(request: pb.EpochRequest) -> tuple[str, ...]:
     _require(len(set(names)) == len(names), "node_tensors", "each name once",
              [printable(n, 100) for n in names][:MAX_NODE_TENSORS])
     return names
+
+
+def _first_hop_edges(store: PartitionStore, plan: EpochPlan | GlobalPlan, seeds: np.ndarray, seed_type: str,
+                     fanouts: dict[EdgeType, list[int]]) -> int | None:
+    """The most edges the first hop of one of this partition's batches draws, when its
+    seeds are its own (batches per partition): their in-degrees here, each capped by its
+    relation's fanout, summed per batch. None where the seeds may be anyone's."""
+    if not isinstance(plan, EpochPlan) or seeds.size == 0:
+        return None if not isinstance(plan, EpochPlan) else 0
+    part, start = store.partition, store.type_range(seed_type)[0]
+    local = seeds - start
+    degrees = np.zeros(seeds.size, dtype=np.int64)
+    for et, hops in fanouts.items():
+        if et[2] == seed_type and hops[0] != 0:
+            counts = np.diff(np.asarray(part.indptr[et], dtype=np.int64))[local]
+            degrees += counts if hops[0] < 0 else np.minimum(counts, hops[0])
+    sizes = np.asarray(plan.sizes[store.partition_id], dtype=np.int64)
+    ends = np.cumsum(sizes)
+    summed = np.concatenate([[0], np.cumsum(degrees)])
+    return int((summed[ends] - summed[ends - sizes]).max(initial=0))
 
 
 def _check_edge_rows(request: pb.EpochRequest, store: PartitionStore) -> None:

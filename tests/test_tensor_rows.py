@@ -8,6 +8,7 @@ seeds; bad requests are refused naming the field."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -140,3 +141,26 @@ def test_bad_requests_are_refused_naming_the_field(cluster: tuple[AnyGraph, Clus
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
     assert "FetchNodeDataRequest.node_tensor" in str(info.value.details())
 
+
+
+def test_a_one_hop_pass_over_every_node_is_bounded_by_its_batches_in_degrees(tmp_path: Path) -> None:
+    """The limit on a batch's edges counts, for one hop of owned seeds, the in-degrees of
+    the seeds of its worst batch, not every edge of the graph: a pass over every node with
+    every neighbor fits limits far below the graph's edges; two hops still count them all."""
+    graph = mixed("plain")
+    partition_graph(graph, 2, tmp_path / "parts", method="range", progress=False)
+    degrees = np.bincount(graph.edge_index[1], minlength=graph.num_nodes)
+    limit = int(degrees.max()) + 8  # the hub alone nearly fills a batch
+    with serving(tmp_path / "parts", 2, max_batch_edges=limit) as (addresses, _), Cluster(addresses) as c:
+        assert graph.edge_index.shape[1] > limit
+        seen = 0
+        for batch in RemoteNeighborLoader(c, input_nodes=c.graph.target_type, num_neighbors=[-1],
+                                          batch_size=2, batches="partition", include_features=False):
+            assert batch.edge_index.shape[1] <= limit
+            seen += int(batch.batch_size)
+        assert seen == graph.num_nodes
+        for hops, size in (([-1], 16), ([-1, -1], 2)):
+            with pytest.raises(GraphfeedError, match=r"may sample \d+ edges per batch; expected at most "
+                                                     rf"{limit} \(server limit --max-batch-edges"):
+                next(iter(RemoteNeighborLoader(c, input_nodes=c.graph.target_type, num_neighbors=hops,
+                                               batch_size=size, batches="partition")))

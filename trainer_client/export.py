@@ -18,7 +18,6 @@ tables on the servers, as node tensors ``NAME/<type>``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
@@ -32,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from partitioner.npyio import sha256_file
 from trainer_client.ddp import BEST_NAME, DistEnv
 from trainer_client.evaluate import LayerwiseEvaluation
 from trainer_client.graph import TypedGraph
@@ -118,7 +118,7 @@ def _write_type(table: RemoteNodeTensor, num_nodes: int, root: Path, node_type: 
         name = f"{node_type}/part-{index:05d}.npy"
         if count == 0:  # a type without nodes: one empty shard
             np.save(root / name, np.zeros((0, *table.dims), np.float32), allow_pickle=False)
-            shards.append({"file": name, "first_row": 0, "rows": 0, "sha256": _sha256(root / name)})
+            shards.append({"file": name, "first_row": 0, "rows": 0, "sha256": sha256_file(root / name)})
             continue
         array = np.lib.format.open_memmap(root / name, mode="w+", dtype=np.float32,
                                           shape=(count, *table.dims))
@@ -130,16 +130,8 @@ def _write_type(table: RemoteNodeTensor, num_nodes: int, root: Path, node_type: 
         del array
         with (root / name).open("rb+") as f:
             os.fsync(f.fileno())
-        shards.append({"file": name, "first_row": first, "rows": count, "sha256": _sha256(root / name)})
+        shards.append({"file": name, "first_row": first, "rows": count, "sha256": sha256_file(root / name)})
     return {"shape": [num_nodes, *table.dims], "dtype": "float32", "shards": shards}
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _into_place(tmp: Path, directory: Path) -> None:
