@@ -30,9 +30,9 @@ what exactly); the node and link tasks' models all do.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -168,15 +168,17 @@ class LayerStats:
 
 @dataclass
 class LayerwiseInference:
-    """One pass over every node (see the module doc). ``loader_options``: what each
+    """One pass over every node (see the module doc). ``meeting``: how the ranks agree
+    (:class:`ProcessGroup` under DDP; default: one rank); ``loader_options``: what each
     layer's loaders take besides their seeds and tensors (rank, world size, device,
-    timeouts ...); ``name``: the tables' prefix (default: drawn); ``progress``: a bar per
-    layer; ``on_batch(layer, index)``: called after each batch's rows are written."""
+    timeouts ...); ``name``: the tables' prefix (default: drawn, the same on every rank);
+    ``progress``: a bar per layer; ``on_batch(layer, index)``: called after each batch's
+    rows are written."""
 
     model: nn.Module
     cluster: Cluster
-    meeting: Meeting
-    batch_size: int
+    meeting: Meeting = field(default_factory=lambda: ThreadMeeting(1))
+    batch_size: int = 1024
     loader_options: Mapping[str, Any] = field(default_factory=dict)
     name: str = ""
     #: Keep the last layer's tables on the servers, as ``<keep>/<type>`` (empty: dropped
@@ -191,7 +193,6 @@ class LayerwiseInference:
 
     def __post_init__(self) -> None:
         self.layers = layer_model(self.model, self.cluster.graph)
-        self.name = self.name or f"lw/{uuid.uuid4().hex[:12]}"
         self.rank = int(self.loader_options.get("rank", 0))
         #: The pass's own input tables (the in-degrees), by name.
         self._inputs: dict[str, RemoteNodeTensor] = {}
@@ -206,6 +207,8 @@ class LayerwiseInference:
     @torch.no_grad()
     def run(self) -> dict[str, RemoteNodeTensor]:
         """Every layer over every node; the last layer's tables by node type."""
+        if not self.name:  # one draw for all ranks: the largest of theirs
+            self.name = f"lw/{self.meeting.most(secrets.randbits(62)):016x}"
         self.model.eval()
         previous: dict[str, RemoteNodeTensor] = {}
         for layer in range(self.layers.num_layers):
