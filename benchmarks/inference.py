@@ -355,7 +355,7 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=Path("data/bench"))
     parser.add_argument("--plain", default="products-like", help="plain preset (GraphSAGE)")
-    parser.add_argument("--typed", default="mag-like", help="typed preset (R-GCN)")
+    parser.add_argument("--typed", default="mag-like", help="typed preset (R-GCN; '': none)")
     parser.add_argument("--layers", type=lambda s: [int(v) for v in s.split(",")], default=[2, 3])
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=1024)
@@ -384,7 +384,9 @@ def main() -> None:
                                "device": args.device, "server_device": args.server_device,
                                "hidden": args.hidden, "batch_size": args.batch_size,
                                "sampled_fanouts": {str(k): v for k, v in FANOUTS.items()}, "runs": {}}
-    graphs = [(args.plain, 1.0, list(MODES)), (args.typed, 1.0, ["servers", "sampled"])]
+    graphs = [(args.plain, 1.0, list(MODES))]
+    if args.typed:
+        graphs.append((args.typed, 1.0, ["servers", "sampled"]))
     if not args.quick:
         graphs.insert(1, (args.plain, 0.25, ["servers", "replicated"]))
     for preset, fraction, modes in graphs:

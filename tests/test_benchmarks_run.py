@@ -28,8 +28,8 @@ RUNS: dict[str, list[str]] = {
     "feature_cache": ["--preset", "small", "--batches", "1", "--compare-batches", "0", "0"],
     "embeddings": ["--preset", "mag-small", "--passes", "1", "--steps", "2", "--warmup", "1",
                    "--batch-size", "128"],
-    "inference": ["--plain", "small", "--typed", "mag-small", "--quick", "--layers", "2",
-                  "--sample-batches", "1", "--batch-size", "2048"],
+    "inference": ["--plain", "small", "--typed", "", "--quick", "--layers", "2", "--sample-batches", "1",
+                  "--batch-size", "2048"],
 }
 #: The flag naming a benchmark's report (``benchmarks/results/<name>.json``).
 NAME_FLAG = {"hetero": "--name"}
