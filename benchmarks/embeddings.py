@@ -23,6 +23,7 @@ after ``--warmup`` per mode.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +97,14 @@ def worker(args: argparse.Namespace) -> None:
     embedding_params = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if ".embs." in n)
     other_params = sum(p.numel() * p.element_size() for p in model.parameters()) - embedding_params
     times: list[float] = []
-    batches = iter(loader)
+
+    def epochs() -> Iterator[Any]:
+        """The loader's batches, epoch after epoch."""
+        for epoch in itertools.count():
+            loader.set_epoch(epoch)
+            yield from loader
+
+    batches = epochs()
     start_bytes = 0
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
