@@ -2,7 +2,8 @@
 the layer tables on the servers (``trainer_client.layerwise``), layer-wise with the
 replicated ``[num_nodes, width]`` tables every rank holds and all-reduces per layer (the
 evaluation's former path, kept here to compare against), and sampled per-node inference of
-every node with the training fanouts. 2 trainer ranks (gloo) against 2 servers, on a
+every node with the training fanouts. 2 trainer ranks (gloo) against 2 servers (each
+holding its own partition's structure and features only), on a
 plain graph (GraphSAGE) and a typed one (R-GCN; no replicated path exists for it), 2 and
 3 layers.
 
@@ -282,8 +283,9 @@ def measure(args: argparse.Namespace, parts: Path, modes: list[str], evaluation:
 
     rows = []
     with tempfile.TemporaryDirectory(dir=args.data) as state:
+        # each server holds its own partition only, as at scale: the other rows come from the peer
         procs = ServerProcs(parts, 2, "--device", args.server_device, "--state-dir", state, "--log-level",
-                            "WARNING")
+                            "WARNING", "--structure", "partition", "--features", "partition")
         procs.start()
         try:
             for p in range(2):
