@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from common import load_average, machine, write_json
+from common import RESULTS, load_average, machine, read_results, write_json
 
 log = logging.getLogger("bench.inference")
 REPO = Path(__file__).resolve().parents[1]
@@ -366,6 +366,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="no quarter-size graph")
     parser.add_argument("--eval-splits", action="store_true", help="also measure --eval's default")
     parser.add_argument("--exactness", action="store_true", help="also each model's difference")
+    parser.add_argument("--exactness-only", action="store_true",
+                        help="only each model's difference, added to the results of an earlier run")
     parser.add_argument("--device", default="cpu", help="the trainer ranks' device (cuda: both share it)")
     parser.add_argument("--server-device", default="cpu", help="the servers' sampling device")
     parser.add_argument("--timeout", type=float, default=7200.0)
@@ -386,6 +388,11 @@ def main() -> None:
                                "device": args.device, "server_device": args.server_device,
                                "hidden": args.hidden, "batch_size": args.batch_size,
                                "sampled_fanouts": {str(k): v for k, v in FANOUTS.items()}, "runs": {}}
+    if args.exactness_only:  # added to the results of an earlier run
+        payload = read_results(RESULTS / f"{args.results_name}.json")
+        payload["exactness"] = exactness(args.data)
+        log.info("written %s", write_json(args.results_name, payload))
+        return
     graphs = [(args.plain, 1.0, list(MODES))]
     if args.typed:
         graphs.append((args.typed, 1.0, ["servers", "sampled"]))
