@@ -4,6 +4,7 @@ full-graph forwards it is compared with."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +16,7 @@ from torch import Tensor, nn
 
 from partitioner.graph import GraphData, TypedGraphData
 from trainer_client import Cluster
-from trainer_client.layerwise import LayerwiseInference, ThreadMeeting
+from trainer_client.layerwise import LayerwiseInference
 
 
 def run_pass(addresses: list[str], model: nn.Module, ranks: int, *, batch_size: int = 7, name: str = "",
@@ -61,3 +62,23 @@ def typed_forward(model: Any, graph: TypedGraphData) -> dict[str, Tensor]:
                                              {et: torch.from_numpy(e) for et, e in graph.edge_index.items()},
                                              {t: torch.arange(n) for t, n in graph.num_nodes.items()})
     return out
+
+
+class ThreadMeeting:
+    """The ranks' meeting (``trainer_client.layerwise.Meeting``) when they are threads of one
+    process."""
+
+    def __init__(self, ranks: int, timeout: float = 600.0) -> None:
+        self._barrier = threading.Barrier(ranks, timeout=timeout)
+        self._values: list[int] = []
+        self._lock = threading.Lock()
+
+    def most(self, value: int) -> int:
+        with self._lock:
+            self._values.append(value)
+        self._barrier.wait()
+        top = max(self._values)
+        if self._barrier.wait() == 0:
+            self._values.clear()
+        self._barrier.wait()
+        return top

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping
@@ -73,9 +72,10 @@ class Meeting(Protocol):
 
 @dataclass(frozen=True)
 class ProcessGroup:
-    """:class:`Meeting` of the job's ``torch.distributed`` process group (one rank: none)."""
+    """:class:`Meeting` of the job's ``torch.distributed`` process group (default: one
+    rank, none)."""
 
-    env: DistEnv
+    env: DistEnv = field(default_factory=lambda: DistEnv(0, 1, 0, torch.device("cpu")))
 
     def most(self, value: int) -> int:
         if not self.env.distributed:
@@ -177,7 +177,7 @@ class LayerwiseInference:
 
     model: nn.Module
     cluster: Cluster
-    meeting: Meeting = field(default_factory=lambda: ThreadMeeting(1))
+    meeting: Meeting = field(default_factory=ProcessGroup)
     batch_size: int = 1024
     loader_options: Mapping[str, Any] = field(default_factory=dict)
     name: str = ""
@@ -396,22 +396,3 @@ def _lost(exc: GraphfeedError) -> GraphfeedError:
     if isinstance(exc, ServerUnavailable) or exc.code not in LOST:
         raise exc
     return exc
-
-
-class ThreadMeeting:
-    """:class:`Meeting` of ranks that are threads of one process (tests, benchmarks)."""
-
-    def __init__(self, ranks: int, timeout: float = 600.0) -> None:
-        self._barrier = threading.Barrier(ranks, timeout=timeout)
-        self._values: list[int] = []
-        self._lock = threading.Lock()
-
-    def most(self, value: int) -> int:
-        with self._lock:
-            self._values.append(value)
-        self._barrier.wait()
-        top = max(self._values)
-        if self._barrier.wait() == 0:
-            self._values.clear()
-        self._barrier.wait()
-        return top
