@@ -301,6 +301,42 @@ def measure(args: argparse.Namespace, parts: Path, modes: list[str], evaluation:
     return rows
 
 
+def link_evaluation(args: argparse.Namespace, preset: str) -> list[dict[str, Any]]:
+    """The link task's validation (GraphSAGE, 2 layers, hidden ``--hidden``) through
+    ``graphfeed-train --task link --epochs 1`` on 1 rank, by each evaluation: its
+    ``eval_seconds``."""
+    from server_procs import ServerProcs
+
+    rows = []
+    with tempfile.TemporaryDirectory(dir=args.data) as state:
+        procs = ServerProcs(ensure_graph(args.data, preset), 2, "--device", "cpu", "--state-dir", state,
+                            "--log-level", "WARNING")
+        procs.start()
+        try:
+            for p in range(2):
+                procs.wait_status(p, "SERVING", timeout=1800)
+            for label, flags in (("layerwise", ["--eval", "layerwise"]),
+                                 ("sampled, training fanouts", ["--eval", "sampled"]),
+                                 ("sampled, every neighbor",
+                                  ["--eval", "sampled", "--eval-fanouts", "-1,-1"])):
+                out = Path(state) / "metrics.json"
+                cmd = [sys.executable, "-m", "trainer_client.train", "--servers",
+                       ",".join(procs.addresses), "--task", "link", "--epochs", "1", "--fanouts", "15,10",
+                       "--hidden", str(args.hidden),
+                       "--batch-size", str(args.batch_size), "--eval-batch-size", "64", "--no-progress",
+                       "--device", "cpu", "--metrics-json", str(out), *flags]
+                subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, timeout=args.timeout,
+                               env=dict(os.environ, OMP_NUM_THREADS="1"))
+                metrics = json.loads(out.read_text())
+                epoch = metrics["epochs"][0]
+                rows.append({"mode": f"link {label}", "eval_seconds": round(epoch["eval_seconds"], 2),
+                             "val_mrr": round(epoch["val_mrr"], 4), "load_average": load_average()})
+                log.info("%s", rows[-1])
+        finally:
+            procs.stop()
+    return rows
+
+
 def exactness(data: Path) -> dict[str, dict[str, float]]:
     """Each model's largest absolute difference from a one-process full-graph forward, per
     kind of graph: ``small`` (``edge-feat-small`` for GINE) and ``mag-small`` with reverse
@@ -366,6 +402,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="no quarter-size graph")
     parser.add_argument("--eval-splits", action="store_true", help="also measure --eval's default")
     parser.add_argument("--exactness", action="store_true", help="also each model's difference")
+    parser.add_argument("--link", default="citation2-small",
+                        help="link preset whose validation --eval-splits times through graphfeed-train")
+    parser.add_argument("--link-only", action="store_true",
+                        help="only the link task's evaluations, added to the results of an earlier run")
     parser.add_argument("--exactness-only", action="store_true",
                         help="only each model's difference, added to the results of an earlier run")
     parser.add_argument("--device", default="cpu", help="the trainer ranks' device (cuda: both share it)")
@@ -388,9 +428,12 @@ def main() -> None:
                                "device": args.device, "server_device": args.server_device,
                                "hidden": args.hidden, "batch_size": args.batch_size,
                                "sampled_fanouts": {str(k): v for k, v in FANOUTS.items()}, "runs": {}}
-    if args.exactness_only:  # added to the results of an earlier run
+    if args.exactness_only or args.link_only:  # added to the results of an earlier run
         payload = read_results(RESULTS / f"{args.results_name}.json")
-        payload["exactness"] = exactness(args.data)
+        if args.exactness_only:
+            payload["exactness"] = exactness(args.data)
+        if args.link_only:
+            payload["runs"][args.link] = link_evaluation(args, args.link)
         log.info("written %s", write_json(args.results_name, payload))
         return
     graphs = [(args.plain, 1.0, list(MODES))]
@@ -404,6 +447,8 @@ def main() -> None:
         payload["runs"][name] = measure(args, parts, modes, args.eval_splits and fraction == 1.0)
         payload["rows"] = [{"graph": g, **row} for g, rows in payload["runs"].items() for row in rows]
         write_json(args.results_name, payload)  # what is measured so far
+    if args.eval_splits:
+        payload["runs"][args.link] = link_evaluation(args, args.link)
     if args.exactness:
         payload["exactness"] = exactness(args.data)
     path = write_json(args.results_name, payload)
