@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +261,10 @@ def run(args: argparse.Namespace, procs: Any, mode: str, layers: int, **extra: s
         started = time.perf_counter()
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.timeout,
                               env=dict(os.environ, OMP_NUM_THREADS="1"))
+        if proc.returncode != 0 and "--max-batch-edges" in proc.stderr:  # the servers refuse it
+            why = next(line for line in proc.stderr.splitlines() if "--max-batch-edges" in line)
+            log.info("%s (%d layers) refused: %s", mode, layers, why)
+            return {"mode": mode, "layers": layers, **extra, "refused": why.split("INVALID_ARGUMENT: ")[-1]}
         if proc.returncode != 0:
             raise RuntimeError(f"{mode} ({layers} layers) failed:\n{proc.stderr[-4000:]}")
         ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(2)]
@@ -277,11 +282,22 @@ def run(args: argparse.Namespace, procs: Any, mode: str, layers: int, **extra: s
     return row
 
 
-def measure(args: argparse.Namespace, parts: Path, modes: list[str], evaluation: bool
-            ) -> list[dict[str, Any]]:
+def measure(args: argparse.Namespace, parts: Path, modes: list[str], evaluation: bool,
+            rows: list[dict[str, Any]], save: Callable[[], None]) -> None:
+    """Every run of one graph into ``rows`` (``save()`` after each; a run ``rows`` holds
+    already is not made again)."""
     from server_procs import ServerProcs
 
-    rows = []
+    plan: list[tuple[str, int, dict[str, str]]] = [(mode, layers, {}) for layers in args.layers
+                                                   for mode in modes]
+    if evaluation:
+        plan += [(mode, layers, extra) for layers in args.layers for mode, extra in (
+            ("eval-layerwise", {}), ("eval-sampled", {"fanouts": "training"}),
+            ("eval-sampled", {"fanouts": "full"}))]
+    done = {(r["mode"], r["layers"], r.get("fanouts")) for r in rows}
+    plan = [p for p in plan if (p[0], p[1], p[2].get("fanouts")) not in done]
+    if not plan:
+        return
     with tempfile.TemporaryDirectory(dir=args.data) as state:
         # each server holds its own partition only, as at scale: the other rows come from the peer
         procs = ServerProcs(parts, 2, "--device", args.server_device, "--state-dir", state, "--log-level",
@@ -290,15 +306,11 @@ def measure(args: argparse.Namespace, parts: Path, modes: list[str], evaluation:
         try:
             for p in range(2):
                 procs.wait_status(p, "SERVING", timeout=1800)
-            for layers in args.layers:
-                rows += [run(args, procs, mode, layers) for mode in modes]
-                if evaluation:
-                    rows += [run(args, procs, "eval-layerwise", layers),
-                             run(args, procs, "eval-sampled", layers, fanouts="training"),
-                             run(args, procs, "eval-sampled", layers, fanouts="full")]
+            for mode, layers, extra in plan:
+                rows.append(run(args, procs, mode, layers, **extra))
+                save()
         finally:
             procs.stop()
-    return rows
 
 
 def link_evaluation(args: argparse.Namespace, preset: str) -> list[dict[str, Any]]:
@@ -404,6 +416,8 @@ def main() -> None:
     parser.add_argument("--exactness", action="store_true", help="also each model's difference")
     parser.add_argument("--link", default="citation2-small",
                         help="link preset whose validation --eval-splits times through graphfeed-train")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the runs the results file holds, make only the others")
     parser.add_argument("--link-only", action="store_true",
                         help="only the link task's evaluations, added to the results of an earlier run")
     parser.add_argument("--exactness-only", action="store_true",
@@ -441,14 +455,21 @@ def main() -> None:
         graphs.append((args.typed, 1.0, ["servers", "sampled"]))
     if not args.quick:
         graphs.insert(1, (args.plain, 0.25, ["servers", "replicated"]))
+    if args.keep and (RESULTS / f"{args.results_name}.json").is_file():
+        payload["runs"] = read_results(RESULTS / f"{args.results_name}.json")["runs"]
+
+    def save() -> None:
+        payload["rows"] = [{"graph": g, **row} for g, rows in payload["runs"].items() for row in rows]
+        write_json(args.results_name, payload)  # what is measured so far
+
     for preset, fraction, modes in graphs:
         name = preset if fraction == 1.0 else f"{preset}-{fraction:g}"
         parts = ensure_graph(args.data, preset, fraction)
-        payload["runs"][name] = measure(args, parts, modes, args.eval_splits and fraction == 1.0)
-        payload["rows"] = [{"graph": g, **row} for g, rows in payload["runs"].items() for row in rows]
-        write_json(args.results_name, payload)  # what is measured so far
-    if args.eval_splits:
+        measure(args, parts, modes, args.eval_splits and fraction == 1.0,
+                payload["runs"].setdefault(name, []), save)
+    if args.eval_splits and not payload["runs"].get(args.link):
         payload["runs"][args.link] = link_evaluation(args, args.link)
+        save()
     if args.exactness:
         payload["exactness"] = exactness(args.data)
     path = write_json(args.results_name, payload)
