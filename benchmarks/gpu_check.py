@@ -23,7 +23,11 @@ steps, each a child process with its own deadline (the whole run fits in ``--bud
    must deliver a batch within to keep this GPU busy;
 6. ``benchmarks/embeddings.py --preset mag-small --device cuda``: R-GCN with the featureless
    types' embeddings held by the servers against dense ones, the rows arriving on the GPU;
-7. ``deploy/demo.py --trainers 1 --device auto``: a 1-GPU NCCL DDP run of the demo with
+7. ``benchmarks/inference.py`` on ``small`` and ``mag-small``: every node's output by
+   layer-wise inference with the layer tables on CUDA sampling servers and the trainer
+   ranks on the GPU, against the replicated tables and sampled inference, and each
+   model's difference from a full-graph forward;
+8. ``deploy/demo.py --trainers 1 --device auto``: a 1-GPU NCCL DDP run of the demo with
    CUDA sampling servers.
 
 Writes ``benchmarks/results/gpu-check.json`` and ``gpu-check.md`` (the device name, every
@@ -192,6 +196,9 @@ def collect_figures(step: Step, data: Path) -> None:
         payload = read_json(RESULTS / "gpu-check-embeddings.json")
         step.figures = {k: payload[k] for k in ("summary", "embedding_bytes_ratio", "speedup")
                         if k in payload}
+    elif step.name == "layer-wise inference":
+        payload = read_json(RESULTS / "gpu-check-inference.json")
+        step.figures = {k: payload[k] for k in ("runs", "exactness") if k in payload}
     elif step.name == "model step":
         payload = read_json(RESULTS / "gpu-check-model-step.json")
         keys = ("nodes_per_batch_median", "edges_per_batch_median")
@@ -211,7 +218,7 @@ def steps_for(args: argparse.Namespace) -> list[tuple[Step, float]]:
     bench = ["--data", str(args.data / "bench"), "--preset", args.preset]
     return [
         (Step("gpu tests", [py, "-m", "pytest", "-q", "-m", "gpu", *GPU_TEST_FILES,
-                            "-p", "no:cacheprovider"]), 0.24),
+                            "-p", "no:cacheprovider"]), 0.21),
         (Step("sampler", [py, "benchmarks/sampler.py", *bench, "--devices", "cuda",
                           "--topologies", "device", "uva", "--gpu-cache-sizes", "1", "0.2", "0",
                           "--no-baselines",
@@ -219,7 +226,7 @@ def steps_for(args: argparse.Namespace) -> list[tuple[Step, float]]:
         (Step("stream", [py, "benchmarks/stream.py", *bench, "--gib", "1", "--passes", "3",
                          "--sizes-kib", "4096", "--server-device", "cuda", "--trainer-device", "cuda",
                          "--cache-size", "0", "auto",
-                         "--results-name", "gpu-check-stream"]), 0.17),
+                         "--results-name", "gpu-check-stream"]), 0.14),
         (Step("link", [py, "benchmarks/link.py", "--data", str(args.data / "bench"), "--preset",
                        args.link_preset, "--devices", "cuda", "--no-baselines", "--passes", "1",
                        "--batches", "10", "--results-name", "gpu-check-link"]), 0.14),
@@ -228,6 +235,10 @@ def steps_for(args: argparse.Namespace) -> list[tuple[Step, float]]:
         (Step("embeddings", [py, "benchmarks/embeddings.py", "--data", str(args.data / "bench"),
                              "--preset", "mag-small", "--device", "cuda", "--passes", "1", "--steps", "10",
                              "--results-name", "gpu-check-embeddings"]), 0.07),
+        (Step("layer-wise inference", [py, "benchmarks/inference.py", "--data", str(args.data / "bench"),
+                                       "--plain", "small", "--typed", "mag-small", "--quick", "--layers", "2",
+                                       "--device", "cuda", "--server-device", "cuda", "--exactness",
+                                       "--results-name", "gpu-check-inference"]), 0.06),
         (Step("demo (1 GPU, NCCL)", [py, "deploy/demo.py", "--data", str(args.data / "demo"),
                                      "--trainers", "1", "--device", "auto", "--server-device", "cuda",
                                      "--epochs", "3"]), 0.13),

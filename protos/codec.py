@@ -49,6 +49,9 @@ MESSAGE_HEADROOM_BYTES = 1024 * 1024
 MAX_CHUNK_BYTES = MAX_MESSAGE_BYTES - MESSAGE_HEADROOM_BYTES
 #: Default tensor data per message of a chunked stream (4 MiB).
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
+#: A batch's tensor of a node tensor's rows is named this, then the tensor's name
+#: (``EpochRequest.node_tensors``).
+ROWS_PREFIX = "rows:"
 
 #: A NumPy array or a PyTorch tensor.
 TensorLike: TypeAlias = np.ndarray | torch.Tensor

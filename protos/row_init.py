@@ -62,4 +62,5 @@ def _draw(init: pb.RowInit, counters: np.ndarray) -> np.ndarray:
         u1 = _uniform(init.seed, counters * np.uint64(2))
         u2 = _uniform(init.seed, counters * np.uint64(2) + np.uint64(1))
         return np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * math.pi * u2) * init.scale
-    raise ValueError(f"RowInit.kind: expected ZEROS, UNIFORM or NORMAL, got {init.kind}")
+    raise ValueError(f"RowInit.kind: expected ZEROS, UNIFORM or NORMAL (IN_DEGREE is filled by the "
+                     f"servers from the graph), got {init.kind}")

@@ -615,6 +615,7 @@ class EpochRequest(_message.Message):
     SPLIT_FIELD_NUMBER: _builtins.int
     SEEDS_FIELD_NUMBER: _builtins.int
     LINKS_FIELD_NUMBER: _builtins.int
+    EVERY_NODE_FIELD_NUMBER: _builtins.int
     FANOUTS_FIELD_NUMBER: _builtins.int
     BATCH_SIZE_FIELD_NUMBER: _builtins.int
     SHUFFLE_FIELD_NUMBER: _builtins.int
@@ -640,6 +641,7 @@ class EpochRequest(_message.Message):
     TYPED_CACHE_COUNTS_FIELD_NUMBER: _builtins.int
     STEPS_DONE_FIELD_NUMBER: _builtins.int
     SEEDS_DONE_FIELD_NUMBER: _builtins.int
+    NODE_TENSORS_FIELD_NUMBER: _builtins.int
     split: _builtins.str
     """A split name: "train", "val" or "test". The server uses the seeds of that split
     which its own partition owns.
@@ -747,6 +749,14 @@ class EpochRequest(_message.Message):
         """
 
     @_builtins.property
+    def every_node(self) -> Global___EveryNode:
+        """Every node of the seed type (typed.seed_type; a plain graph's every node), each
+        partition's batched by the server that owns them (global_batches must be false):
+        the seeds of a pass over the whole graph without listing them. Partition p's
+        seeds are its owned range, in global ID order (permuted when shuffle).
+        """
+
+    @_builtins.property
     def fanouts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Fanout per hop, first hop (around the seeds) first; at least one hop. -1 means all
         in-neighbors (as in PyG); 0 samples no neighbors at that hop; any other negative
@@ -795,12 +805,22 @@ class EpochRequest(_message.Message):
         for these types and only the rows of "x/T" the trainer lacks. Empty: no cache.
         """
 
+    @_builtins.property
+    def node_tensors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Node tensors (NodeTensorService) whose rows travel with each batch: for every name,
+        the tensor's rows of the batch's nodes of the tensor's node type, in n_id order, as
+        "rows:<name>" (see MinibatchChunk), gathered as features are (the rows of other
+        partitions' nodes from their servers). At most 16 names, each once; a name no server
+        holds is NOT_FOUND. Rows are read as the tables are when the batch is produced.
+        """
+
     def __init__(
         self,
         *,
         split: _builtins.str = ...,
         seeds: Global___Tensor | None = ...,
         links: Global___LinkSeeds | None = ...,
+        every_node: Global___EveryNode | None = ...,
         fanouts: _abc.Iterable[_builtins.int] | None = ...,
         batch_size: _builtins.int = ...,
         shuffle: _builtins.bool = ...,
@@ -826,16 +846,34 @@ class EpochRequest(_message.Message):
         typed_cache_counts: _abc.Iterable[Global___TypedCounts] | None = ...,
         steps_done: _builtins.int = ...,
         seeds_done: _builtins.int = ...,
+        node_tensors: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["expect", b"expect", "links", b"links", "sampling", b"sampling", "seeds", b"seeds", "seeds_source", b"seeds_source", "split", b"split", "typed", b"typed"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["every_node", b"every_node", "expect", b"expect", "links", b"links", "sampling", b"sampling", "seeds", b"seeds", "seeds_source", b"seeds_source", "split", b"split", "typed", b"typed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "cache_counts", b"cache_counts", "client_id", b"client_id", "compact_indices", b"compact_indices", "drop_last", b"drop_last", "epoch", b"epoch", "expect", b"expect", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_edge_features", b"include_edge_features", "include_edge_ids", b"include_edge_ids", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "links", b"links", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_done", b"seeds_done", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "steps_done", b"steps_done", "typed", b"typed", "typed_cache_counts", b"typed_cache_counts", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "cache_counts", b"cache_counts", "client_id", b"client_id", "compact_indices", b"compact_indices", "drop_last", b"drop_last", "epoch", b"epoch", "every_node", b"every_node", "expect", b"expect", "fanouts", b"fanouts", "feature_dtype", b"feature_dtype", "global_batches", b"global_batches", "include_edge_features", b"include_edge_features", "include_edge_ids", b"include_edge_ids", "include_features", b"include_features", "include_labels", b"include_labels", "include_original_ids", b"include_original_ids", "links", b"links", "node_tensors", b"node_tensors", "rank", b"rank", "resume_from", b"resume_from", "sampling", b"sampling", "seed", b"seed", "seeds", b"seeds", "seeds_done", b"seeds_done", "seeds_source", b"seeds_source", "shuffle", b"shuffle", "split", b"split", "steps_done", b"steps_done", "typed", b"typed", "typed_cache_counts", b"typed_cache_counts", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_seeds_source: _TypeAlias = _typing.Literal["split", "seeds", "links"]  # noqa: Y015
+    _WhichOneofReturnType_seeds_source: _TypeAlias = _typing.Literal["split", "seeds", "links", "every_node"]  # noqa: Y015
     _WhichOneofArgType_seeds_source: _TypeAlias = _typing.Literal["seeds_source", b"seeds_source"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_seeds_source) -> _WhichOneofReturnType_seeds_source | None: ...
 
 Global___EpochRequest: _TypeAlias = EpochRequest  # noqa: Y015
+
+@_typing.final
+class EveryNode(_message.Message):
+    """EpochRequest.every_node: every node of the seed type (no fields)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EveryNode: _TypeAlias = EveryNode  # noqa: Y015
 
 @_typing.final
 class LinkSeeds(_message.Message):
@@ -1286,6 +1324,10 @@ class MinibatchChunk(_message.Message):
       "dst_pos_index" INT64 [P]        of the positive destinations,
       "dst_neg_index" INT64 [P, K]     and of each positive's K negative destinations.
     On a typed graph their names end in "/S__R__D", the seed edge type.
+    For every name in EpochRequest.node_tensors, on either kind of graph:
+      "rows:<name>"  tensor dtype [N_T, *dims]  the node tensor's rows of the batch's
+                                      nodes of its node type T (n_id, or "n_id/T"), in that
+                                      order; dims and dtype as NodeTensorSpec says.
     A typed batch (EpochRequest.typed) carries, for every node type T and every edge type
     S__R__D of ClusterInfo.typed (possibly with no rows), instead of the names above:
       "n_id/T"       INT64 [N_T]         global IDs of the batch's T nodes (IDs of type T),
@@ -1784,6 +1826,7 @@ class FetchNodeDataRequest(_message.Message):
     WANT_ORIGINAL_IDS_FIELD_NUMBER: _builtins.int
     EXPECT_FIELD_NUMBER: _builtins.int
     NODE_TYPE_FIELD_NUMBER: _builtins.int
+    NODE_TENSOR_FIELD_NUMBER: _builtins.int
     want_features: _builtins.bool
     """Send the features ("x")."""
     want_labels: _builtins.bool
@@ -1800,6 +1843,11 @@ class FetchNodeDataRequest(_message.Message):
     """Typed graph: the node type of `nodes`; required there, INVALID_ARGUMENT when set on
     a homogeneous graph. "x" comes only for a type with features, "y" only for the
     target type (want_* for others is INVALID_ARGUMENT).
+    """
+    node_tensor: _builtins.str
+    """Send the rows of this node tensor (NodeTensorService) of `nodes` ("rows"); the
+    nodes are then of the tensor's node type. NOT_FOUND when this server holds no such
+    tensor. Empty: none.
     """
     @_builtins.property
     def nodes(self) -> Global___Tensor:
@@ -1822,10 +1870,11 @@ class FetchNodeDataRequest(_message.Message):
         want_original_ids: _builtins.bool = ...,
         expect: Global___ServerExpectation | None = ...,
         node_type: _builtins.str = ...,
+        node_tensor: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expect", b"expect", "nodes", b"nodes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "expect", b"expect", "feature_dtype", b"feature_dtype", "node_type", b"node_type", "nodes", b"nodes", "want_features", b"want_features", "want_labels", b"want_labels", "want_original_ids", b"want_original_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "expect", b"expect", "feature_dtype", b"feature_dtype", "node_tensor", b"node_tensor", "node_type", b"node_type", "nodes", b"nodes", "want_features", b"want_features", "want_labels", b"want_labels", "want_original_ids", b"want_original_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1839,6 +1888,7 @@ class NodeDataChunk(_message.Message):
       "y"  label dtype [len(nodes)]       labels, in request order (want_labels).
       "orig_id" INT64 [len(nodes)]        original IDs, in request order
                                           (want_original_ids).
+      "rows" tensor dtype [len(nodes), *dims]  the node tensor's rows (node_tensor).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1852,7 +1902,7 @@ class NodeDataChunk(_message.Message):
     """Number of messages of the answer; >= 1."""
     @_builtins.property
     def tensors(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorChunk]:
-        """Slices of "x" and "y"."""
+        """Slices of "x", "y", "orig_id" and "rows"."""
 
     def __init__(
         self,
@@ -2067,6 +2117,12 @@ class RowInit(_message.Message):
         """Uniform in [-scale, scale)."""
         NORMAL: RowInit._Kind.ValueType  # 2
         """Normal with mean 0 and standard deviation scale."""
+        IN_DEGREE: RowInit._Kind.ValueType  # 3
+        """Each node's in-degree in the whole graph, filled by the servers from the edges
+        they hold: its in-edges of every edge type that ends at its type, self-loops not
+        counted (GCN's degree, to which its normalization adds the self-loop). The rows
+        must be one value each (dims [] or [1]); scale and seed are unused.
+        """
 
     class Kind(_Kind, metaclass=_KindEnumTypeWrapper):
         """The distribution of the starting values."""
@@ -2077,6 +2133,12 @@ class RowInit(_message.Message):
     """Uniform in [-scale, scale)."""
     NORMAL: RowInit.Kind.ValueType  # 2
     """Normal with mean 0 and standard deviation scale."""
+    IN_DEGREE: RowInit.Kind.ValueType  # 3
+    """Each node's in-degree in the whole graph, filled by the servers from the edges
+    they hold: its in-edges of every edge type that ends at its type, self-loops not
+    counted (GCN's degree, to which its normalization adds the self-loop). The rows
+    must be one value each (dims [] or [1]); scale and seed are unused.
+    """
 
     KIND_FIELD_NUMBER: _builtins.int
     SCALE_FIELD_NUMBER: _builtins.int
@@ -2084,7 +2146,7 @@ class RowInit(_message.Message):
     kind: Global___RowInit.Kind.ValueType
     """The distribution."""
     scale: _builtins.float
-    """UNIFORM: the bound; NORMAL: the standard deviation; > 0 unless ZEROS."""
+    """UNIFORM: the bound; NORMAL: the standard deviation; > 0 unless ZEROS or IN_DEGREE."""
     seed: _builtins.int
     """The seed every value is drawn with."""
     def __init__(

@@ -102,9 +102,10 @@ def abort_on_error(context: grpc.ServicerContext, what: str, partition: int,
         log.warning("%s failed on partition %d: %s", what, partition, exc)
         lost = exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                             grpc.StatusCode.CANCELLED)
-        code = grpc.StatusCode.UNAVAILABLE if lost else \
-            grpc.StatusCode.FAILED_PRECONDITION if exc.code == grpc.StatusCode.FAILED_PRECONDITION \
-            else grpc.StatusCode.INTERNAL  # e.g. a peer on another graph: not until fixed
+        # a peer on another graph, or without the node tensor asked for: as the peer said
+        kept = exc.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND)
+        code = grpc.StatusCode.UNAVAILABLE if lost else exc.code if kept and exc.code is not None \
+            else grpc.StatusCode.INTERNAL
         context.abort(code, bounded(f"{what} on partition {partition}: {exc}"))
     except MemoryError:
         log.warning("%s on partition %d: out of memory", what, partition)

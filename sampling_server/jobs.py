@@ -75,6 +75,8 @@ class EpochJob:
     edge_features: bool = False
     #: A link epoch's seed edges and negatives (EpochRequest.links); None: seed nodes.
     links: LinkJob | None = None
+    #: The node tensors whose rows each batch carries (EpochRequest.node_tensors).
+    node_tensors: tuple[str, ...] = ()
 
     @property
     def edges(self) -> bool:
@@ -127,8 +129,8 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
     if links is not None:
         seed_type = links.options.edge_type[0]
     seed_nodes = request.batch_size if links is None else links.seed_nodes_bound(request.batch_size)
-    check_epoch_limits(store.config, len(next(iter(fanouts.values()))), summed_fanouts(fanouts),
-                       seed_nodes, m.num_nodes, m.num_edges, request.sampling.replace)
+    check_epoch_limits(store.config, len(next(iter(fanouts.values()))), None, seed_nodes, m.num_nodes,
+                       m.num_edges)
     wire_feature_dtype(request.feature_dtype, store.feature_dtype, f"{_FIELD}.feature_dtype")
     if request.sampling.weighted and not store.weighted:
         raise RequestError(f"{_FIELD}.sampling.weighted: expected false, the graph has no edge "
@@ -139,6 +141,10 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
         raise RequestError(f"{_FIELD}.typed.seed_type: expected the target type {m.target_type!r} with "
                            f"a split (splits are of the target type), got {seed_type!r}")
     plan, seeds, refs = _plan_batches(request, store, seed_type, links)
+    check_epoch_limits(store.config, len(next(iter(fanouts.values()))), summed_fanouts(fanouts),
+                       seed_nodes, m.num_nodes, m.num_edges, request.sampling.replace,
+                       first_hop=_first_hop_edges(store, plan, seeds, seed_type, fanouts)
+                       if not request.sampling.replace else None)
     return EpochJob(plan=plan, batches=refs, seeds=seeds, seed_type=seed_type, fanouts=fanouts,
                     seed=request.seed, epoch=request.epoch, rank=request.rank,
                     replace=request.sampling.replace, weighted=request.sampling.weighted,
@@ -147,7 +153,42 @@ def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
                     client_id=request.client_id, original_ids=request.include_original_ids,
                     cache_counts=cache, compact=request.compact_indices,
                     edge_ids=request.include_edge_ids, edge_features=request.include_edge_features,
-                    links=links)
+                    links=links, node_tensors=_node_tensor_names(request))
+
+
+#: Most node tensors one epoch request may name.
+MAX_NODE_TENSORS = 16
+
+
+def _node_tensor_names(request: pb.EpochRequest) -> tuple[str, ...]:
+    """The node tensors whose rows the batches carry: at most :data:`MAX_NODE_TENSORS`,
+    each once (whether this server holds them is the stream's first check)."""
+    names = tuple(request.node_tensors)
+    _require(len(names) <= MAX_NODE_TENSORS, "node_tensors", f"at most {MAX_NODE_TENSORS} names",
+             len(names))
+    _require(len(set(names)) == len(names), "node_tensors", "each name once",
+             [printable(n, 100) for n in names][:MAX_NODE_TENSORS])
+    return names
+
+
+def _first_hop_edges(store: PartitionStore, plan: EpochPlan | GlobalPlan, seeds: np.ndarray, seed_type: str,
+                     fanouts: dict[EdgeType, list[int]]) -> int | None:
+    """The most edges the first hop of one of this partition's batches draws, when its
+    seeds are its own (batches per partition): their in-degrees here, each capped by its
+    relation's fanout, summed per batch. None where the seeds may be anyone's."""
+    if not isinstance(plan, EpochPlan) or seeds.size == 0:
+        return None if not isinstance(plan, EpochPlan) else 0
+    part, start = store.partition, store.type_range(seed_type)[0]
+    local = seeds - start
+    degrees = np.zeros(seeds.size, dtype=np.int64)
+    for et, hops in fanouts.items():
+        if et[2] == seed_type and hops[0] != 0:
+            counts = np.diff(np.asarray(part.indptr[et], dtype=np.int64))[local]
+            degrees += counts if hops[0] < 0 else np.minimum(counts, hops[0])
+    sizes = np.asarray(plan.sizes[store.partition_id], dtype=np.int64)
+    ends = np.cumsum(sizes)
+    summed = np.concatenate([[0], np.cumsum(degrees)])
+    return int((summed[ends] - summed[ends - sizes]).max(initial=0))
 
 
 def _check_edge_rows(request: pb.EpochRequest, store: PartitionStore) -> None:
@@ -276,7 +317,11 @@ def seeds_by_partition(request: pb.EpochRequest, store: PartitionStore, node_typ
     """
     source = request.WhichOneof("seeds_source")
     if source is None:
-        raise RequestError(f"{_FIELD}.seeds_source: expected a split name or explicit seeds, got neither")
+        raise RequestError(f"{_FIELD}.seeds_source: expected a split name, explicit seeds or every_node, "
+                           "got none")
+    if source == "every_node":  # every partition's owned range of the type
+        start, stop = store.type_range(node_type)
+        return [int(c) for c in np.diff(store.books[node_type])], np.arange(start, stop, dtype=np.int64)
     if source == "split":
         split = request.split
         _require(split in SPLITS, "split", f"one of {list(SPLITS)}", repr(split))

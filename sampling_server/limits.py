@@ -35,12 +35,13 @@ def _hop_edges(frontier: int, fanout: int, num_edges: int, replace: bool) -> int
 
 
 def worst_case_edges(batch_size: int, fanouts: list[int], num_nodes: int, num_edges: int,
-                     replace: bool = False) -> int:
+                     replace: bool = False, first_hop: int | None = None) -> int:
     """Most edges a batch of ``batch_size`` seeds can sample with ``fanouts`` (-1: all
-    neighbors) in a graph of ``num_nodes`` nodes and ``num_edges`` edges."""
+    neighbors) in a graph of ``num_nodes`` nodes and ``num_edges`` edges; ``first_hop``:
+    the most the first hop can draw, where the seeds' in-degrees tell it."""
     frontier, total = batch_size, 0
-    for fanout in fanouts:
-        edges = _hop_edges(frontier, fanout, num_edges, replace)
+    for hop, fanout in enumerate(fanouts):
+        edges = _hop_edges(frontier, fanout, num_edges, replace) if hop or first_hop is None else first_hop
         total += edges
         frontier = min(frontier + edges, num_nodes)
     return total
@@ -49,9 +50,12 @@ def worst_case_edges(batch_size: int, fanouts: list[int], num_nodes: int, num_ed
 def check_epoch_limits(
     config: ServerConfig, num_hops: int, fanouts: list[int] | None, batch_size: int,
     num_nodes: int, num_edges: int, replace: bool = False, field: str = "EpochRequest",
+    first_hop: int | None = None,
 ) -> None:
     """Raise INVALID_ARGUMENT when an epoch request asks for more than the limits.
-    ``fanouts`` is read only once ``num_hops`` passed (so a huge list is never copied)."""
+    ``fanouts`` is read only once ``num_hops`` passed (so a huge list is never copied);
+    ``first_hop``: the most edges the first hop of any of its batches can draw, where
+    that is known (the seeds' own in-degrees)."""
     if num_hops > config.max_hops:
         raise _over(f"{field}.fanouts: number of hops", num_hops, config.max_hops, "--max-hops")
     if batch_size > config.max_batch_size:
@@ -62,12 +66,13 @@ def check_epoch_limits(
     if largest > config.max_fanout:
         raise _over(f"{field}.fanouts: fanout", largest, config.max_fanout, "--max-fanout")
     edges = worst_case_edges(max(batch_size, 0), [f for f in fanouts if f >= -1], num_nodes,
-                             num_edges, replace)
+                             num_edges, replace, first_hop)
     if edges > config.max_batch_edges:
         raise RequestError(
             f"{field}: batch_size {batch_size} with fanouts {fanouts} may sample {edges} edges "
             f"per batch; expected at most {config.max_batch_edges} (server limit "
-            "--max-batch-edges; a fanout of -1 counts every edge of the graph)", _OVER_LIMIT)
+            "--max-batch-edges; a fanout of -1 counts every edge of the graph, in the first hop of batches "
+            "per partition the seeds' in-degrees)", _OVER_LIMIT)
 
 
 def check_peer_edge_limits(config: ServerConfig, num_edges: int, field: str) -> None:

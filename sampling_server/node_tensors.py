@@ -142,14 +142,35 @@ class NodeTensors:
 
     def _initial_table(self, spec: pb.NodeTensorSpec, node_type: str, start: int,
                        shape: tuple[int, ...]) -> torch.Tensor:
-        """The rows ``spec.init`` starts this server's nodes with, drawn a block at a time."""
+        """The rows ``spec.init`` starts this server's nodes with, made a block at a time:
+        drawn (:func:`initial_rows`), or the nodes' in-degrees (``IN_DEGREE``)."""
         rows = torch.empty(shape, dtype=codec.dtype_to_torch(spec.dtype))
         for first in range(0, shape[0], BLOCK_ROWS):
             ids = np.arange(start + first, start + min(shape[0], first + BLOCK_ROWS), dtype=np.int64)
-            orig = self.store.original_ids_of(ids, node_type)
-            rows[first:first + ids.size] = torch.from_numpy(initial_rows(spec.init, orig, tuple(spec.dims),
-                                                                         np.float64))
+            if spec.init.kind == pb.RowInit.IN_DEGREE:
+                block = self._in_degrees(node_type, first, ids).reshape(ids.size, *spec.dims)
+            else:
+                block = initial_rows(spec.init, self.store.original_ids_of(ids, node_type), tuple(spec.dims),
+                                     np.float64)
+            rows[first:first + ids.size] = torch.from_numpy(block)
         return rows
+
+    def _in_degrees(self, node_type: str, first: int, ids: np.ndarray) -> np.ndarray:
+        """The in-degrees of the owned nodes ``ids`` (local rows from ``first``): their
+        in-edges of every edge type ending at ``node_type``, self-loops not counted."""
+        part = self.store.partition
+        degrees = np.zeros(ids.size, dtype=np.int64)
+        for et in part.edge_types:
+            if et[2] != node_type:
+                continue
+            indptr = np.asarray(part.indptr[et][first:first + ids.size + 1], dtype=np.int64)
+            counts = np.diff(indptr)
+            degrees += counts
+            if et[0] == node_type:  # self-loops: a source equal to its target
+                sources = np.asarray(part.indices[et][indptr[0]:indptr[-1]])
+                loops = sources == np.repeat(ids, counts)
+                degrees -= np.bincount(np.repeat(np.arange(ids.size), counts)[loops], minlength=ids.size)
+        return degrees
 
     def _checked(self, spec: pb.NodeTensorSpec) -> pb.NodeTensorSpec:
         if not _NAME.match(spec.name):
@@ -160,12 +181,15 @@ class NodeTensors:
         if spec.dtype not in _DTYPES:
             raise RequestError(f"NodeTensorSpec.dtype: expected one of "
                                f"{[pb.DType.Name(d) for d in _DTYPES]}, got {spec.dtype}")
-        scale = spec.init.scale
-        if spec.init.kind != pb.RowInit.ZEROS and not (math.isfinite(scale) and scale > 0):
+        scale, kind = spec.init.scale, spec.init.kind
+        if kind in (pb.RowInit.UNIFORM, pb.RowInit.NORMAL) and not (math.isfinite(scale) and scale > 0):
             raise RequestError(f"NodeTensorSpec.init.scale: expected a finite value > 0, got {scale}")
-        if spec.init.kind not in pb.RowInit.Kind.values():
-            raise RequestError(f"NodeTensorSpec.init.kind: expected ZEROS, UNIFORM or NORMAL, got "
-                               f"{spec.init.kind}")
+        if kind not in pb.RowInit.Kind.values():
+            raise RequestError(f"NodeTensorSpec.init.kind: expected ZEROS, UNIFORM, NORMAL or IN_DEGREE, got "
+                               f"{kind}")
+        if kind == pb.RowInit.IN_DEGREE and math.prod(spec.dims) != 1:
+            raise RequestError(f"NodeTensorSpec.dims: expected one value per node with IN_DEGREE ([] or "
+                               f"[1]), got {list(spec.dims)}")
         out = pb.NodeTensorSpec()
         out.CopyFrom(spec)
         out.optimizer.CopyFrom(sparse_optim.with_defaults(spec.optimizer))

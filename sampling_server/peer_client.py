@@ -157,6 +157,15 @@ class PeerClient:
             expect=self._expect(p)), {n for n, want in (("x", features), ("y", labels)) if want})
         return {p: (rows.get("x"), rows.get("y")) for p, rows in got.items()}
 
+    def node_tensor_rows(self, name: str, nodes_by_partition: Mapping[int, torch.Tensor],
+                         node_type: str = "") -> dict[int, torch.Tensor]:
+        """The rows of node tensor ``name`` of each partition's nodes (of ``node_type``,
+        the tensor's, on a typed graph)."""
+        got = self._rows("FetchNodeData", nodes_by_partition, lambda p, nodes: pb.FetchNodeDataRequest(
+            nodes=codec.encode_tensor(nodes), node_tensor=name, client_id=self.client_id,
+            node_type=node_type, expect=self._expect(p)), {"rows"})
+        return {p: rows["rows"] for p, rows in got.items()}
+
     def orig_ids(self, nodes_by_partition: Mapping[int, torch.Tensor],
                  node_type: str = "") -> dict[int, torch.Tensor]:
         """Original IDs of each partition's nodes, of ``node_type`` on a typed graph."""
@@ -205,13 +214,13 @@ class PeerClient:
               ) -> dict[int, dict[str, torch.Tensor]]:
         """The rows ``names`` that ``method`` (``FetchNodeData`` or ``FetchEdgeData``)
         answers for each partition's IDs, one row per ID, in their order: features
-        (``x``, ``edge_attr``) of any width, the others one value each."""
+        (``x``, ``edge_attr``) and node tensor rows of any width, the others one value each."""
         def call(p: int, ids: np.ndarray) -> dict[str, torch.Tensor]:
             with self._errors(p, method), self._timed("peer_fetch"):
                 got = self._retrying(lambda timeout: _receive(
                     getattr(self._stubs[p], method)(request(p, ids), timeout=timeout), names))
                 shapes = {n: list(t.shape) for n, t in got.items()}
-                _check_answer(all(s[:1] == [ids.size] and (len(s) == 1 or n in ("x", "edge_attr"))
+                _check_answer(all(s[:1] == [ids.size] and (len(s) == 1 or n in ("x", "edge_attr", "rows"))
                                   for n, s in shapes.items()), f"{shapes} for {ids.size} IDs")
             return got
 
@@ -322,6 +331,11 @@ class PeerRemote:
     def orig_ids(self, node_type: str, nodes_by_partition: Mapping[int, torch.Tensor]
                  ) -> dict[int, torch.Tensor]:
         return self.client.orig_ids(nodes_by_partition, node_type=node_type if self.typed else "")
+
+    def node_tensor_rows(self, name: str, node_type: str, nodes_by_partition: Mapping[int, torch.Tensor]
+                         ) -> dict[int, torch.Tensor]:
+        """The rows of node tensor ``name`` (of ``node_type``) of each partition's nodes."""
+        return self.client.node_tensor_rows(name, nodes_by_partition, node_type if self.typed else "")
 
     def has_edges(self, edge_type: EdgeType, pairs_by_partition: Mapping[int, tuple[np.ndarray, np.ndarray]]
                   ) -> dict[int, np.ndarray]:

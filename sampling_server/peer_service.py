@@ -24,11 +24,12 @@ from google.protobuf.message import Message
 from partitioner.graph import edge_type_name
 from protos import codec, fastwire
 from protos import sampling_pb2 as pb
-from sampling_server.errors import RequestError, abort_on_error
+from sampling_server.errors import RequestError, abort_on_error, printable
 from sampling_server.expectation import ExpectingRequest, check_expectation
 from sampling_server.fields import cast_features, decode_node_ids, edge_wire_dtype, wire_feature_dtype
 from sampling_server.limits import check_peer_edge_limits, check_peer_limits
 from sampling_server.metrics import ServerMetrics
+from sampling_server.node_tensors import NodeTensors
 from sampling_server.sampler.peers import edges_of
 from sampling_server.store import PartitionStore
 
@@ -36,9 +37,12 @@ from sampling_server.store import PartitionStore
 class PeerServicer:
     """``PeerService``: what the other sampling servers ask of this partition."""
 
-    def __init__(self, store: PartitionStore, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES):
+    def __init__(self, store: PartitionStore, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
+                 node_tensors: NodeTensors | None = None):
         self.store = store
         self.chunk_bytes = chunk_bytes
+        #: The node tensors whose rows ``FetchNodeData`` answers (None: none).
+        self.node_tensors = node_tensors
         #: Where rejections are counted (None: nowhere).
         self.metrics: ServerMetrics | None = None
         #: ``time.monotonic()`` when the last peer call came in (a draining server waits
@@ -212,6 +216,9 @@ class PeerServicer:
                                "is typed), got none")
         node_type = store.node_type_of(request.node_type, f"{field}.node_type")
         store.check_owned(nodes, f"{field}.nodes", node_type)
+        if request.node_tensor:
+            yield from self._fetch_rows(request, nodes, node_type)
+            return
         width = m.node_types[node_type].feature_dim
         if request.want_features and not width:
             raise RequestError(f"{field}.want_features: expected false, node type {node_type!r} has "
@@ -234,3 +241,22 @@ class PeerServicer:
             return {"x": None if x is None else cast_features(x, dtype), "y": y, "orig_id": orig}
 
         yield from self._in_slices(nodes.size, row_bytes, pb.NodeDataChunk, rows_of)
+
+    def _fetch_rows(self, request: pb.FetchNodeDataRequest, nodes: np.ndarray, node_type: str
+                    ) -> Iterator[bytes]:
+        """A node tensor's rows of ``nodes`` (owned, of ``node_type``), slice by slice."""
+        field = "FetchNodeDataRequest"
+        if self.node_tensors is None or request.want_features or request.want_labels \
+                or request.want_original_ids:
+            raise RequestError(f"{field}.node_tensor: expected alone (no want_*), on a server holding node "
+                               f"tensors; got {printable(request.node_tensor, 100)!r} with want_features="
+                               f"{request.want_features}, want_labels={request.want_labels}, "
+                               f"want_original_ids={request.want_original_ids}")
+        tensors = self.node_tensors
+        tensor = tensors.get(request.node_tensor, "", f"{field}.node_tensor")
+        if tensor.node_type != node_type:
+            raise RequestError(f"{field}.node_type: expected {tensor.node_type!r} (node tensor "
+                               f"{tensor.spec.name!r}'s), got {node_type!r}")
+        yield from self._in_slices(nodes.size, max(tensor.row_bytes // max(tensor.rows.shape[0], 1), 1),
+                                   pb.NodeDataChunk,
+                                   lambda a, b: {"rows": tensors.read(tensor, nodes[a:b], 0, None)})

@@ -30,6 +30,7 @@ from sampling_server.hot import HotNodes
 from sampling_server.jobs import EpochJob
 from sampling_server.messages import Prepared, encode_ahead, taken_in_order
 from sampling_server.metrics import ServerMetrics
+from sampling_server.node_tensors import NodeTensors
 from sampling_server.peer_client import PeerClient
 from sampling_server.produce import Producer, produce
 from sampling_server.sampling_queue import FairPool
@@ -138,6 +139,8 @@ class SamplingPipeline:
         self.chunk_bytes = chunk_bytes
         #: Where batches, bytes, seeds and stage latencies are counted (None: nowhere).
         self.metrics: ServerMetrics | None = None
+        #: The node tensors whose rows batches may carry (None: none).
+        self.node_tensors: NodeTensors | None = None
         #: CPU threads each parallel kernel of a sampling thread may use.
         self.threads = kernel_threads(threads)
         #: Sampling threads (None given: chosen from the CPUs, :func:`sampling_workers`).
@@ -243,4 +246,4 @@ class SamplingPipeline:
     def produce(self, job: EpochJob, ref: BatchRef) -> Prepared:
         """Sample one batch and gather its rows: the batch, ready to encode and send."""
         return produce(Producer(self.store, self.peers, self.lookups, self.hot_of, self.stage,
-                                self.chunk_bytes), job, ref)
+                                self.chunk_bytes, self.node_tensors), job, ref)

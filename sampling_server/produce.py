@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -26,12 +26,13 @@ from partitioner.graph import EdgeType, edge_type_name
 from protos import codec, compact, fastwire
 from protos import sampling_pb2 as pb
 from protos.plan import BatchRef
-from sampling_server.errors import printable
+from sampling_server.errors import RequestError, printable
 from sampling_server.fields import edge_wire_dtype, wire_feature_dtype
 from sampling_server.hot import HotNodes
 from sampling_server.jobs import EpochJob
 from sampling_server.link_jobs import LinkJob
 from sampling_server.messages import Prepared, chunk_head
+from sampling_server.node_tensors import NodeTensor, NodeTensors
 from sampling_server.peer_client import PeerCallOptions, PeerClient, PeerRemote
 from sampling_server.sampler import NeighborSampler, batch_key
 from sampling_server.sampler.links import exclude_edges, link_seeds
@@ -56,6 +57,8 @@ class Producer:
     #: A context that times one stage (``sample``, ``gather``) in the server's metrics.
     stage: Callable[[str], AbstractContextManager[None]]
     chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
+    #: The node tensors whose rows batches may carry (None: none).
+    node_tensors: NodeTensors | None = None
 
 
 def produce(ctx: Producer, job: EpochJob, ref: BatchRef) -> Prepared:
@@ -96,6 +99,9 @@ def produce(ctx: Producer, job: EpochJob, ref: BatchRef) -> Prepared:
     if job.edges:
         with ctx.stage("gather"):
             named.update(_edge_tensors(ctx, job, sampler, out, remote, name))
+    if job.node_tensors:
+        with ctx.stage("gather"):
+            named.update(_node_tensor_rows(ctx, job, sampler, out, remote))
     for t, lookup in orig_ids.items():
         orig = lookup.result()  # bounded: peer calls carry deadlines
         named[name("orig_id", t)] = compact.narrowest(orig.cpu(), compact.INDEX_DTYPES) \
@@ -143,6 +149,39 @@ def _edge_tensors(ctx: Producer, job: EpochJob, sampler: NeighborSampler, out: S
         if attr is not None:
             named[name("edge_attr", et)] = attr
     return named
+
+
+def node_tensors_of(tensors: NodeTensors | None, names: Sequence[str], field: str) -> list[NodeTensor]:
+    """The node tensors ``names`` (a job's), each held here (else NOT_FOUND naming ``field``)."""
+    if names and tensors is None:
+        raise RequestError(f"{field}: expected no node tensors, this server holds none")
+    return [tensors.get(n, "", f"{field}[{i}]") for i, n in enumerate(names)] if tensors is not None else []
+
+
+def _node_tensor_rows(ctx: Producer, job: EpochJob, sampler: NeighborSampler, out: SamplerOutput,
+                      remote: PeerRemote | None) -> dict[str, codec.TensorLike]:
+    """Each node tensor's rows of the batch's nodes of its type (``rows:<name>``), those of
+    other partitions' nodes from their servers, as the features are gathered."""
+    tensors = ctx.node_tensors
+    named: dict[str, codec.TensorLike] = {}
+    for tensor in node_tensors_of(tensors, job.node_tensors, "EpochRequest.node_tensors"):
+        assert tensors is not None
+        name, node_type = tensor.spec.name, tensor.node_type
+
+        def ask(asked: dict[int, torch.Tensor], name: str = name, node_type: str = node_type
+                ) -> Mapping[int, torch.Tensor]:
+            if remote is None:  # one partition: every row is here
+                return {}
+            return remote.node_tensor_rows(name, node_type, asked)
+
+        named[codec.ROWS_PREFIX + name] = sampler.rows_from_owners(
+            node_type, out.node[node_type], tuple(tensor.spec.dims), tensor.rows.dtype,
+            partial(_read_rows, tensors, tensor), ask)
+    return named
+
+
+def _read_rows(tensors: NodeTensors, tensor: NodeTensor, ids: torch.Tensor) -> torch.Tensor:
+    return tensors.read(tensor, ids.numpy(), 0, None)
 
 
 def batch_header(job: EpochJob, out: SamplerOutput) -> pb.MinibatchHeader:

@@ -131,10 +131,11 @@ class SamplingServer(grpc.Server):
                                          prefetch=config.prefetch, chunk_bytes=config.chunk_bytes,
                                          threads=threads or config.threads)
         self.sampling = SamplingServicer(store, self.pipeline)
-        self.peer_servicer = peer_servicer = PeerServicer(store, config.chunk_bytes)
-        #: Model state on this server (``NodeTensorService``).
+        #: Model state on this server (``NodeTensorService``), whose rows batches may carry.
         self.node_tensors = NodeTensors(store, config.node_tensor_dir,
                                         config.node_tensor_bytes(total_host_memory() or 0))
+        self.pipeline.node_tensors = self.node_tensors
+        self.peer_servicer = peer_servicer = PeerServicer(store, config.chunk_bytes, self.node_tensors)
         _add_services(server, {SAMPLING_SERVICE: self.sampling, PEER_SERVICE: peer_servicer,
                                NODE_TENSOR_SERVICE: NodeTensorServicer(store, self.node_tensors,
                                                                        config.chunk_bytes)})

@@ -20,6 +20,7 @@ from sampling_server.fields import wire_feature_dtype
 from sampling_server.jobs import epoch_job, hot_node_type, lookup_nodes
 from sampling_server.metrics import ServerMetrics
 from sampling_server.pipeline import IN_TRANSIT_BATCHES, Pace, SamplingPipeline
+from sampling_server.produce import node_tensors_of
 from sampling_server.store import PartitionStore
 from sampling_server.stream_slots import Slot, SlotLimits, StreamSlots, client_of, end_call, slot_limits
 
@@ -132,6 +133,7 @@ class SamplingServicer:
                 raise RequestError(f"StreamMinibatches: partition {p}'s server is NOT_SERVING: "
                                    f"{problem}", _PRECONDITION)
             job = epoch_job(request, self.store)
+            node_tensors_of(self.pipeline.node_tensors, job.node_tensors, "EpochRequest.node_tensors")
             client = client_of(context, job.client_id)
             fields = (f"partition={p} client={printable(job.client_id)} "
                       f"peer={printable(client.principal)} rank={job.rank}/{request.world_size} "

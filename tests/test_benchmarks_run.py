@@ -30,6 +30,8 @@ RUNS: dict[str, list[str]] = {
                    "--batch-size", "128"],
     "scale": ["--scales", "0.0002", "--parts", "2", "--extra-parts", "--trainers", "1", "--batches", "2",
               "--train-batches", "1"],
+    "inference": ["--plain", "small", "--typed", "", "--quick", "--layers", "2", "--sample-batches", "1",
+                  "--batch-size", "2048"],
 }
 #: The flag naming a benchmark's report (``benchmarks/results/<name>.json``).
 NAME_FLAG = {"hetero": "--name"}

@@ -118,7 +118,7 @@ def test_the_plan_shares_the_budget_and_reads_the_model_step(gpu_check: Any, tmp
     plan = gpu_check.steps_for(argparse.Namespace(data=tmp_path / "data", preset="products-like",
                                                   link_preset="citation2-like"))
     assert [s.name for s, _ in plan] == ["gpu tests", "sampler", "stream", "link", "model step", "embeddings",
-                                         "demo (1 GPU, NCCL)"]
+                                         "layer-wise inference", "demo (1 GPU, NCCL)"]
     assert sum(share for _, share in plan) == pytest.approx(1.0)
     step = next(s for s, _ in plan if s.name == "model step")
     assert "benchmarks/experiments/model_step.py" in step.command and "gpu-check-model-step" in step.command
@@ -138,6 +138,12 @@ def test_the_plan_shares_the_budget_and_reads_the_model_step(gpu_check: Any, tmp
     gpu_check.collect_figures(embeddings, tmp_path / "data")
     assert embeddings.figures == {"summary": {"dense": {"steps_per_s": 2.0}}, "embedding_bytes_ratio": 12.5,
                                   "speedup": 3.0}
+    layerwise = next(s for s, _ in plan if s.name == "layer-wise inference")
+    assert "benchmarks/inference.py" in layerwise.command and layerwise.command.count("cuda") == 2
+    runs = {"small": [{"mode": "servers", "layers": 2, "nodes_per_s": 900.0}]}
+    (results / "gpu-check-inference.json").write_text(json.dumps({"runs": runs, "exactness": {"plain": {}}}))
+    gpu_check.collect_figures(layerwise, tmp_path / "data")
+    assert layerwise.figures == {"runs": runs, "exactness": {"plain": {}}}
 
 
 def test_the_plots_are_redrawn_beside_the_report(gpu_check: Any, monkeypatch: pytest.MonkeyPatch) -> None:

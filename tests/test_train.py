@@ -38,7 +38,6 @@ from partitioner.writer import partition_graph
 from trainer_client import train
 from trainer_client.ddp import BEST_NAME, CHECKPOINT_NAME, DistEnv
 from trainer_client.decode import decode_batch
-from trainer_client.evaluate import layerwise_logits
 from trainer_client.graph import TypedGraph
 from trainer_client.in_process import InProcessLoader, LocalGraph
 from trainer_client.loader import RemoteNeighborLoader
@@ -364,8 +363,8 @@ def test_training_writes_metrics_and_checkpoints_then_resumes(run: Run, tmp_path
     assert state["epoch"] == 1 and set(state) >= {"model", "optimizer", "history", "config", "graph"}
     vals = [e["val_acc"] for e in epochs]
     assert metrics["selected_epoch"] == int(np.argmax(vals)) and metrics["selected_val_acc"] == max(vals)
-    # a plain graph's "full": layer-wise inference through servers, every neighbor sampled in process
-    assert metrics["eval_fanouts"] == ([5, 3] if run.typed else [-1, -1] if run.in_process else "full")
+    # from the servers: layer-wise inference; in process a plain graph samples every neighbor
+    assert metrics["eval_fanouts"] == ("full" if not run.in_process else [5, 3] if run.typed else [-1, -1])
     assert metrics["batch_size_per_step"] == (40 if run.typed else 200)
     best = torch.load(tmp_path / "ckpt" / BEST_NAME, weights_only=True)
     assert best["epoch"] == metrics["selected_epoch"]
@@ -645,24 +644,6 @@ def test_a_run_resumed_from_a_step_checkpoint_ends_as_the_unbroken_run(parts2: P
 
 
 # ---- the plain graph's evaluation and a graph without training nodes ---------------------
-
-
-@pytest.mark.parametrize("name", ["sage", "gat"])
-def test_layerwise_inference_through_the_service_equals_the_full_graph_forward(
-    servers: list[str], name: str
-) -> None:
-
-    graph = generate("small", progress=False)
-    torch.manual_seed(0)
-    model = build_model(name, graph.feature_dim, graph.num_classes, hidden_channels=16, num_layers=2).eval()
-    all_nodes = torch.ones(graph.num_nodes, dtype=torch.bool)
-    with RemoteNeighborLoader(servers, input_nodes=all_nodes, num_neighbors=[-1], batch_size=700,
-                              batches="partition", connect_timeout=30) as loader:
-        logits, y = layerwise_logits(model, loader, distributed=False, device=torch.device("cpu"))
-    with torch.no_grad():
-        full = model(torch.from_numpy(graph.x), torch.from_numpy(graph.edge_index))
-    assert torch.equal(y, torch.from_numpy(graph.y))
-    assert torch.allclose(logits, full, atol=1e-4)
 
 
 def test_no_progress_bar_when_stderr_is_not_a_terminal(

@@ -15,6 +15,7 @@ import torch
 from protos.security import Security, default_security, set_default_security
 from trainer_client import train
 from trainer_client.ddp import CHECKPOINT_NAME
+from trainer_client.evaluate import evaluation_mode
 from trainer_client.loop import sampled_fanouts
 from trainer_client.train import main
 
@@ -165,11 +166,22 @@ def test_ctrl_c_says_what_was_saved_and_how_to_continue(monkeypatch: pytest.Monk
         assert lines == [says]
 
 
-def test_help_says_the_evaluation_fanouts_of_each_task() -> None:
-    """``--eval-fanouts``'s default: 'full' for node classification on a homogeneous
-    graph, --fanouts for link prediction (which the link task then uses) and typed graphs."""
+def test_help_says_the_evaluation_of_each_task() -> None:
+    """``--eval``'s default for each task and kind (layer-wise from the servers, sampled in
+    process); ``--eval-fanouts`` alone keeps choosing as it did; conflicts are refused."""
     text = " ".join(train.build_parser().format_help().split())
-    assert "Default: 'full' for --task node on a homogeneous graph" in text
-    assert "--fanouts for --task link and on typed graphs" in text
+    assert "layerwise from --servers for --task node and --task link, plain and typed; sampled with " \
+        "--partition-dir" in text
     link = train.parse_args(["--servers", "h:1", "--task", "link", "--fanouts", "7,3"])
-    assert sampled_fanouts(link) == [7, 3]
+    assert sampled_fanouts(link) == [7, 3] and evaluation_mode(link, "link", typed=False) == "layerwise"
+    for flags, task, typed, mode in ((["--eval-fanouts", "full"], "node", False, "layerwise"),
+                                     (["--eval-fanouts", "full"], "node", True, "sampled"),
+                                     (["--eval-fanouts", "4,2"], "node", False, "sampled"),
+                                     (["--eval", "sampled"], "link", True, "sampled")):
+        args = train.parse_args(["--servers", "h:1", *flags])
+        assert evaluation_mode(args, task, typed) == mode, flags
+    assert evaluation_mode(train.parse_args(["--partition-dir", "d"]), "node", False) == "sampled"
+    for refused in (["--servers", "h:1", "--eval", "layerwise", "--eval-fanouts", "4,2"],
+                    ["--partition-dir", "d", "--eval", "layerwise"]):
+        with pytest.raises(SystemExit):
+            train.parse_args(refused)

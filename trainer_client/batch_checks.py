@@ -26,7 +26,7 @@ from torch_geometric.data.storage import EdgeStorage, NodeStorage
 
 from partitioner.graph import EdgeType, edge_type_name
 from protos import sampling_pb2 as pb
-from protos.codec import CodecError
+from protos.codec import ROWS_PREFIX, CodecError
 from protos.compact import (
     COUNT_DTYPES,
     INDEX_DTYPES,
@@ -112,6 +112,24 @@ class LinkSpec:
 
 
 @dataclass(frozen=True)
+class TensorRows:
+    """A node tensor whose rows every batch carries (``EpochRequest.node_tensors``)."""
+
+    #: The attribute of its node type's store the rows go in (``batch.h``, ``batch["paper"].h``).
+    attr: str
+    #: The tensor's name; its rows travel as ``rows:<name>``.
+    name: str
+    #: Its node type, the shape of one row and its dtype.
+    node_type: str
+    dims: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def wire_name(self) -> str:
+        return ROWS_PREFIX + self.name
+
+
+@dataclass(frozen=True)
 class BatchSpec:
     """What every batch of one epoch stream must look like (from the request and the
     cluster info); ``None`` skips a check."""
@@ -140,6 +158,8 @@ class BatchSpec:
     edge_feature_shapes: Mapping[EdgeType, tuple[int, ...]] | None = None
     #: A link epoch's batches (None: seed nodes).
     link: LinkSpec | None = None
+    #: The node tensors whose rows every batch carries.
+    node_tensors: tuple[TensorRows, ...] = ()
 
     @cached_property
     def layout(self) -> TypedSpec:
@@ -170,7 +190,7 @@ class BatchSpec:
                   for k in ["edge_index", *compact, "e_id", *(["edge_attr"] if t.edge_featured(e) else [])]]
         if self.link is not None:
             names += [t.name(k, self.link.edge_type) for k in LINK_TENSORS]
-        return tuple(names)
+        return tuple(names + [rows.wire_name for rows in self.node_tensors])
 
     @cached_property
     def known_names(self) -> frozenset[str]:
@@ -220,6 +240,10 @@ def build_data(header: pb.MinibatchHeader, tensors: dict[str, torch.Tensor], spe
         data.num_sampled_edges = edges
     if spec.link is not None:
         _link_tensors(data, header, tensors, spec, spec.link, {n: c[0] for n, c in nodes.items()}, where)
+    for rows in spec.node_tensors:
+        found = _require(tensors, rows.wire_name, where, f"node tensor {rows.name!r} was asked for")
+        _check_tensor(found, rows.wire_name, [totals[rows.node_type], *rows.dims], [rows.dtype], where)
+        (data[rows.node_type] if isinstance(data, HeteroData) else data)[rows.attr] = found
     return data
 
 

@@ -1,24 +1,35 @@
-"""Evaluation for the trainer: full-neighbor layer-wise inference (PyG's
-``BasicGNN.inference`` through the service: layer ``i`` runs once over every node with
-*all* its in-neighbors and layer ``i-1``'s outputs of them, so each node's output is
-exact and computed once; ``docs/training.md``, "Evaluation"), and accuracy on a split's
-nodes (on sampled neighborhoods: :func:`trainer_client.loop.one_pass`). Each rank
-computes the batches of its share and the ranks sum their rows (every node lies in
-exactly one batch across ranks); each holds one ``[num_nodes, hidden]`` table per layer.
+"""Evaluation by exact layer-wise inference, for the node and the link task
+(``docs/training.md``, "Evaluation"): every node's output is computed once per
+evaluation, layer by layer, into tables on the servers
+(:class:`~trainer_client.layerwise.LayerwiseInference`); the split's figures are then
+read off batches of its seeds (no neighbors) that carry the last layer's rows of their
+nodes (``node_tensors``), each rank its share, the counts summed over the ranks. The
+last layer's tables have fixed names (:meth:`LayerwiseEvaluation.output_names`), so the
+splits' loaders are made once, with the task.
 """
 
 from __future__ import annotations
 
-import logging
+import argparse
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch_geometric.nn.models.basic_gnn import BasicGNN
+from torch import nn
 
-from trainer_client.loader import RemoteNeighborLoader
-from trainer_client.models import NodeClassifier
+from trainer_client.cluster import Cluster
+from trainer_client.ddp import DistEnv
+from trainer_client.featureless import shared_token
+from trainer_client.layerwise import LayerwiseInference, ProcessGroup
+from trainer_client.node_tensors import RemoteNodeTensor
 
-log = logging.getLogger(__name__)
+#: The attribute of a split's batches that holds the last layer's rows of their nodes.
+OUTPUT = "out"
+#: ``--eval`` choices.
+EVAL_MODES = ("layerwise", "sampled")
 
 
 def labeled(out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,50 +38,54 @@ def labeled(out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return out[mask], y[mask]
 
 
-@torch.no_grad()
-def layerwise_logits(model: NodeClassifier, loader: RemoteNeighborLoader, *, distributed: bool,
-                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits ``[N, C]`` and labels ``[N]`` of every node, by original ID, with full
-    neighborhoods. ``loader`` iterates every node once over the ranks (``input_nodes``
-    all nodes, ``num_neighbors=[-1]``, ``shuffle=False``)."""
-    if loader.num_neighbors != [-1]:
-        raise ValueError(f"loader: expected num_neighbors=[-1] for layer-wise inference, got "
-                         f"{loader.num_neighbors}")
-    gnn: BasicGNN = model.gnn
-    model.eval()
-    num_nodes = int(loader.cluster_info.num_nodes)
-    y_all = torch.full((num_nodes,), -1, dtype=torch.int64, device=device)
-    h_prev: torch.Tensor | None = None
-    for layer in range(gnn.num_layers):
-        loader.set_epoch(0)
-        h: torch.Tensor | None = None
-        for batch in loader:
-            seeds = batch.n_id[: batch.batch_size]
-            x = batch.x if h_prev is None else h_prev[batch.n_id]
-            out = gnn.inference_per_layer(layer, x, batch.edge_index, batch.batch_size)
-            if h is None:
-                h = torch.zeros((num_nodes, out.shape[1]), dtype=out.dtype, device=device)
-            h[seeds] = out
-            if layer == 0:
-                y_all[seeds] = batch.y[: batch.batch_size]
-        width = torch.tensor([0 if h is None else h.shape[1]], dtype=torch.int64, device=device)
-        if distributed:  # a rank without batches learns the width from the others
-            dist.all_reduce(width, op=dist.ReduceOp.MAX)
-        if h is None:
-            h = torch.zeros((num_nodes, int(width)), device=device)
-        if distributed:
-            dist.all_reduce(h)
-        h_prev = h
-    if distributed:
-        y_all += 1  # -1 (not seen on this rank) becomes 0, so a sum over ranks is exact
-        dist.all_reduce(y_all)
-        y_all -= 1
-    assert h_prev is not None
-    return h_prev, y_all
+@dataclass
+class LayerwiseEvaluation:
+    """What a task's layer-wise evaluation needs: the servers, this rank's place, the
+    layers' loaders' options, the tables' prefix and how many layers make the output."""
+
+    cluster: Cluster
+    env: DistEnv
+    batch_size: int
+    num_layers: int
+    loader_options: dict[str, Any] = field(default_factory=dict)
+    #: The tables' prefix (``lw/<run>``, the same on every rank).
+    name: str = ""
+    progress: bool = False
+
+    def output_names(self, node_types: Sequence[str]) -> dict[str, str]:
+        """The last layer's table of each of ``node_types``, by node type."""
+        return {t: f"{self.name}/{self.num_layers - 1}/{t}" for t in node_types}
+
+    @contextmanager
+    def outputs(self, model: nn.Module, keep: str | None = None) -> Iterator[dict[str, RemoteNodeTensor]]:
+        """Every node's output of ``model``, in the last layer's tables on the servers
+        while the block runs (every rank enters it); dropped after, unless kept as
+        ``<keep>/<type>``."""
+        inference = LayerwiseInference(model, self.cluster, ProcessGroup(self.env), self.batch_size,
+                                       self.loader_options, name=self.name, keep=keep or "",
+                                       progress=self.progress)
+        try:
+            yield inference.run()
+        finally:
+            inference.close()
 
 
-def accuracy_of(logits: torch.Tensor, y: torch.Tensor, nodes: torch.Tensor) -> float:
-    """Accuracy of ``logits`` on the labeled ``nodes`` (original IDs)."""
-    ids = nodes.to(logits.device)
-    out, labels = labeled(logits[ids], y[ids])
-    return float((out.argmax(dim=-1) == labels).sum()) / max(int(labels.numel()), 1)
+def evaluation_mode(args: argparse.Namespace, task: str, typed: bool) -> str:
+    """``--eval`` as given, else from ``--eval-fanouts`` as it always chose (``full`` on a
+    plain graph's node task: layer-wise; other fanouts: sampled), else the default: layer-wise
+    from the servers (docs/training.md, "Evaluation": measured faster for every task and
+    kind at the splits' sizes), sampled with ``--partition-dir``."""
+    mode: str | None = getattr(args, "eval", None)
+    if mode is not None:
+        return mode
+    if getattr(args, "eval_fanouts_given", False):
+        return "layerwise" if args.eval_fanouts is None and task == "node" and not typed else "sampled"
+    return "sampled" if getattr(args, "partition_dir", None) is not None else "layerwise"
+
+
+def layerwise_evaluation(args: argparse.Namespace, env: DistEnv, cluster: Cluster,
+                         loader_options: dict[str, Any]) -> LayerwiseEvaluation:
+    """The run's layer-wise evaluation, its tables named for this run."""
+    return LayerwiseEvaluation(cluster, env, args.eval_batch_size, args.layers, dict(loader_options),
+                               name=f"lw/{shared_token(env)}",
+                               progress=env.rank == 0 and not args.no_progress and sys.stderr.isatty())

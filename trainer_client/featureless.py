@@ -63,6 +63,28 @@ def dense_embedding(num_nodes: int, dim: int) -> nn.Embedding:
     return emb
 
 
+def featureless_rows(module: nn.Module, given: Tensor) -> Tensor:
+    """The input rows a featureless type's ``module`` gives: of node IDs (an integer
+    tensor), or, where a loader delivered the server-held table's rows of them with the
+    batch (a float tensor), those rows through what follows the table in ``module`` (the
+    projection of :meth:`ServerEmbeddings.module`)."""
+    if not given.is_floating_point():
+        out: Tensor = module(given)
+        return out
+    if isinstance(module, RemoteEmbedding):
+        return given
+    if isinstance(module, nn.Sequential) and isinstance(module[0], RemoteEmbedding):
+        projected: Tensor = module[1:](given)
+        return projected
+    raise ValueError(f"a featureless type's input: expected node IDs for {type(module).__name__} (rows are "
+                     "delivered only for server-held tables), got float rows")
+
+
+def server_tables(model: nn.Module) -> dict[str | None, RemoteEmbedding]:
+    """The server-held embeddings in ``model``, by node type (None: a plain graph's)."""
+    return {m.node_type: m for m in model.modules() if isinstance(m, RemoteEmbedding)}
+
+
 class EmbeddingInput(nn.Module):
     """A plain model on a graph without features: its input rows are ``embedding``'s rows
     of the batch's node IDs, passed where the model takes ``x``."""
@@ -73,6 +95,23 @@ class EmbeddingInput(nn.Module):
 
     def forward(self, ids: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         out: Tensor = self.model(self.embedding(ids), *args, **kwargs)
+        return out
+
+    @property
+    def num_layers(self) -> int:
+        return int(getattr(self.model, "num_layers"))  # noqa: B009 - a module attribute mypy cannot see
+
+    @property
+    def layerwise_inputs(self) -> frozenset[str]:
+        return frozenset(getattr(self.model, "layerwise_inputs", ()))
+
+    def inference_per_layer(self, layer: int, x: Tensor, edge_index: Tensor, batch_size: int,
+                            **inputs: Tensor) -> Tensor:
+        """The model's layer ``layer``; layer 0's ``x``: node IDs, or the server-held
+        table's rows of them (:func:`featureless_rows`)."""
+        rows = featureless_rows(self.embedding, x) if layer == 0 else x
+        step = getattr(self.model, "inference_per_layer")  # noqa: B009 - see num_layers
+        out: Tensor = step(layer, rows, edge_index, batch_size, **inputs)
         return out
 
 
@@ -98,7 +137,7 @@ class ServerEmbeddings:
         self.args, self.env, self.cluster, self.graph = args, env, cluster, graph
         self.dim = input_width(args)
         #: The job's ID: from the checkpoint when resuming, else drawn (the same on every rank).
-        self.job_id = _resumed_job(args) or _shared_token(env)
+        self.job_id = _resumed_job(args) or shared_token(env)
         self.tables: dict[str, RemoteEmbedding] = {}
         self.optimizer: SparseOptimizer | None = None
         self._spec = pb.SparseOptimizer(kind=SPARSE_OPTIMIZERS[args.sparse_optimizer], lr=args.sparse_lr)
@@ -199,7 +238,7 @@ def _barrier(env: DistEnv) -> None:
         dist.barrier()
 
 
-def _shared_token(env: DistEnv) -> str:
+def shared_token(env: DistEnv) -> str:
     """A random ID drawn by rank 0 and given to every rank (as bytes, no pickle)."""
     token = torch.tensor(list(uuid.uuid4().bytes[:8]), dtype=torch.uint8)
     if env.distributed:

@@ -186,5 +186,5 @@ def build_link_model(name: str, graph: TypedGraph, edge_type: EdgeType, *, decod
         encoder = RGCN(facts, hidden_channels=hidden_channels, num_layers=num_layers, dropout=dropout,
                        out_types=ends, embeddings=embeddings) if name == "rgcn" else \
             TypedSAGE(facts, hidden_channels=hidden_channels, num_layers=num_layers, dropout=dropout,
-                      embeddings=embeddings)
+                      embeddings=embeddings, out_types=ends)
     return LinkPredictor(encoder, build_decoder(decoder, hidden_channels, dropout), edge_type, graph.typed)

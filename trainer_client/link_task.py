@@ -15,8 +15,12 @@ call for (:func:`evaluation_protocol`):
 * ``sampled``: neither: MRR against ``--eval-negatives`` negatives drawn per positive
   (triplet mode, the same draws every evaluation).
 
-Evaluation runs on sampled neighborhoods (``--eval-fanouts``, default ``--fanouts``). Each
-rank scores its own share of a split (each positive lies in exactly one rank's batches);
+On the servers the evaluation is exact by default: every node's embedding is computed
+once by layer-wise inference (:mod:`trainer_client.evaluate`), and the split's pairs and
+negatives are scored from batches of their ends (no neighbors) carrying those
+embeddings; ``--eval sampled`` (or ``--eval-fanouts``) embeds them on sampled
+neighborhoods instead (default ``--fanouts``). Each rank scores its own share of a split
+(each positive lies in exactly one rank's batches);
 the ranks add their sums, and for Hits@K agree on the K-th highest negative score first
 (:mod:`trainer_client.link_metrics`), so every positive is counted once. The model is
 selected by the validation split's MRR (or Hits@K).
@@ -33,11 +37,13 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch_geometric.data import HeteroData
+from torch_geometric.data import Data, HeteroData
 
 from partitioner.graph import EdgeType, edge_type_name
 from trainer_client.cluster import Cluster
 from trainer_client.ddp import DistEnv
+from trainer_client.evaluate import OUTPUT, LayerwiseEvaluation, evaluation_mode, layerwise_evaluation
+from trainer_client.export import export_outputs
 from trainer_client.featureless import embedding_config, input_width, server_embeddings
 from trainer_client.graph import TypedGraph
 from trainer_client.link_loader import RemoteLinkNeighborLoader
@@ -107,6 +113,10 @@ class LinkTask(Task):
     edge_type: EdgeType
     val: LinkEvaluation
     test: LinkEvaluation
+    #: Layer-wise inference over every node: the evaluation's when ``eval_fanouts`` is None
+    #: (the splits' batches then carry their nodes' embeddings, ``out``, not their
+    #: neighborhoods), and the export's (None: neither).
+    layerwise: LayerwiseEvaluation | None = None
 
     def split(self, name: str) -> LinkEvaluation:
         """How split ``name`` ("val", "test") is evaluated."""
@@ -146,14 +156,27 @@ class LinkTask(Task):
     def evaluate(self, model: torch.nn.Module, split: str) -> dict[str, float]:
         """``mrr``, ``hits@1/3/10`` and ``count`` (positives), or ``hits@K`` and ``count``."""
         assert isinstance(model, LinkPredictor)
+        model.eval()
+        if self.eval_fanouts is not None or self.layerwise is None:
+            return self._scored(model, split, lambda batch: model.embed(link_inputs(batch)))
+        with self.layerwise.outputs(model):
+            return self._scored(model, split, partial(_embedded, edge_type=self.edge_type))
+
+    def finish(self, model: torch.nn.Module) -> None:
+        """Every node's embedding out (``--export-embeddings``, ``--keep-embeddings``)."""
+        if self.layerwise is not None:
+            ends = list(dict.fromkeys([self.edge_type[0], self.edge_type[2]]))
+            export_outputs(self.layerwise, model, ends, self.args, self.env, self.config())
+
+    def _scored(self, model: LinkPredictor, split: str, embed: Embed) -> dict[str, float]:
         ev = self.split(split)
         if ev.protocol == "hits":
             assert ev.negatives is not None
-            positives = _cat([p for p, _ in _pair_scores(model, ev.positives, self.edge_type)])
-            negatives = _cat([p for p, _ in _pair_scores(model, ev.negatives, self.edge_type)])
+            positives = _cat([p for p, _ in _pair_scores(model, ev.positives, self.edge_type, embed)])
+            negatives = _cat([p for p, _ in _pair_scores(model, ev.negatives, self.edge_type, embed)])
             return hits_at_k(positives, negatives, ev.k, self.env)
         ranks: list[Tensor] = []
-        for pos, neg in _pair_scores(model, ev.positives, self.edge_type):
+        for pos, neg in _pair_scores(model, ev.positives, self.edge_type, embed):
             if neg is None:
                 raise ValueError(f"{ev.split} batches: expected triplet layout (dst_neg_index) for MRR, "
                                  "got binary")
@@ -165,11 +188,12 @@ class LinkTask(Task):
 
     def describe(self) -> str:
         args = self.args
+        how = "exact, layer-wise over every node" if self.layerwise else f"fanouts {self.eval_fanouts}"
         return (f"link prediction on {self.graph.name} ({'typed' if self.graph.typed else 'plain'}) edges "
                 f"{self._seed_edges or '(its one edge type)'}: model {args.model} + {args.decoder} decoder; "
                 f"{args.batch_size} seed edges per batch per rank, {args.neg_ratio:g} negatives each; "
-                f"validation: {self.val.describe()}; test: {self.test.describe()}; evaluation fanouts "
-                f"{self.eval_fanouts}")
+                f"validation: {self.val.describe()}; test: {self.test.describe()}; evaluation "
+                f"{how}")
 
     def facts(self) -> dict[str, Any]:
         args = self.args
@@ -196,8 +220,11 @@ def _exclude(args: argparse.Namespace) -> str | None:
 
 
 def build_link_task(make: LinkLoaderFactory, splits: Mapping[str, SplitFacts], graph: TypedGraph,
-                    args: argparse.Namespace, env: DistEnv, source: str = "the servers'") -> LinkTask:
-    """The link task of this rank, its loaders from ``make`` and the graph's stored ``splits``."""
+                    args: argparse.Namespace, env: DistEnv, source: str = "the servers'",
+                    layerwise: LayerwiseEvaluation | None = None) -> LinkTask:
+    """The link task of this rank, its loaders from ``make`` and the graph's stored
+    ``splits``; with ``layerwise``, the splits' batches are of their ends only, carrying
+    the last layer's embeddings."""
     if "train" not in splits:
         raise ValueError(f"--task link: expected a link split 'train' in {source} graph {graph.name!r}, "
                          f"found {sorted(splits) or 'none'}; partition it with link splits (--link-split)")
@@ -214,7 +241,11 @@ def build_link_task(make: LinkLoaderFactory, splits: Mapping[str, SplitFacts], g
         if tuple(splits[split].edge_type) != edge_type:
             raise ValueError(f"link split {split!r}: expected edges of {edge_type_name(edge_type)} as "
                              f"'train', got {edge_type_name(splits[split].edge_type)}")
-        each = dict(num_neighbors=fanouts, batch_size=args.eval_batch_size, shuffle=False)
+        each: dict[str, Any] = dict(num_neighbors=fanouts, batch_size=args.eval_batch_size, shuffle=False)
+        if layerwise is not None:
+            ends = list(dict.fromkeys([edge_type[0], edge_type[2]]))
+            each.update(num_neighbors=[0], include_features=False, edge_features=False,
+                        node_tensors={OUTPUT: list(layerwise.output_names(ends).values())})
         negatives = None
         if protocol == "given":
             positives = make(split, neg_sampling="given", **each)
@@ -226,8 +257,9 @@ def build_link_task(make: LinkLoaderFactory, splits: Mapping[str, SplitFacts], g
             negatives = make(f"{split}_neg", neg_sampling=None, **each)
         return LinkEvaluation(split, protocol, positives, negatives, k)
 
-    return LinkTask(args=args, env=env, graph=graph, train=train, eval_fanouts=fanouts, source=source,
-                    edge_type=edge_type, val=evaluation("val"), test=evaluation("test"))
+    return LinkTask(args=args, env=env, graph=graph, train=train, source=source, edge_type=edge_type,
+                    eval_fanouts=None if layerwise else fanouts, val=evaluation("val"),
+                    test=evaluation("test"), layerwise=layerwise)
 
 
 def link_splits_of(graph: Any, where: str) -> Mapping[str, SplitFacts]:
@@ -245,8 +277,12 @@ def cluster_link_task(args: argparse.Namespace, env: DistEnv, cluster: Cluster) 
     graph = cluster.graph
     check_link_model(args.model, graph)
     splits = link_splits_of(graph, "the servers'")
-    make: LinkLoaderFactory = partial(RemoteLinkNeighborLoader, cluster, **loader_options(args, env))
-    task = build_link_task(make, splits, graph, args, env)
+    common = loader_options(args, env)
+    make: LinkLoaderFactory = partial(RemoteLinkNeighborLoader, cluster, **common)
+    layerwise = layerwise_evaluation(args, env, cluster, common)
+    exact = evaluation_mode(args, "link", graph.typed) == "layerwise"
+    task = build_link_task(make, splits, graph, args, env, layerwise=layerwise if exact else None)
+    task.layerwise = layerwise  # the export's too
     task.embeddings = server_embeddings(args, env, cluster)
     return task
 
@@ -265,16 +301,27 @@ def check_link_model(model: str, graph: TypedGraph) -> None:
 # ---- evaluation ------------------------------------------------------------------------
 
 
+#: The embeddings of a batch's source-type and destination-type nodes.
+Embed = Callable[[Any], tuple[Tensor, Tensor]]
+
+
+def _embedded(batch: Data | HeteroData, edge_type: EdgeType) -> tuple[Tensor, Tensor]:
+    """The embeddings a layer-wise evaluation's batch carries (``out``) of its source-type
+    and destination-type nodes."""
+    if isinstance(batch, HeteroData):
+        return batch[edge_type[0]][OUTPUT], batch[edge_type[2]][OUTPUT]
+    return batch[OUTPUT], batch[OUTPUT]
+
+
 @torch.no_grad()
-def _pair_scores(model: LinkPredictor, source: Batches, edge_type: EdgeType
+def _pair_scores(model: LinkPredictor, source: Batches, edge_type: EdgeType, embed: Embed
                  ) -> Iterator[tuple[Tensor, Tensor | None]]:
     """Per batch of this rank: the positives' scores ``[P]`` and, in triplet layout, their
-    negatives' ``[P, K]`` (the same draws every time: epoch 0)."""
-    model.eval()
+    negatives' ``[P, K]`` (the same draws every time: epoch 0), from ``embed(batch)``."""
     source.set_epoch(0)
     for batch in source:
         t = link_targets(batch, edge_type)
-        h_src, h_dst = model.embed(link_inputs(batch))
+        h_src, h_dst = embed(batch)
         pos = model.score(h_src, h_dst, t.src, t.dst)
         yield pos, None if t.dst_neg is None else model.score(h_src, h_dst, t.src, t.dst_neg)
 

@@ -51,13 +51,14 @@ from protos.plan import (
     shuffled_seeds,
 )
 from trainer_client import inputs
-from trainer_client.batch_checks import LinkSpec, TypedSpec
+from trainer_client.batch_checks import LinkSpec, TensorRows, TypedSpec
 from trainer_client.cache import KNOWN_HOT_ORDERS, CacheError, FeatureCache, parse_cache_size, plan_caches
 from trainer_client.cluster import Cluster
 from trainer_client.decode import BatchSpec, DecodedBatch, to_device
 from trainer_client.graph import TypedGraph
 from trainer_client.inputs import InputNodes, NumNeighbors
 from trainer_client.node_table import NodeTable
+from trainer_client.node_tensors import TensorRef, delivered_rows
 from trainer_client.stream import EpochStream, ServerStream, StreamStats, StreamTimeouts
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,8 @@ class RemoteLoader(ABC):
         stall_timeout: float = 60.0, reconnect_timeout: float = 15.0, rpc_timeout: float = 30.0,
         client_id: str | None = None, cache_size: float | str | None = None,
         cache_progress: bool | None = None, compact_indices: bool = True, edge_features: bool | str = False,
-        edge_ids: bool = False, **unsupported: object,
+        edge_ids: bool = False, include_features: bool = True,
+        node_tensors: Mapping[str, TensorRef | Sequence[TensorRef]] | None = None, **unsupported: object,
     ) -> None:
         """Check the arguments, connect to the servers, open the seeds and plan epoch 0.
 
@@ -123,6 +125,14 @@ class RemoteLoader(ABC):
         features travel in ``feature_dtype`` and are cast as node features are.
         ``edge_ids=True`` adds ``e_id`` alone. Both need partitions written with edge IDs
         (``ClusterInfo.has_edge_ids``).
+
+        ``include_features=False``: batches carry no ``x`` (no feature cache either).
+        ``node_tensors``: rows of node tensors on the servers
+        (:class:`~trainer_client.node_tensors.RemoteNodeTensor`, or their names) that every
+        batch carries, gathered by the servers as features are: attribute name to a tensor,
+        or to one tensor per node type; the rows of the batch's nodes of the tensor's type
+        go in that attribute of the type's store (``batch.h``, ``batch["paper"].h``), as
+        the tables are when the batch is made. Names are looked up when each epoch starts.
         """
         inputs.check_keywords(unsupported, type(self).__name__)
         inputs.check_settings(num_neighbors, batch_size, rank, world_size, prefetch, seed, feature_dtype)
@@ -141,6 +151,9 @@ class RemoteLoader(ABC):
         self.prefetch, self.seed, self.feature_dtype = int(prefetch), int(seed), feature_dtype
         self.cast_features, self.replace, self.weighted = bool(cast_features), bool(replace), bool(weighted)
         self.return_internal_ids, self.compact_indices = bool(return_internal_ids), bool(compact_indices)
+        self.include_features = bool(include_features)
+        #: The node tensors whose rows every batch carries, by attribute.
+        self.node_tensors = dict(node_tensors or {})
         #: The attribute edge features go in ("" when not asked); whether e_id is asked.
         self.edge_attr_name = inputs.edge_attr_name(edge_features)
         self.edge_ids = bool(edge_ids) or bool(self.edge_attr_name)
@@ -231,7 +244,7 @@ class RemoteLoader(ABC):
         if size[0] == "auto":  # after a 4-byte index per node of each type with features
             size = ("bytes", self.cluster.auto_cache_budget(self.device))
         plan = plan_caches(size, self.graph, inputs.WIRE_FEATURE_DTYPES[self.feature_dtype])
-        if not any(sum(counts) for counts, _ in plan.values()):
+        if not self.include_features or not any(sum(counts) for counts, _ in plan.values()):
             return {}
         orders = {i.hot_order for i in self.cluster.infos}
         if len(orders) != 1 or not orders <= set(KNOWN_HOT_ORDERS):
@@ -301,9 +314,9 @@ class RemoteLoader(ABC):
         """Batches of this rank in the current epoch (equal on every rank)."""
         return self._plan.batches_per_rank
 
-    def input_ids(self, ref: BatchRef) -> np.ndarray:
+    def input_ids(self, ref: BatchRef) -> np.ndarray | None:
         """Positions among the epoch's seeds (what ``batch.input_id`` indexes) of the seeds
-        of one of this rank's batches."""
+        of one of this rank's batches (None: the seeds' original IDs, read off the batch)."""
         assert isinstance(self._plan, GlobalPlan)  # (the node loader's batches per partition: its own)
         return self._plan.positions(ref.part_batch)
 
@@ -314,7 +327,7 @@ class RemoteLoader(ABC):
         """Whether batches carry "y" (not when node tables have the labels and original IDs)."""
         return self._labels_asked and not self.node_tables
 
-    def _request(self) -> pb.EpochRequest:
+    def _request(self, rows: Sequence[TensorRows] = ()) -> pb.EpochRequest:
         fanouts, typed = inputs.request_fanouts(self._seeds_of, self.num_neighbors, self.graph)
         request = pb.EpochRequest(
             fanouts=fanouts, batch_size=self.batch_size, shuffle=self.shuffle,
@@ -323,7 +336,8 @@ class RemoteLoader(ABC):
             seeds_done=self._plan.start.seeds,
             feature_dtype=inputs.WIRE_FEATURE_DTYPES[self.feature_dtype],  # type: ignore[arg-type]
             sampling=pb.SamplingOptions(replace=self.replace, weighted=self.weighted),
-            include_features=True, include_labels=self._labels_on_wire, client_id=self.client_id,
+            include_features=self.include_features, include_labels=self._labels_on_wire,
+            client_id=self.client_id, node_tensors=[r.name for r in rows],
             global_batches=isinstance(self._plan, GlobalPlan), include_original_ids=not self.node_tables,
             compact_indices=self.compact_indices, include_edge_ids=self.edge_ids,
             include_edge_features=bool(self.edge_attr_name))
@@ -340,12 +354,13 @@ class RemoteLoader(ABC):
     def stream(self, finish: Callable[[DecodedBatch], DecodedBatch] | None = None) -> EpochStream:
         """The current epoch's stream of decoded CPU batches (use it as a context manager);
         ``finish`` runs on each batch in the reader threads (see :class:`EpochStream`)."""
-        num_batches, request, refs = len(self), self._request(), self._plan.rank_batches(self.rank)
+        rows = delivered_rows(self.cluster, self.node_tensors) if self.node_tensors else ()
+        num_batches, request, refs = len(self), self._request(rows), self._plan.rank_batches(self.rank)
         servers = [ServerStream(partition=p, address=address, stub=self.cluster.stream_stubs[p],
                                 request=request, indices=indices, expect=self.cluster.expectation(p))
                    for p, address in enumerate(self.cluster.addresses)
                    if (indices := tuple(b.index for b in refs if b.partition == p))]
-        spec = self._batch_spec(num_batches)
+        spec = dataclasses.replace(self._batch_spec(num_batches), node_tensors=rows)
         return EpochStream(servers, num_batches, spec, prefetch=self.prefetch, timeouts=self.timeouts,
                            pin_memory=self.pin_memory, finish=finish)
 
@@ -353,7 +368,8 @@ class RemoteLoader(ABC):
         """What every batch of the current epoch must look like."""
         return BatchSpec(
             num_hops=len(inputs.fanout_lists(self.num_neighbors)[0]), feature_dim=self.num_features,
-            include_features=True, include_labels=self._labels_on_wire, num_batches=num_batches,
+            include_features=self.include_features, include_labels=self._labels_on_wire,
+            num_batches=num_batches,
             typed=self._layout if self.graph.typed else None, compact_indices=self.compact_indices,
             include_edge_ids=self.edge_ids, include_edge_features=bool(self.edge_attr_name),
             edge_feature_shapes=self.graph.edge_feature_shapes, link=self._link_layout)
@@ -382,7 +398,7 @@ class RemoteLoader(ABC):
                 stream.stats.count_rows(batch.rows, batch.cached_rows)
                 yield batch.data
 
-    def _finish(self, batch: DecodedBatch, input_id: np.ndarray) -> DecodedBatch:
+    def _finish(self, batch: DecodedBatch, input_id: np.ndarray | None) -> DecodedBatch:
         """A decoded batch as the loader yields it, on ``device``, with its feature rows
         and how many came from the caches. Per node type (a plain batch's ``Data`` is its
         one node type's store): IDs and labels from the node tables, ``input_id`` (on the
@@ -395,7 +411,9 @@ class RemoteLoader(ABC):
         for t, table in self.node_tables.items():
             table.complete(stores[t], self._labels_asked and t == self.graph.target_type)
         input_store = data[self._input_key] if isinstance(data, HeteroData) else data
-        input_store.input_id = torch.from_numpy(input_id)
+        # every node of a type: the seeds' positions among them are their original IDs
+        input_store.input_id = torch.from_numpy(input_id) if input_id is not None else \
+            input_store.n_id[: int(input_store.batch_size)].clone()
         to_device(data, self.device, non_blocking=self.pin_memory)
         dtype = torch.float32 if self.cast_features else None
         rows = cached_rows = 0
@@ -482,7 +500,10 @@ class RemoteNeighborLoader(RemoteLoader):
         ``"val"``) or ``input_nodes`` (original node IDs, or a boolean mask over the
         nodes; ``seeds`` is another name for it), not both. A split's nodes are taken in
         original-ID order. On a typed cluster ``input_nodes`` may also be a split name, a
-        node type (all its nodes) or ``(node_type, IDs or mask or None)``.
+        node type (all its nodes) or ``(node_type, IDs or mask or None)``; a plain graph's
+        own node type (``graph.target_type``) names every node too. Every node of a type
+        with ``batches="partition"`` travels as that, not as a list (``EveryNode``): the
+        loader then holds no list of them, for a graph of any size.
         ``batches``: ``"global"`` cuts every batch from one ordering of all the seeds
         across partitions (as a single-process loader does; with ``shuffle=False`` the
         batches follow the input order), ``"partition"`` batches each partition's seeds on
@@ -501,7 +522,7 @@ class RemoteNeighborLoader(RemoteLoader):
         the epoch's seeds: original IDs (:attr:`input_nodes`) and their global IDs, and
         each partition's input positions."""
         graph, node_type, nodes = self.graph, self._given.node_type, self._given.nodes
-        if not graph.typed and node_type is not None:
+        if not graph.typed and node_type not in (None, graph.target_type):
             raise ValueError("input_nodes names a node type, but the graph is homogeneous (plain: "
                              "ClusterInfo.typed is absent): pass node IDs")
         self._seeds_of = self._input_key = node_type or graph.target_type
@@ -509,6 +530,12 @@ class RemoteNeighborLoader(RemoteLoader):
             raise ValueError(f"input_nodes: expected a node type of the graph "
                              f"{list(graph.node_types)}, got {self._seeds_of!r}")
         num_nodes = graph.num_nodes[self._seeds_of]
+        #: Every node of the seed type, batched per partition: sent as EveryNode, not listed.
+        self.every_node = node_type is not None and nodes is None and self.batches == "partition"
+        if self.every_node:
+            book = graph.books[self._seeds_of]
+            self._sizes = [int(c) for c in np.diff(book)]
+            return
         if node_type is not None and nodes is None:  # every node of the type
             nodes = np.arange(num_nodes, dtype=np.int64)
         if nodes is not None:
@@ -527,9 +554,13 @@ class RemoteNeighborLoader(RemoteLoader):
         self._input_nodes, self._seeds, self._seeds_tensor = original, internal, encode_tensor(internal)
         owner = self.cluster.partition_of(internal, self._seeds_of)
         self._positions = [np.flatnonzero(owner == p) for p in range(self.cluster.num_partitions)]
+        self._sizes = [int(p.size) for p in self._positions]
 
     def _put_seeds(self, request: pb.EpochRequest) -> None:
-        request.seeds.CopyFrom(self._seeds_tensor)
+        if self.every_node:
+            request.every_node.SetInParent()
+        else:
+            request.seeds.CopyFrom(self._seeds_tensor)
 
     @property
     def num_classes(self) -> int:
@@ -539,17 +570,19 @@ class RemoteNeighborLoader(RemoteLoader):
     @property
     def seeds_per_partition(self) -> list[int]:
         """Seeds of the epoch owned by each partition."""
-        return [int(p.size) for p in self._positions]
+        return self._sizes
 
     @property
     def num_seeds(self) -> int:
         """Seeds of one epoch, over all ranks."""
-        return int(self._seeds.size)
+        return sum(self._sizes)
 
     @property
     def input_nodes(self) -> torch.Tensor:
         """Original IDs of the epoch's seeds, in input order (a split's in ID order):
         ``batch.input_id`` indexes this."""
+        if self.every_node:
+            return torch.arange(self.num_seeds)
         return torch.from_numpy(self._input_nodes)
 
     def plan(self, epoch: int, start: EpochProgress = EPOCH_START) -> EpochPlan | GlobalPlan:
@@ -561,9 +594,12 @@ class RemoteNeighborLoader(RemoteLoader):
         return plan_epoch(self.seeds_per_partition, self.batch_size, self.world_size, shuffle=self.shuffle,
                           seed=self.seed, epoch=epoch, drop_last=self.drop_last)
 
-    def input_ids(self, ref: BatchRef) -> np.ndarray:
-        """Positions in :attr:`input_nodes` of the seeds of one of this rank's batches."""
+    def input_ids(self, ref: BatchRef) -> np.ndarray | None:
+        """Positions in :attr:`input_nodes` of the seeds of one of this rank's batches
+        (None: every node, whose positions are the seeds' original IDs)."""
         plan = self._plan
+        if self.every_node:
+            return None
         if isinstance(plan, GlobalPlan):
             return plan.positions(ref.part_batch)
         order = shuffled_seeds(self._positions[ref.partition], shuffle=self.shuffle, seed=self.seed,

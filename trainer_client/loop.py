@@ -188,6 +188,10 @@ class Task(ABC):
         if self.embeddings is not None:
             self.embeddings.load_state_dict(state)
 
+    def finish(self, model: torch.nn.Module) -> None:
+        """Called with the selected model once it is tested (every node's output exported)."""
+        del model  # nothing more by default
+
     def close(self) -> None:
         """Called when the run is over (the server-held tables leave the servers' memory)."""
         if self.embeddings is not None:
@@ -381,6 +385,7 @@ def run(args: argparse.Namespace, env: DistEnv, task: Task) -> dict[str, Any]:
     log.info("selected epoch %s (val %s %.4f): test %s", state.selection.epoch, metric, state.selection.score,
              ", ".join(f"{k} {v:.4f}" for k, v in test.items() if k != "count"))
     history = state.history
+    task.finish(model)
     task.close()
     return {
         "task": task.name, "graph": graph.name, **({"typed": True} if graph.typed else {}),

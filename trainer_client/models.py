@@ -12,6 +12,12 @@ outermost ``k`` hops, which cannot reach the seeds any more. The seeds' logits a
 same as without trimming, with less work. GCN is the exception and never trims: its
 symmetric normalization reads the *source* nodes' degrees, which trimming changes. The
 output holds the logits of the first ``batch_size`` nodes (the seeds).
+
+Layer-wise inference (:mod:`trainer_client.layerwise`) runs one layer at a time over
+one-hop batches with every neighbor: :meth:`NodeClassifier.inference_per_layer`, PyG's
+``BasicGNN.inference_per_layer`` with what the batch cannot show: GINE's and GAT's edge
+features, and GCN's normalization by the whole graph's degrees (``in_degree``), so each
+seed's output equals the full-graph forward's.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 from torch_geometric.data import Data, HeteroData
-from torch_geometric.nn import MLP, GINEConv
+from torch_geometric.nn import MLP, GCNConv, GINEConv
 from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
 from torch_geometric.nn.models.basic_gnn import BasicGNN
@@ -114,6 +120,60 @@ class NodeClassifier(torch.nn.Module):
         out = self.gnn(x, edge_index, edge_attr=attr, num_sampled_nodes_per_hop=nodes,
                        num_sampled_edges_per_hop=edges)
         return out if batch_size is None else out[:batch_size]
+
+
+    @property
+    def layerwise_inputs(self) -> frozenset[str]:
+        """What :meth:`inference_per_layer` takes besides PyG's arguments: ``edge_attr``
+        (a model with edge features), ``in_degree`` (GCN)."""
+        return frozenset({"edge_attr"} if self.edge_dim is not None else set()) | \
+            frozenset({"in_degree"} if isinstance(self.gnn, GCN) else set())
+
+    def inference_per_layer(self, layer: int, x: Tensor, edge_index: Tensor, batch_size: int,
+                            edge_attr: Tensor | None = None, in_degree: Tensor | None = None) -> Tensor:
+        """Layer ``layer``'s outputs ``[batch_size, width]`` of the first ``batch_size``
+        nodes, from every node's layer inputs ``x`` and the edges into the first nodes (all
+        of them): PyG's ``BasicGNN.inference_per_layer``, with ``edge_attr`` (the edges'
+        features) for a model with ``edge_dim`` and, for GCN, ``in_degree``: every node's
+        in-degree in the whole graph, self-loops not counted, which its normalization reads
+        (the batch's edges show only the seeds' in-edges)."""
+        gnn = self.gnn
+        conv = gnn.convs[layer]
+        if isinstance(conv, GCNConv):
+            if in_degree is None:
+                raise ValueError("in_degree: expected every node's in-degree in the whole graph (GCN's "
+                                 "normalization reads it), got none")
+            out = _gcn_layer(conv, x, edge_index, batch_size, in_degree)
+        elif self.edge_dim is not None:
+            if edge_attr is None:
+                raise ValueError(f"edge_attr: expected the batch's edge features (edge_dim={self.edge_dim}), "
+                                 "got none")
+            out = conv(x, edge_index, edge_attr=edge_features(edge_attr))[:batch_size]
+        else:
+            out = conv(x, edge_index)[:batch_size]
+        if layer == gnn.num_layers - 1 and gnn.jk_mode is None:
+            return out
+        if gnn.act is not None and gnn.act_first:
+            out = gnn.act(out)
+        if gnn.norms is not None:
+            out = gnn.norms[layer](out)
+        if gnn.act is not None and not gnn.act_first:
+            out = gnn.act(out)
+        return out
+
+
+def _gcn_layer(conv: GCNConv, x: Tensor, edge_index: Tensor, batch_size: int, in_degree: Tensor) -> Tensor:
+    """``GCNConv`` of the first ``batch_size`` nodes (the targets of ``edge_index``, every
+    in-edge of theirs) normalized as on the whole graph: an edge ``j -> i`` weighs
+    ``1/sqrt((d_j + 1)(d_i + 1))`` and the self-loop ``1/(d_i + 1)``, ``d`` the in-degree
+    without self-loops (PyG's ``gcn_norm`` with ``add_remaining_self_loops``)."""
+    inv_sqrt = (in_degree.reshape(-1).to(x.device, torch.float32) + 1.0).pow(-0.5)
+    keep = edge_index[0] != edge_index[1]  # the graph's self-loops give way to one of weight 1
+    seeds = torch.arange(batch_size, device=edge_index.device)
+    index = torch.cat([edge_index[:, keep], torch.stack([seeds, seeds])], dim=1)
+    weight = inv_sqrt[index[0]] * inv_sqrt[index[1]]
+    out: Tensor = conv.propagate(index, x=conv.lin(x), edge_weight=weight)[:batch_size]
+    return out if conv.bias is None else out + conv.bias
 
 
 def edge_features(edge_attr: Tensor) -> Tensor:

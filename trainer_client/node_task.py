@@ -2,11 +2,12 @@
 kind of graph, as a :class:`~trainer_client.loop.Task` of the one training loop.
 
 The loss is the cross-entropy of the labelled seeds (a model reads a batch of either kind
-through :func:`~trainer_client.typed_models.model_inputs`); the figure is accuracy. A
-plain graph on the servers is evaluated by exact full-neighbor layer-wise inference by
-default (:func:`~trainer_client.evaluate.layerwise_logits` over every node, one hop with
-every neighbor); typed graphs, ``--partition-dir`` and ``--eval-fanouts`` on sampled
-neighborhoods, each rank its share of the split, counts summed over the ranks.
+through :func:`~trainer_client.typed_models.model_inputs`); the figure is accuracy. On
+the servers the evaluation is exact by default: layer-wise inference over every node
+(:mod:`trainer_client.evaluate`), the split's accuracy read off batches of its seeds
+that carry their logits; ``--eval sampled`` (or ``--eval-fanouts``) and
+``--partition-dir`` evaluate on sampled neighborhoods, each rank its share of the split,
+counts summed over the ranks.
 """
 
 from __future__ import annotations
@@ -19,10 +20,18 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch_geometric.data import Data, HeteroData
 
 from trainer_client.cluster import Cluster
 from trainer_client.ddp import DistEnv, all_reduce_sums
-from trainer_client.evaluate import accuracy_of, labeled, layerwise_logits
+from trainer_client.evaluate import (
+    OUTPUT,
+    LayerwiseEvaluation,
+    evaluation_mode,
+    labeled,
+    layerwise_evaluation,
+)
+from trainer_client.export import export_outputs
 from trainer_client.featureless import (
     EmbeddingInput,
     embedding_config,
@@ -32,7 +41,6 @@ from trainer_client.featureless import (
 )
 from trainer_client.graph import PLAIN_NODE_TYPE, TypedGraph
 from trainer_client.in_process import InProcessLoader, LocalGraph
-from trainer_client.inputs import MAX_SEEDS
 from trainer_client.loader import RemoteNeighborLoader
 from trainer_client.loop import (
     BatchSource,
@@ -43,7 +51,7 @@ from trainer_client.loop import (
     sampled_fanouts,
     uses_edge_features,
 )
-from trainer_client.models import MODELS, NodeClassifier, build_model, seed_labels
+from trainer_client.models import MODELS, build_model, seed_labels
 from trainer_client.typed_models import TYPED_MODELS, build_typed_model, model_inputs
 
 
@@ -54,9 +62,10 @@ class NodeTask(Task):
     name = "node"
     val: BatchSource
     test: BatchSource
-    #: Every node, one hop with every neighbor, for layer-wise inference (None: the
-    #: evaluation is sampled; with it, ``val`` and ``test`` only name their nodes).
-    everything: RemoteNeighborLoader | None = None
+    #: Layer-wise inference over every node: the evaluation's when ``eval_fanouts`` is None
+    #: (``val`` and ``test`` are then batches of their seeds carrying the last layer's rows,
+    #: ``out``, not their neighborhoods), and the export's (None: neither).
+    layerwise: LayerwiseEvaluation | None = None
 
     def build_model(self) -> torch.nn.Module:
         args, graph = self.args, self.graph
@@ -85,21 +94,21 @@ class NodeTask(Task):
 
     def evaluate(self, model: torch.nn.Module, split: str) -> dict[str, float]:
         """Accuracy on the split's labelled nodes (the same draws every time: epoch 0)."""
-        if self.everything is not None:
-            assert isinstance(model, NodeClassifier)
-            logits, y = layerwise_logits(model, self.everything, distributed=self.env.distributed,
-                                         device=self.env.device)
-            return {"acc": accuracy_of(logits, y, self.split(split).input_nodes)}
         model.eval()
-        source = self.split(split)
-        source.set_epoch(0)
-        correct = count = 0
-        with torch.no_grad():
-            for batch in source:
-                out, y = labeled(model(*model_inputs(batch)), seed_labels(batch))
-                correct, count = correct + int((out.argmax(dim=-1) == y).sum()), count + int(y.numel())
+        if self.eval_fanouts is None and self.layerwise is not None:
+            with self.layerwise.outputs(model):
+                correct, count = _correct(self.split(split), partial(_seed_rows, attr=OUTPUT))
+        else:
+            with torch.no_grad():
+                correct, count = _correct(self.split(split), lambda batch: model(*model_inputs(batch)))
         total_correct, total = all_reduce_sums([correct, count], self.env)
         return {"acc": total_correct / max(total, 1.0)}
+
+    def finish(self, model: torch.nn.Module) -> None:
+        """Every node's logits out (``--export-embeddings``, ``--keep-embeddings``)."""
+        if self.layerwise is not None:
+            export_outputs(self.layerwise, model, [self.graph.target_type], self.args, self.env,
+                           self.config())
 
     def split(self, name: str) -> BatchSource:
         return self.val if name == "val" else self.test
@@ -110,11 +119,28 @@ class NodeTask(Task):
     def describe(self) -> str:
         args, graph, world = self.args, self.graph, self.env.world_size
         kind = f"typed: {list(graph.node_types)}, target {graph.target_type!r}" if graph.typed else "plain"
-        evaluation = "full neighbors, layer-wise" if self.eval_fanouts is None else \
+        evaluation = "exact, layer-wise over every node" if self.eval_fanouts is None else \
             f"sampled, fanouts {self.eval_fanouts}"
         return (f"graph {graph.name} ({kind}, {graph.num_classes} classes): model {args.model}; batch "
                 f"size {args.batch_size} per rank: {args.batch_size * world} seeds per optimizer step over "
                 f"{world} ranks; evaluation: {evaluation}")
+
+
+def _correct(source: BatchSource, logits: Callable[[Data | HeteroData], torch.Tensor]) -> tuple[int, int]:
+    """This rank's right predictions and labelled seeds of ``source``'s batches (epoch 0)."""
+    source.set_epoch(0)
+    correct = count = 0
+    for batch in source:
+        out, y = labeled(logits(batch), seed_labels(batch))
+        correct, count = correct + int((out.argmax(dim=-1) == y).sum()), count + int(y.numel())
+    return correct, count
+
+
+def _seed_rows(batch: Data | HeteroData, attr: str) -> torch.Tensor:
+    """The seeds' rows of ``attr`` (on the store with ``batch_size``)."""
+    store = next(s for s in batch.node_stores if "batch_size" in s)
+    rows: torch.Tensor = store[attr][: int(store.batch_size)]
+    return rows
 
 
 def _split_loaders(make: Callable[..., Any], args: argparse.Namespace, fanouts: list[int],
@@ -126,46 +152,41 @@ def _split_loaders(make: Callable[..., Any], args: argparse.Namespace, fanouts: 
             for split, train in (("train", True), ("val", False), ("test", False))}
 
 
-def evaluation_fanouts(args: argparse.Namespace, graph: TypedGraph) -> list[int] | None:
-    """The evaluation's fanouts (None: full-neighbor layer-wise inference, the default of a
-    plain graph with features). Typed graphs are evaluated on samples, as PyG's and DGL's
-    ogbn-mag examples do (layer-wise inference would run every layer over every node of
-    every type), and so is a plain graph without features (its input is an embedding)."""
-    if graph.typed or not graph.feature_dims.get(PLAIN_NODE_TYPE, 0):
-        return sampled_fanouts(args)
-    return None if args.eval_fanouts is None else list(args.eval_fanouts)
-
-
 def cluster_task(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> NodeTask:
     """The task on the servers' graph: this rank's loaders, sharing the cluster's channels,
-    with the trainer-side feature cache of ``--cache-size``."""
+    with the trainer-side feature cache of ``--cache-size``; layer-wise evaluation unless
+    ``--eval sampled`` (or ``--eval-fanouts`` naming fanouts)."""
     graph = cluster.graph
     check_model_kind(args.model, graph, "the servers serve")
     common = loader_options(args, env)
-    fanouts = evaluation_fanouts(args, graph)
-    if fanouts is None and uses_edge_features(args):  # layer-wise inference takes no edge features
-        fanouts = [-1] * len(args.fanouts)
-    loaders = _split_loaders(partial(RemoteNeighborLoader, cluster), args, fanouts or [-1], **common)
-    everything = None
-    if fanouts is None:
-        if cluster.info.num_nodes > MAX_SEEDS:
-            raise ValueError(f"--eval-fanouts full: layer-wise inference streams every node, at most "
-                             f"{MAX_SEEDS} (one request), but the graph has {cluster.info.num_nodes}; "
-                             "pass --eval-fanouts, e.g. 15,10")
-        all_nodes = torch.ones(int(cluster.info.num_nodes), dtype=torch.bool)
-        everything = RemoteNeighborLoader(cluster, input_nodes=all_nodes, num_neighbors=[-1],
-                                          batch_size=args.eval_batch_size, batches="partition", **common)
-    return NodeTask(args=args, env=env, graph=graph, eval_fanouts=fanouts, everything=everything,
-                    embeddings=server_embeddings(args, env, cluster), **loaders)
+    layerwise = layerwise_evaluation(args, env, cluster, common)
+    if evaluation_mode(args, "node", graph.typed) == "sampled":
+        fanouts = sampled_fanouts(args)
+        loaders = _split_loaders(partial(RemoteNeighborLoader, cluster), args, fanouts, **common)
+        return NodeTask(args=args, env=env, graph=graph, eval_fanouts=fanouts, layerwise=layerwise,
+                        embeddings=server_embeddings(args, env, cluster), **loaders)
+    out = layerwise.output_names([graph.target_type])[graph.target_type]
+    val, test = (RemoteNeighborLoader(cluster, split, num_neighbors=[0], batch_size=args.eval_batch_size,
+                                      include_features=False, node_tensors={OUTPUT: out},
+                                      **{**common, "edge_features": False}) for split in ("val", "test"))
+    train = RemoteNeighborLoader(cluster, "train", num_neighbors=args.fanouts, shuffle=True,
+                                 batch_size=args.batch_size, **common)
+    return NodeTask(args=args, env=env, graph=graph, eval_fanouts=None, layerwise=layerwise, train=train,
+                    val=val, test=test, embeddings=server_embeddings(args, env, cluster))
 
 
 def partition_dir_task(args: argparse.Namespace, env: DistEnv) -> NodeTask:
     """The task sampling in this process from ``--partition-dir`` (either kind of graph).
-    Evaluation is sampled: a plain graph's default ``full`` samples every neighbor at
-    every hop (the same logits as layer-wise inference, batch by batch)."""
+    Evaluation is sampled: a plain graph's default samples every neighbor at every hop
+    (the logits of layer-wise inference, batch by batch), a typed graph's with the
+    training fanouts."""
+    if getattr(args, "eval", None) == "layerwise":
+        raise ValueError("--eval layerwise: expected --servers (the layer tables live on the servers), got "
+                         "--partition-dir")
     local = LocalGraph(args.partition_dir)
     check_model_kind(args.model, local.meta, "--partition-dir holds")
-    fanouts = evaluation_fanouts(args, local.meta) or [-1] * len(args.fanouts)
+    fanouts = sampled_fanouts(args) if local.meta.typed or getattr(args, "eval_fanouts_given", False) \
+        else [-1] * len(args.fanouts)
     loaders = _split_loaders(partial(InProcessLoader, local), args, fanouts, rank=env.rank,
                              world_size=env.world_size, device=env.device, seed=args.seed,
                              edge_features=uses_edge_features(args))

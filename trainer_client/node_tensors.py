@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Union
 
 import grpc
 import numpy as np
@@ -34,19 +34,26 @@ from protos.channel import (
     retry,
     status_in,
 )
+from trainer_client.batch_checks import TensorRows
 from trainer_client.cluster import Cluster
+from trainer_client.inputs import RESERVED_BATCH_ATTRIBUTES
 
 T = TypeVar("T")
 
 #: Statuses after which a node tensor call is made again (within ``reconnect``).
 RETRIED = status_in(grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
-#: How initial rows are drawn, by name (:class:`pb.RowInit`).
-INITS = {"zeros": pb.RowInit.ZEROS, "uniform": pb.RowInit.UNIFORM, "normal": pb.RowInit.NORMAL}
+#: How initial rows are made, by name (:class:`pb.RowInit`).
+INITS = {"zeros": pb.RowInit.ZEROS, "uniform": pb.RowInit.UNIFORM, "normal": pb.RowInit.NORMAL,
+         "in_degree": pb.RowInit.IN_DEGREE}
+#: What a loader's ``node_tensors`` maps an attribute to: a tensor (or its name), or one
+#: per node type.
+TensorRef = Union[str, "RemoteNodeTensor"]
 
 
 def row_init(kind: str = "zeros", scale: float = 1.0, seed: int = 0) -> pb.RowInit:
-    """A ``RowInit`` by name: ``zeros``, ``uniform`` (in ``[-scale, scale)``) or
-    ``normal`` (standard deviation ``scale``)."""
+    """A ``RowInit`` by name: ``zeros``, ``uniform`` (in ``[-scale, scale)``),
+    ``normal`` (standard deviation ``scale``) or ``in_degree`` (each node's in-degree,
+    self-loops not counted, filled by the servers: one value per node)."""
     if kind not in INITS:
         raise ValueError(f"init: expected one of {list(INITS)}, got {kind!r}")
     return pb.RowInit(kind=INITS[kind], scale=scale, seed=seed)
@@ -96,13 +103,7 @@ class RemoteNodeTensor:
     def find(cls, cluster: Cluster, name: str, **options: Any) -> RemoteNodeTensor:
         """The node tensor ``name`` that exists on the servers, as it was made
         (``options``: ``rpc_timeout``, ``reconnect``)."""
-        try:
-            info = pb_grpc.NodeTensorServiceStub(cluster.channel(0)).FindNodeTensor(
-                pb.FindNodeTensorRequest(name=name, client_id=cluster.client_id),
-                timeout=options.get("rpc_timeout", 60.0))
-        except grpc.RpcError as err:
-            raise error_from_rpc(err, "FindNodeTensor", cluster.addresses[0]) from err
-        spec = info.spec
+        spec = _found(cluster, name, options.get("rpc_timeout", 60.0))
         return cls(cluster, name, tuple(spec.dims), node_type=spec.node_type or None,
                    dtype=codec.dtype_to_torch(spec.dtype), init=spec.init, optimizer=spec.optimizer,
                    job_id=spec.job_id, **options)
@@ -274,3 +275,34 @@ def restore_all(cluster: Cluster, job_id: str, step: int, *, timeout: float = 60
 def _each_partition(cluster: Cluster, fn: Callable[[int], T]) -> list[T]:
     with ThreadPoolExecutor(min(16, cluster.num_partitions)) as pool:
         return list(pool.map(fn, range(cluster.num_partitions)))
+
+
+def delivered_rows(cluster: Cluster, node_tensors: Mapping[str, TensorRef | Sequence[TensorRef]]
+                   ) -> tuple[TensorRows, ...]:
+    """What a loader's ``node_tensors`` (attribute to a tensor, or to one tensor per node
+    type; a tensor or its name) asks every batch to carry, as the servers hold it now."""
+    out: list[TensorRows] = []
+    for attr, refs in node_tensors.items():
+        if not attr.isidentifier() or attr in RESERVED_BATCH_ATTRIBUTES | {"edge_attr"}:
+            raise ValueError(f"node_tensors: expected attribute names a batch does not use already, got "
+                             f"{attr!r}")
+        seen: set[str] = set()
+        for ref in [refs] if isinstance(refs, str | RemoteNodeTensor) else list(refs):
+            spec = ref.spec if isinstance(ref, RemoteNodeTensor) else _found(cluster, ref)
+            node_type = spec.node_type or cluster.graph.target_type
+            if node_type in seen:
+                raise ValueError(f"node_tensors[{attr!r}]: expected one tensor per node type, got two of "
+                                 f"{node_type!r}")
+            seen.add(node_type)
+            out.append(TensorRows(attr, spec.name, node_type, tuple(int(d) for d in spec.dims),
+                                  codec.dtype_to_torch(spec.dtype)))
+    return tuple(out)
+
+
+def _found(cluster: Cluster, name: str, timeout: float = 60.0) -> pb.NodeTensorSpec:
+    """The spec of the node tensor ``name`` on the servers (partition 0's)."""
+    try:
+        return pb_grpc.NodeTensorServiceStub(cluster.channel(0)).FindNodeTensor(
+            pb.FindNodeTensorRequest(name=name, client_id=cluster.client_id), timeout=timeout).spec
+    except grpc.RpcError as err:
+        raise error_from_rpc(err, "FindNodeTensor", cluster.addresses[0]) from err

@@ -35,6 +35,8 @@ from trainer_client.cache import parse_cache_size
 from trainer_client.cluster import Cluster
 from trainer_client.connect import REFUSED_GRACE
 from trainer_client.ddp import DIST_BACKENDS, env_int, last_saved, setup_distributed, teardown_distributed
+from trainer_client.evaluate import EVAL_MODES
+from trainer_client.export import check_directory
 from trainer_client.featureless import SPARSE_OPTIMIZERS
 from trainer_client.link_models import DECODERS
 from trainer_client.link_task import EXCLUDE_CHOICES, cluster_link_task
@@ -126,11 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training seeds per batch on each rank: one optimizer step sees "
                         "world size x this (PyG's per-process batch_size)")
     p.add_argument("--eval-batch-size", type=_positive(int), default=None, help="default: --batch-size")
+    p.add_argument("--eval", choices=EVAL_MODES, default=None,
+                   help="how validation and test are evaluated: layerwise (exact: each layer once over every "
+                        "node, the layer tables on the servers, docs/training.md 'Layer-wise inference') or "
+                        "sampled (on sampled neighborhoods, --eval-fanouts). Default, measured faster at the "
+                        "splits' sizes: layerwise from --servers for --task node and --task link, plain and "
+                        "typed; sampled with --partition-dir")
     p.add_argument("--eval-fanouts", type=_eval_fanouts, default=argparse.SUPPRESS,
-                   help="neighbors per hop for validation and test, or 'full' (every neighbor). Default: "
-                        "'full' for --task node on a homogeneous graph (from --servers: exact layer-wise "
-                        "inference); --fanouts for --task link and on typed graphs, which are always "
-                        "evaluated on sampled neighborhoods")
+                   help="sampled evaluation's neighbors per hop, or 'full' (every neighbor); default "
+                        "--fanouts. Given without --eval it means --eval sampled, except 'full' for --task "
+                        "node on a plain graph, which means --eval layerwise")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--lr", type=_positive(float), default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.0)
@@ -208,6 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--embedding-dim", type=_positive(int), default=None,
                      help="width of the featureless types' embeddings (default: --hidden); a linear "
                           "layer projects them to --hidden where they differ")
+    out = p.add_argument_group("every node's output (docs/training.md, 'Exporting every node's output')")
+    out.add_argument("--export-embeddings", type=Path, default=None, metavar="DIR",
+                     help="after training, write the selected model's last-layer output (logits; a link "
+                          "predictor's embeddings) of every node, by layer-wise inference, into DIR: per "
+                          "node type sharded .npy files in original-ID order and manifest.json, written "
+                          "whole or not at all (--epochs 0 --resume exports a checkpoint's model)")
+    out.add_argument("--keep-embeddings", default=None, metavar="NAME",
+                     help="keep that output on the servers too, as node tensors NAME/<type>")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -240,6 +255,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for flag, given in (("--resume", args.resume), ("--checkpoint-every", args.checkpoint_every)):
         if given and args.checkpoint_dir is None:
             parser.error(f"{flag}: expected --checkpoint-dir too")
+    if (args.export_embeddings or args.keep_embeddings) and args.partition_dir is not None:
+        parser.error("--export-embeddings, --keep-embeddings: expected --servers (every node's output is "
+                     "computed there), got --partition-dir")
+    if args.export_embeddings is not None:
+        try:
+            check_directory(args.export_embeddings)
+        except ValueError as exc:
+            parser.error(str(exc))
+    if args.eval == "layerwise" and args.partition_dir is not None:
+        parser.error("--eval layerwise: expected --servers (the layer tables live on the servers), got "
+                     "--partition-dir")
+    if args.eval == "layerwise" and args.eval_fanouts_given and args.eval_fanouts is not None:
+        parser.error(f"--eval layerwise: every neighbor is read; expected no --eval-fanouts (sampled "
+                     f"evaluation's), got {','.join(map(str, args.eval_fanouts))}")
     args.layers = args.layers or len(args.fanouts)
     args.eval_batch_size = args.eval_batch_size or args.batch_size
     return args
@@ -285,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.metrics_json.parent.mkdir(parents=True, exist_ok=True)
             args.metrics_json.write_text(json.dumps(metrics, indent=2) + "\n")
         return 0
-    except (GraphfeedError, ValueError) as exc:
+    except (GraphfeedError, ValueError, OSError) as exc:  # OSError: e.g. a disk full while exporting
         rank = env.rank if env is not None else env_int("RANK", 0)
         log.error("rank %d: %s", rank, exc, exc_info=log.isEnabledFor(logging.DEBUG))
         return 1

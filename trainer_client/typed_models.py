@@ -28,7 +28,7 @@ from torch_geometric.nn import SAGEConv, to_hetero
 from torch_geometric.utils import trim_to_layer
 
 from partitioner.graph import EdgeType
-from trainer_client.featureless import dense_embedding
+from trainer_client.featureless import dense_embedding, featureless_rows
 from trainer_client.graph import TypedGraph
 from trainer_client.models import batch_inputs, check_sizes
 
@@ -90,15 +90,21 @@ class TypedInput(nn.Module):
                                    else dense_embedding(graph.num_nodes[t], hidden) for t in featureless})
 
     def forward(self, x_dict: Mapping[str, Tensor], n_id_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        out = {}
-        for t, lin in self.lins.items():
-            if t not in x_dict:
-                raise ValueError(f"batch[{t!r}].x: expected features of node type {t!r}, got none")
-            out[t] = lin(x_dict[t])
-        for t, emb in self.embs.items():
+        for t in self.embs:
             if t not in n_id_dict:
                 raise ValueError(f"batch[{t!r}].n_id: expected the node IDs of node type {t!r}, got none")
-            out[t] = emb(n_id_dict[t])
+        return self.of({**x_dict, **{t: n_id_dict[t] for t in self.embs}})
+
+    def of(self, inputs: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """Every type's rows from ``inputs``: features of the types with them; node IDs, or
+        the server-held table's rows of them, of the others (:func:`featureless_rows`)."""
+        out = {}
+        for t, lin in self.lins.items():
+            if t not in inputs:
+                raise ValueError(f"batch[{t!r}].x: expected features of node type {t!r}, got none")
+            out[t] = lin(inputs[t])
+        for t, emb in self.embs.items():
+            out[t] = featureless_rows(emb, inputs[t])
         return out
 
 
@@ -154,6 +160,26 @@ class RGCN(nn.Module):
         return self.embed(x_dict, edge_index_dict, n_id_dict, num_sampled_nodes,
                           num_sampled_edges)[self.target_type][:batch_size]
 
+    def output_types(self, layer: int) -> list[str]:
+        """The node types layer ``layer`` outputs (:func:`layer_plan`)."""
+        conv: RGCNLayer = self.layers[layer]  # type: ignore[assignment]
+        return list(conv.root)
+
+    def inference_per_layer(self, layer: int, x_dict: Mapping[str, Tensor],
+                            edge_index_dict: Mapping[EdgeType, Tensor], seed_type: str, batch_size: int
+                            ) -> Tensor:
+        """Layer ``layer``'s outputs of the first ``batch_size`` nodes of ``seed_type``,
+        from every node's layer inputs (layer 0: :meth:`TypedInput.of`'s inputs) and the
+        edges into them (all of them; see :mod:`trainer_client.layerwise`)."""
+        h = self.input.of(x_dict) if layer == 0 else x_dict
+        conv: RGCNLayer = self.layers[layer]  # type: ignore[assignment]
+        out = conv.root[seed_type](h[seed_type][:batch_size])
+        for et in conv.relations:
+            ei = edge_index_dict.get(et)
+            if et[2] == seed_type and ei is not None and et[0] in h:
+                out = out + conv.rel["__".join(et)]((h[et[0]], h[seed_type]), ei)[:batch_size]
+        return F.relu(out) if layer < self.num_layers - 1 else out
+
     def embed(self, x_dict: Mapping[str, Tensor], edge_index_dict: Mapping[EdgeType, Tensor],
               n_id_dict: Mapping[str, Tensor], num_sampled_nodes: dict[str, list[int]] | None = None,
               num_sampled_edges: dict[EdgeType, list[int]] | None = None) -> dict[str, Tensor]:
@@ -191,16 +217,42 @@ class _SAGEStack(nn.Module):
 
 
 class TypedSAGE(nn.Module):
-    """GraphSAGE made typed by ``to_hetero`` (aggregation ``sum`` over relations)."""
+    """GraphSAGE made typed by ``to_hetero`` (aggregation ``sum`` over relations);
+    ``out_types``: the node types whose last-layer outputs layer-wise inference computes
+    (default: the target type)."""
 
     def __init__(self, graph: TypedGraph, *, hidden_channels: int = 64, num_layers: int = 2,
-                 dropout: float = 0.5, embeddings: EmbeddingFactory | None = None) -> None:
+                 dropout: float = 0.5, embeddings: EmbeddingFactory | None = None,
+                 out_types: Sequence[str] | None = None) -> None:
         super().__init__()
         check_graph(graph, hidden_channels, num_layers, dropout)
-        self.target_type = graph.target_type
+        self.target_type, self.num_layers = graph.target_type, num_layers
+        self.edge_types: list[EdgeType] = list(graph.edge_types)
+        self._plan = layer_plan(graph, num_layers, out_types)
         self.input = TypedInput(graph, hidden_channels, embeddings=embeddings)
         stack = _SAGEStack(hidden_channels, graph.num_classes, num_layers, dropout)
         self.gnn = to_hetero(stack, (list(graph.node_types), list(graph.edge_types)), aggr="sum")
+
+    def output_types(self, layer: int) -> list[str]:
+        """The node types layer ``layer`` must output for the last layer's ``out_types``."""
+        return list(self._plan[layer][1])
+
+    def inference_per_layer(self, layer: int, x_dict: Mapping[str, Tensor],
+                            edge_index_dict: Mapping[EdgeType, Tensor], seed_type: str, batch_size: int
+                            ) -> Tensor:
+        """As :meth:`RGCN.inference_per_layer`: the layer's ``SAGEConv`` of every relation
+        into ``seed_type``, summed as ``to_hetero`` sums them, ReLU between layers."""
+        h = self.input.of(x_dict) if layer == 0 else x_dict
+        convs = self.gnn.convs[layer]
+        parts = [convs["__".join(et)]((h[et[0]], h[seed_type]), edge_index_dict[et])[:batch_size]
+                 for et in self.edge_types if et[2] == seed_type and et in edge_index_dict]
+        if not parts:
+            raise ValueError(f"{seed_type!r}: expected a node type with in-edges (to_hetero computes no "
+                             "output for one without), got none")
+        out = parts[0]
+        for part in parts[1:]:
+            out = out + part
+        return F.relu(out) if layer < self.num_layers - 1 else out
 
     def forward(self, x_dict: dict[str, Tensor], edge_index_dict: dict[EdgeType, Tensor],
                 n_id_dict: dict[str, Tensor], batch_size: int,

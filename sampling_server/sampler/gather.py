@@ -6,7 +6,7 @@ held here are read into their places while their owners read the others
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -144,6 +144,24 @@ class Gatherer(Holdings):
                          lambda asked: remote.node_data(node_type, asked, x is not None or bool(blocks),
                                                         y is not None),
                          lambda pos: here(pos, take(n_id, pos)), put)
+
+    def rows_from_owners(self, node_type: str, n_id: torch.Tensor, row: Sequence[int], dtype: torch.dtype,
+                         here: Callable[[torch.Tensor], torch.Tensor],
+                         ask: Callable[[dict[int, torch.Tensor]], Mapping[int, torch.Tensor]]
+                         ) -> torch.Tensor:
+        """The rows ``[len(n_id), *row]`` of a table partitioned like the nodes of
+        ``node_type`` (a node tensor, each server the rows of the nodes it owns), on the
+        CPU, in order: ``here(ids)`` reads the owned ones while ``ask`` (per owner, its
+        IDs) brings the others' (:meth:`from_owners`), as the features are gathered."""
+        ids = n_id.cpu()
+        out = torch.empty((ids.numel(), *row), dtype=dtype)
+
+        def put(_: int, pos: torch.Tensor, rows: torch.Tensor) -> None:
+            assign_rows(out, pos, rows)
+
+        self.from_owners(self.owner_of(node_type, ids), lambda pos: take(ids, pos), ask,
+                         lambda pos: put(-1, pos, here(take(ids, pos))), put)
+        return out
 
     # -- edge rows ---------------------------------------------------------------------
     def edge_rows_local(self, edge_type: EdgeType, edges: torch.Tensor, ids: bool, features: bool,
