@@ -252,11 +252,6 @@ class ServerConfig:
         size = parse_cache_amount(self.node_tensor_memory, "node_tensor_memory", _MEMORY)
         return int(size.amount if size.kind == "bytes" else size.amount * host_memory)
 
-    @property
-    def listen_port(self) -> int:
-        """The port of :attr:`listen` (0: any free port)."""
-        return int(self.listen.rsplit(":", 1)[1])
-
     def replace(self, **changes: Any) -> ServerConfig:
         """A copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)
