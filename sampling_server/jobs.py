@@ -110,10 +110,8 @@ def check_epoch_request(request: pb.EpochRequest) -> None:
     _require(request.world_size > 0, "world_size", "> 0", request.world_size)
     _require(0 <= request.rank < request.world_size, "rank", f"an integer in [0, {request.world_size})",
              request.rank)
-    _require(request.epoch >= 0, "epoch", ">= 0", request.epoch)
-    _require(request.resume_from >= 0, "resume_from", ">= 0", request.resume_from)
-    _require(request.steps_done >= 0, "steps_done", ">= 0", request.steps_done)
-    _require(request.seeds_done >= 0, "seeds_done", ">= 0", request.seeds_done)
+    for name in ("epoch", "resume_from", "steps_done", "seeds_done"):
+        _require(getattr(request, name) >= 0, name, ">= 0", getattr(request, name))
 
 
 def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
