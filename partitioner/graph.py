@@ -457,19 +457,16 @@ class TypedGraphData:
         per_edge: dict[str, dict[EdgeType, np.ndarray]] = {"edge_weight": {}, "edge_attr": {}, "edge_ids": {}}
         given = {"edge_weight": self.edge_weight, "edge_attr": self.edge_attr, "edge_ids": self.edge_ids}
         for (s, r, d), ei in self.edge_index.items():
-            et = (s, r, d)
+            et, take = (s, r, d), None
             if s == d and not any(et in arrays for arrays in given.values()):
                 edges[et] = make_undirected(ei, self.num_nodes[s])[0]
             elif s == d:
                 edges[et], take = undirected_columns(ei, self.num_nodes[s])
-                for kind, arrays in given.items():
-                    if et in arrays:
-                        per_edge[kind][et] = np.asarray(arrays[et])[take]
             else:
                 edges[et] = ei
-                for kind, arrays in given.items():
-                    if et in arrays:
-                        per_edge[kind][et] = arrays[et]
+            for kind, arrays in given.items():  # each edge's rows follow it
+                if et in arrays:
+                    per_edge[kind][et] = arrays[et] if take is None else np.asarray(arrays[et])[take]
         for (s, r, d), ei in self.edge_index.items():
             rev = (d, REVERSE_PREFIX + r, s)
             has_reverse = r.startswith(REVERSE_PREFIX) and (d, r[len(REVERSE_PREFIX):], s) in edges
