@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import faulthandler
+import functools
 import io
 import json
 import logging
@@ -86,14 +87,9 @@ def _bytes(text: str, high: int) -> int:
     return value
 
 
-def _byte_size(text: str) -> int:
-    """A message's tensor bytes: at most :data:`codec.MAX_CHUNK_BYTES`."""
-    return _bytes(text, codec.MAX_CHUNK_BYTES)
-
-
-def _memory_size(text: str) -> int:
-    """Bytes of memory, up to 1 TiB."""
-    return _bytes(text, 1 << 40)
+#: A message's tensor bytes (at most :data:`codec.MAX_CHUNK_BYTES`), and bytes of memory (up to 1 TiB).
+_byte_size = functools.partial(_bytes, high=codec.MAX_CHUNK_BYTES)
+_memory_size = functools.partial(_bytes, high=1 << 40)
 
 
 def build_parser() -> argparse.ArgumentParser:
