@@ -11,7 +11,7 @@ import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -121,7 +121,7 @@ class Cluster:
 
 
 
-def _fail(field: str, message: str) -> None:
+def _fail(field: str, message: str) -> NoReturn:
     raise ClusterError(f"{field}: {message}")
 
 
@@ -141,7 +141,6 @@ def _find_passwords(obj: object, where: str) -> None:
 def _check_keys(obj: object, allowed: frozenset[str], field: str) -> Mapping[str, Any]:
     if not isinstance(obj, Mapping):
         _fail(field, f"expected a mapping, got {obj!r}")
-    assert isinstance(obj, Mapping)
     unknown = sorted(set(map(str, obj)) - allowed)
     if unknown:
         _fail(field, f"unknown keys {unknown}; expected some of {sorted(allowed)}")
@@ -160,7 +159,6 @@ def _str(obj: Mapping[str, Any], key: str, field: str, required: bool = True) ->
 def _int(value: object, field: str, low: int, high: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         _fail(field, f"expected an integer in {low}..{high}, got {value!r}")
-    assert isinstance(value, int)
     return value
 
 
@@ -204,7 +202,6 @@ def _parse_server(obj: object, i: int) -> ServerSpec:
 def _parse_servers(obj: object) -> tuple[ServerSpec, ...]:
     if not isinstance(obj, list) or not obj:
         _fail("servers", f"expected a non-empty list of {{host, port, partition}}, got {obj!r}")
-    assert isinstance(obj, list)
     servers = [_parse_server(entry, i) for i, entry in enumerate(obj)]
     seen: dict[int, int] = {}
     addresses: dict[str, int] = {}
@@ -231,7 +228,6 @@ def _parse_flag_args(obj: object, field: str, reserved: frozenset[str],
     args = {} if obj is None else obj
     if not isinstance(args, Mapping):
         _fail(field, f"expected a mapping of flag: value, got {args!r}")
-    assert isinstance(args, Mapping)
     for key, value in args.items():
         name = str(key).replace("-", "_")
         if not name.replace("_", "").isalnum():
@@ -243,11 +239,6 @@ def _parse_flag_args(obj: object, field: str, reserved: frozenset[str],
     return tuple((str(k), v) for k, v in args.items())
 
 
-def _parse_trainer_args(obj: object) -> tuple[tuple[str, Any], ...]:
-    return _parse_flag_args(obj, "trainers.args", _RESERVED_TRAINER_ARGS,
-                            "set by the launcher from 'servers' and 'security'")
-
-
 def _parse_trainers(obj: object) -> TrainerSpec | None:
     if obj is None:
         return None
@@ -255,7 +246,6 @@ def _parse_trainers(obj: object) -> TrainerSpec | None:
     hosts = trainers.get("hosts")
     if not isinstance(hosts, list) or not hosts:
         _fail("trainers.hosts", f"expected a non-empty list of host names, got {hosts!r}")
-    assert isinstance(hosts, list)
     for i, host in enumerate(hosts):
         if not isinstance(host, str) or not host.strip():
             _fail(f"trainers.hosts[{i}]", f"expected a non-empty host name, got {host!r}")
@@ -268,7 +258,8 @@ def _parse_trainers(obj: object) -> TrainerSpec | None:
         hosts=tuple(hosts),
         gpus_per_host=_int(trainers["gpus_per_host"], "trainers.gpus_per_host", 1, 1024),
         master_port=_port(trainers["master_port"], "trainers.master_port"),
-        args=_parse_trainer_args(trainers.get("args")),
+        args=_parse_flag_args(trainers.get("args"), "trainers.args", _RESERVED_TRAINER_ARGS,
+                              "set by the launcher from 'servers' and 'security'"),
     )
 
 

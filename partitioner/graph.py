@@ -365,29 +365,21 @@ class TypedGraphData:
                 raise GraphDataError(f"{name}: expected shape [2, E], got {list(ei.shape)}")
             if ei.dtype != np.int64:
                 raise GraphDataError(f"{name}: expected dtype int64, got {ei.dtype}")
-        for et, w in self.edge_weight.items():
-            if et not in self.edge_index:
-                raise GraphDataError(f"edge_weight: expected edge types among "
-                                     f"{list(self.edge_index)}, got {et!r}")
-            if w.shape != (self.num_edges(et),) or w.dtype != np.float32:
-                raise GraphDataError(f"{self._name('edge_weight', et)}: expected float32 of shape "
-                                     f"[{self.num_edges(et)}], got {w.dtype} of shape {list(w.shape)}")
-        for et, ids in self.edge_ids.items():
-            if et not in self.edge_index:
-                raise GraphDataError(f"edge_ids: expected edge types among {list(self.edge_index)}, "
-                                     f"got {et!r}")
-            if ids.shape != (self.num_edges(et),) or ids.dtype != np.int64:
-                raise GraphDataError(f"{self._name('edge_ids', et)}: expected int64 of shape "
-                                     f"[{self.num_edges(et)}], got {ids.dtype} of shape {list(ids.shape)}")
-        for et, attr in self.edge_attr.items():
-            if et not in self.edge_index:
-                raise GraphDataError(f"edge_attr: expected edge types among "
-                                     f"{list(self.edge_index)}, got {et!r}")
-            e = self.num_edges(et)
-            if attr.ndim not in (1, 2) or attr.shape[0] != e or attr.dtype.kind not in _EDGE_ATTR_KINDS:
-                raise GraphDataError(f"{self._name('edge_attr', et)}: expected numbers of shape [{e}] or "
-                                     f"[{e}, F] (one row per edge), got {attr.dtype} of shape "
-                                     f"{list(attr.shape)}")
+        for field_name, arrays, dtype in (("edge_weight", self.edge_weight, np.float32),
+                                          ("edge_ids", self.edge_ids, np.int64),
+                                          ("edge_attr", self.edge_attr, None)):
+            for et, a in arrays.items():
+                if et not in self.edge_index:
+                    raise GraphDataError(f"{field_name}: expected edge types among "
+                                         f"{list(self.edge_index)}, got {et!r}")
+                e, name = self.num_edges(et), self._name(field_name, et)
+                if dtype is None and (a.ndim not in (1, 2) or a.shape[0] != e
+                                      or a.dtype.kind not in _EDGE_ATTR_KINDS):
+                    raise GraphDataError(f"{name}: expected numbers of shape [{e}] or [{e}, F] (one row per "
+                                         f"edge), got {a.dtype} of shape {list(a.shape)}")
+                if dtype is not None and (a.shape != (e,) or a.dtype != dtype):
+                    raise GraphDataError(f"{name}: expected {np.dtype(dtype)} of shape [{e}], got {a.dtype} "
+                                         f"of shape {list(a.shape)}")
 
     def _validate_features(self) -> None:
         for t, feats in self.x.items():
@@ -465,19 +457,16 @@ class TypedGraphData:
         per_edge: dict[str, dict[EdgeType, np.ndarray]] = {"edge_weight": {}, "edge_attr": {}, "edge_ids": {}}
         given = {"edge_weight": self.edge_weight, "edge_attr": self.edge_attr, "edge_ids": self.edge_ids}
         for (s, r, d), ei in self.edge_index.items():
-            et = (s, r, d)
+            et, take = (s, r, d), None
             if s == d and not any(et in arrays for arrays in given.values()):
                 edges[et] = make_undirected(ei, self.num_nodes[s])[0]
             elif s == d:
                 edges[et], take = undirected_columns(ei, self.num_nodes[s])
-                for kind, arrays in given.items():
-                    if et in arrays:
-                        per_edge[kind][et] = np.asarray(arrays[et])[take]
             else:
                 edges[et] = ei
-                for kind, arrays in given.items():
-                    if et in arrays:
-                        per_edge[kind][et] = arrays[et]
+            for kind, arrays in given.items():  # each edge's rows follow it
+                if et in arrays:
+                    per_edge[kind][et] = arrays[et] if take is None else np.asarray(arrays[et])[take]
         for (s, r, d), ei in self.edge_index.items():
             rev = (d, REVERSE_PREFIX + r, s)
             has_reverse = r.startswith(REVERSE_PREFIX) and (d, r[len(REVERSE_PREFIX):], s) in edges

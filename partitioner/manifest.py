@@ -493,11 +493,7 @@ def check_manifest(path: Path, m: Manifest) -> None:
                     f"(from partition_book), got {p.num_nodes.get(t)}")
     for et, feats in m.edge_features.items():
         name = f"edge_types[{edge_type_name(et)!r}]" if m.typed else "graph"
-        try:
-            kind = np.dtype(feats.dtype).kind
-        except TypeError:
-            kind = ""
-        if kind not in "biuf" or not kind or any(d < 0 for d in feats.shape):
+        if not _numeric(feats.dtype) or any(d < 0 for d in feats.shape):
             raise PartitionFormatError(f"{path}: {name}.edge_feature_dtype/shape: expected a numeric "
                                        f"dtype and sizes >= 0, got {feats.dtype!r} {list(feats.shape)}")
     _check_link_splits(path, m)
@@ -505,6 +501,14 @@ def check_manifest(path: Path, m: Manifest) -> None:
         if sum(p.num_edges.get(et, 0) for p in m.partitions) != total:
             what = f"edge_types[{edge_type_name(et)!r}]" if m.typed else "num_edges"
             raise PartitionFormatError(f"{path}: {what}: partitions' edges do not add up to {total}")
+
+
+def _numeric(dtype: str) -> bool:
+    """Whether ``dtype`` names a numpy dtype of booleans, integers or floats."""
+    try:
+        return np.dtype(dtype).kind in "biuf"
+    except TypeError:
+        return False
 
 
 def _check_link_splits(path: Path, m: Manifest) -> None:
@@ -519,14 +523,9 @@ def _check_link_splits(path: Path, m: Manifest) -> None:
             raise PartitionFormatError(f"{what}: expected sizes >= 0, got num_edges {info.num_edges}, "
                                        f"num_negatives {info.num_negatives}, label_shape "
                                        f"{list(info.label_shape)}")
-        if info.label_dtype is not None:
-            try:
-                label_kind: str = np.dtype(info.label_dtype).kind
-            except TypeError:
-                label_kind = ""
-            if not label_kind or label_kind not in "biuf":
-                raise PartitionFormatError(f"{what}.label_dtype: expected a numeric dtype, got "
-                                           f"{info.label_dtype!r}")
+        if info.label_dtype is not None and not _numeric(info.label_dtype):
+            raise PartitionFormatError(f"{what}.label_dtype: expected a numeric dtype, got "
+                                       f"{info.label_dtype!r}")
         kinds = ["src", "dst", *(["label"] if info.label_dtype is not None else []),
                  *(["neg_dst"] if info.num_negatives else [])]
         for kind in kinds:

@@ -236,13 +236,9 @@ class TokenClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamC
                               client_call_details: grpc.ClientCallDetails, request: Any) -> Any:
         return continuation(self._details(client_call_details), request)
 
-    def intercept_unary_stream(self, continuation: Callable[..., Any],
-                               client_call_details: grpc.ClientCallDetails, request: Any) -> Any:
-        return continuation(self._details(client_call_details), request)
-
-    def intercept_stream_stream(self, continuation: Callable[..., Any],
-                                client_call_details: grpc.ClientCallDetails, requests: Any) -> Any:
-        return continuation(self._details(client_call_details), requests)
+    # the same for every kind of call: grpc passes the request (or iterator) positionally
+    intercept_unary_stream = intercept_unary_unary
+    intercept_stream_stream = intercept_unary_unary
 
 
 class TokenInterceptor(grpc.ServerInterceptor):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
+import functools
 import io
 import json
 import logging
@@ -85,14 +87,9 @@ def _bytes(text: str, high: int) -> int:
     return value
 
 
-def _byte_size(text: str) -> int:
-    """A message's tensor bytes: at most :data:`codec.MAX_CHUNK_BYTES`."""
-    return _bytes(text, codec.MAX_CHUNK_BYTES)
-
-
-def _memory_size(text: str) -> int:
-    """Bytes of memory, up to 1 TiB."""
-    return _bytes(text, 1 << 40)
+#: A message's tensor bytes (at most :data:`codec.MAX_CHUNK_BYTES`), and bytes of memory (up to 1 TiB).
+_byte_size = functools.partial(_bytes, high=codec.MAX_CHUNK_BYTES)
+_memory_size = functools.partial(_bytes, high=1 << 40)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -254,26 +251,9 @@ def configure_logging(level: str, fmt: str) -> None:
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The server config the flags (and the cluster file) describe."""
-    overrides: dict[str, Any] = {
-        "partition_dir": args.partition_dir, "listen": args.listen, "device": args.device,
-        "topology": args.topology, "gpu_cache_size": args.gpu_cache_size,
-        "structure": args.structure, "features": args.features, "workers": args.workers,
-        "threads": args.threads,
-        "prefetch": args.prefetch,
-        "chunk_bytes": args.chunk_bytes, "peer_timeout": args.peer_timeout,
-        "max_streams": args.max_streams, "grace": args.grace, "hot_order": args.hot_order,
-        "health_interval": args.health_interval, "verify": args.verify, "mmap": args.mmap,
-        "max_hops": args.max_hops, "max_fanout": args.max_fanout,
-        "max_batch_size": args.max_batch_size, "max_batch_edges": args.max_batch_edges,
-        "max_peer_nodes": args.max_peer_nodes, "stream_idle_timeout": args.stream_idle_timeout,
-        "max_client_streams": args.max_client_streams,
-        "max_client_inflight_bytes": args.max_client_inflight_bytes,
-        "stream_evict_after": args.stream_evict_after, "admit_wait": args.admit_wait,
-        "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_ca": args.tls_ca,
-        "token_file": args.token_file, "metrics_port": args.metrics_port,
-        "insecure": args.insecure, "state_dir": args.state_dir,
-        "node_tensor_memory": args.node_tensor_memory,
-    }
+    # every field but partition and peers has its flag, of the same name
+    overrides: dict[str, Any] = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig)
+                                 if f.name not in ("partition", "peers")}
     if args.cluster is not None:
         return ServerConfig.from_cluster_yaml(args.cluster, args.partition, **overrides)
     if args.partition_dir is None:

@@ -188,13 +188,9 @@ class ServerConfig:
         _check(_is_address(self.listen), "listen", "'host:port'", self.listen)
         for i, peer in enumerate(self.peers):
             _check(_is_address(peer), f"peers[{i}]", "'host:port'", peer)
-        _check(self.device in _DEVICES, "device", f"one of {list(_DEVICES)}", self.device)
-        _check(self.topology in _TOPOLOGIES, "topology", f"one of {list(_TOPOLOGIES)}",
-               self.topology)
-        _check(self.structure in STRUCTURES, "structure", f"one of {list(STRUCTURES)}",
-               self.structure)
-        _check(self.features in FEATURE_HOLDINGS, "features", f"one of {list(FEATURE_HOLDINGS)}",
-               self.features)
+        for name, allowed in (("device", _DEVICES), ("topology", _TOPOLOGIES), ("structure", STRUCTURES),
+                              ("features", FEATURE_HOLDINGS)):
+            _check(getattr(self, name) in allowed, name, f"one of {list(allowed)}", getattr(self, name))
         _check(not (self.features == "full" and self.device == "cuda"
                     and self.structure == "partition"), "features",
                "'auto' or 'partition' with device 'cuda' and structure 'partition' (the CUDA "
@@ -251,11 +247,6 @@ class ServerConfig:
         """The bytes :attr:`node_tensor_memory` allows on a host of ``host_memory`` bytes."""
         size = parse_cache_amount(self.node_tensor_memory, "node_tensor_memory", _MEMORY)
         return int(size.amount if size.kind == "bytes" else size.amount * host_memory)
-
-    @property
-    def listen_port(self) -> int:
-        """The port of :attr:`listen` (0: any free port)."""
-        return int(self.listen.rsplit(":", 1)[1])
 
     def replace(self, **changes: Any) -> ServerConfig:
         """A copy with ``changes`` applied (and validated)."""

@@ -110,10 +110,8 @@ def check_epoch_request(request: pb.EpochRequest) -> None:
     _require(request.world_size > 0, "world_size", "> 0", request.world_size)
     _require(0 <= request.rank < request.world_size, "rank", f"an integer in [0, {request.world_size})",
              request.rank)
-    _require(request.epoch >= 0, "epoch", ">= 0", request.epoch)
-    _require(request.resume_from >= 0, "resume_from", ">= 0", request.resume_from)
-    _require(request.steps_done >= 0, "steps_done", ">= 0", request.steps_done)
-    _require(request.seeds_done >= 0, "seeds_done", ">= 0", request.seeds_done)
+    for name in ("epoch", "resume_from", "steps_done", "seeds_done"):
+        _require(getattr(request, name) >= 0, name, ">= 0", getattr(request, name))
 
 
 def epoch_job(request: pb.EpochRequest, store: PartitionStore) -> EpochJob:
@@ -340,31 +338,24 @@ def _plan_batches(request: pb.EpochRequest, store: PartitionStore, node_type: st
     """The epoch's plan, the seeds it cuts (none for a link epoch: its plan cuts seed
     edges), and this server's batches of the rank."""
     plan: EpochPlan | GlobalPlan
-    if links is not None:
-        if not request.global_batches:
-            raise RequestError(f"{_FIELD}.global_batches: expected true with links (seed edges are "
-                               "batched from one ordering across partitions), got false")
-        seeds = np.empty(0, dtype=np.int64)
-        try:
-            plan = plan_global_epoch(links.num_edges, request.batch_size, request.world_size,
-                                     store.manifest.num_partitions, shuffle=request.shuffle,
-                                     seed=request.seed, epoch=request.epoch, drop_last=request.drop_last,
-                                     steps_done=request.steps_done, seeds_done=request.seeds_done)
-        except ValueError as exc:
-            raise RequestError(f"{_FIELD}.{exc}".replace(" seeds", " seed edges")) from exc
-    elif request.global_batches:
-        if request.WhichOneof("seeds_source") != "seeds":
+    if links is not None and not request.global_batches:
+        raise RequestError(f"{_FIELD}.global_batches: expected true with links (seed edges are "
+                           "batched from one ordering across partitions), got false")
+    if request.global_batches:
+        if links is None and request.WhichOneof("seeds_source") != "seeds":
             raise RequestError(f"{_FIELD}.seeds_source: expected explicit seeds with global_batches (a "
                                "server knows only its own partition's split; LookupNodes lists every "
                                f"partition's), got {request.WhichOneof('seeds_source') or 'neither'}")
-        seeds = explicit_seeds(request, store, node_type)
+        seeds = explicit_seeds(request, store, node_type) if links is None else np.empty(0, dtype=np.int64)
         try:
-            plan = plan_global_epoch(seeds.size, request.batch_size, request.world_size,
+            total = seeds.size if links is None else links.num_edges
+            plan = plan_global_epoch(total, request.batch_size, request.world_size,
                                      store.manifest.num_partitions, shuffle=request.shuffle,
                                      seed=request.seed, epoch=request.epoch, drop_last=request.drop_last,
                                      steps_done=request.steps_done, seeds_done=request.seeds_done)
         except ValueError as exc:
-            raise RequestError(f"{_FIELD}.{exc}") from exc
+            seeds_are = " seeds" if links is None else " seed edges"  # a link epoch's plan cuts seed edges
+            raise RequestError(f"{_FIELD}.{exc}".replace(" seeds", seeds_are)) from exc
     else:
         _require(not (request.steps_done or request.seeds_done), "steps_done, seeds_done",
                  "0 without global_batches (per-partition batches resume whole epochs)",

@@ -399,12 +399,10 @@ class PartitionStore:
             raise RequestError(f"link split: expected one of {sorted(self.manifest.link_splits)}, "
                                f"got {name!r}")
         with self._links_lock:
-            found = self._link_splits.get(name)
-            if found is None:
-                found = load_link_split(self.config.partition_dir, self.manifest, name,
-                                        verify=cast(Verify, self.config.verify))
-                self._link_splits[name] = found
-            return found
+            if name not in self._link_splits:
+                self._link_splits[name] = load_link_split(self.config.partition_dir, self.manifest, name,
+                                                          verify=cast(Verify, self.config.verify))
+            return self._link_splits[name]
 
     def link_split_infos(self) -> list[pb.LinkSplitInfo]:
         """``ClusterInfo.link_splits``: each split's facts (edge type "" on a plain graph)."""
@@ -490,12 +488,10 @@ class PartitionStore:
         """The int64 ``[N_t]`` map from every original ID of ``node_type`` to its global ID
         (the graph's shared node map, memory-mapped on first use)."""
         with self._lock:
-            found = self._node_maps.get(node_type)
-            if found is None:
-                found = load_node_map(self.config.partition_dir, node_type if self.typed else None,
-                                      verify="size")
-                self._node_maps[node_type] = found
-        return found
+            if node_type not in self._node_maps:
+                self._node_maps[node_type] = load_node_map(
+                    self.config.partition_dir, node_type if self.typed else None, verify="size")
+            return self._node_maps[node_type]
 
     def original_ids_of(self, nodes: np.ndarray, node_type: str) -> np.ndarray:
         """Original IDs of owned global IDs of ``node_type``."""

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
+from typing import Self
 
 import grpc
 import numpy as np
@@ -55,7 +56,21 @@ def _parse_servers(servers: Sequence[str] | str) -> list[str]:
     return addresses
 
 
-class Cluster:
+class Closing:
+    """A resource that ``with`` closes (:meth:`close`) when the block ends."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class Cluster(Closing):
     """Channels to every sampling server of a cluster, with their checked ClusterInfo.
 
     ``servers`` may list the servers in any order (their ClusterInfo says which
@@ -247,13 +262,6 @@ class Cluster:
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()
-
-    def __enter__(self) -> Cluster:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
 
 def check_cluster(infos: dict[str, pb.ClusterInfo]) -> list[str]:

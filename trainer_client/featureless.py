@@ -206,11 +206,10 @@ class ServerEmbeddings:
         """Drop the tables from the servers' memory (rank 0, once every rank is done);
         their snapshots stay where a checkpoint may resume from them."""
         _barrier(self.env)
-        for table in self.tables.values():
-            if self.env.rank == 0 and table.table is not None:
-                table.table.drop(forget=self.args.checkpoint_dir is None)
-            if table.table is not None:
-                table.table.close()
+        for table in (t.table for t in self.tables.values() if t.table is not None):
+            if self.env.rank == 0:
+                table.drop(forget=self.args.checkpoint_dir is None)
+            table.close()
 
 
 def server_embeddings(args: argparse.Namespace, env: DistEnv, cluster: Cluster) -> ServerEmbeddings | None:

@@ -27,8 +27,7 @@ import dataclasses
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,7 +52,7 @@ from protos.plan import (
 from trainer_client import inputs
 from trainer_client.batch_checks import LinkSpec, TensorRows, TypedSpec
 from trainer_client.cache import KNOWN_HOT_ORDERS, CacheError, FeatureCache, parse_cache_size, plan_caches
-from trainer_client.cluster import Cluster
+from trainer_client.cluster import Closing, Cluster
 from trainer_client.decode import BatchSpec, DecodedBatch, to_device
 from trainer_client.graph import TypedGraph
 from trainer_client.inputs import InputNodes, NumNeighbors
@@ -64,7 +63,7 @@ from trainer_client.stream import EpochStream, ServerStream, StreamStats, Stream
 log = logging.getLogger(__name__)
 
 
-class RemoteLoader(ABC):
+class RemoteLoader(Closing, ABC):
     """What both loaders share: the cluster, the epoch's plan and stream (resumed after
     failures), the feature caches and node tables, iteration and closing; a loader supplies
     its seeds (:meth:`_open_seeds`, :meth:`_put_seeds`, :attr:`num_seeds`). Tensors that
@@ -425,8 +424,7 @@ class RemoteLoader(ABC):
                     store.x = halfcast.cast(store.x, dtype)
             if not self.return_internal_ids and "internal_n_id" in store:
                 del store.internal_n_id
-        edge_stores = [data[et] for et in data.edge_types] if isinstance(data, HeteroData) else [data]
-        for store in edge_stores:
+        for store in [data[et] for et in data.edge_types] if isinstance(data, HeteroData) else [data]:
             if "edge_attr" in store:
                 attr = store.edge_attr
                 if dtype is not None and attr.is_floating_point() and attr.dtype != dtype:
@@ -462,13 +460,6 @@ class RemoteLoader(ABC):
         """Close the channels (unless the Cluster was passed in)."""
         if self._owns_cluster and hasattr(self, "cluster"):
             self.cluster.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         source = f"split={self.split!r}" if self.split else f"{self.num_seeds} seeds given"

@@ -249,9 +249,7 @@ class TypedSAGE(nn.Module):
         if not parts:
             raise ValueError(f"{seed_type!r}: expected a node type with in-edges (to_hetero computes no "
                              "output for one without), got none")
-        out = parts[0]
-        for part in parts[1:]:
-            out = out + part
+        out = sum(parts[1:], parts[0])
         return F.relu(out) if layer < self.num_layers - 1 else out
 
     def forward(self, x_dict: dict[str, Tensor], edge_index_dict: dict[EdgeType, Tensor],

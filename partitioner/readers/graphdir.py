@@ -19,6 +19,7 @@ See docs/datasets.md.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from partitioner.graph import (
     check_link_split_name,
     edge_type_name,
     parse_edge_type,
+    plain_view,
 )
 from partitioner.npyio import load_npy, save_npy
 
@@ -46,21 +48,17 @@ def save_graph_dir(graph: GraphData | TypedGraphData, out_dir: str | Path) -> Pa
     out.mkdir(parents=True, exist_ok=True)
     meta: dict[str, Any] = {"name": graph.name, "num_nodes": graph.num_nodes,
                             "num_classes": graph.num_classes}
-    if isinstance(graph, TypedGraphData):
-        meta.update(target_type=graph.target_type, edge_types=[edge_type_name(et) for et in graph.edge_types])
-        arrays = {**{f"edge_index/{edge_type_name(et)}": ei for et, ei in graph.edge_index.items()},
-                  **{f"edge_weight/{edge_type_name(et)}": w for et, w in graph.edge_weight.items()},
-                  **{f"edge_attr/{edge_type_name(et)}": a for et, a in graph.edge_attr.items()},
-                  **{f"edge_ids/{edge_type_name(et)}": a for et, a in graph.edge_ids.items()},
-                  **{f"x/{t}": x for t, x in graph.x.items()}}
-    else:
-        arrays = {"edge_index": graph.edge_index, **({"x": graph.x} if graph.x is not None else {}),
-                  **({"edge_weight": graph.edge_weight} if graph.edge_weight is not None else {}),
-                  **({"edge_attr": graph.edge_attr} if graph.edge_attr is not None else {}),
-                  **({"edge_ids": graph.edge_ids} if graph.edge_ids is not None else {})}
+    typed = isinstance(graph, TypedGraphData)
+    g = graph if isinstance(graph, TypedGraphData) else plain_view(graph)
+    if typed:
+        meta.update(target_type=g.target_type, edge_types=[edge_type_name(et) for et in g.edge_types])
+    per_type: dict[str, Mapping[Any, np.ndarray]] = {
+        "edge_index": g.edge_index, "edge_weight": g.edge_weight, "edge_attr": g.edge_attr,
+        "edge_ids": g.edge_ids, "x": g.x}  # a typed graph's files name their type: x/paper.npy
+    arrays = {f"{kind}/{t if isinstance(t, str) else edge_type_name(t)}" if typed else kind: array
+              for kind, by_type in per_type.items() for t, array in by_type.items()}
     arrays.update({"y": graph.y, **{f"{split}_idx": ids for split, ids in graph.splits.items()}})
     if graph.link_splits:
-        typed = isinstance(graph, TypedGraphData)
         meta["link_splits"] = {name: edge_type_name(ls.edge_type) if typed else ""
                                for name, ls in graph.link_splits.items()}
         for name, ls in graph.link_splits.items():

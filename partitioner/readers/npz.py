@@ -45,8 +45,9 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +62,7 @@ from partitioner.graph import (
     edge_type_name,
     labels_to_int64,
     parse_edge_type,
+    plain_view,
 )
 
 log = logging.getLogger(__name__)
@@ -213,37 +215,23 @@ def write_npz(graph: GraphData | TypedGraphData, path: str | Path, *, compress: 
     back (a typed graph with its types in the keys). Splits are written as
     ``<split>_idx``; the graph's name is not stored."""
     graph.validate()
-    arrays: dict[str, np.ndarray] = {}
-    if isinstance(graph, TypedGraphData):
-        for t, n in graph.num_nodes.items():
-            arrays[f"num_nodes__{t}"] = np.asarray(n, dtype=np.int64)
-        for et, ei in graph.edge_index.items():
-            arrays[f"edge_index__{edge_type_name(et)}"] = np.asarray(ei)
-        for et, w in graph.edge_weight.items():
-            arrays[f"edge_weight__{edge_type_name(et)}"] = np.asarray(w)
-        for et, a in graph.edge_attr.items():
-            arrays[f"edge_attr__{edge_type_name(et)}"] = np.asarray(a)
-        for et, ids in graph.edge_ids.items():
-            arrays[f"edge_ids__{edge_type_name(et)}"] = np.asarray(ids)
-        for t, feats in graph.x.items():
-            arrays[f"x__{t}"] = np.asarray(feats)
-        arrays[f"y__{graph.target_type}"] = np.asarray(graph.y)
-    else:
-        arrays.update(edge_index=np.asarray(graph.edge_index), y=np.asarray(graph.y),
-                      num_nodes=np.asarray(graph.num_nodes, dtype=np.int64))
-        if graph.x is not None:
-            arrays["x"] = np.asarray(graph.x)
-        if graph.edge_weight is not None:
-            arrays["edge_weight"] = np.asarray(graph.edge_weight)
-        if graph.edge_attr is not None:
-            arrays["edge_attr"] = np.asarray(graph.edge_attr)
-        if graph.edge_ids is not None:
-            arrays["edge_ids"] = np.asarray(graph.edge_ids)
+    typed = isinstance(graph, TypedGraphData)
+    g = graph if isinstance(graph, TypedGraphData) else plain_view(graph)
+
+    def key(kind: str, t: str | EdgeType) -> str:  # a typed graph's keys end in their type
+        return f"{kind}__{t if isinstance(t, str) else edge_type_name(t)}" if typed else kind
+
+    arrays = {key("num_nodes", t): np.asarray(n, dtype=np.int64) for t, n in g.num_nodes.items()}
+    per_type: tuple[tuple[str, Mapping[Any, np.ndarray]], ...] = (
+        ("edge_index", g.edge_index), ("edge_weight", g.edge_weight), ("edge_attr", g.edge_attr),
+        ("edge_ids", g.edge_ids), ("x", g.x), ("y", {g.target_type: g.y}))
+    for kind, by_type in per_type:
+        arrays.update({key(kind, t): np.asarray(a) for t, a in by_type.items()})
     arrays["num_classes"] = np.asarray(graph.num_classes, dtype=np.int64)
     for split, ids in graph.splits.items():
         arrays[f"{split}_idx"] = np.asarray(ids)
     for split, link in graph.link_splits.items():
-        suffix = f"__{edge_type_name(link.edge_type)}" if isinstance(graph, TypedGraphData) else ""
+        suffix = f"__{edge_type_name(link.edge_type)}" if typed else ""
         arrays[f"{split}_pos{suffix}"] = np.stack([np.asarray(link.src), np.asarray(link.dst)])
         if link.neg_dst is not None:
             arrays[f"{split}_neg_dst{suffix}"] = np.asarray(link.neg_dst)

@@ -23,6 +23,7 @@ from partitioner.graph import (
     LinkSplit,
     TypedGraphData,
     labels_to_int64,
+    plain_view,
 )
 
 log = logging.getLogger(__name__)
@@ -143,29 +144,22 @@ def to_pyg(graph: GraphData | TypedGraphData) -> Data | HeteroData:
     graph attribute so that :func:`from_pyg` finds it again.
     """
     graph.validate(check_values=False)
-    data: Data | HeteroData
-    if isinstance(graph, TypedGraphData):
-        data = HeteroData()
-        for t, n in graph.num_nodes.items():
-            data[t].num_nodes = n
-            if t in graph.x:
-                data[t].x = _to_tensor(graph.x[t])
-        for et, ei in graph.edge_index.items():
-            data[et].edge_index = _to_tensor(ei)
-            if et in graph.edge_weight:
-                data[et].edge_weight = _to_tensor(graph.edge_weight[et])
-            if et in graph.edge_attr:
-                data[et].edge_attr = _to_tensor(graph.edge_attr[et])
-        target, n_target = data[graph.target_type], graph.num_nodes[graph.target_type]
-    else:
-        data = Data(edge_index=_to_tensor(graph.edge_index), num_nodes=graph.num_nodes)
-        if graph.x is not None:
-            data.x = _to_tensor(graph.x)
-        if graph.edge_weight is not None:
-            data.edge_weight = _to_tensor(graph.edge_weight)
-        if graph.edge_attr is not None:
-            data.edge_attr = _to_tensor(graph.edge_attr)
-        target, n_target = data, graph.num_nodes
+    g = graph if isinstance(graph, TypedGraphData) else plain_view(graph)
+    data = HeteroData() if isinstance(graph, TypedGraphData) else Data()
+
+    def store(key: str | EdgeType) -> Any:  # a Data is its one node and edge type's store
+        return data[key] if isinstance(data, HeteroData) else data
+
+    for et, ei in g.edge_index.items():
+        store(et).edge_index = _to_tensor(ei)
+    for t, n in g.num_nodes.items():
+        store(t).num_nodes = n
+        if t in g.x:
+            store(t).x = _to_tensor(g.x[t])
+    for key, arrays in (("edge_weight", g.edge_weight), ("edge_attr", g.edge_attr)):
+        for et, array in arrays.items():
+            store(et)[key] = _to_tensor(array)
+    target, n_target = store(g.target_type), g.num_nodes[g.target_type]
     target.y = _to_tensor(graph.y)
     for split, ids in graph.splits.items():
         mask = torch.zeros(n_target, dtype=torch.bool)
