@@ -405,6 +405,8 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=Path("data/bench"))
     parser.add_argument("--plain", default="products-like", help="plain preset (GraphSAGE)")
+    parser.add_argument("--fraction", type=float, default=1.0,
+                        help="the plain preset at this share of its nodes, edges and splits")
     parser.add_argument("--typed", default="mag-like", help="typed preset (R-GCN; '': none)")
     parser.add_argument("--layers", type=lambda s: [int(v) for v in s.split(",")], default=[2, 3])
     parser.add_argument("--hidden", type=int, default=128)
@@ -450,11 +452,11 @@ def main() -> None:
             payload["runs"][args.link] = link_evaluation(args, args.link)
         log.info("written %s", write_json(args.results_name, payload))
         return
-    graphs = [(args.plain, 1.0, list(MODES))]
+    graphs = [(args.plain, args.fraction, list(MODES), args.eval_splits)]
     if args.typed:
-        graphs.append((args.typed, 1.0, ["servers", "sampled"]))
+        graphs.append((args.typed, 1.0, ["servers", "sampled"], args.eval_splits))
     if not args.quick:
-        graphs.insert(1, (args.plain, 0.25, ["servers", "replicated"]))
+        graphs.insert(1, (args.plain, args.fraction / 4, ["servers", "replicated"], False))
     if args.keep and (RESULTS / f"{args.results_name}.json").is_file():
         payload["runs"] = read_results(RESULTS / f"{args.results_name}.json")["runs"]
 
@@ -462,11 +464,10 @@ def main() -> None:
         payload["rows"] = [{"graph": g, **row} for g, rows in payload["runs"].items() for row in rows]
         write_json(args.results_name, payload)  # what is measured so far
 
-    for preset, fraction, modes in graphs:
+    for preset, fraction, modes, evaluation in graphs:
         name = preset if fraction == 1.0 else f"{preset}-{fraction:g}"
         parts = ensure_graph(args.data, preset, fraction)
-        measure(args, parts, modes, args.eval_splits and fraction == 1.0,
-                payload["runs"].setdefault(name, []), save)
+        measure(args, parts, modes, evaluation, payload["runs"].setdefault(name, []), save)
     if args.eval_splits and not payload["runs"].get(args.link):
         payload["runs"][args.link] = link_evaluation(args, args.link)
         save()
