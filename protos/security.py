@@ -223,7 +223,7 @@ class _ClientCallDetails(grpc.ClientCallDetails):
 
 
 class TokenClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-                             grpc.StreamStreamClientInterceptor):
+                             grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
     """Adds ``authorization: Bearer <token>`` to every call."""
 
     def __init__(self, token: str) -> None:
@@ -238,6 +238,7 @@ class TokenClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamC
 
     # the same for every kind of call: grpc passes the request (or iterator) positionally
     intercept_unary_stream = intercept_unary_unary
+    intercept_stream_unary = intercept_unary_unary
     intercept_stream_stream = intercept_unary_unary
 
 

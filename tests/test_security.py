@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+import torch
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -35,6 +36,8 @@ from protos.security import Security, is_loopback
 from sampling_server import cli
 from sampling_server.config import ConfigError, ServerConfig
 from sampling_server.server import SamplingServer, create_server
+from trainer_client import Cluster
+from trainer_client.node_tensors import RemoteNodeTensor
 
 TOKEN = "s3cret-token-for-tests"
 REPO = Path(__file__).resolve().parents[1]
@@ -224,6 +227,23 @@ def test_a_token_alone_guards_a_plaintext_server(parts2: Path, tmp_path: Path,
         page = generate_latest(servers[0].metrics.registry).decode()
         assert 'method="StreamMinibatches",partition="0"} 1.0' in page
         assert 'code="UNAUTHENTICATED"' in page
+    finally:
+        for s in servers:
+            s.stop(None).wait(10)
+
+
+def test_the_token_goes_with_every_kind_of_call(parts2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Client-streaming calls (a node tensor's WriteRows) carry the token as the others do."""
+    monkeypatch.setenv("GRAPHFEED_TOKEN", TOKEN)  # the servers' and the trainer's
+    servers, addresses = _servers(parts2)
+    try:
+        assert all(s.wait_until_serving(30) for s in servers)
+        with Cluster(addresses) as cluster:
+            table = RemoteNodeTensor(cluster, "with-token", 3)
+            nodes, rows = torch.tensor([0, 1, 5]), torch.arange(9, dtype=torch.float32).reshape(3, 3)
+            table.write(nodes, rows)
+            assert torch.equal(table.read(nodes), rows)
+            table.drop()
     finally:
         for s in servers:
             s.stop(None).wait(10)
