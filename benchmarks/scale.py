@@ -266,6 +266,9 @@ def measure(scale: float, parts: int, args: argparse.Namespace, graph_dir: Path,
         row["load_average_before"] = load_average()
         evict(part_dir)
         servers.start()
+        if args.startup_only:
+            row["servers"] = servers.rows
+            return row
         run_trainers(servers, 1, args, logs, batches=2)  # the servers' one-time set-up: hot orders, plans
         row["runs"] = [run_trainers(servers, n, args, logs) for n in args.trainers]
         if args.train_batches and train:
@@ -301,6 +304,28 @@ def run_scale(scale: float, args: argparse.Namespace, extra_parts: list[int]) ->
         shutil.rmtree(graph_dir, ignore_errors=True)
 
 
+def startup_only(args: argparse.Namespace) -> int:
+    """``--startup-only``: each server's start-up measured again at every scale and
+    partition count the results hold, replacing theirs; the model fitted again."""
+    path = RESULTS / f"{args.results_name}.json"
+    payload = read_results(path)
+    measured = sorted({(r["scale"], r["partitions"]) for r in payload["rows"]})
+    for scale in sorted({s for s, _ in measured}):
+        parts = [p for s, p in measured if s == scale]
+        args.parts, extra = parts[0], parts[1:]
+        for new in run_scale(scale, args, extra):
+            key = (scale, new["partitions"])
+            row = next(r for r in payload["rows"] if (r["scale"], r["partitions"]) == key)
+            for server, again in zip(row["servers"], new["servers"], strict=True):
+                server.update({k: again[k] for k in ("loaded_seconds", "serving_seconds")})
+            row["startup"] = {"measured": new["measured"], "load_average_before": new["load_average_before"]}
+    payload["model"] = fit(payload["rows"])
+    write_json(args.results_name, payload)
+    plot(payload, path.with_suffix(".png"))
+    print_table(payload)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -323,6 +348,10 @@ def main() -> int:
     parser.add_argument("--append", action="store_true",
                         help="keep the rows of the other scales in the results already written")
     parser.add_argument("--results-name", default="scale")
+    parser.add_argument("--startup-only", action="store_true",
+                        help="measure the servers' start-up again (nothing else) and put it into the "
+                        "results already written, then fit the model again: start-up is the figure a "
+                        "busy machine disturbs most")
     parser.add_argument("--refit", type=Path, metavar="JSON",
                         help="fit the model on these results' rows again (no measuring), write it "
                         "into them and redraw their plot")
@@ -346,6 +375,8 @@ def main() -> int:
         kept = read_results(RESULTS / f"{args.results_name}.json")
         payload["rows"] = [r for r in kept["rows"] if r["scale"] not in args.scales]
         payload["skipped"] = [r for r in kept.get("skipped", []) if r["scale"] not in args.scales]
+    if args.startup_only:
+        return startup_only(args)
     for i, scale in enumerate(sorted(args.scales)):
         need = args.memory_gib * scale / 0.1 + 2.0
         free = wait_for_memory(need, args.wait_memory)

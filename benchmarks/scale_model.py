@@ -20,7 +20,7 @@ partition's pages the runs touched (a long job touches them all: ``rho`` = 1). S
 ``c = n * (u + v * P)`` for ``n`` nodes a batch (a peer call per peer, hop and batch); a
 server with 2 cores of its own then delivers ``2 / c`` batches/s. ``m0``, ``rho0``,
 ``a1``, ``beta``, ``f1``, ``rho``, ``t0``, ``kappa``, ``u``, ``v``: non-negative least
-squares on relative errors, over every server (every run for the CPU) measured.
+squares on relative errors, over every run measured (each the mean of its servers).
 """
 
 from __future__ import annotations
@@ -55,24 +55,37 @@ def read_bytes(nodes: float, edges: float, parts: int) -> float:
 
 
 def _points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One point per server measured: its partition's sizes (as those of a graph of P
-    partitions like it) and what it measured, in bytes and seconds."""
+    """One point per run (scale and partitions): the mean over its servers of each one's
+    partition sizes (as those of a graph of P partitions like it) and what it measured, in
+    bytes and seconds. The servers of one run are replicates: their memory after the runs
+    differs by up to a quarter (batches in flight, allocator arenas) and their start-up
+    by the machine's other work."""
     out = []
     for row in rows:
-        n, f, parts = row["nodes"], row["feature_bytes"], row["partitions"]
-        runs = row.get("runs", [])
-        batch_bytes = max((r["bytes_per_batch"] for r in runs), default=0)
-        for server in row.get("servers", []):
-            p = server["partition"]
-            nodes, edges = row["part_nodes"][p] * parts, row["part_edges"][p] * parts
-            out.append({
-                "scale": row["scale"], "partitions": parts, "nodes": n,
-                "workers": row.get("sampling_workers") or 2,
-                "held": held_bytes(nodes, edges, f * nodes / n, parts),
-                "read": read_bytes(nodes, edges, parts),
-                "batch_bytes": batch_bytes, "loaded_seconds": server["loaded_seconds"],
-                **{f"{when}_{kind}": server[when][f"{kind}_gib"] * GIB
-                   for when in ("after_start", "after_runs") for kind in ("rss", "anon", "file")}})
+        servers = _server_points(row)
+        if servers:
+            fixed = ("scale", "partitions", "nodes")
+            out.append({k: servers[0][k] if k in fixed else float(np.mean([p[k] for p in servers]))
+                        for k in servers[0]})
+    return out
+
+
+def _server_points(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """One point per server of ``row``."""
+    out = []
+    n, f, parts = row["nodes"], row["feature_bytes"], row["partitions"]
+    batch_bytes = max((r["bytes_per_batch"] for r in row.get("runs", [])), default=0)
+    for server in row.get("servers", []):
+        p = server["partition"]
+        nodes, edges = row["part_nodes"][p] * parts, row["part_edges"][p] * parts
+        out.append({
+            "scale": row["scale"], "partitions": parts, "nodes": n,
+            "workers": row.get("sampling_workers") or 2,
+            "held": held_bytes(nodes, edges, f * nodes / n, parts),
+            "read": read_bytes(nodes, edges, parts),
+            "batch_bytes": batch_bytes, "loaded_seconds": server["loaded_seconds"],
+            **{f"{when}_{kind}": server[when][f"{kind}_gib"] * GIB
+               for when in ("after_start", "after_runs") for kind in ("rss", "anon", "file")}})
     return out
 
 
