@@ -266,15 +266,13 @@ def measure(scale: float, parts: int, args: argparse.Namespace, graph_dir: Path,
         row["load_average_before"] = load_average()
         evict(part_dir)
         servers.start()
-        if args.startup_only:
-            row["servers"] = servers.rows
-            return row
-        run_trainers(servers, 1, args, logs, batches=2)  # the servers' one-time set-up: hot orders, plans
-        row["runs"] = [run_trainers(servers, n, args, logs) for n in args.trainers]
-        if args.train_batches and train:
-            row["training"] = run_trainers(servers, 1, args, logs, train=True)
-        for p, server in enumerate(servers.rows):
-            server["after_runs"] = proc_memory(servers.procs[p].pid)
+        if not args.startup_only:
+            run_trainers(servers, 1, args, logs, batches=2)  # the servers' one-time set-up: hot orders, plans
+            row["runs"] = [run_trainers(servers, n, args, logs) for n in args.trainers]
+            if args.train_batches and train:
+                row["training"] = run_trainers(servers, 1, args, logs, train=True)
+            for p, server in enumerate(servers.rows):
+                server["after_runs"] = proc_memory(servers.procs[p].pid)
         row["servers"], row["sampling_workers"] = servers.rows, servers.workers
     finally:
         row["server_exit_codes"] = servers.stop()
