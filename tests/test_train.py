@@ -541,6 +541,34 @@ def test_ctrl_c_ends_a_run_in_one_line_whose_command_resumes_it(request: pytest.
     assert _metrics(tmp_path)["start_epoch"] == epoch + 1
 
 
+@pytest.mark.parametrize("raised", ["interrupt", "interrupt in a kernel", "other system error"])
+def test_an_interrupt_inside_a_compiled_kernel_is_an_interrupt(
+        raised: str, parts2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Ctrl-C that lands inside a Numba kernel reaches Python as a SystemError caused by
+    the KeyboardInterrupt: it ends the run as Ctrl-C does (130, one line); any other
+    SystemError is not taken for one."""
+    def run(*_: object) -> None:
+        if raised == "interrupt":
+            raise KeyboardInterrupt
+        try:
+            raise KeyboardInterrupt if raised == "interrupt in a kernel" else ValueError("bug")
+        except (KeyboardInterrupt, ValueError) as cause:
+            raise SystemError("CPUDispatcher returned a result with an exception set") from cause
+
+    monkeypatch.setattr(train, "run", run)
+    argv = ["--partition-dir", str(parts2), "--device", "cpu", "--checkpoint-dir", str(tmp_path)]
+    if raised == "other system error":
+        with pytest.raises(SystemError):
+            train.main(argv)
+        return
+    with caplog.at_level(logging.WARNING, logger="trainer_client.train"):
+        assert train.main(argv) == 130
+    assert [r.getMessage() for r in caplog.records if "interrupted" in r.getMessage()] == [
+        f"interrupted: nothing saved yet in {tmp_path}; continue with: graphfeed-train "
+        f"{shlex.join([*argv, '--resume'])}"]
+
+
 @dataclass(kw_only=True)
 class _TaskWithState(NodeTask):
     """A task with state beyond its model's weights (as server-held embeddings have)."""

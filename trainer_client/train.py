@@ -131,10 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval", choices=EVAL_MODES, default=None,
                    help="how validation and test are evaluated: layerwise (exact: each layer once over every "
                         "node, the layer tables on the servers, docs/training.md 'Layer-wise inference') or "
-                        "sampled (on sampled neighborhoods, --eval-fanouts; faster, inexact). Default: "
-                        "layerwise from --servers for --task node and --task link, plain and typed "
-                        "(measured: sampling every neighbor, as exact, exceeds --max-batch-edges on large "
-                        "graphs); sampled with --partition-dir")
+                        "sampled (on sampled neighborhoods, --eval-fanouts; faster, inexact). Default, "
+                        "measured (sampling every neighbor, as exact, exceeds --max-batch-edges on large "
+                        "graphs): layerwise from --servers for --task node and --task link, plain and "
+                        "typed; sampled with --partition-dir")
     p.add_argument("--eval-fanouts", type=_eval_fanouts, default=argparse.SUPPRESS,
                    help="sampled evaluation's neighbors per hop, or 'full' (every neighbor); default "
                         "--fanouts. Given without --eval it means --eval sampled, except 'full' for --task "
@@ -319,7 +319,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rank = env.rank if env is not None else env_int("RANK", 0)
         log.error("rank %d: %s", rank, exc, exc_info=log.isEnabledFor(logging.DEBUG))
         return 1
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemError) as exc:
+        # Ctrl-C inside a compiled kernel surfaces as a SystemError caused by the interrupt
+        if isinstance(exc, SystemError) and not isinstance(exc.__cause__, KeyboardInterrupt):
+            raise
         if (env.rank if env is not None else env_int("RANK", 0)) == 0:
             log.warning("%s", interrupted(args, argv))
         return 130
