@@ -9,10 +9,11 @@ Per scale, each step its own process:
    and peak RSS (``wait4``);
 2. P servers (``--structure partition --features partition``: each holds its partition
    only; ``--device cpu``, memory-mapped, ``--verify size``), started one after the other
-   as on machines of their own, the partition's files dropped from the page cache first:
-   each one's time from its start to its partition loaded (its ``PeerService`` SERVING),
-   and to ``SERVING`` once its peers are; its resident memory (anonymous and file-backed)
-   after start-up and after the trainers' runs;
+   as on machines of their own, the partition's files dropped from the page cache first,
+   ``--startup-repeats`` times (3): each one's median time from its start to its
+   partition loaded (its ``PeerService`` SERVING), and to ``SERVING`` once its peers are;
+   its resident memory (anonymous and file-backed) after start-up and after the
+   trainers' runs, and its peak;
 3. 1, then 2 trainer processes (``benchmarks/scale_trainer.py``: ``RemoteNeighborLoader``,
    fanouts [15, 10, 5], batch 1024, bfloat16 on the wire, a feature cache of 10 % of the
    nodes) reading ``--batches`` batches each: batches/s, bytes per batch, the servers' CPU
@@ -46,6 +47,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -261,27 +263,68 @@ def measure(scale: float, parts: int, args: argparse.Namespace, graph_dir: Path,
                            **partition_facts(part_dir),
                            "partition": {"seconds": step.wall_seconds, "peak_rss_gib": step.peak_rss_gib}}
     logs = Path(tempfile.mkdtemp(prefix=f"scale-{parts}-", dir=args.data))
-    servers = Servers(part_dir, parts, logs)
-    try:
-        row["load_average_before"] = load_average()
-        evict(part_dir)
-        servers.start()
-        if not args.startup_only:
-            run_trainers(servers, 1, args, logs, batches=2)  # the servers' one-time set-up: hot orders, plans
-            row["runs"] = [run_trainers(servers, n, args, logs) for n in args.trainers]
-            if args.train_batches and train:
-                row["training"] = run_trainers(servers, 1, args, logs, train=True)
-            for p, server in enumerate(servers.rows):
-                server["after_runs"] = proc_memory(servers.procs[p].pid)
-        row["servers"], row["sampling_workers"] = servers.rows, servers.workers
-    finally:
-        row["server_exit_codes"] = servers.stop()
+    row["load_average_before"] = load_average()
+    starts, workers = start_repeatedly(part_dir, parts, logs, args.startup_repeats - (not args.startup_only))
+    if args.startup_only:
+        row["servers"], row["sampling_workers"] = [{"partition": p} for p in range(parts)], workers
+    else:
+        serve_and_read(row, part_dir, parts, logs, args, train)
+    keep_medians(row["servers"], starts)
     log.info("scale %g, %d parts: %s", scale, parts,
              json.dumps({k: v for k, v in row.items() if k not in ("runs", "training")}))
     if not args.keep:
         shutil.rmtree(part_dir, ignore_errors=True)
         shutil.rmtree(logs, ignore_errors=True)
     return row
+
+
+def serve_and_read(row: dict[str, Any], part_dir: Path, parts: int, logs: Path, args: argparse.Namespace,
+                   train: bool) -> None:
+    """Start the servers, run the trainers, record what both measured into ``row``."""
+    servers = Servers(part_dir, parts, logs)
+    try:
+        evict(part_dir)
+        servers.start()
+        run_trainers(servers, 1, args, logs, batches=2)  # the servers' one-time set-up: hot orders, plans
+        row["runs"] = [run_trainers(servers, n, args, logs) for n in args.trainers]
+        if args.train_batches and train:
+            row["training"] = run_trainers(servers, 1, args, logs, train=True)
+        for p, server in enumerate(servers.rows):
+            server["after_runs"] = proc_memory(servers.procs[p].pid)
+        row["servers"], row["sampling_workers"] = servers.rows, servers.workers
+    finally:
+        row["server_exit_codes"] = servers.stop()
+
+
+def start_repeatedly(part_dir: Path, parts: int, logs: Path, repeats: int
+                     ) -> tuple[list[list[dict[str, Any]]], int | None]:
+    """The servers started ``repeats`` times, each time with the page cache emptied of
+    their files and stopped once all are serving: each start's rows of :class:`Servers`,
+    and the servers' sampling workers."""
+    starts: list[list[dict[str, Any]]] = []
+    workers = None
+    for _ in range(repeats):
+        servers = Servers(part_dir, parts, logs)
+        try:
+            evict(part_dir)
+            servers.start()
+            starts.append(servers.rows)
+            workers = servers.workers
+        finally:
+            codes = servers.stop()
+        if any(code != 0 for code in codes):
+            raise RuntimeError(f"a server did not stop cleanly: exit codes {codes}")
+    return starts, workers
+
+
+def keep_medians(rows: list[dict[str, Any]], starts: list[list[dict[str, Any]]]) -> None:
+    """Each server's start-up times: the median of ``starts`` and its own in ``rows``
+    (where it has one): start-up is what the machine's other work disturbs most."""
+    for p, row in enumerate(rows):
+        mine = [start[p] for start in starts] + ([dict(row)] if "loaded_seconds" in row else [])
+        row["loaded_seconds_each"] = [r["loaded_seconds"] for r in mine]
+        for key in ("loaded_seconds", "serving_seconds"):
+            row[key] = round(statistics.median(r[key] for r in mine), 2)
 
 
 def run_scale(scale: float, args: argparse.Namespace, extra_parts: list[int]) -> list[dict[str, Any]]:
@@ -315,7 +358,8 @@ def startup_only(args: argparse.Namespace) -> int:
             key = (scale, new["partitions"])
             row = next(r for r in payload["rows"] if (r["scale"], r["partitions"]) == key)
             for server, again in zip(row["servers"], new["servers"], strict=True):
-                server.update({k: again[k] for k in ("loaded_seconds", "serving_seconds")})
+                server.update({k: again[k] for k in ("loaded_seconds", "serving_seconds",
+                                                     "loaded_seconds_each")})
             row["startup"] = {"measured": new["measured"], "load_average_before": new["load_average_before"]}
     payload["model"] = fit(payload["rows"])
     write_json(args.results_name, payload)
@@ -350,6 +394,9 @@ def main() -> int:
                         help="measure the servers' start-up again (nothing else) and put it into the "
                         "results already written, then fit the model again: start-up is the figure a "
                         "busy machine disturbs most")
+    parser.add_argument("--startup-repeats", type=int, default=3, metavar="N",
+                        help="each partition count's servers started N times (the page cache "
+                        "emptied each time), each server's median start-up kept (3)")
     parser.add_argument("--refit", type=Path, metavar="JSON",
                         help="fit the model on these results' rows again (no measuring), write it "
                         "into them and redraw their plot")

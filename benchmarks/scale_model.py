@@ -11,15 +11,17 @@ it has touched (file-backed):
 
     after start-up:  memory = m0 + rho0 * S
     after the runs:  anonymous = a1 + beta * W + 4 * w * N,   file-backed = f1 + rho * B
+    peak (while the runs stream):  anonymous = q0 + gamma * W + 4 * w * N,  file-backed as above
 
 ``W`` is the bytes of a batch on the wire (what each stream keeps ``prefetch`` of in
-flight, with the arrays that make it), ``w`` the sampling workers (each samples a batch
+flight, with the arrays that make it; once the streams have ended a server gives that
+memory back, :mod:`sampling_server.heap`), ``w`` the sampling workers (each samples a batch
 through a relabel map of 4 bytes a node of the graph), ``rho`` the share of the
 partition's pages the runs touched (a long job touches them all: ``rho`` = 1). Start-up:
 ``t = t0 + kappa * S`` (page cache cold). CPU: the servers' CPU seconds per batch
 ``c = n * (u + v * P)`` for ``n`` nodes a batch (a peer call per peer, hop and batch); a
 server with 2 cores of its own then delivers ``2 / c`` batches/s. ``m0``, ``rho0``,
-``a1``, ``beta``, ``f1``, ``rho``, ``t0``, ``kappa``, ``u``, ``v``: non-negative least
+``a1``, ``beta``, ``f1``, ``rho``, ``q0``, ``gamma``, ``t0``, ``kappa``, ``u``, ``v``: non-negative least
 squares on relative errors, over every run measured (each the mean of its servers).
 """
 
@@ -85,7 +87,7 @@ def _server_points(row: dict[str, Any]) -> list[dict[str, Any]]:
             "read": read_bytes(nodes, edges, parts),
             "batch_bytes": batch_bytes, "loaded_seconds": server["loaded_seconds"],
             **{f"{when}_{kind}": server[when][f"{kind}_gib"] * GIB
-               for when in ("after_start", "after_runs") for kind in ("rss", "anon", "file")}})
+               for when in ("after_start", "after_runs") for kind in ("rss", "anon", "file", "peak")}})
     return out
 
 
@@ -123,17 +125,21 @@ def fit(rows: list[dict[str, Any]]) -> dict[str, Any]:
     coef, file = _nnls([one, col("held")], col("after_runs_file"))
     runs.update(f1_gib=round(coef[0] / GIB, 3), rho=round(coef[1], 4))
     model["runs_memory"] = {**runs, **_errors(anon + maps + file, col("after_runs_rss"))}
+    # the peak's file-backed part is taken as the runs' (pages once touched stay): its own part
+    coef, peak = _nnls([one, col("batch_bytes")], col("after_runs_peak") - col("after_runs_file") - maps)
+    model["peak_memory"] = {"q0_gib": round(coef[0] / GIB, 3), "gamma": round(coef[1], 3),
+                            **_errors(peak + maps + file, col("after_runs_peak"))}
     coef, seconds = _nnls([one, col("read")], col("loaded_seconds"))
     model["startup"] = {"t0_seconds": round(coef[0], 2), "kappa_seconds_per_gib": round(coef[1] * GIB, 3),
                         **_errors(seconds, col("loaded_seconds"))}
     model["cpu_per_batch"] = _fit_cpu(rows)
     model["batch"] = _batch_bytes(rows)
     in_gib = {"held", "read", *(f"{when}_{kind}" for when in ("after_start", "after_runs")
-                                for kind in ("rss", "anon", "file"))}
+                                for kind in ("rss", "anon", "file", "peak"))}
     model["points"] = [{k: round(v / GIB, 4) if k in in_gib else v for k, v in p.items()} for p in pts]
     model["papers100m"] = [predict(model, **PAPERS100M, parts=parts) for parts in (8, 16)]
     model["within_tolerance"] = all(model[k]["max_error"] <= TOLERANCE
-                                    for k in ("start_memory", "runs_memory", "startup"))
+                                    for k in ("start_memory", "runs_memory", "peak_memory", "startup"))
     return model
 
 
@@ -165,13 +171,17 @@ def predict(model: dict[str, Any], nodes: float, edges: float, feature_bytes: fl
     are upper bounds) and ``workers`` sampling workers a server."""
     held, read = held_bytes(nodes, edges, feature_bytes, parts), read_bytes(nodes, edges, parts)
     s, r, t, c = model["start_memory"], model["runs_memory"], model["startup"], model["cpu_per_batch"]
-    in_flight = r["beta"] * batch_nodes * model["batch"]["bytes_per_node"]
-    anon = r["a1_gib"] * GIB + in_flight + 4 * workers * nodes
+    batch_bytes = batch_nodes * model["batch"]["bytes_per_node"]
+    anon = r["a1_gib"] * GIB + r["beta"] * batch_bytes + 4 * workers * nodes
+    q = model["peak_memory"]
+    peak = q["q0_gib"] * GIB + q["gamma"] * batch_bytes + 4 * workers * nodes + r["f1_gib"] * GIB
     cpu = batch_nodes * (c["u_us_per_node"] + c["v_us_per_node"] * parts) / 1e6
     return {"partitions": parts, "held_gib": round(held / GIB, 2),
             "start_memory_gib": round(s["m0_gib"] + s["rho0"] * read / GIB, 2),
             "runs_memory_gib": round((anon + r["f1_gib"] * GIB + r["rho"] * held) / GIB, 2),
             "long_run_memory_gib": round((anon + r["f1_gib"] * GIB + held) / GIB, 2),
+            "peak_memory_gib": round((peak + r["rho"] * held) / GIB, 2),
+            "long_run_peak_gib": round((peak + held) / GIB, 2),
             "startup_seconds": round(t["t0_seconds"] + t["kappa_seconds_per_gib"] * read / GIB, 1),
             "cpu_seconds_per_batch": round(cpu, 3), "batches_per_s_per_server_2_cores": round(2 / cpu, 2)}
 
@@ -189,6 +199,8 @@ def plot(payload: dict[str, Any], path: Path) -> None:
         mine = [p for p in pts if p["partitions"] == parts]
         x = [p["nodes"] / 1e6 for p in mine]
         marker = "os^v"[k % 4]
+        mem.scatter(x, [p["after_runs_peak"] for p in mine], marker=marker, color="C3",
+                    label=f"peak while streaming, {parts} partitions")
         mem.scatter(x, [p["after_runs_rss"] for p in mine], marker=marker, color="C1",
                     label=f"after the runs, {parts} partitions")
         mem.scatter(x, [p["after_start_rss"] for p in mine], marker=marker, color="C0",
@@ -206,6 +218,7 @@ def plot(payload: dict[str, Any], path: Path) -> None:
         mem.plot(grid / 1e6, [c["runs_memory_gib"] for c in curves], color="C1", lw=1,
                  label="model, 4 partitions")
         mem.plot(grid / 1e6, [c["start_memory_gib"] for c in curves], color="C0", lw=1)
+        mem.plot(grid / 1e6, [c["peak_memory_gib"] for c in curves], color="C3", lw=1)
         start.plot(grid / 1e6, [c["startup_seconds"] for c in curves], color="C2", lw=1,
                    label="model, 4 partitions")
     mem.set_xlabel("papers-like nodes (M; 29 edges a node)")
@@ -240,7 +253,7 @@ def print_table(payload: dict[str, Any]) -> None:
     for skipped in payload.get("skipped", []):
         print(f"scale {skipped['scale']:g} skipped: {skipped['reason']}")
     model = payload.get("model") or {}
-    for key in ("start_memory", "runs_memory", "startup", "cpu_per_batch", "batch"):
+    for key in ("start_memory", "runs_memory", "peak_memory", "startup", "cpu_per_batch", "batch"):
         if key in model:
             print(f"{key}: " + ", ".join(f"{k} {v}" for k, v in model[key].items() if k != "errors"))
     for figures in model.get("papers100m", []):

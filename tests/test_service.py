@@ -207,6 +207,25 @@ def test_servers_holding_the_whole_graph_send_the_same_batches(
             assert held == [load_structure(two).nbytes, load_node_data(two).nbytes]
 
 
+def test_a_server_gives_freed_memory_back_once_its_last_stream_ends(
+        cluster: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that streamed trims its allocator once its streams have all ended
+    (sampling_server/heap.py)."""
+    import threading
+
+    from sampling_server import servicer
+
+    trimmed = threading.Event()
+
+    def record() -> bool:
+        trimmed.set()
+        return True
+
+    monkeypatch.setattr(servicer, "release_free_memory", record)
+    assert epoch(cluster)
+    assert trimmed.wait(30), "no server gave its memory back after the epoch's streams ended"
+
+
 def test_a_server_counts_the_bytes_of_its_partition_in_its_metrics(two: Path) -> None:
     """Every relation's in-edges and every type's original IDs; its features and labels."""
     with served(two, 2) as (_, servers):

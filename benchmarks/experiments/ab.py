@@ -13,9 +13,9 @@ median per checkout and B's median over A's. Writes
     git worktree add /tmp/before <commit>
     python benchmarks/experiments/ab.py --a /tmp/before --b . --data data/bench --rounds 3
 
-The default benchmarks take about 5 minutes a round on a 2-core machine once the
+The default benchmarks take about 6 minutes a round on a 2-core machine once the
 graphs are written (``sampler``, ``hetero``, ``stream`` replay rows, ``feature_cache``
-bytes per batch); ``--benchmarks`` picks some, ``--rounds`` sets the rounds.
+bytes per batch, ``link``); ``--benchmarks`` picks some, ``--rounds`` sets the rounds.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ RUNS: dict[str, list[str]] = {
     "stream": ["--data", "{data}", "--passes", "1", "--gib", "1", "--sizes-kib", "4096", "--no-diagnostics",
                "--steps-ms"],
     "feature_cache": ["--data", "{data}", "--batches", "6", "--compare-batches", "0", "0"],
+    "link": ["--data", "{data}", "--passes", "1", "--batches", "12", "--pyg-batches", "4",
+             "--pyg-workers", "0", "--devices", "cpu"],
 }
 #: The per-row figures collected, where a row has them.
 ROW_FIELDS = ("seeds_per_s", "edges_per_s", "mib_per_s", "bytes_per_batch", "batches_per_s")
