@@ -11,7 +11,6 @@ gone), at most once per :data:`MIN_INTERVAL` seconds. Elsewhere than glibc it is
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import threading
 import time
@@ -26,8 +25,7 @@ MIN_INTERVAL = 1.0
 def _find_malloc_trim() -> Callable[[int], int] | None:
     """glibc's ``malloc_trim``, or None where the C library has none."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
+        trim = ctypes.CDLL(None).malloc_trim  # the process's own symbols: its C library's
     except (OSError, AttributeError):
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
