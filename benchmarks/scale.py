@@ -377,7 +377,7 @@ def main() -> int:
     parser.add_argument("--extra-parts", type=int, nargs="*", default=[2, 8],
                         help="partition counts also measured at the first scale")
     parser.add_argument("--trainers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--batches", type=int, default=300, help="timed batches per trainer rank")
+    parser.add_argument("--batches", type=int, default=200, help="timed batches per trainer rank")
     parser.add_argument("--train-batches", type=int, default=40,
                         help="batches of the training run, on --parts partitions (0: none)")
     parser.add_argument("--cache-size", default="0.1")

@@ -182,7 +182,7 @@ def predict(model: dict[str, Any], nodes: float, edges: float, feature_bytes: fl
             "long_run_memory_gib": round((anon + r["f1_gib"] * GIB + held) / GIB, 2),
             "peak_memory_gib": round((peak + r["rho"] * held) / GIB, 2),
             "long_run_peak_gib": round((peak + held) / GIB, 2),
-            "startup_seconds": round(t["t0_seconds"] + t["kappa_seconds_per_gib"] * read / GIB, 1),
+            "startup_seconds": round(t["t0_seconds"] + t["kappa_seconds_per_gib"] * read / GIB, 2),
             "cpu_seconds_per_batch": round(cpu, 3), "batches_per_s_per_server_2_cores": round(2 / cpu, 2)}
 
 
