@@ -12,6 +12,7 @@ from typing import Any
 from partitioner.algorithms import METHODS
 from partitioner.format import MANIFEST_FILE, PartitionFormatError, check_files, read_manifest
 from partitioner.graph import GraphData, GraphDataError, TypedGraphData, parse_edge_type
+from partitioner.manifest import FEATURE_DTYPES
 from partitioner.summary import format_summary
 from partitioner.synthetic import PLAIN_PRESETS, TYPED_PRESETS
 
@@ -115,6 +116,10 @@ def _add_partition(sub: argparse._SubParsersAction) -> None:
                    "test (default 0.1), neg (negatives per val/test edge, default 0), "
                    "edge-type (src__rel__dst, default the first), seed (default --seed), "
                    "undirected (true/false, default: detected)")
+    p.add_argument("--feature-dtype", choices=FEATURE_DTYPES, default=None,
+                   help="store node features in this dtype (default: as the source holds them); "
+                   "float16 halves their bytes on disk and in a server's memory, and is refused "
+                   "where a value does not fit")
     p.add_argument("--num-parts", type=int, required=True, help="number of partitions (>= 1)")
     p.add_argument("--method", choices=METHODS, default="metis", help="default: metis")
     p.add_argument("--out", type=Path, required=True, help="output partition directory")
@@ -243,6 +248,8 @@ def _existing_differs(args: argparse.Namespace) -> str | None:
         want["--synthetic"] = resolve_preset(args.synthetic, args.scale)[0]
     have["--link-split"] = manifest.algorithm.get("link_split")
     want["--link-split"] = args.link_split
+    have["--feature-dtype"] = manifest.algorithm.get("feature_dtype")
+    want["--feature-dtype"] = args.feature_dtype
     if manifest.typed:
         have["--add-reverse"] = bool(manifest.algorithm.get("add_reverse"))
         want["--add-reverse"] = bool(args.add_reverse)
@@ -282,7 +289,8 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     if args.link_split:
         extra["link_split"] = args.link_split
     manifest = partition_graph(graph, args.num_parts, args.out, method=args.method, seed=args.seed,
-                               overwrite=args.overwrite, progress=_progress(args), extra=extra)
+                               overwrite=args.overwrite, progress=_progress(args), extra=extra,
+                               feature_dtype=args.feature_dtype)
     print(format_summary(manifest))
     print(f"total time {time.perf_counter() - started:.1f} s; written to {args.out}")
     return 0

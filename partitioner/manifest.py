@@ -45,6 +45,10 @@ FORMAT_VERSION = 1
 #: Format of a typed graph's partitions.
 TYPED_FORMAT_VERSION = 2
 MANIFEST_FILE = "manifest.json"
+#: The dtypes node features may be stored in (``graphfeed-partition partition
+#: --feature-dtype``): half precision halves a partition's feature bytes on disk and in a
+#: server's page cache.
+FEATURE_DTYPES = ("float16", "float32", "float64")
 
 
 class PartitionFormatError(ValueError):

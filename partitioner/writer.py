@@ -29,6 +29,7 @@ from partitioner.algorithms import assign
 from partitioner.graph import SPLITS, EdgeType, GraphData, TypedGraphData, edge_type_name, plain_view
 from partitioner.links import write_link_splits
 from partitioner.manifest import (
+    FEATURE_DTYPES,
     FORMAT_VERSION,
     TYPED_FORMAT_VERSION,
     EdgeFeatureInfo,
@@ -70,12 +71,15 @@ def warn_empty_splits(graph: GraphData | TypedGraphData) -> None:
 def partition_graph(
     graph: GraphData | TypedGraphData, num_parts: int, out_dir: str | Path, *, method: str = "metis",
     seed: int = 0, overwrite: bool = False, edge_chunk: int = DEFAULT_EDGE_CHUNK,
-    progress: bool = True, extra: dict[str, Any] | None = None,
+    progress: bool = True, extra: dict[str, Any] | None = None, feature_dtype: str | None = None,
 ) -> Manifest:
     """Split ``graph`` into ``num_parts`` partitions with ``method`` (any of
     :data:`partitioner.algorithms.METHODS`; a typed graph's on its homogeneous view) and
     write them to ``out_dir``; returns the manifest (its ``algorithm`` records method,
-    seed, time and ``extra``)."""
+    seed, time, ``feature_dtype`` when given and ``extra``). ``feature_dtype``
+    (:data:`FEATURE_DTYPES`; None: as the graph holds them) is the dtype the node features
+    are stored in."""
+    stored_dtype(feature_dtype)
     warn_empty_splits(graph)
     started = time.perf_counter()
     graph.validate()  # ID ranges too: a bad ID would otherwise fail deep in METIS or the writer
@@ -87,10 +91,40 @@ def partition_graph(
     offsets = typed.node_offsets()
     part_of = {t: whole[offsets[t]:offsets[t] + n] for t, n in typed.num_nodes.items()}
     algorithm = {"method": method, "num_parts": num_parts, "seed": seed,
-                 "assign_seconds": round(time.perf_counter() - started, 3), **(extra or {})}
+                 "assign_seconds": round(time.perf_counter() - started, 3),
+                 **({"feature_dtype": feature_dtype} if feature_dtype else {}), **(extra or {})}
     return _write_partitions(typed, part_of, out_dir, num_parts=num_parts, algorithm=algorithm,
                              overwrite=overwrite, edge_chunk=edge_chunk, progress=progress,
-                             started=started)
+                             started=started, feature_dtype=feature_dtype)
+
+
+def stored_dtype(feature_dtype: str | None, features: np.dtype | None = None) -> np.dtype | None:
+    """The dtype features of ``features``' dtype are stored in (None: none to store); a
+    ``ValueError`` naming ``feature_dtype`` for one not in :data:`FEATURE_DTYPES`."""
+    if feature_dtype is not None and feature_dtype not in FEATURE_DTYPES:
+        raise ValueError(f"feature_dtype: expected one of {list(FEATURE_DTYPES)} or None (as the graph "
+                         f"holds them), got {feature_dtype!r}")
+    if features is None:
+        return None
+    return np.dtype(feature_dtype) if feature_dtype else np.dtype(features)
+
+
+def _cast_rows(x: np.ndarray, dtype: np.dtype, node_type: str, first: int) -> np.ndarray:
+    """``x`` (rows from ``first`` of ``node_type``'s features) in ``dtype``; a
+    ``ValueError`` naming ``feature_dtype`` where a finite value does not fit in it."""
+    if x.dtype == dtype:
+        return x
+    with np.errstate(over="ignore"):  # an overflow is refused below, naming the row
+        out = x.astype(dtype)
+    if np.issubdtype(dtype, np.floating) and np.finfo(dtype).max < np.finfo(x.dtype).max:
+        bad = np.isinf(out) & np.isfinite(x)
+        if bad.any():
+            row = first + int(np.argwhere(bad)[0][0])
+            raise ValueError(f"feature_dtype: {dtype.name} holds values up to {np.finfo(dtype).max:g}, "
+                             f"node {row} of type {node_type!r} has a feature of "
+                             f"{float(x[bad][0]):g}; keep {x.dtype.name} (no --feature-dtype) or "
+                             "scale the features")
+    return out
 
 
 @numba.njit(cache=True)
@@ -164,22 +198,25 @@ def write_partitions(
     graph: TypedGraphData | GraphData, part_of: Mapping[str, np.ndarray] | np.ndarray,
     out_dir: str | Path, *, num_parts: int | None = None, algorithm: dict[str, Any] | None = None,
     overwrite: bool = False, edge_chunk: int = DEFAULT_EDGE_CHUNK, progress: bool = True,
-    started: float | None = None,
+    started: float | None = None, feature_dtype: str | None = None,
 ) -> Manifest:
     """Write ``graph`` split by ``part_of`` (node type to ``[N_t]`` partition IDs; one
     array for a plain graph) into ``out_dir`` and return the manifest (written last). The
     manifest's ``algorithm["seconds"]`` counts from ``started`` (a ``time.perf_counter()``
-    value; default: now). The graph is validated first, ID ranges included."""
+    value; default: now); ``feature_dtype`` as :func:`partition_graph`'s. The graph is
+    validated first, ID ranges included."""
+    stored_dtype(feature_dtype)
     graph.validate()
     return _write_partitions(plain_view(graph) if isinstance(graph, GraphData) else graph, part_of, out_dir,
                              num_parts=num_parts, algorithm=algorithm, overwrite=overwrite,
-                             edge_chunk=edge_chunk, progress=progress, started=started)
+                             edge_chunk=edge_chunk, progress=progress, started=started,
+                             feature_dtype=feature_dtype)
 
 
 def _write_partitions(
     graph: TypedGraphData, part_of: Mapping[str, np.ndarray] | np.ndarray, out_dir: str | Path, *,
     num_parts: int | None, algorithm: dict[str, Any] | None, overwrite: bool, edge_chunk: int,
-    progress: bool, started: float | None,
+    progress: bool, started: float | None, feature_dtype: str | None = None,
 ) -> Manifest:
     """:func:`write_partitions` of a validated graph."""
     started = time.perf_counter() if started is None else started
@@ -209,7 +246,7 @@ def _write_partitions(
     with tqdm(total=graph.total_nodes, desc="nodes", unit="node", unit_scale=True,
               disable=not progress) as bar:
         for t in graph.node_types:
-            _write_node_type(graph, t, out, layout, parts[t], books[t], files, bar)
+            _write_node_type(graph, t, out, layout, parts[t], books[t], files, bar, feature_dtype)
     target = graph.target_type
     split_sizes = _write_splits(graph.splits, out, layout, target, parts[target], node_maps[target], files)
     infos = tuple(PartitionInfo(
@@ -222,7 +259,7 @@ def _write_partitions(
     manifest = Manifest(
         graph_name=graph.name,
         node_types={t: NodeTypeInfo(n, graph.feature_dim(t),
-                                    np.dtype(graph.x[t].dtype).name if t in graph.x else "")
+                                    np.dtype(feature_dtype or graph.x[t].dtype).name if t in graph.x else "")
                     for t, n in graph.num_nodes.items()},
         edge_types={et: graph.num_edges(et) for et in graph.edge_types},
         target_type=target, num_classes=graph.num_classes,
@@ -342,12 +379,14 @@ def _write_relation(graph: TypedGraphData, et: EdgeType, out: Path, layout: _Lay
 
 
 def _write_node_type(graph: TypedGraphData, t: str, out: Path, layout: _Layout, part_of: np.ndarray,
-                     book: np.ndarray, files: list[dict[str, FileRecord]], bar: tqdm) -> None:
-    """One sequential pass over a node type's rows, appending each row's features, label
-    (target type) and original ID to its partition's files (new IDs follow original order
-    within a partition)."""
+                     book: np.ndarray, files: list[dict[str, FileRecord]], bar: tqdm,
+                     feature_dtype: str | None = None) -> None:
+    """One sequential pass over a node type's rows, appending each row's features (in
+    ``feature_dtype``), label (target type) and original ID to its partition's files (new
+    IDs follow original order within a partition)."""
     sizes = np.diff(book)
     feats = graph.x.get(t)
+    dtype = stored_dtype(feature_dtype, feats.dtype if feats is not None else None)
     labels = graph.y if t == graph.target_type else None
 
     def writer(p: int, kind: str, dtype: Any, shape: tuple[int, ...]) -> tuple[str, NpyWriter]:
@@ -355,11 +394,13 @@ def _write_node_type(graph: TypedGraphData, t: str, out: Path, layout: _Layout, 
         return name, NpyWriter(out, path, dtype, shape)
 
     writers = [dict([writer(p, "orig_ids", np.int64, (int(n),)),
-                     *([writer(p, "x", feats.dtype, (int(n), feats.shape[1]))] if feats is not None else []),
+                     *([writer(p, "x", dtype, (int(n), feats.shape[1]))] if feats is not None else []),
                      *([writer(p, "y", np.int64, (int(n),))] if labels is not None else [])])
                for p, n in enumerate(sizes)]
     rows = feats if feats is not None else np.empty((graph.num_nodes[t], 0), dtype=np.float32)
     for first, x in iter_row_chunks(rows, DEFAULT_ROW_CHUNK):
+        if feats is not None and dtype is not None:
+            x = _cast_rows(x, dtype, t, first)
         span = slice(first, first + x.shape[0])
         owner = part_of[span]
         ids = np.arange(span.start, span.stop, dtype=np.int64)
