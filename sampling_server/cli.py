@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--threads", type=_positive_int,
                       help="CPU threads per sampling call (the CPUs this process may use)")
     tune.add_argument("--prefetch", type=_positive_int, help="batches each stream samples ahead (4)")
+    tune.add_argument("--prefetch-bytes", type=_byte_size, metavar="SIZE",
+                      help="bytes of batches each stream samples ahead at most, e.g. 256M, at least "
+                      "one batch: bounds the memory of large batches (no bound beyond --prefetch)")
     tune.add_argument("--chunk-bytes", type=_byte_size, metavar="SIZE",
                       help="tensor bytes per stream message, e.g. 4M (4M; at most 63M)")
     tune.add_argument("--peer-timeout", type=_seconds, metavar="S",

@@ -100,6 +100,10 @@ class ServerConfig:
     threads: int | None = None
     #: Batches each stream samples ahead of the one being sent (back-pressure bound).
     prefetch: int = 4
+    #: Bytes of batches each stream samples ahead at most, besides ``prefetch`` (at least
+    #: one batch; None: ``prefetch`` alone bounds it): a server's memory for batches
+    #: sampled ahead is then about its streams times this, whatever a batch weighs.
+    prefetch_bytes: int | None = None
     #: Tensor bytes per stream message (<= 63 MiB).
     chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES
     #: Deadline, in seconds, of every call to a peer (and of peer health probes, capped
@@ -205,6 +209,8 @@ class ServerConfig:
         _check(self.threads is None or (type(self.threads) is int and self.threads >= 1),
                "threads", "an integer >= 1 or None (automatic)", self.threads)
         _check(self.prefetch >= 1, "prefetch", "an integer >= 1", self.prefetch)
+        _check(self.prefetch_bytes is None or self.prefetch_bytes >= 1, "prefetch_bytes",
+               "bytes >= 1 or None (prefetch alone)", self.prefetch_bytes)
         _check(1 <= self.chunk_bytes <= codec.MAX_CHUNK_BYTES, "chunk_bytes",
                f"1 .. {codec.MAX_CHUNK_BYTES}", self.chunk_bytes)
         _check(self.peer_timeout > 0, "peer_timeout", "seconds > 0", self.peer_timeout)

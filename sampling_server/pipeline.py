@@ -86,6 +86,29 @@ class Pace:
                 self._listener(self.limit)
 
 
+class Ahead:
+    """How many batches a stream samples ahead of the one being sent: ``prefetch``, or,
+    with ``prefetch_bytes``, as many of the last batch's size as fit in it (at least one;
+    one until a batch has been produced)."""
+
+    def __init__(self, prefetch: int, prefetch_bytes: int | None) -> None:
+        self.prefetch, self.prefetch_bytes = prefetch, prefetch_bytes
+        self._last: int | None = None
+
+    def produced(self, future: Future[Prepared]) -> None:
+        """A batch of the stream is done (its bytes, when it was produced, are the next
+        estimate)."""
+        if not future.cancelled() and future.exception() is None:
+            self._last = max(1, sum(future.result().sizes))
+
+    def batches(self) -> int:
+        if self.prefetch_bytes is None:
+            return self.prefetch
+        if self._last is None:
+            return 1
+        return max(1, min(self.prefetch, self.prefetch_bytes // self._last))
+
+
 class _Feed:
     """A stream's batches, each a future handed out at once (:meth:`next_future`) and
     queued for sampling once its :class:`Pace` allows, in order; the ones held back are
@@ -129,13 +152,18 @@ class SamplingPipeline:
     def __init__(
         self, store: PartitionStore, peers: PeerClient | None, *, workers: int | None = None,
         prefetch: int = 4, chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
-        threads: int | None = None,
+        threads: int | None = None, prefetch_bytes: int | None = None,
     ) -> None:
         if prefetch < 1:
             raise ValueError(f"prefetch: expected an integer >= 1, got {prefetch}")
+        if prefetch_bytes is not None and prefetch_bytes < 1:
+            raise ValueError(f"prefetch_bytes: expected bytes >= 1 or None, got {prefetch_bytes}")
         self.store = store
         self.peers = peers
         self.prefetch = prefetch
+        #: Bytes of batches a stream samples ahead at most, at least one batch (None: no
+        #: bound beyond :attr:`prefetch`).
+        self.prefetch_bytes = prefetch_bytes
         self.chunk_bytes = chunk_bytes
         #: Where batches, bytes, seeds and stage latencies are counted (None: nowhere).
         self.metrics: ServerMetrics | None = None
@@ -214,16 +242,20 @@ class SamplingPipeline:
                               future=future)
 
         feed = _Feed(pace or Pace(len(job.batches) + 1), start)
+        ahead = Ahead(self.prefetch, self.prefetch_bytes)
 
         def submit_next() -> None:
-            ref = next(refs, None)
-            if ref is not None:
-                pending.append(feed.next_future(ref))
+            while len(pending) < ahead.batches():
+                ref = next(refs, None)
+                if ref is None:
+                    return
+                future = feed.next_future(ref)
+                future.add_done_callback(ahead.produced)
+                pending.append(future)
 
         try:
             with self._open():
-                for _ in range(self.prefetch):
-                    submit_next()
+                submit_next()
                 for message, done in encode_ahead(taken_in_order(pending, submit_next), self.encoders):
                     if self.metrics is not None:
                         self.metrics.sent_message(len(message))

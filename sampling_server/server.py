@@ -129,7 +129,8 @@ class SamplingServer(grpc.Server):
         _add_health(server, self._health)
         self.pipeline = SamplingPipeline(store, None, workers=config.workers,
                                          prefetch=config.prefetch, chunk_bytes=config.chunk_bytes,
-                                         threads=threads or config.threads)
+                                         threads=threads or config.threads,
+                                         prefetch_bytes=config.prefetch_bytes)
         self.sampling = SamplingServicer(store, self.pipeline)
         #: Model state on this server (``NodeTensorService``), whose rows batches may carry.
         self.node_tensors = NodeTensors(store, config.node_tensor_dir,

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -1055,6 +1056,66 @@ def test_a_slow_client_holds_sampling_back(parts1: Path) -> None:
     assert len(produced) == len(job.batches)
     assert sum(done is not None for _, done in rest) == len(job.batches) - 1
     pipeline.close()
+
+
+@pytest.mark.parametrize(("prefetch_bytes", "ahead"), [(1, 1), (1 << 40, 4)], ids=["one-batch", "unbounded"])
+def test_prefetch_bytes_bounds_the_batches_sampled_ahead(parts1: Path, prefetch_bytes: int,
+                                                         ahead: int) -> None:
+    """With --prefetch-bytes below a batch's size a stream samples one batch ahead (the
+    next, held to be encoded ahead, besides), whatever --prefetch says; with room for
+    more, --prefetch bounds it again; every batch still arrives."""
+    store = PartitionStore(_config(parts1, 0))
+    store.load()
+    pipeline = SamplingPipeline(store, None, workers=2, prefetch=4, prefetch_bytes=prefetch_bytes)
+    produced = []
+    real = pipeline.produce
+
+    def counting(job, ref):  # type: ignore[no-untyped-def]
+        produced.append(ref.index)
+        return real(job, ref)
+
+    pipeline.produce = counting  # type: ignore[method-assign]
+    job = epoch_job(request(batch_size=10, include_features=False), store)
+    assert len(job.batches) > 20
+    messages = pipeline.stream(job)
+    for _ in range(3):  # a few batches in: their sizes known
+        while next(messages)[1] is None:
+            pass
+    sent = 3
+    # the batches sent and `ahead` after them (one of which may be held to encode ahead)
+    deadline = time.monotonic() + 60
+    while len(produced) < sent + ahead and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    assert sent + ahead <= len(produced) <= sent + ahead + 1, produced
+    rest = list(messages)
+    assert len(produced) == len(job.batches)
+    assert sum(done is not None for _, done in rest) == len(job.batches) - sent
+    pipeline.close()
+
+
+def test_ahead_counts_batches_that_fit_in_the_bytes_and_never_fewer_than_one() -> None:
+    from sampling_server.messages import Prepared
+    from sampling_server.pipeline import Ahead
+
+    def done(nbytes: int) -> Future[Prepared]:
+        future: Future[Prepared] = Future()
+        future.set_result(Prepared(lambda i, n: pb.MinibatchChunk(), [], built=[b""], built_sizes=[nbytes]))
+        return future
+
+    assert Ahead(4, None).batches() == 4
+    ahead = Ahead(4, 250)
+    assert ahead.batches() == 1  # no batch seen yet
+    ahead.produced(done(100))
+    assert ahead.batches() == 2
+    ahead.produced(done(10))
+    assert ahead.batches() == 4  # never more than prefetch
+    ahead.produced(done(1000))
+    assert ahead.batches() == 1  # never fewer than one
+    failed: Future[Prepared] = Future()
+    failed.set_exception(RuntimeError("x"))
+    ahead.produced(failed)
+    assert ahead.batches() == 1
 
 
 def test_a_stream_running_when_the_server_stops_ends_unavailable_not_internal(
