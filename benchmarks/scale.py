@@ -110,12 +110,12 @@ class Servers:
     """One server process per partition on reserved loopback ports, started one after
     the other, each timed to its partition loaded and to SERVING."""
 
-    def __init__(self, part_dir: Path, parts: int, logs: Path) -> None:
+    def __init__(self, part_dir: Path, parts: int, logs: Path, extra: list[str] | None = None) -> None:
         from protos.ports import reserved_ports
 
         self._held = contextlib.ExitStack()
         self.addresses = [f"127.0.0.1:{p}" for p in self._held.enter_context(reserved_ports(parts))]
-        self.part_dir, self.logs = part_dir, logs
+        self.part_dir, self.logs, self.extra = part_dir, logs, extra or []
         self.procs: list[subprocess.Popen[bytes]] = []
         self.rows: list[dict[str, Any]] = []
         self.workers: int | None = None
@@ -125,7 +125,7 @@ class Servers:
             cmd = [sys.executable, "-m", "sampling_server", "--partition-dir", str(self.part_dir),
                    "--partition", str(p), "--listen", address, "--peers", ",".join(self.addresses),
                    "--structure", "partition", "--features", "partition", "--device", "cpu",
-                   "--verify", "size", "--log-level", "INFO"]
+                   "--verify", "size", "--log-level", "INFO", *self.extra]
             with (self.logs / f"server{p}.log").open("wb") as out:
                 started = time.monotonic()
                 self.procs.append(subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=out,
@@ -282,7 +282,8 @@ def measure(scale: float, parts: int, args: argparse.Namespace, graph_dir: Path,
 def serve_and_read(row: dict[str, Any], part_dir: Path, parts: int, logs: Path, args: argparse.Namespace,
                    train: bool) -> None:
     """Start the servers, run the trainers, record what both measured into ``row``."""
-    servers = Servers(part_dir, parts, logs)
+    extra = ["--prefetch-bytes", args.prefetch_bytes] if args.prefetch_bytes else []
+    servers = Servers(part_dir, parts, logs, extra)
     try:
         evict(part_dir)
         servers.start()
@@ -382,6 +383,8 @@ def main() -> int:
     parser.add_argument("--train-batches", type=int, default=40,
                         help="batches of the training run, on --parts partitions (0: none)")
     parser.add_argument("--cache-size", default="0.1")
+    parser.add_argument("--prefetch-bytes", metavar="SIZE", default=None,
+                        help="the servers' --prefetch-bytes (default: none, --prefetch alone)")
     parser.add_argument("--feature-dtype", choices=["float16", "float32"], default=None,
                         help="the partitions' stored feature dtype (graphfeed-partition partition "
                         "--feature-dtype; default: the generator's float32)")
@@ -420,6 +423,7 @@ def main() -> int:
                                "machine": machine(), "fanouts": [15, 10, 5], "batch_size": 1024,
                                "feature_dtype": "bfloat16", "cache_size": args.cache_size, "rows": [],
                                "stored_feature_dtype": args.feature_dtype or "float32",
+                               "prefetch_bytes": args.prefetch_bytes,
                                "skipped": []}
     if args.append and (RESULTS / f"{args.results_name}.json").is_file():
         kept = read_results(RESULTS / f"{args.results_name}.json")

@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--threads", type=_positive_int,
                       help="CPU threads per sampling call (the CPUs this process may use)")
     tune.add_argument("--prefetch", type=_positive_int, help="batches each stream samples ahead (4)")
-    tune.add_argument("--prefetch-bytes", type=_byte_size, metavar="SIZE",
+    tune.add_argument("--prefetch-bytes", type=_memory_size, metavar="SIZE",
                       help="bytes of batches each stream samples ahead at most, e.g. 256M, at least "
                       "one batch: bounds the memory of large batches (no bound beyond --prefetch)")
     tune.add_argument("--chunk-bytes", type=_byte_size, metavar="SIZE",

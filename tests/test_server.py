@@ -1094,6 +1094,17 @@ def test_prefetch_bytes_bounds_the_batches_sampled_ahead(parts1: Path, prefetch_
     pipeline.close()
 
 
+def test_prefetch_bytes_from_the_flag(tmp_path: Path) -> None:
+    parser = cli.build_parser()
+    base = ["--partition-dir", str(tmp_path), "--partition", "0"]
+    assert cli.config_from_args(parser.parse_args(base)).prefetch_bytes is None
+    given = cli.config_from_args(parser.parse_args([*base, "--prefetch-bytes", "512M"]))
+    assert given.prefetch_bytes == 512 << 20
+    with pytest.raises(ConfigError, match=r"prefetch_bytes: expected bytes >= 1 or None \(prefetch alone\), "
+                                          r"got 0"):
+        ServerConfig(partition_dir=tmp_path, partition=0, prefetch_bytes=0)
+
+
 def test_ahead_counts_batches_that_fit_in_the_bytes_and_never_fewer_than_one() -> None:
     from sampling_server.messages import Prepared
     from sampling_server.pipeline import Ahead
