@@ -64,6 +64,8 @@ from scale_model import fit, plot, print_table
 log = logging.getLogger("bench.scale")
 REPO = Path(__file__).resolve().parents[1]
 SCALES = (0.01, 0.025, 0.05, 0.1)
+#: The servers' --prefetch (their default).
+SERVER_PREFETCH = 4
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
 
 
@@ -282,7 +284,8 @@ def measure(scale: float, parts: int, args: argparse.Namespace, graph_dir: Path,
 def serve_and_read(row: dict[str, Any], part_dir: Path, parts: int, logs: Path, args: argparse.Namespace,
                    train: bool) -> None:
     """Start the servers, run the trainers, record what both measured into ``row``."""
-    extra = ["--prefetch-bytes", args.prefetch_bytes] if args.prefetch_bytes else []
+    extra = ["--prefetch-bytes", str(args.prefetch_bytes)] if args.prefetch_bytes else []
+    row["server_prefetch"], row["server_prefetch_bytes"] = SERVER_PREFETCH, args.prefetch_bytes
     servers = Servers(part_dir, parts, logs, extra)
     try:
         evict(part_dir)
@@ -383,8 +386,8 @@ def main() -> int:
     parser.add_argument("--train-batches", type=int, default=40,
                         help="batches of the training run, on --parts partitions (0: none)")
     parser.add_argument("--cache-size", default="0.1")
-    parser.add_argument("--prefetch-bytes", metavar="SIZE", default=None,
-                        help="the servers' --prefetch-bytes (default: none, --prefetch alone)")
+    parser.add_argument("--prefetch-bytes", type=int, metavar="BYTES", default=None,
+                        help="the servers' --prefetch-bytes, in bytes (default: none, --prefetch alone)")
     parser.add_argument("--feature-dtype", choices=["float16", "float32"], default=None,
                         help="the partitions' stored feature dtype (graphfeed-partition partition "
                         "--feature-dtype; default: the generator's float32)")

@@ -11,18 +11,21 @@ it has touched (file-backed):
 
     after start-up:  memory = m0 + rho0 * S
     after the runs:  anonymous = a1 + beta * W + 4 * w * N,   file-backed = f1 + rho * B
-    peak (while the runs stream):  anonymous = q0 + gamma * W + 4 * w * N,  file-backed as above
+    peak (while the runs stream):  anonymous = q0 + gamma * k * W + delta * W + 4 * w * N,
+                                   file-backed as above
 
 ``W`` is the bytes of a batch on the wire (what each stream keeps ``prefetch`` of in
 flight, with the arrays that make it; once the streams have ended a server gives that
-memory back, :mod:`sampling_server.heap`), ``w`` the sampling workers (each samples a batch
-through a relabel map of 4 bytes a node of the graph), ``rho`` the share of the
-partition's pages the runs touched (a long job touches them all: ``rho`` = 1). Start-up:
-``t = t0 + kappa * S`` (page cache cold). CPU: the servers' CPU seconds per batch
-``c = n * (u + v * P)`` for ``n`` nodes a batch (a peer call per peer, hop and batch); a
-server with 2 cores of its own then delivers ``2 / c`` batches/s. ``m0``, ``rho0``,
-``a1``, ``beta``, ``f1``, ``rho``, ``q0``, ``gamma``, ``t0``, ``kappa``, ``u``, ``v``: non-negative least
-squares on relative errors, over every run measured (each the mean of its servers).
+memory back, :mod:`sampling_server.heap`), ``k`` the batches a stream samples ahead
+(``--prefetch``, or as many as ``--prefetch-bytes`` holds: :func:`ahead`), ``w`` the
+sampling workers (each samples a batch through a relabel map of 4 bytes a node of the
+graph), ``rho`` the share of the partition's pages the runs touched (a long job touches
+them all: ``rho`` = 1). Start-up: ``t = t0 + kappa * S`` (page cache cold). CPU: the
+servers' CPU seconds per batch ``c = n * (u + v * P)`` for ``n`` nodes a batch (a peer
+call per peer, hop and batch); a server with 2 cores of its own then delivers ``2 / c``
+batches/s. ``m0``, ``rho0``, ``a1``, ``beta``, ``f1``, ``rho``, ``q0``, ``gamma``,
+``delta``, ``t0``, ``kappa``, ``u``, ``v``: non-negative least squares on relative
+errors, over every run measured (each the mean of its servers).
 """
 
 from __future__ import annotations
@@ -44,6 +47,17 @@ PAPERS100M = {"nodes": 111_059_956, "edges": 2 * 1_615_685_872, "feature_bytes":
 MAX_BATCH_NODES = 1024 * (1 + 15 + 15 * 10 + 15 * 10 * 5)
 #: Largest relative error on a measured point that the docs allow.
 TOLERANCE = 0.15
+
+
+#: A server's --prefetch by default.
+PREFETCH = 4
+
+
+def ahead(batch_bytes: float, prefetch: int = PREFETCH, prefetch_bytes: int | None = None) -> int:
+    """Batches a stream samples ahead (:class:`sampling_server.pipeline.Ahead`)."""
+    if not prefetch_bytes:
+        return prefetch
+    return max(1, min(prefetch, int(prefetch_bytes // max(batch_bytes, 1))))
 
 
 def held_bytes(nodes: float, edges: float, feature_bytes: float, parts: int) -> float:
@@ -86,6 +100,8 @@ def _server_points(row: dict[str, Any]) -> list[dict[str, Any]]:
             "held": held_bytes(nodes, edges, f * nodes / n, parts),
             "read": read_bytes(nodes, edges, parts),
             "batch_bytes": batch_bytes, "loaded_seconds": server["loaded_seconds"],
+            "ahead": ahead(batch_bytes, row.get("server_prefetch", PREFETCH),
+                           row.get("server_prefetch_bytes")),
             **{f"{when}_{kind}": server[when][f"{kind}_gib"] * GIB
                for when in ("after_start", "after_runs") for kind in ("rss", "anon", "file", "peak")}})
     return out
@@ -126,9 +142,10 @@ def fit(rows: list[dict[str, Any]]) -> dict[str, Any]:
     runs.update(f1_gib=round(coef[0] / GIB, 3), rho=round(coef[1], 4))
     model["runs_memory"] = {**runs, **_errors(anon + maps + file, col("after_runs_rss"))}
     # the peak's file-backed part is taken as the runs' (pages once touched stay): its own part
-    coef, peak = _nnls([one, col("batch_bytes")], col("after_runs_peak") - col("after_runs_file") - maps)
+    coef, peak = _nnls([one, col("ahead") * col("batch_bytes"), col("batch_bytes")],
+                       col("after_runs_peak") - col("after_runs_file") - maps)
     model["peak_memory"] = {"q0_gib": round(coef[0] / GIB, 3), "gamma": round(coef[1], 3),
-                            **_errors(peak + maps + file, col("after_runs_peak"))}
+                            "delta": round(coef[2], 3), **_errors(peak + maps + file, col("after_runs_peak"))}
     coef, seconds = _nnls([one, col("read")], col("loaded_seconds"))
     model["startup"] = {"t0_seconds": round(coef[0], 2), "kappa_seconds_per_gib": round(coef[1] * GIB, 3),
                         **_errors(seconds, col("loaded_seconds"))}
@@ -137,7 +154,9 @@ def fit(rows: list[dict[str, Any]]) -> dict[str, Any]:
     in_gib = {"held", "read", *(f"{when}_{kind}" for when in ("after_start", "after_runs")
                                 for kind in ("rss", "anon", "file", "peak"))}
     model["points"] = [{k: round(v / GIB, 4) if k in in_gib else v for k, v in p.items()} for p in pts]
-    model["papers100m"] = [predict(model, **PAPERS100M, parts=parts) for parts in (8, 16)]
+    prefetch_bytes = rows[0].get("server_prefetch_bytes")
+    model["papers100m"] = [predict(model, **PAPERS100M, parts=parts, prefetch_bytes=prefetch_bytes)
+                           for parts in (8, 16)]
     model["within_tolerance"] = all(model[k]["max_error"] <= TOLERANCE
                                     for k in ("start_memory", "runs_memory", "peak_memory", "startup"))
     return model
@@ -165,16 +184,18 @@ def _batch_bytes(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def predict(model: dict[str, Any], nodes: float, edges: float, feature_bytes: float, parts: int,
-            batch_nodes: float = MAX_BATCH_NODES, workers: int = 2) -> dict[str, Any]:
+            batch_nodes: float = MAX_BATCH_NODES, workers: int = 2, prefetch_bytes: int | None = None
+            ) -> dict[str, Any]:
     """The model's figures for a graph of these sizes in ``parts`` partitions, its batches
     of ``batch_nodes`` nodes (default: the most a batch can hold, so that memory and CPU
-    are upper bounds) and ``workers`` sampling workers a server."""
+    are upper bounds), ``workers`` sampling workers a server and its ``--prefetch-bytes``."""
     held, read = held_bytes(nodes, edges, feature_bytes, parts), read_bytes(nodes, edges, parts)
     s, r, t, c = model["start_memory"], model["runs_memory"], model["startup"], model["cpu_per_batch"]
     batch_bytes = batch_nodes * model["batch"]["bytes_per_node"]
     anon = r["a1_gib"] * GIB + r["beta"] * batch_bytes + 4 * workers * nodes
     q = model["peak_memory"]
-    peak = q["q0_gib"] * GIB + q["gamma"] * batch_bytes + 4 * workers * nodes + r["f1_gib"] * GIB
+    in_flight = (q["gamma"] * ahead(batch_bytes, PREFETCH, prefetch_bytes) + q["delta"]) * batch_bytes
+    peak = q["q0_gib"] * GIB + in_flight + 4 * workers * nodes + r["f1_gib"] * GIB
     cpu = batch_nodes * (c["u_us_per_node"] + c["v_us_per_node"] * parts) / 1e6
     return {"partitions": parts, "held_gib": round(held / GIB, 2),
             "start_memory_gib": round(s["m0_gib"] + s["rho0"] * read / GIB, 2),
@@ -213,7 +234,10 @@ def plot(payload: dict[str, Any], path: Path) -> None:
         nodes_per_batch = np.interp(grid, [n for n, _ in sizes], [b for _, b in sizes]) / \
             model["batch"]["bytes_per_node"]
         share = grid / PAPERS100M["nodes"]
-        curves = [predict(model, g, PAPERS100M["edges"] * s, PAPERS100M["feature_bytes"] * s, 4, nb)
+        first = payload["rows"][0]
+        per_node = first["feature_bytes"] / first["nodes"]  # as the runs stored them
+        curves = [predict(model, g, PAPERS100M["edges"] * s, per_node * g, 4, nb,
+                          prefetch_bytes=first.get("server_prefetch_bytes"))
                   for g, s, nb in zip(grid, share, nodes_per_batch, strict=True)]
         mem.plot(grid / 1e6, [c["runs_memory_gib"] for c in curves], color="C1", lw=1,
                  label="model, 4 partitions")
