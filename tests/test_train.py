@@ -569,6 +569,33 @@ def test_an_interrupt_inside_a_compiled_kernel_is_an_interrupt(
         f"{shlex.join([*argv, '--resume'])}"]
 
 
+def test_a_ctrl_c_that_python_dropped_still_ends_the_run_at_the_next_step(
+        parts2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A KeyboardInterrupt raised where Python drops it (inside a finalizer it is printed
+    and swallowed) leaves the stop request set: the next step ends the run as Ctrl-C
+    does (130, one line), and the SIGINT handler is the caller's again afterwards."""
+    from trainer_client import loop
+
+    step = NodeTask.step
+    steps: list[int] = []
+
+    def swallowed(self: NodeTask, *args: object) -> object:
+        steps.append(1)
+        loop.stop_requested.set()  # what the SIGINT handler does before its exception is lost
+        return step(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(NodeTask, "step", swallowed)
+    before = signal.getsignal(signal.SIGINT)
+    argv = ["--partition-dir", str(parts2), "--device", "cpu", "--checkpoint-dir", str(tmp_path),
+            "--epochs", "50", "--no-progress"]
+    with caplog.at_level(logging.WARNING, logger="trainer_client.train"):
+        assert train.main(argv) == 130
+    assert len(steps) == 1
+    assert len([r for r in caplog.records if "interrupted" in r.getMessage()]) == 1
+    assert signal.getsignal(signal.SIGINT) is before
+
+
 @dataclass(kw_only=True)
 class _TaskWithState(NodeTask):
     """A task with state beyond its model's weights (as server-held embeddings have)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -275,6 +276,18 @@ class EpochMetrics:
 KeepPartial = Callable[[PartialEpoch], None]
 
 
+#: Set when graphfeed-train is asked to stop (SIGINT: Ctrl-C): every step and epoch checks
+#: it, so that a KeyboardInterrupt that Python dropped (one raised inside a finalizer is
+#: printed and swallowed) still ends the run at the next step.
+stop_requested = threading.Event()
+
+
+def check_stop() -> None:
+    """Raise KeyboardInterrupt once a stop was requested (:data:`stop_requested`)."""
+    if stop_requested.is_set():
+        raise KeyboardInterrupt("stop requested (SIGINT)")
+
+
 def train_pass(task: Task, model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int,
                progress: bool, resumed: PartialEpoch | None = None, every: int = 0,
                keep: KeepPartial | None = None) -> EpochMetrics:
@@ -296,6 +309,7 @@ def train_pass(task: Task, model: torch.nn.Module, optimizer: torch.optim.Optimi
     started = time.perf_counter()
     timed = TimedBatches(train, progress, epoch)
     for i, batch in enumerate(timed, start=1):
+        check_stop()
         step = task.step(model, batch)
         optimizer.zero_grad(set_to_none=True)
         step.loss.backward()
@@ -367,6 +381,7 @@ def run(args: argparse.Namespace, env: DistEnv, task: Task) -> dict[str, Any]:
 
     try:
         for epoch in range(state.start, args.epochs):
+            check_stop()
             m = train_pass(task, ddp, optimizer, epoch, progress,
                            state.partial if epoch == state.start else None, every, keep)
             eval_started = time.perf_counter()

@@ -23,7 +23,9 @@ import json
 import logging
 import re
 import shlex
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,7 @@ from trainer_client.export import check_directory
 from trainer_client.featureless import SPARSE_OPTIMIZERS
 from trainer_client.link_models import DECODERS
 from trainer_client.link_task import EXCLUDE_CHOICES, cluster_link_task
-from trainer_client.loop import run
+from trainer_client.loop import run, stop_requested
 from trainer_client.models import MODELS
 from trainer_client.node_task import cluster_task, partition_dir_task
 from trainer_client.typed_models import TYPED_MODELS
@@ -297,7 +299,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = None
     cluster: Cluster | None = None
     previous_security: list[Security | None] = []  # set once this run sets its own
+    previous_handler = None
+    stop_requested.clear()
     try:
+        previous_handler = _catch_sigint()
         rank = env_int("RANK", 0)
         logging.basicConfig(level=args.log_level.upper() if rank == 0 else logging.WARNING,
                             format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
@@ -332,6 +337,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         teardown_distributed()
         if previous_security:  # an in-process caller keeps its own
             set_default_security(previous_security[0])
+        if previous_handler is not None:
+            signal.signal(signal.SIGINT, previous_handler)
+
+
+def _catch_sigint() -> Any:
+    """SIGINT (Ctrl-C) both raises KeyboardInterrupt and sets :data:`stop_requested`
+    (which the training loop checks every step); returns the handler it replaced (None
+    off the main thread, where none can be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupted(signum: int, frame: Any) -> None:
+        stop_requested.set()
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGINT, interrupted)
 
 
 if __name__ == "__main__":
