@@ -155,8 +155,11 @@ def fit(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                 for kind in ("rss", "anon", "file", "peak"))}
     model["points"] = [{k: round(v / GIB, 4) if k in in_gib else v for k, v in p.items()} for p in pts]
     prefetch_bytes = rows[0].get("server_prefetch_bytes")
-    model["papers100m"] = [predict(model, **PAPERS100M, parts=parts, prefetch_bytes=prefetch_bytes)
-                           for parts in (8, 16)]
+    model["papers100m"] = [
+        {"feature_dtype": dtype, "prefetch_bytes": prefetch_bytes,
+         **predict(model, PAPERS100M["nodes"], PAPERS100M["edges"],
+                   PAPERS100M["feature_bytes"] * itemsize / 4, parts=parts, prefetch_bytes=prefetch_bytes)}
+        for dtype, itemsize in (("float32", 4), ("float16", 2)) for parts in (8, 16)]
     model["within_tolerance"] = all(model[k]["max_error"] <= TOLERANCE
                                     for k in ("start_memory", "runs_memory", "peak_memory", "startup"))
     return model
