@@ -42,6 +42,38 @@ def narrow_word(w: np.uint32) -> np.uint16:
     return np.uint16((w + _BIAS + ((w >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
 
 
+@numba.njit(inline="always", nogil=True, cache=True)
+def single_of_half(h: np.uint16) -> np.uint32:
+    """The float32 bits of the float16 bits ``h``, exactly (Numba; subnormals, infinities
+    and NaNs included)."""
+    w = np.uint32(h)
+    sign = (w & np.uint32(0x8000)) << np.uint32(16)
+    exp = (w >> np.uint32(10)) & np.uint32(0x1F)
+    mant = w & np.uint32(0x3FF)
+    if exp == np.uint32(0x1F):  # infinity or NaN
+        return sign | np.uint32(0x7F800000) | (mant << np.uint32(13))
+    if exp == np.uint32(0):
+        if mant == np.uint32(0):
+            return sign
+        e = np.uint32(113)  # a subnormal: 2^-14 * mant / 1024, normalized
+        while mant & np.uint32(0x400) == np.uint32(0):
+            mant <<= np.uint32(1)
+            e -= np.uint32(1)
+        return sign | (e << np.uint32(23)) | ((mant & np.uint32(0x3FF)) << np.uint32(13))
+    return sign | ((exp + np.uint32(112)) << np.uint32(23)) | (mant << np.uint32(13))
+
+
+_HALF_NAN = np.uint16(0x7FC0)  # what torch's CPU cast makes of every float16 NaN
+
+
+@numba.njit(inline="always", nogil=True, cache=True)
+def narrow_half_word(h: np.uint16) -> np.uint16:
+    """The bfloat16 bits of the float16 bits ``h``, as torch's CPU cast rounds (Numba)."""
+    if h & np.uint16(0x7FFF) > np.uint16(0x7C00):  # NaN
+        return _HALF_NAN
+    return narrow_word(single_of_half(h))
+
+
 @numba.njit(parallel=True, nogil=True, cache=True)
 def _narrow(words: np.ndarray, out: np.ndarray) -> None:
     for i in numba.prange(words.size):

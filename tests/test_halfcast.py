@@ -56,3 +56,14 @@ def test_other_casts_are_tensor_to_and_a_same_dtype_cast_is_no_copy() -> None:
     assert torch.equal(_bits(halfcast.cast(half, torch.float32)), _bits(half.to(torch.float32)))
     assert torch.equal(_bits(halfcast.cast(x, torch.float16)), _bits(half))
     assert halfcast.cast(x, torch.float32) is x
+
+
+def test_single_of_half_is_exact_for_every_float16() -> None:
+    from protos.halfcast import single_of_half
+
+    words = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    got = np.array([single_of_half(w) for w in words], dtype=np.uint32)
+    want = words.view(np.float16).astype(np.float32).view(np.uint32)
+    finite = ~np.isnan(words.view(np.float16))
+    np.testing.assert_array_equal(got[finite], want[finite])
+    assert np.isnan(got[~finite].view(np.float32)).all()

@@ -488,3 +488,22 @@ def test_gather_into_and_scatter_into_match_numpy_and_name_bad_shapes() -> None:
         G.gather_into(src.astype(np.float64), nodes, 100, places, G.RowBlocks(blocks))
     with pytest.raises(ValueError, match="scatter_into: expected"):
         G.scatter_into(src[:300, :6], places, G.RowBlocks(blocks))
+
+
+def test_float16_rows_narrow_to_bfloat16_as_torch_casts_them() -> None:
+    """Every float16 value (subnormals, infinities, NaNs) gathered into bfloat16 words
+    equals torch's cast of it, into an array and into blocks; without ``bfloat16`` the
+    words are copied as they are."""
+    words = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    src = words.view(np.float16).reshape(-1, 16)
+    nodes = np.arange(src.shape[0], dtype=np.int64)
+    places = nodes[::-1].copy()
+    want = torch.from_numpy(src.copy()).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    out = np.empty(src.shape, np.uint16)
+    G.gather_into(src, nodes, 0, places, out, bfloat16=True)
+    np.testing.assert_array_equal(out[places], want)
+    blocks = [np.empty((1000, 16), np.uint16) for _ in range(4)] + [np.empty((96, 16), np.uint16)]
+    G.gather_into(src, nodes, 0, places, G.RowBlocks(blocks), bfloat16=True)
+    np.testing.assert_array_equal(np.concatenate(blocks)[places], want)
+    G.gather_into(src, nodes, 0, places, out)
+    np.testing.assert_array_equal(out[places], src.view(np.uint16))

@@ -18,7 +18,7 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-from protos.halfcast import narrow_word
+from protos.halfcast import narrow_half_word, narrow_word
 from protos.prefetch import LINE, prefetch
 from sampling_server.sampler.cpu_kernels import PARALLEL_MIN_ROWS, parallel_guard
 from sampling_server.sampler.rng import clone
@@ -141,6 +141,11 @@ def _pointer(typingctx: Any, address: Any, like: Any) -> Any:
     return sig, codegen
 
 
+#: What :func:`gather_rows_to` does to each word: copy it, or narrow float32 or float16
+#: words to bfloat16 ones.
+COPY, FROM_SINGLE, FROM_HALF = 0, 1, 2
+
+
 @numba.njit(inline="always", nogil=True, cache=True)
 def _block_row(addresses: np.ndarray, per_block: int, like: np.ndarray, p: int, width: int) -> np.ndarray:
     """Row ``p`` of rows laid out in blocks of ``per_block`` rows of ``width`` words, block
@@ -153,11 +158,12 @@ def _block_row(addresses: np.ndarray, per_block: int, like: np.ndarray, p: int, 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def gather_rows_to(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_start: int,
                    positions: np.ndarray, addresses: np.ndarray, per_block: int,
-                   like: np.ndarray, narrow: bool) -> None:
+                   like: np.ndarray, narrow: int) -> None:
     """Row ``positions[i]`` of rows laid out in blocks (:func:`_block_row`) = row
     ``nodes[i] - node_start`` of ``src``, blocks of :data:`ROW_BLOCK` rows in parallel,
-    prefetching ahead; ``narrow``: ``src`` holds float32 words and the rows take their
-    bfloat16 words (:func:`protos.halfcast.narrow_word`)."""
+    prefetching ahead; ``narrow``: :data:`COPY`, or ``src`` holds float32 (:data:`FROM_SINGLE`)
+    or float16 (:data:`FROM_HALF`) words and the rows take their bfloat16 words
+    (:func:`protos.halfcast.narrow_word`)."""
     n = nodes.size
     width = src.shape[1]
     step = max(1, LINE // src.itemsize)
@@ -167,9 +173,12 @@ def gather_rows_to(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_st
             _prefetch_ahead(flat, nodes, node_start, width, step, i, hi)
             r = nodes[i] - node_start
             row = _block_row(addresses, per_block, like, positions[i], width)
-            if narrow:
+            if narrow == FROM_SINGLE:
                 for j in range(width):
                     row[j] = narrow_word(src[r, j])
+            elif narrow == FROM_HALF:
+                for j in range(width):
+                    row[j] = narrow_half_word(src[r, j])
             else:
                 for j in range(width):
                     row[j] = src[r, j]
@@ -231,10 +240,11 @@ def _shown(out: np.ndarray | RowBlocks) -> str:
 
 
 def gather_into(src: np.ndarray, nodes: np.ndarray, node_start: int, positions: np.ndarray,
-                out: np.ndarray | RowBlocks) -> None:
+                out: np.ndarray | RowBlocks, bfloat16: bool = False) -> None:
     """``out[positions] = src[nodes - node_start]`` (1-D or 2-D, row for row), in one
     parallel pass; ``out`` an array or :class:`RowBlocks`. float32 ``src`` into bfloat16
-    rows (given as their uint16 words, NumPy has no bfloat16) is narrowed on the way, as
+    rows (given as their uint16 words, NumPy has no bfloat16), and float16 ``src`` into
+    rows that ``bfloat16`` says are bfloat16 words, are narrowed on the way, as
     ``Tensor.to`` rounds. Other dtype pairs are a ``ValueError``. The rows and positions
     are not range-checked: callers pass owned nodes (checked) and positions they computed."""
     arr = np.asarray(src)
@@ -243,8 +253,10 @@ def gather_into(src: np.ndarray, nodes: np.ndarray, node_start: int, positions: 
         raise ValueError(f"gather_into: expected C-contiguous rows of one width and as many "
                          f"positions as nodes, got {arr.shape} -> {_shown(out)}, "
                          f"{nodes.size} nodes, {positions.size} positions")
-    narrow = arr.dtype == np.float32 and dest[1] == np.uint16
-    if not narrow and src_words.dtype != dest[1]:
+    narrow = COPY
+    if dest[1] == np.uint16 and (arr.dtype == np.float32 or (bfloat16 and arr.dtype == np.float16)):
+        narrow = FROM_SINGLE if arr.dtype == np.float32 else FROM_HALF
+    if narrow == COPY and src_words.dtype != dest[1]:
         raise ValueError(f"gather_into: expected rows of {arr.dtype}'s item size (or bfloat16 "
                          f"words for float32 rows), got {_shown(out)}")
     if nodes.size:

@@ -40,9 +40,10 @@ DENSE_RELABEL_MAX_NODES = 1 << 28
 
 def _gathers_into(src_x: np.ndarray, dtype: torch.dtype) -> bool:
     """Whether the gather kernels copy rows of ``src_x`` straight into ``dtype``: C-contiguous
-    rows, as stored or float32 narrowed to bfloat16."""
+    rows, as stored or float32 or float16 narrowed to bfloat16."""
     return src_x.ndim == 2 and src_x.flags.c_contiguous and (
-        dtype == torch_dtype(src_x.dtype) or (dtype == torch.bfloat16 and src_x.dtype == np.float32))
+        dtype == torch_dtype(src_x.dtype)
+        or (dtype == torch.bfloat16 and src_x.dtype in (np.float32, np.float16)))
 
 
 def as_ids(nodes: torch.Tensor | np.ndarray, field: str) -> np.ndarray:
@@ -258,7 +259,8 @@ class CpuNeighborSampler(NeighborSampler):
             return
         ids = as_ids(nodes, "nodes")
         self.check_held(node_type, torch.from_numpy(ids), "nodes")
-        G.gather_into(src_x, ids, self.hold[node_type][0], int64_array(positions), layout)
+        G.gather_into(src_x, ids, self.hold[node_type][0], int64_array(positions), layout,
+                      bfloat16=blocks[0][2].dtype == torch.bfloat16)
 
     def gather_local_into(self, node_type: str, nodes: torch.Tensor, positions: torch.Tensor,
                           x: torch.Tensor | None, y: torch.Tensor | None) -> None:
@@ -277,6 +279,6 @@ class CpuNeighborSampler(NeighborSampler):
         pos = int64_array(positions)
         start = self.hold[node_type][0]
         if x is not None and src_x is not None:
-            G.gather_into(src_x, ids, start, pos, numpy_words(x))
+            G.gather_into(src_x, ids, start, pos, numpy_words(x), bfloat16=x.dtype == torch.bfloat16)
         if y is not None and src_y is not None:
             G.gather_into(src_y, ids, start, pos, y.numpy())
