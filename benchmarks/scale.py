@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import RESULTS, load_average, machine, read_results, run_measured, write_json
-from scale_model import fit, plot, print_table
+from scale_model import check, fit, plot, print_table
 
 log = logging.getLogger("bench.scale")
 REPO = Path(__file__).resolve().parents[1]
@@ -407,6 +407,9 @@ def main() -> int:
     parser.add_argument("--startup-repeats", type=int, default=3, metavar="N",
                         help="each partition count's servers started N times (the page cache "
                         "emptied each time), each server's median start-up kept (3)")
+    parser.add_argument("--model-from", type=Path, metavar="JSON",
+                        help="check the cost model of results already written against these runs "
+                        "(e.g. another feature dtype or --prefetch-bytes) instead of fitting one")
     parser.add_argument("--refit", type=Path, metavar="JSON",
                         help="fit the model on these results' rows again (no measuring), write it "
                         "into them and redraw their plot")
@@ -445,7 +448,12 @@ def main() -> int:
         payload["rows"].extend(run_scale(scale, args, args.extra_parts if i == 0 else []))
         payload["rows"].sort(key=lambda r: (r["scale"], r["partitions"]))
         write_json(args.results_name, payload)  # each scale kept as it ends
-    payload["model"] = fit(payload["rows"])
+    if args.model_from is not None:  # another run's model, checked against these runs
+        payload["check"] = {"model_from": args.model_from.name,
+                            **check(read_results(args.model_from)["model"], payload["rows"])}
+        log.info("the model of %s against these runs: %s", args.model_from, json.dumps(payload["check"]))
+    else:
+        payload["model"] = fit(payload["rows"])
     path = write_json(args.results_name, payload)
     plot(payload, RESULTS / f"{args.results_name}.png")
     print_table(payload)

@@ -165,6 +165,27 @@ def fit(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return model
 
 
+def check(model: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A fitted ``model`` (another run's) against the runs of ``rows``: per run and figure
+    what it measured, what the model says and the relative error."""
+    s, r, q, t = model["start_memory"], model["runs_memory"], model["peak_memory"], model["startup"]
+    out = []
+    for p in _points(rows):
+        maps, file = 4 * p["workers"] * p["nodes"], r["f1_gib"] * GIB + r["rho"] * p["held"]
+        w = p["batch_bytes"]
+        ahead_bytes = (q["gamma"] * p["ahead"] + q["delta"]) * w
+        said = {"after_start_rss": s["m0_gib"] * GIB + s["rho0"] * p["read"],
+                "after_runs_rss": r["a1_gib"] * GIB + r["beta"] * w + maps + file,
+                "after_runs_peak": q["q0_gib"] * GIB + ahead_bytes + maps + file,
+                "loaded_seconds": t["t0_seconds"] + t["kappa_seconds_per_gib"] * p["read"] / GIB}
+        scale = {k: 1 if k == "loaded_seconds" else GIB for k in said}
+        out.append({"scale": p["scale"], "partitions": p["partitions"],
+                    **{k: {"measured": round(p[k] / scale[k], 3), "model": round(v / scale[k], 3),
+                           "error": round(v / p[k] - 1, 4)} for k, v in said.items()}})
+    worst = max((abs(row[k]["error"]) for row in out for k in row if isinstance(row[k], dict)), default=0.0)
+    return {"points": out, "max_error": worst, "within_tolerance": worst <= TOLERANCE}
+
+
 def _fit_cpu(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """``u``, ``v`` of the servers' CPU seconds per batch ``n * (u + v * P)``."""
     runs = [(row["partitions"], run["server_cpu_seconds_per_batch"],
