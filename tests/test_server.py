@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -37,7 +38,7 @@ from sampling_server import cli
 from sampling_server.config import ConfigError, ServerConfig, config_from_cluster
 from sampling_server.errors import Stopping, abort_on_error
 from sampling_server.health import PEER_SERVICE
-from sampling_server.jobs import epoch_job
+from sampling_server.jobs import EpochJob, epoch_job
 from sampling_server.peer_client import PeerClient
 from sampling_server.pipeline import SamplingPipeline
 from sampling_server.server import SamplingServer, create_server
@@ -1033,11 +1034,13 @@ def test_peer_client_raises_peer_error_within_its_timeout(reserve_ports: Callabl
         server.stop(None)
 
 
-def test_a_slow_client_holds_sampling_back(parts1: Path) -> None:
+def _counted_stream(parts1: Path, **settings: Any) -> tuple[SamplingPipeline, EpochJob, list[int]]:
+    """A pipeline (``settings``: its keywords) on partition 0 of ``parts1``, an epoch job of
+    more than 20 batches, and the list its produced batches' indices are appended to."""
     store = PartitionStore(_config(parts1, 0))
     store.load()
-    pipeline = SamplingPipeline(store, None, workers=2, prefetch=2)
-    produced = []
+    pipeline = SamplingPipeline(store, None, workers=2, **settings)
+    produced: list[int] = []
     real = pipeline.produce
 
     def counting(job, ref):  # type: ignore[no-untyped-def]
@@ -1047,6 +1050,11 @@ def test_a_slow_client_holds_sampling_back(parts1: Path) -> None:
     pipeline.produce = counting  # type: ignore[method-assign]
     job = epoch_job(request(batch_size=10, include_features=False), store)
     assert len(job.batches) > 20
+    return pipeline, job, produced
+
+
+def test_a_slow_client_holds_sampling_back(parts1: Path) -> None:
+    pipeline, job, produced = _counted_stream(parts1, prefetch=2)
     messages = pipeline.stream(job)
     next(messages)
     time.sleep(0.3)
@@ -1064,19 +1072,7 @@ def test_prefetch_bytes_bounds_the_batches_sampled_ahead(parts1: Path, prefetch_
     """With --prefetch-bytes below a batch's size a stream samples one batch ahead (the
     next, held to be encoded ahead, besides), whatever --prefetch says; with room for
     more, --prefetch bounds it again; every batch still arrives."""
-    store = PartitionStore(_config(parts1, 0))
-    store.load()
-    pipeline = SamplingPipeline(store, None, workers=2, prefetch=4, prefetch_bytes=prefetch_bytes)
-    produced = []
-    real = pipeline.produce
-
-    def counting(job, ref):  # type: ignore[no-untyped-def]
-        produced.append(ref.index)
-        return real(job, ref)
-
-    pipeline.produce = counting  # type: ignore[method-assign]
-    job = epoch_job(request(batch_size=10, include_features=False), store)
-    assert len(job.batches) > 20
+    pipeline, job, produced = _counted_stream(parts1, prefetch=4, prefetch_bytes=prefetch_bytes)
     messages = pipeline.stream(job)
     for _ in range(3):  # a few batches in: their sizes known
         while next(messages)[1] is None:
