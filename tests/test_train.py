@@ -541,16 +541,22 @@ def test_ctrl_c_ends_a_run_in_one_line_whose_command_resumes_it(request: pytest.
     assert _metrics(tmp_path)["start_epoch"] == epoch + 1
 
 
-@pytest.mark.parametrize("raised", ["interrupt", "interrupt in a kernel", "other system error"])
+@pytest.mark.parametrize("raised", ["interrupt", "interrupt in a kernel", "system error after a stop request",
+                                    "other system error"])
 def test_an_interrupt_inside_a_compiled_kernel_is_an_interrupt(
         raised: str, parts2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     """Ctrl-C that lands inside a Numba kernel reaches Python as a SystemError caused by
-    the KeyboardInterrupt: it ends the run as Ctrl-C does (130, one line); any other
-    SystemError is not taken for one."""
+    the KeyboardInterrupt (or, unchained, after the SIGINT handler asked to stop): it ends
+    the run as Ctrl-C does (130, one line); any other SystemError is not taken for one."""
+    from trainer_client import loop
+
     def run(*_: object) -> None:
         if raised == "interrupt":
             raise KeyboardInterrupt
+        if raised == "system error after a stop request":  # the interrupt's own exception not chained
+            loop.stop_requested.set()
+            raise SystemError("CPUDispatcher returned a result with an exception set")
         try:
             raise KeyboardInterrupt if raised == "interrupt in a kernel" else ValueError("bug")
         except (KeyboardInterrupt, ValueError) as cause:

@@ -325,8 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("rank %d: %s", rank, exc, exc_info=log.isEnabledFor(logging.DEBUG))
         return 1
     except (KeyboardInterrupt, SystemError) as exc:
-        # Ctrl-C inside a compiled kernel surfaces as a SystemError caused by the interrupt
-        if isinstance(exc, SystemError) and not isinstance(exc.__cause__, KeyboardInterrupt):
+        # Ctrl-C inside a compiled kernel surfaces as a SystemError ("returned a result with
+        # an exception set"), caused by the interrupt or after it (the handler asked to stop)
+        if isinstance(exc, SystemError) and not (
+                isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt) or stop_requested.is_set()):
             raise
         if (env.rank if env is not None else env_int("RANK", 0)) == 0:
             log.warning("%s", interrupted(args, argv))
