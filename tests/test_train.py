@@ -600,6 +600,7 @@ def test_a_ctrl_c_that_python_dropped_still_ends_the_run_at_the_next_step(
     assert len(steps) == 1
     assert len([r for r in caplog.records if "interrupted" in r.getMessage()]) == 1
     assert signal.getsignal(signal.SIGINT) is before
+    assert not loop.stop_requested.is_set()  # a later run in this process is not stopped
 
 
 @dataclass(kw_only=True)

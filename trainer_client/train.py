@@ -341,6 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             set_default_security(previous_security[0])
         if previous_handler is not None:
             signal.signal(signal.SIGINT, previous_handler)
+        stop_requested.clear()  # an in-process caller's own runs are not stopped by this one's
 
 
 def _catch_sigint() -> Any:
