@@ -16,7 +16,7 @@ it has touched (file-backed):
 
 ``W`` is the bytes of a batch on the wire (what each stream keeps ``prefetch`` of in
 flight, with the arrays that make it; once the streams have ended a server gives that
-memory back, :mod:`sampling_server.heap`), ``k`` the batches a stream samples ahead
+memory back, :func:`protos.allocator.release_free_memory`), ``k`` the batches a stream samples ahead
 (``--prefetch``, or as many as ``--prefetch-bytes`` holds: :func:`ahead`), ``w`` the
 sampling workers (each samples a batch through a relabel map of 4 bytes a node of the
 graph), ``rho`` the share of the partition's pages the runs touched (a long job touches

@@ -14,10 +14,10 @@ from typing import Any
 import grpc
 
 from protos import sampling_pb2 as pb
+from protos.allocator import release_free_memory
 from sampling_server.errors import MalformedRequest, RequestError, abort_on_error, bounded, printable
 from sampling_server.expectation import check_expectation
 from sampling_server.fields import wire_feature_dtype
-from sampling_server.heap import release_free_memory
 from sampling_server.jobs import epoch_job, hot_node_type, lookup_nodes
 from sampling_server.metrics import ServerMetrics
 from sampling_server.pipeline import IN_TRANSIT_BATCHES, Pace, SamplingPipeline
@@ -174,7 +174,7 @@ class SamplingServicer:
                 self.active -= 1
                 idle = self.active == 0
                 self._active_lock.notify_all()
-            if idle:  # the batches' buffers are free now: give them back (sampling_server/heap.py)
+            if idle:  # the batches' buffers are free now: give them back (protos/allocator.py)
                 release_free_memory()
             if self.metrics is not None:
                 self.metrics.streams_open.dec()

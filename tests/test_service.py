@@ -210,7 +210,7 @@ def test_servers_holding_the_whole_graph_send_the_same_batches(
 def test_a_server_gives_freed_memory_back_once_its_last_stream_ends(
         cluster: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """A server that streamed trims its allocator once its streams have all ended
-    (sampling_server/heap.py)."""
+    (protos/allocator.py release_free_memory)."""
     import threading
 
     from sampling_server import servicer

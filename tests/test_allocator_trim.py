@@ -1,4 +1,4 @@
-"""sampling_server/heap.py: the allocator's free pages go back to the system when asked,
+"""protos/allocator.py release_free_memory: the allocator's free pages go back to the system when asked,
 at most once per interval."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sampling_server import heap
+from protos import allocator as heap
 
 glibc_only = pytest.mark.skipif(not sys.platform.startswith("linux") or heap._malloc_trim is None,
                                 reason="malloc_trim is glibc's")
@@ -35,7 +35,7 @@ def test_freed_heap_pages_go_back_to_the_system(monkeypatch: pytest.MonkeyPatch)
     for address in blocks[:-1]:  # the last one keeps the heap's top: no trim on free
         libc.free(address)
     before = _anon_bytes()
-    monkeypatch.setattr(heap, "_last", -heap.MIN_INTERVAL)
+    monkeypatch.setattr(heap, "_last_trim", -heap.MIN_TRIM_INTERVAL)
     assert heap.release_free_memory()
     after = _anon_bytes()
     libc.free(blocks[-1])
@@ -46,10 +46,10 @@ def test_freed_heap_pages_go_back_to_the_system(monkeypatch: pytest.MonkeyPatch)
 def test_trims_at_most_once_per_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     monkeypatch.setattr(heap, "_malloc_trim", lambda pad: calls.append(pad) or 1)
-    monkeypatch.setattr(heap, "_last", -heap.MIN_INTERVAL)
+    monkeypatch.setattr(heap, "_last_trim", -heap.MIN_TRIM_INTERVAL)
     assert heap.release_free_memory(now=100.0)
-    assert not heap.release_free_memory(now=100.0 + heap.MIN_INTERVAL / 2)
-    assert heap.release_free_memory(now=100.0 + heap.MIN_INTERVAL)
+    assert not heap.release_free_memory(now=100.0 + heap.MIN_TRIM_INTERVAL / 2)
+    assert heap.release_free_memory(now=100.0 + heap.MIN_TRIM_INTERVAL)
     assert calls == [0, 0]
 
 
