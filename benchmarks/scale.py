@@ -55,6 +55,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -205,7 +207,7 @@ def partition_facts(part_dir: Path) -> dict[str, Any]:
 
     m = read_manifest(part_dir)
     info = m.node_types[m.target_type]
-    row_bytes = info.feature_dim * 4
+    row_bytes = info.feature_dim * np.dtype(info.feature_dtype).itemsize  # as stored
     return {"graph": m.graph_name, "nodes": m.num_nodes, "edges": m.num_edges,
             "feature_bytes": m.num_nodes * row_bytes, "partitions": m.num_partitions,
             "part_nodes": [sum(p.num_nodes.values()) for p in m.partitions],

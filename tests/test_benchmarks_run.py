@@ -29,7 +29,7 @@ RUNS: dict[str, list[str]] = {
     "embeddings": ["--preset", "mag-small", "--passes", "1", "--steps", "2", "--warmup", "1",
                    "--batch-size", "128"],
     "scale": ["--scales", "0.0002", "--parts", "2", "--extra-parts", "--trainers", "1", "--batches", "2",
-              "--train-batches", "1", "--feature-dtype", "float16",
+              "--train-batches", "1", "--feature-dtype", "float16", "--startup-repeats", "1",
               "--prefetch-bytes", str(64 << 20)],
     "inference": ["--plain", "small", "--typed", "", "--quick", "--layers", "2", "--sample-batches", "1",
                   "--batch-size", "2048"],
