@@ -18,7 +18,7 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-from protos.halfcast import narrow_half_word, narrow_word
+from protos.halfcast import HALF_TO_BFLOAT16, narrow_word
 from protos.prefetch import LINE, prefetch
 from sampling_server.sampler.cpu_kernels import PARALLEL_MIN_ROWS, parallel_guard
 from sampling_server.sampler.rng import clone
@@ -158,12 +158,13 @@ def _block_row(addresses: np.ndarray, per_block: int, like: np.ndarray, p: int, 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def gather_rows_to(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_start: int,
                    positions: np.ndarray, addresses: np.ndarray, per_block: int,
-                   like: np.ndarray, narrow: int) -> None:
+                   like: np.ndarray, narrow: int, half_table: np.ndarray) -> None:
     """Row ``positions[i]`` of rows laid out in blocks (:func:`_block_row`) = row
     ``nodes[i] - node_start`` of ``src``, blocks of :data:`ROW_BLOCK` rows in parallel,
     prefetching ahead; ``narrow``: :data:`COPY`, or ``src`` holds float32 (:data:`FROM_SINGLE`)
     or float16 (:data:`FROM_HALF`) words and the rows take their bfloat16 words
-    (:func:`protos.halfcast.narrow_word`)."""
+    (:func:`protos.halfcast.narrow_word`; float16 ones looked up in ``half_table``,
+    :data:`protos.halfcast.HALF_TO_BFLOAT16`)."""
     n = nodes.size
     width = src.shape[1]
     step = max(1, LINE // src.itemsize)
@@ -178,7 +179,7 @@ def gather_rows_to(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_st
                     row[j] = narrow_word(src[r, j])
             elif narrow == FROM_HALF:
                 for j in range(width):
-                    row[j] = narrow_half_word(src[r, j])
+                    row[j] = half_table[src[r, j]]
             else:
                 for j in range(width):
                     row[j] = src[r, j]
@@ -263,7 +264,7 @@ def gather_into(src: np.ndarray, nodes: np.ndarray, node_start: int, positions: 
         blocks = out if isinstance(out, RowBlocks) else RowBlocks([out])
         with parallel_guard():
             gather_rows_to(src_words, src_words.reshape(-1), nodes, node_start, positions,
-                           blocks.addresses, blocks.per_block, blocks.like, narrow)
+                           blocks.addresses, blocks.per_block, blocks.like, narrow, HALF_TO_BFLOAT16)
 
 
 def scatter_into(rows: np.ndarray, positions: np.ndarray, out: np.ndarray | RowBlocks) -> None:
