@@ -98,7 +98,7 @@ bench-partition: install
 	$(PY) benchmarks/partition.py --data $(DATA)/bench
 
 bench-scale: install
-	$(PY) benchmarks/scale.py --data $(DATA)/scale
+	$(PY) benchmarks/scale.py --data $(DATA)/scale --feature-dtype float16 --prefetch-bytes 134217728
 
 bench-peers: install
 	$(PY) -m pip install --quiet --no-deps $(WHEELS)/torch_scatter-*.whl $(WHEELS)/torch_sparse-*.whl

@@ -30,6 +30,7 @@ graph's size); ``--refit JSON`` fits the model again on the rows of results alre
 written, writes it into them and redraws their plot.
 
     python benchmarks/scale.py --data /data/scale        # 1/100 .. 1/10: about an hour on 2 cores
+    python benchmarks/scale.py --data /data/scale --feature-dtype float16 --prefetch-bytes 134217728
 
 Needs about 25 GB of disk at 1/10 (the graph directory is deleted once partitioned, the
 partitions once measured unless ``--keep``) and about 16 GiB of memory at 1/10 (a scale waits
