@@ -34,6 +34,24 @@ def local(*argv: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedPr
                           capture_output=True, timeout=timeout)
 
 
+def refused(argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+            capsys: pytest.CaptureFixture[str]) -> tuple[object, str]:
+    """``graphfeed-local argv`` in this process, in ``tmp_path``, for a run refused before
+    any server starts (starting one fails the test): its exit code and its stderr."""
+    from trainer_client import local as local_module
+
+    def no_servers(*_: object) -> None:
+        raise AssertionError("a server was started")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(local_module, "local_servers", no_servers)
+    try:
+        code: object = local_module.main(argv)
+    except SystemExit as exc:  # argparse's errors
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
 def _addresses(stderr: str) -> list[str]:
     found = re.search(r"started 2 sampling servers on (\S+)", stderr)
     assert found, stderr
@@ -78,10 +96,17 @@ def test_returns_the_trainers_exit_code(parts: Path, tmp_path: Path) -> None:
      "unrecognized arguments: --epochs 1; graphfeed-train's arguments go after '--': "
      "graphfeed-local --partition-dir parts -- --epochs 1 --fanouts 5,3"),
 ])
-def test_bad_flags_exit_2(argv: list[str], message: str, tmp_path: Path) -> None:
-    done = local(*argv, cwd=tmp_path, timeout=60)
-    assert done.returncode == 2 and message in done.stderr
+def test_bad_flags_exit_2(argv: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                         capsys: pytest.CaptureFixture[str]) -> None:
+    code, stderr = refused(argv, tmp_path, monkeypatch, capsys)
+    assert code == 2 and message in stderr, stderr
     assert not (tmp_path / "graphfeed-local-runs").exists()
+
+
+def test_bad_flags_exit_2_from_the_command(tmp_path: Path) -> None:
+    """The same through the installed module's entry point, in a process of its own."""
+    done = local("--partition-dir", "/nonexistent/parts", cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and "graphfeed-local: error: --partition-dir:" in done.stderr
 
 
 @pytest.mark.parametrize(("trainer_args", "message"), [
@@ -92,12 +117,13 @@ def test_bad_flags_exit_2(argv: list[str], message: str, tmp_path: Path) -> None
                                    "--resume in graphfeed-train's arguments"),
 ])
 def test_the_trainers_arguments_are_checked_before_any_server_starts(
-        trainer_args: list[str], message: str, parts: Path, tmp_path: Path) -> None:
+        trainer_args: list[str], message: str, parts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     elastic = ["--nnodes", "1:3"] if "--checkpoint-dir" in trainer_args else []
-    done = local("--partition-dir", str(parts), "--server-device", "cpu", *elastic, "--", *trainer_args,
-                 cwd=tmp_path, timeout=120)
-    assert done.returncode == 2 and message in done.stderr, done.stderr[-3000:]
-    assert "started" not in done.stderr and not (tmp_path / "graphfeed-local-runs").exists()
+    code, stderr = refused(["--partition-dir", str(parts), "--server-device", "cpu", *elastic, "--",
+                            *trainer_args], tmp_path, monkeypatch, capsys)
+    assert code == 2 and message in stderr, stderr[-3000:]
+    assert not (tmp_path / "graphfeed-local-runs").exists()
 
 
 def test_servers_that_cannot_bind_their_ports_start_again_on_others(
