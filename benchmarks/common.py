@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -36,19 +35,33 @@ class RunResult:
     tail: str
 
 
+#: Run as ``python -c _LAUNCH LIMIT PARENT COMMAND...``: the address-space limit (0: none),
+#: then the kernel asked to SIGKILL the process when its parent dies (PR_SET_PDEATHSIG,
+#: which ``exec`` keeps), then ``COMMAND`` in its place (same process).
+_LAUNCH = ("import ctypes, os, resource, signal, sys\n"
+           "limit = int(sys.argv[1])\n"
+           "if limit:\n    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
+           "ctypes.CDLL(None).prctl(1, signal.SIGKILL)\n"
+           "if os.getppid() != int(sys.argv[2]):\n    sys.exit(1)\n"
+           "os.execvp(sys.argv[3], sys.argv[3:])\n")
+
+
+def child_command(command: list[str], memory_limit_bytes: int | None = None) -> list[str]:
+    """``command`` run so that it dies with this process (and within ``memory_limit_bytes``
+    of address space): set up by a launcher that then execs it, not by ``preexec_fn``,
+    which makes the forked child run the at-fork hooks of this process's libraries
+    before exec (gRPC's abort such a child while this process has gRPC threads)."""
+    return [sys.executable, "-c", _LAUNCH, str(memory_limit_bytes or 0), str(os.getpid()), *command]
+
+
 def run_measured(
     label: str, command: list[str], *, timeout: float, memory_limit_gib: float | None = None
 ) -> RunResult:
     """Run ``command``; return its wall time and its own peak RSS (``wait4``)."""
     limit = None if memory_limit_gib is None else int(memory_limit_gib * (1 << 30))
-
-    def set_limit() -> None:
-        if limit is not None:
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
     started = time.perf_counter()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            preexec_fn=set_limit, text=True)
+    proc = subprocess.Popen(child_command(command, limit), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     deadline = started + timeout
     output: list[str] = []
     assert proc.stdout is not None

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -61,7 +60,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import RESULTS, load_average, machine, read_results, run_measured, write_json
+from common import RESULTS, child_command, load_average, machine, read_results, run_measured, write_json
 from scale_model import check, fit, plot, print_table
 
 log = logging.getLogger("bench.scale")
@@ -70,11 +69,6 @@ SCALES = (0.01, 0.025, 0.05, 0.1)
 #: The servers' --prefetch (their default).
 SERVER_PREFETCH = 4
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
-
-
-def die_with_parent() -> None:
-    """A child gets SIGKILL when this process dies, even by SIGKILL (Linux prctl)."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def cli(*args: str) -> list[str]:
@@ -133,8 +127,8 @@ class Servers:
                    "--verify", "size", "--log-level", "INFO", *self.extra]
             with (self.logs / f"server{p}.log").open("wb") as out:
                 started = time.monotonic()
-                self.procs.append(subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=out,
-                                                   stderr=subprocess.STDOUT, preexec_fn=die_with_parent))
+                self.procs.append(subprocess.Popen(child_command(cmd), cwd=REPO, env=ENV, stdout=out,
+                                                   stderr=subprocess.STDOUT))
             self._wait(p, "graphfeed.v1.PeerService", started, timeout)
             self.rows.append({"partition": p, "loaded_seconds": round(time.monotonic() - started, 2),
                               "started": started})
@@ -187,8 +181,8 @@ def run_trainers(servers: Servers, count: int, args: argparse.Namespace, logs: P
                "--batches", str(batches), "--cache-size", str(args.cache_size), "--out", str(out),
                *(["--train"] if train else [])]
         with (logs / f"trainer{count}-{rank}.log").open("wb") as log_file:
-            procs.append(subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=log_file, stderr=subprocess.STDOUT,
-                                          preexec_fn=die_with_parent))
+            procs.append(subprocess.Popen(child_command(cmd), cwd=REPO, env=ENV, stdout=log_file,
+                                          stderr=subprocess.STDOUT))
     codes = [proc.wait(timeout=args.timeout) for proc in procs]
     if any(codes):
         raise RuntimeError(f"trainers exited {codes}: {(logs / f'trainer{count}-0.log').read_text()[-3000:]}")
