@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import logging
 import os
 import random
@@ -56,7 +55,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from common import machine, write_json
+from common import child_command, machine, write_json
 from soak_report import analyse, plot
 from test_limits import fuzz as fuzz_calls
 
@@ -78,11 +77,6 @@ CYCLE_S = 600.0
 #: The servers' --max-streams (the default): what the client that never reads opens on each.
 MAX_STREAMS = 32
 SCRAPE_S = 5.0
-
-
-def _die_with_parent() -> None:
-    """Children get SIGKILL when this process dies, even by SIGKILL (Linux prctl)."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def health(address: str, timeout: float = 2.0) -> str:
@@ -123,9 +117,8 @@ class Cluster:
 
     def start(self, p: int) -> None:
         out = (self.logs / f"{self.name}-server{p}.{len(self.incarnations)}.log").open("wb")
-        proc = subprocess.Popen(self.command(p), cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"},
-                                preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(child_command(self.command(p)), cwd=REPO, stdout=out,
+                                stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
         out.close()
         if p < len(self.procs):
             self.procs[p] = proc
@@ -183,10 +176,9 @@ class Trainer:
                "--seed", str(self.job), "--stop-file", str(self.stop_file),
                "--client-id", self.name, *self.extra]
         out = self.log.with_suffix(".out").open("ab")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(child_command(cmd), cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                                      env={**os.environ, "OMP_NUM_THREADS": "1",
-                                          "GRAPHFEED_TOKEN_FILE": str(token_file)},
-                                     preexec_fn=_die_with_parent)
+                                          "GRAPHFEED_TOKEN_FILE": str(token_file)})
         out.close()
 
     def has_epoch(self) -> bool:

@@ -31,7 +31,6 @@ over the same 10 Gbit/s link. Needs root (namespaces, tc). Writes
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import os
 import re
@@ -49,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from common import RESULTS, ensure_partitions, machine, write_json
+from common import RESULTS, child_command, ensure_partitions, machine, write_json
 from netns_report import plot, print_table, summarize
 from netns_topology import (
     LinkShape,
@@ -202,11 +201,6 @@ def server_command(args: argparse.Namespace, part_dir: Path, partition: int,
     return cmd
 
 
-def _die_with_parent() -> None:
-    """Children get SIGKILL when this process dies, even by SIGKILL (Linux prctl)."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text -> {"name" or "name[stage]": value} (histogram buckets left out)."""
     values: dict[str, float] = {}
@@ -249,8 +243,8 @@ class Bench:
 
     def _start(self, host: str, cmd: list[str], log_name: str) -> subprocess.Popen[str]:
         out = open(self.tmp / log_name, "w")  # noqa: SIM115 (closed with the process)
-        proc = self.net.popen(host, cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=self.env,
-                              preexec_fn=_die_with_parent)
+        proc = self.net.popen(host, child_command(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                              env=self.env)
         out.close()
         return proc
 
