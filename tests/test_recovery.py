@@ -233,17 +233,19 @@ def test_ddp_training_survives_a_server_killed_and_restarted(
         env = {**ENV, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         cmd = [sys.executable, "-m", "trainer_client.train", "--servers", ",".join(servers.addresses),
-               "--fanouts", "5,3", "--batch-size", "10", "--hidden", "16", "--device", "cpu",
+               "--fanouts", "5,3", "--batch-size", "5", "--hidden", "16", "--device", "cpu",
                "--epochs", "3", "--timeout", "60", "--reconnect-timeout", "120", "--no-progress",
                "--metrics-json", str(tmp_path / "metrics.json"), "--log-level", "INFO"]
         trainers.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, text=True))
     try:
-        # kill server 1 once it streams to a trainer, and start it again on its address
+        # kill server 1 while it streams training batches (120 of 5 seeds a rank and epoch; the
+        # evaluation's streams come after them and differ in count), and start it again
+        # on its address: a kill after that stream would land in the evaluation instead
         deadline = time.monotonic() + 120
-        while "stream start" not in servers.log(1) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(0.5)
+        while " of 120 batches here" not in servers.log(1) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.1)
         servers.kill(1)
         servers.start(1)
         outputs = [p.communicate(timeout=300)[0] for p in trainers]
