@@ -239,13 +239,12 @@ def test_ddp_training_survives_a_server_killed_and_restarted(
         trainers.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, text=True))
     try:
-        # kill server 1 while it streams training batches (120 of 5 seeds a rank and epoch; the
-        # evaluation's streams come after them and differ in count), and start it again
-        # on its address: a kill after that stream would land in the evaluation instead
+        # kill server 1 as soon as it logs the start of a training stream (120 batches of 5
+        # seeds a rank and epoch; the evaluation's streams come after and differ in count),
+        # and start it again on its address: any kill before that stream ends breaks it
         deadline = time.monotonic() + 120
         while " of 120 batches here" not in servers.log(1) and time.monotonic() < deadline:
             time.sleep(0.02)
-        time.sleep(0.1)
         servers.kill(1)
         servers.start(1)
         outputs = [p.communicate(timeout=300)[0] for p in trainers]
