@@ -18,6 +18,7 @@ devices).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numba
@@ -82,10 +83,14 @@ def _half_table() -> np.ndarray:
     return out
 
 
-#: The bfloat16 bits of every float16 bit pattern (:func:`narrow_half_word` of each, 128
-#: KiB): a kernel that narrows float16 rows looks each word up, a load from a table that
-#: stays in the core's cache, where the conversion branches on every word (2.6x slower).
-HALF_TO_BFLOAT16 = _half_table()
+@functools.cache
+def half_to_bfloat16() -> np.ndarray:
+    """The bfloat16 bits of every float16 bit pattern (:func:`narrow_half_word` of each,
+    128 KiB): a kernel that narrows float16 rows looks each word up, a load from a table
+    that stays in the core's cache, where the conversion branches on every word (2.6x
+    slower). Made on first use: a Numba call at import would cost every process that
+    imports this module (trainers included) the start of Numba's compiled-code loading."""
+    return _half_table()
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)

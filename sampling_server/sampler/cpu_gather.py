@@ -18,7 +18,7 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-from protos.halfcast import HALF_TO_BFLOAT16, narrow_word
+from protos.halfcast import half_to_bfloat16, narrow_word
 from protos.prefetch import LINE, prefetch
 from sampling_server.sampler.cpu_kernels import PARALLEL_MIN_ROWS, parallel_guard
 from sampling_server.sampler.rng import clone
@@ -164,7 +164,7 @@ def gather_rows_to(src: np.ndarray, flat: np.ndarray, nodes: np.ndarray, node_st
     prefetching ahead; ``narrow``: :data:`COPY`, or ``src`` holds float32 (:data:`FROM_SINGLE`)
     or float16 (:data:`FROM_HALF`) words and the rows take their bfloat16 words
     (:func:`protos.halfcast.narrow_word`; float16 ones looked up in ``half_table``,
-    :data:`protos.halfcast.HALF_TO_BFLOAT16`)."""
+    :func:`protos.halfcast.half_to_bfloat16`)."""
     n = nodes.size
     width = src.shape[1]
     step = max(1, LINE // src.itemsize)
@@ -264,7 +264,7 @@ def gather_into(src: np.ndarray, nodes: np.ndarray, node_start: int, positions: 
         blocks = out if isinstance(out, RowBlocks) else RowBlocks([out])
         with parallel_guard():
             gather_rows_to(src_words, src_words.reshape(-1), nodes, node_start, positions,
-                           blocks.addresses, blocks.per_block, blocks.like, narrow, HALF_TO_BFLOAT16)
+                           blocks.addresses, blocks.per_block, blocks.like, narrow, half_to_bfloat16())
 
 
 def scatter_into(rows: np.ndarray, positions: np.ndarray, out: np.ndarray | RowBlocks) -> None:
